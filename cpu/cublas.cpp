@@ -1,0 +1,962 @@
+// cpu/cublas.cpp: cuBLAS and cuBLASLt for the CPU backend, on top of OpenBLAS.
+//
+// The trainers call cublasGemmEx / cublasGemmStridedBatchedEx / cublasGemmGroupedBatchedEx and cublasLtMatmul
+// with fused epilogues (bias, GELU, GELU backward, bias gradients). On the CPU backend device memory is host
+// memory and every call runs synchronously, so each function here computes its result immediately on the
+// pointers it is given; streams and workspaces are stored and otherwise ignored.
+//
+// Build: g++ -std=c++17 -O3 -I/usr/local/cuda/include -c cpu/cublas.cpp, link with -lopenblas.
+// The declarations are the CUDA toolkit's own cublas_v2.h and cublasLt.h, so every signature here is exactly
+// the one the GPU code compiles against.
+//
+// Threads: OpenBLAS parallelizes the product with its own pthreads. The conversions and the epilogue pass are
+// deliberately single-threaded: OpenMP loops here left libgomp threads spinning while OpenBLAS ran, which halved
+// its speed on a 2-core machine (bf16 1024^3 GEMM: 80 GFLOP/s with OpenMP passes, 210 without).
+//
+// How a GEMM runs: every product goes through OpenBLAS cblas_sgemm (column-major, the transpose flags and
+// leading dimensions passed straight through). bf16/fp16 operands are first widened to fp32 copies in a
+// thread-local scratch buffer, which is the same numerics as the GPU: products of the stored values
+// accumulated in fp32. alpha*AB + beta*C and the epilogue are then applied in one pass over the fp32
+// accumulator, rounding once to the output type, as the GPU does in registers. beta == 0 never reads C (it may
+// hold NaN garbage, as on the GPU). Compute types that ask for reduced precision (FAST_TF32, FAST_16BF,
+// FAST_16F) are computed in full fp32: the GPU is allowed, not required, to down-convert.
+//
+// What is not modelled returns CUBLAS_STATUS_NOT_SUPPORTED rather than computing something else: fp16 or
+// integer accumulation, mixed A/B types, ReLU epilogues, non-column-major orders, pointer-array batches in
+// cuBLASLt, per-row alpha vectors, fp8 scale factors and amax outputs.
+#include <cublas_v2.h>
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cblas.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------------------------------------
+// Element types
+
+static size_t type_size(cudaDataType_t t) {
+    return t == CUDA_R_32F ? 4 : 2;
+}
+
+static int float_type(int t) {  // the storage types this backend computes with
+    return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F;
+}
+
+// bf16 <-> fp32 by bit manipulation, bit-exact with the toolkit's host __float2bfloat16 (round to nearest even,
+// NaN to 0x7fff) but branch-free enough to vectorize; the toolkit's host versions cost ~1.6 ns per element.
+static inline float to_float(float x) { return x; }
+static inline float to_float(__nv_bfloat16 x) {
+    uint32_t u = (uint32_t)((__nv_bfloat16_raw)x).x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float to_float(__half x) { return __half2float(x); }
+template <typename T> static inline T from_float(float x);
+template <> inline float from_float<float>(float x) { return x; }
+template <> inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    __nv_bfloat16_raw r;
+    r.x = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fff : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return __nv_bfloat16(r);
+}
+template <> inline __half from_float<__half>(float x) { return __float2half(x); }
+
+// Type-dispatched access for the few per-element reads/writes that are not in a templated loop (aux matrix).
+static inline float load(const void* p, cudaDataType_t t, int64_t i) {
+    if (t == CUDA_R_16BF) return to_float(((const __nv_bfloat16*)p)[i]);
+    if (t == CUDA_R_16F) return to_float(((const __half*)p)[i]);
+    return ((const float*)p)[i];
+}
+static inline void store(void* p, cudaDataType_t t, int64_t i, float x) {
+    if (t == CUDA_R_16BF) ((__nv_bfloat16*)p)[i] = from_float<__nv_bfloat16>(x);
+    else if (t == CUDA_R_16F) ((__half*)p)[i] = from_float<__half>(x);
+    else ((float*)p)[i] = x;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// Scratch: fp32 copies of bf16/fp16 operands and the fp32 accumulator. One buffer per calling thread that only
+// grows, so a training loop that repeats the same shapes allocates once.
+
+static thread_local float* scratch = NULL;
+static thread_local size_t scratch_cap = 0;
+
+static float* scratch_get(size_t nfloats) {
+    if (nfloats > scratch_cap) {
+        free(scratch);
+        scratch_cap = nfloats + nfloats / 4;
+        scratch = (float*)malloc(scratch_cap * sizeof(float));
+        if (scratch == NULL) scratch_cap = 0;
+    }
+    return scratch;
+}
+
+// Widens a rows x cols column-major matrix (leading dimension ld) to a packed fp32 copy (leading dimension rows).
+template <typename T>
+static void widen(const T* x, int64_t rows, int64_t cols, int64_t ld, float* out) {
+    for (int64_t j = 0; j < cols; j++) {
+        const T* col = x + j * ld;
+        float* o = out + j * rows;
+        for (int64_t i = 0; i < rows; i++) o[i] = to_float(col[i]);
+    }
+}
+
+// Returns an fp32 view of a stored matrix: the matrix itself when it is fp32, else a widened copy in `buf`.
+static const float* as_f32(const void* x, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, float* buf,
+                           int64_t* ld_out) {
+    if (t == CUDA_R_32F) { *ld_out = ld; return (const float*)x; }
+    if (t == CUDA_R_16BF) widen((const __nv_bfloat16*)x, rows, cols, ld, buf);
+    else widen((const __half*)x, rows, cols, ld, buf);
+    *ld_out = rows > 1 ? rows : 1;  // BLAS wants ld >= 1 even for an empty matrix
+    return buf;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// GELU, tanh approximation, as cuBLASLt's GELU epilogues compute it. tanh(y) = 1 - 2/(exp(2y) + 1) costs a third
+// of glibc's tanhf and errs by ~1e-7 absolute, which GELU turns into ~1e-7 relative; exp overflowing to inf gives
+// exactly 1, so there is no NaN for large |y|.
+
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
+
+static inline float tanh_fast(float y) { return 1.0f - 2.0f / (expf(2.0f * y) + 1.0f); }
+
+static inline float gelu(float x) {
+    float cube = 0.044715f * x * x * x;
+    return 0.5f * x * (1.0f + tanh_fast(GELU_SCALE * (x + cube)));
+}
+
+static inline float gelu_grad(float x) {
+    float t = tanh_fast(GELU_SCALE * (x + 0.044715f * x * x * x));
+    float dt = (1.0f - t * t) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * dt;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// One GEMM, everything resolved: D = epilogue(alpha * op(A) op(B) + beta * C). The cuBLAS entry points fill it
+// with C == D and the default epilogue; cublasLtMatmul fills in its epilogue attributes.
+
+typedef struct {
+    cublasOperation_t transa, transb;
+    int64_t m, n, k;
+    float alpha, beta;
+    const void* A; cudaDataType_t Atype; int64_t lda;
+    const void* B; cudaDataType_t Btype; int64_t ldb;
+    const void* C; int64_t ldc;  // C has D's type; never read when beta == 0
+    void* D; cudaDataType_t Dtype; int64_t ldd;
+    uint32_t epilogue;           // cublasLtEpilogue_t
+    void* bias; cudaDataType_t bias_type;  // bias input, or bias gradient output for the BGRAD epilogues
+    void* aux; cudaDataType_t aux_type; int64_t aux_ld;  // GELU input: written by GELU_AUX*, read by DGELU*
+} Gemm;
+
+static int epi_adds_bias(uint32_t e) {
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+static int epi_gelu(uint32_t e) {
+    return e == CUBLASLT_EPILOGUE_GELU || e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX ||
+           e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+static int epi_writes_aux(uint32_t e) {
+    return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+static int epi_dgelu(uint32_t e) {
+    return e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
+static int epi_uses_aux(uint32_t e) { return epi_writes_aux(e) || epi_dgelu(e); }
+static int epi_uses_bias(uint32_t e) {
+    return epi_adds_bias(e) || e == CUBLASLT_EPILOGUE_DGELU_BGRAD || e == CUBLASLT_EPILOGUE_BGRADA ||
+           e == CUBLASLT_EPILOGUE_BGRADB;
+}
+static int epi_supported(uint32_t e) {
+    return e == CUBLASLT_EPILOGUE_DEFAULT || epi_uses_bias(e) || epi_gelu(e) || epi_dgelu(e);
+}
+
+// The pass after the product. W holds alpha * op(A) op(B) in fp32 (it may be D itself when D is fp32, in which
+// case beta * C is already in it and add_c is 0). row_sums gets the DGELU_BGRAD bias gradient: the sum over the n
+// columns of the final output, in fp32, before its rounding to D's type.
+template <typename T>
+static void epilogue_pass(const Gemm* g, const float* W, int64_t ldw, int add_c, const float* bias32,
+                          float* row_sums) {
+    const T* C = (const T*)g->C;
+    T* D = (T*)g->D;
+    const uint32_t e = g->epilogue;
+    const int gelu_on = epi_gelu(e), aux_out = epi_writes_aux(e), dgelu_on = epi_dgelu(e);
+    if (row_sums) for (int64_t i = 0; i < g->m; i++) row_sums[i] = 0.0f;
+    for (int64_t j = 0; j < g->n; j++) {
+        for (int64_t i = 0; i < g->m; i++) {
+            float x = W[i + j * ldw];
+            if (add_c) x += g->beta * to_float(C[i + j * g->ldc]);
+            if (bias32) x += bias32[i];
+            if (aux_out) store(g->aux, g->aux_type, i + j * g->aux_ld, x);
+            if (gelu_on) x = gelu(x);
+            if (dgelu_on) x *= gelu_grad(load(g->aux, g->aux_type, i + j * g->aux_ld));
+            D[i + j * g->ldd] = from_float<T>(x);
+            if (row_sums) row_sums[i] += x;
+        }
+    }
+}
+
+// out[c] = sum over l < len of X(c, l), with X(c, l) at X[l + c*ld] (contiguous) or X[c + l*ld] (strided).
+static void sum_lines(const float* X, int64_t ld, int64_t count, int64_t len, int contiguous, float* out) {
+    if (contiguous) {
+        for (int64_t c = 0; c < count; c++) {
+            float s = 0.0f;
+            for (int64_t l = 0; l < len; l++) s += X[l + c * ld];
+            out[c] = s;
+        }
+    } else {
+        for (int64_t c = 0; c < count; c++) out[c] = 0.0f;
+        for (int64_t l = 0; l < len; l++)
+            for (int64_t c = 0; c < count; c++) out[c] += X[c + l * ld];
+    }
+}
+
+static cublasStatus_t run_gemm(const Gemm* g) {
+    const int64_t m = g->m, n = g->n, k = g->k;
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    const int ta = g->transa != CUBLAS_OP_N, tb = g->transb != CUBLAS_OP_N;
+    const uint32_t e = g->epilogue;
+    // stored shapes of A (m x k, or k x m when transposed) and B (k x n, or n x k)
+    const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+    const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+    const int64_t a_sz = g->Atype == CUDA_R_32F ? 0 : a_rows * a_cols;
+    const int64_t b_sz = g->Btype == CUDA_R_32F ? 0 : b_rows * b_cols;
+    const int64_t w_sz = g->Dtype == CUDA_R_32F ? 0 : m * n;
+    float* s = scratch_get((size_t)(a_sz + b_sz + w_sz + (m > n ? m : n)));
+    if (s == NULL) return CUBLAS_STATUS_ALLOC_FAILED;
+    float *a_buf = s, *b_buf = s + a_sz, *w = s + a_sz + b_sz, *vec = s + a_sz + b_sz + w_sz;
+
+    int64_t lda32, ldb32;
+    const float* A32 = as_f32(g->A, g->Atype, a_rows, a_cols, g->lda, a_buf, &lda32);
+    const float* B32 = as_f32(g->B, g->Btype, b_rows, b_cols, g->ldb, b_buf, &ldb32);
+    const CBLAS_TRANSPOSE cta = ta ? CblasTrans : CblasNoTrans, ctb = tb ? CblasTrans : CblasNoTrans;
+
+    const float* bias32 = NULL;
+    if (epi_adds_bias(e)) {
+        for (int64_t i = 0; i < m; i++) vec[i] = load(g->bias, g->bias_type, i);
+        bias32 = vec;
+    }
+    float* row_sums = e == CUBLASLT_EPILOGUE_DGELU_BGRAD ? vec : NULL;
+    const int needs_pass = bias32 || epi_gelu(e) || epi_dgelu(e);
+
+    if (g->Dtype == CUDA_R_32F) {
+        // accumulate straight into D: OpenBLAS applies beta (and with beta == 0 writes D without reading it)
+        float* D = (float*)g->D;
+        if (g->beta != 0.0f && g->C != g->D)
+            for (int64_t j = 0; j < n; j++) memcpy(D + j * g->ldd, (const float*)g->C + j * g->ldc, m * sizeof(float));
+        cblas_sgemm(CblasColMajor, cta, ctb, m, n, k, g->alpha, A32, lda32, B32, ldb32, g->beta, D, g->ldd);
+        if (needs_pass) epilogue_pass<float>(g, D, g->ldd, 0, bias32, row_sums);
+    } else {
+        cblas_sgemm(CblasColMajor, cta, ctb, m, n, k, g->alpha, A32, lda32, B32, ldb32, 0.0f, w, m);
+        int add_c = g->beta != 0.0f;
+        if (g->Dtype == CUDA_R_16BF) epilogue_pass<__nv_bfloat16>(g, w, m, add_c, bias32, row_sums);
+        else epilogue_pass<__half>(g, w, m, add_c, bias32, row_sums);
+    }
+
+    // bias gradients: the GELU one sums the output rows, BGRADA sums op(A) over k (length m), BGRADB sums
+    // op(B) over k (length n); none of them is scaled by alpha
+    int64_t nb = 0;
+    if (e == CUBLASLT_EPILOGUE_DGELU_BGRAD) nb = m;
+    if (e == CUBLASLT_EPILOGUE_BGRADA) { sum_lines(A32, lda32, m, k, ta, vec); nb = m; }
+    if (e == CUBLASLT_EPILOGUE_BGRADB) { sum_lines(B32, ldb32, n, k, !tb, vec); nb = n; }
+    for (int64_t i = 0; i < nb; i++) store(g->bias, g->bias_type, i, vec[i]);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// Argument checks shared by the cuBLAS entry points
+
+struct cublasContext {
+    cudaStream_t stream;
+    void* workspace;
+    size_t workspace_size;
+    cublasMath_t math_mode;
+    cublasPointerMode_t pointer_mode;
+};
+
+static int valid_op(cublasOperation_t op) {
+    return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C;  // OP_C is OP_T for real data
+}
+
+// A/B must share a type; C is that type or fp32; the FAST compute types are defined for fp32 data only.
+static cublasStatus_t check_types(int at, int bt, int ct, int compute) {
+    if (!float_type(at) || !float_type(ct) || at != bt) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (ct != at && ct != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    switch (compute) {
+    case CUBLAS_COMPUTE_32F:
+    case CUBLAS_COMPUTE_32F_PEDANTIC:
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLAS_COMPUTE_32F_FAST_TF32:
+    case CUBLAS_COMPUTE_32F_FAST_16BF:
+    case CUBLAS_COMPUTE_32F_FAST_16F:
+        return at == CUDA_R_32F && ct == CUDA_R_32F ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+    default:
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+
+static cublasStatus_t check_shape(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                                  int64_t lda, int64_t ldb, int64_t ldc) {
+    if (!valid_op(ta) || !valid_op(tb) || m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    int64_t a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
+    if (lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static Gemm plain_gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const void* A, cudaDataType_t at, int64_t lda, const void* B, cudaDataType_t bt, int64_t ldb,
+                       float beta, void* C, cudaDataType_t ct, int64_t ldc) {
+    Gemm g;
+    memset(&g, 0, sizeof(g));
+    g.transa = ta; g.transb = tb;
+    g.m = m; g.n = n; g.k = k;
+    g.alpha = alpha; g.beta = beta;
+    g.A = A; g.Atype = at; g.lda = lda;
+    g.B = B; g.Btype = bt; g.ldb = ldb;
+    g.C = C; g.ldc = ldc;
+    g.D = C; g.Dtype = ct; g.ldd = ldc;
+    g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    return g;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// cuBLAS: handle
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+    if (handle == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *handle = (cublasHandle_t)calloc(1, sizeof(struct cublasContext));
+    if (*handle == NULL) return CUBLAS_STATUS_ALLOC_FAILED;
+    (*handle)->math_mode = CUBLAS_DEFAULT_MATH;
+    (*handle)->pointer_mode = CUBLAS_POINTER_MODE_HOST;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    free(handle);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->stream = stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t* stream) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (stream == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *stream = handle->stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, size_t size) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->workspace = workspace;
+    handle->workspace_size = size;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->math_mode = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (mode == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *mode = handle->math_mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// Host and device pointer modes read alpha/beta the same way: device memory is host memory here.
+cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t mode) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (mode != CUBLAS_POINTER_MODE_HOST && mode != CUBLAS_POINTER_MODE_DEVICE) return CUBLAS_STATUS_INVALID_VALUE;
+    handle->pointer_mode = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t* mode) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (mode == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *mode = handle->pointer_mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+const char* cublasGetStatusName(cublasStatus_t status) {
+    switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
+}
+
+const char* cublasGetStatusString(cublasStatus_t status) {
+    switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "the operation completed successfully";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "an absent device architectural feature is required";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "an access to GPU memory space failed";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "error detected trying to check the license";
+    }
+    return "unknown error";
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// cuBLAS: GEMMs. alpha and beta are fp32 scalars for every compute type accepted here.
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
+                            cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    (void)algo;  // one algorithm here
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    cublasStatus_t st = check_shape(transa, transb, m, n, k, lda, ldb, ldc);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    st = check_types(Atype, Btype, Ctype, computeType);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    Gemm g = plain_gemm(transa, transb, m, n, k, *(const float*)alpha, A, Atype, lda, B, Btype, ldb,
+                        *(const float*)beta, C, Ctype, ldc);
+    return run_gemm(&g);
+}
+
+cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                              int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
+                              const float* beta, float* C, int ldc) {
+    return cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta, C,
+                        CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void* B, cudaDataType Btype, int ldb,
+                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype,
+                                          int ldc, long long int strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    (void)algo;
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    cublasStatus_t st = check_shape(transa, transb, m, n, k, lda, ldb, ldc);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    st = check_types(Atype, Btype, Ctype, computeType);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    for (int b = 0; b < batchCount; b++) {
+        Gemm g = plain_gemm(transa, transb, m, n, k, *(const float*)alpha,
+                            (const char*)A + b * strideA * type_size(Atype), Atype, lda,
+                            (const char*)B + b * strideB * type_size(Btype), Btype, ldb, *(const float*)beta,
+                            (char*)C + b * strideC * type_size(Ctype), Ctype, ldc);
+        st = run_gemm(&g);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float* alpha, const float* A, int lda,
+                                         long long int strideA, const float* B, int ldb, long long int strideB,
+                                         const float* beta, float* C, int ldc, long long int strideC,
+                                         int batchCount) {
+    return cublasGemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, strideA, B,
+                                      CUDA_R_32F, ldb, strideB, beta, C, CUDA_R_32F, ldc, strideC, batchCount,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                   int n, int k, const void* alpha, const void* const Aarray[], cudaDataType Atype,
+                                   int lda, const void* const Barray[], cudaDataType Btype, int ldb, const void* beta,
+                                   void* const Carray[], cudaDataType Ctype, int ldc, int batchCount,
+                                   cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    (void)algo;
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    cublasStatus_t st = check_shape(transa, transb, m, n, k, lda, ldb, ldc);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    st = check_types(Atype, Btype, Ctype, computeType);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    for (int b = 0; b < batchCount; b++) {
+        Gemm g = plain_gemm(transa, transb, m, n, k, *(const float*)alpha, Aarray[b], Atype, lda, Barray[b], Btype,
+                            ldb, *(const float*)beta, Carray[b], Ctype, ldc);
+        st = run_gemm(&g);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// Groups of GEMMs: group g has its own shapes, transposes, alpha_array[g] and beta_array[g], and covers the next
+// group_size[g] entries of the pointer arrays. Everything is checked before anything is computed.
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOperation_t transa_array[],
+                                          const cublasOperation_t transb_array[], const int m_array[],
+                                          const int n_array[], const int k_array[], const void* alpha_array,
+                                          const void* const Aarray[], cudaDataType_t Atype, const int lda_array[],
+                                          const void* const Barray[], cudaDataType_t Btype, const int ldb_array[],
+                                          const void* beta_array, void* const Carray[], cudaDataType_t Ctype,
+                                          const int ldc_array[], int group_count, const int group_size[],
+                                          cublasComputeType_t computeType) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (group_count < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    for (int g = 0; g < group_count; g++) {
+        if (group_size[g] < 0) return CUBLAS_STATUS_INVALID_VALUE;
+        cublasStatus_t st = check_shape(transa_array[g], transb_array[g], m_array[g], n_array[g], k_array[g],
+                                        lda_array[g], ldb_array[g], ldc_array[g]);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+    cublasStatus_t st = check_types(Atype, Btype, Ctype, computeType);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    const float* alphas = (const float*)alpha_array;
+    const float* betas = (const float*)beta_array;
+    int p = 0;
+    for (int g = 0; g < group_count; g++) {
+        for (int i = 0; i < group_size[g]; i++, p++) {
+            Gemm gm = plain_gemm(transa_array[g], transb_array[g], m_array[g], n_array[g], k_array[g], alphas[g],
+                                 Aarray[p], Atype, lda_array[g], Barray[p], Btype, ldb_array[g], betas[g], Carray[p],
+                                 Ctype, ldc_array[g]);
+            st = run_gemm(&gm);
+            if (st != CUBLAS_STATUS_SUCCESS) return st;
+        }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemmGroupedBatched(cublasHandle_t handle, const cublasOperation_t transa_array[],
+                                         const cublasOperation_t transb_array[], const int m_array[],
+                                         const int n_array[], const int k_array[], const float alpha_array[],
+                                         const float* const Aarray[], const int lda_array[],
+                                         const float* const Barray[], const int ldb_array[],
+                                         const float beta_array[], float* const Carray[], const int ldc_array[],
+                                         int group_count, const int group_size[]) {
+    return cublasGemmGroupedBatchedEx(handle, transa_array, transb_array, m_array, n_array, k_array, alpha_array,
+                                      (const void* const*)Aarray, CUDA_R_32F, lda_array, (const void* const*)Barray,
+                                      CUDA_R_32F, ldb_array, beta_array, (void* const*)Carray, CUDA_R_32F, ldc_array,
+                                      group_count, group_size, CUBLAS_COMPUTE_32F);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// cuBLASLt: descriptors. Each descriptor is one of our structs stored inside the toolkit's semi-opaque type (so the
+// toolkit's inline *Init helpers work on stack storage too); attributes are read and written through a table of
+// (attribute, offset, size), with the exact-size rule the toolkit documents.
+
+typedef struct {
+    int attr;
+    size_t offset, size;
+} AttrField;
+
+static const AttrField* find_field(const AttrField* t, int n, int attr) {
+    for (int i = 0; i < n; i++) if (t[i].attr == attr) return &t[i];
+    return NULL;
+}
+
+static cublasStatus_t attr_set(void* obj, const AttrField* t, int n, int attr, const void* buf, size_t size) {
+    const AttrField* f = find_field(t, n, attr);
+    if (obj == NULL || f == NULL || buf == NULL || size != f->size) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy((char*)obj + f->offset, buf, size);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static cublasStatus_t attr_get(const void* obj, const AttrField* t, int n, int attr, void* buf, size_t size,
+                               size_t* written) {
+    const AttrField* f = find_field(t, n, attr);
+    if (obj == NULL || f == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    if (size == 0) {
+        if (written == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+        *written = f->size;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (buf == NULL || size != f->size) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(buf, (const char*)obj + f->offset, size);
+    if (written) *written = size;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+#define FIELD(attr, type, member) {attr, offsetof(type, member), sizeof(((type*)0)->member)}
+#define NFIELDS(t) ((int)(sizeof(t) / sizeof(t[0])))
+
+struct cublasLtContext {
+    int unused;
+};
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+    if (handle == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *handle = (cublasLtHandle_t)calloc(1, sizeof(struct cublasLtContext));
+    return *handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    free(handle);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+const char* cublasLtGetStatusName(cublasStatus_t status) { return cublasGetStatusName(status); }
+const char* cublasLtGetStatusString(cublasStatus_t status) { return cublasGetStatusString(status); }
+
+// Matrix layout
+
+typedef struct {
+    uint64_t rows, cols;
+    int64_t ld, batch_stride, plane_offset;
+    uint32_t type;
+    int32_t order, batch_count;
+    uint32_t batch_mode;
+} Layout;
+static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "Layout must fit the toolkit's storage");
+
+static const AttrField layout_fields[] = {
+    FIELD(CUBLASLT_MATRIX_LAYOUT_TYPE, Layout, type),
+    FIELD(CUBLASLT_MATRIX_LAYOUT_ORDER, Layout, order),
+    FIELD(CUBLASLT_MATRIX_LAYOUT_ROWS, Layout, rows),
+    FIELD(CUBLASLT_MATRIX_LAYOUT_COLS, Layout, cols),
+    FIELD(CUBLASLT_MATRIX_LAYOUT_LD, Layout, ld),
+    FIELD(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, Layout, batch_count),
+    FIELD(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, Layout, batch_stride),
+    FIELD(CUBLASLT_MATRIX_LAYOUT_PLANE_OFFSET, Layout, plane_offset),
+    FIELD(CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, Layout, batch_mode),
+};
+
+cublasStatus_t cublasLtMatrixLayoutInit_internal(cublasLtMatrixLayout_t layout, size_t size, cudaDataType type,
+                                                 uint64_t rows, uint64_t cols, int64_t ld) {
+    if (layout == NULL || size < sizeof(Layout)) return CUBLAS_STATUS_ALLOC_FAILED;
+    Layout* l = (Layout*)layout;
+    memset(l, 0, sizeof(*l));
+    l->type = type;
+    l->order = CUBLASLT_ORDER_COL;
+    l->rows = rows;
+    l->cols = cols;
+    l->ld = ld;
+    l->batch_count = 1;
+    l->batch_mode = CUBLASLT_BATCH_MODE_STRIDED;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows,
+                                          uint64_t cols, int64_t ld) {
+    if (layout == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *layout = (cublasLtMatrixLayout_t)malloc(sizeof(cublasLtMatrixLayoutOpaque_t));
+    if (*layout == NULL) return CUBLAS_STATUS_ALLOC_FAILED;
+    return cublasLtMatrixLayoutInit_internal(*layout, sizeof(cublasLtMatrixLayoutOpaque_t), type, rows, cols, ld);
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+    free(layout);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr,
+                                                const void* buf, size_t size) {
+    return attr_set(layout, layout_fields, NFIELDS(layout_fields), attr, buf, size);
+}
+
+cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr,
+                                                void* buf, size_t size, size_t* written) {
+    return attr_get(layout, layout_fields, NFIELDS(layout_fields), attr, buf, size, written);
+}
+
+// Matmul descriptor. Every documented attribute can be set and read back; the ones this backend does not model
+// (fp8 scaling, amax, emulation, vector alpha) make the matmul NOT_SUPPORTED when given non-default values.
+
+typedef struct {
+    int32_t compute_type, scale_type, pointer_mode, transa, transb, transc, fill_mode;
+    uint32_t epilogue;
+    const void* bias;
+    int64_t bias_batch_stride;
+    int32_t bias_type, aux_type;
+    void* aux;
+    int64_t aux_ld, aux_batch_stride, alpha_vector_batch_stride;
+    int32_t sm_count_target;
+    int8_t fast_accum;
+    const void *a_scale, *b_scale, *c_scale, *d_scale;
+    void *amax_d, *aux_scale, *aux_amax, *d_out_scale, *emulation;
+    int32_t a_scale_mode, b_scale_mode, c_scale_mode, d_scale_mode, aux_scale_mode, d_out_scale_mode;
+} MatmulDesc;
+static_assert(sizeof(MatmulDesc) <= sizeof(cublasLtMatmulDescOpaque_t), "MatmulDesc must fit the toolkit's storage");
+
+static const AttrField desc_fields[] = {
+    FIELD(CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, MatmulDesc, compute_type),
+    FIELD(CUBLASLT_MATMUL_DESC_SCALE_TYPE, MatmulDesc, scale_type),
+    FIELD(CUBLASLT_MATMUL_DESC_POINTER_MODE, MatmulDesc, pointer_mode),
+    FIELD(CUBLASLT_MATMUL_DESC_TRANSA, MatmulDesc, transa),
+    FIELD(CUBLASLT_MATMUL_DESC_TRANSB, MatmulDesc, transb),
+    FIELD(CUBLASLT_MATMUL_DESC_TRANSC, MatmulDesc, transc),
+    FIELD(CUBLASLT_MATMUL_DESC_FILL_MODE, MatmulDesc, fill_mode),
+    FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE, MatmulDesc, epilogue),
+    FIELD(CUBLASLT_MATMUL_DESC_BIAS_POINTER, MatmulDesc, bias),
+    FIELD(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, MatmulDesc, bias_batch_stride),
+    FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, MatmulDesc, aux),
+    FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, MatmulDesc, aux_ld),
+    FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, MatmulDesc, aux_batch_stride),
+    FIELD(CUBLASLT_MATMUL_DESC_ALPHA_VECTOR_BATCH_STRIDE, MatmulDesc, alpha_vector_batch_stride),
+    FIELD(CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, MatmulDesc, sm_count_target),
+    FIELD(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, MatmulDesc, a_scale),
+    FIELD(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, MatmulDesc, b_scale),
+    FIELD(CUBLASLT_MATMUL_DESC_C_SCALE_POINTER, MatmulDesc, c_scale),
+    FIELD(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, MatmulDesc, d_scale),
+    FIELD(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, MatmulDesc, amax_d),
+    FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, MatmulDesc, aux_type),
+    FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_POINTER, MatmulDesc, aux_scale),
+    FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_AMAX_POINTER, MatmulDesc, aux_amax),
+    FIELD(CUBLASLT_MATMUL_DESC_FAST_ACCUM, MatmulDesc, fast_accum),
+    FIELD(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, MatmulDesc, bias_type),
+    FIELD(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, MatmulDesc, a_scale_mode),
+    FIELD(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, MatmulDesc, b_scale_mode),
+    FIELD(CUBLASLT_MATMUL_DESC_C_SCALE_MODE, MatmulDesc, c_scale_mode),
+    FIELD(CUBLASLT_MATMUL_DESC_D_SCALE_MODE, MatmulDesc, d_scale_mode),
+    FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_MODE, MatmulDesc, aux_scale_mode),
+    FIELD(CUBLASLT_MATMUL_DESC_D_OUT_SCALE_POINTER, MatmulDesc, d_out_scale),
+    FIELD(CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE, MatmulDesc, d_out_scale_mode),
+    FIELD(CUBLASLT_MATMUL_DESC_EMULATION_DESCRIPTOR, MatmulDesc, emulation),
+};
+
+cublasStatus_t cublasLtMatmulDescInit_internal(cublasLtMatmulDesc_t desc, size_t size, cublasComputeType_t compute,
+                                               cudaDataType_t scale) {
+    if (desc == NULL || size < sizeof(MatmulDesc)) return CUBLAS_STATUS_ALLOC_FAILED;
+    MatmulDesc* d = (MatmulDesc*)desc;
+    memset(d, 0, sizeof(*d));
+    d->compute_type = compute;
+    d->scale_type = scale;
+    d->pointer_mode = CUBLASLT_POINTER_MODE_HOST;
+    d->transa = d->transb = d->transc = CUBLAS_OP_N;
+    d->fill_mode = CUBLAS_FILL_MODE_FULL;
+    d->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    d->bias_type = d->aux_type = -1;  // -1: the type of D
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+    if (desc == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *desc = (cublasLtMatmulDesc_t)malloc(sizeof(cublasLtMatmulDescOpaque_t));
+    if (*desc == NULL) return CUBLAS_STATUS_ALLOC_FAILED;
+    return cublasLtMatmulDescInit_internal(*desc, sizeof(cublasLtMatmulDescOpaque_t), compute, scale);
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+    free(desc);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t size) {
+    return attr_set(desc, desc_fields, NFIELDS(desc_fields), attr, buf, size);
+}
+
+cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+                                              void* buf, size_t size, size_t* written) {
+    return attr_get(desc, desc_fields, NFIELDS(desc_fields), attr, buf, size, written);
+}
+
+// Heuristic preference: stored so it can be read back; there is only one algorithm to choose.
+
+typedef struct {
+    uint64_t max_workspace, impl_mask;
+    uint32_t search_mode, reduction_mask, align_a, align_b, align_c, align_d;
+    float max_waves;
+} Preference;
+static_assert(sizeof(Preference) <= sizeof(cublasLtMatmulPreferenceOpaque_t), "Preference must fit");
+
+static const AttrField pref_fields[] = {
+    FIELD(CUBLASLT_MATMUL_PREF_SEARCH_MODE, Preference, search_mode),
+    FIELD(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, Preference, max_workspace),
+    FIELD(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, Preference, reduction_mask),
+    FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, Preference, align_a),
+    FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, Preference, align_b),
+    FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, Preference, align_c),
+    FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, Preference, align_d),
+    FIELD(CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT, Preference, max_waves),
+    FIELD(CUBLASLT_MATMUL_PREF_IMPL_MASK, Preference, impl_mask),
+};
+
+cublasStatus_t cublasLtMatmulPreferenceInit_internal(cublasLtMatmulPreference_t pref, size_t size) {
+    if (pref == NULL || size < sizeof(Preference)) return CUBLAS_STATUS_ALLOC_FAILED;
+    Preference* p = (Preference*)pref;
+    memset(p, 0, sizeof(*p));
+    p->search_mode = CUBLASLT_SEARCH_BEST_FIT;
+    p->reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
+    p->align_a = p->align_b = p->align_c = p->align_d = 256;
+    p->impl_mask = ~(uint64_t)0;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+    if (pref == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *pref = (cublasLtMatmulPreference_t)malloc(sizeof(cublasLtMatmulPreferenceOpaque_t));
+    if (*pref == NULL) return CUBLAS_STATUS_ALLOC_FAILED;
+    return cublasLtMatmulPreferenceInit_internal(*pref, sizeof(cublasLtMatmulPreferenceOpaque_t));
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+    free(pref);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
+                                                    size_t size) {
+    return attr_set(pref, pref_fields, NFIELDS(pref_fields), attr, buf, size);
+}
+
+cublasStatus_t cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, void* buf,
+                                                    size_t size, size_t* written) {
+    return attr_get(pref, pref_fields, NFIELDS(pref_fields), attr, buf, size, written);
+}
+
+} // extern "C"
+
+// ----------------------------------------------------------------------------------------------------------
+// cuBLASLt: checking a matmul configuration. The heuristic query and the matmul run the same checks, so a
+// configuration this backend cannot compute is refused at the heuristic already, as the GPU library does.
+
+typedef struct {
+    Gemm g;  // everything but the pointers and alpha/beta
+    int batch;
+    int64_t stride_a, stride_b, stride_c, stride_d, stride_bias, stride_aux;  // in elements of each type
+} LtPlan;
+
+static cublasStatus_t check_layout(const Layout* l) {
+    if (l->order != CUBLASLT_ORDER_COL || l->plane_offset != 0 || l->batch_mode != CUBLASLT_BATCH_MODE_STRIDED)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (l->rows > INT32_MAX || l->cols > INT32_MAX || l->ld < (int64_t)(l->rows > 1 ? l->rows : 1) ||
+        l->batch_count < 1)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static cublasStatus_t lt_plan(const MatmulDesc* d, const Layout* a, const Layout* b, const Layout* c,
+                              const Layout* dl, LtPlan* p) {
+    if (d == NULL || a == NULL || b == NULL || dl == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    if (c == NULL) c = dl;  // C is optional when beta == 0
+    const Layout* ls[4] = {a, b, c, dl};
+    for (int i = 0; i < 4; i++) {
+        cublasStatus_t st = check_layout(ls[i]);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+    // what this backend does not model
+    if (d->scale_type != CUDA_R_32F || d->transc != CUBLAS_OP_N || d->fill_mode != CUBLAS_FILL_MODE_FULL ||
+        (d->pointer_mode != CUBLASLT_POINTER_MODE_HOST && d->pointer_mode != CUBLASLT_POINTER_MODE_DEVICE) ||
+        d->a_scale || d->b_scale || d->c_scale || d->d_scale || d->amax_d || d->aux_scale || d->aux_amax ||
+        d->d_out_scale || d->emulation || d->a_scale_mode || d->b_scale_mode || d->c_scale_mode ||
+        d->d_scale_mode || d->aux_scale_mode || d->d_out_scale_mode || !epi_supported(d->epilogue))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    cublasOperation_t ta = (cublasOperation_t)d->transa, tb = (cublasOperation_t)d->transb;
+    if (!valid_op(ta) || !valid_op(tb)) return CUBLAS_STATUS_INVALID_VALUE;
+    cublasStatus_t st = check_types(a->type, b->type, dl->type, d->compute_type);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (c->type != dl->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+
+    // shapes: D is m x n, op(A) m x k, op(B) k x n, C like D; all batch counts equal
+    int64_t m = dl->rows, n = dl->cols;
+    int64_t k = ta == CUBLAS_OP_N ? a->cols : a->rows;
+    int64_t am = ta == CUBLAS_OP_N ? a->rows : a->cols;
+    int64_t bk = tb == CUBLAS_OP_N ? b->rows : b->cols, bn = tb == CUBLAS_OP_N ? b->cols : b->rows;
+    if (am != m || bk != k || bn != n || (int64_t)c->rows != m || (int64_t)c->cols != n)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (a->batch_count != dl->batch_count || b->batch_count != dl->batch_count || c->batch_count != dl->batch_count)
+        return CUBLAS_STATUS_INVALID_VALUE;
+
+    // epilogue operands: bias and aux default to D's type
+    uint32_t e = d->epilogue;
+    cudaDataType_t bias_type = (cudaDataType_t)(d->bias_type == -1 ? (int)dl->type : d->bias_type);
+    cudaDataType_t aux_type = (cudaDataType_t)(d->aux_type == -1 ? (int)dl->type : d->aux_type);
+    if (epi_uses_bias(e) && !float_type(bias_type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (epi_uses_aux(e)) {
+        if (!float_type(aux_type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (d->aux_ld < m || d->aux_ld % 8 != 0) return CUBLAS_STATUS_INVALID_VALUE;  // documented: >= rows, % 8
+    }
+
+    Gemm* g = &p->g;
+    memset(p, 0, sizeof(*p));
+    g->transa = ta; g->transb = tb;
+    g->m = m; g->n = n; g->k = k;
+    g->Atype = (cudaDataType_t)a->type; g->lda = a->ld;
+    g->Btype = (cudaDataType_t)b->type; g->ldb = b->ld;
+    g->ldc = c->ld;
+    g->Dtype = (cudaDataType_t)dl->type; g->ldd = dl->ld;
+    g->epilogue = e;
+    g->bias_type = bias_type;
+    g->aux_type = aux_type; g->aux_ld = d->aux_ld;
+    p->batch = dl->batch_count;
+    p->stride_a = a->batch_stride; p->stride_b = b->batch_stride;
+    p->stride_c = c->batch_stride; p->stride_d = dl->batch_stride;
+    p->stride_bias = d->bias_batch_stride; p->stride_aux = d->aux_batch_stride;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" {
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
+                                              cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int* returned) {
+    (void)pref;
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (requested <= 0 || results == NULL || returned == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *returned = 0;
+    LtPlan p;
+    cublasStatus_t st = lt_plan((const MatmulDesc*)desc, (const Layout*)Adesc, (const Layout*)Bdesc,
+                                (const Layout*)Cdesc, (const Layout*)Ddesc, &p);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    memset(&results[0], 0, sizeof(results[0]));
+    results[0].workspaceSize = 0;
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,
+                              cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc,
+                              const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
+                              size_t workspace_size, cudaStream_t stream) {
+    (void)algo; (void)workspace; (void)workspace_size; (void)stream;  // one algorithm, no workspace, synchronous
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    LtPlan p;
+    const MatmulDesc* d = (const MatmulDesc*)desc;
+    cublasStatus_t st = lt_plan(d, (const Layout*)Adesc, (const Layout*)Bdesc, (const Layout*)Cdesc,
+                                (const Layout*)Ddesc, &p);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (alpha == NULL || beta == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    Gemm g = p.g;
+    g.alpha = *(const float*)alpha;
+    g.beta = *(const float*)beta;
+    if (g.beta != 0.0f && C == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    if (C == D && g.ldc != g.ldd) return CUBLAS_STATUS_INVALID_VALUE;  // in place needs one layout
+    if (epi_uses_bias(g.epilogue) && d->bias == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    if (epi_uses_aux(g.epilogue) && d->aux == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    size_t sa = type_size(g.Atype), sb = type_size(g.Btype), sd = type_size(g.Dtype);
+    for (int b = 0; b < p.batch; b++) {
+        g.A = (const char*)A + b * p.stride_a * sa;
+        g.B = (const char*)B + b * p.stride_b * sb;
+        g.C = C ? (const char*)C + b * p.stride_c * sd : NULL;
+        g.D = (char*)D + b * p.stride_d * sd;
+        g.bias = d->bias ? (char*)d->bias + b * p.stride_bias * type_size(g.bias_type) : NULL;
+        g.aux = d->aux ? (char*)d->aux + b * p.stride_aux * type_size(g.aux_type) : NULL;
+        st = run_gemm(&g);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+} // extern "C"

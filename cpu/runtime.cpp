@@ -1,0 +1,1035 @@
+// cpu/runtime.cpp: the CPU backend's execution model and CUDA runtime API.
+// Built into cpu/build/<variant>/libcucc_rt.a by cpu/Makefile; cpu/cucc links it into every program.
+//
+// Execution model. A launch runs the blocks of its grid over OpenMP threads (dynamic schedule); the
+// threads of one block run as fibers on one OS thread, each with its own stack. A fiber runs until it
+// reaches a rendezvous (block barrier, warp shuffle/vote/sync) or returns; then the next ready fiber
+// of the block runs. The last fiber to arrive at a rendezvous completes it and wakes the others, so a
+// block costs one context switch per thread per rendezvous. A fiber never migrates between OS threads,
+// which is what makes thread_local threadIdx (set on every switch) and per-thread static shared memory
+// correct. Everything is synchronous: a launch, memcpy or event record completes before it returns,
+// which is one valid schedule of CUDA's stream semantics.
+//
+// Faults a GPU would hang or misbehave on are reported here with the kernel, block and thread, then
+// abort: a barrier that not every live thread reaches, divergent barriers, shuffles whose lanes
+// disagree on the mask or read an exited lane.
+#include "cucc.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+// ----------------------------------------------------------------------------------------------
+// Context switch. On x86-64, 14 instructions: push the callee-saved registers, swap stack pointers,
+// pop. glibc's swapcontext also saves the signal mask with a system call per switch (~10x slower);
+// it remains the portable fallback (and can be forced with -DCUCC_UCONTEXT to compare).
+#if defined(__x86_64__) && !defined(CUCC_UCONTEXT)
+struct fiber_context {
+    void* sp;
+};
+extern "C" void cucc_switch_context(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .globl cucc_switch_context
+    .type cucc_switch_context, @function
+cucc_switch_context:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cucc_switch_context, .-cucc_switch_context
+)");
+static void context_init(fiber_context* c, char* stack, size_t size, void (*entry)(void)) {
+    // The first switch pops six zero registers and "returns" into entry with rsp % 16 == 8, exactly
+    // as if entry had been called. entry never returns, so its own return address is a null.
+    void** sp = (void**)(((uintptr_t)(stack + size)) & ~(uintptr_t)15);
+    *--sp = nullptr;
+    *--sp = (void*)entry;
+    for (int i = 0; i < 6; i++) *--sp = nullptr;
+    c->sp = sp;
+}
+static inline void context_switch(fiber_context* from, fiber_context* to) { cucc_switch_context(&from->sp, to->sp); }
+static const char* context_switch_kind = "x86-64 register switch";
+#else
+#include <ucontext.h>
+struct fiber_context {
+    ucontext_t uc;
+};
+static void context_init(fiber_context* c, char* stack, size_t size, void (*entry)(void)) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, entry, 0);
+}
+static inline void context_switch(fiber_context* from, fiber_context* to) { swapcontext(&from->uc, &to->uc); }
+static const char* context_switch_kind = "ucontext swapcontext";
+#endif
+
+// ----------------------------------------------------------------------------------------------
+// Per-OS-thread state: a block in flight, its fibers, their stacks.
+enum fiber_state { FIBER_READY, FIBER_WAITING, FIBER_DONE };
+enum wait_kind { WAIT_NONE, WAIT_BLOCK, WAIT_WARP };
+
+struct fiber {
+    fiber_context ctx;
+    char* stack;
+    uint3 tid;
+    int lane, warp;
+    int state, wait;
+    const char* what;  // the rendezvous it waits at, for diagnostics
+    const char* file;
+    int line;
+    // warp operation in flight
+    int op_kind;
+    unsigned op_mask;
+    uint64_t op_value;
+    int op_src;
+    uint64_t op_result;
+    // block barrier results
+    int bar_pred, bar_result, bar_live;
+};
+
+struct warp_state {
+    unsigned exists;   // lanes that are threads of the block (the last warp may be partial)
+    unsigned live;     // lanes that have not returned
+    unsigned waiting;  // lanes waiting at a warp operation
+};
+
+enum { MAX_BLOCK_THREADS = 1024, MAX_WARPS = 32 };
+
+struct thread_state {
+    // the block in flight
+    const char* kernel;
+    void (*body)(void*);
+    void* closure;
+    int nthreads, ndone;
+    int in_kernel;
+    fiber* current;
+    fiber_context scheduler;
+    int bar_arrived, bar_count, bar_line;
+    const char* bar_file;
+    const char* bar_what;
+    int queue[MAX_BLOCK_THREADS];
+    int qhead, qsize;
+    fiber fibers[MAX_BLOCK_THREADS];
+    warp_state warps[MAX_WARPS];
+    // memory that outlives a block
+    std::vector<char*> stacks;
+    void* dyn_smem;
+    size_t dyn_smem_bytes;
+#if defined(__SANITIZE_ADDRESS__)
+    const void* os_stack_bottom;
+    size_t os_stack_size;
+#endif
+};
+
+static thread_local thread_state* tls_state;
+
+#if defined(__SANITIZE_ADDRESS__)
+static const size_t FIBER_STACK_BYTES = 256 * 1024;  // ASan's redzones make frames larger
+#else
+static const size_t FIBER_STACK_BYTES = 64 * 1024;
+#endif
+
+static thread_state* get_thread_state(void) {
+    if (!tls_state) {
+        tls_state = new thread_state();
+#if defined(__SANITIZE_ADDRESS__)
+        pthread_attr_t attr;
+        pthread_getattr_np(pthread_self(), &attr);
+        void* addr;
+        size_t size;
+        pthread_attr_getstack(&attr, &addr, &size);
+        pthread_attr_destroy(&attr);
+        tls_state->os_stack_bottom = addr;
+        tls_state->os_stack_size = size;
+#endif
+    }
+    return tls_state;
+}
+
+// A fiber stack with a PROT_NONE guard page below it, so an overflow faults instead of corrupting
+// the neighbouring fiber's stack.
+static char* fiber_stack(thread_state* ts, int i) {
+    while ((int)ts->stacks.size() <= i) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        char* base = (char*)mmap(nullptr, FIBER_STACK_BYTES + page, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base == MAP_FAILED) {
+            fprintf(stderr, "cucc: cannot map a fiber stack (%zu KiB)\n", FIBER_STACK_BYTES / 1024);
+            abort();
+        }
+        mprotect(base, page, PROT_NONE);
+        ts->stacks.push_back(base + page);
+    }
+    return ts->stacks[i];
+}
+
+// ----------------------------------------------------------------------------------------------
+// Switching between fibers and the block's scheduler.
+static void switch_to(thread_state* ts, fiber_context* from, fiber* to_fiber, int from_is_dying) {
+    fiber_context* to = to_fiber ? &to_fiber->ctx : &ts->scheduler;
+    if (to_fiber) {
+        ts->current = to_fiber;
+        threadIdx = to_fiber->tid;
+    }
+#if defined(__SANITIZE_ADDRESS__)
+    void* fake_stack = nullptr;
+    const void* bottom = to_fiber ? (const void*)to_fiber->stack : ts->os_stack_bottom;
+    size_t size = to_fiber ? FIBER_STACK_BYTES : ts->os_stack_size;
+    __sanitizer_start_switch_fiber(from_is_dying ? nullptr : &fake_stack, bottom, size);
+    context_switch(from, to);
+    __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#else
+    (void)from_is_dying;
+    context_switch(from, to);
+#endif
+}
+
+static void queue_push(thread_state* ts, int i) {
+    ts->queue[(ts->qhead + ts->qsize) % ts->nthreads] = i;
+    ts->qsize++;
+}
+static int queue_pop(thread_state* ts) {
+    if (ts->qsize == 0) return -1;
+    int i = ts->queue[ts->qhead];
+    ts->qhead = (ts->qhead + 1) % ts->nthreads;
+    ts->qsize--;
+    return i;
+}
+
+// The current fiber has marked itself waiting (or done): run the next ready fiber, or return to the
+// scheduler, which then finds the block finished or deadlocked. Returns when this fiber is woken.
+static void yield_current(thread_state* ts, int dying) {
+    fiber* self = ts->current;
+    int next = queue_pop(ts);
+    switch_to(ts, &self->ctx, next >= 0 ? &ts->fibers[next] : nullptr, dying);
+}
+
+static void print_thread(FILE* f, const fiber* t) { fprintf(f, "(%u,%u,%u)", t->tid.x, t->tid.y, t->tid.z); }
+
+[[noreturn]] static void fault(thread_state* ts, const fiber* t, const char* fmt, ...) {
+    fprintf(stderr, "cucc: kernel '%s' block (%u,%u,%u)", ts->kernel, blockIdx.x, blockIdx.y, blockIdx.z);
+    if (t) {
+        fprintf(stderr, " thread ");
+        print_thread(stderr, t);
+    }
+    fprintf(stderr, ": ");
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    fflush(stderr);
+    abort();
+}
+
+[[noreturn]] static void report_deadlock(thread_state* ts) {
+    int waiting = ts->nthreads - ts->ndone;
+    fprintf(stderr, "cucc: deadlock in kernel '%s' block (%u,%u,%u): %d of %d threads wait and none can proceed\n",
+            ts->kernel, blockIdx.x, blockIdx.y, blockIdx.z, waiting, ts->nthreads);
+    // one line per distinct place, with the first thread and the count
+    int shown = 0;
+    std::vector<char> seen(ts->nthreads, 0);
+    for (int i = 0; i < ts->nthreads && shown < 8; i++) {
+        fiber* t = &ts->fibers[i];
+        if (t->state != FIBER_WAITING || seen[i]) continue;
+        int count = 0;
+        for (int j = i; j < ts->nthreads; j++) {
+            fiber* u = &ts->fibers[j];
+            if (u->state == FIBER_WAITING && u->line == t->line && u->what == t->what && strcmp(u->file, t->file) == 0) {
+                seen[j] = 1;
+                count++;
+            }
+        }
+        fprintf(stderr, "  %d thread(s), first ", count);
+        print_thread(stderr, t);
+        fprintf(stderr, ", wait at %s (%s:%d)", t->what, t->file, t->line);
+        if (t->wait == WAIT_WARP) fprintf(stderr, " with mask 0x%08x", t->op_mask);
+        fprintf(stderr, "\n");
+        shown++;
+    }
+    fprintf(stderr, "  %d thread(s) have returned\n", ts->ndone);
+    fflush(stderr);
+    abort();
+}
+
+// ----------------------------------------------------------------------------------------------
+// Warp rendezvous.
+static void warp_complete(thread_state* ts, int warp, unsigned mask, fiber* self) {
+    warp_state* w = &ts->warps[warp];
+    fiber* lanes = &ts->fibers[warp * 32];
+    unsigned need = mask & w->live;
+    int first = __builtin_ctz(need);
+    fiber* f0 = &lanes[first];
+    uint64_t ballot = 0, reduced = 0;
+    int reduce_kind = f0->op_src;
+    int seen_any = 0;
+    for (unsigned m = need; m; m &= m - 1) {
+        fiber* g = &lanes[__builtin_ctz(m)];
+        if (g->op_mask != mask)
+            fault(ts, g, "%s (%s:%d) with mask 0x%08x, while lane %d is at %s (%s:%d) with mask 0x%08x: lanes of a warp "
+                  "operation must agree on the mask", g->what, g->file, g->line, g->op_mask, first, f0->what, f0->file,
+                  f0->line, mask);
+        if (g->op_kind != f0->op_kind || (g->op_kind == CUCC_WARP_REDUCE && g->op_src != reduce_kind))
+            fault(ts, g, "%s (%s:%d) meets lane %d at %s (%s:%d): lanes of a warp are at different warp operations",
+                  g->what, g->file, g->line, first, f0->what, f0->file, f0->line);
+        if (g->op_value) ballot |= 1ull << g->lane;
+        uint32_t v = (uint32_t)g->op_value;
+        if (!seen_any) {
+            reduced = v;
+            seen_any = 1;
+        } else {
+            switch (reduce_kind) {
+                case CUCC_REDUCE_ADD: reduced = (uint32_t)(reduced + v); break;
+                case CUCC_REDUCE_MIN: reduced = v < reduced ? v : reduced; break;
+                case CUCC_REDUCE_MAX: reduced = v > reduced ? v : reduced; break;
+                case CUCC_REDUCE_AND: reduced &= v; break;
+                case CUCC_REDUCE_OR: reduced |= v; break;
+                case CUCC_REDUCE_XOR: reduced ^= v; break;
+            }
+        }
+    }
+    for (unsigned m = need; m; m &= m - 1) {
+        fiber* g = &lanes[__builtin_ctz(m)];
+        switch (g->op_kind) {
+            case CUCC_WARP_SHFL: {
+                int src = g->op_src;
+                if (src < 0 || src >= 32 || !(w->exists & (1u << src)))
+                    fault(ts, g, "%s (%s:%d) reads lane %d, which does not exist (the block has %d threads)", g->what,
+                          g->file, g->line, src, ts->nthreads);
+                if (!(w->live & (1u << src)))
+                    fault(ts, g, "%s (%s:%d) reads lane %d, which has exited", g->what, g->file, g->line, src);
+                if (!(need & (1u << src)))
+                    fault(ts, g, "%s (%s:%d) reads lane %d, which is not in the mask 0x%08x", g->what, g->file, g->line,
+                          src, mask);
+                g->op_result = lanes[src].op_value;
+                break;
+            }
+            case CUCC_WARP_VOTE: g->op_result = ballot; break;
+            case CUCC_WARP_REDUCE: g->op_result = reduced; break;
+            default: g->op_result = 0; break;
+        }
+    }
+    w->waiting &= ~need;
+    for (unsigned m = need; m; m &= m - 1) {
+        fiber* g = &lanes[__builtin_ctz(m)];
+        g->state = FIBER_READY;
+        g->wait = WAIT_NONE;
+        if (g != self) queue_push(ts, warp * 32 + g->lane);
+    }
+}
+
+static thread_state* kernel_state(const char* what) {
+    thread_state* ts = tls_state;
+    if (!ts || !ts->in_kernel) {
+        fprintf(stderr, "cucc: %s called outside a kernel\n", what);
+        abort();
+    }
+    return ts;
+}
+
+uint64_t __cucc_warp_op(int kind, unsigned mask, uint64_t value, int src_lane, const char* what, const char* file,
+                        int line) {
+    thread_state* ts = kernel_state(what);
+    fiber* f = ts->current;
+    warp_state* w = &ts->warps[f->warp];
+    unsigned me = 1u << f->lane;
+    if (!(mask & me))
+        fault(ts, f, "%s (%s:%d) with mask 0x%08x, which does not include the calling lane %d", what, file, line, mask,
+              f->lane);
+    f->op_kind = kind;
+    f->op_mask = mask;
+    f->op_value = value;
+    f->op_src = src_lane;
+    f->what = what;
+    f->file = file;
+    f->line = line;
+    f->state = FIBER_WAITING;
+    f->wait = WAIT_WARP;
+    w->waiting |= me;
+    if (((mask & w->live) & ~w->waiting) == 0) {
+        warp_complete(ts, f->warp, mask, f);
+    } else {
+        yield_current(ts, 0);
+    }
+    return f->op_result;
+}
+
+unsigned __cucc_live_lanes(void) {
+    thread_state* ts = kernel_state("__activemask");
+    return ts->warps[ts->current->warp].live;
+}
+
+unsigned __cucc_lane_id(void) {
+    thread_state* ts = kernel_state("a warp operation");
+    return (unsigned)ts->current->lane;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Block barrier.
+static void barrier_complete(thread_state* ts, fiber* self) {
+    int live = ts->nthreads - ts->ndone;
+    for (int i = 0; i < ts->nthreads; i++) {
+        fiber* g = &ts->fibers[i];
+        if (g->state != FIBER_WAITING || g->wait != WAIT_BLOCK) continue;
+        g->bar_result = ts->bar_count;
+        g->bar_live = live;
+        g->state = FIBER_READY;
+        g->wait = WAIT_NONE;
+        if (g != self) queue_push(ts, i);
+    }
+    ts->bar_arrived = 0;
+    ts->bar_count = 0;
+}
+
+int __cucc_block_barrier(int predicate, int* live_threads, const char* what, const char* file, int line) {
+    thread_state* ts = kernel_state(what);
+    fiber* f = ts->current;
+    if (ts->bar_arrived == 0) {
+        ts->bar_file = file;
+        ts->bar_line = line;
+        ts->bar_what = what;
+    } else if (line != ts->bar_line || strcmp(file, ts->bar_file) != 0) {
+        fault(ts, f, "reaches %s (%s:%d) while other threads wait at %s (%s:%d): a barrier must be reached by every "
+              "live thread of the block at the same place", what, file, line, ts->bar_what, ts->bar_file, ts->bar_line);
+    }
+    f->what = what;
+    f->file = file;
+    f->line = line;
+    f->state = FIBER_WAITING;
+    f->wait = WAIT_BLOCK;
+    ts->bar_arrived++;
+    ts->bar_count += predicate != 0;
+    if (ts->bar_arrived == ts->nthreads - ts->ndone) {
+        barrier_complete(ts, f);
+    } else {
+        yield_current(ts, 0);
+    }
+    *live_threads = f->bar_live;
+    return f->bar_result;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Fiber life cycle and the block scheduler.
+static void fiber_exit(thread_state* ts) {
+    fiber* f = ts->current;
+    f->state = FIBER_DONE;
+    f->what = "return";
+    ts->ndone++;
+    warp_state* w = &ts->warps[f->warp];
+    w->live &= ~(1u << f->lane);
+    // An exit can complete a rendezvous that was waiting only for this thread.
+    unsigned pending = w->waiting;
+    while (pending) {
+        unsigned mask = ts->fibers[f->warp * 32 + __builtin_ctz(pending)].op_mask;
+        unsigned group = 0;
+        for (unsigned m = pending; m; m &= m - 1) {
+            int l = __builtin_ctz(m);
+            if (ts->fibers[f->warp * 32 + l].op_mask == mask) group |= 1u << l;
+        }
+        pending &= ~group;
+        if (((mask & w->live) & ~w->waiting) == 0) warp_complete(ts, f->warp, mask, nullptr);
+    }
+    if (ts->bar_arrived > 0 && ts->bar_arrived == ts->nthreads - ts->ndone) barrier_complete(ts, nullptr);
+    yield_current(ts, 1);
+    fault(ts, f, "internal error: a returned fiber was resumed");
+}
+
+static void fiber_entry(void) {
+    thread_state* ts = tls_state;
+#if defined(__SANITIZE_ADDRESS__)
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
+    ts->body(ts->closure);
+    fiber_exit(ts);
+}
+
+static void run_block(thread_state* ts, uint3 block_index) {
+    blockIdx = block_index;
+    int n = ts->nthreads;
+    for (int w = 0; w < MAX_WARPS; w++) {
+        int lanes = n - w * 32;
+        unsigned exists = lanes >= 32 ? 0xffffffffu : (lanes <= 0 ? 0u : (1u << lanes) - 1);
+        ts->warps[w].exists = exists;
+        ts->warps[w].live = exists;
+        ts->warps[w].waiting = 0;
+    }
+    ts->qhead = 0;
+    ts->qsize = 0;
+    ts->ndone = 0;
+    ts->bar_arrived = 0;
+    ts->bar_count = 0;
+    for (int i = 0; i < n; i++) {
+        fiber* f = &ts->fibers[i];
+        f->stack = fiber_stack(ts, i);
+        f->tid.x = i % blockDim.x;
+        f->tid.y = (i / blockDim.x) % blockDim.y;
+        f->tid.z = i / (blockDim.x * blockDim.y);
+        f->lane = i % 32;
+        f->warp = i / 32;
+        f->state = FIBER_READY;
+        f->wait = WAIT_NONE;
+        f->what = "start";
+        f->file = "";
+        f->line = 0;
+        context_init(&f->ctx, f->stack, FIBER_STACK_BYTES, fiber_entry);
+        queue_push(ts, i);
+    }
+    while (ts->ndone < n) {
+        int next = queue_pop(ts);
+        if (next < 0) report_deadlock(ts);
+        switch_to(ts, &ts->scheduler, &ts->fibers[next], 0);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Launch configuration and per-kernel attributes.
+static thread_local cudaError_t last_error = cudaSuccess;
+static std::mutex attribute_mutex;
+static std::map<std::string, int> max_dynamic_shared;  // by kernel name, as raised by cudaFuncSetAttribute
+static const int DEFAULT_SHARED_PER_BLOCK = 48 * 1024;
+static const int OPTIN_SHARED_PER_BLOCK = 227 * 1024;  // as on an H100/H200
+
+// "ns::kernel<T, 4>" and "&kernel" name the same kernel as "kernel" at a launch site.
+static std::string kernel_base_name(const char* name) {
+    std::string s;
+    int depth = 0;
+    for (const char* p = name; *p; p++) {
+        if (*p == '<') depth++;
+        else if (*p == '>') depth--;
+        else if (depth == 0 && *p != ' ' && *p != '&' && *p != '(' && *p != ')') s += *p;
+    }
+    size_t colon = s.rfind("::");
+    return colon == std::string::npos ? s : s.substr(colon + 2);
+}
+
+cudaError_t __cucc_func_set_attribute(const char* kernel_name, const void* func, cudaFuncAttribute attr, int value) {
+    if (!func) return last_error = cudaErrorInvalidDeviceFunction;
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value < 0 || value > OPTIN_SHARED_PER_BLOCK) return last_error = cudaErrorInvalidValue;
+        std::lock_guard<std::mutex> lock(attribute_mutex);
+        max_dynamic_shared[kernel_base_name(kernel_name)] = value;
+        return cudaSuccess;
+    }
+    if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) {
+        return (value >= -1 && value <= 100) ? cudaSuccess : (last_error = cudaErrorInvalidValue);
+    }
+    return last_error = cudaErrorInvalidValue;
+}
+
+// Without the kernel's name (a call that cucc did not rewrite) the attribute cannot be matched to a
+// launch, so it is refused rather than silently ignored.
+extern "C" cudaError_t cudaFuncSetAttribute(const void*, enum cudaFuncAttribute, int) {
+    return last_error = cudaErrorNotSupported;
+}
+
+static int max_dynamic_shared_for(const char* kernel_name) {
+    std::lock_guard<std::mutex> lock(attribute_mutex);
+    auto it = max_dynamic_shared.find(kernel_base_name(kernel_name));
+    return it == max_dynamic_shared.end() ? DEFAULT_SHARED_PER_BLOCK : it->second;
+}
+
+static cudaError_t validate_launch(const __cucc_launch_config& c, const char* name) {
+    const dim3& g = c.grid;
+    const dim3& b = c.block;
+    if (b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64) return cudaErrorInvalidConfiguration;
+    if ((uint64_t)b.x * b.y * b.z > MAX_BLOCK_THREADS) return cudaErrorInvalidConfiguration;
+    if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 || g.z > 65535)
+        return cudaErrorInvalidConfiguration;
+    if (c.shared_bytes > (size_t)max_dynamic_shared_for(name)) return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+static void prepare_thread_for_launch(thread_state* ts, const __cucc_launch_config& cfg, const char* name,
+                                      void (*body)(void*), void* closure) {
+    ts->kernel = name;
+    ts->body = body;
+    ts->closure = closure;
+    ts->nthreads = (int)(cfg.block.x * cfg.block.y * cfg.block.z);
+    blockDim = cfg.block;
+    gridDim = cfg.grid;
+    // Dynamic shared memory of exactly the launch's size, so AddressSanitizer sees an overflow;
+    // new memory is filled with 0xff (NaN as float, bf16 and fp16) so that reading unwritten
+    // shared memory shows up rather than reading plausible zeros.
+    if (ts->dyn_smem_bytes != cfg.shared_bytes || !ts->dyn_smem) {
+        free(ts->dyn_smem);
+        ts->dyn_smem = nullptr;
+        if (posix_memalign(&ts->dyn_smem, 128, cfg.shared_bytes ? cfg.shared_bytes : 1) != 0) {
+            fprintf(stderr, "cucc: cannot allocate %zu bytes of dynamic shared memory\n", cfg.shared_bytes);
+            abort();
+        }
+        memset(ts->dyn_smem, 0xff, cfg.shared_bytes);
+        ts->dyn_smem_bytes = cfg.shared_bytes;
+    }
+    ts->in_kernel = 1;
+}
+
+static uint3 block_index_of(long i, const dim3& g) {
+    uint3 b;
+    b.x = (unsigned)(i % g.x);
+    b.y = (unsigned)((i / g.x) % g.y);
+    b.z = (unsigned)(i / ((long)g.x * g.y));
+    return b;
+}
+
+void __cucc_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
+    thread_state* caller = get_thread_state();
+    if (caller->in_kernel) {
+        fprintf(stderr, "cucc: kernel '%s' launched from inside kernel '%s': dynamic parallelism is not supported\n",
+                kernel_name, caller->kernel);
+        abort();
+    }
+    cudaError_t err = validate_launch(cfg, kernel_name);
+    if (err != cudaSuccess) {
+        last_error = err;
+        return;
+    }
+    long nblocks = (long)cfg.grid.x * cfg.grid.y * cfg.grid.z;
+    int nthreads = omp_get_max_threads();
+    if (nblocks == 1 || nthreads == 1) {
+        prepare_thread_for_launch(caller, cfg, kernel_name, body, closure);
+        for (long i = 0; i < nblocks; i++) run_block(caller, block_index_of(i, cfg.grid));
+        caller->in_kernel = 0;
+        return;
+    }
+    long chunk = nblocks / ((long)nthreads * 8);
+    if (chunk < 1) chunk = 1;
+#pragma omp parallel
+    {
+        thread_state* ts = get_thread_state();
+        prepare_thread_for_launch(ts, cfg, kernel_name, body, closure);
+#pragma omp for schedule(dynamic, chunk)
+        for (long i = 0; i < nblocks; i++) run_block(ts, block_index_of(i, cfg.grid));
+        ts->in_kernel = 0;
+    }
+}
+
+void* __cucc_dynamic_shared(void) { return kernel_state("extern __shared__")->dyn_smem; }
+
+void* __cucc_static_shared(void** per_thread_slot, size_t bytes, size_t align) {
+    if (!*per_thread_slot) {
+        if (align < 16) align = 16;
+        if (posix_memalign(per_thread_slot, align, bytes ? bytes : 1) != 0) {
+            fprintf(stderr, "cucc: cannot allocate %zu bytes of static shared memory\n", bytes);
+            abort();
+        }
+        memset(*per_thread_slot, 0xff, bytes);
+    }
+    return *per_thread_slot;
+}
+
+void __cucc_trap(const char* file, int line) {
+    thread_state* ts = kernel_state("__trap");
+    fault(ts, ts->current, "__trap() at %s:%d", file, line);
+}
+
+long long clock64(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000ll + t.tv_nsec;
+}
+
+const char* __cucc_context_switch_kind(void) { return context_switch_kind; }
+
+// ----------------------------------------------------------------------------------------------
+// Memory. Device memory is host memory; allocations are tracked so that cudaFree of a pointer that
+// cudaMalloc did not return is an error, as on a GPU, and are filled with 0xff (NaN in every float
+// format) because GPU memory is not zeroed and a kernel that reads what nobody wrote must not pass.
+static std::mutex memory_mutex;
+static std::map<void*, size_t> device_allocations;
+static std::map<void*, size_t> host_allocations;
+static size_t device_bytes_in_use = 0;
+
+static cudaError_t tracked_alloc(void** ptr, size_t size, std::map<void*, size_t>& table, int poison) {
+    if (!ptr) return last_error = cudaErrorInvalidValue;
+    *ptr = nullptr;
+    if (size == 0) return cudaSuccess;
+    void* p = nullptr;
+    if (posix_memalign(&p, 256, size) != 0) return last_error = cudaErrorMemoryAllocation;
+    if (poison) memset(p, 0xff, size);
+    std::lock_guard<std::mutex> lock(memory_mutex);
+    table[p] = size;
+    if (&table == &device_allocations) device_bytes_in_use += size;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+static cudaError_t tracked_free(void* ptr, std::map<void*, size_t>& table) {
+    if (!ptr) return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> lock(memory_mutex);
+        auto it = table.find(ptr);
+        if (it == table.end()) return last_error = cudaErrorInvalidValue;
+        if (&table == &device_allocations) device_bytes_in_use -= it->second;
+        table.erase(it);
+    }
+    free(ptr);
+    return cudaSuccess;
+}
+
+extern "C" {
+
+cudaError_t cudaMalloc(void** devPtr, size_t size) { return tracked_alloc(devPtr, size, device_allocations, 1); }
+cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
+    if (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost) return last_error = cudaErrorInvalidValue;
+    return tracked_alloc(devPtr, size, device_allocations, 1);
+}
+cudaError_t cudaFree(void* devPtr) { return tracked_free(devPtr, device_allocations); }
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return tracked_alloc(ptr, size, host_allocations, 0); }
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) { return tracked_alloc(pHost, size, host_allocations, 0); }
+cudaError_t cudaFreeHost(void* ptr) { return tracked_free(ptr, host_allocations); }
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+    if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return last_error = cudaErrorInvalidMemcpyDirection;
+    if (count == 0) return cudaSuccess;
+    if (!dst || !src) return last_error = cudaErrorInvalidValue;
+    memmove(dst, src, count);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t) {
+    return cudaMemcpy(dst, src, count, kind);
+}
+cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
+    if (count == 0) return cudaSuccess;
+    if (!devPtr) return last_error = cudaErrorInvalidValue;
+    memset(devPtr, value, count);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t) { return cudaMemset(devPtr, value, count); }
+// A __device__ or __constant__ variable is an ordinary global here; the symbol is its address.
+cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count, size_t offset, enum cudaMemcpyKind kind) {
+    if (!symbol) return last_error = cudaErrorInvalidSymbol;
+    return cudaMemcpy((char*)symbol + offset, src, count, kind);
+}
+cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, size_t offset, enum cudaMemcpyKind kind) {
+    if (!symbol) return last_error = cudaErrorInvalidSymbol;
+    return cudaMemcpy(dst, (const char*)symbol + offset, count, kind);
+}
+
+static size_t meminfo_kib(const char* key) {
+    FILE* f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t value = 0;
+    size_t keylen = strlen(key);
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, key, keylen) == 0 && line[keylen] == ':') {
+            value = strtoull(line + keylen + 1, nullptr, 10);
+            break;
+        }
+    }
+    fclose(f);
+    return value;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+    if (!free_bytes || !total_bytes) return last_error = cudaErrorInvalidValue;
+    *total_bytes = meminfo_kib("MemTotal") * 1024;
+    *free_bytes = meminfo_kib("MemAvailable") * 1024;
+    return cudaSuccess;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Streams and events. Work completes when it is issued, so synchronisation has nothing to wait for;
+// an event records the host clock when it is recorded, which makes elapsed times real CPU times.
+struct CUstream_st {
+    unsigned flags;
+    int priority;
+};
+struct CUevent_st {
+    unsigned flags;
+    int recorded;
+    double time_ms;
+};
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
+    if (!s) return last_error = cudaErrorInvalidValue;
+    if (flags != cudaStreamDefault && flags != cudaStreamNonBlocking) return last_error = cudaErrorInvalidValue;
+    *s = new CUstream_st{flags, priority};
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) { return cudaStreamCreateWithPriority(s, flags, 0); }
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithPriority(s, cudaStreamDefault, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s) return last_error = cudaErrorInvalidResourceHandle;
+    delete s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
+    if (!event) return last_error = cudaErrorInvalidResourceHandle;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return cudaSuccess;
+}
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+    if (!e) return last_error = cudaErrorInvalidValue;
+    *e = new CUevent_st{flags, 0, 0.0};
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (!e) return last_error = cudaErrorInvalidResourceHandle;
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    if (!e) return last_error = cudaErrorInvalidResourceHandle;
+    e->recorded = 1;
+    e->time_ms = now_ms();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : (last_error = cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : (last_error = cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!ms || !start || !end) return last_error = cudaErrorInvalidResourceHandle;
+    if ((start->flags & cudaEventDisableTiming) || (end->flags & cudaEventDisableTiming))
+        return last_error = cudaErrorInvalidResourceHandle;
+    if (!start->recorded || !end->recorded) return last_error = cudaErrorInvalidResourceHandle;
+    *ms = (float)(end->time_ms - start->time_ms);
+    return cudaSuccess;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Devices. One device per local MPI rank (as a GPU node gives each rank its own GPU), or as many as
+// CUCC_DEVICE_COUNT says; all of them are this CPU and share its memory.
+static thread_local int current_device = 0;
+
+static int device_count(void) {
+    const char* s = getenv("CUCC_DEVICE_COUNT");
+    if (!s) s = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int n = s ? atoi(s) : 1;
+    return n < 1 ? 1 : n;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+    if (!count) return last_error = cudaErrorInvalidValue;
+    *count = device_count();
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= device_count()) return last_error = cudaErrorInvalidDevice;
+    current_device = device;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+    if (!device) return last_error = cudaErrorInvalidValue;
+    *device = current_device;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
+cudaError_t cudaDriverGetVersion(int* v) {
+    if (!v) return last_error = cudaErrorInvalidValue;
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+    if (!v) return last_error = cudaErrorInvalidValue;
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+static void cpu_model_name(char* out, size_t n) {
+    snprintf(out, n, "unknown CPU");
+    FILE* f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char* colon = strchr(line, ':');
+            if (colon) {
+                colon++;
+                while (*colon == ' ') colon++;
+                colon[strcspn(colon, "\n")] = 0;
+                snprintf(out, n, "%s", colon);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
+    if (!prop) return last_error = cudaErrorInvalidValue;
+    if (device < 0 || device >= device_count()) return last_error = cudaErrorInvalidDevice;
+    memset(prop, 0, sizeof(*prop));
+    char model[200];
+    cpu_model_name(model, sizeof(model));
+    snprintf(prop->name, sizeof(prop->name), "CPU backend (cucc): %s", model);
+    prop->totalGlobalMem = meminfo_kib("MemTotal") * 1024;
+    prop->sharedMemPerBlock = DEFAULT_SHARED_PER_BLOCK;
+    prop->sharedMemPerBlockOptin = OPTIN_SHARED_PER_BLOCK;
+    prop->sharedMemPerMultiprocessor = OPTIN_SHARED_PER_BLOCK + 1024;
+    prop->regsPerBlock = 65536;
+    prop->regsPerMultiprocessor = 65536;
+    prop->warpSize = 32;
+    prop->maxThreadsPerBlock = MAX_BLOCK_THREADS;
+    prop->maxThreadsDim[0] = 1024;
+    prop->maxThreadsDim[1] = 1024;
+    prop->maxThreadsDim[2] = 64;
+    prop->maxGridSize[0] = 2147483647;
+    prop->maxGridSize[1] = 65535;
+    prop->maxGridSize[2] = 65535;
+    prop->totalConstMem = 65536;
+    prop->major = 8;
+    prop->minor = 0;
+    prop->multiProcessorCount = omp_get_max_threads();
+    prop->maxThreadsPerMultiProcessor = 2048;
+    prop->maxBlocksPerMultiProcessor = 32;
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    prop->l2CacheSize = l2 > 0 ? (int)l2 : 0;
+    prop->concurrentKernels = 1;
+    prop->unifiedAddressing = 1;
+    prop->managedMemory = 1;
+    prop->canMapHostMemory = 1;
+    prop->integrated = 1;  // true: the "device" is the host and shares its memory
+    prop->memoryBusWidth = 64;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
+    if (!value) return last_error = cudaErrorInvalidValue;
+    struct cudaDeviceProp p;
+    cudaError_t err = cudaGetDeviceProperties(&p, device);
+    if (err != cudaSuccess) return err;
+    switch (attr) {
+        case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
+        case cudaDevAttrMaxBlockDimX: *value = p.maxThreadsDim[0]; break;
+        case cudaDevAttrMaxBlockDimY: *value = p.maxThreadsDim[1]; break;
+        case cudaDevAttrMaxBlockDimZ: *value = p.maxThreadsDim[2]; break;
+        case cudaDevAttrMaxGridDimX: *value = p.maxGridSize[0]; break;
+        case cudaDevAttrMaxGridDimY: *value = p.maxGridSize[1]; break;
+        case cudaDevAttrMaxGridDimZ: *value = p.maxGridSize[2]; break;
+        case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)p.sharedMemPerBlock; break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)p.sharedMemPerBlockOptin; break;
+        case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = (int)p.sharedMemPerMultiprocessor; break;
+        case cudaDevAttrWarpSize: *value = p.warpSize; break;
+        case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
+        case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
+        case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
+        case cudaDevAttrL2CacheSize: *value = p.l2CacheSize; break;
+        case cudaDevAttrMaxThreadsPerMultiProcessor: *value = p.maxThreadsPerMultiProcessor; break;
+        case cudaDevAttrMaxRegistersPerBlock: *value = p.regsPerBlock; break;
+        case cudaDevAttrTotalConstantMemory: *value = (int)p.totalConstMem; break;
+        case cudaDevAttrIntegrated: *value = p.integrated; break;
+        case cudaDevAttrUnifiedAddressing: *value = p.unifiedAddressing; break;
+        case cudaDevAttrManagedMemory: *value = p.managedMemory; break;
+        case cudaDevAttrGlobalMemoryBusWidth: *value = p.memoryBusWidth; break;
+        default: return last_error = cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* attr, const void* func) {
+    if (!attr || !func) return last_error = cudaErrorInvalidDeviceFunction;
+    memset(attr, 0, sizeof(*attr));
+    attr->maxThreadsPerBlock = MAX_BLOCK_THREADS;
+    attr->maxDynamicSharedSizeBytes = DEFAULT_SHARED_PER_BLOCK;
+    attr->ptxVersion = 80;
+    attr->binaryVersion = 80;
+    return cudaSuccess;
+}
+
+// Occupancy of the CPU "SM": as on a GPU, 2048 resident threads per SM, bounded by shared memory.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const void* func, int blockSize,
+                                                          size_t dynamicSMemSize) {
+    if (!numBlocks || !func || blockSize <= 0 || blockSize > MAX_BLOCK_THREADS) return last_error = cudaErrorInvalidValue;
+    int by_threads = 2048 / blockSize;
+    int by_smem = dynamicSMemSize ? (int)((OPTIN_SHARED_PER_BLOCK + 1024) / dynamicSMemSize) : 32;
+    int n = by_threads < by_smem ? by_threads : by_smem;
+    *numBlocks = n < 32 ? n : 32;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+const char* cudaGetErrorName(cudaError_t error) {
+    switch (error) {
+        case cudaSuccess: return "cudaSuccess";
+        case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+        case cudaErrorInitializationError: return "cudaErrorInitializationError";
+        case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+        case cudaErrorInvalidSymbol: return "cudaErrorInvalidSymbol";
+        case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+        case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+        case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+        case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+        case cudaErrorNoDevice: return "cudaErrorNoDevice";
+        case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+        case cudaErrorNotReady: return "cudaErrorNotReady";
+        case cudaErrorNotSupported: return "cudaErrorNotSupported";
+        case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+        case cudaErrorAssert: return "cudaErrorAssert";
+        default: return "cudaErrorUnknown";
+    }
+}
+const char* cudaGetErrorString(cudaError_t error) {
+    switch (error) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInitializationError: return "initialization error";
+        case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorInvalidSymbol: return "invalid device symbol";
+        case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+        case cudaErrorInvalidDevice: return "invalid device ordinal";
+        case cudaErrorInvalidDeviceFunction: return "invalid device function";
+        case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+        case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+        case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
+        case cudaErrorNotReady: return "device not ready";
+        case cudaErrorNotSupported: return "operation not supported";
+        case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+        case cudaErrorAssert: return "device-side assert triggered";
+        default: return "unrecognized error code";
+    }
+}
+
+}  // extern "C"

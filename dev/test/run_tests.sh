@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# dev/test/run_tests.sh: runs every test of the suite (`make test` builds them first, then calls this)
+# and adds up their summary lines. Each test prints "name: N passed, N failed" last; a test that exits
+# non-zero without a failed check, or prints no summary, counts as one failure. Ends with
+# "total: N passed, N failed" and a non-zero exit status if anything failed.
+set -u
+cd "$(dirname "$0")/../.."
+MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+total_passed=0
+total_failed=0
+
+run_test() {
+    local label=$1
+    shift
+    local out rc summary
+    out=$(timeout 900 "$@" 2>&1)
+    rc=$?
+    summary=$(grep -E '^[A-Za-z0-9_]+: [0-9]+ passed, [0-9]+ failed$' <<<"$out" | tail -n 1)
+    if [ -z "$summary" ]; then
+        echo "$out"
+        echo "$label: no summary line (exit status $rc)"
+        total_failed=$((total_failed + 1))
+        return
+    fi
+    local p f
+    p=$(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$summary")
+    f=$(sed -E 's/.*, ([0-9]+) failed/\1/' <<<"$summary")
+    if [ "$f" -gt 0 ] || [ "$rc" -ne 0 ]; then
+        echo "$out"
+        [ "$f" -eq 0 ] && f=1 && echo "$label: exit status $rc"
+    fi
+    echo "[$label] $summary"
+    total_passed=$((total_passed + p))
+    total_failed=$((total_failed + f))
+}
+
+run_test runtime build/test_runtime
+run_test runtime-sanitize build/test_runtime_sanitize
+run_test runtime-ucontext build/test_runtime_ucontext
+run_test faults build/test_faults
+run_test sanitize build/test_sanitize
+run_test cucc dev/test/test_cucc.sh
+run_test cublas build/test_cublas
+run_test nccl-2-ranks $MPIRUN -np 2 build/test_nccl
+run_test nccl-3-ranks $MPIRUN -np 3 build/test_nccl
+
+echo "total: $total_passed passed, $total_failed failed"
+[ "$total_failed" -eq 0 ]

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# scripts/install_deps.sh: installs what a fresh Debian machine lacks to build and test switch.cu on the
+# CPU backend: Open MPI (mpirun, mpicxx) and OpenBLAS (its OpenMP build). The CUDA toolkit is expected under /usr/local/cuda.
+# Run as root (or with sudo available); does nothing when everything is present. .ci/run calls it.
+set -euo pipefail
+need=()
+command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1 || need+=(libopenmpi-dev openmpi-bin)
+# OpenBLAS built for OpenMP: its threads are the same team that runs the kernels
+compgen -G "/usr/lib/*/openblas-openmp/libopenblas.so" >/dev/null || need+=(libopenblas-openmp-dev)
+if [ ${#need[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "install_deps: installing ${need[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+    echo "install_deps: the CUDA toolkit (nvcc, headers) is missing; install it under /usr/local/cuda" >&2
+    exit 1
+fi
