@@ -419,7 +419,7 @@ int __cucc_block_barrier(int predicate, int* live_threads, const char* what, con
         ts->bar_file = file;
         ts->bar_line = line;
         ts->bar_what = what;
-    } else if (line != ts->bar_line || strcmp(file, ts->bar_file) != 0) {
+    } else if (line != ts->bar_line || (file != ts->bar_file && strcmp(file, ts->bar_file) != 0)) {
         fault(ts, f, "reaches %s (%s:%d) while other threads wait at %s (%s:%d): a barrier must be reached by every "
               "live thread of the block at the same place", what, file, line, ts->bar_what, ts->bar_file, ts->bar_line);
     }

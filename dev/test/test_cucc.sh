@@ -85,6 +85,23 @@ int main() {
 }
 CU
 if "$CUCC" "$work/inc/main.cu" -o "$work/inc/main" && "$work/inc/main"; then pass; else fail "launch in an included header"; fi
+# ... also when included by absolute path, or through -I with angle brackets
+sed "s#\"sub/launcher.cuh\"#\"$work/inc/sub/launcher.cuh\"#" "$work/inc/main.cu" >"$work/inc/main_abs.cu"
+if "$CUCC" "$work/inc/main_abs.cu" -o "$work/inc/main_abs" && "$work/inc/main_abs"; then pass; else fail "header included by absolute path"; fi
+sed 's#"sub/launcher.cuh"#<launcher.cuh>#' "$work/inc/main.cu" >"$work/main_angle.cu"
+if "$CUCC" -I "$work/inc/sub" "$work/main_angle.cu" -o "$work/main_angle" && "$work/main_angle"; then pass; else fail "header included through -I"; fi
+
+# device printf reaches stdout, one line per thread
+cat >"$work/hello.cu" <<'CU'
+#include <cstdio>
+__global__ void hello(int tag) { printf("hello %d from block %d thread %d\n", tag, blockIdx.x, threadIdx.x); }
+int main() { hello<<<2, 3>>>(42); return 0; }
+CU
+if "$CUCC" "$work/hello.cu" -o "$work/hello" && [ "$("$work/hello" | grep -c '^hello 42 from block [01] thread [012]$')" = 6 ]; then
+    pass
+else
+    fail "device printf"
+fi
 
 echo "test_cucc: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -712,6 +712,13 @@ static void test_runtime_api(void) {
     check(strcmp(cudaGetErrorString(cudaErrorInvalidValue), "invalid argument") == 0 &&
               strcmp(cudaGetErrorName(cudaErrorInvalidConfiguration), "cudaErrorInvalidConfiguration") == 0,
           "error strings and names");
+    float* managed;
+    CUDA_OK(cudaMallocManaged(&managed, n * 4, cudaMemAttachGlobal));
+    managed[3] = 2.0f;  // host-writable, as managed memory is
+    spin_work<<<(n + 127) / 128, 128>>>(managed, 4, 1);
+    CUDA_OK(cudaDeviceSynchronize());
+    check(managed[3] == 2.0f * 0.999f + 0.001f, "managed memory written on the host, updated by a kernel");
+    CUDA_OK(cudaFree(managed));
     cudaFree(d1);
     cudaFree(d2);
     cudaFreeHost(pinned);
