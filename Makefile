@@ -3,6 +3,9 @@
 #   GPU:  nvcc, for sm_80 and sm_90 (override with GPU_ARCH=...)
 #   CPU:  cpu/cucc, the CPU backend (g++ + OpenMP fibers + OpenBLAS + Open MPI); no GPU needed
 # Targets:
+#   make train_gpt     GPU trainer (nvcc); make train_gpt_cpu: the same on the CPU backend
+#   make test_gpt      GPU test against the PyTorch reference; make test_gpt_cpu: CPU backend
+#     PRECISION=BF16 (default) | FP16 | FP32, USE_CUDNN=1 (GPU only: cuDNN attention)
 #   make test          build and run the whole test suite on the CPU backend (what CI runs)
 #   make check-cuda    compile every .cu in the project with nvcc for sm_80 and sm_90 (compile only)
 #   make bench         the CPU backend benchmark (fiber switch, launch, kernels, GEMM)
@@ -17,10 +20,56 @@ BUILD := build
 BACKEND := $(CUCC) cpu/Makefile $(wildcard cpu/*.cpp cpu/include/*.h cpu/include/*/*.h)
 TEST_COMMON := dev/test/test_common.h
 
-CPU_TESTS := $(BUILD)/test_runtime $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
+PRECISION ?= BF16
+ifeq ($(PRECISION),FP32)
+PFLAGS := -DENABLE_FP32
+else ifeq ($(PRECISION),FP16)
+PFLAGS := -DENABLE_FP16
+else ifeq ($(PRECISION),BF16)
+PFLAGS :=
+else
+$(error PRECISION=$(PRECISION): expected BF16, FP16 or FP32)
+endif
+MPI_LINK := $(shell mpicxx --showme:link 2>/dev/null)
+GPU_LIBS := -lcublas -lcublasLt -lnccl $(MPI_LINK)
+ifeq ($(USE_CUDNN),1)
+GPU_CUDNN := -DENABLE_CUDNN -lcudnn
+endif
+LLMC := $(wildcard llmc/*.cuh llmc/*.h)
+CPU_LIBS := -lcublas -lcublasLt -lnccl -lmpi
+
+# the trainers and their tests, GPU and CPU backend
+train_gpt: train_gpt.cu $(LLMC)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
+test_gpt: test_gpt.cu train_gpt.cu $(LLMC)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
+train_gpt_cpu: train_gpt.cu $(LLMC) $(BACKEND)
+	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
+test_gpt_cpu: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND)
+	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
+
+# what make test builds: both precisions side by side, and the reference states they are checked against
+$(BUILD)/test_gpt_fp32: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
+$(BUILD)/test_gpt_bf16: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 $< -o $@ $(CPU_LIBS)
+$(BUILD)/train_gpt_fp32: train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
+PYTHON := /usr/bin/python3
+REF_ARGS := --B 3 --T 23 --V 263 --L 2 --NH 3 --C 48 --maxT 32 --seed 1337 --steps 10 --grad-clip 0.5
+$(BUILD)/ref/tiny_fp32_debug_state.bin: train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/tiny_fp32 $(REF_ARGS) --dtype float32
+$(BUILD)/ref/tiny_bf16_debug_state.bin: train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/tiny_bf16 $(REF_ARGS) --dtype bfloat16
+GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/train_gpt_fp32 \
+             $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin
+
+CPU_TESTS := $(BUILD)/test_host_utils $(BUILD)/test_runtime $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
              $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas $(BUILD)/test_nccl
 
-.PHONY: all test check-cuda bench clean
+.PHONY: all test check-cuda bench clean labs
 all: $(CPU_TESTS) $(BUILD)/bench
 
 $(BUILD):
@@ -40,11 +89,24 @@ $(BUILD)/test_cublas: dev/test/test_cublas.cu $(TEST_COMMON) $(BACKEND) | $(BUIL
 	$(CUCC) -O2 -I dev/test $< -o $@ -lcublas -lcublasLt
 $(BUILD)/test_nccl: dev/test/test_nccl.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 -I dev/test $< -o $@ -lnccl -lmpi
+$(BUILD)/test_host_utils: dev/test/test_host_utils.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 -I dev/test $< -o $@ -lnccl -lmpi
 $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
 
-test: $(CPU_TESTS)
+test: $(CPU_TESTS) $(GPT_TESTS) labs
 	dev/test/run_tests.sh
+
+# the kernel lab on the CPU backend, both precisions: validation at small sizes (-s)
+LAB_SOURCES := $(sort $(filter-out dev/cuda/common.h,$(wildcard dev/cuda/*.cu)))
+LAB_BINS := $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_bf16) $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_fp32)
+labs: $(LAB_BINS)
+$(BUILD)/lab/%_bf16: dev/cuda/%.cu dev/cuda/common.h $(LLMC) $(BACKEND)
+	@mkdir -p $(BUILD)/lab
+	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
+$(BUILD)/lab/%_fp32: dev/cuda/%.cu dev/cuda/common.h $(LLMC) $(BACKEND)
+	@mkdir -p $(BUILD)/lab
+	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ -lcublas -lcublasLt
 
 bench: $(BUILD)/bench
 	$(BUILD)/bench
@@ -59,5 +121,5 @@ $(BUILD)/check-cuda/%.ok: %
 	@touch $@
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) train_gpt train_gpt_cpu test_gpt test_gpt_cpu
 	$(MAKE) -C cpu clean

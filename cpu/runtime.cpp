@@ -28,6 +28,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -502,6 +503,11 @@ static void run_block(thread_state* ts, uint3 block_index) {
         f->what = "start";
         f->file = "";
         f->line = 0;
+#if defined(__SANITIZE_ADDRESS__)
+        // a fiber that returned never unwound its last frames: their redzones would poison the next
+        // block's locals on this stack
+        __asan_unpoison_memory_region(f->stack, FIBER_STACK_BYTES);
+#endif
         context_init(&f->ctx, f->stack, FIBER_STACK_BYTES, fiber_entry);
         queue_push(ts, i);
     }

@@ -34,6 +34,23 @@ run_test() {
     total_failed=$((total_failed + f))
 }
 
+# A lab binary prints no summary line: it passes when it exits 0 (validation failures exit non-zero).
+run_lab() {
+    local label=$1
+    shift
+    local out rc
+    out=$(timeout 900 "$@" 2>&1)
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        total_passed=$((total_passed + 1))
+        echo "[lab $label] validated"
+    else
+        echo "$out" | tail -n 20
+        echo "[lab $label] FAILED (exit status $rc)"
+        total_failed=$((total_failed + 1))
+    fi
+}
+
 run_test runtime build/test_runtime
 run_test runtime-sanitize build/test_runtime_sanitize
 run_test runtime-ucontext build/test_runtime_ucontext
@@ -43,6 +60,25 @@ run_test cucc dev/test/test_cucc.sh
 run_test cublas build/test_cublas
 run_test nccl-2-ranks $MPIRUN -np 2 build/test_nccl
 run_test nccl-3-ranks $MPIRUN -np 3 build/test_nccl
+run_test host-utils build/test_host_utils
+run_test multi-gpu dev/test/test_multi_gpu.sh build/test_host_utils
+run_test reference /usr/bin/python3 dev/test/test_reference.py
+
+# the kernel lab: every variant validated at small sizes, bf16 and fp32
+for lab in build/lab/*_bf16 build/lab/*_fp32; do
+    run_lab "$(basename "$lab")" "$lab" -s
+done
+
+# the GPT trainer against PyTorch: FP32 and BF16, every recompute level, with and without master weights
+for r in 0 1 2; do
+    run_test "gpt-fp32-r$r" build/test_gpt_fp32 build/ref/tiny_fp32 -r $r
+    for w in 0 1; do
+        run_test "gpt-bf16-r$r-w$w" build/test_gpt_bf16 build/ref/tiny_bf16 -r $r -w $w
+    done
+done
+run_test gpt-fp32-gelu-unfused build/test_gpt_fp32 build/ref/tiny_fp32 -ge 0
+run_test gpt-bf16-gelu-fused-backward build/test_gpt_bf16 build/ref/tiny_bf16 -ge 2
+run_test train-gpt-cli dev/test/test_train_gpt.sh
 
 echo "total: $total_passed passed, $total_failed failed"
 [ "$total_failed" -eq 0 ]

@@ -1,0 +1,175 @@
+// dev/cuda/common.h: what every kernel-lab file in dev/cuda/ shares: argument parsing, random inputs,
+// copies to the device, validation against the CPU reference, and timing with the achieved bandwidth
+// or throughput against the floor of the detected GPU.
+//
+// Convention of a lab file `dev/cuda/<kernel>.cu` (built by `make -C dev/cuda` for the GPU, or through the
+// CPU backend by the top-level `make test`):
+//   ./<kernel>            validate and time every variant at GPT-2 124M sizes
+//   ./<kernel> N          only variant N
+//   ./<kernel> [N] -s     small sizes (what `make test` runs on the CPU backend)
+// Validation failure prints the first mismatches and exits non-zero. Timing rows:
+//   variant, block size, time per call, GB/s (or TFLOP/s), % of the floor computed from bytes and flops.
+#pragma once
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#include "../../llmc/common.cuh"
+
+struct LabArgs {
+    int variant;  // 0 = all variants
+    int small;    // 1: small sizes for the CPU backend
+};
+
+static LabArgs lab_parse_args(int argc, char** argv) {
+    LabArgs a = {0, 0};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-s") == 0) a.small = 1;
+        else if (argv[i][0] >= '0' && argv[i][0] <= '9') a.variant = atoi(argv[i]);
+        else {
+            fprintf(stderr, "usage: %s [variant] [-s]  (unknown argument '%s')\n", argv[0], argv[i]);
+            exit(EXIT_FAILURE);
+        }
+    }
+    return a;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// inputs
+static uint64_t lab_rng_state = 0x853c49e6748fea9bull;
+static float lab_rand_uniform(float lo, float hi) {
+    lab_rng_state ^= lab_rng_state >> 12;
+    lab_rng_state ^= lab_rng_state << 25;
+    lab_rng_state ^= lab_rng_state >> 27;
+    uint32_t r = (uint32_t)((lab_rng_state * 0x2545F4914F6CDD1Dull) >> 40);
+    return lo + (hi - lo) * (float)r / 16777216.0f;
+}
+static std::vector<float> lab_random(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = lab_rand_uniform(lo, hi);
+    return v;
+}
+static std::vector<int> lab_random_ints(size_t n, int below) {
+    std::vector<int> v(n);
+    for (auto& x : v) x = (int)(lab_rand_uniform(0.0f, 1.0f) * below) % below;
+    return v;
+}
+
+// device copy of host floats converted to T
+template <class T>
+static T* lab_to_device(const std::vector<float>& h) {
+    std::vector<T> t(h.size());
+    for (size_t i = 0; i < h.size(); i++) t[i] = (T)h[i];
+    T* d;
+    cudaCheck(cudaMalloc(&d, t.size() * sizeof(T) + 16));
+    cudaCheck(cudaMemcpy(d, t.data(), t.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+static int* lab_ints_to_device(const std::vector<int>& h) {
+    int* d;
+    cudaCheck(cudaMalloc(&d, h.size() * sizeof(int)));
+    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice));
+    return d;
+}
+// device buffer of n elements filled with NaN bytes, so an element a kernel forgets to write fails validation
+template <class T>
+static T* lab_poisoned(size_t n) {
+    T* d;
+    cudaCheck(cudaMalloc(&d, n * sizeof(T) + 16));
+    cudaCheck(cudaMemset(d, 0xff, n * sizeof(T)));
+    return d;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// validation: |got - want| <= atol + rtol * |want| for every element; prints the first mismatches and
+// exits non-zero on failure (a lab run must fail loudly).
+template <class T>
+static void lab_validate(const char* name, const T* device_result, const float* reference, size_t n, float atol,
+                         float rtol) {
+    std::vector<T> got(n);
+    cudaCheck(cudaMemcpy(got.data(), device_result, n * sizeof(T), cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        float g = (float)got[i];
+        float err = fabsf(g - reference[i]);
+        if (!(err <= atol + rtol * fabsf(reference[i]))) {
+            if (bad < 5) printf("  %s[%zu]: got %.8g, want %.8g\n", name, i, g, reference[i]);
+            bad++;
+        }
+        if (err > worst) worst = err;
+    }
+    if (bad) {
+        printf("FAIL %s: %zu of %zu elements outside atol %.2g rtol %.2g\n", name, bad, n, atol, rtol);
+        exit(EXIT_FAILURE);
+    }
+    printf("  %-28s ok (max abs err %.3g over %zu elements)\n", name, worst, n);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// timing
+static int lab_on_cpu_backend(void) {
+#ifdef __CUCC__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// Peak DRAM bandwidth (GB/s) and dense bf16 tensor throughput (TFLOP/s) of the detected GPU, for the
+// "% of floor" column; 0 when unknown (the column is then left out).
+static void lab_device_peaks(double* bandwidth_gbs, double* bf16_tflops) {
+    cudaDeviceProp p;
+    cudaCheck(cudaGetDeviceProperties(&p, 0));
+    *bandwidth_gbs = 0.0;
+    *bf16_tflops = 0.0;
+    if (strstr(p.name, "H200")) { *bandwidth_gbs = 4800.0; *bf16_tflops = 989.0; }
+    else if (strstr(p.name, "H100")) { *bandwidth_gbs = strstr(p.name, "PCIe") ? 2000.0 : 3350.0; *bf16_tflops = strstr(p.name, "PCIe") ? 756.0 : 989.0; }
+    else if (strstr(p.name, "A100")) { *bandwidth_gbs = p.totalGlobalMem > (60ull << 30) ? 2039.0 : 1555.0; *bf16_tflops = 312.0; }
+    else if (strstr(p.name, "A10G")) { *bandwidth_gbs = 600.0; *bf16_tflops = 70.0; }
+    else if (strstr(p.name, "L4")) { *bandwidth_gbs = 300.0; *bf16_tflops = 121.0; }
+}
+
+// Runs kernel() repeatedly after a warm-up and returns milliseconds per call (CUDA events).
+template <class Kernel>
+static float lab_time_ms(int repeats, Kernel kernel) {
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    kernel();
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaEventRecord(start));
+    for (int i = 0; i < repeats; i++) kernel();
+    cudaCheck(cudaEventRecord(stop));
+    cudaCheck(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    return ms / repeats;
+}
+
+static void lab_print_header(const char* kernel, const char* sizes) {
+    printf("%s: %s%s\n", kernel, sizes, lab_on_cpu_backend() ? "  [CPU backend: times are CPU times]" : "");
+    printf("  %-8s %6s %12s %12s %10s\n", "variant", "block", "time (ms)", "throughput", "% floor");
+}
+
+// One timing row. Memory-bound kernels pass bytes (flops 0); compute-bound ones pass flops.
+static void lab_print_row(int variant, int block_size, float ms, double bytes, double flops) {
+    double bandwidth_peak, tflops_peak;
+    lab_device_peaks(&bandwidth_peak, &tflops_peak);
+    char throughput[32], percent[16] = "-";
+    if (flops > 0) {
+        double tflops = flops / (ms * 1e-3) / 1e12;
+        snprintf(throughput, sizeof(throughput), "%.2f TFLOP/s", tflops);
+        if (tflops_peak > 0 && !lab_on_cpu_backend()) snprintf(percent, sizeof(percent), "%.1f%%", 100.0 * tflops / tflops_peak);
+    } else {
+        double gbs = bytes / (ms * 1e-3) / 1e9;
+        snprintf(throughput, sizeof(throughput), "%.1f GB/s", gbs);
+        if (bandwidth_peak > 0 && !lab_on_cpu_backend()) snprintf(percent, sizeof(percent), "%.1f%%", 100.0 * gbs / bandwidth_peak);
+    }
+    printf("  %-8d %6d %12.4f %12s %10s\n", variant, block_size, ms, throughput, percent);
+}

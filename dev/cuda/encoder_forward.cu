@@ -1,0 +1,96 @@
+// dev/cuda/encoder_forward.cu: kernel lab for the GPT-2 encoder forward, out (B,T,C) = wte[inp[b,t]] + wpe[t].
+// Build and run on the CPU backend (small sizes):
+//   cpu/cucc -O2 -I. dev/cuda/encoder_forward.cu -o build/lab/encoder_forward -lcublas -lcublasLt
+//   build/lab/encoder_forward -s          (add -DENABLE_FP32 to the build for fp32)
+// On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/encoder_forward.cu -o encoder_forward
+//   ./encoder_forward [variant] [-s]       (GPT-2 124M sizes by default: B=8, T=1024, C=768, V=50257)
+// Variants:
+//   1  one thread per element, scalar loads (the baseline the vectorised kernel is measured against)
+//   2  llmc/encoder.cuh encoder_forward: one thread per 8 channels, 16-byte loads and stores. The trainer's.
+// Floor (see llmc/encoder.cuh): bytes = (2*B*T*C + T*C) * sizeof(floatX) + 4*B*T.
+#include "common.h"
+#include "../../llmc/encoder.cuh"
+
+__global__ void encoder_forward_scalar_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
+                                              int B, int T, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * C) return;
+    size_t bt = idx / C;
+    int t = (int)(bt % T);
+    int c = (int)(idx % C);
+    out[idx] = (floatX)((float)wte[(size_t)inp[bt] * C + c] + (float)wpe[(size_t)t * C + c]);
+}
+
+static void encoder_forward_scalar(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T,
+                                   int C, int block_size) {
+    size_t n = (size_t)B * T * C;
+    encoder_forward_scalar_kernel<<<(unsigned int)CEIL_DIV(n, (size_t)block_size), block_size>>>(out, inp, wte, wpe,
+                                                                                                 B, T, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// the values the device holds, so that the reference starts from exactly the same inputs
+static std::vector<float> rounded_to_floatX(std::vector<float> values) {
+    for (float& v : values) v = (float)(floatX)v;
+    return values;
+}
+
+int main(int argc, char** argv) {
+    LabArgs args = lab_parse_args(argc, argv);
+    int B = 8, T = 1024, C = 768, V = 50257, maxT = 1024;
+    if (args.small) { B = 3; T = 37; C = 48; V = 263; maxT = 40; }
+    const int Vp = CEIL_DIV(V, 128) * 128;
+
+    std::vector<float> wte = rounded_to_floatX(lab_random((size_t)Vp * C));
+    std::vector<float> wpe = rounded_to_floatX(lab_random((size_t)maxT * C));
+    std::vector<int> inp = lab_random_ints((size_t)B * T, V);
+    const size_t n = (size_t)B * T * C;
+    std::vector<float> reference(n);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                double sum = (double)wte[(size_t)inp[b * T + t] * C + c] + (double)wpe[(size_t)t * C + c];
+                reference[((size_t)b * T + t) * C + c] = (float)sum;
+            }
+
+    floatX* d_wte = lab_to_device<floatX>(wte);
+    floatX* d_wpe = lab_to_device<floatX>(wpe);
+    int* d_inp = lab_ints_to_device(inp);
+    floatX* d_out = lab_poisoned<floatX>(n);
+
+    // the sum of two floatX values is exact in fp32 and rounded once to floatX, as the reference's double sum
+    // is: fp32 agrees to within fp32 rounding (2^-24, tolerance 1e-6 relative); bf16 to half a bf16 ulp
+    // (2^-8 relative, tolerance 4e-3)
+    const float rtol = PRECISION_MODE == PRECISION_FP32 ? 1e-6f : 4e-3f;
+    const float atol = 1e-7f;
+    const double bytes = (2.0 * B * T * C + (double)T * C) * sizeof(floatX) + 4.0 * B * T;
+    const int repeats = args.small ? 3 : 100;
+    const int block_sizes[] = {128, 256, 512, 1024};
+
+    printf("encoder_forward (%s): B=%d T=%d C=%d V=%d\n", PRECISION_NAME, B, T, C, V);
+    for (int variant = 1; variant <= 2; variant++) {
+        if (args.variant != 0 && args.variant != variant) continue;
+        cudaCheck(cudaMemset(d_out, 0xff, n * sizeof(floatX)));
+        if (variant == 1) encoder_forward_scalar(d_out, d_inp, d_wte, d_wpe, B, T, C, 256);
+        else encoder_forward(d_out, d_inp, d_wte, d_wpe, B, T, C, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        printf("variant %d\n", variant);
+        lab_validate("out", d_out, reference.data(), n, atol, rtol);
+    }
+    lab_print_header("encoder_forward", args.small ? "small sizes" : "GPT-2 124M sizes");
+    for (int variant = 1; variant <= 2; variant++) {
+        if (args.variant != 0 && args.variant != variant) continue;
+        for (int block_size : block_sizes) {
+            float ms = lab_time_ms(repeats, [&]() {
+                if (variant == 1) encoder_forward_scalar(d_out, d_inp, d_wte, d_wpe, B, T, C, block_size);
+                else encoder_forward_launch(d_out, d_inp, d_wte, d_wpe, B, T, C, block_size, 0);
+            });
+            lab_print_row(variant, block_size, ms, bytes, 0.0);
+        }
+    }
+    cudaCheck(cudaFree(d_wte));
+    cudaCheck(cudaFree(d_wpe));
+    cudaCheck(cudaFree(d_inp));
+    cudaCheck(cudaFree(d_out));
+    return 0;
+}

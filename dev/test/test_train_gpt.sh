@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# dev/test/test_train_gpt.sh: command-line tests of the GPT trainer on the CPU backend (FP32 build):
+#   - 2 MPI ranks with ZeRO-1 give the losses of 1 rank with twice the micro-batch (-a 1: the same tokens);
+#   - a run resumed from a checkpoint continues bit-identically, and leftovers of an interrupted
+#     checkpoint (temporary files, a state without its DONE marker) are ignored;
+#   - a model from a descriptor trains (the loss falls);
+#   - every bad input gets one line naming the file or flag, and a non-zero exit.
+# Needs build/train_gpt_fp32 and build/ref/tiny_fp32_model.bin (make test builds both). Run from anywhere:
+#   dev/test/test_train_gpt.sh
+set -u
+cd "$(dirname "$0")/../.."
+TRAIN=build/train_gpt_fp32
+MODEL=build/ref/tiny_fp32_model.bin
+PYTHON=/usr/bin/python3
+MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); }
+fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
+
+# the step lines' "loss X | norm Y" parts, one per line
+losses() { grep -E '^step [0-9]+/[0-9]+ \| loss' "$1" | sed -E 's/^step ([0-9]+)\/[0-9]+ \| (loss [^|]*\| norm [^|]*)\|.*/\1 \2/'; }
+
+$PYTHON train_gpt.py --write-shard "$work/train.bin" --shard-tokens 8192 --V 263 --seed 7 >/dev/null ||
+    { echo "cannot write a data shard"; exit 1; }
+COMMON=(-e "$MODEL" -i "$work/train.bin" -j "" -t 16 -v 0 -s 0 -l 1e-3 -c 0.1)
+
+# --- ZeRO-1 on 2 ranks vs 1 rank with twice the micro-batch
+"$TRAIN" "${COMMON[@]}" -b 4 -a 1 -x 4 >"$work/single.log" 2>&1 || fail "single-rank run: $(tail -3 "$work/single.log")"
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -z 1 >"$work/zero1.log" 2>&1 ||
+    fail "2-rank ZeRO-1 run: $(tail -3 "$work/zero1.log")"
+# fp32 on both sides; the 2 ranks sum their halves of each gradient in another order: 1e-5 relative
+if $PYTHON - "$work/single.log" "$work/zero1.log" <<'PY'
+import re, sys
+def steps(path):
+    return [(float(m.group(1)), float(m.group(2))) for m in
+            re.finditer(r"^step \d+/\d+ \| loss ([-\d.e+]+) \| norm ([-\d.e+]+)", open(path).read(), re.M)]
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+ok = len(a) == 4 and len(b) == 4 and all(abs(x[0] - y[0]) <= 1e-5 * abs(x[0]) and abs(x[1] - y[1]) <= 1e-4 * abs(x[1]) for x, y in zip(a, b))
+print("  single:", a, "\n  zero-1:", b)
+sys.exit(0 if ok else 1)
+PY
+then pass; else fail "ZeRO-1 on 2 ranks differs from 1 rank with twice the batch"; fi
+# ZeRO-0 (all-reduce) on 2 ranks too
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -z 0 >"$work/zero0.log" 2>&1 ||
+    fail "2-rank ZeRO-0 run: $(tail -3 "$work/zero0.log")"
+if [ "$(losses "$work/zero0.log" | cut -d' ' -f1-3)" = "$(losses "$work/zero1.log" | cut -d' ' -f1-3)" ]; then pass; else
+    fail "ZeRO-0 and ZeRO-1 losses differ"; fi
+
+# --- checkpoint, resume, interrupted checkpoint
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/full" >"$work/full.log" 2>&1 || fail "checkpointing run: $(tail -3 "$work/full.log")"
+mkdir -p "$work/resumed"
+cp "$work/full/model_00000003.bin" "$work/full/state_00000003_00000.bin" "$work/full/DONE_00000003" "$work/resumed/"
+# leftovers of a checkpoint at step 5 that was interrupted: no DONE marker, a temporary file
+cp "$work/full/state_00000003_00000.bin" "$work/resumed/state_00000005_00000.bin"
+head -c 1000 "$work/full/model_00000003.bin" >"$work/resumed/model_00000005.bin.tmp"
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/resumed" -y 1 >"$work/resumed.log" 2>&1 ||
+    fail "resumed run: $(tail -3 "$work/resumed.log")"
+want=$(losses "$work/full.log" | tail -n 3)
+got=$(losses "$work/resumed.log")
+if [ -n "$want" ] && [ "$want" = "$got" ] && grep -q "resumed from step 3" "$work/resumed.log"; then pass; else
+    fail "resume is not bit-identical: want [$want] got [$got]"; fi
+if cmp -s "$work/full/model_00000006.bin" "$work/resumed/model_00000006.bin"; then pass; else
+    fail "the resumed run's final model differs"; fi
+# -nk 1 keeps only the last checkpoint
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 2 -nk 1 -o "$work/keep" >"$work/keep.log" 2>&1
+if [ -e "$work/keep/DONE_00000006" ] && [ ! -e "$work/keep/DONE_00000004" ] && [ ! -e "$work/keep/model_00000002.bin" ]; then pass; else
+    fail "-nk 1 did not keep exactly the last checkpoint: $(ls "$work/keep" | tr '\n' ' ')"; fi
+
+# --- a descriptor model trains
+"$TRAIN" -e d2 -ev 263 -et 32 -i "$work/train.bin" -j "" -b 4 -t 16 -v 0 -s 0 -l 3e-3 -a 1 -x 30 >"$work/desc.log" 2>&1 ||
+    fail "descriptor run: $(tail -3 "$work/desc.log")"
+if $PYTHON - "$work/desc.log" <<'PY'
+import re, sys
+l = [float(x) for x in re.findall(r"^step \d+/\d+ \| loss ([-\d.e+]+)", open(sys.argv[1]).read(), re.M)]
+print("  descriptor d2 losses: first %.4f last %.4f" % (l[0], l[-1]) if l else "  no losses")
+sys.exit(0 if len(l) == 30 and l[-1] < 0.8 * l[0] else 1)
+PY
+then pass; else fail "a d2 model overfitting one batch did not learn"; fi
+
+# --- bad inputs: one line naming the problem, non-zero exit
+expect_error() {
+    local name=$1 expected=$2
+    shift 2
+    local out
+    if out=$("$@" 2>&1); then fail "$name: accepted"; return; fi
+    if grep -qF -- "$expected" <<<"$out"; then pass; else fail "$name: output lacks '$expected': $(tail -2 <<<"$out")"; fi
+}
+printf 'not a model' >"$work/garbage.bin"
+head -c 5000 "$MODEL" >"$work/truncated.bin"
+head -c 3000 "$work/train.bin" >"$work/truncated_shard.bin"
+expect_error "missing model" "no such model file" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/nope.bin"
+expect_error "wrong magic" "garbage.bin" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/garbage.bin"
+expect_error "truncated model" "truncated.bin is truncated" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/truncated.bin"
+expect_error "unknown flag" "unknown flag -zz" "$TRAIN" "${COMMON[@]}" -zz 1
+expect_error "non-integer value" "flag -b: expected an integer, got 'two'" "$TRAIN" "${COMMON[@]}" -b two
+expect_error "T over maxT" "-t 64: longer than the model's maximum sequence length 32" "$TRAIN" "${COMMON[@]}" -b 2 -t 64
+expect_error "bad scheduler" "unknown learning rate scheduler 'cosin'" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -k cosin
+expect_error "ZeRO-2" "-z 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -z 2
+expect_error "recompute 3" "-r 3: expected 0, 1 or 2" "$TRAIN" "${COMMON[@]}" -r 3
+expect_error "missing data" "no files match" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -i "$work/none_*.bin"
+expect_error "truncated shard" "truncated_shard.bin" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -i "$work/truncated_shard.bin"
+expect_error "batch not a multiple" "-d 100: must be a multiple of B*T*processes = 32" "$TRAIN" "${COMMON[@]}" -b 2 -d 100
+expect_error "resume without -o" "-y 1 needs -o" "$TRAIN" "${COMMON[@]}" -y 1
+expect_error "bad descriptor" "-e d0x: bad descriptor" "$TRAIN" "${COMMON[@]}" -e d0x
+# a header that claims C=96 with 5 heads: the sizes are refused before any parameter is read
+$PYTHON - "$MODEL" "$work/heads.bin" <<'PY'
+import struct, sys
+h = list(struct.unpack("256i", open(sys.argv[1], "rb").read(1024)))
+h[5], h[6] = 5, 96
+open(sys.argv[2], "wb").write(struct.pack("256i", *h))
+PY
+expect_error "heads do not divide C" "channels (96) must be a multiple of the number of heads (5)" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -e "$work/heads.bin"
+
+echo "test_train_gpt: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

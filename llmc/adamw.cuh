@@ -1,0 +1,91 @@
+// llmc/adamw.cuh: the AdamW optimizer step (decoupled weight decay, Loshchilov & Hutter) over a flat array of
+// parameters, with optional fp32 master weights and stochastic rounding into floatX. Included by the trainers;
+// builds with nvcc or cpu/cucc, nothing to link. Lab file: dev/cuda/adamw.cu.
+#pragma once
+#include "common.cuh"
+
+// One parameter: updates m and v in place and returns the new fp32 value.
+__device__ inline float adamw_element(float param, float grad, float* m, float* v, float learning_rate, float beta1,
+                                      float beta2, float beta1_correction, float beta2_correction, float eps,
+                                      float weight_decay) {
+    const float new_m = beta1 * *m + (1.0f - beta1) * grad;
+    const float new_v = beta2 * *v + (1.0f - beta2) * grad * grad;
+    *m = new_m;
+    *v = new_v;
+    const float m_hat = new_m / beta1_correction;
+    const float v_hat = new_v / beta2_correction;
+    return param - learning_rate * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * param);
+}
+
+// One thread per 16-byte chunk of params (x128::size elements): one x128 load/store of params and grads, and
+// x128::size / 4 f128 loads/stores of each fp32 array. The last chunk, when n is not a multiple of the chunk,
+// goes element by element. The rounding noise of element i is random_u32(seed, i), whatever the launch shape.
+// Floor: per element, with master weights: reads grad (X) + m, v, master (12), writes param (X) + m, v,
+// master (12): 2X + 24 bytes; without: reads grad, param (2X) + m, v (8), writes param (X) + m, v (8): 3X + 16
+// bytes (X = sizeof(floatX)). ~15 flops per element: memory-bound.
+__global__ void adamw_kernel(floatX* params, float* master_params, const floatX* grads, float* m, float* v, size_t n,
+                             float learning_rate, float beta1, float beta2, float beta1_correction,
+                             float beta2_correction, float eps, float weight_decay, float grad_scale,
+                             unsigned int seed) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) return;
+    if (i + x128::size <= n) {
+        float old_params[x128::size], new_params[x128::size], first[x128::size], second[x128::size];
+        x128 packed_grads = load128cs(grads + i);
+        x128 packed_params = master_params == nullptr ? load128(params + i) : x128::zeros();
+        for (int k = 0; k < x128::size; k += f128::size) {
+            f128 packed_m = load128cs(m + i + k);
+            f128 packed_v = load128cs(v + i + k);
+            f128 packed_master = master_params != nullptr ? load128cs(master_params + i + k) : f128::zeros();
+            for (int j = 0; j < f128::size; j++) {
+                first[k + j] = packed_m[j];
+                second[k + j] = packed_v[j];
+                old_params[k + j] = master_params != nullptr ? packed_master[j] : (float)packed_params[k + j];
+            }
+        }
+        for (int k = 0; k < x128::size; k++)
+            new_params[k] = adamw_element(old_params[k], grad_scale * (float)packed_grads[k], &first[k], &second[k],
+                                          learning_rate, beta1, beta2, beta1_correction, beta2_correction, eps,
+                                          weight_decay);
+        x128 rounded;
+        for (int k = 0; k < x128::size; k++)
+            stochastic_rounding(new_params[k], &rounded[k], random_u32(seed, (unsigned int)(i + k)));
+        store128(params + i, rounded);
+        for (int k = 0; k < x128::size; k += f128::size) {
+            f128 packed_m, packed_v, packed_master;
+            for (int j = 0; j < f128::size; j++) {
+                packed_m[j] = first[k + j];
+                packed_v[j] = second[k + j];
+                packed_master[j] = new_params[k + j];
+            }
+            store128cs(m + i + k, packed_m);
+            store128cs(v + i + k, packed_v);
+            if (master_params != nullptr) store128cs(master_params + i + k, packed_master);
+        }
+    } else {
+        for (size_t e = i; e < n; e++) {
+            const float old_param = master_params != nullptr ? master_params[e] : (float)params[e];
+            const float new_param = adamw_element(old_param, grad_scale * (float)grads[e], &m[e], &v[e], learning_rate,
+                                                  beta1, beta2, beta1_correction, beta2_correction, eps, weight_decay);
+            stochastic_rounding(new_param, &params[e], random_u32(seed, (unsigned int)e));
+            if (master_params != nullptr) master_params[e] = new_param;
+        }
+    }
+}
+
+void adamw_update(floatX* params, float* master_params, const floatX* grads, float* m, float* v, size_t num_parameters,
+                  float learning_rate, float beta1, float beta2, float beta1_correction, float beta2_correction,
+                  float eps, float weight_decay, float grad_scale, unsigned int seed, cudaStream_t stream) {
+    if ((uintptr_t)params % 16 || (uintptr_t)master_params % 16 || (uintptr_t)grads % 16 || (uintptr_t)m % 16 ||
+        (uintptr_t)v % 16) {
+        fprintf(stderr, "adamw_update: params, master_params, grads, m and v must be 16-byte aligned\n");
+        exit(EXIT_FAILURE);
+    }
+    if (num_parameters == 0) return;
+    const int block_size = 512;
+    const size_t chunks = CEIL_DIV(num_parameters, (size_t)x128::size);
+    adamw_kernel<<<(unsigned int)CEIL_DIV(chunks, (size_t)block_size), block_size, 0, stream>>>(
+        params, master_params, grads, m, v, num_parameters, learning_rate, beta1, beta2, beta1_correction,
+        beta2_correction, eps, weight_decay, grad_scale, seed);
+    cudaCheck(cudaGetLastError());
+}

@@ -1,0 +1,59 @@
+// llmc/cublas_common.cuh: the process-wide cuBLAS and cuBLASLt state every GEMM of switch.cu goes through:
+// the two handles, one workspace, the compute type and the matching data type of floatX. Included by
+// llmc/matmul.cuh and llmc/attention.cuh; a program calls cublas_setup() once before its first GEMM and
+// cublas_teardown() at exit. Builds with nvcc (-lcublas -lcublasLt) or through the CPU backend
+// (cpu/cucc ... -lcublas -lcublasLt), which implements the same API over OpenBLAS.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include "common.cuh"
+
+// ----------------------------------------------------------------------------------------------------
+// Error check: one line naming the call's place and the status, then exit.
+inline void cublas_check(cublasStatus_t status, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "[cuBLAS ERROR] at %s:%d: %d (%s)\n", file, line, (int)status, cublasGetStatusString(status));
+        exit(EXIT_FAILURE);
+    }
+}
+#define cublasCheck(status) (cublas_check((status), __FILE__, __LINE__))
+
+// floatX as cuBLAS names it
+#if defined(ENABLE_FP32)
+#define CUBLAS_LOWP CUDA_R_32F
+#elif defined(ENABLE_FP16)
+#define CUBLAS_LOWP CUDA_R_16F
+#else
+#define CUBLAS_LOWP CUDA_R_16BF
+#endif
+
+// 32 MiB: what cuBLASLt's fastest Hopper kernels ask for; smaller workspaces make the heuristic pick
+// slower split-k-free algorithms.
+inline constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32ull << 20;
+
+inline cublasHandle_t cublas_handle = nullptr;
+inline cublasLtHandle_t cublaslt_handle = nullptr;
+inline void* cublaslt_workspace = nullptr;
+inline size_t cublaslt_workspace_size = 0;
+// Always fp32 accumulation. Plain COMPUTE_32F never uses TF32, so FP32 builds stay as exact as the fp32
+// references they are tested against; bf16/fp16 inputs still run on the tensor cores with it.
+inline cublasComputeType_t cublas_compute = CUBLAS_COMPUTE_32F;
+
+inline void cublas_setup(void) {
+    cublasCheck(cublasCreate(&cublas_handle));
+    cublasCheck(cublasLtCreate(&cublaslt_handle));
+    cublasCheck(cublasSetMathMode(cublas_handle, CUBLAS_DEFAULT_MATH));
+    cublaslt_workspace_size = CUBLASLT_WORKSPACE_BYTES;
+    cudaCheck(cudaMalloc(&cublaslt_workspace, cublaslt_workspace_size));
+    cublas_compute = CUBLAS_COMPUTE_32F;
+}
+
+inline void cublas_teardown(void) {
+    cudaCheck(cudaFree(cublaslt_workspace));
+    cublasCheck(cublasLtDestroy(cublaslt_handle));
+    cublasCheck(cublasDestroy(cublas_handle));
+    cublaslt_workspace = nullptr;
+    cublaslt_workspace_size = 0;
+    cublaslt_handle = nullptr;
+    cublas_handle = nullptr;
+}

@@ -1,0 +1,368 @@
+// llmc/dataloader.h: reads token batches from data shards for training and validation (flags -i, -j).
+// A shard is a 256-int32 header [0]=20240520, [1]=1 (uint16 tokens) or 2 (uint32 tokens), [2]=ntok,
+// followed by the ntok tokens. The shards are the files matching a glob pattern, in sorted order.
+//
+// Layout of a shard as batches: a row is T+1 consecutive tokens starting at a multiple of T (inputs are
+// the first T, targets the last T), so a shard has floor((ntok-1)/T) rows. One global batch is
+// num_processes*B rows, rank r's part being rows r*B .. r*B+B-1 of it; a shard gives
+// floor((ntok-1)/(num_processes*B*T)) global batches and the rest of its tokens are not used. Without
+// shuffling, the k-th batch of rank r starts at token (k*num_processes + r)*B*T of the shard: the ranks
+// read consecutive stretches. With shuffling, every epoch visits the shards in a new order and every shard
+// visit takes its rows in a new order (a permutation of all the shard's rows, of which the first
+// batches*num_processes*B are used), both drawn from the seed, the epoch and the position in the epoch
+// only: every rank computes the same permutations and so reads its own disjoint part of the same global
+// batches, and a loader restored from a saved state continues bit for bit.
+// After the last batch of the last shard the loader wraps around to the first shard of the next epoch.
+//
+// Header-only: #include it from a .cu (built by nvcc or cpu/cucc). Tested by dev/test/test_host_utils.cu.
+#pragma once
+#include <glob.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "rand.h"
+#include "utils.h"
+
+#define DATA_SHARD_MAGIC 20240520
+#define DATALOADER_STATE_MAGIC 20260101ull
+#define DATALOADER_STATE_WORDS 12
+
+typedef struct {
+    size_t B;
+    size_t T;
+    int process_rank;
+    int num_processes;
+    int should_shuffle;
+    unsigned long long seed;
+    // the shards, validated at init
+    int num_shards;
+    char** shard_paths;
+    size_t* shard_ntok;
+    int* shard_token_bytes;    // 2 or 4
+    size_t* shard_num_batches;  // global batches of num_processes*B*T tokens
+    size_t num_tokens;
+    uint64_t shards_fingerprint;  // of every shard's size and token width, to recognise a saved state's data
+    // position of the next batch: shard shard_order[shard_position] of epoch `epoch`, its batch batch_index
+    size_t epoch;
+    int shard_position;
+    size_t batch_index;
+    int* shard_order;  // this epoch's order of the shards
+    int* row_order;    // this shard visit's order of the rows (shuffling only)
+    int open_shard;    // the shard `file` and row_order belong to, -1 for none
+    FILE* file;
+    unsigned char* row_buffer;  // T+1 tokens of the widest type
+    // the batch, B*T each
+    int* inputs;
+    int* targets;
+} DataLoader;
+
+// A seed for one permutation, from the loader's seed, the epoch and which permutation of that epoch
+// (0: the shard order, 1+p: the rows of the shard at position p), mixed with splitmix64's finaliser so
+// that neighbouring epochs and positions give unrelated streams.
+static inline uint32_t dataloader_permutation_seed(unsigned long long seed, size_t epoch, size_t stream) {
+    uint64_t x = (uint64_t)seed ^ ((uint64_t)epoch * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)stream * 0xD1B54A32D192ED03ull);
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return (uint32_t)(x >> 32);
+}
+
+// Fisher-Yates shuffle of 0..n-1 with the Mersenne Twister
+static inline void dataloader_random_permutation(int* out, int n, uint32_t seed) {
+    mt19937_state rng;
+    manual_seed(&rng, seed);
+    for (int i = 0; i < n; i++) out[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(randint32(&rng) % (uint32_t)(i + 1));
+        int tmp = out[i];
+        out[i] = out[j];
+        out[j] = tmp;
+    }
+}
+
+// Validates one shard and records its size; keeps nothing open.
+static inline void dataloader_check_shard(DataLoader* loader, int s) {
+    const char* path = loader->shard_paths[s];
+    FILE* f = fopen_check(path, "rb");
+    int header[256];
+    read_header_check(f, header, path, DATA_SHARD_MAGIC, "data shard");
+    if (header[1] != 1 && header[1] != 2) {
+        fprintf(stderr, "%s: unsupported data shard version %d (expected 1 for uint16 or 2 for uint32 tokens)\n", path,
+                header[1]);
+        exit(EXIT_FAILURE);
+    }
+    if (header[2] <= 0) {
+        fprintf(stderr, "%s: header says %d tokens (expected a positive count)\n", path, header[2]);
+        exit(EXIT_FAILURE);
+    }
+    size_t ntok = (size_t)header[2];
+    int token_bytes = header[1] == 1 ? 2 : 4;
+    size_t expected_bytes = 256 * sizeof(int) + ntok * token_bytes;
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fprintf(stderr, "%s: cannot seek to the end to check its size\n", path);
+        exit(EXIT_FAILURE);
+    }
+    size_t file_bytes = (size_t)ftell(f);
+    fclose_check(f, path);
+    if (file_bytes < expected_bytes) {
+        fprintf(stderr, "%s is truncated: its header says %zu tokens (%zu bytes with the header), the file has %zu bytes\n",
+                path, ntok, expected_bytes, file_bytes);
+        exit(EXIT_FAILURE);
+    }
+    if (file_bytes > expected_bytes) {
+        fprintf(stderr, "%s: %zu bytes, more than its header's %zu tokens account for (%zu bytes with the header)\n",
+                path, file_bytes, ntok, expected_bytes);
+        exit(EXIT_FAILURE);
+    }
+    size_t global_batch_tokens = (size_t)loader->num_processes * loader->B * loader->T;
+    if (ntok < global_batch_tokens + 1) {
+        fprintf(stderr, "%s: %zu tokens, too few for one batch (expected at least %d processes x B %zu x T %zu + 1 = %zu)\n",
+                path, ntok, loader->num_processes, loader->B, loader->T, global_batch_tokens + 1);
+        exit(EXIT_FAILURE);
+    }
+    loader->shard_ntok[s] = ntok;
+    loader->shard_token_bytes[s] = token_bytes;
+    loader->shard_num_batches[s] = (ntok - 1) / global_batch_tokens;
+}
+
+// Makes shard_order, file and row_order match (epoch, shard_position).
+static inline void dataloader_enter_position(DataLoader* loader, int epoch_changed) {
+    if (epoch_changed) {
+        if (loader->should_shuffle) {
+            dataloader_random_permutation(loader->shard_order, loader->num_shards,
+                                          dataloader_permutation_seed(loader->seed, loader->epoch, 0));
+        } else {
+            for (int s = 0; s < loader->num_shards; s++) loader->shard_order[s] = s;
+        }
+    }
+    int shard = loader->shard_order[loader->shard_position];
+    if (shard != loader->open_shard) {
+        if (loader->file != NULL) fclose_check(loader->file, loader->shard_paths[loader->open_shard]);
+        loader->file = fopen_check(loader->shard_paths[shard], "rb");
+        loader->open_shard = shard;
+    }
+    if (loader->should_shuffle) {
+        // with one shard the row order still changes every epoch, so the cached shard id alone is not enough
+        int rows = (int)((loader->shard_ntok[shard] - 1) / loader->T);
+        free(loader->row_order);
+        loader->row_order = (int*)malloc_check((size_t)rows * sizeof(int));
+        dataloader_random_permutation(loader->row_order, rows,
+                                      dataloader_permutation_seed(loader->seed, loader->epoch,
+                                                                  1 + (size_t)loader->shard_position));
+    }
+}
+
+static inline uint64_t dataloader_fingerprint(const DataLoader* loader) {
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (int s = 0; s < loader->num_shards; s++) {
+        uint64_t words[2] = {(uint64_t)loader->shard_ntok[s], (uint64_t)loader->shard_token_bytes[s]};
+        const unsigned char* bytes = (const unsigned char*)words;
+        for (size_t i = 0; i < sizeof(words); i++) h = (h ^ bytes[i]) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+static inline void dataloader_init(DataLoader* loader, const char* filename_pattern, size_t B, size_t T,
+                                   int process_rank, int num_processes, int should_shuffle, unsigned long long seed) {
+    if (B < 1 || T < 1) {
+        fprintf(stderr, "data loader for %s: B %zu and T %zu must be at least 1\n", filename_pattern, B, T);
+        exit(EXIT_FAILURE);
+    }
+    if (num_processes < 1 || process_rank < 0 || process_rank >= num_processes) {
+        fprintf(stderr, "data loader for %s: process rank %d out of range for %d processes\n", filename_pattern,
+                process_rank, num_processes);
+        exit(EXIT_FAILURE);
+    }
+    loader->B = B;
+    loader->T = T;
+    loader->process_rank = process_rank;
+    loader->num_processes = num_processes;
+    loader->should_shuffle = should_shuffle;
+    loader->seed = seed;
+
+    glob_t matches;
+    int glob_status = glob(filename_pattern, 0, NULL, &matches);
+    if (glob_status == GLOB_NOMATCH) {
+        fprintf(stderr, "no files match %s\n", filename_pattern);
+        exit(EXIT_FAILURE);
+    }
+    if (glob_status != 0) {
+        fprintf(stderr, "%s: cannot list the matching files (glob error %d)\n", filename_pattern, glob_status);
+        exit(EXIT_FAILURE);
+    }
+    loader->num_shards = (int)matches.gl_pathc;
+    loader->shard_paths = (char**)malloc_check(matches.gl_pathc * sizeof(char*));
+    for (size_t s = 0; s < matches.gl_pathc; s++) {
+        size_t len = strlen(matches.gl_pathv[s]);
+        loader->shard_paths[s] = (char*)malloc_check(len + 1);
+        memcpy(loader->shard_paths[s], matches.gl_pathv[s], len + 1);
+    }
+    globfree(&matches);
+
+    loader->shard_ntok = (size_t*)malloc_check(loader->num_shards * sizeof(size_t));
+    loader->shard_token_bytes = (int*)malloc_check(loader->num_shards * sizeof(int));
+    loader->shard_num_batches = (size_t*)malloc_check(loader->num_shards * sizeof(size_t));
+    loader->num_tokens = 0;
+    for (int s = 0; s < loader->num_shards; s++) {
+        dataloader_check_shard(loader, s);
+        loader->num_tokens += loader->shard_ntok[s];
+    }
+    loader->shards_fingerprint = dataloader_fingerprint(loader);
+
+    loader->shard_order = (int*)malloc_check(loader->num_shards * sizeof(int));
+    loader->row_order = NULL;
+    loader->open_shard = -1;
+    loader->file = NULL;
+    loader->row_buffer = (unsigned char*)malloc_check((T + 1) * sizeof(uint32_t));
+    loader->inputs = (int*)malloc_check(B * T * sizeof(int));
+    loader->targets = (int*)malloc_check(B * T * sizeof(int));
+    loader->epoch = 0;
+    loader->shard_position = 0;
+    loader->batch_index = 0;
+    dataloader_enter_position(loader, 1);
+}
+
+static inline void dataloader_reset(DataLoader* loader) {
+    loader->epoch = 0;
+    loader->shard_position = 0;
+    loader->batch_index = 0;
+    dataloader_enter_position(loader, 1);
+}
+
+// Reads row `row` (T+1 tokens from token row*T) of the open shard into inputs/targets at batch row b.
+static inline void dataloader_read_row(DataLoader* loader, size_t row, size_t b) {
+    const int shard = loader->open_shard;
+    const char* path = loader->shard_paths[shard];
+    const size_t T = loader->T;
+    const int token_bytes = loader->shard_token_bytes[shard];
+    long offset = (long)(256 * sizeof(int) + row * T * token_bytes);
+    if (fseek(loader->file, offset, SEEK_SET) != 0) {
+        fprintf(stderr, "%s: cannot seek to offset %ld\n", path, offset);
+        exit(EXIT_FAILURE);
+    }
+    fread_check(loader->row_buffer, token_bytes, T + 1, loader->file, path);
+    int* inputs = loader->inputs + b * T;
+    int* targets = loader->targets + b * T;
+    for (size_t i = 0; i <= T; i++) {
+        int token;
+        if (token_bytes == 2) {
+            uint16_t value;
+            memcpy(&value, loader->row_buffer + 2 * i, 2);
+            token = value;
+        } else {
+            uint32_t value;
+            memcpy(&value, loader->row_buffer + 4 * i, 4);
+            if (value > (uint32_t)INT32_MAX) {
+                fprintf(stderr, "%s: token %u at position %zu is not a token id (expected at most %d)\n", path, value,
+                        row * T + i, INT32_MAX);
+                exit(EXIT_FAILURE);
+            }
+            token = (int)value;
+        }
+        if (i < T) inputs[i] = token;
+        if (i > 0) targets[i - 1] = token;
+    }
+}
+
+static inline void dataloader_next_batch(DataLoader* loader) {
+    if (loader->batch_index >= loader->shard_num_batches[loader->shard_order[loader->shard_position]]) {
+        loader->batch_index = 0;
+        loader->shard_position++;
+        int new_epoch = loader->shard_position == loader->num_shards;
+        if (new_epoch) {
+            loader->shard_position = 0;
+            loader->epoch++;
+        }
+        dataloader_enter_position(loader, new_epoch);
+    }
+    const size_t B = loader->B;
+    const size_t first_row = (loader->batch_index * loader->num_processes + loader->process_rank) * B;
+    for (size_t b = 0; b < B; b++) {
+        size_t row = loader->should_shuffle ? (size_t)loader->row_order[first_row + b] : first_row + b;
+        dataloader_read_row(loader, row, b);
+    }
+    loader->batch_index++;
+}
+
+static inline size_t dataloader_num_tokens(const DataLoader* loader) {
+    return loader->num_tokens;
+}
+
+// The state is DATALOADER_STATE_WORDS uint64: a magic number, what the loader must match (B, T, number of
+// processes, shuffling, seed, number and sizes of the shards) and the position. The rank is not part of
+// it: the position is the same on every rank, so any rank's state restores every rank.
+static inline size_t dataloader_state_bytes(const DataLoader* loader) {
+    (void)loader;
+    return DATALOADER_STATE_WORDS * sizeof(uint64_t);
+}
+
+static inline void dataloader_save_state(const DataLoader* loader, void* buffer) {
+    uint64_t words[DATALOADER_STATE_WORDS] = {
+        DATALOADER_STATE_MAGIC, (uint64_t)loader->B, (uint64_t)loader->T, (uint64_t)loader->num_processes,
+        (uint64_t)loader->should_shuffle, (uint64_t)loader->seed, (uint64_t)loader->num_shards,
+        loader->shards_fingerprint, (uint64_t)loader->epoch, (uint64_t)loader->shard_position,
+        (uint64_t)loader->batch_index, 0};
+    // the last word is a checksum of the others, so that a corrupted state is refused, not trusted
+    for (int i = 0; i < DATALOADER_STATE_WORDS - 1; i++) words[DATALOADER_STATE_WORDS - 1] ^= words[i] * (2 * i + 3);
+    memcpy(buffer, words, sizeof(words));
+}
+
+static inline void dataloader_load_state(DataLoader* loader, const void* buffer) {
+    uint64_t w[DATALOADER_STATE_WORDS];
+    memcpy(w, buffer, sizeof(w));
+    uint64_t checksum = 0;
+    for (int i = 0; i < DATALOADER_STATE_WORDS - 1; i++) checksum ^= w[i] * (2 * i + 3);
+    if (w[0] != DATALOADER_STATE_MAGIC || checksum != w[DATALOADER_STATE_WORDS - 1]) {
+        fprintf(stderr, "data loader state: not a valid saved state (bad magic number or checksum)\n");
+        exit(EXIT_FAILURE);
+    }
+    if (w[1] != loader->B || w[2] != loader->T || w[3] != (uint64_t)loader->num_processes) {
+        fprintf(stderr, "data loader state: saved with B %llu, T %llu on %llu processes; expected B %zu, T %zu on %d\n",
+                (unsigned long long)w[1], (unsigned long long)w[2], (unsigned long long)w[3], loader->B, loader->T,
+                loader->num_processes);
+        exit(EXIT_FAILURE);
+    }
+    if (w[4] != (uint64_t)loader->should_shuffle || w[5] != (uint64_t)loader->seed) {
+        fprintf(stderr, "data loader state: saved with shuffling %s and seed %llu; expected shuffling %s and seed %llu\n",
+                w[4] ? "on" : "off", (unsigned long long)w[5], loader->should_shuffle ? "on" : "off", loader->seed);
+        exit(EXIT_FAILURE);
+    }
+    if (w[6] != (uint64_t)loader->num_shards || w[7] != loader->shards_fingerprint) {
+        fprintf(stderr, "data loader state: saved for other data (%llu shards, or shards of other sizes); expected the %d "
+                "shards of %s\n", (unsigned long long)w[6], loader->num_shards, loader->shard_paths[0]);
+        exit(EXIT_FAILURE);
+    }
+    if (w[9] >= (uint64_t)loader->num_shards) {
+        fprintf(stderr, "data loader state: position shard %llu is out of range for %d shards\n",
+                (unsigned long long)w[9], loader->num_shards);
+        exit(EXIT_FAILURE);
+    }
+    loader->epoch = (size_t)w[8];
+    loader->shard_position = (int)w[9];
+    loader->batch_index = (size_t)w[10];
+    dataloader_enter_position(loader, 1);
+    size_t batches = loader->shard_num_batches[loader->shard_order[loader->shard_position]];
+    if (loader->batch_index > batches) {
+        fprintf(stderr, "data loader state: batch %zu is out of range for a shard of %zu batches\n", loader->batch_index,
+                batches);
+        exit(EXIT_FAILURE);
+    }
+}
+
+static inline void dataloader_free(DataLoader* loader) {
+    if (loader->file != NULL) fclose_check(loader->file, loader->shard_paths[loader->open_shard]);
+    for (int s = 0; s < loader->num_shards; s++) free(loader->shard_paths[s]);
+    free(loader->shard_paths);
+    free(loader->shard_ntok);
+    free(loader->shard_token_bytes);
+    free(loader->shard_num_batches);
+    free(loader->shard_order);
+    free(loader->row_order);
+    free(loader->row_buffer);
+    free(loader->inputs);
+    free(loader->targets);
+    loader->file = NULL;
+}

@@ -1,0 +1,209 @@
+// llmc/encoder.cuh: GPT-2 input embedding, forward and backward: out = wte[token] + wpe[position], and the
+// gradients of both tables. Included by the trainers and by dev/cuda/encoder_forward.cu and
+// dev/cuda/encoder_backward.cu (the kernel lab: `cpu/cucc -O2 -I. dev/cuda/encoder_forward.cu -o
+// build/lab/encoder_forward -lcublas -lcublasLt && build/lab/encoder_forward -s`).
+// Size constraint: C % 8 == 0 (every thread moves 8 channels with one 16-byte vector); the trainer checks
+// it at start-up through kernels_a_support (llmc/fused_classifier.cuh).
+#pragma once
+#include "common.cuh"
+
+// ----------------------------------------------------------------------------------------------------
+// Forward. Floor: the output (B*T*C) is written once and each position reads one wte row; wpe (T*C) is
+// shared by the B sequences and is served from L2 after the first, so DRAM bytes ≈ 2*B*T*C*sizeof(floatX)
+// + T*C*sizeof(floatX) + 4*B*T (tokens); one add per element (~0.2 flop per byte): memory-bound.
+
+__global__ void encoder_forward_kernel(floatX* __restrict__ out, const int* __restrict__ inp,
+                                       const floatX* __restrict__ wte, const floatX* __restrict__ wpe, int B, int T,
+                                       int C) {
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;  // first of this thread's vector
+    if (idx >= (size_t)B * T * C) return;
+    size_t bt = idx / C;
+    int t = (int)(bt % T);
+    int c = (int)(idx % C);
+    int token = inp[bt];
+    x128 token_embedding = load128(wte + (size_t)token * C + c);  // repeated tokens hit L2: keep cached
+    x128 position_embedding = load128(wpe + (size_t)t * C + c);
+    x128 result;
+    for (int k = 0; k < x128::size; k++) {
+        result[k] = (floatX)((float)token_embedding[k] + (float)position_embedding[k]);
+    }
+    store128(out + idx, result);
+}
+
+void encoder_forward_launch(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
+                            int block_size, cudaStream_t stream) {
+    size_t threads = (size_t)B * T * C / x128::size;
+    unsigned int grid = (unsigned int)CEIL_DIV(threads, (size_t)block_size);
+    encoder_forward_kernel<<<grid, block_size, 0, stream>>>(out, inp, wte, wpe, B, T, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// out (B,T,C) = wte[inp[b,t]] + wpe[t]; inp (B,T); wte (Vp,C); wpe (maxT,C)
+void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
+                     cudaStream_t stream) {
+    encoder_forward_launch(out, inp, wte, wpe, B, T, C, 256, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Backward. dwte[v] += sum of dout over the positions holding token v; dwpe[t] += sum over b of dout[b,t].
+// Deterministic without float atomics: the host buckets the positions by token (counting sort, positions
+// in increasing order inside a bucket), and one block per bucket sums its rows in that fixed order.
+// Floor: dout (B*T*C) is read once for dwte and once for dwpe (the second read mostly from L2), the touched
+// dwte rows (at most B*T) and all of dwpe (T*C) are read and written once:
+// DRAM bytes ≈ (B*T*C + 2*buckets*C + 2*T*C) * sizeof(floatX) + at most 20*B*T (bucket tables), with
+// buckets = distinct tokens <= min(B*T, Vp); one add per element read: memory-bound.
+
+#define ENCODER_BACKWARD_WARPS 8                 // warps of a dwte block, sharing one bucket's rows
+#define ENCODER_BACKWARD_SLICE (32 * x128::size)  // channels of a dwte block: 32 lanes x one vector
+
+// One block per (bucket, slice of 32 vectors: 256 channels in bf16). The warps take the bucket's positions
+// round-robin, each lane summing one vector of channels in fp32; the warps' partial sums are then added in
+// warp order, so the result depends only on the bucket's content, never on scheduling.
+// bucket = {token, begin, end, unused}.
+__global__ void encoder_backward_wte_kernel(floatX* __restrict__ dwte, const floatX* __restrict__ dout,
+                                            const int* __restrict__ positions, const int4* __restrict__ buckets,
+                                            int C, unsigned int seed) {
+    __shared__ float warp_sums[ENCODER_BACKWARD_WARPS * ENCODER_BACKWARD_SLICE];
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int slice_channel = lane * x128::size;
+    const int c = blockIdx.y * ENCODER_BACKWARD_SLICE + slice_channel;
+    const int4 bucket = buckets[blockIdx.x];
+
+    float sum[x128::size];
+    for (int k = 0; k < x128::size; k++) sum[k] = 0.0f;
+    if (c < C) {
+        for (int i = bucket.y + warp; i < bucket.z; i += ENCODER_BACKWARD_WARPS) {
+            x128 d = load128cs(dout + (size_t)positions[i] * C + c);
+            for (int k = 0; k < x128::size; k++) sum[k] += (float)d[k];
+        }
+    }
+    float* mine = warp_sums + warp * ENCODER_BACKWARD_SLICE + slice_channel;
+    for (int k = 0; k < x128::size; k++) mine[k] = sum[k];
+    __syncthreads();
+    if (warp != 0 || c >= C) return;
+
+    for (int w = 1; w < ENCODER_BACKWARD_WARPS; w++) {
+        const float* theirs = warp_sums + w * ENCODER_BACKWARD_SLICE + slice_channel;
+        for (int k = 0; k < x128::size; k++) sum[k] += theirs[k];
+    }
+    const size_t offset = (size_t)bucket.x * C + c;
+    x128 old_value = load128(dwte + offset);
+    x128 new_value;
+    for (int k = 0; k < x128::size; k++) {
+        unsigned int random = random_u32(seed, (unsigned int)(offset + k));
+        stochastic_rounding((float)old_value[k] + sum[k], &new_value[k], random);
+    }
+    store128(dwte + offset, new_value);
+}
+
+// One thread per (t, 8 channels): sums the B sequences in order.
+__global__ void encoder_backward_wpe_kernel(floatX* __restrict__ dwpe, const floatX* __restrict__ dout, int B,
+                                            int T, int C, unsigned int seed) {
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;  // into (T, C)
+    if (idx >= (size_t)T * C) return;
+    float sum[x128::size];
+    for (int k = 0; k < x128::size; k++) sum[k] = 0.0f;
+    for (int b = 0; b < B; b++) {
+        x128 d = load128cs(dout + (size_t)b * T * C + idx);
+        for (int k = 0; k < x128::size; k++) sum[k] += (float)d[k];
+    }
+    x128 old_value = load128(dwpe + idx);
+    x128 new_value;
+    for (int k = 0; k < x128::size; k++) {
+        unsigned int random = random_u32(seed, (unsigned int)(idx + k));
+        stochastic_rounding((float)old_value[k] + sum[k], &new_value[k], random);
+    }
+    store128(dwpe + idx, new_value);
+}
+
+// The bucket table, kept between calls and grown when a larger batch or token id arrives:
+// positions (N, padded to a multiple of 4 ints so the int4 buckets that follow are 16-byte aligned), then
+// one int4 {token, begin, end, 0} per distinct token. The host copy is pageable on purpose:
+// cudaMemcpyAsync from pageable memory has consumed the buffer when it returns, so the next call may
+// refill it without waiting for the previous copy to land.
+struct EncoderBuckets {
+    int* host_table;
+    int* device_table;
+    size_t table_capacity;  // ints
+    int* token_cursor;      // per token id: occurrences, then where its next position goes
+    size_t token_capacity;
+};
+
+static int encoder_compare_buckets(const void* a, const void* b) {
+    const int4* x = (const int4*)a;
+    const int4* y = (const int4*)b;
+    int size_x = x->z - x->y, size_y = y->z - y->y;
+    if (size_x != size_y) return size_x > size_y ? -1 : 1;
+    return x->x < y->x ? -1 : (x->x > y->x ? 1 : 0);
+}
+
+// Counting sort of the N positions by token (positions ascending inside a bucket); returns the number of
+// buckets. Buckets are listed largest first so that the longest blocks start early and overlap the many
+// short ones: only the schedule depends on that order, not the sums.
+static int encoder_build_buckets(EncoderBuckets* table, const int* inputs_cpu, int N) {
+    int max_token = 0;
+    for (int i = 0; i < N; i++) {
+        if (inputs_cpu[i] < 0) {
+            fprintf(stderr, "encoder_backward: negative token id %d at position %d\n", inputs_cpu[i], i);
+            exit(EXIT_FAILURE);
+        }
+        if (inputs_cpu[i] > max_token) max_token = inputs_cpu[i];
+    }
+    size_t tokens = (size_t)max_token + 1;
+    if (tokens > table->token_capacity) {
+        free(table->token_cursor);
+        table->token_cursor = (int*)malloc(tokens * sizeof(int));
+        table->token_capacity = tokens;
+    }
+    size_t padded_n = CEIL_DIV((size_t)N, (size_t)4) * 4;
+    size_t table_ints = padded_n + 4 * (size_t)N;  // at most N buckets
+    if (table_ints > table->table_capacity) {
+        free(table->host_table);
+        if (table->device_table != nullptr) cudaCheck(cudaFree(table->device_table));
+        table->host_table = (int*)malloc(table_ints * sizeof(int));
+        cudaCheck(cudaMalloc(&table->device_table, table_ints * sizeof(int)));
+        table->table_capacity = table_ints;
+    }
+    int* cursor = table->token_cursor;
+    memset(cursor, 0, tokens * sizeof(int));
+    for (int i = 0; i < N; i++) cursor[inputs_cpu[i]]++;
+
+    int* positions = table->host_table;
+    int4* buckets = (int4*)(table->host_table + padded_n);
+    int num_buckets = 0, begin = 0;
+    for (size_t v = 0; v < tokens; v++) {
+        int count = cursor[v];
+        if (count == 0) continue;
+        buckets[num_buckets++] = make_int4((int)v, begin, begin + count, 0);
+        cursor[v] = begin;
+        begin += count;
+    }
+    for (int i = 0; i < N; i++) positions[cursor[inputs_cpu[i]]++] = i;
+    qsort(buckets, num_buckets, sizeof(int4), encoder_compare_buckets);
+    return num_buckets;
+}
+
+// dwte (Vp,C) += per token, the sum of dout over the positions holding it; dwpe (maxT,C) += sum over b of
+// dout[b,t]. inputs_cpu is the host copy of inp (B,T). bf16 results are rounded stochastically from seed.
+void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp, const int* inputs_cpu, int B,
+                      int T, int C, unsigned int seed, cudaStream_t stream) {
+    static EncoderBuckets table = {nullptr, nullptr, 0, nullptr, 0};
+    (void)inp;  // the device copy is not needed: the buckets come from inputs_cpu
+    const int N = B * T;
+    int num_buckets = encoder_build_buckets(&table, inputs_cpu, N);
+    size_t padded_n = CEIL_DIV((size_t)N, (size_t)4) * 4;
+    size_t used_ints = padded_n + 4 * (size_t)num_buckets;
+    cudaCheck(cudaMemcpyAsync(table.device_table, table.host_table, used_ints * sizeof(int), cudaMemcpyHostToDevice,
+                              stream));
+
+    dim3 wte_grid(num_buckets, CEIL_DIV(C, ENCODER_BACKWARD_SLICE));
+    encoder_backward_wte_kernel<<<wte_grid, ENCODER_BACKWARD_WARPS * 32, 0, stream>>>(
+        dwte, dout, table.device_table, (const int4*)(table.device_table + padded_n), C, seed);
+    cudaCheck(cudaGetLastError());
+
+    const int block_size = 256;
+    unsigned int wpe_grid = (unsigned int)CEIL_DIV((size_t)T * C / x128::size, (size_t)block_size);
+    encoder_backward_wpe_kernel<<<wpe_grid, block_size, 0, stream>>>(dwpe, dout, B, T, C, seed + 1);
+    cudaCheck(cudaGetLastError());
+}

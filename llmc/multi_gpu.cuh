@@ -1,0 +1,319 @@
+// llmc/multi_gpu.cuh: the process group of a data-parallel run: one process per GPU, an NCCL communicator
+// over all of them, the stream NCCL runs on, and the few host-level collectives the trainers need (a
+// barrier, the sum of a loss over processes). Flags: -pi init method (mpi, tcp, fs), -pn processes,
+// -pr this process's rank, -pg GPUs per node, -ps rank 0's IPv4 address (tcp), -pf a shared directory (fs).
+//   mpi (default): start with `mpirun -np N`; rank and size come from MPI, rank 0's NCCL id goes by MPI_Bcast.
+//   tcp: no MPI; rank 0 listens on -ps:12345 and hands the 128-byte NCCL id to the N-1 others.
+//   fs:  no MPI; rank 0 writes the id to <-pf>/ncclUniqueId.sync (atomically), the others poll for it and
+//        acknowledge, and rank 0 removes the file once all have it, so no stale id is left for the next run.
+// A single process started without mpirun needs neither MPI nor other processes; it still gets a
+// communicator (of one rank) so that the trainers' collectives need no special case.
+// On the CPU backend (cpu/cucc, cpu/nccl.cpp) NCCL runs over MPI, so a communicator over several processes
+// needs them in one MPI world: tcp and fs work only under mpirun there, and say so instead of hanging.
+// Header-only: #include it from a .cu and link with -lnccl -lmpi (nvcc or cpu/cucc).
+// Tested by dev/test/test_host_utils.cu and dev/test/test_multi_gpu.sh.
+#pragma once
+#define OMPI_SKIP_MPICXX 1  // the C API only, so linking needs -lmpi and not -lmpi_cxx
+#include <mpi.h>
+#include <nccl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include "common.cuh"
+#include "utils.h"
+
+#define MULTI_GPU_TCP_PORT 12345
+#define MULTI_GPU_ID_TIMEOUT_S 300  // how long the processes of a run may start apart
+
+inline void nccl_check(ncclResult_t status, const char* file, int line) {
+    if (status != ncclSuccess) {
+        fprintf(stderr, "[NCCL ERROR] at %s:%d: %s\n", file, line, ncclGetErrorString(status));
+        exit(EXIT_FAILURE);
+    }
+}
+#define ncclCheck(err) (nccl_check((err), __FILE__, __LINE__))
+
+typedef struct {
+    int process_rank;
+    int num_processes;
+    int local_device_idx;
+    ncclComm_t nccl_comm;
+    cudaStream_t nccl_stream;
+    cudaEvent_t compute_done;  // recorded on the compute stream; nccl_stream waits on it before reducing
+    int used_mpi;              // this process called MPI_Init, so it must call MPI_Finalize
+    float* device_scalar;      // one float of device memory for multi_gpu_cpu_float_sum and the barrier
+} MultiGpuConfig;
+
+static inline double multi_gpu_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline struct sockaddr_in multi_gpu_tcp_address(const char* server_ip, int port) {
+    struct sockaddr_in address;
+    memset(&address, 0, sizeof(address));
+    address.sin_family = AF_INET;
+    address.sin_port = htons((uint16_t)port);
+    if (server_ip == NULL || inet_pton(AF_INET, server_ip, &address.sin_addr) != 1) {
+        fprintf(stderr, "-ps '%s': expected the IPv4 address of rank 0 (e.g. 10.0.0.1)\n",
+                server_ip ? server_ip : "(none)");
+        exit(EXIT_FAILURE);
+    }
+    return address;
+}
+
+// Rank 0 sends `id`, every other rank receives it, over TCP on server_ip:port. Both sides give up after
+// timeout_s with one line saying who was missing.
+static inline void multi_gpu_share_id_tcp(ncclUniqueId* id, int process_rank, int num_processes,
+                                          const char* server_ip, int port, int timeout_s) {
+    struct sockaddr_in address = multi_gpu_tcp_address(server_ip, port);
+    double deadline = multi_gpu_now_s() + timeout_s;
+    if (process_rank == 0) {
+        int listener = socket(AF_INET, SOCK_STREAM, 0);
+        int yes = 1;
+        // a rerun right after a previous one must not fail on the old connections' TIME_WAIT
+        setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+        if (listener < 0 || bind(listener, (struct sockaddr*)&address, sizeof(address)) != 0 ||
+            listen(listener, num_processes) != 0) {
+            fprintf(stderr, "-pi tcp: rank 0 cannot listen on %s:%d: %s\n", server_ip, port, strerror(errno));
+            exit(EXIT_FAILURE);
+        }
+        for (int served = 0; served < num_processes - 1; served++) {
+            struct pollfd waiting = {listener, POLLIN, 0};
+            int left_ms = (int)((deadline - multi_gpu_now_s()) * 1000.0);
+            if (left_ms <= 0 || poll(&waiting, 1, left_ms) <= 0) {
+                fprintf(stderr, "-pi tcp: only %d of the %d other processes connected to %s:%d within %d s\n", served,
+                        num_processes - 1, server_ip, port, timeout_s);
+                exit(EXIT_FAILURE);
+            }
+            int connection = accept(listener, NULL, NULL);
+            if (connection < 0) {
+                fprintf(stderr, "-pi tcp: rank 0 cannot accept a connection on %s:%d: %s\n", server_ip, port,
+                        strerror(errno));
+                exit(EXIT_FAILURE);
+            }
+            size_t sent = 0;
+            while (sent < sizeof(id->internal)) {
+                ssize_t n = send(connection, id->internal + sent, sizeof(id->internal) - sent, MSG_NOSIGNAL);
+                if (n <= 0) {
+                    fprintf(stderr, "-pi tcp: rank 0 cannot send the NCCL id: %s\n", strerror(errno));
+                    exit(EXIT_FAILURE);
+                }
+                sent += (size_t)n;
+            }
+            close(connection);
+        }
+        close(listener);
+        return;
+    }
+    for (;;) {
+        int connection = socket(AF_INET, SOCK_STREAM, 0);
+        if (connection >= 0 && connect(connection, (struct sockaddr*)&address, sizeof(address)) == 0) {
+            size_t received = 0;
+            while (received < sizeof(id->internal)) {
+                ssize_t n = recv(connection, id->internal + received, sizeof(id->internal) - received, 0);
+                if (n <= 0) {
+                    fprintf(stderr, "-pi tcp: rank %d: %s:%d closed the connection after %zu of %zu bytes of the id\n",
+                            process_rank, server_ip, port, received, sizeof(id->internal));
+                    exit(EXIT_FAILURE);
+                }
+                received += (size_t)n;
+            }
+            close(connection);
+            return;
+        }
+        if (connection >= 0) close(connection);
+        if (multi_gpu_now_s() > deadline) {
+            fprintf(stderr, "-pi tcp: rank %d could not connect to rank 0 at %s:%d within %d s (is rank 0 running, "
+                    "with the same -ps?)\n", process_rank, server_ip, port, timeout_s);
+            exit(EXIT_FAILURE);
+        }
+        usleep(100 * 1000);  // rank 0 may not be listening yet
+    }
+}
+
+static inline void multi_gpu_fs_path(char* out, size_t size, const char* fs_path, const char* name, int rank) {
+    int n = rank < 0 ? snprintf(out, size, "%s/%s", fs_path, name) : snprintf(out, size, "%s/%s%d", fs_path, name, rank);
+    if (n < 0 || (size_t)n >= size) {
+        fprintf(stderr, "-pf %s: path too long (limit %zu characters)\n", fs_path, size - 32);
+        exit(EXIT_FAILURE);
+    }
+}
+
+// Rank 0 publishes `id` in <fs_path>/ncclUniqueId.sync, every other rank reads it and leaves an
+// acknowledgement ncclUniqueId.sync.ack<rank>; rank 0 then removes all of them.
+static inline void multi_gpu_share_id_fs(ncclUniqueId* id, int process_rank, int num_processes, const char* fs_path,
+                                         int timeout_s) {
+    char sync_path[4096], ack_path[4096];
+    multi_gpu_fs_path(sync_path, sizeof(sync_path), fs_path, "ncclUniqueId.sync", -1);
+    double deadline = multi_gpu_now_s() + timeout_s;
+    if (process_rank == 0) {
+        char tmp_path[4096 + 8];
+        FILE* f = fopen_tmp_for(sync_path, tmp_path, sizeof(tmp_path));
+        fwrite_check(id->internal, 1, sizeof(id->internal), f, tmp_path);
+        commit_tmp(f, tmp_path, sync_path);
+        for (int rank = 1; rank < num_processes; rank++) {
+            multi_gpu_fs_path(ack_path, sizeof(ack_path), fs_path, "ncclUniqueId.sync.ack", rank);
+            while (access(ack_path, F_OK) != 0) {
+                if (multi_gpu_now_s() > deadline) {
+                    fprintf(stderr, "-pi fs: rank %d did not read %s within %d s (is it running, with the same -pf?)\n",
+                            rank, sync_path, timeout_s);
+                    exit(EXIT_FAILURE);
+                }
+                usleep(50 * 1000);
+            }
+        }
+        for (int rank = 1; rank < num_processes; rank++) {
+            multi_gpu_fs_path(ack_path, sizeof(ack_path), fs_path, "ncclUniqueId.sync.ack", rank);
+            remove(ack_path);
+        }
+        remove(sync_path);
+        return;
+    }
+    while (access(sync_path, F_OK) != 0) {
+        if (multi_gpu_now_s() > deadline) {
+            fprintf(stderr, "-pi fs: rank %d timed out after %d s waiting for %s (is rank 0 running, with the same -pf?)\n",
+                    process_rank, timeout_s, sync_path);
+            exit(EXIT_FAILURE);
+        }
+        usleep(50 * 1000);
+    }
+    FILE* f = fopen_check(sync_path, "rb");
+    fread_check(id->internal, 1, sizeof(id->internal), f, sync_path);
+    if (fgetc(f) != EOF) {
+        fprintf(stderr, "%s: longer than an NCCL id (expected %zu bytes)\n", sync_path, sizeof(id->internal));
+        exit(EXIT_FAILURE);
+    }
+    fclose_check(f, sync_path);
+    multi_gpu_fs_path(ack_path, sizeof(ack_path), fs_path, "ncclUniqueId.sync.ack", process_rank);
+    FILE* ack = fopen_check(ack_path, "wb");
+    fclose_check(ack, ack_path);
+}
+
+// Whether this process was started by an MPI launcher (Open MPI's mpirun, or a PMI/PMIx one such as srun).
+static inline int multi_gpu_launched_by_mpi(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL || getenv("PMIX_RANK") != NULL;
+}
+
+static inline MultiGpuConfig multi_gpu_config_init(const char* init_method, int num_processes, int process_rank,
+                                                   int gpus_per_node, const char* server_ip, const char* fs_path) {
+    MultiGpuConfig c;
+    memset(&c, 0, sizeof(c));
+    const char* method = init_method != NULL ? init_method : "mpi";
+    int is_mpi = strcmp(method, "mpi") == 0;
+    int is_tcp = strcmp(method, "tcp") == 0;
+    int is_fs = strcmp(method, "fs") == 0;
+    if (!is_mpi && !is_tcp && !is_fs) {
+        fprintf(stderr, "unknown -pi '%s' (expected mpi, tcp or fs)\n", method);
+        exit(EXIT_FAILURE);
+    }
+    if (gpus_per_node < 1) {
+        fprintf(stderr, "-pg %d: expected at least 1 GPU per node\n", gpus_per_node);
+        exit(EXIT_FAILURE);
+    }
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (is_mpi) {
+        c.num_processes = 1;
+        c.process_rank = 0;
+        if (multi_gpu_launched_by_mpi()) {
+            MPI_Init(NULL, NULL);
+            c.used_mpi = 1;
+            MPI_Comm_rank(MPI_COMM_WORLD, &c.process_rank);
+            MPI_Comm_size(MPI_COMM_WORLD, &c.num_processes);
+        }
+        if (num_processes > 1 && num_processes != c.num_processes) {
+            fprintf(stderr, "-pn %d: but %d process%s started (with -pi mpi the process count comes from mpirun -np)\n",
+                    num_processes, c.num_processes, c.num_processes == 1 ? " was" : "es were");
+            exit(EXIT_FAILURE);
+        }
+        const char* local_rank = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        c.local_device_idx = local_rank != NULL ? atoi(local_rank) : c.process_rank % gpus_per_node;
+        if (c.num_processes > 1) {
+            if (c.process_rank == 0) ncclCheck(ncclGetUniqueId(&id));
+            MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+        }
+    } else {
+        if (num_processes < 1) {
+            fprintf(stderr, "-pn %d: expected at least 1 process\n", num_processes);
+            exit(EXIT_FAILURE);
+        }
+        if (process_rank < 0 || process_rank >= num_processes) {
+            fprintf(stderr, "-pr %d: out of range for -pn %d (expected 0 to %d)\n", process_rank, num_processes,
+                    num_processes - 1);
+            exit(EXIT_FAILURE);
+        }
+        if (is_tcp && num_processes > 1) multi_gpu_tcp_address(server_ip, MULTI_GPU_TCP_PORT);
+        if (is_fs && num_processes > 1 && (fs_path == NULL || fs_path[0] == '\0')) {
+            fprintf(stderr, "-pi fs: expected -pf, a directory all %d processes share\n", num_processes);
+            exit(EXIT_FAILURE);
+        }
+#ifdef __CUCC__
+        // NCCL over MPI cannot join processes that are not in one MPI world: refuse now, not hang later
+        const char* world_size = getenv("OMPI_COMM_WORLD_SIZE");
+        if (num_processes > 1 && (world_size == NULL || atoi(world_size) != num_processes)) {
+            fprintf(stderr, "-pi tcp/fs needs the GPU build; on the CPU backend start the processes with mpirun "
+                    "(-np %d)\n", num_processes);
+            exit(EXIT_FAILURE);
+        }
+#endif
+        c.num_processes = num_processes;
+        c.process_rank = process_rank;
+        c.local_device_idx = process_rank % gpus_per_node;
+        if (num_processes > 1) {
+            if (process_rank == 0) ncclCheck(ncclGetUniqueId(&id));
+            if (is_tcp) {
+                multi_gpu_share_id_tcp(&id, process_rank, num_processes, server_ip, MULTI_GPU_TCP_PORT,
+                                       MULTI_GPU_ID_TIMEOUT_S);
+            } else {
+                multi_gpu_share_id_fs(&id, process_rank, num_processes, fs_path, MULTI_GPU_ID_TIMEOUT_S);
+            }
+        }
+    }
+    int device_count = 0;
+    cudaCheck(cudaGetDeviceCount(&device_count));
+    if (c.local_device_idx >= device_count) {
+        fprintf(stderr, "process rank %d wants CUDA device %d, but this node has %d (check -pg and the processes per "
+                "node)\n", c.process_rank, c.local_device_idx, device_count);
+        exit(EXIT_FAILURE);
+    }
+    cudaCheck(cudaSetDevice(c.local_device_idx));
+    if (c.num_processes == 1) ncclCheck(ncclGetUniqueId(&id));
+    ncclCheck(ncclCommInitRank(&c.nccl_comm, c.num_processes, id, c.process_rank));
+    cudaCheck(cudaStreamCreate(&c.nccl_stream));
+    cudaCheck(cudaEventCreateWithFlags(&c.compute_done, cudaEventDisableTiming));
+    cudaCheck(cudaMalloc(&c.device_scalar, sizeof(float)));
+    return c;
+}
+
+static inline void multi_gpu_config_free(MultiGpuConfig* c) {
+    ncclCheck(ncclCommDestroy(c->nccl_comm));
+    cudaCheck(cudaStreamDestroy(c->nccl_stream));
+    cudaCheck(cudaEventDestroy(c->compute_done));
+    cudaCheck(cudaFree(c->device_scalar));
+    if (c->used_mpi) MPI_Finalize();
+    c->nccl_comm = NULL;
+    c->used_mpi = 0;
+}
+
+// Returns once every process has called it: an all-reduce completes only when all ranks took part.
+static inline void multi_gpu_barrier(const MultiGpuConfig* c) {
+    if (c->num_processes == 1) return;
+    ncclCheck(ncclAllReduce(c->device_scalar, c->device_scalar, 1, ncclFloat, ncclSum, c->nccl_comm, c->nccl_stream));
+    cudaCheck(cudaStreamSynchronize(c->nccl_stream));
+}
+
+// The sum over processes of a host float (a loss): the same value on every rank.
+static inline float multi_gpu_cpu_float_sum(float value, const MultiGpuConfig* c) {
+    if (c->num_processes == 1) return value;
+    float sum;
+    cudaCheck(cudaMemcpyAsync(c->device_scalar, &value, sizeof(float), cudaMemcpyHostToDevice, c->nccl_stream));
+    ncclCheck(ncclAllReduce(c->device_scalar, c->device_scalar, 1, ncclFloat, ncclSum, c->nccl_comm, c->nccl_stream));
+    cudaCheck(cudaMemcpyAsync(&sum, c->device_scalar, sizeof(float), cudaMemcpyDeviceToHost, c->nccl_stream));
+    cudaCheck(cudaStreamSynchronize(c->nccl_stream));
+    return sum;
+}

@@ -1,0 +1,116 @@
+// llmc/rand.h: the Mersenne Twister (mt19937) exactly as PyTorch's CPU generator uses it, so that the C
+// trainers initialise weights and shuffle data with the same numbers as torch.manual_seed(seed) gives the
+// PyTorch reference (train_gpt.py): randint32 = torch's generator->random(), randfloat32 = torch.rand,
+// normal_ = torch.Tensor.normal_ on a contiguous float tensor (Box-Muller in blocks of 16 for n >= 16,
+// the double-precision path with the generator's cached second sample for n < 16).
+// Header-only: #include it from a .cu (nvcc or cpu/cucc). Tested against torch 1.13 in dev/test/test_host_utils.cu.
+#pragma once
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MT19937_N 624
+#define MT19937_M 397
+
+typedef struct {
+    uint32_t state[MT19937_N];
+    int left;  // outputs left before the next twist, as torch counts them
+    int next;  // index of the next word to temper
+    // torch's generator keeps the second Box-Muller sample of its double path for the next call
+    int has_next_double_normal_sample;
+    double next_double_normal_sample;
+} mt19937_state;
+
+static inline void manual_seed(mt19937_state* s, uint32_t seed) {
+    s->state[0] = seed;
+    for (uint32_t j = 1; j < MT19937_N; j++) {
+        s->state[j] = 1812433253u * (s->state[j - 1] ^ (s->state[j - 1] >> 30)) + j;
+    }
+    s->left = 1;
+    s->next = 0;
+    s->has_next_double_normal_sample = 0;
+    s->next_double_normal_sample = 0.0;
+}
+
+static inline uint32_t mt19937_mix(uint32_t u, uint32_t v) {
+    uint32_t y = (u & 0x80000000u) | (v & 0x7fffffffu);
+    return (y >> 1) ^ ((v & 1u) ? 0x9908b0dfu : 0u);
+}
+
+static inline void mt19937_twist(mt19937_state* s) {
+    uint32_t* st = s->state;
+    for (int j = 0; j < MT19937_N - MT19937_M; j++) st[j] = st[j + MT19937_M] ^ mt19937_mix(st[j], st[j + 1]);
+    for (int j = MT19937_N - MT19937_M; j < MT19937_N - 1; j++) {
+        st[j] = st[j + MT19937_M - MT19937_N] ^ mt19937_mix(st[j], st[j + 1]);
+    }
+    st[MT19937_N - 1] = st[MT19937_M - 1] ^ mt19937_mix(st[MT19937_N - 1], st[0]);
+    s->left = MT19937_N;
+    s->next = 0;
+}
+
+static inline uint32_t randint32(mt19937_state* s) {
+    if (--s->left <= 0) mt19937_twist(s);
+    uint32_t y = s->state[s->next++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= y >> 18;
+    return y;
+}
+
+// torch builds 64 random bits from two draws, the first one high
+static inline uint64_t randint64(mt19937_state* s) {
+    uint64_t high = randint32(s);
+    uint64_t low = randint32(s);
+    return (high << 32) | low;
+}
+
+// uniform in [0, 1) with 24 random bits (torch.rand for float32)
+static inline float randfloat32(mt19937_state* s) {
+    return (float)(randint32(s) & ((1u << 24) - 1)) * (1.0f / (float)(1u << 24));
+}
+
+// uniform in [0, 1) with 53 random bits (torch.rand for float64)
+static inline double randfloat64(mt19937_state* s) {
+    return (double)(randint64(s) & ((1ull << 53) - 1)) * (1.0 / (double)(1ull << 53));
+}
+
+// Box-Muller on 16 uniforms in place: pairs element j with element j + 8.
+static inline void normal_fill_16(float* data, float mean, float std) {
+    for (int j = 0; j < 8; j++) {
+        float u1 = 1.0f - data[j];
+        float u2 = data[j + 8];
+        float radius = sqrtf(-2.0f * logf(u1));
+        float theta = (float)(2.0 * M_PI * (double)u2);
+        data[j] = radius * cosf(theta) * std + mean;
+        data[j + 8] = radius * sinf(theta) * std + mean;
+    }
+}
+
+static inline void normal_(float* data, size_t n, float mean, float std, mt19937_state* s) {
+    if (n >= 16) {
+        for (size_t i = 0; i < n; i++) data[i] = randfloat32(s);
+        for (size_t i = 0; i + 16 <= n; i += 16) normal_fill_16(data + i, mean, std);
+        if (n % 16 != 0) {
+            // torch redraws the last 16 elements, overlapping the last full block
+            float* tail = data + n - 16;
+            for (int i = 0; i < 16; i++) tail[i] = randfloat32(s);
+            normal_fill_16(tail, mean, std);
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s->has_next_double_normal_sample) {
+            data[i] = (float)(s->next_double_normal_sample * std + mean);
+            s->has_next_double_normal_sample = 0;
+            continue;
+        }
+        double u1 = randfloat64(s);
+        double u2 = randfloat64(s);
+        double radius = sqrt(-2.0 * log(1.0 - u2));
+        double theta = 2.0 * M_PI * u1;
+        s->next_double_normal_sample = radius * sin(theta);
+        s->has_next_double_normal_sample = 1;
+        data[i] = (float)(radius * cos(theta) * std + mean);
+    }
+}

@@ -1,0 +1,556 @@
+"""
+train_gpt.py: the PyTorch reference GPT-2 for switch.cu. It builds GPT-2 exactly as train_gpt.cu does and
+writes the files the C side tests against (formats: /work/shared/ARCHITECTURE.md, README.md).
+
+Run from the repository root with a Python that has torch (here Debian's: /usr/bin/python3):
+  reference state for test_gpt (model file + debug state with logits, loss, gradients, 10 step losses):
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt --dtype float32
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt_bf16 --dtype bfloat16
+  test data for the trainers' command-line tests:
+    /usr/bin/python3 train_gpt.py --write-shard build/ref/shard.bin --shard-tokens 4096 --V 257 --seed 1
+    /usr/bin/python3 train_gpt.py --write-tokenizer build/ref/tokenizer.bin --V 257
+  training baseline (the same step line as the C trainer; constant lr):
+    /usr/bin/python3 train_gpt.py --train --input-bin 'build/ref/shard*.bin' --B 4 --T 32 --steps 20
+    python train_gpt.py --train --input-bin 'data/<name>/*train*.bin' --L 12 --NH 12 --C 768 --V 50257 \
+        --maxT 1024 --B 16 --T 1024 --lr 6e-4 --device cuda --compile --dtype bfloat16
+  any mode can start from a model file instead of a fresh init: --model-from-file PATH (fp32 or bf16 file).
+Its own test: /usr/bin/python3 dev/test/test_reference.py
+
+The debug state extends the llm.c one: header [4] = number of step losses, [5] = V, [6] = Vp; payload x, y
+(B*T int32), logits (B*T*V fp32, the V real columns), loss, every parameter gradient in model-file order
+and layout (fp32; wte's has Vp rows, the padded ones zero), then the loss of each training step on the same
+batch (step k's loss is its forward loss before its update: step 0's equals the loss above).
+"""
+
+import os
+
+# torch reads these when it starts: two threads suit this 2-core machine (torch would use one otherwise), and
+# threads that sleep instead of spinning while they wait keep a busy machine from slowing a step 5-50x.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import glob
+import inspect
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HEADER_INTS = 256
+MODEL_MAGIC = 20240326
+MODEL_VERSION_FP32 = 3
+MODEL_VERSION_BF16 = 5
+STATE_MAGIC = 20240327
+STATE_VERSION = 2
+SHARD_MAGIC = 20240520
+TOKENIZER_MAGIC = 20240328
+TOKENIZER_VERSION = 2
+BYTE_VOCAB_SIZE = 257  # the 256 bytes and the end-of-text token
+EOT_TEXT = b"<|endoftext|>"
+VOCAB_PAD = 128  # the C side pads the vocabulary so that the lm_head matmul has aligned shapes
+LN_EPS = 1e-5
+INIT_STD = 0.02
+# The reference perturbs every bias and LayerNorm parameter away from 0 and 1, so that a C kernel that
+# drops or swaps one of them changes the results the test compares.
+PERTURB_STD = 0.1
+
+# Feature tests, not version tests: torch 1.13 (this machine) has neither; a current torch on a GPU has both.
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+HAS_COMPILE = hasattr(torch, "compile")
+
+
+def fail(message):
+    """Bad input ends the run with one line on stderr and exit status 1."""
+    raise SystemExit(f"train_gpt.py: error: {message}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The model
+
+
+@dataclass
+class GPTConfig:
+    maxT: int  # longest sequence (rows of wpe)
+    V: int  # vocabulary size
+    L: int  # layers
+    NH: int  # attention heads
+    C: int  # channels
+
+    @property
+    def Vp(self):
+        return (self.V + VOCAB_PAD - 1) // VOCAB_PAD * VOCAB_PAD
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.NH = config.NH
+        # one projection whose output is [q | k | v], heads contiguous within each, as the C side lays it out
+        self.c_attn = nn.Linear(config.C, 3 * config.C)
+        self.c_proj = nn.Linear(config.C, config.C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        head_size = C // self.NH
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.NH, head_size).transpose(1, 2) for t in (q, k, v))  # (B, NH, T, hs)
+        if HAS_SDPA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_size)
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)
+            y = F.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.C, 4 * config.C)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * config.C, config.C)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.C, eps=LN_EPS)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.C, eps=LN_EPS)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.Vp, config.C)
+        self.wpe = nn.Embedding(config.maxT, config.C)
+        self.h = nn.ModuleList(Block(config) for _ in range(config.L))
+        self.ln_f = nn.LayerNorm(config.C, eps=LN_EPS)
+
+    def forward(self, idx, targets):
+        """Returns the logits of the V real tokens (B, T, V) and the mean cross-entropy over B*T."""
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for block in self.h:
+            x = block(x)
+        # lm_head is tied to wte; the Vp - V padded columns are never used
+        logits = F.linear(self.ln_f(x), self.wte.weight)[..., : self.config.V]
+        loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1))
+        return logits, loss
+
+
+# The model file's tensors in file order. Per-layer tensors are stored stacked over the layers (L, ...), so
+# each name lists one nn.Parameter per layer, and the payload is the concatenation of every listed
+# Parameter flattened, in this order.
+GLOBAL_HEAD = [("wte", "wte.weight"), ("wpe", "wpe.weight")]
+PER_LAYER = [
+    ("ln1w", "ln_1.weight"), ("ln1b", "ln_1.bias"),
+    ("qkvw", "attn.c_attn.weight"), ("qkvb", "attn.c_attn.bias"),
+    ("attprojw", "attn.c_proj.weight"), ("attprojb", "attn.c_proj.bias"),
+    ("ln2w", "ln_2.weight"), ("ln2b", "ln_2.bias"),
+    ("fcw", "mlp.c_fc.weight"), ("fcb", "mlp.c_fc.bias"),
+    ("fcprojw", "mlp.c_proj.weight"), ("fcprojb", "mlp.c_proj.bias"),
+]
+GLOBAL_TAIL = [("lnfw", "ln_f.weight"), ("lnfb", "ln_f.bias")]
+
+
+def params_in_file_order(model):
+    """[(file name, [nn.Parameter, ...])] in model-file order."""
+    order = [(name, [model.get_parameter(path)]) for name, path in GLOBAL_HEAD]
+    order += [(name, [block.get_parameter(path) for block in model.h]) for name, path in PER_LAYER]
+    order += [(name, [model.get_parameter(path)]) for name, path in GLOBAL_TAIL]
+    return order
+
+
+def flat_parameters(model):
+    """All parameters as one fp32 numpy vector laid out as the model file's payload."""
+    tensors = [p.detach().float().reshape(-1).cpu() for _, ps in params_in_file_order(model) for p in ps]
+    return torch.cat(tensors).numpy()
+
+
+def flat_gradients(model):
+    """All parameter gradients as one fp32 numpy vector in the model file's order and layout."""
+    tensors = [p.grad.float().reshape(-1).cpu() for _, ps in params_in_file_order(model) for p in ps]
+    return torch.cat(tensors).numpy()
+
+
+def load_flat_parameters(model, flat):
+    """Copies a payload-ordered vector into the model's parameters (the inverse of flat_parameters)."""
+    offset = 0
+    with torch.no_grad():
+        for _, ps in params_in_file_order(model):
+            for p in ps:
+                values = torch.from_numpy(flat[offset : offset + p.numel()].copy()).view(p.shape)
+                p.copy_(values.to(p.dtype))
+                offset += p.numel()
+
+
+def init_weights(model, generator):
+    """GPT-2's initialisation, then the test perturbation of every bias and LayerNorm parameter."""
+    residual_std = INIT_STD / math.sqrt(2 * model.config.L)  # the projections that add into the residual
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                std = residual_std if name.endswith("c_proj.weight") else INIT_STD
+                p.normal_(0.0, std, generator=generator)
+            elif name.endswith("weight"):  # LayerNorm gain
+                p.fill_(1.0)
+            else:
+                p.zero_()
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape, generator=generator) * PERTURB_STD)
+        model.wte.weight[model.config.V :].zero_()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# bf16 and the files
+
+
+def bf16_bits(values):
+    """float32 -> bf16 bit patterns (uint16), rounding to nearest, ties to even; NaN stays a quiet NaN."""
+    bits = np.ascontiguousarray(values, dtype="<f4").view("<u4").astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return np.where(np.isnan(values), (bits >> 16) | 0x40, rounded).astype("<u2")
+
+
+def bf16_to_float(bits):
+    """bf16 bit patterns (uint16) -> float32, exactly."""
+    return (bits.astype("<u4") << 16).view("<f4")
+
+
+def header(*fields):
+    h = np.zeros(HEADER_INTS, dtype="<i4")
+    h[: len(fields)] = fields
+    return h
+
+
+def write_file(path, *arrays):
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "wb") as f:
+            for a in arrays:
+                f.write(a.tobytes())
+    except OSError as e:
+        fail(f"cannot write {path}: {e.strerror}")
+
+
+def read_file(path, what):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        fail(f"cannot read {what} {path}: {e.strerror}")
+    if len(data) < HEADER_INTS * 4:
+        fail(f"{what} {path} is too short for its {HEADER_INTS * 4}-byte header ({len(data)} bytes)")
+    return np.frombuffer(data, dtype="<i4", count=HEADER_INTS), data[HEADER_INTS * 4 :]
+
+
+def write_model_file(path, model, version):
+    c = model.config
+    flat = flat_parameters(model)
+    payload = flat if version == MODEL_VERSION_FP32 else bf16_bits(flat)
+    write_file(path, header(MODEL_MAGIC, version, c.maxT, c.V, c.L, c.NH, c.C, c.Vp), payload)
+
+
+def read_model_file(path):
+    """Builds a GPT from a model file (fp32 or bf16); bf16 values are widened exactly to fp32."""
+    h, payload = read_file(path, "model file")
+    if h[0] != MODEL_MAGIC:
+        fail(f"{path} is not a GPT model file (magic {h[0]}, expected {MODEL_MAGIC})")
+    if h[1] not in (MODEL_VERSION_FP32, MODEL_VERSION_BF16):
+        fail(f"{path}: model file version {h[1]} is unknown (3 = fp32, 5 = bf16)")
+    maxT, V, L, NH, C, Vp = (int(v) for v in h[2:8])
+    if min(maxT, V, L, NH, C) < 1 or C % NH != 0:
+        fail(f"{path}: bad model shape maxT={maxT} V={V} L={L} NH={NH} C={C}")
+    config = GPTConfig(maxT=maxT, V=V, L=L, NH=NH, C=C)
+    if Vp != config.Vp:
+        fail(f"{path}: padded vocabulary {Vp} is not V={V} rounded up to a multiple of {VOCAB_PAD}")
+    model = GPT(config)
+    count = sum(p.numel() for p in model.parameters())
+    item = 4 if h[1] == MODEL_VERSION_FP32 else 2
+    if len(payload) != count * item:
+        fail(f"{path}: payload is {len(payload)} bytes, the header's shape needs {count * item}")
+    if h[1] == MODEL_VERSION_FP32:
+        flat = np.frombuffer(payload, dtype="<f4")
+    else:
+        flat = bf16_to_float(np.frombuffer(payload, dtype="<u2"))
+    load_flat_parameters(model, flat)
+    return model
+
+
+def read_shard(path):
+    """The tokens of one data shard (version 1: uint16, version 2: uint32) as int64."""
+    h, payload = read_file(path, "data shard")
+    if h[0] != SHARD_MAGIC:
+        fail(f"{path} is not a data shard (magic {h[0]}, expected {SHARD_MAGIC})")
+    if h[1] not in (1, 2):
+        fail(f"{path}: shard version {h[1]} is unknown (1 = uint16, 2 = uint32)")
+    dtype = "<u2" if h[1] == 1 else "<u4"
+    if len(payload) != h[2] * np.dtype(dtype).itemsize:
+        fail(f"{path}: header says {h[2]} tokens, the payload holds {len(payload) // np.dtype(dtype).itemsize}")
+    return np.frombuffer(payload, dtype=dtype).astype(np.int64)
+
+
+class ShardLoader:
+    """Sequential (B, T) batches over the shards matching a glob, in sorted order, wrapping around."""
+
+    def __init__(self, pattern, B, T, V):
+        self.files = sorted(glob.glob(pattern))
+        if not self.files:
+            fail(f"no data shard matches {pattern}")
+        self.B, self.T, self.V = B, T, V
+        self.shard = -1
+        self.next_shard()
+
+    def next_shard(self):
+        self.shard = (self.shard + 1) % len(self.files)
+        path = self.files[self.shard]
+        self.tokens = read_shard(path)
+        if len(self.tokens) < self.B * self.T + 1:
+            fail(f"{path} holds {len(self.tokens)} tokens, one batch needs {self.B * self.T + 1}")
+        if self.tokens.max() >= self.V:
+            fail(f"{path} holds token {self.tokens.max()}, outside the model's vocabulary V={self.V}")
+        self.position = 0
+
+    def next_batch(self):
+        n = self.B * self.T
+        if self.position + n + 1 > len(self.tokens):
+            self.next_shard()
+        chunk = torch.from_numpy(self.tokens[self.position : self.position + n + 1])
+        self.position += n
+        return chunk[:-1].view(self.B, self.T), chunk[1:].view(self.B, self.T)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Training pieces shared by the reference and the baseline
+
+
+def make_optimizer(model, args, device):
+    """AdamW with weight decay on the 2-D parameters (wte, wpe, the matmul weights) only."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    extra = {"fused": True} if device == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters else {}
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, **extra)
+
+
+def clip_gradients(model, grad_clip):
+    """Clips the global gradient norm to grad_clip (<= 0: no clipping); returns the norm before clipping."""
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+
+
+def model_for_run(args):
+    """The model of --model-from-file (whose header gives the shape), or a fresh GPT-2 init of the shape
+    the flags give, drawn from a generator seeded with --seed."""
+    if args.model_from_file:
+        return read_model_file(args.model_from_file)
+    config = GPTConfig(maxT=args.maxT, V=args.V, L=args.L, NH=args.NH, C=args.C)
+    model = GPT(config)
+    init_weights(model, torch.Generator().manual_seed(args.seed))
+    return model
+
+
+def pick_device(name):
+    if name == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: no CUDA device")
+    return name
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The modes
+
+
+def write_reference(args):
+    device = pick_device(args.device)
+    # determinism: the C tests compare against these numbers, so no TF32 and no nondeterministic kernels
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)  # a GPU op without a deterministic kernel warns
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+    model = model_for_run(args)
+    config = model.config
+    if args.T > config.maxT:
+        fail(f"--T {args.T} is longer than the model's maxT {config.maxT}")
+    # the batch has its own generator, so that --model-from-file with the same seed sees the same batch
+    generator = torch.Generator().manual_seed(args.seed)
+    x = torch.randint(0, config.V, (args.B, args.T), generator=generator)
+    y = torch.randint(0, config.V, (args.B, args.T), generator=generator)
+
+    version = MODEL_VERSION_FP32
+    if args.dtype == "bfloat16":
+        # the C BF16 build starts from these rounded values; the reference still computes in fp32
+        load_flat_parameters(model, bf16_to_float(bf16_bits(flat_parameters(model))))
+        version = MODEL_VERSION_BF16
+    write_model_file(args.write_reference + "_model.bin", model, version)
+
+    model.to(device)
+    x, y = x.to(device), y.to(device)
+    logits, loss = model(x, y)
+    loss.backward()
+    first_logits = logits.detach().float().cpu().numpy().astype("<f4")
+    first_loss = np.array([loss.item()], dtype="<f4")
+    first_grads = flat_gradients(model)
+
+    optimizer = make_optimizer(model, args, device)
+    step_losses = []
+    for _ in range(args.steps):
+        optimizer.zero_grad(set_to_none=True)
+        _, loss = model(x, y)
+        loss.backward()
+        clip_gradients(model, args.grad_clip)
+        optimizer.step()
+        step_losses.append(loss.item())
+
+    state_path = args.write_reference + "_debug_state.bin"
+    write_file(
+        state_path,
+        header(STATE_MAGIC, STATE_VERSION, args.B, args.T, args.steps, config.V, config.Vp),
+        x.cpu().numpy().astype("<i4"), y.cpu().numpy().astype("<i4"),
+        first_logits, first_loss, first_grads, np.array(step_losses, dtype="<f4"),
+    )
+    print(f"wrote {args.write_reference}_model.bin (version {version}) and {state_path}: loss {first_loss[0]:.6f}")
+    if step_losses:
+        print(f"losses of {args.steps} steps: {step_losses[0]:.6f} ... {step_losses[-1]:.6f}")
+
+
+def write_shard(args):
+    if not 1 <= args.V <= 65536:
+        fail(f"--write-shard stores uint16 tokens: --V must be in 1..65536 (got {args.V})")
+    if args.shard_tokens < 1:
+        fail(f"--shard-tokens must be positive (got {args.shard_tokens})")
+    generator = torch.Generator().manual_seed(args.seed)
+    tokens = torch.randint(0, args.V, (args.shard_tokens,), generator=generator).numpy().astype("<u2")
+    write_file(args.write_shard, header(SHARD_MAGIC, 1, args.shard_tokens), tokens)
+    print(f"wrote {args.write_shard}: {args.shard_tokens} tokens in [0, {args.V})")
+
+
+def write_tokenizer(args):
+    if args.V != BYTE_VOCAB_SIZE:
+        fail(f"--write-tokenizer writes the byte-level vocabulary only: it needs --V {BYTE_VOCAB_SIZE} (got {args.V})")
+    eot = BYTE_VOCAB_SIZE - 1
+    entries = b"".join(bytes([1, b]) for b in range(256)) + bytes([len(EOT_TEXT)]) + EOT_TEXT
+    write_file(args.write_tokenizer, header(TOKENIZER_MAGIC, TOKENIZER_VERSION, BYTE_VOCAB_SIZE, eot),
+               np.frombuffer(entries, dtype=np.uint8))
+    print(f"wrote {args.write_tokenizer}: byte-level vocabulary of {BYTE_VOCAB_SIZE} tokens, EOT {eot}")
+
+
+def train(args):
+    device = pick_device(args.device)
+    if device == "cuda":  # a speed baseline: the C trainer's fp32 matmuls use TF32 too
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model = model_for_run(args)
+    config = model.config
+    if args.T > config.maxT:
+        fail(f"--T {args.T} is longer than the model's maxT {config.maxT}")
+    loader = ShardLoader(args.input_bin, args.B, args.T, config.V)
+    model.to(device)
+    optimizer = make_optimizer(model, args, device)
+    step_model = model
+    if args.compile:
+        if not HAS_COMPILE:
+            fail(f"--compile: this torch ({torch.__version__}) has no torch.compile")
+        step_model = torch.compile(model)
+    autocast = torch.autocast(device_type=device, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
+
+    for step in range(1, args.steps + 1):
+        start = time.perf_counter()
+        x, y = (t.to(device) for t in loader.next_batch())
+        with autocast:
+            _, loss = step_model(x, y)
+        loss.backward()
+        norm = clip_gradients(model, args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = loss.item()  # waits for the device
+        elapsed = time.perf_counter() - start
+        print(f"step {step}/{args.steps} | loss {loss_value:f} | norm {norm:f} | lr {args.lr:e} | "
+              f"{elapsed * 1000:.2f} ms | {args.B * args.T / elapsed:.0f} tok/s", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag gets one line (no usage block) and exit status 1 like any other bad input."""
+
+    def error(self, message):
+        fail(message)
+
+
+def parse_args(argv):
+    p = OneLineParser(description="PyTorch reference GPT-2 for switch.cu (see the comment at the top).")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write-reference", metavar="PREFIX", help="write PREFIX_model.bin and PREFIX_debug_state.bin")
+    mode.add_argument("--write-shard", metavar="PATH", help="write a data shard of seeded random tokens")
+    mode.add_argument("--write-tokenizer", metavar="PATH", help="write the byte-level tokenizer file (--V 257)")
+    mode.add_argument("--train", action="store_true", help="train on --input-bin shards, printing step lines")
+    p.add_argument("--model-from-file", metavar="PATH",
+                   help="start from this model file (fp32 or bf16); its header overrides --V --L --NH --C --maxT")
+    p.add_argument("--input-bin", metavar="PATTERN", help="glob of training shards (--train)")
+    p.add_argument("--shard-tokens", type=int, default=4096, help="tokens in the shard (--write-shard)")
+    p.add_argument("--B", type=int, default=3, help="batch size")
+    p.add_argument("--T", type=int, default=23, help="sequence length")
+    p.add_argument("--V", type=int, default=263, help="vocabulary size")
+    p.add_argument("--L", type=int, default=2, help="layers")
+    p.add_argument("--NH", type=int, default=3, help="attention heads")
+    p.add_argument("--C", type=int, default=48, help="channels")
+    p.add_argument("--maxT", type=int, default=32, help="longest sequence")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="reference: bf16-round the written parameters; train: bf16 autocast")
+    p.add_argument("--steps", type=int, default=10, help="training steps")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (constant)")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the 2-D parameters")
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--grad-clip", type=float, default=1.0, help="global gradient norm limit (<= 0: none)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (--train)")
+    args = p.parse_args(argv)
+
+    if min(args.B, args.T, args.V, args.L, args.NH, args.C, args.maxT) < 1:
+        fail("--B --T --V --L --NH --C --maxT must all be positive")
+    if args.C % args.NH != 0:
+        fail(f"--C {args.C} is not a multiple of --NH {args.NH}")
+    if args.steps < 0:
+        fail(f"--steps must be >= 0 (got {args.steps})")
+    if args.train and not args.input_bin:
+        fail("--train needs --input-bin PATTERN")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.write_reference is not None:
+        write_reference(args)
+    elif args.write_shard is not None:
+        write_shard(args)
+    elif args.write_tokenizer is not None:
+        write_tokenizer(args)
+    else:
+        train(args)
+
+
+if __name__ == "__main__":
+    main()
