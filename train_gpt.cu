@@ -427,7 +427,8 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     cudaCheck(cudaMalloc((void**)&model->targets, (size_t)B * T * sizeof(int)));
     model->inputs_cpu = (int*)malloc_check((size_t)B * T * sizeof(int));
     model->losses_cpu = (float*)malloc_check((size_t)B * T * sizeof(float));
-    cudaCheck(cudaMalloc((void**)&model->norm_partials, global_norm_num_partials() * sizeof(float)));
+    size_t partials = global_norm_num_partials(model->num_parameters_padded);
+    cudaCheck(cudaMalloc((void**)&model->norm_partials, partials * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&model->norm_result, sizeof(float)));
 }
 
@@ -649,8 +650,8 @@ static void gpt2_reduce_gradients(GPT2* model, const MultiGpuConfig* mg, int zer
 static float gpt2_grad_norm(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     size_t offset = zero_stage >= 1 ? model->shard_offset : 0;
     size_t count = zero_stage >= 1 ? model->shard_size : model->num_parameters_padded;
-    global_norm_squared(model->norm_partials, model->grads_memory + offset, count, true, stream);
-    global_norm_aggregate(model->norm_result, model->norm_partials, stream);
+    global_norm_squared(model->norm_partials, model->grads_memory + offset, count, stream);
+    global_norm_aggregate(model->norm_result, model->norm_partials, global_norm_num_partials(count), false, stream);
     float norm2;
     cudaCheck(cudaMemcpyAsync(&norm2, model->norm_result, sizeof(float), cudaMemcpyDeviceToHost, stream));
     cudaCheck(cudaStreamSynchronize(stream));

@@ -2,12 +2,14 @@
 // Built into cpu/build/<variant>/libcucc_rt.a by cpu/Makefile; cpu/cucc links it into every program.
 //
 // Execution model. A launch runs the blocks of its grid over OpenMP threads (dynamic schedule); the
-// threads of one block run as fibers on one OS thread, each with its own stack. A fiber runs until it
-// reaches a rendezvous (block barrier, warp shuffle/vote/sync) or returns; then the next ready fiber
-// of the block runs. The last fiber to arrive at a rendezvous completes it and wakes the others, so a
-// block costs one context switch per thread per rendezvous. A fiber never migrates between OS threads,
-// which is what makes thread_local threadIdx (set on every switch) and per-thread static shared memory
-// correct. Everything is synchronous: a launch, memcpy or event record completes before it returns,
+// threads of one block run on fibers of one OS thread. A fiber ("runner") has its own stack and calls
+// the kernel for one CUDA thread after another, as plain function calls, until one of them reaches a
+// rendezvous (block barrier, warp shuffle/vote/sync) that it must wait at: the runner is then suspended
+// with that thread, and a ready runner resumes, or a new runner starts the block's next threads. The
+// last thread to arrive at a rendezvous completes it and wakes the others. So a kernel without
+// rendezvous costs a function call per thread, and one with them a context switch per waiting thread
+// per rendezvous. A fiber never migrates between OS threads, which is what makes thread_local threadIdx
+// (set whenever a thread starts or resumes) and per-OS-thread static shared memory correct. Everything is synchronous: a launch, memcpy or event record completes before it returns,
 // which is one valid schedule of CUDA's stream semantics.
 //
 // Faults a GPU would hang or misbehave on are reported here with the kernel, block and thread, then
@@ -22,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -96,15 +99,15 @@ static const char* context_switch_kind = "ucontext swapcontext";
 #endif
 
 // ----------------------------------------------------------------------------------------------
-// Per-OS-thread state: a block in flight, its fibers, their stacks.
-enum fiber_state { FIBER_READY, FIBER_WAITING, FIBER_DONE };
+// Per-OS-thread state: a block in flight, its CUDA threads, the runners that execute them.
+enum thread_run_state { THREAD_READY, THREAD_WAITING, THREAD_DONE };
 enum wait_kind { WAIT_NONE, WAIT_BLOCK, WAIT_WARP };
 
-struct fiber {
-    fiber_context ctx;
-    char* stack;
+// one CUDA thread of the block in flight
+struct cuda_thread {
     uint3 tid;
     int lane, warp;
+    int runner;  // the runner executing it, once started
     int state, wait;
     const char* what;  // the rendezvous it waits at, for diagnostics
     const char* file;
@@ -116,7 +119,13 @@ struct fiber {
     int op_src;
     uint64_t op_result;
     // block barrier results
-    int bar_pred, bar_result, bar_live;
+    int bar_result, bar_live;
+};
+
+// a fiber that executes CUDA threads one after another
+struct runner {
+    fiber_context ctx;
+    int thread;  // the CUDA thread it is executing
 };
 
 struct warp_state {
@@ -133,18 +142,26 @@ struct thread_state {
     void (*body)(void*);
     void* closure;
     int nthreads, ndone;
+    int next_unstarted;  // the next CUDA thread a runner starts
+    uint3 next_tid;      // its threadIdx
     int in_kernel;
-    fiber* current;
+    cuda_thread* current;
+    int current_runner;
     fiber_context scheduler;
     int bar_arrived, bar_count, bar_line;
     const char* bar_file;
     const char* bar_what;
-    int queue[MAX_BLOCK_THREADS];
+    int queue[MAX_BLOCK_THREADS];  // ready runners
     int qhead, qsize;
-    fiber fibers[MAX_BLOCK_THREADS];
+    cuda_thread threads[MAX_BLOCK_THREADS];
     warp_state warps[MAX_WARPS];
+    runner runners[MAX_BLOCK_THREADS];
+    int free_runners[MAX_BLOCK_THREADS];  // runner slots not in use
+    int nfree;
+    int nslots;          // runner slots ever used (their stacks exist)
+    int pending_free;    // a runner that ended; its slot is freed once off its stack
     // memory that outlives a block
-    std::vector<char*> stacks;
+    std::vector<char*> stacks;  // one per runner slot
     void* dyn_smem;
     size_t dyn_smem_bytes;
 #if defined(__SANITIZE_ADDRESS__)
@@ -196,49 +213,78 @@ static char* fiber_stack(thread_state* ts, int i) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Switching between fibers and the block's scheduler.
-static void switch_to(thread_state* ts, fiber_context* from, fiber* to_fiber, int from_is_dying) {
-    fiber_context* to = to_fiber ? &to_fiber->ctx : &ts->scheduler;
-    if (to_fiber) {
-        ts->current = to_fiber;
-        threadIdx = to_fiber->tid;
+// Switching between runners and the block's scheduler.
+static void release_pending_runner(thread_state* ts) {
+    if (ts->pending_free >= 0) {
+        ts->free_runners[ts->nfree++] = ts->pending_free;
+        ts->pending_free = -1;
+    }
+}
+
+// Switches to runner `to` (or the scheduler when to < 0). `dying`: the current runner never resumes.
+static void switch_to(thread_state* ts, fiber_context* from, int to, int dying) {
+    fiber_context* to_ctx = to >= 0 ? &ts->runners[to].ctx : &ts->scheduler;
+    if (to >= 0) {
+        ts->current_runner = to;
+        int t = ts->runners[to].thread;
+        if (t >= 0) {
+            ts->current = &ts->threads[t];
+            threadIdx = ts->threads[t].tid;
+        }
     }
 #if defined(__SANITIZE_ADDRESS__)
     void* fake_stack = nullptr;
-    const void* bottom = to_fiber ? (const void*)to_fiber->stack : ts->os_stack_bottom;
-    size_t size = to_fiber ? FIBER_STACK_BYTES : ts->os_stack_size;
-    __sanitizer_start_switch_fiber(from_is_dying ? nullptr : &fake_stack, bottom, size);
-    context_switch(from, to);
+    const void* bottom = to >= 0 ? (const void*)ts->stacks[to] : ts->os_stack_bottom;
+    size_t size = to >= 0 ? FIBER_STACK_BYTES : ts->os_stack_size;
+    __sanitizer_start_switch_fiber(dying ? nullptr : &fake_stack, bottom, size);
+    context_switch(from, to_ctx);
     __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #else
-    (void)from_is_dying;
-    context_switch(from, to);
+    (void)dying;
+    context_switch(from, to_ctx);
 #endif
+    release_pending_runner(ts);
 }
 
-static void queue_push(thread_state* ts, int i) {
-    ts->queue[(ts->qhead + ts->qsize) % ts->nthreads] = i;
+static void queue_push(thread_state* ts, int runner_index) {
+    ts->queue[(ts->qhead + ts->qsize) % MAX_BLOCK_THREADS] = runner_index;
     ts->qsize++;
 }
 static int queue_pop(thread_state* ts) {
     if (ts->qsize == 0) return -1;
     int i = ts->queue[ts->qhead];
-    ts->qhead = (ts->qhead + 1) % ts->nthreads;
+    ts->qhead = (ts->qhead + 1) % MAX_BLOCK_THREADS;
     ts->qsize--;
     return i;
 }
 
-// The current fiber has marked itself waiting (or done): run the next ready fiber, or return to the
-// scheduler, which then finds the block finished or deadlocked. Returns when this fiber is woken.
-static void yield_current(thread_state* ts, int dying) {
-    fiber* self = ts->current;
-    int next = queue_pop(ts);
-    switch_to(ts, &self->ctx, next >= 0 ? &ts->fibers[next] : nullptr, dying);
+static void runner_entry(void);
+
+// The runner to run next: a ready one (resumed first, which keeps few stacks in use), else a new one
+// to start the block's next threads; -1 when there is neither (the block is finished or deadlocked).
+static int next_runner(thread_state* ts) {
+    int r = queue_pop(ts);
+    if (r >= 0 || ts->next_unstarted >= ts->nthreads) return r;
+    r = ts->nfree > 0 ? ts->free_runners[--ts->nfree] : ts->nslots++;
+    char* stack = fiber_stack(ts, r);
+#if defined(__SANITIZE_ADDRESS__)
+    // a runner that ended never unwound its last frames: their redzones would poison the new one's locals
+    __asan_unpoison_memory_region(stack, FIBER_STACK_BYTES);
+#endif
+    ts->runners[r].thread = -1;
+    context_init(&ts->runners[r].ctx, stack, FIBER_STACK_BYTES, runner_entry);
+    return r;
 }
 
-static void print_thread(FILE* f, const fiber* t) { fprintf(f, "(%u,%u,%u)", t->tid.x, t->tid.y, t->tid.z); }
+// The current thread has marked itself waiting: run something else. Returns when it is woken.
+static void yield_current(thread_state* ts) {
+    int self = ts->current_runner;
+    switch_to(ts, &ts->runners[self].ctx, next_runner(ts), 0);
+}
 
-[[noreturn]] static void fault(thread_state* ts, const fiber* t, const char* fmt, ...) {
+static void print_thread(FILE* f, const cuda_thread* t) { fprintf(f, "(%u,%u,%u)", t->tid.x, t->tid.y, t->tid.z); }
+
+[[noreturn]] static void fault(thread_state* ts, const cuda_thread* t, const char* fmt, ...) {
     fprintf(stderr, "cucc: kernel '%s' block (%u,%u,%u)", ts->kernel, blockIdx.x, blockIdx.y, blockIdx.z);
     if (t) {
         fprintf(stderr, " thread ");
@@ -261,13 +307,13 @@ static void print_thread(FILE* f, const fiber* t) { fprintf(f, "(%u,%u,%u)", t->
     // one line per distinct place, with the first thread and the count
     int shown = 0;
     std::vector<char> seen(ts->nthreads, 0);
-    for (int i = 0; i < ts->nthreads && shown < 8; i++) {
-        fiber* t = &ts->fibers[i];
-        if (t->state != FIBER_WAITING || seen[i]) continue;
+    for (int i = 0; i < ts->next_unstarted && shown < 8; i++) {
+        cuda_thread* t = &ts->threads[i];
+        if (t->state != THREAD_WAITING || seen[i]) continue;
         int count = 0;
-        for (int j = i; j < ts->nthreads; j++) {
-            fiber* u = &ts->fibers[j];
-            if (u->state == FIBER_WAITING && u->line == t->line && u->what == t->what && strcmp(u->file, t->file) == 0) {
+        for (int j = i; j < ts->next_unstarted; j++) {
+            cuda_thread* u = &ts->threads[j];
+            if (u->state == THREAD_WAITING && u->line == t->line && u->what == t->what && strcmp(u->file, t->file) == 0) {
                 seen[j] = 1;
                 count++;
             }
@@ -286,17 +332,17 @@ static void print_thread(FILE* f, const fiber* t) { fprintf(f, "(%u,%u,%u)", t->
 
 // ----------------------------------------------------------------------------------------------
 // Warp rendezvous.
-static void warp_complete(thread_state* ts, int warp, unsigned mask, fiber* self) {
+static void warp_complete(thread_state* ts, int warp, unsigned mask, cuda_thread* self) {
     warp_state* w = &ts->warps[warp];
-    fiber* lanes = &ts->fibers[warp * 32];
+    cuda_thread* lanes = &ts->threads[warp * 32];
     unsigned need = mask & w->live;
     int first = __builtin_ctz(need);
-    fiber* f0 = &lanes[first];
+    cuda_thread* f0 = &lanes[first];
     uint64_t ballot = 0, reduced = 0;
     int reduce_kind = f0->op_src;
     int seen_any = 0;
     for (unsigned m = need; m; m &= m - 1) {
-        fiber* g = &lanes[__builtin_ctz(m)];
+        cuda_thread* g = &lanes[__builtin_ctz(m)];
         if (g->op_mask != mask)
             fault(ts, g, "%s (%s:%d) with mask 0x%08x, while lane %d is at %s (%s:%d) with mask 0x%08x: lanes of a warp "
                   "operation must agree on the mask", g->what, g->file, g->line, g->op_mask, first, f0->what, f0->file,
@@ -321,7 +367,7 @@ static void warp_complete(thread_state* ts, int warp, unsigned mask, fiber* self
         }
     }
     for (unsigned m = need; m; m &= m - 1) {
-        fiber* g = &lanes[__builtin_ctz(m)];
+        cuda_thread* g = &lanes[__builtin_ctz(m)];
         switch (g->op_kind) {
             case CUCC_WARP_SHFL: {
                 int src = g->op_src;
@@ -343,10 +389,10 @@ static void warp_complete(thread_state* ts, int warp, unsigned mask, fiber* self
     }
     w->waiting &= ~need;
     for (unsigned m = need; m; m &= m - 1) {
-        fiber* g = &lanes[__builtin_ctz(m)];
-        g->state = FIBER_READY;
+        cuda_thread* g = &lanes[__builtin_ctz(m)];
+        g->state = THREAD_READY;
         g->wait = WAIT_NONE;
-        if (g != self) queue_push(ts, warp * 32 + g->lane);
+        if (g != self) queue_push(ts, g->runner);
     }
 }
 
@@ -362,7 +408,7 @@ static thread_state* kernel_state(const char* what) {
 uint64_t __cucc_warp_op(int kind, unsigned mask, uint64_t value, int src_lane, const char* what, const char* file,
                         int line) {
     thread_state* ts = kernel_state(what);
-    fiber* f = ts->current;
+    cuda_thread* f = ts->current;
     warp_state* w = &ts->warps[f->warp];
     unsigned me = 1u << f->lane;
     if (!(mask & me))
@@ -375,13 +421,13 @@ uint64_t __cucc_warp_op(int kind, unsigned mask, uint64_t value, int src_lane, c
     f->what = what;
     f->file = file;
     f->line = line;
-    f->state = FIBER_WAITING;
+    f->state = THREAD_WAITING;
     f->wait = WAIT_WARP;
     w->waiting |= me;
     if (((mask & w->live) & ~w->waiting) == 0) {
         warp_complete(ts, f->warp, mask, f);
     } else {
-        yield_current(ts, 0);
+        yield_current(ts);
     }
     return f->op_result;
 }
@@ -398,16 +444,16 @@ unsigned __cucc_lane_id(void) {
 
 // ----------------------------------------------------------------------------------------------
 // Block barrier.
-static void barrier_complete(thread_state* ts, fiber* self) {
+static void barrier_complete(thread_state* ts, cuda_thread* self) {
     int live = ts->nthreads - ts->ndone;
-    for (int i = 0; i < ts->nthreads; i++) {
-        fiber* g = &ts->fibers[i];
-        if (g->state != FIBER_WAITING || g->wait != WAIT_BLOCK) continue;
+    for (int i = 0; i < ts->next_unstarted; i++) {
+        cuda_thread* g = &ts->threads[i];
+        if (g->state != THREAD_WAITING || g->wait != WAIT_BLOCK) continue;
         g->bar_result = ts->bar_count;
         g->bar_live = live;
-        g->state = FIBER_READY;
+        g->state = THREAD_READY;
         g->wait = WAIT_NONE;
-        if (g != self) queue_push(ts, i);
+        if (g != self) queue_push(ts, g->runner);
     }
     ts->bar_arrived = 0;
     ts->bar_count = 0;
@@ -415,7 +461,7 @@ static void barrier_complete(thread_state* ts, fiber* self) {
 
 int __cucc_block_barrier(int predicate, int* live_threads, const char* what, const char* file, int line) {
     thread_state* ts = kernel_state(what);
-    fiber* f = ts->current;
+    cuda_thread* f = ts->current;
     if (ts->bar_arrived == 0) {
         ts->bar_file = file;
         ts->bar_line = line;
@@ -427,52 +473,79 @@ int __cucc_block_barrier(int predicate, int* live_threads, const char* what, con
     f->what = what;
     f->file = file;
     f->line = line;
-    f->state = FIBER_WAITING;
+    f->state = THREAD_WAITING;
     f->wait = WAIT_BLOCK;
     ts->bar_arrived++;
     ts->bar_count += predicate != 0;
     if (ts->bar_arrived == ts->nthreads - ts->ndone) {
         barrier_complete(ts, f);
     } else {
-        yield_current(ts, 0);
+        yield_current(ts);
     }
     *live_threads = f->bar_live;
     return f->bar_result;
 }
 
 // ----------------------------------------------------------------------------------------------
-// Fiber life cycle and the block scheduler.
-static void fiber_exit(thread_state* ts) {
-    fiber* f = ts->current;
-    f->state = FIBER_DONE;
+// Thread and runner life cycle, and the block scheduler.
+
+// Bookkeeping when a CUDA thread returns: it no longer counts for its warp's or the block's rendezvous,
+// which can complete a rendezvous that was waiting only for this thread.
+static void thread_exit(thread_state* ts, cuda_thread* f) {
+    f->state = THREAD_DONE;
     f->what = "return";
     ts->ndone++;
     warp_state* w = &ts->warps[f->warp];
     w->live &= ~(1u << f->lane);
-    // An exit can complete a rendezvous that was waiting only for this thread.
     unsigned pending = w->waiting;
     while (pending) {
-        unsigned mask = ts->fibers[f->warp * 32 + __builtin_ctz(pending)].op_mask;
+        unsigned mask = ts->threads[f->warp * 32 + __builtin_ctz(pending)].op_mask;
         unsigned group = 0;
         for (unsigned m = pending; m; m &= m - 1) {
             int l = __builtin_ctz(m);
-            if (ts->fibers[f->warp * 32 + l].op_mask == mask) group |= 1u << l;
+            if (ts->threads[f->warp * 32 + l].op_mask == mask) group |= 1u << l;
         }
         pending &= ~group;
         if (((mask & w->live) & ~w->waiting) == 0) warp_complete(ts, f->warp, mask, nullptr);
     }
     if (ts->bar_arrived > 0 && ts->bar_arrived == ts->nthreads - ts->ndone) barrier_complete(ts, nullptr);
-    yield_current(ts, 1);
-    fault(ts, f, "internal error: a returned fiber was resumed");
 }
 
-static void fiber_entry(void) {
+// A runner starts CUDA threads one after another while there are unstarted ones; a thread that waits at
+// a rendezvous keeps the runner (and its stack) until it is woken and returns.
+static void runner_entry(void) {
     thread_state* ts = tls_state;
 #if defined(__SANITIZE_ADDRESS__)
     __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
-    ts->body(ts->closure);
-    fiber_exit(ts);
+    release_pending_runner(ts);
+    int self = ts->current_runner;
+    while (ts->next_unstarted < ts->nthreads) {
+        // a thread's record is filled when it starts: only started threads are ever looked at
+        int i = ts->next_unstarted++;
+        cuda_thread* t = &ts->threads[i];
+        t->tid = ts->next_tid;  // counted up rather than divided out: three divisions cost more than a small kernel
+        if (++ts->next_tid.x == blockDim.x) {
+            ts->next_tid.x = 0;
+            if (++ts->next_tid.y == blockDim.y) {
+                ts->next_tid.y = 0;
+                ts->next_tid.z++;
+            }
+        }
+        t->lane = i % 32;
+        t->warp = i / 32;
+        t->state = THREAD_READY;
+        t->wait = WAIT_NONE;
+        t->runner = self;
+        ts->runners[self].thread = i;
+        ts->current = t;
+        threadIdx = t->tid;
+        ts->body(ts->closure);
+        thread_exit(ts, t);
+    }
+    ts->pending_free = self;
+    switch_to(ts, &ts->runners[self].ctx, next_runner(ts), 1);
+    fault(ts, nullptr, "internal error: a finished runner was resumed");
 }
 
 static void run_block(thread_state* ts, uint3 block_index) {
@@ -488,33 +561,17 @@ static void run_block(thread_state* ts, uint3 block_index) {
     ts->qhead = 0;
     ts->qsize = 0;
     ts->ndone = 0;
+    ts->next_unstarted = 0;
+    ts->next_tid = make_uint3(0, 0, 0);
     ts->bar_arrived = 0;
     ts->bar_count = 0;
-    for (int i = 0; i < n; i++) {
-        fiber* f = &ts->fibers[i];
-        f->stack = fiber_stack(ts, i);
-        f->tid.x = i % blockDim.x;
-        f->tid.y = (i / blockDim.x) % blockDim.y;
-        f->tid.z = i / (blockDim.x * blockDim.y);
-        f->lane = i % 32;
-        f->warp = i / 32;
-        f->state = FIBER_READY;
-        f->wait = WAIT_NONE;
-        f->what = "start";
-        f->file = "";
-        f->line = 0;
-#if defined(__SANITIZE_ADDRESS__)
-        // a fiber that returned never unwound its last frames: their redzones would poison the next
-        // block's locals on this stack
-        __asan_unpoison_memory_region(f->stack, FIBER_STACK_BYTES);
-#endif
-        context_init(&f->ctx, f->stack, FIBER_STACK_BYTES, fiber_entry);
-        queue_push(ts, i);
-    }
+    ts->pending_free = -1;
+    ts->nfree = 0;
+    for (int r = ts->nslots - 1; r >= 0; r--) ts->free_runners[ts->nfree++] = r;
     while (ts->ndone < n) {
-        int next = queue_pop(ts);
+        int next = next_runner(ts);
         if (next < 0) report_deadlock(ts);
-        switch_to(ts, &ts->scheduler, &ts->fibers[next], 0);
+        switch_to(ts, &ts->scheduler, next, 0);
     }
 }
 
@@ -584,10 +641,16 @@ static void prepare_thread_for_launch(thread_state* ts, const __cucc_launch_conf
     ts->nthreads = (int)(cfg.block.x * cfg.block.y * cfg.block.z);
     blockDim = cfg.block;
     gridDim = cfg.grid;
-    // Dynamic shared memory of exactly the launch's size, so AddressSanitizer sees an overflow;
-    // new memory is filled with 0xff (NaN as float, bf16 and fp16) so that reading unwritten
-    // shared memory shows up rather than reading plausible zeros.
-    if (ts->dyn_smem_bytes != cfg.shared_bytes || !ts->dyn_smem) {
+    // Dynamic shared memory. Under AddressSanitizer it has exactly the launch's size, so that an overflow
+    // is seen; otherwise the buffer only grows (launches alternate between sizes, and reallocating large
+    // buffers every launch costs page faults). New memory is filled with 0xff (NaN as float, bf16 and
+    // fp16) so that reading unwritten shared memory shows up rather than reading plausible zeros.
+#if defined(__SANITIZE_ADDRESS__)
+    int reallocate = ts->dyn_smem_bytes != cfg.shared_bytes || !ts->dyn_smem;
+#else
+    int reallocate = ts->dyn_smem_bytes < cfg.shared_bytes || !ts->dyn_smem;
+#endif
+    if (reallocate) {
         free(ts->dyn_smem);
         ts->dyn_smem = nullptr;
         if (posix_memalign(&ts->dyn_smem, 128, cfg.shared_bytes ? cfg.shared_bytes : 1) != 0) {
@@ -608,7 +671,62 @@ static uint3 block_index_of(long i, const dim3& g) {
     return b;
 }
 
+// CUCC_PROFILE=1: time every launch and print, at exit, each kernel's launches and total time (host
+// time of the whole grid), largest first.
+struct kernel_profile {
+    long launches;
+    double ms;
+};
+static std::mutex profile_mutex;
+static std::map<std::string, kernel_profile>* profile_table;
+
+static void print_kernel_profile(void) {
+    std::vector<std::pair<double, std::string>> rows;
+    double total = 0.0;
+    for (auto& e : *profile_table) {
+        rows.push_back({e.second.ms, e.first});
+        total += e.second.ms;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    fprintf(stderr, "cucc profile: %-40s %10s %12s %7s\n", "kernel", "launches", "total ms", "share");
+    for (auto& r : rows) {
+        const kernel_profile& k = (*profile_table)[r.second];
+        fprintf(stderr, "cucc profile: %-40.40s %10ld %12.2f %6.1f%%\n", r.second.c_str(), k.launches, k.ms,
+                100.0 * k.ms / total);
+    }
+}
+
+static int profiling_enabled(void) {
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char* e = getenv("CUCC_PROFILE");
+        enabled = e && *e && strcmp(e, "0") != 0;
+        if (enabled) {
+            profile_table = new std::map<std::string, kernel_profile>();
+            atexit(print_kernel_profile);
+        }
+    }
+    return enabled;
+}
+
+static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure);
+
 void __cucc_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
+    if (!profiling_enabled()) {
+        run_grid(cfg, kernel_name, body, closure);
+        return;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    run_grid(cfg, kernel_name, body, closure);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    std::lock_guard<std::mutex> lock(profile_mutex);
+    kernel_profile& k = (*profile_table)[kernel_name];
+    k.launches++;
+    k.ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
+}
+
+static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
     thread_state* caller = get_thread_state();
     if (caller->in_kernel) {
         fprintf(stderr, "cucc: kernel '%s' launched from inside kernel '%s': dynamic parallelism is not supported\n",

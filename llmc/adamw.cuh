@@ -6,14 +6,16 @@
 
 // One parameter: updates m and v in place and returns the new fp32 value.
 __device__ inline float adamw_element(float param, float grad, float* m, float* v, float learning_rate, float beta1,
-                                      float beta2, float beta1_correction, float beta2_correction, float eps,
-                                      float weight_decay) {
+                                      float beta2, float beta1_correction_inverse, float beta2_correction_inverse,
+                                      float eps, float weight_decay) {
     const float new_m = beta1 * *m + (1.0f - beta1) * grad;
     const float new_v = beta2 * *v + (1.0f - beta2) * grad * grad;
     *m = new_m;
     *v = new_v;
-    const float m_hat = new_m / beta1_correction;
-    const float v_hat = new_v / beta2_correction;
+    // the bias corrections arrive as reciprocals: two divisions per element fewer (the GPU's division is a
+    // multi-instruction sequence and the CPU backend's is ~10x a multiply)
+    const float m_hat = new_m * beta1_correction_inverse;
+    const float v_hat = new_v * beta2_correction_inverse;
     return param - learning_rate * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * param);
 }
 
@@ -24,8 +26,8 @@ __device__ inline float adamw_element(float param, float grad, float* m, float* 
 // master (12): 2X + 24 bytes; without: reads grad, param (2X) + m, v (8), writes param (X) + m, v (8): 3X + 16
 // bytes (X = sizeof(floatX)). ~15 flops per element: memory-bound.
 __global__ void adamw_kernel(floatX* params, float* master_params, const floatX* grads, float* m, float* v, size_t n,
-                             float learning_rate, float beta1, float beta2, float beta1_correction,
-                             float beta2_correction, float eps, float weight_decay, float grad_scale,
+                             float learning_rate, float beta1, float beta2, float beta1_correction_inverse,
+                             float beta2_correction_inverse, float eps, float weight_decay, float grad_scale,
                              unsigned int seed) {
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) return;
@@ -45,7 +47,7 @@ __global__ void adamw_kernel(floatX* params, float* master_params, const floatX*
         }
         for (int k = 0; k < x128::size; k++)
             new_params[k] = adamw_element(old_params[k], grad_scale * (float)packed_grads[k], &first[k], &second[k],
-                                          learning_rate, beta1, beta2, beta1_correction, beta2_correction, eps,
+                                          learning_rate, beta1, beta2, beta1_correction_inverse, beta2_correction_inverse, eps,
                                           weight_decay);
         x128 rounded;
         for (int k = 0; k < x128::size; k++)
@@ -66,13 +68,15 @@ __global__ void adamw_kernel(floatX* params, float* master_params, const floatX*
         for (size_t e = i; e < n; e++) {
             const float old_param = master_params != nullptr ? master_params[e] : (float)params[e];
             const float new_param = adamw_element(old_param, grad_scale * (float)grads[e], &m[e], &v[e], learning_rate,
-                                                  beta1, beta2, beta1_correction, beta2_correction, eps, weight_decay);
+                                                  beta1, beta2, beta1_correction_inverse, beta2_correction_inverse, eps,
+                                                  weight_decay);
             stochastic_rounding(new_param, &params[e], random_u32(seed, (unsigned int)e));
             if (master_params != nullptr) master_params[e] = new_param;
         }
     }
 }
 
+// beta1_correction = 1 - beta1^t and beta2_correction = 1 - beta2^t; the kernel multiplies by their reciprocals.
 void adamw_update(floatX* params, float* master_params, const floatX* grads, float* m, float* v, size_t num_parameters,
                   float learning_rate, float beta1, float beta2, float beta1_correction, float beta2_correction,
                   float eps, float weight_decay, float grad_scale, unsigned int seed, cudaStream_t stream) {
@@ -85,7 +89,7 @@ void adamw_update(floatX* params, float* master_params, const floatX* grads, flo
     const int block_size = 512;
     const size_t chunks = CEIL_DIV(num_parameters, (size_t)x128::size);
     adamw_kernel<<<(unsigned int)CEIL_DIV(chunks, (size_t)block_size), block_size, 0, stream>>>(
-        params, master_params, grads, m, v, num_parameters, learning_rate, beta1, beta2, beta1_correction,
-        beta2_correction, eps, weight_decay, grad_scale, seed);
+        params, master_params, grads, m, v, num_parameters, learning_rate, beta1, beta2, 1.0f / beta1_correction,
+        1.0f / beta2_correction, eps, weight_decay, grad_scale, seed);
     cudaCheck(cudaGetLastError());
 }

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # scripts/install_deps.sh: installs what a fresh Debian machine lacks to build and test switch.cu on the
-# CPU backend: Open MPI (mpirun, mpicxx) and OpenBLAS (its OpenMP build). The CUDA toolkit is expected under /usr/local/cuda.
+# CPU backend: Open MPI (mpirun, mpicxx), OpenBLAS (its OpenMP build), and PyTorch for the reference
+# model (Debian's python3-torch, CPU). The CUDA toolkit is expected under /usr/local/cuda.
 # Run as root (or with sudo available); does nothing when everything is present. .ci/run calls it.
 set -euo pipefail
 need=()
 command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1 || need+=(libopenmpi-dev openmpi-bin)
 # OpenBLAS built for OpenMP: its threads are the same team that runs the kernels
 compgen -G "/usr/lib/*/openblas-openmp/libopenblas.so" >/dev/null || need+=(libopenblas-openmp-dev)
+# the PyTorch reference (train_gpt.py) and its test: Debian's torch under /usr/bin/python3
+/usr/bin/python3 -c "import torch, numpy" >/dev/null 2>&1 || need+=(python3-torch python3-numpy)
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"

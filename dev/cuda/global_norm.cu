@@ -4,9 +4,8 @@
 //   cpu/cucc -O2 -I. dev/cuda/global_norm.cu -o build/labB/global_norm -lcublas -lcublasLt
 //   build/labB/global_norm [variant] [-s]
 // Variants:
-//   1  llmc/global_norm.cuh global_norm_squared + global_norm_aggregate (THE TRAINER'S): 128 partials, one per
-//      block of 256 threads, each over a share of 16-byte chunks fixed by the element count (4 loads in flight
-//      per thread); one block adds them.
+//   1  llmc/global_norm.cuh global_norm_squared + global_norm_aggregate (THE TRAINER'S): 128 blocks, each
+//      over a contiguous segment walked in tiles of 256 x 8 16-byte chunks; one block adds the 128 partials.
 //   2  a single block strides over every tensor and accumulates in its threads' registers across tensors:
 //      one launch per tensor still, no partials array, but one block's worth of memory parallelism.
 // Sizes: GPT-2 124M's gradient as two tensors (124,475,904 elements: the wte block 38,597,376 and the rest);
@@ -39,13 +38,14 @@ __global__ void global_norm_single_block_kernel(float* out, float* accumulator, 
 static void global_norm_run(int variant, int block_size, float* out, float* partials, const floatX* const* tensors,
                             const size_t* counts, int num_tensors) {
     for (int i = 0; i < num_tensors; i++) {
-        if (variant == 1) global_norm_squared(partials, tensors[i], counts[i], i == 0, 0);
-        else
+        if (variant == 1) {
+            global_norm_squared(partials, tensors[i], counts[i], 0);
+            global_norm_aggregate(out, partials, global_norm_num_partials(counts[i]), i > 0, 0);
+        } else
             global_norm_single_block_kernel<<<1, block_size>>>(out, partials, tensors[i], counts[i], i == 0,
                                                                i == num_tensors - 1);
         cudaCheck(cudaGetLastError());
     }
-    if (variant == 1) global_norm_aggregate(out, partials, 0);
 }
 
 int main(int argc, char** argv) {
@@ -66,12 +66,14 @@ int main(int argc, char** argv) {
     const size_t total = counts[0] + counts[1];
     const float reference_f = (float)reference;
     float* d_out = lab_poisoned<float>(1);
-    // both variants' scratch: 128 partials, or one float per thread of the single block (<= 1024)
-    float* d_partials = lab_poisoned<float>(1024);
+    // both variants' scratch: the tiles' partials, or one float per thread of the single block (<= 1024)
+    size_t partials = global_norm_num_partials(counts[0] > counts[1] ? counts[0] : counts[1]);
+    if (partials < 1024) partials = 1024;
+    float* d_partials = lab_poisoned<float>(partials);
 
     // Tolerance: squares are exact in fp32 for floatX inputs; fp32 sums of n terms of ~1/3 err by ~n * 2^-24
-    // relative in the worst case and ~sqrt(n) * 2^-24 typically. Each partial holds n / 32768 (llmc) or
-    // n / block (single block) terms before a 32768- or 1024-term tree: 1e-5 relative covers both at these
+    // relative in the worst case and ~sqrt(n) * 2^-24 typically. Each partial holds n / 128 terms (llmc) or
+    // n / block (single block) terms before a tree over the partials: 1e-5 relative covers both at these
     // sizes (~1e-6 expected at 124M). A lost or doubled chunk changes the sum by >= 1/n relative: ~5e-5 at
     // -s; at 124M a lost chunk would hide below it, which is why -s runs with sizes where it cannot.
     const float rtol = 1e-5f;
@@ -84,7 +86,7 @@ int main(int argc, char** argv) {
         float results[2];
         for (int run = 0; run < 2; run++) {
             cudaCheck(cudaMemset(d_out, 0xff, sizeof(float)));
-            cudaCheck(cudaMemset(d_partials, 0xff, 1024 * sizeof(float)));
+            cudaCheck(cudaMemset(d_partials, 0xff, partials * sizeof(float)));
             global_norm_run(variant, 512, d_out, d_partials, tensors, counts, 2);
             cudaCheck(cudaMemcpy(&results[run], d_out, sizeof(float), cudaMemcpyDeviceToHost));
         }
