@@ -113,9 +113,14 @@ bench: $(BUILD)/bench
 
 # Compile-only GPU build of every .cu the project has (tracked or new), for both architectures.
 CUDA_SOURCES := $(sort $(shell git ls-files --cached --others --exclude-standard '*.cu' 2>/dev/null))
-check-cuda: $(CUDA_SOURCES:%=$(BUILD)/check-cuda/%.ok)
-	@echo "check-cuda: $(words $(CUDA_SOURCES)) files compile with nvcc for: $(GPU_ARCH)"
-$(BUILD)/check-cuda/%.ok: %
+CUDNN_SOURCES := train_gpt.cu test_gpt.cu
+check-cuda: $(CUDA_SOURCES:%=$(BUILD)/check-cuda/%.ok) $(CUDNN_SOURCES:%=$(BUILD)/check-cuda/cudnn/%.ok)
+	@echo "check-cuda: $(words $(CUDA_SOURCES)) files compile with nvcc for: $(GPU_ARCH); $(CUDNN_SOURCES) also with USE_CUDNN=1"
+$(BUILD)/check-cuda/cudnn/%.ok: % $(LLMC)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -DENABLE_CUDNN $(MPI_INC) -c $< -o $(@:.ok=.o)
+	@touch $@
+$(BUILD)/check-cuda/%.ok: % $(LLMC)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -I dev/test -I . $(MPI_INC) -c $< -o $(@:.ok=.o)
 	@touch $@

@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
     gpt2_zero_grad(&model, stream);
     gpt2_forward(&model, ref.x, ref.y, B, T, 1.0f / (float)BT, stream);
     compare_value("loss", model.mean_loss, ref.loss, tol_loss);
-    gpt2_backward(&model, B, T, gpt2_next_seed(&model), stream);
+    gpt2_backward(&model, B, T, gpt2_next_seed(&model), &mg, 0, stream);
     floatX* grads_x = (floatX*)malloc_check(model.num_parameters * sizeof(floatX));
     float* grads = (float*)malloc_check(model.num_parameters * sizeof(float));
     cudaCheck(cudaMemcpy(grads_x, model.grads_memory, model.num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
     for (int step = 0; step < ref.nsteps; step++) {
         gpt2_zero_grad(&model, stream);
         gpt2_forward(&model, ref.x, ref.y, B, T, model.loss_scale / (float)BT, stream);
-        gpt2_backward(&model, B, T, gpt2_next_seed(&model), stream);
+        gpt2_backward(&model, B, T, gpt2_next_seed(&model), &mg, 0, stream);
         losses[step] = model.mean_loss;
         float norm = gpt2_reduce_and_norm(&model, &mg, 0, stream);
         gpt2_apply_update(&model, &opt, norm, step + 1, &mg, 0, stream);

@@ -548,9 +548,15 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
     }
 }
 
+static void gpt2_all_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, cudaStream_t stream);
+static void gpt2_all_reduce_rest(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream);
+
 // Backward pass for the batch of the last gpt2_forward (which must have been given targets and a
-// dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with gpt2_zero_grad.
-static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, cudaStream_t stream) {
+// dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with gpt2_zero_grad. With
+// `overlap` (the last micro-step of a ZeRO-0 step on several processes), each layer's gradients are
+// all-reduced on the NCCL stream as soon as that layer's backward pass is done, while the next runs.
+static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const MultiGpuConfig* mg, int overlap,
+                          cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     int L = c->num_layers, NH = c->num_heads, C = c->channels, Vp = c->padded_vocab_size;
     size_t BTC = layer_stride((size_t)B * T * C), BT = layer_stride((size_t)B * T);
@@ -606,8 +612,10 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, cudaStre
                         p.qkvw + (size_t)l * 3 * C * C, a.scratch_f, B, T, C, 3 * C, stream);
         layernorm_backward(dresidual, g.ln1w + (size_t)l * C, g.ln1b + (size_t)l * C, a.scratch_f, a.dbtc, residual,
                            p.ln1w + (size_t)l * C, ln1_mean, ln1_rstd, B, T, C, stream);
+        if (overlap) gpt2_all_reduce_layer(model, l, mg, stream);
     }
     encoder_backward(g.wte, g.wpe, dresidual, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
+    if (overlap) gpt2_all_reduce_rest(model, mg, stream);
 }
 
 static void gpt2_zero_grad(GPT2* model, cudaStream_t stream) {
@@ -630,14 +638,44 @@ static ncclDataType_t nccl_floatX(void) {
     return PRECISION_MODE == PRECISION_FP32 ? ncclFloat : (PRECISION_MODE == PRECISION_FP16 ? ncclHalf : ncclBfloat16);
 }
 
-static void gpt2_reduce_gradients(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    if (mg->num_processes == 1) return;
+// ZeRO-0 with overlap: the 12 per-layer tensors of `layer` (one slice of each stacked tensor), all-reduced
+// (averaged) in one NCCL group on the NCCL stream once the main stream has finished that layer.
+static void gpt2_all_reduce_slices(GPT2* model, const int* tensors, int count, int layer, const MultiGpuConfig* mg,
+                                   cudaStream_t stream) {
     cudaCheck(cudaEventRecord(mg->compute_done, stream));
     cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
-    if (zero_stage == 0) {
-        ncclCheck(ncclAllReduce(model->grads_memory, model->grads_memory, model->num_parameters_padded, nccl_floatX(),
-                                ncclAvg, mg->nccl_comm, mg->nccl_stream));
-    } else {
+    ncclCheck(ncclGroupStart());
+    for (int j = 0; j < count; j++) {
+        int i = tensors[j];
+        size_t offset = 0;
+        for (int k = 0; k < i; k++) offset += model->param_sizes[k];
+        size_t n = layer >= 0 ? model->param_sizes[i] / model->config.num_layers : model->param_sizes[i];
+        floatX* slice = model->grads_memory + offset + (layer >= 0 ? (size_t)layer * n : 0);
+        ncclCheck(ncclAllReduce(slice, slice, n, nccl_floatX(), ncclAvg, mg->nccl_comm, mg->nccl_stream));
+    }
+    ncclCheck(ncclGroupEnd());
+}
+static void gpt2_all_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, cudaStream_t stream) {
+    static const int per_layer[] = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};  // ln1w .. fcprojb
+    gpt2_all_reduce_slices(model, per_layer, 12, layer, mg, stream);
+}
+static void gpt2_all_reduce_rest(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
+    static const int rest[] = {0, 1, 14, 15};  // wte, wpe, lnfw, lnfb: complete only after the encoder's backward
+    gpt2_all_reduce_slices(model, rest, 4, -1, mg, stream);
+}
+
+static int gpt2_overlaps_reduction(const MultiGpuConfig* mg, int zero_stage) {
+    return mg->num_processes > 1 && zero_stage == 0;
+}
+
+// Makes the gradients the average over processes: ZeRO-0 reduced them during the last backward pass
+// (overlapped), so only its completion is awaited; ZeRO-1 reduce-scatters them now, each process keeping
+// the average of its shard.
+static void gpt2_reduce_gradients(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
+    if (mg->num_processes == 1) return;
+    if (zero_stage >= 1) {
+        cudaCheck(cudaEventRecord(mg->compute_done, stream));
+        cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
         ncclCheck(ncclReduceScatter(model->grads_memory, model->grads_memory + model->shard_offset, model->shard_size,
                                     nccl_floatX(), ncclAvg, mg->nccl_comm, mg->nccl_stream));
     }
@@ -1215,7 +1253,8 @@ int main(int argc, char* argv[]) {
             dataloader_next_batch(&train_loader);
             float dlogits_scale = model.loss_scale / (float)(B * T * grad_accum_steps);
             gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T, dlogits_scale, stream);
-            gpt2_backward(&model, B, T, gpt2_next_seed(&model), stream);
+            int overlap = micro == grad_accum_steps - 1 && gpt2_overlaps_reduction(&mg, zero_stage);
+            gpt2_backward(&model, B, T, gpt2_next_seed(&model), &mg, overlap, stream);
             step_loss += model.mean_loss;
         }
         float loss = (float)(step_loss / grad_accum_steps);
