@@ -53,6 +53,8 @@ $(BUILD)/test_gpt_fp32: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
 $(BUILD)/test_gpt_bf16: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $< -o $@ $(CPU_LIBS)
+$(BUILD)/test_gpt_fp16: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 -DENABLE_FP16 $< -o $@ $(CPU_LIBS)
 $(BUILD)/train_gpt_fp32: train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
 PYTHON := /usr/bin/python3
@@ -63,7 +65,7 @@ $(BUILD)/ref/tiny_fp32_debug_state.bin: train_gpt.py | $(BUILD)
 $(BUILD)/ref/tiny_bf16_debug_state.bin: train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/tiny_bf16 $(REF_ARGS) --dtype bfloat16
-GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/train_gpt_fp32 \
+GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin
 
 CPU_TESTS := $(BUILD)/test_host_utils $(BUILD)/test_runtime $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \

@@ -925,8 +925,9 @@ static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int gen_to
         for (int v = 0; v < V; v++) logits[v] = (float)logits_x[v];
         int next = sample_softmax(logits, V, random_f32_host((uint64_t*)sample_rng));
         tokens[t] = next;
-        if (tokenizer->init_ok) safe_printf(tokenizer_decode(tokenizer, next));
-        else printf("%d ", next);
+        // a token the tokenizer does not know (its vocabulary is smaller than the model's) prints as its id
+        if (tokenizer->init_ok && (uint32_t)next < tokenizer->vocab_size) safe_printf(tokenizer_decode(tokenizer, next));
+        else printf("<%d>", next);
         fflush(stdout);
     }
     printf("\n---\n");
@@ -1156,6 +1157,10 @@ int main(int argc, char* argv[]) {
     if (train_num_batches < 1) train_num_batches = 1;
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, tokenizer_path);
+    if (tokenizer.init_ok && tokenizer.vocab_size != (uint32_t)cfg->vocab_size && rank0) {
+        printf("note: tokenizer %s has %u tokens, the model %d: tokens it lacks print as <id>\n", tokenizer_path,
+               tokenizer.vocab_size, cfg->vocab_size);
+    }
 
     gpt2_allocate_activations(&model, B, T);
     gpt2_allocate_optimizer(&model, mg.process_rank, mg.num_processes, zero_stage);

@@ -76,6 +76,7 @@ for r in 0 1 2; do
         run_test "gpt-bf16-r$r-w$w" build/test_gpt_bf16 build/ref/tiny_bf16 -r $r -w $w
     done
 done
+run_test gpt-fp16-r1 build/test_gpt_fp16 build/ref/tiny_bf16 -r 1
 run_test gpt-fp32-gelu-unfused build/test_gpt_fp32 build/ref/tiny_fp32 -ge 0
 run_test gpt-bf16-gelu-fused-backward build/test_gpt_bf16 build/ref/tiny_bf16 -ge 2
 run_test train-gpt-cli dev/test/test_train_gpt.sh
