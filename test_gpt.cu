@@ -55,13 +55,13 @@ static void read_reference_state(ReferenceState* r, const char* path, const GPT2
     r->x = (int*)malloc_check(BT * sizeof(int));
     r->y = (int*)malloc_check(BT * sizeof(int));
     r->logits = (float*)malloc_check(BT * r->V * sizeof(float));
-    r->grads = (float*)malloc_check(model->num_parameters * sizeof(float));
+    r->grads = (float*)malloc_check(model->store.num_parameters * sizeof(float));
     r->step_losses = (float*)malloc_check((size_t)r->nsteps * sizeof(float));
     fread_check(r->x, sizeof(int), BT, f, path);
     fread_check(r->y, sizeof(int), BT, f, path);
     fread_check(r->logits, sizeof(float), BT * r->V, f, path);
     fread_check(&r->loss, sizeof(float), 1, f, path);
-    fread_check(r->grads, sizeof(float), model->num_parameters, f, path);
+    fread_check(r->grads, sizeof(float), model->store.num_parameters, f, path);
     fread_check(r->step_losses, sizeof(float), r->nsteps, f, path);
     fclose_check(f, path);
 }
@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
     read_reference_state(&ref, path, &model);
     int B = ref.B, T = ref.T, V = ref.V, Vp = ref.Vp;
     gpt2_allocate_activations(&model, B, T);
-    gpt2_allocate_optimizer(&model, 0, 1, 0);
+    sharded_parameters_allocate_optimizer(&model.store, model.use_master_weights, 0, 1, 0);
 
     // logits
     size_t BT = (size_t)B * T;
@@ -162,18 +162,18 @@ int main(int argc, char** argv) {
     compare_scaled("logits", logits, ref.logits, BT * V, tol_tensor);
 
     // loss and gradients
-    gpt2_zero_grad(&model, stream);
+    sharded_parameters_zero_grad(&model.store, stream);
     gpt2_forward(&model, ref.x, ref.y, B, T, 1.0f / (float)BT, stream);
     compare_value("loss", model.mean_loss, ref.loss, tol_loss);
-    gpt2_backward(&model, B, T, gpt2_next_seed(&model), &mg, 0, stream);
-    floatX* grads_x = (floatX*)malloc_check(model.num_parameters * sizeof(floatX));
-    float* grads = (float*)malloc_check(model.num_parameters * sizeof(float));
-    cudaCheck(cudaMemcpy(grads_x, model.grads_memory, model.num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < model.num_parameters; i++) grads[i] = (float)grads_x[i];
+    gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, 0, stream);
+    floatX* grads_x = (floatX*)malloc_check(model.store.num_parameters * sizeof(floatX));
+    float* grads = (float*)malloc_check(model.store.num_parameters * sizeof(float));
+    cudaCheck(cudaMemcpy(grads_x, model.store.grads_memory, model.store.num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < model.store.num_parameters; i++) grads[i] = (float)grads_x[i];
     size_t offset = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        compare_scaled(parameter_names[i], grads + offset, ref.grads + offset, model.param_sizes[i], tol_tensor);
-        offset += model.param_sizes[i];
+        compare_scaled(parameter_names[i], grads + offset, ref.grads + offset, model.store.sizes[i], tol_tensor);
+        offset += model.store.sizes[i];
     }
 
     // training steps on the same batch, with the trainer's own update path (gradient clipping, AdamW with
@@ -183,12 +183,12 @@ int main(int argc, char** argv) {
     AdamWConfig opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f};
     float* losses = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
     for (int step = 0; step < ref.nsteps; step++) {
-        gpt2_zero_grad(&model, stream);
-        gpt2_forward(&model, ref.x, ref.y, B, T, model.loss_scale / (float)BT, stream);
-        gpt2_backward(&model, B, T, gpt2_next_seed(&model), &mg, 0, stream);
+        sharded_parameters_zero_grad(&model.store, stream);
+        gpt2_forward(&model, ref.x, ref.y, B, T, model.store.loss_scale / (float)BT, stream);
+        gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, 0, stream);
         losses[step] = model.mean_loss;
-        float norm = gpt2_reduce_and_norm(&model, &mg, 0, stream);
-        gpt2_apply_update(&model, &opt, norm, step + 1, &mg, 0, stream);
+        float norm = sharded_parameters_reduce_and_norm(&model.store, &mg, 0, stream);
+        sharded_parameters_apply_update(&model.store, &opt, norm, step + 1, &mg, 0, stream);
         printf("     step %2d: loss %.6f (reference %.6f)\n", step, losses[step], ref.step_losses[step]);
     }
     double worst = 0.0;

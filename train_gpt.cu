@@ -40,6 +40,9 @@
 #include "llmc/global_norm.cuh"
 #include "llmc/copy_cast.cuh"
 #include "llmc/multi_gpu.cuh"
+#include "llmc/optimizer.cuh"
+#include "llmc/checkpoint.h"
+#include "llmc/cli.h"
 
 // ----------------------------------------------------------------------------------------------------
 // Model description and parameters
@@ -149,22 +152,12 @@ typedef struct {
 
 typedef struct {
     GPT2Config config;
-    ParameterTensors params;
-    ParameterTensors grads;
-    size_t param_sizes[NUM_PARAMETER_TENSORS];
-    size_t num_parameters;         // real parameters
-    size_t num_parameters_padded;  // rounded up so that ZeRO shards are equal
-    floatX* params_memory;
-    floatX* grads_memory;
-    // optimizer state for this process's shard (all parameters when ZeRO is off)
-    size_t shard_offset, shard_size;
-    float* m_memory;
-    float* v_memory;
-    float* master_weights;  // fp32 copy of the shard, or NULL
+    ParameterTensors params;  // pointers into store.params_memory
+    ParameterTensors grads;   // pointers into store.grads_memory
+    ShardedParameters store;  // the flat parameter, gradient and optimizer buffers (llmc/optimizer.cuh)
     int use_master_weights;
     // activations
     ActivationTensors acts;
-    size_t act_sizes_elements;
     void* acts_memory;
     int batch_size, seq_len;  // what the activations were sized for
     int recompute;
@@ -173,31 +166,18 @@ typedef struct {
     int* targets;      // (B, T) device
     int* inputs_cpu;   // (B, T) host copy for the encoder's backward pass
     float* losses_cpu;  // (B, T) host
-    float* norm_partials;  // global norm partial sums (device)
-    float* norm_result;    // (1) device
     float mean_loss;
-    unsigned long long rng_state;  // host generator for stochastic-rounding seeds (identical on every rank)
-    float loss_scale;              // FP16 dynamic loss scaling
-    int good_steps;                // steps since the loss scale last changed
 } GPT2;
 
 // ----------------------------------------------------------------------------------------------------
 // Building the model: from a file or a descriptor
 
 static void gpt2_allocate_parameters(GPT2* model, int num_processes) {
-    fill_in_parameter_sizes(model->param_sizes, &model->config);
-    size_t n = 0;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += model->param_sizes[i];
-    model->num_parameters = n;
-    // pad to a multiple of num_processes * 8 so every shard is equal and 16-byte aligned
-    size_t quantum = (size_t)num_processes * 8;
-    model->num_parameters_padded = CEIL_DIV(n, quantum) * quantum;
-    cudaCheck(cudaMalloc((void**)&model->params_memory, model->num_parameters_padded * sizeof(floatX)));
-    cudaCheck(cudaMalloc((void**)&model->grads_memory, model->num_parameters_padded * sizeof(floatX)));
-    cudaCheck(cudaMemset(model->params_memory, 0, model->num_parameters_padded * sizeof(floatX)));
-    cudaCheck(cudaMemset(model->grads_memory, 0, model->num_parameters_padded * sizeof(floatX)));
-    point_parameters(&model->params, model->params_memory, model->param_sizes);
-    point_parameters(&model->grads, model->grads_memory, model->param_sizes);
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(sizes, &model->config);
+    sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, parameter_decays, num_processes);
+    point_parameters(&model->params, model->store.params_memory, sizes);
+    point_parameters(&model->grads, model->store.grads_memory, sizes);
 }
 
 static void check_config_supported(const GPT2Config* c, const char* source) {
@@ -239,7 +219,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_pr
     c->padded_vocab_size = header[7];
     check_config_supported(c, path);
     gpt2_allocate_parameters(model, num_processes);
-    size_t n = model->num_parameters;
+    size_t n = model->store.num_parameters;
     size_t file_elem = version == 3 ? sizeof(float) : sizeof(__nv_bfloat16);
     void* raw = malloc_check(n * file_elem);
     fread_check(raw, file_elem, n, f, path);
@@ -254,7 +234,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_pr
         float v = version == 3 ? ((float*)raw)[i] : __bfloat162float(((__nv_bfloat16*)raw)[i]);
         host[i] = (floatX)v;
     }
-    cudaCheck(cudaMemcpy(model->params_memory, host, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(model->store.params_memory, host, n * sizeof(floatX), cudaMemcpyHostToDevice));
     free(host);
     free(raw);
 }
@@ -287,13 +267,13 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     gpt2_allocate_parameters(model, num_processes);
     // GPT-2 init: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm 1/0;
     // padded vocabulary rows stay zero. Drawn tensor by tensor from one seeded mt19937.
-    float* host = (float*)calloc(model->num_parameters, sizeof(float));
+    float* host = (float*)calloc(model->store.num_parameters, sizeof(float));
     mt19937_state rng;
     manual_seed(&rng, seed);
     size_t offset = 0;
     float residual_scale = 1.0f / sqrtf(2.0f * c->num_layers);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t n = model->param_sizes[i];
+        size_t n = model->store.sizes[i];
         const char* name = parameter_names[i];
         if (!strcmp(name, "ln1w") || !strcmp(name, "ln2w") || !strcmp(name, "lnfw")) {
             for (size_t j = 0; j < n; j++) host[offset + j] = 1.0f;
@@ -305,9 +285,10 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
         }
         offset += n;
     }
-    floatX* hx = (floatX*)malloc_check(model->num_parameters * sizeof(floatX));
-    for (size_t i = 0; i < model->num_parameters; i++) hx[i] = (floatX)host[i];
-    cudaCheck(cudaMemcpy(model->params_memory, hx, model->num_parameters * sizeof(floatX), cudaMemcpyHostToDevice));
+    floatX* hx = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX));
+    for (size_t i = 0; i < model->store.num_parameters; i++) hx[i] = (floatX)host[i];
+    size_t bytes = model->store.num_parameters * sizeof(floatX);
+    cudaCheck(cudaMemcpy(model->store.params_memory, hx, bytes, cudaMemcpyHostToDevice));
     free(hx);
     free(host);
 }
@@ -324,9 +305,9 @@ static void gpt2_write_model_file(const GPT2* model, const char* path) {
     header[5] = c->num_heads;
     header[6] = c->channels;
     header[7] = c->padded_vocab_size;
-    size_t n = model->num_parameters;
+    size_t n = model->store.num_parameters;
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
-    cudaCheck(cudaMemcpy(host, model->params_memory, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(host, model->store.params_memory, n * sizeof(floatX), cudaMemcpyDeviceToHost));
     char tmp[1024];
     FILE* f = fopen_tmp_for(path, tmp, sizeof(tmp));
     fwrite_check(header, sizeof(int), 256, f, tmp);
@@ -427,25 +408,6 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     cudaCheck(cudaMalloc((void**)&model->targets, (size_t)B * T * sizeof(int)));
     model->inputs_cpu = (int*)malloc_check((size_t)B * T * sizeof(int));
     model->losses_cpu = (float*)malloc_check((size_t)B * T * sizeof(float));
-    size_t partials = global_norm_num_partials(model->num_parameters_padded);
-    cudaCheck(cudaMalloc((void**)&model->norm_partials, partials * sizeof(float)));
-    cudaCheck(cudaMalloc((void**)&model->norm_result, sizeof(float)));
-}
-
-// Optimizer state for [shard_offset, shard_offset + shard_size) of the flat parameter buffer.
-static void gpt2_allocate_optimizer(GPT2* model, int process_rank, int num_processes, int zero_stage) {
-    size_t n = model->num_parameters_padded;
-    model->shard_size = zero_stage >= 1 ? n / num_processes : n;
-    model->shard_offset = zero_stage >= 1 ? (size_t)process_rank * model->shard_size : 0;
-    cudaCheck(cudaMalloc((void**)&model->m_memory, model->shard_size * sizeof(float)));
-    cudaCheck(cudaMalloc((void**)&model->v_memory, model->shard_size * sizeof(float)));
-    cudaCheck(cudaMemset(model->m_memory, 0, model->shard_size * sizeof(float)));
-    cudaCheck(cudaMemset(model->v_memory, 0, model->shard_size * sizeof(float)));
-    model->master_weights = NULL;
-    if (model->use_master_weights && PRECISION_MODE != PRECISION_FP32) {
-        cudaCheck(cudaMalloc((void**)&model->master_weights, model->shard_size * sizeof(float)));
-        copy_and_cast(model->master_weights, model->params_memory + model->shard_offset, model->shard_size, 0);
-    }
 }
 
 static void gpt2_init_common(GPT2* model) {
@@ -453,21 +415,13 @@ static void gpt2_init_common(GPT2* model) {
     model->use_master_weights = 1;
     model->recompute = 1;
     model->gelu_fusion = 1;
-    model->rng_state = 13371337ull;
-    model->loss_scale = PRECISION_MODE == PRECISION_FP16 ? 65536.0f : 1.0f;
 }
 
 static void gpt2_free(GPT2* model) {
-    cudaCheck(cudaFree(model->params_memory));
-    cudaCheck(cudaFree(model->grads_memory));
-    cudaCheck(cudaFree(model->m_memory));
-    cudaCheck(cudaFree(model->v_memory));
-    cudaCheck(cudaFree(model->master_weights));
+    sharded_parameters_free(&model->store);
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFree(model->inputs));
     cudaCheck(cudaFree(model->targets));
-    cudaCheck(cudaFree(model->norm_partials));
-    cudaCheck(cudaFree(model->norm_result));
     free(model->inputs_cpu);
     free(model->losses_cpu);
 }
@@ -552,7 +506,7 @@ static void gpt2_all_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* 
 static void gpt2_all_reduce_rest(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream);
 
 // Backward pass for the batch of the last gpt2_forward (which must have been given targets and a
-// dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with gpt2_zero_grad. With
+// dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with sharded_parameters_zero_grad. With
 // `overlap` (the last micro-step of a ZeRO-0 step on several processes), each layer's gradients are
 // all-reduced on the NCCL stream as soon as that layer's backward pass is done, while the next runs.
 static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const MultiGpuConfig* mg, int overlap,
@@ -618,160 +572,22 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
     if (overlap) gpt2_all_reduce_rest(model, mg, stream);
 }
 
-static void gpt2_zero_grad(GPT2* model, cudaStream_t stream) {
-    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, model->num_parameters_padded * sizeof(floatX), stream));
-}
-
-static unsigned int gpt2_next_seed(GPT2* model) {
-    // xorshift64*: the same sequence on every rank, so stochastic rounding agrees everywhere
-    model->rng_state ^= model->rng_state >> 12;
-    model->rng_state ^= model->rng_state << 25;
-    model->rng_state ^= model->rng_state >> 27;
-    return (unsigned int)((model->rng_state * 0x2545F4914F6CDD1Dull) >> 32);
-}
-
 // ----------------------------------------------------------------------------------------------------
-// Gradient reduction, norm and the AdamW update (ZeRO-0: all-reduce; ZeRO-1: reduce-scatter, update
-// the shard, all-gather the parameters)
+// ZeRO-0 gradient averaging during the backward pass (llmc/optimizer.cuh does the rest of the step)
 
-static ncclDataType_t nccl_floatX(void) {
-    return PRECISION_MODE == PRECISION_FP32 ? ncclFloat : (PRECISION_MODE == PRECISION_FP16 ? ncclHalf : ncclBfloat16);
-}
-
-// ZeRO-0 with overlap: the 12 per-layer tensors of `layer` (one slice of each stacked tensor), all-reduced
-// (averaged) in one NCCL group on the NCCL stream once the main stream has finished that layer.
-static void gpt2_all_reduce_slices(GPT2* model, const int* tensors, int count, int layer, const MultiGpuConfig* mg,
-                                   cudaStream_t stream) {
-    cudaCheck(cudaEventRecord(mg->compute_done, stream));
-    cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
-    ncclCheck(ncclGroupStart());
-    for (int j = 0; j < count; j++) {
-        int i = tensors[j];
-        size_t offset = 0;
-        for (int k = 0; k < i; k++) offset += model->param_sizes[k];
-        size_t n = layer >= 0 ? model->param_sizes[i] / model->config.num_layers : model->param_sizes[i];
-        floatX* slice = model->grads_memory + offset + (layer >= 0 ? (size_t)layer * n : 0);
-        ncclCheck(ncclAllReduce(slice, slice, n, nccl_floatX(), ncclAvg, mg->nccl_comm, mg->nccl_stream));
-    }
-    ncclCheck(ncclGroupEnd());
-}
 static void gpt2_all_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, cudaStream_t stream) {
-    static const int per_layer[] = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};  // ln1w .. fcprojb
-    gpt2_all_reduce_slices(model, per_layer, 12, layer, mg, stream);
+    static const int per_layer[] = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};  // ln1w .. fcprojb, stacked over layers
+    sharded_parameters_all_reduce_slices(&model->store, per_layer, 12, layer, model->config.num_layers, mg, stream);
 }
 static void gpt2_all_reduce_rest(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
     static const int rest[] = {0, 1, 14, 15};  // wte, wpe, lnfw, lnfb: complete only after the encoder's backward
-    gpt2_all_reduce_slices(model, rest, 4, -1, mg, stream);
-}
-
-static int gpt2_overlaps_reduction(const MultiGpuConfig* mg, int zero_stage) {
-    return mg->num_processes > 1 && zero_stage == 0;
-}
-
-// Makes the gradients the average over processes: ZeRO-0 reduced them during the last backward pass
-// (overlapped), so only its completion is awaited; ZeRO-1 reduce-scatters them now, each process keeping
-// the average of its shard.
-static void gpt2_reduce_gradients(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    if (mg->num_processes == 1) return;
-    if (zero_stage >= 1) {
-        cudaCheck(cudaEventRecord(mg->compute_done, stream));
-        cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
-        ncclCheck(ncclReduceScatter(model->grads_memory, model->grads_memory + model->shard_offset, model->shard_size,
-                                    nccl_floatX(), ncclAvg, mg->nccl_comm, mg->nccl_stream));
-    }
-    cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
-    cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
-}
-
-// Global gradient norm over all parameters (every rank gets the same value). With ZeRO-1 each rank
-// holds the reduced gradient of its shard only, so the squares are summed over ranks.
-static float gpt2_grad_norm(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    size_t offset = zero_stage >= 1 ? model->shard_offset : 0;
-    size_t count = zero_stage >= 1 ? model->shard_size : model->num_parameters_padded;
-    global_norm_squared(model->norm_partials, model->grads_memory + offset, count, stream);
-    global_norm_aggregate(model->norm_result, model->norm_partials, global_norm_num_partials(count), false, stream);
-    float norm2;
-    cudaCheck(cudaMemcpyAsync(&norm2, model->norm_result, sizeof(float), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaStreamSynchronize(stream));
-    if (zero_stage >= 1 && mg->num_processes > 1) norm2 = multi_gpu_cpu_float_sum(norm2, mg);
-    return sqrtf(norm2);
-}
-
-// AdamW over this rank's shard, one call per parameter tensor piece (weight decay on matrices only),
-// then the all-gather of the updated parameters under ZeRO-1.
-static void gpt2_update(GPT2* model, float learning_rate, float beta1, float beta2, float eps, float weight_decay,
-                        float grad_scale, int t, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    float beta1_correction = 1.0f - powf(beta1, (float)t);
-    float beta2_correction = 1.0f - powf(beta2, (float)t);
-    unsigned int seed = gpt2_next_seed(model);
-    size_t shard_begin = model->shard_offset, shard_end = model->shard_offset + model->shard_size;
-    size_t tensor_begin = 0;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t tensor_end = tensor_begin + model->param_sizes[i];
-        size_t begin = tensor_begin > shard_begin ? tensor_begin : shard_begin;
-        size_t end = tensor_end < shard_end ? tensor_end : shard_end;
-        if (begin < end) {
-            size_t local = begin - shard_begin;
-            adamw_update(model->params_memory + begin, model->master_weights ? model->master_weights + local : nullptr,
-                         model->grads_memory + begin, model->m_memory + local, model->v_memory + local, end - begin,
-                         learning_rate, beta1, beta2, beta1_correction, beta2_correction, eps,
-                         parameter_decays[i] ? weight_decay : 0.0f, grad_scale, seed + (unsigned int)i, stream);
-        }
-        tensor_begin = tensor_end;
-    }
-    if (zero_stage >= 1 && mg->num_processes > 1) {
-        cudaCheck(cudaEventRecord(mg->compute_done, stream));
-        cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
-        ncclCheck(ncclAllGather(model->params_memory + model->shard_offset, model->params_memory, model->shard_size,
-                                nccl_floatX(), mg->nccl_comm, mg->nccl_stream));
-        cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
-        cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
-    }
-}
-
-// Gradient clipping as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
-static float clip_scale(float norm, float max_norm) {
-    float coef = max_norm / (norm + 1e-6f);
-    return coef < 1.0f ? coef : 1.0f;
-}
-
-typedef struct {
-    float learning_rate, beta1, beta2, eps, weight_decay, grad_clip;
-} AdamWConfig;
-
-// After the micro-steps' backward passes: reduce the gradients over processes and return the global
-// norm of the unscaled gradient (inf or NaN when an FP16 gradient overflowed).
-static float gpt2_reduce_and_norm(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    gpt2_reduce_gradients(model, mg, zero_stage, stream);
-    return gpt2_grad_norm(model, mg, zero_stage, stream) / model->loss_scale;
-}
-
-// The update for a step whose gradient norm is `norm`: clip, undo the loss scale, AdamW. An overflowed
-// FP16 gradient skips the update and halves the loss scale; a run of good steps doubles it again.
-// Returns 1 if the parameters were updated.
-static int gpt2_apply_update(GPT2* model, const AdamWConfig* opt, float norm, int t, const MultiGpuConfig* mg,
-                             int zero_stage, cudaStream_t stream) {
-    if (!isfinite(norm)) {
-        if (PRECISION_MODE == PRECISION_FP16) {
-            model->loss_scale *= 0.5f;
-            model->good_steps = 0;
-        }
-        return 0;
-    }
-    float grad_scale = clip_scale(norm, opt->grad_clip) / model->loss_scale;
-    gpt2_update(model, opt->learning_rate, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, grad_scale, t, mg,
-                zero_stage, stream);
-    if (PRECISION_MODE == PRECISION_FP16 && ++model->good_steps >= 1000) {
-        model->loss_scale *= 2.0f;
-        model->good_steps = 0;
-    }
-    return 1;
+    sharded_parameters_all_reduce_slices(&model->store, rest, 4, -1, model->config.num_layers, mg, stream);
 }
 
 // 6N flops per token for the matmuls of forward+backward plus the attention's 12 L C T
 static double gpt2_flops_per_token(const GPT2* model, int T) {
     const GPT2Config* c = &model->config;
-    return 6.0 * (double)model->num_parameters + 12.0 * c->num_layers * c->channels * (double)T;
+    return 6.0 * (double)model->store.num_parameters + 12.0 * c->num_layers * c->channels * (double)T;
 }
 
 #ifndef TESTING
@@ -788,10 +604,6 @@ typedef struct {
     OutlierDetector loss_outlier, norm_outlier;
 } TrainerState;
 
-static void checkpoint_paths(char* buf, size_t n, const char* dir, const char* kind, int step, int rank) {
-    if (rank >= 0) snprintf(buf, n, "%s/%s_%08d_%05d.bin", dir, kind, step, rank);
-    else snprintf(buf, n, "%s/%s_%08d%s", dir, kind, step, strcmp(kind, "DONE") ? ".bin" : "");
-}
 
 static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loader, const TrainerState* ts,
                              const MultiGpuConfig* mg) {
@@ -807,22 +619,16 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
     header[1] = 1;
     header[2] = mg->num_processes;
     header[3] = mg->process_rank;
-    header[4] = model->master_weights != NULL;
+    header[4] = model->store.master_weights != NULL;
     header[5] = ts->step;
     header[6] = PRECISION_MODE;
     header[7] = (int)sizeof(TrainerState);
-    header[8] = (int)(model->shard_size >> 31);
-    header[9] = (int)(model->shard_size & 0x7fffffff);
+    header[8] = (int)(model->store.shard_size >> 31);
+    header[9] = (int)(model->store.shard_size & 0x7fffffff);
     size_t loader_bytes = dataloader_state_bytes(loader);
     header[10] = (int)loader_bytes;
     fwrite_check(header, sizeof(int), 256, f, tmp);
-    float* host = (float*)malloc_check(model->shard_size * sizeof(float));
-    float* device_buffers[3] = {model->m_memory, model->v_memory, model->master_weights};
-    for (int i = 0; i < (model->master_weights ? 3 : 2); i++) {
-        cudaCheck(cudaMemcpy(host, device_buffers[i], model->shard_size * sizeof(float), cudaMemcpyDeviceToHost));
-        fwrite_check(host, sizeof(float), model->shard_size, f, tmp);
-    }
-    free(host);
+    sharded_parameters_write_state(&model->store, f, tmp);
     void* lstate = malloc_check(loader_bytes);
     dataloader_save_state(loader, lstate);
     fwrite_check(lstate, 1, loader_bytes, f, tmp);
@@ -837,32 +643,7 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
     }
 }
 
-static void delete_checkpoint(const char* dir, int step, int num_processes) {
-    char path[1024];
-    checkpoint_paths(path, sizeof(path), dir, "DONE", step, -1);  // first: the checkpoint is incomplete from now on
-    remove(path);
-    checkpoint_paths(path, sizeof(path), dir, "model", step, -1);
-    remove(path);
-    for (int r = 0; r < num_processes; r++) {
-        checkpoint_paths(path, sizeof(path), dir, "state", step, r);
-        remove(path);
-    }
-}
 
-// latest step with a DONE marker in dir, or -1
-static int find_latest_checkpoint(const char* dir) {
-    DIR* d = opendir(dir);
-    if (!d) return -1;
-    int best = -1;
-    struct dirent* e;
-    while ((e = readdir(d)) != NULL) {
-        int step;
-        char rest;
-        if (sscanf(e->d_name, "DONE_%8d%c", &step, &rest) == 1 && step > best) best = step;
-    }
-    closedir(d);
-    return best;
-}
 
 static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLoader* loader, TrainerState* ts,
                                   const MultiGpuConfig* mg) {
@@ -873,21 +654,15 @@ static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLo
     read_header_check(f, header, path, GPT2_STATE_MAGIC, "GPT-2 training state");
     size_t shard_size = ((size_t)header[8] << 31) | (size_t)header[9];
     if (header[1] != 1 || header[2] != mg->num_processes || header[3] != mg->process_rank ||
-        header[4] != (model->master_weights != NULL) || header[6] != PRECISION_MODE ||
-        header[7] != (int)sizeof(TrainerState) || shard_size != model->shard_size) {
+        header[4] != (model->store.master_weights != NULL) || header[6] != PRECISION_MODE ||
+        header[7] != (int)sizeof(TrainerState) || shard_size != model->store.shard_size) {
         fprintf(stderr, "%s: state written by a different run setup (processes %d, rank %d, master weights %d, precision "
                 "%d, shard %zu) than this one (%d, %d, %d, %d, %zu)\n", path, header[2], header[3], header[4], header[6],
-                shard_size, mg->num_processes, mg->process_rank, model->master_weights != NULL, PRECISION_MODE,
-                model->shard_size);
+                shard_size, mg->num_processes, mg->process_rank, model->store.master_weights != NULL, PRECISION_MODE,
+                model->store.shard_size);
         exit(EXIT_FAILURE);
     }
-    float* host = (float*)malloc_check(model->shard_size * sizeof(float));
-    float* device_buffers[3] = {model->m_memory, model->v_memory, model->master_weights};
-    for (int i = 0; i < (model->master_weights ? 3 : 2); i++) {
-        fread_check(host, sizeof(float), model->shard_size, f, path);
-        cudaCheck(cudaMemcpy(device_buffers[i], host, model->shard_size * sizeof(float), cudaMemcpyHostToDevice));
-    }
-    free(host);
+    sharded_parameters_read_state(&model->store, f, path);
     size_t loader_bytes = (size_t)header[10];
     if (loader_bytes != dataloader_state_bytes(loader)) {
         fprintf(stderr, "%s: data loader state of %zu bytes does not fit this data loader (%zu bytes)\n", path,
@@ -983,30 +758,8 @@ static void usage(void) {
             "  -h          this help\n");
 }
 
-static int parse_int_flag(const char* flag, const char* value) {
-    char* end;
-    long v = strtol(value, &end, 10);
-    if (*value == '\0' || *end != '\0' || v < -2147483647L || v > 2147483647L) {
-        fprintf(stderr, "flag %s: expected an integer, got '%s'\n", flag, value);
-        exit(EXIT_FAILURE);
-    }
-    return (int)v;
-}
 
-static float parse_float_flag(const char* flag, const char* value) {
-    char* end;
-    float v = strtof(value, &end);
-    if (*value == '\0' || *end != '\0' || !isfinite(v)) {
-        fprintf(stderr, "flag %s: expected a number, got '%s'\n", flag, value);
-        exit(EXIT_FAILURE);
-    }
-    return v;
-}
 
-static int file_exists(const char* path) {
-    struct stat st;
-    return stat(path, &st) == 0;
-}
 
 int main(int argc, char* argv[]) {
     const char* train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
@@ -1163,11 +916,12 @@ int main(int argc, char* argv[]) {
     }
 
     gpt2_allocate_activations(&model, B, T);
-    gpt2_allocate_optimizer(&model, mg.process_rank, mg.num_processes, zero_stage);
+    sharded_parameters_allocate_optimizer(&model.store, model.use_master_weights, mg.process_rank, mg.num_processes,
+                                          zero_stage);
 
     // the memory plan
-    size_t param_bytes = model.num_parameters_padded * sizeof(floatX);
-    size_t opt_bytes = model.shard_size * sizeof(float) * (model.master_weights ? 3 : 2);
+    size_t param_bytes = model.store.num_parameters_padded * sizeof(floatX);
+    size_t opt_bytes = model.store.shard_size * sizeof(float) * (model.store.master_weights ? 3 : 2);
     size_t act_bytes = activation_bytes(cfg, B, T, recompute);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -1180,13 +934,13 @@ int main(int argc, char* argv[]) {
         printf("| precision             | %-50s |\n", PRECISION_NAME);
         printf("| model                 | L=%d NH=%d C=%d V=%d Vp=%d maxT=%d%*s|\n", cfg->num_layers, cfg->num_heads,
                cfg->channels, cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len, 1, "");
-        printf("| parameters            | %-50zu |\n", model.num_parameters);
+        printf("| parameters            | %-50zu |\n", model.store.num_parameters);
         printf("| batch                 | B=%d T=%d processes=%d accumulation=%d%*s|\n", B, T, mg.num_processes,
                grad_accum_steps, 1, "");
         printf("| memory: parameters    | %10.1f MiB%40s|\n", param_bytes / 1048576.0, "");
         printf("| memory: gradients     | %10.1f MiB%40s|\n", param_bytes / 1048576.0, "");
         printf("| memory: optimizer     | %10.1f MiB (m, v%s, ZeRO-%d shard)%*s|\n", opt_bytes / 1048576.0,
-               model.master_weights ? ", master" : "", zero_stage, model.master_weights ? 7 : 15, "");
+               model.store.master_weights ? ", master" : "", zero_stage, model.store.master_weights ? 7 : 15, "");
         printf("| memory: activations   | %10.1f MiB (recompute %d)%24s|\n", act_bytes / 1048576.0, recompute, "");
         printf("| largest B that fits   | %-50d |\n", max_fit_B);
         printf("+-----------------------+----------------------------------------------------+\n");
@@ -1194,17 +948,17 @@ int main(int argc, char* argv[]) {
 
     TrainerState ts;
     memset(&ts, 0, sizeof(ts));
-    ts.loss_scale = model.loss_scale;
-    ts.rng_state = model.rng_state;
+    ts.loss_scale = model.store.loss_scale;
+    ts.rng_state = model.store.rng_state;
     ts.sample_rng_state = 1337ull;
     init_detector(&ts.loss_outlier);
     init_detector(&ts.norm_outlier);
     int start_step = 0;
     if (resume_step >= 0) {
         read_checkpoint_state(output_dir, resume_step, &model, &train_loader, &ts, &mg);
-        model.rng_state = ts.rng_state;
-        model.loss_scale = ts.loss_scale;
-        model.good_steps = ts.good_steps;
+        model.store.rng_state = ts.rng_state;
+        model.store.loss_scale = ts.loss_scale;
+        model.store.good_steps = ts.good_steps;
         start_step = ts.step;
         if (rank0) printf("resumed from step %d of %s\n", start_step, output_dir);
     }
@@ -1235,9 +989,9 @@ int main(int argc, char* argv[]) {
         }
         if (output_dir && checkpoint_every > 0 && step > start_step && (step % checkpoint_every == 0 || last_step)) {
             ts.step = step;
-            ts.rng_state = model.rng_state;
-            ts.loss_scale = model.loss_scale;
-            ts.good_steps = model.good_steps;
+            ts.rng_state = model.store.rng_state;
+            ts.loss_scale = model.store.loss_scale;
+            ts.good_steps = model.store.good_steps;
             write_checkpoint(output_dir, &model, &train_loader, &ts, &mg);
             if (rank0) {
                 printf("checkpoint written: step %d\n", step);
@@ -1251,27 +1005,27 @@ int main(int argc, char* argv[]) {
 
         struct timespec ts0, ts1;
         clock_gettime(CLOCK_MONOTONIC, &ts0);
-        gpt2_zero_grad(&model, stream);
+        sharded_parameters_zero_grad(&model.store, stream);
         double step_loss = 0.0;
         for (int micro = 0; micro < grad_accum_steps; micro++) {
             if (overfit_single_batch) dataloader_reset(&train_loader);
             dataloader_next_batch(&train_loader);
-            float dlogits_scale = model.loss_scale / (float)(B * T * grad_accum_steps);
+            float dlogits_scale = model.store.loss_scale / (float)(B * T * grad_accum_steps);
             gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T, dlogits_scale, stream);
-            int overlap = micro == grad_accum_steps - 1 && gpt2_overlaps_reduction(&mg, zero_stage);
-            gpt2_backward(&model, B, T, gpt2_next_seed(&model), &mg, overlap, stream);
+            int overlap = micro == grad_accum_steps - 1 && sharded_parameters_overlap_reduction(&mg, zero_stage);
+            gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, overlap, stream);
             step_loss += model.mean_loss;
         }
         float loss = (float)(step_loss / grad_accum_steps);
         if (mg.num_processes > 1) loss = multi_gpu_cpu_float_sum(loss, &mg) / mg.num_processes;
-        float norm = gpt2_reduce_and_norm(&model, &mg, zero_stage, stream);
+        float norm = sharded_parameters_reduce_and_norm(&model.store, &mg, zero_stage, stream);
         // outliers: a spike in the loss or the gradient norm against the last 128 steps skips the update
         double loss_z = update_detector(&ts.loss_outlier, loss);
         double norm_z = isfinite(norm) ? update_detector(&ts.norm_outlier, norm) : NAN;
         int loss_spike = skip_update_lossz > 0.0f && isfinite(loss_z) && loss_z > skip_update_lossz;
         int norm_spike = skip_update_gradz > 0.0f && isfinite(norm_z) && norm_z > skip_update_gradz;
         opt.learning_rate = lr_scheduler_get(&scheduler, step);
-        if (!loss_spike && !norm_spike) gpt2_apply_update(&model, &opt, norm, step + 1, &mg, zero_stage, stream);
+        if (!loss_spike && !norm_spike) sharded_parameters_apply_update(&model.store, &opt, norm, step + 1, &mg, zero_stage, stream);
         cudaCheck(cudaStreamSynchronize(stream));
         clock_gettime(CLOCK_MONOTONIC, &ts1);
         float ms = (float)((ts1.tv_sec - ts0.tv_sec) * 1e3 + (ts1.tv_nsec - ts0.tv_nsec) * 1e-6);
@@ -1284,7 +1038,7 @@ int main(int argc, char* argv[]) {
         if (rank0) {
             if (loss_spike) printf("step %d: loss z-score %.1f exceeds -sl %.1f: update skipped\n", step + 1, loss_z, skip_update_lossz);
             if (norm_spike) printf("step %d: gradient norm z-score %.1f exceeds -sg %.1f: update skipped\n", step + 1, norm_z, skip_update_gradz);
-            if (!isfinite(norm)) printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1, model.loss_scale);
+            if (!isfinite(norm)) printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1, model.store.loss_scale);
             if (mfu >= 0.0f)
                 printf("step %d/%d | loss %f | norm %f | lr %e | %.2f ms | %.1f%% MFU | %.0f tok/s\n", step + 1,
                        train_num_batches, loss, norm, opt.learning_rate, ms, mfu, tokens_per_second);

@@ -1,0 +1,43 @@
+// llmc/checkpoint.h: the names and life cycle of the trainers' checkpoint files in an output directory:
+//   model_%08d.bin        the model (rank 0)
+//   state_%08d_%05d.bin   one training state per process (optimizer shard, data loader, RNG, loss scale)
+//   DONE_%08d             written last, once every process has written: a checkpoint without it is incomplete
+// Every file is written under a temporary name and renamed (llmc/utils.h), and deletion removes the DONE
+// marker first, so an interrupted write or delete never leaves a checkpoint that looks complete.
+#pragma once
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+
+// kind: "model", "state" (with rank >= 0) or "DONE"
+static void checkpoint_paths(char* buf, size_t n, const char* dir, const char* kind, int step, int rank) {
+    if (rank >= 0) snprintf(buf, n, "%s/%s_%08d_%05d.bin", dir, kind, step, rank);
+    else snprintf(buf, n, "%s/%s_%08d%s", dir, kind, step, strcmp(kind, "DONE") ? ".bin" : "");
+}
+
+static void delete_checkpoint(const char* dir, int step, int num_processes) {
+    char path[1024];
+    checkpoint_paths(path, sizeof(path), dir, "DONE", step, -1);  // first: the checkpoint is incomplete from now on
+    remove(path);
+    checkpoint_paths(path, sizeof(path), dir, "model", step, -1);
+    remove(path);
+    for (int r = 0; r < num_processes; r++) {
+        checkpoint_paths(path, sizeof(path), dir, "state", step, r);
+        remove(path);
+    }
+}
+
+// the latest step with a DONE marker in dir, or -1
+static int find_latest_checkpoint(const char* dir) {
+    DIR* d = opendir(dir);
+    if (!d) return -1;
+    int best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        char rest;
+        if (sscanf(e->d_name, "DONE_%8d%c", &step, &rest) == 1 && step > best) best = step;
+    }
+    closedir(d);
+    return best;
+}
