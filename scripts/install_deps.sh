@@ -8,14 +8,23 @@ need=()
 command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1 || need+=(libopenmpi-dev openmpi-bin)
 # OpenBLAS built for OpenMP: its threads are the same team that runs the kernels
 compgen -G "/usr/lib/*/openblas-openmp/libopenblas.so" >/dev/null || need+=(libopenblas-openmp-dev)
-# the PyTorch reference (train_gpt.py) and its test: Debian's torch under /usr/bin/python3
+# the PyTorch references (train_gpt.py, train_moe.py), the data scripts and the plots: Debian's python under
+# /usr/bin/python3 with torch, numpy, tqdm, matplotlib, pip; the King James Bible is the offline fallback corpus
 /usr/bin/python3 -c "import torch, numpy" >/dev/null 2>&1 || need+=(python3-torch python3-numpy)
+/usr/bin/python3 -c "import tqdm, matplotlib" >/dev/null 2>&1 || need+=(python3-tqdm python3-matplotlib)
+/usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+command -v bible >/dev/null 2>&1 || need+=(bible-kjv)
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     echo "install_deps: installing ${need[*]}"
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+# the GPT-2 tokenizer (tiktoken) and FineWeb's parquet files (pyarrow; before 18, which needs NumPy 2)
+if ! /usr/bin/python3 -c "import tiktoken, pyarrow.parquet" >/dev/null 2>&1; then
+    echo "install_deps: installing tiktoken and pyarrow for /usr/bin/python3"
+    /usr/bin/python3 -m pip install -q --break-system-packages tiktoken "pyarrow<18"
 fi
 if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
     echo "install_deps: the CUDA toolkit (nvcc, headers) is missing; install it under /usr/local/cuda" >&2

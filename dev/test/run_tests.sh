@@ -63,6 +63,9 @@ run_test nccl-3-ranks $MPIRUN -np 3 build/test_nccl
 run_test host-utils build/test_host_utils
 run_test multi-gpu dev/test/test_multi_gpu.sh build/test_host_utils
 run_test reference /usr/bin/python3 dev/test/test_reference.py
+run_test reference-moe /usr/bin/python3 dev/test/test_reference_moe.py
+run_test data /usr/bin/python3 dev/test/test_data.py
+run_test plot /usr/bin/python3 dev/test/test_plot.py
 
 # the kernel lab: every variant validated at small sizes, bf16 and fp32
 for lab in build/lab/*_bf16 build/lab/*_fp32; do

@@ -1,0 +1,336 @@
+// dev/cuda/moe_dispatch_combine.cu: kernel lab for the MoE data movement around the expert GEMMs, forward and
+// backward: dispatch (token rows into per-expert buffers (E, capacity, C), zeros in padding rows), combine (each
+// token's kept expert outputs weighted by its gates), combine backward (d_expert_output and d_gates) and
+// dispatch backward (dx += the token's rows of d_expert_input). ARCHITECTURE.md, "MoE semantics".
+// Build and run on the CPU backend (small sizes):
+//   cpu/cucc -O2 dev/cuda/moe_dispatch_combine.cu -o build/labmoe/moe_dispatch_combine -lcublas -lcublasLt
+//   build/labmoe/moe_dispatch_combine -s          (add -DENABLE_FP32 to the build for fp32)
+// On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_dispatch_combine.cu -o moe_dispatch_combine
+//   ./moe_dispatch_combine [variant] [-s]   (default: N = 8*1024, E = 8, C = 768, k = 1 and 2 at CF 1.25;
+//                                            -s: N = 69, E = 4, C = 48, k = 1 and 2 at CF 0.5, k = 2 dropless)
+// Variants:
+//   1  llmc/moe.cuh moe_dispatch: one warp per destination row, its source found through row_choice. The trainer's.
+//   2  dispatch scattered: one warp per (token, choice) copies to its slot, a second kernel zeroes padding rows
+//   3  llmc/moe.cuh moe_combine: one warp per token gathers its kept rows. The trainer's (a scatter-add is the
+//      only other form, and it would need float atomics).
+//   4  llmc/moe.cuh moe_combine_backward: one warp per expert row (d_expert_output row and its d_gate), dropped
+//      choices' d_gates zeroed by the first N*k warps. The trainer's.
+//   5  combine backward per token: one warp per token writes its k rows and d_gates, a second kernel zeroes
+//      padding rows
+//   6  llmc/moe.cuh moe_dispatch_backward: one warp per token gathers its kept rows into dx. The trainer's.
+// Floors (see llmc/moe.cuh; kept = rows used, R = E*capacity, s = sizeof(floatX)):
+//   dispatch         (kept + R)*C*s + 4*R        combine            (kept + N)*C*s + 12*N*k
+//   combine backward (2*kept + R)*C*s + 12*N*k + 4*R                dispatch backward  (kept + 2*N)*C*s + 8*N*k
+#include "common.h"
+#include "../../llmc/moe.cuh"
+
+__global__ void dispatch_scatter_kernel(floatX* expert_input, const floatX* x, const int* expert_index,
+                                        const int* slot, int num_choices, int k, int C, int capacity) {
+    const int choice = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (choice >= num_choices) return;
+    const int s = slot[choice];
+    if (s < 0) return;
+    const int lane = threadIdx.x % 32;
+    const floatX* source = x + (size_t)(choice / k) * C;
+    floatX* destination = expert_input + ((size_t)expert_index[choice] * capacity + s) * C;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) store128(destination + c, load128(source + c));
+}
+
+// rows [kept_count[e], capacity) of every expert's buffer = 0
+__global__ void zero_padding_rows_kernel(floatX* buffer, const int* kept_count, int num_rows, int C, int capacity) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= num_rows || row % capacity < kept_count[row / capacity]) return;
+    const int lane = threadIdx.x % 32;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) store128(buffer + (size_t)row * C + c, x128::zeros());
+}
+
+__global__ void combine_backward_per_token_kernel(floatX* d_expert_output, float* d_gates, const floatX* dout,
+                                                  const floatX* expert_output, const int* expert_index,
+                                                  const int* slot, const float* gates, int N, int k, int C,
+                                                  int capacity) {
+    const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (token >= N) return;
+    const int lane = threadIdx.x % 32;
+    const floatX* d_token = dout + (size_t)token * C;
+    for (int j = 0; j < k; j++) {
+        const int choice = token * k + j;
+        const int s = slot[choice];
+        if (s < 0) {
+            if (lane == 0) d_gates[choice] = 0.0f;
+            continue;
+        }
+        const size_t row = (size_t)expert_index[choice] * capacity + s;
+        const float gate = gates[choice];
+        float dot = 0.0f;
+        for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+            const x128 d = load128(d_token + c);
+            const x128 v = load128cs(expert_output + row * C + c);
+            x128 result;
+            for (int i = 0; i < x128::size; i++) {
+                result[i] = (floatX)(gate * (float)d[i]);
+                dot += (float)d[i] * (float)v[i];
+            }
+            store128(d_expert_output + row * C + c, result);
+        }
+        dot = warp_reduce_sum(dot);
+        if (lane == 0) d_gates[choice] = dot;
+    }
+}
+
+struct MoeBuffers {
+    floatX* x;                // (N, C)
+    floatX* expert_input;     // (E, capacity, C)
+    floatX* expert_output;    // (E, capacity, C), NaN in padding rows
+    floatX* out;              // (N, C)
+    floatX* dout;             // (N, C)
+    floatX* d_expert_output;  // (E, capacity, C)
+    float* d_gates;           // (N, k)
+    floatX* d_expert_input;   // (E, capacity, C), NaN in padding rows
+    floatX* dx;               // (N, C)
+    int* expert_index;        // (N, k)
+    int* slot;                // (N, k)
+    float* gates;             // (N, k)
+    int* row_choice;          // (E, capacity)
+    int* kept_count;          // (E)
+};
+
+static void run_variant(int variant, const MoeBuffers* d, int N, int E, int k, int C, int capacity, int block_size) {
+    const int num_rows = E * capacity;
+    const int rows_per_block = block_size / 32;
+    if (variant == 1) {
+        moe_dispatch_launch(d->expert_input, d->x, d->row_choice, E, k, C, capacity, block_size, 0);
+    } else if (variant == 2) {
+        dispatch_scatter_kernel<<<CEIL_DIV(N * k, rows_per_block), block_size>>>(d->expert_input, d->x,
+                                                                                 d->expert_index, d->slot, N * k, k,
+                                                                                 C, capacity);
+        cudaCheck(cudaGetLastError());
+        zero_padding_rows_kernel<<<CEIL_DIV(num_rows, rows_per_block), block_size>>>(d->expert_input, d->kept_count,
+                                                                                     num_rows, C, capacity);
+        cudaCheck(cudaGetLastError());
+    } else if (variant == 3) {
+        moe_combine_launch(d->out, d->expert_output, d->expert_index, d->slot, d->gates, N, k, C, capacity,
+                           block_size, 0);
+    } else if (variant == 4) {
+        moe_combine_backward_launch(d->d_expert_output, d->d_gates, d->dout, d->expert_output, d->slot, d->gates,
+                                    d->row_choice, N, E, k, C, capacity, block_size, 0);
+    } else if (variant == 5) {
+        combine_backward_per_token_kernel<<<CEIL_DIV(N, rows_per_block), block_size>>>(
+            d->d_expert_output, d->d_gates, d->dout, d->expert_output, d->expert_index, d->slot, d->gates, N, k, C,
+            capacity);
+        cudaCheck(cudaGetLastError());
+        zero_padding_rows_kernel<<<CEIL_DIV(num_rows, rows_per_block), block_size>>>(d->d_expert_output,
+                                                                                     d->kept_count, num_rows, C,
+                                                                                     capacity);
+        cudaCheck(cudaGetLastError());
+    } else {
+        moe_dispatch_backward_launch(d->dx, d->d_expert_input, d->expert_index, d->slot, N, k, C, capacity,
+                                     block_size, 0);
+    }
+}
+
+// ARCHITECTURE.md's slot rule as a plain loop over the priority order (every first choice, then every second...)
+static void slots_reference(std::vector<int>* slot, std::vector<int>* row_choice, std::vector<int>* kept_count,
+                            const std::vector<int>& expert_index, int N, int E, int k, int capacity) {
+    std::vector<int> routed(E, 0);
+    row_choice->assign((size_t)E * capacity, -1);
+    for (int j = 0; j < k; j++) {
+        for (int t = 0; t < N; t++) {
+            const int choice = t * k + j;
+            const int e = expert_index[choice];
+            const int s = routed[e]++;
+            (*slot)[choice] = s < capacity ? s : -1;
+            if (s < capacity) (*row_choice)[(size_t)e * capacity + s] = choice;
+        }
+    }
+    for (int e = 0; e < E; e++) (*kept_count)[e] = routed[e] < capacity ? routed[e] : capacity;
+}
+
+// k distinct experts per token, expert e drawn with weight 1/(e+1) so that the low experts overflow
+static std::vector<int> skewed_routing(int N, int E, int k) {
+    std::vector<int> expert_index((size_t)N * k);
+    std::vector<double> weight(E);
+    for (int t = 0; t < N; t++) {
+        for (int e = 0; e < E; e++) weight[e] = 1.0 / (e + 1);
+        for (int j = 0; j < k; j++) {
+            double total = 0.0;
+            for (int e = 0; e < E; e++) total += weight[e];
+            double u = lab_rand_uniform(0.0f, 1.0f) * total;
+            int pick = -1;
+            for (int e = 0; e < E; e++) {
+                if (weight[e] == 0.0) continue;
+                pick = e;  // the last free expert if rounding runs u past the end
+                if (u < weight[e]) break;
+                u -= weight[e];
+            }
+            expert_index[(size_t)t * k + j] = pick;
+            weight[pick] = 0.0;
+        }
+    }
+    return expert_index;
+}
+
+static std::vector<float> rounded_to_floatX(std::vector<float> values) {
+    for (float& v : values) v = (float)(floatX)v;
+    return values;
+}
+
+int main(int argc, char** argv) {
+    LabArgs args = lab_parse_args(argc, argv);
+    struct Case { int N, E, k, C; double cf; };
+    const Case full_cases[] = {{8 * 1024, 8, 1, 768, 1.25}, {8 * 1024, 8, 2, 768, 1.25}};
+    // C = 48: 6 (bf16) or 12 (fp32) vectors per row, fewer than the 32 lanes of a warp
+    const Case small_cases[] = {{69, 4, 1, 48, 0.5}, {69, 4, 2, 48, 0.5}, {69, 4, 2, 48, 0.0}};
+    const Case* cases = args.small ? small_cases : full_cases;
+    const int num_cases = args.small ? 3 : 2;
+    const int block_sizes[] = {64, 128, 256, 512};
+    const int repeats = args.small || lab_on_cpu_backend() ? 3 : 100;  // CPU-backend times are only indicative
+
+    printf("moe_dispatch_combine (%s)\n", PRECISION_NAME);
+    for (int c = 0; c < num_cases; c++) {
+        const int N = cases[c].N, E = cases[c].E, k = cases[c].k, C = cases[c].C;
+        const int capacity = moe_capacity(N, E, k, cases[c].cf);
+        const size_t num_choices = (size_t)N * k, num_rows = (size_t)E * capacity;
+        const size_t token_elements = (size_t)N * C, row_elements = num_rows * C;
+
+        std::vector<int> expert_index = skewed_routing(N, E, k);
+        std::vector<int> slot(num_choices), row_choice, kept_count(E);
+        slots_reference(&slot, &row_choice, &kept_count, expert_index, N, E, k, capacity);
+        std::vector<float> gates = lab_random(num_choices, 0.05f, 1.0f);
+        std::vector<float> x = rounded_to_floatX(lab_random(token_elements));
+        std::vector<float> dout = rounded_to_floatX(lab_random(token_elements));
+        std::vector<float> dx_before = rounded_to_floatX(lab_random(token_elements));
+        std::vector<float> expert_output = rounded_to_floatX(lab_random(row_elements));
+        std::vector<float> d_expert_input = rounded_to_floatX(lab_random(row_elements));
+        // padding rows hold NaN: a kernel that reads one fails validation
+        for (size_t r = 0; r < num_rows; r++) {
+            if (row_choice[r] >= 0) continue;
+            for (int i = 0; i < C; i++) expert_output[r * C + i] = d_expert_input[r * C + i] = NAN;
+        }
+        int kept_rows = 0, tokens_all_dropped = 0;
+        for (int e = 0; e < E; e++) kept_rows += kept_count[e];
+        for (int t = 0; t < N; t++) {
+            bool any = false;
+            for (int j = 0; j < k; j++) any = any || slot[(size_t)t * k + j] >= 0;
+            tokens_all_dropped += !any;
+        }
+        printf("N=%d E=%d k=%d C=%d CF=%g: capacity %d, %d of %d rows used, %d tokens with every choice dropped\n",
+               N, E, k, C, cases[c].cf, capacity, kept_rows, (int)num_rows, tokens_all_dropped);
+        if (args.small && cases[c].cf > 0.0 && tokens_all_dropped == 0) {
+            printf("FAIL: the capacity-limited inputs drop no token entirely\n");
+            exit(EXIT_FAILURE);
+        }
+
+        // double-precision references of the semantics
+        std::vector<float> expert_input_ref(row_elements, 0.0f), out_ref(token_elements, 0.0f);
+        std::vector<float> d_expert_output_ref(row_elements, 0.0f), d_gates_ref(num_choices, 0.0f);
+        std::vector<float> dx_ref(token_elements);
+        for (size_t r = 0; r < num_rows; r++) {
+            if (row_choice[r] < 0) continue;
+            const int t = row_choice[r] / k;
+            for (int i = 0; i < C; i++) expert_input_ref[r * C + i] = x[(size_t)t * C + i];
+        }
+        for (int t = 0; t < N; t++) {
+            for (int i = 0; i < C; i++) {
+                double sum = 0.0, d_sum = dx_before[(size_t)t * C + i];
+                for (int j = 0; j < k; j++) {
+                    const int choice = t * k + j;
+                    if (slot[choice] < 0) continue;
+                    const size_t row = (size_t)expert_index[choice] * capacity + slot[choice];
+                    sum += (double)gates[choice] * expert_output[row * C + i];
+                    d_sum += d_expert_input[row * C + i];
+                }
+                out_ref[(size_t)t * C + i] = (float)sum;
+                dx_ref[(size_t)t * C + i] = (float)d_sum;
+            }
+            for (int j = 0; j < k; j++) {
+                const int choice = t * k + j;
+                if (slot[choice] < 0) continue;
+                const size_t row = (size_t)expert_index[choice] * capacity + slot[choice];
+                double dot = 0.0;
+                for (int i = 0; i < C; i++) {
+                    d_expert_output_ref[row * C + i] = (float)((double)gates[choice] * dout[(size_t)t * C + i]);
+                    dot += (double)dout[(size_t)t * C + i] * expert_output[row * C + i];
+                }
+                d_gates_ref[choice] = (float)dot;
+            }
+        }
+
+        MoeBuffers d;
+        d.x = lab_to_device<floatX>(x);
+        d.expert_input = lab_poisoned<floatX>(row_elements);
+        d.expert_output = lab_to_device<floatX>(expert_output);
+        d.out = lab_poisoned<floatX>(token_elements);
+        d.dout = lab_to_device<floatX>(dout);
+        d.d_expert_output = lab_poisoned<floatX>(row_elements);
+        d.d_gates = lab_poisoned<float>(num_choices);
+        d.d_expert_input = lab_to_device<floatX>(d_expert_input);
+        d.dx = lab_to_device<floatX>(dx_before);
+        d.expert_index = lab_ints_to_device(expert_index);
+        d.slot = lab_ints_to_device(slot);
+        d.gates = lab_to_device<float>(gates);
+        d.row_choice = lab_ints_to_device(row_choice);
+        d.kept_count = lab_ints_to_device(kept_count);
+        std::vector<floatX> dx_before_floatX(dx_before.begin(), dx_before.end());
+
+        // Tolerances. Copies (dispatch) are exact. Outputs rounded once to floatX from fp32 arithmetic: bf16 half
+        // an ulp is 2^-9 = 1.95e-3 relative, so rtol 4e-3; fp32 rtol 1e-6; atol 1e-6 for the fp32 rounding of
+        // sums of two terms that cancel. d_gates: fp32 dot of C products of |values| <= 1, each lane adding C/32
+        // of them then 5 butterfly levels: |error| <= (C/32 + 6) * 2^-24 * C, the bound used as atol.
+        const float rtol = PRECISION_MODE == PRECISION_FP32 ? 1e-6f : 4e-3f;
+        const float dot_atol = (float)((C / 32 + 6) * C) * 5.97e-8f;
+        for (int variant = 1; variant <= 6; variant++) {
+            if (args.variant != 0 && args.variant != variant) continue;
+            cudaCheck(cudaMemset(d.expert_input, 0xff, row_elements * sizeof(floatX)));
+            cudaCheck(cudaMemset(d.out, 0xff, token_elements * sizeof(floatX)));
+            cudaCheck(cudaMemset(d.d_expert_output, 0xff, row_elements * sizeof(floatX)));
+            cudaCheck(cudaMemset(d.d_gates, 0xff, num_choices * sizeof(float)));
+            cudaCheck(cudaMemcpy(d.dx, dx_before_floatX.data(), token_elements * sizeof(floatX), cudaMemcpyHostToDevice));
+            run_variant(variant, &d, N, E, k, C, capacity, 256);
+            cudaCheck(cudaDeviceSynchronize());
+            printf("variant %d\n", variant);
+            if (variant <= 2) lab_validate("expert_input", d.expert_input, expert_input_ref.data(), row_elements, 0.0f, 0.0f);
+            if (variant == 3) lab_validate("out", d.out, out_ref.data(), token_elements, 1e-6f, rtol);
+            if (variant == 4 || variant == 5) {
+                lab_validate("d_expert_output", d.d_expert_output, d_expert_output_ref.data(), row_elements, 1e-6f, rtol);
+                lab_validate("d_gates", d.d_gates, d_gates_ref.data(), num_choices, dot_atol, 0.0f);
+            }
+            if (variant == 6) lab_validate("dx", d.dx, dx_ref.data(), token_elements, 1e-6f, rtol);
+        }
+
+        char sizes[96];
+        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d C=%d capacity=%d", N, E, k, C, capacity);
+        lab_print_header("moe_dispatch_combine", sizes);
+        const double s = sizeof(floatX);
+        const double kept_bytes = (double)kept_rows * C * s, row_bytes = (double)row_elements * s;
+        const double token_bytes = (double)token_elements * s;
+        const double floors[7] = {0.0,
+                                  kept_bytes + row_bytes + 4.0 * num_rows,
+                                  kept_bytes + row_bytes + 4.0 * num_rows,
+                                  kept_bytes + token_bytes + 12.0 * num_choices,
+                                  2.0 * kept_bytes + row_bytes + 12.0 * num_choices + 4.0 * num_rows,
+                                  2.0 * kept_bytes + row_bytes + 12.0 * num_choices + 4.0 * num_rows,
+                                  kept_bytes + 2.0 * token_bytes + 8.0 * num_choices};
+        for (int variant = 1; variant <= 6; variant++) {
+            if (args.variant != 0 && args.variant != variant) continue;
+            for (int block_size : block_sizes) {
+                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, C, capacity, block_size); });
+                lab_print_row(variant, block_size, ms, floors[variant], 0.0);
+            }
+        }
+        cudaCheck(cudaFree(d.x));
+        cudaCheck(cudaFree(d.expert_input));
+        cudaCheck(cudaFree(d.expert_output));
+        cudaCheck(cudaFree(d.out));
+        cudaCheck(cudaFree(d.dout));
+        cudaCheck(cudaFree(d.d_expert_output));
+        cudaCheck(cudaFree(d.d_gates));
+        cudaCheck(cudaFree(d.d_expert_input));
+        cudaCheck(cudaFree(d.dx));
+        cudaCheck(cudaFree(d.expert_index));
+        cudaCheck(cudaFree(d.slot));
+        cudaCheck(cudaFree(d.gates));
+        cudaCheck(cudaFree(d.row_choice));
+        cudaCheck(cudaFree(d.kept_count));
+    }
+    return 0;
+}

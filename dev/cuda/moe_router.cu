@@ -1,0 +1,194 @@
+// dev/cuda/moe_router.cu: kernel lab for the MoE router forward: per token, probs = softmax(logits) over E
+// experts (fp32), logsumexp (for the z-loss), the top-k experts (ties to the lower index, in descending order)
+// and their gates (the raw prob for k = 1, renormalised over the k picks for k >= 2). ARCHITECTURE.md, "MoE
+// semantics", is the definition; the reference below is a plain double-precision loop over it.
+// Build and run on the CPU backend (small sizes):
+//   cpu/cucc -O2 dev/cuda/moe_router.cu -o build/labmoe/moe_router -lcublas -lcublasLt
+//   build/labmoe/moe_router -s          (add -DENABLE_FP32 to the build: the router is fp32 either way)
+// On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_router.cu -o moe_router
+//   ./moe_router [variant] [-s]   (default: N = 8*1024 tokens, E = 8 with k = 1 and 2, E = 64 with k = 2;
+//                                  -s: N = 69 with E = 4, k = 1 and 2, E = 40 k = 2, E = 200 k = 3)
+// Variants:
+//   1  one thread per token: serial loops over the row (max, sum, probs, k scans for the picks)
+//   2  llmc/moe.cuh moe_router_forward: one warp per token, shuffle reductions, one warp argmax per pick.
+//      The trainer's.
+// Floor (see llmc/moe.cuh): read N*E*4, write N*E*4 + N*k*8 + N*4 bytes.
+#include "common.h"
+#include "../../llmc/moe.cuh"
+
+// One thread per token. The picks come out in the order (logit descending, index ascending), so a candidate is
+// still free exactly when it comes after the previous pick in that order: no list of taken experts is needed.
+__global__ void router_thread_per_token_kernel(float* probs, int* expert_index, float* gates, float* logsumexp,
+                                               const float* logits, int N, int E, int k) {
+    const int token = blockIdx.x * blockDim.x + threadIdx.x;
+    if (token >= N) return;
+    const float* row = logits + (size_t)token * E;
+    float* prob = probs + (size_t)token * E;
+    float row_max = -INFINITY;
+    for (int e = 0; e < E; e++) row_max = fmaxf(row_max, row[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; e++) sum += expf(row[e] - row_max);
+    for (int e = 0; e < E; e++) prob[e] = expf(row[e] - row_max) / sum;
+    logsumexp[token] = row_max + logf(sum);
+
+    float previous = INFINITY;
+    int previous_expert = -1;
+    float picked_sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best_expert = -1;
+        for (int e = 0; e < E; e++) {
+            const bool free = row[e] < previous || (row[e] == previous && e > previous_expert);
+            if (free && (best_expert < 0 || row[e] > row[best_expert])) best_expert = e;
+        }
+        expert_index[(size_t)token * k + j] = best_expert;
+        gates[(size_t)token * k + j] = prob[best_expert];
+        picked_sum += prob[best_expert];
+        previous = row[best_expert];
+        previous_expert = best_expert;
+    }
+    if (k >= 2) {
+        for (int j = 0; j < k; j++) gates[(size_t)token * k + j] /= picked_sum;
+    }
+}
+
+struct RouterBuffers {
+    float* logits;
+    float* probs;
+    int* expert_index;
+    float* gates;
+    float* logsumexp;
+};
+
+static void run_variant(int variant, const RouterBuffers* d, int N, int E, int k, int block_size) {
+    if (variant == 1) {
+        router_thread_per_token_kernel<<<CEIL_DIV(N, block_size), block_size>>>(d->probs, d->expert_index, d->gates,
+                                                                               d->logsumexp, d->logits, N, E, k);
+        cudaCheck(cudaGetLastError());
+    } else {
+        moe_router_forward_launch(d->probs, d->expert_index, d->gates, d->logsumexp, d->logits, N, E, k, block_size, 0);
+    }
+}
+
+// double-precision router of ARCHITECTURE.md: softmax, logsumexp, top-k by (prob descending, index ascending)
+// (the exact probs order as the fp32 logits do, and equal logits give equal probs), gates
+static void router_reference(std::vector<float>* probs, std::vector<float>* expert_index, std::vector<float>* gates,
+                             std::vector<float>* logsumexp, const std::vector<float>& logits, int N, int E, int k) {
+    std::vector<double> p(E);
+    std::vector<int> picks(k);
+    for (int t = 0; t < N; t++) {
+        const float* row = logits.data() + (size_t)t * E;
+        double row_max = -INFINITY, sum = 0.0;
+        for (int e = 0; e < E; e++) row_max = fmax(row_max, (double)row[e]);
+        for (int e = 0; e < E; e++) sum += exp((double)row[e] - row_max);
+        for (int e = 0; e < E; e++) {
+            p[e] = exp((double)row[e] - row_max) / sum;
+            (*probs)[(size_t)t * E + e] = (float)p[e];
+        }
+        (*logsumexp)[t] = (float)(row_max + log(sum));
+        double picked_sum = 0.0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            picks[j] = best;
+            picked_sum += p[best];
+        }
+        for (int j = 0; j < k; j++) {
+            (*expert_index)[(size_t)t * k + j] = (float)picks[j];
+            (*gates)[(size_t)t * k + j] = (float)(k == 1 ? p[picks[j]] : p[picks[j]] / picked_sum);
+        }
+    }
+}
+
+// random logits in [-4, 4] with exact ties planted: every third row has its maximum copied to another expert,
+// every fifth row a tie between two other experts, and rows 7 and 11 (when present) are all equal
+static std::vector<float> router_logits(int N, int E) {
+    std::vector<float> logits = lab_random((size_t)N * E, -4.0f, 4.0f);
+    for (int t = 0; t < N; t++) {
+        float* row = logits.data() + (size_t)t * E;
+        if (E >= 2 && t % 3 == 0) {
+            int top = 0;
+            for (int e = 1; e < E; e++) top = row[e] > row[top] ? e : top;
+            const int other = (top + 1 + lab_random_ints(1, E - 1)[0]) % E;
+            row[other] = row[top];
+        }
+        if (E >= 3 && t % 5 == 0) {
+            const int a = lab_random_ints(1, E)[0];
+            row[(a + 1) % E] = row[a];
+        }
+        if (t == 7 || t == 11) {
+            for (int e = 0; e < E; e++) row[e] = 0.25f;
+        }
+    }
+    return logits;
+}
+
+int main(int argc, char** argv) {
+    LabArgs args = lab_parse_args(argc, argv);
+    struct Case { int N, E, k; };
+    const Case full_cases[] = {{8 * 1024, 8, 1}, {8 * 1024, 8, 2}, {8 * 1024, 64, 2}};
+    // 69 = 3*23 tokens: warps of the warp variant's last block partly empty; E = 40 and 200 cover 2 and 8
+    // logits per lane, with lanes that own fewer experts than others
+    const Case small_cases[] = {{69, 4, 1}, {69, 4, 2}, {69, 40, 2}, {69, 200, 3}};
+    const Case* cases = args.small ? small_cases : full_cases;
+    const int num_cases = args.small ? 4 : 3;
+    const int block_sizes[] = {64, 128, 256, 512};
+    const int repeats = args.small || lab_on_cpu_backend() ? 3 : 100;  // CPU-backend times are only indicative
+
+    printf("moe_router (%s build; the router is fp32)\n", PRECISION_NAME);
+    for (int c = 0; c < num_cases; c++) {
+        const int N = cases[c].N, E = cases[c].E, k = cases[c].k;
+        const size_t n = (size_t)N * E;
+        std::vector<float> logits = router_logits(N, E);
+        std::vector<float> probs(n), expert_index((size_t)N * k), gates((size_t)N * k), logsumexp(N);
+        router_reference(&probs, &expert_index, &gates, &logsumexp, logits, N, E, k);
+
+        RouterBuffers d;
+        d.logits = lab_to_device<float>(logits);
+        d.probs = lab_poisoned<float>(n);
+        d.expert_index = lab_poisoned<int>((size_t)N * k);
+        d.gates = lab_poisoned<float>((size_t)N * k);
+        d.logsumexp = lab_poisoned<float>(N);
+
+        printf("N=%d E=%d k=%d\n", N, E, k);
+        for (int variant = 1; variant <= 2; variant++) {
+            if (args.variant != 0 && args.variant != variant) continue;
+            cudaCheck(cudaMemset(d.probs, 0xff, n * sizeof(float)));
+            cudaCheck(cudaMemset(d.expert_index, 0xff, (size_t)N * k * sizeof(int)));
+            cudaCheck(cudaMemset(d.gates, 0xff, (size_t)N * k * sizeof(float)));
+            cudaCheck(cudaMemset(d.logsumexp, 0xff, N * sizeof(float)));
+            run_variant(variant, &d, N, E, k, 256);
+            cudaCheck(cudaDeviceSynchronize());
+            printf("variant %d\n", variant);
+            // fp32 softmax from exact fp32 logits: max and subtraction exact, exp correctly rounded on the CPU
+            // (--use_fast_math __expf on a GPU: <= 2 + 1.16*|x| ulp, ~1.2e-6 relative at |x| = 8), a sum of E
+            // terms in another order (~E * 2^-24 relative): rtol 1e-5 covers E = 200. The picks are exact
+            // comparisons of the same fp32 logits: no tolerance. lse ~ 1..10, atol 1e-5.
+            lab_validate("probs", d.probs, probs.data(), n, 1e-7f, 1e-5f);
+            lab_validate("expert_index", d.expert_index, expert_index.data(), (size_t)N * k, 0.0f, 0.0f);
+            lab_validate("gates", d.gates, gates.data(), (size_t)N * k, 1e-7f, 1e-5f);
+            lab_validate("logsumexp", d.logsumexp, logsumexp.data(), N, 1e-5f, 1e-6f);
+        }
+
+        char sizes[64];
+        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d", N, E, k);
+        lab_print_header("moe_router", sizes);
+        const double bytes = 8.0 * n + 8.0 * N * k + 4.0 * N;
+        for (int variant = 1; variant <= 2; variant++) {
+            if (args.variant != 0 && args.variant != variant) continue;
+            for (int block_size : block_sizes) {
+                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, block_size); });
+                lab_print_row(variant, block_size, ms, bytes, 0.0);
+            }
+        }
+        cudaCheck(cudaFree(d.logits));
+        cudaCheck(cudaFree(d.probs));
+        cudaCheck(cudaFree(d.expert_index));
+        cudaCheck(cudaFree(d.gates));
+        cudaCheck(cudaFree(d.logsumexp));
+    }
+    return 0;
+}

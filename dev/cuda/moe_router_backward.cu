@@ -1,0 +1,358 @@
+// dev/cuda/moe_router_backward.cu: kernel lab for the MoE router's backward pass and losses: d_logits (N, E)
+// of the gates' gradient d_gates (k = 1: the raw prob; k >= 2: through the renormalisation over the k picks)
+// and of the load-balancing loss aux = alpha*E*sum_e f_e P_e and the z-loss c_z*mean_t lse_t^2 (these two times
+// loss_scale), through the softmax; and the two loss values. ARCHITECTURE.md, "MoE semantics".
+// The double-precision reference gradient is itself checked against central finite differences of the
+// double-precision loss (picks and f_e held fixed, as the definition does) at small sizes.
+// Build and run on the CPU backend (small sizes):
+//   cpu/cucc -O2 dev/cuda/moe_router_backward.cu -o build/labmoe/moe_router_backward -lcublas -lcublasLt
+//   build/labmoe/moe_router_backward -s          (-DENABLE_FP32 builds the same thing: the router is fp32)
+// On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_router_backward.cu -o moe_router_backward
+//   ./moe_router_backward [variant] [-s]  (default: N = 8*1024, E = 8 with k = 1 and 2, E = 64 with k = 2;
+//                                          -s: N = 69, E = 4 with k = 1 and 2, E = 40 with k = 2, and E = 4
+//                                          k = 2 with d_gates = 0 (the loss terms alone))
+// Variants:
+//   1  router backward, one thread per token: serial loops over the row
+//   2  llmc/moe.cuh moe_router_backward: one warp per token, lanes own experts, one warp reduction. The trainer's.
+//   3  llmc/moe.cuh moe_router_losses: one block, block_reduce. The trainer's.
+//   4  losses in two passes: a grid of blocks writes partial sums, one thread adds them in block order
+// Floors (see llmc/moe.cuh): backward N*E*8 + N*k*12 + N*4 + E*4 bytes; losses N*E*4 + N*4 + E*4 bytes.
+#include "common.h"
+#include "../../llmc/moe.cuh"
+
+#define LOSSES_PARTIAL_BLOCKS 64
+
+__global__ void router_backward_thread_per_token_kernel(float* d_logits, const float* probs, const int* expert_index,
+                                                        const float* gates, const float* d_gates,
+                                                        const float* logsumexp, const int* expert_count, int N, int E,
+                                                        int k, float aux_alpha, float z_coef, float loss_scale) {
+    const int token = blockIdx.x * blockDim.x + threadIdx.x;
+    if (token >= N) return;
+    const float* p = probs + (size_t)token * E;
+    const int* picks = expert_index + (size_t)token * k;
+    const float* d_gate = d_gates + (size_t)token * k;
+    const float aux_per_count = loss_scale * aux_alpha * (float)E / ((float)N * (float)k * (float)N);
+    float picked_sum = 0.0f, gate_dot = 0.0f;
+    for (int j = 0; j < k; j++) {
+        picked_sum += p[picks[j]];
+        gate_dot += d_gate[j] * gates[(size_t)token * k + j];
+    }
+    // dP_e is needed twice (the softmax dot, then the output): recomputed rather than stored, E is small
+    const float z_scale = loss_scale * z_coef * 2.0f * logsumexp[token] / (float)N;
+    float dot = 0.0f;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int e = 0; e < E; e++) {
+            float dp = aux_per_count * (float)expert_count[e];
+            for (int j = 0; j < k; j++) {
+                if (picks[j] == e) dp += k == 1 ? d_gate[0] : (d_gate[j] - gate_dot) / picked_sum;
+            }
+            if (pass == 0) dot += p[e] * dp;
+            else d_logits[(size_t)token * E + e] = p[e] * (dp - dot) + z_scale * p[e];
+        }
+    }
+}
+
+__global__ void losses_partials_kernel(float* partials, const float* probs, const float* logsumexp,
+                                       const int* expert_count, int N, int E) {
+    const int stride = gridDim.x * blockDim.x;
+    const int first = blockIdx.x * blockDim.x + threadIdx.x;
+    float weighted = 0.0f, squares = 0.0f;
+    for (int i = first; i < N * E; i += stride) weighted += (float)expert_count[i % E] * probs[i];
+    for (int t = first; t < N; t += stride) squares += logsumexp[t] * logsumexp[t];
+    weighted = block_reduce<warp_reduce_sum>(weighted, true);
+    squares = block_reduce<warp_reduce_sum>(squares);
+    if (threadIdx.x == 0) {
+        partials[2 * blockIdx.x] = weighted;
+        partials[2 * blockIdx.x + 1] = squares;
+    }
+}
+
+__global__ void losses_final_kernel(float* aux_and_z, const float* partials, int num_partials, int N, int E, int k,
+                                    float aux_alpha, float z_coef) {
+    float weighted = 0.0f, squares = 0.0f;
+    for (int b = 0; b < num_partials; b++) {
+        weighted += partials[2 * b];
+        squares += partials[2 * b + 1];
+    }
+    aux_and_z[0] = aux_alpha * (float)E * (weighted / ((float)N * (float)k * (float)N));
+    aux_and_z[1] = z_coef * squares / (float)N;
+}
+
+struct RouterBackwardBuffers {
+    float* probs;
+    int* expert_index;
+    float* gates;
+    float* d_gates;
+    float* logsumexp;
+    int* expert_count;
+    float* d_logits;
+    float* aux_and_z;
+    float* partials;
+};
+
+struct LossCoefficients {
+    float aux_alpha, z_coef, loss_scale;
+};
+
+static void run_variant(int variant, const RouterBackwardBuffers* d, int N, int E, int k, LossCoefficients q,
+                        int block_size) {
+    if (variant == 1) {
+        router_backward_thread_per_token_kernel<<<CEIL_DIV(N, block_size), block_size>>>(
+            d->d_logits, d->probs, d->expert_index, d->gates, d->d_gates, d->logsumexp, d->expert_count, N, E, k,
+            q.aux_alpha, q.z_coef, q.loss_scale);
+        cudaCheck(cudaGetLastError());
+    } else if (variant == 2) {
+        moe_router_backward_launch(d->d_logits, d->probs, d->expert_index, d->gates, d->d_gates, d->logsumexp,
+                                   d->expert_count, N, E, k, q.aux_alpha, q.z_coef, q.loss_scale, block_size, 0);
+    } else if (variant == 3) {
+        moe_router_losses(d->aux_and_z, d->probs, d->logsumexp, d->expert_count, N, E, k, q.aux_alpha, q.z_coef, 0);
+    } else {
+        losses_partials_kernel<<<LOSSES_PARTIAL_BLOCKS, block_size>>>(d->partials, d->probs, d->logsumexp,
+                                                                      d->expert_count, N, E);
+        cudaCheck(cudaGetLastError());
+        losses_final_kernel<<<1, 1>>>(d->aux_and_z, d->partials, LOSSES_PARTIAL_BLOCKS, N, E, k, q.aux_alpha, q.z_coef);
+        cudaCheck(cudaGetLastError());
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// double-precision definitions
+
+// softmax, logsumexp and the top-k picks (prob descending, ties to the lower index) of the row
+static void route_row(std::vector<double>* p, double* lse, int* picks, const float* row, int E, int k) {
+    double row_max = -INFINITY, sum = 0.0;
+    for (int e = 0; e < E; e++) row_max = fmax(row_max, (double)row[e]);
+    for (int e = 0; e < E; e++) sum += exp((double)row[e] - row_max);
+    for (int e = 0; e < E; e++) (*p)[e] = exp((double)row[e] - row_max) / sum;
+    *lse = row_max + log(sum);
+    if (picks == nullptr) return;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
+            if (!taken && (best < 0 || (*p)[e] > (*p)[best])) best = e;
+        }
+        picks[j] = best;
+    }
+}
+
+// the scalar whose gradient the kernels compute, with the picks and counts fixed:
+// sum_t sum_j d_gates[t,j] * gate[t,j] + loss_scale * (alpha*E*sum_e f_e P_e + c_z * mean_t lse_t^2)
+static double router_loss(const std::vector<double>& logits, const std::vector<int>& picks,
+                          const std::vector<float>& d_gates, const std::vector<int>& expert_count, int N, int E, int k,
+                          LossCoefficients q) {
+    std::vector<double> p(E), mean_prob(E, 0.0);
+    double gate_term = 0.0, z_sum = 0.0;
+    for (int t = 0; t < N; t++) {
+        double row_max = -INFINITY, sum = 0.0;
+        for (int e = 0; e < E; e++) row_max = fmax(row_max, logits[(size_t)t * E + e]);
+        for (int e = 0; e < E; e++) sum += exp(logits[(size_t)t * E + e] - row_max);
+        for (int e = 0; e < E; e++) p[e] = exp(logits[(size_t)t * E + e] - row_max) / sum;
+        const double lse = row_max + log(sum);
+        double picked_sum = 0.0;
+        for (int j = 0; j < k; j++) picked_sum += p[picks[(size_t)t * k + j]];
+        for (int j = 0; j < k; j++) {
+            const double prob = p[picks[(size_t)t * k + j]];
+            gate_term += d_gates[(size_t)t * k + j] * (k == 1 ? prob : prob / picked_sum);
+        }
+        for (int e = 0; e < E; e++) mean_prob[e] += p[e] / N;
+        z_sum += lse * lse;
+    }
+    double aux = 0.0;
+    for (int e = 0; e < E; e++) aux += (double)expert_count[e] / ((double)N * k) * mean_prob[e];
+    return gate_term + q.loss_scale * (q.aux_alpha * E * aux + q.z_coef * z_sum / N);
+}
+
+// the analytic gradient of router_loss with respect to the logits, written out as ARCHITECTURE.md defines it
+static void router_backward_reference(std::vector<double>* d_logits, const std::vector<float>& logits,
+                                      const std::vector<int>& picks, const std::vector<float>& d_gates,
+                                      const std::vector<int>& expert_count, int N, int E, int k, LossCoefficients q) {
+    std::vector<double> p(E), dp(E);
+    for (int t = 0; t < N; t++) {
+        double lse;
+        route_row(&p, &lse, nullptr, logits.data() + (size_t)t * E, E, k);
+        for (int e = 0; e < E; e++) dp[e] = q.loss_scale * q.aux_alpha * E * expert_count[e] / ((double)N * k) / N;
+        const int* pick = picks.data() + (size_t)t * k;
+        const float* d_gate = d_gates.data() + (size_t)t * k;
+        if (k == 1) {
+            dp[pick[0]] += d_gate[0];
+        } else {
+            double picked_sum = 0.0, gate_dot = 0.0;
+            for (int j = 0; j < k; j++) picked_sum += p[pick[j]];
+            for (int j = 0; j < k; j++) gate_dot += d_gate[j] * p[pick[j]] / picked_sum;
+            for (int j = 0; j < k; j++) dp[pick[j]] += (d_gate[j] - gate_dot) / picked_sum;
+        }
+        double dot = 0.0;
+        for (int e = 0; e < E; e++) dot += p[e] * dp[e];
+        for (int e = 0; e < E; e++) {
+            (*d_logits)[(size_t)t * E + e] = p[e] * (dp[e] - dot) + q.loss_scale * q.z_coef * 2.0 * lse * p[e] / N;
+        }
+    }
+}
+
+// central differences of router_loss at every logit; fails the run if the analytic reference disagrees
+static void check_reference_by_finite_differences(const std::vector<double>& analytic, const std::vector<float>& logits,
+                                                  const std::vector<int>& picks, const std::vector<float>& d_gates,
+                                                  const std::vector<int>& expert_count, int N, int E, int k,
+                                                  LossCoefficients q) {
+    std::vector<double> x(logits.begin(), logits.end());
+    const double h = 1e-5;  // truncation ~h^2 * |L'''| ~ 1e-10, cancellation ~1e-16 * |L| / h ~ 1e-9
+    double worst = 0.0;
+    for (size_t i = 0; i < x.size(); i++) {
+        const double saved = x[i];
+        x[i] = saved + h;
+        const double up = router_loss(x, picks, d_gates, expert_count, N, E, k, q);
+        x[i] = saved - h;
+        const double down = router_loss(x, picks, d_gates, expert_count, N, E, k, q);
+        x[i] = saved;
+        const double err = fabs((up - down) / (2.0 * h) - analytic[i]);
+        if (err > 1e-7) {
+            printf("FAIL reference d_logits[%zu] = %.10g, finite difference %.10g\n", i, analytic[i], (up - down) / (2 * h));
+            exit(EXIT_FAILURE);
+        }
+        worst = fmax(worst, err);
+    }
+    printf("  %-28s ok (max abs err %.3g over %zu logits)\n", "reference vs finite diff", worst, x.size());
+}
+
+// random logits in [-4, 4], every third row with its maximum tied by another expert, every fifth row a tie
+// elsewhere, rows 7 and 11 all equal
+static std::vector<float> router_logits(int N, int E) {
+    std::vector<float> logits = lab_random((size_t)N * E, -4.0f, 4.0f);
+    for (int t = 0; t < N; t++) {
+        float* row = logits.data() + (size_t)t * E;
+        if (E >= 2 && t % 3 == 0) {
+            int top = 0;
+            for (int e = 1; e < E; e++) top = row[e] > row[top] ? e : top;
+            row[(top + 1 + lab_random_ints(1, E - 1)[0]) % E] = row[top];
+        }
+        if (E >= 3 && t % 5 == 0) {
+            const int a = lab_random_ints(1, E)[0];
+            row[(a + 1) % E] = row[a];
+        }
+        if (t == 7 || t == 11) {
+            for (int e = 0; e < E; e++) row[e] = 0.25f;
+        }
+    }
+    return logits;
+}
+
+int main(int argc, char** argv) {
+    LabArgs args = lab_parse_args(argc, argv);
+    struct Case { int N, E, k; bool gate_gradient; };
+    const Case full_cases[] = {{8 * 1024, 8, 1, true}, {8 * 1024, 8, 2, true}, {8 * 1024, 64, 2, true}};
+    const Case small_cases[] = {{69, 4, 1, true}, {69, 4, 2, true}, {69, 40, 2, true}, {69, 4, 2, false}};
+    const Case* cases = args.small ? small_cases : full_cases;
+    const int num_cases = args.small ? 4 : 3;
+    // coefficients far above the trainer's defaults (0.01, 0.001, 1) so that the loss terms are not lost in the
+    // gate term's tolerance, and loss_scale != 1 so that a missing factor shows
+    const LossCoefficients q = {0.5f, 0.05f, 1.5f};
+    const int block_sizes[] = {64, 128, 256, 512};
+    const int repeats = args.small || lab_on_cpu_backend() ? 3 : 100;  // CPU-backend times are only indicative
+
+    printf("moe_router_backward (%s build; the router is fp32)\n", PRECISION_NAME);
+    for (int c = 0; c < num_cases; c++) {
+        const int N = cases[c].N, E = cases[c].E, k = cases[c].k;
+        const size_t n = (size_t)N * E, num_choices = (size_t)N * k;
+        // routing in double, then rounded to the fp32 values the forward kernel would hand over
+        std::vector<float> logits = router_logits(N, E);
+        std::vector<float> probs(n), gates(num_choices), logsumexp(N);
+        std::vector<int> picks(num_choices), expert_count(E, 0);
+        std::vector<double> p(E);
+        for (int t = 0; t < N; t++) {
+            double lse;
+            route_row(&p, &lse, picks.data() + (size_t)t * k, logits.data() + (size_t)t * E, E, k);
+            double picked_sum = 0.0;
+            for (int j = 0; j < k; j++) picked_sum += p[picks[(size_t)t * k + j]];
+            for (int e = 0; e < E; e++) probs[(size_t)t * E + e] = (float)p[e];
+            for (int j = 0; j < k; j++) {
+                const double prob = p[picks[(size_t)t * k + j]];
+                gates[(size_t)t * k + j] = (float)(k == 1 ? prob : prob / picked_sum);
+                expert_count[picks[(size_t)t * k + j]]++;
+            }
+            logsumexp[t] = (float)lse;
+        }
+        // d_gates: random, 0 for the choices a capacity of CF 0.5 drops (what moe_combine_backward hands over)
+        std::vector<float> d_gates = lab_random(num_choices);
+        const int capacity = moe_capacity(N, E, k, 0.5);
+        std::vector<int> routed(E, 0);
+        int dropped = 0;
+        for (int j = 0; j < k; j++) {
+            for (int t = 0; t < N; t++) {
+                const int choice = t * k + j;
+                if (routed[picks[choice]]++ >= capacity || !cases[c].gate_gradient) {
+                    d_gates[choice] = 0.0f;
+                    dropped++;
+                }
+            }
+        }
+
+        std::vector<double> d_logits_double(n);
+        router_backward_reference(&d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q);
+        std::vector<float> d_logits_ref(d_logits_double.begin(), d_logits_double.end());
+        double mean_prob_weighted = 0.0, z_sum = 0.0;
+        for (int t = 0; t < N; t++) {
+            for (int e = 0; e < E; e++) mean_prob_weighted += (double)expert_count[e] / ((double)N * k) * probs[(size_t)t * E + e] / N;
+            z_sum += (double)logsumexp[t] * logsumexp[t];
+        }
+        const float losses_ref[2] = {(float)(q.aux_alpha * E * mean_prob_weighted), (float)(q.z_coef * z_sum / N)};
+
+        printf("N=%d E=%d k=%d, d_gates %s (%d of %zu zero)\n", N, E, k,
+               cases[c].gate_gradient ? "random, dropped at CF 0.5" : "all zero", dropped, num_choices);
+        if (args.small) check_reference_by_finite_differences(d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q);
+
+        RouterBackwardBuffers d;
+        d.probs = lab_to_device<float>(probs);
+        d.expert_index = lab_ints_to_device(picks);
+        d.gates = lab_to_device<float>(gates);
+        d.d_gates = lab_to_device<float>(d_gates);
+        d.logsumexp = lab_to_device<float>(logsumexp);
+        d.expert_count = lab_ints_to_device(expert_count);
+        d.d_logits = lab_poisoned<float>(n);
+        d.aux_and_z = lab_poisoned<float>(2);
+        d.partials = lab_poisoned<float>(2 * LOSSES_PARTIAL_BLOCKS);
+
+        // The kernels start from fp32 probs, gates and lse (each within 2^-24 relative of the double values) and
+        // work in fp32: d_logits = p*(dP - sum p dP) + z, with |dP| <= |d_gate|/S + aux <= E (S >= 1/E), so
+        // errors are a few ulp of E*p: atol 1e-6 * E, rtol 1e-5. With d_gates = 0, |dP| is the loss terms'
+        // (~1e-2 here): atol 1e-8. Loss sums of N*E fp32 terms: rtol 1e-5.
+        const float d_logits_atol = cases[c].gate_gradient ? 1e-6f * E : 1e-8f;
+        for (int variant = 1; variant <= 4; variant++) {
+            if (args.variant != 0 && args.variant != variant) continue;
+            cudaCheck(cudaMemset(d.d_logits, 0xff, n * sizeof(float)));
+            cudaCheck(cudaMemset(d.aux_and_z, 0xff, 2 * sizeof(float)));
+            run_variant(variant, &d, N, E, k, q, 256);
+            cudaCheck(cudaDeviceSynchronize());
+            printf("variant %d\n", variant);
+            if (variant <= 2) lab_validate("d_logits", d.d_logits, d_logits_ref.data(), n, d_logits_atol, 1e-5f);
+            else lab_validate("aux_and_z", d.aux_and_z, losses_ref, 2, 0.0f, 1e-5f);
+        }
+
+        char sizes[64];
+        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d", N, E, k);
+        lab_print_header("moe_router_backward", sizes);
+        const double backward_bytes = 8.0 * n + 12.0 * num_choices + 4.0 * N + 4.0 * E;
+        const double losses_bytes = 4.0 * n + 4.0 * N + 4.0 * E;
+        for (int variant = 1; variant <= 4; variant++) {
+            if (args.variant != 0 && args.variant != variant) continue;
+            for (int block_size : block_sizes) {
+                // variant 3 picks its own block size from N*E: one row, printed as block 0
+                if (variant == 3 && block_size != block_sizes[0]) continue;
+                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, q, block_size); });
+                lab_print_row(variant, variant == 3 ? 0 : block_size, ms,
+                              variant <= 2 ? backward_bytes : losses_bytes, 0.0);
+            }
+        }
+        cudaCheck(cudaFree(d.probs));
+        cudaCheck(cudaFree(d.expert_index));
+        cudaCheck(cudaFree(d.gates));
+        cudaCheck(cudaFree(d.d_gates));
+        cudaCheck(cudaFree(d.logsumexp));
+        cudaCheck(cudaFree(d.expert_count));
+        cudaCheck(cudaFree(d.d_logits));
+        cudaCheck(cudaFree(d.aux_and_z));
+        cudaCheck(cudaFree(d.partials));
+    }
+    return 0;
+}

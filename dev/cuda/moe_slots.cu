@@ -1,0 +1,227 @@
+// dev/cuda/moe_slots.cu: kernel lab for the MoE slot assignment: given each token's k experts, the row
+// (slot) of every choice in its expert's buffer of `capacity` rows, in priority order (every first choice in
+// token order, then every second choice, ...), -1 when the expert is full (dropped); the inverse map row_choice
+// (E, capacity) (-1 for padding rows); expert_count (choices routed to e before dropping) and kept_count (rows
+// used). Also checks moe_capacity against values the PyTorch formula gives. ARCHITECTURE.md, "MoE semantics".
+// Build and run on the CPU backend (small sizes):
+//   cpu/cucc -O2 dev/cuda/moe_slots.cu -o build/labmoe/moe_slots -lcublas -lcublasLt
+//   build/labmoe/moe_slots -s          (the kernels move ints: -DENABLE_FP32 builds the same thing)
+// On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_slots.cu -o moe_slots
+//   ./moe_slots [variant] [-s]   (default: N = 8*1024, E = 8, k = 1 and 2 at CF 1.25, k = 2 dropless, E = 64 k = 2;
+//                                 -s: N = 69, E = 4, k = 1 and 2 at CF 0.5 (drops, tokens with every choice
+//                                 dropped) and dropless)
+// Variants:
+//   1  llmc/moe.cuh moe_assign_slots: one block per expert scans the N*k choices in priority order, a ballot
+//      per warp and the warps' counts in shared memory giving each choice its prefix count. The trainer's.
+//   2  one block, two passes: each thread counts, per expert, the choices of its contiguous segment of the
+//      priority order; thread e scans expert e's counts over the threads; each thread then walks its segment
+//      again handing out slots from its offsets. Shared memory (E, threads) ints: small E only.
+// Floor (see llmc/moe.cuh): DRAM bytes = N*k*4 (read) + N*k*4 + E*cap*4 + 8*E (written); variant 1 also reads
+// expert_index E times from L2.
+#include "common.h"
+#include "../../llmc/moe.cuh"
+
+__global__ void slots_single_block_kernel(int* slot, int* row_choice, int* expert_count, int* kept_count,
+                                          const int* expert_index, int N, int E, int k, int capacity) {
+    extern __shared__ int offsets[];  // (E, blockDim.x): choices of e before this thread's segment, then running
+    const int num_choices = N * k;
+    const int segment = CEIL_DIV(num_choices, (int)blockDim.x);
+    const int begin = threadIdx.x * segment;
+    const int end = begin + segment < num_choices ? begin + segment : num_choices;
+    for (int e = 0; e < E; e++) offsets[e * blockDim.x + threadIdx.x] = 0;
+    for (int priority = begin; priority < end; priority++) {
+        const int choice = (priority % N) * k + priority / N;
+        offsets[expert_index[choice] * blockDim.x + threadIdx.x]++;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int running = 0;
+        for (int thread = 0; thread < (int)blockDim.x; thread++) {
+            const int count = offsets[e * blockDim.x + thread];
+            offsets[e * blockDim.x + thread] = running;
+            running += count;
+        }
+        expert_count[e] = running;
+        kept_count[e] = running < capacity ? running : capacity;
+        for (int row = kept_count[e]; row < capacity; row++) row_choice[(size_t)e * capacity + row] = -1;
+    }
+    __syncthreads();
+    for (int priority = begin; priority < end; priority++) {
+        const int choice = (priority % N) * k + priority / N;
+        const int e = expert_index[choice];
+        const int s = offsets[e * blockDim.x + threadIdx.x]++;
+        slot[choice] = s < capacity ? s : -1;
+        if (s < capacity) row_choice[(size_t)e * capacity + s] = choice;
+    }
+}
+
+struct SlotBuffers {
+    int* expert_index;
+    int* slot;
+    int* row_choice;
+    int* expert_count;
+    int* kept_count;
+};
+
+static const int LLMC_BLOCK_SIZE = 0;  // run the llmc function itself, which picks its block size
+
+static size_t single_block_shared_bytes(int E, int block_size) { return (size_t)E * block_size * sizeof(int); }
+
+static void run_variant(int variant, const SlotBuffers* d, int N, int E, int k, int capacity, int block_size) {
+    if (variant == 1 && block_size == LLMC_BLOCK_SIZE) {
+        moe_assign_slots(d->slot, d->row_choice, d->expert_count, d->kept_count, d->expert_index, N, E, k, capacity, 0);
+    } else if (variant == 1) {
+        moe_assign_slots_launch(d->slot, d->row_choice, d->expert_count, d->kept_count, d->expert_index, N, E, k,
+                                capacity, block_size, 0);
+    } else {
+        slots_single_block_kernel<<<1, block_size, single_block_shared_bytes(E, block_size)>>>(
+            d->slot, d->row_choice, d->expert_count, d->kept_count, d->expert_index, N, E, k, capacity);
+        cudaCheck(cudaGetLastError());
+    }
+}
+
+// ARCHITECTURE.md's slot rule as a plain loop over the priority order
+static void slots_reference(std::vector<float>* slot, std::vector<float>* row_choice, std::vector<float>* expert_count,
+                            std::vector<float>* kept_count, const std::vector<int>& expert_index, int N, int E, int k,
+                            int capacity) {
+    std::vector<int> routed(E, 0);
+    for (size_t r = 0; r < row_choice->size(); r++) (*row_choice)[r] = -1.0f;
+    for (int j = 0; j < k; j++) {
+        for (int t = 0; t < N; t++) {
+            const int choice = t * k + j;
+            const int e = expert_index[choice];
+            const int s = routed[e]++;
+            (*slot)[choice] = s < capacity ? (float)s : -1.0f;
+            if (s < capacity) (*row_choice)[(size_t)e * capacity + s] = (float)choice;
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        (*expert_count)[e] = (float)routed[e];
+        (*kept_count)[e] = (float)(routed[e] < capacity ? routed[e] : capacity);
+    }
+}
+
+// k distinct experts per token, skewed towards low indices (weight 1/(e+1)) so that the hot experts overflow
+static std::vector<int> skewed_routing(int N, int E, int k) {
+    std::vector<int> expert_index((size_t)N * k);
+    std::vector<double> weight(E);
+    for (int t = 0; t < N; t++) {
+        for (int e = 0; e < E; e++) weight[e] = 1.0 / (e + 1);
+        for (int j = 0; j < k; j++) {
+            double total = 0.0;
+            for (int e = 0; e < E; e++) total += weight[e];
+            double u = lab_rand_uniform(0.0f, 1.0f) * total;
+            int pick = -1;
+            for (int e = 0; e < E; e++) {
+                if (weight[e] == 0.0) continue;
+                pick = e;  // the last free expert if rounding runs u past the end
+                if (u < weight[e]) break;
+                u -= weight[e];
+            }
+            expert_index[(size_t)t * k + j] = pick;
+            weight[pick] = 0.0;
+        }
+    }
+    return expert_index;
+}
+
+// moe_capacity against math.ceil(k * cf * N / E) as Python evaluates it (values printed by python3), the
+// dropless rule and the clamp to N. 80, 8, 1, 1.1 is 11 in double; the float 1.1f would give 12.
+static void check_capacity(void) {
+    struct CapacityCase { int N, E, k; double cf; int want; };
+    const CapacityCase cases[] = {{69, 4, 1, 0.5, 9},        {69, 4, 2, 0.5, 18},   {8192, 8, 1, 1.25, 1280},
+                                  {8192, 8, 2, 1.25, 2560},  {80, 8, 1, 1.1, 11},   {69, 4, 2, 0.0, 69},
+                                  {69, 4, 1, -1.0, 69},      {69, 4, 2, 3.0, 69},   {1, 8, 1, 1e-6, 1}};
+    for (const CapacityCase& c : cases) {
+        const int got = moe_capacity(c.N, c.E, c.k, c.cf);
+        if (got != c.want) {
+            printf("FAIL moe_capacity(N=%d, E=%d, k=%d, cf=%g) = %d, want %d\n", c.N, c.E, c.k, c.cf, got, c.want);
+            exit(EXIT_FAILURE);
+        }
+    }
+    printf("  %-28s ok (%zu cases)\n", "moe_capacity", sizeof(cases) / sizeof(cases[0]));
+}
+
+int main(int argc, char** argv) {
+    LabArgs args = lab_parse_args(argc, argv);
+    struct Case { int N, E, k; double cf; };
+    const Case full_cases[] = {{8 * 1024, 8, 1, 1.25}, {8 * 1024, 8, 2, 1.25}, {8 * 1024, 8, 2, 0.0}, {8 * 1024, 64, 2, 1.25}};
+    const Case small_cases[] = {{69, 4, 1, 0.5}, {69, 4, 2, 0.5}, {69, 4, 1, 0.0}, {69, 4, 2, 0.0}};
+    const Case* cases = args.small ? small_cases : full_cases;
+    const int num_cases = 4;
+    const int block_sizes[] = {128, 256, 512, 1024};
+    const int repeats = args.small || lab_on_cpu_backend() ? 3 : 100;  // CPU-backend times are only indicative
+
+    printf("moe_slots (%s build; ints only)\n", PRECISION_NAME);
+    check_capacity();
+    for (int c = 0; c < num_cases; c++) {
+        const int N = cases[c].N, E = cases[c].E, k = cases[c].k;
+        const int capacity = moe_capacity(N, E, k, cases[c].cf);
+        const size_t num_choices = (size_t)N * k, num_rows = (size_t)E * capacity;
+        std::vector<int> expert_index = skewed_routing(N, E, k);
+        std::vector<float> slot(num_choices), row_choice(num_rows), expert_count(E), kept_count(E);
+        slots_reference(&slot, &row_choice, &expert_count, &kept_count, expert_index, N, E, k, capacity);
+        int dropped = 0, tokens_all_dropped = 0;
+        for (int t = 0; t < N; t++) {
+            int kept = 0;
+            for (int j = 0; j < k; j++) kept += slot[(size_t)t * k + j] >= 0.0f;
+            dropped += k - kept;
+            tokens_all_dropped += kept == 0;
+        }
+        printf("N=%d E=%d k=%d CF=%g: capacity %d, %d of %zu choices dropped, %d tokens with every choice dropped\n",
+               N, E, k, cases[c].cf, capacity, dropped, num_choices, tokens_all_dropped);
+        // the small capacity-limited cases exist to exercise drops: fail if the inputs stopped doing so
+        if (args.small && cases[c].cf > 0.0 && tokens_all_dropped == 0) {
+            printf("FAIL: the inputs drop no token entirely\n");
+            exit(EXIT_FAILURE);
+        }
+
+        SlotBuffers d;
+        d.expert_index = lab_ints_to_device(expert_index);
+        d.slot = lab_poisoned<int>(num_choices);
+        d.row_choice = lab_poisoned<int>(num_rows);
+        d.expert_count = lab_poisoned<int>(E);
+        d.kept_count = lab_poisoned<int>(E);
+        const bool single_block_fits = single_block_shared_bytes(E, 1024) <= 48 * 1024;
+        // several block sizes: the llmc choice (one warp at -s), 64 threads (several warps and chunks at -s), 1024
+        const int validation_block_sizes[] = {LLMC_BLOCK_SIZE, 64, 1024};
+        for (int variant = 1; variant <= 2; variant++) {
+            if (args.variant != 0 && args.variant != variant) continue;
+            if (variant == 2 && !single_block_fits) continue;
+            for (int block_size : validation_block_sizes) {
+                if (variant == 2 && block_size == LLMC_BLOCK_SIZE) continue;
+                // 0x7f7f7f7f, not 0xff bytes: those read as -1, a valid slot and row_choice
+                cudaCheck(cudaMemset(d.slot, 0x7f, num_choices * sizeof(int)));
+                cudaCheck(cudaMemset(d.row_choice, 0x7f, num_rows * sizeof(int)));
+                cudaCheck(cudaMemset(d.expert_count, 0x7f, E * sizeof(int)));
+                cudaCheck(cudaMemset(d.kept_count, 0x7f, E * sizeof(int)));
+                run_variant(variant, &d, N, E, k, capacity, block_size);
+                cudaCheck(cudaDeviceSynchronize());
+                printf("variant %d, block %d%s\n", variant, block_size, block_size == LLMC_BLOCK_SIZE ? " (llmc's)" : "");
+                lab_validate("slot", d.slot, slot.data(), num_choices, 0.0f, 0.0f);
+                lab_validate("row_choice", d.row_choice, row_choice.data(), num_rows, 0.0f, 0.0f);
+                lab_validate("expert_count", d.expert_count, expert_count.data(), E, 0.0f, 0.0f);
+                lab_validate("kept_count", d.kept_count, kept_count.data(), E, 0.0f, 0.0f);
+            }
+        }
+
+        char sizes[96];
+        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d capacity=%d", N, E, k, capacity);
+        lab_print_header("moe_slots", sizes);
+        const double bytes = 8.0 * num_choices + 4.0 * num_rows + 8.0 * E;
+        for (int variant = 1; variant <= 2; variant++) {
+            if (args.variant != 0 && args.variant != variant) continue;
+            if (variant == 2 && !single_block_fits) continue;
+            for (int block_size : block_sizes) {
+                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, capacity, block_size); });
+                lab_print_row(variant, block_size, ms, bytes, 0.0);
+            }
+        }
+        cudaCheck(cudaFree(d.expert_index));
+        cudaCheck(cudaFree(d.slot));
+        cudaCheck(cudaFree(d.row_choice));
+        cudaCheck(cudaFree(d.expert_count));
+        cudaCheck(cudaFree(d.kept_count));
+    }
+    return 0;
+}

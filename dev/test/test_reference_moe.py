@@ -1,0 +1,727 @@
+"""
+dev/test/test_reference_moe.py: checks the PyTorch reference train_moe.py against things it did not compute
+itself: the MoE model file and debug state laid out from ARCHITECTURE.md, an independent float64 numpy MoE GPT
+forward with a loop-by-loop routing (softmax, top-k with ties to the lower index, capacity, slots in priority
+order, drops), central finite differences of the total loss, hand-worked routing cases, the balancing and z
+losses and their gradients from their formulas, the dense GPT of train_gpt.py (E=1, k=1, no capacity limit),
+and an AdamW written out from its formula.
+Run from the repository root: /usr/bin/python3 dev/test/test_reference_moe.py
+Prints one line per failed check and ends with "test_reference_moe: N passed, N failed" (exit 1 on a failure).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")  # as train_moe.py sets them, before torch starts
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import contextlib
+import io
+import math
+import re
+import subprocess
+import tempfile
+
+import numpy as np
+import torch
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "dev", "test"))
+import train_gpt  # noqa: E402  (after the path and thread settings)
+import train_moe  # noqa: E402
+from test_reference import np_gelu_tanh, np_layernorm  # noqa: E402
+
+passed = 0
+failed = 0
+
+
+def check(condition, label):
+    global passed, failed
+    if condition:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL: {label}")
+
+
+def run_main(module, argv):
+    """Runs module.main in this process; returns (exit message or None, stdout)."""
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            module.main(argv)
+    except SystemExit as e:
+        return str(e.code), out.getvalue()
+    return None, out.getvalue()
+
+
+def fails_with(argv, needle, label):
+    """A bad input must end the run with one line that names this program and the problem."""
+    message, _ = run_main(train_moe, argv)
+    good = message is not None and "\n" not in message and message.startswith("train_moe.py: error:")
+    check(good and needle in message, f"{label}: got {message!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The formats, written out from ARCHITECTURE.md and the brief (not taken from train_moe.py)
+
+HEADER_BYTES = 1024
+B, T, V, L, NH, C, MAXT, E, H, STEPS = 3, 23, 263, 2, 3, 48, 32, 4, 96, 10
+VP = 384  # 263 rounded up to a multiple of 128
+ALPHA, Z_COEF = 0.01, 0.001
+# the AdamW weight-decayed tensors: the 2-D+ ones
+DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "routerw", "expert_fcw", "expert_fcprojw"}
+
+
+class Shape:
+    """A model's shape as the file header gives it."""
+
+    def __init__(self, maxT, V, L, NH, C, E, topk, moe_every, H):
+        self.maxT, self.V, self.L, self.NH, self.C = maxT, V, L, NH, C
+        self.E, self.topk, self.moe_every, self.H = E, topk, moe_every, H
+        self.Vp = (V + 127) // 128 * 128
+        self.moe_layers = [l for l in range(L) if (l + 1) % moe_every == 0]
+        self.dense_layers = [l for l in range(L) if (l + 1) % moe_every != 0]
+
+    def tensors(self):
+        """[(file name, shape)] in payload order."""
+        C, L, Ld, Lm, E, H = self.C, self.L, len(self.dense_layers), len(self.moe_layers), self.E, self.H
+        return [
+            ("wte", (self.Vp, C)), ("wpe", (self.maxT, C)),
+            ("ln1w", (L, C)), ("ln1b", (L, C)), ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)),
+            ("attprojw", (L, C, C)), ("attprojb", (L, C)), ("ln2w", (L, C)), ("ln2b", (L, C)),
+            ("fcw", (Ld, 4 * C, C)), ("fcb", (Ld, 4 * C)), ("fcprojw", (Ld, C, 4 * C)), ("fcprojb", (Ld, C)),
+            ("routerw", (Lm, E, C)), ("expert_fcw", (Lm, E, H, C)), ("expert_fcb", (Lm, E, H)),
+            ("expert_fcprojw", (Lm, E, C, H)), ("expert_fcprojb", (Lm, E, C)),
+            ("lnfw", (C,)), ("lnfb", (C,)),
+        ]
+
+    def nparams(self):
+        return sum(math.prod(s) for _, s in self.tensors())
+
+    def header(self, version):
+        return [20261129, version, self.maxT, self.V, self.L, self.NH, self.C, self.Vp, self.E, self.topk,
+                self.moe_every, self.H]
+
+
+DEFAULT = Shape(MAXT, V, L, NH, C, E, 1, 1, H)
+
+
+def split(flat, shape):
+    """Flat payload -> {name: array view of the file's shape}, plus each name's (start, end) offsets."""
+    tensors, ranges, offset = {}, {}, 0
+    for name, dims in shape.tensors():
+        n = math.prod(dims)
+        tensors[name] = flat[offset : offset + n].reshape(dims)
+        ranges[name] = (offset, offset + n)
+        offset += n
+    return tensors, ranges
+
+
+def torch_names(name, shape):
+    """The PyTorch parameter names of file tensor `name`, in the file's stacking order."""
+    per_layer = {"ln1w": "ln_1.weight", "ln1b": "ln_1.bias", "qkvw": "attn.c_attn.weight",
+                 "qkvb": "attn.c_attn.bias", "attprojw": "attn.c_proj.weight", "attprojb": "attn.c_proj.bias",
+                 "ln2w": "ln_2.weight", "ln2b": "ln_2.bias"}
+    dense = {"fcw": "mlp.c_fc.weight", "fcb": "mlp.c_fc.bias", "fcprojw": "mlp.c_proj.weight",
+             "fcprojb": "mlp.c_proj.bias"}
+    expert = {"expert_fcw": "c_fc.weight", "expert_fcb": "c_fc.bias", "expert_fcprojw": "c_proj.weight",
+              "expert_fcprojb": "c_proj.bias"}
+    if name in per_layer:
+        return [f"h.{l}.{per_layer[name]}" for l in range(shape.L)]
+    if name in dense:
+        return [f"h.{l}.{dense[name]}" for l in shape.dense_layers]
+    if name == "routerw":
+        return [f"h.{l}.moe.router.weight" for l in shape.moe_layers]
+    if name in expert:
+        return [f"h.{l}.moe.experts.{e}.{expert[name]}" for l in shape.moe_layers for e in range(shape.E)]
+    return [{"wte": "wte.weight", "wpe": "wpe.weight", "lnfw": "ln_f.weight", "lnfb": "ln_f.bias"}[name]]
+
+
+def read_header(data):
+    return np.frombuffer(data[:HEADER_BYTES], dtype="<i4")
+
+
+def read_debug_state(data, shape):
+    """The MoE debug state, field by field as the brief lays it out."""
+    h = read_header(data)
+    b, t, v, lm = int(h[2]), int(h[3]), int(h[5]), int(h[7])
+    ints = np.frombuffer(data, dtype="<i4", offset=HEADER_BYTES)
+    floats = np.frombuffer(data, dtype="<f4", offset=HEADER_BYTES)
+    offset = 2 * b * t
+    state = {"x": ints[: b * t].reshape(b, t), "y": ints[b * t : offset].reshape(b, t)}
+    state["logits"] = floats[offset : offset + b * t * v].reshape(b, t, v)
+    offset += b * t * v
+    state["ce"], state["aux"], state["z"] = (float(f) for f in floats[offset : offset + 3])
+    offset += 3
+    state["dropped"], state["counts"] = [], []
+    for _ in range(lm):
+        state["dropped"].append(int(ints[offset]))
+        state["counts"].append(ints[offset + 1 : offset + 1 + shape.E].copy())
+        offset += 1 + shape.E
+    state["grads"] = floats[offset : offset + shape.nparams()]
+    offset += shape.nparams()
+    state["steps"] = floats[offset:]
+    return state
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Routing and the MoE GPT forward in float64 numpy, loop by loop from the definition
+
+
+def np_route(logits, k, cf):
+    """(probs, choices, gates, kept, counts before dropping, capacity) of one group, from its (N, E) logits."""
+    N, E = logits.shape
+    exp = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs = exp / exp.sum(axis=1, keepdims=True)
+    # the k largest probs: softmax is increasing, so they are the k largest logits; equal logits, lower index
+    choices = np.array([sorted(range(E), key=lambda e: (-logits[n, e], e))[:k] for n in range(N)], dtype=np.int64)
+    chosen = np.take_along_axis(probs, choices, axis=1)
+    gates = chosen if k == 1 else chosen / chosen.sum(axis=1, keepdims=True)
+    capacity = math.ceil(k * cf * N / E) if cf > 0 else None
+    used = [0] * E
+    kept = np.zeros((N, k), dtype=bool)
+    for j in range(k):  # every first choice in token order, then every second choice, ...
+        for n in range(N):
+            e = choices[n, j]
+            if capacity is None or used[e] < capacity:
+                kept[n, j] = True
+                used[e] += 1
+    counts = np.bincount(choices.reshape(-1), minlength=E)
+    return probs, choices, gates, kept, counts, capacity
+
+
+def np_balancing_losses(logits, probs, counts, k, alpha, z_coef):
+    """α·E·Σ_e f_e·P_e and c_z·mean(logsumexp²)."""
+    N, E = probs.shape
+    f = counts / (N * k)
+    P = probs.mean(axis=0)
+    top = logits.max(axis=1)
+    logsumexp = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+    return alpha * E * float((f * P).sum()), z_coef * float((logsumexp**2).mean())
+
+
+def np_forward(flat, x, y, shape, cf, alpha=ALPHA, z_coef=Z_COEF):
+    """Returns (logits, CE, aux, z, [(choices, kept, counts) per MoE layer]) of the model whose payload is flat."""
+    P, _ = split(np.asarray(flat, dtype=np.float64), shape)
+    b, t = x.shape
+    c, nh = shape.C, shape.NH
+    hs = c // nh
+    h = P["wte"][x] + P["wpe"][:t]
+    future = np.triu(np.ones((t, t), dtype=bool), k=1)
+    aux = z = 0.0
+    routings = []
+    for l in range(shape.L):
+        qkv = np_layernorm(h, P["ln1w"][l], P["ln1b"][l]) @ P["qkvw"][l].T + P["qkvb"][l]
+        q, kk, vv = (qkv[..., i * c : (i + 1) * c].reshape(b, t, nh, hs).transpose(0, 2, 1, 3) for i in range(3))
+        scores = np.where(future, -np.inf, q @ kk.transpose(0, 1, 3, 2) / math.sqrt(hs))
+        att = np.exp(scores - scores.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        h = h + (att @ vv).transpose(0, 2, 1, 3).reshape(b, t, c) @ P["attprojw"][l].T + P["attprojb"][l]
+        normed = np_layernorm(h, P["ln2w"][l], P["ln2b"][l]).reshape(b * t, c)
+        if l in shape.dense_layers:
+            d = shape.dense_layers.index(l)
+            hidden = np_gelu_tanh(normed @ P["fcw"][d].T + P["fcb"][d])
+            h = h + (hidden @ P["fcprojw"][d].T + P["fcprojb"][d]).reshape(b, t, c)
+            continue
+        m = shape.moe_layers.index(l)
+        router_logits = normed @ P["routerw"][m].T
+        probs, choices, gates, kept, counts, _ = np_route(router_logits, shape.topk, cf)
+        out = np.zeros_like(normed)
+        for n in range(b * t):
+            for j in range(shape.topk):
+                if kept[n, j]:
+                    e = choices[n, j]
+                    hidden = np_gelu_tanh(P["expert_fcw"][m, e] @ normed[n] + P["expert_fcb"][m, e])
+                    out[n] += gates[n, j] * (P["expert_fcprojw"][m, e] @ hidden + P["expert_fcprojb"][m, e])
+        h = h + out.reshape(b, t, c)
+        layer_aux, layer_z = np_balancing_losses(router_logits, probs, counts, shape.topk, alpha, z_coef)
+        aux += layer_aux
+        z += layer_z
+        routings.append((choices, kept, counts))
+    logits = np_layernorm(h, P["lnfw"], P["lnfb"]) @ P["wte"][: shape.V].T
+    top = logits.max(-1, keepdims=True)
+    logsumexp = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
+    picked = np.take_along_axis(logits, y[..., None], -1)[..., 0]
+    return logits, float((logsumexp - picked).mean()), aux, z, routings
+
+
+def same_routing(a, b):
+    return all(np.array_equal(ca, cb) and np.array_equal(ka, kb) for (ca, ka, _), (cb, kb, _) in zip(a, b))
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def reference_args(prefix, extra=()):
+    return ["--write-reference", prefix, "--B", str(B), "--T", str(T), "--V", str(V), "--L", str(L), "--NH", str(NH),
+            "--C", str(C), "--maxT", str(MAXT), "--E", str(E), "--topk", "1", "--moe-every", "1", "--H", str(H),
+            "--cf", "1.25", "--aux-alpha", str(ALPHA), "--z-coef", str(Z_COEF), "--seed", "1337",
+            "--steps", str(STEPS), "--lr", "1e-3", "--weight-decay", "0.1", "--beta1", "0.9", "--beta2", "0.95",
+            "--eps", "1e-8", "--grad-clip", "0.5", *extra]
+
+
+def test_files(tmp):
+    """(a) sizes, headers, layout and contents of the files, and the debug state against the numpy forward."""
+    prefix = os.path.join(tmp, "moe")
+    proc = subprocess.run([sys.executable, "train_moe.py", *reference_args(prefix, ["--dtype", "float32"])],
+                          cwd=REPO, capture_output=True, text=True)  # the brief's command line, as a real process
+    check(proc.returncode == 0, f"--write-reference exits 0 (stderr: {proc.stderr.strip()})")
+    check("dropped" in proc.stdout and "MoE layer 1:" in proc.stdout and "logit margin" in proc.stdout, f"prints the routing: {proc.stdout!r}")
+    message, _ = run_main(train_moe, reference_args(prefix + "_bf16", ["--dtype", "bfloat16"]))
+    check(message is None, f"--dtype bfloat16 runs: {message}")
+    mixed = Shape(MAXT, V, 3, NH, C, E, 2, 2, H)  # layers 0, 2 dense, layer 1 MoE, top-2
+    message, _ = run_main(train_moe, reference_args(prefix + "_mixed", ["--L", "3", "--topk", "2", "--moe-every", "2",
+                                                                         "--cf", "0.5"]))
+    check(message is None, f"--L 3 --topk 2 --moe-every 2 --cf 0.5 runs: {message}")
+
+    for suffix, shape, version, item in (("", DEFAULT, 1, 4), ("_bf16", DEFAULT, 2, 2), ("_mixed", mixed, 1, 4)):
+        model_data = open(prefix + suffix + "_model.bin", "rb").read()
+        check(len(model_data) == HEADER_BYTES + item * shape.nparams(), f"{suffix} model file size {len(model_data)}")
+        check(list(read_header(model_data)[:12]) == shape.header(version), f"{suffix} model header")
+        check(not read_header(model_data)[12:].any(), f"{suffix} model header: unused fields are zero")
+        state_data = open(prefix + suffix + "_debug_state.bin", "rb").read()
+        Lm = len(shape.moe_layers)
+        expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 3 + Lm * (1 + E) + shape.nparams() + STEPS)
+        check(len(state_data) == expected, f"{suffix} debug state size {len(state_data)}, expected {expected}")
+        check(list(read_header(state_data)[:8]) == [20240327, 2, B, T, STEPS, V, VP, Lm], f"{suffix} state header")
+        check(not read_header(state_data)[8:].any(), f"{suffix} debug state header: unused fields are zero")
+
+    for suffix, shape, extra in (("", DEFAULT, []), ("_mixed", mixed, ["--L", "3", "--topk", "2", "--moe-every", "2"])):
+        flat = np.frombuffer(open(prefix + suffix + "_model.bin", "rb").read()[HEADER_BYTES:], dtype="<f4")
+        check_layout(prefix + suffix, flat, shape, extra)
+    return prefix, mixed
+
+
+def check_layout(prefix, flat, shape, extra):
+    """The file's tensors are the model's, in ARCHITECTURE.md's order and (out, in) layout, with the init the
+    reference documents, and they read back unchanged."""
+    P, _ = split(flat, shape)
+    model = train_moe.model_for_run(train_moe.parse_args(reference_args(prefix, extra)))
+    params = dict(model.named_parameters())
+    for name, dims in shape.tensors():
+        stacked = [params[n].detach().numpy() for n in torch_names(name, shape)]
+        if not stacked:  # the dense MLP of a model whose every layer is MoE: an empty tensor
+            same = P[name].size == 0
+        elif len(dims) == 1 or name in ("wte", "wpe"):
+            same = np.array_equal(P[name], stacked[0])
+        else:
+            same = np.array_equal(P[name].reshape(-1), np.concatenate([s.reshape(-1) for s in stacked]))
+        check(same, f"{prefix}: file tensor {name} equals the model's {torch_names(name, shape)[:1]}...")
+    check(not P["wte"][V:].any(), "padded wte rows are zero")
+    # GPT-2's std, Switch's sqrt(0.1) on the router and experts; 12% covers the sampling error of ~400 draws
+    residual = 0.02 / math.sqrt(2 * shape.L)
+    scale = math.sqrt(0.1)
+    for name, std in (("wte", 0.02), ("qkvw", 0.02), ("attprojw", residual), ("routerw", 0.02 * scale),
+                      ("expert_fcw", 0.02 * scale), ("expert_fcprojw", residual * scale)):
+        sample = P[name][:V] if name == "wte" else P[name]
+        check(abs(sample.std() / std - 1) < 0.12, f"{prefix}: {name} init std {sample.std():.5f}, expected {std:.5f}")
+    for name in ("ln1w", "ln1b", "qkvb", "attprojb", "ln2w", "ln2b", "expert_fcb", "expert_fcprojb", "lnfw", "lnfb"):
+        deviation = np.abs(P[name] - (1.0 if name.endswith("w") else 0.0))
+        check(deviation.min() > 0 and 0.01 < deviation.max() < 0.2, f"{prefix}: {name} is perturbed")
+    reloaded = train_moe.read_model_file(prefix + "_model.bin")
+    check(all(torch.equal(p, params[n]) for n, p in reloaded.named_parameters()),
+          f"{prefix}: model file reads back to the same tensors")
+
+
+def check_debug_state(prefix, shape, cf, fd_entries):
+    """The debug state against the numpy forward: batch, logits, CE, aux, z, routing counts and drops, and the
+    fp32 gradients against float64 central differences of the total loss (fd_entries per tensor)."""
+    flat = np.frombuffer(open(prefix + "_model.bin", "rb").read()[HEADER_BYTES:], dtype="<f4")
+    s = read_debug_state(open(prefix + "_debug_state.bin", "rb").read(), shape)
+    x, y = s["x"], s["y"]
+    check(x.min() >= 0 and x.max() < V and y.min() >= 0 and y.max() < V, f"{prefix}: tokens in [0, V)")
+    logits, ce, aux, z, routings = np_forward(flat, x, y, shape, cf)
+    err = np.abs(logits - s["logits"]).max()
+    check(err < 1e-5, f"{prefix}: logits match the numpy forward (max error {err:.2e}, tolerance 1e-5)")
+    check(abs(ce - s["ce"]) < 1e-5, f"{prefix}: CE {s['ce']} = numpy {ce}")
+    check(abs(aux - s["aux"]) < 1e-7 + 1e-5 * aux and aux > 0, f"{prefix}: aux {s['aux']} = numpy {aux}")
+    check(abs(z - s["z"]) < 1e-8 + 1e-5 * z and z > 0, f"{prefix}: z {s['z']} = numpy {z}")
+    for m, (choices, kept, counts) in enumerate(routings):
+        check(np.array_equal(s["counts"][m], counts), f"{prefix}: layer {m} counts {s['counts'][m]} = numpy {counts}")
+        check(s["dropped"][m] == int((~kept).sum()), f"{prefix}: layer {m} dropped {s['dropped'][m]} = numpy")
+
+    _, ranges = split(flat, shape)
+    base = flat.astype(np.float64)
+    rng = np.random.default_rng(0)
+    step = 1e-5
+    grads = s["grads"]
+
+    def total(values):
+        out = np_forward(values, x, y, shape, cf)
+        return out[1] + out[2] + out[3], out[4]
+
+    for name, (start, end) in ranges.items():
+        if start == end:
+            continue
+        g = grads[start:end]
+        stop = start + V * C if name == "wte" else end  # padded wte rows have no gradient to check here
+        entries = [start + int(np.abs(g[: stop - start]).argmax())] + list(rng.integers(start, stop, fd_entries - 1))
+        for i in entries:
+            plus, minus = base.copy(), base.copy()
+            plus[i] += step
+            minus[i] -= step
+            (loss_plus, routing_plus), (loss_minus, routing_minus) = total(plus), total(minus)
+            if not (same_routing(routing_plus, routings) and same_routing(routing_minus, routings)):
+                check(False, f"{prefix}: {name}[{i - start}]: a perturbation of {step} flips the routing (skipped)")
+                continue
+            fd = (loss_plus - loss_minus) / (2 * step)
+            tolerance = 1e-3 * abs(fd) + 1e-4 * np.abs(g).max()
+            check(abs(grads[i] - fd) <= tolerance,
+                  f"{prefix}: gradient {name}[{i - start}] = {grads[i]:.6e}, finite difference {fd:.6e}")
+    start, end = ranges["wte"]
+    check(not grads[start + V * C : end].any(), f"{prefix}: gradient of the padded wte rows is zero")
+    return flat, s
+
+
+def test_autograd_float64():
+    """(b) train_moe's autograd gradients of the total loss in float64 against central finite differences of the
+    same model, for three entries of every parameter (router, experts, backbone), top-1 and top-2 with tokens
+    dropped, and large aux and z coefficients so that their gradients weigh. Routing is piecewise constant: each
+    perturbation is checked not to change a choice or a drop; one that does counts as a failure."""
+    settings = train_moe.RoutingSettings(capacity_factor=0.5, aux_alpha=0.3, z_coef=0.05)
+    for k, L_, moe_every in ((1, 2, 1), (2, 3, 2)):
+        config = train_moe.MoEConfig(maxT=8, V=37, L=L_, NH=2, C=16, E=4, topk=k, moe_every=moe_every, H=24)
+        model = train_moe.MoEGPT(config)
+        train_moe.init_weights(model, torch.Generator().manual_seed(7), 1.0)
+        model.double()
+        generator = torch.Generator().manual_seed(8)
+        x = torch.randint(0, config.V, (2, 6), generator=generator)
+        y = torch.randint(0, config.V, (2, 6), generator=generator)
+        output = model(x, y, settings)
+        train_moe.backward(output.total_loss, model)
+        check(output.dropped > 0, f"k={k}: the finite-difference config drops choices ({output.dropped})")
+        base_routing = [(r.choices.clone(), r.kept.clone()) for r in output.routings]
+        rng = np.random.default_rng(1)
+        step = 1e-6
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                rows = config.V if name == "wte.weight" else p.shape[0]  # padded rows: no token reaches them
+                flat_p, flat_g = p.view(-1), p.grad.view(-1)
+                used = rows * (p.numel() // p.shape[0])
+                for i in [int(flat_g[:used].abs().argmax())] + list(rng.integers(0, used, 2)):
+                    saved = flat_p[i].item()
+                    losses = []
+                    for value in (saved + step, saved - step):
+                        flat_p[i] = value
+                        out = model(x, y, settings)
+                        routing = [(r.choices, r.kept) for r in out.routings]
+                        flipped = not all(torch.equal(c, c0) and torch.equal(kp, k0)
+                                          for (c, kp), (c0, k0) in zip(routing, base_routing))
+                        losses.append(None if flipped else out.total_loss.item())
+                    flat_p[i] = saved
+                    if None in losses:
+                        check(False, f"k={k}: {name}[{i}]: a perturbation of {step} flips the routing (skipped)")
+                        continue
+                    fd = (losses[0] - losses[1]) / (2 * step)
+                    check(abs(flat_g[i].item() - fd) <= 1e-6 * abs(fd) + 1e-9,
+                          f"k={k}: float64 autograd {name}[{i}] = {flat_g[i].item():.9e}, finite difference {fd:.9e}")
+
+
+def test_routing():
+    """(c) train_moe.route against the loop-by-loop numpy routing on random logits, with exact ties, and (e) its
+    aux and z losses and their gradients against the formulas; hand-worked cases of ties, priority and capacity."""
+    rng = np.random.default_rng(5)
+    for E_ in (1, 3, 4, 8):
+        for kind in ("normal", "ties", "equal rows"):
+            N = 37
+            if kind == "normal":
+                logits = rng.normal(0, 2, (N, E_))
+            elif kind == "ties":  # three values: most rows hold exact ties, some in the top k
+                logits = rng.integers(0, 3, (N, E_)).astype(np.float64)
+            else:
+                logits = np.full((N, E_), 0.7)
+            for k in range(1, min(E_, 3) + 1):
+                for cf in (0.0, -1.0, 0.3, 0.5, 1.0, 1.25, 3.0):
+                    check_route_case(logits, k, cf, f"E={E_} {kind} k={k} cf={cf}")
+
+    settings = train_moe.RoutingSettings(capacity_factor=1.0, aux_alpha=0.01, z_coef=0.001)
+    r = train_moe.route(torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]], dtype=torch.float64), 2, settings)
+    check(r.choices.tolist() == [[1, 2], [0, 1]], f"ties go to the lower index: {r.choices.tolist()}")
+    check(torch.allclose(r.gates, torch.full((2, 2), 0.5, dtype=torch.float64)), "top-2 gates renormalise to 1/2")
+    # two different fp32 logits whose fp32 probs round to the same value: the larger logit wins
+    r = train_moe.route(torch.tensor([[0.0, 1e-8, -1.0]]), 1, settings)
+    check(r.probs[0, 0] == r.probs[0, 1] and r.choices.tolist() == [[1]],
+          f"top-k compares logits, not rounded probs: {r.probs.tolist()} -> {r.choices.tolist()}")
+    # three tokens, two experts, top-2 with choices (0,1), (1,0), (0,1); capacity ceil(2 * 0.5 * 3 / 2) = 2:
+    # expert 0 takes the first choices of tokens 0 and 2, so token 1's second choice is dropped; expert 1 takes
+    # token 1's first choice, then token 0's second, so token 2's second is dropped
+    logits = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 0.0]], dtype=torch.float64)
+    r = train_moe.route(logits, 2, train_moe.RoutingSettings(0.5, 0.01, 0.001))
+    check(r.capacity == 2 and r.kept.tolist() == [[True, True], [True, False], [True, False]],
+          f"slot priority: capacity {r.capacity}, kept {r.kept.tolist()}")
+    check(r.counts.tolist() == [3, 3], f"counts before dropping {r.counts.tolist()}")
+    # the capacity in double arithmetic, as the C code computes it
+    for N, E_, k, cf, want in ((69, 4, 1, 1.25, 22), (69, 4, 1, 0.5, 9), (69, 4, 2, 0.5, 18), (64, 4, 1, 1.0, 16),
+                               (25, 5, 2, 1.1, 12), (69, 4, 1, 0.0, None), (69, 4, 1, -1.0, None)):
+        got = train_moe.expert_capacity(N, E_, k, cf)
+        check(got == want, f"capacity(N={N}, E={E_}, k={k}, cf={cf}) = {got}, expected {want}")
+
+
+def check_route_case(logits, k, cf, label):
+    alpha, z_coef = 0.02, 0.003
+    probs, choices, gates, kept, counts, capacity = np_route(logits, k, cf)
+    logits_t = torch.tensor(logits, requires_grad=True)
+    r = train_moe.route(logits_t, k, train_moe.RoutingSettings(cf, alpha, z_coef))
+    same = (np.array_equal(r.choices.numpy(), choices) and np.array_equal(r.kept.numpy(), kept)
+            and np.array_equal(r.counts.numpy(), counts) and r.capacity == capacity
+            and np.abs(r.gates.detach().numpy() - gates).max() < 1e-12)
+    check(same, f"routing {label}: choices/kept/counts/gates/capacity agree with numpy")
+    want_aux, want_z = np_balancing_losses(logits, probs, counts, k, alpha, z_coef)
+    check(abs(r.aux_loss.item() - want_aux) < 1e-12 and abs(r.z_loss.item() - want_z) < 1e-12,
+          f"losses {label}: aux {r.aux_loss.item()} vs {want_aux}, z {r.z_loss.item()} vs {want_z}")
+    # the gradients: f is a constant, so d aux / d logit[n, j] = α·E/N · p[n, j]·(f_j − Σ_e f_e·p[n, e]), and
+    # d z / d logit[n, j] = c_z·2·logsumexp_n·p[n, j] / N
+    N, E_ = logits.shape
+    f = counts / (N * k)
+    want_aux_grad = alpha * E_ / N * probs * (f[None, :] - (probs * f[None, :]).sum(axis=1, keepdims=True))
+    aux_grad = torch.autograd.grad(r.aux_loss, logits_t, retain_graph=True)[0].numpy()
+    logsumexp = logits.max(axis=1) + np.log(np.exp(logits - logits.max(axis=1, keepdims=True)).sum(axis=1))
+    want_z_grad = z_coef * 2 * logsumexp[:, None] * probs / N
+    z_grad = torch.autograd.grad(r.z_loss, logits_t)[0].numpy()
+    check(np.abs(aux_grad - want_aux_grad).max() < 1e-14 and np.abs(z_grad - want_z_grad).max() < 1e-14,
+          f"loss gradients {label}: f carries no gradient")
+
+
+def dense_to_moe_file(gpt_path, moe_path, routerw_std):
+    """Rewrites a dense GPT model file as an E=1, k=1, moe_every=1, H=4C MoE file whose expert is each layer's
+    MLP, laid out from ARCHITECTURE.md (router weights random: with one expert the prob is 1 whatever they are)."""
+    data = open(gpt_path, "rb").read()
+    h = read_header(data)
+    maxT, V_, L_, NH_, C_ = (int(v) for v in h[2:7])
+    flat = np.frombuffer(data[HEADER_BYTES:], dtype="<f4")
+    dense_shape = Shape(maxT, V_, L_, NH_, C_, 1, 1, L_ + 1, 4 * C_)  # moe_every > L: every layer dense
+    P, _ = split(flat, dense_shape)
+    moe = Shape(maxT, V_, L_, NH_, C_, 1, 1, 1, 4 * C_)
+    routerw = np.random.default_rng(3).normal(0, routerw_std, (L_, 1, C_)).astype("<f4")
+    parts = [P[n] for n in ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b")]
+    parts += [routerw, P["fcw"], P["fcb"], P["fcprojw"], P["fcprojb"], P["lnfw"], P["lnfb"]]
+    header = np.zeros(256, dtype="<i4")
+    header[:12] = moe.header(1)
+    open(moe_path, "wb").write(header.tobytes() + np.concatenate([p.reshape(-1) for p in parts]).tobytes())
+    return moe
+
+
+def test_dense_equivalence(tmp):
+    """(d) E=1, k=1, no capacity limit is the dense GPT of train_gpt.py when the expert is the dense MLP: same
+    logits, CE loss and gradients, and (router weights zero, so that the z loss and its gradient vanish) the
+    same 10 AdamW step losses. Controls: a capacity limit, or z loss through a non-zero router, changes them."""
+    dense = os.path.join(tmp, "dense")
+    message, _ = run_main(train_gpt, ["--write-reference", dense, "--grad-clip", "0.5"])
+    check(message is None, f"train_gpt.py --write-reference: {message}")
+    dense_shape = Shape(MAXT, V, L, NH, C, 1, 1, L + 1, 4 * C)
+    d = read_debug_state_dense(open(dense + "_debug_state.bin", "rb").read(), dense_shape.nparams())
+
+    results = {}
+    for label, router_std, cf in (("zero router", 0.0, "0"), ("random router", 1.0, "0"), ("cf 0.5", 0.0, "0.5")):
+        moe_file = os.path.join(tmp, label.replace(" ", "_") + "_model.bin")
+        moe_shape = dense_to_moe_file(dense + "_model.bin", moe_file, router_std)
+        prefix = os.path.join(tmp, label.replace(" ", "_"))
+        message, _ = run_main(train_moe, ["--write-reference", prefix, "--model-from-file", moe_file, "--cf", cf,
+                                          "--grad-clip", "0.5"])
+        check(message is None, f"{label}: train_moe.py --model-from-file: {message}")
+        results[label] = read_debug_state(open(prefix + "_debug_state.bin", "rb").read(), moe_shape)
+
+    m = results["zero router"]
+    check(np.array_equal(m["x"], d["x"]) and np.array_equal(m["y"], d["y"]), "the same --seed draws the same batch")
+    err = np.abs(m["logits"] - d["logits"]).max()
+    check(err < 1e-5, f"E=1 logits = dense logits (max error {err:.2e})")
+    check(abs(m["ce"] - d["loss"]) < 1e-6, f"E=1 CE {m['ce']} = dense loss {d['loss']}")
+    check(abs(m["aux"] - L * ALPHA) < 1e-8 and m["z"] == 0.0,
+          f"E=1: aux = α·1·1·1 per layer ({m['aux']}), z = 0 ({m['z']})")
+    check(m["dropped"] == [0, 0] and [c.tolist() for c in m["counts"]] == [[B * T]] * L, "E=1: every token kept")
+    # the gradients, mapped tensor by tensor: the expert's are the MLP's, the router's are zero
+    moe_shape = Shape(MAXT, V, L, NH, C, 1, 1, 1, 4 * C)
+    Gd, _ = split(d["grads"], dense_shape)
+    Gm, _ = split(m["grads"], moe_shape)
+    pairs = [(n, n) for n in ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b",
+                              "lnfw", "lnfb")]
+    pairs += [("fcw", "expert_fcw"), ("fcb", "expert_fcb"), ("fcprojw", "expert_fcprojw"),
+              ("fcprojb", "expert_fcprojb")]
+    for dn, mn in pairs:
+        gd, gm = Gd[dn].reshape(-1), Gm[mn].reshape(-1)
+        err = np.abs(gd - gm).max()
+        check(err <= 1e-5 * np.abs(gd).max() + 1e-9, f"E=1 gradient {mn} = dense {dn} (max error {err:.2e})")
+    check(not Gm["routerw"].any(), "E=1: the router gets no gradient (softmax of one logit is constant)")
+    err = np.abs(m["steps"] - d["steps"]).max()
+    check(err < 1e-5, f"E=1 step losses = dense step losses (max error {err:.2e})")
+
+    r = results["random router"]
+    err = np.abs(r["logits"] - d["logits"]).max()
+    check(err < 1e-5 and r["z"] > 0, f"E=1 with a random router: the same logits ({err:.2e}), z > 0 ({r['z']})")
+    c = results["cf 0.5"]
+    check(c["dropped"][0] > 0 and np.abs(c["logits"] - d["logits"]).max() > 1e-3,
+          f"control: capacity 0.5 drops {c['dropped']} and changes the logits")
+
+
+def read_debug_state_dense(data, nparams):
+    """The dense GPT's debug state (ARCHITECTURE.md's table)."""
+    h = read_header(data)
+    b, t, v = int(h[2]), int(h[3]), int(h[5])
+    ints = np.frombuffer(data, dtype="<i4", offset=HEADER_BYTES)
+    floats = np.frombuffer(data, dtype="<f4", offset=HEADER_BYTES)
+    offset = 2 * b * t + b * t * v
+    return {"x": ints[: b * t].reshape(b, t), "y": ints[b * t : 2 * b * t].reshape(b, t),
+            "logits": floats[2 * b * t : offset].reshape(b, t, v), "loss": float(floats[offset]),
+            "grads": floats[offset + 1 : offset + 1 + nparams], "steps": floats[offset + 1 + nparams :]}
+
+
+def test_drops(tmp):
+    """(f) the default config drops choices at --cf 0.5 and none with --cf 0 (dropless), and prints the count."""
+    for cf, expect_drops in (("0.5", True), ("0", False)):
+        prefix = os.path.join(tmp, f"cf{cf}")
+        message, out = run_main(train_moe, reference_args(prefix, ["--cf", cf, "--steps", "0"]))
+        printed = re.search(r"\| dropped (\d+)", out)
+        s = read_debug_state(open(prefix + "_debug_state.bin", "rb").read(), DEFAULT)
+        check(message is None and printed is not None and int(printed.group(1)) == sum(s["dropped"]),
+              f"--cf {cf}: prints the drop count of the debug state ({out!r})")
+        check((sum(s["dropped"]) > 0) == expect_drops, f"--cf {cf}: dropped {s['dropped']}")
+        check(all(c.sum() == B * T for c in s["counts"]), f"--cf {cf}: the counts add up to N·k")
+        check(sum(int((c > 0).sum()) for c in s["counts"]) >= 6, f"--cf {cf}: the tokens spread over the experts")
+        check_debug_state(prefix, DEFAULT, float(cf), fd_entries=1)
+
+
+def adamw_losses(flat, x, y, shape, steps, grad_clip, cf, lr=1e-3, wd=0.1, beta1=0.9, beta2=0.95, eps=1e-8):
+    """CE losses of AdamW written from its formula (clip the global norm, decoupled weight decay on the DECAYED
+    tensors, bias-corrected moments), over the file payload in float64, with train_moe's float64 forward and
+    backward of the total loss (checked against finite differences above)."""
+    config = train_moe.MoEConfig(maxT=shape.maxT, V=shape.V, L=shape.L, NH=shape.NH, C=shape.C, E=shape.E,
+                                 topk=shape.topk, moe_every=shape.moe_every, H=shape.H)
+    model = train_moe.MoEGPT(config).double()
+    settings = train_moe.RoutingSettings(cf, ALPHA, Z_COEF)
+    _, ranges = split(flat, shape)
+    decay = np.zeros(len(flat))
+    for name in DECAYED:
+        decay[slice(*ranges[name])] = 1.0
+    params = flat.astype(np.float64)
+    m = np.zeros_like(params)
+    v = np.zeros_like(params)
+    losses, norms = [], []
+    xt, yt = torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
+    for t in range(1, steps + 1):
+        train_moe.load_flat_parameters(model, params)
+        model.zero_grad(set_to_none=True)
+        output = model(xt, yt, settings)
+        train_moe.backward(output.total_loss, model)
+        losses.append(output.ce_loss.item())
+        g = np.concatenate([p.grad.reshape(-1).numpy() for _, ps in train_moe.params_in_file_order(model) for p in ps])
+        norm = np.sqrt((g**2).sum())
+        norms.append(norm)
+        if grad_clip > 0 and norm > grad_clip:
+            g = g * grad_clip / norm
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g**2
+        params = params - lr * (m / (1 - beta1**t) / (np.sqrt(v / (1 - beta2**t)) + eps) + wd * decay * params)
+    return np.array(losses), norms
+
+
+def test_training(prefix, mixed):
+    """The 10 step losses: step 0's is the first CE, they fall, and they match AdamW written out."""
+    for suffix, shape, cf in (("", DEFAULT, 1.25), ("_mixed", mixed, 0.5)):
+        flat, s = check_debug_state(prefix + suffix, shape, cf, fd_entries=3)
+        steps = s["steps"]
+        check(len(steps) == STEPS, f"{suffix}: {len(steps)} step losses")
+        check(steps[0] == np.float32(s["ce"]), f"{suffix}: step 0's loss is the first forward's CE")
+        check(steps[-1] < steps[0] - 0.3, f"{suffix}: 10 steps lower the loss by more than 0.3: {steps}")
+        losses, norms = adamw_losses(flat, s["x"], s["y"], shape, STEPS, 0.5, cf)
+        err = np.abs(losses - steps).max()
+        check(err < 1e-5, f"{suffix}: losses match the written-out AdamW (max error {err:.2e}, tolerance 1e-5)")
+        check(max(norms) > 0.5, f"{suffix}: --grad-clip 0.5 is active (norms up to {max(norms):.3f})")
+        unclipped, _ = adamw_losses(flat, s["x"], s["y"], shape, STEPS, 0.0, cf)
+        check(np.abs(unclipped - steps).max() > 1e-4, f"{suffix}: control: clipping changes the losses")
+
+
+def test_bf16_and_model_from_file(prefix, tmp):
+    """The bf16 model file is the bf16 rounding of the fp32 parameters and its debug state is the fp32 forward of
+    the rounded values; --model-from-file reproduces both files byte for byte, from either version."""
+    bf16_payload = np.frombuffer(open(prefix + "_bf16_model.bin", "rb").read()[HEADER_BYTES:], dtype="<u2")
+    fp32_payload = np.frombuffer(open(prefix + "_model.bin", "rb").read()[HEADER_BYTES:], dtype="<f4")
+    torch_bits = torch.from_numpy(fp32_payload.copy()).to(torch.bfloat16).view(torch.int16).numpy().view("<u2")
+    check(np.array_equal(bf16_payload, torch_bits), "bf16 model file = torch's bf16 cast of the fp32 parameters")
+    widened = (bf16_payload.astype("<u4") << 16).view("<f4")
+    s = read_debug_state(open(prefix + "_bf16_debug_state.bin", "rb").read(), DEFAULT)
+    logits, ce, aux, z, _ = np_forward(widened, s["x"], s["y"], DEFAULT, 1.25)
+    check(np.abs(logits - s["logits"]).max() < 1e-5 and abs(ce - s["ce"]) < 1e-5 and abs(aux - s["aux"]) < 1e-7,
+          "bf16 debug state = fp32 forward of the rounded parameters")
+    for suffix, dtype in (("", "float32"), ("_bf16", "bfloat16")):
+        again = os.path.join(tmp, "again" + suffix)
+        argv = reference_args(again, ["--dtype", dtype, "--model-from-file", prefix + suffix + "_model.bin",
+                                      "--E", "7", "--L", "5"])  # the file's shape wins over the flags
+        message, _ = run_main(train_moe, argv)
+        check(message is None, f"--model-from-file {dtype}: {message}")
+        for part in ("_model.bin", "_debug_state.bin"):
+            same = open(prefix + suffix + part, "rb").read() == open(again + part, "rb").read()
+            check(same, f"--model-from-file {dtype} reproduces {part} byte for byte")
+
+
+def test_train_mode(prefix, tmp):
+    """--train prints the step line with aux, z and drop; under bf16 autocast the router stays fp32."""
+    shard = os.path.join(tmp, "shard_000.bin")
+    run_main(train_gpt, ["--write-shard", shard, "--shard-tokens", "1000", "--V", str(V), "--seed", "5"])
+    message, out = run_main(train_moe, ["--train", "--input-bin", os.path.join(tmp, "shard_*.bin"), "--B", "2",
+                                        "--T", "16", "--steps", "2", "--model-from-file", prefix + "_model.bin"])
+    lines = out.strip().splitlines()
+    line = re.compile(r"^step \d/2 \| loss \d+\.\d{6} \| aux \d\.\d{6} \| z \d\.\d{6} \| drop \d\.\d{4} \| "
+                      r"norm \d+\.\d{6} \| lr 1\.000000e-03 \| \d+\.\d\d ms \| \d+ tok/s$")
+    check(message is None and len(lines) == 2 and all(line.match(s) for s in lines), f"--train step lines: {lines}")
+    model = train_moe.read_model_file(prefix + "_model.bin")
+    x = torch.randint(0, V, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        output = model(x, x, train_moe.RoutingSettings(1.25, ALPHA, Z_COEF))
+    check(all(r.logits.dtype == torch.float32 for r in output.routings), "router logits are fp32 under bf16 autocast")
+
+
+def test_bad_input(prefix, tmp):
+    """Bad input: one clear line naming train_moe.py and a non-zero exit."""
+    out = os.path.join(tmp, "x")
+    proc = subprocess.run([sys.executable, "train_moe.py", "--write-reference", out, "--model-from-file",
+                           os.path.join(tmp, "missing.bin")], cwd=REPO, capture_output=True, text=True)
+    check(proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
+          and proc.stderr.startswith("train_moe.py: error:") and "missing.bin" in proc.stderr,
+          f"missing model file: rc {proc.returncode}, stderr {proc.stderr!r}")
+    fails_with(["--write-reference", out, "--model-from-file", os.path.join(tmp, "dense_model.bin")], "dense GPT",
+               "a dense GPT model file")
+    data = bytearray(open(prefix + "_model.bin", "rb").read())
+    for label, position, value, needle in (("wrong magic", 0, 20240327, "magic"), ("version 3", 1, 3, "version"),
+                                           ("top-k above E", 9, 5, "top-k"), ("moe_every above L", 10, 3, "moe_every"),
+                                           ("H of 0", 11, 0, "positive")):
+        bad = bytearray(data)
+        bad[4 * position : 4 * position + 4] = value.to_bytes(4, "little", signed=True)
+        path = os.path.join(tmp, label.replace(" ", "_") + ".bin")
+        open(path, "wb").write(bad)
+        fails_with(["--write-reference", out, "--model-from-file", path], needle, label)
+    truncated = os.path.join(tmp, "truncated.bin")
+    open(truncated, "wb").write(data[:-4])
+    fails_with(["--write-reference", out, "--model-from-file", truncated], "payload", "truncated file")
+    fails_with(["--write-reference", out, "--topk", "5"], "top-k", "--topk above --E")
+    fails_with(["--write-reference", out, "--moe-every", "3"], "no MoE layer", "--moe-every above --L")
+    fails_with(["--write-reference", out, "--E", "0"], "positive", "--E 0")
+    fails_with(["--write-reference", out, "--jitter", "0.01"], "jitter", "jitter refused")
+    fails_with(["--write-reference", out, "--noisy-topk", "1"], "noisy", "noisy top-k refused")
+    fails_with(["--write-reference", out, "--init-scale", "0"], "--init-scale", "--init-scale 0")
+    fails_with(["--write-reference", out, "--bogus"], "--bogus", "unknown flag")
+    fails_with(["--write-reference", out, "--C", "50"], "NH", "C not a multiple of NH")
+    fails_with(["--write-reference", out, "--T", "40"], "maxT", "T over maxT")
+    fails_with(["--train"], "--input-bin", "--train without --input-bin")
+    fails_with(["--train", "--input-bin", os.path.join(tmp, "nothing_*.bin")], "no data shard", "no shard matches")
+
+
+def main():
+    os.chdir(REPO)
+    with tempfile.TemporaryDirectory(prefix="test_reference_moe_") as tmp:
+        prefix, mixed = test_files(tmp)
+        test_autograd_float64()
+        test_routing()
+        test_dense_equivalence(tmp)
+        test_drops(tmp)
+        test_training(prefix, mixed)
+        test_bf16_and_model_from_file(prefix, tmp)
+        test_train_mode(prefix, tmp)
+        test_bad_input(prefix, tmp)
+    print(f"test_reference_moe: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

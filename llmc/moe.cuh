@@ -1,0 +1,581 @@
+// llmc/moe.cuh: the Switch-Transformer MoE layer's own kernels, around the expert GEMMs: router softmax with
+// fused top-k, deterministic slot assignment under the capacity limit, dispatch of token rows into per-expert
+// buffers, combine of the expert outputs weighted by the gates, their backward passes, and the router's
+// gradient through the gates, the load-balancing loss and the z-loss. The semantics are those of
+// ARCHITECTURE.md ("MoE semantics"); the router GEMM and the expert FFN (batched GEMMs over E) are not here.
+// Included by the MoE trainer and by the kernel lab: dev/cuda/moe_router.cu, moe_slots.cu,
+// moe_dispatch_combine.cu, moe_router_backward.cu (e.g. `cpu/cucc -O2 dev/cuda/moe_slots.cu -o
+// build/labmoe/moe_slots -lcublas -lcublasLt && build/labmoe/moe_slots -s`).
+//
+// Shapes (N = B*T tokens of one micro-batch, E experts, k = top-k, C channels, cap = capacity rows per expert):
+//   logits, probs, d_logits (N, E) fp32          logsumexp (N) fp32
+//   expert_index, slot (N, k) int                 gates, d_gates (N, k) fp32
+//   row_choice (E, cap) int                       expert_count, kept_count (E) int
+//   x, out, dout, dx (N, C) floatX                expert_input, expert_output and their gradients (E, cap, C) floatX
+// A "choice" (t, j) is the j-th expert of token t, flattened as t*k + j. slot[t, j] is its row in expert
+// expert_index[t, j]'s buffer, or -1 when it was dropped. row_choice is the inverse map: the choice that fills
+// row r of expert e, or -1 for a padding row; it lets every backward and forward kernel gather (one writer per
+// output element, no scatter-add, no atomics).
+// `capacity` is always the row count of an expert's buffer as moe_capacity() returns it (>= 1; dropless
+// routing is capacity = N, which no expert can exceed since a token's k experts are distinct).
+// Sizes supported (moe_support): C a multiple of 8 (16-byte vectors of a row), 1 <= E <= 256 (a warp holds a
+// token's logits in 8 registers per lane), 1 <= k <= min(E, 32) (lane j keeps the j-th pick).
+#pragma once
+#include <limits.h>
+#include <math.h>
+#include "common.cuh"
+
+#define MOE_MAX_EXPERTS 256
+#define MOE_MAX_TOP_K 32
+#define MOE_WARP_KERNEL_BLOCK_SIZE 256   // warp-per-item kernels: 8 items per block
+#define MOE_SLOTS_BLOCK_SIZE 1024        // at most: one block per expert scans the N*k choices 4096 at a time
+#define MOE_SLOTS_ITEMS 4                // choices per thread per step of the slot scan
+#define MOE_LOSSES_BLOCK_SIZE 1024       // at most
+
+// ----------------------------------------------------------------------------------------------------
+// Router forward: one warp per token; lane owns experts lane, lane + 32, ... (LOGITS_PER_LANE of them, the
+// smallest of 1, 2, 4, 8 that covers E, so E = 8 keeps one register per lane).
+// probs = softmax(logits); logsumexp = max + log(sum exp(logit - max)).
+// Top-k is chosen on the logits, not on the rounded fp32 probs: softmax is strictly increasing, so the order of
+// the logits is the order of the exact probabilities, and two different logits never tie just because their
+// fp32 probs rounded to the same value. Ties (equal logits) go to the lower expert index. Each pick is a warp
+// argmax over (logit, index) pairs with xor shuffles: the order is total, so every lane ends with the same winner.
+// gates: the pick's prob when k == 1, else prob / (sum of the k picked probs, added in pick order).
+// Floor: read N*E*4, write N*E*4 + N*k*8 + N*4 bytes; ~E*(10 + 5k) flops per token: memory-bound.
+template <int LOGITS_PER_LANE>
+__global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __restrict__ expert_index,
+                                          float* __restrict__ gates, float* __restrict__ logsumexp,
+                                          const float* __restrict__ logits, int N, int E, int k) {
+    const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (token >= N) return;  // the whole warp leaves together
+    const int lane = threadIdx.x % 32;
+    const float* row = logits + (size_t)token * E;
+
+    float logit[LOGITS_PER_LANE];
+    float row_max = -INFINITY;
+    for (int i = 0; i < LOGITS_PER_LANE; i++) {
+        const int e = lane + 32 * i;
+        logit[i] = e < E ? row[e] : -INFINITY;
+        row_max = fmaxf(row_max, logit[i]);
+    }
+    row_max = warp_reduce_max(row_max);
+    float sum = 0.0f;
+    for (int i = 0; i < LOGITS_PER_LANE; i++) {
+        if (lane + 32 * i < E) sum += expf(logit[i] - row_max);
+    }
+    sum = warp_reduce_sum(sum);
+    float prob[LOGITS_PER_LANE];
+    for (int i = 0; i < LOGITS_PER_LANE; i++) {
+        const int e = lane + 32 * i;
+        prob[i] = expf(logit[i] - row_max) / sum;
+        if (e < E) probs[(size_t)token * E + e] = prob[i];
+    }
+    if (lane == 0) logsumexp[token] = row_max + logf(sum);
+
+    unsigned int taken = 0;  // bit i: expert lane + 32*i already picked
+    int my_pick = 0;          // lane j < k keeps the j-th pick and its prob
+    float my_pick_prob = 0.0f;
+    float picked_sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        // this lane's best candidate: increasing i is increasing expert index, so '>' keeps the lower one on ties
+        float best = -INFINITY;
+        int best_expert = INT_MAX;  // INT_MAX: no candidate
+        float candidate_prob = 0.0f;
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            const int e = lane + 32 * i;
+            if (e < E && !((taken >> i) & 1u) && (best_expert == INT_MAX || logit[i] > best)) {
+                best = logit[i];
+                best_expert = e;
+                candidate_prob = prob[i];
+            }
+        }
+        for (int offset = 16; offset > 0; offset /= 2) {
+            const float other = __shfl_xor_sync(0xffffffff, best, offset);
+            const int other_expert = __shfl_xor_sync(0xffffffff, best_expert, offset);
+            const bool other_wins = other_expert != INT_MAX &&
+                                    (best_expert == INT_MAX || other > best ||
+                                     (other == best && other_expert < best_expert));
+            if (other_wins) {
+                best = other;
+                best_expert = other_expert;
+            }
+        }
+        // the winner was its owner lane's own best candidate: take its prob from there
+        const float p = __shfl_sync(0xffffffff, candidate_prob, best_expert % 32);
+        if (best_expert % 32 == lane) taken |= 1u << (best_expert / 32);
+        if (lane == j) {
+            my_pick = best_expert;
+            my_pick_prob = p;
+        }
+        picked_sum += p;
+    }
+    if (lane < k) {
+        expert_index[(size_t)token * k + lane] = my_pick;
+        gates[(size_t)token * k + lane] = k == 1 ? my_pick_prob : my_pick_prob / picked_sum;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Slot assignment: one block per expert e walks the N*k choices in priority order p = j*N + t (every first
+// choice in token order, then every second choice, ...), MOE_SLOTS_ITEMS * blockDim.x at a time: thread x
+// takes positions base + i*blockDim.x + x for i < MOE_SLOTS_ITEMS, so that its loads are in flight together and
+// one pair of barriers serves them all (the scan is latency-bound: E blocks, a few chunks each). A ballot per
+// warp and item, and the warps' counts in shared memory, give each choice of e its exclusive prefix count = its
+// slot; slot >= capacity is dropped (-1). Only block e writes the choices of expert e and the rows of e, so no two
+// threads ever compete for a slot, and the result depends on expert_index alone.
+// Afterwards rows [kept, capacity) of e are marked padding (-1) in row_choice.
+// Floor: every block reads the whole of expert_index (E * N*k * 4 bytes, from L2 after the first: DRAM reads
+// N*k*4) and the writes are N*k*4 (slot) + E*cap*4 (row_choice) + 8*E bytes.
+__global__ void moe_assign_slots_kernel(int* __restrict__ slot, int* __restrict__ row_choice,
+                                        int* __restrict__ expert_count, int* __restrict__ kept_count,
+                                        const int* __restrict__ expert_index, int N, int k, int capacity) {
+    __shared__ int warp_counts[MOE_SLOTS_ITEMS * 32];  // (item, warp): choices of this expert
+    const int expert = blockIdx.x;
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int num_warps = blockDim.x / 32;
+    const int num_choices = N * k;
+    const unsigned int lanes_below = (1u << lane) - 1u;
+    int routed = 0;  // choices of this expert in priority order so far
+    for (int base = 0; base < num_choices; base += MOE_SLOTS_ITEMS * blockDim.x) {
+        int choice[MOE_SLOTS_ITEMS];
+        bool mine[MOE_SLOTS_ITEMS];
+        for (int i = 0; i < MOE_SLOTS_ITEMS; i++) {
+            const int priority = base + i * blockDim.x + threadIdx.x;
+            choice[i] = priority < num_choices ? (priority % N) * k + priority / N : -1;
+            mine[i] = choice[i] >= 0 && expert_index[choice[i]] == expert;
+        }
+        unsigned int ballot[MOE_SLOTS_ITEMS];
+        for (int i = 0; i < MOE_SLOTS_ITEMS; i++) {
+            ballot[i] = __ballot_sync(0xffffffff, mine[i]);
+            if (lane == 0) warp_counts[i * 32 + warp] = __popc(ballot[i]);
+        }
+        __syncthreads();
+        // before = choices of e earlier in priority order: earlier items, then earlier warps of this item
+        int before = routed;
+        for (int i = 0; i < MOE_SLOTS_ITEMS; i++) {
+            int item_total = 0, earlier_warps = 0;
+            for (int w = 0; w < num_warps; w++) {
+                const int count = warp_counts[i * 32 + w];
+                if (w < warp) earlier_warps += count;
+                item_total += count;
+            }
+            if (mine[i]) {
+                const int s = before + earlier_warps + __popc(ballot[i] & lanes_below);
+                slot[choice[i]] = s < capacity ? s : -1;
+                if (s < capacity) row_choice[(size_t)expert * capacity + s] = choice[i];
+            }
+            before += item_total;
+        }
+        routed = before;
+        __syncthreads();  // warp_counts is rewritten by the next chunk
+    }
+    const int kept_rows = routed < capacity ? routed : capacity;
+    for (int row = kept_rows + threadIdx.x; row < capacity; row += blockDim.x) {
+        row_choice[(size_t)expert * capacity + row] = -1;
+    }
+    if (threadIdx.x == 0) {
+        expert_count[expert] = routed;
+        kept_count[expert] = kept_rows;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Dispatch, gathered: one warp per row of expert_input (E*cap rows); a used row copies its token's row of x,
+// a padding row is written with zeros (so it adds nothing to the experts' weight gradients).
+// Floor: read (kept rows)*C and write E*cap*C floatX (a token chosen k times is read k times; k <= 2 in
+// practice and the second read hits L2): bytes <= (N*k + E*cap)*C*sizeof(floatX) + E*cap*4.
+__global__ void moe_dispatch_kernel(floatX* __restrict__ expert_input, const floatX* __restrict__ x,
+                                    const int* __restrict__ row_choice, int num_rows, int k, int C) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= num_rows) return;
+    const int lane = threadIdx.x % 32;
+    const int choice = row_choice[row];
+    floatX* destination = expert_input + (size_t)row * C;
+    if (choice < 0) {
+        for (int c = lane * x128::size; c < C; c += 32 * x128::size) store128(destination + c, x128::zeros());
+        return;
+    }
+    const floatX* source = x + (size_t)(choice / k) * C;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) store128(destination + c, load128(source + c));
+}
+
+// Combine, gathered per token: one warp per token, out[t] = sum over kept j of gates[t,j] * expert_output[e, s],
+// added in fp32 in the order j = 0..k-1 and rounded to floatX once; a token whose choices were all dropped gets 0.
+// Floor: read (kept rows)*C floatX, write N*C floatX, plus N*k*12 bytes of routing.
+__global__ void moe_combine_kernel(floatX* __restrict__ out, const floatX* __restrict__ expert_output,
+                                   const int* __restrict__ expert_index, const int* __restrict__ slot,
+                                   const float* __restrict__ gates, int N, int k, int C, int capacity) {
+    const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (token >= N) return;
+    const int lane = threadIdx.x % 32;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        float sum[x128::size];
+        for (int i = 0; i < x128::size; i++) sum[i] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            const int choice = token * k + j;
+            const int s = slot[choice];
+            if (s < 0) continue;
+            const float gate = gates[choice];
+            const x128 v = load128cs(expert_output + ((size_t)expert_index[choice] * capacity + s) * C + c);
+            for (int i = 0; i < x128::size; i++) sum[i] += gate * (float)v[i];
+        }
+        x128 result;
+        for (int i = 0; i < x128::size; i++) result[i] = (floatX)sum[i];
+        store128(out + (size_t)token * C + c, result);
+    }
+}
+
+// Combine backward, gathered per expert row: warp w < E*cap owns row w; a used row (choice t*k+j) writes
+// d_expert_output = gate * dout[t] and d_gates[t, j] = <dout[t], expert_output[row]> (fp32, warp-reduced); a
+// padding row writes zeros. Warp w < N*k also writes d_gates[w] = 0 if choice w was dropped (it has no row).
+// The grid is max(E*cap, N*k) warps. Floor: read 2*(kept rows)*C floatX (dout rows again from L2 for k >= 2),
+// write E*cap*C floatX, plus N*k*12 + E*cap*4 bytes of routing.
+__global__ void moe_combine_backward_kernel(floatX* __restrict__ d_expert_output, float* __restrict__ d_gates,
+                                            const floatX* __restrict__ dout, const floatX* __restrict__ expert_output,
+                                            const int* __restrict__ slot, const float* __restrict__ gates,
+                                            const int* __restrict__ row_choice, int num_rows, int num_choices, int k,
+                                            int C) {
+    const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (w < num_choices && lane == 0 && slot[w] < 0) d_gates[w] = 0.0f;
+    if (w >= num_rows) return;
+    const int choice = row_choice[w];
+    floatX* d_row = d_expert_output + (size_t)w * C;
+    if (choice < 0) {
+        for (int c = lane * x128::size; c < C; c += 32 * x128::size) store128(d_row + c, x128::zeros());
+        return;
+    }
+    const float gate = gates[choice];
+    const floatX* d_token = dout + (size_t)(choice / k) * C;
+    const floatX* row = expert_output + (size_t)w * C;
+    float dot = 0.0f;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        const x128 d = load128(d_token + c);
+        const x128 v = load128cs(row + c);
+        x128 result;
+        for (int i = 0; i < x128::size; i++) {
+            result[i] = (floatX)(gate * (float)d[i]);
+            dot += (float)d[i] * (float)v[i];
+        }
+        store128(d_row + c, result);
+    }
+    dot = warp_reduce_sum(dot);
+    if (lane == 0) d_gates[choice] = dot;
+}
+
+// Dispatch backward, gathered per token: dx[t] += sum over kept j of d_expert_input[e, s], added in fp32 to dx's
+// value in the order j = 0..k-1, one rounding. Floor: read (kept rows)*C + N*C, write N*C floatX.
+__global__ void moe_dispatch_backward_kernel(floatX* __restrict__ dx, const floatX* __restrict__ d_expert_input,
+                                             const int* __restrict__ expert_index, const int* __restrict__ slot,
+                                             int N, int k, int C, int capacity) {
+    const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (token >= N) return;
+    const int lane = threadIdx.x % 32;
+    floatX* d_token = dx + (size_t)token * C;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        const x128 current = load128(d_token + c);
+        float sum[x128::size];
+        for (int i = 0; i < x128::size; i++) sum[i] = (float)current[i];
+        for (int j = 0; j < k; j++) {
+            const int choice = token * k + j;
+            const int s = slot[choice];
+            if (s < 0) continue;
+            const x128 v = load128cs(d_expert_input + ((size_t)expert_index[choice] * capacity + s) * C + c);
+            for (int i = 0; i < x128::size; i++) sum[i] += (float)v[i];
+        }
+        x128 result;
+        for (int i = 0; i < x128::size; i++) result[i] = (floatX)sum[i];
+        store128(d_token + c, result);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Router backward: one warp per token, lanes own experts as in the forward. With p = probs[t]:
+//   dP_e  = loss_scale * aux_alpha * E * f_e / N              (load balancing, f_e = expert_count[e] / (N*k))
+//         + gate part: k == 1: d_gates[t,0] on the picked expert;
+//                      k >= 2: gate_j = p_j / S (S = sum of the picked probs), so for picked expert i_j
+//                              dP_{i_j} += (d_gates[t,j] - sum_m d_gates[t,m] * gates[t,m]) / S
+//   d_logits_e = p_e * (dP_e - sum_i p_i dP_i)                (softmax backward)
+//              + loss_scale * z_coef * 2 * logsumexp[t] * p_e / N   (z-loss; d lse / d logit_e = p_e)
+// A dropped choice has d_gates = 0 (moe_combine_backward writes it) but stays in S: the gates are defined
+// before dropping. Floor: read N*E*4 (probs) + N*k*12 + N*4 + E*4, write N*E*4 bytes.
+template <int LOGITS_PER_LANE>
+__global__ void moe_router_backward_kernel(float* __restrict__ d_logits, const float* __restrict__ probs,
+                                           const int* __restrict__ expert_index, const float* __restrict__ gates,
+                                           const float* __restrict__ d_gates, const float* __restrict__ logsumexp,
+                                           const int* __restrict__ expert_count, int N, int E, int k,
+                                           float aux_alpha, float z_coef, float loss_scale) {
+    const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (token >= N) return;
+    const int lane = threadIdx.x % 32;
+    const float aux_per_count = loss_scale * aux_alpha * (float)E / ((float)N * (float)k * (float)N);
+    float p[LOGITS_PER_LANE], dp[LOGITS_PER_LANE];
+    for (int i = 0; i < LOGITS_PER_LANE; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < E ? probs[(size_t)token * E + e] : 0.0f;
+        dp[i] = e < E ? aux_per_count * (float)expert_count[e] : 0.0f;
+    }
+    const int* picks = expert_index + (size_t)token * k;
+    const float* d_gate = d_gates + (size_t)token * k;
+    if (k == 1) {
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            if (lane + 32 * i == picks[0]) dp[i] += d_gate[0];
+        }
+    } else {
+        float picked_sum = 0.0f, gate_dot = 0.0f;
+        for (int j = 0; j < k; j++) {
+            picked_sum += probs[(size_t)token * E + picks[j]];
+            gate_dot += d_gate[j] * gates[(size_t)token * k + j];
+        }
+        for (int j = 0; j < k; j++) {
+            const float dp_pick = (d_gate[j] - gate_dot) / picked_sum;
+            for (int i = 0; i < LOGITS_PER_LANE; i++) {
+                if (lane + 32 * i == picks[j]) dp[i] += dp_pick;
+            }
+        }
+    }
+    float dot = 0.0f;
+    for (int i = 0; i < LOGITS_PER_LANE; i++) dot += p[i] * dp[i];
+    dot = warp_reduce_sum(dot);
+    const float z_scale = loss_scale * z_coef * 2.0f * logsumexp[token] / (float)N;
+    for (int i = 0; i < LOGITS_PER_LANE; i++) {
+        const int e = lane + 32 * i;
+        if (e < E) d_logits[(size_t)token * E + e] = p[i] * (dp[i] - dot) + z_scale * p[i];
+    }
+}
+
+// Router losses in one block, deterministic (a fixed thread layout and block_reduce):
+//   aux = aux_alpha * E * sum_e f_e P_e = aux_alpha * E / (N*k*N) * sum_t sum_e expert_count[e] * probs[t, e]
+//   z   = z_coef * mean_t logsumexp[t]^2
+// Floor: read N*E*4 + N*4 + E*4 bytes. One block streams them: at trainer sizes (N*E = 64k floats) that is
+// ~2 us, below a launch; a grid would need a second pass and scratch for the partial sums.
+__global__ void moe_router_losses_kernel(float* __restrict__ aux_and_z, const float* __restrict__ probs,
+                                         const float* __restrict__ logsumexp, const int* __restrict__ expert_count,
+                                         int N, int E, int k, float aux_alpha, float z_coef) {
+    float weighted = 0.0f;
+    const int num_probs = N * E;
+    for (int i = threadIdx.x; i < num_probs; i += blockDim.x) weighted += (float)expert_count[i % E] * probs[i];
+    float squares = 0.0f;
+    for (int t = threadIdx.x; t < N; t += blockDim.x) squares += logsumexp[t] * logsumexp[t];
+    weighted = block_reduce<warp_reduce_sum>(weighted, true);
+    squares = block_reduce<warp_reduce_sum>(squares);
+    if (threadIdx.x == 0) {
+        aux_and_z[0] = aux_alpha * (float)E * (weighted / ((float)N * (float)k * (float)N));
+        aux_and_z[1] = z_coef * squares / (float)N;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// host side
+
+// Rows per expert buffer: ceil(k * CF * N / E), evaluated in double as ((k * CF) * N) / E so that the PyTorch
+// reference (math.ceil(k * cf * N / E) with the same decimal cf) gets the same integer; CF is a double for the
+// same reason (a float 1.1 is not the double 1.1). An expert receives at most N choices (a token's k experts are
+// distinct), so the result is clamped to N, and CF <= 0 (dropless) gives N: every choice fits.
+int moe_capacity(int N, int E, int k, double capacity_factor) {
+    if (capacity_factor <= 0.0) return N;
+    const double rows = ceil((double)k * capacity_factor * (double)N / (double)E);
+    return rows < (double)N ? (int)rows : N;
+}
+
+// The sizes these kernels support; false with a one-line reason otherwise. Called by the trainer at start-up.
+bool moe_support(int C, int E, int k, int H, char* why, size_t why_size) {
+    if (C <= 0 || C % 8 != 0) {
+        snprintf(why, why_size, "C = %d: the MoE dispatch and combine kernels need C a positive multiple of 8 "
+                 "(16-byte vectors of 8 bf16)", C);
+        return false;
+    }
+    if (E < 1 || E > MOE_MAX_EXPERTS) {
+        snprintf(why, why_size, "E = %d experts: the router kernels hold a token's logits in one warp, "
+                 "1 <= E <= %d", E, MOE_MAX_EXPERTS);
+        return false;
+    }
+    if (k < 1 || k > E || k > MOE_MAX_TOP_K) {
+        snprintf(why, why_size, "top-k = %d: needs 1 <= k <= E (%d) and k <= %d (one lane per pick)", k, E,
+                 MOE_MAX_TOP_K);
+        return false;
+    }
+    if (H <= 0 || H % 8 != 0) {
+        snprintf(why, why_size, "expert hidden size H = %d: the expert GEMMs need H a positive multiple of 8", H);
+        return false;
+    }
+    return true;
+}
+
+// Refusals are one line and exit: these are programming errors of the caller, never data-dependent.
+static void moe_require(bool condition, const char* function, const char* what) {
+    if (!condition) {
+        fprintf(stderr, "%s: %s\n", function, what);
+        exit(EXIT_FAILURE);
+    }
+}
+
+static void moe_require_aligned(const char* function, const void* a, const void* b, const void* c) {
+    moe_require(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0, function,
+                "floatX buffers must be 16-byte aligned");
+}
+
+static int moe_warp_grid(size_t warps, int block_size) { return (int)CEIL_DIV(warps, (size_t)(block_size / 32)); }
+
+void moe_router_forward_launch(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits,
+                               int N, int E, int k, int block_size, cudaStream_t stream) {
+    moe_require(E >= 1 && E <= MOE_MAX_EXPERTS && k >= 1 && k <= E && k <= MOE_MAX_TOP_K, "moe_router_forward",
+                "needs 1 <= k <= E <= 256 and k <= 32 (see moe_support)");
+    const int grid = moe_warp_grid(N, block_size);
+    if (E <= 32) {
+        moe_router_forward_kernel<1><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N, E, k);
+    } else if (E <= 64) {
+        moe_router_forward_kernel<2><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N, E, k);
+    } else if (E <= 128) {
+        moe_router_forward_kernel<4><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N, E, k);
+    } else {
+        moe_router_forward_kernel<8><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N, E, k);
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+// logits (N, E) -> probs (N, E), expert_index (N, k) in descending order, gates (N, k), logsumexp (N)
+void moe_router_forward(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits, int N,
+                        int E, int k, cudaStream_t stream) {
+    moe_router_forward_launch(probs, expert_index, gates, logsumexp, logits, N, E, k, MOE_WARP_KERNEL_BLOCK_SIZE,
+                              stream);
+}
+
+void moe_assign_slots_launch(int* slot, int* row_choice, int* expert_count, int* kept_count, const int* expert_index,
+                             int N, int E, int k, int capacity, int block_size, cudaStream_t stream) {
+    moe_require(capacity >= 1, "moe_assign_slots", "capacity must be >= 1 rows (use moe_capacity; dropless = N)");
+    moe_assign_slots_kernel<<<E, block_size, 0, stream>>>(slot, row_choice, expert_count, kept_count, expert_index, N,
+                                                          k, capacity);
+    cudaCheck(cudaGetLastError());
+}
+
+// expert_index (N, k) -> slot (N, k) (-1: dropped), row_choice (E, capacity) (-1: padding row),
+// expert_count (E) = choices routed to e before dropping, kept_count (E) = rows of e used
+void moe_assign_slots(int* slot, int* row_choice, int* expert_count, int* kept_count, const int* expert_index, int N,
+                      int E, int k, int capacity, cudaStream_t stream) {
+    // no more warps than the choices fill: a thread that never holds a choice only adds barrier waits
+    const int warps = CEIL_DIV(N * k, 32 * MOE_SLOTS_ITEMS);
+    const int block_size = warps < MOE_SLOTS_BLOCK_SIZE / 32 ? 32 * warps : MOE_SLOTS_BLOCK_SIZE;
+    moe_assign_slots_launch(slot, row_choice, expert_count, kept_count, expert_index, N, E, k, capacity, block_size,
+                            stream);
+}
+
+void moe_dispatch_launch(floatX* expert_input, const floatX* x, const int* row_choice, int E, int k, int C,
+                         int capacity, int block_size, cudaStream_t stream) {
+    moe_require(C % 8 == 0 && capacity >= 1, "moe_dispatch", "needs C a multiple of 8 and capacity >= 1");
+    moe_require_aligned("moe_dispatch", expert_input, x, nullptr);
+    const int num_rows = E * capacity;
+    moe_dispatch_kernel<<<moe_warp_grid(num_rows, block_size), block_size, 0, stream>>>(expert_input, x, row_choice,
+                                                                                        num_rows, k, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// expert_input (E, capacity, C) = x (N, C) rows by row_choice, zeros in padding rows
+void moe_dispatch(floatX* expert_input, const floatX* x, const int* row_choice, int E, int k, int C, int capacity,
+                  cudaStream_t stream) {
+    moe_dispatch_launch(expert_input, x, row_choice, E, k, C, capacity, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
+}
+
+void moe_combine_launch(floatX* out, const floatX* expert_output, const int* expert_index, const int* slot,
+                        const float* gates, int N, int k, int C, int capacity, int block_size, cudaStream_t stream) {
+    moe_require(C % 8 == 0 && capacity >= 1, "moe_combine", "needs C a multiple of 8 and capacity >= 1");
+    moe_require_aligned("moe_combine", out, expert_output, nullptr);
+    moe_combine_kernel<<<moe_warp_grid(N, block_size), block_size, 0, stream>>>(out, expert_output, expert_index, slot,
+                                                                               gates, N, k, C, capacity);
+    cudaCheck(cudaGetLastError());
+}
+
+// out (N, C) = sum over kept choices of gate * expert_output[e, slot] (E, capacity, C); 0 if all dropped
+void moe_combine(floatX* out, const floatX* expert_output, const int* expert_index, const int* slot,
+                 const float* gates, int N, int k, int C, int capacity, cudaStream_t stream) {
+    moe_combine_launch(out, expert_output, expert_index, slot, gates, N, k, C, capacity, MOE_WARP_KERNEL_BLOCK_SIZE,
+                       stream);
+}
+
+void moe_combine_backward_launch(floatX* d_expert_output, float* d_gates, const floatX* dout,
+                                 const floatX* expert_output, const int* slot, const float* gates,
+                                 const int* row_choice, int N, int E, int k, int C, int capacity, int block_size,
+                                 cudaStream_t stream) {
+    moe_require(C % 8 == 0 && capacity >= 1, "moe_combine_backward", "needs C a multiple of 8 and capacity >= 1");
+    moe_require_aligned("moe_combine_backward", d_expert_output, dout, expert_output);
+    const int num_rows = E * capacity;
+    const int num_choices = N * k;
+    const int warps = num_rows > num_choices ? num_rows : num_choices;
+    moe_combine_backward_kernel<<<moe_warp_grid(warps, block_size), block_size, 0, stream>>>(
+        d_expert_output, d_gates, dout, expert_output, slot, gates, row_choice, num_rows, num_choices, k, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// d_expert_output (E, capacity, C) = gate * dout[token] in used rows, 0 in padding rows;
+// d_gates (N, k) = <dout[t], expert_output[e, slot]> for kept choices, 0 for dropped ones
+void moe_combine_backward(floatX* d_expert_output, float* d_gates, const floatX* dout, const floatX* expert_output,
+                          const int* slot, const float* gates, const int* row_choice, int N, int E, int k, int C,
+                          int capacity, cudaStream_t stream) {
+    moe_combine_backward_launch(d_expert_output, d_gates, dout, expert_output, slot, gates, row_choice, N, E, k, C,
+                                capacity, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
+}
+
+void moe_dispatch_backward_launch(floatX* dx, const floatX* d_expert_input, const int* expert_index, const int* slot,
+                                  int N, int k, int C, int capacity, int block_size, cudaStream_t stream) {
+    moe_require(C % 8 == 0 && capacity >= 1, "moe_dispatch_backward", "needs C a multiple of 8 and capacity >= 1");
+    moe_require_aligned("moe_dispatch_backward", dx, d_expert_input, nullptr);
+    moe_dispatch_backward_kernel<<<moe_warp_grid(N, block_size), block_size, 0, stream>>>(dx, d_expert_input,
+                                                                                         expert_index, slot, N, k, C,
+                                                                                         capacity);
+    cudaCheck(cudaGetLastError());
+}
+
+// dx (N, C) += sum over kept choices of d_expert_input[e, slot] (E, capacity, C)
+void moe_dispatch_backward(floatX* dx, const floatX* d_expert_input, const int* expert_index, const int* slot, int N,
+                           int k, int C, int capacity, cudaStream_t stream) {
+    moe_dispatch_backward_launch(dx, d_expert_input, expert_index, slot, N, k, C, capacity, MOE_WARP_KERNEL_BLOCK_SIZE,
+                                 stream);
+}
+
+void moe_router_backward_launch(float* d_logits, const float* probs, const int* expert_index, const float* gates,
+                                const float* d_gates, const float* logsumexp, const int* expert_count, int N, int E,
+                                int k, float aux_alpha, float z_coef, float loss_scale, int block_size,
+                                cudaStream_t stream) {
+    moe_require(E >= 1 && E <= MOE_MAX_EXPERTS && k >= 1 && k <= E, "moe_router_backward",
+                "needs 1 <= k <= E <= 256 (see moe_support)");
+    const int grid = moe_warp_grid(N, block_size);
+    if (E <= 32) {
+        moe_router_backward_kernel<1><<<grid, block_size, 0, stream>>>(d_logits, probs, expert_index, gates, d_gates,
+                                                                       logsumexp, expert_count, N, E, k, aux_alpha,
+                                                                       z_coef, loss_scale);
+    } else if (E <= 64) {
+        moe_router_backward_kernel<2><<<grid, block_size, 0, stream>>>(d_logits, probs, expert_index, gates, d_gates,
+                                                                       logsumexp, expert_count, N, E, k, aux_alpha,
+                                                                       z_coef, loss_scale);
+    } else if (E <= 128) {
+        moe_router_backward_kernel<4><<<grid, block_size, 0, stream>>>(d_logits, probs, expert_index, gates, d_gates,
+                                                                       logsumexp, expert_count, N, E, k, aux_alpha,
+                                                                       z_coef, loss_scale);
+    } else {
+        moe_router_backward_kernel<8><<<grid, block_size, 0, stream>>>(d_logits, probs, expert_index, gates, d_gates,
+                                                                       logsumexp, expert_count, N, E, k, aux_alpha,
+                                                                       z_coef, loss_scale);
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+// d_logits (N, E) = gradient through the gates (d_gates), the load-balancing loss and the z-loss (these two
+// multiplied by loss_scale), through the softmax; fp32
+void moe_router_backward(float* d_logits, const float* probs, const int* expert_index, const float* gates,
+                         const float* d_gates, const float* logsumexp, const int* expert_count, int N, int E, int k,
+                         float aux_alpha, float z_coef, float loss_scale, cudaStream_t stream) {
+    moe_router_backward_launch(d_logits, probs, expert_index, gates, d_gates, logsumexp, expert_count, N, E, k,
+                               aux_alpha, z_coef, loss_scale, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
+}
+
+// aux_and_z[0] = load-balancing loss, aux_and_z[1] = z-loss (device, fp32)
+void moe_router_losses(float* aux_and_z, const float* probs, const float* logsumexp, const int* expert_count, int N,
+                       int E, int k, float aux_alpha, float z_coef, cudaStream_t stream) {
+    // at least 16 probabilities per thread (up to 1024 threads): small groups need few threads
+    const int warps = CEIL_DIV(N * E, 16 * 32);
+    const int block_size = warps < MOE_LOSSES_BLOCK_SIZE / 32 ? 32 * warps : MOE_LOSSES_BLOCK_SIZE;
+    moe_router_losses_kernel<<<1, block_size, 0, stream>>>(aux_and_z, probs, logsumexp, expert_count, N, E, k,
+                                                           aux_alpha, z_coef);
+    cudaCheck(cudaGetLastError());
+}

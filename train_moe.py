@@ -1,0 +1,649 @@
+"""
+train_moe.py: the PyTorch reference Switch-Transformer Mixture-of-Experts GPT for switch.cu. It is the GPT-2 of
+train_gpt.py in which layer l (from 0) has an MoE FFN iff (l + 1) % moe_every == 0, with the routing, capacity,
+dropping and balancing losses exactly as /work/shared/ARCHITECTURE.md ("MoE semantics") defines them, and it
+writes the files the C test (test_moe) compares against.
+
+Run from the repository root with a Python that has torch (here Debian's: /usr/bin/python3):
+  reference state for test_moe (MoE model file + debug state with logits, losses, routing counts, gradients,
+  10 step losses):
+    /usr/bin/python3 train_moe.py --write-reference build/ref/moe_k1 --dtype float32 --cf 0.5
+    /usr/bin/python3 train_moe.py --write-reference build/ref/moe_k2_me2 --topk 2 --moe-every 2 --cf 0
+    (the defaults: --B 3 --T 23 --V 263 --L 2 --NH 3 --C 48 --maxT 32 --E 4 --topk 1 --moe-every 1 --H 96
+     --cf 1.25 --aux-alpha 0.01 --z-coef 0.001 --init-scale 0.1 --seed 1337 --steps 10 --lr 1e-3
+     --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 0.5)
+  training baseline (the C trainer's step line with aux, z and drop; constant lr), on shards that
+  train_gpt.py --write-shard writes:
+    /usr/bin/python3 train_moe.py --train --input-bin 'build/ref/shard*.bin' --B 4 --T 32 --steps 20
+  any mode can start from an MoE model file instead of a fresh init: --model-from-file PATH (fp32 or bf16).
+Its test: /usr/bin/python3 dev/test/test_reference_moe.py
+
+MoE model file: header [0]=20261129, [1]=1 (fp32) or 2 (bf16), [2]=maxT, [3]=V, [4]=L, [5]=NH, [6]=C, [7]=Vp,
+[8]=E, [9]=top-k, [10]=moe_every, [11]=H; payload in ARCHITECTURE.md's order (see FILE ORDER below).
+
+Debug state: header [0]=20240327, [1]=2, [2]=B, [3]=T, [4]=steps, [5]=V, [6]=Vp, [7]=Lm (MoE layers); payload
+x, y (B*T int32 each), logits (B*T*V fp32, the V real columns), CE loss (fp32), aux loss summed over the MoE
+layers (fp32), z loss summed over the MoE layers (fp32), then per MoE layer in layer order: the number of
+dropped (token, choice) pairs (int32) and the E per-expert counts of choices before dropping (int32); then
+the gradient of the total loss (CE + aux + z) of every parameter in model-file order and layout (fp32; wte's
+has Vp rows, the padded ones zero); then the CE loss of each of `steps` AdamW steps on the same batch (step
+k's loss is its forward loss before its update: step 0's equals the CE loss above).
+
+Choices this reference makes (the C side must make the same ones):
+- Capacity = ceil(k * CF * N / E) evaluated in IEEE double left to right, CF held as a double:
+  (((double)k * cf) * N) / E, then ceil. It is taken as the rounding gives it: with k=2, CF=1.1, N=25, E=5
+  the double result is 11.000000000000002 and the capacity is 12, not 11. CF <= 0: no limit.
+- Top-k picks "the k largest probs" by comparing the logits: softmax is strictly increasing, so the order of
+  the logits is the order of the exact probabilities, and two different logits never tie just because their
+  rounded probs are equal. Equal logits go to the lower expert index. (llmc/moe.cuh's router does the same.)
+- For k >= 2 the gate renormalises over all k chosen experts, dropped choices included: a dropped choice
+  removes its term but does not raise the gates of the kept ones.
+- Init: GPT-2's (std 0.02; the projections into the residual, expert ones included, 0.02/sqrt(2L)); the router
+  and expert weight matrices then have their std scaled by sqrt(--init-scale) (Switch §2.4: weights drawn with
+  std sqrt(s/fan_in), s = 0.1 instead of 1, i.e. a std sqrt(0.1) times the standard one; --init-scale 1 gives
+  GPT-2's init). Every bias and LayerNorm parameter, the experts' included, is then perturbed as
+  train_gpt.py does, so that a C kernel that drops or swaps one of them changes the results, but with std
+  0.02 instead of 0.1 so that the tokens spread over the experts (MOE_PERTURB_STD says why).
+- The default H is 96 = 2C, not 4C, so that a C kernel that assumes the expert width is the dense MLP's fails.
+- Jitter and noisy top-k gating are not implemented here: asking for them is refused.
+"""
+
+import os
+
+# torch reads these when it starts (see train_gpt.py): two threads, and threads that sleep while they wait
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import math
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import train_gpt
+from train_gpt import (HAS_COMPILE, LN_EPS, PERTURB_STD, STATE_MAGIC, STATE_VERSION, VOCAB_PAD,
+                       CausalSelfAttention, GPTConfig, MLP, ShardLoader, bf16_bits, bf16_to_float,
+                       clip_gradients, header, make_optimizer, pick_device, read_file, write_file)
+
+MOE_MODEL_MAGIC = 20261129
+MOE_VERSION_FP32 = 1
+MOE_VERSION_BF16 = 2
+PROGRAM = "train_moe.py"
+# train_gpt.py perturbs the biases and LayerNorm parameters with std 0.1. Biases that add into the residual
+# stream are the same for every token, and at 0.1 they are 3-4 times the tokens' own part (wte + wpe, std
+# 0.02 each), so LayerNorm hands the router nearly the same vector for every token and all 69 tokens of the
+# test batch go to one expert. At 0.02 the tokens spread over the experts, and a dropped or swapped bias
+# still moves the results far above any test tolerance.
+MOE_PERTURB_STD = 0.02
+
+
+def fail(message):
+    """Bad input ends the run with one line on stderr and exit status 1."""
+    raise SystemExit(f"{PROGRAM}: error: {message}")
+
+
+@contextmanager
+def errors_named_here():
+    """The helpers reused from train_gpt.py end bad input with a line that names train_gpt.py; a user who ran
+    this program should see its name instead."""
+    prefix = "train_gpt.py: error: "
+    try:
+        yield
+    except SystemExit as e:
+        if isinstance(e.code, str) and e.code.startswith(prefix):
+            fail(e.code[len(prefix) :])
+        raise
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The model
+
+
+@dataclass
+class MoEConfig(GPTConfig):
+    E: int  # experts per MoE layer
+    topk: int  # experts each token is sent to (1 = Switch, 2 = GShard)
+    moe_every: int  # layer l is an MoE layer iff (l + 1) % moe_every == 0
+    H: int  # expert hidden size
+
+    def is_moe(self, layer):
+        return (layer + 1) % self.moe_every == 0
+
+    @property
+    def Lm(self):
+        return sum(self.is_moe(l) for l in range(self.L))
+
+
+@dataclass
+class RoutingSettings:
+    """What the routing and its losses depend on beyond the weights (not stored in the model file)."""
+    capacity_factor: float  # <= 0: no limit (dropless)
+    aux_alpha: float  # load-balancing loss coefficient
+    z_coef: float  # router z-loss coefficient
+
+
+def expert_capacity(N, E, topk, capacity_factor):
+    """Slots per expert in a group of N tokens, or None for no limit. Double arithmetic, left to right, as the C
+    code computes it; the result of the rounding is taken as it is (see the comment at the top)."""
+    if capacity_factor <= 0:
+        return None
+    return math.ceil(topk * capacity_factor * N / E)
+
+
+def top_k_lower_index(logits, k):
+    """(N, k) expert indices of the k largest logits per row, largest first, equal logits to the lower index.
+    Written out because torch.topk does not promise any order among equal values."""
+    E = logits.shape[1]
+    index = torch.arange(E, device=logits.device).expand_as(logits)
+    remaining = logits.detach().clone()
+    choices = []
+    for _ in range(k):
+        best = remaining.max(dim=1, keepdim=True).values
+        first = torch.where(remaining == best, index, E).min(dim=1).values
+        choices.append(first)
+        remaining.scatter_(1, first[:, None], -math.inf)  # a taken expert never wins again
+    return torch.stack(choices, dim=1)
+
+
+@dataclass
+class Routing:
+    """The routing of one MoE layer over one group of N tokens."""
+    logits: torch.Tensor  # (N, E) router logits
+    probs: torch.Tensor  # (N, E) softmax of the logits
+    choices: torch.Tensor  # (N, k) chosen experts, best first
+    gates: torch.Tensor  # (N, k) gate of each choice (differentiable)
+    kept: torch.Tensor  # (N, k) bool: the choice got a slot in its expert
+    counts: torch.Tensor  # (E,) choices routed to each expert before dropping
+    capacity: int | None  # slots per expert; None: no limit
+    aux_loss: torch.Tensor  # load-balancing loss of this layer (scalar)
+    z_loss: torch.Tensor  # router z-loss of this layer (scalar)
+
+    @property
+    def dropped(self):
+        return int((~self.kept).sum())
+
+    @property
+    def margin(self):
+        """The smallest gap between a token's k-th and (k+1)-th logit (inf when k = E): how far the routing is
+        from flipping, which tells how closely a C implementation must match to route the same."""
+        k = self.choices.shape[1]
+        if k == self.logits.shape[1]:
+            return math.inf
+        ordered = self.logits.detach().sort(dim=1, descending=True).values
+        return float((ordered[:, k - 1] - ordered[:, k]).min())
+
+
+def route(logits, topk, settings):
+    """Routing of one group (ARCHITECTURE.md, MoE semantics) from its (N, E) router logits."""
+    N, E = logits.shape
+    probs = F.softmax(logits, dim=1)
+    choices = top_k_lower_index(logits, topk)
+    chosen = probs.gather(1, choices)
+    gates = chosen if topk == 1 else chosen / chosen.sum(dim=1, keepdim=True)
+
+    # Slots in priority order: every token's first choice in token order, then every second choice, and so
+    # on. A choice's position in its expert's queue is the number of earlier choices in that order that went
+    # to the same expert; it keeps its slot iff that position is below the capacity.
+    in_priority_order = choices.t().reshape(-1)
+    one_hot = F.one_hot(in_priority_order, E)
+    position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=1) - 1
+    capacity = expert_capacity(N, E, topk, settings.capacity_factor)
+    kept = torch.ones_like(position, dtype=torch.bool) if capacity is None else position < capacity
+    kept = kept.view(topk, N).t()
+    counts = one_hot.sum(dim=0)
+
+    # f_e counts choices before dropping and is a constant (no gradient); P_e carries the gradient
+    fraction_routed = counts.to(probs.dtype) / (N * topk)
+    mean_prob = probs.mean(dim=0)
+    aux_loss = settings.aux_alpha * E * (fraction_routed * mean_prob).sum()
+    z_loss = settings.z_coef * (torch.logsumexp(logits, dim=1) ** 2).mean()
+    return Routing(logits, probs, choices, gates, kept, counts, capacity, aux_loss, z_loss)
+
+
+class Expert(nn.Module):
+    """One expert: the GPT-2 MLP with hidden size H."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.C, config.H)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(config.H, config.C)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class SwitchFFN(nn.Module):
+    """The MoE FFN: router, top-k, capacity, and the gated sum of the kept experts' outputs."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.topk = config.topk
+        self.router = nn.Linear(config.C, config.E, bias=False)
+        self.experts = nn.ModuleList(Expert(config) for _ in range(config.E))
+
+    def forward(self, h, settings):
+        """h: (B, T, C) = ln2(x). Returns (Σ over kept choices of gate * Expert_e(h), Routing); the B*T tokens
+        of the micro-batch are one group."""
+        B, T, C = h.shape
+        tokens = h.reshape(B * T, C)
+        # the router runs in (at least) fp32 whatever the precision, outside bf16 autocast (Switch §2.4)
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            logits = self.router(tokens.to(self.router.weight.dtype))
+            routing = route(logits, self.topk, settings)
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            token, choice = (routing.kept & (routing.choices == e)).nonzero(as_tuple=True)
+            if token.numel() == 0:
+                continue
+            gate = routing.gates[token, choice].unsqueeze(1)
+            out = out.index_add(0, token, (gate * expert(tokens[token])).to(out.dtype))
+        return out.view(B, T, C), routing
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, config, is_moe):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.C, eps=LN_EPS)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.C, eps=LN_EPS)
+        if is_moe:
+            self.moe = SwitchFFN(config)
+        else:
+            self.mlp = MLP(config)
+
+    def forward(self, x, settings):
+        """Returns the block's output and its Routing (None for a dense layer)."""
+        x = x + self.attn(self.ln_1(x))
+        if hasattr(self, "moe"):
+            ffn, routing = self.moe(self.ln_2(x), settings)
+            return x + ffn, routing
+        return x + self.mlp(self.ln_2(x)), None
+
+
+@dataclass
+class MoEOutput:
+    logits: torch.Tensor  # (B, T, V)
+    ce_loss: torch.Tensor  # mean cross-entropy: the printed `loss`
+    aux_loss: torch.Tensor  # load-balancing losses summed over the MoE layers
+    z_loss: torch.Tensor  # router z-losses summed over the MoE layers
+    routings: list  # one Routing per MoE layer, in layer order
+
+    @property
+    def total_loss(self):
+        """What training differentiates."""
+        return self.ce_loss + self.aux_loss + self.z_loss
+
+    @property
+    def dropped(self):
+        return sum(r.dropped for r in self.routings)
+
+
+class MoEGPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.Vp, config.C)
+        self.wpe = nn.Embedding(config.maxT, config.C)
+        self.h = nn.ModuleList(MoEBlock(config, config.is_moe(l)) for l in range(config.L))
+        self.ln_f = nn.LayerNorm(config.C, eps=LN_EPS)
+
+    def forward(self, idx, targets, settings):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        routings = []
+        for block in self.h:
+            x, routing = block(x, settings)
+            if routing is not None:
+                routings.append(routing)
+        # lm_head is tied to wte; the Vp - V padded columns are never used
+        logits = F.linear(self.ln_f(x), self.wte.weight)[..., : self.config.V]
+        ce_loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1))
+        aux_loss = sum(r.aux_loss for r in routings)
+        z_loss = sum(r.z_loss for r in routings)
+        return MoEOutput(logits, ce_loss, aux_loss, z_loss, routings)
+
+    def dense_blocks(self):
+        return [b for b in self.h if not hasattr(b, "moe")]
+
+    def moe_blocks(self):
+        return [b for b in self.h if hasattr(b, "moe")]
+
+
+# FILE ORDER: the model file's tensors, each stacked over the layers (or layers and experts) that have it.
+GLOBAL_HEAD = [("wte", "wte.weight"), ("wpe", "wpe.weight")]
+EVERY_LAYER = [
+    ("ln1w", "ln_1.weight"), ("ln1b", "ln_1.bias"),
+    ("qkvw", "attn.c_attn.weight"), ("qkvb", "attn.c_attn.bias"),
+    ("attprojw", "attn.c_proj.weight"), ("attprojb", "attn.c_proj.bias"),
+    ("ln2w", "ln_2.weight"), ("ln2b", "ln_2.bias"),
+]
+DENSE_LAYERS = [("fcw", "mlp.c_fc.weight"), ("fcb", "mlp.c_fc.bias"),
+                ("fcprojw", "mlp.c_proj.weight"), ("fcprojb", "mlp.c_proj.bias")]
+MOE_LAYERS = [("routerw", "moe.router.weight")]
+MOE_EXPERTS = [("expert_fcw", "c_fc.weight"), ("expert_fcb", "c_fc.bias"),
+               ("expert_fcprojw", "c_proj.weight"), ("expert_fcprojb", "c_proj.bias")]
+GLOBAL_TAIL = [("lnfw", "ln_f.weight"), ("lnfb", "ln_f.bias")]
+
+
+def params_in_file_order(model):
+    """[(file name, [nn.Parameter, ...])] in model-file order; experts by layer, then by global index."""
+    dense, moe = model.dense_blocks(), model.moe_blocks()
+    order = [(name, [model.get_parameter(path)]) for name, path in GLOBAL_HEAD]
+    order += [(name, [b.get_parameter(path) for b in model.h]) for name, path in EVERY_LAYER]
+    order += [(name, [b.get_parameter(path) for b in dense]) for name, path in DENSE_LAYERS]
+    order += [(name, [b.get_parameter(path) for b in moe]) for name, path in MOE_LAYERS]
+    order += [(name, [x.get_parameter(path) for b in moe for x in b.moe.experts]) for name, path in MOE_EXPERTS]
+    order += [(name, [model.get_parameter(path)]) for name, path in GLOBAL_TAIL]
+    return order
+
+
+def flat_parameters(model):
+    """All parameters as one fp32 numpy vector laid out as the model file's payload."""
+    tensors = [p.detach().float().reshape(-1).cpu() for _, ps in params_in_file_order(model) for p in ps]
+    return torch.cat(tensors).numpy()
+
+
+def flat_gradients(model):
+    """All parameter gradients as one fp32 numpy vector in the model file's order and layout."""
+    tensors = [p.grad.float().reshape(-1).cpu() for _, ps in params_in_file_order(model) for p in ps]
+    return torch.cat(tensors).numpy()
+
+
+def backward(loss, model):
+    """loss.backward(), then a zero gradient for every parameter the loss did not reach (an expert that got no
+    token): torch's AdamW skips a parameter without a gradient, with no weight decay and no moment update,
+    where the C trainer updates every parameter every step."""
+    loss.backward()
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
+def load_flat_parameters(model, flat):
+    """Copies a payload-ordered vector into the model's parameters (the inverse of flat_parameters)."""
+    offset = 0
+    with torch.no_grad():
+        for _, ps in params_in_file_order(model):
+            for p in ps:
+                p.copy_(torch.from_numpy(flat[offset : offset + p.numel()].copy()).view(p.shape).to(p.dtype))
+                offset += p.numel()
+
+
+def init_weights(model, generator, init_scale):
+    """GPT-2's initialisation and test perturbation (train_gpt.init_weights) with the perturbation shrunk from
+    std PERTURB_STD to MOE_PERTURB_STD, then the router and expert weight matrices scaled to std * sqrt(init_scale)
+    (Switch's reduced initialisation scale)."""
+    train_gpt.init_weights(model, generator)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                base = 1.0 if name.endswith("weight") else 0.0  # LayerNorm gains start at 1, biases at 0
+                p.copy_(base + (p - base) * (MOE_PERTURB_STD / PERTURB_STD))
+            elif ".moe." in name:
+                p.mul_(math.sqrt(init_scale))
+
+
+def write_model_file(path, model, version):
+    c = model.config
+    flat = flat_parameters(model)
+    payload = flat if version == MOE_VERSION_FP32 else bf16_bits(flat)
+    write_file(path, header(MOE_MODEL_MAGIC, version, c.maxT, c.V, c.L, c.NH, c.C, c.Vp, c.E, c.topk,
+                            c.moe_every, c.H), payload)
+
+
+def check_shape(maxT, V, L, NH, C, E, topk, moe_every, H, where):
+    """Refuses a shape the model cannot have; `where` names the flags or the file."""
+    if min(maxT, V, L, NH, C, E, topk, moe_every, H) < 1:
+        fail(f"{where}: maxT={maxT} V={V} L={L} NH={NH} C={C} E={E} topk={topk} moe_every={moe_every} H={H} "
+             f"must all be positive")
+    if C % NH != 0:
+        fail(f"{where}: C={C} is not a multiple of NH={NH}")
+    if topk > E:
+        fail(f"{where}: top-k {topk} is more than the {E} experts")
+    if moe_every > L:
+        fail(f"{where}: moe_every={moe_every} leaves no MoE layer among L={L} layers")
+
+
+def read_model_file(path):
+    """Builds an MoEGPT from an MoE model file (fp32 or bf16); bf16 values are widened exactly to fp32."""
+    h, payload = read_file(path, "model file")
+    if h[0] == train_gpt.MODEL_MAGIC:
+        fail(f"{path} is a dense GPT model file (magic {h[0]}), not an MoE one (magic {MOE_MODEL_MAGIC})")
+    if h[0] != MOE_MODEL_MAGIC:
+        fail(f"{path} is not an MoE model file (magic {h[0]}, expected {MOE_MODEL_MAGIC})")
+    if h[1] not in (MOE_VERSION_FP32, MOE_VERSION_BF16):
+        fail(f"{path}: MoE model file version {h[1]} is unknown (1 = fp32, 2 = bf16)")
+    maxT, V, L, NH, C, Vp, E, topk, moe_every, H = (int(v) for v in h[2:12])
+    check_shape(maxT, V, L, NH, C, E, topk, moe_every, H, path)
+    config = MoEConfig(maxT=maxT, V=V, L=L, NH=NH, C=C, E=E, topk=topk, moe_every=moe_every, H=H)
+    if Vp != config.Vp:
+        fail(f"{path}: padded vocabulary {Vp} is not V={V} rounded up to a multiple of {VOCAB_PAD}")
+    model = MoEGPT(config)
+    count = sum(p.numel() for p in model.parameters())
+    item = 4 if h[1] == MOE_VERSION_FP32 else 2
+    if len(payload) != count * item:
+        fail(f"{path}: payload is {len(payload)} bytes, the header's shape needs {count * item}")
+    if h[1] == MOE_VERSION_FP32:
+        flat = np.frombuffer(payload, dtype="<f4")
+    else:
+        flat = bf16_to_float(np.frombuffer(payload, dtype="<u2"))
+    load_flat_parameters(model, flat)
+    return model
+
+
+def model_for_run(args):
+    """The model of --model-from-file (whose header gives the shape), or a fresh init of the shape the flags
+    give, drawn from a generator seeded with --seed."""
+    if args.model_from_file:
+        return read_model_file(args.model_from_file)
+    config = MoEConfig(maxT=args.maxT, V=args.V, L=args.L, NH=args.NH, C=args.C, E=args.E, topk=args.topk,
+                       moe_every=args.moe_every, H=args.H)
+    model = MoEGPT(config)
+    init_weights(model, torch.Generator().manual_seed(args.seed), args.init_scale)
+    return model
+
+
+def routing_settings(args):
+    return RoutingSettings(capacity_factor=args.cf, aux_alpha=args.aux_alpha, z_coef=args.z_coef)
+
+
+def describe_routing(output):
+    """One line per MoE layer: capacity, dropped choices, per-expert counts before dropping, margin."""
+    lines = []
+    for i, r in enumerate(output.routings):
+        capacity = "none" if r.capacity is None else r.capacity
+        lines.append(f"MoE layer {i}: capacity {capacity} | dropped {r.dropped} of {r.kept.numel()} choices | "
+                     f"counts {r.counts.tolist()} | logit margin {r.margin:.3e}")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The modes
+
+
+def write_reference(args):
+    device = pick_device(args.device)
+    # determinism: the C tests compare against these numbers, so no TF32 and no nondeterministic kernels
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+    model = model_for_run(args)
+    config = model.config
+    settings = routing_settings(args)
+    if args.T > config.maxT:
+        fail(f"--T {args.T} is longer than the model's maxT {config.maxT}")
+    # the batch is drawn exactly as train_gpt.py draws it, so that the same --seed gives both the same batch
+    generator = torch.Generator().manual_seed(args.seed)
+    x = torch.randint(0, config.V, (args.B, args.T), generator=generator)
+    y = torch.randint(0, config.V, (args.B, args.T), generator=generator)
+
+    version = MOE_VERSION_FP32
+    if args.dtype == "bfloat16":
+        # the C BF16 build starts from these rounded values; the reference still computes in fp32
+        load_flat_parameters(model, bf16_to_float(bf16_bits(flat_parameters(model))))
+        version = MOE_VERSION_BF16
+    write_model_file(args.write_reference + "_model.bin", model, version)
+
+    model.to(device)
+    x, y = x.to(device), y.to(device)
+    first = model(x, y, settings)
+    backward(first.total_loss, model)
+    routing_ints = []
+    for r in first.routings:
+        routing_ints += [r.dropped] + r.counts.tolist()
+    first_grads = flat_gradients(model)
+
+    optimizer = make_optimizer(model, args, device)
+    step_losses = []
+    for _ in range(args.steps):
+        optimizer.zero_grad(set_to_none=True)
+        output = model(x, y, settings)
+        backward(output.total_loss, model)
+        clip_gradients(model, args.grad_clip)
+        optimizer.step()
+        step_losses.append(output.ce_loss.item())
+
+    state_path = args.write_reference + "_debug_state.bin"
+    write_file(
+        state_path,
+        header(STATE_MAGIC, STATE_VERSION, args.B, args.T, args.steps, config.V, config.Vp, config.Lm),
+        x.cpu().numpy().astype("<i4"), y.cpu().numpy().astype("<i4"),
+        first.logits.detach().float().cpu().numpy().astype("<f4"),
+        np.array([first.ce_loss.item(), first.aux_loss.item(), first.z_loss.item()], dtype="<f4"),
+        np.array(routing_ints, dtype="<i4"), first_grads, np.array(step_losses, dtype="<f4"),
+    )
+    print(f"wrote {args.write_reference}_model.bin (version {version}) and {state_path}: "
+          f"loss {first.ce_loss.item():.6f} | aux {first.aux_loss.item():.6f} | z {first.z_loss.item():.6f} | "
+          f"dropped {first.dropped}")
+    for line in describe_routing(first):
+        print(line)
+    if step_losses:
+        print(f"losses of {args.steps} steps: {step_losses[0]:.6f} ... {step_losses[-1]:.6f}")
+
+
+def train(args):
+    device = pick_device(args.device)
+    if device == "cuda":  # a speed baseline: the C trainer's fp32 matmuls use TF32 too
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model = model_for_run(args)
+    config = model.config
+    settings = routing_settings(args)
+    if args.T > config.maxT:
+        fail(f"--T {args.T} is longer than the model's maxT {config.maxT}")
+    loader = ShardLoader(args.input_bin, args.B, args.T, config.V)
+    model.to(device)
+    optimizer = make_optimizer(model, args, device)
+    step_model = model
+    if args.compile:
+        if not HAS_COMPILE:
+            fail(f"--compile: this torch ({torch.__version__}) has no torch.compile")
+        step_model = torch.compile(model)
+    autocast = torch.autocast(device_type=device, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
+    choices_per_step = config.Lm * args.B * args.T * config.topk
+
+    for step in range(1, args.steps + 1):
+        start = time.perf_counter()
+        x, y = (t.to(device) for t in loader.next_batch())
+        with autocast:
+            output = step_model(x, y, settings)
+        backward(output.total_loss, model)
+        norm = clip_gradients(model, args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = output.ce_loss.item()  # waits for the device
+        elapsed = time.perf_counter() - start
+        print(f"step {step}/{args.steps} | loss {loss_value:f} | aux {output.aux_loss.item():f} | "
+              f"z {output.z_loss.item():f} | drop {output.dropped / choices_per_step:.4f} | norm {norm:f} | "
+              f"lr {args.lr:e} | {elapsed * 1000:.2f} ms | {args.B * args.T / elapsed:.0f} tok/s", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag gets one line (no usage block) and exit status 1 like any other bad input."""
+
+    def error(self, message):
+        fail(message)
+
+
+def parse_args(argv):
+    p = OneLineParser(description="PyTorch reference Switch-MoE GPT for switch.cu (see the comment at the top).")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write-reference", metavar="PREFIX", help="write PREFIX_model.bin and PREFIX_debug_state.bin")
+    mode.add_argument("--train", action="store_true", help="train on --input-bin shards, printing step lines")
+    p.add_argument("--model-from-file", metavar="PATH",
+                   help="start from this MoE model file (fp32 or bf16); its header overrides the shape flags")
+    p.add_argument("--input-bin", metavar="PATTERN", help="glob of training shards (--train)")
+    p.add_argument("--B", type=int, default=3, help="batch size")
+    p.add_argument("--T", type=int, default=23, help="sequence length")
+    p.add_argument("--V", type=int, default=263, help="vocabulary size")
+    p.add_argument("--L", type=int, default=2, help="layers")
+    p.add_argument("--NH", type=int, default=3, help="attention heads")
+    p.add_argument("--C", type=int, default=48, help="channels")
+    p.add_argument("--maxT", type=int, default=32, help="longest sequence")
+    p.add_argument("--E", type=int, default=4, help="experts per MoE layer")
+    p.add_argument("--topk", type=int, default=1, help="experts per token (1 = Switch, 2 = GShard)")
+    p.add_argument("--moe-every", type=int, default=1, help="layer l is MoE iff (l + 1) %% N == 0")
+    p.add_argument("--H", type=int, default=96, help="expert hidden size")
+    p.add_argument("--cf", type=float, default=1.25, help="capacity factor (<= 0: no limit, dropless)")
+    p.add_argument("--aux-alpha", type=float, default=0.01, help="load-balancing loss coefficient")
+    p.add_argument("--z-coef", type=float, default=0.001, help="router z-loss coefficient")
+    p.add_argument("--init-scale", type=float, default=0.1,
+                   help="router and expert weights get std * sqrt(this) (Switch's 0.1; 1 = GPT-2's init)")
+    p.add_argument("--jitter", type=float, default=0.0, help="router jitter epsilon (not implemented: must be 0)")
+    p.add_argument("--noisy-topk", type=int, default=0, help="noisy top-k gating (not implemented: must be 0)")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="reference: bf16-round the written parameters; train: bf16 autocast (router in fp32)")
+    p.add_argument("--steps", type=int, default=10, help="training steps")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (constant)")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the 2-D parameters")
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--grad-clip", type=float, default=0.5, help="global gradient norm limit (<= 0: none)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (--train)")
+    args = p.parse_args(argv)
+
+    if args.jitter != 0:
+        fail("--jitter: router jitter is not implemented in the reference (use 0)")
+    if args.noisy_topk != 0:
+        fail("--noisy-topk: noisy top-k gating is not implemented in the reference (use 0)")
+    if min(args.B, args.T) < 1:
+        fail("--B and --T must be positive")
+    if not args.model_from_file:
+        check_shape(args.maxT, args.V, args.L, args.NH, args.C, args.E, args.topk, args.moe_every, args.H,
+                    "flags --maxT --V --L --NH --C --E --topk --moe-every --H")
+    if args.init_scale <= 0:
+        fail(f"--init-scale must be positive (got {args.init_scale})")
+    if not all(map(math.isfinite, (args.cf, args.aux_alpha, args.z_coef))):
+        fail("--cf --aux-alpha --z-coef must be finite")
+    if args.steps < 0:
+        fail(f"--steps must be >= 0 (got {args.steps})")
+    if args.train and not args.input_bin:
+        fail("--train needs --input-bin PATTERN")
+    return args
+
+
+def main(argv=None):
+    with errors_named_here():
+        args = parse_args(argv)
+        if args.write_reference is not None:
+            write_reference(args)
+        else:
+            train(args)
+
+
+if __name__ == "__main__":
+    main()
