@@ -67,7 +67,7 @@ import torch.nn.functional as F
 
 import train_gpt
 from train_gpt import (HAS_COMPILE, LN_EPS, PERTURB_STD, STATE_MAGIC, STATE_VERSION, VOCAB_PAD,
-                       CausalSelfAttention, GPTConfig, MLP, ShardLoader, bf16_bits, bf16_to_float,
+                       CausalSelfAttention, GPTConfig, MLP, OneLineParser, ShardLoader, bf16_bits, bf16_to_float,
                        clip_gradients, header, make_optimizer, pick_device, read_file, write_file)
 
 MOE_MODEL_MAGIC = 20261129
@@ -567,13 +567,6 @@ def train(args):
 
 
 # ----------------------------------------------------------------------------------------------------------
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag gets one line (no usage block) and exit status 1 like any other bad input."""
-
-    def error(self, message):
-        fail(message)
 
 
 def parse_args(argv):
