@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
     sharded_parameters_zero_grad(&model.store, stream);
     gpt2_forward(&model, ref.x, ref.y, B, T, 1.0f / (float)BT, stream);
     compare_value("loss", model.mean_loss, ref.loss, tol_loss);
-    gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, 0, stream);
+    gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, 1, 0, stream);
     floatX* grads_x = (floatX*)malloc_check(model.store.num_parameters * sizeof(floatX));
     float* grads = (float*)malloc_check(model.store.num_parameters * sizeof(float));
     cudaCheck(cudaMemcpy(grads_x, model.store.grads_memory, model.store.num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
     for (int step = 0; step < ref.nsteps; step++) {
         sharded_parameters_zero_grad(&model.store, stream);
         gpt2_forward(&model, ref.x, ref.y, B, T, model.store.loss_scale / (float)BT, stream);
-        gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, 0, stream);
+        gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, 1, 0, stream);
         losses[step] = model.mean_loss;
         float norm = sharded_parameters_reduce_and_norm(&model.store, &mg, 0, stream);
         sharded_parameters_apply_update(&model.store, &opt, norm, step + 1, &mg, 0, stream);

@@ -502,15 +502,16 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
     }
 }
 
-static void gpt2_all_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, cudaStream_t stream);
-static void gpt2_all_reduce_rest(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream);
+static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
+static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
 
 // Backward pass for the batch of the last gpt2_forward (which must have been given targets and a
 // dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with sharded_parameters_zero_grad. With
-// `overlap` (the last micro-step of a ZeRO-0 step on several processes), each layer's gradients are
-// all-reduced on the NCCL stream as soon as that layer's backward pass is done, while the next runs.
-static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const MultiGpuConfig* mg, int overlap,
-                          cudaStream_t stream) {
+// `reduce` (the last micro-step of a step), each layer's gradients are averaged over the processes (ZeRO-0:
+// all-reduce; ZeRO-1: reduced to the owner of each shard) on the NCCL stream as soon as that layer's backward
+// pass is done, while the next layer's runs.
+static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const MultiGpuConfig* mg, int reduce,
+                          int zero_stage, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     int L = c->num_layers, NH = c->num_heads, C = c->channels, Vp = c->padded_vocab_size;
     size_t BTC = layer_stride((size_t)B * T * C), BT = layer_stride((size_t)B * T);
@@ -566,22 +567,23 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
                         p.qkvw + (size_t)l * 3 * C * C, a.scratch_f, B, T, C, 3 * C, stream);
         layernorm_backward(dresidual, g.ln1w + (size_t)l * C, g.ln1b + (size_t)l * C, a.scratch_f, a.dbtc, residual,
                            p.ln1w + (size_t)l * C, ln1_mean, ln1_rstd, B, T, C, stream);
-        if (overlap) gpt2_all_reduce_layer(model, l, mg, stream);
+        if (reduce) gpt2_reduce_layer(model, l, mg, zero_stage, stream);
     }
     encoder_backward(g.wte, g.wpe, dresidual, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
-    if (overlap) gpt2_all_reduce_rest(model, mg, stream);
+    if (reduce) gpt2_reduce_rest(model, mg, zero_stage, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------
-// ZeRO-0 gradient averaging during the backward pass (llmc/optimizer.cuh does the rest of the step)
+// Gradient averaging over processes during the backward pass (llmc/optimizer.cuh does the rest of the step)
 
-static void gpt2_all_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, cudaStream_t stream) {
+static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     static const int per_layer[] = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};  // ln1w .. fcprojb, stacked over layers
-    sharded_parameters_all_reduce_slices(&model->store, per_layer, 12, layer, model->config.num_layers, mg, stream);
+    sharded_parameters_reduce_slices(&model->store, per_layer, 12, layer, model->config.num_layers, mg, zero_stage,
+                                     stream);
 }
-static void gpt2_all_reduce_rest(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
+static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     static const int rest[] = {0, 1, 14, 15};  // wte, wpe, lnfw, lnfb: complete only after the encoder's backward
-    sharded_parameters_all_reduce_slices(&model->store, rest, 4, -1, model->config.num_layers, mg, stream);
+    sharded_parameters_reduce_slices(&model->store, rest, 4, -1, model->config.num_layers, mg, zero_stage, stream);
 }
 
 // 6N flops per token for the matmuls of forward+backward plus the attention's 12 L C T
@@ -1012,8 +1014,9 @@ int main(int argc, char* argv[]) {
             dataloader_next_batch(&train_loader);
             float dlogits_scale = model.store.loss_scale / (float)(B * T * grad_accum_steps);
             gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T, dlogits_scale, stream);
-            int overlap = micro == grad_accum_steps - 1 && sharded_parameters_overlap_reduction(&mg, zero_stage);
-            gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, overlap, stream);
+            int last_micro_step = micro == grad_accum_steps - 1;
+            gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, last_micro_step, zero_stage,
+                          stream);
             step_loss += model.mean_loss;
         }
         float loss = (float)(step_loss / grad_accum_steps);

@@ -5,8 +5,8 @@
 //   sharded_parameters_allocate      parameters and gradients (padded so that every shard is equal)
 //   sharded_parameters_allocate_optimizer   m, v and fp32 master weights for this process's shard
 //   sharded_parameters_zero_grad     before the first micro-step of a step
-//   sharded_parameters_all_reduce_slices    (ZeRO-0) average a set of slices during the backward pass
-//   sharded_parameters_reduce_and_norm      average over processes, global norm of the unscaled gradient
+//   sharded_parameters_reduce_slices        average a set of slices over processes during the backward pass
+//   sharded_parameters_reduce_and_norm      wait for that, global norm of the unscaled gradient
 //   sharded_parameters_apply_update  clip, undo the FP16 loss scale, AdamW, all-gather (ZeRO-1)
 //   sharded_parameters_write_state / read_state   the optimizer state in checkpoints
 // Deterministic: the global norm is a fixed-order reduction, the stochastic-rounding seeds come from a host
@@ -121,41 +121,48 @@ static ncclDataType_t nccl_floatX(void) {
     return PRECISION_MODE == PRECISION_FP32 ? ncclFloat : (PRECISION_MODE == PRECISION_FP16 ? ncclHalf : ncclBfloat16);
 }
 
-// ZeRO-0 with the reduction overlapped with the backward pass: averages over processes, in one NCCL group on
-// the NCCL stream (after the main stream's work so far), slice `layer` of each listed tensor (a tensor
-// stacked over num_layers layers; layer < 0: the whole tensor).
-static void sharded_parameters_all_reduce_slices(ShardedParameters* p, const int* tensors, int count, int layer,
-                                                 int num_layers, const MultiGpuConfig* mg, cudaStream_t stream) {
+// The gradient reduction, overlapped with the backward pass: as soon as the backward pass has finished with
+// slice `layer` of each listed tensor (a tensor stacked over num_layers layers; layer < 0: the whole tensor),
+// these slices are averaged over processes on the NCCL stream, in one NCCL group, while the main stream goes
+// on. ZeRO-0 all-reduces them; ZeRO-1 reduces each piece of a slice to the process whose shard holds it (the
+// reduce-scatter of the whole buffer, done slice by slice), so each process ends with the average of its shard.
+// The trainer must cover every tensor exactly once per step (on the last micro-step).
+static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* tensors, int count, int layer,
+                                             int num_layers, const MultiGpuConfig* mg, int zero_stage,
+                                             cudaStream_t stream) {
+    if (mg->num_processes == 1) return;
     cudaCheck(cudaEventRecord(mg->compute_done, stream));
     cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
     ncclCheck(ncclGroupStart());
     for (int j = 0; j < count; j++) {
         int i = tensors[j];
         size_t n = layer >= 0 ? p->sizes[i] / num_layers : p->sizes[i];
-        floatX* slice = p->grads_memory + sharded_parameters_offset(p, i) + (layer >= 0 ? (size_t)layer * n : 0);
-        ncclCheck(ncclAllReduce(slice, slice, n, nccl_floatX(), ncclAvg, mg->nccl_comm, mg->nccl_stream));
+        size_t begin = sharded_parameters_offset(p, i) + (layer >= 0 ? (size_t)layer * n : 0);
+        size_t end = begin + n;
+        if (zero_stage == 0) {
+            ncclCheck(ncclAllReduce(p->grads_memory + begin, p->grads_memory + begin, n, nccl_floatX(), ncclAvg,
+                                    mg->nccl_comm, mg->nccl_stream));
+            continue;
+        }
+        for (int r = 0; r < mg->num_processes; r++) {
+            size_t shard_begin = (size_t)r * p->shard_size, shard_end = shard_begin + p->shard_size;
+            size_t a = begin > shard_begin ? begin : shard_begin;
+            size_t b = end < shard_end ? end : shard_end;
+            if (a < b) {
+                ncclCheck(ncclReduce(p->grads_memory + a, p->grads_memory + a, b - a, nccl_floatX(), ncclAvg, r,
+                                     mg->nccl_comm, mg->nccl_stream));
+            }
+        }
     }
     ncclCheck(ncclGroupEnd());
 }
 
-// Whether the trainer all-reduces during the backward pass (ZeRO-0 on several processes).
-static int sharded_parameters_overlap_reduction(const MultiGpuConfig* mg, int zero_stage) {
-    return mg->num_processes > 1 && zero_stage == 0;
-}
-
-// After the micro-steps' backward passes: the gradients become the average over processes (ZeRO-0: the
-// overlapped all-reduce is awaited; ZeRO-1: reduce-scatter, each process keeping its shard's average), and
-// the global norm of the unscaled gradient is returned, identical on every process (inf or NaN when an FP16
-// gradient overflowed).
+// After the micro-steps' backward passes: waits for the overlapped reduction (sharded_parameters_reduce_slices)
+// and returns the global norm of the unscaled gradient, identical on every process (inf or NaN when an FP16
+// gradient overflowed). The padding past the last tensor is never reduced: it stays zero everywhere.
 static float sharded_parameters_reduce_and_norm(ShardedParameters* p, const MultiGpuConfig* mg, int zero_stage,
                                                 cudaStream_t stream) {
     if (mg->num_processes > 1) {
-        if (zero_stage >= 1) {
-            cudaCheck(cudaEventRecord(mg->compute_done, stream));
-            cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
-            ncclCheck(ncclReduceScatter(p->grads_memory, p->grads_memory + p->shard_offset, p->shard_size,
-                                        nccl_floatX(), ncclAvg, mg->nccl_comm, mg->nccl_stream));
-        }
         cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
         cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # dev/test/test_train_gpt.sh: command-line tests of the GPT trainer on the CPU backend (FP32 build):
-#   - 2 MPI ranks with ZeRO-1 give the losses of 1 rank with twice the micro-batch (-a 1: the same tokens);
+#   - 2 and 3 MPI ranks with ZeRO-1 (and 2 with ZeRO-0) give the losses of 1 rank with the ranks' micro-batches
+#     together (-a 1: the same tokens);
 #   - a run resumed from a checkpoint continues bit-identically, and leftovers of an interrupted
 #     checkpoint (temporary files, a state without its DONE marker) are ignored;
 #   - a model from a descriptor trains (the loss falls);
@@ -43,6 +44,19 @@ print("  single:", a, "\n  zero-1:", b)
 sys.exit(0 if ok else 1)
 PY
 then pass; else fail "ZeRO-1 on 2 ranks differs from 1 rank with twice the batch"; fi
+# ZeRO-1 on 3 ranks (shards end inside tensors: each piece is reduced to its owner) vs 1 rank with B=6
+"$TRAIN" "${COMMON[@]}" -b 6 -a 1 -x 3 >"$work/single6.log" 2>&1 || fail "single-rank B=6 run: $(tail -3 "$work/single6.log")"
+$MPIRUN -np 3 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 3 -z 1 >"$work/zero1_3.log" 2>&1 ||
+    fail "3-rank ZeRO-1 run: $(tail -3 "$work/zero1_3.log")"
+if $PYTHON - "$work/single6.log" "$work/zero1_3.log" <<'PY'
+import re, sys
+def steps(path):
+    return [(float(m.group(1)), float(m.group(2))) for m in
+            re.finditer(r"^step \d+/\d+ \| loss ([-\d.e+]+) \| norm ([-\d.e+]+)", open(path).read(), re.M)]
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+sys.exit(0 if len(a) == 3 and len(b) == 3 and all(abs(x[0] - y[0]) <= 1e-5 * abs(x[0]) and abs(x[1] - y[1]) <= 1e-4 * abs(x[1]) for x, y in zip(a, b)) else 1)
+PY
+then pass; else fail "ZeRO-1 on 3 ranks differs from 1 rank with three times the batch"; fi
 # ZeRO-0 (all-reduce) on 2 ranks too
 $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -z 0 >"$work/zero0.log" 2>&1 ||
     fail "2-rank ZeRO-0 run: $(tail -3 "$work/zero0.log")"
