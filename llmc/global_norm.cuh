@@ -6,12 +6,12 @@
 #include "common.cuh"
 
 // 128 blocks of 256 threads; block p owns a contiguous segment of the 16-byte chunks and walks it in tiles
-// of 256 x 8 chunks, thread j reading chunks j, j+256, ..., j+7*256 of each tile: coalesced on a GPU, with
-// 8 independent loads in flight per thread, and on the CPU backend (threads of a block run one after
-// another) the tile's 32 KiB of lines are shared by neighbouring threads through the cache. A grid-stride
-// loop over the whole array would make each CPU thread walk memory with a 512 KiB stride instead, and
-// many small blocks would pay the block reduction's barriers per tile. The partials (one per block) and
-// the order of every sum depend only on the element count.
+// of 256 x 8 chunks, thread j reading the 8 consecutive chunks j*8 .. j*8+7 of each tile (128 bytes). On a
+// GPU a warp's 8 loads then cover its 4 KiB of the tile, half of each 32-byte sector per load and the other
+// half from L1 on the next; on the CPU backend, where the threads of a block run one after another, the
+// tile is read front to back, which the hardware prefetcher streams. (A grid-stride loop, the usual GPU
+// form, makes each CPU thread walk memory with a 512 KiB stride: DRAM latency instead of bandwidth.) The
+// partials (one per block) and the order of every sum depend only on the element count.
 #define GLOBAL_NORM_PARTIALS 128
 #define GLOBAL_NORM_BLOCK_SIZE 256
 #define GLOBAL_NORM_CHUNKS_PER_THREAD 8
@@ -32,8 +32,8 @@ __global__ void global_norm_squared_kernel(float* partials, const floatX* values
     for (size_t t = blockIdx.x * tiles_per_block; t < (blockIdx.x + 1) * tiles_per_block && t < tiles; t++) {
         x128 packed[GLOBAL_NORM_CHUNKS_PER_THREAD];
         for (int k = 0; k < GLOBAL_NORM_CHUNKS_PER_THREAD; k++) {
-            size_t c = t * tile_chunks + threadIdx.x + (size_t)k * GLOBAL_NORM_BLOCK_SIZE;
-            packed[k] = c < chunks ? load128cs(values + c * x128::size) : x128::zeros();
+            size_t c = t * tile_chunks + (size_t)threadIdx.x * GLOBAL_NORM_CHUNKS_PER_THREAD + k;
+            packed[k] = c < chunks ? load128(values + c * x128::size) : x128::zeros();
         }
         for (int k = 0; k < GLOBAL_NORM_CHUNKS_PER_THREAD; k++)
             for (int e = 0; e < x128::size; e++) sum += (float)packed[k][e] * (float)packed[k][e];

@@ -5,7 +5,8 @@
 //   build/labB/global_norm [variant] [-s]
 // Variants:
 //   1  llmc/global_norm.cuh global_norm_squared + global_norm_aggregate (THE TRAINER'S): 128 blocks, each
-//      over a contiguous segment walked in tiles of 256 x 8 16-byte chunks; one block adds the 128 partials.
+//      over a contiguous segment walked in tiles of 256 x 8 16-byte chunks, 8 consecutive ones per thread;
+//      one block adds the 128 partials.
 //   2  a single block strides over every tensor and accumulates in its threads' registers across tensors:
 //      one launch per tensor still, no partials array, but one block's worth of memory parallelism.
 // Sizes: GPT-2 124M's gradient as two tensors (124,475,904 elements: the wte block 38,597,376 and the rest);
