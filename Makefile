@@ -71,7 +71,7 @@ GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp1
 CPU_TESTS := $(BUILD)/test_host_utils $(BUILD)/test_runtime $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
              $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas $(BUILD)/test_nccl
 
-.PHONY: all test check-cuda bench clean labs
+.PHONY: all test run-tests check-cuda bench clean labs
 all: $(CPU_TESTS) $(BUILD)/bench
 
 $(BUILD):
@@ -96,7 +96,12 @@ $(BUILD)/test_host_utils: dev/test/test_host_utils.cu $(TEST_COMMON) $(LLMC) $(B
 $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
 
-test: $(CPU_TESTS) $(GPT_TESTS) labs
+# make test works on a fresh machine: the dependencies first (scripts/install_deps.sh does nothing when they
+# are present), then the build and the suite in a second make that sees them
+test:
+	scripts/install_deps.sh
+	$(MAKE) run-tests
+run-tests: $(CPU_TESTS) $(GPT_TESTS) labs
 	dev/test/run_tests.sh
 
 # the kernel lab on the CPU backend, both precisions: validation at small sizes (-s)
