@@ -178,23 +178,27 @@ def params_in_file_order(model):
     return order
 
 
-def flat_parameters(model):
+# The functions below take the file order as `order` so that train_moe.py, whose file has another order,
+# uses them with its own params_in_file_order.
+
+
+def flat_parameters(model, order=params_in_file_order):
     """All parameters as one fp32 numpy vector laid out as the model file's payload."""
-    tensors = [p.detach().float().reshape(-1).cpu() for _, ps in params_in_file_order(model) for p in ps]
+    tensors = [p.detach().float().reshape(-1).cpu() for _, ps in order(model) for p in ps]
     return torch.cat(tensors).numpy()
 
 
-def flat_gradients(model):
+def flat_gradients(model, order=params_in_file_order):
     """All parameter gradients as one fp32 numpy vector in the model file's order and layout."""
-    tensors = [p.grad.float().reshape(-1).cpu() for _, ps in params_in_file_order(model) for p in ps]
+    tensors = [p.grad.float().reshape(-1).cpu() for _, ps in order(model) for p in ps]
     return torch.cat(tensors).numpy()
 
 
-def load_flat_parameters(model, flat):
+def load_flat_parameters(model, flat, order=params_in_file_order):
     """Copies a payload-ordered vector into the model's parameters (the inverse of flat_parameters)."""
     offset = 0
     with torch.no_grad():
-        for _, ps in params_in_file_order(model):
+        for _, ps in order(model):
             for p in ps:
                 values = torch.from_numpy(flat[offset : offset + p.numel()].copy()).view(p.shape)
                 p.copy_(values.to(p.dtype))
@@ -264,9 +268,27 @@ def read_file(path, what):
 
 def write_model_file(path, model, version):
     c = model.config
-    flat = flat_parameters(model)
-    payload = flat if version == MODEL_VERSION_FP32 else bf16_bits(flat)
-    write_file(path, header(MODEL_MAGIC, version, c.maxT, c.V, c.L, c.NH, c.C, c.Vp), payload)
+    write_file(path, header(MODEL_MAGIC, version, c.maxT, c.V, c.L, c.NH, c.C, c.Vp),
+               model_payload(model, version == MODEL_VERSION_BF16))
+
+
+def model_payload(model, bf16, order=params_in_file_order):
+    """A model file's payload: the parameters in file order, fp32, or rounded to bf16 bit patterns."""
+    flat = flat_parameters(model, order)
+    return bf16_bits(flat) if bf16 else flat
+
+
+def load_model_payload(model, path, Vp, payload, bf16, order=params_in_file_order):
+    """Fills a model built from a model file's header with the file's payload (bf16 values widened exactly to
+    fp32), after checking that the header's padded vocabulary Vp and the payload's size fit the model."""
+    if Vp != model.config.Vp:
+        fail(f"{path}: padded vocabulary {Vp} is not V={model.config.V} rounded up to a multiple of {VOCAB_PAD}")
+    count = sum(p.numel() for p in model.parameters())
+    item = 2 if bf16 else 4
+    if len(payload) != count * item:
+        fail(f"{path}: payload is {len(payload)} bytes, the header's shape needs {count * item}")
+    flat = bf16_to_float(np.frombuffer(payload, dtype="<u2")) if bf16 else np.frombuffer(payload, dtype="<f4")
+    load_flat_parameters(model, flat, order)
 
 
 def read_model_file(path):
@@ -279,19 +301,8 @@ def read_model_file(path):
     maxT, V, L, NH, C, Vp = (int(v) for v in h[2:8])
     if min(maxT, V, L, NH, C) < 1 or C % NH != 0:
         fail(f"{path}: bad model shape maxT={maxT} V={V} L={L} NH={NH} C={C}")
-    config = GPTConfig(maxT=maxT, V=V, L=L, NH=NH, C=C)
-    if Vp != config.Vp:
-        fail(f"{path}: padded vocabulary {Vp} is not V={V} rounded up to a multiple of {VOCAB_PAD}")
-    model = GPT(config)
-    count = sum(p.numel() for p in model.parameters())
-    item = 4 if h[1] == MODEL_VERSION_FP32 else 2
-    if len(payload) != count * item:
-        fail(f"{path}: payload is {len(payload)} bytes, the header's shape needs {count * item}")
-    if h[1] == MODEL_VERSION_FP32:
-        flat = np.frombuffer(payload, dtype="<f4")
-    else:
-        flat = bf16_to_float(np.frombuffer(payload, dtype="<u2"))
-    load_flat_parameters(model, flat)
+    model = GPT(GPTConfig(maxT=maxT, V=V, L=L, NH=NH, C=C))
+    load_model_payload(model, path, Vp, payload, h[1] == MODEL_VERSION_BF16)
     return model
 
 
@@ -374,26 +385,107 @@ def pick_device(name):
     return name
 
 
+def backward(loss, model):
+    """loss.backward(), then a zero gradient for every parameter the loss did not reach (in train_moe.py, an
+    expert that got no token; in GPT-2 the loss reaches every parameter): torch's AdamW skips a parameter
+    without a gradient, with no weight decay and no moment update, where the C trainer updates every
+    parameter every step."""
+    loss.backward()
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
+def gpt_losses(model, x, y):
+    """One forward pass as the loops below take it: (the loss to differentiate, the loss to print, the step
+    line's fields between loss and norm). GPT-2 differentiates the loss it prints and adds no fields."""
+    _, loss = model(x, y)
+    return loss, loss, lambda: ""
+
+
+def check_sequence_length(args, config):
+    if args.T > config.maxT:
+        fail(f"--T {args.T} is longer than the model's maxT {config.maxT}")
+
+
+def make_deterministic():
+    """The C tests compare against the reference's numbers: no TF32 and no nondeterministic kernels."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)  # a GPU op without a deterministic kernel warns
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def reference_batch(args, config):
+    """The (x, y) batch the reference trains on. It has its own generator, so that --model-from-file with the
+    same seed sees the same batch, and train_moe.py draws the same batch as this file for the same --seed."""
+    check_sequence_length(args, config)
+    generator = torch.Generator().manual_seed(args.seed)
+    x = torch.randint(0, config.V, (args.B, args.T), generator=generator)
+    y = torch.randint(0, config.V, (args.B, args.T), generator=generator)
+    return x, y
+
+
+def reference_step_losses(model, args, device, x, y, losses):
+    """The printed loss of each of --steps AdamW steps on the batch (x, y): each step's forward loss before
+    its update. `losses` is gpt_losses or its train_moe.py counterpart."""
+    optimizer = make_optimizer(model, args, device)
+    step_losses = []
+    for _ in range(args.steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss, printed_loss, _ = losses(model, x, y)
+        backward(loss, model)
+        clip_gradients(model, args.grad_clip)
+        optimizer.step()
+        step_losses.append(printed_loss.item())
+    return step_losses
+
+
+def train_loop(args, build_model, losses):
+    """--train's loop (here and in train_moe.py): --steps AdamW steps on --input-bin batches, one step line each,
+    for the model build_model(args) gives. `losses` is gpt_losses or its train_moe.py counterpart."""
+    device = pick_device(args.device)
+    if device == "cuda":  # a speed baseline: the C trainer's fp32 matmuls use TF32 too
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model = build_model(args)
+    config = model.config
+    check_sequence_length(args, config)
+    loader = ShardLoader(args.input_bin, args.B, args.T, config.V)
+    model.to(device)
+    optimizer = make_optimizer(model, args, device)
+    step_model = model
+    if args.compile:
+        if not HAS_COMPILE:
+            fail(f"--compile: this torch ({torch.__version__}) has no torch.compile")
+        step_model = torch.compile(model)
+    autocast = torch.autocast(device_type=device, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
+
+    for step in range(1, args.steps + 1):
+        start = time.perf_counter()
+        x, y = (t.to(device) for t in loader.next_batch())
+        with autocast:
+            loss, printed_loss, extra_fields = losses(step_model, x, y)
+        backward(loss, model)
+        norm = clip_gradients(model, args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = printed_loss.item()  # waits for the device
+        elapsed = time.perf_counter() - start
+        print(f"step {step}/{args.steps} | loss {loss_value:f} | {extra_fields()}norm {norm:f} | lr {args.lr:e} | "
+              f"{elapsed * 1000:.2f} ms | {args.B * args.T / elapsed:.0f} tok/s", flush=True)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The modes
 
 
 def write_reference(args):
     device = pick_device(args.device)
-    # determinism: the C tests compare against these numbers, so no TF32 and no nondeterministic kernels
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)  # a GPU op without a deterministic kernel warns
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-
+    make_deterministic()
     model = model_for_run(args)
     config = model.config
-    if args.T > config.maxT:
-        fail(f"--T {args.T} is longer than the model's maxT {config.maxT}")
-    # the batch has its own generator, so that --model-from-file with the same seed sees the same batch
-    generator = torch.Generator().manual_seed(args.seed)
-    x = torch.randint(0, config.V, (args.B, args.T), generator=generator)
-    y = torch.randint(0, config.V, (args.B, args.T), generator=generator)
+    x, y = reference_batch(args, config)
 
     version = MODEL_VERSION_FP32
     if args.dtype == "bfloat16":
@@ -409,16 +501,7 @@ def write_reference(args):
     first_logits = logits.detach().float().cpu().numpy().astype("<f4")
     first_loss = np.array([loss.item()], dtype="<f4")
     first_grads = flat_gradients(model)
-
-    optimizer = make_optimizer(model, args, device)
-    step_losses = []
-    for _ in range(args.steps):
-        optimizer.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
-        loss.backward()
-        clip_gradients(model, args.grad_clip)
-        optimizer.step()
-        step_losses.append(loss.item())
+    step_losses = reference_step_losses(model, args, device, x, y, gpt_losses)
 
     state_path = args.write_reference + "_debug_state.bin"
     write_file(
@@ -454,37 +537,7 @@ def write_tokenizer(args):
 
 
 def train(args):
-    device = pick_device(args.device)
-    if device == "cuda":  # a speed baseline: the C trainer's fp32 matmuls use TF32 too
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    model = model_for_run(args)
-    config = model.config
-    if args.T > config.maxT:
-        fail(f"--T {args.T} is longer than the model's maxT {config.maxT}")
-    loader = ShardLoader(args.input_bin, args.B, args.T, config.V)
-    model.to(device)
-    optimizer = make_optimizer(model, args, device)
-    step_model = model
-    if args.compile:
-        if not HAS_COMPILE:
-            fail(f"--compile: this torch ({torch.__version__}) has no torch.compile")
-        step_model = torch.compile(model)
-    autocast = torch.autocast(device_type=device, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
-
-    for step in range(1, args.steps + 1):
-        start = time.perf_counter()
-        x, y = (t.to(device) for t in loader.next_batch())
-        with autocast:
-            _, loss = step_model(x, y)
-        loss.backward()
-        norm = clip_gradients(model, args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_value = loss.item()  # waits for the device
-        elapsed = time.perf_counter() - start
-        print(f"step {step}/{args.steps} | loss {loss_value:f} | norm {norm:f} | lr {args.lr:e} | "
-              f"{elapsed * 1000:.2f} ms | {args.B * args.T / elapsed:.0f} tok/s", flush=True)
+    train_loop(args, model_for_run, gpt_losses)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -508,6 +561,22 @@ def parse_args(argv):
                    help="start from this model file (fp32 or bf16); its header overrides --V --L --NH --C --maxT")
     p.add_argument("--input-bin", metavar="PATTERN", help="glob of training shards (--train)")
     p.add_argument("--shard-tokens", type=int, default=4096, help="tokens in the shard (--write-shard)")
+    add_shape_flags(p)
+    add_run_flags(p, "reference: bf16-round the written parameters; train: bf16 autocast", grad_clip=1.0)
+    args = p.parse_args(argv)
+
+    if min(args.B, args.T, args.V, args.L, args.NH, args.C, args.maxT) < 1:
+        fail("--B --T --V --L --NH --C --maxT must all be positive")
+    if args.C % args.NH != 0:
+        fail(f"--C {args.C} is not a multiple of --NH {args.NH}")
+    check_run_flags(args)
+    return args
+
+
+# The flags train_moe.py shares, in the order --help lists them there too
+
+
+def add_shape_flags(p):
     p.add_argument("--B", type=int, default=3, help="batch size")
     p.add_argument("--T", type=int, default=23, help="sequence length")
     p.add_argument("--V", type=int, default=263, help="vocabulary size")
@@ -515,29 +584,27 @@ def parse_args(argv):
     p.add_argument("--NH", type=int, default=3, help="attention heads")
     p.add_argument("--C", type=int, default=48, help="channels")
     p.add_argument("--maxT", type=int, default=32, help="longest sequence")
+
+
+def add_run_flags(p, dtype_help, grad_clip):
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="reference: bf16-round the written parameters; train: bf16 autocast")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help=dtype_help)
     p.add_argument("--steps", type=int, default=10, help="training steps")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (constant)")
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the 2-D parameters")
     p.add_argument("--beta1", type=float, default=0.9)
     p.add_argument("--beta2", type=float, default=0.95)
     p.add_argument("--eps", type=float, default=1e-8)
-    p.add_argument("--grad-clip", type=float, default=1.0, help="global gradient norm limit (<= 0: none)")
+    p.add_argument("--grad-clip", type=float, default=grad_clip, help="global gradient norm limit (<= 0: none)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (--train)")
-    args = p.parse_args(argv)
 
-    if min(args.B, args.T, args.V, args.L, args.NH, args.C, args.maxT) < 1:
-        fail("--B --T --V --L --NH --C --maxT must all be positive")
-    if args.C % args.NH != 0:
-        fail(f"--C {args.C} is not a multiple of --NH {args.NH}")
+
+def check_run_flags(args):
     if args.steps < 0:
         fail(f"--steps must be >= 0 (got {args.steps})")
     if args.train and not args.input_bin:
         fail("--train needs --input-bin PATTERN")
-    return args
 
 
 def main(argv=None):

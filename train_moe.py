@@ -54,11 +54,10 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse
 import math
-import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -66,9 +65,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import train_gpt
-from train_gpt import (HAS_COMPILE, LN_EPS, PERTURB_STD, STATE_MAGIC, STATE_VERSION, VOCAB_PAD,
-                       CausalSelfAttention, GPTConfig, MLP, OneLineParser, ShardLoader, bf16_bits, bf16_to_float,
-                       clip_gradients, header, make_optimizer, pick_device, read_file, write_file)
+from train_gpt import (LN_EPS, PERTURB_STD, STATE_MAGIC, STATE_VERSION, CausalSelfAttention, GPTConfig, MLP,
+                       OneLineParser, add_run_flags, add_shape_flags, backward, bf16_bits, bf16_to_float,
+                       check_run_flags, header, make_deterministic, pick_device, read_file, reference_batch,
+                       reference_step_losses, train_loop, write_file)
 
 MOE_MODEL_MAGIC = 20261129
 MOE_VERSION_FP32 = 1
@@ -343,36 +343,10 @@ def params_in_file_order(model):
     return order
 
 
-def flat_parameters(model):
-    """All parameters as one fp32 numpy vector laid out as the model file's payload."""
-    tensors = [p.detach().float().reshape(-1).cpu() for _, ps in params_in_file_order(model) for p in ps]
-    return torch.cat(tensors).numpy()
-
-
-def flat_gradients(model):
-    """All parameter gradients as one fp32 numpy vector in the model file's order and layout."""
-    tensors = [p.grad.float().reshape(-1).cpu() for _, ps in params_in_file_order(model) for p in ps]
-    return torch.cat(tensors).numpy()
-
-
-def backward(loss, model):
-    """loss.backward(), then a zero gradient for every parameter the loss did not reach (an expert that got no
-    token): torch's AdamW skips a parameter without a gradient, with no weight decay and no moment update,
-    where the C trainer updates every parameter every step."""
-    loss.backward()
-    for p in model.parameters():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-
-
-def load_flat_parameters(model, flat):
-    """Copies a payload-ordered vector into the model's parameters (the inverse of flat_parameters)."""
-    offset = 0
-    with torch.no_grad():
-        for _, ps in params_in_file_order(model):
-            for p in ps:
-                p.copy_(torch.from_numpy(flat[offset : offset + p.numel()].copy()).view(p.shape).to(p.dtype))
-                offset += p.numel()
+# train_gpt.py's payload functions, in this file's order
+flat_parameters = partial(train_gpt.flat_parameters, order=params_in_file_order)
+flat_gradients = partial(train_gpt.flat_gradients, order=params_in_file_order)
+load_flat_parameters = partial(train_gpt.load_flat_parameters, order=params_in_file_order)
 
 
 def init_weights(model, generator, init_scale):
@@ -391,10 +365,9 @@ def init_weights(model, generator, init_scale):
 
 def write_model_file(path, model, version):
     c = model.config
-    flat = flat_parameters(model)
-    payload = flat if version == MOE_VERSION_FP32 else bf16_bits(flat)
     write_file(path, header(MOE_MODEL_MAGIC, version, c.maxT, c.V, c.L, c.NH, c.C, c.Vp, c.E, c.topk,
-                            c.moe_every, c.H), payload)
+                            c.moe_every, c.H),
+               train_gpt.model_payload(model, version == MOE_VERSION_BF16, params_in_file_order))
 
 
 def check_shape(maxT, V, L, NH, C, E, topk, moe_every, H, where):
@@ -421,19 +394,8 @@ def read_model_file(path):
         fail(f"{path}: MoE model file version {h[1]} is unknown (1 = fp32, 2 = bf16)")
     maxT, V, L, NH, C, Vp, E, topk, moe_every, H = (int(v) for v in h[2:12])
     check_shape(maxT, V, L, NH, C, E, topk, moe_every, H, path)
-    config = MoEConfig(maxT=maxT, V=V, L=L, NH=NH, C=C, E=E, topk=topk, moe_every=moe_every, H=H)
-    if Vp != config.Vp:
-        fail(f"{path}: padded vocabulary {Vp} is not V={V} rounded up to a multiple of {VOCAB_PAD}")
-    model = MoEGPT(config)
-    count = sum(p.numel() for p in model.parameters())
-    item = 4 if h[1] == MOE_VERSION_FP32 else 2
-    if len(payload) != count * item:
-        fail(f"{path}: payload is {len(payload)} bytes, the header's shape needs {count * item}")
-    if h[1] == MOE_VERSION_FP32:
-        flat = np.frombuffer(payload, dtype="<f4")
-    else:
-        flat = bf16_to_float(np.frombuffer(payload, dtype="<u2"))
-    load_flat_parameters(model, flat)
+    model = MoEGPT(MoEConfig(maxT=maxT, V=V, L=L, NH=NH, C=C, E=E, topk=topk, moe_every=moe_every, H=H))
+    train_gpt.load_model_payload(model, path, Vp, payload, h[1] == MOE_VERSION_BF16, params_in_file_order)
     return model
 
 
@@ -453,6 +415,20 @@ def routing_settings(args):
     return RoutingSettings(capacity_factor=args.cf, aux_alpha=args.aux_alpha, z_coef=args.z_coef)
 
 
+def moe_losses(settings):
+    """train_gpt.gpt_losses for the MoE GPT routed with `settings`: training differentiates the total loss
+    (CE + aux + z) and prints the CE loss, and the step line adds aux, z and the fraction of dropped choices."""
+
+    def losses(model, x, y):
+        output = model(x, y, settings)
+        choices = sum(r.kept.numel() for r in output.routings)  # MoE layers x B*T tokens x top-k
+        fields = lambda: (f"aux {output.aux_loss.item():f} | z {output.z_loss.item():f} | "
+                          f"drop {output.dropped / choices:.4f} | ")
+        return output.total_loss, output.ce_loss, fields
+
+    return losses
+
+
 def describe_routing(output):
     """One line per MoE layer: capacity, dropped choices, per-expert counts before dropping, margin."""
     lines = []
@@ -469,21 +445,11 @@ def describe_routing(output):
 
 def write_reference(args):
     device = pick_device(args.device)
-    # determinism: the C tests compare against these numbers, so no TF32 and no nondeterministic kernels
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-
+    make_deterministic()
     model = model_for_run(args)
     config = model.config
     settings = routing_settings(args)
-    if args.T > config.maxT:
-        fail(f"--T {args.T} is longer than the model's maxT {config.maxT}")
-    # the batch is drawn exactly as train_gpt.py draws it, so that the same --seed gives both the same batch
-    generator = torch.Generator().manual_seed(args.seed)
-    x = torch.randint(0, config.V, (args.B, args.T), generator=generator)
-    y = torch.randint(0, config.V, (args.B, args.T), generator=generator)
+    x, y = reference_batch(args, config)
 
     version = MOE_VERSION_FP32
     if args.dtype == "bfloat16":
@@ -500,16 +466,7 @@ def write_reference(args):
     for r in first.routings:
         routing_ints += [r.dropped] + r.counts.tolist()
     first_grads = flat_gradients(model)
-
-    optimizer = make_optimizer(model, args, device)
-    step_losses = []
-    for _ in range(args.steps):
-        optimizer.zero_grad(set_to_none=True)
-        output = model(x, y, settings)
-        backward(output.total_loss, model)
-        clip_gradients(model, args.grad_clip)
-        optimizer.step()
-        step_losses.append(output.ce_loss.item())
+    step_losses = reference_step_losses(model, args, device, x, y, moe_losses(settings))
 
     state_path = args.write_reference + "_debug_state.bin"
     write_file(
@@ -530,40 +487,7 @@ def write_reference(args):
 
 
 def train(args):
-    device = pick_device(args.device)
-    if device == "cuda":  # a speed baseline: the C trainer's fp32 matmuls use TF32 too
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    model = model_for_run(args)
-    config = model.config
-    settings = routing_settings(args)
-    if args.T > config.maxT:
-        fail(f"--T {args.T} is longer than the model's maxT {config.maxT}")
-    loader = ShardLoader(args.input_bin, args.B, args.T, config.V)
-    model.to(device)
-    optimizer = make_optimizer(model, args, device)
-    step_model = model
-    if args.compile:
-        if not HAS_COMPILE:
-            fail(f"--compile: this torch ({torch.__version__}) has no torch.compile")
-        step_model = torch.compile(model)
-    autocast = torch.autocast(device_type=device, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
-    choices_per_step = config.Lm * args.B * args.T * config.topk
-
-    for step in range(1, args.steps + 1):
-        start = time.perf_counter()
-        x, y = (t.to(device) for t in loader.next_batch())
-        with autocast:
-            output = step_model(x, y, settings)
-        backward(output.total_loss, model)
-        norm = clip_gradients(model, args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_value = output.ce_loss.item()  # waits for the device
-        elapsed = time.perf_counter() - start
-        print(f"step {step}/{args.steps} | loss {loss_value:f} | aux {output.aux_loss.item():f} | "
-              f"z {output.z_loss.item():f} | drop {output.dropped / choices_per_step:.4f} | norm {norm:f} | "
-              f"lr {args.lr:e} | {elapsed * 1000:.2f} ms | {args.B * args.T / elapsed:.0f} tok/s", flush=True)
+    train_loop(args, model_for_run, moe_losses(routing_settings(args)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -577,13 +501,7 @@ def parse_args(argv):
     p.add_argument("--model-from-file", metavar="PATH",
                    help="start from this MoE model file (fp32 or bf16); its header overrides the shape flags")
     p.add_argument("--input-bin", metavar="PATTERN", help="glob of training shards (--train)")
-    p.add_argument("--B", type=int, default=3, help="batch size")
-    p.add_argument("--T", type=int, default=23, help="sequence length")
-    p.add_argument("--V", type=int, default=263, help="vocabulary size")
-    p.add_argument("--L", type=int, default=2, help="layers")
-    p.add_argument("--NH", type=int, default=3, help="attention heads")
-    p.add_argument("--C", type=int, default=48, help="channels")
-    p.add_argument("--maxT", type=int, default=32, help="longest sequence")
+    add_shape_flags(p)
     p.add_argument("--E", type=int, default=4, help="experts per MoE layer")
     p.add_argument("--topk", type=int, default=1, help="experts per token (1 = Switch, 2 = GShard)")
     p.add_argument("--moe-every", type=int, default=1, help="layer l is MoE iff (l + 1) %% N == 0")
@@ -595,18 +513,8 @@ def parse_args(argv):
                    help="router and expert weights get std * sqrt(this) (Switch's 0.1; 1 = GPT-2's init)")
     p.add_argument("--jitter", type=float, default=0.0, help="router jitter epsilon (not implemented: must be 0)")
     p.add_argument("--noisy-topk", type=int, default=0, help="noisy top-k gating (not implemented: must be 0)")
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="reference: bf16-round the written parameters; train: bf16 autocast (router in fp32)")
-    p.add_argument("--steps", type=int, default=10, help="training steps")
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (constant)")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the 2-D parameters")
-    p.add_argument("--beta1", type=float, default=0.9)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--eps", type=float, default=1e-8)
-    p.add_argument("--grad-clip", type=float, default=0.5, help="global gradient norm limit (<= 0: none)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (--train)")
+    add_run_flags(p, "reference: bf16-round the written parameters; train: bf16 autocast (router in fp32)",
+                  grad_clip=0.5)
     args = p.parse_args(argv)
 
     if args.jitter != 0:
@@ -622,10 +530,7 @@ def parse_args(argv):
         fail(f"--init-scale must be positive (got {args.init_scale})")
     if not all(map(math.isfinite, (args.cf, args.aux_alpha, args.z_coef))):
         fail("--cf --aux-alpha --z-coef must be finite")
-    if args.steps < 0:
-        fail(f"--steps must be >= 0 (got {args.steps})")
-    if args.train and not args.input_bin:
-        fail("--train needs --input-bin PATTERN")
+    check_run_flags(args)
     return args
 
 

@@ -39,12 +39,13 @@ def check(condition, label):
         print(f"FAIL: {label}")
 
 
-def run_main(argv):
-    """Runs train_gpt.main in this process; returns (exit message or None, stdout)."""
+def run_main(module, argv):
+    """Runs module.main (train_gpt's, or train_moe's for test_reference_moe.py) in this process; returns (exit
+    message or None, stdout)."""
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            train_gpt.main(argv)
+            module.main(argv)
     except SystemExit as e:
         return str(e.code), out.getvalue()
     return None, out.getvalue()
@@ -52,7 +53,7 @@ def run_main(argv):
 
 def fails_with(argv, needle, label):
     """A bad input must end the run with one line naming the problem."""
-    message, _ = run_main(argv)
+    message, _ = run_main(train_gpt, argv)
     check(message is not None and "\n" not in message and needle in message, f"{label}: got {message!r}")
 
 
@@ -167,7 +168,7 @@ def test_files(tmp):
            "--steps", "10"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     check(proc.returncode == 0, f"--write-reference exits 0 (stderr: {proc.stderr.strip()})")
-    message, _ = run_main(["--write-reference", prefix + "_bf16", "--dtype", "bfloat16"])
+    message, _ = run_main(train_gpt, ["--write-reference", prefix + "_bf16", "--dtype", "bfloat16"])
     check(message is None, f"--write-reference --dtype bfloat16 runs: {message}")
 
     model_data = open(prefix + "_model.bin", "rb").read()
@@ -399,7 +400,7 @@ def test_training(prefix, flat, x, y, loss, step_losses, tmp):
     err = np.abs(adamw_losses(flat, x, y, STEPS, 1.0) - step_losses).max()
     check(err < 1e-5, f"losses match the written-out AdamW (max error {err:.2e}, tolerance 1e-5)")
     # the default clip (1.0) is above this model's gradient norm (~0.9): rerun where clipping is active
-    message, _ = run_main(["--write-reference", os.path.join(tmp, "clip"), "--grad-clip", "0.3"])
+    message, _ = run_main(train_gpt, ["--write-reference", os.path.join(tmp, "clip"), "--grad-clip", "0.3"])
     clipped = read_debug_state(open(os.path.join(tmp, "clip_debug_state.bin"), "rb").read(), NPARAMS)[5]
     err = np.abs(adamw_losses(flat, x, y, STEPS, 0.3) - clipped).max()
     check(message is None and err < 1e-5, f"--grad-clip 0.3 losses match the written-out AdamW (max error {err:.2e})")
@@ -411,7 +412,7 @@ def test_model_from_file(prefix, tmp):
     """(f) --model-from-file: a written model reads back and reproduces the same files, both versions."""
     for suffix, dtype in (("", "float32"), ("_bf16", "bfloat16")):
         again = os.path.join(tmp, "again" + suffix)
-        message, _ = run_main(["--write-reference", again, "--model-from-file", prefix + suffix + "_model.bin",
+        message, _ = run_main(train_gpt, ["--write-reference", again, "--model-from-file", prefix + suffix + "_model.bin",
                                "--dtype", dtype, "--V", "999", "--L", "5"])  # the file's shape wins over flags
         check(message is None, f"--model-from-file {dtype}: {message}")
         for part in ("_model.bin", "_debug_state.bin"):
@@ -419,7 +420,7 @@ def test_model_from_file(prefix, tmp):
             check(same, f"--model-from-file {dtype} reproduces {part} byte for byte")
     # a bf16 file written back as fp32 holds the exactly widened bf16 values
     widened = os.path.join(tmp, "widened")
-    run_main(["--write-reference", widened, "--model-from-file", prefix + "_bf16_model.bin", "--steps", "0"])
+    run_main(train_gpt, ["--write-reference", widened, "--model-from-file", prefix + "_bf16_model.bin", "--steps", "0"])
     bf16_payload = np.frombuffer(open(prefix + "_bf16_model.bin", "rb").read()[HEADER_BYTES:], dtype="<u2")
     fp32_payload = np.frombuffer(open(widened + "_model.bin", "rb").read()[HEADER_BYTES:], dtype="<f4")
     check(np.array_equal((bf16_payload.astype("<u4") << 16).view("<f4"), fp32_payload), "bf16 file widens exactly")
@@ -428,17 +429,17 @@ def test_model_from_file(prefix, tmp):
 def test_data_files(prefix, tmp):
     """(a) shard and tokenizer files, and (3) the training mode's step lines on such a shard."""
     shard = os.path.join(tmp, "shard_000.bin")
-    message, _ = run_main(["--write-shard", shard, "--shard-tokens", "1000", "--V", "263", "--seed", "5"])
+    message, _ = run_main(train_gpt, ["--write-shard", shard, "--shard-tokens", "1000", "--V", "263", "--seed", "5"])
     data = open(shard, "rb").read()
     check(message is None and len(data) == HEADER_BYTES + 2 * 1000, f"shard size {len(data)}")
     check(list(read_header(data)[:3]) == [20240520, 1, 1000] and not read_header(data)[3:].any(), "shard header")
     tokens = np.frombuffer(data[HEADER_BYTES:], dtype="<u2")
     check(tokens.max() < 263 and len(np.unique(tokens)) > 200, "shard tokens are spread over [0, V)")
-    run_main(["--write-shard", shard + ".same", "--shard-tokens", "1000", "--V", "263", "--seed", "5"])
+    run_main(train_gpt, ["--write-shard", shard + ".same", "--shard-tokens", "1000", "--V", "263", "--seed", "5"])
     check(open(shard + ".same", "rb").read() == data, "the same seed writes the same shard")
 
     tokenizer = os.path.join(tmp, "tokenizer.bin")
-    message, _ = run_main(["--write-tokenizer", tokenizer, "--V", "257"])
+    message, _ = run_main(train_gpt, ["--write-tokenizer", tokenizer, "--V", "257"])
     data = open(tokenizer, "rb").read()
     check(message is None and len(data) == HEADER_BYTES + 256 * 2 + 1 + 13, f"tokenizer size {len(data)}")
     check(list(read_header(data)[:4]) == [20240328, 2, 257, 256], "tokenizer header")
@@ -446,7 +447,7 @@ def test_data_files(prefix, tmp):
     check(all(body[2 * i] == 1 and body[2 * i + 1] == i for i in range(256)), "tokens 0..255 are the bytes")
     check(body[512] == 13 and body[513:] == b"<|endoftext|>", "token 256 is <|endoftext|>")
 
-    message, out = run_main(["--train", "--input-bin", os.path.join(tmp, "shard_*.bin"), "--B", "2", "--T", "16",
+    message, out = run_main(train_gpt, ["--train", "--input-bin", os.path.join(tmp, "shard_*.bin"), "--B", "2", "--T", "16",
                              "--steps", "3", "--lr", "1e-3", "--model-from-file", prefix + "_model.bin"])
     lines = out.strip().splitlines()
     line = re.compile(r"^step \d+/3 \| loss \d+\.\d{6} \| norm \d+\.\d{6} \| lr 1\.000000e-03 \| "

@@ -15,8 +15,6 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "2")  # as train_moe.py sets them, before torch starts
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import contextlib
-import io
 import math
 import re
 import subprocess
@@ -30,30 +28,8 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "dev", "test"))
 import train_gpt  # noqa: E402  (after the path and thread settings)
 import train_moe  # noqa: E402
-from test_reference import np_gelu_tanh, np_layernorm  # noqa: E402
-
-passed = 0
-failed = 0
-
-
-def check(condition, label):
-    global passed, failed
-    if condition:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL: {label}")
-
-
-def run_main(module, argv):
-    """Runs module.main in this process; returns (exit message or None, stdout)."""
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            module.main(argv)
-    except SystemExit as e:
-        return str(e.code), out.getvalue()
-    return None, out.getvalue()
+import test_reference  # noqa: E402  (its check() counts this test's checks too)
+from test_reference import HEADER_BYTES, check, np_gelu_tanh, np_layernorm, read_header, run_main  # noqa: E402
 
 
 def fails_with(argv, needle, label):
@@ -66,7 +42,6 @@ def fails_with(argv, needle, label):
 # ----------------------------------------------------------------------------------------------------------
 # The formats, written out from ARCHITECTURE.md and the brief (not taken from train_moe.py)
 
-HEADER_BYTES = 1024
 B, T, V, L, NH, C, MAXT, E, H, STEPS = 3, 23, 263, 2, 3, 48, 32, 4, 96, 10
 VP = 384  # 263 rounded up to a multiple of 128
 ALPHA, Z_COEF = 0.01, 0.001
@@ -137,10 +112,6 @@ def torch_names(name, shape):
     if name in expert:
         return [f"h.{l}.moe.experts.{e}.{expert[name]}" for l in shape.moe_layers for e in range(shape.E)]
     return [{"wte": "wte.weight", "wpe": "wpe.weight", "lnfw": "ln_f.weight", "lnfb": "ln_f.bias"}[name]]
-
-
-def read_header(data):
-    return np.frombuffer(data[:HEADER_BYTES], dtype="<i4")
 
 
 def read_debug_state(data, shape):
@@ -719,8 +690,8 @@ def main():
         test_bf16_and_model_from_file(prefix, tmp)
         test_train_mode(prefix, tmp)
         test_bad_input(prefix, tmp)
-    print(f"test_reference_moe: {passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    print(f"test_reference_moe: {test_reference.passed} passed, {test_reference.failed} failed")
+    sys.exit(1 if test_reference.failed else 0)
 
 
 if __name__ == "__main__":
