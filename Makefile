@@ -108,10 +108,10 @@ run-tests: $(CPU_TESTS) $(GPT_TESTS) labs
 LAB_SOURCES := $(sort $(filter-out dev/cuda/common.h,$(wildcard dev/cuda/*.cu)))
 LAB_BINS := $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_bf16) $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_fp32)
 labs: $(LAB_BINS)
-$(BUILD)/lab/%_bf16: dev/cuda/%.cu dev/cuda/common.h $(LLMC) $(BACKEND)
+$(BUILD)/lab/%_bf16: dev/cuda/%.cu $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
 	@mkdir -p $(BUILD)/lab
 	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
-$(BUILD)/lab/%_fp32: dev/cuda/%.cu dev/cuda/common.h $(LLMC) $(BACKEND)
+$(BUILD)/lab/%_fp32: dev/cuda/%.cu $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
 	@mkdir -p $(BUILD)/lab
 	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ -lcublas -lcublasLt
 

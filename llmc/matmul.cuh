@@ -1,6 +1,9 @@
 // llmc/matmul.cuh: the Linear layers of GPT-2: forward and backward GEMMs through cuBLASLt, with the bias
 // and the tanh-GELU fused into cuBLASLt's epilogue (or, with gelu_fusion off, in small kernels here), and
 // a deterministic bias-gradient reduction. Weights are in PyTorch Linear layout (OC, C).
+// Also the MoE layer's GEMMs: the expert FFN as one batched cuBLASLt call over the E experts' (capacity, C)
+// buffers (matmul_forward_batched / matmul_backward_batched), and the router's GEMM with fp32 logits
+// (matmul_forward_fp32_output / matmul_backward_fp32_dout). Lab: dev/cuda/matmul_batched.cu.
 // Included by the trainers; needs cublas_setup() first and links with -lcublas -lcublasLt (nvcc or
 // cpu/cucc). Lab files: dev/cuda/matmul_forward.cu and dev/cuda/matmul_backward_bias.cu.
 //
@@ -65,6 +68,10 @@ __global__ void matmul_bias_partials_kernel(float* partials, const floatX* dout,
     // (W, 32, x128::size + 1): the +1 pads each lane's run so that both the stores (lane varies) and the
     // column-ordered loads below hit distinct banks
     __shared__ float warp_sums[MATMUL_BIAS_WARPS * 32 * (x128::size + 1)];
+    // blockIdx.z is the batch (an expert): its own (N, OC) dout and its own gridDim.y partial rows; 0 for
+    // the single matrix of matmul_backward_bias
+    dout += (size_t)blockIdx.z * N * OC;
+    partials += (size_t)blockIdx.z * gridDim.y * OC;
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
     const int strip = 32 * x128::size;
@@ -91,6 +98,9 @@ __global__ void matmul_bias_partials_kernel(float* partials, const floatX* dout,
 __global__ void matmul_bias_reduce_kernel(floatX* dbias, const float* partials, int num_partials, int OC) {
     const int col = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (col >= OC) return;
+    // blockIdx.y is the batch, as in the partials kernel (0 for one matrix)
+    dbias += (size_t)blockIdx.y * OC;
+    partials += (size_t)blockIdx.y * num_partials * OC;
     float sums[x128::size];
     for (int k = 0; k < x128::size; k++) sums[k] = 0.0f;
     for (int p = 0; p < num_partials; p++) {
@@ -102,6 +112,13 @@ __global__ void matmul_bias_reduce_kernel(floatX* dbias, const float* partials, 
     x128 bias = load128(dbias + col);
     for (int k = 0; k < x128::size; k++) bias[k] = (floatX)((float)bias[k] + sums[k]);
     store128(dbias + col, bias);
+}
+
+// dst (n) = src (n) rounded to floatX: the router's fp32 logit gradient made a GEMM operand. In the FP32 build
+// it is a plain copy. Floor: n * (4 + sizeof(floatX)) bytes, one pass.
+__global__ void matmul_cast_to_floatX_kernel(floatX* dst, const float* src, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = (floatX)src[i];
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -130,28 +147,41 @@ static void matmul_check_sizes(const char* function, int C, int OC) {
 }
 
 size_t matmul_dbias_buffer_floats(int OC) { return (size_t)MATMUL_BIAS_MAX_ROW_BLOCKS * OC; }
+// every batch keeps its own partial rows, so that all batches reduce in the same two launches
+size_t matmul_batched_dbias_buffer_floats(int batch, int OC) { return (size_t)batch * matmul_dbias_buffer_floats(OC); }
 
-// dbias (OC) += sum over the N rows of dout (N, OC)
-void matmul_backward_bias(floatX* dbias, const floatX* dout, float* dbias_buffer, int N, int OC, cudaStream_t stream) {
-    matmul_require_multiple_of_8("matmul_backward_bias", "OC", OC);
-    matmul_require_aligned("matmul_backward_bias", dbias, dout, dbias_buffer, nullptr, nullptr);
+// dbias[b] (OC) += sum over the N rows of dout[b] (N, OC), for b < batch; dbias (batch, OC), dout (batch, N, OC)
+static void matmul_backward_bias_strided(const char* function, floatX* dbias, const floatX* dout, float* dbias_buffer,
+                                         int batch, int N, int OC, cudaStream_t stream) {
+    matmul_require_multiple_of_8(function, "OC", OC);
+    matmul_require_aligned(function, dbias, dout, dbias_buffer, nullptr, nullptr);
     // at least 4 rows per warp, so that small N does not spread over blocks that each read almost nothing
     const int row_blocks = std::min(MATMUL_BIAS_MAX_ROW_BLOCKS, CEIL_DIV(N, 4 * MATMUL_BIAS_WARPS));
-    dim3 grid(CEIL_DIV(OC, 32 * x128::size), row_blocks);
+    dim3 grid(CEIL_DIV(OC, 32 * x128::size), row_blocks, batch);
     matmul_bias_partials_kernel<<<grid, 32 * MATMUL_BIAS_WARPS, 0, stream>>>(dbias_buffer, dout, N, OC);
     cudaCheck(cudaGetLastError());
     const int block_size = 256;
-    matmul_bias_reduce_kernel<<<CEIL_DIV(OC / x128::size, block_size), block_size, 0, stream>>>(dbias, dbias_buffer,
-                                                                                                row_blocks, OC);
+    dim3 reduce_grid(CEIL_DIV(OC / x128::size, block_size), batch);
+    matmul_bias_reduce_kernel<<<reduce_grid, block_size, 0, stream>>>(dbias, dbias_buffer, row_blocks, OC);
     cudaCheck(cudaGetLastError());
+}
+
+// dbias (OC) += sum over the N rows of dout (N, OC)
+void matmul_backward_bias(floatX* dbias, const floatX* dout, float* dbias_buffer, int N, int OC, cudaStream_t stream) {
+    matmul_backward_bias_strided("matmul_backward_bias", dbias, dout, dbias_buffer, 1, N, OC, stream);
 }
 
 // D (m, n) = op(A) op(B) (+ D when accumulate), all column-major as cuBLAS sees them, with the epilogue:
 // + bias (m) if given; with gelu_aux and !gelu_backward, gelu_aux = the pre-activation and D = its GELU;
 // with gelu_aux and gelu_backward, D *= gelu'(gelu_aux). gelu_aux has D's shape and leading dimension m.
-static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-                            cudaStream_t stream, bool trans_a, bool trans_b, bool accumulate, floatX* gelu_aux,
-                            bool gelu_backward) {
+// batch > 1: `batch` such products in one call, the b-th on A + b*stride_a, B + b*stride_b, D (and gelu_aux,
+// which has D's shape) + b*stride_d, bias + b*stride_bias (strides in elements). D is floatX (d_type
+// CUBLAS_LOWP) or fp32 (CUDA_R_32F, the router's logits); bias and gelu_aux only come with a floatX D, since
+// cuBLASLt takes them in D's type.
+static void matmul_cublaslt_strided(void* d, cudaDataType_t d_type, const floatX* a, const floatX* b,
+                                    const floatX* bias, int m, int n, int k, cudaStream_t stream, bool trans_a,
+                                    bool trans_b, bool accumulate, floatX* gelu_aux, bool gelu_backward, int batch,
+                                    int64_t stride_a, int64_t stride_b, int64_t stride_d, int64_t stride_bias) {
     matmul_require_aligned("matmul", d, a, b, bias, gelu_aux);
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, cublas_compute, CUDA_R_32F));
@@ -165,20 +195,37 @@ static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
                         : cublasLtMatrixLayoutCreate(&layout_a, CUBLAS_LOWP, m, k, m));
     cublasCheck(trans_b ? cublasLtMatrixLayoutCreate(&layout_b, CUBLAS_LOWP, n, k, n)
                         : cublasLtMatrixLayoutCreate(&layout_b, CUBLAS_LOWP, k, n, k));
-    cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, CUBLAS_LOWP, m, n, m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, d_type, m, n, m));
+    if (batch > 1) {
+        const cublasLtMatrixLayout_t layouts[3] = {layout_a, layout_b, layout_d};
+        const int64_t strides[3] = {stride_a, stride_b, stride_d};
+        for (int i = 0; i < 3; i++) {
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
+                                                         sizeof(batch)));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                         &strides[i], sizeof(strides[i])));
+        }
+    }
 
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     if (gelu_aux != nullptr && gelu_backward) epilogue = CUBLASLT_EPILOGUE_DGELU;
     else if (gelu_aux != nullptr) epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     else if (bias != nullptr) epilogue = CUBLASLT_EPILOGUE_BIAS;
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (bias != nullptr)
+    if (bias != nullptr) {
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        if (batch > 1)
+            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &stride_bias,
+                                                       sizeof(stride_bias)));
+    }
     if (gelu_aux != nullptr) {
         int64_t aux_ld = m;
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux,
                                                    sizeof(gelu_aux)));
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        if (batch > 1)
+            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &stride_d,
+                                                       sizeof(stride_d)));
     }
 
     cublasLtMatmulPreference_t preference;
@@ -190,8 +237,9 @@ static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
     cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, layout_a, layout_b, layout_d,
                                                            layout_d, preference, 1, &heuristic, &returned);
     if (status != CUBLAS_STATUS_SUCCESS || returned == 0) {
-        fprintf(stderr, "matmul: cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d epilogue=%d (%s)\n",
-                m, n, k, (int)trans_a, (int)trans_b, (int)epilogue, cublasGetStatusString(status));
+        fprintf(stderr,
+                "matmul: cuBLASLt has no algorithm for m=%d n=%d k=%d batch=%d trans_a=%d trans_b=%d epilogue=%d (%s)\n",
+                m, n, k, batch, (int)trans_a, (int)trans_b, (int)epilogue, cublasGetStatusString(status));
         exit(EXIT_FAILURE);
     }
     const float alpha = 1.0f;
@@ -203,6 +251,14 @@ static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+// one floatX product, as the GPT trainer's Linear layers use it
+static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                            cudaStream_t stream, bool trans_a, bool trans_b, bool accumulate, floatX* gelu_aux,
+                            bool gelu_backward) {
+    matmul_cublaslt_strided(d, CUBLAS_LOWP, a, b, bias, m, n, k, stream, trans_a, trans_b, accumulate, gelu_aux,
+                            gelu_backward, 1, 0, 0, 0, 0);
 }
 
 // out (B,T,OC) = inp (B,T,C) @ weight^T + bias. With pre_gelu: pre_gelu = that, out = gelu(pre_gelu).
@@ -244,4 +300,93 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX*
     }
     // dweight, column-major (C, OC), += inp (C, N column-major) @ dout^T (N, OC)
     matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, stream, false, true, true, nullptr, false);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The MoE expert FFN: `batch` independent Linear layers (one per expert) on equally sized row buffers, each
+// one cuBLASLt call with a batch count and strided batch offsets. Shapes: inp (batch, rows, C),
+// weight (batch, OC, C), bias (batch, OC), out and pre_gelu (batch, rows, OC). rows is the expert capacity;
+// padding rows hold zeros in inp (and in dout below), so they add nothing to dweight and dbias.
+static void matmul_check_batched(const char* function, int batch, int rows, int C, int OC) {
+    matmul_check_sizes(function, C, OC);
+    if (batch < 1 || rows < 1) {
+        fprintf(stderr, "%s: batch=%d and rows=%d must be at least 1\n", function, batch, rows);
+        exit(EXIT_FAILURE);
+    }
+}
+
+// out[b] = inp[b] @ weight[b]^T + bias[b]; with pre_gelu: pre_gelu[b] = that, out[b] = gelu(pre_gelu[b]).
+// As in matmul_forward, out[b]^T (OC, rows) = op(weight[b]) inp[b]^T in cuBLAS's column-major view.
+void matmul_forward_batched(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int batch,
+                            int rows, int C, int OC, cudaStream_t stream, floatX* pre_gelu = nullptr,
+                            int gelu_fusion = 1) {
+    matmul_check_batched("matmul_forward_batched", batch, rows, C, OC);
+    const int64_t stride_weight = (int64_t)OC * C, stride_inp = (int64_t)rows * C, stride_out = (int64_t)rows * OC;
+    if (pre_gelu != nullptr && gelu_fusion < 1) {
+        matmul_cublaslt_strided(pre_gelu, CUBLAS_LOWP, weight, inp, bias, OC, rows, C, stream, true, false, false,
+                                nullptr, false, batch, stride_weight, stride_inp, stride_out, OC);
+        // the batches are contiguous, so one elementwise pass covers them all
+        const size_t count = (size_t)batch * rows * OC;
+        const int block_size = 256;
+        matmul_gelu_forward_kernel<<<CEIL_DIV(count / x128::size, block_size), block_size, 0, stream>>>(out, pre_gelu,
+                                                                                                         count);
+        cudaCheck(cudaGetLastError());
+    } else {
+        matmul_cublaslt_strided(out, CUBLAS_LOWP, weight, inp, bias, OC, rows, C, stream, true, false, false, pre_gelu,
+                                false, batch, stride_weight, stride_inp, stride_out, OC);
+    }
+}
+
+// dinp[b] (rows, C) = dout[b] @ weight[b] [* gelu'(pre_gelu[b])] (overwritten); dweight[b] (OC, C) +=
+// dout[b]^T @ inp[b]; dbias[b] (OC) += column sums of dout[b] (deterministic, all batches in two launches;
+// dbias_buffer holds matmul_batched_dbias_buffer_floats(batch, OC) floats). pre_gelu (batch, rows, C).
+void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+                             const floatX* weight, float* dbias_buffer, int batch, int rows, int C, int OC,
+                             cudaStream_t stream, const floatX* pre_gelu = nullptr, int gelu_fusion = 1) {
+    matmul_check_batched("matmul_backward_batched", batch, rows, C, OC);
+    const int64_t stride_weight = (int64_t)OC * C, stride_inp = (int64_t)rows * C, stride_out = (int64_t)rows * OC;
+    if (dbias != nullptr)
+        matmul_backward_bias_strided("matmul_backward_batched", dbias, dout, dbias_buffer, batch, rows, OC, stream);
+    // the DGELU epilogue only reads its auxiliary buffer; the const_cast is what the attribute's type asks for
+    floatX* fused_gelu_input = (pre_gelu != nullptr && gelu_fusion >= 2) ? const_cast<floatX*>(pre_gelu) : nullptr;
+    matmul_cublaslt_strided(dinp, CUBLAS_LOWP, weight, dout, nullptr, C, rows, OC, stream, false, false, false,
+                            fused_gelu_input, true, batch, stride_weight, stride_out, stride_inp, 0);
+    if (pre_gelu != nullptr && gelu_fusion < 2) {
+        const size_t count = (size_t)batch * rows * C;
+        const int block_size = 256;
+        matmul_gelu_backward_inplace_kernel<<<CEIL_DIV(count / x128::size, block_size), block_size, 0, stream>>>(
+            dinp, pre_gelu, count);
+        cudaCheck(cudaGetLastError());
+    }
+    matmul_cublaslt_strided(dweight, CUBLAS_LOWP, inp, dout, nullptr, C, OC, rows, stream, false, true, true, nullptr,
+                            false, batch, stride_inp, stride_out, stride_weight, 0);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The MoE router's GEMM: logits in fp32 (the router runs in fp32 from its logits on), inputs in floatX.
+// C must be a multiple of 8 (the operands' leading dimension); OC (the expert count) may be any size >= 1.
+
+// out (N, OC) fp32 = inp (N, C) @ weight^T (OC, C), fp32 accumulation rounded once to fp32, no bias
+void matmul_forward_fp32_output(float* out, const floatX* inp, const floatX* weight, int N, int C, int OC,
+                                cudaStream_t stream) {
+    matmul_require_multiple_of_8("matmul_forward_fp32_output", "C", C);
+    matmul_cublaslt_strided(out, CUDA_R_32F, weight, inp, nullptr, OC, N, C, stream, true, false, false, nullptr,
+                            false, 1, 0, 0, 0, 0);
+}
+
+// dinp (N, C) += dout @ weight (accumulates: the router's input also receives the experts' gradient);
+// dweight (OC, C) += dout^T @ inp. dout (N, OC) is fp32, but a GEMM's A and B share one type, so it is first
+// rounded to floatX into dout_scratch (N * OC elements); the GEMMs then accumulate in fp32 as everywhere.
+void matmul_backward_fp32_dout(floatX* dinp, floatX* dweight, const float* dout, const floatX* inp,
+                               const floatX* weight, floatX* dout_scratch, int N, int C, int OC, cudaStream_t stream) {
+    matmul_require_multiple_of_8("matmul_backward_fp32_dout", "C", C);
+    const size_t count = (size_t)N * OC;
+    const int block_size = 256;
+    matmul_cast_to_floatX_kernel<<<CEIL_DIV(count, (size_t)block_size), block_size, 0, stream>>>(dout_scratch, dout,
+                                                                                                  count);
+    cudaCheck(cudaGetLastError());
+    matmul_cublaslt_strided(dinp, CUBLAS_LOWP, weight, dout_scratch, nullptr, C, N, OC, stream, false, false, true,
+                            nullptr, false, 1, 0, 0, 0, 0);
+    matmul_cublaslt_strided(dweight, CUBLAS_LOWP, inp, dout_scratch, nullptr, C, OC, N, stream, false, true, true,
+                            nullptr, false, 1, 0, 0, 0, 0);
 }

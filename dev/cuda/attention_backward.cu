@@ -16,6 +16,7 @@
 // ~ 8 * B*NH*T*T * sizeof(floatX), plus O(B*T*C) for dout, qkvr, dqkvr and dinp.
 #include "common.h"
 #include "../../llmc/attention.cuh"
+#include "attention_reference.h"
 
 static void attention_backward_no_permute(floatX* dinp, floatX* datt, const floatX* dout, const floatX* qkvr,
                                           const floatX* att, int B, int T, int C, int NH) {
@@ -43,50 +44,6 @@ static void attention_backward_no_permute(floatX* dinp, floatX* datt, const floa
     }
 }
 
-// CPU reference in double, from the given (rounded) att and qkvr, as the backward pass receives them
-static void attention_backward_reference(std::vector<float>& dinp, const std::vector<float>& dout,
-                                         const std::vector<float>& qkvr, const std::vector<float>& att, int B, int T,
-                                         int C, int NH) {
-    const int HS = C / NH;
-    const double scale = 1.0 / sqrt((double)HS);
-    const size_t qkv_part = (size_t)B * T * C;
-    std::vector<double> datt(T), dpre(T);
-    std::vector<double> dq(qkv_part), dk(qkv_part), dv(qkv_part);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const size_t base = ((size_t)b * NH + h) * T * HS;  // this head's (T, HS) in each of q, k, v
-            auto q = [&](int t, int d) { return (double)qkvr[base + (size_t)t * HS + d]; };
-            auto k = [&](int t, int d) { return (double)qkvr[qkv_part + base + (size_t)t * HS + d]; };
-            auto v = [&](int t, int d) { return (double)qkvr[2 * qkv_part + base + (size_t)t * HS + d]; };
-            auto g = [&](int t, int d) { return (double)dout[((size_t)b * T + t) * C + h * HS + d]; };
-            for (size_t i = 0; i < (size_t)T * HS; i++) dq[base + i] = dk[base + i] = dv[base + i] = 0.0;
-            for (int t = 0; t < T; t++) {
-                const float* a = &att[(((size_t)b * NH + h) * T + t) * T];
-                double dot = 0.0;
-                for (int s = 0; s <= t; s++) {
-                    datt[s] = 0.0;
-                    for (int d = 0; d < HS; d++) datt[s] += g(t, d) * v(s, d);
-                    dot += a[s] * datt[s];
-                }
-                for (int s = 0; s <= t; s++) {
-                    dpre[s] = scale * a[s] * (datt[s] - dot);
-                    for (int d = 0; d < HS; d++) {
-                        dv[base + (size_t)s * HS + d] += a[s] * g(t, d);
-                        dq[base + (size_t)t * HS + d] += dpre[s] * k(s, d);
-                        dk[base + (size_t)s * HS + d] += dpre[s] * q(t, d);
-                    }
-                }
-            }
-            for (int t = 0; t < T; t++)
-                for (int d = 0; d < HS; d++) {
-                    float* row = &dinp[((size_t)b * T + t) * 3 * C + h * HS + d];
-                    row[0] = (float)dq[base + (size_t)t * HS + d];
-                    row[C] = (float)dk[base + (size_t)t * HS + d];
-                    row[2 * C] = (float)dv[base + (size_t)t * HS + d];
-                }
-        }
-}
-
 static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     const size_t n_qkv = (size_t)B * T * 3 * C, n_att = (size_t)B * NH * T * T, n_out = (size_t)B * T * C;
     std::vector<float> qkvr = lab_random(n_qkv, -1.0f, 1.0f);
@@ -94,11 +51,12 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     // att: causal softmax rows of random logits with a spread of 3, so rows are neither uniform nor one-hot
     std::vector<float> att(n_att, 0.0f);
     std::vector<float> logits = lab_random(n_att, -3.0f, 3.0f);
+    std::vector<double> row(T);
     for (size_t r = 0; r < (size_t)B * NH * T; r++) {
         const int t = (int)(r % T);
-        double sum = 0.0;
-        for (int s = 0; s <= t; s++) sum += exp(logits[r * T + s]);
-        for (int s = 0; s <= t; s++) att[r * T + s] = (float)(exp(logits[r * T + s]) / sum);
+        for (int s = 0; s <= t; s++) row[s] = logits[r * T + s];
+        attention_causal_softmax(row.data(), t);
+        for (int s = 0; s <= t; s++) att[r * T + s] = (float)row[s];
     }
     for (auto* v : {&qkvr, &dout, &att})
         for (auto& x : *v) x = (float)(floatX)x;  // the reference sees exactly what the device sees

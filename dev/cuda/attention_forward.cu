@@ -16,6 +16,7 @@
 // (3BTC + 3BTC + 4 * B*NH*T*T + BTC) * sizeof(floatX); the T^2 terms dominate (O(T^2) memory path).
 #include "common.h"
 #include "../../llmc/attention.cuh"
+#include "attention_reference.h"
 
 static void attention_forward_no_permute(floatX* out, floatX* att, const floatX* inp, int B, int T, int C, int NH) {
     const int HS = C / NH;
@@ -33,52 +34,11 @@ static void attention_forward_no_permute(floatX* out, floatX* att, const floatX*
     }
 }
 
-// CPU reference in double: qkvr (the permuted q, k, v), att, out
-static void attention_reference(std::vector<float>& qkvr, std::vector<float>& att, std::vector<float>& out,
-                                const std::vector<float>& inp, int B, int T, int C, int NH) {
-    const int HS = C / NH;
-    const double scale = 1.0 / sqrt((double)HS);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int part = 0; part < 3; part++)
-                for (int h = 0; h < NH; h++)
-                    for (int d = 0; d < HS; d++)
-                        qkvr[(size_t)part * B * T * C + (((size_t)b * NH + h) * T + t) * HS + d] =
-                            inp[((size_t)b * T + t) * 3 * C + part * C + h * HS + d];
-    std::vector<double> scores(T);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                const float* q = &inp[((size_t)b * T + t) * 3 * C + h * HS];
-                double max_score = -1e300;
-                for (int s = 0; s <= t; s++) {
-                    const float* k = &inp[((size_t)b * T + s) * 3 * C + C + h * HS];
-                    double dot = 0.0;
-                    for (int d = 0; d < HS; d++) dot += (double)q[d] * k[d];
-                    scores[s] = dot * scale;
-                    max_score = fmax(max_score, scores[s]);
-                }
-                double sum = 0.0;
-                for (int s = 0; s <= t; s++) {
-                    scores[s] = exp(scores[s] - max_score);
-                    sum += scores[s];
-                }
-                float* att_row = &att[(((size_t)b * NH + h) * T + t) * T];
-                for (int s = 0; s < T; s++) att_row[s] = s <= t ? (float)(scores[s] / sum) : 0.0f;
-                for (int d = 0; d < HS; d++) {
-                    double o = 0.0;
-                    for (int s = 0; s <= t; s++) o += scores[s] / sum * inp[((size_t)b * T + s) * 3 * C + 2 * C + h * HS + d];
-                    out[((size_t)b * T + t) * C + h * HS + d] = (float)o;
-                }
-            }
-}
-
 static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     const size_t n_inp = (size_t)B * T * 3 * C, n_att = (size_t)B * NH * T * T, n_out = (size_t)B * T * C;
-    std::vector<float> inp = lab_random(n_inp, -1.0f, 1.0f);
-    for (auto& x : inp) x = (float)(floatX)x;  // the reference sees exactly what the device sees
+    std::vector<float> inp = lab_random_rounded(n_inp, -1.0f, 1.0f);
     std::vector<float> qkvr_ref(n_inp), att_ref(n_att), out_ref(n_out);
-    attention_reference(qkvr_ref, att_ref, out_ref, inp, B, T, C, NH);
+    attention_forward_reference(qkvr_ref, att_ref, out_ref, inp, B, T, C, NH);
 
     floatX* d_inp = lab_to_device<floatX>(inp);
     floatX* d_qkvr = lab_poisoned<floatX>(n_inp);

@@ -57,6 +57,15 @@ static std::vector<int> lab_random_ints(size_t n, int below) {
     return v;
 }
 
+// the values as floatX holds them, so that a CPU reference sees exactly the inputs the device sees
+static std::vector<float> lab_rounded(std::vector<float> values) {
+    for (float& v : values) v = (float)(floatX)v;
+    return values;
+}
+static std::vector<float> lab_random_rounded(size_t n, float lo, float hi) { return lab_rounded(lab_random(n, lo, hi)); }
+// int results as floats, for lab_validate's float reference (exact below 2^24)
+static std::vector<float> lab_as_floats(const std::vector<int>& values) { return std::vector<float>(values.begin(), values.end()); }
+
 // device copy of host floats converted to T
 template <class T>
 static T* lab_to_device(const std::vector<float>& h) {
@@ -80,6 +89,18 @@ static T* lab_poisoned(size_t n) {
     cudaCheck(cudaMalloc(&d, n * sizeof(T) + 16));
     cudaCheck(cudaMemset(d, 0xff, n * sizeof(T)));
     return d;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// references: GELU in the tanh approximation (what llmc/gelu.cuh and cuBLASLt's GELU epilogues compute) and
+// its derivative, in double, for every lab that applies it
+static double gelu_reference(double x) {
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+static double gelu_grad_reference(double x) {
+    const double s = sqrt(2.0 / M_PI);
+    const double t = tanh(s * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
 // ----------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 // Floor (bias gradient): B*T * OC * sizeof(floatX) bytes read once; B*T*OC adds.
 #include "common.h"
 #include "../../llmc/matmul.cuh"
+#include "matmul_reference.h"
 
 __global__ void bias_column_per_thread_kernel(floatX* dbias, const floatX* dout, int N, int OC) {
     const int col = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
@@ -34,51 +35,29 @@ static void bias_column_per_thread(floatX* dbias, const floatX* dout, int N, int
     cudaCheck(cudaGetLastError());
 }
 
-// ----------------------------------------------------------------------------------------------------
-// CPU references in double
-static double gelu_grad_reference(double x) {
-    const double s = sqrt(2.0 / M_PI);
-    double t = tanh(s * (x + 0.044715 * x * x * x));
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3.0 * 0.044715 * x * x);
-}
-
-static std::vector<float> rounded_random(size_t n, float lo, float hi) {
-    std::vector<float> v = lab_random(n, lo, hi);
-    for (auto& x : v) x = (float)(floatX)x;  // the reference sees exactly what the device sees
-    return v;
-}
-
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
     const int B = args.small ? 3 : 8, T = args.small ? 37 : 1024, C = args.small ? 96 : 768, OC = 4 * C;
     const int N = B * T;
     cublas_setup();
 
-    std::vector<float> dout = rounded_random((size_t)N * OC, -1.0f, 1.0f);
-    std::vector<float> inp = rounded_random((size_t)N * C, -1.0f, 1.0f);
-    std::vector<float> weight = rounded_random((size_t)OC * C, -1.0f / sqrtf((float)OC), 1.0f / sqrtf((float)OC));
-    std::vector<float> pre_gelu = rounded_random((size_t)N * C, -3.0f, 3.0f);
+    std::vector<float> dout = lab_random_rounded((size_t)N * OC, -1.0f, 1.0f);
+    std::vector<float> inp = lab_random_rounded((size_t)N * C, -1.0f, 1.0f);
+    std::vector<float> weight = lab_random_rounded((size_t)OC * C, -1.0f / sqrtf((float)OC), 1.0f / sqrtf((float)OC));
+    std::vector<float> pre_gelu = lab_random_rounded((size_t)N * C, -3.0f, 3.0f);
     // gradients accumulate (+=) onto what is there
-    std::vector<float> dweight_init = rounded_random((size_t)OC * C, -1.0f, 1.0f);
-    std::vector<float> dbias_init = rounded_random(OC, -1.0f, 1.0f);
+    std::vector<float> dweight_init = lab_random_rounded((size_t)OC * C, -1.0f, 1.0f);
+    std::vector<float> dbias_init = lab_random_rounded(OC, -1.0f, 1.0f);
 
+    // CPU references in double: dinp = dout @ weight, dweight += dout^T @ inp, dbias += the column sums of dout
     std::vector<float> dinp_ref((size_t)N * C), dinp_gelu_ref((size_t)N * C), dweight_ref((size_t)OC * C), dbias_ref(OC);
-    for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) {
-            double sum = 0.0;
-            for (int o = 0; o < OC; o++) sum += (double)dout[(size_t)n * OC + o] * weight[(size_t)o * C + c];
-            dinp_ref[(size_t)n * C + c] = (float)sum;
-            dinp_gelu_ref[(size_t)n * C + c] = (float)(sum * gelu_grad_reference(pre_gelu[(size_t)n * C + c]));
-        }
+    matmul_reference(dinp_ref.data(), dout.data(), OC, 1, weight.data(), C, 1, nullptr, 0, N, C, OC);
+    for (size_t i = 0; i < dinp_ref.size(); i++) dinp_gelu_ref[i] = (float)(dinp_ref[i] * gelu_grad_reference(pre_gelu[i]));
+    matmul_reference(dweight_ref.data(), dout.data(), 1, OC, inp.data(), C, 1, dweight_init.data(), C, OC, C, N);
     for (int o = 0; o < OC; o++) {
         double bias_sum = dbias_init[o];
         for (int n = 0; n < N; n++) bias_sum += dout[(size_t)n * OC + o];
         dbias_ref[o] = (float)bias_sum;
-        for (int c = 0; c < C; c++) {
-            double sum = dweight_init[(size_t)o * C + c];
-            for (int n = 0; n < N; n++) sum += (double)dout[(size_t)n * OC + o] * inp[(size_t)n * C + c];
-            dweight_ref[(size_t)o * C + c] = (float)sum;
-        }
     }
 
     floatX* d_dout = lab_to_device<floatX>(dout);

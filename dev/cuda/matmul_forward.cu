@@ -15,6 +15,7 @@
 // outputs (out and pre_gelu) once: (B*T*C + OC*C + OC + 2 * B*T*OC) * sizeof(floatX).
 #include "common.h"
 #include "../../llmc/matmul.cuh"
+#include "matmul_reference.h"
 
 #define TILE_ROWS 64   // rows of inp (B*T) per block
 #define TILE_COLS 128  // output channels per block
@@ -86,24 +87,11 @@ static void matmul_tiled(floatX* out, floatX* pre_gelu, const floatX* inp, const
 }
 
 // ----------------------------------------------------------------------------------------------------
-// CPU reference in double: pre = inp @ weight^T (+ bias), out = gelu(pre)
-static void matmul_reference(std::vector<float>& pre, std::vector<float>& out, const std::vector<float>& inp,
+// CPU reference: pre = inp @ weight^T (+ bias) in double, out = gelu(pre)
+static void linear_reference(std::vector<float>& pre, std::vector<float>& out, const std::vector<float>& inp,
                              const std::vector<float>& weight, const float* bias, int N, int C, int OC) {
-    for (int n = 0; n < N; n++) {
-        for (int o = 0; o < OC; o++) {
-            double sum = bias != nullptr ? bias[o] : 0.0;
-            for (int c = 0; c < C; c++) sum += (double)inp[(size_t)n * C + c] * weight[(size_t)o * C + c];
-            double cube = 0.044715 * sum * sum * sum;
-            pre[(size_t)n * OC + o] = (float)sum;
-            out[(size_t)n * OC + o] = (float)(0.5 * sum * (1.0 + tanh(sqrt(2.0 / M_PI) * (sum + cube))));
-        }
-    }
-}
-
-static std::vector<float> rounded_random(size_t n, float scale) {
-    std::vector<float> v = lab_random(n, -scale, scale);
-    for (auto& x : v) x = (float)(floatX)x;  // the reference sees exactly what the device sees
-    return v;
+    matmul_reference(pre.data(), inp.data(), C, 1, weight.data(), 1, C, bias, 0, N, OC, C);
+    for (size_t i = 0; i < pre.size(); i++) out[i] = (float)gelu_reference(pre[i]);
 }
 
 int main(int argc, char** argv) {
@@ -113,12 +101,13 @@ int main(int argc, char** argv) {
     cublas_setup();
 
     // weights ~ 1/sqrt(C) so that pre-activations are O(1), where GELU is not just identity or zero
-    std::vector<float> inp = rounded_random((size_t)N * C, 1.0f);
-    std::vector<float> weight = rounded_random((size_t)OC * C, 1.0f / sqrtf((float)C));
-    std::vector<float> bias = rounded_random(OC, 0.5f);
+    const float weight_scale = 1.0f / sqrtf((float)C);
+    std::vector<float> inp = lab_random_rounded((size_t)N * C, -1.0f, 1.0f);
+    std::vector<float> weight = lab_random_rounded((size_t)OC * C, -weight_scale, weight_scale);
+    std::vector<float> bias = lab_random_rounded(OC, -0.5f, 0.5f);
     std::vector<float> pre_ref((size_t)N * OC), out_ref((size_t)N * OC);
-    std::vector<float> plain_ref((size_t)N * OC), unused((size_t)N * OC);
-    matmul_reference(pre_ref, out_ref, inp, weight, bias.data(), N, C, OC);
+    std::vector<float> plain_ref((size_t)N * OC);
+    linear_reference(pre_ref, out_ref, inp, weight, bias.data(), N, C, OC);
 
     floatX* d_inp = lab_to_device<floatX>(inp);
     floatX* d_weight = lab_to_device<floatX>(weight);
@@ -155,7 +144,7 @@ int main(int argc, char** argv) {
             cudaCheck(cudaMemset(d_out, 0xff, (size_t)N * OC * sizeof(floatX)));
             matmul_forward(d_out, d_inp, d_weight, d_bias, B, T, C, OC, 0);
             lab_validate("out (bias, no gelu)", d_out, pre_ref.data(), (size_t)N * OC, tol_linear, tol_linear);
-            matmul_reference(plain_ref, unused, inp, weight, nullptr, N, C, OC);
+            matmul_reference(plain_ref.data(), inp.data(), C, 1, weight.data(), 1, C, nullptr, 0, N, OC, C);
             cudaCheck(cudaMemset(d_out, 0xff, (size_t)N * OC * sizeof(floatX)));
             matmul_forward(d_out, d_inp, d_weight, nullptr, B, T, C, OC, 0);
             lab_validate("out (no bias, no gelu)", d_out, plain_ref.data(), (size_t)N * OC, tol_linear, tol_linear);

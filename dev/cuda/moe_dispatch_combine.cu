@@ -23,6 +23,7 @@
 //   combine backward (2*kept + R)*C*s + 12*N*k + 4*R                dispatch backward  (kept + 2*N)*C*s + 8*N*k
 #include "common.h"
 #include "../../llmc/moe.cuh"
+#include "moe_reference.h"
 
 __global__ void dispatch_scatter_kernel(floatX* expert_input, const floatX* x, const int* expert_index,
                                         const int* slot, int num_choices, int k, int C, int capacity) {
@@ -128,52 +129,6 @@ static void run_variant(int variant, const MoeBuffers* d, int N, int E, int k, i
     }
 }
 
-// ARCHITECTURE.md's slot rule as a plain loop over the priority order (every first choice, then every second...)
-static void slots_reference(std::vector<int>* slot, std::vector<int>* row_choice, std::vector<int>* kept_count,
-                            const std::vector<int>& expert_index, int N, int E, int k, int capacity) {
-    std::vector<int> routed(E, 0);
-    row_choice->assign((size_t)E * capacity, -1);
-    for (int j = 0; j < k; j++) {
-        for (int t = 0; t < N; t++) {
-            const int choice = t * k + j;
-            const int e = expert_index[choice];
-            const int s = routed[e]++;
-            (*slot)[choice] = s < capacity ? s : -1;
-            if (s < capacity) (*row_choice)[(size_t)e * capacity + s] = choice;
-        }
-    }
-    for (int e = 0; e < E; e++) (*kept_count)[e] = routed[e] < capacity ? routed[e] : capacity;
-}
-
-// k distinct experts per token, expert e drawn with weight 1/(e+1) so that the low experts overflow
-static std::vector<int> skewed_routing(int N, int E, int k) {
-    std::vector<int> expert_index((size_t)N * k);
-    std::vector<double> weight(E);
-    for (int t = 0; t < N; t++) {
-        for (int e = 0; e < E; e++) weight[e] = 1.0 / (e + 1);
-        for (int j = 0; j < k; j++) {
-            double total = 0.0;
-            for (int e = 0; e < E; e++) total += weight[e];
-            double u = lab_rand_uniform(0.0f, 1.0f) * total;
-            int pick = -1;
-            for (int e = 0; e < E; e++) {
-                if (weight[e] == 0.0) continue;
-                pick = e;  // the last free expert if rounding runs u past the end
-                if (u < weight[e]) break;
-                u -= weight[e];
-            }
-            expert_index[(size_t)t * k + j] = pick;
-            weight[pick] = 0.0;
-        }
-    }
-    return expert_index;
-}
-
-static std::vector<float> rounded_to_floatX(std::vector<float> values) {
-    for (float& v : values) v = (float)(floatX)v;
-    return values;
-}
-
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
     struct Case { int N, E, k, C; double cf; };
@@ -192,15 +147,17 @@ int main(int argc, char** argv) {
         const size_t num_choices = (size_t)N * k, num_rows = (size_t)E * capacity;
         const size_t token_elements = (size_t)N * C, row_elements = num_rows * C;
 
-        std::vector<int> expert_index = skewed_routing(N, E, k);
-        std::vector<int> slot(num_choices), row_choice, kept_count(E);
-        slots_reference(&slot, &row_choice, &kept_count, expert_index, N, E, k, capacity);
+        std::vector<int> expert_index = moe_skewed_routing(N, E, k);
+        const MoeSlots slots = moe_slots_reference(expert_index, N, E, k, capacity);
+        const std::vector<int>& slot = slots.slot;
+        const std::vector<int>& row_choice = slots.row_choice;
+        const std::vector<int>& kept_count = slots.kept_count;
         std::vector<float> gates = lab_random(num_choices, 0.05f, 1.0f);
-        std::vector<float> x = rounded_to_floatX(lab_random(token_elements));
-        std::vector<float> dout = rounded_to_floatX(lab_random(token_elements));
-        std::vector<float> dx_before = rounded_to_floatX(lab_random(token_elements));
-        std::vector<float> expert_output = rounded_to_floatX(lab_random(row_elements));
-        std::vector<float> d_expert_input = rounded_to_floatX(lab_random(row_elements));
+        std::vector<float> x = lab_random_rounded(token_elements, -1.0f, 1.0f);
+        std::vector<float> dout = lab_random_rounded(token_elements, -1.0f, 1.0f);
+        std::vector<float> dx_before = lab_random_rounded(token_elements, -1.0f, 1.0f);
+        std::vector<float> expert_output = lab_random_rounded(row_elements, -1.0f, 1.0f);
+        std::vector<float> d_expert_input = lab_random_rounded(row_elements, -1.0f, 1.0f);
         // padding rows hold NaN: a kernel that reads one fails validation
         for (size_t r = 0; r < num_rows; r++) {
             if (row_choice[r] >= 0) continue;

@@ -1,7 +1,7 @@
 // dev/cuda/moe_router.cu: kernel lab for the MoE router forward: per token, probs = softmax(logits) over E
 // experts (fp32), logsumexp (for the z-loss), the top-k experts (ties to the lower index, in descending order)
 // and their gates (the raw prob for k = 1, renormalised over the k picks for k >= 2). ARCHITECTURE.md, "MoE
-// semantics", is the definition; the reference below is a plain double-precision loop over it.
+// semantics", is the definition; the reference (moe_reference.h) is a plain double-precision loop over it.
 // Build and run on the CPU backend (small sizes):
 //   cpu/cucc -O2 dev/cuda/moe_router.cu -o build/labmoe/moe_router -lcublas -lcublasLt
 //   build/labmoe/moe_router -s          (add -DENABLE_FP32 to the build: the router is fp32 either way)
@@ -15,6 +15,7 @@
 // Floor (see llmc/moe.cuh): read N*E*4, write N*E*4 + N*k*8 + N*4 bytes.
 #include "common.h"
 #include "../../llmc/moe.cuh"
+#include "moe_reference.h"
 
 // One thread per token. The picks come out in the order (logit descending, index ascending), so a candidate is
 // still free exactly when it comes after the previous pick in that order: no list of taken experts is needed.
@@ -69,63 +70,6 @@ static void run_variant(int variant, const RouterBuffers* d, int N, int E, int k
     }
 }
 
-// double-precision router of ARCHITECTURE.md: softmax, logsumexp, top-k by (prob descending, index ascending)
-// (the exact probs order as the fp32 logits do, and equal logits give equal probs), gates
-static void router_reference(std::vector<float>* probs, std::vector<float>* expert_index, std::vector<float>* gates,
-                             std::vector<float>* logsumexp, const std::vector<float>& logits, int N, int E, int k) {
-    std::vector<double> p(E);
-    std::vector<int> picks(k);
-    for (int t = 0; t < N; t++) {
-        const float* row = logits.data() + (size_t)t * E;
-        double row_max = -INFINITY, sum = 0.0;
-        for (int e = 0; e < E; e++) row_max = fmax(row_max, (double)row[e]);
-        for (int e = 0; e < E; e++) sum += exp((double)row[e] - row_max);
-        for (int e = 0; e < E; e++) {
-            p[e] = exp((double)row[e] - row_max) / sum;
-            (*probs)[(size_t)t * E + e] = (float)p[e];
-        }
-        (*logsumexp)[t] = (float)(row_max + log(sum));
-        double picked_sum = 0.0;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                bool taken = false;
-                for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            picks[j] = best;
-            picked_sum += p[best];
-        }
-        for (int j = 0; j < k; j++) {
-            (*expert_index)[(size_t)t * k + j] = (float)picks[j];
-            (*gates)[(size_t)t * k + j] = (float)(k == 1 ? p[picks[j]] : p[picks[j]] / picked_sum);
-        }
-    }
-}
-
-// random logits in [-4, 4] with exact ties planted: every third row has its maximum copied to another expert,
-// every fifth row a tie between two other experts, and rows 7 and 11 (when present) are all equal
-static std::vector<float> router_logits(int N, int E) {
-    std::vector<float> logits = lab_random((size_t)N * E, -4.0f, 4.0f);
-    for (int t = 0; t < N; t++) {
-        float* row = logits.data() + (size_t)t * E;
-        if (E >= 2 && t % 3 == 0) {
-            int top = 0;
-            for (int e = 1; e < E; e++) top = row[e] > row[top] ? e : top;
-            const int other = (top + 1 + lab_random_ints(1, E - 1)[0]) % E;
-            row[other] = row[top];
-        }
-        if (E >= 3 && t % 5 == 0) {
-            const int a = lab_random_ints(1, E)[0];
-            row[(a + 1) % E] = row[a];
-        }
-        if (t == 7 || t == 11) {
-            for (int e = 0; e < E; e++) row[e] = 0.25f;
-        }
-    }
-    return logits;
-}
-
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
     struct Case { int N, E, k; };
@@ -142,9 +86,11 @@ int main(int argc, char** argv) {
     for (int c = 0; c < num_cases; c++) {
         const int N = cases[c].N, E = cases[c].E, k = cases[c].k;
         const size_t n = (size_t)N * E;
-        std::vector<float> logits = router_logits(N, E);
-        std::vector<float> probs(n), expert_index((size_t)N * k), gates((size_t)N * k), logsumexp(N);
-        router_reference(&probs, &expert_index, &gates, &logsumexp, logits, N, E, k);
+        std::vector<float> logits = moe_router_logits(N, E);
+        std::vector<float> probs(n), gates((size_t)N * k), logsumexp(N);
+        std::vector<int> picks((size_t)N * k);
+        moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, N, E, k);
+        const std::vector<float> expert_index = lab_as_floats(picks);
 
         RouterBuffers d;
         d.logits = lab_to_device<float>(logits);

@@ -19,6 +19,7 @@
 // Floors (see llmc/moe.cuh): backward N*E*8 + N*k*12 + N*4 + E*4 bytes; losses N*E*4 + N*4 + E*4 bytes.
 #include "common.h"
 #include "../../llmc/moe.cuh"
+#include "moe_reference.h"
 
 #define LOSSES_PARTIAL_BLOCKS 64
 
@@ -118,25 +119,6 @@ static void run_variant(int variant, const RouterBackwardBuffers* d, int N, int 
 // ----------------------------------------------------------------------------------------------------
 // double-precision definitions
 
-// softmax, logsumexp and the top-k picks (prob descending, ties to the lower index) of the row
-static void route_row(std::vector<double>* p, double* lse, int* picks, const float* row, int E, int k) {
-    double row_max = -INFINITY, sum = 0.0;
-    for (int e = 0; e < E; e++) row_max = fmax(row_max, (double)row[e]);
-    for (int e = 0; e < E; e++) sum += exp((double)row[e] - row_max);
-    for (int e = 0; e < E; e++) (*p)[e] = exp((double)row[e] - row_max) / sum;
-    *lse = row_max + log(sum);
-    if (picks == nullptr) return;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
-            if (!taken && (best < 0 || (*p)[e] > (*p)[best])) best = e;
-        }
-        picks[j] = best;
-    }
-}
-
 // the scalar whose gradient the kernels compute, with the picks and counts fixed:
 // sum_t sum_j d_gates[t,j] * gate[t,j] + loss_scale * (alpha*E*sum_e f_e P_e + c_z * mean_t lse_t^2)
 static double router_loss(const std::vector<double>& logits, const std::vector<int>& picks,
@@ -145,17 +127,9 @@ static double router_loss(const std::vector<double>& logits, const std::vector<i
     std::vector<double> p(E), mean_prob(E, 0.0);
     double gate_term = 0.0, z_sum = 0.0;
     for (int t = 0; t < N; t++) {
-        double row_max = -INFINITY, sum = 0.0;
-        for (int e = 0; e < E; e++) row_max = fmax(row_max, logits[(size_t)t * E + e]);
-        for (int e = 0; e < E; e++) sum += exp(logits[(size_t)t * E + e] - row_max);
-        for (int e = 0; e < E; e++) p[e] = exp(logits[(size_t)t * E + e] - row_max) / sum;
-        const double lse = row_max + log(sum);
-        double picked_sum = 0.0;
-        for (int j = 0; j < k; j++) picked_sum += p[picks[(size_t)t * k + j]];
-        for (int j = 0; j < k; j++) {
-            const double prob = p[picks[(size_t)t * k + j]];
-            gate_term += d_gates[(size_t)t * k + j] * (k == 1 ? prob : prob / picked_sum);
-        }
+        double lse;
+        moe_route_row(p.data(), &lse, nullptr, logits.data() + (size_t)t * E, E, k);
+        for (int j = 0; j < k; j++) gate_term += d_gates[(size_t)t * k + j] * moe_gate(p.data(), picks.data() + (size_t)t * k, j, k);
         for (int e = 0; e < E; e++) mean_prob[e] += p[e] / N;
         z_sum += lse * lse;
     }
@@ -171,7 +145,7 @@ static void router_backward_reference(std::vector<double>* d_logits, const std::
     std::vector<double> p(E), dp(E);
     for (int t = 0; t < N; t++) {
         double lse;
-        route_row(&p, &lse, nullptr, logits.data() + (size_t)t * E, E, k);
+        moe_route_row(p.data(), &lse, nullptr, logits.data() + (size_t)t * E, E, k);
         for (int e = 0; e < E; e++) dp[e] = q.loss_scale * q.aux_alpha * E * expert_count[e] / ((double)N * k) / N;
         const int* pick = picks.data() + (size_t)t * k;
         const float* d_gate = d_gates.data() + (size_t)t * k;
@@ -216,28 +190,6 @@ static void check_reference_by_finite_differences(const std::vector<double>& ana
     printf("  %-28s ok (max abs err %.3g over %zu logits)\n", "reference vs finite diff", worst, x.size());
 }
 
-// random logits in [-4, 4], every third row with its maximum tied by another expert, every fifth row a tie
-// elsewhere, rows 7 and 11 all equal
-static std::vector<float> router_logits(int N, int E) {
-    std::vector<float> logits = lab_random((size_t)N * E, -4.0f, 4.0f);
-    for (int t = 0; t < N; t++) {
-        float* row = logits.data() + (size_t)t * E;
-        if (E >= 2 && t % 3 == 0) {
-            int top = 0;
-            for (int e = 1; e < E; e++) top = row[e] > row[top] ? e : top;
-            row[(top + 1 + lab_random_ints(1, E - 1)[0]) % E] = row[top];
-        }
-        if (E >= 3 && t % 5 == 0) {
-            const int a = lab_random_ints(1, E)[0];
-            row[(a + 1) % E] = row[a];
-        }
-        if (t == 7 || t == 11) {
-            for (int e = 0; e < E; e++) row[e] = 0.25f;
-        }
-    }
-    return logits;
-}
-
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
     struct Case { int N, E, k; bool gate_gradient; };
@@ -256,35 +208,19 @@ int main(int argc, char** argv) {
         const int N = cases[c].N, E = cases[c].E, k = cases[c].k;
         const size_t n = (size_t)N * E, num_choices = (size_t)N * k;
         // routing in double, then rounded to the fp32 values the forward kernel would hand over
-        std::vector<float> logits = router_logits(N, E);
+        std::vector<float> logits = moe_router_logits(N, E);
         std::vector<float> probs(n), gates(num_choices), logsumexp(N);
-        std::vector<int> picks(num_choices), expert_count(E, 0);
-        std::vector<double> p(E);
-        for (int t = 0; t < N; t++) {
-            double lse;
-            route_row(&p, &lse, picks.data() + (size_t)t * k, logits.data() + (size_t)t * E, E, k);
-            double picked_sum = 0.0;
-            for (int j = 0; j < k; j++) picked_sum += p[picks[(size_t)t * k + j]];
-            for (int e = 0; e < E; e++) probs[(size_t)t * E + e] = (float)p[e];
-            for (int j = 0; j < k; j++) {
-                const double prob = p[picks[(size_t)t * k + j]];
-                gates[(size_t)t * k + j] = (float)(k == 1 ? prob : prob / picked_sum);
-                expert_count[picks[(size_t)t * k + j]]++;
-            }
-            logsumexp[t] = (float)lse;
-        }
+        std::vector<int> picks(num_choices);
+        moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, N, E, k);
         // d_gates: random, 0 for the choices a capacity of CF 0.5 drops (what moe_combine_backward hands over)
         std::vector<float> d_gates = lab_random(num_choices);
-        const int capacity = moe_capacity(N, E, k, 0.5);
-        std::vector<int> routed(E, 0);
+        const MoeSlots slots = moe_slots_reference(picks, N, E, k, moe_capacity(N, E, k, 0.5));
+        const std::vector<int>& expert_count = slots.expert_count;
         int dropped = 0;
-        for (int j = 0; j < k; j++) {
-            for (int t = 0; t < N; t++) {
-                const int choice = t * k + j;
-                if (routed[picks[choice]]++ >= capacity || !cases[c].gate_gradient) {
-                    d_gates[choice] = 0.0f;
-                    dropped++;
-                }
+        for (size_t choice = 0; choice < num_choices; choice++) {
+            if (slots.slot[choice] < 0 || !cases[c].gate_gradient) {
+                d_gates[choice] = 0.0f;
+                dropped++;
             }
         }
 

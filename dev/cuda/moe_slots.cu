@@ -20,6 +20,7 @@
 // expert_index E times from L2.
 #include "common.h"
 #include "../../llmc/moe.cuh"
+#include "moe_reference.h"
 
 __global__ void slots_single_block_kernel(int* slot, int* row_choice, int* expert_count, int* kept_count,
                                           const int* expert_index, int N, int E, int k, int capacity) {
@@ -80,51 +81,6 @@ static void run_variant(int variant, const SlotBuffers* d, int N, int E, int k, 
     }
 }
 
-// ARCHITECTURE.md's slot rule as a plain loop over the priority order
-static void slots_reference(std::vector<float>* slot, std::vector<float>* row_choice, std::vector<float>* expert_count,
-                            std::vector<float>* kept_count, const std::vector<int>& expert_index, int N, int E, int k,
-                            int capacity) {
-    std::vector<int> routed(E, 0);
-    for (size_t r = 0; r < row_choice->size(); r++) (*row_choice)[r] = -1.0f;
-    for (int j = 0; j < k; j++) {
-        for (int t = 0; t < N; t++) {
-            const int choice = t * k + j;
-            const int e = expert_index[choice];
-            const int s = routed[e]++;
-            (*slot)[choice] = s < capacity ? (float)s : -1.0f;
-            if (s < capacity) (*row_choice)[(size_t)e * capacity + s] = (float)choice;
-        }
-    }
-    for (int e = 0; e < E; e++) {
-        (*expert_count)[e] = (float)routed[e];
-        (*kept_count)[e] = (float)(routed[e] < capacity ? routed[e] : capacity);
-    }
-}
-
-// k distinct experts per token, skewed towards low indices (weight 1/(e+1)) so that the hot experts overflow
-static std::vector<int> skewed_routing(int N, int E, int k) {
-    std::vector<int> expert_index((size_t)N * k);
-    std::vector<double> weight(E);
-    for (int t = 0; t < N; t++) {
-        for (int e = 0; e < E; e++) weight[e] = 1.0 / (e + 1);
-        for (int j = 0; j < k; j++) {
-            double total = 0.0;
-            for (int e = 0; e < E; e++) total += weight[e];
-            double u = lab_rand_uniform(0.0f, 1.0f) * total;
-            int pick = -1;
-            for (int e = 0; e < E; e++) {
-                if (weight[e] == 0.0) continue;
-                pick = e;  // the last free expert if rounding runs u past the end
-                if (u < weight[e]) break;
-                u -= weight[e];
-            }
-            expert_index[(size_t)t * k + j] = pick;
-            weight[pick] = 0.0;
-        }
-    }
-    return expert_index;
-}
-
 // moe_capacity against math.ceil(k * cf * N / E) as Python evaluates it (values printed by python3), the
 // dropless rule and the clamp to N. 80, 8, 1, 1.1 is 11 in double; the float 1.1f would give 12.
 static void check_capacity(void) {
@@ -158,9 +114,10 @@ int main(int argc, char** argv) {
         const int N = cases[c].N, E = cases[c].E, k = cases[c].k;
         const int capacity = moe_capacity(N, E, k, cases[c].cf);
         const size_t num_choices = (size_t)N * k, num_rows = (size_t)E * capacity;
-        std::vector<int> expert_index = skewed_routing(N, E, k);
-        std::vector<float> slot(num_choices), row_choice(num_rows), expert_count(E), kept_count(E);
-        slots_reference(&slot, &row_choice, &expert_count, &kept_count, expert_index, N, E, k, capacity);
+        std::vector<int> expert_index = moe_skewed_routing(N, E, k);
+        const MoeSlots want = moe_slots_reference(expert_index, N, E, k, capacity);
+        const std::vector<float> slot = lab_as_floats(want.slot), row_choice = lab_as_floats(want.row_choice);
+        const std::vector<float> expert_count = lab_as_floats(want.expert_count), kept_count = lab_as_floats(want.kept_count);
         int dropped = 0, tokens_all_dropped = 0;
         for (int t = 0; t < N; t++) {
             int kept = 0;

@@ -1,0 +1,100 @@
+// dev/cuda/attention_reference.h: the double-precision CPU references of causal multi-head attention that
+// attention_forward.cu and attention_backward.cu validate against. Both read and write the same two layouts
+// and the same causal softmax, defined once here so that the forward and backward labs cannot disagree on them.
+#pragma once
+#include <math.h>
+#include <vector>
+
+// The packed layout of inp and dinp, (B, T, 3C) = [q | k | v] per position, and the head layout of qkvr,
+// (3, B, NH, T, HS): the index of element d of head h of part (0 q, 1 k, 2 v) at position t of batch row b.
+struct AttentionLayout {
+    int B, T, C, NH, HS;
+    AttentionLayout(int B_, int T_, int C_, int NH_) : B(B_), T(T_), C(C_), NH(NH_), HS(C_ / NH_) {}
+    size_t packed(int part, int b, int t, int h, int d) const {
+        return ((size_t)b * T + t) * 3 * C + (size_t)part * C + (size_t)h * HS + d;
+    }
+    size_t heads(int part, int b, int t, int h, int d) const {
+        return (size_t)part * B * T * C + (((size_t)b * NH + h) * T + t) * HS + d;
+    }
+};
+
+// scores[0..t] -> the causal softmax row (max subtracted, so any logits are safe)
+static void attention_causal_softmax(double* scores, int t) {
+    double max_score = -1e300;
+    for (int s = 0; s <= t; s++) max_score = fmax(max_score, scores[s]);
+    double sum = 0.0;
+    for (int s = 0; s <= t; s++) {
+        scores[s] = exp(scores[s] - max_score);
+        sum += scores[s];
+    }
+    for (int s = 0; s <= t; s++) scores[s] /= sum;
+}
+
+// forward from packed inp: qkvr (the permuted q, k, v), att (B, NH, T, T) with zeros above the diagonal, out (B, T, C)
+static void attention_forward_reference(std::vector<float>& qkvr, std::vector<float>& att, std::vector<float>& out,
+                                        const std::vector<float>& inp, int B, int T, int C, int NH) {
+    const AttentionLayout L(B, T, C, NH);
+    const double scale = 1.0 / sqrt((double)L.HS);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int part = 0; part < 3; part++)
+                for (int h = 0; h < NH; h++)
+                    for (int d = 0; d < L.HS; d++) qkvr[L.heads(part, b, t, h, d)] = inp[L.packed(part, b, t, h, d)];
+    std::vector<double> scores(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                for (int s = 0; s <= t; s++) {
+                    double dot = 0.0;
+                    for (int d = 0; d < L.HS; d++) dot += (double)inp[L.packed(0, b, t, h, d)] * inp[L.packed(1, b, s, h, d)];
+                    scores[s] = dot * scale;
+                }
+                attention_causal_softmax(scores.data(), t);
+                float* att_row = &att[(((size_t)b * NH + h) * T + t) * T];
+                for (int s = 0; s < T; s++) att_row[s] = s <= t ? (float)scores[s] : 0.0f;
+                for (int d = 0; d < L.HS; d++) {
+                    double o = 0.0;
+                    for (int s = 0; s <= t; s++) o += scores[s] * inp[L.packed(2, b, s, h, d)];
+                    out[((size_t)b * T + t) * C + h * L.HS + d] = (float)o;
+                }
+            }
+}
+
+// backward into packed dinp = [dq | dk | dv], from the given (rounded) att and qkvr, as the backward pass
+// receives them
+static void attention_backward_reference(std::vector<float>& dinp, const std::vector<float>& dout,
+                                         const std::vector<float>& qkvr, const std::vector<float>& att, int B, int T,
+                                         int C, int NH) {
+    const AttentionLayout L(B, T, C, NH);
+    const int HS = L.HS;
+    const double scale = 1.0 / sqrt((double)HS);
+    std::vector<double> datt(T), dpre(T);
+    std::vector<double> dqkv(3 * (size_t)B * T * C);  // head layout, as qkvr
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            auto q = [&](int t, int d) { return (double)qkvr[L.heads(0, b, t, h, d)]; };
+            auto k = [&](int t, int d) { return (double)qkvr[L.heads(1, b, t, h, d)]; };
+            auto v = [&](int t, int d) { return (double)qkvr[L.heads(2, b, t, h, d)]; };
+            auto g = [&](int t, int d) { return (double)dout[((size_t)b * T + t) * C + h * HS + d]; };
+            for (int t = 0; t < T; t++) {
+                const float* a = &att[(((size_t)b * NH + h) * T + t) * T];
+                double dot = 0.0;
+                for (int s = 0; s <= t; s++) {
+                    datt[s] = 0.0;
+                    for (int d = 0; d < HS; d++) datt[s] += g(t, d) * v(s, d);
+                    dot += a[s] * datt[s];
+                }
+                for (int s = 0; s <= t; s++) {
+                    dpre[s] = scale * a[s] * (datt[s] - dot);
+                    for (int d = 0; d < HS; d++) {
+                        dqkv[L.heads(2, b, s, h, d)] += a[s] * g(t, d);
+                        dqkv[L.heads(0, b, t, h, d)] += dpre[s] * k(s, d);
+                        dqkv[L.heads(1, b, s, h, d)] += dpre[s] * q(t, d);
+                    }
+                }
+            }
+            for (int t = 0; t < T; t++)
+                for (int part = 0; part < 3; part++)
+                    for (int d = 0; d < HS; d++) dinp[L.packed(part, b, t, h, d)] = (float)dqkv[L.heads(part, b, t, h, d)];
+        }
+}

@@ -1,0 +1,127 @@
+// dev/cuda/moe_reference.h: the MoE routing of ARCHITECTURE.md ("MoE semantics") as plain double-precision
+// loops, and the routing inputs, shared by the MoE labs (moe_router.cu, moe_router_backward.cu, moe_slots.cu,
+// moe_dispatch_combine.cu): each lab's kernels start from what the previous stage hands over, so every lab
+// must derive those inputs by the same definition.
+#pragma once
+#include <math.h>
+#include <vector>
+#include "common.h"
+
+// softmax p and logsumexp of one token's logits and, when picks is given, its top-k experts (prob descending,
+// ties to the lower index: the probs order exactly as the fp32 logits do, and equal logits give equal probs).
+// Real is float for the router's inputs, double for the finite differences of moe_router_backward.cu.
+template <class Real>
+static void moe_route_row(double* p, double* lse, int* picks, const Real* row, int E, int k) {
+    double row_max = -INFINITY, sum = 0.0;
+    for (int e = 0; e < E; e++) row_max = fmax(row_max, (double)row[e]);
+    for (int e = 0; e < E; e++) sum += exp((double)row[e] - row_max);
+    for (int e = 0; e < E; e++) p[e] = exp((double)row[e] - row_max) / sum;
+    *lse = row_max + log(sum);
+    if (picks == nullptr) return;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        picks[j] = best;
+    }
+}
+
+// gate of pick j: the raw prob for k = 1, renormalised over the k picks for k >= 2
+static double moe_gate(const double* p, const int* picks, int j, int k) {
+    if (k == 1) return p[picks[0]];
+    double picked_sum = 0.0;
+    for (int m = 0; m < k; m++) picked_sum += p[picks[m]];
+    return p[picks[j]] / picked_sum;
+}
+
+// the router forward over N tokens, rounded to the fp32 values moe_router_forward writes
+static void moe_router_reference(std::vector<float>* probs, std::vector<int>* expert_index, std::vector<float>* gates,
+                                 std::vector<float>* logsumexp, const std::vector<float>& logits, int N, int E, int k) {
+    std::vector<double> p(E);
+    for (int t = 0; t < N; t++) {
+        int* picks = expert_index->data() + (size_t)t * k;
+        double lse;
+        moe_route_row(p.data(), &lse, picks, logits.data() + (size_t)t * E, E, k);
+        for (int e = 0; e < E; e++) (*probs)[(size_t)t * E + e] = (float)p[e];
+        for (int j = 0; j < k; j++) (*gates)[(size_t)t * k + j] = (float)moe_gate(p.data(), picks, j, k);
+        (*logsumexp)[t] = (float)lse;
+    }
+}
+
+// random logits in [-4, 4] with exact ties planted, so that the tie rule is exercised: every third row has its
+// maximum copied to another expert, every fifth row a tie between two other experts, and rows 7 and 11 (when
+// present) are all equal
+static std::vector<float> moe_router_logits(int N, int E) {
+    std::vector<float> logits = lab_random((size_t)N * E, -4.0f, 4.0f);
+    for (int t = 0; t < N; t++) {
+        float* row = logits.data() + (size_t)t * E;
+        if (E >= 2 && t % 3 == 0) {
+            int top = 0;
+            for (int e = 1; e < E; e++) top = row[e] > row[top] ? e : top;
+            row[(top + 1 + lab_random_ints(1, E - 1)[0]) % E] = row[top];
+        }
+        if (E >= 3 && t % 5 == 0) {
+            const int a = lab_random_ints(1, E)[0];
+            row[(a + 1) % E] = row[a];
+        }
+        if (t == 7 || t == 11) {
+            for (int e = 0; e < E; e++) row[e] = 0.25f;
+        }
+    }
+    return logits;
+}
+
+// The slot rule as a plain loop over the priority order (every first choice in token order, then every second
+// choice, ...): slot (N, k) of each choice in its expert's buffer, -1 when the expert is full; row_choice
+// (E, capacity), the choice in each row, -1 for padding; expert_count, choices routed to e before dropping;
+// kept_count, rows used.
+struct MoeSlots {
+    std::vector<int> slot, row_choice, expert_count, kept_count;
+};
+static MoeSlots moe_slots_reference(const std::vector<int>& expert_index, int N, int E, int k, int capacity) {
+    MoeSlots r;
+    r.slot.assign((size_t)N * k, -1);
+    r.row_choice.assign((size_t)E * capacity, -1);
+    r.expert_count.assign(E, 0);
+    r.kept_count.assign(E, 0);
+    for (int j = 0; j < k; j++) {
+        for (int t = 0; t < N; t++) {
+            const int choice = t * k + j;
+            const int e = expert_index[choice];
+            const int s = r.expert_count[e]++;
+            if (s < capacity) {
+                r.slot[choice] = s;
+                r.row_choice[(size_t)e * capacity + s] = choice;
+            }
+        }
+    }
+    for (int e = 0; e < E; e++) r.kept_count[e] = r.expert_count[e] < capacity ? r.expert_count[e] : capacity;
+    return r;
+}
+
+// k distinct experts per token, expert e drawn with weight 1/(e+1) so that the low experts overflow
+static std::vector<int> moe_skewed_routing(int N, int E, int k) {
+    std::vector<int> expert_index((size_t)N * k);
+    std::vector<double> weight(E);
+    for (int t = 0; t < N; t++) {
+        for (int e = 0; e < E; e++) weight[e] = 1.0 / (e + 1);
+        for (int j = 0; j < k; j++) {
+            double total = 0.0;
+            for (int e = 0; e < E; e++) total += weight[e];
+            double u = lab_rand_uniform(0.0f, 1.0f) * total;
+            int pick = -1;
+            for (int e = 0; e < E; e++) {
+                if (weight[e] == 0.0) continue;
+                pick = e;  // the last free expert if rounding runs u past the end
+                if (u < weight[e]) break;
+                u -= weight[e];
+            }
+            expert_index[(size_t)t * k + j] = pick;
+            weight[pick] = 0.0;
+        }
+    }
+    return expert_index;
+}
