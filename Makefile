@@ -121,8 +121,18 @@ bench: $(BUILD)/bench
 # Compile-only GPU build of every .cu the project has (tracked or new), for both architectures.
 CUDA_SOURCES := $(sort $(shell git ls-files --cached --others --exclude-standard '*.cu' 2>/dev/null))
 CUDNN_SOURCES := train_gpt.cu test_gpt.cu
-check-cuda: $(CUDA_SOURCES:%=$(BUILD)/check-cuda/%.ok) $(CUDNN_SOURCES:%=$(BUILD)/check-cuda/cudnn/%.ok)
+check-cuda: $(CUDA_SOURCES:%=$(BUILD)/check-cuda/%.ok) $(CUDNN_SOURCES:%=$(BUILD)/check-cuda/cudnn/%.ok) \
+            $(BUILD)/check-cuda/no-device.ok
 	@echo "check-cuda: $(words $(CUDA_SOURCES)) files compile with nvcc for: $(GPU_ARCH); $(CUDNN_SOURCES) also with USE_CUDNN=1"
+# the linked GPU binaries, run where there is no GPU, must say so in one line and exit non-zero
+$(BUILD)/check-cuda/no-device.ok: train_gpt.cu test_gpt.cu $(LLMC)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(MPI_INC) train_gpt.cu -o $(BUILD)/check-cuda/train_gpt $(GPU_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(MPI_INC) test_gpt.cu -o $(BUILD)/check-cuda/test_gpt $(GPU_LIBS)
+	! $(BUILD)/check-cuda/train_gpt -e d2 > $(BUILD)/check-cuda/no-device.log 2>&1
+	! $(BUILD)/check-cuda/test_gpt $(BUILD)/none >> $(BUILD)/check-cuda/no-device.log 2>&1
+	test "$$(grep -c '^no CUDA device' $(BUILD)/check-cuda/no-device.log)" = 2
+	@touch $@
 $(BUILD)/check-cuda/cudnn/%.ok: % $(LLMC)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -DENABLE_CUDNN $(MPI_INC) -c $< -o $(@:.ok=.o)

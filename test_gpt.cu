@@ -126,6 +126,12 @@ int main(int argc, char** argv) {
     printf("test_gpt: %s, %s, recompute %d, master weights %d, gelu fusion %d\n", prefix, PRECISION_NAME, recompute,
            master, gelu_fusion);
 
+    int device_count = 0;
+    cudaError_t device_error = cudaGetDeviceCount(&device_count);
+    if (device_error != cudaSuccess || device_count == 0) {
+        fprintf(stderr, "no CUDA device (cudaGetDeviceCount: %s)\n", cudaGetErrorString(device_error));
+        return EXIT_FAILURE;
+    }
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     cublas_setup();
