@@ -5,6 +5,7 @@
 # Targets:
 #   make train_gpt     GPU trainer (nvcc); make train_gpt_cpu: the same on the CPU backend
 #   make test_gpt      GPU test against the PyTorch reference; make test_gpt_cpu: CPU backend
+#   make train_moe / train_moe_cpu / test_moe / test_moe_cpu: the same for the Switch-MoE trainer
 #     PRECISION=BF16 (default) | FP16 | FP32, USE_CUDNN=1 (GPU only: cuDNN attention)
 #   make test          build and run the whole test suite on the CPU backend (what CI runs)
 #   make check-cuda    compile every .cu in the project with nvcc for sm_80 and sm_90 (compile only)
@@ -47,6 +48,14 @@ train_gpt_cpu: train_gpt.cu $(LLMC) $(BACKEND)
 	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
 test_gpt_cpu: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND)
 	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
+train_moe: train_moe.cu train_gpt.cu $(LLMC)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
+test_moe: test_moe.cu test_gpt.cu train_gpt.cu $(LLMC)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
+train_moe_cpu: train_moe.cu train_gpt.cu $(LLMC) $(BACKEND)
+	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
+test_moe_cpu: test_moe.cu test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND)
+	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
 
 # what make test builds: both precisions side by side, and the reference states they are checked against
 $(BUILD)/test_gpt_fp32: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
@@ -55,6 +64,12 @@ $(BUILD)/test_gpt_bf16: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $< -o $@ $(CPU_LIBS)
 $(BUILD)/test_gpt_fp16: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 -DENABLE_FP16 $< -o $@ $(CPU_LIBS)
+$(BUILD)/test_moe_fp32: test_moe.cu test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
+$(BUILD)/test_moe_bf16: test_moe.cu test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 $< -o $@ $(CPU_LIBS)
+$(BUILD)/train_moe_fp32: train_moe.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
 $(BUILD)/train_gpt_fp32: train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
 PYTHON := /usr/bin/python3
@@ -65,6 +80,24 @@ $(BUILD)/ref/tiny_fp32_debug_state.bin: train_gpt.py | $(BUILD)
 $(BUILD)/ref/tiny_bf16_debug_state.bin: train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/tiny_bf16 $(REF_ARGS) --dtype bfloat16
+# MoE references: top-1 with a capacity factor that drops, dropless, top-2 every other layer
+MOE_REF_ARGS := $(REF_ARGS) --E 4 --H 96
+$(BUILD)/ref/moe_k1_cf0.5_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_cf0.5_$* $(MOE_REF_ARGS) --topk 1 --moe-every 1 --cf 0.5 \
+	    --dtype $(if $(filter fp32,$*),float32,bfloat16)
+$(BUILD)/ref/moe_k1_dropless_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_dropless_$* $(MOE_REF_ARGS) --topk 1 --moe-every 1 --cf 0 \
+	    --dtype $(if $(filter fp32,$*),float32,bfloat16)
+$(BUILD)/ref/moe_k2_me2_cf0.5_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k2_me2_cf0.5_$* $(MOE_REF_ARGS) --topk 2 --moe-every 2 --cf 0.5 \
+	    --dtype $(if $(filter fp32,$*),float32,bfloat16)
+MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp32 \
+             $(BUILD)/ref/moe_k1_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_cf0.5_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k1_dropless_fp32_debug_state.bin $(BUILD)/ref/moe_k2_me2_cf0.5_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k2_me2_cf0.5_bf16_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin
 
@@ -101,7 +134,7 @@ $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 test:
 	scripts/install_deps.sh
 	$(MAKE) run-tests
-run-tests: $(CPU_TESTS) $(GPT_TESTS) labs
+run-tests: $(CPU_TESTS) $(GPT_TESTS) $(MOE_TESTS) labs
 	dev/test/run_tests.sh
 
 # the kernel lab on the CPU backend, both precisions: validation at small sizes (-s)
@@ -120,7 +153,7 @@ bench: $(BUILD)/bench
 
 # Compile-only GPU build of every .cu the project has (tracked or new), for both architectures.
 CUDA_SOURCES := $(sort $(shell git ls-files --cached --others --exclude-standard '*.cu' 2>/dev/null))
-CUDNN_SOURCES := train_gpt.cu test_gpt.cu
+CUDNN_SOURCES := train_gpt.cu test_gpt.cu train_moe.cu test_moe.cu
 check-cuda: $(CUDA_SOURCES:%=$(BUILD)/check-cuda/%.ok) $(CUDNN_SOURCES:%=$(BUILD)/check-cuda/cudnn/%.ok) \
             $(BUILD)/check-cuda/no-device.ok
 	@echo "check-cuda: $(words $(CUDA_SOURCES)) files compile with nvcc for: $(GPU_ARCH); $(CUDNN_SOURCES) also with USE_CUDNN=1"
@@ -143,5 +176,5 @@ $(BUILD)/check-cuda/%.ok: % $(LLMC)
 	@touch $@
 
 clean:
-	rm -rf $(BUILD) train_gpt train_gpt_cpu test_gpt test_gpt_cpu
+	rm -rf $(BUILD) train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_moe train_moe_cpu test_moe test_moe_cpu
 	$(MAKE) -C cpu clean

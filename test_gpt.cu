@@ -29,6 +29,9 @@ typedef struct {
     int* y;
     float* logits;  // (B, T, V)
     float loss;
+    float aux_loss, z_loss;  // MoE: summed over the MoE layers
+    int* dropped;            // MoE: (Lm) dropped choices per layer
+    int* expert_counts;      // MoE: (Lm, E) choices routed to each expert before dropping
     float* grads;   // model-file order, num_parameters
     float* step_losses;
 } ReferenceState;
@@ -61,6 +64,21 @@ static void read_reference_state(ReferenceState* r, const char* path, const GPT2
     fread_check(r->y, sizeof(int), BT, f, path);
     fread_check(r->logits, sizeof(float), BT * r->V, f, path);
     fread_check(&r->loss, sizeof(float), 1, f, path);
+    int Lm = num_moe_layers(&model->config), E = model->config.num_experts;
+    r->dropped = (int*)malloc_check((size_t)(Lm + 1) * sizeof(int));
+    r->expert_counts = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    if (E > 0) {
+        if (header[7] != Lm) {
+            fprintf(stderr, "%s: %d MoE layers, the model has %d\n", path, header[7], Lm);
+            exit(EXIT_FAILURE);
+        }
+        fread_check(&r->aux_loss, sizeof(float), 1, f, path);
+        fread_check(&r->z_loss, sizeof(float), 1, f, path);
+        for (int m = 0; m < Lm; m++) {
+            fread_check(&r->dropped[m], sizeof(int), 1, f, path);
+            fread_check(r->expert_counts + (size_t)m * E, sizeof(int), E, f, path);
+        }
+    }
     fread_check(r->grads, sizeof(float), model->store.num_parameters, f, path);
     fread_check(r->step_losses, sizeof(float), r->nsteps, f, path);
     fclose_check(f, path);
@@ -97,17 +115,24 @@ static void compare_value(const char* what, float got, float want, float rtol) {
     printf("%s %-10s got %.7f want %.7f (rel tol %.0e)\n", ok ? "OK  " : "FAIL", what, got, want, rtol);
 }
 
-int main(int argc, char** argv) {
+// The test's main, shared with test_moe.cu (moe = 1: an MoE model file and debug state, whose aux and z
+// losses and routing counts are compared too; -cf, -ra, -rz give the settings the reference was written with).
+static int test_main(int argc, char** argv, int moe) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2]\n", argv[0]);
+        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2]%s\n", argv[0],
+                moe ? " [-cf capacity factor] [-ra aux coefficient] [-rz z coefficient]" : "");
         return EXIT_FAILURE;
     }
     const char* prefix = argv[1];
     int recompute = 1, master = 1, gelu_fusion = 1;
+    MoESettings moe_settings = {1.25, 1.25, 0.01f, 0.001f};
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-r")) recompute = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-w")) master = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-ge")) gelu_fusion = atoi(argv[i + 1]);
+        else if (moe && !strcmp(argv[i], "-cf")) moe_settings.capacity_factor = moe_settings.capacity_factor_eval = atof(argv[i + 1]);
+        else if (moe && !strcmp(argv[i], "-ra")) moe_settings.aux_alpha = (float)atof(argv[i + 1]);
+        else if (moe && !strcmp(argv[i], "-rz")) moe_settings.z_coef = (float)atof(argv[i + 1]);
         else {
             fprintf(stderr, "unknown flag %s\n", argv[i]);
             return EXIT_FAILURE;
@@ -123,8 +148,8 @@ int main(int argc, char** argv) {
         tol_loss = 1e-3f;
         tol_steps = 5e-3f;
     }
-    printf("test_gpt: %s, %s, recompute %d, master weights %d, gelu fusion %d\n", prefix, PRECISION_NAME, recompute,
-           master, gelu_fusion);
+    printf("%s: %s, %s, recompute %d, master weights %d, gelu fusion %d\n", moe ? "test_moe" : "test_gpt", prefix,
+           PRECISION_NAME, recompute, master, gelu_fusion);
 
     int device_count = 0;
     cudaError_t device_error = cudaGetDeviceCount(&device_count);
@@ -148,8 +173,9 @@ int main(int argc, char** argv) {
     model.recompute = recompute;
     model.use_master_weights = master;
     model.gelu_fusion = gelu_fusion;
+    model.moe = moe_settings;
     snprintf(path, sizeof(path), "%s_model.bin", prefix);
-    gpt2_build_from_checkpoint(&model, path, 1);
+    gpt2_build_from_checkpoint(&model, path, 1, moe);
     ReferenceState ref;
     snprintf(path, sizeof(path), "%s_debug_state.bin", prefix);
     read_reference_state(&ref, path, &model);
@@ -171,6 +197,29 @@ int main(int argc, char** argv) {
     sharded_parameters_zero_grad(&model.store, stream);
     gpt2_forward(&model, ref.x, ref.y, B, T, 1.0f / (float)BT, stream);
     compare_value("loss", model.mean_loss, ref.loss, tol_loss);
+    if (moe) {
+        // routing is discrete: in fp32 every count must match; in bf16 and fp16 the router reads a rounded
+        // LayerNorm output, so a choice whose logits are within rounding of a tie may flip (the reference's
+        // smallest margins are ~4e-5): up to 2% of the choices may move
+        compare_value("aux loss", model.aux_loss, ref.aux_loss, PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f);
+        compare_value("z loss", model.z_loss, ref.z_loss, PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f);
+        int Lm = num_moe_layers(&model.config), E = model.config.num_experts;
+        long moved = 0, dropped_diff = 0, choices = (long)Lm * B * T * model.config.top_k;
+        for (int m = 0; m < Lm; m++) {
+            long dropped = 0;
+            for (int e = 0; e < E; e++) {
+                moved += labs((long)model.expert_counts_cpu[m * E + e] - ref.expert_counts[m * E + e]);
+                dropped += model.expert_counts_cpu[m * E + e] - model.kept_counts_cpu[m * E + e];
+            }
+            dropped_diff += labs(dropped - ref.dropped[m]);
+        }
+        long allowed = PRECISION_MODE == PRECISION_FP32 ? 0 : choices / 50;
+        int routing_ok = moved <= allowed && dropped_diff <= allowed;
+        if (routing_ok) checks_passed++;
+        else checks_failed++;
+        printf("%s %-10s %ld of %ld choices routed elsewhere, drops differ by %ld (allowed %ld)\n",
+               routing_ok ? "OK  " : "FAIL", "routing", moved, choices, dropped_diff, allowed);
+    }
     gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, 1, 0, stream);
     floatX* grads_x = (floatX*)malloc_check(model.store.num_parameters * sizeof(floatX));
     float* grads = (float*)malloc_check(model.store.num_parameters * sizeof(float));
@@ -178,6 +227,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < model.store.num_parameters; i++) grads[i] = (float)grads_x[i];
     size_t offset = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (model.store.sizes[i] == 0) continue;  // the MoE tensors of a dense model
         compare_scaled(parameter_names[i], grads + offset, ref.grads + offset, model.store.sizes[i], tol_tensor);
         offset += model.store.sizes[i];
     }
@@ -217,6 +267,10 @@ int main(int argc, char** argv) {
 #endif
     cublas_teardown();
     cudaCheck(cudaStreamDestroy(stream));
-    printf("test_gpt: %d passed, %d failed\n", checks_passed, checks_failed);
+    printf("%s: %d passed, %d failed\n", moe ? "test_moe" : "test_gpt", checks_passed, checks_failed);
     return checks_failed == 0 ? 0 : 1;
 }
+
+#ifndef TEST_GPT_LIBRARY
+int main(int argc, char** argv) { return test_main(argc, argv, 0); }
+#endif

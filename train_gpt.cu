@@ -39,6 +39,7 @@
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
 #include "llmc/copy_cast.cuh"
+#include "llmc/moe.cuh"
 #include "llmc/multi_gpu.cuh"
 #include "llmc/optimizer.cuh"
 #include "llmc/checkpoint.h"
@@ -48,9 +49,12 @@
 // Model description and parameters
 
 #define GPT2_MODEL_MAGIC 20240326
+#define MOE_MODEL_MAGIC 20261129
 #define GPT2_STATE_MAGIC 20240527
-#define NUM_PARAMETER_TENSORS 16
+#define NUM_PARAMETER_TENSORS 21
 
+// The model: GPT-2, where with num_experts > 0 (train_moe.cu) layer l's MLP is a Switch-MoE layer iff
+// (l + 1) % moe_every == 0 (shared/ARCHITECTURE.md). num_experts == 0 is the dense GPT-2 of train_gpt.cu.
 typedef struct {
     int max_seq_len;        // maxT
     int vocab_size;         // V
@@ -58,7 +62,25 @@ typedef struct {
     int num_layers;         // L
     int num_heads;          // NH
     int channels;           // C
+    int num_experts;        // E (0: dense)
+    int top_k;              // k
+    int moe_every;          // MoE every N layers
+    int expert_hidden;      // H
 } GPT2Config;
+
+static int is_moe_layer(const GPT2Config* c, int l) { return c->num_experts > 0 && (l + 1) % c->moe_every == 0; }
+static int num_moe_layers(const GPT2Config* c) { return c->num_experts > 0 ? c->num_layers / c->moe_every : 0; }
+// index of layer l among the dense layers, or among the MoE layers
+static int dense_index(const GPT2Config* c, int l) { return l - (c->num_experts > 0 ? (l + 1) / c->moe_every : 0); }
+static int moe_index(const GPT2Config* c, int l) { return (l + 1) / c->moe_every - 1; }
+
+// The MoE hyperparameters that are not part of the model file.
+typedef struct {
+    double capacity_factor;       // in training (<= 0: dropless)
+    double capacity_factor_eval;  // in evaluation
+    float aux_alpha;              // load-balancing loss coefficient
+    float z_coef;                 // router z-loss coefficient
+} MoESettings;
 
 // Pointers into one contiguous buffer, in model-file order.
 typedef struct {
@@ -72,22 +94,30 @@ typedef struct {
     floatX* attprojb;  // (L, C)
     floatX* ln2w;      // (L, C)
     floatX* ln2b;      // (L, C)
-    floatX* fcw;       // (L, 4C, C)
-    floatX* fcb;       // (L, 4C)
-    floatX* fcprojw;   // (L, C, 4C)
-    floatX* fcprojb;   // (L, C)
+    floatX* fcw;       // (Ld, 4C, C), Ld = the dense layers
+    floatX* fcb;       // (Ld, 4C)
+    floatX* fcprojw;   // (Ld, C, 4C)
+    floatX* fcprojb;   // (Ld, C)
+    floatX* routerw;   // (Lm, E, C), Lm = the MoE layers
+    floatX* efcw;      // (Lm, E, H, C) the experts' fc
+    floatX* efcb;      // (Lm, E, H)
+    floatX* efcprojw;  // (Lm, E, C, H)
+    floatX* efcprojb;  // (Lm, E, C)
     floatX* lnfw;      // (C)
     floatX* lnfb;      // (C)
 } ParameterTensors;
 
 static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "routerw", "efcw", "efcb", "efcprojw", "efcprojb",
+    "lnfw", "lnfb"};
 // weight decay applies to the matrices only (the embeddings and the four Linear weights)
-static const int parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0};
+static const int parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0,
+                                                             1, 1, 0, 1, 0, 0, 0};
 
 static void fill_in_parameter_sizes(size_t* sizes, const GPT2Config* cfg) {
     size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
+    size_t Lm = num_moe_layers(cfg), Ld = L - Lm, E = cfg->num_experts, H = cfg->expert_hidden;
     sizes[0] = Vp * C;
     sizes[1] = maxT * C;
     sizes[2] = L * C;
@@ -98,18 +128,24 @@ static void fill_in_parameter_sizes(size_t* sizes, const GPT2Config* cfg) {
     sizes[7] = L * C;
     sizes[8] = L * C;
     sizes[9] = L * C;
-    sizes[10] = L * 4 * C * C;
-    sizes[11] = L * 4 * C;
-    sizes[12] = L * C * 4 * C;
-    sizes[13] = L * C;
-    sizes[14] = C;
-    sizes[15] = C;
+    sizes[10] = Ld * 4 * C * C;
+    sizes[11] = Ld * 4 * C;
+    sizes[12] = Ld * C * 4 * C;
+    sizes[13] = Ld * C;
+    sizes[14] = Lm * E * C;
+    sizes[15] = Lm * E * H * C;
+    sizes[16] = Lm * E * H;
+    sizes[17] = Lm * E * C * H;
+    sizes[18] = Lm * E * C;
+    sizes[19] = C;
+    sizes[20] = C;
 }
 
 static void point_parameters(ParameterTensors* p, floatX* memory, const size_t* sizes) {
     floatX** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
                                             &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw, &p->fcb,
-                                            &p->fcprojw, &p->fcprojb, &p->lnfw, &p->lnfb};
+                                            &p->fcprojw, &p->fcprojb, &p->routerw, &p->efcw, &p->efcb,
+                                            &p->efcprojw, &p->efcprojb, &p->lnfw, &p->lnfb};
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         *ptrs[i] = memory;
         memory += sizes[i];
@@ -148,6 +184,28 @@ typedef struct {
     floatX* dqkvr;         // (B, T, 3C)
     floatX* datt;          // (B, NH, T, T) (hand-written path only)
     float* scratch_f;      // layernorm backward and bias-gradient scratch
+    // MoE layers (N = B*T tokens, cap = rows per expert), kept per MoE layer for the backward pass
+    float* router_logits;  // (Lm, N, E)
+    float* router_probs;   // (Lm, N, E)
+    float* router_lse;     // (Lm, N) logsumexp, for the z-loss
+    int* expert_index;     // (Lm, N, k)
+    float* gates;          // (Lm, N, k)
+    int* slot;             // (Lm, N, k) row in the expert's buffer, -1 dropped
+    int* row_choice;       // (Lm, E, cap) the choice filling each row, -1 padding
+    int* expert_count;     // (Lm, E) choices routed to each expert before dropping
+    int* kept_count;       // (Lm, E) rows used
+    float* aux_z;          // (Lm, 2) load-balancing and z losses
+    floatX* expert_input;  // (Lm, E, cap, C)
+    floatX* expert_pre;    // (Lm, E, cap, H) pre-GELU
+    floatX* expert_act;    // (Lm or 1, E, cap, H) GELU output (recomputed with -r >= 1)
+    floatX* expert_output; // (Lm, E, cap, C)
+    // MoE backward scratch (one layer)
+    float* d_gates;        // (N, k)
+    float* d_logits;       // (N, E)
+    floatX* d_logits_x;    // (N, E)
+    floatX* d_expert_output;  // (E, cap, C)
+    floatX* d_expert_hidden;  // (E, cap, H)
+    floatX* d_expert_input;   // (E, cap, C)
 } ActivationTensors;
 
 typedef struct {
@@ -155,6 +213,7 @@ typedef struct {
     ParameterTensors params;  // pointers into store.params_memory
     ParameterTensors grads;   // pointers into store.grads_memory
     ShardedParameters store;  // the flat parameter, gradient and optimizer buffers (llmc/optimizer.cuh)
+    MoESettings moe;
     int use_master_weights;
     // activations
     ActivationTensors acts;
@@ -166,7 +225,16 @@ typedef struct {
     int* targets;      // (B, T) device
     int* inputs_cpu;   // (B, T) host copy for the encoder's backward pass
     float* losses_cpu;  // (B, T) host
-    float mean_loss;
+    float mean_loss;    // the language-model cross-entropy of the last forward pass with targets
+    // MoE: of the last forward pass
+    int moe_capacity_used;          // rows per expert
+    float aux_loss, z_loss;         // summed over MoE layers
+    float drop_fraction;            // dropped choices / all choices, over MoE layers
+    float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
+    float aux_grad_scale;           // scale of the aux and z gradients (the loss-scale / micro-steps)
+    int* expert_counts_cpu;         // (Lm, E) host
+    int* kept_counts_cpu;           // (Lm, E) host
+    float* aux_z_cpu;               // (Lm, 2) host
 } GPT2;
 
 // ----------------------------------------------------------------------------------------------------
@@ -198,19 +266,47 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
         fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
         exit(EXIT_FAILURE);
     }
+    if (c->num_experts > 0) {
+        if (c->moe_every < 1 || c->moe_every > c->num_layers) {
+            fprintf(stderr, "%s: MoE every %d layers: expected 1..%d\n", source, c->moe_every, c->num_layers);
+            exit(EXIT_FAILURE);
+        }
+        if (c->top_k < 1 || c->top_k > c->num_experts) {
+            fprintf(stderr, "%s: top-k %d: expected 1..%d (the number of experts)\n", source, c->top_k,
+                    c->num_experts);
+            exit(EXIT_FAILURE);
+        }
+        if (!moe_support(c->channels, c->num_experts, c->top_k, c->expert_hidden, why, sizeof(why))) {
+            fprintf(stderr, "%s: unsupported MoE size: %s\n", source, why);
+            exit(EXIT_FAILURE);
+        }
+    }
 }
 
-// Loads an llm.c-format model file: version 3 (fp32) or 5 (bf16), converted to floatX.
-static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_processes) {
+// Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16) for the
+// dense trainer, or an MoE file (version 1 fp32, 2 bf16; ARCHITECTURE.md) for the MoE trainer.
+static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_processes, int moe) {
     FILE* f = fopen_check(path, "rb");
     int header[256];
-    read_header_check(f, header, path, GPT2_MODEL_MAGIC, "GPT-2 model");
+    read_header_check(f, header, path, moe ? MOE_MODEL_MAGIC : GPT2_MODEL_MAGIC, moe ? "MoE model" : "GPT-2 model");
     int version = header[1];
-    if (version != 3 && version != 5) {
-        fprintf(stderr, "%s: unsupported model file version %d (expected 3 for fp32 or 5 for bf16)\n", path, version);
+    int fp32_version = moe ? 1 : 3, bf16_version = moe ? 2 : 5;
+    if (version != fp32_version && version != bf16_version) {
+        fprintf(stderr, "%s: unsupported model file version %d (expected %d for fp32 or %d for bf16)\n", path, version,
+                fp32_version, bf16_version);
         exit(EXIT_FAILURE);
     }
     GPT2Config* c = &model->config;
+    if (moe) {
+        c->num_experts = header[8];
+        c->top_k = header[9];
+        c->moe_every = header[10];
+        c->expert_hidden = header[11];
+        if (c->num_experts < 1) {
+            fprintf(stderr, "%s: %d experts: an MoE model has at least 1\n", path, c->num_experts);
+            exit(EXIT_FAILURE);
+        }
+    }
     c->max_seq_len = header[2];
     c->vocab_size = header[3];
     c->num_layers = header[4];
@@ -220,7 +316,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_pr
     check_config_supported(c, path);
     gpt2_allocate_parameters(model, num_processes);
     size_t n = model->store.num_parameters;
-    size_t file_elem = version == 3 ? sizeof(float) : sizeof(__nv_bfloat16);
+    size_t file_elem = version == fp32_version ? sizeof(float) : sizeof(__nv_bfloat16);
     void* raw = malloc_check(n * file_elem);
     fread_check(raw, file_elem, n, f, path);
     // the file must end exactly here: a longer file is not the model its header describes
@@ -231,7 +327,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_pr
     fclose_check(f, path);
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
     for (size_t i = 0; i < n; i++) {
-        float v = version == 3 ? ((float*)raw)[i] : __bfloat162float(((__nv_bfloat16*)raw)[i]);
+        float v = version == fp32_version ? ((float*)raw)[i] : __bfloat162float(((__nv_bfloat16*)raw)[i]);
         host[i] = (floatX)v;
     }
     cudaCheck(cudaMemcpy(model->store.params_memory, host, n * sizeof(floatX), cudaMemcpyHostToDevice));
@@ -241,8 +337,10 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_pr
 
 // "d12" etc.: GPT-2 sizes (d12 = 124M, d24 = 350M, d36 = 774M, d48 = 1558M), or dN for C = 64N with
 // N heads of 64; vocabulary and maxT from -ev and -et. GPT-2 initialisation, seeded.
+// With experts (c->num_experts etc. set by the caller), Switch's reduced scale: router and expert weights
+// drawn with the std above times sqrt(init_scale).
 static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int vocab_size, int max_seq_len,
-                                       unsigned int seed, int num_processes) {
+                                       unsigned int seed, float init_scale, int num_processes) {
     if (descriptor[0] != 'd' || !isdigit((unsigned char)descriptor[1])) {
         fprintf(stderr, "-e %s: expected a model file or a descriptor such as d12\n", descriptor);
         exit(EXIT_FAILURE);
@@ -263,6 +361,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     c->vocab_size = vocab_size;
     c->padded_vocab_size = CEIL_DIV(vocab_size, 128) * 128;
     c->max_seq_len = max_seq_len;
+    if (c->num_experts > 0 && c->expert_hidden <= 0) c->expert_hidden = 4 * c->channels;
     check_config_supported(c, descriptor);
     gpt2_allocate_parameters(model, num_processes);
     // GPT-2 init: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm 1/0;
@@ -278,7 +377,9 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
         if (!strcmp(name, "ln1w") || !strcmp(name, "ln2w") || !strcmp(name, "lnfw")) {
             for (size_t j = 0; j < n; j++) host[offset + j] = 1.0f;
         } else if (parameter_decays[i]) {
-            float std = (!strcmp(name, "attprojw") || !strcmp(name, "fcprojw")) ? 0.02f * residual_scale : 0.02f;
+            int residual = !strcmp(name, "attprojw") || !strcmp(name, "fcprojw") || !strcmp(name, "efcprojw");
+            int expert = !strcmp(name, "routerw") || !strcmp(name, "efcw") || !strcmp(name, "efcprojw");
+            float std = (residual ? 0.02f * residual_scale : 0.02f) * (expert ? sqrtf(init_scale) : 1.0f);
             size_t rows_used = n;
             if (i == 0) rows_used = (size_t)c->vocab_size * c->channels;  // padded rows stay zero
             normal_(host + offset, rows_used, 0.0f, std, &rng);
@@ -293,12 +394,18 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     free(host);
 }
 
-// Writes the model in llm.c format: version 5 (bf16) from a BF16 build, version 3 (fp32) otherwise.
+// Writes the model file: llm.c's format for a dense model (version 5 bf16 from a BF16 build, 3 fp32
+// otherwise), the MoE format with experts (version 2 bf16, 1 fp32).
 static void gpt2_write_model_file(const GPT2* model, const char* path) {
     const GPT2Config* c = &model->config;
+    int moe = c->num_experts > 0;
     int header[256] = {0};
-    header[0] = GPT2_MODEL_MAGIC;
-    header[1] = PRECISION_MODE == PRECISION_BF16 ? 5 : 3;
+    header[0] = moe ? MOE_MODEL_MAGIC : GPT2_MODEL_MAGIC;
+    header[1] = PRECISION_MODE == PRECISION_BF16 ? (moe ? 2 : 5) : (moe ? 1 : 3);
+    header[8] = c->num_experts;
+    header[9] = moe ? c->top_k : 0;
+    header[10] = moe ? c->moe_every : 0;
+    header[11] = moe ? c->expert_hidden : 0;
     header[2] = c->max_seq_len;
     header[3] = c->vocab_size;
     header[4] = c->num_layers;
@@ -330,7 +437,16 @@ static void gpt2_write_model_file(const GPT2* model, const char* path) {
 // loads whatever B and T are.
 static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 
-static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, size_t B, size_t T, int recompute) {
+// rows per expert buffer: enough for the training and the evaluation capacity factors
+static int moe_allocated_capacity(const GPT2Config* c, const MoESettings* m, int N) {
+    if (c->num_experts == 0) return 0;
+    int a = moe_capacity(N, c->num_experts, c->top_k, m->capacity_factor);
+    int b = moe_capacity(N, c->num_experts, c->top_k, m->capacity_factor_eval);
+    return a > b ? a : b;
+}
+
+static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, const MoESettings* moe, size_t B, size_t T,
+                                       int recompute) {
     size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size;
     size_t ln_layers = recompute >= 2 ? 1 : L;
     size_t gelu_layers = recompute >= 1 ? 1 : L;
@@ -369,24 +485,50 @@ static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, size_t B,
     s[i++] = att_probs;                // datt
     size_t ln_scratch = layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
     size_t bias_scratch = matmul_dbias_buffer_floats((int)(Vp > 4 * C ? Vp : 4 * C));
-    s[i++] = ln_scratch > bias_scratch ? ln_scratch : bias_scratch;  // scratch_f
+    size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, Lm = num_moe_layers(c), N = B * T;
+    size_t cap = moe_allocated_capacity(c, moe, (int)N);
+    size_t expert_bias_scratch = E ? matmul_batched_dbias_buffer_floats((int)E, (int)(H > C ? H : C)) : 0;
+    size_t scratch = ln_scratch > bias_scratch ? ln_scratch : bias_scratch;
+    s[i++] = scratch > expert_bias_scratch ? scratch : expert_bias_scratch;  // scratch_f
+    size_t NE = layer_stride(N * E), NK = layer_stride(N * K), ECAP = layer_stride(E * cap);
+    s[i++] = Lm * NE;                                      // router_logits
+    s[i++] = Lm * NE;                                      // router_probs
+    s[i++] = Lm * BT;                                      // router_lse
+    s[i++] = Lm * NK;                                      // expert_index (int)
+    s[i++] = Lm * NK;                                      // gates
+    s[i++] = Lm * NK;                                      // slot (int)
+    s[i++] = Lm * ECAP;                                    // row_choice (int)
+    s[i++] = Lm * layer_stride(E);                         // expert_count (int)
+    s[i++] = Lm * layer_stride(E);                         // kept_count (int)
+    s[i++] = Lm * 64;                                      // aux_z
+    s[i++] = Lm * ECAP * C;                                // expert_input
+    s[i++] = Lm * ECAP * H;                                // expert_pre
+    s[i++] = (recompute >= 1 ? (Lm ? 1 : 0) : Lm) * ECAP * H;  // expert_act
+    s[i++] = Lm * ECAP * C;                                // expert_output
+    s[i++] = Lm ? NK : 0;                                  // d_gates
+    s[i++] = Lm ? NE : 0;                                  // d_logits
+    s[i++] = Lm ? NE : 0;                                  // d_logits_x
+    s[i++] = Lm ? ECAP * C : 0;                            // d_expert_output
+    s[i++] = Lm ? ECAP * H : 0;                            // d_expert_hidden
+    s[i++] = Lm ? ECAP * C : 0;                            // d_expert_input
     return i;
 }
-// which activation tensors are fp32 (the rest are floatX)
-static const int activation_is_float[] = {0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1};
+// which activation tensors are 4-byte (fp32 or int); the rest are floatX
+static const int activation_is_float[] = {0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1,
+                                          1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0};
 
-static size_t activation_bytes(const GPT2Config* c, size_t B, size_t T, int recompute) {
-    size_t sizes[32];
-    size_t n = fill_in_activation_sizes(sizes, c, B, T, recompute);
+static size_t activation_bytes(const GPT2Config* c, const MoESettings* moe, size_t B, size_t T, int recompute) {
+    size_t sizes[64];
+    size_t n = fill_in_activation_sizes(sizes, c, moe, B, T, recompute);
     size_t bytes = 0;
     for (size_t i = 0; i < n; i++) bytes += sizes[i] * (activation_is_float[i] ? sizeof(float) : sizeof(floatX)) + 256;
     return bytes;
 }
 
 static void gpt2_allocate_activations(GPT2* model, int B, int T) {
-    size_t sizes[32];
-    size_t n = fill_in_activation_sizes(sizes, &model->config, B, T, model->recompute);
-    size_t bytes = activation_bytes(&model->config, B, T, model->recompute);
+    size_t sizes[64];
+    size_t n = fill_in_activation_sizes(sizes, &model->config, &model->moe, B, T, model->recompute);
+    size_t bytes = activation_bytes(&model->config, &model->moe, B, T, model->recompute);
     cudaCheck(cudaMalloc(&model->acts_memory, bytes));
     ActivationTensors* a = &model->acts;
     void** ptrs[] = {(void**)&a->encoded, (void**)&a->ln1, (void**)&a->ln1_mean, (void**)&a->ln1_rstd,
@@ -395,7 +537,12 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
                      (void**)&a->fch_gelu, (void**)&a->residual3, (void**)&a->lnf, (void**)&a->lnf_mean,
                      (void**)&a->lnf_rstd, (void**)&a->losses, (void**)&a->output, (void**)&a->scratch_btc,
                      (void**)&a->scratch_bt4c, (void**)&a->dresidual, (void**)&a->dbtc, (void**)&a->dqkvr,
-                     (void**)&a->datt, (void**)&a->scratch_f};
+                     (void**)&a->datt, (void**)&a->scratch_f, (void**)&a->router_logits, (void**)&a->router_probs,
+                     (void**)&a->router_lse, (void**)&a->expert_index, (void**)&a->gates, (void**)&a->slot,
+                     (void**)&a->row_choice, (void**)&a->expert_count, (void**)&a->kept_count, (void**)&a->aux_z,
+                     (void**)&a->expert_input, (void**)&a->expert_pre, (void**)&a->expert_act,
+                     (void**)&a->expert_output, (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_logits_x,
+                     (void**)&a->d_expert_output, (void**)&a->d_expert_hidden, (void**)&a->d_expert_input};
     char* p = (char*)model->acts_memory;
     for (size_t i = 0; i < n; i++) {
         *ptrs[i] = p;
@@ -408,6 +555,10 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     cudaCheck(cudaMalloc((void**)&model->targets, (size_t)B * T * sizeof(int)));
     model->inputs_cpu = (int*)malloc_check((size_t)B * T * sizeof(int));
     model->losses_cpu = (float*)malloc_check((size_t)B * T * sizeof(float));
+    int Lm = num_moe_layers(&model->config), E = model->config.num_experts;
+    model->expert_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    model->kept_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    model->aux_z_cpu = (float*)malloc_check((size_t)(2 * Lm + 1) * sizeof(float));
 }
 
 static void gpt2_init_common(GPT2* model) {
@@ -424,10 +575,139 @@ static void gpt2_free(GPT2* model) {
     cudaCheck(cudaFree(model->targets));
     free(model->inputs_cpu);
     free(model->losses_cpu);
+    free(model->expert_counts_cpu);
+    free(model->kept_counts_cpu);
+    free(model->aux_z_cpu);
 }
 
 // ----------------------------------------------------------------------------------------------------
 // Forward and backward passes
+
+// ----------------------------------------------------------------------------------------------------
+// The MoE layer (llmc/moe.cuh): router in fp32, top-k, slots, dispatch to per-expert buffers, the experts as
+// batched GEMMs, combine weighted by the gates. Its output (N, C) goes to `out`, like the dense MLP's.
+
+typedef struct {
+    float* logits;
+    float* probs;
+    float* lse;
+    int* expert_index;
+    float* gates;
+    int* slot;
+    int* row_choice;
+    int* expert_count;
+    int* kept_count;
+    float* aux_z;
+    floatX* expert_input;
+    floatX* expert_pre;
+    floatX* expert_act;
+    floatX* expert_output;
+} MoELayerActivations;
+
+static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N) {
+    const GPT2Config* c = &model->config;
+    const ActivationTensors* a = &model->acts;
+    size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, C = c->channels;
+    size_t NE = layer_stride(N * E), NK = layer_stride(N * K), ECAP = layer_stride(E * model->moe_capacity_used);
+    MoELayerActivations l;
+    l.logits = a->router_logits + m * NE;
+    l.probs = a->router_probs + m * NE;
+    l.lse = a->router_lse + m * layer_stride(N);
+    l.expert_index = a->expert_index + m * NK;
+    l.gates = a->gates + m * NK;
+    l.slot = a->slot + m * NK;
+    l.row_choice = a->row_choice + m * ECAP;
+    l.expert_count = a->expert_count + m * layer_stride(E);
+    l.kept_count = a->kept_count + m * layer_stride(E);
+    l.aux_z = a->aux_z + m * 64;
+    l.expert_input = a->expert_input + m * ECAP * C;
+    l.expert_pre = a->expert_pre + m * ECAP * H;
+    l.expert_act = a->expert_act + (model->recompute >= 1 ? 0 : m * ECAP * H);
+    l.expert_output = a->expert_output + m * ECAP * C;
+    return l;
+}
+
+static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    const ParameterTensors* p = &model->params;
+    int E = c->num_experts, K = c->top_k, C = c->channels, H = c->expert_hidden, cap = model->moe_capacity_used;
+    MoELayerActivations l = moe_layer_activations(model, m, N);
+    matmul_forward_fp32_output(l.logits, ln2, p->routerw + (size_t)m * E * C, N, C, E, stream);
+    moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
+    moe_assign_slots(l.slot, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K, cap, stream);
+    moe_dispatch(l.expert_input, ln2, l.row_choice, E, K, C, cap, stream);
+    matmul_forward_batched(l.expert_act, l.expert_input, p->efcw + (size_t)m * E * H * C, p->efcb + (size_t)m * E * H,
+                           E, cap, C, H, stream, l.expert_pre, model->gelu_fusion);
+    matmul_forward_batched(l.expert_output, l.expert_act, p->efcprojw + (size_t)m * E * C * H,
+                           p->efcprojb + (size_t)m * E * C, E, cap, H, C, stream);
+    moe_combine(out, l.expert_output, l.expert_index, l.slot, l.gates, N, K, C, cap, stream);
+    moe_router_losses(l.aux_z, l.probs, l.lse, l.expert_count, N, E, K, model->moe.aux_alpha, model->moe.z_coef,
+                      stream);
+}
+
+// dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten);
+// the router's aux and z losses add their gradients scaled by model->aux_grad_scale.
+static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* dout, const floatX* ln2, int N,
+                               cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    const ParameterTensors* p = &model->params;
+    const ParameterTensors* g = &model->grads;
+    const ActivationTensors* a = &model->acts;
+    int E = c->num_experts, K = c->top_k, C = c->channels, H = c->expert_hidden, cap = model->moe_capacity_used;
+    MoELayerActivations l = moe_layer_activations(model, m, N);
+    moe_combine_backward(a->d_expert_output, a->d_gates, dout, l.expert_output, l.slot, l.gates, l.row_choice, N, E, K,
+                         C, cap, stream);
+    if (model->recompute >= 1) gelu_forward(l.expert_act, l.expert_pre, E * cap * H, stream);
+    matmul_backward_batched(a->d_expert_hidden, g->efcprojw + (size_t)m * E * C * H, g->efcprojb + (size_t)m * E * C,
+                            a->d_expert_output, l.expert_act, p->efcprojw + (size_t)m * E * C * H, a->scratch_f, E,
+                            cap, H, C, stream, l.expert_pre, model->gelu_fusion);
+    matmul_backward_batched(a->d_expert_input, g->efcw + (size_t)m * E * H * C, g->efcb + (size_t)m * E * H,
+                            a->d_expert_hidden, l.expert_input, p->efcw + (size_t)m * E * H * C, a->scratch_f, E, cap,
+                            C, H, stream);
+    cudaCheck(cudaMemsetAsync(d_ln2, 0, (size_t)N * C * sizeof(floatX), stream));
+    moe_dispatch_backward(d_ln2, a->d_expert_input, l.expert_index, l.slot, N, K, C, cap, stream);
+    moe_router_backward(a->d_logits, l.probs, l.expert_index, l.gates, a->d_gates, l.lse, l.expert_count, N, E, K,
+                        model->moe.aux_alpha, model->moe.z_coef, model->aux_grad_scale, stream);
+    matmul_backward_fp32_dout(d_ln2, g->routerw + (size_t)m * E * C, a->d_logits, ln2, p->routerw + (size_t)m * E * C,
+                              a->d_logits_x, N, C, E, stream);
+}
+
+// Telemetry of the last forward pass's MoE layers (host): aux and z losses, drop fraction, expert loads.
+static void moe_collect_statistics(GPT2* model, int N, cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    int Lm = num_moe_layers(c), E = c->num_experts, K = c->top_k;
+    model->aux_loss = model->z_loss = model->drop_fraction = 0.0f;
+    model->load_min = model->load_max = model->load_cv = 0.0f;
+    if (Lm == 0) return;
+    double dropped = 0.0, load_min = 1e30, load_max = 0.0, cv_sum = 0.0;
+    for (int m = 0; m < Lm; m++) {
+        MoELayerActivations l = moe_layer_activations(model, m, N);
+        float aux_z[2];
+        cudaCheck(cudaMemcpyAsync(aux_z, l.aux_z, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemcpyAsync(model->expert_counts_cpu + m * E, l.expert_count, E * sizeof(int),
+                                  cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemcpyAsync(model->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int), cudaMemcpyDeviceToHost,
+                                  stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        model->aux_z_cpu[2 * m] = aux_z[0];
+        model->aux_z_cpu[2 * m + 1] = aux_z[1];
+        model->aux_loss += aux_z[0];
+        model->z_loss += aux_z[1];
+        double mean = (double)N * K / E, var = 0.0;
+        for (int e = 0; e < E; e++) {
+            int routed = model->expert_counts_cpu[m * E + e];
+            dropped += routed - model->kept_counts_cpu[m * E + e];
+            load_min = fmin(load_min, routed / mean);
+            load_max = fmax(load_max, routed / mean);
+            var += (routed - mean) * (routed - mean) / E;
+        }
+        cv_sum += sqrt(var) / mean;
+    }
+    model->drop_fraction = (float)(dropped / ((double)Lm * N * K));
+    model->load_min = (float)load_min;
+    model->load_max = (float)load_max;
+    model->load_cv = (float)(cv_sum / Lm);
+}
 
 // Forward pass over (B, T) tokens. With targets, also the mean loss (model->mean_loss); with
 // dlogits_scale > 0, the logits are replaced by their gradient (scaled by dlogits_scale) for backward.
@@ -449,6 +729,12 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
     cudaCheck(cudaMemcpyAsync(model->inputs, inputs, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (targets) {
         cudaCheck(cudaMemcpyAsync(model->targets, targets, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
+    }
+    if (c->num_experts > 0) {
+        // the capacity factor of training (a backward pass follows) or of evaluation
+        double cf = dlogits_scale > 0.0f ? model->moe.capacity_factor : model->moe.capacity_factor_eval;
+        model->moe_capacity_used = moe_capacity(B * T, c->num_experts, c->top_k, cf);
+        model->aux_grad_scale = dlogits_scale * B * T;
     }
     encoder_forward(a.encoded, model->inputs, p.wte, p.wpe, B, T, C, stream);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, B, T, C, stream);
@@ -474,10 +760,15 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
         fused_residual_layernorm_forward(a.residual2 + (size_t)l * BTC, ln2, a.ln2_mean + (size_t)l * BT,
                                          a.ln2_rstd + (size_t)l * BT, residual, a.scratch_btc,
                                          p.ln2w + (size_t)l * C, p.ln2b + (size_t)l * C, B * T, C, stream);
-        matmul_forward(fch_gelu, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + (size_t)l * 4 * C, B, T, C, 4 * C, stream,
-                       a.fch + (size_t)l * 4 * BTC, model->gelu_fusion);
-        matmul_forward(a.scratch_btc, fch_gelu, p.fcprojw + (size_t)l * 4 * C * C, p.fcprojb + (size_t)l * C, B, T,
-                       4 * C, C, stream);
+        if (is_moe_layer(c, l)) {
+            moe_layer_forward(model, moe_index(c, l), a.scratch_btc, ln2, B * T, stream);
+        } else {
+            int d = dense_index(c, l);
+            matmul_forward(fch_gelu, ln2, p.fcw + (size_t)d * 4 * C * C, p.fcb + (size_t)d * 4 * C, B, T, C, 4 * C,
+                           stream, a.fch + (size_t)l * 4 * BTC, model->gelu_fusion);
+            matmul_forward(a.scratch_btc, fch_gelu, p.fcprojw + (size_t)d * 4 * C * C, p.fcprojb + (size_t)d * C, B, T,
+                           4 * C, C, stream);
+        }
         if (l + 1 < L) {
             floatX* next_ln1 = model->recompute >= 2 ? a.ln1 : a.ln1 + (size_t)(l + 1) * BTC;
             fused_residual_layernorm_forward(a.residual3 + (size_t)l * BTC, next_ln1, a.ln1_mean + (size_t)(l + 1) * BT,
@@ -499,6 +790,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
         double sum = 0.0;
         for (int i = 0; i < B * T; i++) sum += model->losses_cpu[i];
         model->mean_loss = (float)(sum / (B * T));
+        moe_collect_statistics(model, B * T, stream);
     }
 }
 
@@ -536,16 +828,22 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
         const float* ln2_mean = a.ln2_mean + (size_t)l * BT;
         const float* ln2_rstd = a.ln2_rstd + (size_t)l * BT;
         floatX* dbt4c = a.scratch_bt4c;
-        // MLP: fcproj, GELU, fc
-        if (model->recompute >= 1) gelu_forward(fch_gelu, fch, B * T * 4 * C, stream);
-        matmul_backward(dbt4c, g.fcprojw + (size_t)l * 4 * C * C, g.fcprojb + (size_t)l * C, dresidual, fch_gelu,
-                        p.fcprojw + (size_t)l * 4 * C * C, a.scratch_f, B, T, 4 * C, C, stream, fch, model->gelu_fusion);
         if (model->recompute >= 2) {
             layernorm_forward(ln2, nullptr, nullptr, a.residual2 + (size_t)l * BTC, p.ln2w + (size_t)l * C,
                               p.ln2b + (size_t)l * C, B, T, C, stream);
         }
-        matmul_backward(a.dbtc, g.fcw + (size_t)l * 4 * C * C, g.fcb + (size_t)l * 4 * C, dbt4c, ln2,
-                        p.fcw + (size_t)l * 4 * C * C, a.scratch_f, B, T, C, 4 * C, stream);
+        if (is_moe_layer(c, l)) {
+            moe_layer_backward(model, moe_index(c, l), a.dbtc, dresidual, ln2, B * T, stream);
+        } else {
+            // MLP: fcproj, GELU, fc
+            int d = dense_index(c, l);
+            if (model->recompute >= 1) gelu_forward(fch_gelu, fch, B * T * 4 * C, stream);
+            matmul_backward(dbt4c, g.fcprojw + (size_t)d * 4 * C * C, g.fcprojb + (size_t)d * C, dresidual, fch_gelu,
+                            p.fcprojw + (size_t)d * 4 * C * C, a.scratch_f, B, T, 4 * C, C, stream, fch,
+                            model->gelu_fusion);
+            matmul_backward(a.dbtc, g.fcw + (size_t)d * 4 * C * C, g.fcb + (size_t)d * 4 * C, dbt4c, ln2,
+                            p.fcw + (size_t)d * 4 * C * C, a.scratch_f, B, T, C, 4 * C, stream);
+        }
         layernorm_backward(dresidual, g.ln2w + (size_t)l * C, g.ln2b + (size_t)l * C, a.scratch_f, a.dbtc,
                            a.residual2 + (size_t)l * BTC, p.ln2w + (size_t)l * C, ln2_mean, ln2_rstd, B, T, C, stream);
         // attention: projection, attention, qkv
@@ -577,12 +875,20 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
 // Gradient averaging over processes during the backward pass (llmc/optimizer.cuh does the rest of the step)
 
 static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    static const int per_layer[] = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};  // ln1w .. fcprojb, stacked over layers
-    sharded_parameters_reduce_slices(&model->store, per_layer, 12, layer, model->config.num_layers, mg, zero_stage,
-                                     stream);
+    const GPT2Config* c = &model->config;
+    static const int every_layer[] = {2, 3, 4, 5, 6, 7, 8, 9};  // ln1w .. ln2b, stacked over all layers
+    static const int dense[] = {10, 11, 12, 13};                // fcw .. fcprojb, stacked over the dense layers
+    static const int moe[] = {14, 15, 16, 17, 18};              // routerw .. efcprojb, over the MoE layers
+    int Lm = num_moe_layers(c);
+    sharded_parameters_reduce_slices(&model->store, every_layer, 8, layer, c->num_layers, mg, zero_stage, stream);
+    if (is_moe_layer(c, layer))
+        sharded_parameters_reduce_slices(&model->store, moe, 5, moe_index(c, layer), Lm, mg, zero_stage, stream);
+    else
+        sharded_parameters_reduce_slices(&model->store, dense, 4, dense_index(c, layer), c->num_layers - Lm, mg,
+                                         zero_stage, stream);
 }
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    static const int rest[] = {0, 1, 14, 15};  // wte, wpe, lnfw, lnfb: complete only after the encoder's backward
+    static const int rest[] = {0, 1, 19, 20};  // wte, wpe, lnfw, lnfb: complete only after the encoder's backward
     sharded_parameters_reduce_slices(&model->store, rest, 4, -1, model->config.num_layers, mg, zero_stage, stream);
 }
 
@@ -716,9 +1022,10 @@ static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int gen_to
 // ----------------------------------------------------------------------------------------------------
 // Command line
 
-static void usage(void) {
+static void usage(int moe) {
     fprintf(stderr,
-            "Usage:   ./train_gpt [options]\n"
+            "Usage:   ./%s [options]\n", moe ? "train_moe" : "train_gpt");
+    fprintf(stderr,
             "Options:\n"
             "  -i <string> train data filename pattern (default = dev/data/tinyshakespeare/tiny_shakespeare_train.bin)\n"
             "  -j <string> val data filename pattern (default = dev/data/tinyshakespeare/tiny_shakespeare_val.bin)\n"
@@ -758,12 +1065,52 @@ static void usage(void) {
             "  -pr <int>   this process's rank (-pi tcp/fs)\n"
             "  -pg <int>   GPUs per node (-pi tcp/fs, default = 8)\n"
             "  -h          this help\n");
+    if (moe) {
+        fprintf(stderr,
+                "MoE options (train_moe):\n"
+                "  -ne <int>   experts per MoE layer (default = 8)\n"
+                "  -tk <int>   experts per token: 1 = Switch, 2 = GShard (default = 1)\n"
+                "  -me <int>   an MoE layer every N layers: 1 = all, 2 = every other (default = 2)\n"
+                "  -eh <int>   expert hidden size (default = 4C)\n"
+                "  -cf <float> capacity factor in training; <= 0: dropless (default = 1.25)\n"
+                "  -cfe <float> capacity factor in evaluation (default = 2.0)\n"
+                "  -ra <float> load-balancing loss coefficient (default = 0.01)\n"
+                "  -rz <float> router z-loss coefficient (default = 0.001)\n"
+                "  -ri <float> initialisation scale of router and expert weights (default = 0.1)\n"
+                "  -rj, -rn, -ep  router jitter, noisy top-k, expert parallelism: not implemented yet (0, 0, 1)\n");
+    }
 }
 
 
 
 
-int main(int argc, char* argv[]) {
+// Per MoE layer, after a validation pass: its aux and z losses, dropped choices and expert loads.
+static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
+    const GPT2Config* c = &model->config;
+    int E = c->num_experts, K = c->top_k;
+    for (int m = 0; m < num_moe_layers(c); m++) {
+        double mean = (double)N * K / E, load_min = 1e30, load_max = 0.0, var = 0.0, dropped = 0.0;
+        for (int e = 0; e < E; e++) {
+            int routed = model->expert_counts_cpu[m * E + e];
+            dropped += routed - model->kept_counts_cpu[m * E + e];
+            load_min = fmin(load_min, routed / mean);
+            load_max = fmax(load_max, routed / mean);
+            var += (routed - mean) * (routed - mean) / E;
+        }
+        char line[256];
+        snprintf(line, sizeof(line), "val moe layer %d: aux %f z %f drop %f load min %.3f max %.3f cv %.3f", m,
+                 model->aux_z_cpu[2 * m], model->aux_z_cpu[2 * m + 1], dropped / ((double)N * K), load_min, load_max,
+                 sqrt(var) / mean);
+        printf("%s\n", line);
+        char logline[300];
+        snprintf(logline, sizeof(logline), "s:%d %s", step, line);
+        logger_log_text(logger, logline);
+    }
+}
+
+// The trainer's main, shared by train_gpt.cu (dense, moe = 0) and train_moe.cu (moe = 1: MoE model files,
+// descriptors with experts, the MoE flags, and aux/z/drop in the step line).
+static int gpt2_main(int argc, char* argv[], int moe) {
     const char* train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
     const char* val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
     const char* model_source = "gpt2_124M_bf16.bin";
@@ -781,10 +1128,14 @@ int main(int argc, char* argv[]) {
     int overfit_single_batch = 0, use_master_weights = 1, zero_stage = 0, recompute = 1, gelu_fusion = 1;
     float skip_update_lossz = 0.0f, skip_update_gradz = 0.0f;
     int num_processes = 1, process_rank = 0, gpus_per_node = 8;
+    int num_experts = 8, top_k = 1, moe_every = 2, expert_hidden = 0, expert_parallel = 1;
+    double capacity_factor = 1.25, capacity_factor_eval = 2.0;
+    float aux_alpha = 0.01f, z_coef = 0.001f, router_jitter = 0.0f, init_scale = 0.1f;
+    int noisy_topk = 0;
     for (int i = 1; i < argc; i += 2) {
         const char* flag = argv[i];
         if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
-            usage();
+            usage(moe);
             return 0;
         }
         if (flag[0] != '-' || i + 1 >= argc) {
@@ -829,6 +1180,18 @@ int main(int argc, char* argv[]) {
         else if (!strcmp(flag, "-pn")) num_processes = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-pr")) process_rank = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-pg")) gpus_per_node = parse_int_flag(flag, v);
+        else if (moe && !strcmp(flag, "-ne")) num_experts = parse_int_flag(flag, v);
+        else if (moe && !strcmp(flag, "-tk")) top_k = parse_int_flag(flag, v);
+        else if (moe && !strcmp(flag, "-me")) moe_every = parse_int_flag(flag, v);
+        else if (moe && !strcmp(flag, "-eh")) expert_hidden = parse_int_flag(flag, v);
+        else if (moe && !strcmp(flag, "-cf")) capacity_factor = parse_float_flag(flag, v);
+        else if (moe && !strcmp(flag, "-cfe")) capacity_factor_eval = parse_float_flag(flag, v);
+        else if (moe && !strcmp(flag, "-ra")) aux_alpha = parse_float_flag(flag, v);
+        else if (moe && !strcmp(flag, "-rz")) z_coef = parse_float_flag(flag, v);
+        else if (moe && !strcmp(flag, "-rj")) router_jitter = parse_float_flag(flag, v);
+        else if (moe && !strcmp(flag, "-rn")) noisy_topk = parse_int_flag(flag, v);
+        else if (moe && !strcmp(flag, "-ri")) init_scale = parse_float_flag(flag, v);
+        else if (moe && !strcmp(flag, "-ep")) expert_parallel = parse_int_flag(flag, v);
         else {
             fprintf(stderr, "unknown flag %s (see -h)\n", flag);
             return EXIT_FAILURE;
@@ -844,6 +1207,14 @@ int main(int argc, char* argv[]) {
     if (gelu_fusion < 0 || gelu_fusion > 2) { fprintf(stderr, "-ge %d: expected 0, 1 or 2\n", gelu_fusion); return EXIT_FAILURE; }
     if (resume && !output_dir) { fprintf(stderr, "-y 1 needs -o, the directory to resume from\n"); return EXIT_FAILURE; }
     if (checkpoint_every > 0 && !output_dir) { fprintf(stderr, "-n %d needs -o, the directory for checkpoints\n", checkpoint_every); return EXIT_FAILURE; }
+    if (moe) {
+        if (router_jitter != 0.0f) { fprintf(stderr, "-rj %g: router jitter is not implemented yet (only 0)\n", router_jitter); return EXIT_FAILURE; }
+        if (noisy_topk != 0) { fprintf(stderr, "-rn %d: noisy top-k gating is not implemented yet (only 0)\n", noisy_topk); return EXIT_FAILURE; }
+        if (expert_parallel != 1) { fprintf(stderr, "-ep %d: expert parallelism is not implemented yet (only 1)\n", expert_parallel); return EXIT_FAILURE; }
+        if (num_experts < 1) { fprintf(stderr, "-ne %d: expected at least 1 expert\n", num_experts); return EXIT_FAILURE; }
+        if (top_k < 1 || top_k > num_experts) { fprintf(stderr, "-tk %d: top-k must be between 1 and the number of experts (%d)\n", top_k, num_experts); return EXIT_FAILURE; }
+        if (aux_alpha < 0.0f || z_coef < 0.0f || init_scale <= 0.0f) { fprintf(stderr, "-ra and -rz must not be negative, -ri must be positive\n"); return EXIT_FAILURE; }
+    }
     if (learning_rate < 0.0f || final_lr_frac < 0.0f || weight_decay < 0.0f || warmup_iterations < 0 || checkpoints_keep < 0) {
         fprintf(stderr, "-l, -q, -c, -u and -nk must not be negative\n");
         return EXIT_FAILURE;
@@ -872,6 +1243,17 @@ int main(int argc, char* argv[]) {
     model.use_master_weights = use_master_weights;
     model.recompute = recompute;
     model.gelu_fusion = gelu_fusion;
+    model.moe.capacity_factor = capacity_factor;
+    model.moe.capacity_factor_eval = capacity_factor_eval;
+    model.moe.aux_alpha = aux_alpha;
+    model.moe.z_coef = z_coef;
+    if (moe) {
+        // a descriptor's experts (a model file brings its own)
+        model.config.num_experts = num_experts;
+        model.config.top_k = top_k;
+        model.config.moe_every = moe_every;
+        model.config.expert_hidden = expert_hidden;
+    }
     char resume_dir_model[1024] = "";
     int resume_step = -1;
     if (resume) {
@@ -883,9 +1265,10 @@ int main(int argc, char* argv[]) {
             model_source = resume_dir_model;
         }
     }
-    if (file_exists(model_source)) gpt2_build_from_checkpoint(&model, model_source, mg.num_processes);
+    if (file_exists(model_source)) gpt2_build_from_checkpoint(&model, model_source, mg.num_processes, moe);
     else if (model_source[0] == 'd' && isdigit((unsigned char)model_source[1]))
-        gpt2_build_from_descriptor(&model, model_source, descriptor_vocab, descriptor_maxT, descriptor_seed, mg.num_processes);
+        gpt2_build_from_descriptor(&model, model_source, descriptor_vocab, descriptor_maxT, descriptor_seed, init_scale,
+                                   mg.num_processes);
     else {
         fprintf(stderr, "-e %s: no such model file (and not a descriptor such as d12)\n", model_source);
         return EXIT_FAILURE;
@@ -924,12 +1307,12 @@ int main(int argc, char* argv[]) {
     // the memory plan
     size_t param_bytes = model.store.num_parameters_padded * sizeof(floatX);
     size_t opt_bytes = model.store.shard_size * sizeof(float) * (model.store.master_weights ? 3 : 2);
-    size_t act_bytes = activation_bytes(cfg, B, T, recompute);
+    size_t act_bytes = activation_bytes(cfg, &model.moe, B, T, recompute);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     // the activations are already allocated: a batch fits if its activations fit in what they use plus what is free
     int max_fit_B = 0;
-    while (max_fit_B < 65536 && activation_bytes(cfg, max_fit_B + 1, T, recompute) <= free_bytes + act_bytes) max_fit_B++;
+    while (max_fit_B < 65536 && activation_bytes(cfg, &model.moe, max_fit_B + 1, T, recompute) <= free_bytes + act_bytes) max_fit_B++;
     if (rank0) {
         printf("+-----------------------+----------------------------------------------------+\n");
         printf("| device                | %-50.50s |\n", prop.name);
@@ -985,6 +1368,7 @@ int main(int argc, char* argv[]) {
             val_loss = multi_gpu_cpu_float_sum((float)(val_loss / val_max_steps), &mg) / mg.num_processes;
             if (rank0) printf("val loss %f\n", val_loss);
             logger_log_val(&logger, step, (float)val_loss);
+            if (rank0 && cfg->num_experts > 0) print_moe_layers(&model, B * T, &logger, step);
         }
         if (rank0 && sample_every > 0 && (step % sample_every == 0 || last_step) && gen_tokens > 0) {
             sample_and_print(&model, &tokenizer, gen_tokens, &ts.sample_rng_state, stream);
@@ -1008,7 +1392,7 @@ int main(int argc, char* argv[]) {
         struct timespec ts0, ts1;
         clock_gettime(CLOCK_MONOTONIC, &ts0);
         sharded_parameters_zero_grad(&model.store, stream);
-        double step_loss = 0.0;
+        double step_loss = 0.0, step_aux = 0.0, step_z = 0.0, step_drop = 0.0, step_load_cv = 0.0;
         for (int micro = 0; micro < grad_accum_steps; micro++) {
             if (overfit_single_batch) dataloader_reset(&train_loader);
             dataloader_next_batch(&train_loader);
@@ -1018,6 +1402,10 @@ int main(int argc, char* argv[]) {
             gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, last_micro_step, zero_stage,
                           stream);
             step_loss += model.mean_loss;
+            step_aux += model.aux_loss;
+            step_z += model.z_loss;
+            step_drop += model.drop_fraction;
+            step_load_cv += model.load_cv;
         }
         float loss = (float)(step_loss / grad_accum_steps);
         if (mg.num_processes > 1) loss = multi_gpu_cpu_float_sum(loss, &mg) / mg.num_processes;
@@ -1042,15 +1430,26 @@ int main(int argc, char* argv[]) {
             if (loss_spike) printf("step %d: loss z-score %.1f exceeds -sl %.1f: update skipped\n", step + 1, loss_z, skip_update_lossz);
             if (norm_spike) printf("step %d: gradient norm z-score %.1f exceeds -sg %.1f: update skipped\n", step + 1, norm_z, skip_update_gradz);
             if (!isfinite(norm)) printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1, model.store.loss_scale);
+            char moe_fields[128] = "";
+            if (cfg->num_experts > 0)
+                snprintf(moe_fields, sizeof(moe_fields), " | aux %f | z %f | drop %.4f", step_aux / grad_accum_steps,
+                         step_z / grad_accum_steps, step_drop / grad_accum_steps);
             if (mfu >= 0.0f)
-                printf("step %d/%d | loss %f | norm %f | lr %e | %.2f ms | %.1f%% MFU | %.0f tok/s\n", step + 1,
-                       train_num_batches, loss, norm, opt.learning_rate, ms, mfu, tokens_per_second);
+                printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.1f%% MFU | %.0f tok/s\n", step + 1,
+                       train_num_batches, loss, moe_fields, norm, opt.learning_rate, ms, mfu, tokens_per_second);
             else
-                printf("step %d/%d | loss %f | norm %f | lr %e | %.2f ms | %.0f tok/s\n", step + 1, train_num_batches,
-                       loss, norm, opt.learning_rate, ms, tokens_per_second);
+                printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.0f tok/s\n", step + 1,
+                       train_num_batches, loss, moe_fields, norm, opt.learning_rate, ms, tokens_per_second);
             fflush(stdout);
         }
         logger_log_train(&logger, step + 1, loss, norm, opt.learning_rate, ms, mfu, tokens_per_second);
+        if (cfg->num_experts > 0) {
+            char line[256];
+            snprintf(line, sizeof(line), "s:%d aux:%f z:%f drop:%f load_min:%f load_max:%f load_cv:%f", step + 1,
+                     step_aux / grad_accum_steps, step_z / grad_accum_steps, step_drop / grad_accum_steps,
+                     model.load_min, model.load_max, step_load_cv / grad_accum_steps);
+            logger_log_text(&logger, line);
+        }
     }
 
     logger_free(&logger);
@@ -1066,4 +1465,8 @@ int main(int argc, char* argv[]) {
     multi_gpu_config_free(&mg);
     return 0;
 }
+
+#ifndef TRAIN_GPT_LIBRARY
+int main(int argc, char* argv[]) { return gpt2_main(argc, argv, 0); }
+#endif
 #endif

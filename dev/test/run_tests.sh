@@ -84,5 +84,19 @@ run_test gpt-fp32-gelu-unfused build/test_gpt_fp32 build/ref/tiny_fp32 -ge 0
 run_test gpt-bf16-gelu-fused-backward build/test_gpt_bf16 build/ref/tiny_bf16 -ge 2
 run_test train-gpt-cli dev/test/test_train_gpt.sh
 
+# the MoE trainer against PyTorch: dropping (cf 0.5) and dropless top-1, top-2 every other layer; FP32 at every
+# recompute level; BF16 on the configurations whose routing has no near-ties (the dropless one has choices
+# within bf16 rounding of a tie, which flip, making gradient comparison meaningless)
+for r in 0 1 2; do
+    run_test "moe-fp32-k1-cf0.5-r$r" build/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -r $r
+done
+run_test moe-fp32-k1-dropless build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0
+run_test moe-fp32-k2-me2 build/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -r 2
+for w in 0 1; do
+    run_test "moe-bf16-k1-cf0.5-w$w" build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -w $w
+done
+run_test moe-bf16-k2-me2 build/test_moe_bf16 build/ref/moe_k2_me2_cf0.5_bf16 -cf 0.5
+run_test train-moe-cli dev/test/test_train_moe.sh
+
 echo "total: $total_passed passed, $total_failed failed"
 [ "$total_failed" -eq 0 ]

@@ -16,10 +16,7 @@ PYTHON=/usr/bin/python3
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
+. dev/test/cli_common.sh
 
 # the step lines' "loss X | norm Y" parts, one per line
 losses() { grep -E '^step [0-9]+/[0-9]+ \| loss' "$1" | sed -E 's/^step ([0-9]+)\/[0-9]+ \| (loss [^|]*\| norm [^|]*)\|.*/\1 \2/'; }
@@ -94,14 +91,7 @@ sys.exit(0 if len(l) == 30 and l[-1] < 0.8 * l[0] else 1)
 PY
 then pass; else fail "a d2 model overfitting one batch did not learn"; fi
 
-# --- bad inputs: one line naming the problem, non-zero exit
-expect_error() {
-    local name=$1 expected=$2
-    shift 2
-    local out
-    if out=$("$@" 2>&1); then fail "$name: accepted"; return; fi
-    if grep -qF -- "$expected" <<<"$out"; then pass; else fail "$name: output lacks '$expected': $(tail -2 <<<"$out")"; fi
-}
+# --- bad inputs: one line naming the problem, non-zero exit (expect_error: dev/test/cli_common.sh)
 printf 'not a model' >"$work/garbage.bin"
 head -c 5000 "$MODEL" >"$work/truncated.bin"
 head -c 3000 "$work/train.bin" >"$work/truncated_shard.bin"
