@@ -1103,7 +1103,9 @@ static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step)
                  sqrt(var) / mean);
         printf("%s\n", line);
         char logline[300];
-        snprintf(logline, sizeof(logline), "s:%d %s", step, line);
+        snprintf(logline, sizeof(logline), "s:%d layer:%d layer_aux:%f layer_z:%f layer_drop:%f layer_load_min:%.3f "
+                 "layer_load_max:%.3f layer_load_cv:%.3f", step, m, model->aux_z_cpu[2 * m], model->aux_z_cpu[2 * m + 1],
+                 dropped / ((double)N * K), load_min, load_max, sqrt(var) / mean);
         logger_log_text(logger, logline);
     }
 }

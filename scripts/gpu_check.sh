@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh: the one command a lent NVIDIA GPU runs. It builds everything for that GPU, checks the
-# GPT trainer against PyTorch (test_gpt, FP32 and BF16, recompute 0/1/2), trains GPT-2 124M for 30 steps on
-# synthetic data (bf16, B=8 T=1024, recompute 0 and 1; the Switch-MoE model on the same backbone beside it once
-# train_moe.cu exists), runs every kernel-lab file at full size, and prints one summary table: test results,
+# GPT and MoE trainers against PyTorch (test_gpt: FP32 and BF16, recompute 0/1/2; test_moe: top-1 with drops,
+# top-2), trains GPT-2 124M for 30 steps on synthetic data (bf16, B=8 T=1024, recompute 0 and 1) and the
+# Switch-MoE model on the same backbone beside it (8 experts, top-1, every other layer), runs every kernel-lab
+# file at full size, and prints one summary table: test results,
 # tokens/s, MFU, peak memory, and each lab variant's best time against its floor.
 #   scripts/gpu_check.sh LOGDIR                the whole check, one log per stage in LOGDIR (under 8 minutes
 #                                              on an H100-class GPU)
@@ -123,10 +124,8 @@ summarize_trainers() {
                 ratio = moe + 0 > 0 && dense + 0 > 0 ? sprintf("%s / %s = %.2f", moe, dense, moe / dense) : "-"
                 printf "  moe / dense tokens/s at %s: %s\n", r, ratio }'
         done
-    elif [ -e train_moe.cu ]; then
-        echo "  train_moe: no log in $logdir (train_moe.cu exists: a full run trains it)"
     else
-        echo "  moe: not yet built (train_moe does not exist)"
+        echo "  train_moe: no log in $logdir"
     fi
 }
 
@@ -176,7 +175,7 @@ summarize() {
     echo "gpu_check summary: ${device:-unknown device}; logs in $logdir"
     echo "-- builds, reference states, data -----------------------------------------------------------------"
     summarize_statuses "$logdir"/build_*.log "$logdir"/reference_*.log "$logdir/data.log"
-    echo "-- test_gpt against PyTorch -----------------------------------------------------------------------"
+    echo "-- test_gpt and test_moe against PyTorch ----------------------------------------------------------"
     summarize_tests "$logdir"
     echo "-- trainers on synthetic data (MoE: -ne 8 -tk 1 -me 2); tok/s and MFU: medians of the last 10 steps -"
     summarize_trainers "$logdir"
@@ -288,6 +287,7 @@ read -ra NVCC_FLAGS <<<"$(make_var NVCC_FLAGS)"
 read -ra MPI_INC <<<"$(make_var MPI_INC)"
 read -ra GPU_LIBS <<<"$(make_var GPU_LIBS)"
 read -ra REF_ARGS <<<"$(make_var REF_ARGS)"
+read -ra MOE_REF_ARGS <<<"$(make_var MOE_REF_ARGS)"
 
 # build: the trainers and test_gpt (the Makefile's recipes, distinct output names) and the labs, in parallel
 build_binary() {  # OUTPUT SOURCE [precision define]
@@ -297,7 +297,9 @@ build_binary() {  # OUTPUT SOURCE [precision define]
 build_binary train_gpt_bf16 train_gpt.cu &
 build_binary test_gpt_bf16 test_gpt.cu &
 build_binary test_gpt_fp32 test_gpt.cu -DENABLE_FP32 &
-[ -e train_moe.cu ] && build_binary train_moe_bf16 train_moe.cu &
+build_binary train_moe_bf16 train_moe.cu &
+build_binary test_moe_bf16 test_moe.cu &
+build_binary test_moe_fp32 test_moe.cu -DENABLE_FP32 &
 # -B: lab binaries left in dev/cuda by a build for another GPU would otherwise count as up to date
 run_stage "$LOGDIR/build_labs.log" 300 make -B -k -j "$(nproc)" -C dev/cuda GPU_ARCH="$GPU_ARCH" &
 wait
@@ -321,6 +323,16 @@ else
             if [ ! -x "$BIN/test_gpt_$p" ]; then skip_stage "$LOGDIR/test_gpt_${p}_r$r.log" "not built (build_test_gpt_$p.log)"
             else run_stage "$LOGDIR/test_gpt_${p}_r$r.log" 120 "$BIN/test_gpt_$p" "$BIN/ref/tiny_$p" -r $r; fi
         done
+        # the MoE trainer: top-1 with drops, and top-2 every other layer (the Makefile's MoE references)
+        run_stage "$LOGDIR/reference_moe_$p.log" 120 "$PYTHON" train_moe.py --write-reference "$BIN/ref/moe_k1_$p" \
+            "${MOE_REF_ARGS[@]}" --topk 1 --moe-every 1 --cf 0.5 --dtype $dtype
+        run_stage "$LOGDIR/reference_moe2_$p.log" 120 "$PYTHON" train_moe.py --write-reference "$BIN/ref/moe_k2_$p" \
+            "${MOE_REF_ARGS[@]}" --topk 2 --moe-every 2 --cf 0.5 --dtype $dtype
+        if [ ! -x "$BIN/test_moe_$p" ]; then skip_stage "$LOGDIR/test_moe_${p}.log" "not built (build_test_moe_$p.log)"
+        else
+            run_stage "$LOGDIR/test_moe_${p}_k1.log" 120 "$BIN/test_moe_$p" "$BIN/ref/moe_k1_$p" -cf 0.5
+            run_stage "$LOGDIR/test_moe_${p}_k2.log" 120 "$BIN/test_moe_$p" "$BIN/ref/moe_k2_$p" -cf 0.5
+        fi
     done
 fi
 
@@ -370,7 +382,7 @@ train() {
     done
 }
 train train_gpt "$BIN/train_gpt_bf16"
-[ -e train_moe.cu ] && train train_moe "$BIN/train_moe_bf16" -ne 8 -tk 1 -me 2
+train train_moe "$BIN/train_moe_bf16" -ne 8 -tk 1 -me 2
 
 # every lab file at full size, all its variants
 for source in dev/cuda/*.cu; do
