@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/quickstart.sh: the project in one command, on the CPU backend. Installs what is missing, prepares
 # TinyShakespeare with the byte-level tokenizer (offline, data/tinyshakespeare.py falls back to the King James
-# Bible of Debian's bible-kjv, under its own name), builds the FP32 trainer, trains a small Switch-MoE GPT
+# Bible of Debian's bible-kjv, under its own name), builds the trainer (for the GPU when one is present, else the
+# CPU backend's FP32 build), trains a small Switch-MoE GPT
 # (4 layers, C=256, 4 experts, top-1, MoE every other layer) for 300 steps on 2 cores (a few minutes here),
 # sampling text before and after and validating with the expert loads, and plots the loss curve.
 #   scripts/quickstart.sh          the MoE model
@@ -11,10 +12,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-moe}
 case "$model" in
-    moe) trainer=build/train_moe_fp32; moe_flags=(-ne 4 -tk 1 -me 2 -cf 1.25 -cfe 2.0) ;;
-    gpt) trainer=build/train_gpt_fp32; moe_flags=() ;;
+    moe) moe_flags=(-ne 4 -tk 1 -me 2 -cf 1.25 -cfe 2.0) ;;
+    gpt) moe_flags=() ;;
     *) echo "quickstart.sh: unknown model '$model' (expected moe or gpt)" >&2; exit 1 ;;
 esac
+# the GPU build where a GPU answers, else the CPU backend's
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    trainer=./train_$model
+else
+    trainer=build/train_${model}_fp32
+fi
 scripts/install_deps.sh
 /usr/bin/python3 data/tinyshakespeare.py --tokenizer bytes
 data=data/tinyshakespeare/tinyshakespeare_bytes
