@@ -168,8 +168,8 @@ typedef struct {
     floatX* ln2;        // (L or 1, B, T, C)
     float* ln2_mean;    // (L, B, T)
     float* ln2_rstd;    // (L, B, T)
-    floatX* fch;        // (L, B, T, 4C) pre-GELU
-    floatX* fch_gelu;   // (L or 1, B, T, 4C)
+    floatX* fch;        // (Ld, B, T, 4C) pre-GELU, dense layers only
+    floatX* fch_gelu;   // (Ld or 1, B, T, 4C)
     floatX* residual3;  // (L, B, T, C)
     floatX* lnf;        // (B, T, C)
     float* lnf_mean;    // (B, T)
@@ -449,7 +449,8 @@ static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, const MoE
                                        int recompute) {
     size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size;
     size_t ln_layers = recompute >= 2 ? 1 : L;
-    size_t gelu_layers = recompute >= 1 ? 1 : L;
+    size_t dense_layers = L - num_moe_layers(c);
+    size_t gelu_layers = recompute >= 1 ? (dense_layers ? 1 : 0) : dense_layers;
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T), ATT = layer_stride(B * NH * T * T);
 #ifdef ENABLE_CUDNN
     size_t att_probs = 0, att_stats = layer_stride(B * NH * T);  // cuDNN keeps softmax statistics, not probabilities
@@ -469,7 +470,7 @@ static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, const MoE
     s[i++] = ln_layers * BTC;          // ln2
     s[i++] = L * BT;                   // ln2_mean
     s[i++] = L * BT;                   // ln2_rstd
-    s[i++] = L * 4 * BTC;              // fch
+    s[i++] = dense_layers * 4 * BTC;   // fch
     s[i++] = gelu_layers * 4 * BTC;    // fch_gelu
     s[i++] = L * BTC;                  // residual3
     s[i++] = BTC;                      // lnf
@@ -672,41 +673,60 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
                               a->d_logits_x, N, C, E, stream);
 }
 
-// Telemetry of the last forward pass's MoE layers (host): aux and z losses, drop fraction, expert loads.
+// Routing statistics of MoE layer m from the counts of the last forward pass (host): the fraction of
+// choices dropped and the expert loads (choices before dropping over their mean: min, max, CV).
+typedef struct {
+    double drop_fraction, load_min, load_max, load_cv;
+} MoELayerStatistics;
+
+static MoELayerStatistics moe_layer_statistics(const GPT2* model, int m, int N) {
+    const GPT2Config* c = &model->config;
+    int E = c->num_experts, K = c->top_k;
+    double mean = (double)N * K / E, var = 0.0, dropped = 0.0;
+    MoELayerStatistics st = {0.0, 1e30, 0.0, 0.0};
+    for (int e = 0; e < E; e++) {
+        int routed = model->expert_counts_cpu[m * E + e];
+        dropped += routed - model->kept_counts_cpu[m * E + e];
+        st.load_min = fmin(st.load_min, routed / mean);
+        st.load_max = fmax(st.load_max, routed / mean);
+        var += (routed - mean) * (routed - mean) / E;
+    }
+    st.drop_fraction = dropped / ((double)N * K);
+    st.load_cv = sqrt(var) / mean;
+    return st;
+}
+
+// Telemetry of the last forward pass's MoE layers (host): aux and z losses, and the routing statistics
+// (drop fraction averaged, load min and max over layers, CV averaged).
 static void moe_collect_statistics(GPT2* model, int N, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
-    int Lm = num_moe_layers(c), E = c->num_experts, K = c->top_k;
+    int Lm = num_moe_layers(c), E = c->num_experts;
     model->aux_loss = model->z_loss = model->drop_fraction = 0.0f;
     model->load_min = model->load_max = model->load_cv = 0.0f;
     if (Lm == 0) return;
-    double dropped = 0.0, load_min = 1e30, load_max = 0.0, cv_sum = 0.0;
+    double drop = 0.0, load_min = 1e30, load_max = 0.0, cv = 0.0;
     for (int m = 0; m < Lm; m++) {
         MoELayerActivations l = moe_layer_activations(model, m, N);
-        float aux_z[2];
-        cudaCheck(cudaMemcpyAsync(aux_z, l.aux_z, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemcpyAsync(model->aux_z_cpu + 2 * m, l.aux_z, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemcpyAsync(model->expert_counts_cpu + m * E, l.expert_count, E * sizeof(int),
                                   cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemcpyAsync(model->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int), cudaMemcpyDeviceToHost,
                                   stream));
-        cudaCheck(cudaStreamSynchronize(stream));
-        model->aux_z_cpu[2 * m] = aux_z[0];
-        model->aux_z_cpu[2 * m + 1] = aux_z[1];
-        model->aux_loss += aux_z[0];
-        model->z_loss += aux_z[1];
-        double mean = (double)N * K / E, var = 0.0;
-        for (int e = 0; e < E; e++) {
-            int routed = model->expert_counts_cpu[m * E + e];
-            dropped += routed - model->kept_counts_cpu[m * E + e];
-            load_min = fmin(load_min, routed / mean);
-            load_max = fmax(load_max, routed / mean);
-            var += (routed - mean) * (routed - mean) / E;
-        }
-        cv_sum += sqrt(var) / mean;
     }
-    model->drop_fraction = (float)(dropped / ((double)Lm * N * K));
+    cudaCheck(cudaStreamSynchronize(stream));
+    for (int m = 0; m < Lm; m++) {
+        model->aux_loss += model->aux_z_cpu[2 * m];
+        model->z_loss += model->aux_z_cpu[2 * m + 1];
+        MoELayerStatistics st = moe_layer_statistics(model, m, N);
+        drop += st.drop_fraction;
+        load_min = fmin(load_min, st.load_min);
+        load_max = fmax(load_max, st.load_max);
+        cv += st.load_cv;
+    }
+    model->drop_fraction = (float)(drop / Lm);
     model->load_min = (float)load_min;
     model->load_max = (float)load_max;
-    model->load_cv = (float)(cv_sum / Lm);
+    model->load_cv = (float)(cv / Lm);
 }
 
 // Forward pass over (B, T) tokens. With targets, also the mean loss (model->mean_loss); with
@@ -742,7 +762,6 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
         const floatX* residual = l == 0 ? a.encoded : a.residual3 + (size_t)(l - 1) * BTC;
         floatX* ln1 = model->recompute >= 2 ? a.ln1 : a.ln1 + (size_t)l * BTC;
         floatX* ln2 = model->recompute >= 2 ? a.ln2 : a.ln2 + (size_t)l * BTC;
-        floatX* fch_gelu = model->recompute >= 1 ? a.fch_gelu : a.fch_gelu + (size_t)l * 4 * BTC;
 #ifdef ENABLE_CUDNN
         // cuDNN reads q, k, v in place from the qkv projection's output, which is kept for backward
         floatX* qkv = a.qkvr + (size_t)l * 3 * BTC;  // (B, T, 3C)
@@ -764,8 +783,9 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
             moe_layer_forward(model, moe_index(c, l), a.scratch_btc, ln2, B * T, stream);
         } else {
             int d = dense_index(c, l);
+            floatX* fch_gelu = model->recompute >= 1 ? a.fch_gelu : a.fch_gelu + (size_t)d * 4 * BTC;
             matmul_forward(fch_gelu, ln2, p.fcw + (size_t)d * 4 * C * C, p.fcb + (size_t)d * 4 * C, B, T, C, 4 * C,
-                           stream, a.fch + (size_t)l * 4 * BTC, model->gelu_fusion);
+                           stream, a.fch + (size_t)d * 4 * BTC, model->gelu_fusion);
             matmul_forward(a.scratch_btc, fch_gelu, p.fcprojw + (size_t)d * 4 * C * C, p.fcprojb + (size_t)d * C, B, T,
                            4 * C, C, stream);
         }
@@ -821,8 +841,6 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
         const floatX* residual = l == 0 ? a.encoded : a.residual3 + (size_t)(l - 1) * BTC;
         floatX* ln1 = model->recompute >= 2 ? a.ln1 : a.ln1 + (size_t)l * BTC;
         floatX* ln2 = model->recompute >= 2 ? a.ln2 : a.ln2 + (size_t)l * BTC;
-        floatX* fch = a.fch + (size_t)l * 4 * BTC;
-        floatX* fch_gelu = model->recompute >= 1 ? a.fch_gelu : a.fch_gelu + (size_t)l * 4 * BTC;
         const float* ln1_mean = a.ln1_mean + (size_t)l * BT;
         const float* ln1_rstd = a.ln1_rstd + (size_t)l * BT;
         const float* ln2_mean = a.ln2_mean + (size_t)l * BT;
@@ -837,6 +855,8 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
         } else {
             // MLP: fcproj, GELU, fc
             int d = dense_index(c, l);
+            floatX* fch = a.fch + (size_t)d * 4 * BTC;
+            floatX* fch_gelu = model->recompute >= 1 ? a.fch_gelu : a.fch_gelu + (size_t)d * 4 * BTC;
             if (model->recompute >= 1) gelu_forward(fch_gelu, fch, B * T * 4 * C, stream);
             matmul_backward(dbt4c, g.fcprojw + (size_t)d * 4 * C * C, g.fcprojb + (size_t)d * C, dresidual, fch_gelu,
                             p.fcprojw + (size_t)d * 4 * C * C, a.scratch_f, B, T, 4 * C, C, stream, fch,
@@ -1086,27 +1106,16 @@ static void usage(int moe) {
 
 // Per MoE layer, after a validation pass: its aux and z losses, dropped choices and expert loads.
 static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
-    const GPT2Config* c = &model->config;
-    int E = c->num_experts, K = c->top_k;
-    for (int m = 0; m < num_moe_layers(c); m++) {
-        double mean = (double)N * K / E, load_min = 1e30, load_max = 0.0, var = 0.0, dropped = 0.0;
-        for (int e = 0; e < E; e++) {
-            int routed = model->expert_counts_cpu[m * E + e];
-            dropped += routed - model->kept_counts_cpu[m * E + e];
-            load_min = fmin(load_min, routed / mean);
-            load_max = fmax(load_max, routed / mean);
-            var += (routed - mean) * (routed - mean) / E;
-        }
-        char line[256];
-        snprintf(line, sizeof(line), "val moe layer %d: aux %f z %f drop %f load min %.3f max %.3f cv %.3f", m,
-                 model->aux_z_cpu[2 * m], model->aux_z_cpu[2 * m + 1], dropped / ((double)N * K), load_min, load_max,
-                 sqrt(var) / mean);
-        printf("%s\n", line);
-        char logline[300];
-        snprintf(logline, sizeof(logline), "s:%d layer:%d layer_aux:%f layer_z:%f layer_drop:%f layer_load_min:%.3f "
-                 "layer_load_max:%.3f layer_load_cv:%.3f", step, m, model->aux_z_cpu[2 * m], model->aux_z_cpu[2 * m + 1],
-                 dropped / ((double)N * K), load_min, load_max, sqrt(var) / mean);
-        logger_log_text(logger, logline);
+    for (int m = 0; m < num_moe_layers(&model->config); m++) {
+        MoELayerStatistics st = moe_layer_statistics(model, m, N);
+        float aux = model->aux_z_cpu[2 * m], z = model->aux_z_cpu[2 * m + 1];
+        printf("val moe layer %d: aux %f z %f drop %f load min %.3f max %.3f cv %.3f\n", m, aux, z, st.drop_fraction,
+               st.load_min, st.load_max, st.load_cv);
+        char line[300];
+        snprintf(line, sizeof(line), "s:%d layer:%d layer_aux:%f layer_z:%f layer_drop:%f layer_load_min:%.3f "
+                 "layer_load_max:%.3f layer_load_cv:%.3f", step, m, aux, z, st.drop_fraction, st.load_min,
+                 st.load_max, st.load_cv);
+        logger_log_text(logger, line);
     }
 }
 

@@ -58,8 +58,7 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
         attention_causal_softmax(row.data(), t);
         for (int s = 0; s <= t; s++) att[r * T + s] = (float)row[s];
     }
-    for (auto* v : {&qkvr, &dout, &att})
-        for (auto& x : *v) x = (float)(floatX)x;  // the reference sees exactly what the device sees
+    for (auto* v : {&qkvr, &dout, &att}) *v = lab_rounded(*v);  // the reference sees exactly what the device sees
     std::vector<float> dinp_ref(n_qkv);
     attention_backward_reference(dinp_ref, dout, qkvr, att, B, T, C, NH);
 
