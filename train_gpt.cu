@@ -41,6 +41,7 @@
 #include "llmc/copy_cast.cuh"
 #include "llmc/moe.cuh"
 #include "llmc/multi_gpu.cuh"
+#include "llmc/expert_parallel.cuh"
 #include "llmc/optimizer.cuh"
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
@@ -114,10 +115,16 @@ static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
 // weight decay applies to the matrices only (the embeddings and the four Linear weights)
 static const int parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0,
                                                              1, 1, 0, 1, 0, 0, 0};
+// The experts' tensors (efcw .. efcprojb): each process keeps those of its own experts (llmc/expert_parallel.cuh)
+// in a second parameter set, reduced and sharded over the processes holding the same experts.
+#define FIRST_EXPERT_TENSOR 15
+#define NUM_EXPERT_TENSORS 4
+static int is_expert_tensor(int i) { return i >= FIRST_EXPERT_TENSOR && i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; }
 
-static void fill_in_parameter_sizes(size_t* sizes, const GPT2Config* cfg) {
+// sizes in model-file order with E experts per MoE layer: the file's (all experts) or a process's (its own)
+static void fill_in_parameter_sizes(size_t* sizes, const GPT2Config* cfg, int experts) {
     size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
-    size_t Lm = num_moe_layers(cfg), Ld = L - Lm, E = cfg->num_experts, H = cfg->expert_hidden;
+    size_t Lm = num_moe_layers(cfg), Ld = L - Lm, E = experts, H = cfg->expert_hidden;
     sizes[0] = Vp * C;
     sizes[1] = maxT * C;
     sizes[2] = L * C;
@@ -132,7 +139,7 @@ static void fill_in_parameter_sizes(size_t* sizes, const GPT2Config* cfg) {
     sizes[11] = Ld * 4 * C;
     sizes[12] = Ld * C * 4 * C;
     sizes[13] = Ld * C;
-    sizes[14] = Lm * E * C;
+    sizes[14] = Lm * cfg->num_experts * C;  // the router scores every expert on every process
     sizes[15] = Lm * E * H * C;
     sizes[16] = Lm * E * H;
     sizes[17] = Lm * E * C * H;
@@ -141,14 +148,16 @@ static void fill_in_parameter_sizes(size_t* sizes, const GPT2Config* cfg) {
     sizes[20] = C;
 }
 
-static void point_parameters(ParameterTensors* p, floatX* memory, const size_t* sizes) {
+// the expert tensors point into expert_memory (in order), the others into memory (in order)
+static void point_parameters(ParameterTensors* p, floatX* memory, floatX* expert_memory, const size_t* sizes) {
     floatX** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
                                             &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw, &p->fcb,
                                             &p->fcprojw, &p->fcprojb, &p->routerw, &p->efcw, &p->efcb,
                                             &p->efcprojw, &p->efcprojb, &p->lnfw, &p->lnfb};
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        *ptrs[i] = memory;
-        memory += sizes[i];
+        floatX** next = is_expert_tensor(i) ? &expert_memory : &memory;
+        *ptrs[i] = *next;
+        *next += sizes[i];
     }
 }
 
@@ -184,35 +193,46 @@ typedef struct {
     floatX* dqkvr;         // (B, T, 3C)
     floatX* datt;          // (B, NH, T, T) (hand-written path only)
     float* scratch_f;      // layernorm backward and bias-gradient scratch
-    // MoE layers (N = B*T tokens, cap = rows per expert), kept per MoE layer for the backward pass
+    // MoE layers (N = B*T tokens), kept per MoE layer for the backward pass. Rsrc = the rows of this process's
+    // dispatch layout, Rown = those of its experts' layout (llmc/expert_parallel.cuh; the same with one process
+    // per expert group): E*cap each when padded to a capacity, N*k and up to ep.degree*N*k when packed (dropless)
     float* router_logits;  // (Lm, N, E)
     float* router_probs;   // (Lm, N, E)
     float* router_lse;     // (Lm, N) logsumexp, for the z-loss
     int* expert_index;     // (Lm, N, k)
     float* gates;          // (Lm, N, k)
-    int* slot;             // (Lm, N, k) row in the expert's buffer, -1 dropped
-    int* row_choice;       // (Lm, E, cap) the choice filling each row, -1 padding
+    int* choice_row;       // (Lm, N, k) row in the dispatch layout, -1 dropped
+    int* row_choice;       // (Lm, Rsrc) the choice filling each row, -1 padding
     int* expert_count;     // (Lm, E) choices routed to each expert before dropping
     int* kept_count;       // (Lm, E) rows used
     float* aux_z;          // (Lm, 2) load-balancing and z losses
-    floatX* expert_input;  // (Lm, E, cap, C)
-    floatX* expert_pre;    // (Lm, E, cap, H) pre-GELU
-    floatX* expert_act;    // (Lm or 1, E, cap, H) GELU output (recomputed with -r >= 1)
-    floatX* expert_output; // (Lm, E, cap, C)
+    floatX* expert_input;  // (Lm, Rown, C)
+    floatX* expert_pre;    // (Lm, Rown, H) pre-GELU
+    floatX* expert_act;    // (Lm or 1, Rown, H) GELU output (recomputed with -r >= 1)
+    floatX* expert_output; // (Lm, Rsrc, C) back in the dispatch layout
     // MoE backward scratch (one layer)
     float* d_gates;        // (N, k)
     float* d_logits;       // (N, E)
     floatX* d_logits_x;    // (N, E)
-    floatX* d_expert_output;  // (E, cap, C)
-    floatX* d_expert_hidden;  // (E, cap, H)
-    floatX* d_expert_input;   // (E, cap, C)
+    floatX* moe_scratch_own;  // (Rown, C) the expert output, then the gradients of the experts' output and input
+    floatX* d_expert_hidden;  // (Rown, H)
+    floatX* moe_scratch_src;  // (Rsrc, C) the same in the dispatch layout, with expert parallelism only
 } ActivationTensors;
 
 typedef struct {
     GPT2Config config;
-    ParameterTensors params;  // pointers into store.params_memory
-    ParameterTensors grads;   // pointers into store.grads_memory
-    ShardedParameters store;  // the flat parameter, gradient and optimizer buffers (llmc/optimizer.cuh)
+    ParameterTensors params;  // pointers into store.params_memory and expert_store.params_memory
+    ParameterTensors grads;   // the same into the grads_memory
+    // the flat parameter, gradient and optimizer buffers (llmc/optimizer.cuh): every tensor but the experts',
+    // replicated over all processes; and this process's experts (MoE models), replicated over ep.replicas
+    ShardedParameters store;
+    ShardedParameters expert_store;
+    ExpertParallel ep;        // which process holds which experts (degree 1: every process all of them)
+    int num_processes;        // data-parallel processes (the ZeRO shards of `store`)
+    int process_rank;
+    int local_experts;        // experts per MoE layer on this process: E / ep.degree
+    LossScaler loss_scaler;   // FP16 loss scaling
+    unsigned long long rng_state;  // host generator of stochastic-rounding seeds (identical on every process)
     MoESettings moe;
     int use_master_weights;
     // activations
@@ -228,6 +248,9 @@ typedef struct {
     float mean_loss;    // the language-model cross-entropy of the last forward pass with targets
     // MoE: of the last forward pass
     int moe_capacity_used;          // rows per expert
+    int moe_packed;                 // the expert buffers use the packed dropless layout (else padded to capacity)
+    int* moe_rows_src;              // (Lm, E) host: rows per global expert in this process's dispatch layout
+    int* moe_rows_own;              // (Lm, E) host: rows per (group member, local expert) in the expert layout
     float aux_loss, z_loss;         // summed over MoE layers
     float drop_fraction;            // dropped choices / all choices, over MoE layers
     float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
@@ -240,12 +263,124 @@ typedef struct {
 // ----------------------------------------------------------------------------------------------------
 // Building the model: from a file or a descriptor
 
-static void gpt2_allocate_parameters(GPT2* model, int num_processes) {
-    size_t sizes[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(sizes, &model->config);
-    sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, parameter_decays, num_processes);
-    point_parameters(&model->params, model->store.params_memory, sizes);
-    point_parameters(&model->grads, model->store.grads_memory, sizes);
+// Before building a model the caller sets num_processes, process_rank and ep (the run's process layout).
+static void gpt2_allocate_parameters(GPT2* model) {
+    const GPT2Config* c = &model->config;
+    if (c->num_experts > 0 && c->num_experts % model->ep.degree != 0) {
+        fprintf(stderr, "-ep %d: the %d experts per MoE layer must divide evenly over the expert-parallel degree\n",
+                model->ep.degree, c->num_experts);
+        exit(EXIT_FAILURE);
+    }
+    model->local_experts = c->num_experts / model->ep.degree;
+    size_t sizes[NUM_PARAMETER_TENSORS], replicated[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(sizes, c, model->local_experts);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) replicated[i] = is_expert_tensor(i) ? 0 : sizes[i];
+    sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, replicated, parameter_decays,
+                                model->num_processes);
+    floatX* expert_params = nullptr;
+    floatX* expert_grads = nullptr;
+    if (c->num_experts > 0) {
+        sharded_parameters_allocate(&model->expert_store, NUM_EXPERT_TENSORS, sizes + FIRST_EXPERT_TENSOR,
+                                    parameter_decays + FIRST_EXPERT_TENSOR, model->ep.replicas.num_processes);
+        // an owner's expert gradient sums its group's ep.degree micro-batches, which the replicas then average:
+        // the step's gradient (the mean over all processes) is that over ep.degree
+        model->expert_store.grad_multiplier = 1.0f / (float)model->ep.degree;
+        expert_params = model->expert_store.params_memory;
+        expert_grads = model->expert_store.grads_memory;
+    }
+    point_parameters(&model->params, model->store.params_memory, expert_params, sizes);
+    point_parameters(&model->grads, model->store.grads_memory, expert_grads, sizes);
+}
+
+// parameters in the model file (every expert)
+static size_t gpt2_num_parameters(const GPT2Config* c) {
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    fill_in_parameter_sizes(sizes, c, c->num_experts);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
+    return n;
+}
+
+// The whole model's parameters in model-file order (host, every expert) -> this process's tensors on the device.
+static void gpt2_set_parameters(GPT2* model, const floatX* file_order) {
+    const GPT2Config* c = &model->config;
+    size_t global[NUM_PARAMETER_TENSORS], local[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(global, c, c->num_experts);
+    fill_in_parameter_sizes(local, c, model->local_experts);
+    int Lm = num_moe_layers(c), first_expert = model->ep.member * model->local_experts;
+    floatX* replicated = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX) + 1);
+    floatX* experts = (floatX*)malloc_check(model->expert_store.num_parameters * sizeof(floatX) + 1);
+    size_t from = 0, to_replicated = 0, to_experts = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (!is_expert_tensor(i)) {
+            memcpy(replicated + to_replicated, file_order + from, global[i] * sizeof(floatX));
+            to_replicated += global[i];
+        } else if (Lm > 0) {
+            // per MoE layer, this process's experts are a contiguous run of the layer's E
+            size_t per_expert = global[i] / Lm / c->num_experts, run = local[i] / Lm;
+            for (int m = 0; m < Lm; m++) {
+                memcpy(experts + to_experts, file_order + from + global[i] / Lm * m + first_expert * per_expert,
+                       run * sizeof(floatX));
+                to_experts += run;
+            }
+        }
+        from += global[i];
+    }
+    cudaCheck(cudaMemcpy(model->store.params_memory, replicated, model->store.num_parameters * sizeof(floatX),
+                         cudaMemcpyHostToDevice));
+    if (c->num_experts > 0) {
+        cudaCheck(cudaMemcpy(model->expert_store.params_memory, experts,
+                             model->expert_store.num_parameters * sizeof(floatX), cudaMemcpyHostToDevice));
+    }
+    free(replicated);
+    free(experts);
+}
+
+// The experts of every process of the group, in the global layout of the model file's expert tensors (efcw ..
+// efcprojb, each (Lm, E, ...)), from this process's `local` (device, laid out as expert_store, elem bytes per
+// value: parameters, gradients or optimizer state) into `host`. Collective over the expert group.
+static void gpt2_gather_experts(const GPT2* model, void* host, const void* local, size_t elem, cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    int Lm = num_moe_layers(c), N = model->ep.degree;
+    size_t sizes[NUM_PARAMETER_TENSORS], largest = 0;
+    fill_in_parameter_sizes(sizes, c, model->local_experts);
+    for (int i = FIRST_EXPERT_TENSOR; i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; i++)
+        largest = sizes[i] / Lm > largest ? sizes[i] / Lm : largest;
+    char* gathered;
+    cudaCheck(cudaMalloc((void**)&gathered, N * largest * elem));
+    const char* from = (const char*)local;
+    char* to = (char*)host;
+    for (int i = FIRST_EXPERT_TENSOR; i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; i++) {
+        size_t layer_bytes = sizes[i] / Lm * elem;  // this process's experts of one layer
+        for (int m = 0; m < Lm; m++) {
+            // members in order hold consecutive experts: the gathered runs are the layer's E experts in order
+            expert_parallel_allgather(&model->ep, gathered, from + m * layer_bytes, layer_bytes, stream);
+            cudaCheck(cudaMemcpy(to + m * N * layer_bytes, gathered, N * layer_bytes, cudaMemcpyDeviceToHost));
+        }
+        from += sizes[i] * elem;
+        to += Lm * N * layer_bytes;
+    }
+    cudaCheck(cudaFree(gathered));
+}
+
+// The inverse of gpt2_set_parameters, collective over the expert group: the whole model in model-file order, of
+// the parameters or (gradients = 1) of their gradients as stored (the experts' times expert_store.grad_multiplier
+// once reduced are the step's; see gpt2_allocate_parameters).
+static void gpt2_get_tensors(const GPT2* model, floatX* file_order, int gradients, cudaStream_t stream) {
+    const floatX* replicated = gradients ? model->store.grads_memory : model->store.params_memory;
+    const floatX* experts_local = gradients ? model->expert_store.grads_memory : model->expert_store.params_memory;
+    const GPT2Config* c = &model->config;
+    size_t global[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(global, c, c->num_experts);
+    size_t before_experts = 0, experts = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (i < FIRST_EXPERT_TENSOR) before_experts += global[i];
+        if (is_expert_tensor(i)) experts += global[i];
+    }
+    // the replicated tensors are the file's with the expert block cut out
+    cudaCheck(cudaMemcpy(file_order, replicated, before_experts * sizeof(floatX), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(file_order + before_experts + experts, replicated + before_experts,
+                         (model->store.num_parameters - before_experts) * sizeof(floatX), cudaMemcpyDeviceToHost));
+    if (c->num_experts > 0) gpt2_gather_experts(model, file_order + before_experts, experts_local, sizeof(floatX), stream);
 }
 
 static void check_config_supported(const GPT2Config* c, const char* source) {
@@ -285,7 +420,7 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
 
 // Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16) for the
 // dense trainer, or an MoE file (version 1 fp32, 2 bf16; ARCHITECTURE.md) for the MoE trainer.
-static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_processes, int moe) {
+static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int moe) {
     FILE* f = fopen_check(path, "rb");
     int header[256];
     read_header_check(f, header, path, moe ? MOE_MODEL_MAGIC : GPT2_MODEL_MAGIC, moe ? "MoE model" : "GPT-2 model");
@@ -314,8 +449,8 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_pr
     c->channels = header[6];
     c->padded_vocab_size = header[7];
     check_config_supported(c, path);
-    gpt2_allocate_parameters(model, num_processes);
-    size_t n = model->store.num_parameters;
+    gpt2_allocate_parameters(model);
+    size_t n = gpt2_num_parameters(c);
     size_t file_elem = version == fp32_version ? sizeof(float) : sizeof(__nv_bfloat16);
     void* raw = malloc_check(n * file_elem);
     fread_check(raw, file_elem, n, f, path);
@@ -330,7 +465,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_pr
         float v = version == fp32_version ? ((float*)raw)[i] : __bfloat162float(((__nv_bfloat16*)raw)[i]);
         host[i] = (floatX)v;
     }
-    cudaCheck(cudaMemcpy(model->store.params_memory, host, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    gpt2_set_parameters(model, host);
     free(host);
     free(raw);
 }
@@ -340,7 +475,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int num_pr
 // With experts (c->num_experts etc. set by the caller), Switch's reduced scale: router and expert weights
 // drawn with the std above times sqrt(init_scale).
 static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int vocab_size, int max_seq_len,
-                                       unsigned int seed, float init_scale, int num_processes) {
+                                       unsigned int seed, float init_scale) {
     if (descriptor[0] != 'd' || !isdigit((unsigned char)descriptor[1])) {
         fprintf(stderr, "-e %s: expected a model file or a descriptor such as d12\n", descriptor);
         exit(EXIT_FAILURE);
@@ -363,16 +498,19 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     c->max_seq_len = max_seq_len;
     if (c->num_experts > 0 && c->expert_hidden <= 0) c->expert_hidden = 4 * c->channels;
     check_config_supported(c, descriptor);
-    gpt2_allocate_parameters(model, num_processes);
+    gpt2_allocate_parameters(model);
     // GPT-2 init: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm 1/0;
-    // padded vocabulary rows stay zero. Drawn tensor by tensor from one seeded mt19937.
-    float* host = (float*)calloc(model->store.num_parameters, sizeof(float));
+    // padded vocabulary rows stay zero. Drawn tensor by tensor from one seeded mt19937, in model-file order with
+    // every expert, so that the weights do not depend on the expert-parallel degree.
+    size_t num_parameters = gpt2_num_parameters(c), sizes[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(sizes, c, c->num_experts);
+    float* host = (float*)calloc(num_parameters, sizeof(float));
     mt19937_state rng;
     manual_seed(&rng, seed);
     size_t offset = 0;
     float residual_scale = 1.0f / sqrtf(2.0f * c->num_layers);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t n = model->store.sizes[i];
+        size_t n = sizes[i];
         const char* name = parameter_names[i];
         if (!strcmp(name, "ln1w") || !strcmp(name, "ln2w") || !strcmp(name, "lnfw")) {
             for (size_t j = 0; j < n; j++) host[offset + j] = 1.0f;
@@ -386,17 +524,17 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
         }
         offset += n;
     }
-    floatX* hx = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX));
-    for (size_t i = 0; i < model->store.num_parameters; i++) hx[i] = (floatX)host[i];
-    size_t bytes = model->store.num_parameters * sizeof(floatX);
-    cudaCheck(cudaMemcpy(model->store.params_memory, hx, bytes, cudaMemcpyHostToDevice));
+    floatX* hx = (floatX*)malloc_check(num_parameters * sizeof(floatX));
+    for (size_t i = 0; i < num_parameters; i++) hx[i] = (floatX)host[i];
+    gpt2_set_parameters(model, hx);
     free(hx);
     free(host);
 }
 
 // Writes the model file: llm.c's format for a dense model (version 5 bf16 from a BF16 build, 3 fp32
-// otherwise), the MoE format with experts (version 2 bf16, 1 fp32).
-static void gpt2_write_model_file(const GPT2* model, const char* path) {
+// otherwise), the MoE format with experts (version 2 bf16, 1 fp32). Collective over the expert group (it gathers
+// every expert); process 0 writes.
+static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     int moe = c->num_experts > 0;
     int header[256] = {0};
@@ -412,9 +550,13 @@ static void gpt2_write_model_file(const GPT2* model, const char* path) {
     header[5] = c->num_heads;
     header[6] = c->channels;
     header[7] = c->padded_vocab_size;
-    size_t n = model->store.num_parameters;
+    size_t n = gpt2_num_parameters(c);
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
-    cudaCheck(cudaMemcpy(host, model->store.params_memory, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    gpt2_get_tensors(model, host, 0, stream);
+    if (model->process_rank != 0) {
+        free(host);
+        return;
+    }
     char tmp[1024];
     FILE* f = fopen_tmp_for(path, tmp, sizeof(tmp));
     fwrite_check(header, sizeof(int), 256, f, tmp);
@@ -437,16 +579,31 @@ static void gpt2_write_model_file(const GPT2* model, const char* path) {
 // loads whatever B and T are.
 static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 
-// rows per expert buffer: enough for the training and the evaluation capacity factors
-static int moe_allocated_capacity(const GPT2Config* c, const MoESettings* m, int N) {
-    if (c->num_experts == 0) return 0;
-    int a = moe_capacity(N, c->num_experts, c->top_k, m->capacity_factor);
-    int b = moe_capacity(N, c->num_experts, c->top_k, m->capacity_factor_eval);
-    return a > b ? a : b;
+// Rows of one MoE layer's expert buffers for a capacity factor (<= 0: dropless, packed): in this process's dispatch
+// layout (src) and in its experts' layout (own), which with expert parallelism of degree N may receive every choice
+// of the N processes of its group.
+static void moe_layer_rows(const GPT2Config* c, double capacity_factor, int N, int degree, size_t* src, size_t* own) {
+    if (capacity_factor > 0.0) {
+        *src = *own = (size_t)c->num_experts * moe_capacity(N, c->num_experts, c->top_k, capacity_factor);
+    } else {
+        *src = (size_t)N * c->top_k;
+        *own = (size_t)degree * N * c->top_k;
+    }
+}
+
+// ... the larger of training's and evaluation's, which the activations hold
+static void moe_allocated_rows(const GPT2Config* c, const MoESettings* m, int N, int degree, size_t* src, size_t* own) {
+    *src = *own = 0;
+    if (c->num_experts == 0) return;
+    size_t s[2], o[2];
+    moe_layer_rows(c, m->capacity_factor, N, degree, &s[0], &o[0]);
+    moe_layer_rows(c, m->capacity_factor_eval, N, degree, &s[1], &o[1]);
+    *src = layer_stride(s[0] > s[1] ? s[0] : s[1]);
+    *own = layer_stride(o[0] > o[1] ? o[0] : o[1]);
 }
 
 static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, const MoESettings* moe, size_t B, size_t T,
-                                       int recompute) {
+                                       int recompute, int ep_degree) {
     size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size;
     size_t ln_layers = recompute >= 2 ? 1 : L;
     size_t dense_layers = L - num_moe_layers(c);
@@ -487,40 +644,46 @@ static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, const MoE
     size_t ln_scratch = layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
     size_t bias_scratch = matmul_dbias_buffer_floats((int)(Vp > 4 * C ? Vp : 4 * C));
     size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, Lm = num_moe_layers(c), N = B * T;
-    size_t cap = moe_allocated_capacity(c, moe, (int)N);
-    size_t expert_bias_scratch = E ? matmul_batched_dbias_buffer_floats((int)E, (int)(H > C ? H : C)) : 0;
+    size_t rows_src, rows_own;
+    moe_allocated_rows(c, moe, (int)N, ep_degree, &rows_src, &rows_own);
+    // the experts' bias gradients: E / ep_degree batches or groups of up to max(H, C) columns
+    int local_experts = E ? (int)E / ep_degree : 0, widest = (int)(H > C ? H : C);
+    size_t batched_scratch = E ? matmul_batched_dbias_buffer_floats(local_experts, widest) : 0;
+    size_t grouped_scratch = E ? matmul_grouped_dbias_buffer_floats(local_experts, widest) : 0;
+    size_t expert_bias_scratch = batched_scratch > grouped_scratch ? batched_scratch : grouped_scratch;
     size_t scratch = ln_scratch > bias_scratch ? ln_scratch : bias_scratch;
     s[i++] = scratch > expert_bias_scratch ? scratch : expert_bias_scratch;  // scratch_f
-    size_t NE = layer_stride(N * E), NK = layer_stride(N * K), ECAP = layer_stride(E * cap);
+    size_t NE = layer_stride(N * E), NK = layer_stride(N * K);
     s[i++] = Lm * NE;                                      // router_logits
     s[i++] = Lm * NE;                                      // router_probs
     s[i++] = Lm * BT;                                      // router_lse
     s[i++] = Lm * NK;                                      // expert_index (int)
     s[i++] = Lm * NK;                                      // gates
-    s[i++] = Lm * NK;                                      // slot (int)
-    s[i++] = Lm * ECAP;                                    // row_choice (int)
+    s[i++] = Lm * NK;                                      // choice_row (int)
+    s[i++] = Lm * rows_src;                                // row_choice (int)
     s[i++] = Lm * layer_stride(E);                         // expert_count (int)
     s[i++] = Lm * layer_stride(E);                         // kept_count (int)
     s[i++] = Lm * 64;                                      // aux_z
-    s[i++] = Lm * ECAP * C;                                // expert_input
-    s[i++] = Lm * ECAP * H;                                // expert_pre
-    s[i++] = (recompute >= 1 ? (Lm ? 1 : 0) : Lm) * ECAP * H;  // expert_act
-    s[i++] = Lm * ECAP * C;                                // expert_output
+    s[i++] = Lm * rows_own * C;                            // expert_input
+    s[i++] = Lm * rows_own * H;                            // expert_pre
+    s[i++] = (recompute >= 1 ? (Lm ? 1 : 0) : Lm) * rows_own * H;  // expert_act
+    s[i++] = Lm * rows_src * C;                            // expert_output
     s[i++] = Lm ? NK : 0;                                  // d_gates
     s[i++] = Lm ? NE : 0;                                  // d_logits
     s[i++] = Lm ? NE : 0;                                  // d_logits_x
-    s[i++] = Lm ? ECAP * C : 0;                            // d_expert_output
-    s[i++] = Lm ? ECAP * H : 0;                            // d_expert_hidden
-    s[i++] = Lm ? ECAP * C : 0;                            // d_expert_input
+    s[i++] = Lm ? rows_own * C : 0;                        // moe_scratch_own
+    s[i++] = Lm ? rows_own * H : 0;                        // d_expert_hidden
+    s[i++] = Lm && ep_degree > 1 ? rows_src * C : 0;       // moe_scratch_src
     return i;
 }
 // which activation tensors are 4-byte (fp32 or int); the rest are floatX
 static const int activation_is_float[] = {0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1,
                                           1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0};
 
-static size_t activation_bytes(const GPT2Config* c, const MoESettings* moe, size_t B, size_t T, int recompute) {
+static size_t activation_bytes(const GPT2Config* c, const MoESettings* moe, size_t B, size_t T, int recompute,
+                               int ep_degree) {
     size_t sizes[64];
-    size_t n = fill_in_activation_sizes(sizes, c, moe, B, T, recompute);
+    size_t n = fill_in_activation_sizes(sizes, c, moe, B, T, recompute, ep_degree);
     size_t bytes = 0;
     for (size_t i = 0; i < n; i++) bytes += sizes[i] * (activation_is_float[i] ? sizeof(float) : sizeof(floatX)) + 256;
     return bytes;
@@ -528,8 +691,8 @@ static size_t activation_bytes(const GPT2Config* c, const MoESettings* moe, size
 
 static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     size_t sizes[64];
-    size_t n = fill_in_activation_sizes(sizes, &model->config, &model->moe, B, T, model->recompute);
-    size_t bytes = activation_bytes(&model->config, &model->moe, B, T, model->recompute);
+    size_t n = fill_in_activation_sizes(sizes, &model->config, &model->moe, B, T, model->recompute, model->ep.degree);
+    size_t bytes = activation_bytes(&model->config, &model->moe, B, T, model->recompute, model->ep.degree);
     cudaCheck(cudaMalloc(&model->acts_memory, bytes));
     ActivationTensors* a = &model->acts;
     void** ptrs[] = {(void**)&a->encoded, (void**)&a->ln1, (void**)&a->ln1_mean, (void**)&a->ln1_rstd,
@@ -539,11 +702,11 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
                      (void**)&a->lnf_rstd, (void**)&a->losses, (void**)&a->output, (void**)&a->scratch_btc,
                      (void**)&a->scratch_bt4c, (void**)&a->dresidual, (void**)&a->dbtc, (void**)&a->dqkvr,
                      (void**)&a->datt, (void**)&a->scratch_f, (void**)&a->router_logits, (void**)&a->router_probs,
-                     (void**)&a->router_lse, (void**)&a->expert_index, (void**)&a->gates, (void**)&a->slot,
+                     (void**)&a->router_lse, (void**)&a->expert_index, (void**)&a->gates, (void**)&a->choice_row,
                      (void**)&a->row_choice, (void**)&a->expert_count, (void**)&a->kept_count, (void**)&a->aux_z,
                      (void**)&a->expert_input, (void**)&a->expert_pre, (void**)&a->expert_act,
                      (void**)&a->expert_output, (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_logits_x,
-                     (void**)&a->d_expert_output, (void**)&a->d_expert_hidden, (void**)&a->d_expert_input};
+                     (void**)&a->moe_scratch_own, (void**)&a->d_expert_hidden, (void**)&a->moe_scratch_src};
     char* p = (char*)model->acts_memory;
     for (size_t i = 0; i < n; i++) {
         *ptrs[i] = p;
@@ -560,17 +723,28 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     model->expert_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
     model->kept_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
     model->aux_z_cpu = (float*)malloc_check((size_t)(2 * Lm + 1) * sizeof(float));
+    model->moe_rows_src = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    model->moe_rows_own = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
 }
 
+// A single process holding every expert, until the caller sets num_processes, process_rank and ep.
 static void gpt2_init_common(GPT2* model) {
     memset(model, 0, sizeof(*model));
     model->use_master_weights = 1;
     model->recompute = 1;
     model->gelu_fusion = 1;
+    model->num_processes = 1;
+    model->ep.degree = 1;
+    model->ep.replicas.num_processes = 1;
+    model->loss_scaler = loss_scaler_init();
+    model->rng_state = 13371337ull;
 }
 
 static void gpt2_free(GPT2* model) {
     sharded_parameters_free(&model->store);
+    if (model->config.num_experts > 0) sharded_parameters_free(&model->expert_store);
+    free(model->moe_rows_src);
+    free(model->moe_rows_own);
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFree(model->inputs));
     cudaCheck(cudaFree(model->targets));
@@ -585,8 +759,10 @@ static void gpt2_free(GPT2* model) {
 // Forward and backward passes
 
 // ----------------------------------------------------------------------------------------------------
-// The MoE layer (llmc/moe.cuh): router in fp32, top-k, slots, dispatch to per-expert buffers, the experts as
-// batched GEMMs, combine weighted by the gates. Its output (N, C) goes to `out`, like the dense MLP's.
+// The MoE layer (llmc/moe.cuh): router in fp32, top-k, slots, dispatch to the expert buffer, with expert
+// parallelism the all-to-all to the experts' owners and back (llmc/expert_parallel.cuh), the experts as batched
+// GEMMs over buffers padded to the capacity or as grouped GEMMs over their exact rows (dropless), combine weighted
+// by the gates. Its output (N, C) goes to `out`, like the dense MLP's.
 
 typedef struct {
     float* logits;
@@ -594,7 +770,7 @@ typedef struct {
     float* lse;
     int* expert_index;
     float* gates;
-    int* slot;
+    int* choice_row;
     int* row_choice;
     int* expert_count;
     int* kept_count;
@@ -603,45 +779,126 @@ typedef struct {
     floatX* expert_pre;
     floatX* expert_act;
     floatX* expert_output;
+    int* rows_src;  // (E) host: rows per global expert in the dispatch layout
+    int* rows_own;  // (ep.degree, E / ep.degree) host: rows per (group member, local expert) in the expert layout
 } MoELayerActivations;
+
+// the row strides of one layer's buffers in the current pass's layout (as moe_layer_rows counts them)
+static void moe_layer_strides(const GPT2* model, int N, size_t* src, size_t* own) {
+    size_t K = model->config.top_k, padded = (size_t)model->config.num_experts * model->moe_capacity_used;
+    *src = layer_stride(model->moe_packed ? N * K : padded);
+    *own = layer_stride(model->moe_packed ? model->ep.degree * N * K : padded);
+}
 
 static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N) {
     const GPT2Config* c = &model->config;
     const ActivationTensors* a = &model->acts;
     size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, C = c->channels;
-    size_t NE = layer_stride(N * E), NK = layer_stride(N * K), ECAP = layer_stride(E * model->moe_capacity_used);
+    size_t NE = layer_stride(N * E), NK = layer_stride(N * K), SRC, OWN;
+    moe_layer_strides(model, N, &SRC, &OWN);
     MoELayerActivations l;
     l.logits = a->router_logits + m * NE;
     l.probs = a->router_probs + m * NE;
     l.lse = a->router_lse + m * layer_stride(N);
     l.expert_index = a->expert_index + m * NK;
     l.gates = a->gates + m * NK;
-    l.slot = a->slot + m * NK;
-    l.row_choice = a->row_choice + m * ECAP;
+    l.choice_row = a->choice_row + m * NK;
+    l.row_choice = a->row_choice + m * SRC;
     l.expert_count = a->expert_count + m * layer_stride(E);
     l.kept_count = a->kept_count + m * layer_stride(E);
     l.aux_z = a->aux_z + m * 64;
-    l.expert_input = a->expert_input + m * ECAP * C;
-    l.expert_pre = a->expert_pre + m * ECAP * H;
-    l.expert_act = a->expert_act + (model->recompute >= 1 ? 0 : m * ECAP * H);
-    l.expert_output = a->expert_output + m * ECAP * C;
+    l.expert_input = a->expert_input + m * OWN * C;
+    l.expert_pre = a->expert_pre + m * OWN * H;
+    l.expert_act = a->expert_act + (model->recompute >= 1 ? 0 : m * OWN * H);
+    l.expert_output = a->expert_output + m * SRC * C;
+    l.rows_src = model->moe_rows_src + m * E;
+    l.rows_own = model->moe_rows_own + m * E;
     return l;
+}
+
+// The row counts of layer m's buffers (host): the capacity everywhere when padded; when packed, the kept counts of
+// this process's routing and, exchanged over the expert group, what each member sends to this process's experts.
+static void moe_layer_row_counts(GPT2* model, const MoELayerActivations* l, cudaStream_t stream) {
+    int E = model->config.num_experts;
+    if (!model->moe_packed) {
+        for (int e = 0; e < E; e++) l->rows_src[e] = l->rows_own[e] = model->moe_capacity_used;
+        return;
+    }
+    cudaCheck(cudaMemcpyAsync(l->rows_src, l->kept_count, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    expert_parallel_exchange_counts(&model->ep, l->rows_own, l->rows_src, E, stream);
+}
+
+// One Linear layer of this process's experts on their rows in the expert layout: weight (E_l, OC, IC), bias
+// (E_l, OC), inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu)]. Padded: E_l buffers of
+// ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one grouped GEMM.
+static void moe_experts_linear_forward(const GPT2* model, const MoELayerActivations* l, floatX* out, const floatX* inp,
+                                       const floatX* weight, const floatX* bias, int IC, int OC, floatX* pre_gelu,
+                                       cudaStream_t stream) {
+    int E_l = model->local_experts, N = model->ep.degree;
+    if (!model->moe_packed) {
+        matmul_forward_batched(out, inp, weight, bias, E_l, N * model->moe_capacity_used, IC, OC, stream, pre_gelu,
+                               model->gelu_fusion);
+        return;
+    }
+    int rows[MOE_MAX_EXPERTS];
+    for (int e = 0; e < E_l; e++) {
+        rows[e] = 0;
+        for (int s = 0; s < N; s++) rows[e] += l->rows_own[s * E_l + e];
+    }
+    matmul_forward_grouped(out, inp, weight, bias, E_l, rows, IC, OC, stream, pre_gelu, model->gelu_fusion);
+}
+
+// Its backward: dinp (Rown, IC) overwritten, dweight and dbias accumulated (+=); pre_gelu as in the forward.
+static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivations* l, floatX* dinp, floatX* dweight,
+                                        floatX* dbias, const floatX* dout, const floatX* inp, const floatX* weight,
+                                        int IC, int OC, const floatX* pre_gelu, cudaStream_t stream) {
+    int E_l = model->local_experts, N = model->ep.degree;
+    float* scratch = model->acts.scratch_f;
+    if (!model->moe_packed) {
+        matmul_backward_batched(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, N * model->moe_capacity_used, IC,
+                                OC, stream, pre_gelu, model->gelu_fusion);
+        return;
+    }
+    int rows[MOE_MAX_EXPERTS];
+    for (int e = 0; e < E_l; e++) {
+        rows[e] = 0;
+        for (int s = 0; s < N; s++) rows[e] += l->rows_own[s * E_l + e];
+    }
+    matmul_backward_grouped(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, rows, IC, OC, stream, pre_gelu,
+                            model->gelu_fusion);
+}
+
+// rows of this process's experts' layout in use
+static size_t moe_own_rows_used(const GPT2* model, const MoELayerActivations* l) {
+    size_t rows = 0;
+    for (int i = 0; i < model->config.num_experts; i++) rows += l->rows_own[i];
+    return rows;
 }
 
 static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     const ParameterTensors* p = &model->params;
-    int E = c->num_experts, K = c->top_k, C = c->channels, H = c->expert_hidden, cap = model->moe_capacity_used;
+    const ActivationTensors* a = &model->acts;
+    int E = c->num_experts, E_l = model->local_experts, K = c->top_k, C = c->channels, H = c->expert_hidden;
+    int spread = model->ep.degree > 1;  // rows travel to other processes' experts
     MoELayerActivations l = moe_layer_activations(model, m, N);
     matmul_forward_fp32_output(l.logits, ln2, p->routerw + (size_t)m * E * C, N, C, E, stream);
     moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
-    moe_assign_slots(l.slot, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K, cap, stream);
-    moe_dispatch(l.expert_input, ln2, l.row_choice, E, K, C, cap, stream);
-    matmul_forward_batched(l.expert_act, l.expert_input, p->efcw + (size_t)m * E * H * C, p->efcb + (size_t)m * E * H,
-                           E, cap, C, H, stream, l.expert_pre, model->gelu_fusion);
-    matmul_forward_batched(l.expert_output, l.expert_act, p->efcprojw + (size_t)m * E * C * H,
-                           p->efcprojb + (size_t)m * E * C, E, cap, H, C, stream);
-    moe_combine(out, l.expert_output, l.expert_index, l.slot, l.gates, N, K, C, cap, stream);
+    moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K,
+                     model->moe_capacity_used, model->moe_packed, stream);
+    moe_layer_row_counts(model, &l, stream);
+    int rows_src = model->moe_packed ? N * K : E * model->moe_capacity_used;
+    floatX* dispatched = spread ? a->moe_scratch_src : l.expert_input;
+    moe_dispatch(dispatched, ln2, l.row_choice, rows_src, K, C, stream);
+    if (spread) expert_parallel_exchange(&model->ep, dispatched, l.expert_input, l.rows_src, l.rows_own, E, C, 1, stream);
+    moe_experts_linear_forward(model, &l, l.expert_act, l.expert_input, p->efcw + (size_t)m * E_l * H * C,
+                               p->efcb + (size_t)m * E_l * H, C, H, l.expert_pre, stream);
+    floatX* expert_output = spread ? a->moe_scratch_own : l.expert_output;
+    moe_experts_linear_forward(model, &l, expert_output, l.expert_act, p->efcprojw + (size_t)m * E_l * C * H,
+                               p->efcprojb + (size_t)m * E_l * C, H, C, nullptr, stream);
+    if (spread) expert_parallel_exchange(&model->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
+    moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
     moe_router_losses(l.aux_z, l.probs, l.lse, l.expert_count, N, E, K, model->moe.aux_alpha, model->moe.z_coef,
                       stream);
 }
@@ -654,19 +911,28 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
     const ParameterTensors* p = &model->params;
     const ParameterTensors* g = &model->grads;
     const ActivationTensors* a = &model->acts;
-    int E = c->num_experts, K = c->top_k, C = c->channels, H = c->expert_hidden, cap = model->moe_capacity_used;
+    int E = c->num_experts, E_l = model->local_experts, K = c->top_k, C = c->channels, H = c->expert_hidden;
+    int spread = model->ep.degree > 1;
     MoELayerActivations l = moe_layer_activations(model, m, N);
-    moe_combine_backward(a->d_expert_output, a->d_gates, dout, l.expert_output, l.slot, l.gates, l.row_choice, N, E, K,
-                         C, cap, stream);
-    if (model->recompute >= 1) gelu_forward(l.expert_act, l.expert_pre, E * cap * H, stream);
-    matmul_backward_batched(a->d_expert_hidden, g->efcprojw + (size_t)m * E * C * H, g->efcprojb + (size_t)m * E * C,
-                            a->d_expert_output, l.expert_act, p->efcprojw + (size_t)m * E * C * H, a->scratch_f, E,
-                            cap, H, C, stream, l.expert_pre, model->gelu_fusion);
-    matmul_backward_batched(a->d_expert_input, g->efcw + (size_t)m * E * H * C, g->efcb + (size_t)m * E * H,
-                            a->d_expert_hidden, l.expert_input, p->efcw + (size_t)m * E * H * C, a->scratch_f, E, cap,
-                            C, H, stream);
+    int rows_src = model->moe_packed ? N * K : E * model->moe_capacity_used;
+    // d_own: the experts' output gradient, then their input gradient, in the expert layout; d_src: the same in
+    // the dispatch layout (one buffer without expert parallelism)
+    floatX* d_own = a->moe_scratch_own;
+    floatX* d_src = spread ? a->moe_scratch_src : d_own;
+    moe_combine_backward(d_src, a->d_gates, dout, l.expert_output, l.choice_row, l.gates, l.row_choice, N, rows_src, K,
+                         C, stream);
+    if (spread) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
+    if (model->recompute >= 1) gelu_forward(l.expert_act, l.expert_pre, (int)(moe_own_rows_used(model, &l) * H), stream);
+    moe_experts_linear_backward(model, &l, a->d_expert_hidden, g->efcprojw + (size_t)m * E_l * C * H,
+                                g->efcprojb + (size_t)m * E_l * C, d_own, l.expert_act,
+                                p->efcprojw + (size_t)m * E_l * C * H, H, C, l.expert_pre, stream);
+    // the output gradient in d_own is consumed: the input gradient overwrites it
+    moe_experts_linear_backward(model, &l, d_own, g->efcw + (size_t)m * E_l * H * C, g->efcb + (size_t)m * E_l * H,
+                                a->d_expert_hidden, l.expert_input, p->efcw + (size_t)m * E_l * H * C, C, H, nullptr,
+                                stream);
+    if (spread) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 0, stream);
     cudaCheck(cudaMemsetAsync(d_ln2, 0, (size_t)N * C * sizeof(floatX), stream));
-    moe_dispatch_backward(d_ln2, a->d_expert_input, l.expert_index, l.slot, N, K, C, cap, stream);
+    moe_dispatch_backward(d_ln2, d_src, l.choice_row, N, K, C, stream);
     moe_router_backward(a->d_logits, l.probs, l.expert_index, l.gates, a->d_gates, l.lse, l.expert_count, N, E, K,
                         model->moe.aux_alpha, model->moe.z_coef, model->aux_grad_scale, stream);
     matmul_backward_fp32_dout(d_ln2, g->routerw + (size_t)m * E * C, a->d_logits, ln2, p->routerw + (size_t)m * E * C,
@@ -754,6 +1020,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
         // the capacity factor of training (a backward pass follows) or of evaluation
         double cf = dlogits_scale > 0.0f ? model->moe.capacity_factor : model->moe.capacity_factor_eval;
         model->moe_capacity_used = moe_capacity(B * T, c->num_experts, c->top_k, cf);
+        model->moe_packed = cf <= 0.0;
         model->aux_grad_scale = dlogits_scale * B * T;
     }
     encoder_forward(a.encoded, model->inputs, p.wte, p.wpe, B, T, C, stream);
@@ -818,7 +1085,7 @@ static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, 
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
 
 // Backward pass for the batch of the last gpt2_forward (which must have been given targets and a
-// dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with sharded_parameters_zero_grad. With
+// dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with gpt2_zero_grad. With
 // `reduce` (the last micro-step of a step), each layer's gradients are averaged over the processes (ZeRO-0:
 // all-reduce; ZeRO-1: reduced to the owner of each shard) on the NCCL stream as soon as that layer's backward
 // pass is done, while the next layer's runs.
@@ -898,24 +1165,82 @@ static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, 
     const GPT2Config* c = &model->config;
     static const int every_layer[] = {2, 3, 4, 5, 6, 7, 8, 9};  // ln1w .. ln2b, stacked over all layers
     static const int dense[] = {10, 11, 12, 13};                // fcw .. fcprojb, stacked over the dense layers
-    static const int moe[] = {14, 15, 16, 17, 18};              // routerw .. efcprojb, over the MoE layers
+    static const int router[] = {14};                           // routerw, over the MoE layers
+    static const int experts[] = {0, 1, 2, 3};                  // expert_store's efcw .. efcprojb, likewise
     int Lm = num_moe_layers(c);
     sharded_parameters_reduce_slices(&model->store, every_layer, 8, layer, c->num_layers, mg, zero_stage, stream);
-    if (is_moe_layer(c, layer))
-        sharded_parameters_reduce_slices(&model->store, moe, 5, moe_index(c, layer), Lm, mg, zero_stage, stream);
-    else
+    if (is_moe_layer(c, layer)) {
+        sharded_parameters_reduce_slices(&model->store, router, 1, moe_index(c, layer), Lm, mg, zero_stage, stream);
+        // the experts' gradients over exactly the processes that hold the same experts
+        sharded_parameters_reduce_slices(&model->expert_store, experts, NUM_EXPERT_TENSORS, moe_index(c, layer), Lm,
+                                         &model->ep.replicas, zero_stage, stream);
+    } else {
         sharded_parameters_reduce_slices(&model->store, dense, 4, dense_index(c, layer), c->num_layers - Lm, mg,
                                          zero_stage, stream);
+    }
 }
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     static const int rest[] = {0, 1, 19, 20};  // wte, wpe, lnfw, lnfb: complete only after the encoder's backward
     sharded_parameters_reduce_slices(&model->store, rest, 4, -1, model->config.num_layers, mg, zero_stage, stream);
 }
 
-// 6N flops per token for the matmuls of forward+backward plus the attention's 12 L C T
+// ----------------------------------------------------------------------------------------------------
+// The optimizer step over both parameter sets (llmc/optimizer.cuh)
+
+// m, v and master weights for this process's shards of both parameter sets
+static void gpt2_allocate_optimizer(GPT2* model, int zero_stage) {
+    sharded_parameters_allocate_optimizer(&model->store, model->use_master_weights, model->process_rank,
+                                          model->num_processes, zero_stage);
+    if (model->config.num_experts > 0)
+        sharded_parameters_allocate_optimizer(&model->expert_store, model->use_master_weights,
+                                              model->ep.replicas.process_rank, model->ep.replicas.num_processes,
+                                              zero_stage);
+}
+
+static void gpt2_zero_grad(GPT2* model, cudaStream_t stream) {
+    sharded_parameters_zero_grad(&model->store, stream);
+    if (model->config.num_experts > 0) sharded_parameters_zero_grad(&model->expert_store, stream);
+}
+
+// After the last micro-step's backward pass: the global norm of the step's gradient (the loss scale undone),
+// identical on every process: the replicated tensors' part, plus every expert's, summed over the expert group.
+static float gpt2_gradient_norm(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
+    float norm2 = sharded_parameters_norm_squared(&model->store, mg, zero_stage, stream);
+    if (model->config.num_experts > 0) {
+        float experts2 = sharded_parameters_norm_squared(&model->expert_store, &model->ep.replicas, zero_stage, stream);
+        norm2 += expert_parallel_float_sum(&model->ep, experts2, stream);
+    }
+    return sqrtf(norm2) / model->loss_scaler.scale;
+}
+
+// The AdamW step t (from 1) with gradient norm `norm`; a non-finite norm (FP16 overflow) skips it. Returns 1 if the
+// parameters were updated. The loss scale changes afterwards (LossScaler).
+static int gpt2_update(GPT2* model, const AdamWConfig* opt, float norm, int t, const MultiGpuConfig* mg,
+                       int zero_stage, cudaStream_t stream) {
+    int finite = isfinite(norm);
+    if (finite) {
+        float scale = model->loss_scaler.scale;
+        sharded_parameters_apply_update(&model->store, opt, norm, scale, optimizer_next_seed(&model->rng_state), t, mg,
+                                        zero_stage, stream);
+        if (model->config.num_experts > 0)
+            sharded_parameters_apply_update(&model->expert_store, opt, norm, scale,
+                                            optimizer_next_seed(&model->rng_state), t, &model->ep.replicas, zero_stage,
+                                            stream);
+    }
+    loss_scaler_update(&model->loss_scaler, norm);
+    return finite;
+}
+
+// 6 flops per active parameter per token for the matmuls of forward+backward (a token meets k of the E experts of
+// an MoE layer) plus the attention's 12 L C T
 static double gpt2_flops_per_token(const GPT2* model, int T) {
     const GPT2Config* c = &model->config;
-    return 6.0 * (double)model->store.num_parameters + 12.0 * c->num_layers * c->channels * (double)T;
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(sizes, c, c->num_experts);
+    double active = 0.0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++)
+        active += is_expert_tensor(i) ? (double)sizes[i] * c->top_k / c->num_experts : (double)sizes[i];
+    return 6.0 * active + 12.0 * c->num_layers * c->channels * (double)T;
 }
 
 #ifndef TESTING
@@ -933,13 +1258,103 @@ typedef struct {
 } TrainerState;
 
 
-static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loader, const TrainerState* ts,
-                             const MultiGpuConfig* mg) {
+#define EXPERT_STATE_MAGIC 20261130
+
+// The experts' optimizer state (m, v, and the master weights if any) of every expert, in the global layout of the
+// model file's expert tensors, so that a run may resume with another expert-parallel degree or ZeRO stage:
+// <dir>/expert_state_%08d.bin, header [0] magic, [1] version 1, [2] E, [3] Lm, [4] master weights 0/1,
+// [5] precision, [6] and [7] the values per buffer (every expert's; high and low 31 bits); then each buffer in
+// turn (fp32). Collective: the shards are
+// gathered over the replicas and the experts over the group; process 0 writes.
+static void write_expert_state(const char* dir, int step, GPT2* model, int zero_stage, cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    ShardedParameters* x = &model->expert_store;
+    size_t all_experts = x->num_parameters * model->ep.degree;
+    float* full;
+    cudaCheck(cudaMalloc((void**)&full, x->num_parameters_padded * sizeof(float)));
+    float* host = (float*)malloc_check(all_experts * sizeof(float));
     char path[1024], tmp[1100];
-    if (mg->process_rank == 0) {
-        checkpoint_paths(path, sizeof(path), dir, "model", ts->step, -1);
-        gpt2_write_model_file(model, path);
+    FILE* f = NULL;
+    if (model->process_rank == 0) {
+        checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
+        f = fopen_tmp_for(path, tmp, sizeof(tmp));
+        int header[256] = {0};
+        header[0] = EXPERT_STATE_MAGIC;
+        header[1] = 1;
+        header[2] = c->num_experts;
+        header[3] = num_moe_layers(c);
+        header[4] = x->master_weights != NULL;
+        header[5] = PRECISION_MODE;
+        header[6] = (int)(all_experts >> 31);
+        header[7] = (int)(all_experts & 0x7fffffff);
+        fwrite_check(header, sizeof(int), 256, f, tmp);
     }
+    for (int buffer = 0; buffer < (x->master_weights ? 3 : 2); buffer++) {
+        sharded_parameters_gather_state(x, buffer, full, &model->ep.replicas, zero_stage, stream);
+        gpt2_gather_experts(model, host, full, sizeof(float), stream);
+        if (f) fwrite_check(host, sizeof(float), all_experts, f, tmp);
+    }
+    if (f) commit_tmp(f, tmp, path);
+    free(host);
+    cudaCheck(cudaFree(full));
+}
+
+// Each process reads its own experts' runs of every buffer and keeps its shard.
+static void read_expert_state(const char* dir, int step, GPT2* model) {
+    const GPT2Config* c = &model->config;
+    ShardedParameters* x = &model->expert_store;
+    size_t all_experts = x->num_parameters * model->ep.degree;
+    char path[1024];
+    checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
+    FILE* f = fopen_check(path, "rb");
+    int header[256];
+    read_header_check(f, header, path, EXPERT_STATE_MAGIC, "MoE expert optimizer state");
+    int Lm = num_moe_layers(c);
+    size_t values = ((size_t)header[6] << 31) | (size_t)header[7];
+    if (header[1] != 1 || header[2] != c->num_experts || header[3] != Lm || header[4] != (x->master_weights != NULL) ||
+        header[5] != PRECISION_MODE || values != all_experts) {
+        fprintf(stderr, "%s: expert state of another setup (E %d, MoE layers %d, master weights %d, precision %d, %zu "
+                "values) than this run's (%d, %d, %d, %d, %zu)\n", path, header[2], header[3], header[4], header[5],
+                values, c->num_experts, Lm, x->master_weights != NULL, PRECISION_MODE, all_experts);
+        exit(EXIT_FAILURE);
+    }
+    size_t local[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(local, c, model->local_experts);
+    float* full = (float*)calloc(x->num_parameters_padded, sizeof(float));
+    for (int buffer = 0; buffer < (x->master_weights ? 3 : 2); buffer++) {
+        // in the file: per tensor and MoE layer, the layer's E experts; ours are a contiguous run of them
+        size_t file_offset = 1024 + (size_t)buffer * all_experts * sizeof(float), at = 0;
+        for (int i = FIRST_EXPERT_TENSOR; i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; i++) {
+            size_t run = local[i] / Lm;
+            for (int m = 0; m < Lm; m++) {
+                size_t position = file_offset + ((size_t)m * model->ep.degree + model->ep.member) * run * sizeof(float);
+                if (fseek(f, (long)position, SEEK_SET) != 0) {
+                    fprintf(stderr, "%s: cannot seek to byte %zu\n", path, position);
+                    exit(EXIT_FAILURE);
+                }
+                fread_check(full + at, sizeof(float), run, f, path);
+                at += run;
+            }
+            file_offset += local[i] * model->ep.degree * sizeof(float);
+        }
+        sharded_parameters_scatter_state(x, buffer, full);
+    }
+    long end = 1024 + (long)((x->master_weights ? 3 : 2) * all_experts * sizeof(float));
+    if (fseek(f, 0, SEEK_END) != 0 || ftell(f) != end) {
+        fprintf(stderr, "%s: expected %ld bytes, the file has another size\n", path, end);
+        exit(EXIT_FAILURE);
+    }
+    free(full);
+    fclose_check(f, path);
+}
+
+// Collective over all processes.
+static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loader, const TrainerState* ts,
+                             const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
+    char path[1024], tmp[1100];
+    checkpoint_paths(path, sizeof(path), dir, "model", ts->step, -1);
+    gpt2_write_model_file(model, path, stream);
+    if (model->config.num_experts > 0) write_expert_state(dir, ts->step, model, zero_stage, stream);
     checkpoint_paths(path, sizeof(path), dir, "state", ts->step, mg->process_rank);
     FILE* f = fopen_tmp_for(path, tmp, sizeof(tmp));
     int header[256] = {0};
@@ -1007,20 +1422,22 @@ static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLo
         exit(EXIT_FAILURE);
     }
     fclose_check(f, path);
+    if (model->config.num_experts > 0) read_expert_state(dir, step, model);
 }
 
 // ----------------------------------------------------------------------------------------------------
 // Sampling: autoregressive from the EOT token, printed through the tokenizer
 
+// Every process that calls this computes the same tokens (the same weights and generator); only `print` prints.
 static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int gen_tokens, unsigned long long* sample_rng,
-                             cudaStream_t stream) {
+                             int print, cudaStream_t stream) {
     int T = model->seq_len < gen_tokens + 1 ? model->seq_len : gen_tokens + 1;
     int Vp = model->config.padded_vocab_size, V = model->config.vocab_size;
     int* tokens = (int*)malloc_check((size_t)T * sizeof(int));
     floatX* logits_x = (floatX*)malloc_check((size_t)Vp * sizeof(floatX));
     float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));
     tokens[0] = tokenizer->eot_token;
-    printf("generating:\n---\n");
+    if (print) printf("generating:\n---\n");
     for (int t = 1; t < T; t++) {
         gpt2_forward(model, tokens, nullptr, 1, t, 0.0f, stream);
         cudaCheck(cudaMemcpy(logits_x, model->acts.output + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
@@ -1028,12 +1445,13 @@ static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int gen_to
         for (int v = 0; v < V; v++) logits[v] = (float)logits_x[v];
         int next = sample_softmax(logits, V, random_f32_host((uint64_t*)sample_rng));
         tokens[t] = next;
+        if (!print) continue;
         // a token the tokenizer does not know (its vocabulary is smaller than the model's) prints as its id
         if (tokenizer->init_ok && (uint32_t)next < tokenizer->vocab_size) safe_printf(tokenizer_decode(tokenizer, next));
         else printf("<%d>", next);
         fflush(stdout);
     }
-    printf("\n---\n");
+    if (print) printf("\n---\n");
     free(tokens);
     free(logits_x);
     free(logits);
@@ -1097,7 +1515,8 @@ static void usage(int moe) {
                 "  -ra <float> load-balancing loss coefficient (default = 0.01)\n"
                 "  -rz <float> router z-loss coefficient (default = 0.001)\n"
                 "  -ri <float> initialisation scale of router and expert weights (default = 0.1)\n"
-                "  -rj, -rn, -ep  router jitter, noisy top-k, expert parallelism: not implemented yet (0, 0, 1)\n");
+                "  -ep <int>   expert-parallel degree: consecutive groups of N processes share out the experts (default = 1)\n"
+                "  -rj, -rn    router jitter, noisy top-k: not implemented yet (0, 0)\n");
     }
 }
 
@@ -1221,7 +1640,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     if (moe) {
         if (router_jitter != 0.0f) { fprintf(stderr, "-rj %g: router jitter is not implemented yet (only 0)\n", router_jitter); return EXIT_FAILURE; }
         if (noisy_topk != 0) { fprintf(stderr, "-rn %d: noisy top-k gating is not implemented yet (only 0)\n", noisy_topk); return EXIT_FAILURE; }
-        if (expert_parallel != 1) { fprintf(stderr, "-ep %d: expert parallelism is not implemented yet (only 1)\n", expert_parallel); return EXIT_FAILURE; }
+        if (expert_parallel < 1) { fprintf(stderr, "-ep %d: the expert-parallel degree must be at least 1\n", expert_parallel); return EXIT_FAILURE; }
         if (num_experts < 1) { fprintf(stderr, "-ne %d: expected at least 1 expert\n", num_experts); return EXIT_FAILURE; }
         if (top_k < 1 || top_k > num_experts) { fprintf(stderr, "-tk %d: top-k must be between 1 and the number of experts (%d)\n", top_k, num_experts); return EXIT_FAILURE; }
         if (aux_alpha < 0.0f || z_coef < 0.0f || init_scale <= 0.0f) { fprintf(stderr, "-ra and -rz must not be negative, -ri must be positive\n"); return EXIT_FAILURE; }
@@ -1239,6 +1658,11 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     }
     MultiGpuConfig mg = multi_gpu_config_init(init_method, num_processes, process_rank, gpus_per_node, server_ip, fs_path);
     int rank0 = mg.process_rank == 0;
+    if (mg.num_processes % expert_parallel != 0) {
+        fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of processes (%d)\n",
+                expert_parallel, mg.num_processes);
+        return EXIT_FAILURE;
+    }
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     cublas_setup();
@@ -1258,6 +1682,9 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     model.moe.capacity_factor_eval = capacity_factor_eval;
     model.moe.aux_alpha = aux_alpha;
     model.moe.z_coef = z_coef;
+    model.num_processes = mg.num_processes;
+    model.process_rank = mg.process_rank;
+    expert_parallel_init(&model.ep, &mg, expert_parallel);
     if (moe) {
         // a descriptor's experts (a model file brings its own)
         model.config.num_experts = num_experts;
@@ -1276,10 +1703,9 @@ static int gpt2_main(int argc, char* argv[], int moe) {
             model_source = resume_dir_model;
         }
     }
-    if (file_exists(model_source)) gpt2_build_from_checkpoint(&model, model_source, mg.num_processes, moe);
+    if (file_exists(model_source)) gpt2_build_from_checkpoint(&model, model_source, moe);
     else if (model_source[0] == 'd' && isdigit((unsigned char)model_source[1]))
-        gpt2_build_from_descriptor(&model, model_source, descriptor_vocab, descriptor_maxT, descriptor_seed, init_scale,
-                                   mg.num_processes);
+        gpt2_build_from_descriptor(&model, model_source, descriptor_vocab, descriptor_maxT, descriptor_seed, init_scale);
     else {
         fprintf(stderr, "-e %s: no such model file (and not a descriptor such as d12)\n", model_source);
         return EXIT_FAILURE;
@@ -1312,25 +1738,31 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     }
 
     gpt2_allocate_activations(&model, B, T);
-    sharded_parameters_allocate_optimizer(&model.store, model.use_master_weights, mg.process_rank, mg.num_processes,
-                                          zero_stage);
+    gpt2_allocate_optimizer(&model, zero_stage);
 
     // the memory plan
-    size_t param_bytes = model.store.num_parameters_padded * sizeof(floatX);
-    size_t opt_bytes = model.store.shard_size * sizeof(float) * (model.store.master_weights ? 3 : 2);
-    size_t act_bytes = activation_bytes(cfg, &model.moe, B, T, recompute);
+    size_t param_bytes = (model.store.num_parameters_padded + model.expert_store.num_parameters_padded) * sizeof(floatX);
+    size_t opt_bytes = (model.store.shard_size + model.expert_store.shard_size) * sizeof(float) *
+                       (model.store.master_weights ? 3 : 2);
+    size_t act_bytes = activation_bytes(cfg, &model.moe, B, T, recompute, model.ep.degree);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     // the activations are already allocated: a batch fits if its activations fit in what they use plus what is free
     int max_fit_B = 0;
-    while (max_fit_B < 65536 && activation_bytes(cfg, &model.moe, max_fit_B + 1, T, recompute) <= free_bytes + act_bytes) max_fit_B++;
+    while (max_fit_B < 65536 && activation_bytes(cfg, &model.moe, max_fit_B + 1, T, recompute, model.ep.degree) <= free_bytes + act_bytes) max_fit_B++;
     if (rank0) {
         printf("+-----------------------+----------------------------------------------------+\n");
         printf("| device                | %-50.50s |\n", prop.name);
         printf("| precision             | %-50s |\n", PRECISION_NAME);
         printf("| model                 | L=%d NH=%d C=%d V=%d Vp=%d maxT=%d%*s|\n", cfg->num_layers, cfg->num_heads,
                cfg->channels, cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len, 1, "");
-        printf("| parameters            | %-50zu |\n", model.store.num_parameters);
+        printf("| parameters            | %-50zu |\n", gpt2_num_parameters(cfg));
+        if (cfg->num_experts > 0) {
+            char experts[64];
+            snprintf(experts, sizeof(experts), "%d per MoE layer, %d per process (-ep %d)", cfg->num_experts,
+                     model.local_experts, model.ep.degree);
+            printf("| experts               | %-50s |\n", experts);
+        }
         printf("| batch                 | B=%d T=%d processes=%d accumulation=%d%*s|\n", B, T, mg.num_processes,
                grad_accum_steps, 1, "");
         printf("| memory: parameters    | %10.1f MiB%40s|\n", param_bytes / 1048576.0, "");
@@ -1344,17 +1776,17 @@ static int gpt2_main(int argc, char* argv[], int moe) {
 
     TrainerState ts;
     memset(&ts, 0, sizeof(ts));
-    ts.loss_scale = model.store.loss_scale;
-    ts.rng_state = model.store.rng_state;
+    ts.loss_scale = model.loss_scaler.scale;
+    ts.rng_state = model.rng_state;
     ts.sample_rng_state = 1337ull;
     init_detector(&ts.loss_outlier);
     init_detector(&ts.norm_outlier);
     int start_step = 0;
     if (resume_step >= 0) {
         read_checkpoint_state(output_dir, resume_step, &model, &train_loader, &ts, &mg);
-        model.store.rng_state = ts.rng_state;
-        model.store.loss_scale = ts.loss_scale;
-        model.store.good_steps = ts.good_steps;
+        model.rng_state = ts.rng_state;
+        model.loss_scaler.scale = ts.loss_scale;
+        model.loss_scaler.good_steps = ts.good_steps;
         start_step = ts.step;
         if (rank0) printf("resumed from step %d of %s\n", start_step, output_dir);
     }
@@ -1381,15 +1813,16 @@ static int gpt2_main(int argc, char* argv[], int moe) {
             logger_log_val(&logger, step, (float)val_loss);
             if (rank0 && cfg->num_experts > 0) print_moe_layers(&model, B * T, &logger, step);
         }
-        if (rank0 && sample_every > 0 && (step % sample_every == 0 || last_step) && gen_tokens > 0) {
-            sample_and_print(&model, &tokenizer, gen_tokens, &ts.sample_rng_state, stream);
+        // with expert parallelism every process of the group takes part in each forward pass (the same tokens)
+        if ((rank0 || model.ep.degree > 1) && sample_every > 0 && (step % sample_every == 0 || last_step) && gen_tokens > 0) {
+            sample_and_print(&model, &tokenizer, gen_tokens, &ts.sample_rng_state, rank0, stream);
         }
         if (output_dir && checkpoint_every > 0 && step > start_step && (step % checkpoint_every == 0 || last_step)) {
             ts.step = step;
-            ts.rng_state = model.store.rng_state;
-            ts.loss_scale = model.store.loss_scale;
-            ts.good_steps = model.store.good_steps;
-            write_checkpoint(output_dir, &model, &train_loader, &ts, &mg);
+            ts.rng_state = model.rng_state;
+            ts.loss_scale = model.loss_scaler.scale;
+            ts.good_steps = model.loss_scaler.good_steps;
+            write_checkpoint(output_dir, &model, &train_loader, &ts, &mg, zero_stage, stream);
             if (rank0) {
                 printf("checkpoint written: step %d\n", step);
                 if (checkpoints_keep > 0) {
@@ -1402,16 +1835,15 @@ static int gpt2_main(int argc, char* argv[], int moe) {
 
         struct timespec ts0, ts1;
         clock_gettime(CLOCK_MONOTONIC, &ts0);
-        sharded_parameters_zero_grad(&model.store, stream);
+        gpt2_zero_grad(&model, stream);
         double step_loss = 0.0, step_aux = 0.0, step_z = 0.0, step_drop = 0.0, step_load_cv = 0.0;
         for (int micro = 0; micro < grad_accum_steps; micro++) {
             if (overfit_single_batch) dataloader_reset(&train_loader);
             dataloader_next_batch(&train_loader);
-            float dlogits_scale = model.store.loss_scale / (float)(B * T * grad_accum_steps);
+            float dlogits_scale = model.loss_scaler.scale / (float)(B * T * grad_accum_steps);
             gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T, dlogits_scale, stream);
             int last_micro_step = micro == grad_accum_steps - 1;
-            gpt2_backward(&model, B, T, sharded_parameters_next_seed(&model.store), &mg, last_micro_step, zero_stage,
-                          stream);
+            gpt2_backward(&model, B, T, optimizer_next_seed(&model.rng_state), &mg, last_micro_step, zero_stage, stream);
             step_loss += model.mean_loss;
             step_aux += model.aux_loss;
             step_z += model.z_loss;
@@ -1420,14 +1852,14 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         }
         float loss = (float)(step_loss / grad_accum_steps);
         if (mg.num_processes > 1) loss = multi_gpu_cpu_float_sum(loss, &mg) / mg.num_processes;
-        float norm = sharded_parameters_reduce_and_norm(&model.store, &mg, zero_stage, stream);
+        float norm = gpt2_gradient_norm(&model, &mg, zero_stage, stream);
         // outliers: a spike in the loss or the gradient norm against the last 128 steps skips the update
         double loss_z = update_detector(&ts.loss_outlier, loss);
         double norm_z = isfinite(norm) ? update_detector(&ts.norm_outlier, norm) : NAN;
         int loss_spike = skip_update_lossz > 0.0f && isfinite(loss_z) && loss_z > skip_update_lossz;
         int norm_spike = skip_update_gradz > 0.0f && isfinite(norm_z) && norm_z > skip_update_gradz;
         opt.learning_rate = lr_scheduler_get(&scheduler, step);
-        if (!loss_spike && !norm_spike) sharded_parameters_apply_update(&model.store, &opt, norm, step + 1, &mg, zero_stage, stream);
+        if (!loss_spike && !norm_spike) gpt2_update(&model, &opt, norm, step + 1, &mg, zero_stage, stream);
         cudaCheck(cudaStreamSynchronize(stream));
         clock_gettime(CLOCK_MONOTONIC, &ts1);
         float ms = (float)((ts1.tv_sec - ts0.tv_sec) * 1e3 + (ts1.tv_nsec - ts0.tv_nsec) * 1e-6);
@@ -1440,7 +1872,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         if (rank0) {
             if (loss_spike) printf("step %d: loss z-score %.1f exceeds -sl %.1f: update skipped\n", step + 1, loss_z, skip_update_lossz);
             if (norm_spike) printf("step %d: gradient norm z-score %.1f exceeds -sg %.1f: update skipped\n", step + 1, norm_z, skip_update_gradz);
-            if (!isfinite(norm)) printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1, model.store.loss_scale);
+            if (!isfinite(norm)) printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1, model.loss_scaler.scale);
             char moe_fields[128] = "";
             if (cfg->num_experts > 0)
                 snprintf(moe_fields, sizeof(moe_fields), " | aux %f | z %f | drop %.4f", step_aux / grad_accum_steps,
@@ -1473,6 +1905,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
 #endif
     cublas_teardown();
     cudaCheck(cudaStreamDestroy(stream));
+    expert_parallel_free(&model.ep);
     multi_gpu_config_free(&mg);
     return 0;
 }

@@ -1,6 +1,7 @@
 // llmc/checkpoint.h: the names and life cycle of the trainers' checkpoint files in an output directory:
 //   model_%08d.bin        the model (rank 0)
 //   state_%08d_%05d.bin   one training state per process (optimizer shard, data loader, RNG, loss scale)
+//   expert_state_%08d.bin the MoE experts' optimizer state, every expert in the model file's layout (rank 0)
 //   DONE_%08d             written last, once every process has written: a checkpoint without it is incomplete
 // Every file is written under a temporary name and renamed (llmc/utils.h), and deletion removes the DONE
 // marker first, so an interrupted write or delete never leaves a checkpoint that looks complete.
@@ -9,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-// kind: "model", "state" (with rank >= 0) or "DONE"
+// kind: "model", "expert_state", "state" (with rank >= 0) or "DONE"
 static void checkpoint_paths(char* buf, size_t n, const char* dir, const char* kind, int step, int rank) {
     if (rank >= 0) snprintf(buf, n, "%s/%s_%08d_%05d.bin", dir, kind, step, rank);
     else snprintf(buf, n, "%s/%s_%08d%s", dir, kind, step, strcmp(kind, "DONE") ? ".bin" : "");
@@ -21,6 +22,8 @@ static void delete_checkpoint(const char* dir, int step, int num_processes) {
     remove(path);
     checkpoint_paths(path, sizeof(path), dir, "model", step, -1);
     remove(path);
+    checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
+    remove(path);  // absent for a dense model
     for (int r = 0; r < num_processes; r++) {
         checkpoint_paths(path, sizeof(path), dir, "state", step, r);
         remove(path);

@@ -1,5 +1,6 @@
 // llmc/cublas_common.cuh: the process-wide cuBLAS and cuBLASLt state every GEMM of switch.cu goes through:
-// the two handles, one workspace, the compute type and the matching data type of floatX. Included by
+// the two handles, one workspace, the grouped GEMMs' pointer arrays, the compute type and the matching data type
+// of floatX. Included by
 // llmc/matmul.cuh and llmc/attention.cuh; a program calls cublas_setup() once before its first GEMM and
 // cublas_teardown() at exit. Builds with nvcc (-lcublas -lcublasLt) or through the CPU backend
 // (cpu/cucc ... -lcublas -lcublasLt), which implements the same API over OpenBLAS.
@@ -31,10 +32,21 @@ inline void cublas_check(cublasStatus_t status, const char* file, int line) {
 // slower split-k-free algorithms.
 inline constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32ull << 20;
 
+// cublasGemmGroupedBatchedEx (the dropless experts, llmc/matmul.cuh) reads every GEMM's A, B and C addresses from
+// device memory. This buffer holds them for the two grouped GEMMs of one matmul_backward_grouped call (2 products x
+// 3 arrays of up to CUBLAS_GROUPED_MAX_GROUPS pointers, 12 KiB), which the caller fills with one cudaMemcpyAsync on
+// the GEMMs' stream. It is allocated here, once, beside the workspace, rather than lazily on the first grouped call:
+// no GEMM then allocates (cudaMalloc synchronises the device and cannot be captured in a CUDA graph), and
+// cublas_teardown frees it with the rest. One buffer serves every call because each copy and the GEMMs that read it
+// are ordered on one stream; grouped GEMMs on two streams at once would each need their own.
+inline constexpr int CUBLAS_GROUPED_MAX_GROUPS = 256;
+inline constexpr size_t CUBLAS_GROUPED_POINTERS = 2 * 3 * CUBLAS_GROUPED_MAX_GROUPS;
+
 inline cublasHandle_t cublas_handle = nullptr;
 inline cublasLtHandle_t cublaslt_handle = nullptr;
 inline void* cublaslt_workspace = nullptr;
 inline size_t cublaslt_workspace_size = 0;
+inline void** cublas_grouped_pointers = nullptr;
 // Always fp32 accumulation. Plain COMPUTE_32F never uses TF32, so FP32 builds stay as exact as the fp32
 // references they are tested against; bf16/fp16 inputs still run on the tensor cores with it.
 inline cublasComputeType_t cublas_compute = CUBLAS_COMPUTE_32F;
@@ -45,15 +57,18 @@ inline void cublas_setup(void) {
     cublasCheck(cublasSetMathMode(cublas_handle, CUBLAS_DEFAULT_MATH));
     cublaslt_workspace_size = CUBLASLT_WORKSPACE_BYTES;
     cudaCheck(cudaMalloc(&cublaslt_workspace, cublaslt_workspace_size));
+    cudaCheck(cudaMalloc(&cublas_grouped_pointers, CUBLAS_GROUPED_POINTERS * sizeof(void*)));
     cublas_compute = CUBLAS_COMPUTE_32F;
 }
 
 inline void cublas_teardown(void) {
     cudaCheck(cudaFree(cublaslt_workspace));
+    cudaCheck(cudaFree(cublas_grouped_pointers));
     cublasCheck(cublasLtDestroy(cublaslt_handle));
     cublasCheck(cublasDestroy(cublas_handle));
     cublaslt_workspace = nullptr;
     cublaslt_workspace_size = 0;
+    cublas_grouped_pointers = nullptr;
     cublaslt_handle = nullptr;
     cublas_handle = nullptr;
 }

@@ -7,17 +7,21 @@
 // moe_dispatch_combine.cu, moe_router_backward.cu (e.g. `cpu/cucc -O2 dev/cuda/moe_slots.cu -o
 // build/labmoe/moe_slots -lcublas -lcublasLt && build/labmoe/moe_slots -s`).
 //
-// Shapes (N = B*T tokens of one micro-batch, E experts, k = top-k, C channels, cap = capacity rows per expert):
+// Shapes (N = B*T tokens of one micro-batch, E experts, k = top-k, C channels, R = rows of the expert buffer):
 //   logits, probs, d_logits (N, E) fp32          logsumexp (N) fp32
-//   expert_index, slot (N, k) int                 gates, d_gates (N, k) fp32
-//   row_choice (E, cap) int                       expert_count, kept_count (E) int
-//   x, out, dout, dx (N, C) floatX                expert_input, expert_output and their gradients (E, cap, C) floatX
-// A "choice" (t, j) is the j-th expert of token t, flattened as t*k + j. slot[t, j] is its row in expert
-// expert_index[t, j]'s buffer, or -1 when it was dropped. row_choice is the inverse map: the choice that fills
-// row r of expert e, or -1 for a padding row; it lets every backward and forward kernel gather (one writer per
-// output element, no scatter-add, no atomics).
-// `capacity` is always the row count of an expert's buffer as moe_capacity() returns it (>= 1; dropless
-// routing is capacity = N, which no expert can exceed since a token's k experts are distinct).
+//   expert_index, choice_row (N, k) int           gates, d_gates (N, k) fp32
+//   row_choice (R) int                            expert_count, kept_count (E) int
+//   x, out, dout, dx (N, C) floatX                expert_input, expert_output and their gradients (R, C) floatX
+// A "choice" (t, j) is the j-th expert of token t, flattened as t*k + j. The expert buffer holds one row per kept
+// choice, grouped by expert in expert order, in one of two layouts:
+//   padded (a capacity limit): expert e owns rows [e*cap, (e+1)*cap), R = E*cap; the rows past its kept choices
+//     are padding (zeros in expert_input), so that the experts run as one batched GEMM of equal shapes;
+//   packed (dropless): expert e owns rows [offset_e, offset_e + count_e), offset_e = the choices routed to experts
+//     below e, R = N*k, no padding: the experts run as one grouped GEMM of their exact row counts.
+// choice_row[t, j] is the choice's row, or -1 when it was dropped; row_choice is the inverse map, the choice in
+// each row or -1 for padding; together they let every kernel gather (one writer per output element, no
+// scatter-add, no atomics). `capacity` is always what moe_capacity() returns (>= 1; dropless routing is
+// capacity = N, which no expert can exceed since a token's k experts are distinct).
 // Sizes supported (moe_support): C a multiple of 8 (16-byte vectors of a row), 1 <= E <= 256 (a warp holds a
 // token's logits in 8 registers per lane), 1 <= k <= min(E, 32) (lane j keeps the j-th pick).
 #pragma once
@@ -121,14 +125,17 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
 // takes positions base + i*blockDim.x + x for i < MOE_SLOTS_ITEMS, so that its loads are in flight together and
 // one pair of barriers serves them all (the scan is latency-bound: E blocks, a few chunks each). A ballot per
 // warp and item, and the warps' counts in shared memory, give each choice of e its exclusive prefix count = its
-// slot; slot >= capacity is dropped (-1). Only block e writes the choices of expert e and the rows of e, so no two
-// threads ever compete for a slot, and the result depends on expert_index alone.
-// Afterwards rows [kept, capacity) of e are marked padding (-1) in row_choice.
-// Floor: every block reads the whole of expert_index (E * N*k * 4 bytes, from L2 after the first: DRAM reads
-// N*k*4) and the writes are N*k*4 (slot) + E*cap*4 (row_choice) + 8*E bytes.
-__global__ void moe_assign_slots_kernel(int* __restrict__ slot, int* __restrict__ row_choice,
+// slot s; s >= capacity is dropped (-1), a kept choice gets row first_row(e) + s. Only block e writes the
+// choices of expert e and the rows of e, so no two threads ever compete for a slot, and the result depends on
+// expert_index alone. Padded layout: first_row = e * capacity, and rows [kept, capacity) of e are marked padding
+// (-1) afterwards. Packed layout (dropless, capacity = N): first_row = the choices routed to experts below e,
+// counted by the block in a first pass (__syncthreads_count over the choices).
+// Floor: every block reads the whole of expert_index once (twice when packed; E * N*k * 4 bytes from L2 after
+// the first: DRAM reads N*k*4) and the writes are N*k*4 (choice_row) + R*4 (row_choice) + 8*E bytes.
+__global__ void moe_assign_slots_kernel(int* __restrict__ choice_row, int* __restrict__ row_choice,
                                         int* __restrict__ expert_count, int* __restrict__ kept_count,
-                                        const int* __restrict__ expert_index, int N, int k, int capacity) {
+                                        const int* __restrict__ expert_index, int N, int k, int capacity,
+                                        bool packed) {
     __shared__ int warp_counts[MOE_SLOTS_ITEMS * 32];  // (item, warp): choices of this expert
     const int expert = blockIdx.x;
     const int lane = threadIdx.x % 32;
@@ -136,6 +143,14 @@ __global__ void moe_assign_slots_kernel(int* __restrict__ slot, int* __restrict_
     const int num_warps = blockDim.x / 32;
     const int num_choices = N * k;
     const unsigned int lanes_below = (1u << lane) - 1u;
+    int first_row = expert * capacity;
+    if (packed) {
+        first_row = 0;
+        for (int base = 0; base < num_choices; base += blockDim.x) {
+            const int choice = base + threadIdx.x;
+            first_row += __syncthreads_count(choice < num_choices && expert_index[choice] < expert);
+        }
+    }
     int routed = 0;  // choices of this expert in priority order so far
     for (int base = 0; base < num_choices; base += MOE_SLOTS_ITEMS * blockDim.x) {
         int choice[MOE_SLOTS_ITEMS];
@@ -162,8 +177,8 @@ __global__ void moe_assign_slots_kernel(int* __restrict__ slot, int* __restrict_
             }
             if (mine[i]) {
                 const int s = before + earlier_warps + __popc(ballot[i] & lanes_below);
-                slot[choice[i]] = s < capacity ? s : -1;
-                if (s < capacity) row_choice[(size_t)expert * capacity + s] = choice[i];
+                choice_row[choice[i]] = s < capacity ? first_row + s : -1;
+                if (s < capacity) row_choice[first_row + s] = choice[i];
             }
             before += item_total;
         }
@@ -171,8 +186,10 @@ __global__ void moe_assign_slots_kernel(int* __restrict__ slot, int* __restrict_
         __syncthreads();  // warp_counts is rewritten by the next chunk
     }
     const int kept_rows = routed < capacity ? routed : capacity;
-    for (int row = kept_rows + threadIdx.x; row < capacity; row += blockDim.x) {
-        row_choice[(size_t)expert * capacity + row] = -1;
+    if (!packed) {
+        for (int row = kept_rows + threadIdx.x; row < capacity; row += blockDim.x) {
+            row_choice[(size_t)expert * capacity + row] = -1;
+        }
     }
     if (threadIdx.x == 0) {
         expert_count[expert] = routed;
@@ -181,10 +198,10 @@ __global__ void moe_assign_slots_kernel(int* __restrict__ slot, int* __restrict_
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Dispatch, gathered: one warp per row of expert_input (E*cap rows); a used row copies its token's row of x,
-// a padding row is written with zeros (so it adds nothing to the experts' weight gradients).
-// Floor: read (kept rows)*C and write E*cap*C floatX (a token chosen k times is read k times; k <= 2 in
-// practice and the second read hits L2): bytes <= (N*k + E*cap)*C*sizeof(floatX) + E*cap*4.
+// Dispatch, gathered: one warp per row of expert_input (R rows); a used row copies its token's row of x, a
+// padding row is written with zeros (so it adds nothing to the experts' weight gradients).
+// Floor: read (kept rows)*C and write R*C floatX (a token chosen k times is read k times; k <= 2 in practice
+// and the second read hits L2): bytes <= (N*k + R)*C*sizeof(floatX) + R*4.
 __global__ void moe_dispatch_kernel(floatX* __restrict__ expert_input, const floatX* __restrict__ x,
                                     const int* __restrict__ row_choice, int num_rows, int k, int C) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -200,12 +217,12 @@ __global__ void moe_dispatch_kernel(floatX* __restrict__ expert_input, const flo
     for (int c = lane * x128::size; c < C; c += 32 * x128::size) store128(destination + c, load128(source + c));
 }
 
-// Combine, gathered per token: one warp per token, out[t] = sum over kept j of gates[t,j] * expert_output[e, s],
+// Combine, gathered per token: one warp per token, out[t] = sum over kept j of gates[t,j] * expert_output[row],
 // added in fp32 in the order j = 0..k-1 and rounded to floatX once; a token whose choices were all dropped gets 0.
-// Floor: read (kept rows)*C floatX, write N*C floatX, plus N*k*12 bytes of routing.
+// Floor: read (kept rows)*C floatX, write N*C floatX, plus N*k*8 bytes of routing.
 __global__ void moe_combine_kernel(floatX* __restrict__ out, const floatX* __restrict__ expert_output,
-                                   const int* __restrict__ expert_index, const int* __restrict__ slot,
-                                   const float* __restrict__ gates, int N, int k, int C, int capacity) {
+                                   const int* __restrict__ choice_row, const float* __restrict__ gates, int N, int k,
+                                   int C) {
     const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (token >= N) return;
     const int lane = threadIdx.x % 32;
@@ -214,10 +231,10 @@ __global__ void moe_combine_kernel(floatX* __restrict__ out, const floatX* __res
         for (int i = 0; i < x128::size; i++) sum[i] = 0.0f;
         for (int j = 0; j < k; j++) {
             const int choice = token * k + j;
-            const int s = slot[choice];
-            if (s < 0) continue;
+            const int row = choice_row[choice];
+            if (row < 0) continue;
             const float gate = gates[choice];
-            const x128 v = load128cs(expert_output + ((size_t)expert_index[choice] * capacity + s) * C + c);
+            const x128 v = load128cs(expert_output + (size_t)row * C + c);
             for (int i = 0; i < x128::size; i++) sum[i] += gate * (float)v[i];
         }
         x128 result;
@@ -226,19 +243,19 @@ __global__ void moe_combine_kernel(floatX* __restrict__ out, const floatX* __res
     }
 }
 
-// Combine backward, gathered per expert row: warp w < E*cap owns row w; a used row (choice t*k+j) writes
+// Combine backward, gathered per expert row: warp w < R owns row w; a used row (choice t*k+j) writes
 // d_expert_output = gate * dout[t] and d_gates[t, j] = <dout[t], expert_output[row]> (fp32, warp-reduced); a
 // padding row writes zeros. Warp w < N*k also writes d_gates[w] = 0 if choice w was dropped (it has no row).
-// The grid is max(E*cap, N*k) warps. Floor: read 2*(kept rows)*C floatX (dout rows again from L2 for k >= 2),
-// write E*cap*C floatX, plus N*k*12 + E*cap*4 bytes of routing.
+// The grid is max(R, N*k) warps. Floor: read 2*(kept rows)*C floatX (dout rows again from L2 for k >= 2),
+// write R*C floatX, plus N*k*8 + R*4 bytes of routing.
 __global__ void moe_combine_backward_kernel(floatX* __restrict__ d_expert_output, float* __restrict__ d_gates,
                                             const floatX* __restrict__ dout, const floatX* __restrict__ expert_output,
-                                            const int* __restrict__ slot, const float* __restrict__ gates,
+                                            const int* __restrict__ choice_row, const float* __restrict__ gates,
                                             const int* __restrict__ row_choice, int num_rows, int num_choices, int k,
                                             int C) {
     const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (w < num_choices && lane == 0 && slot[w] < 0) d_gates[w] = 0.0f;
+    if (w < num_choices && lane == 0 && choice_row[w] < 0) d_gates[w] = 0.0f;
     if (w >= num_rows) return;
     const int choice = row_choice[w];
     floatX* d_row = d_expert_output + (size_t)w * C;
@@ -264,11 +281,10 @@ __global__ void moe_combine_backward_kernel(floatX* __restrict__ d_expert_output
     if (lane == 0) d_gates[choice] = dot;
 }
 
-// Dispatch backward, gathered per token: dx[t] += sum over kept j of d_expert_input[e, s], added in fp32 to dx's
+// Dispatch backward, gathered per token: dx[t] += sum over kept j of d_expert_input[row], added in fp32 to dx's
 // value in the order j = 0..k-1, one rounding. Floor: read (kept rows)*C + N*C, write N*C floatX.
 __global__ void moe_dispatch_backward_kernel(floatX* __restrict__ dx, const floatX* __restrict__ d_expert_input,
-                                             const int* __restrict__ expert_index, const int* __restrict__ slot,
-                                             int N, int k, int C, int capacity) {
+                                             const int* __restrict__ choice_row, int N, int k, int C) {
     const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (token >= N) return;
     const int lane = threadIdx.x % 32;
@@ -279,9 +295,9 @@ __global__ void moe_dispatch_backward_kernel(floatX* __restrict__ dx, const floa
         for (int i = 0; i < x128::size; i++) sum[i] = (float)current[i];
         for (int j = 0; j < k; j++) {
             const int choice = token * k + j;
-            const int s = slot[choice];
-            if (s < 0) continue;
-            const x128 v = load128cs(d_expert_input + ((size_t)expert_index[choice] * capacity + s) * C + c);
+            const int row = choice_row[choice];
+            if (row < 0) continue;
+            const x128 v = load128cs(d_expert_input + (size_t)row * C + c);
             for (int i = 0; i < x128::size; i++) sum[i] += (float)v[i];
         }
         x128 result;
@@ -442,95 +458,93 @@ void moe_router_forward(float* probs, int* expert_index, float* gates, float* lo
                               stream);
 }
 
-void moe_assign_slots_launch(int* slot, int* row_choice, int* expert_count, int* kept_count, const int* expert_index,
-                             int N, int E, int k, int capacity, int block_size, cudaStream_t stream) {
+void moe_assign_slots_launch(int* choice_row, int* row_choice, int* expert_count, int* kept_count,
+                             const int* expert_index, int N, int E, int k, int capacity, bool packed, int block_size,
+                             cudaStream_t stream) {
     moe_require(capacity >= 1, "moe_assign_slots", "capacity must be >= 1 rows (use moe_capacity; dropless = N)");
-    moe_assign_slots_kernel<<<E, block_size, 0, stream>>>(slot, row_choice, expert_count, kept_count, expert_index, N,
-                                                          k, capacity);
+    moe_require(!packed || capacity == N, "moe_assign_slots", "the packed layout is for dropless routing (capacity N)");
+    moe_assign_slots_kernel<<<E, block_size, 0, stream>>>(choice_row, row_choice, expert_count, kept_count,
+                                                          expert_index, N, k, capacity, packed);
     cudaCheck(cudaGetLastError());
 }
 
-// expert_index (N, k) -> slot (N, k) (-1: dropped), row_choice (E, capacity) (-1: padding row),
-// expert_count (E) = choices routed to e before dropping, kept_count (E) = rows of e used
-void moe_assign_slots(int* slot, int* row_choice, int* expert_count, int* kept_count, const int* expert_index, int N,
-                      int E, int k, int capacity, cudaStream_t stream) {
+// expert_index (N, k) -> choice_row (N, k) (-1: dropped), row_choice (R) (-1: padding row), expert_count (E) =
+// choices routed to e before dropping, kept_count (E) = rows of e used. Padded layout: R = E * capacity; packed
+// (dropless, capacity = N): R = N * k.
+void moe_assign_slots(int* choice_row, int* row_choice, int* expert_count, int* kept_count, const int* expert_index,
+                      int N, int E, int k, int capacity, bool packed, cudaStream_t stream) {
     // no more warps than the choices fill: a thread that never holds a choice only adds barrier waits
     const int warps = CEIL_DIV(N * k, 32 * MOE_SLOTS_ITEMS);
     const int block_size = warps < MOE_SLOTS_BLOCK_SIZE / 32 ? 32 * warps : MOE_SLOTS_BLOCK_SIZE;
-    moe_assign_slots_launch(slot, row_choice, expert_count, kept_count, expert_index, N, E, k, capacity, block_size,
-                            stream);
+    moe_assign_slots_launch(choice_row, row_choice, expert_count, kept_count, expert_index, N, E, k, capacity, packed,
+                            block_size, stream);
 }
 
-void moe_dispatch_launch(floatX* expert_input, const floatX* x, const int* row_choice, int E, int k, int C,
-                         int capacity, int block_size, cudaStream_t stream) {
-    moe_require(C % 8 == 0 && capacity >= 1, "moe_dispatch", "needs C a multiple of 8 and capacity >= 1");
+void moe_dispatch_launch(floatX* expert_input, const floatX* x, const int* row_choice, int num_rows, int k, int C,
+                         int block_size, cudaStream_t stream) {
+    moe_require(C % 8 == 0 && num_rows >= 1, "moe_dispatch", "needs C a multiple of 8 and at least one row");
     moe_require_aligned("moe_dispatch", expert_input, x, nullptr);
-    const int num_rows = E * capacity;
     moe_dispatch_kernel<<<moe_warp_grid(num_rows, block_size), block_size, 0, stream>>>(expert_input, x, row_choice,
                                                                                         num_rows, k, C);
     cudaCheck(cudaGetLastError());
 }
 
-// expert_input (E, capacity, C) = x (N, C) rows by row_choice, zeros in padding rows
-void moe_dispatch(floatX* expert_input, const floatX* x, const int* row_choice, int E, int k, int C, int capacity,
+// expert_input (num_rows, C) = x (N, C) rows by row_choice, zeros in padding rows
+void moe_dispatch(floatX* expert_input, const floatX* x, const int* row_choice, int num_rows, int k, int C,
                   cudaStream_t stream) {
-    moe_dispatch_launch(expert_input, x, row_choice, E, k, C, capacity, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
+    moe_dispatch_launch(expert_input, x, row_choice, num_rows, k, C, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
 }
 
-void moe_combine_launch(floatX* out, const floatX* expert_output, const int* expert_index, const int* slot,
-                        const float* gates, int N, int k, int C, int capacity, int block_size, cudaStream_t stream) {
-    moe_require(C % 8 == 0 && capacity >= 1, "moe_combine", "needs C a multiple of 8 and capacity >= 1");
+void moe_combine_launch(floatX* out, const floatX* expert_output, const int* choice_row, const float* gates, int N,
+                        int k, int C, int block_size, cudaStream_t stream) {
+    moe_require(C % 8 == 0, "moe_combine", "needs C a multiple of 8");
     moe_require_aligned("moe_combine", out, expert_output, nullptr);
-    moe_combine_kernel<<<moe_warp_grid(N, block_size), block_size, 0, stream>>>(out, expert_output, expert_index, slot,
-                                                                               gates, N, k, C, capacity);
+    moe_combine_kernel<<<moe_warp_grid(N, block_size), block_size, 0, stream>>>(out, expert_output, choice_row, gates,
+                                                                               N, k, C);
     cudaCheck(cudaGetLastError());
 }
 
-// out (N, C) = sum over kept choices of gate * expert_output[e, slot] (E, capacity, C); 0 if all dropped
-void moe_combine(floatX* out, const floatX* expert_output, const int* expert_index, const int* slot,
-                 const float* gates, int N, int k, int C, int capacity, cudaStream_t stream) {
-    moe_combine_launch(out, expert_output, expert_index, slot, gates, N, k, C, capacity, MOE_WARP_KERNEL_BLOCK_SIZE,
-                       stream);
+// out (N, C) = sum over kept choices of gate * expert_output[choice_row] (R, C); 0 if all dropped
+void moe_combine(floatX* out, const floatX* expert_output, const int* choice_row, const float* gates, int N, int k,
+                 int C, cudaStream_t stream) {
+    moe_combine_launch(out, expert_output, choice_row, gates, N, k, C, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
 }
 
 void moe_combine_backward_launch(floatX* d_expert_output, float* d_gates, const floatX* dout,
-                                 const floatX* expert_output, const int* slot, const float* gates,
-                                 const int* row_choice, int N, int E, int k, int C, int capacity, int block_size,
+                                 const floatX* expert_output, const int* choice_row, const float* gates,
+                                 const int* row_choice, int N, int num_rows, int k, int C, int block_size,
                                  cudaStream_t stream) {
-    moe_require(C % 8 == 0 && capacity >= 1, "moe_combine_backward", "needs C a multiple of 8 and capacity >= 1");
+    moe_require(C % 8 == 0 && num_rows >= 1, "moe_combine_backward", "needs C a multiple of 8 and at least one row");
     moe_require_aligned("moe_combine_backward", d_expert_output, dout, expert_output);
-    const int num_rows = E * capacity;
     const int num_choices = N * k;
     const int warps = num_rows > num_choices ? num_rows : num_choices;
     moe_combine_backward_kernel<<<moe_warp_grid(warps, block_size), block_size, 0, stream>>>(
-        d_expert_output, d_gates, dout, expert_output, slot, gates, row_choice, num_rows, num_choices, k, C);
+        d_expert_output, d_gates, dout, expert_output, choice_row, gates, row_choice, num_rows, num_choices, k, C);
     cudaCheck(cudaGetLastError());
 }
 
-// d_expert_output (E, capacity, C) = gate * dout[token] in used rows, 0 in padding rows;
-// d_gates (N, k) = <dout[t], expert_output[e, slot]> for kept choices, 0 for dropped ones
+// d_expert_output (num_rows, C) = gate * dout[token] in used rows, 0 in padding rows;
+// d_gates (N, k) = <dout[t], expert_output[choice_row]> for kept choices, 0 for dropped ones
 void moe_combine_backward(floatX* d_expert_output, float* d_gates, const floatX* dout, const floatX* expert_output,
-                          const int* slot, const float* gates, const int* row_choice, int N, int E, int k, int C,
-                          int capacity, cudaStream_t stream) {
-    moe_combine_backward_launch(d_expert_output, d_gates, dout, expert_output, slot, gates, row_choice, N, E, k, C,
-                                capacity, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
+                          const int* choice_row, const float* gates, const int* row_choice, int N, int num_rows, int k,
+                          int C, cudaStream_t stream) {
+    moe_combine_backward_launch(d_expert_output, d_gates, dout, expert_output, choice_row, gates, row_choice, N,
+                                num_rows, k, C, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
 }
 
-void moe_dispatch_backward_launch(floatX* dx, const floatX* d_expert_input, const int* expert_index, const int* slot,
-                                  int N, int k, int C, int capacity, int block_size, cudaStream_t stream) {
-    moe_require(C % 8 == 0 && capacity >= 1, "moe_dispatch_backward", "needs C a multiple of 8 and capacity >= 1");
+void moe_dispatch_backward_launch(floatX* dx, const floatX* d_expert_input, const int* choice_row, int N, int k, int C,
+                                  int block_size, cudaStream_t stream) {
+    moe_require(C % 8 == 0, "moe_dispatch_backward", "needs C a multiple of 8");
     moe_require_aligned("moe_dispatch_backward", dx, d_expert_input, nullptr);
     moe_dispatch_backward_kernel<<<moe_warp_grid(N, block_size), block_size, 0, stream>>>(dx, d_expert_input,
-                                                                                         expert_index, slot, N, k, C,
-                                                                                         capacity);
+                                                                                         choice_row, N, k, C);
     cudaCheck(cudaGetLastError());
 }
 
-// dx (N, C) += sum over kept choices of d_expert_input[e, slot] (E, capacity, C)
-void moe_dispatch_backward(floatX* dx, const floatX* d_expert_input, const int* expert_index, const int* slot, int N,
-                           int k, int C, int capacity, cudaStream_t stream) {
-    moe_dispatch_backward_launch(dx, d_expert_input, expert_index, slot, N, k, C, capacity, MOE_WARP_KERNEL_BLOCK_SIZE,
-                                 stream);
+// dx (N, C) += sum over kept choices of d_expert_input[choice_row] (R, C)
+void moe_dispatch_backward(floatX* dx, const floatX* d_expert_input, const int* choice_row, int N, int k, int C,
+                           cudaStream_t stream) {
+    moe_dispatch_backward_launch(dx, d_expert_input, choice_row, N, k, C, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
 }
 
 void moe_router_backward_launch(float* d_logits, const float* probs, const int* expert_index, const float* gates,

@@ -36,6 +36,11 @@ inline void nccl_check(ncclResult_t status, const char* file, int line) {
 }
 #define ncclCheck(err) (nccl_check((err), __FILE__, __LINE__))
 
+// floatX as NCCL names it
+static inline ncclDataType_t nccl_floatX(void) {
+    return PRECISION_MODE == PRECISION_FP32 ? ncclFloat : (PRECISION_MODE == PRECISION_FP16 ? ncclHalf : ncclBfloat16);
+}
+
 typedef struct {
     int process_rank;
     int num_processes;

@@ -1,14 +1,19 @@
-// llmc/optimizer.cuh: a model's trainable parameters as one flat floatX buffer of named tensors, with their
-// gradients and the AdamW state, sharded for ZeRO-1 — the part of training that does not depend on the model.
-// The trainers (train_gpt.cu, train_moe.cu) describe their tensors (sizes in buffer order, weight decay or
-// not), point their own structs into `params_memory`/`grads_memory`, and call:
+// llmc/optimizer.cuh: a set of trainable parameters as one flat floatX buffer of named tensors, with their
+// gradients and the AdamW state, sharded for ZeRO-1 over the processes that hold the same parameters — the part
+// of training that does not depend on the model. The trainers (train_gpt.cu, train_moe.cu) describe their
+// tensors (sizes in buffer order, weight decay or not), point their own structs into `params_memory` /
+// `grads_memory`, and call:
 //   sharded_parameters_allocate      parameters and gradients (padded so that every shard is equal)
 //   sharded_parameters_allocate_optimizer   m, v and fp32 master weights for this process's shard
 //   sharded_parameters_zero_grad     before the first micro-step of a step
 //   sharded_parameters_reduce_slices        average a set of slices over processes during the backward pass
-//   sharded_parameters_reduce_and_norm      wait for that, global norm of the unscaled gradient
-//   sharded_parameters_apply_update  clip, undo the FP16 loss scale, AdamW, all-gather (ZeRO-1)
-//   sharded_parameters_write_state / read_state   the optimizer state in checkpoints
+//   sharded_parameters_norm_squared  wait for that; the squared norm of the (still loss-scaled) gradient
+//   sharded_parameters_apply_update  clip, undo the loss scale, AdamW, all-gather (ZeRO-1)
+//   sharded_parameters_write_state / read_state / gather_state   the optimizer state in checkpoints
+// A model may have several such sets over different process groups: the MoE trainer keeps its experts in a
+// second one, replicated (and so reduced and sharded) over the processes that hold the same experts. The step's
+// global norm adds the sets' squared norms; the FP16 loss scale (LossScaler) and the stochastic-rounding seeds
+// (optimizer_next_seed) belong to the trainer, which hands them to every set.
 // Deterministic: the global norm is a fixed-order reduction, the stochastic-rounding seeds come from a host
 // generator that is identical on every process, and every process updates identical values.
 #pragma once
@@ -40,10 +45,42 @@ typedef struct {
     float* master_weights;  // fp32 copy of the shard, or NULL
     float* norm_partials;
     float* norm_result;
-    unsigned long long rng_state;  // host generator of stochastic-rounding seeds (identical on every process)
-    float loss_scale;              // FP16 dynamic loss scaling (1 otherwise)
-    int good_steps;                // steps since the loss scale last changed
+    // the reduced gradient times this is the gradient of the step's loss: 1, except for parameters whose gradient
+    // arrives summed over several processes' tokens before the reduction averages it (expert parallelism)
+    float grad_multiplier;
 } ShardedParameters;
+
+// FP16 dynamic loss scaling: a step whose gradient overflowed is skipped and halves the scale; 1000 good steps in
+// a row double it. Other precisions keep the scale at 1.
+typedef struct {
+    float scale;
+    int good_steps;  // steps since the scale last changed
+} LossScaler;
+
+static LossScaler loss_scaler_init(void) {
+    LossScaler s = {PRECISION_MODE == PRECISION_FP16 ? 65536.0f : 1.0f, 0};
+    return s;
+}
+
+// after a step whose gradient norm was `norm` (not finite: the step was skipped)
+static void loss_scaler_update(LossScaler* s, float norm) {
+    if (PRECISION_MODE != PRECISION_FP16) return;
+    if (!isfinite(norm)) {
+        s->scale *= 0.5f;
+        s->good_steps = 0;
+    } else if (++s->good_steps >= 1000) {
+        s->scale *= 2.0f;
+        s->good_steps = 0;
+    }
+}
+
+// xorshift64*: the same sequence on every process, so that stochastic rounding agrees everywhere
+static unsigned int optimizer_next_seed(unsigned long long* state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (unsigned int)((*state * 0x2545F4914F6CDD1Dull) >> 32);
+}
 
 static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, const size_t* sizes, const int* decays,
                                         int num_processes) {
@@ -67,8 +104,7 @@ static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, c
     size_t partials = global_norm_num_partials(p->num_parameters_padded);
     cudaCheck(cudaMalloc((void**)&p->norm_partials, partials * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&p->norm_result, sizeof(float)));
-    p->rng_state = 13371337ull;
-    p->loss_scale = PRECISION_MODE == PRECISION_FP16 ? 65536.0f : 1.0f;
+    p->grad_multiplier = 1.0f;
 }
 
 // m, v (and fp32 master weights when use_master_weights and the parameters are not fp32 already) for
@@ -109,18 +145,6 @@ static void sharded_parameters_zero_grad(ShardedParameters* p, cudaStream_t stre
     cudaCheck(cudaMemsetAsync(p->grads_memory, 0, p->num_parameters_padded * sizeof(floatX), stream));
 }
 
-// xorshift64*: the same sequence on every process, so that stochastic rounding agrees everywhere
-static unsigned int sharded_parameters_next_seed(ShardedParameters* p) {
-    p->rng_state ^= p->rng_state >> 12;
-    p->rng_state ^= p->rng_state << 25;
-    p->rng_state ^= p->rng_state >> 27;
-    return (unsigned int)((p->rng_state * 0x2545F4914F6CDD1Dull) >> 32);
-}
-
-static ncclDataType_t nccl_floatX(void) {
-    return PRECISION_MODE == PRECISION_FP32 ? ncclFloat : (PRECISION_MODE == PRECISION_FP16 ? ncclHalf : ncclBfloat16);
-}
-
 // The gradient reduction, overlapped with the backward pass: as soon as the backward pass has finished with
 // slice `layer` of each listed tensor (a tensor stacked over num_layers layers; layer < 0: the whole tensor),
 // these slices are averaged over processes on the NCCL stream, in one NCCL group, while the main stream goes
@@ -158,10 +182,11 @@ static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* te
 }
 
 // After the micro-steps' backward passes: waits for the overlapped reduction (sharded_parameters_reduce_slices)
-// and returns the global norm of the unscaled gradient, identical on every process (inf or NaN when an FP16
-// gradient overflowed). The padding past the last tensor is never reduced: it stays zero everywhere.
-static float sharded_parameters_reduce_and_norm(ShardedParameters* p, const MultiGpuConfig* mg, int zero_stage,
-                                                cudaStream_t stream) {
+// and returns the squared norm of the gradient of this set (times grad_multiplier, still multiplied by the loss
+// scale), identical on every process of mg (inf or NaN when an FP16 gradient overflowed). The padding past the
+// last tensor is never reduced: it stays zero everywhere.
+static float sharded_parameters_norm_squared(ShardedParameters* p, const MultiGpuConfig* mg, int zero_stage,
+                                             cudaStream_t stream) {
     if (mg->num_processes > 1) {
         cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
         cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
@@ -175,7 +200,7 @@ static float sharded_parameters_reduce_and_norm(ShardedParameters* p, const Mult
     cudaCheck(cudaMemcpyAsync(&norm2, p->norm_result, sizeof(float), cudaMemcpyDeviceToHost, stream));
     cudaCheck(cudaStreamSynchronize(stream));
     if (zero_stage >= 1 && mg->num_processes > 1) norm2 = multi_gpu_cpu_float_sum(norm2, mg);
-    return sqrtf(norm2) / p->loss_scale;
+    return norm2 * p->grad_multiplier * p->grad_multiplier;
 }
 
 // Gradient clipping as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
@@ -184,23 +209,16 @@ static float sharded_parameters_clip_scale(float norm, float max_norm) {
     return coef < 1.0f ? coef : 1.0f;
 }
 
-// The update of step t (from 1) for a gradient of norm `norm`: AdamW over this process's shard, one call
-// per tensor piece (weight decay on the matrices only), then the all-gather of the parameters under
-// ZeRO-1. An overflowed FP16 gradient skips the update and halves the loss scale; a run of 1000 good
-// steps doubles it again. Returns 1 if the parameters were updated.
-static int sharded_parameters_apply_update(ShardedParameters* p, const AdamWConfig* opt, float norm, int t,
-                                           const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    if (!isfinite(norm)) {
-        if (PRECISION_MODE == PRECISION_FP16) {
-            p->loss_scale *= 0.5f;
-            p->good_steps = 0;
-        }
-        return 0;
-    }
-    float grad_scale = sharded_parameters_clip_scale(norm, opt->grad_clip) / p->loss_scale;
+// The update of step t (from 1) for a finite gradient norm `norm` (the norm of the step's whole gradient, all
+// sets together, with the loss scale undone): AdamW over this process's shard, one call per tensor piece (weight
+// decay on the matrices only), then the all-gather of the parameters under ZeRO-1. The stored gradient is
+// divided by loss_scale and multiplied by grad_multiplier; `seed` drives bf16 stochastic rounding.
+static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWConfig* opt, float norm, float loss_scale,
+                                            unsigned int seed, int t, const MultiGpuConfig* mg, int zero_stage,
+                                            cudaStream_t stream) {
+    float grad_scale = sharded_parameters_clip_scale(norm, opt->grad_clip) / loss_scale * p->grad_multiplier;
     float beta1_correction = 1.0f - powf(opt->beta1, (float)t);
     float beta2_correction = 1.0f - powf(opt->beta2, (float)t);
-    unsigned int seed = sharded_parameters_next_seed(p);
     size_t shard_begin = p->shard_offset, shard_end = p->shard_offset + p->shard_size;
     size_t tensor_begin = 0;
     for (int i = 0; i < p->num_tensors; i++) {
@@ -224,11 +242,6 @@ static int sharded_parameters_apply_update(ShardedParameters* p, const AdamWConf
         cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
         cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
     }
-    if (PRECISION_MODE == PRECISION_FP16 && ++p->good_steps >= 1000) {
-        p->loss_scale *= 2.0f;
-        p->good_steps = 0;
-    }
-    return 1;
 }
 
 // The optimizer state of this process's shard in a checkpoint: m, v, then the master weights if any.
@@ -250,4 +263,25 @@ static void sharded_parameters_read_state(ShardedParameters* p, FILE* f, const c
         cudaCheck(cudaMemcpy(device_buffers[i], host, p->shard_size * sizeof(float), cudaMemcpyHostToDevice));
     }
     free(host);
+}
+
+// The optimizer state of the whole set (all shards) into `full` (device, num_parameters_padded floats): buffer 0 =
+// m, 1 = v, 2 = master weights (which must exist). Collective over mg under ZeRO-1 (an all-gather of the shards).
+static void sharded_parameters_gather_state(const ShardedParameters* p, int buffer, float* full,
+                                            const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
+    const float* device_buffers[3] = {p->m_memory, p->v_memory, p->master_weights};
+    if (zero_stage >= 1 && mg->num_processes > 1) {
+        ncclCheck(ncclAllGather(device_buffers[buffer], full, p->shard_size, ncclFloat, mg->nccl_comm, stream));
+    } else {
+        cudaCheck(cudaMemcpyAsync(full, device_buffers[buffer], p->shard_size * sizeof(float), cudaMemcpyDeviceToDevice,
+                                  stream));
+    }
+    cudaCheck(cudaStreamSynchronize(stream));
+}
+
+// The inverse: this process's shard of buffer 0/1/2 from the whole set's values (host, num_parameters_padded floats).
+static void sharded_parameters_scatter_state(ShardedParameters* p, int buffer, const float* full_host) {
+    float* device_buffers[3] = {p->m_memory, p->v_memory, p->master_weights};
+    cudaCheck(cudaMemcpy(device_buffers[buffer], full_host + p->shard_offset, p->shard_size * sizeof(float),
+                         cudaMemcpyHostToDevice));
 }

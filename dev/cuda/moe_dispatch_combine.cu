@@ -1,16 +1,18 @@
 // dev/cuda/moe_dispatch_combine.cu: kernel lab for the MoE data movement around the expert GEMMs, forward and
-// backward: dispatch (token rows into per-expert buffers (E, capacity, C), zeros in padding rows), combine (each
-// token's kept expert outputs weighted by its gates), combine backward (d_expert_output and d_gates) and
-// dispatch backward (dx += the token's rows of d_expert_input). ARCHITECTURE.md, "MoE semantics".
+// backward: dispatch (token rows into the expert buffer, padded (E, capacity, C) with zeros in padding rows, or
+// packed dropless (N*k, C)), combine (each token's kept expert outputs weighted by its gates), combine backward
+// (d_expert_output and d_gates) and dispatch backward (dx += the token's rows of d_expert_input).
+// ARCHITECTURE.md, "MoE semantics"; the layouts: llmc/moe.cuh.
 // Build and run on the CPU backend (small sizes):
 //   cpu/cucc -O2 dev/cuda/moe_dispatch_combine.cu -o build/labmoe/moe_dispatch_combine -lcublas -lcublasLt
 //   build/labmoe/moe_dispatch_combine -s          (add -DENABLE_FP32 to the build for fp32)
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_dispatch_combine.cu -o moe_dispatch_combine
 //   ./moe_dispatch_combine [variant] [-s]   (default: N = 8*1024, E = 8, C = 768, k = 1 and 2 at CF 1.25;
-//                                            -s: N = 69, E = 4, C = 48, k = 1 and 2 at CF 0.5, k = 2 dropless)
+//                                            -s: N = 69, E = 4, C = 48, k = 1 and 2 at CF 0.5, k = 2 dropless
+//                                            packed)
 // Variants:
 //   1  llmc/moe.cuh moe_dispatch: one warp per destination row, its source found through row_choice. The trainer's.
-//   2  dispatch scattered: one warp per (token, choice) copies to its slot, a second kernel zeroes padding rows
+//   2  dispatch scattered: one warp per (token, choice) copies to its row, a second kernel zeroes padding rows
 //   3  llmc/moe.cuh moe_combine: one warp per token gathers its kept rows. The trainer's (a scatter-add is the
 //      only other form, and it would need float atomics).
 //   4  llmc/moe.cuh moe_combine_backward: one warp per expert row (d_expert_output row and its d_gate), dropped
@@ -18,26 +20,26 @@
 //   5  combine backward per token: one warp per token writes its k rows and d_gates, a second kernel zeroes
 //      padding rows
 //   6  llmc/moe.cuh moe_dispatch_backward: one warp per token gathers its kept rows into dx. The trainer's.
-// Floors (see llmc/moe.cuh; kept = rows used, R = E*capacity, s = sizeof(floatX)):
-//   dispatch         (kept + R)*C*s + 4*R        combine            (kept + N)*C*s + 12*N*k
-//   combine backward (2*kept + R)*C*s + 12*N*k + 4*R                dispatch backward  (kept + 2*N)*C*s + 8*N*k
+// Floors (see llmc/moe.cuh; kept = rows used, R = the buffer's rows, s = sizeof(floatX)):
+//   dispatch         (kept + R)*C*s + 4*R        combine            (kept + N)*C*s + 8*N*k
+//   combine backward (2*kept + R)*C*s + 8*N*k + 4*R                 dispatch backward  (kept + 2*N)*C*s + 4*N*k
 #include "common.h"
 #include "../../llmc/moe.cuh"
 #include "moe_reference.h"
 
-__global__ void dispatch_scatter_kernel(floatX* expert_input, const floatX* x, const int* expert_index,
-                                        const int* slot, int num_choices, int k, int C, int capacity) {
+__global__ void dispatch_scatter_kernel(floatX* expert_input, const floatX* x, const int* choice_row,
+                                        int num_choices, int k, int C) {
     const int choice = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (choice >= num_choices) return;
-    const int s = slot[choice];
-    if (s < 0) return;
+    const int row = choice_row[choice];
+    if (row < 0) return;
     const int lane = threadIdx.x % 32;
     const floatX* source = x + (size_t)(choice / k) * C;
-    floatX* destination = expert_input + ((size_t)expert_index[choice] * capacity + s) * C;
+    floatX* destination = expert_input + (size_t)row * C;
     for (int c = lane * x128::size; c < C; c += 32 * x128::size) store128(destination + c, load128(source + c));
 }
 
-// rows [kept_count[e], capacity) of every expert's buffer = 0
+// rows [kept_count[e], capacity) of every expert's buffer = 0 (the padded layout; the packed one has no padding)
 __global__ void zero_padding_rows_kernel(floatX* buffer, const int* kept_count, int num_rows, int C, int capacity) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= num_rows || row % capacity < kept_count[row / capacity]) return;
@@ -46,21 +48,19 @@ __global__ void zero_padding_rows_kernel(floatX* buffer, const int* kept_count, 
 }
 
 __global__ void combine_backward_per_token_kernel(floatX* d_expert_output, float* d_gates, const floatX* dout,
-                                                  const floatX* expert_output, const int* expert_index,
-                                                  const int* slot, const float* gates, int N, int k, int C,
-                                                  int capacity) {
+                                                  const floatX* expert_output, const int* choice_row,
+                                                  const float* gates, int N, int k, int C) {
     const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (token >= N) return;
     const int lane = threadIdx.x % 32;
     const floatX* d_token = dout + (size_t)token * C;
     for (int j = 0; j < k; j++) {
         const int choice = token * k + j;
-        const int s = slot[choice];
-        if (s < 0) {
+        if (choice_row[choice] < 0) {
             if (lane == 0) d_gates[choice] = 0.0f;
             continue;
         }
-        const size_t row = (size_t)expert_index[choice] * capacity + s;
+        const size_t row = (size_t)choice_row[choice];
         const float gate = gates[choice];
         float dot = 0.0f;
         for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
@@ -80,63 +80,64 @@ __global__ void combine_backward_per_token_kernel(floatX* d_expert_output, float
 
 struct MoeBuffers {
     floatX* x;                // (N, C)
-    floatX* expert_input;     // (E, capacity, C)
-    floatX* expert_output;    // (E, capacity, C), NaN in padding rows
+    floatX* expert_input;     // (R, C)
+    floatX* expert_output;    // (R, C), NaN in padding rows
     floatX* out;              // (N, C)
     floatX* dout;             // (N, C)
-    floatX* d_expert_output;  // (E, capacity, C)
+    floatX* d_expert_output;  // (R, C)
     float* d_gates;           // (N, k)
-    floatX* d_expert_input;   // (E, capacity, C), NaN in padding rows
+    floatX* d_expert_input;   // (R, C), NaN in padding rows
     floatX* dx;               // (N, C)
-    int* expert_index;        // (N, k)
-    int* slot;                // (N, k)
+    int* choice_row;          // (N, k)
     float* gates;             // (N, k)
-    int* row_choice;          // (E, capacity)
+    int* row_choice;          // (R)
     int* kept_count;          // (E)
 };
 
-static void run_variant(int variant, const MoeBuffers* d, int N, int E, int k, int C, int capacity, int block_size) {
-    const int num_rows = E * capacity;
+// packed: the dropless layout (num_rows = N*k, no padding rows); otherwise padded, num_rows = E*capacity
+static void run_variant(int variant, const MoeBuffers* d, int N, int k, int C, int capacity, int num_rows, bool packed,
+                        int block_size) {
     const int rows_per_block = block_size / 32;
     if (variant == 1) {
-        moe_dispatch_launch(d->expert_input, d->x, d->row_choice, E, k, C, capacity, block_size, 0);
+        moe_dispatch_launch(d->expert_input, d->x, d->row_choice, num_rows, k, C, block_size, 0);
     } else if (variant == 2) {
-        dispatch_scatter_kernel<<<CEIL_DIV(N * k, rows_per_block), block_size>>>(d->expert_input, d->x,
-                                                                                 d->expert_index, d->slot, N * k, k,
-                                                                                 C, capacity);
+        dispatch_scatter_kernel<<<CEIL_DIV(N * k, rows_per_block), block_size>>>(d->expert_input, d->x, d->choice_row,
+                                                                                 N * k, k, C);
         cudaCheck(cudaGetLastError());
-        zero_padding_rows_kernel<<<CEIL_DIV(num_rows, rows_per_block), block_size>>>(d->expert_input, d->kept_count,
-                                                                                     num_rows, C, capacity);
-        cudaCheck(cudaGetLastError());
+        if (!packed) {
+            zero_padding_rows_kernel<<<CEIL_DIV(num_rows, rows_per_block), block_size>>>(d->expert_input,
+                                                                                         d->kept_count, num_rows, C,
+                                                                                         capacity);
+            cudaCheck(cudaGetLastError());
+        }
     } else if (variant == 3) {
-        moe_combine_launch(d->out, d->expert_output, d->expert_index, d->slot, d->gates, N, k, C, capacity,
-                           block_size, 0);
+        moe_combine_launch(d->out, d->expert_output, d->choice_row, d->gates, N, k, C, block_size, 0);
     } else if (variant == 4) {
-        moe_combine_backward_launch(d->d_expert_output, d->d_gates, d->dout, d->expert_output, d->slot, d->gates,
-                                    d->row_choice, N, E, k, C, capacity, block_size, 0);
+        moe_combine_backward_launch(d->d_expert_output, d->d_gates, d->dout, d->expert_output, d->choice_row, d->gates,
+                                    d->row_choice, N, num_rows, k, C, block_size, 0);
     } else if (variant == 5) {
         combine_backward_per_token_kernel<<<CEIL_DIV(N, rows_per_block), block_size>>>(
-            d->d_expert_output, d->d_gates, d->dout, d->expert_output, d->expert_index, d->slot, d->gates, N, k, C,
-            capacity);
+            d->d_expert_output, d->d_gates, d->dout, d->expert_output, d->choice_row, d->gates, N, k, C);
         cudaCheck(cudaGetLastError());
-        zero_padding_rows_kernel<<<CEIL_DIV(num_rows, rows_per_block), block_size>>>(d->d_expert_output,
-                                                                                     d->kept_count, num_rows, C,
-                                                                                     capacity);
-        cudaCheck(cudaGetLastError());
+        if (!packed) {
+            zero_padding_rows_kernel<<<CEIL_DIV(num_rows, rows_per_block), block_size>>>(d->d_expert_output,
+                                                                                         d->kept_count, num_rows, C,
+                                                                                         capacity);
+            cudaCheck(cudaGetLastError());
+        }
     } else {
-        moe_dispatch_backward_launch(d->dx, d->d_expert_input, d->expert_index, d->slot, N, k, C, capacity,
-                                     block_size, 0);
+        moe_dispatch_backward_launch(d->dx, d->d_expert_input, d->choice_row, N, k, C, block_size, 0);
     }
 }
 
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
-    struct Case { int N, E, k, C; double cf; };
-    const Case full_cases[] = {{8 * 1024, 8, 1, 768, 1.25}, {8 * 1024, 8, 2, 768, 1.25}};
+    struct Case { int N, E, k, C; double cf; };  // cf <= 0: dropless, in the packed layout
+    const Case full_cases[] = {{8 * 1024, 8, 1, 768, 1.25}, {8 * 1024, 8, 2, 768, 1.25}, {8 * 1024, 8, 2, 768, 0.0}};
     // C = 48: 6 (bf16) or 12 (fp32) vectors per row, fewer than the 32 lanes of a warp
     const Case small_cases[] = {{69, 4, 1, 48, 0.5}, {69, 4, 2, 48, 0.5}, {69, 4, 2, 48, 0.0}};
     const Case* cases = args.small ? small_cases : full_cases;
-    const int num_cases = args.small ? 3 : 2;
+    const int num_cases = 3;
     const int block_sizes[] = {64, 128, 256, 512};
     const int repeats = args.small || lab_on_cpu_backend() ? 3 : 100;  // CPU-backend times are only indicative
 
@@ -144,12 +145,13 @@ int main(int argc, char** argv) {
     for (int c = 0; c < num_cases; c++) {
         const int N = cases[c].N, E = cases[c].E, k = cases[c].k, C = cases[c].C;
         const int capacity = moe_capacity(N, E, k, cases[c].cf);
-        const size_t num_choices = (size_t)N * k, num_rows = (size_t)E * capacity;
+        const bool packed = cases[c].cf <= 0.0;
+        const size_t num_choices = (size_t)N * k, num_rows = packed ? num_choices : (size_t)E * capacity;
         const size_t token_elements = (size_t)N * C, row_elements = num_rows * C;
 
         std::vector<int> expert_index = moe_skewed_routing(N, E, k);
-        const MoeSlots slots = moe_slots_reference(expert_index, N, E, k, capacity);
-        const std::vector<int>& slot = slots.slot;
+        const MoeSlots slots = moe_slots_reference(expert_index, N, E, k, capacity, packed);
+        const std::vector<int>& choice_row = slots.choice_row;
         const std::vector<int>& row_choice = slots.row_choice;
         const std::vector<int>& kept_count = slots.kept_count;
         std::vector<float> gates = lab_random(num_choices, 0.05f, 1.0f);
@@ -167,11 +169,12 @@ int main(int argc, char** argv) {
         for (int e = 0; e < E; e++) kept_rows += kept_count[e];
         for (int t = 0; t < N; t++) {
             bool any = false;
-            for (int j = 0; j < k; j++) any = any || slot[(size_t)t * k + j] >= 0;
+            for (int j = 0; j < k; j++) any = any || choice_row[(size_t)t * k + j] >= 0;
             tokens_all_dropped += !any;
         }
-        printf("N=%d E=%d k=%d C=%d CF=%g: capacity %d, %d of %d rows used, %d tokens with every choice dropped\n",
-               N, E, k, C, cases[c].cf, capacity, kept_rows, (int)num_rows, tokens_all_dropped);
+        printf("N=%d E=%d k=%d C=%d CF=%g (%s): capacity %d, %d of %d rows used, %d tokens with every choice dropped\n",
+               N, E, k, C, cases[c].cf, packed ? "packed" : "padded", capacity, kept_rows, (int)num_rows,
+               tokens_all_dropped);
         if (args.small && cases[c].cf > 0.0 && tokens_all_dropped == 0) {
             printf("FAIL: the capacity-limited inputs drop no token entirely\n");
             exit(EXIT_FAILURE);
@@ -191,8 +194,8 @@ int main(int argc, char** argv) {
                 double sum = 0.0, d_sum = dx_before[(size_t)t * C + i];
                 for (int j = 0; j < k; j++) {
                     const int choice = t * k + j;
-                    if (slot[choice] < 0) continue;
-                    const size_t row = (size_t)expert_index[choice] * capacity + slot[choice];
+                    if (choice_row[choice] < 0) continue;
+                    const size_t row = (size_t)choice_row[choice];
                     sum += (double)gates[choice] * expert_output[row * C + i];
                     d_sum += d_expert_input[row * C + i];
                 }
@@ -201,8 +204,8 @@ int main(int argc, char** argv) {
             }
             for (int j = 0; j < k; j++) {
                 const int choice = t * k + j;
-                if (slot[choice] < 0) continue;
-                const size_t row = (size_t)expert_index[choice] * capacity + slot[choice];
+                if (choice_row[choice] < 0) continue;
+                const size_t row = (size_t)choice_row[choice];
                 double dot = 0.0;
                 for (int i = 0; i < C; i++) {
                     d_expert_output_ref[row * C + i] = (float)((double)gates[choice] * dout[(size_t)t * C + i]);
@@ -222,8 +225,7 @@ int main(int argc, char** argv) {
         d.d_gates = lab_poisoned<float>(num_choices);
         d.d_expert_input = lab_to_device<floatX>(d_expert_input);
         d.dx = lab_to_device<floatX>(dx_before);
-        d.expert_index = lab_ints_to_device(expert_index);
-        d.slot = lab_ints_to_device(slot);
+        d.choice_row = lab_ints_to_device(choice_row);
         d.gates = lab_to_device<float>(gates);
         d.row_choice = lab_ints_to_device(row_choice);
         d.kept_count = lab_ints_to_device(kept_count);
@@ -242,7 +244,7 @@ int main(int argc, char** argv) {
             cudaCheck(cudaMemset(d.d_expert_output, 0xff, row_elements * sizeof(floatX)));
             cudaCheck(cudaMemset(d.d_gates, 0xff, num_choices * sizeof(float)));
             cudaCheck(cudaMemcpy(d.dx, dx_before_floatX.data(), token_elements * sizeof(floatX), cudaMemcpyHostToDevice));
-            run_variant(variant, &d, N, E, k, C, capacity, 256);
+            run_variant(variant, &d, N, k, C, capacity, (int)num_rows, packed, 256);
             cudaCheck(cudaDeviceSynchronize());
             printf("variant %d\n", variant);
             if (variant <= 2) lab_validate("expert_input", d.expert_input, expert_input_ref.data(), row_elements, 0.0f, 0.0f);
@@ -255,7 +257,8 @@ int main(int argc, char** argv) {
         }
 
         char sizes[96];
-        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d C=%d capacity=%d", N, E, k, C, capacity);
+        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d C=%d capacity=%d %s", N, E, k, C, capacity,
+                 packed ? "packed" : "padded");
         lab_print_header("moe_dispatch_combine", sizes);
         const double s = sizeof(floatX);
         const double kept_bytes = (double)kept_rows * C * s, row_bytes = (double)row_elements * s;
@@ -263,14 +266,16 @@ int main(int argc, char** argv) {
         const double floors[7] = {0.0,
                                   kept_bytes + row_bytes + 4.0 * num_rows,
                                   kept_bytes + row_bytes + 4.0 * num_rows,
-                                  kept_bytes + token_bytes + 12.0 * num_choices,
-                                  2.0 * kept_bytes + row_bytes + 12.0 * num_choices + 4.0 * num_rows,
-                                  2.0 * kept_bytes + row_bytes + 12.0 * num_choices + 4.0 * num_rows,
-                                  kept_bytes + 2.0 * token_bytes + 8.0 * num_choices};
+                                  kept_bytes + token_bytes + 8.0 * num_choices,
+                                  2.0 * kept_bytes + row_bytes + 8.0 * num_choices + 4.0 * num_rows,
+                                  2.0 * kept_bytes + row_bytes + 8.0 * num_choices + 4.0 * num_rows,
+                                  kept_bytes + 2.0 * token_bytes + 4.0 * num_choices};
         for (int variant = 1; variant <= 6; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
             for (int block_size : block_sizes) {
-                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, C, capacity, block_size); });
+                float ms = lab_time_ms(repeats, [&]() {
+                    run_variant(variant, &d, N, k, C, capacity, (int)num_rows, packed, block_size);
+                });
                 lab_print_row(variant, block_size, ms, floors[variant], 0.0);
             }
         }
@@ -283,8 +288,7 @@ int main(int argc, char** argv) {
         cudaCheck(cudaFree(d.d_gates));
         cudaCheck(cudaFree(d.d_expert_input));
         cudaCheck(cudaFree(d.dx));
-        cudaCheck(cudaFree(d.expert_index));
-        cudaCheck(cudaFree(d.slot));
+        cudaCheck(cudaFree(d.choice_row));
         cudaCheck(cudaFree(d.gates));
         cudaCheck(cudaFree(d.row_choice));
         cudaCheck(cudaFree(d.kept_count));

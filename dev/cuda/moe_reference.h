@@ -75,30 +75,37 @@ static std::vector<float> moe_router_logits(int N, int E) {
 }
 
 // The slot rule as a plain loop over the priority order (every first choice in token order, then every second
-// choice, ...): slot (N, k) of each choice in its expert's buffer, -1 when the expert is full; row_choice
-// (E, capacity), the choice in each row, -1 for padding; expert_count, choices routed to e before dropping;
-// kept_count, rows used.
+// choice, ...): each choice's position s in its expert's queue, kept iff s < capacity; choice_row (N, k), its row
+// in the expert buffer (the expert's first row + s), -1 when the expert is full; row_choice (the buffer's rows),
+// the choice in each row, -1 for padding; expert_count, choices routed to e before dropping; kept_count, rows
+// used. Padded layout: expert e's rows start at e * capacity, E * capacity rows; packed (dropless, capacity = N):
+// at the number of choices routed to experts below e, N * k rows.
 struct MoeSlots {
-    std::vector<int> slot, row_choice, expert_count, kept_count;
+    std::vector<int> choice_row, row_choice, expert_count, kept_count;
 };
-static MoeSlots moe_slots_reference(const std::vector<int>& expert_index, int N, int E, int k, int capacity) {
+static MoeSlots moe_slots_reference(const std::vector<int>& expert_index, int N, int E, int k, int capacity,
+                                    bool packed) {
     MoeSlots r;
-    r.slot.assign((size_t)N * k, -1);
-    r.row_choice.assign((size_t)E * capacity, -1);
+    std::vector<int> position((size_t)N * k);
     r.expert_count.assign(E, 0);
     r.kept_count.assign(E, 0);
     for (int j = 0; j < k; j++) {
         for (int t = 0; t < N; t++) {
             const int choice = t * k + j;
-            const int e = expert_index[choice];
-            const int s = r.expert_count[e]++;
-            if (s < capacity) {
-                r.slot[choice] = s;
-                r.row_choice[(size_t)e * capacity + s] = choice;
-            }
+            position[choice] = r.expert_count[expert_index[choice]]++;
         }
     }
+    std::vector<int> first_row(E);
+    for (int e = 0, below = 0; e < E; below += r.expert_count[e], e++) first_row[e] = packed ? below : e * capacity;
     for (int e = 0; e < E; e++) r.kept_count[e] = r.expert_count[e] < capacity ? r.expert_count[e] : capacity;
+    r.choice_row.assign((size_t)N * k, -1);
+    r.row_choice.assign(packed ? (size_t)N * k : (size_t)E * capacity, -1);
+    for (int choice = 0; choice < N * k; choice++) {
+        if (position[choice] >= capacity) continue;
+        const int row = first_row[expert_index[choice]] + position[choice];
+        r.choice_row[choice] = row;
+        r.row_choice[row] = choice;
+    }
     return r;
 }
 

@@ -214,11 +214,11 @@ int main(int argc, char** argv) {
         moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, N, E, k);
         // d_gates: random, 0 for the choices a capacity of CF 0.5 drops (what moe_combine_backward hands over)
         std::vector<float> d_gates = lab_random(num_choices);
-        const MoeSlots slots = moe_slots_reference(picks, N, E, k, moe_capacity(N, E, k, 0.5));
+        const MoeSlots slots = moe_slots_reference(picks, N, E, k, moe_capacity(N, E, k, 0.5), false);
         const std::vector<int>& expert_count = slots.expert_count;
         int dropped = 0;
         for (size_t choice = 0; choice < num_choices; choice++) {
-            if (slots.slot[choice] < 0 || !cases[c].gate_gradient) {
+            if (slots.choice_row[choice] < 0 || !cases[c].gate_gradient) {
                 d_gates[choice] = 0.0f;
                 dropped++;
             }

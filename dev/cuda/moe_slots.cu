@@ -1,28 +1,31 @@
-// dev/cuda/moe_slots.cu: kernel lab for the MoE slot assignment: given each token's k experts, the row
-// (slot) of every choice in its expert's buffer of `capacity` rows, in priority order (every first choice in
-// token order, then every second choice, ...), -1 when the expert is full (dropped); the inverse map row_choice
-// (E, capacity) (-1 for padding rows); expert_count (choices routed to e before dropping) and kept_count (rows
-// used). Also checks moe_capacity against values the PyTorch formula gives. ARCHITECTURE.md, "MoE semantics".
+// dev/cuda/moe_slots.cu: kernel lab for the MoE slot assignment: given each token's k experts, the slot of every
+// choice in its expert's queue in priority order (every first choice in token order, then every second choice,
+// ...), dropped (-1) when the expert's `capacity` rows are full, and the choice's row in the expert buffer
+// (choice_row) in the padded layout (expert e's rows from e*capacity) or the packed dropless one (expert e's rows
+// after the choices of the experts below e); the inverse map row_choice (-1 for padding rows); expert_count
+// (choices routed to e before dropping) and kept_count (rows used). Also checks moe_capacity against values the
+// PyTorch formula gives. ARCHITECTURE.md, "MoE semantics"; the layouts: llmc/moe.cuh.
 // Build and run on the CPU backend (small sizes):
 //   cpu/cucc -O2 dev/cuda/moe_slots.cu -o build/labmoe/moe_slots -lcublas -lcublasLt
 //   build/labmoe/moe_slots -s          (the kernels move ints: -DENABLE_FP32 builds the same thing)
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_slots.cu -o moe_slots
-//   ./moe_slots [variant] [-s]   (default: N = 8*1024, E = 8, k = 1 and 2 at CF 1.25, k = 2 dropless, E = 64 k = 2;
-//                                 -s: N = 69, E = 4, k = 1 and 2 at CF 0.5 (drops, tokens with every choice
-//                                 dropped) and dropless)
+//   ./moe_slots [variant] [-s]   (default: N = 8*1024, E = 8, k = 1 and 2 at CF 1.25, k = 2 dropless packed, E = 64
+//                                 k = 2; -s: N = 69, E = 4, k = 1 and 2 at CF 0.5 (drops, tokens with every choice
+//                                 dropped), dropless packed (k = 1, 2) and dropless padded (k = 2))
 // Variants:
 //   1  llmc/moe.cuh moe_assign_slots: one block per expert scans the N*k choices in priority order, a ballot
-//      per warp and the warps' counts in shared memory giving each choice its prefix count. The trainer's.
+//      per warp and the warps' counts in shared memory giving each choice its prefix count (packed: a first
+//      pass counts the choices of the lower experts). The trainer's.
 //   2  one block, two passes: each thread counts, per expert, the choices of its contiguous segment of the
 //      priority order; thread e scans expert e's counts over the threads; each thread then walks its segment
-//      again handing out slots from its offsets. Shared memory (E, threads) ints: small E only.
-// Floor (see llmc/moe.cuh): DRAM bytes = N*k*4 (read) + N*k*4 + E*cap*4 + 8*E (written); variant 1 also reads
-// expert_index E times from L2.
+//      again handing out rows from its offsets. Shared memory (E, threads) ints: small E only; padded layout only.
+// Floor (see llmc/moe.cuh): DRAM bytes = N*k*4 (read) + N*k*4 + R*4 + 8*E (written), R = the buffer's rows;
+// variant 1 also reads expert_index E times (2E packed) from L2.
 #include "common.h"
 #include "../../llmc/moe.cuh"
 #include "moe_reference.h"
 
-__global__ void slots_single_block_kernel(int* slot, int* row_choice, int* expert_count, int* kept_count,
+__global__ void slots_single_block_kernel(int* choice_row, int* row_choice, int* expert_count, int* kept_count,
                                           const int* expert_index, int N, int E, int k, int capacity) {
     extern __shared__ int offsets[];  // (E, blockDim.x): choices of e before this thread's segment, then running
     const int num_choices = N * k;
@@ -51,14 +54,14 @@ __global__ void slots_single_block_kernel(int* slot, int* row_choice, int* exper
         const int choice = (priority % N) * k + priority / N;
         const int e = expert_index[choice];
         const int s = offsets[e * blockDim.x + threadIdx.x]++;
-        slot[choice] = s < capacity ? s : -1;
+        choice_row[choice] = s < capacity ? e * capacity + s : -1;
         if (s < capacity) row_choice[(size_t)e * capacity + s] = choice;
     }
 }
 
 struct SlotBuffers {
     int* expert_index;
-    int* slot;
+    int* choice_row;
     int* row_choice;
     int* expert_count;
     int* kept_count;
@@ -68,15 +71,17 @@ static const int LLMC_BLOCK_SIZE = 0;  // run the llmc function itself, which pi
 
 static size_t single_block_shared_bytes(int E, int block_size) { return (size_t)E * block_size * sizeof(int); }
 
-static void run_variant(int variant, const SlotBuffers* d, int N, int E, int k, int capacity, int block_size) {
+static void run_variant(int variant, const SlotBuffers* d, int N, int E, int k, int capacity, bool packed,
+                        int block_size) {
     if (variant == 1 && block_size == LLMC_BLOCK_SIZE) {
-        moe_assign_slots(d->slot, d->row_choice, d->expert_count, d->kept_count, d->expert_index, N, E, k, capacity, 0);
+        moe_assign_slots(d->choice_row, d->row_choice, d->expert_count, d->kept_count, d->expert_index, N, E, k,
+                         capacity, packed, 0);
     } else if (variant == 1) {
-        moe_assign_slots_launch(d->slot, d->row_choice, d->expert_count, d->kept_count, d->expert_index, N, E, k,
-                                capacity, block_size, 0);
+        moe_assign_slots_launch(d->choice_row, d->row_choice, d->expert_count, d->kept_count, d->expert_index, N, E,
+                                k, capacity, packed, block_size, 0);
     } else {
         slots_single_block_kernel<<<1, block_size, single_block_shared_bytes(E, block_size)>>>(
-            d->slot, d->row_choice, d->expert_count, d->kept_count, d->expert_index, N, E, k, capacity);
+            d->choice_row, d->row_choice, d->expert_count, d->kept_count, d->expert_index, N, E, k, capacity);
         cudaCheck(cudaGetLastError());
     }
 }
@@ -100,11 +105,13 @@ static void check_capacity(void) {
 
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
-    struct Case { int N, E, k; double cf; };
-    const Case full_cases[] = {{8 * 1024, 8, 1, 1.25}, {8 * 1024, 8, 2, 1.25}, {8 * 1024, 8, 2, 0.0}, {8 * 1024, 64, 2, 1.25}};
-    const Case small_cases[] = {{69, 4, 1, 0.5}, {69, 4, 2, 0.5}, {69, 4, 1, 0.0}, {69, 4, 2, 0.0}};
+    struct Case { int N, E, k; double cf; bool packed; };
+    const Case full_cases[] = {{8 * 1024, 8, 1, 1.25, false}, {8 * 1024, 8, 2, 1.25, false},
+                               {8 * 1024, 8, 2, 0.0, true}, {8 * 1024, 64, 2, 1.25, false}};
+    const Case small_cases[] = {{69, 4, 1, 0.5, false}, {69, 4, 2, 0.5, false}, {69, 4, 1, 0.0, true},
+                                {69, 4, 2, 0.0, true}, {69, 4, 2, 0.0, false}};
     const Case* cases = args.small ? small_cases : full_cases;
-    const int num_cases = 4;
+    const int num_cases = args.small ? 5 : 4;
     const int block_sizes[] = {128, 256, 512, 1024};
     const int repeats = args.small || lab_on_cpu_backend() ? 3 : 100;  // CPU-backend times are only indicative
 
@@ -113,20 +120,21 @@ int main(int argc, char** argv) {
     for (int c = 0; c < num_cases; c++) {
         const int N = cases[c].N, E = cases[c].E, k = cases[c].k;
         const int capacity = moe_capacity(N, E, k, cases[c].cf);
-        const size_t num_choices = (size_t)N * k, num_rows = (size_t)E * capacity;
+        const bool packed = cases[c].packed;
+        const size_t num_choices = (size_t)N * k, num_rows = packed ? num_choices : (size_t)E * capacity;
         std::vector<int> expert_index = moe_skewed_routing(N, E, k);
-        const MoeSlots want = moe_slots_reference(expert_index, N, E, k, capacity);
-        const std::vector<float> slot = lab_as_floats(want.slot), row_choice = lab_as_floats(want.row_choice);
+        const MoeSlots want = moe_slots_reference(expert_index, N, E, k, capacity, packed);
+        const std::vector<float> choice_row = lab_as_floats(want.choice_row), row_choice = lab_as_floats(want.row_choice);
         const std::vector<float> expert_count = lab_as_floats(want.expert_count), kept_count = lab_as_floats(want.kept_count);
         int dropped = 0, tokens_all_dropped = 0;
         for (int t = 0; t < N; t++) {
             int kept = 0;
-            for (int j = 0; j < k; j++) kept += slot[(size_t)t * k + j] >= 0.0f;
+            for (int j = 0; j < k; j++) kept += choice_row[(size_t)t * k + j] >= 0.0f;
             dropped += k - kept;
             tokens_all_dropped += kept == 0;
         }
-        printf("N=%d E=%d k=%d CF=%g: capacity %d, %d of %zu choices dropped, %d tokens with every choice dropped\n",
-               N, E, k, cases[c].cf, capacity, dropped, num_choices, tokens_all_dropped);
+        printf("N=%d E=%d k=%d CF=%g %s: capacity %d, %d of %zu choices dropped, %d tokens with every choice dropped\n",
+               N, E, k, cases[c].cf, packed ? "packed" : "padded", capacity, dropped, num_choices, tokens_all_dropped);
         // the small capacity-limited cases exist to exercise drops: fail if the inputs stopped doing so
         if (args.small && cases[c].cf > 0.0 && tokens_all_dropped == 0) {
             printf("FAIL: the inputs drop no token entirely\n");
@@ -135,7 +143,7 @@ int main(int argc, char** argv) {
 
         SlotBuffers d;
         d.expert_index = lab_ints_to_device(expert_index);
-        d.slot = lab_poisoned<int>(num_choices);
+        d.choice_row = lab_poisoned<int>(num_choices);
         d.row_choice = lab_poisoned<int>(num_rows);
         d.expert_count = lab_poisoned<int>(E);
         d.kept_count = lab_poisoned<int>(E);
@@ -144,18 +152,18 @@ int main(int argc, char** argv) {
         const int validation_block_sizes[] = {LLMC_BLOCK_SIZE, 64, 1024};
         for (int variant = 1; variant <= 2; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
-            if (variant == 2 && !single_block_fits) continue;
+            if (variant == 2 && (!single_block_fits || packed)) continue;
             for (int block_size : validation_block_sizes) {
                 if (variant == 2 && block_size == LLMC_BLOCK_SIZE) continue;
                 // 0x7f7f7f7f, not 0xff bytes: those read as -1, a valid slot and row_choice
-                cudaCheck(cudaMemset(d.slot, 0x7f, num_choices * sizeof(int)));
+                cudaCheck(cudaMemset(d.choice_row, 0x7f, num_choices * sizeof(int)));
                 cudaCheck(cudaMemset(d.row_choice, 0x7f, num_rows * sizeof(int)));
                 cudaCheck(cudaMemset(d.expert_count, 0x7f, E * sizeof(int)));
                 cudaCheck(cudaMemset(d.kept_count, 0x7f, E * sizeof(int)));
-                run_variant(variant, &d, N, E, k, capacity, block_size);
+                run_variant(variant, &d, N, E, k, capacity, packed, block_size);
                 cudaCheck(cudaDeviceSynchronize());
                 printf("variant %d, block %d%s\n", variant, block_size, block_size == LLMC_BLOCK_SIZE ? " (llmc's)" : "");
-                lab_validate("slot", d.slot, slot.data(), num_choices, 0.0f, 0.0f);
+                lab_validate("choice_row", d.choice_row, choice_row.data(), num_choices, 0.0f, 0.0f);
                 lab_validate("row_choice", d.row_choice, row_choice.data(), num_rows, 0.0f, 0.0f);
                 lab_validate("expert_count", d.expert_count, expert_count.data(), E, 0.0f, 0.0f);
                 lab_validate("kept_count", d.kept_count, kept_count.data(), E, 0.0f, 0.0f);
@@ -163,19 +171,19 @@ int main(int argc, char** argv) {
         }
 
         char sizes[96];
-        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d capacity=%d", N, E, k, capacity);
+        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d capacity=%d %s", N, E, k, capacity, packed ? "packed" : "padded");
         lab_print_header("moe_slots", sizes);
         const double bytes = 8.0 * num_choices + 4.0 * num_rows + 8.0 * E;
         for (int variant = 1; variant <= 2; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
-            if (variant == 2 && !single_block_fits) continue;
+            if (variant == 2 && (!single_block_fits || packed)) continue;
             for (int block_size : block_sizes) {
-                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, capacity, block_size); });
+                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, capacity, packed, block_size); });
                 lab_print_row(variant, block_size, ms, bytes, 0.0);
             }
         }
         cudaCheck(cudaFree(d.expert_index));
-        cudaCheck(cudaFree(d.slot));
+        cudaCheck(cudaFree(d.choice_row));
         cudaCheck(cudaFree(d.row_choice));
         cudaCheck(cudaFree(d.expert_count));
         cudaCheck(cudaFree(d.kept_count));

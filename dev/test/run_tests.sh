@@ -96,6 +96,12 @@ for w in 0 1; do
     run_test "moe-bf16-k1-cf0.5-w$w" build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -w $w
 done
 run_test moe-bf16-k2-me2 build/test_moe_bf16 build/ref/moe_k2_me2_cf0.5_bf16 -cf 0.5
+# expert parallelism against PyTorch (every process on the reference batch) and against -ep 1 (distinct batches):
+# 2 ranks in one expert group; 4 ranks in two groups (replicas, ZeRO-1); 4 ranks, one expert each, dropless
+run_test moe-fp32-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -ep 2
+run_test moe-bf16-ep2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2
+run_test moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -ep 2 -z 1
+run_test moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -ep 4
 run_test train-moe-cli dev/test/test_train_moe.sh
 
 echo "total: $total_passed passed, $total_failed failed"

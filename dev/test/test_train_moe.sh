@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # dev/test/test_train_moe.sh: command-line tests of the MoE trainer on the CPU backend (FP32 build):
 #   - E=1, top-1, no capacity limit reproduces the dense trainer's losses from the same weights;
-#   - ZeRO-1 equals ZeRO-0 on 2 MPI ranks;
+#   - ZeRO-1 equals ZeRO-0 on 2 MPI ranks, with and without expert parallelism;
+#   - expert parallelism: -ep 2 on 2 ranks trains as -ep 1 on 2 ranks (validation and sampling included);
 #   - a run resumed from a checkpoint continues bit-identically;
+#   - a checkpoint of -ep 2 resumes with -ep 1 and one of -ep 1 with -ep 2: identical weights, the same training;
 #   - an MoE model from a descriptor trains (the loss falls) and logs aux, z, drop and the expert loads;
 #   - bad inputs (top-k above E, a file of the wrong kind, features not implemented yet) get their one line.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and
@@ -48,22 +50,65 @@ PY
     fail "E=1 run: $(tail -3 "$work/e1.log")"
 if close_losses "$work/dense.log" "$work/e1.log" 4; then pass; else fail "E=1, k=1, dropless differs from the dense model"; fi
 
-# --- ZeRO-1 equals ZeRO-0 on 2 ranks (each rank routes its own micro-batch)
-for z in 0 1; do
-    $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -a 1 -x 3 -cf 0.5 -z $z >"$work/zero$z.log" 2>&1 ||
-        fail "2-rank ZeRO-$z run: $(tail -3 "$work/zero$z.log")"
+# --- ZeRO-1 equals ZeRO-0 on 2 ranks (each rank routes its own micro-batch), with one and two expert groups
+for ep in 1 2; do
+    for z in 0 1; do
+        $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -a 1 -x 3 -cf 0.5 -z $z -ep $ep >"$work/zero$z-ep$ep.log" 2>&1 ||
+            fail "2-rank ZeRO-$z -ep $ep run: $(tail -3 "$work/zero$z-ep$ep.log")"
+    done
+    if [ -n "$(step_fields "$work/zero0-ep$ep.log")" ] &&
+        [ "$(step_fields "$work/zero0-ep$ep.log")" = "$(step_fields "$work/zero1-ep$ep.log")" ]; then
+        pass
+    else
+        fail "ZeRO-0 and ZeRO-1 differ with -ep $ep: [$(step_fields "$work/zero0-ep$ep.log")] [$(step_fields "$work/zero1-ep$ep.log")]"
+    fi
 done
-if [ -n "$(step_fields "$work/zero0.log")" ] && [ "$(step_fields "$work/zero0.log")" = "$(step_fields "$work/zero1.log")" ]; then
+
+# --- -ep 2 on 2 ranks against -ep 1 on 2 ranks, dropless (the exchanged counts), with validation and sampling
+# (every rank of an expert group takes part in each forward pass)
+for ep in 1 2; do
+    $MPIRUN -np 2 "$TRAIN" -i "$work/train.bin" -j "$work/train.bin" -v 2 -m 2 -s 2 -g 8 -t 16 -l 1e-3 -c 0.1 \
+        -e "$MOE_MODEL" -b 2 -x 4 -cf 0 -cfe 0.5 -ep $ep >"$work/spread-ep$ep.log" 2>&1 ||
+        fail "2-rank -ep $ep run: $(tail -3 "$work/spread-ep$ep.log")"
+done
+if close_losses "$work/spread-ep1.log" "$work/spread-ep2.log" 4 &&
+    [ "$(grep -c '^val loss' "$work/spread-ep2.log")" = 3 ] && [ "$(grep -c '^generating' "$work/spread-ep2.log")" = 3 ] &&
+    [ "$(grep '^val loss' "$work/spread-ep1.log")" = "$(grep '^val loss' "$work/spread-ep2.log")" ]; then
     pass
 else
-    fail "ZeRO-0 and ZeRO-1 differ: [$(step_fields "$work/zero0.log")] [$(step_fields "$work/zero1.log")]"
+    fail "-ep 2 does not train as -ep 1 on 2 ranks"
 fi
+
+# --- resume across a change of the expert-parallel degree: -ep A writes checkpoints at steps 3 and 6; its step-3
+# checkpoint resumed with -ep B continues as the -ep A run did (losses within fp32 summation order), and resumed with
+# lr 0 it writes back the very weights it read (the file layout does not depend on the degree)
+for change in "2 1" "1 2"; do
+    set -- $change
+    from=$1 to=$2
+    $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -cf 0.5 -z 1 -ep $from -o "$work/ep$from" \
+        >"$work/ep$from.log" 2>&1 || fail "-ep $from checkpointing run: $(tail -3 "$work/ep$from.log")"
+    for lr in 1e-3 0; do
+        dir="$work/ep$from-to$to-lr$lr"
+        mkdir -p "$dir"
+        cp "$work/ep$from"/*_00000003* "$dir/"
+        x=$([ "$lr" = 0 ] && echo 4 || echo 6)
+        $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -l $lr -e "$MOE_MODEL" -b 2 -x $x -n 1 -cf 0.5 -z 1 -ep $to -o "$dir" -y 1 \
+            >"$dir.log" 2>&1 || fail "resume of -ep $from with -ep $to: $(tail -3 "$dir.log")"
+    done
+    grep -E '^step [4-6]/' "$work/ep$from.log" >"$work/ep$from-tail.log"
+    if close_losses "$work/ep$from-tail.log" "$work/ep$from-to$to-lr1e-3.log" 3 &&
+        cmp -s "$work/ep$from/model_00000003.bin" "$work/ep$from-to$to-lr0/model_00000004.bin"; then
+        pass
+    else
+        fail "a checkpoint of -ep $from does not resume as it should with -ep $to"
+    fi
+done
 
 # --- checkpoint and bit-identical resume
 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -o "$work/full" >"$work/full.log" 2>&1 ||
     fail "checkpointing run: $(tail -3 "$work/full.log")"
 mkdir -p "$work/resumed"
-cp "$work/full/model_00000003.bin" "$work/full/state_00000003_00000.bin" "$work/full/DONE_00000003" "$work/resumed/"
+cp "$work/full"/*_00000003* "$work/resumed/"
 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -o "$work/resumed" -y 1 >"$work/resumed.log" 2>&1 ||
     fail "resumed run: $(tail -3 "$work/resumed.log")"
 want=$(step_fields "$work/full.log" | tail -n 3)
@@ -90,7 +135,14 @@ expect_error "top-k above E" "-tk 9: top-k must be between 1 and the number of e
 expect_error "dense file to the MoE trainer" "not a MoE model file" "$TRAIN" "${COMMON[@]}" -b 2 -e "$DENSE_MODEL"
 expect_error "MoE file to the dense trainer" "not a GPT-2 model file" "$DENSE" "${COMMON[@]}" -b 2 -e "$MOE_MODEL"
 expect_error "MoE flag to the dense trainer" "unknown flag -ne" "$DENSE" "${COMMON[@]}" -ne 8
-expect_error "expert parallelism" "-ep 2: expert parallelism is not implemented yet" "$TRAIN" "${COMMON[@]}" -ep 2
+expect_error "expert parallelism over one process" "-ep 2: the expert-parallel degree must divide the number of processes (1)" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -ep 2
+expect_error "expert-parallel degree 0" "-ep 0: the expert-parallel degree must be at least 1" "$TRAIN" "${COMMON[@]}" -ep 0
+expect_error "experts not divisible by the degree" "-ep 2: the 3 experts per MoE layer must divide evenly over the expert-parallel degree" \
+    $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -et 32 -ne 3 -ep 2
+mkdir -p "$work/no_expert_state"
+cp "$work/full/model_00000003.bin" "$work/full/state_00000003_00000.bin" "$work/full/DONE_00000003" "$work/no_expert_state/"
+expect_error "missing expert state" "expert_state_00000003.bin" "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -o "$work/no_expert_state" -y 1
 expect_error "noisy top-k" "-rn 1: noisy top-k gating is not implemented yet" "$TRAIN" "${COMMON[@]}" -rn 1
 expect_error "zero experts" "-ne 0: expected at least 1 expert" "$TRAIN" "${COMMON[@]}" -ne 0
 

@@ -1,0 +1,171 @@
+// llmc/expert_parallel.cuh: expert parallelism for the MoE trainer (train_moe -ep N): the process groups, and
+// the all-to-all that carries token rows to the processes that own their experts and back.
+//
+// With P data-parallel processes and degree N (N divides P and the expert count E), consecutive processes form
+// expert groups of N: process r is member r % N of group r / N and owns the E/N experts
+// [(r % N) * E/N, (r % N + 1) * E/N) of every MoE layer; the P/N processes with the same r % N (one per group)
+// hold the same experts, their "replicas". Consecutive ranks keep the all-to-all inside a node for N <= the GPUs
+// per node, as Megatron and DeepSpeed arrange it. Everything else of the model stays replicated over all P.
+//   group_comm        the N members of this process's expert group: the all-to-all, sums over the group's
+//                     experts (the gradient norm), gathering all experts for a checkpoint
+//   replicas          a MultiGpuConfig over this process's replicas (P/N of them), sharing the world's NCCL
+//                     stream and events: the expert gradients are averaged over it and its ZeRO shards span it
+// Every process routes its own B*T tokens (the routing group of ARCHITECTURE.md); the rows of one MoE layer
+// travel in two layouts:
+//   dispatch layout (at the tokens' process): by global expert e, rows_src[e] rows each, from offset
+//                     sum_{e' < e} rows_src[e'];
+//   expert layout (at the owner): by local expert l, then by group member s, rows_own[s * E_l + l] rows each
+//                     (what member s sends for the owner's l-th expert), so that each local expert's rows are
+//                     contiguous for its GEMM.
+// The counts are host arrays: equal to the capacity in the padded layout (no exchange needed), the exact counts
+// in the dropless packed one (exchanged first, expert_parallel_exchange_counts).
+// On the CPU backend NCCL runs over MPI (cpu/nccl.cpp), so the groups need all processes in one mpirun.
+#pragma once
+#include "common.cuh"
+#include "moe.cuh"
+#include "multi_gpu.cuh"
+
+typedef struct {
+    int degree;             // N; 1: every process holds every expert and nothing below is used
+    int member;             // r % N: which slice of the experts this process owns
+    int group;              // r / N
+    ncclComm_t group_comm;  // the N members of this process's group (NULL when N == 1)
+    MultiGpuConfig replicas;  // the processes holding the same experts (the world itself when N == 1)
+    int* device_counts;     // 2 * MOE_MAX_EXPERTS ints: the count exchange's send and receive buffers
+    float* device_scalar;   // for expert_parallel_float_sum
+} ExpertParallel;
+
+// Expert parallelism of degree 1: the replicas are the world.
+static void expert_parallel_none(ExpertParallel* ep, const MultiGpuConfig* world) {
+    memset(ep, 0, sizeof(*ep));
+    ep->degree = 1;
+    ep->replicas = *world;
+    ep->replicas.used_mpi = 0;  // MPI belongs to the world's config
+}
+
+// Collective over all processes of `world`. The caller has checked that degree divides world->num_processes.
+static void expert_parallel_init(ExpertParallel* ep, const MultiGpuConfig* world, int degree) {
+    expert_parallel_none(ep, world);
+    if (degree == 1) return;
+    int P = world->num_processes;
+    ep->degree = degree;
+    ep->member = world->process_rank % degree;
+    ep->group = world->process_rank / degree;
+    // the first member of each group makes its group's id, the processes of group 0 their replicas' ids; all ids
+    // travel to everyone through one all-gather over the world
+    ncclUniqueId mine[2];
+    memset(mine, 0, sizeof(mine));
+    if (ep->member == 0) ncclCheck(ncclGetUniqueId(&mine[0]));
+    if (ep->group == 0 && P / degree > 1) ncclCheck(ncclGetUniqueId(&mine[1]));
+    char* device_ids;
+    cudaCheck(cudaMalloc((void**)&device_ids, (size_t)P * sizeof(mine)));
+    cudaCheck(cudaMemcpy(device_ids + (size_t)world->process_rank * sizeof(mine), mine, sizeof(mine),
+                         cudaMemcpyHostToDevice));
+    ncclCheck(ncclAllGather(device_ids + (size_t)world->process_rank * sizeof(mine), device_ids, sizeof(mine),
+                            ncclChar, world->nccl_comm, world->nccl_stream));
+    cudaCheck(cudaStreamSynchronize(world->nccl_stream));
+    ncclUniqueId* all = (ncclUniqueId*)malloc_check((size_t)P * sizeof(mine));
+    cudaCheck(cudaMemcpy(all, device_ids, (size_t)P * sizeof(mine), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(device_ids));
+    // every process joins its group first, then its replicas, so no process waits on one that waits on it
+    ncclCheck(ncclCommInitRank(&ep->group_comm, degree, all[2 * (ep->group * degree) + 0], ep->member));
+    ep->replicas.process_rank = ep->group;
+    ep->replicas.num_processes = P / degree;
+    ep->replicas.nccl_comm = NULL;
+    if (P / degree > 1) ncclCheck(ncclCommInitRank(&ep->replicas.nccl_comm, P / degree, all[2 * ep->member + 1], ep->group));
+    free(all);
+    cudaCheck(cudaMalloc((void**)&ep->device_counts, 2 * MOE_MAX_EXPERTS * sizeof(int)));
+    cudaCheck(cudaMalloc((void**)&ep->device_scalar, sizeof(float)));
+}
+
+static void expert_parallel_free(ExpertParallel* ep) {
+    if (ep->degree == 1) return;
+    ncclCheck(ncclCommDestroy(ep->group_comm));
+    if (ep->replicas.nccl_comm != NULL) ncclCheck(ncclCommDestroy(ep->replicas.nccl_comm));
+    cudaCheck(cudaFree(ep->device_counts));
+    cudaCheck(cudaFree(ep->device_scalar));
+}
+
+// The sum of a host float over the group (the gradient norm's expert part, each member holding other experts).
+static float expert_parallel_float_sum(const ExpertParallel* ep, float value, cudaStream_t stream) {
+    if (ep->degree == 1) return value;
+    float sum;
+    cudaCheck(cudaMemcpyAsync(ep->device_scalar, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
+    ncclCheck(ncclAllReduce(ep->device_scalar, ep->device_scalar, 1, ncclFloat, ncclSum, ep->group_comm, stream));
+    cudaCheck(cudaMemcpyAsync(&sum, ep->device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    return sum;
+}
+
+// recv (N * bytes) = every member's send (bytes), in member order: the group's experts from each member's own.
+static void expert_parallel_allgather(const ExpertParallel* ep, void* recv, const void* send, size_t bytes,
+                                      cudaStream_t stream) {
+    if (ep->degree == 1) {
+        cudaCheck(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream));
+    } else {
+        ncclCheck(ncclAllGather(send, recv, bytes, ncclChar, ep->group_comm, stream));
+    }
+    cudaCheck(cudaStreamSynchronize(stream));
+}
+
+// The dropless counts: rows_src (E, host) are this process's rows per global expert; on return rows_own
+// (N * E_l, host) holds, for each member s and local expert l, what s sends for this process's l-th expert.
+// One synchronisation: the GEMMs' shapes and the transfers' sizes are host values.
+static void expert_parallel_exchange_counts(const ExpertParallel* ep, int* rows_own, const int* rows_src, int E,
+                                            cudaStream_t stream) {
+    int E_l = E / ep->degree;
+    if (ep->degree == 1) {
+        memcpy(rows_own, rows_src, (size_t)E * sizeof(int));
+        return;
+    }
+    int* send = ep->device_counts;
+    int* recv = ep->device_counts + MOE_MAX_EXPERTS;
+    cudaCheck(cudaMemcpyAsync(send, rows_src, (size_t)E * sizeof(int), cudaMemcpyHostToDevice, stream));
+    ncclCheck(ncclGroupStart());
+    for (int s = 0; s < ep->degree; s++) {
+        ncclCheck(ncclSend(send + s * E_l, E_l, ncclInt32, s, ep->group_comm, stream));
+        ncclCheck(ncclRecv(recv + s * E_l, E_l, ncclInt32, s, ep->group_comm, stream));
+    }
+    ncclCheck(ncclGroupEnd());
+    cudaCheck(cudaMemcpyAsync(rows_own, recv, (size_t)E * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+}
+
+// Moves the rows of one MoE layer (C floatX each) between the dispatch layout `src` and the expert layout `own`
+// (see the top): to_experts = 1 sends src's rows to their experts' owners, 0 brings own's rows back. Rows for
+// this process's own experts are copied on the device; the rest go as one NCCL group of sends and receives per
+// (member, local expert) block, on `stream` (the compute waits for them anyway).
+static void expert_parallel_exchange(const ExpertParallel* ep, floatX* src, floatX* own, const int* rows_src,
+                                     const int* rows_own, int E, int C, int to_experts, cudaStream_t stream) {
+    int N = ep->degree, E_l = E / N;
+    size_t src_offset[MOE_MAX_EXPERTS + 1], own_offset[MOE_MAX_EXPERTS + 1];  // own: index l * N + s
+    src_offset[0] = own_offset[0] = 0;
+    for (int e = 0; e < E; e++) src_offset[e + 1] = src_offset[e] + (size_t)rows_src[e];
+    for (int i = 0; i < E; i++) own_offset[i + 1] = own_offset[i] + (size_t)rows_own[(i % N) * E_l + i / N];
+    ncclCheck(ncclGroupStart());
+    for (int s = 0; s < N; s++) {
+        for (int l = 0; l < E_l; l++) {
+            int e = s * E_l + l;
+            floatX* at_src = src + src_offset[e] * C;
+            floatX* at_own = own + own_offset[l * N + s] * C;
+            size_t src_elements = (size_t)rows_src[e] * C, own_elements = (size_t)rows_own[s * E_l + l] * C;
+            if (s == ep->member) {
+                if (to_experts) cudaCheck(cudaMemcpyAsync(at_own, at_src, src_elements * sizeof(floatX),
+                                                          cudaMemcpyDeviceToDevice, stream));
+                else cudaCheck(cudaMemcpyAsync(at_src, at_own, src_elements * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                                               stream));
+                continue;
+            }
+            // empty blocks are skipped on both sides alike: both know the counts
+            if (src_elements > 0) {
+                if (to_experts) ncclCheck(ncclSend(at_src, src_elements, nccl_floatX(), s, ep->group_comm, stream));
+                else ncclCheck(ncclRecv(at_src, src_elements, nccl_floatX(), s, ep->group_comm, stream));
+            }
+            if (own_elements > 0) {
+                if (to_experts) ncclCheck(ncclRecv(at_own, own_elements, nccl_floatX(), s, ep->group_comm, stream));
+                else ncclCheck(ncclSend(at_own, own_elements, nccl_floatX(), s, ep->group_comm, stream));
+            }
+        }
+    }
+    ncclCheck(ncclGroupEnd());
+}
