@@ -94,10 +94,33 @@ $(BUILD)/ref/moe_k2_me2_cf0.5_%_debug_state.bin: train_moe.py train_gpt.py | $(B
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k2_me2_cf0.5_$* $(MOE_REF_ARGS) --topk 2 --moe-every 2 --cf 0.5 \
 	    --dtype $(if $(filter fp32,$*),float32,bfloat16)
+# dropless in BF16 with seed 2: seed 1337's dropless routing has choices within bf16 rounding of a tie (logit
+# margin 2e-4), which flip; seed 2's margins are 5e-4 and none flips
+$(BUILD)/ref/moe_k1_dropless_seed2_bf16_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_dropless_seed2_bf16 $(MOE_REF_ARGS) --seed 2 --topk 1 \
+	    --moe-every 1 --cf 0 --dtype bfloat16
+# router noise (README.md, "Router noise"): jitter with drops, noisy top-2 with drops, noisy top-1 with jitter dropless
+# every other layer
+$(BUILD)/ref/moe_k1_jitter_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_jitter_$* $(MOE_REF_ARGS) --topk 1 --moe-every 1 --cf 0.5 \
+	    --jitter 0.1 --dtype $(if $(filter fp32,$*),float32,bfloat16)
+$(BUILD)/ref/moe_k2_noisy_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k2_noisy_$* $(MOE_REF_ARGS) --topk 2 --moe-every 1 --cf 0.5 \
+	    --noisy-topk 1 --dtype $(if $(filter fp32,$*),float32,bfloat16)
+$(BUILD)/ref/moe_k1_noisy_jitter_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_noisy_jitter_$* $(MOE_REF_ARGS) --topk 1 --moe-every 2 \
+	    --cf 0 --noisy-topk 1 --jitter 0.05 --dtype $(if $(filter fp32,$*),float32,bfloat16)
 MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp32 \
              $(BUILD)/ref/moe_k1_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_cf0.5_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k1_dropless_fp32_debug_state.bin $(BUILD)/ref/moe_k2_me2_cf0.5_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k2_me2_cf0.5_bf16_debug_state.bin
+             $(BUILD)/ref/moe_k1_dropless_fp32_debug_state.bin $(BUILD)/ref/moe_k1_dropless_seed2_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k2_me2_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k2_me2_cf0.5_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k1_jitter_fp32_debug_state.bin $(BUILD)/ref/moe_k1_jitter_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k2_noisy_fp32_debug_state.bin $(BUILD)/ref/moe_k2_noisy_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k1_noisy_jitter_fp32_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin
 

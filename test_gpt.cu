@@ -31,6 +31,8 @@ typedef struct {
     float* logits;  // (B, T, V)
     float loss;
     float aux_loss, z_loss;  // MoE: summed over the MoE layers
+    int noisy;               // MoE: noisy gating's importance and load losses follow (header[8])
+    float importance_loss, load_loss;
     int* dropped;            // MoE: (Lm) dropped choices per layer
     int* expert_counts;      // MoE: (Lm, E) choices routed to each expert before dropping
     float* grads;   // model-file order, num_parameters
@@ -75,6 +77,15 @@ static void read_reference_state(ReferenceState* r, const char* path, const GPT2
         }
         fread_check(&r->aux_loss, sizeof(float), 1, f, path);
         fread_check(&r->z_loss, sizeof(float), 1, f, path);
+        r->noisy = header[8];
+        if (r->noisy != model->config.noisy_gating) {
+            fprintf(stderr, "%s: noisy gating %d, the model file says %d\n", path, r->noisy, model->config.noisy_gating);
+            exit(EXIT_FAILURE);
+        }
+        if (r->noisy) {
+            fread_check(&r->importance_loss, sizeof(float), 1, f, path);
+            fread_check(&r->load_loss, sizeof(float), 1, f, path);
+        }
         for (int m = 0; m < Lm; m++) {
             fread_check(&r->dropped[m], sizeof(int), 1, f, path);
             fread_check(r->expert_counts + (size_t)m * E, sizeof(int), E, f, path);
@@ -179,6 +190,7 @@ static void build_test_model(GPT2* model, const TestSetup* t, const MultiGpuConf
 static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T, const MultiGpuConfig* mg,
                            cudaStream_t stream) {
     gpt2_zero_grad(model, stream);
+    model->noise_pass = 0;  // the reference's gradient check (README.md, "Router noise" 4)
     gpt2_forward(model, x, y, B, T, 1.0f / (float)(B * T), stream);
     gpt2_backward(model, B, T, optimizer_next_seed(&model->rng_state), mg, 1, 0, stream);
     cudaCheck(cudaStreamSynchronize(stream));
@@ -195,6 +207,7 @@ static float test_step(GPT2* model, const int* x, const int* y, int B, int T, in
                        int zero_stage, cudaStream_t stream) {
     AdamWConfig opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f};
     gpt2_zero_grad(model, stream);
+    model->noise_pass = (unsigned int)step;
     gpt2_forward(model, x, y, B, T, model->loss_scaler.scale / (float)(B * T), stream);
     gpt2_backward(model, B, T, optimizer_next_seed(&model->rng_state), mg, 1, zero_stage, stream);
     float loss = model->mean_loss;
@@ -264,11 +277,12 @@ static void compare_expert_parallel(const TestSetup* t, const ReferenceState* re
 static int test_main(int argc, char** argv, int moe) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2]%s\n", argv[0],
-                moe ? " [-cf capacity factor] [-ra aux coefficient] [-rz z coefficient] [-ep N] [-z 0|1]" : "");
+                moe ? " [-cf capacity factor] [-ra aux coefficient] [-rz z coefficient] [-rj jitter] [-rni importance "
+                      "coefficient] [-rnl load coefficient] [-ep N] [-z 0|1]" : "");
         return EXIT_FAILURE;
     }
     const char* prefix = argv[1];
-    TestSetup t = {NULL, 1, 1, 1, 0, {1.25, 1.25, 0.01f, 0.001f}};
+    TestSetup t = {NULL, 1, 1, 1, 0, {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f}};
     int ep_degree = 1;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-r")) t.recompute = atoi(argv[i + 1]);
@@ -278,6 +292,9 @@ static int test_main(int argc, char** argv, int moe) {
         else if (moe && !strcmp(argv[i], "-ra")) t.moe.aux_alpha = (float)atof(argv[i + 1]);
         else if (moe && !strcmp(argv[i], "-rz")) t.moe.z_coef = (float)atof(argv[i + 1]);
         else if (moe && !strcmp(argv[i], "-ep")) ep_degree = atoi(argv[i + 1]);
+        else if (moe && !strcmp(argv[i], "-rj")) t.moe.jitter = (float)atof(argv[i + 1]);
+        else if (moe && !strcmp(argv[i], "-rni")) t.moe.importance_coef = (float)atof(argv[i + 1]);
+        else if (moe && !strcmp(argv[i], "-rnl")) t.moe.load_coef = (float)atof(argv[i + 1]);
         else if (moe && !strcmp(argv[i], "-z")) t.zero_stage = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "unknown flag %s\n", argv[i]);
@@ -357,6 +374,11 @@ static int test_main(int argc, char** argv, int moe) {
         // smallest margins are ~4e-5): up to 2% of the choices may move
         compare_value("aux loss", model.aux_loss, ref.aux_loss, PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f);
         compare_value("z loss", model.z_loss, ref.z_loss, PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f);
+        if (ref.noisy) {
+            compare_value("imp loss", model.importance_loss, ref.importance_loss,
+                          PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f);
+            compare_value("load loss", model.load_loss, ref.load_loss, PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f);
+        }
         int Lm = num_moe_layers(&model.config), E = model.config.num_experts;
         long moved = 0, dropped_diff = 0, choices = (long)Lm * B * T * model.config.top_k;
         for (int m = 0; m < Lm; m++) {

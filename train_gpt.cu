@@ -40,6 +40,7 @@
 #include "llmc/global_norm.cuh"
 #include "llmc/copy_cast.cuh"
 #include "llmc/moe.cuh"
+#include "llmc/moe_noise.cuh"
 #include "llmc/multi_gpu.cuh"
 #include "llmc/expert_parallel.cuh"
 #include "llmc/optimizer.cuh"
@@ -52,7 +53,7 @@
 #define GPT2_MODEL_MAGIC 20240326
 #define MOE_MODEL_MAGIC 20261129
 #define GPT2_STATE_MAGIC 20240527
-#define NUM_PARAMETER_TENSORS 21
+#define NUM_PARAMETER_TENSORS 22
 
 // The model: GPT-2, where with num_experts > 0 (train_moe.cu) layer l's MLP is a Switch-MoE layer iff
 // (l + 1) % moe_every == 0 (shared/ARCHITECTURE.md). num_experts == 0 is the dense GPT-2 of train_gpt.cu.
@@ -67,6 +68,7 @@ typedef struct {
     int top_k;              // k
     int moe_every;          // MoE every N layers
     int expert_hidden;      // H
+    int noisy_gating;       // noisy top-k gating: the MoE layers have routernw (README.md, "Router noise")
 } GPT2Config;
 
 static int is_moe_layer(const GPT2Config* c, int l) { return c->num_experts > 0 && (l + 1) % c->moe_every == 0; }
@@ -81,6 +83,9 @@ typedef struct {
     double capacity_factor_eval;  // in evaluation
     float aux_alpha;              // load-balancing loss coefficient
     float z_coef;                 // router z-loss coefficient
+    float jitter;                 // router jitter EPS (0: off)
+    float importance_coef;        // noisy gating's importance and load loss coefficients
+    float load_coef;
 } MoESettings;
 
 // Pointers into one contiguous buffer, in model-file order.
@@ -100,6 +105,7 @@ typedef struct {
     floatX* fcprojw;   // (Ld, C, 4C)
     floatX* fcprojb;   // (Ld, C)
     floatX* routerw;   // (Lm, E, C), Lm = the MoE layers
+    floatX* routernw;  // (Lm, E, C) noisy gating's noise weights (noisy_gating only)
     floatX* efcw;      // (Lm, E, H, C) the experts' fc
     floatX* efcb;      // (Lm, E, H)
     floatX* efcprojw;  // (Lm, E, C, H)
@@ -108,16 +114,21 @@ typedef struct {
     floatX* lnfb;      // (C)
 } ParameterTensors;
 
+// the tensors' indices in model-file order (parameter_names)
+enum {
+    T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB, T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW,
+    T_FCPROJB, T_ROUTERW, T_ROUTERNW, T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB, T_LNFW, T_LNFB
+};
 static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "routerw", "efcw", "efcb", "efcprojw", "efcprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "routerw", "routernw", "efcw", "efcb", "efcprojw", "efcprojb",
     "lnfw", "lnfb"};
 // weight decay applies to the matrices only (the embeddings and the four Linear weights)
 static const int parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0,
-                                                             1, 1, 0, 1, 0, 0, 0};
+                                                             1, 1, 1, 0, 1, 0, 0, 0};
 // The experts' tensors (efcw .. efcprojb): each process keeps those of its own experts (llmc/expert_parallel.cuh)
 // in a second parameter set, reduced and sharded over the processes holding the same experts.
-#define FIRST_EXPERT_TENSOR 15
+#define FIRST_EXPERT_TENSOR T_EFCW
 #define NUM_EXPERT_TENSORS 4
 static int is_expert_tensor(int i) { return i >= FIRST_EXPERT_TENSOR && i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; }
 
@@ -125,35 +136,36 @@ static int is_expert_tensor(int i) { return i >= FIRST_EXPERT_TENSOR && i < FIRS
 static void fill_in_parameter_sizes(size_t* sizes, const GPT2Config* cfg, int experts) {
     size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
     size_t Lm = num_moe_layers(cfg), Ld = L - Lm, E = experts, H = cfg->expert_hidden;
-    sizes[0] = Vp * C;
-    sizes[1] = maxT * C;
-    sizes[2] = L * C;
-    sizes[3] = L * C;
-    sizes[4] = L * 3 * C * C;
-    sizes[5] = L * 3 * C;
-    sizes[6] = L * C * C;
-    sizes[7] = L * C;
-    sizes[8] = L * C;
-    sizes[9] = L * C;
-    sizes[10] = Ld * 4 * C * C;
-    sizes[11] = Ld * 4 * C;
-    sizes[12] = Ld * C * 4 * C;
-    sizes[13] = Ld * C;
-    sizes[14] = Lm * cfg->num_experts * C;  // the router scores every expert on every process
-    sizes[15] = Lm * E * H * C;
-    sizes[16] = Lm * E * H;
-    sizes[17] = Lm * E * C * H;
-    sizes[18] = Lm * E * C;
-    sizes[19] = C;
-    sizes[20] = C;
+    sizes[T_WTE] = Vp * C;
+    sizes[T_WPE] = maxT * C;
+    sizes[T_LN1W] = L * C;
+    sizes[T_LN1B] = L * C;
+    sizes[T_QKVW] = L * 3 * C * C;
+    sizes[T_QKVB] = L * 3 * C;
+    sizes[T_ATTPROJW] = L * C * C;
+    sizes[T_ATTPROJB] = L * C;
+    sizes[T_LN2W] = L * C;
+    sizes[T_LN2B] = L * C;
+    sizes[T_FCW] = Ld * 4 * C * C;
+    sizes[T_FCB] = Ld * 4 * C;
+    sizes[T_FCPROJW] = Ld * C * 4 * C;
+    sizes[T_FCPROJB] = Ld * C;
+    sizes[T_ROUTERW] = Lm * cfg->num_experts * C;  // the router scores every expert on every process
+    sizes[T_ROUTERNW] = cfg->noisy_gating ? Lm * cfg->num_experts * C : 0;
+    sizes[T_EFCW] = Lm * E * H * C;
+    sizes[T_EFCB] = Lm * E * H;
+    sizes[T_EFCPROJW] = Lm * E * C * H;
+    sizes[T_EFCPROJB] = Lm * E * C;
+    sizes[T_LNFW] = C;
+    sizes[T_LNFB] = C;
 }
 
 // the expert tensors point into expert_memory (in order), the others into memory (in order)
 static void point_parameters(ParameterTensors* p, floatX* memory, floatX* expert_memory, const size_t* sizes) {
     floatX** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
                                             &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw, &p->fcb,
-                                            &p->fcprojw, &p->fcprojb, &p->routerw, &p->efcw, &p->efcb,
-                                            &p->efcprojw, &p->efcprojb, &p->lnfw, &p->lnfb};
+                                            &p->fcprojw, &p->fcprojb, &p->routerw, &p->routernw, &p->efcw,
+                                            &p->efcb, &p->efcprojw, &p->efcprojb, &p->lnfw, &p->lnfb};
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         floatX** next = is_expert_tensor(i) ? &expert_memory : &memory;
         *ptrs[i] = *next;
@@ -196,7 +208,9 @@ typedef struct {
     // MoE layers (N = B*T tokens), kept per MoE layer for the backward pass. Rsrc = the rows of this process's
     // dispatch layout, Rown = those of its experts' layout (llmc/expert_parallel.cuh; the same with one process
     // per expert group): E*cap each when padded to a capacity, N*k and up to ep.degree*N*k when packed (dropless)
-    float* router_logits;  // (Lm, N, E)
+    float* router_logits;  // (Lm, N, E) the logits routing uses (H, with noisy gating)
+    float* router_clean;   // (Lm, N, E) noisy gating: the clean logits
+    float* router_noise;   // (Lm, N, E) noisy gating: the noise logits (softplus of them: the noise's std)
     float* router_probs;   // (Lm, N, E)
     float* router_lse;     // (Lm, N) logsumexp, for the z-loss
     int* expert_index;     // (Lm, N, k)
@@ -205,15 +219,18 @@ typedef struct {
     int* row_choice;       // (Lm, Rsrc) the choice filling each row, -1 padding
     int* expert_count;     // (Lm, E) choices routed to each expert before dropping
     int* kept_count;       // (Lm, E) rows used
-    float* aux_z;          // (Lm, 2) load-balancing and z losses
+    float* moe_stats;      // (Lm, 4 + 2E) the load-balancing, z, importance and load losses; Importance and Load (E each)
     floatX* expert_input;  // (Lm, Rown, C)
     floatX* expert_pre;    // (Lm, Rown, H) pre-GELU
     floatX* expert_act;    // (Lm or 1, Rown, H) GELU output (recomputed with -r >= 1)
     floatX* expert_output; // (Lm, Rsrc, C) back in the dispatch layout
     // MoE backward scratch (one layer)
     float* d_gates;        // (N, k)
-    float* d_logits;       // (N, E)
+    float* d_logits;       // (N, E) of the routing's logits, then (noisy gating) of the clean ones
+    float* d_noise;        // (N, E) noisy gating: of the noise logits
     floatX* d_logits_x;    // (N, E)
+    float* noise_partials; // noisy gating's loss scratch (moe_noisy_losses_partials_size)
+    floatX* router_input;  // (2, N, C) with jitter: the router's jittered input and its gradient
     floatX* moe_scratch_own;  // (Rown, C) the expert output, then the gradients of the experts' output and input
     floatX* d_expert_hidden;  // (Rown, H)
     floatX* moe_scratch_src;  // (Rsrc, C) the same in the dispatch layout, with expert parallelism only
@@ -252,12 +269,15 @@ typedef struct {
     int* moe_rows_src;              // (Lm, E) host: rows per global expert in this process's dispatch layout
     int* moe_rows_own;              // (Lm, E) host: rows per (group member, local expert) in the expert layout
     float aux_loss, z_loss;         // summed over MoE layers
+    float importance_loss, load_loss;  // noisy gating's, summed over MoE layers
+    int moe_training;               // the last forward pass was a training one (jitter and noise on)
+    unsigned int noise_pass;        // the router noise's pass number (README.md, "Router noise" 4), set by the caller
     float drop_fraction;            // dropped choices / all choices, over MoE layers
     float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
     float aux_grad_scale;           // scale of the aux and z gradients (the loss-scale / micro-steps)
     int* expert_counts_cpu;         // (Lm, E) host
     int* kept_counts_cpu;           // (Lm, E) host
-    float* aux_z_cpu;               // (Lm, 2) host
+    float* moe_losses_cpu;          // (Lm, 4) host: aux, z, importance, load of each MoE layer
 } GPT2;
 
 // ----------------------------------------------------------------------------------------------------
@@ -415,6 +435,11 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
             fprintf(stderr, "%s: unsupported MoE size: %s\n", source, why);
             exit(EXIT_FAILURE);
         }
+        if (c->noisy_gating && c->top_k >= c->num_experts) {
+            fprintf(stderr, "%s: noisy top-k gating needs top-k (%d) below the number of experts (%d): its load loss "
+                    "compares with the (k+1)-th logit\n", source, c->top_k, c->num_experts);
+            exit(EXIT_FAILURE);
+        }
     }
 }
 
@@ -437,6 +462,12 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int moe) {
         c->top_k = header[9];
         c->moe_every = header[10];
         c->expert_hidden = header[11];
+        c->noisy_gating = header[12];
+        if (c->noisy_gating != 0 && c->noisy_gating != 1) {
+            fprintf(stderr, "%s: header[12] = %d: expected 0, or 1 for a noisy-gating model with routernw\n", path,
+                    c->noisy_gating);
+            exit(EXIT_FAILURE);
+        }
         if (c->num_experts < 1) {
             fprintf(stderr, "%s: %d experts: an MoE model has at least 1\n", path, c->num_experts);
             exit(EXIT_FAILURE);
@@ -514,12 +545,12 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
         const char* name = parameter_names[i];
         if (!strcmp(name, "ln1w") || !strcmp(name, "ln2w") || !strcmp(name, "lnfw")) {
             for (size_t j = 0; j < n; j++) host[offset + j] = 1.0f;
-        } else if (parameter_decays[i]) {
+        } else if (parameter_decays[i] && strcmp(name, "routernw") != 0) {  // routernw starts at 0 (Shazeer)
             int residual = !strcmp(name, "attprojw") || !strcmp(name, "fcprojw") || !strcmp(name, "efcprojw");
             int expert = !strcmp(name, "routerw") || !strcmp(name, "efcw") || !strcmp(name, "efcprojw");
             float std = (residual ? 0.02f * residual_scale : 0.02f) * (expert ? sqrtf(init_scale) : 1.0f);
             size_t rows_used = n;
-            if (i == 0) rows_used = (size_t)c->vocab_size * c->channels;  // padded rows stay zero
+            if (i == T_WTE) rows_used = (size_t)c->vocab_size * c->channels;  // padded rows stay zero
             normal_(host + offset, rows_used, 0.0f, std, &rng);
         }
         offset += n;
@@ -544,6 +575,7 @@ static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStrea
     header[9] = moe ? c->top_k : 0;
     header[10] = moe ? c->moe_every : 0;
     header[11] = moe ? c->expert_hidden : 0;
+    header[12] = c->noisy_gating;
     header[2] = c->max_seq_len;
     header[3] = c->vocab_size;
     header[4] = c->num_layers;
@@ -602,6 +634,7 @@ static void moe_allocated_rows(const GPT2Config* c, const MoESettings* m, int N,
     *own = layer_stride(o[0] > o[1] ? o[0] : o[1]);
 }
 
+// The activation tensors' sizes in bytes, in the order gpt2_allocate_activations points them.
 static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, const MoESettings* moe, size_t B, size_t T,
                                        int recompute, int ep_degree) {
     size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size;
@@ -615,32 +648,32 @@ static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, const MoE
     size_t att_probs = ATT, att_stats = 0;
 #endif
     size_t i = 0;
-    s[i++] = BTC;                      // encoded
-    s[i++] = ln_layers * BTC;          // ln1
-    s[i++] = L * BT;                   // ln1_mean (floats)
-    s[i++] = L * BT;                   // ln1_rstd (floats)
-    s[i++] = L * BTC;                  // atty
-    s[i++] = L * att_probs;            // att
-    s[i++] = L * att_stats;            // att_stats (floats)
-    s[i++] = L * 3 * BTC;              // qkvr
-    s[i++] = L * BTC;                  // residual2
-    s[i++] = ln_layers * BTC;          // ln2
-    s[i++] = L * BT;                   // ln2_mean
-    s[i++] = L * BT;                   // ln2_rstd
-    s[i++] = dense_layers * 4 * BTC;   // fch
-    s[i++] = gelu_layers * 4 * BTC;    // fch_gelu
-    s[i++] = L * BTC;                  // residual3
-    s[i++] = BTC;                      // lnf
-    s[i++] = BT;                       // lnf_mean
-    s[i++] = BT;                       // lnf_rstd
-    s[i++] = BT;                       // losses
-    s[i++] = B * T * Vp;               // output
-    s[i++] = BTC;                      // scratch_btc
-    s[i++] = 4 * BTC;                  // scratch_bt4c
-    s[i++] = BTC;                      // dresidual
-    s[i++] = BTC;                      // dbtc
-    s[i++] = 3 * BTC;                  // dqkvr
-    s[i++] = att_probs;                // datt
+    s[i++] = (BTC) * sizeof(floatX);                           // encoded
+    s[i++] = (ln_layers * BTC) * sizeof(floatX);               // ln1
+    s[i++] = (L * BT) * sizeof(float);                         // ln1_mean
+    s[i++] = (L * BT) * sizeof(float);                         // ln1_rstd
+    s[i++] = (L * BTC) * sizeof(floatX);                       // atty
+    s[i++] = (L * att_probs) * sizeof(floatX);                 // att
+    s[i++] = (L * att_stats) * sizeof(float);                  // att_stats
+    s[i++] = (L * 3 * BTC) * sizeof(floatX);                   // qkvr
+    s[i++] = (L * BTC) * sizeof(floatX);                       // residual2
+    s[i++] = (ln_layers * BTC) * sizeof(floatX);               // ln2
+    s[i++] = (L * BT) * sizeof(float);                         // ln2_mean
+    s[i++] = (L * BT) * sizeof(float);                         // ln2_rstd
+    s[i++] = (dense_layers * 4 * BTC) * sizeof(floatX);        // fch
+    s[i++] = (gelu_layers * 4 * BTC) * sizeof(floatX);         // fch_gelu
+    s[i++] = (L * BTC) * sizeof(floatX);                       // residual3
+    s[i++] = (BTC) * sizeof(floatX);                           // lnf
+    s[i++] = (BT) * sizeof(float);                             // lnf_mean
+    s[i++] = (BT) * sizeof(float);                             // lnf_rstd
+    s[i++] = (BT) * sizeof(float);                             // losses
+    s[i++] = (B * T * Vp) * sizeof(floatX);                    // output
+    s[i++] = (BTC) * sizeof(floatX);                           // scratch_btc
+    s[i++] = (4 * BTC) * sizeof(floatX);                       // scratch_bt4c
+    s[i++] = (BTC) * sizeof(floatX);                           // dresidual
+    s[i++] = (BTC) * sizeof(floatX);                           // dbtc
+    s[i++] = (3 * BTC) * sizeof(floatX);                       // dqkvr
+    s[i++] = (att_probs) * sizeof(floatX);                     // datt
     size_t ln_scratch = layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
     size_t bias_scratch = matmul_dbias_buffer_floats((int)(Vp > 4 * C ? Vp : 4 * C));
     size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, Lm = num_moe_layers(c), N = B * T;
@@ -652,40 +685,43 @@ static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, const MoE
     size_t grouped_scratch = E ? matmul_grouped_dbias_buffer_floats(local_experts, widest) : 0;
     size_t expert_bias_scratch = batched_scratch > grouped_scratch ? batched_scratch : grouped_scratch;
     size_t scratch = ln_scratch > bias_scratch ? ln_scratch : bias_scratch;
-    s[i++] = scratch > expert_bias_scratch ? scratch : expert_bias_scratch;  // scratch_f
+    s[i++] = (scratch > expert_bias_scratch ? scratch : expert_bias_scratch) * sizeof(float);  // scratch_f
     size_t NE = layer_stride(N * E), NK = layer_stride(N * K);
-    s[i++] = Lm * NE;                                      // router_logits
-    s[i++] = Lm * NE;                                      // router_probs
-    s[i++] = Lm * BT;                                      // router_lse
-    s[i++] = Lm * NK;                                      // expert_index (int)
-    s[i++] = Lm * NK;                                      // gates
-    s[i++] = Lm * NK;                                      // choice_row (int)
-    s[i++] = Lm * rows_src;                                // row_choice (int)
-    s[i++] = Lm * layer_stride(E);                         // expert_count (int)
-    s[i++] = Lm * layer_stride(E);                         // kept_count (int)
-    s[i++] = Lm * 64;                                      // aux_z
-    s[i++] = Lm * rows_own * C;                            // expert_input
-    s[i++] = Lm * rows_own * H;                            // expert_pre
-    s[i++] = (recompute >= 1 ? (Lm ? 1 : 0) : Lm) * rows_own * H;  // expert_act
-    s[i++] = Lm * rows_src * C;                            // expert_output
-    s[i++] = Lm ? NK : 0;                                  // d_gates
-    s[i++] = Lm ? NE : 0;                                  // d_logits
-    s[i++] = Lm ? NE : 0;                                  // d_logits_x
-    s[i++] = Lm ? rows_own * C : 0;                        // moe_scratch_own
-    s[i++] = Lm ? rows_own * H : 0;                        // d_expert_hidden
-    s[i++] = Lm && ep_degree > 1 ? rows_src * C : 0;       // moe_scratch_src
+    size_t noisy = c->noisy_gating, jitter = moe->jitter > 0.0f;
+    s[i++] = (Lm * NE) * sizeof(float);                        // router_logits
+    s[i++] = (noisy * Lm * NE) * sizeof(float);                // router_clean
+    s[i++] = (noisy * Lm * NE) * sizeof(float);                // router_noise
+    s[i++] = (Lm * NE) * sizeof(float);                        // router_probs
+    s[i++] = (Lm * BT) * sizeof(float);                        // router_lse
+    s[i++] = (Lm * NK) * sizeof(int);                          // expert_index
+    s[i++] = (Lm * NK) * sizeof(float);                        // gates
+    s[i++] = (Lm * NK) * sizeof(int);                          // choice_row
+    s[i++] = (Lm * rows_src) * sizeof(int);                    // row_choice
+    s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // expert_count
+    s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // kept_count
+    s[i++] = (Lm * layer_stride(4 + 2 * E)) * sizeof(float);   // moe_stats
+    s[i++] = (Lm * rows_own * C) * sizeof(floatX);             // expert_input
+    s[i++] = (Lm * rows_own * H) * sizeof(floatX);             // expert_pre
+    s[i++] = ((recompute >= 1 ? (Lm ? 1 : 0) : Lm) * rows_own * H) * sizeof(floatX);  // expert_act
+    s[i++] = (Lm * rows_src * C) * sizeof(floatX);             // expert_output
+    s[i++] = (Lm ? NK : 0) * sizeof(float);                    // d_gates
+    s[i++] = (Lm ? NE : 0) * sizeof(float);                    // d_logits
+    s[i++] = (Lm ? noisy * NE : 0) * sizeof(float);            // d_noise
+    s[i++] = (Lm ? NE : 0) * sizeof(floatX);                   // d_logits_x
+    s[i++] = (Lm && noisy ? moe_noisy_losses_partials_size((int)E) : 0) * sizeof(float);  // noise_partials
+    s[i++] = (Lm ? jitter * 2 * BTC : 0) * sizeof(floatX);     // router_input
+    s[i++] = (Lm ? rows_own * C : 0) * sizeof(floatX);         // moe_scratch_own
+    s[i++] = (Lm ? rows_own * H : 0) * sizeof(floatX);         // d_expert_hidden
+    s[i++] = (Lm && ep_degree > 1 ? rows_src * C : 0) * sizeof(floatX);  // moe_scratch_src
     return i;
 }
-// which activation tensors are 4-byte (fp32 or int); the rest are floatX
-static const int activation_is_float[] = {0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1,
-                                          1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0};
 
 static size_t activation_bytes(const GPT2Config* c, const MoESettings* moe, size_t B, size_t T, int recompute,
                                int ep_degree) {
     size_t sizes[64];
     size_t n = fill_in_activation_sizes(sizes, c, moe, B, T, recompute, ep_degree);
     size_t bytes = 0;
-    for (size_t i = 0; i < n; i++) bytes += sizes[i] * (activation_is_float[i] ? sizeof(float) : sizeof(floatX)) + 256;
+    for (size_t i = 0; i < n; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;  // gpt2_allocate_activations aligns them
     return bytes;
 }
 
@@ -701,17 +737,18 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
                      (void**)&a->fch_gelu, (void**)&a->residual3, (void**)&a->lnf, (void**)&a->lnf_mean,
                      (void**)&a->lnf_rstd, (void**)&a->losses, (void**)&a->output, (void**)&a->scratch_btc,
                      (void**)&a->scratch_bt4c, (void**)&a->dresidual, (void**)&a->dbtc, (void**)&a->dqkvr,
-                     (void**)&a->datt, (void**)&a->scratch_f, (void**)&a->router_logits, (void**)&a->router_probs,
+                     (void**)&a->datt, (void**)&a->scratch_f, (void**)&a->router_logits, (void**)&a->router_clean,
+                     (void**)&a->router_noise, (void**)&a->router_probs,
                      (void**)&a->router_lse, (void**)&a->expert_index, (void**)&a->gates, (void**)&a->choice_row,
-                     (void**)&a->row_choice, (void**)&a->expert_count, (void**)&a->kept_count, (void**)&a->aux_z,
+                     (void**)&a->row_choice, (void**)&a->expert_count, (void**)&a->kept_count, (void**)&a->moe_stats,
                      (void**)&a->expert_input, (void**)&a->expert_pre, (void**)&a->expert_act,
-                     (void**)&a->expert_output, (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_logits_x,
+                     (void**)&a->expert_output, (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_noise,
+                     (void**)&a->d_logits_x, (void**)&a->noise_partials, (void**)&a->router_input,
                      (void**)&a->moe_scratch_own, (void**)&a->d_expert_hidden, (void**)&a->moe_scratch_src};
     char* p = (char*)model->acts_memory;
     for (size_t i = 0; i < n; i++) {
         *ptrs[i] = p;
-        size_t b = sizes[i] * (activation_is_float[i] ? sizeof(float) : sizeof(floatX));
-        p += CEIL_DIV(b, 256) * 256;  // 256-byte alignment for vector loads and cuBLASLt
+        p += CEIL_DIV(sizes[i], 256) * 256;  // 256-byte alignment for vector loads and cuBLASLt
     }
     model->batch_size = B;
     model->seq_len = T;
@@ -722,7 +759,13 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     int Lm = num_moe_layers(&model->config), E = model->config.num_experts;
     model->expert_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
     model->kept_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
-    model->aux_z_cpu = (float*)malloc_check((size_t)(2 * Lm + 1) * sizeof(float));
+    model->moe_losses_cpu = (float*)malloc_check((size_t)(4 * Lm + 1) * sizeof(float));
+    char why[256];
+    if (Lm > 0 && !moe_noise_support(B * T, model->config.channels, E, model->config.top_k, model->config.noisy_gating,
+                                     model->moe.jitter, why, sizeof(why))) {
+        fprintf(stderr, "router noise: %s\n", why);
+        exit(EXIT_FAILURE);
+    }
     model->moe_rows_src = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
     model->moe_rows_own = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
 }
@@ -752,7 +795,7 @@ static void gpt2_free(GPT2* model) {
     free(model->losses_cpu);
     free(model->expert_counts_cpu);
     free(model->kept_counts_cpu);
-    free(model->aux_z_cpu);
+    free(model->moe_losses_cpu);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -765,7 +808,9 @@ static void gpt2_free(GPT2* model) {
 // by the gates. Its output (N, C) goes to `out`, like the dense MLP's.
 
 typedef struct {
-    float* logits;
+    float* logits;        // what routing uses: H with noisy gating
+    float* clean;         // noisy gating
+    float* noise;         // noisy gating
     float* probs;
     float* lse;
     int* expert_index;
@@ -774,7 +819,9 @@ typedef struct {
     int* row_choice;
     int* expert_count;
     int* kept_count;
-    float* aux_z;
+    float* losses;        // (4) aux, z, importance, load
+    float* importance;    // (E) noisy gating
+    float* load;          // (E) noisy gating
     floatX* expert_input;
     floatX* expert_pre;
     floatX* expert_act;
@@ -798,6 +845,8 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
     moe_layer_strides(model, N, &SRC, &OWN);
     MoELayerActivations l;
     l.logits = a->router_logits + m * NE;
+    l.clean = c->noisy_gating ? a->router_clean + m * NE : nullptr;
+    l.noise = c->noisy_gating ? a->router_noise + m * NE : nullptr;
     l.probs = a->router_probs + m * NE;
     l.lse = a->router_lse + m * layer_stride(N);
     l.expert_index = a->expert_index + m * NK;
@@ -806,7 +855,9 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
     l.row_choice = a->row_choice + m * SRC;
     l.expert_count = a->expert_count + m * layer_stride(E);
     l.kept_count = a->kept_count + m * layer_stride(E);
-    l.aux_z = a->aux_z + m * 64;
+    l.losses = a->moe_stats + m * layer_stride(4 + 2 * E);
+    l.importance = l.losses + 4;
+    l.load = l.losses + 4 + E;
     l.expert_input = a->expert_input + m * OWN * C;
     l.expert_pre = a->expert_pre + m * OWN * H;
     l.expert_act = a->expert_act + (model->recompute >= 1 ? 0 : m * OWN * H);
@@ -876,6 +927,20 @@ static size_t moe_own_rows_used(const GPT2* model, const MoELayerActivations* l)
     return rows;
 }
 
+// The seed of MoE layer m's jitter or gating noise in the current pass (README.md, "Router noise" 1)
+static unsigned int moe_layer_seed(const GPT2* model, int m, int kind) {
+    return moe_noise_seed((unsigned int)model->process_rank, model->noise_pass, m, kind);
+}
+
+// What the router reads: ln2, or in a training pass with jitter ln2 times its multipliers (in router_input)
+static const floatX* moe_router_input(const GPT2* model, int m, const floatX* ln2, int N, cudaStream_t stream) {
+    if (!model->moe_training || model->moe.jitter <= 0.0f) return ln2;
+    floatX* jittered = model->acts.router_input;
+    moe_jitter_forward(jittered, ln2, N, model->config.channels, model->moe.jitter,
+                       moe_layer_seed(model, m, MOE_NOISE_JITTER), stream);
+    return jittered;
+}
+
 static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     const ParameterTensors* p = &model->params;
@@ -883,7 +948,15 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     int E = c->num_experts, E_l = model->local_experts, K = c->top_k, C = c->channels, H = c->expert_hidden;
     int spread = model->ep.degree > 1;  // rows travel to other processes' experts
     MoELayerActivations l = moe_layer_activations(model, m, N);
-    matmul_forward_fp32_output(l.logits, ln2, p->routerw + (size_t)m * E * C, N, C, E, stream);
+    const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
+    if (c->noisy_gating) {
+        matmul_forward_fp32_output(l.clean, router_in, p->routerw + (size_t)m * E * C, N, C, E, stream);
+        matmul_forward_fp32_output(l.noise, router_in, p->routernw + (size_t)m * E * C, N, C, E, stream);
+        moe_noisy_logits_forward(l.logits, l.clean, l.noise, N, E, moe_layer_seed(model, m, MOE_NOISE_GATING),
+                                 model->moe_training, stream);
+    } else {
+        matmul_forward_fp32_output(l.logits, router_in, p->routerw + (size_t)m * E * C, N, C, E, stream);
+    }
     moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K,
                      model->moe_capacity_used, model->moe_packed, stream);
@@ -899,8 +972,15 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
                                p->efcprojb + (size_t)m * E_l * C, H, C, nullptr, stream);
     if (spread) expert_parallel_exchange(&model->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
     moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
-    moe_router_losses(l.aux_z, l.probs, l.lse, l.expert_count, N, E, K, model->moe.aux_alpha, model->moe.z_coef,
+    moe_router_losses(l.losses, l.probs, l.lse, l.expert_count, N, E, K, model->moe.aux_alpha, model->moe.z_coef,
                       stream);
+    if (c->noisy_gating) {
+        moe_noisy_losses_forward(l.importance, l.load, l.losses + 2, a->noise_partials, l.clean, l.noise, l.logits,
+                                 l.expert_index, l.gates, N, E, K, model->moe.importance_coef, model->moe.load_coef,
+                                 stream);
+    } else {
+        cudaCheck(cudaMemsetAsync(l.losses + 2, 0, 2 * sizeof(float), stream));
+    }
 }
 
 // dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten);
@@ -922,7 +1002,9 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
     moe_combine_backward(d_src, a->d_gates, dout, l.expert_output, l.choice_row, l.gates, l.row_choice, N, rows_src, K,
                          C, stream);
     if (spread) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
-    if (model->recompute >= 1) gelu_forward(l.expert_act, l.expert_pre, (int)(moe_own_rows_used(model, &l) * H), stream);
+    // dropless, this process's experts may have received no row at all
+    size_t own_rows = moe_own_rows_used(model, &l);
+    if (model->recompute >= 1 && own_rows > 0) gelu_forward(l.expert_act, l.expert_pre, (int)(own_rows * H), stream);
     moe_experts_linear_backward(model, &l, a->d_expert_hidden, g->efcprojw + (size_t)m * E_l * C * H,
                                 g->efcprojb + (size_t)m * E_l * C, d_own, l.expert_act,
                                 p->efcprojw + (size_t)m * E_l * C * H, H, C, l.expert_pre, stream);
@@ -933,10 +1015,31 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
     if (spread) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 0, stream);
     cudaCheck(cudaMemsetAsync(d_ln2, 0, (size_t)N * C * sizeof(floatX), stream));
     moe_dispatch_backward(d_ln2, d_src, l.choice_row, N, K, C, stream);
+    // the router: the gates' gradient (with noisy gating, plus the importance loss's), the Switch and z losses
+    // through the softmax into the routing logits, then (noisy gating) through H into the clean and noise logits
+    if (c->noisy_gating)
+        moe_importance_backward(a->d_gates, l.importance, l.expert_index, N, E, K, model->moe.importance_coef,
+                                model->aux_grad_scale, stream);
     moe_router_backward(a->d_logits, l.probs, l.expert_index, l.gates, a->d_gates, l.lse, l.expert_count, N, E, K,
                         model->moe.aux_alpha, model->moe.z_coef, model->aux_grad_scale, stream);
-    matmul_backward_fp32_dout(d_ln2, g->routerw + (size_t)m * E * C, a->d_logits, ln2, p->routerw + (size_t)m * E * C,
-                              a->d_logits_x, N, C, E, stream);
+    if (c->noisy_gating)
+        moe_noisy_backward(a->d_logits, a->d_noise, a->d_logits, l.clean, l.noise, l.logits, l.expert_index, l.load, N,
+                           E, K, model->moe.load_coef, model->aux_grad_scale,
+                           moe_layer_seed(model, m, MOE_NOISE_GATING), stream);
+    // with jitter the router read its jittered input: recomputed here, its gradient then scaled by the same
+    // multipliers into d_ln2; without, the router's input gradient adds into d_ln2 directly
+    int jitter = model->moe.jitter > 0.0f;
+    const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
+    floatX* d_router_in = jitter ? a->router_input + (size_t)N * C : d_ln2;
+    if (jitter) cudaCheck(cudaMemsetAsync(d_router_in, 0, (size_t)N * C * sizeof(floatX), stream));
+    matmul_backward_fp32_dout(d_router_in, g->routerw + (size_t)m * E * C, a->d_logits, router_in,
+                              p->routerw + (size_t)m * E * C, a->d_logits_x, N, C, E, stream);
+    if (c->noisy_gating)
+        matmul_backward_fp32_dout(d_router_in, g->routernw + (size_t)m * E * C, a->d_noise, router_in,
+                                  p->routernw + (size_t)m * E * C, a->d_logits_x, N, C, E, stream);
+    if (jitter)
+        moe_jitter_backward(d_ln2, d_router_in, N, C, model->moe.jitter, moe_layer_seed(model, m, MOE_NOISE_JITTER),
+                            stream);
 }
 
 // Routing statistics of MoE layer m from the counts of the last forward pass (host): the fraction of
@@ -967,13 +1070,14 @@ static MoELayerStatistics moe_layer_statistics(const GPT2* model, int m, int N) 
 static void moe_collect_statistics(GPT2* model, int N, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     int Lm = num_moe_layers(c), E = c->num_experts;
-    model->aux_loss = model->z_loss = model->drop_fraction = 0.0f;
+    model->aux_loss = model->z_loss = model->importance_loss = model->load_loss = model->drop_fraction = 0.0f;
     model->load_min = model->load_max = model->load_cv = 0.0f;
     if (Lm == 0) return;
     double drop = 0.0, load_min = 1e30, load_max = 0.0, cv = 0.0;
     for (int m = 0; m < Lm; m++) {
         MoELayerActivations l = moe_layer_activations(model, m, N);
-        cudaCheck(cudaMemcpyAsync(model->aux_z_cpu + 2 * m, l.aux_z, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemcpyAsync(model->moe_losses_cpu + 4 * m, l.losses, 4 * sizeof(float), cudaMemcpyDeviceToHost,
+                                  stream));
         cudaCheck(cudaMemcpyAsync(model->expert_counts_cpu + m * E, l.expert_count, E * sizeof(int),
                                   cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemcpyAsync(model->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int), cudaMemcpyDeviceToHost,
@@ -981,8 +1085,10 @@ static void moe_collect_statistics(GPT2* model, int N, cudaStream_t stream) {
     }
     cudaCheck(cudaStreamSynchronize(stream));
     for (int m = 0; m < Lm; m++) {
-        model->aux_loss += model->aux_z_cpu[2 * m];
-        model->z_loss += model->aux_z_cpu[2 * m + 1];
+        model->aux_loss += model->moe_losses_cpu[4 * m];
+        model->z_loss += model->moe_losses_cpu[4 * m + 1];
+        model->importance_loss += model->moe_losses_cpu[4 * m + 2];
+        model->load_loss += model->moe_losses_cpu[4 * m + 3];
         MoELayerStatistics st = moe_layer_statistics(model, m, N);
         drop += st.drop_fraction;
         load_min = fmin(load_min, st.load_min);
@@ -1021,6 +1127,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
         double cf = dlogits_scale > 0.0f ? model->moe.capacity_factor : model->moe.capacity_factor_eval;
         model->moe_capacity_used = moe_capacity(B * T, c->num_experts, c->top_k, cf);
         model->moe_packed = cf <= 0.0;
+        model->moe_training = dlogits_scale > 0.0f;
         model->aux_grad_scale = dlogits_scale * B * T;
     }
     encoder_forward(a.encoded, model->inputs, p.wte, p.wpe, B, T, C, stream);
@@ -1163,14 +1270,16 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
 
 static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
-    static const int every_layer[] = {2, 3, 4, 5, 6, 7, 8, 9};  // ln1w .. ln2b, stacked over all layers
-    static const int dense[] = {10, 11, 12, 13};                // fcw .. fcprojb, stacked over the dense layers
-    static const int router[] = {14};                           // routerw, over the MoE layers
-    static const int experts[] = {0, 1, 2, 3};                  // expert_store's efcw .. efcprojb, likewise
+    // stacked over all layers, over the dense layers, over the MoE layers (the router's, and expert_store's tensors)
+    static const int every_layer[] = {T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB, T_LN2W, T_LN2B};
+    static const int dense[] = {T_FCW, T_FCB, T_FCPROJW, T_FCPROJB};
+    static const int router[] = {T_ROUTERW, T_ROUTERNW};  // routernw is empty without noisy gating
+    static const int experts[] = {T_EFCW - FIRST_EXPERT_TENSOR, T_EFCB - FIRST_EXPERT_TENSOR,
+                                  T_EFCPROJW - FIRST_EXPERT_TENSOR, T_EFCPROJB - FIRST_EXPERT_TENSOR};
     int Lm = num_moe_layers(c);
     sharded_parameters_reduce_slices(&model->store, every_layer, 8, layer, c->num_layers, mg, zero_stage, stream);
     if (is_moe_layer(c, layer)) {
-        sharded_parameters_reduce_slices(&model->store, router, 1, moe_index(c, layer), Lm, mg, zero_stage, stream);
+        sharded_parameters_reduce_slices(&model->store, router, 2, moe_index(c, layer), Lm, mg, zero_stage, stream);
         // the experts' gradients over exactly the processes that hold the same experts
         sharded_parameters_reduce_slices(&model->expert_store, experts, NUM_EXPERT_TENSORS, moe_index(c, layer), Lm,
                                          &model->ep.replicas, zero_stage, stream);
@@ -1180,7 +1289,7 @@ static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, 
     }
 }
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    static const int rest[] = {0, 1, 19, 20};  // wte, wpe, lnfw, lnfb: complete only after the encoder's backward
+    static const int rest[] = {T_WTE, T_WPE, T_LNFW, T_LNFB};  // complete only after the encoder's backward
     sharded_parameters_reduce_slices(&model->store, rest, 4, -1, model->config.num_layers, mg, zero_stage, stream);
 }
 
@@ -1516,7 +1625,11 @@ static void usage(int moe) {
                 "  -rz <float> router z-loss coefficient (default = 0.001)\n"
                 "  -ri <float> initialisation scale of router and expert weights (default = 0.1)\n"
                 "  -ep <int>   expert-parallel degree: consecutive groups of N processes share out the experts (default = 1)\n"
-                "  -rj, -rn    router jitter, noisy top-k: not implemented yet (0, 0)\n");
+                "  -rj <float> router jitter: the router's input times U(1-rj, 1+rj) in training (default = 0)\n"
+                "  -rn <int>   noisy top-k gating (Shazeer 2017) with its importance and load losses: 0/1 (default = 0;\n"
+                "              a model file with a noise router has it on)\n"
+                "  -rni <float> importance loss coefficient with -rn 1 (default = 0.1)\n"
+                "  -rnl <float> load loss coefficient with -rn 1 (default = 0.1)\n");
     }
 }
 
@@ -1527,7 +1640,9 @@ static void usage(int moe) {
 static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
     for (int m = 0; m < num_moe_layers(&model->config); m++) {
         MoELayerStatistics st = moe_layer_statistics(model, m, N);
-        float aux = model->aux_z_cpu[2 * m], z = model->aux_z_cpu[2 * m + 1];
+        // aux: every balancing loss of the layer (Switch's, and noisy gating's importance and load losses)
+        const float* losses = model->moe_losses_cpu + 4 * m;
+        float aux = losses[0] + losses[2] + losses[3], z = losses[1];
         printf("val moe layer %d: aux %f z %f drop %f load min %.3f max %.3f cv %.3f\n", m, aux, z, st.drop_fraction,
                st.load_min, st.load_max, st.load_cv);
         char line[300];
@@ -1561,6 +1676,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     int num_experts = 8, top_k = 1, moe_every = 2, expert_hidden = 0, expert_parallel = 1;
     double capacity_factor = 1.25, capacity_factor_eval = 2.0;
     float aux_alpha = 0.01f, z_coef = 0.001f, router_jitter = 0.0f, init_scale = 0.1f;
+    float importance_coef = 0.1f, load_coef = 0.1f;
     int noisy_topk = 0;
     for (int i = 1; i < argc; i += 2) {
         const char* flag = argv[i];
@@ -1620,6 +1736,8 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         else if (moe && !strcmp(flag, "-rz")) z_coef = parse_float_flag(flag, v);
         else if (moe && !strcmp(flag, "-rj")) router_jitter = parse_float_flag(flag, v);
         else if (moe && !strcmp(flag, "-rn")) noisy_topk = parse_int_flag(flag, v);
+        else if (moe && !strcmp(flag, "-rni")) importance_coef = parse_float_flag(flag, v);
+        else if (moe && !strcmp(flag, "-rnl")) load_coef = parse_float_flag(flag, v);
         else if (moe && !strcmp(flag, "-ri")) init_scale = parse_float_flag(flag, v);
         else if (moe && !strcmp(flag, "-ep")) expert_parallel = parse_int_flag(flag, v);
         else {
@@ -1638,8 +1756,10 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     if (resume && !output_dir) { fprintf(stderr, "-y 1 needs -o, the directory to resume from\n"); return EXIT_FAILURE; }
     if (checkpoint_every > 0 && !output_dir) { fprintf(stderr, "-n %d needs -o, the directory for checkpoints\n", checkpoint_every); return EXIT_FAILURE; }
     if (moe) {
-        if (router_jitter != 0.0f) { fprintf(stderr, "-rj %g: router jitter is not implemented yet (only 0)\n", router_jitter); return EXIT_FAILURE; }
-        if (noisy_topk != 0) { fprintf(stderr, "-rn %d: noisy top-k gating is not implemented yet (only 0)\n", noisy_topk); return EXIT_FAILURE; }
+        if (!(router_jitter >= 0.0f && router_jitter < 1.0f)) { fprintf(stderr, "-rj %g: the jitter must be in [0, 1)\n", router_jitter); return EXIT_FAILURE; }
+        if (noisy_topk != 0 && noisy_topk != 1) { fprintf(stderr, "-rn %d: expected 0 or 1\n", noisy_topk); return EXIT_FAILURE; }
+        if (noisy_topk && top_k >= num_experts) { fprintf(stderr, "-rn 1: noisy top-k gating needs -tk (%d) below -ne (%d)\n", top_k, num_experts); return EXIT_FAILURE; }
+        if (importance_coef < 0.0f || load_coef < 0.0f) { fprintf(stderr, "-rni and -rnl must not be negative\n"); return EXIT_FAILURE; }
         if (expert_parallel < 1) { fprintf(stderr, "-ep %d: the expert-parallel degree must be at least 1\n", expert_parallel); return EXIT_FAILURE; }
         if (num_experts < 1) { fprintf(stderr, "-ne %d: expected at least 1 expert\n", num_experts); return EXIT_FAILURE; }
         if (top_k < 1 || top_k > num_experts) { fprintf(stderr, "-tk %d: top-k must be between 1 and the number of experts (%d)\n", top_k, num_experts); return EXIT_FAILURE; }
@@ -1682,6 +1802,9 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     model.moe.capacity_factor_eval = capacity_factor_eval;
     model.moe.aux_alpha = aux_alpha;
     model.moe.z_coef = z_coef;
+    model.moe.jitter = router_jitter;
+    model.moe.importance_coef = importance_coef;
+    model.moe.load_coef = load_coef;
     model.num_processes = mg.num_processes;
     model.process_rank = mg.process_rank;
     expert_parallel_init(&model.ep, &mg, expert_parallel);
@@ -1691,6 +1814,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         model.config.top_k = top_k;
         model.config.moe_every = moe_every;
         model.config.expert_hidden = expert_hidden;
+        model.config.noisy_gating = noisy_topk;
     }
     char resume_dir_model[1024] = "";
     int resume_step = -1;
@@ -1711,6 +1835,11 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         return EXIT_FAILURE;
     }
     const GPT2Config* cfg = &model.config;
+    if (noisy_topk && !cfg->noisy_gating) {
+        fprintf(stderr, "-rn 1: %s has no noise router (header[12] = 0); noisy gating is part of the model: start "
+                "from a descriptor with -rn 1\n", model_source);
+        return EXIT_FAILURE;
+    }
     if (T > cfg->max_seq_len) {
         fprintf(stderr, "-t %d: longer than the model's maximum sequence length %d\n", T, cfg->max_seq_len);
         return EXIT_FAILURE;
@@ -1841,11 +1970,12 @@ static int gpt2_main(int argc, char* argv[], int moe) {
             if (overfit_single_batch) dataloader_reset(&train_loader);
             dataloader_next_batch(&train_loader);
             float dlogits_scale = model.loss_scaler.scale / (float)(B * T * grad_accum_steps);
+            model.noise_pass = (unsigned int)(step * grad_accum_steps + micro);
             gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T, dlogits_scale, stream);
             int last_micro_step = micro == grad_accum_steps - 1;
             gpt2_backward(&model, B, T, optimizer_next_seed(&model.rng_state), &mg, last_micro_step, zero_stage, stream);
             step_loss += model.mean_loss;
-            step_aux += model.aux_loss;
+            step_aux += model.aux_loss + model.importance_loss + model.load_loss;  // every balancing loss
             step_z += model.z_loss;
             step_drop += model.drop_fraction;
             step_load_cv += model.load_cv;

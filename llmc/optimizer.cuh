@@ -163,6 +163,7 @@ static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* te
         size_t n = layer >= 0 ? p->sizes[i] / num_layers : p->sizes[i];
         size_t begin = sharded_parameters_offset(p, i) + (layer >= 0 ? (size_t)layer * n : 0);
         size_t end = begin + n;
+        if (n == 0) continue;  // a tensor this model does not have
         if (zero_stage == 0) {
             ncclCheck(ncclAllReduce(p->grads_memory + begin, p->grads_memory + begin, n, nccl_floatX(), ncclAvg,
                                     mg->nccl_comm, mg->nccl_stream));

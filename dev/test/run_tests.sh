@@ -84,18 +84,25 @@ run_test gpt-fp32-gelu-unfused build/test_gpt_fp32 build/ref/tiny_fp32 -ge 0
 run_test gpt-bf16-gelu-fused-backward build/test_gpt_bf16 build/ref/tiny_bf16 -ge 2
 run_test train-gpt-cli dev/test/test_train_gpt.sh
 
-# the MoE trainer against PyTorch: dropping (cf 0.5) and dropless top-1, top-2 every other layer; FP32 at every
-# recompute level; BF16 on the configurations whose routing has no near-ties (the dropless one has choices
-# within bf16 rounding of a tie, which flip, making gradient comparison meaningless)
+# the MoE trainer against PyTorch: dropping (cf 0.5) and dropless (packed, grouped GEMMs) top-1, top-2 every other
+# layer; FP32 at every recompute level; BF16 likewise (its dropless reference uses seed 2, whose routing has no
+# choice within bf16 rounding of a tie: see the Makefile); router jitter and noisy top-k gating in FP32 and BF16
 for r in 0 1 2; do
     run_test "moe-fp32-k1-cf0.5-r$r" build/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -r $r
 done
 run_test moe-fp32-k1-dropless build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0
+run_test moe-fp32-k1-dropless-r0 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -r 0 -ge 0
 run_test moe-fp32-k2-me2 build/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -r 2
 for w in 0 1; do
     run_test "moe-bf16-k1-cf0.5-w$w" build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -w $w
 done
+run_test moe-bf16-k1-dropless build/test_moe_bf16 build/ref/moe_k1_dropless_seed2_bf16 -cf 0
 run_test moe-bf16-k2-me2 build/test_moe_bf16 build/ref/moe_k2_me2_cf0.5_bf16 -cf 0.5
+run_test moe-fp32-k1-jitter build/test_moe_fp32 build/ref/moe_k1_jitter_fp32 -cf 0.5 -rj 0.1
+run_test moe-fp32-k2-noisy build/test_moe_fp32 build/ref/moe_k2_noisy_fp32 -cf 0.5 -r 0
+run_test moe-fp32-k1-noisy-jitter-dropless build/test_moe_fp32 build/ref/moe_k1_noisy_jitter_fp32 -cf 0 -rj 0.05 -r 2
+run_test moe-bf16-k1-jitter build/test_moe_bf16 build/ref/moe_k1_jitter_bf16 -cf 0.5 -rj 0.1
+run_test moe-bf16-k2-noisy build/test_moe_bf16 build/ref/moe_k2_noisy_bf16 -cf 0.5
 # expert parallelism against PyTorch (every process on the reference batch) and against -ep 1 (distinct batches):
 # 2 ranks in one expert group; 4 ranks in two groups (replicas, ZeRO-1); 4 ranks, one expert each, dropless
 run_test moe-fp32-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -ep 2

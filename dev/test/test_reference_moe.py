@@ -4,7 +4,9 @@ itself: the MoE model file and debug state laid out from ARCHITECTURE.md, an ind
 forward with a loop-by-loop routing (softmax, top-k with ties to the lower index, capacity, slots in priority
 order, drops), central finite differences of the total loss, hand-worked routing cases, the balancing and z
 losses and their gradients from their formulas, the dense GPT of train_gpt.py (E=1, k=1, no capacity limit),
-and an AdamW written out from its formula.
+and an AdamW written out from its formula. Router noise (jitter, noisy top-k gating; README.md, "Router noise" = noise_spec): the noise
+generator against a plain-int squirrel_noise5 and values a C program printed, statistics of its normals, the
+jittered and noisy routing (thr, Phi, CV²) in the numpy forward, and finite differences with the noise on.
 Run from the repository root: /usr/bin/python3 dev/test/test_reference_moe.py
 Prints one line per failed check and ends with "test_reference_moe: N passed, N failed" (exit 1 on a failure).
 """
@@ -19,6 +21,8 @@ import math
 import re
 import subprocess
 import tempfile
+from collections import namedtuple
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -46,15 +50,16 @@ B, T, V, L, NH, C, MAXT, E, H, STEPS = 3, 23, 263, 2, 3, 48, 32, 4, 96, 10
 VP = 384  # 263 rounded up to a multiple of 128
 ALPHA, Z_COEF = 0.01, 0.001
 # the AdamW weight-decayed tensors: the 2-D+ ones
-DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "routerw", "expert_fcw", "expert_fcprojw"}
+DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "routerw", "routernw", "expert_fcw",
+           "expert_fcprojw"}
 
 
 class Shape:
-    """A model's shape as the file header gives it."""
+    """A model's shape as the file header gives it (noisy: header[12], the noise router routernw is stored)."""
 
-    def __init__(self, maxT, V, L, NH, C, E, topk, moe_every, H):
+    def __init__(self, maxT, V, L, NH, C, E, topk, moe_every, H, noisy=False):
         self.maxT, self.V, self.L, self.NH, self.C = maxT, V, L, NH, C
-        self.E, self.topk, self.moe_every, self.H = E, topk, moe_every, H
+        self.E, self.topk, self.moe_every, self.H, self.noisy = E, topk, moe_every, H, noisy
         self.Vp = (V + 127) // 128 * 128
         self.moe_layers = [l for l in range(L) if (l + 1) % moe_every == 0]
         self.dense_layers = [l for l in range(L) if (l + 1) % moe_every != 0]
@@ -67,7 +72,8 @@ class Shape:
             ("ln1w", (L, C)), ("ln1b", (L, C)), ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)),
             ("attprojw", (L, C, C)), ("attprojb", (L, C)), ("ln2w", (L, C)), ("ln2b", (L, C)),
             ("fcw", (Ld, 4 * C, C)), ("fcb", (Ld, 4 * C)), ("fcprojw", (Ld, C, 4 * C)), ("fcprojb", (Ld, C)),
-            ("routerw", (Lm, E, C)), ("expert_fcw", (Lm, E, H, C)), ("expert_fcb", (Lm, E, H)),
+            ("routerw", (Lm, E, C)), *([("routernw", (Lm, E, C))] if self.noisy else []),
+            ("expert_fcw", (Lm, E, H, C)), ("expert_fcb", (Lm, E, H)),
             ("expert_fcprojw", (Lm, E, C, H)), ("expert_fcprojb", (Lm, E, C)),
             ("lnfw", (C,)), ("lnfb", (C,)),
         ]
@@ -77,7 +83,7 @@ class Shape:
 
     def header(self, version):
         return [20261129, version, self.maxT, self.V, self.L, self.NH, self.C, self.Vp, self.E, self.topk,
-                self.moe_every, self.H]
+                self.moe_every, self.H, int(self.noisy)]
 
 
 DEFAULT = Shape(MAXT, V, L, NH, C, E, 1, 1, H)
@@ -109,15 +115,17 @@ def torch_names(name, shape):
         return [f"h.{l}.{dense[name]}" for l in shape.dense_layers]
     if name == "routerw":
         return [f"h.{l}.moe.router.weight" for l in shape.moe_layers]
+    if name == "routernw":
+        return [f"h.{l}.moe.noise_router.weight" for l in shape.moe_layers]
     if name in expert:
         return [f"h.{l}.moe.experts.{e}.{expert[name]}" for l in shape.moe_layers for e in range(shape.E)]
     return [{"wte": "wte.weight", "wpe": "wpe.weight", "lnfw": "ln_f.weight", "lnfb": "ln_f.bias"}[name]]
 
 
 def read_debug_state(data, shape):
-    """The MoE debug state, field by field as the brief lays it out."""
+    """The MoE debug state, field by field as the brief and noise_spec §6 lay it out."""
     h = read_header(data)
-    b, t, v, lm = int(h[2]), int(h[3]), int(h[5]), int(h[7])
+    b, t, v, lm, noisy = int(h[2]), int(h[3]), int(h[5]), int(h[7]), int(h[8])
     ints = np.frombuffer(data, dtype="<i4", offset=HEADER_BYTES)
     floats = np.frombuffer(data, dtype="<f4", offset=HEADER_BYTES)
     offset = 2 * b * t
@@ -126,6 +134,10 @@ def read_debug_state(data, shape):
     offset += b * t * v
     state["ce"], state["aux"], state["z"] = (float(f) for f in floats[offset : offset + 3])
     offset += 3
+    state["importance"] = state["load"] = None
+    if noisy:  # header[8] = 1: the importance and load losses follow z
+        state["importance"], state["load"] = (float(f) for f in floats[offset : offset + 2])
+        offset += 2
     state["dropped"], state["counts"] = [], []
     for _ in range(lm):
         state["dropped"].append(int(ints[offset]))
@@ -135,6 +147,74 @@ def read_debug_state(data, shape):
     offset += shape.nparams()
     state["steps"] = floats[offset:]
     return state
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Router noise written out from noise_spec §1-2 with plain Python ints (not train_moe's numpy uint64)
+
+MASK32 = 0xFFFFFFFF
+
+
+def py_squirrel_noise5(position, seed):
+    """llmc/common.cuh's squirrel_noise5 on Python ints, reduced mod 2^32 after every step that can overflow."""
+    m = position & MASK32
+    m = (m * 0xD2A80A3F) & MASK32
+    m = (m + seed) & MASK32
+    m ^= m >> 9
+    m = (m + 0xA884F197) & MASK32
+    m ^= m >> 11
+    m = (m * 0x6C736F4B) & MASK32
+    m ^= m >> 13
+    m = (m + 0xB79F3ABB) & MASK32
+    m ^= m >> 15
+    m = (m * 0x1B56C4F5) & MASK32
+    return m ^ (m >> 17)
+
+
+def py_seed(pass_number, moe_layer, kind, rank=0):
+    rank_base = py_squirrel_noise5(rank, 20261201)
+    return py_squirrel_noise5((pass_number * 512 + moe_layer * 2 + kind) & MASK32, rank_base)
+
+
+def py_uniform(seed, i):
+    """Exact in float64: an odd integer below 2^24 times 2^-24."""
+    return ((py_squirrel_noise5(i, seed) >> 9) * 2 + 1) / 2**24
+
+
+def py_normal(seed, i):
+    """float64 Box-Muller (the spec lets Python round this to fp32 where C computes in fp32)."""
+    return math.sqrt(-2 * math.log(py_uniform(seed, 2 * i))) * math.cos(2 * math.pi * py_uniform(seed, 2 * i + 1))
+
+
+@lru_cache(maxsize=None)
+def py_jitter(seed, N, C_, eps):
+    """(N, C) multipliers (1 - eps) + (2·eps)·u[t·C + c] with fp32 rounding of eps and of every operation: done
+    in float64 and rounded, which is exact for one fp32 addition or multiplication."""
+    f32 = lambda v: float(np.float32(v))
+    e = f32(eps)
+    low, width = f32(1.0 - e), f32(2.0 * e)
+    return np.array([f32(low + f32(width * py_uniform(seed, i))) for i in range(N * C_)]).reshape(N, C_)
+
+
+@lru_cache(maxsize=None)
+def py_gating_noise(seed, N, E_):
+    """(N, E) normals n[t, e] = normal(seed, t·E + e), rounded to fp32 as train_moe rounds them."""
+    return np.array([float(np.float32(py_normal(seed, i))) for i in range(N * E_)]).reshape(N, E_)
+
+
+# Printed by a short C program built with g++ -x c++: a verbatim copy of llmc/common.cuh's squirrel_noise5 and
+#   moe_uniform(s, i) = (float)((squirrel_noise5(i, s) >> 9) * 2u + 1u) * 0x1p-24f
+#   moe_normal(s, i) = sqrtf(-2.0f * logf(moe_uniform(s, 2u * i))) * cosf(6.283185307f * moe_uniform(s, 2u * i + 1u))
+#   seed(pass, m, kind, r) = squirrel_noise5(pass * 512u + m * 2u + kind, squirrel_noise5(r, 20261201u))
+# (uniforms printed with %a, normals with %.9g).
+C_SQUIRREL = {(0, 0): 377036288, (1, 0): 3365260061, (0, 1): 603375697, (12345, 67890): 1033611947,
+              (0xFFFFFFFF, 0xFFFFFFFF): 3198444886, (0, 20261201): 887232513, (1, 20261201): 1226094440}
+C_SEEDS = {(0, 0, 0, 0): 612470998, (0, 0, 1, 0): 1624774269, (0, 1, 0, 0): 3273109643, (3, 1, 1, 0): 2763759368,
+           (9, 0, 1, 0): 2725601369, (8388613, 2, 1, 0): 3274866196, (0, 0, 1, 1): 3488450979}  # (pass, m, kind, rank)
+C_UNIFORM = {0: "0x1.07ce08p-3", 1: "0x1.86ab22p-1", 2: "0x1.ff19e2p-1", 3: "0x1.a5ec96p-1",
+             2**31 - 1: "0x1.d1dafp-4"}  # moe_uniform(seed (0, 0, 1, 0), i), exact
+C_NORMAL = {0: 0.165494114, 1: 0.0266047306, 2: 0.701365471, 3: -1.19354928,
+            2**31 - 1: 0.643263876}  # moe_normal(seed (0, 0, 1, 0), i), fp32 printed with %.9g
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -173,15 +253,49 @@ def np_balancing_losses(logits, probs, counts, k, alpha, z_coef):
     return alpha * E * float((f * P).sum()), z_coef * float((logsumexp**2).mean())
 
 
-def np_forward(flat, x, y, shape, cf, alpha=ALPHA, z_coef=Z_COEF):
-    """Returns (logits, CE, aux, z, [(choices, kept, counts) per MoE layer]) of the model whose payload is flat."""
+def routing_order(logits, count):
+    """(N, count) the first `count` experts of each row in routing order: descending, ties to the lower index."""
+    N, E_ = logits.shape
+    return np.array([sorted(range(E_), key=lambda e: (-logits[n, e], e))[:count] for n in range(N)], dtype=np.int64)
+
+
+def np_noisy_losses(noisy_logits, clean, std, choices, gates, w_imp, w_load):
+    """Shazeer's importance and load losses of one group, loop by loop from noise_spec §3. Returns (importance
+    loss, load loss, thr, P, importance, load)."""
+    N, E_ = noisy_logits.shape
+    k = choices.shape[1]
+    importance = np.zeros(E_)
+    for n in range(N):
+        for j in range(k):  # every choice, dropped or not
+            importance[choices[n, j]] += gates[n, j]
+    thr, P = np.zeros((N, E_)), np.zeros((N, E_))
+    for n, order in enumerate(routing_order(noisy_logits, E_)):
+        for e in range(E_):
+            position = k + 1 if e in order[:k] else k  # 1-based position in the routing order
+            thr[n, e] = noisy_logits[n, order[position - 1]]
+            P[n, e] = 0.5 * math.erfc(-((clean[n, e] - thr[n, e]) / std[n, e]) / math.sqrt(2))
+    load = P.sum(axis=0)
+    cv2 = lambda v: float(np.var(v) / np.mean(v) ** 2)  # np.var: the population variance
+    return w_imp * cv2(importance), w_load * cv2(load), thr, P, importance, load
+
+
+# The router noise of one forward: jitter eps, training (noise on) or evaluation (off), the pass number, the
+# importance and load coefficients. Noisy gating itself is the model's (Shape.noisy).
+Noise = namedtuple("Noise", "jitter training pass_number w_imp w_load", defaults=(0.0, False, 0, 0.1, 0.1))
+NpOutput = namedtuple("NpOutput", "logits ce aux z routings importance load")
+
+
+def np_forward(flat, x, y, shape, cf, alpha=ALPHA, z_coef=Z_COEF, noise=Noise()):
+    """The forward of the model whose payload is flat: logits, CE, aux, z, [(choices, kept, counts, order) per MoE
+    layer] (order: with noisy gating the k + 1 first experts in routing order, else the choices), and the
+    importance and load losses summed over the MoE layers (0 without noisy gating)."""
     P, _ = split(np.asarray(flat, dtype=np.float64), shape)
     b, t = x.shape
     c, nh = shape.C, shape.NH
     hs = c // nh
     h = P["wte"][x] + P["wpe"][:t]
     future = np.triu(np.ones((t, t), dtype=bool), k=1)
-    aux = z = 0.0
+    aux = z = importance = load = 0.0
     routings = []
     for l in range(shape.L):
         qkv = np_layernorm(h, P["ln1w"][l], P["ln1b"][l]) @ P["qkvw"][l].T + P["qkvb"][l]
@@ -197,7 +311,15 @@ def np_forward(flat, x, y, shape, cf, alpha=ALPHA, z_coef=Z_COEF):
             h = h + (hidden @ P["fcprojw"][d].T + P["fcprojb"][d]).reshape(b, t, c)
             continue
         m = shape.moe_layers.index(l)
-        router_logits = normed @ P["routerw"][m].T
+        router_in = normed  # only the router reads the jittered input; the experts below read normed
+        if noise.training and noise.jitter > 0:
+            router_in = normed * py_jitter(py_seed(noise.pass_number, m, 0), b * t, c, noise.jitter)
+        router_logits = clean = router_in @ P["routerw"][m].T
+        if shape.noisy:
+            noise_logits = router_in @ P["routernw"][m].T
+            std = np.where(noise_logits > 20, noise_logits, np.log1p(np.exp(np.minimum(noise_logits, 20))))
+            if noise.training:
+                router_logits = clean + py_gating_noise(py_seed(noise.pass_number, m, 1), b * t, shape.E) * std
         probs, choices, gates, kept, counts, _ = np_route(router_logits, shape.topk, cf)
         out = np.zeros_like(normed)
         for n in range(b * t):
@@ -210,16 +332,25 @@ def np_forward(flat, x, y, shape, cf, alpha=ALPHA, z_coef=Z_COEF):
         layer_aux, layer_z = np_balancing_losses(router_logits, probs, counts, shape.topk, alpha, z_coef)
         aux += layer_aux
         z += layer_z
-        routings.append((choices, kept, counts))
+        order = choices
+        if shape.noisy:
+            layer_importance, layer_load, *_ = np_noisy_losses(router_logits, clean, std, choices, gates,
+                                                               noise.w_imp, noise.w_load)
+            importance += layer_importance
+            load += layer_load
+            order = routing_order(router_logits, shape.topk + 1)
+        routings.append((choices, kept, counts, order))
     logits = np_layernorm(h, P["lnfw"], P["lnfb"]) @ P["wte"][: shape.V].T
     top = logits.max(-1, keepdims=True)
     logsumexp = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
     picked = np.take_along_axis(logits, y[..., None], -1)[..., 0]
-    return logits, float((logsumexp - picked).mean()), aux, z, routings
+    return NpOutput(logits, float((logsumexp - picked).mean()), aux, z, routings, importance, load)
 
 
 def same_routing(a, b):
-    return all(np.array_equal(ca, cb) and np.array_equal(ka, kb) for (ca, ka, _), (cb, kb, _) in zip(a, b))
+    """The same choices, drops and (noisy gating) the same element for thr: the loss is smooth between flips."""
+    return all(np.array_equal(ca, cb) and np.array_equal(ka, kb) and np.array_equal(oa, ob)
+               for (ca, ka, _, oa), (cb, kb, _, ob) in zip(a, b))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -250,14 +381,14 @@ def test_files(tmp):
     for suffix, shape, version, item in (("", DEFAULT, 1, 4), ("_bf16", DEFAULT, 2, 2), ("_mixed", mixed, 1, 4)):
         model_data = open(prefix + suffix + "_model.bin", "rb").read()
         check(len(model_data) == HEADER_BYTES + item * shape.nparams(), f"{suffix} model file size {len(model_data)}")
-        check(list(read_header(model_data)[:12]) == shape.header(version), f"{suffix} model header")
-        check(not read_header(model_data)[12:].any(), f"{suffix} model header: unused fields are zero")
+        check(list(read_header(model_data)[:13]) == shape.header(version), f"{suffix} model header")
+        check(not read_header(model_data)[13:].any(), f"{suffix} model header: unused fields are zero")
         state_data = open(prefix + suffix + "_debug_state.bin", "rb").read()
         Lm = len(shape.moe_layers)
         expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 3 + Lm * (1 + E) + shape.nparams() + STEPS)
         check(len(state_data) == expected, f"{suffix} debug state size {len(state_data)}, expected {expected}")
-        check(list(read_header(state_data)[:8]) == [20240327, 2, B, T, STEPS, V, VP, Lm], f"{suffix} state header")
-        check(not read_header(state_data)[8:].any(), f"{suffix} debug state header: unused fields are zero")
+        check(list(read_header(state_data)[:9]) == [20240327, 2, B, T, STEPS, V, VP, Lm, 0], f"{suffix} state header")
+        check(not read_header(state_data)[9:].any(), f"{suffix} debug state header: unused fields are zero")
 
     for suffix, shape, extra in (("", DEFAULT, []), ("_mixed", mixed, ["--L", "3", "--topk", "2", "--moe-every", "2"])):
         flat = np.frombuffer(open(prefix + suffix + "_model.bin", "rb").read()[HEADER_BYTES:], dtype="<f4")
@@ -285,7 +416,8 @@ def check_layout(prefix, flat, shape, extra):
     residual = 0.02 / math.sqrt(2 * shape.L)
     scale = math.sqrt(0.1)
     for name, std in (("wte", 0.02), ("qkvw", 0.02), ("attprojw", residual), ("routerw", 0.02 * scale),
-                      ("expert_fcw", 0.02 * scale), ("expert_fcprojw", residual * scale)):
+                      ("expert_fcw", 0.02 * scale), ("expert_fcprojw", residual * scale),
+                      *([("routernw", 0.02 * scale)] if shape.noisy else [])):  # drawn like the router's
         sample = P[name][:V] if name == "wte" else P[name]
         check(abs(sample.std() / std - 1) < 0.12, f"{prefix}: {name} init std {sample.std():.5f}, expected {std:.5f}")
     for name in ("ln1w", "ln1b", "qkvb", "attprojb", "ln2w", "ln2b", "expert_fcb", "expert_fcprojb", "lnfw", "lnfb"):
@@ -296,20 +428,36 @@ def check_layout(prefix, flat, shape, extra):
           f"{prefix}: model file reads back to the same tensors")
 
 
-def check_debug_state(prefix, shape, cf, fd_entries):
-    """The debug state against the numpy forward: batch, logits, CE, aux, z, routing counts and drops, and the
-    fp32 gradients against float64 central differences of the total loss (fd_entries per tensor)."""
+def check_debug_state(prefix, shape, cf, fd_entries, noise=Noise()):
+    """The debug state against the numpy forward: batch, logits, CE, aux, z (noisy gating: importance, load),
+    routing counts and drops, and the fp32 gradients against float64 central differences of the total loss
+    (fd_entries per tensor). With router noise the logits are an evaluation pass's and the rest training pass
+    0's (noise_spec §4)."""
     flat = np.frombuffer(open(prefix + "_model.bin", "rb").read()[HEADER_BYTES:], dtype="<f4")
     s = read_debug_state(open(prefix + "_debug_state.bin", "rb").read(), shape)
     x, y = s["x"], s["y"]
     check(x.min() >= 0 and x.max() < V and y.min() >= 0 and y.max() < V, f"{prefix}: tokens in [0, V)")
-    logits, ce, aux, z, routings = np_forward(flat, x, y, shape, cf)
-    err = np.abs(logits - s["logits"]).max()
+    train_noise = noise._replace(training=True, pass_number=0)
+    first = np_forward(flat, x, y, shape, cf, noise=train_noise)
+    noisy_run = shape.noisy or noise.jitter > 0
+    evaluation = np_forward(flat, x, y, shape, cf, noise=noise._replace(training=False)) if noisy_run else first
+    _, ce, aux, z, routings, importance, load = first
+    err = np.abs(evaluation.logits - s["logits"]).max()
     check(err < 1e-5, f"{prefix}: logits match the numpy forward (max error {err:.2e}, tolerance 1e-5)")
+    if noisy_run:  # control: the noise changes the forward, and the file holds the evaluation pass's logits
+        check(np.abs(first.logits - s["logits"]).max() > 1e-4 and abs(first.ce - evaluation.ce) > 1e-6,
+              f"{prefix}: control: training pass 0's logits differ from the evaluation pass's")
     check(abs(ce - s["ce"]) < 1e-5, f"{prefix}: CE {s['ce']} = numpy {ce}")
     check(abs(aux - s["aux"]) < 1e-7 + 1e-5 * aux and aux > 0, f"{prefix}: aux {s['aux']} = numpy {aux}")
     check(abs(z - s["z"]) < 1e-8 + 1e-5 * z and z > 0, f"{prefix}: z {s['z']} = numpy {z}")
-    for m, (choices, kept, counts) in enumerate(routings):
+    if shape.noisy:
+        check(s["importance"] is not None and abs(importance - s["importance"]) < 1e-8 + 1e-5 * importance
+              and importance > 0, f"{prefix}: importance loss {s['importance']} = numpy {importance}")
+        check(s["load"] is not None and abs(load - s["load"]) < 1e-9 + 1e-5 * load and load > 0,
+              f"{prefix}: load loss {s['load']} = numpy {load}")
+    else:
+        check(s["importance"] is None, f"{prefix}: no importance and load losses without noisy gating")
+    for m, (choices, kept, counts, _) in enumerate(routings):
         check(np.array_equal(s["counts"][m], counts), f"{prefix}: layer {m} counts {s['counts'][m]} = numpy {counts}")
         check(s["dropped"][m] == int((~kept).sum()), f"{prefix}: layer {m} dropped {s['dropped'][m]} = numpy")
 
@@ -320,8 +468,8 @@ def check_debug_state(prefix, shape, cf, fd_entries):
     grads = s["grads"]
 
     def total(values):
-        out = np_forward(values, x, y, shape, cf)
-        return out[1] + out[2] + out[3], out[4]
+        out = np_forward(values, x, y, shape, cf, noise=train_noise)  # the same pass: the same noise
+        return out.ce + out.aux + out.z + out.importance + out.load, out.routings
 
     for name, (start, end) in ranges.items():
         if start == end:
@@ -469,7 +617,7 @@ def dense_to_moe_file(gpt_path, moe_path, routerw_std):
     parts = [P[n] for n in ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b")]
     parts += [routerw, P["fcw"], P["fcb"], P["fcprojw"], P["fcprojb"], P["lnfw"], P["lnfb"]]
     header = np.zeros(256, dtype="<i4")
-    header[:12] = moe.header(1)
+    header[:13] = moe.header(1)
     open(moe_path, "wb").write(header.tobytes() + np.concatenate([p.reshape(-1) for p in parts]).tobytes())
     return moe
 
@@ -553,17 +701,21 @@ def test_drops(tmp):
         check_debug_state(prefix, DEFAULT, float(cf), fd_entries=1)
 
 
-def adamw_losses(flat, x, y, shape, steps, grad_clip, cf, lr=1e-3, wd=0.1, beta1=0.9, beta2=0.95, eps=1e-8):
+def adamw_losses(flat, x, y, shape, steps, grad_clip, cf, lr=1e-3, wd=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
+                 noise=Noise(), passes=None):
     """CE losses of AdamW written from its formula (clip the global norm, decoupled weight decay on the DECAYED
     tensors, bias-corrected moments), over the file payload in float64, with train_moe's float64 forward and
-    backward of the total loss (checked against finite differences above)."""
+    backward of the total loss (checked against finite differences above). Step t (from 0) is training pass
+    passes[t] (default: t, as noise_spec §4 numbers them)."""
     config = train_moe.MoEConfig(maxT=shape.maxT, V=shape.V, L=shape.L, NH=shape.NH, C=shape.C, E=shape.E,
-                                 topk=shape.topk, moe_every=shape.moe_every, H=shape.H)
+                                 topk=shape.topk, moe_every=shape.moe_every, H=shape.H, noisy=shape.noisy)
     model = train_moe.MoEGPT(config).double()
-    settings = train_moe.RoutingSettings(cf, ALPHA, Z_COEF)
+    settings = train_moe.RoutingSettings(cf, ALPHA, Z_COEF, jitter=noise.jitter, importance_coef=noise.w_imp,
+                                         load_coef=noise.w_load)
+    passes = list(range(steps)) if passes is None else passes
     _, ranges = split(flat, shape)
     decay = np.zeros(len(flat))
-    for name in DECAYED:
+    for name in DECAYED & ranges.keys():
         decay[slice(*ranges[name])] = 1.0
     params = flat.astype(np.float64)
     m = np.zeros_like(params)
@@ -573,7 +725,7 @@ def adamw_losses(flat, x, y, shape, steps, grad_clip, cf, lr=1e-3, wd=0.1, beta1
     for t in range(1, steps + 1):
         train_moe.load_flat_parameters(model, params)
         model.zero_grad(set_to_none=True)
-        output = model(xt, yt, settings)
+        output = model(xt, yt, train_moe.training_pass(settings, passes[t - 1]))
         train_moe.backward(output.total_loss, model)
         losses.append(output.ce_loss.item())
         g = np.concatenate([p.grad.reshape(-1).numpy() for _, ps in train_moe.params_in_file_order(model) for p in ps])
@@ -612,7 +764,7 @@ def test_bf16_and_model_from_file(prefix, tmp):
     check(np.array_equal(bf16_payload, torch_bits), "bf16 model file = torch's bf16 cast of the fp32 parameters")
     widened = (bf16_payload.astype("<u4") << 16).view("<f4")
     s = read_debug_state(open(prefix + "_bf16_debug_state.bin", "rb").read(), DEFAULT)
-    logits, ce, aux, z, _ = np_forward(widened, s["x"], s["y"], DEFAULT, 1.25)
+    logits, ce, aux, z, *_ = np_forward(widened, s["x"], s["y"], DEFAULT, 1.25)
     check(np.abs(logits - s["logits"]).max() < 1e-5 and abs(ce - s["ce"]) < 1e-5 and abs(aux - s["aux"]) < 1e-7,
           "bf16 debug state = fp32 forward of the rounded parameters")
     for suffix, dtype in (("", "float32"), ("_bf16", "bfloat16")):
@@ -668,14 +820,334 @@ def test_bad_input(prefix, tmp):
     fails_with(["--write-reference", out, "--topk", "5"], "top-k", "--topk above --E")
     fails_with(["--write-reference", out, "--moe-every", "3"], "no MoE layer", "--moe-every above --L")
     fails_with(["--write-reference", out, "--E", "0"], "positive", "--E 0")
-    fails_with(["--write-reference", out, "--jitter", "0.01"], "jitter", "jitter refused")
-    fails_with(["--write-reference", out, "--noisy-topk", "1"], "noisy", "noisy top-k refused")
+    fails_with(["--write-reference", out, "--jitter", "-0.1"], "--jitter", "--jitter negative")
+    fails_with(["--write-reference", out, "--jitter", "1"], "--jitter", "--jitter 1")
+    fails_with(["--write-reference", out, "--jitter", "nan"], "--jitter", "--jitter nan")
+    fails_with(["--write-reference", out, "--noisy-topk", "2"], "--noisy-topk", "--noisy-topk 2")
+    fails_with(["--write-reference", out, "--noisy-topk", "1", "--topk", "4"], "--noisy-topk", "--noisy-topk, topk = E")
+    fails_with(["--write-reference", out, "--noisy-topk", "1", "--load-coef", "inf"], "--load-coef", "--load-coef inf")
+    fails_with(["--write-reference", out, "--noisy-topk", "1", "--model-from-file", prefix + "_model.bin"],
+               "--noisy-topk", "--noisy-topk 1 with a file without routernw")
     fails_with(["--write-reference", out, "--init-scale", "0"], "--init-scale", "--init-scale 0")
     fails_with(["--write-reference", out, "--bogus"], "--bogus", "unknown flag")
     fails_with(["--write-reference", out, "--C", "50"], "NH", "C not a multiple of NH")
     fails_with(["--write-reference", out, "--T", "40"], "maxT", "T over maxT")
     fails_with(["--train"], "--input-bin", "--train without --input-bin")
     fails_with(["--train", "--input-bin", os.path.join(tmp, "nothing_*.bin")], "no data shard", "no shard matches")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Router noise: jitter and noisy top-k gating (README.md, "Router noise" = noise_spec)
+
+
+def test_noise_generator():
+    """noise_spec §1: squirrel_noise5, the seeds, moe_uniform and moe_normal against the plain-int version and
+    the values the C program printed; uniforms strictly inside (0, 1) and exact; normals' moments."""
+    for (position, seed), want in C_SQUIRREL.items():
+        got = int(train_moe.squirrel_noise5(position, seed))
+        check(got == want == py_squirrel_noise5(position, seed),
+              f"squirrel_noise5({position}, {seed}) = {got}, plain ints {py_squirrel_noise5(position, seed)}, C {want}")
+    rng = np.random.default_rng(11)
+    for seed in [0, 1, 20261201, 0xFFFFFFFF] + [int(s) for s in rng.integers(0, 2**32, 4, dtype=np.uint64)]:
+        positions = np.concatenate([np.arange(300), rng.integers(0, 2**32, 300, dtype=np.uint64),
+                                    [2**31 - 1, 2**31, 2**32 - 1]]).astype(np.uint64)
+        got = train_moe.squirrel_noise5(positions, seed)
+        check(got.dtype == np.uint64 and [int(v) for v in got] == [py_squirrel_noise5(int(p), seed) for p in positions],
+              f"squirrel_noise5 over 603 positions, seed {seed}: = the plain-int version")
+    for (pass_number, m, kind, rank), want in C_SEEDS.items():
+        got = train_moe.noise_seed(pass_number, m, kind, rank)
+        check(got == want == py_seed(pass_number, m, kind, rank),
+              f"seed(pass {pass_number}, m {m}, kind {kind}, rank {rank}) = {got}, C {want}")
+    # pass * 512 wraps around in uint32: pass 2^23 + 5 draws pass 5's noise
+    check(train_moe.noise_seed(2**23 + 5, 2, 1) == train_moe.noise_seed(5, 2, 1), "the seed position wraps mod 2^32")
+    check(len({train_moe.noise_seed(p, m, k) for p in range(20) for m in range(4) for k in range(2)}) == 160,
+          "160 (pass, layer, kind) streams get 160 different seeds")
+
+    seed = C_SEEDS[(0, 0, 1, 0)]
+    for i, hexadecimal in C_UNIFORM.items():
+        got = train_moe.moe_uniform(seed, i)
+        check(got.dtype == np.float32 and float(got) == float.fromhex(hexadecimal) == py_uniform(seed, i),
+              f"moe_uniform(seed, {i}) = {float(got)!r}, C {float.fromhex(hexadecimal)!r}")
+    for i, want in C_NORMAL.items():
+        got = train_moe.moe_normal(seed, i)
+        check(got.dtype == np.float32 and abs(float(got) - want) <= 1e-6 * max(1, abs(want))
+              and float(got) == float(np.float32(py_normal(seed, i))),
+              f"moe_normal(seed, {i}) = {float(got)!r}, C (fp32) {want}, plain ints {py_normal(seed, i)}")
+    extremes = train_moe.uniform_from_bits(np.array([0, 511, 512, 0xFFFFFFFF], dtype=np.uint64))
+    check(extremes.dtype == np.float32 and extremes.tolist() == [2**-24, 2**-24, 3 * 2**-24, 1 - 2**-24]
+          and 0 < extremes.min() and extremes.max() < 1, f"uniform_from_bits at the ends: {extremes.tolist()}")
+
+    count = 200_000
+    index = np.arange(count, dtype=np.uint64)
+    u = train_moe.moe_uniform(seed, index).astype(np.float64)
+    scaled = u * 2**24  # exact: each value is an odd integer times 2^-24
+    check(u.min() > 0 and u.max() < 1 and np.all(scaled == np.round(scaled)) and np.all(scaled % 2 == 1),
+          f"moe_uniform: {count} values strictly inside (0, 1), odd multiples of 2^-24 (min {u.min()}, max {u.max()})")
+    check(all(u[i] == py_uniform(seed, i) for i in range(0, count, 997)), "moe_uniform = the plain-int version")
+    check(abs(u.mean() - 0.5) < 5 * math.sqrt(1 / 12 / count), f"moe_uniform mean {u.mean():.5f}")
+    n = train_moe.moe_normal(seed, index).astype(np.float64)
+    # 5 sigma bounds: the mean's sigma is 1/sqrt(count), the std's ~1/sqrt(2 count), P(|n| < 1)'s sqrt(p(1-p)/count)
+    check(abs(n.mean()) < 5 / math.sqrt(count), f"moe_normal mean {n.mean():.5f} over {count}")
+    check(abs(n.std() - 1) < 5 / math.sqrt(2 * count), f"moe_normal std {n.std():.5f} over {count}")
+    inside = float((np.abs(n) < 1).mean())
+    check(abs(inside - 0.682689) < 5 * math.sqrt(0.6827 * 0.3173 / count), f"moe_normal P(|n| < 1) = {inside:.5f}")
+    check(abs(((n - n.mean()) ** 4).mean() / n.var() ** 2 - 3) < 0.05, "moe_normal kurtosis 3")
+    check(all(float(np.float32(py_normal(seed, i))) == n[i] for i in range(0, count, 4999)),
+          "moe_normal = the plain-int Box-Muller rounded to fp32")
+    other = train_moe.moe_normal(C_SEEDS[(0, 0, 0, 0)], index).astype(np.float64)
+    check(abs(np.corrcoef(n, other)[0, 1]) < 5 / math.sqrt(count), "two seeds' normals are uncorrelated")
+
+    # the (N, C) and (N, E) arrays: index t*C + c and t*E + e, fp32 as the spec writes it
+    for eps in (0.1, 0.05, 0.3):
+        mult = train_moe.jitter_multiplier(seed, 7, 5, eps)
+        e32 = np.float32(eps)
+        check(mult.dtype == np.float32 and np.array_equal(mult, py_jitter(seed, 7, 5, eps).astype(np.float32))
+              and mult.min() >= np.float32(1) - e32 and mult.max() <= np.float32(1) + e32,
+              f"jitter multipliers (eps {eps}) = the plain-int ones, inside [1 - eps, 1 + eps]")
+    noise = train_moe.gating_noise(seed, 7, 3)
+    check(noise.dtype == np.float32 and np.array_equal(noise, py_gating_noise(seed, 7, 3).astype(np.float32))
+          and noise[2, 1] == np.float32(py_normal(seed, 2 * 3 + 1)), "gating noise n[t, e] = normal(seed, t*E + e)")
+
+
+def test_noisy_routing():
+    """train_moe.route with noisy gating's clean logits and std against np_noisy_losses (random H, exact ties in
+    H), torch's gradcheck of the two losses, and a hand-worked case."""
+    rng = np.random.default_rng(21)
+    for E_ in (2, 3, 4, 8):
+        for kind in ("normal", "ties"):
+            N = 29
+            clean = rng.normal(0, 1, (N, E_))
+            std = np.log1p(np.exp(rng.normal(0, 1, (N, E_))))
+            if kind == "normal":
+                noisy = clean + rng.normal(0, 1, (N, E_)) * std
+            else:  # integer H: most rows hold exact ties, the routing order decides thr
+                noisy = rng.integers(0, 3, (N, E_)).astype(np.float64)
+            for k in range(1, E_):
+                for cf in (0.0, 0.5):
+                    check_noisy_route_case(noisy, clean, std, k, cf, f"E={E_} {kind} k={k} cf={cf}",
+                                           gradients=kind == "normal" and cf == 0.5 and E_ in (3, 4))
+
+    # hand-worked: 2 tokens, 3 experts, top-1, std 1, H = clean (an evaluation pass). Token 0: H = (0, 1, 2)
+    # chooses 2; thr = 1 (the 2nd value) for expert 2, 2 (the 1st) for the others: P = (Phi(-2), Phi(-1), Phi(1)).
+    # Token 1: H = (1, 1, 0) chooses 0 (the tie goes to the lower index); thr = 1 for all: P = (1/2, 1/2, Phi(-1)).
+    phi = lambda u: 0.5 * math.erfc(-u / math.sqrt(2))
+    H_ = torch.tensor([[0.0, 1.0, 2.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    r = train_moe.route(H_, 1, train_moe.RoutingSettings(0.0, 0.01, 0.001, importance_coef=1.0, load_coef=1.0),
+                        clean=H_, std=torch.ones_like(H_))
+    load = [phi(-2) + 0.5, phi(-1) + 0.5, phi(1) + phi(-1)]  # the last is 1
+    e = math.e
+    importance = [e / (2 * e + 1), 0.0, e**2 / (1 + e + e**2)]  # the chosen softmax probs
+    cv2 = lambda v: sum((a - sum(v) / 3) ** 2 for a in v) / 3 / (sum(v) / 3) ** 2
+    check(r.choices.tolist() == [[2], [0]] and r.threshold.tolist() == [[2.0, 2.0, 1.0], [1.0, 1.0, 1.0]],
+          f"hand-worked thr: choices {r.choices.tolist()}, thr {r.threshold.tolist()}")
+    check(np.allclose(r.load.numpy(), load, atol=1e-15, rtol=0) and np.allclose(r.importance.numpy(), importance,
+          atol=1e-15, rtol=0), f"hand-worked load {r.load.tolist()} and importance {r.importance.tolist()}")
+    check(abs(r.load_loss.item() - cv2(load)) < 1e-15 and abs(r.importance_loss.item() - cv2(importance)) < 1e-15,
+          f"hand-worked CV²: load {r.load_loss.item()} vs {cv2(load)}, importance {r.importance_loss.item()}")
+
+
+def check_noisy_route_case(noisy, clean, std, k, cf, label, gradients):
+    w_imp, w_load = 0.4, 0.7
+    settings = train_moe.RoutingSettings(cf, 0.02, 0.003, importance_coef=w_imp, load_coef=w_load)
+    r = train_moe.route(torch.tensor(noisy), k, settings, clean=torch.tensor(clean), std=torch.tensor(std))
+    probs, choices, gates, kept, counts, capacity = np_route(noisy, k, cf)
+    want_imp, want_load, thr, P, importance, load = np_noisy_losses(noisy, clean, std, choices, gates, w_imp, w_load)
+    same = (np.array_equal(r.choices.numpy(), choices) and np.array_equal(r.kept.numpy(), kept)
+            and np.array_equal(r.order.numpy(), routing_order(noisy, k + 1))
+            and np.array_equal(r.threshold.numpy(), thr))
+    check(same, f"noisy routing {label}: choices, kept, routing order and thr agree with numpy")
+    errors = (np.abs(r.load_probs.numpy() - P).max(), np.abs(r.importance.numpy() - importance).max(),
+              np.abs(r.load.numpy() - load).max(), abs(r.importance_loss.item() - want_imp),
+              abs(r.load_loss.item() - want_load))
+    check(max(errors) < 1e-12, f"noisy losses {label}: P, importance, load and their losses agree (errors {errors})")
+    if gradients:  # finite differences of both losses in H, clean and std, on 10 tokens (no flip: gaps >> 1e-6)
+        def losses(noisy_t, clean_t, std_t):
+            out = train_moe.route(noisy_t, k, settings, clean=clean_t, std=std_t)
+            return out.importance_loss + out.load_loss
+        inputs = tuple(torch.tensor(a[:10], requires_grad=True) for a in (noisy, clean, std))
+        good = torch.autograd.gradcheck(losses, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, raise_exception=False)
+        check(good, f"noisy losses {label}: autograd = finite differences in H, clean, std")
+
+
+def test_autograd_noise_float64():
+    """train_moe's float64 autograd of the total loss with jitter 0.2 and noisy gating on, in training pass 5
+    (its noise is fixed: every forward of the pass draws the same), against central finite differences of
+    every parameter tensor (the noise router's included), top-1 and top-2, with drops and without, and
+    importance and load coefficients large enough that their gradients weigh. A perturbation must change
+    neither a choice, a drop, nor the element of H that thr takes; one that does counts as a failure."""
+    base = train_moe.RoutingSettings(0.5, 0.3, 0.05, jitter=0.2, importance_coef=0.7, load_coef=0.9)
+    for k, cf in ((1, 0.5), (2, 0.5), (2, 0.0)):
+        config = train_moe.MoEConfig(maxT=8, V=37, L=2, NH=2, C=16, E=4, topk=k, moe_every=1, H=24, noisy=True)
+        model = train_moe.MoEGPT(config)
+        train_moe.init_weights(model, torch.Generator().manual_seed(7), 1.0)
+        model.double()
+        with torch.no_grad():  # a noise std that varies over the tokens: softplus away from its linear part
+            for block in model.moe_blocks():
+                block.moe.noise_router.weight.mul_(30.0)
+        generator = torch.Generator().manual_seed(8)
+        x = torch.randint(0, config.V, (2, 6), generator=generator)
+        y = torch.randint(0, config.V, (2, 6), generator=generator)
+        settings = train_moe.training_pass(replace_cf(base, cf), 5)
+        output = model(x, y, settings)
+        again = model(x, y, settings)
+        other = model(x, y, train_moe.training_pass(replace_cf(base, cf), 6))
+        check(output.total_loss.item() == again.total_loss.item() != other.total_loss.item(),
+              f"k={k}: a pass's noise is fixed, another pass draws other noise")
+        train_moe.backward(output.total_loss, model)
+        check((output.dropped > 0) == (cf > 0) and output.importance_loss.item() > 1e-3
+              and output.load_loss.item() > 1e-4,
+              f"k={k} cf={cf}: drops {output.dropped}, importance {output.importance_loss.item():.2e}, "
+              f"load {output.load_loss.item():.2e}")
+        base_routing = [(r.choices.clone(), r.kept.clone(), r.order.clone()) for r in output.routings]
+        rng = np.random.default_rng(2)
+        step = 1e-5  # the loss (~6) has more terms than above: at 1e-6 its rounding error (~1e-9) reaches the tolerance
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                rows = config.V if name == "wte.weight" else p.shape[0]
+                flat_p, flat_g = p.view(-1), p.grad.view(-1)
+                used = rows * (p.numel() // p.shape[0])
+                if "noise_router" in name:
+                    check(flat_g.abs().max() > 1e-4, f"k={k}: {name} gets a gradient")
+                for i in [int(flat_g[:used].abs().argmax())] + list(rng.integers(0, used, 2)):
+                    saved = flat_p[i].item()
+                    losses = []
+                    for value in (saved + step, saved - step):
+                        flat_p[i] = value
+                        out = model(x, y, settings)
+                        flipped = not all(torch.equal(r.choices, c0) and torch.equal(r.kept, k0)
+                                          and torch.equal(r.order, o0)
+                                          for r, (c0, k0, o0) in zip(out.routings, base_routing))
+                        losses.append(None if flipped else out.total_loss.item())
+                    flat_p[i] = saved
+                    if None in losses:
+                        check(False, f"noise k={k}: {name}[{i}]: a perturbation of {step} flips the routing")
+                        continue
+                    fd = (losses[0] - losses[1]) / (2 * step)
+                    check(abs(flat_g[i].item() - fd) <= 1e-6 * abs(fd) + 1e-9,
+                          f"noise k={k} cf={cf}: float64 autograd {name}[{i}] = {flat_g[i].item():.9e}, "
+                          f"finite difference {fd:.9e}")
+
+
+def replace_cf(settings, cf):
+    return train_moe.RoutingSettings(cf, settings.aux_alpha, settings.z_coef, settings.jitter,
+                                     settings.importance_coef, settings.load_coef)
+
+
+def noise_shape(topk, moe_every, noisy):
+    return Shape(MAXT, V, L, NH, C, E, topk, moe_every, H, noisy)
+
+
+# the brief's three reference states (MOE_REF_ARGS plus these): (name, flags, shape, cf, noise)
+NOISE_REFS = (
+    ("k1_jitter", ["--topk", "1", "--moe-every", "1", "--cf", "0.5", "--jitter", "0.1"], noise_shape(1, 1, False),
+     0.5, Noise(jitter=0.1)),
+    ("k2_noisy", ["--topk", "2", "--moe-every", "1", "--cf", "0.5", "--noisy-topk", "1"], noise_shape(2, 1, True),
+     0.5, Noise()),
+    ("k1_noisy_jitter", ["--topk", "1", "--moe-every", "2", "--cf", "0", "--noisy-topk", "1", "--jitter", "0.05"],
+     noise_shape(1, 2, True), 0.0, Noise(jitter=0.05)),
+)
+
+
+def test_noise_files(tmp):
+    """The three noise reference states: file layouts with routernw (header[12]) and header[8] written out from
+    noise_spec §6, the init, the debug state against the numpy forward with noise (logits from an evaluation
+    pass, the rest from training pass 0) and finite differences, the step losses against AdamW written out with
+    step k at pass k, and bf16 and --model-from-file round trips."""
+    for name, flags, shape, cf, noise in NOISE_REFS:
+        prefix = os.path.join(tmp, "noise_" + name)
+        message, out = run_main(train_moe, reference_args(prefix, flags + ["--dtype", "float32"]))
+        check(message is None and "training pass 0:" in out and ", evaluation:" in out,
+              f"{name}: runs and prints both passes' routing: {message} {out!r}")
+        model_data = open(prefix + "_model.bin", "rb").read()
+        check(len(model_data) == HEADER_BYTES + 4 * shape.nparams(), f"{name}: model file size {len(model_data)}")
+        check(list(read_header(model_data)[:13]) == shape.header(1) and not read_header(model_data)[13:].any(),
+              f"{name}: model header {list(read_header(model_data)[:14])}")
+        state_data = open(prefix + "_debug_state.bin", "rb").read()
+        Lm = len(shape.moe_layers)
+        extra = 2 if shape.noisy else 0  # importance and load
+        expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 3 + extra + Lm * (1 + E) + shape.nparams() + STEPS)
+        check(len(state_data) == expected, f"{name}: debug state size {len(state_data)}, expected {expected}")
+        check(list(read_header(state_data)[:9]) == [20240327, 2, B, T, STEPS, V, VP, Lm, int(shape.noisy)]
+              and not read_header(state_data)[9:].any(), f"{name}: debug state header")
+        flat = np.frombuffer(model_data[HEADER_BYTES:], dtype="<f4")
+        check_layout(prefix, flat, shape, flags)
+        flat, s = check_debug_state(prefix, shape, cf, fd_entries=2, noise=noise)
+        steps = s["steps"]
+        check(len(steps) == STEPS and steps[0] == np.float32(s["ce"]),
+              f"{name}: step 0's loss is training pass 0's CE ({steps[0]} vs {s['ce']})")
+        check(steps[-1] < steps[0] - 0.3, f"{name}: 10 steps lower the loss by more than 0.3: {steps}")
+        losses, _ = adamw_losses(flat, s["x"], s["y"], shape, STEPS, 0.5, cf, noise=noise)
+        err = np.abs(losses - steps).max()
+        check(err < 1e-5, f"{name}: losses match the written-out AdamW, step k at pass k (max error {err:.2e})")
+        if name == "k2_noisy":  # control: a fixed pass would give other losses
+            fixed, _ = adamw_losses(flat, s["x"], s["y"], shape, STEPS, 0.5, cf, noise=noise, passes=[0] * STEPS)
+            check(np.abs(fixed - steps).max() > 1e-4, f"{name}: control: the same noise every step changes the losses")
+
+    # a noisy model is the non-noisy model of the same seed plus its noise routers; jitter is not in the model
+    noisy_flat = np.frombuffer(open(os.path.join(tmp, "noise_k2_noisy_model.bin"), "rb").read()[HEADER_BYTES:], "<f4")
+    Pn, _ = split(noisy_flat, noise_shape(2, 1, True))
+    plain = train_moe.flat_parameters(train_moe.model_for_run(train_moe.parse_args(
+        reference_args(os.path.join(tmp, "unused"), NOISE_REFS[1][1][:6]))))
+    Pp, _ = split(plain, noise_shape(2, 1, False))
+    check(all(np.array_equal(Pn[n], Pp[n]) for n in Pp), "the noisy model's other tensors are the plain model's")
+    check(not np.array_equal(Pn["routernw"], Pn["routerw"]), "routernw is drawn apart from routerw")
+    check(open(os.path.join(tmp, "noise_k1_jitter_model.bin"), "rb").read()
+          == open(os.path.join(tmp, "cf0.5_model.bin"), "rb").read(), "jitter leaves the model file as it is")
+
+    # bf16: routernw rounded too; --model-from-file (without --noisy-topk: header[12] turns it on) reproduces both
+    name, flags, shape, cf, noise = NOISE_REFS[1]
+    prefix = os.path.join(tmp, "noise_" + name)
+    message, _ = run_main(train_moe, reference_args(prefix + "_bf16", flags + ["--dtype", "bfloat16"]))
+    bf16_data = open(prefix + "_bf16_model.bin", "rb").read()
+    check(message is None and len(bf16_data) == HEADER_BYTES + 2 * shape.nparams()
+          and list(read_header(bf16_data)[:13]) == shape.header(2), f"{name} bf16 model file: {message}")
+    for suffix, dtype in (("", "float32"), ("_bf16", "bfloat16")):
+        again = os.path.join(tmp, "noise_again" + suffix)
+        argv = reference_args(again, ["--cf", "0.5", "--dtype", dtype,
+                                      "--model-from-file", prefix + suffix + "_model.bin"])
+        message, _ = run_main(train_moe, argv)
+        same = all(open(prefix + suffix + part, "rb").read() == open(again + part, "rb").read()
+                   for part in ("_model.bin", "_debug_state.bin"))
+        check(message is None and same, f"{name} --model-from-file {dtype} reproduces both files: {message}")
+    return prefix
+
+
+def test_train_mode_noisy(noisy_prefix, tmp):
+    """--train with noisy gating and jitter: step 1 is training pass 0, its aux field is Switch's aux + importance +
+    load and its loss and z are the numpy forward's of that pass on the first batch."""
+    shard = os.path.join(tmp, "shard_000.bin")  # test_train_mode's
+    message, out = run_main(train_moe, ["--train", "--input-bin", shard, "--B", "2", "--T", "16", "--steps", "1",
+                                        "--jitter", "0.1", "--model-from-file", noisy_prefix + "_model.bin"])
+    fields = re.match(r"^step 1/1 \| loss (\S+) \| aux (\S+) \| z (\S+) \| drop (\S+) \| ", out)
+    check(message is None and fields is not None, f"--train noisy step line: {message} {out!r}")
+    if fields is None:
+        return
+    loss, aux, z, _ = (float(f) for f in fields.groups())
+    tokens = train_gpt.read_shard(shard)[: 2 * 16 + 1]
+    flat = np.frombuffer(open(noisy_prefix + "_model.bin", "rb").read()[HEADER_BYTES:], dtype="<f4")
+    want = np_forward(flat, tokens[:-1].reshape(2, 16), tokens[1:].reshape(2, 16), noise_shape(2, 1, True), 1.25,
+                      noise=Noise(jitter=0.1, training=True, pass_number=0))
+    balancing = want.aux + want.importance + want.load
+    check(abs(aux - balancing) < 2e-6 and abs(aux - want.aux) > 1e-4,
+          f"--train aux {aux} = aux + importance + load {balancing} (Switch aux alone {want.aux})")
+    check(abs(loss - want.ce) < 2e-5 and abs(z - want.z) < 2e-6,
+          f"--train loss {loss}, z {z}: numpy {want.ce}, {want.z}")
+
+
+def test_noise_bad_input(noisy_prefix, tmp):
+    """Noisy-gating model files: header[12] must be 0 or 1, agree with the payload, and come with top-k < E."""
+    out = os.path.join(tmp, "x")
+    data = bytearray(open(noisy_prefix + "_model.bin", "rb").read())
+    plain = bytearray(open(os.path.join(tmp, "cf0.5_model.bin"), "rb").read())
+    for label, source, position, value, needle in (("header[12] = 2", data, 12, 2, "header[12]"),
+                                                   ("noisy file with top-k = E", data, 9, 4, "noisy"),
+                                                   ("header[12] = 0 with routernw", data, 12, 0, "payload"),
+                                                   ("header[12] = 1 without routernw", plain, 12, 1, "payload")):
+        bad = bytearray(source)
+        bad[4 * position : 4 * position + 4] = value.to_bytes(4, "little", signed=True)
+        path = os.path.join(tmp, "bad_noise.bin")
+        open(path, "wb").write(bad)
+        fails_with(["--write-reference", out, "--model-from-file", path], needle, label)
 
 
 def main():
@@ -690,6 +1162,12 @@ def main():
         test_bf16_and_model_from_file(prefix, tmp)
         test_train_mode(prefix, tmp)
         test_bad_input(prefix, tmp)
+        test_noise_generator()
+        test_noisy_routing()
+        test_autograd_noise_float64()
+        noisy_prefix = test_noise_files(tmp)
+        test_train_mode_noisy(noisy_prefix, tmp)
+        test_noise_bad_input(noisy_prefix, tmp)
     print(f"test_reference_moe: {test_reference.passed} passed, {test_reference.failed} failed")
     sys.exit(1 if test_reference.failed else 0)
 

@@ -6,6 +6,7 @@
 #   - a run resumed from a checkpoint continues bit-identically;
 #   - a checkpoint of -ep 2 resumes with -ep 1 and one of -ep 1 with -ep 2: identical weights, the same training;
 #   - an MoE model from a descriptor trains (the loss falls) and logs aux, z, drop and the expert loads;
+#   - with router jitter and noisy top-k gating, a resumed run continues bit-identically (the noise follows the step);
 #   - bad inputs (top-k above E, a file of the wrong kind, features not implemented yet) get their one line.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and
 # build/ref/moe_k1_cf0.5_fp32_model.bin (make test builds them). Run from anywhere: dev/test/test_train_moe.sh
@@ -130,6 +131,18 @@ sys.exit(0 if ok else 1)
 PY
 then pass; else fail "a d2 MoE model did not learn, or its telemetry is missing"; fi
 
+# --- router noise: a noisy-gating model with jitter, from a descriptor; a checkpoint of it resumes bit-identically
+NOISE=(-e d2 -ev 263 -et 32 -ne 4 -tk 1 -me 1 -rn 1 -rj 0.1 -cf 0.5 -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16 -l 3e-3)
+"$TRAIN" "${NOISE[@]}" -x 6 -n 3 -o "$work/noise" >"$work/noise.log" 2>&1 || fail "noisy run: $(tail -3 "$work/noise.log")"
+mkdir -p "$work/noise_resumed"
+cp "$work/noise"/*_00000003* "$work/noise_resumed/"
+"$TRAIN" "${NOISE[@]}" -x 6 -n 3 -o "$work/noise_resumed" -y 1 >"$work/noise_resumed.log" 2>&1 ||
+    fail "noisy resumed run: $(tail -3 "$work/noise_resumed.log")"
+want=$(step_fields "$work/noise.log" | tail -n 3)
+if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/noise_resumed.log")" ] &&
+    cmp -s "$work/noise/model_00000006.bin" "$work/noise_resumed/model_00000006.bin"; then pass; else
+    fail "a noisy-gating run with jitter does not resume bit-identically"; fi
+
 # --- bad inputs
 expect_error "top-k above E" "-tk 9: top-k must be between 1 and the number of experts (8)" "$TRAIN" "${COMMON[@]}" -e d2 -tk 9
 expect_error "dense file to the MoE trainer" "not a MoE model file" "$TRAIN" "${COMMON[@]}" -b 2 -e "$DENSE_MODEL"
@@ -143,7 +156,12 @@ expect_error "experts not divisible by the degree" "-ep 2: the 3 experts per MoE
 mkdir -p "$work/no_expert_state"
 cp "$work/full/model_00000003.bin" "$work/full/state_00000003_00000.bin" "$work/full/DONE_00000003" "$work/no_expert_state/"
 expect_error "missing expert state" "expert_state_00000003.bin" "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -o "$work/no_expert_state" -y 1
-expect_error "noisy top-k" "-rn 1: noisy top-k gating is not implemented yet" "$TRAIN" "${COMMON[@]}" -rn 1
+expect_error "noisy top-k from a file without a noise router" "-rn 1: $MOE_MODEL has no noise router" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -e "$MOE_MODEL" -rn 1
+expect_error "noisy top-k with every expert chosen" "-rn 1: noisy top-k gating needs -tk (4) below -ne (4)" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -ne 4 -tk 4 -rn 1
+expect_error "noisy top-k 2" "-rn 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -rn 2
+expect_error "jitter out of range" "-rj 1.5: the jitter must be in [0, 1)" "$TRAIN" "${COMMON[@]}" -rj 1.5
 expect_error "zero experts" "-ne 0: expected at least 1 expert" "$TRAIN" "${COMMON[@]}" -ne 0
 
 echo "test_train_moe: $passed passed, $failed failed"
