@@ -219,7 +219,7 @@ typedef struct {
     int* row_choice;       // (Lm, Rsrc) the choice filling each row, -1 padding
     int* expert_count;     // (Lm, E) choices routed to each expert before dropping
     int* kept_count;       // (Lm, E) rows used
-    float* moe_stats;      // (Lm, 4 + 2E) the load-balancing, z, importance and load losses; Importance and Load (E each)
+    float* moe_stats;      // (Lm, 4 + 2E) the load-balancing, z, importance and load losses; Importance, Load (E)
     floatX* expert_input;  // (Lm, Rown, C)
     floatX* expert_pre;    // (Lm, Rown, H) pre-GELU
     floatX* expert_act;    // (Lm or 1, Rown, H) GELU output (recomputed with -r >= 1)
@@ -400,7 +400,8 @@ static void gpt2_get_tensors(const GPT2* model, floatX* file_order, int gradient
     cudaCheck(cudaMemcpy(file_order, replicated, before_experts * sizeof(floatX), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(file_order + before_experts + experts, replicated + before_experts,
                          (model->store.num_parameters - before_experts) * sizeof(floatX), cudaMemcpyDeviceToHost));
-    if (c->num_experts > 0) gpt2_gather_experts(model, file_order + before_experts, experts_local, sizeof(floatX), stream);
+    if (c->num_experts > 0)
+        gpt2_gather_experts(model, file_order + before_experts, experts_local, sizeof(floatX), stream);
 }
 
 static void check_config_supported(const GPT2Config* c, const char* source) {
@@ -964,13 +965,15 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     int rows_src = model->moe_packed ? N * K : E * model->moe_capacity_used;
     floatX* dispatched = spread ? a->moe_scratch_src : l.expert_input;
     moe_dispatch(dispatched, ln2, l.row_choice, rows_src, K, C, stream);
-    if (spread) expert_parallel_exchange(&model->ep, dispatched, l.expert_input, l.rows_src, l.rows_own, E, C, 1, stream);
+    if (spread)
+        expert_parallel_exchange(&model->ep, dispatched, l.expert_input, l.rows_src, l.rows_own, E, C, 1, stream);
     moe_experts_linear_forward(model, &l, l.expert_act, l.expert_input, p->efcw + (size_t)m * E_l * H * C,
                                p->efcb + (size_t)m * E_l * H, C, H, l.expert_pre, stream);
     floatX* expert_output = spread ? a->moe_scratch_own : l.expert_output;
     moe_experts_linear_forward(model, &l, expert_output, l.expert_act, p->efcprojw + (size_t)m * E_l * C * H,
                                p->efcprojb + (size_t)m * E_l * C, H, C, nullptr, stream);
-    if (spread) expert_parallel_exchange(&model->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
+    if (spread)
+        expert_parallel_exchange(&model->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
     moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
     moe_router_losses(l.losses, l.probs, l.lse, l.expert_count, N, E, K, model->moe.aux_alpha, model->moe.z_coef,
                       stream);
@@ -1624,9 +1627,9 @@ static void usage(int moe) {
                 "  -ra <float> load-balancing loss coefficient (default = 0.01)\n"
                 "  -rz <float> router z-loss coefficient (default = 0.001)\n"
                 "  -ri <float> initialisation scale of router and expert weights (default = 0.1)\n"
-                "  -ep <int>   expert-parallel degree: consecutive groups of N processes share out the experts (default = 1)\n"
+                "  -ep <int>   expert-parallel degree N: groups of N processes share out the experts (default = 1)\n"
                 "  -rj <float> router jitter: the router's input times U(1-rj, 1+rj) in training (default = 0)\n"
-                "  -rn <int>   noisy top-k gating (Shazeer 2017) with its importance and load losses: 0/1 (default = 0;\n"
+                "  -rn <int>   noisy top-k gating (Shazeer 2017), importance and load losses: 0/1 (default = 0;\n"
                 "              a model file with a noise router has it on)\n"
                 "  -rni <float> importance loss coefficient with -rn 1 (default = 0.1)\n"
                 "  -rnl <float> load loss coefficient with -rn 1 (default = 0.1)\n");

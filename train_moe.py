@@ -2,8 +2,8 @@
 train_moe.py: the PyTorch reference Switch-Transformer Mixture-of-Experts GPT for switch.cu. It is the GPT-2 of
 train_gpt.py in which layer l (from 0) has an MoE FFN iff (l + 1) % moe_every == 0, with the routing, capacity,
 dropping and balancing losses exactly as /work/shared/ARCHITECTURE.md ("MoE semantics") defines them, router
-jitter and noisy top-k gating exactly as the router-noise spec (README.md, "Router noise", shared with the CUDA side; its
-sections are cited as "noise_spec §N") defines them, and it writes the files the C test (test_moe) compares
+jitter and noisy top-k gating exactly as the router-noise spec (README.md, "Router noise", shared with the CUDA
+side; its sections are cited as "noise_spec §N") defines them, and it writes the files the C test (test_moe) compares
 against.
 
 Run from the repository root with a Python that has torch (here Debian's: /usr/bin/python3):

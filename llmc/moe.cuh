@@ -428,8 +428,7 @@ static void moe_require(bool condition, const char* function, const char* what) 
 }
 
 static void moe_require_aligned(const char* function, const void* a, const void* b, const void* c) {
-    moe_require(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0, function,
-                "floatX buffers must be 16-byte aligned");
+    moe_require(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0, function, "buffers must be 16-byte aligned");
 }
 
 static int moe_warp_grid(size_t warps, int block_size) { return (int)CEIL_DIV(warps, (size_t)(block_size / 32)); }

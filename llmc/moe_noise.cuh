@@ -31,9 +31,8 @@
 #include <limits.h>
 #include <math.h>
 #include "common.cuh"
+#include "moe.cuh"  // the router the noise feeds, and its size limits and refusals
 
-#define MOE_NOISE_MAX_EXPERTS 256
-#define MOE_NOISE_MAX_TOP_K 32
 #define MOE_NOISE_BLOCK_SIZE 256          // elementwise and warp-per-token kernels
 #define MOE_NOISE_LOSSES_BLOCK_SIZE 512   // losses: 16 warps per block share one set of per-expert sums
 #define MOE_NOISE_LOSSES_MAX_BLOCKS 256   // grid of the losses' first pass = the rows of the partials scratch
@@ -383,9 +382,9 @@ bool moe_noise_support(int N, int C, int E, int k, bool noisy_gating, float jitt
         return false;
     }
     if (!noisy_gating) return true;
-    if (E < 2 || E > MOE_NOISE_MAX_EXPERTS || k < 1 || k >= E || k > MOE_NOISE_MAX_TOP_K) {
+    if (E < 2 || E > MOE_MAX_EXPERTS || k < 1 || k >= E || k > MOE_MAX_TOP_K) {
         snprintf(why, why_size, "noisy top-k gating with E = %d, top-k = %d: needs 1 <= k < E <= %d and k <= %d "
-                 "(the load loss's threshold is the (k+1)-th logit)", E, k, MOE_NOISE_MAX_EXPERTS, MOE_NOISE_MAX_TOP_K);
+                 "(the load loss's threshold is the (k+1)-th logit)", E, k, MOE_MAX_EXPERTS, MOE_MAX_TOP_K);
         return false;
     }
     if ((unsigned long long)N * E >= (1ull << 31)) {
@@ -395,31 +394,18 @@ bool moe_noise_support(int N, int C, int E, int k, bool noisy_gating, float jitt
     return true;
 }
 
-// Refusals are one line and exit: programming errors of the caller, never data-dependent (as llmc/moe.cuh).
-static void moe_noise_require(bool condition, const char* function, const char* what) {
-    if (!condition) {
-        fprintf(stderr, "%s: %s\n", function, what);
-        exit(EXIT_FAILURE);
-    }
-}
-
-static bool moe_noise_aligned(const void* a, const void* b, const void* c) {
-    return ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
-}
-
 static void moe_noise_require_router(const char* function, int N, int E, int k, int block_size) {
-    moe_noise_require(N >= 1 && E >= 2 && E <= MOE_NOISE_MAX_EXPERTS && k >= 1 && k < E && k <= MOE_NOISE_MAX_TOP_K,
+    moe_require(N >= 1 && E >= 2 && E <= MOE_MAX_EXPERTS && k >= 1 && k < E && k <= MOE_MAX_TOP_K,
                       function, "needs N >= 1 and 1 <= k < E <= 256, k <= 32 (noisy gating: see moe_noise_support)");
-    moe_noise_require(block_size >= 32 && block_size <= 1024 && block_size % 32 == 0, function,
+    moe_require(block_size >= 32 && block_size <= 1024 && block_size % 32 == 0, function,
                       "block size must be a multiple of 32, at most 1024");
 }
 
 void moe_jitter_forward_launch(floatX* router_in, const floatX* x, int N, int C, float eps, unsigned int seed,
                                int block_size, cudaStream_t stream) {
-    moe_noise_require(N >= 1 && C > 0 && C % 8 == 0, "moe_jitter_forward",
+    moe_require(N >= 1 && C > 0 && C % 8 == 0, "moe_jitter_forward",
                       "needs N >= 1 and C a positive multiple of 8");
-    moe_noise_require(moe_noise_aligned(router_in, x, nullptr), "moe_jitter_forward",
-                      "floatX buffers must be 16-byte aligned");
+    moe_require_aligned("moe_jitter_forward", router_in, x, nullptr);
     const size_t n = (size_t)N * C;
     const int grid = (int)CEIL_DIV(n / x128::size, (size_t)block_size);
     moe_jitter_forward_kernel<<<grid, block_size, 0, stream>>>(router_in, x, n, seed, 1.0f - eps, 2.0f * eps);
@@ -435,10 +421,9 @@ void moe_jitter_forward(floatX* router_in, const floatX* x, int N, int C, float 
 
 void moe_jitter_backward_launch(floatX* dx, const floatX* d_router_in, int N, int C, float eps, unsigned int seed,
                                 int block_size, cudaStream_t stream) {
-    moe_noise_require(N >= 1 && C > 0 && C % 8 == 0, "moe_jitter_backward",
+    moe_require(N >= 1 && C > 0 && C % 8 == 0, "moe_jitter_backward",
                       "needs N >= 1 and C a positive multiple of 8");
-    moe_noise_require(moe_noise_aligned(dx, d_router_in, nullptr), "moe_jitter_backward",
-                      "floatX buffers must be 16-byte aligned");
+    moe_require_aligned("moe_jitter_backward", dx, d_router_in, nullptr);
     const size_t n = (size_t)N * C;
     const int grid = (int)CEIL_DIV(n / x128::size, (size_t)block_size);
     moe_jitter_backward_kernel<<<grid, block_size, 0, stream>>>(dx, d_router_in, n, seed, 1.0f - eps, 2.0f * eps);
@@ -454,13 +439,12 @@ void moe_jitter_backward(floatX* dx, const floatX* d_router_in, int N, int C, fl
 void moe_noisy_logits_forward_launch(float* H, const float* clean, const float* noise_logits, int N, int E,
                                      unsigned int seed, bool training, int block_size, cudaStream_t stream) {
     const size_t n = (size_t)N * E;
-    moe_noise_require(N >= 1 && E >= 1 && n < (1ull << 31), "moe_noisy_logits_forward", "needs N, E >= 1, N*E < 2^31");
+    moe_require(N >= 1 && E >= 1 && n < (1ull << 31), "moe_noisy_logits_forward", "needs N, E >= 1, N*E < 2^31");
     if (!training) {
         if (H != clean) cudaCheck(cudaMemcpyAsync(H, clean, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
         return;
     }
-    moe_noise_require(moe_noise_aligned(H, clean, noise_logits), "moe_noisy_logits_forward",
-                      "fp32 buffers must be 16-byte aligned");
+    moe_require_aligned("moe_noisy_logits_forward", H, clean, noise_logits);
     const int grid = (int)CEIL_DIV(CEIL_DIV(n, (size_t)f128::size), (size_t)block_size);
     moe_noisy_logits_kernel<<<grid, block_size, 0, stream>>>(H, clean, noise_logits, (int)n, seed);
     cudaCheck(cudaGetLastError());
@@ -485,7 +469,7 @@ void moe_noisy_losses_forward_launch(float* importance, float* load, float* loss
     const int blocks = CEIL_DIV(N, num_warps) < MOE_NOISE_LOSSES_MAX_BLOCKS ? CEIL_DIV(N, num_warps)
                                                                              : MOE_NOISE_LOSSES_MAX_BLOCKS;
     const size_t shared = (size_t)2 * num_warps * E * sizeof(float);
-    moe_noise_require(shared <= 48 * 1024, "moe_noisy_losses_forward",
+    moe_require(shared <= 48 * 1024, "moe_noisy_losses_forward",
                       "block size * E too large: the per-warp sums must fit 48 KiB of shared memory");
     if (E <= 32) {
         moe_noisy_losses_partials_kernel<1><<<blocks, block_size, shared, stream>>>(partials, clean, noise_logits, H,

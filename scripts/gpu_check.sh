@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh: the one command a lent NVIDIA GPU runs. It builds everything for that GPU, checks the
 # GPT and MoE trainers against PyTorch (test_gpt: FP32 and BF16, recompute 0/1/2; test_moe: top-1 with drops,
-# top-2), trains GPT-2 124M for 30 steps on synthetic data (bf16, B=8 T=1024, recompute 0 and 1) and the
-# Switch-MoE model on the same backbone beside it (8 experts, top-1, every other layer), runs every kernel-lab
-# file at full size, and prints one summary table: test results,
+# top-2, dropless top-1 (the grouped GEMMs), noisy top-2 gating), trains GPT-2 124M for 30 steps on synthetic
+# data (bf16, B=8 T=1024, recompute 0 and 1) and the Switch-MoE model on the same backbone beside it (8 experts,
+# top-1, every other layer), runs every kernel-lab file at full size, and prints one summary table: test results,
 # tokens/s, MFU, peak memory, and each lab variant's best time against its floor.
 #   scripts/gpu_check.sh LOGDIR                the whole check, one log per stage in LOGDIR (under 8 minutes
 #                                              on an H100-class GPU)
@@ -328,10 +328,17 @@ else
             "${MOE_REF_ARGS[@]}" --topk 1 --moe-every 1 --cf 0.5 --dtype $dtype
         run_stage "$LOGDIR/reference_moe2_$p.log" 120 "$PYTHON" train_moe.py --write-reference "$BIN/ref/moe_k2_$p" \
             "${MOE_REF_ARGS[@]}" --topk 2 --moe-every 2 --cf 0.5 --dtype $dtype
+        # dropless (the grouped GEMMs; seed 2 has no bf16 near-ties) and noisy top-2 gating with jitter
+        run_stage "$LOGDIR/reference_moe_dropless_$p.log" 120 "$PYTHON" train_moe.py --write-reference \
+            "$BIN/ref/moe_dropless_$p" "${MOE_REF_ARGS[@]}" --seed 2 --topk 1 --moe-every 1 --cf 0 --dtype $dtype
+        run_stage "$LOGDIR/reference_moe_noisy_$p.log" 120 "$PYTHON" train_moe.py --write-reference \
+            "$BIN/ref/moe_noisy_$p" "${MOE_REF_ARGS[@]}" --topk 2 --moe-every 1 --cf 0.5 --noisy-topk 1 --dtype $dtype
         if [ ! -x "$BIN/test_moe_$p" ]; then skip_stage "$LOGDIR/test_moe_${p}.log" "not built (build_test_moe_$p.log)"
         else
             run_stage "$LOGDIR/test_moe_${p}_k1.log" 120 "$BIN/test_moe_$p" "$BIN/ref/moe_k1_$p" -cf 0.5
             run_stage "$LOGDIR/test_moe_${p}_k2.log" 120 "$BIN/test_moe_$p" "$BIN/ref/moe_k2_$p" -cf 0.5
+            run_stage "$LOGDIR/test_moe_${p}_dropless.log" 120 "$BIN/test_moe_$p" "$BIN/ref/moe_dropless_$p" -cf 0
+            run_stage "$LOGDIR/test_moe_${p}_noisy.log" 120 "$BIN/test_moe_$p" "$BIN/ref/moe_noisy_$p" -cf 0.5
         fi
     done
 fi

@@ -131,23 +131,14 @@ static void ref_importance_backward(std::vector<double>* d_gates, std::vector<do
 }
 
 // d_H (N, E) through softmax and the gates (k = 1: the raw prob; k >= 2: renormalised), the gate path of
-// moe_router_backward, for the finite differences' chain
+// moe_router_backward (moe_reference.h's moe_gate_backward_row, then the softmax), for the finite differences' chain
 static void ref_gate_backward(std::vector<double>* d_H, const std::vector<double>& probs, const int* picks,
                               const std::vector<double>& d_gates, int N, int E, int k) {
     std::vector<double> dp(E);
     for (int t = 0; t < N; t++) {
         const double* p = probs.data() + (size_t)t * E;
-        const int* pick = picks + (size_t)t * k;
-        const double* d_gate = d_gates.data() + (size_t)t * k;
         for (int e = 0; e < E; e++) dp[e] = 0.0;
-        if (k == 1) {
-            dp[pick[0]] = d_gate[0];
-        } else {
-            double picked_sum = 0.0, gate_dot = 0.0;
-            for (int j = 0; j < k; j++) picked_sum += p[pick[j]];
-            for (int j = 0; j < k; j++) gate_dot += d_gate[j] * p[pick[j]] / picked_sum;
-            for (int j = 0; j < k; j++) dp[pick[j]] += (d_gate[j] - gate_dot) / picked_sum;
-        }
+        moe_gate_backward_row(dp.data(), p, picks + (size_t)t * k, d_gates.data() + (size_t)t * k, k);
         double dot = 0.0;
         for (int e = 0; e < E; e++) dot += p[e] * dp[e];
         for (int e = 0; e < E; e++) (*d_H)[(size_t)t * E + e] += p[e] * (dp[e] - dot);
@@ -277,31 +268,50 @@ static void plant_ties(std::vector<float>* H, int N, int E, int k) {
 // ----------------------------------------------------------------------------------------------------
 // finite differences of the reference's forward against the reference's backward
 
+// The routing the finite differences evaluate at a point (the base point or a perturbed one), the noise fixed:
+// H = clean + n * softplus(noise_logits), each row's first k+1 positions of the order of H (the picks and the
+// expert thr reads) in order (N, k+1), and probs = softmax(H) with the gates on picks (N, k). The picks are
+// fixed_order's first k when given (the base point's, which the analytic gradient assumes), else this point's own.
+struct FdRouting {
+    std::vector<double> H, probs, gates;
+    std::vector<int> order, picks;
+};
+static FdRouting fd_route(const std::vector<double>& clean, const std::vector<double>& noise_logits,
+                          const std::vector<int>* fixed_order, unsigned int seed, int N, int E, int k) {
+    const size_t n = (size_t)N * E;
+    FdRouting r;
+    r.H.resize(n);
+    r.probs.resize(n);
+    r.gates.resize((size_t)N * k);
+    r.order.resize((size_t)N * (k + 1));
+    r.picks.resize((size_t)N * k);
+    for (size_t i = 0; i < n; i++) r.H[i] = clean[i] + ref_normal(seed, (unsigned int)i) * ref_softplus(noise_logits[i]);
+    const std::vector<int>& pick_order = fixed_order ? *fixed_order : r.order;
+    std::vector<int> row_order(E);
+    for (int t = 0; t < N; t++) {
+        ref_order(row_order.data(), r.H.data() + (size_t)t * E, E);
+        for (int p = 0; p <= k; p++) r.order[(size_t)t * (k + 1) + p] = row_order[p];
+        for (int j = 0; j < k; j++) r.picks[(size_t)t * k + j] = pick_order[(size_t)t * (k + 1) + j];
+        double lse;
+        moe_route_row(r.probs.data() + (size_t)t * E, &lse, (int*)nullptr, r.H.data() + (size_t)t * E, E, k);
+        for (int j = 0; j < k; j++) {
+            r.gates[(size_t)t * k + j] = moe_gate(r.probs.data() + (size_t)t * E, r.picks.data() + (size_t)t * k, j, k);
+        }
+    }
+    return r;
+}
+
 // J = sum G*H + loss_scale * (L_imp + L_load), the gates from softmax(H) on the fixed picks, the noise fixed.
 // same_order is cleared if any row's first k+1 positions differ from base_order (the routing the gradient assumes).
 static double fd_objective(const std::vector<double>& clean, const std::vector<double>& noise_logits,
                            const std::vector<double>& G, const std::vector<int>& base_order, unsigned int seed, int N,
                            int E, int k, Coefficients q, bool* same_order) {
-    const size_t n = (size_t)N * E;
-    std::vector<double> H(n), probs(n), gates((size_t)N * k);
-    std::vector<int> order(E), picks((size_t)N * k);
+    const FdRouting r = fd_route(clean, noise_logits, &base_order, seed, N, E, k);
+    *same_order = *same_order && r.order == base_order;
     double linear = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        H[i] = clean[i] + ref_normal(seed, (unsigned int)i) * ref_softplus(noise_logits[i]);
-        linear += G[i] * H[i];
-    }
-    for (int t = 0; t < N; t++) {
-        ref_order(order.data(), H.data() + (size_t)t * E, E);
-        for (int p = 0; p <= k; p++) *same_order = *same_order && order[p] == base_order[(size_t)t * (k + 1) + p];
-        for (int j = 0; j < k; j++) picks[(size_t)t * k + j] = base_order[(size_t)t * (k + 1) + j];
-        double lse;
-        moe_route_row(probs.data() + (size_t)t * E, &lse, (int*)nullptr, H.data() + (size_t)t * E, E, k);
-        for (int j = 0; j < k; j++) {
-            gates[(size_t)t * k + j] = moe_gate(probs.data() + (size_t)t * E, picks.data() + (size_t)t * k, j, k);
-        }
-    }
-    const RefLosses L = ref_noisy_losses(clean.data(), noise_logits.data(), H.data(), picks.data(), gates.data(), N,
-                                         E, k, q);
+    for (size_t i = 0; i < r.H.size(); i++) linear += G[i] * r.H[i];
+    const RefLosses L = ref_noisy_losses(clean.data(), noise_logits.data(), r.H.data(), r.picks.data(), r.gates.data(),
+                                         N, E, k, q);
     return linear + q.loss_scale * (L.l_imp + L.l_load);
 }
 
@@ -317,26 +327,14 @@ static void check_reference_by_finite_differences(int N, int E, int k, bool upst
     std::vector<double> G = upstream ? as_doubles(lab_random(n, -0.2f, 0.2f)) : std::vector<double>(n, 0.0);
 
     // the routing at the base point, and the analytic gradient there
-    std::vector<double> H(n), probs(n), gates((size_t)N * k);
-    std::vector<int> base_order((size_t)N * (k + 1)), picks((size_t)N * k), order(E);
-    for (size_t i = 0; i < n; i++) H[i] = clean[i] + ref_normal(seed, (unsigned int)i) * ref_softplus(noise_logits[i]);
-    for (int t = 0; t < N; t++) {
-        ref_order(order.data(), H.data() + (size_t)t * E, E);
-        for (int p = 0; p <= k; p++) base_order[(size_t)t * (k + 1) + p] = order[p];
-        for (int j = 0; j < k; j++) picks[(size_t)t * k + j] = order[j];
-        double lse;
-        moe_route_row(probs.data() + (size_t)t * E, &lse, (int*)nullptr, H.data() + (size_t)t * E, E, k);
-        for (int j = 0; j < k; j++) {
-            gates[(size_t)t * k + j] = moe_gate(probs.data() + (size_t)t * E, picks.data() + (size_t)t * k, j, k);
-        }
-    }
-    const RefLosses L = ref_noisy_losses(clean.data(), noise_logits.data(), H.data(), picks.data(), gates.data(), N,
-                                         E, k, q);
+    const FdRouting base = fd_route(clean, noise_logits, nullptr, seed, N, E, k);
+    const RefLosses L = ref_noisy_losses(clean.data(), noise_logits.data(), base.H.data(), base.picks.data(),
+                                         base.gates.data(), N, E, k, q);
     std::vector<double> d_gates((size_t)N * k, 0.0), d_H = G, d_clean(n), d_nl(n);
-    ref_importance_backward(&d_gates, nullptr, L.importance, picks.data(), N, E, k, q);
-    ref_gate_backward(&d_H, probs, picks.data(), d_gates, N, E, k);
-    ref_noisy_backward(&d_clean, &d_nl, nullptr, nullptr, d_H, clean.data(), noise_logits.data(), H.data(), L.load,
-                       seed, N, E, k, q);
+    ref_importance_backward(&d_gates, nullptr, L.importance, base.picks.data(), N, E, k, q);
+    ref_gate_backward(&d_H, base.probs, base.picks.data(), d_gates, N, E, k);
+    ref_noisy_backward(&d_clean, &d_nl, nullptr, nullptr, d_H, clean.data(), noise_logits.data(), base.H.data(),
+                       L.load, seed, N, E, k, q);
 
     // h: H moves by at most h * (1 + |n|) ~ 5e-6, far below the gaps of the routing order (checked for every
     // perturbation); truncation ~h^2 |J'''| ~ 1e-12, cancellation ~1e-16 |J| / h ~ 1e-9
@@ -349,9 +347,9 @@ static void check_reference_by_finite_differences(int N, int E, int k, bool upst
         for (size_t i = 0; i < n; i++) {
             const double saved = x[i];
             x[i] = saved + h;
-            const double up = fd_objective(clean, noise_logits, G, base_order, seed, N, E, k, q, &same_order);
+            const double up = fd_objective(clean, noise_logits, G, base.order, seed, N, E, k, q, &same_order);
             x[i] = saved - h;
-            const double down = fd_objective(clean, noise_logits, G, base_order, seed, N, E, k, q, &same_order);
+            const double down = fd_objective(clean, noise_logits, G, base.order, seed, N, E, k, q, &same_order);
             x[i] = saved;
             if (!same_order) {
                 printf("FAIL finite differences: perturbing %s[%zu] by %g changed the routing order\n",

@@ -1,7 +1,7 @@
-// dev/cuda/moe_reference.h: the MoE routing of ARCHITECTURE.md ("MoE semantics") as plain double-precision
-// loops, and the routing inputs, shared by the MoE labs (moe_router.cu, moe_router_backward.cu, moe_slots.cu,
-// moe_dispatch_combine.cu): each lab's kernels start from what the previous stage hands over, so every lab
-// must derive those inputs by the same definition.
+// dev/cuda/moe_reference.h: the MoE routing of ARCHITECTURE.md ("MoE semantics") and the gate path of its
+// backward as plain double-precision loops, and the routing inputs, shared by the MoE labs (moe_router.cu,
+// moe_router_backward.cu, moe_slots.cu, moe_dispatch_combine.cu, moe_noise.cu): each lab's kernels start from
+// what the previous stage hands over, so every lab must derive those inputs by the same definition.
 #pragma once
 #include <math.h>
 #include <vector>
@@ -35,6 +35,23 @@ static double moe_gate(const double* p, const int* picks, int j, int k) {
     double picked_sum = 0.0;
     for (int m = 0; m < k; m++) picked_sum += p[picks[m]];
     return p[picks[j]] / picked_sum;
+}
+
+// the gate path of the router backward for one token: dp[e] += dgate/dP_e summed over the k picks, given its
+// probs p, picks and d_gate (k = 1: d_gate itself on the pick; k >= 2: through the renormalisation, with the gates
+// recomputed from p). Adds rather than writes so that a caller can start dp from its other terms of dP (the
+// aux loss's in moe_router_backward.cu); the softmax step p*(dp - <p, dp>) is the caller's. Real is float for
+// the kernels' fp32 d_gates, double for moe_noise.cu's reference chain.
+template <class Real>
+static void moe_gate_backward_row(double* dp, const double* p, const int* picks, const Real* d_gate, int k) {
+    if (k == 1) {
+        dp[picks[0]] += d_gate[0];
+        return;
+    }
+    double picked_sum = 0.0, gate_dot = 0.0;
+    for (int j = 0; j < k; j++) picked_sum += p[picks[j]];
+    for (int j = 0; j < k; j++) gate_dot += d_gate[j] * p[picks[j]] / picked_sum;
+    for (int j = 0; j < k; j++) dp[picks[j]] += (d_gate[j] - gate_dot) / picked_sum;
 }
 
 // the router forward over N tokens, rounded to the fp32 values moe_router_forward writes

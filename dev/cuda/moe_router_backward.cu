@@ -139,6 +139,7 @@ static double router_loss(const std::vector<double>& logits, const std::vector<i
 }
 
 // the analytic gradient of router_loss with respect to the logits, written out as ARCHITECTURE.md defines it
+// (the gates' part is moe_reference.h's moe_gate_backward_row; the aux and z-loss terms are this lab's own)
 static void router_backward_reference(std::vector<double>* d_logits, const std::vector<float>& logits,
                                       const std::vector<int>& picks, const std::vector<float>& d_gates,
                                       const std::vector<int>& expert_count, int N, int E, int k, LossCoefficients q) {
@@ -147,16 +148,7 @@ static void router_backward_reference(std::vector<double>* d_logits, const std::
         double lse;
         moe_route_row(p.data(), &lse, nullptr, logits.data() + (size_t)t * E, E, k);
         for (int e = 0; e < E; e++) dp[e] = q.loss_scale * q.aux_alpha * E * expert_count[e] / ((double)N * k) / N;
-        const int* pick = picks.data() + (size_t)t * k;
-        const float* d_gate = d_gates.data() + (size_t)t * k;
-        if (k == 1) {
-            dp[pick[0]] += d_gate[0];
-        } else {
-            double picked_sum = 0.0, gate_dot = 0.0;
-            for (int j = 0; j < k; j++) picked_sum += p[pick[j]];
-            for (int j = 0; j < k; j++) gate_dot += d_gate[j] * p[pick[j]] / picked_sum;
-            for (int j = 0; j < k; j++) dp[pick[j]] += (d_gate[j] - gate_dot) / picked_sum;
-        }
+        moe_gate_backward_row(dp.data(), p.data(), picks.data() + (size_t)t * k, d_gates.data() + (size_t)t * k, k);
         double dot = 0.0;
         for (int e = 0; e < E; e++) dot += p[e] * dp[e];
         for (int e = 0; e < E; e++) {

@@ -4,9 +4,10 @@ itself: the MoE model file and debug state laid out from ARCHITECTURE.md, an ind
 forward with a loop-by-loop routing (softmax, top-k with ties to the lower index, capacity, slots in priority
 order, drops), central finite differences of the total loss, hand-worked routing cases, the balancing and z
 losses and their gradients from their formulas, the dense GPT of train_gpt.py (E=1, k=1, no capacity limit),
-and an AdamW written out from its formula. Router noise (jitter, noisy top-k gating; README.md, "Router noise" = noise_spec): the noise
-generator against a plain-int squirrel_noise5 and values a C program printed, statistics of its normals, the
-jittered and noisy routing (thr, Phi, CV²) in the numpy forward, and finite differences with the noise on.
+and an AdamW written out from its formula. Router noise (jitter, noisy top-k gating; README.md, "Router noise",
+cited as noise_spec): the noise generator against a plain-int squirrel_noise5 and values a C program printed,
+statistics of its normals, the jittered and noisy routing (thr, Phi, CV²) in the numpy forward, and finite
+differences with the noise on.
 Run from the repository root: /usr/bin/python3 dev/test/test_reference_moe.py
 Prints one line per failed check and ends with "test_reference_moe: N passed, N failed" (exit 1 on a failure).
 """
@@ -494,6 +495,35 @@ def check_debug_state(prefix, shape, cf, fd_entries, noise=Noise()):
     return flat, s
 
 
+def check_finite_differences(model, x, y, settings, routing_key, step, seed, label):
+    """Central finite differences (float64) of the total loss against the autograd gradients in the parameters'
+    .grad, for the largest-gradient entry and two random ones of every parameter (wte's padded rows excluded: no
+    token reaches them). Routing is piecewise constant: routing_key(output) lists the tensors that must not change
+    under a perturbation (choices, drops, ...); a perturbation that changes one counts as a failure."""
+    base = routing_key(model(x, y, settings))
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            rows = model.config.V if name == "wte.weight" else p.shape[0]
+            flat_p, flat_g = p.view(-1), p.grad.view(-1)
+            used = rows * (p.numel() // p.shape[0])
+            for i in [int(flat_g[:used].abs().argmax())] + list(rng.integers(0, used, 2)):
+                saved = flat_p[i].item()
+                losses = []
+                for value in (saved + step, saved - step):
+                    flat_p[i] = value
+                    out = model(x, y, settings)
+                    flipped = not all(torch.equal(a, b) for a, b in zip(routing_key(out), base))
+                    losses.append(None if flipped else out.total_loss.item())
+                flat_p[i] = saved
+                if None in losses:
+                    check(False, f"{label}: {name}[{i}]: a perturbation of {step} flips the routing")
+                    continue
+                fd = (losses[0] - losses[1]) / (2 * step)
+                check(abs(flat_g[i].item() - fd) <= 1e-6 * abs(fd) + 1e-9,
+                      f"{label}: float64 autograd {name}[{i}] = {flat_g[i].item():.9e}, finite difference {fd:.9e}")
+
+
 def test_autograd_float64():
     """(b) train_moe's autograd gradients of the total loss in float64 against central finite differences of the
     same model, for three entries of every parameter (router, experts, backbone), top-1 and top-2 with tokens
@@ -511,31 +541,8 @@ def test_autograd_float64():
         output = model(x, y, settings)
         train_moe.backward(output.total_loss, model)
         check(output.dropped > 0, f"k={k}: the finite-difference config drops choices ({output.dropped})")
-        base_routing = [(r.choices.clone(), r.kept.clone()) for r in output.routings]
-        rng = np.random.default_rng(1)
-        step = 1e-6
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                rows = config.V if name == "wte.weight" else p.shape[0]  # padded rows: no token reaches them
-                flat_p, flat_g = p.view(-1), p.grad.view(-1)
-                used = rows * (p.numel() // p.shape[0])
-                for i in [int(flat_g[:used].abs().argmax())] + list(rng.integers(0, used, 2)):
-                    saved = flat_p[i].item()
-                    losses = []
-                    for value in (saved + step, saved - step):
-                        flat_p[i] = value
-                        out = model(x, y, settings)
-                        routing = [(r.choices, r.kept) for r in out.routings]
-                        flipped = not all(torch.equal(c, c0) and torch.equal(kp, k0)
-                                          for (c, kp), (c0, k0) in zip(routing, base_routing))
-                        losses.append(None if flipped else out.total_loss.item())
-                    flat_p[i] = saved
-                    if None in losses:
-                        check(False, f"k={k}: {name}[{i}]: a perturbation of {step} flips the routing (skipped)")
-                        continue
-                    fd = (losses[0] - losses[1]) / (2 * step)
-                    check(abs(flat_g[i].item() - fd) <= 1e-6 * abs(fd) + 1e-9,
-                          f"k={k}: float64 autograd {name}[{i}] = {flat_g[i].item():.9e}, finite difference {fd:.9e}")
+        check_finite_differences(model, x, y, settings,
+                                 lambda out: [t for r in out.routings for t in (r.choices, r.kept)], 1e-6, 1, f"k={k}")
 
 
 def test_routing():
@@ -998,34 +1005,13 @@ def test_autograd_noise_float64():
               and output.load_loss.item() > 1e-4,
               f"k={k} cf={cf}: drops {output.dropped}, importance {output.importance_loss.item():.2e}, "
               f"load {output.load_loss.item():.2e}")
-        base_routing = [(r.choices.clone(), r.kept.clone(), r.order.clone()) for r in output.routings]
-        rng = np.random.default_rng(2)
-        step = 1e-5  # the loss (~6) has more terms than above: at 1e-6 its rounding error (~1e-9) reaches the tolerance
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                rows = config.V if name == "wte.weight" else p.shape[0]
-                flat_p, flat_g = p.view(-1), p.grad.view(-1)
-                used = rows * (p.numel() // p.shape[0])
-                if "noise_router" in name:
-                    check(flat_g.abs().max() > 1e-4, f"k={k}: {name} gets a gradient")
-                for i in [int(flat_g[:used].abs().argmax())] + list(rng.integers(0, used, 2)):
-                    saved = flat_p[i].item()
-                    losses = []
-                    for value in (saved + step, saved - step):
-                        flat_p[i] = value
-                        out = model(x, y, settings)
-                        flipped = not all(torch.equal(r.choices, c0) and torch.equal(r.kept, k0)
-                                          and torch.equal(r.order, o0)
-                                          for r, (c0, k0, o0) in zip(out.routings, base_routing))
-                        losses.append(None if flipped else out.total_loss.item())
-                    flat_p[i] = saved
-                    if None in losses:
-                        check(False, f"noise k={k}: {name}[{i}]: a perturbation of {step} flips the routing")
-                        continue
-                    fd = (losses[0] - losses[1]) / (2 * step)
-                    check(abs(flat_g[i].item() - fd) <= 1e-6 * abs(fd) + 1e-9,
-                          f"noise k={k} cf={cf}: float64 autograd {name}[{i}] = {flat_g[i].item():.9e}, "
-                          f"finite difference {fd:.9e}")
+        for block in model.moe_blocks():
+            g = block.moe.noise_router.weight.grad
+            check(g.abs().max() > 1e-4, f"k={k}: the noise router gets a gradient")
+        # step 1e-5: the loss (~6) has more terms than above: at 1e-6 its rounding error (~1e-9) reaches the tolerance
+        check_finite_differences(model, x, y, settings,
+                                 lambda out: [t for r in out.routings for t in (r.choices, r.kept, r.order)],
+                                 1e-5, 2, f"noise k={k} cf={cf}")
 
 
 def replace_cf(settings, cf):
