@@ -46,6 +46,23 @@
 // argmax over (logit, index) pairs with xor shuffles: the order is total, so every lane ends with the same winner.
 // gates: the pick's prob when k == 1, else prob / (sum of the k picked probs, added in pick order).
 // Floor: read N*E*4, write N*E*4 + N*k*8 + N*4 bytes; ~E*(10 + 5k) flops per token: memory-bound.
+// The warp's best (value, expert) pair: the larger value, ties to the lower expert; INT_MAX marks a lane without a
+// candidate. Xor shuffles over a total order, so every lane ends with the same winner. Shared with the noisy
+// gating's threshold search (llmc/moe_noise.cuh).
+__device__ inline void moe_warp_argmax(float* best, int* best_expert) {
+    for (int offset = 16; offset > 0; offset /= 2) {
+        const float other = __shfl_xor_sync(0xffffffff, *best, offset);
+        const int other_expert = __shfl_xor_sync(0xffffffff, *best_expert, offset);
+        const bool other_wins = other_expert != INT_MAX &&
+                                (*best_expert == INT_MAX || other > *best ||
+                                 (other == *best && other_expert < *best_expert));
+        if (other_wins) {
+            *best = other;
+            *best_expert = other_expert;
+        }
+    }
+}
+
 template <int LOGITS_PER_LANE>
 __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __restrict__ expert_index,
                                           float* __restrict__ gates, float* __restrict__ logsumexp,
@@ -93,17 +110,7 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
                 candidate_prob = prob[i];
             }
         }
-        for (int offset = 16; offset > 0; offset /= 2) {
-            const float other = __shfl_xor_sync(0xffffffff, best, offset);
-            const int other_expert = __shfl_xor_sync(0xffffffff, best_expert, offset);
-            const bool other_wins = other_expert != INT_MAX &&
-                                    (best_expert == INT_MAX || other > best ||
-                                     (other == best && other_expert < best_expert));
-            if (other_wins) {
-                best = other;
-                best_expert = other_expert;
-            }
-        }
+        moe_warp_argmax(&best, &best_expert);
         // the winner was its owner lane's own best candidate: take its prob from there
         const float p = __shfl_sync(0xffffffff, candidate_prob, best_expert % 32);
         if (best_expert % 32 == lane) taken |= 1u << (best_expert / 32);

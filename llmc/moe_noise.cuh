@@ -156,17 +156,7 @@ __device__ inline MoeThresholds moe_thresholds(const float* h, const float* H_ro
             best_expert = e;
         }
     }
-    for (int offset = 16; offset > 0; offset /= 2) {
-        const float other = __shfl_xor_sync(0xffffffff, best, offset);
-        const int other_expert = __shfl_xor_sync(0xffffffff, best_expert, offset);
-        const bool other_wins = other_expert != INT_MAX &&
-                                (best_expert == INT_MAX || other > best ||
-                                 (other == best && other_expert < best_expert));
-        if (other_wins) {
-            best = other;
-            best_expert = other_expert;
-        }
-    }
+    moe_warp_argmax(&best, &best_expert);
     r.next = best_expert;  // k < E: some expert is not picked
     r.next_value = best;
     return r;
