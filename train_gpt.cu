@@ -564,9 +564,10 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
 }
 
 // Writes the model file: llm.c's format for a dense model (version 5 bf16 from a BF16 build, 3 fp32
-// otherwise), the MoE format with experts (version 2 bf16, 1 fp32). Collective over the expert group (it gathers
-// every expert); process 0 writes.
+// otherwise), the MoE format with experts (version 2 bf16, 1 fp32). Process 0 writes, after gathering every expert
+// over its expert group (collective over that group; every other process returns at once).
 static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStream_t stream) {
+    if (model->ep.group != 0) return;
     const GPT2Config* c = &model->config;
     int moe = c->num_experts > 0;
     int header[256] = {0};
@@ -612,27 +613,27 @@ static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStrea
 // loads whatever B and T are.
 static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 
-// Rows of one MoE layer's expert buffers for a capacity factor (<= 0: dropless, packed): in this process's dispatch
-// layout (src) and in its experts' layout (own), which with expert parallelism of degree N may receive every choice
-// of the N processes of its group.
-static void moe_layer_rows(const GPT2Config* c, double capacity_factor, int N, int degree, size_t* src, size_t* own) {
-    if (capacity_factor > 0.0) {
-        *src = *own = (size_t)c->num_experts * moe_capacity(N, c->num_experts, c->top_k, capacity_factor);
-    } else {
-        *src = (size_t)N * c->top_k;
-        *own = (size_t)degree * N * c->top_k;
-    }
+// The row stride of one MoE layer's expert buffers, padded to `capacity` rows per expert or packed (dropless): in
+// this process's dispatch layout (src) and in its experts' layout (own), which with expert parallelism of degree N
+// may receive every choice of the N processes of its group.
+static void moe_layer_rows(const GPT2Config* c, int capacity, int packed, int N, int degree, size_t* src,
+                           size_t* own) {
+    size_t padded = (size_t)c->num_experts * capacity, choices = (size_t)N * c->top_k;
+    *src = layer_stride(packed ? choices : padded);
+    *own = layer_stride(packed ? degree * choices : padded);
 }
 
 // ... the larger of training's and evaluation's, which the activations hold
 static void moe_allocated_rows(const GPT2Config* c, const MoESettings* m, int N, int degree, size_t* src, size_t* own) {
     *src = *own = 0;
     if (c->num_experts == 0) return;
-    size_t s[2], o[2];
-    moe_layer_rows(c, m->capacity_factor, N, degree, &s[0], &o[0]);
-    moe_layer_rows(c, m->capacity_factor_eval, N, degree, &s[1], &o[1]);
-    *src = layer_stride(s[0] > s[1] ? s[0] : s[1]);
-    *own = layer_stride(o[0] > o[1] ? o[0] : o[1]);
+    const double factors[2] = {m->capacity_factor, m->capacity_factor_eval};
+    for (int i = 0; i < 2; i++) {
+        size_t s, o;
+        moe_layer_rows(c, moe_capacity(N, c->num_experts, c->top_k, factors[i]), factors[i] <= 0.0, N, degree, &s, &o);
+        *src = s > *src ? s : *src;
+        *own = o > *own ? o : *own;
+    }
 }
 
 // The activation tensors' sizes in bytes, in the order gpt2_allocate_activations points them.
@@ -831,19 +832,12 @@ typedef struct {
     int* rows_own;  // (ep.degree, E / ep.degree) host: rows per (group member, local expert) in the expert layout
 } MoELayerActivations;
 
-// the row strides of one layer's buffers in the current pass's layout (as moe_layer_rows counts them)
-static void moe_layer_strides(const GPT2* model, int N, size_t* src, size_t* own) {
-    size_t K = model->config.top_k, padded = (size_t)model->config.num_experts * model->moe_capacity_used;
-    *src = layer_stride(model->moe_packed ? N * K : padded);
-    *own = layer_stride(model->moe_packed ? model->ep.degree * N * K : padded);
-}
-
 static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N) {
     const GPT2Config* c = &model->config;
     const ActivationTensors* a = &model->acts;
     size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, C = c->channels;
     size_t NE = layer_stride(N * E), NK = layer_stride(N * K), SRC, OWN;
-    moe_layer_strides(model, N, &SRC, &OWN);
+    moe_layer_rows(c, model->moe_capacity_used, model->moe_packed, N, model->ep.degree, &SRC, &OWN);
     MoELayerActivations l;
     l.logits = a->router_logits + m * NE;
     l.clean = c->noisy_gating ? a->router_clean + m * NE : nullptr;
@@ -881,6 +875,20 @@ static void moe_layer_row_counts(GPT2* model, const MoELayerActivations* l, cuda
     expert_parallel_exchange_counts(&model->ep, l->rows_own, l->rows_src, E, stream);
 }
 
+// Packed layout: the rows of each of this process's experts (E_l, host), what every group member sent it; returns
+// their sum, the rows of the expert layout in use (padded: E * capacity, all rows).
+static size_t moe_local_expert_rows(const GPT2* model, const MoELayerActivations* l, int* rows) {
+    int E_l = model->local_experts, N = model->ep.degree;
+    if (!model->moe_packed) return (size_t)model->config.num_experts * model->moe_capacity_used;
+    size_t total = 0;
+    for (int e = 0; e < E_l; e++) {
+        rows[e] = 0;
+        for (int s = 0; s < N; s++) rows[e] += l->rows_own[s * E_l + e];
+        total += rows[e];
+    }
+    return total;
+}
+
 // One Linear layer of this process's experts on their rows in the expert layout: weight (E_l, OC, IC), bias
 // (E_l, OC), inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu)]. Padded: E_l buffers of
 // ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one grouped GEMM.
@@ -894,10 +902,7 @@ static void moe_experts_linear_forward(const GPT2* model, const MoELayerActivati
         return;
     }
     int rows[MOE_MAX_EXPERTS];
-    for (int e = 0; e < E_l; e++) {
-        rows[e] = 0;
-        for (int s = 0; s < N; s++) rows[e] += l->rows_own[s * E_l + e];
-    }
+    moe_local_expert_rows(model, l, rows);
     matmul_forward_grouped(out, inp, weight, bias, E_l, rows, IC, OC, stream, pre_gelu, model->gelu_fusion);
 }
 
@@ -913,19 +918,8 @@ static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivat
         return;
     }
     int rows[MOE_MAX_EXPERTS];
-    for (int e = 0; e < E_l; e++) {
-        rows[e] = 0;
-        for (int s = 0; s < N; s++) rows[e] += l->rows_own[s * E_l + e];
-    }
-    matmul_backward_grouped(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, rows, IC, OC, stream, pre_gelu,
-                            model->gelu_fusion);
-}
-
-// rows of this process's experts' layout in use
-static size_t moe_own_rows_used(const GPT2* model, const MoELayerActivations* l) {
-    size_t rows = 0;
-    for (int i = 0; i < model->config.num_experts; i++) rows += l->rows_own[i];
-    return rows;
+    moe_local_expert_rows(model, l, rows);
+    matmul_backward_grouped(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, rows, IC, OC, stream, pre_gelu);
 }
 
 // The seed of MoE layer m's jitter or gating noise in the current pass (README.md, "Router noise" 1)
@@ -1006,7 +1000,8 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
                          C, stream);
     if (spread) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
     // dropless, this process's experts may have received no row at all
-    size_t own_rows = moe_own_rows_used(model, &l);
+    int rows[MOE_MAX_EXPERTS];
+    size_t own_rows = moe_local_expert_rows(model, &l, rows);
     if (model->recompute >= 1 && own_rows > 0) gelu_forward(l.expert_act, l.expert_pre, (int)(own_rows * H), stream);
     moe_experts_linear_backward(model, &l, a->d_expert_hidden, g->efcprojw + (size_t)m * E_l * C * H,
                                 g->efcprojb + (size_t)m * E_l * C, d_own, l.expert_act,
@@ -1376,15 +1371,16 @@ typedef struct {
 // model file's expert tensors, so that a run may resume with another expert-parallel degree or ZeRO stage:
 // <dir>/expert_state_%08d.bin, header [0] magic, [1] version 1, [2] E, [3] Lm, [4] master weights 0/1,
 // [5] precision, [6] and [7] the values per buffer (every expert's; high and low 31 bits); then each buffer in
-// turn (fp32). Collective: the shards are
-// gathered over the replicas and the experts over the group; process 0 writes.
+// turn (fp32). Collective: the shards are gathered over the replicas, then process 0's group gathers the experts,
+// and process 0 writes.
 static void write_expert_state(const char* dir, int step, GPT2* model, int zero_stage, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     ShardedParameters* x = &model->expert_store;
     size_t all_experts = x->num_parameters * model->ep.degree;
     float* full;
     cudaCheck(cudaMalloc((void**)&full, x->num_parameters_padded * sizeof(float)));
-    float* host = (float*)malloc_check(all_experts * sizeof(float));
+    int gathers = model->ep.group == 0;  // process 0's group, the one that writes
+    float* host = gathers ? (float*)malloc_check(all_experts * sizeof(float)) : NULL;
     char path[1024], tmp[1100];
     FILE* f = NULL;
     if (model->process_rank == 0) {
@@ -1403,7 +1399,7 @@ static void write_expert_state(const char* dir, int step, GPT2* model, int zero_
     }
     for (int buffer = 0; buffer < (x->master_weights ? 3 : 2); buffer++) {
         sharded_parameters_gather_state(x, buffer, full, &model->ep.replicas, zero_stage, stream);
-        gpt2_gather_experts(model, host, full, sizeof(float), stream);
+        if (gathers) gpt2_gather_experts(model, host, full, sizeof(float), stream);
         if (f) fwrite_check(host, sizeof(float), all_experts, f, tmp);
     }
     if (f) commit_tmp(f, tmp, path);

@@ -28,17 +28,18 @@
 typedef struct {
     int degree;             // N; 1: every process holds every expert and nothing below is used
     int member;             // r % N: which slice of the experts this process owns
-    int group;              // r / N
+    int group;              // r / N (with N == 1, each process is a group of its own: r)
     ncclComm_t group_comm;  // the N members of this process's group (NULL when N == 1)
     MultiGpuConfig replicas;  // the processes holding the same experts (the world itself when N == 1)
     int* device_counts;     // 2 * MOE_MAX_EXPERTS ints: the count exchange's send and receive buffers
     float* device_scalar;   // for expert_parallel_float_sum
 } ExpertParallel;
 
-// Expert parallelism of degree 1: the replicas are the world.
+// Expert parallelism of degree 1: every process is a group of its own, and the replicas are the world.
 static void expert_parallel_none(ExpertParallel* ep, const MultiGpuConfig* world) {
     memset(ep, 0, sizeof(*ep));
     ep->degree = 1;
+    ep->group = world->process_rank;
     ep->replicas = *world;
     ep->replicas.used_mpi = 0;  // MPI belongs to the world's config
 }
@@ -72,7 +73,8 @@ static void expert_parallel_init(ExpertParallel* ep, const MultiGpuConfig* world
     ep->replicas.process_rank = ep->group;
     ep->replicas.num_processes = P / degree;
     ep->replicas.nccl_comm = NULL;
-    if (P / degree > 1) ncclCheck(ncclCommInitRank(&ep->replicas.nccl_comm, P / degree, all[2 * ep->member + 1], ep->group));
+    if (P / degree > 1)
+        ncclCheck(ncclCommInitRank(&ep->replicas.nccl_comm, P / degree, all[2 * ep->member + 1], ep->group));
     free(all);
     cudaCheck(cudaMalloc((void**)&ep->device_counts, 2 * MOE_MAX_EXPERTS * sizeof(int)));
     cudaCheck(cudaMalloc((void**)&ep->device_scalar, sizeof(float)));

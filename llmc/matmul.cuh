@@ -559,12 +559,12 @@ void matmul_forward_grouped(floatX* out, const floatX* inp, const floatX* weight
 // dinp (total, C) = per group dout_g @ weight[g] [* gelu'(pre_gelu)] (overwritten); dweight[g] (OC, C) +=
 // dout_g^T @ inp_g; dbias[g] (OC) += column sums of dout_g (deterministic, all groups in two launches; dbias_buffer
 // holds matmul_grouped_dbias_buffer_floats(groups, OC) floats). pre_gelu (total, C). Groups without rows add
-// nothing. The grouped GEMM has no DGELU epilogue, so at every gelu_fusion level the GELU backward is its own
-// in-place pass over dinp (the dense path's kernel, 3 * total * C * sizeof(floatX) bytes).
+// nothing. The grouped GEMM has no DGELU epilogue, so the GELU backward is always its own in-place pass over dinp
+// (the dense path's kernel, 3 * total * C * sizeof(floatX) bytes): unlike the batched version there is no
+// gelu_fusion to choose.
 void matmul_backward_grouped(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
                              const floatX* weight, float* dbias_buffer, int groups, const int* rows, int C, int OC,
-                             cudaStream_t stream, const floatX* pre_gelu = nullptr, int gelu_fusion = 1) {
-    (void)gelu_fusion;  // the batched signature's; see above
+                             cudaStream_t stream, const floatX* pre_gelu = nullptr) {
     const MatmulGroupRows offsets = matmul_group_rows("matmul_backward_grouped", groups, rows, C, OC);
     matmul_require_aligned("matmul_backward_grouped", dinp, dweight, dout, inp, weight);
     matmul_require_aligned("matmul_backward_grouped", pre_gelu, nullptr, nullptr, nullptr, nullptr);

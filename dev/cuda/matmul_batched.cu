@@ -15,7 +15,7 @@
 //   4  matmul_backward_fp32_dout: router dinp +=, dweight += from fp32 d_logits
 //   5  matmul_forward_grouped: dropless experts' rows packed in one buffer, cublasGemmGroupedBatchedEx, then bias and
 //      GELU in one pass (gelu_fusion >= 1) or the GELU in its own (0); with and without bias and GELU
-//   6  matmul_backward_grouped: dinp (GELU backward as its own pass at every gelu_fusion level, and without GELU),
+//   6  matmul_backward_grouped: dinp (with the GELU backward, always its own pass, and without GELU),
 //      dweight +=, dbias += (deterministic; also left alone when not asked for)
 // Sizes: E=8 experts, capacity 1280 rows, C=768, OC=3072 (GPT-2 124M c_fc per expert; the router sees
 // N = E * capacity tokens and OC = E); -s: E=4, capacity 9, C=48, OC=96.
@@ -328,20 +328,17 @@ int main(int argc, char** argv) {
             backward_ref(dinp_plain_ref.data() + r0 * C, nullptr, nullptr, g_dout.data() + r0 * OC,
                          g_inp.data() + r0 * C, w, nullptr, nullptr, 1, group_rows[g], C, OC);
         }
-        // every gelu_fusion level with GELU (the same separate pass at each), then without GELU, with and without dbias
-        const struct { bool gelu, dbias; int fusion; } cases[] = {
-            {true, true, 2}, {true, true, 1}, {true, true, 0}, {false, true, 1}, {false, false, 1}};
+        // with GELU (its backward is always a separate pass), then without, with and without dbias
+        const struct { bool gelu, dbias; } cases[] = {{true, true}, {false, true}, {false, false}};
         for (const auto& c : cases) {
             poison(dg_dinp, ng_inp * sizeof(floatX));
             poison(dg_dbias_buffer, matmul_grouped_dbias_buffer_floats(G, OC) * sizeof(float));
             upload(dg_dweight, g_dweight_start);
             upload(dg_dbias, g_dbias_start);
             matmul_backward_grouped(dg_dinp, dg_dweight, c.dbias ? dg_dbias : nullptr, dg_dout, dg_inp, dg_weight,
-                                    dg_dbias_buffer, G, group_rows.data(), C, OC, 0, c.gelu ? dg_pre_in : nullptr,
-                                    c.fusion);
+                                    dg_dbias_buffer, G, group_rows.data(), C, OC, 0, c.gelu ? dg_pre_in : nullptr);
             cudaCheck(cudaDeviceSynchronize());
             printf(" %s, %s", c.gelu ? "gelu" : "no gelu", c.dbias ? "dbias" : "no dbias");
-            if (c.gelu) printf(", gelu_fusion %d", c.fusion);
             printf("\n");
             lab_validate("dinp", dg_dinp, (c.gelu ? dinp_gelu_ref : dinp_plain_ref).data(), ng_inp, tol_grad, tol_grad);
             lab_validate("dweight (accumulated)", dg_dweight, dweight_ref.data(), ng_w, tol_grad, tol_grad);
@@ -376,7 +373,7 @@ int main(int argc, char** argv) {
                 matmul_forward_grouped(dg_out, dg_inp, dg_weight, dg_bias, G, group_rows.data(), C, OC, 0, dg_pre, 1);
             if (variant == 6)
                 matmul_backward_grouped(dg_dinp, dg_dweight, dg_dbias, dg_dout, dg_inp, dg_weight, dg_dbias_buffer, G,
-                                        group_rows.data(), C, OC, 0, dg_pre_in, 1);
+                                        group_rows.data(), C, OC, 0, dg_pre_in);
         });
         const double flops = variant == 1 ? expert_flops : variant == 2 ? 2.0 * expert_flops
                            : variant == 3 ? router_flops : variant == 4 ? 2.0 * router_flops
