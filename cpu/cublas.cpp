@@ -325,6 +325,180 @@ static Gemm plain_gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, in
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// Checking mode (cpu/cucc --check; cpu/include/cucc_check.h). Every GEMM entry point is one operation on its
+// stream that declares each operand as the GPU library accesses it: A and B read (as stored, before the
+// transposition), C read only when beta != 0 (cuBLAS: "if beta == 0, C does not have to be a valid input"), D
+// written, the bias vector read (or written, for the bias gradient epilogues), the GELU aux matrix written
+// (GELU_AUX*) or read (DGELU*), alpha and beta read in device pointer mode, the workspace written, and the
+// pointer arrays of the batched and grouped forms read from device memory (as the real library does) before
+// any matrix they point to. Reads are declared before writes, so an in-place C == D reads C first. Each
+// operand is first checked here against its allocation (a cublascheck report naming it and the bytes it
+// needs), then declared through cucc_check_read_matrix/cucc_check_write_matrix (initcheck, streamcheck; and
+// memcheck when cublascheck is turned off). Empty products (m == 0 or n == 0) touch nothing; alpha == 0 reads
+// neither A nor B (the BLAS convention), except the matrix a BGRADA/BGRADB epilogue sums.
+#ifdef CUCC_CHECK
+#include "cucc_check.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include <string>
+#include <vector>
+
+typedef struct {
+    const void* p;
+    int64_t rows, cols, ld, batch, stride;  // stride in elements
+    size_t elem;
+    std::string what;
+    int write;
+} ChkOperand;
+
+typedef struct {
+    const char* fn;  // the entry point, for reports and as the operation's name
+    cudaStream_t stream;
+    int has_stream;  // 0 for the heuristic query, which runs nothing
+    std::vector<ChkOperand> ops;
+} ChkCall;
+
+static const char* chk_type_name(int t) {
+    switch (t) {
+    case CUDA_R_32F: return "fp32";
+    case CUDA_R_16BF: return "bf16";
+    case CUDA_R_16F: return "fp16";
+    case CUDA_R_64F: return "fp64";
+    case CUDA_R_8I: return "int8";
+    case CUDA_R_32I: return "int32";
+    case CUDA_R_8F_E4M3: return "fp8 e4m3";
+    case CUDA_R_8F_E5M2: return "fp8 e5m2";
+    }
+    return "another type";
+}
+
+// cublasSgemm and friends forward to the Ex forms; the name reports use is the one the program called
+static thread_local const char* chk_name_override = NULL;
+static const char* chk_name(const char* own) {
+    const char* n = chk_name_override ? chk_name_override : own;
+    chk_name_override = NULL;
+    return n;
+}
+
+static int chk_on(void) { return cucc_check_on(CUCC_CHECK_CUBLAS); }
+
+__attribute__((noreturn, format(printf, 2, 3))) static void chk_fail(const ChkCall* c, const char* fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (!c->has_stream) cucc_check_report(CUCC_CHECK_CUBLAS, "%s: %s", c->fn, msg);
+    if (c->stream == 0) cucc_check_report(CUCC_CHECK_CUBLAS, "%s: %s, on the default stream", c->fn, msg);
+    cucc_check_report(CUCC_CHECK_CUBLAS, "%s: %s, on stream %p", c->fn, msg, (void*)c->stream);
+}
+
+// "A (37 x 61 fp32, ld 40)", "bias (768 fp32)", "C (3 x 37 x 23 bf16, ld 39, stride 900)"
+static std::string chk_describe(const ChkOperand* o, const char* tname) {
+    char buf[200];
+    if (o->cols == 1 && o->batch == 1)
+        snprintf(buf, sizeof(buf), "%s (%lld %s)", o->what.c_str(), (long long)o->rows, tname);
+    else if (o->batch == 1)
+        snprintf(buf, sizeof(buf), "%s (%lld x %lld %s, ld %lld)", o->what.c_str(), (long long)o->rows,
+                 (long long)o->cols, tname, (long long)o->ld);
+    else
+        snprintf(buf, sizeof(buf), "%s (%lld x %lld x %lld %s, ld %lld, stride %lld)", o->what.c_str(),
+                 (long long)o->batch, (long long)o->rows, (long long)o->cols, tname, (long long)o->ld,
+                 (long long)o->stride);
+    return buf;
+}
+
+// Adds an operand and checks at once that all of its bytes lie in one live device allocation, so that a pointer
+// array is known to be readable before its entries are. Matrix b is at p + b * stride elements, column j at
+// + j * ld elements; the bytes it covers run from its lowest to its highest element.
+static void chk_add(ChkCall* c, const void* p, int64_t rows, int64_t cols, int64_t ld, int type_or_bytes,
+                    int64_t batch, int64_t stride, const std::string& what, int write) {
+    if (rows <= 0 || cols <= 0 || batch <= 0) return;
+    // type_or_bytes: a cudaDataType_t (elements of that type) or, negated, a raw element size in bytes
+    size_t elem = type_or_bytes < 0 ? (size_t)-type_or_bytes : type_size((cudaDataType_t)type_or_bytes);
+    const char* tname = type_or_bytes < 0 ? (type_or_bytes == -1 ? "bytes" : "pointers")
+                                          : chk_type_name(type_or_bytes);
+    ChkOperand o = {p, rows, cols, ld, batch, stride, elem, what, write};
+    if (chk_on()) {
+        __int128 lo = 0, hi = (__int128)(cols - 1) * ld + rows;  // elements, relative to p
+        __int128 last = (__int128)(batch - 1) * stride;
+        if (last < 0) lo += last; else hi += last;
+        const char* start = (const char*)p + (int64_t)(lo * (__int128)elem);
+        __int128 need = (hi - lo) * (__int128)elem;
+        if (p == NULL) chk_fail(c, "%s is a null pointer", chk_describe(&o, tname).c_str());
+        void* base = NULL;
+        size_t size = cucc_check_allocation(start, &base);
+        if (size == 0)
+            chk_fail(c, "%s at %p is not in a live device allocation (host memory, or freed?)",
+                     chk_describe(&o, tname).c_str(), (const void*)start);
+        size_t left = size - (size_t)(start - (const char*)base);
+        if (need > (__int128)left)
+            chk_fail(c, "%s needs %llu bytes at %p but its allocation has %zu bytes left",
+                     chk_describe(&o, tname).c_str(), (unsigned long long)need, (const void*)start, left);
+    }
+    c->ops.push_back(o);
+}
+
+// The operation: every read, then every write.
+static void chk_run(ChkCall* c) {
+    cucc_check_op_begin(c->stream, c->fn);
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < c->ops.size(); i++) {
+            const ChkOperand* o = &c->ops[i];
+            if (o->write != pass) continue;
+            if (o->write)
+                cucc_check_write_matrix((void*)o->p, o->rows, o->cols, o->ld, o->elem, o->batch, o->stride,
+                                        o->what.c_str());
+            else
+                cucc_check_read_matrix(o->p, o->rows, o->cols, o->ld, o->elem, o->batch, o->stride, o->what.c_str());
+        }
+    cucc_check_op_end();
+}
+
+// The workspace: 256-byte aligned, as cuBLAS (cublasSetWorkspace) and cuBLASLt (cublasLtMatmul, parameter
+// workspace) document it must be, and all `size` bytes in one allocation. The library may write any of them, but
+// only the first 256 are declared written: enough for streamcheck to see two unordered operations on different
+// streams sharing a workspace, without shadowing a 32 MiB workspace on every call.
+static void chk_workspace(ChkCall* c, const void* ws, size_t size) {
+    if (ws == NULL || size == 0) return;
+    if (chk_on() && (uintptr_t)ws % 256 != 0)
+        chk_fail(c, "workspace %p is not aligned to 256 bytes, which the cuBLAS documentation requires", ws);
+    chk_add(c, ws, (int64_t)size, 1, (int64_t)size, -1, 1, 0, "workspace", 1);
+    c->ops.back().rows = c->ops.back().ld = size < 256 ? (int64_t)size : 256;
+}
+
+// alpha and beta, fp32 scalars: device memory in device pointer mode (else host memory, not checked here)
+static float chk_scalar(ChkCall* c, const void* p, int device, const char* what) {
+    if (device) chk_add(c, p, 1, 1, 1, CUDA_R_32F, 1, 0, what, 0);
+    return *(const float*)p;
+}
+
+// One plain cuBLAS GEMM (C = alpha op(A) op(B) + beta C), batch of them at the given element strides.
+static void chk_plain(ChkCall* c, const char* suffix, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                      int64_t n, int64_t k, float alpha, float beta, const void* A, int at, int64_t lda, int64_t sa,
+                      const void* B, int bt, int64_t ldb, int64_t sb, const void* C, int ct, int64_t ldc, int64_t sc,
+                      int64_t batch) {
+    if (m <= 0 || n <= 0) return;
+    if (k > 0 && alpha != 0.0f) {
+        chk_add(c, A, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda, at, batch, sa,
+                std::string("A") + suffix, 0);
+        chk_add(c, B, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb, bt, batch, sb,
+                std::string("B") + suffix, 0);
+    }
+    if (beta != 0.0f) chk_add(c, C, m, n, ldc, ct, batch, sc, std::string("C") + suffix, 0);
+    chk_add(c, C, m, n, ldc, ct, batch, sc, std::string("C") + suffix, 1);
+}
+
+static void chk_start(ChkCall* c, const char* fn, cudaStream_t stream, int has_stream) {
+    c->fn = fn;
+    c->stream = stream;
+    c->has_stream = has_stream;
+}
+#endif  // CUCC_CHECK
+
+// ----------------------------------------------------------------------------------------------------------
 // cuBLAS: handle
 
 extern "C" {
@@ -347,6 +521,12 @@ cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
 cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     handle->stream = stream;
+#ifdef CUCC_CHECK
+    // documented (cublasSetStream): "unconditionally resets the cuBLAS library workspace back to the default
+    // workspace pool", so a workspace set before is no longer the one the GEMMs write
+    handle->workspace = NULL;
+    handle->workspace_size = 0;
+#endif
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -359,6 +539,13 @@ cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t* stream) {
 
 cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, size_t size) {
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+#ifdef CUCC_CHECK
+    {  // documented: 256-byte aligned (else CUBLAS_STATUS_INVALID_VALUE), device memory of `size` bytes
+        ChkCall c;
+        chk_start(&c, "cublasSetWorkspace", handle->stream, 0);
+        chk_workspace(&c, workspace, size);
+    }
+#endif
     handle->workspace = workspace;
     handle->workspace_size = size;
     return CUBLAS_STATUS_SUCCESS;
@@ -431,12 +618,26 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
                             cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+#ifdef CUCC_CHECK
+    const char* fn = chk_name("cublasGemmEx");
+#endif
     (void)algo;  // one algorithm here
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     cublasStatus_t st = check_shape(transa, transb, m, n, k, lda, ldb, ldc);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     st = check_types(Atype, Btype, Ctype, computeType);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
+#ifdef CUCC_CHECK
+    {
+        ChkCall c;
+        chk_start(&c, fn, handle->stream, 1);
+        const int dev = handle->pointer_mode == CUBLAS_POINTER_MODE_DEVICE;
+        float a = chk_scalar(&c, alpha, dev, "alpha"), b = chk_scalar(&c, beta, dev, "beta");
+        chk_plain(&c, "", transa, transb, m, n, k, a, b, A, Atype, lda, 0, B, Btype, ldb, 0, C, Ctype, ldc, 0, 1);
+        chk_workspace(&c, handle->workspace, handle->workspace_size);
+        chk_run(&c);
+    }
+#endif
     Gemm g = plain_gemm(transa, transb, m, n, k, *(const float*)alpha, A, Atype, lda, B, Btype, ldb,
                         *(const float*)beta, C, Ctype, ldc);
     return run_gemm(&g);
@@ -445,6 +646,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
 cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                               int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
                               const float* beta, float* C, int ldc) {
+#ifdef CUCC_CHECK
+    chk_name_override = "cublasSgemm";
+#endif
     return cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta, C,
                         CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
@@ -455,6 +659,9 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long int strideB, const void* beta, void* C, cudaDataType Ctype,
                                           int ldc, long long int strideC, int batchCount,
                                           cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+#ifdef CUCC_CHECK
+    const char* fn = chk_name("cublasGemmStridedBatchedEx");
+#endif
     (void)algo;
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     cublasStatus_t st = check_shape(transa, transb, m, n, k, lda, ldb, ldc);
@@ -462,6 +669,18 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
     if (batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
     st = check_types(Atype, Btype, Ctype, computeType);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
+#ifdef CUCC_CHECK
+    {
+        ChkCall c;
+        chk_start(&c, fn, handle->stream, 1);
+        const int dev = handle->pointer_mode == CUBLAS_POINTER_MODE_DEVICE;
+        float a = chk_scalar(&c, alpha, dev, "alpha"), b = chk_scalar(&c, beta, dev, "beta");
+        chk_plain(&c, "", transa, transb, m, n, k, a, b, A, Atype, lda, strideA, B, Btype, ldb, strideB, C, Ctype,
+                  ldc, strideC, batchCount);
+        chk_workspace(&c, handle->workspace, handle->workspace_size);
+        chk_run(&c);
+    }
+#endif
     for (int b = 0; b < batchCount; b++) {
         Gemm g = plain_gemm(transa, transb, m, n, k, *(const float*)alpha,
                             (const char*)A + b * strideA * type_size(Atype), Atype, lda,
@@ -478,6 +697,9 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long int strideA, const float* B, int ldb, long long int strideB,
                                          const float* beta, float* C, int ldc, long long int strideC,
                                          int batchCount) {
+#ifdef CUCC_CHECK
+    chk_name_override = "cublasSgemmStridedBatched";
+#endif
     return cublasGemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, strideA, B,
                                       CUDA_R_32F, ldb, strideB, beta, C, CUDA_R_32F, ldc, strideC, batchCount,
                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -488,6 +710,9 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t tran
                                    int lda, const void* const Barray[], cudaDataType Btype, int ldb, const void* beta,
                                    void* const Carray[], cudaDataType Ctype, int ldc, int batchCount,
                                    cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+#ifdef CUCC_CHECK
+    const char* fn = chk_name("cublasGemmBatchedEx");
+#endif
     (void)algo;
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     cublasStatus_t st = check_shape(transa, transb, m, n, k, lda, ldb, ldc);
@@ -495,6 +720,29 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t tran
     if (batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
     st = check_types(Atype, Btype, Ctype, computeType);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
+#ifdef CUCC_CHECK
+    {
+        // the pointer arrays are device memory, read before the matrices they point to
+        ChkCall c;
+        chk_start(&c, fn, handle->stream, 1);
+        const int dev = handle->pointer_mode == CUBLAS_POINTER_MODE_DEVICE;
+        float a = chk_scalar(&c, alpha, dev, "alpha"), b = chk_scalar(&c, beta, dev, "beta");
+        const int ab = m > 0 && n > 0 && k > 0 && a != 0.0f, cc = m > 0 && n > 0;
+        if (ab) {
+            chk_add(&c, Aarray, batchCount, 1, batchCount, -(int)sizeof(void*), 1, 0, "Aarray", 0);
+            chk_add(&c, Barray, batchCount, 1, batchCount, -(int)sizeof(void*), 1, 0, "Barray", 0);
+        }
+        if (cc) chk_add(&c, Carray, batchCount, 1, batchCount, -(int)sizeof(void*), 1, 0, "Carray", 0);
+        for (int i = 0; i < batchCount && cc; i++) {
+            char sfx[24];
+            snprintf(sfx, sizeof(sfx), "[%d]", i);
+            chk_plain(&c, sfx, transa, transb, m, n, k, a, b, ab ? Aarray[i] : NULL, Atype, lda, 0,
+                      ab ? Barray[i] : NULL, Btype, ldb, 0, Carray[i], Ctype, ldc, 0, 1);
+        }
+        chk_workspace(&c, handle->workspace, handle->workspace_size);
+        chk_run(&c);
+    }
+#endif
     for (int b = 0; b < batchCount; b++) {
         Gemm g = plain_gemm(transa, transb, m, n, k, *(const float*)alpha, Aarray[b], Atype, lda, Barray[b], Btype,
                             ldb, *(const float*)beta, Carray[b], Ctype, ldc);
@@ -514,6 +762,9 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOpe
                                           const void* beta_array, void* const Carray[], cudaDataType_t Ctype,
                                           const int ldc_array[], int group_count, const int group_size[],
                                           cublasComputeType_t computeType) {
+#ifdef CUCC_CHECK
+    const char* fn = chk_name("cublasGemmGroupedBatchedEx");
+#endif
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (group_count < 0) return CUBLAS_STATUS_INVALID_VALUE;
     for (int g = 0; g < group_count; g++) {
@@ -526,6 +777,33 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOpe
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     const float* alphas = (const float*)alpha_array;
     const float* betas = (const float*)beta_array;
+#ifdef CUCC_CHECK
+    {
+        // the shapes, alphas and betas are host arrays; the A, B and C pointer arrays device memory, each entry
+        // read (before its matrix) when its GEMM needs that matrix
+        ChkCall c;
+        chk_start(&c, fn, handle->stream, 1);
+        for (int g = 0, i = 0; g < group_count; g++) {
+            const int64_t m = m_array[g], n = n_array[g], k = k_array[g];
+            const int ab = m > 0 && n > 0 && k > 0 && alphas[g] != 0.0f, cc = m > 0 && n > 0;
+            for (int j = 0; j < group_size[g]; j++, i++) {
+                char sfx[24];
+                snprintf(sfx, sizeof(sfx), "[%d]", i);
+                if (ab) {
+                    chk_add(&c, &Aarray[i], 1, 1, 1, -(int)sizeof(void*), 1, 0, std::string("Aarray") + sfx, 0);
+                    chk_add(&c, &Barray[i], 1, 1, 1, -(int)sizeof(void*), 1, 0, std::string("Barray") + sfx, 0);
+                }
+                if (cc) chk_add(&c, &Carray[i], 1, 1, 1, -(int)sizeof(void*), 1, 0, std::string("Carray") + sfx, 0);
+                if (cc)
+                    chk_plain(&c, sfx, transa_array[g], transb_array[g], m, n, k, alphas[g], betas[g],
+                              ab ? Aarray[i] : NULL, Atype, lda_array[g], 0, ab ? Barray[i] : NULL, Btype,
+                              ldb_array[g], 0, Carray[i], Ctype, ldc_array[g], 0, 1);
+            }
+        }
+        chk_workspace(&c, handle->workspace, handle->workspace_size);
+        chk_run(&c);
+    }
+#endif
     int p = 0;
     for (int g = 0; g < group_count; g++) {
         for (int i = 0; i < group_size[g]; i++, p++) {
@@ -546,6 +824,9 @@ cublasStatus_t cublasSgemmGroupedBatched(cublasHandle_t handle, const cublasOper
                                          const float* const Barray[], const int ldb_array[],
                                          const float beta_array[], float* const Carray[], const int ldc_array[],
                                          int group_count, const int group_size[]) {
+#ifdef CUCC_CHECK
+    chk_name_override = "cublasSgemmGroupedBatched";
+#endif
     return cublasGemmGroupedBatchedEx(handle, transa_array, transb_array, m_array, n_array, k_array, alpha_array,
                                       (const void* const*)Aarray, CUDA_R_32F, lda_array, (const void* const*)Barray,
                                       CUDA_R_32F, ldb_array, beta_array, (void* const*)Carray, CUDA_R_32F, ldc_array,
@@ -902,6 +1183,106 @@ static cublasStatus_t lt_plan(const MatmulDesc* d, const Layout* a, const Layout
     return CUBLAS_STATUS_SUCCESS;
 }
 
+#ifdef CUCC_CHECK
+// Checking mode: the configuration rules cuBLASLt documents, enforced at the heuristic query and at the matmul
+// (a GPU refuses these; this backend would otherwise compute some of them):
+//  - the epilogue is a cublasLtEpilogue_t value (cublasLt.h);
+//  - no epilogue for integer or complex A/B ("Epilogue is not supported", cublasLtMatmul, datatypes supported);
+//  - for regular (fp64/fp32/fp16/bf16) data the bias, and the bias gradient, have D's type: the "Bias Type" column
+//    of that table (bf16 C/D: bf16 bias, fp16: fp16, fp32: fp32) and CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE ("same
+//    type as the elements of output matrix (Dtype)", exceptions only for IMMA and fp8 kernels), and
+//    CUBLASLT_MATMUL_DESC_BIAS_POINTER (bias gradient: "the same type as the output elements");
+//  - the GELU aux matrix has D's type (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: exceptions only for fp8);
+//  - CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: GELU aux "must be divisible by 8 and be no less than the number of
+//    rows in the output matrix", ReLU bit-mask divisible by 128 and no less than the rows;
+//    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE: divisible by 8 (GELU) or 128 (ReLU);
+//  - the workspace is 256-byte aligned (cublasLtMatmul, parameter workspace) - checked with the operands.
+static const char* lt_epi_name(uint32_t e) {
+    switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return "DEFAULT";
+    case CUBLASLT_EPILOGUE_RELU: return "RELU";
+    case CUBLASLT_EPILOGUE_RELU_AUX: return "RELU_AUX";
+    case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+    case CUBLASLT_EPILOGUE_RELU_BIAS: return "RELU_BIAS";
+    case CUBLASLT_EPILOGUE_RELU_AUX_BIAS: return "RELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DRELU: return "DRELU";
+    case CUBLASLT_EPILOGUE_DRELU_BGRAD: return "DRELU_BGRAD";
+    case CUBLASLT_EPILOGUE_GELU: return "GELU";
+    case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_BIAS: return "GELU_BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD: return "DGELU_BGRAD";
+    case CUBLASLT_EPILOGUE_BGRADA: return "BGRADA";
+    case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
+    }
+    return NULL;
+}
+
+static void lt_check_rules(ChkCall* c, const MatmulDesc* d, const Layout* a, const Layout* dl) {
+    if (!chk_on() || d == NULL || a == NULL || dl == NULL) return;
+    const uint32_t e = d->epilogue;
+    const char* en = lt_epi_name(e);
+    if (en == NULL) chk_fail(c, "epilogue %u is not a cublasLtEpilogue_t value", e);
+    if (e == CUBLASLT_EPILOGUE_DEFAULT) return;
+    const int at = (int)a->type, dt = (int)dl->type;
+    if (at == CUDA_R_8I || at == CUDA_C_8I || at == CUDA_C_32F || at == CUDA_C_64F || at == CUDA_C_16F ||
+        at == CUDA_C_16BF)
+        chk_fail(c, "epilogue %s with %s A/B: cuBLASLt documents no epilogue for integer or complex data "
+                 "(cublasLtMatmul, datatypes supported)", en, chk_type_name(at));
+    const int relu_aux = e == CUBLASLT_EPILOGUE_RELU_AUX || e == CUBLASLT_EPILOGUE_RELU_AUX_BIAS ||
+                         e == CUBLASLT_EPILOGUE_DRELU || e == CUBLASLT_EPILOGUE_DRELU_BGRAD;
+    const int gelu_aux = epi_uses_aux(e);
+    const int bias = epi_uses_bias(e) || e == CUBLASLT_EPILOGUE_RELU_BIAS || e == CUBLASLT_EPILOGUE_RELU_AUX_BIAS ||
+                     e == CUBLASLT_EPILOGUE_DRELU_BGRAD;
+    const int regular = at == CUDA_R_32F || at == CUDA_R_16F || at == CUDA_R_16BF || at == CUDA_R_64F;
+    if (regular && bias && d->bias_type != -1 && d->bias_type != dt)
+        chk_fail(c, "epilogue %s: bias data type %s with %s D; for %s A/B cuBLASLt documents the bias%s type as "
+                 "D's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE; cublasLtMatmul, datatypes supported, Bias Type)",
+                 en, chk_type_name(d->bias_type), chk_type_name(dt), chk_type_name(at),
+                 epi_adds_bias(e) ? "" : " gradient");
+    if (regular && gelu_aux && d->aux_type != -1 && d->aux_type != dt)
+        chk_fail(c, "epilogue %s: aux data type %s with %s D; cuBLASLt documents the GELU input matrix as D's "
+                 "type except for fp8 kernels (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE)",
+                 en, chk_type_name(d->aux_type), chk_type_name(dt));
+    if (gelu_aux || relu_aux) {
+        const int64_t q = gelu_aux ? 8 : 128, rows = (int64_t)dl->rows;
+        if (d->aux_ld < rows || d->aux_ld % q != 0)
+            chk_fail(c, "epilogue %s: aux leading dimension %lld must be a multiple of %lld and at least D's %lld "
+                     "rows (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD)", en, (long long)d->aux_ld, (long long)q,
+                     (long long)rows);
+        if (dl->batch_count > 1 && d->aux_batch_stride % q != 0)
+            chk_fail(c, "epilogue %s: aux batch stride %lld must be a multiple of %lld "
+                     "(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE)", en, (long long)d->aux_batch_stride,
+                     (long long)q);
+    }
+}
+
+// The operands of one cublasLtMatmul (batch p->batch, each at its own stride), as the GPU library accesses them.
+static void lt_check_operands(ChkCall* c, const LtPlan* p, const Gemm* g, const Layout* a, const Layout* b,
+                              const void* A, const void* B, const void* C, void* D, const void* bias, void* aux,
+                              void* workspace, size_t workspace_size) {
+    const int64_t m = g->m, n = g->n, k = g->k, batch = p->batch;
+    const uint32_t e = g->epilogue;
+    if (m > 0 && n > 0) {
+        if (k > 0 && (g->alpha != 0.0f || e == CUBLASLT_EPILOGUE_BGRADA))
+            chk_add(c, A, (int64_t)a->rows, (int64_t)a->cols, a->ld, (int)a->type, batch, p->stride_a, "A", 0);
+        if (k > 0 && (g->alpha != 0.0f || e == CUBLASLT_EPILOGUE_BGRADB))
+            chk_add(c, B, (int64_t)b->rows, (int64_t)b->cols, b->ld, (int)b->type, batch, p->stride_b, "B", 0);
+        if (g->beta != 0.0f) chk_add(c, C, m, n, g->ldc, g->Dtype, batch, p->stride_c, "C", 0);
+        if (epi_adds_bias(e)) chk_add(c, bias, m, 1, m, g->bias_type, batch, p->stride_bias, "bias", 0);
+        if (epi_dgelu(e)) chk_add(c, aux, m, n, g->aux_ld, g->aux_type, batch, p->stride_aux, "aux", 0);
+        chk_add(c, D, m, n, g->ldd, g->Dtype, batch, p->stride_d, "D", 1);
+        if (epi_writes_aux(e)) chk_add(c, aux, m, n, g->aux_ld, g->aux_type, batch, p->stride_aux, "aux", 1);
+        if (e == CUBLASLT_EPILOGUE_DGELU_BGRAD || e == CUBLASLT_EPILOGUE_BGRADA)
+            chk_add(c, bias, m, 1, m, g->bias_type, batch, p->stride_bias, "bias gradient", 1);
+        if (e == CUBLASLT_EPILOGUE_BGRADB)
+            chk_add(c, bias, n, 1, n, g->bias_type, batch, p->stride_bias, "bias gradient", 1);
+    }
+    chk_workspace(c, workspace, workspace_size);
+}
+#endif  // CUCC_CHECK
+
 extern "C" {
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
@@ -913,6 +1294,13 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (requested <= 0 || results == NULL || returned == NULL) return CUBLAS_STATUS_INVALID_VALUE;
     *returned = 0;
+#ifdef CUCC_CHECK
+    {
+        ChkCall c;
+        chk_start(&c, "cublasLtMatmulAlgoGetHeuristic", 0, 0);
+        lt_check_rules(&c, (const MatmulDesc*)desc, (const Layout*)Adesc, (const Layout*)Ddesc);
+    }
+#endif
     LtPlan p;
     cublasStatus_t st = lt_plan((const MatmulDesc*)desc, (const Layout*)Adesc, (const Layout*)Bdesc,
                                 (const Layout*)Cdesc, (const Layout*)Ddesc, &p);
@@ -934,17 +1322,33 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     LtPlan p;
     const MatmulDesc* d = (const MatmulDesc*)desc;
+#ifdef CUCC_CHECK
+    ChkCall cc;
+    chk_start(&cc, "cublasLtMatmul", stream, 1);
+    lt_check_rules(&cc, d, (const Layout*)Adesc, (const Layout*)Ddesc);
+#endif
     cublasStatus_t st = lt_plan(d, (const Layout*)Adesc, (const Layout*)Bdesc, (const Layout*)Cdesc,
                                 (const Layout*)Ddesc, &p);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     if (alpha == NULL || beta == NULL) return CUBLAS_STATUS_INVALID_VALUE;
     Gemm g = p.g;
+#ifdef CUCC_CHECK
+    const int dev_scalars = d->pointer_mode == CUBLASLT_POINTER_MODE_DEVICE;  // checked before they are read
+    g.alpha = chk_scalar(&cc, alpha, dev_scalars, "alpha");
+    g.beta = chk_scalar(&cc, beta, dev_scalars, "beta");
+#else
     g.alpha = *(const float*)alpha;
     g.beta = *(const float*)beta;
+#endif
     if (g.beta != 0.0f && C == NULL) return CUBLAS_STATUS_INVALID_VALUE;
     if (C == D && g.ldc != g.ldd) return CUBLAS_STATUS_INVALID_VALUE;  // in place needs one layout
     if (epi_uses_bias(g.epilogue) && d->bias == NULL) return CUBLAS_STATUS_INVALID_VALUE;
     if (epi_uses_aux(g.epilogue) && d->aux == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+#ifdef CUCC_CHECK
+    lt_check_operands(&cc, &p, &g, (const Layout*)Adesc, (const Layout*)Bdesc, A, B, C, D, d->bias, d->aux,
+                      workspace, workspace_size);
+    chk_run(&cc);
+#endif
     size_t sa = type_size(g.Atype), sb = type_size(g.Btype), sd = type_size(g.Dtype);
     for (int b = 0; b < p.batch; b++) {
         g.A = (const char*)A + b * p.stride_a * sa;

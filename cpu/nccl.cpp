@@ -16,6 +16,9 @@
 // ncclAlltoAll, ncclGather, ncclScatter, ncclRedOpCreatePreMulSum, ...) is not provided, so a program that
 // uses it fails to link rather than misbehave.
 //
+// Checking builds (cpu/cucc --check, -DCUCC_CHECK) also match every call across ranks, poll every wait under a
+// watchdog and declare the memory each call reads and writes: see "checking mode" below.
+//
 // Build: g++ -std=c++17 -O2 -I/usr/local/cuda/include $(mpicxx --showme:compile) -c cpu/nccl.cpp
 // (cpu/cucc does this for -lnccl). The declarations are the toolkit's own nccl.h, used as they are.
 #include <nccl.h>
@@ -30,6 +33,11 @@
 #include <unistd.h>
 #include <deque>
 #include <type_traits>
+#ifdef CUCC_CHECK
+#include <functional>
+#include <string>
+#include "cucc_check.h"
+#endif
 #include <utility>
 #include <vector>
 
@@ -70,7 +78,20 @@ typedef struct {
     ncclRedOp_t op;
     int root;
     ncclComm_t comm;
+#ifdef CUCC_CHECK
+    // checking mode (cpu/cucc --check): the stream it was called on, and its sequence number (the k-th
+    // collective on its communicator, or the k-th send to / receive from its peer); both zero-initialised by
+    // the aggregate initialisers below and set by SET_STREAM and at posting
+    cudaStream_t stream;
+    uint64_t seq;
+#endif
 } Op;
+
+#ifdef CUCC_CHECK
+#define SET_STREAM(o, s) ((o).stream = (s))
+#else
+#define SET_STREAM(o, s) ((void)0)
+#endif
 
 // A temporary buffer kept between calls, so that a training step does not allocate on every all-reduce.
 typedef struct {
@@ -100,6 +121,9 @@ static char* scratch_get(Scratch* s, size_t bytes) {
 // (or the receive for its send), per (sender, receiver) pair in posting order, as NCCL matches them.
 typedef struct {
     std::vector<char> data;
+#ifdef CUCC_CHECK
+    Op op;  // the send
+#endif
 } Message;
 
 typedef struct {
@@ -116,6 +140,9 @@ typedef struct {
 typedef struct {
     char* data;
     std::vector<MPI_Request> reqs;
+#ifdef CUCC_CHECK
+    Op op;  // for the watchdog's report
+#endif
 } BufferedSend;
 
 struct ncclComm {
@@ -126,6 +153,13 @@ struct ncclComm {
     Clique* clique;      // NULL for MPI communicators
     std::vector<BufferedSend> sends;
     Scratch scratch;
+#ifdef CUCC_CHECK
+    // checking mode: an identity the same on every rank (from the unique id's key; the clique's address for
+    // ncclCommInitAll), the number of collectives posted, and of sends to / receives from each peer
+    uint64_t chk_id;
+    uint64_t chk_colls;
+    std::vector<uint64_t> chk_sends, chk_recvs;
+#endif
 };
 
 static ncclComm_t new_comm(int rank, int nranks, int device, MPI_Comm mpi, Clique* clique) {
@@ -137,6 +171,12 @@ static ncclComm_t new_comm(int rank, int nranks, int device, MPI_Comm mpi, Cliqu
     c->clique = clique;
     c->scratch.p = NULL;
     c->scratch.bytes = 0;
+#ifdef CUCC_CHECK
+    c->chk_id = clique ? (uint64_t)(uintptr_t)clique : 0;
+    c->chk_colls = 0;
+    c->chk_sends.assign(nranks, 0);
+    c->chk_recvs.assign(nranks, 0);
+#endif
     return c;
 }
 
@@ -151,6 +191,439 @@ static Clique* new_clique(int size) {
     q->scratch.bytes = 0;
     return q;
 }
+
+// ----------------------------------------------------------------------------
+// checking mode (cpu/cucc --check; check "ncclcheck", see include/cucc_check.h)
+//
+// Every collective on an MPI communicator first exchanges a descriptor (sequence number on the communicator,
+// kind, count, type, op, root) with every other member, and a difference is reported naming both ranks'
+// calls; cliques compare their members' calls in memory. A send outside a group carries a descriptor that its
+// receive checks; at ncclGroupEnd each rank sends every peer it has grouped sends/receives with a manifest of
+// them (per-peer sequence number, count, type) and checks the peer's against its own, so a send without its
+// receive in the peer's group, or with a different size, is reported before any data moves. Every wait polls
+// (MPI_Testsome with short sleeps) and a wait without progress for CUCC_NCCL_TIMEOUT seconds (default 60)
+// reports what it waits for. Each call is also an operation of the checker (cucc_check_op_begin on its
+// stream), declaring the bytes it reads and writes, and one that is not ordered after the last operation of
+// another communicator is reported: NCCL operations of two communicators in flight at once can deadlock.
+// In-place calls must use NCCL's in-place pointers; any other overlap of sendbuff and recvbuff is reported.
+// Limit: a grouped send or receive pairs only with a grouped one on the peer (an ungrouped partner of a
+// grouped call is reported by the watchdog).
+#ifdef CUCC_CHECK
+static const int TAG_CHECK_COLL = 3;   // collective descriptors
+static const int TAG_CHECK_P2P = 4;    // descriptors of sends outside groups
+static const int TAG_CHECK_GROUP = 5;  // per-peer manifests of grouped sends and receives
+
+static int chk_nccl(void) {
+    static int on = -1;
+    if (on < 0) on = cucc_check_on(CUCC_CHECK_NCCL) ? 1 : 0;
+    return on;
+}
+
+// What one rank says about one of its calls; identical bytes on two ranks mean matching calls.
+typedef struct {
+    uint64_t seq;
+    uint64_t count;
+    int32_t kind, type, op, root;
+} Desc;
+
+static Desc desc_of(const Op& o) {
+    Desc d;
+    memset(&d, 0, sizeof(d));
+    d.seq = o.seq;
+    d.count = o.count;
+    d.kind = o.kind;
+    d.type = o.type;
+    d.op = o.op;
+    d.root = o.root;
+    return d;
+}
+
+static int same_desc(const Desc& a, const Desc& b) {
+    return a.seq == b.seq && a.count == b.count && a.kind == b.kind && a.type == b.type && a.op == b.op &&
+           a.root == b.root;
+}
+
+static const char* type_name(int t) {
+    static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float",
+                                  "double", "bfloat16", "fp8e4m3", "fp8e5m2"};
+    return t >= 0 && t < ncclNumTypes ? names[t] : "?";
+}
+
+static const char* redop_name(int op) {
+    static const char* names[] = {"sum", "prod", "max", "min", "avg"};
+    return op >= 0 && op < ncclNumOps ? names[op] : "?";
+}
+
+// "ncclAllReduce(count 1024, float, sum)"
+static std::string desc_str(const Desc& d) {
+    char b[160];
+    const char* name = d.kind >= 0 && d.kind <= OP_RECV ? op_names[d.kind] : "?";
+    switch (d.kind) {
+    case OP_ALLREDUCE: snprintf(b, sizeof(b), "%s(count %llu, %s, %s)", name, (unsigned long long)d.count,
+                                type_name(d.type), redop_name(d.op)); break;
+    case OP_REDUCESCATTER: snprintf(b, sizeof(b), "%s(recvcount %llu, %s, %s)", name, (unsigned long long)d.count,
+                                    type_name(d.type), redop_name(d.op)); break;
+    case OP_ALLGATHER: snprintf(b, sizeof(b), "%s(sendcount %llu, %s)", name, (unsigned long long)d.count,
+                                type_name(d.type)); break;
+    case OP_BROADCAST: snprintf(b, sizeof(b), "%s(count %llu, %s, root %d)", name, (unsigned long long)d.count,
+                                type_name(d.type), d.root); break;
+    case OP_REDUCE: snprintf(b, sizeof(b), "%s(count %llu, %s, %s, root %d)", name, (unsigned long long)d.count,
+                             type_name(d.type), redop_name(d.op), d.root); break;
+    default: snprintf(b, sizeof(b), "%s(count %llu, %s, peer %d)", name, (unsigned long long)d.count,
+                      type_name(d.type), d.root); break;
+    }
+    return b;
+}
+
+static std::string comm_str(ncclComm_t c) {
+    char b[96];
+    if (c->clique) snprintf(b, sizeof(b), "communicator 0x%llx (ncclCommInitAll, %d members)",
+                            (unsigned long long)c->chk_id, c->nranks);
+    else snprintf(b, sizeof(b), "communicator 0x%llx (%d ranks)", (unsigned long long)c->chk_id, c->nranks);
+    return b;
+}
+
+// "ncclAllReduce(count 1024, float, sum) as call #7 on communicator 0x.. (2 ranks)"; sends and receives are
+// numbered per peer
+static std::string call_str(const Op& o) {
+    char b[64];
+    if (o.kind == OP_SEND) snprintf(b, sizeof(b), " as send #%llu to rank %d on ", (unsigned long long)o.seq, o.root);
+    else if (o.kind == OP_RECV) snprintf(b, sizeof(b), " as receive #%llu from rank %d on ", (unsigned long long)o.seq, o.root);
+    else snprintf(b, sizeof(b), " as call #%llu on ", (unsigned long long)o.seq);
+    return desc_str(desc_of(o)) + b + comm_str(o.comm);
+}
+
+static double chk_timeout(void) {
+    static double t = -1;
+    if (t < 0) {
+        const char* e = getenv("CUCC_NCCL_TIMEOUT");
+        t = e && atof(e) > 0 ? atof(e) : 60;
+    }
+    return t;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Waits for every request, polling; after CUCC_NCCL_TIMEOUT seconds without one completing, reports what
+// `what` says is pending (completed requests are MPI_REQUEST_NULL in reqs by then).
+static void check_wait(std::vector<MPI_Request>* reqs, const std::function<std::string(const std::vector<MPI_Request>&)>& what) {
+    if (reqs->empty()) return;
+    std::vector<int> idx(reqs->size());
+    double last = now_s();
+    int naps = 0;
+    for (;;) {
+        int done = 0;
+        MPI_Testsome((int)reqs->size(), reqs->data(), &done, idx.data(), MPI_STATUSES_IGNORE);
+        if (done == MPI_UNDEFINED) break;
+        if (done > 0) {
+            last = now_s();
+            naps = 0;
+            continue;
+        }
+        if (now_s() - last > chk_timeout()) {
+            cucc_check_report(CUCC_CHECK_NCCL, "%s; no progress for %g s (CUCC_NCCL_TIMEOUT): the peer never made the "
+                              "matching call", what(*reqs).c_str(), chk_timeout());
+        }
+        usleep(naps++ < 200 ? 20 : 1000);
+    }
+    reqs->clear();
+}
+
+// what the data stage of the call being executed waits for, for the watchdog
+static thread_local std::string chk_context;
+static thread_local int chk_group_end = 0;  // inside ncclGroupEnd: the calls run belong to one group
+
+// ---- memory, streams, and communicators in flight at once
+
+// The last operation on each communicator (a clique counts as one): if it is ordered before a new operation,
+// so is everything earlier on that communicator.
+typedef struct {
+    const void* key;
+    uint32_t serial;
+    Op op;
+} LastOp;
+static std::vector<LastOp> chk_last;
+static thread_local std::vector<LastOp> chk_group_last;  // this group's, recorded at its end
+
+static const void* comm_key(ncclComm_t c) { return c->clique ? (const void*)c->clique : (const void*)c; }
+
+static void forget_comm(const void* key) {
+    for (size_t i = 0; i < chk_last.size(); i++) {
+        if (chk_last[i].key == key) { chk_last.erase(chk_last.begin() + i); return; }
+    }
+}
+
+static void remember(const LastOp& l) {
+    for (LastOp& x : chk_last) {
+        if (x.key == l.key) { x = l; return; }
+    }
+    chk_last.push_back(l);
+}
+
+// Starts the checker's operation for o and declares the bytes this rank's part of it reads and writes.
+static uint32_t chk_op_begin(const Op& o, int grouped) {
+    uint32_t id = cucc_check_op_begin(o.stream, op_names[o.kind]);
+    ncclComm_t c = o.comm;
+    if (chk_nccl()) {  // first, as it is the more specific finding
+        const void* key = comm_key(c);
+        for (const LastOp& l : chk_last) {
+            if (l.key == key || cucc_check_ordered(l.serial, id)) continue;
+            char a[160], b[160];
+            cucc_check_op_describe(id, a, sizeof(a));
+            cucc_check_op_describe(l.serial, b, sizeof(b));
+            cucc_check_report(CUCC_CHECK_NCCL, "rank %d starts %s (%s) while %s (%s) may still be in flight: it is not "
+                              "ordered before it by stream order, events or synchronisation, and NCCL operations on two "
+                              "communicators in flight at once can deadlock (put them on one stream, order them with "
+                              "cudaEventRecord/cudaStreamWaitEvent, or issue them in one ncclGroupStart/ncclGroupEnd)",
+                              c->rank, call_str(o).c_str(), a, call_str(l.op).c_str(), b);
+        }
+        LastOp l = {key, id, o};
+        if (grouped) chk_group_last.push_back(l);
+        else remember(l);
+    }
+    size_t bytes = o.count * type_sizes[o.type];
+    int n = c->nranks, root = c->rank == o.root;
+    if (bytes > 0) {
+        switch (o.kind) {
+        case OP_ALLREDUCE:
+            cucc_check_read(o.sendbuff, bytes, "sendbuff");
+            cucc_check_write(o.recvbuff, bytes, "recvbuff");
+            break;
+        case OP_REDUCESCATTER:
+            cucc_check_read(o.sendbuff, bytes * n, "sendbuff");
+            cucc_check_write(o.recvbuff, bytes, "recvbuff");
+            break;
+        case OP_ALLGATHER:
+            cucc_check_read(o.sendbuff, bytes, "sendbuff");
+            cucc_check_write(o.recvbuff, bytes * n, "recvbuff");
+            break;
+        case OP_BROADCAST:
+            if (root) cucc_check_read(o.sendbuff, bytes, "sendbuff");
+            cucc_check_write(o.recvbuff, bytes, "recvbuff");
+            break;
+        case OP_REDUCE:
+            cucc_check_read(o.sendbuff, bytes, "sendbuff");
+            if (root) cucc_check_write(o.recvbuff, bytes, "recvbuff");
+            break;
+        case OP_SEND: cucc_check_read(o.sendbuff, bytes, "sendbuff"); break;
+        case OP_RECV: cucc_check_write(o.recvbuff, bytes, "recvbuff"); break;
+        }
+    }
+    return id;
+}
+
+// NCCL's in-place rules ("In-place operations"): AllReduce, Reduce and Broadcast in place have sendbuff ==
+// recvbuff; ReduceScatter has recvbuff == sendbuff + rank * recvcount and AllGather sendbuff == recvbuff +
+// rank * sendcount (in elements). Any other overlap of the bytes read and written is undefined.
+static void chk_in_place(const Op& o) {
+    ncclComm_t c = o.comm;
+    size_t bytes = o.count * type_sizes[o.type];
+    int n = c->nranks, me = c->rank;
+    size_t sbytes = bytes, rbytes = bytes;
+    const char* s = (const char*)o.sendbuff;
+    const char* r = (const char*)o.recvbuff;
+    const char* want;  // the sendbuff that would make the call in place
+    const char* rule;
+    switch (o.kind) {
+    case OP_ALLREDUCE: want = r; rule = "sendbuff == recvbuff"; break;
+    case OP_REDUCE:
+        if (me != o.root) return;
+        want = r; rule = "sendbuff == recvbuff"; break;
+    case OP_BROADCAST:
+        if (me != o.root) return;
+        want = r; rule = "sendbuff == recvbuff"; break;
+    case OP_REDUCESCATTER: sbytes = bytes * n; want = r - (size_t)me * bytes; rule = "recvbuff == sendbuff + rank * recvcount"; break;
+    case OP_ALLGATHER: rbytes = bytes * n; want = r + (size_t)me * bytes; rule = "sendbuff == recvbuff + rank * sendcount"; break;
+    default: return;
+    }
+    if (s == want || s + sbytes <= r || r + rbytes <= s) return;
+    cucc_check_report(CUCC_CHECK_NCCL, "rank %d calls %s on %s with sendbuff %p (%zu bytes) overlapping recvbuff %p "
+                      "(%zu bytes) but not in place: NCCL's in-place %s needs %s (%p here); any other overlap is "
+                      "undefined", me, desc_str(desc_of(o)).c_str(), comm_str(c).c_str(), (const void*)s, sbytes,
+                      (const void*)r, rbytes, op_names[o.kind], rule, (const void*)want);
+}
+
+// ---- matching calls across ranks
+
+// Exchanges the collective's descriptor with every other member of its MPI communicator and reports a
+// difference, naming both calls.
+static void chk_coll_mpi(const Op& o) {
+    ncclComm_t c = o.comm;
+    int n = c->nranks, me = c->rank;
+    Desc mine = desc_of(o);
+    std::vector<Desc> all(n);
+    std::vector<MPI_Request> reqs;
+    std::vector<int> peers;
+    for (int r = 0; r < n; r++) {
+        if (r == me) continue;
+        MPI_Request q;
+        MPI_Irecv(&all[r], sizeof(Desc), MPI_BYTE, r, TAG_CHECK_COLL, c->mpi, &q);
+        reqs.push_back(q);
+        peers.push_back(r);
+    }
+    for (int r = 0; r < n; r++) {
+        if (r == me) continue;
+        MPI_Request q;
+        MPI_Isend(&mine, sizeof(Desc), MPI_BYTE, r, TAG_CHECK_COLL, c->mpi, &q);
+        reqs.push_back(q);
+    }
+    check_wait(&reqs, [&](const std::vector<MPI_Request>& left) {
+        std::string s = "rank " + std::to_string(me) + " waits in " + call_str(o) + " for rank(s)";
+        for (size_t i = 0; i < peers.size(); i++) {
+            if (left[i] != MPI_REQUEST_NULL) s += " " + std::to_string(peers[i]);
+        }
+        s += ", which have not made call #" + std::to_string(o.seq) + " on it";
+        return s;
+    });
+    for (int r = 0; r < n; r++) {
+        if (r == me || same_desc(all[r], mine)) continue;
+        cucc_check_report(CUCC_CHECK_NCCL, "rank %d calls %s as call #%llu on %s while rank %d calls %s (collectives "
+                          "must be called in the same order with the same count, type, op and root on every rank)",
+                          r, desc_str(all[r]).c_str(), (unsigned long long)all[r].seq, comm_str(c).c_str(), me,
+                          desc_str(mine).c_str());
+    }
+}
+
+// A receive outside a group: the sender's descriptor comes first and must match.
+static void chk_recv_mpi(const Op& o) {
+    ncclComm_t c = o.comm;
+    Desc theirs;
+    std::vector<MPI_Request> reqs(1);
+    MPI_Irecv(&theirs, sizeof(Desc), MPI_BYTE, o.root, TAG_CHECK_P2P, c->mpi, &reqs[0]);
+    check_wait(&reqs, [&](const std::vector<MPI_Request>&) {
+        return "rank " + std::to_string(c->rank) + " waits in " + call_str(o) + " for rank " + std::to_string(o.root) +
+               ", which has not made its ncclSend #" + std::to_string(o.seq) + " to rank " + std::to_string(c->rank) +
+               " (a grouped ncclSend pairs only with a grouped ncclRecv in check builds)";
+    });
+    if (theirs.count != o.count || theirs.type != o.type || theirs.seq != o.seq) {
+        cucc_check_report(CUCC_CHECK_NCCL, "rank %d's %s meets rank %d's ncclSend(count %llu, %s) #%llu to rank %d "
+                          "(a send and its receive need the same count and type)", c->rank, call_str(o).c_str(), o.root,
+                          (unsigned long long)theirs.count, type_name(theirs.type), (unsigned long long)theirs.seq,
+                          c->rank);
+    }
+}
+
+// One grouped send or receive, as a manifest lists it.
+typedef struct {
+    int32_t kind;  // OP_SEND or OP_RECV
+    int32_t type;
+    uint64_t seq;
+    uint64_t count;
+} Entry;
+
+typedef struct {
+    ncclComm_t comm;
+    int peer;
+    std::vector<Entry> mine, theirs;
+    int got;
+} Manifest;
+
+static std::string entry_str(const Entry& e, int from, int to) {
+    char b[160];
+    if (e.kind == OP_SEND) snprintf(b, sizeof(b), "rank %d's ncclSend(count %llu, %s) #%llu to rank %d", from,
+                                    (unsigned long long)e.count, type_name(e.type), (unsigned long long)e.seq, to);
+    else snprintf(b, sizeof(b), "rank %d's ncclRecv(count %llu, %s) #%llu from rank %d", from,
+                  (unsigned long long)e.count, type_name(e.type), (unsigned long long)e.seq, to);
+    return b;
+}
+
+// Compares my grouped calls of one kind toward the peer with the peer's counterparts.
+static void chk_pair(const Manifest& m, int kind) {
+    int me = m.comm->rank, p = m.peer;
+    std::vector<Entry> a, b;  // mine of `kind`, the peer's of the other kind
+    for (const Entry& e : m.mine) if (e.kind == kind) a.push_back(e);
+    for (const Entry& e : m.theirs) if (e.kind != kind) b.push_back(e);
+    for (size_t i = 0; i < a.size() || i < b.size(); i++) {
+        if (i < a.size() && i < b.size()) {
+            if (a[i].seq == b[i].seq && a[i].count == b[i].count && a[i].type == b[i].type) continue;
+            cucc_check_report(CUCC_CHECK_NCCL, "in a group on %s, %s meets %s (a send and its receive need the same "
+                              "count and type)", comm_str(m.comm).c_str(), entry_str(a[i], me, p).c_str(),
+                              entry_str(b[i], p, me).c_str());
+        }
+        int mine_left = i < a.size();  // the unmatched call is mine, else the peer's
+        const Entry& e = mine_left ? a[i] : b[i];
+        int from = mine_left ? me : p, to = mine_left ? p : me;
+        size_t own = mine_left ? a.size() : b.size(), other = mine_left ? b.size() : a.size();
+        cucc_check_report(CUCC_CHECK_NCCL, "in a group on %s, %s has no matching %s: rank %d's group posts %zu %s rank "
+                          "%d, rank %d's %zu %s", comm_str(m.comm).c_str(), entry_str(e, from, to).c_str(),
+                          e.kind == OP_SEND ? "ncclRecv" : "ncclSend", to, other,
+                          e.kind == OP_SEND ? "ncclRecv(s) from" : "ncclSend(s) to", from, from, own,
+                          e.kind == OP_SEND ? "ncclSend(s) to it" : "ncclRecv(s) from it");
+    }
+}
+
+// At ncclGroupEnd, before any data moves: numbers the group's sends and receives on MPI communicators per
+// peer, sends each peer the manifest of those toward it, and checks the peer's manifest against them.
+static void chk_group_p2p(std::vector<Op>& ops) {
+    std::vector<Manifest> mans;
+    for (Op& o : ops) {
+        if (o.comm->clique != NULL || (o.kind != OP_SEND && o.kind != OP_RECV)) continue;
+        ncclComm_t c = o.comm;
+        o.seq = o.kind == OP_SEND ? c->chk_sends[o.root]++ : c->chk_recvs[o.root]++;
+        Manifest* m = NULL;
+        for (Manifest& x : mans) if (x.comm == c && x.peer == o.root) m = &x;
+        if (!m) {
+            mans.push_back(Manifest());
+            m = &mans.back();
+            m->comm = c;
+            m->peer = o.root;
+            m->got = 0;
+        }
+        Entry e = {(int32_t)o.kind, (int32_t)o.type, o.seq, (uint64_t)o.count};
+        m->mine.push_back(e);
+    }
+    if (mans.empty()) return;
+    std::vector<MPI_Request> sends(mans.size());
+    for (size_t i = 0; i < mans.size(); i++) {
+        MPI_Isend(mans[i].mine.data(), (int)(mans[i].mine.size() * sizeof(Entry)), MPI_BYTE, mans[i].peer,
+                  TAG_CHECK_GROUP, mans[i].comm->mpi, &sends[i]);
+    }
+    size_t left = mans.size();
+    double last = now_s();
+    int naps = 0;
+    while (left > 0) {
+        int progress = 0;
+        for (Manifest& m : mans) {
+            if (m.got) continue;
+            int flag = 0, len = 0;
+            MPI_Status st;
+            MPI_Iprobe(m.peer, TAG_CHECK_GROUP, m.comm->mpi, &flag, &st);
+            if (!flag) continue;
+            MPI_Get_count(&st, MPI_BYTE, &len);
+            m.theirs.resize(len / sizeof(Entry));
+            MPI_Recv(m.theirs.data(), len, MPI_BYTE, m.peer, TAG_CHECK_GROUP, m.comm->mpi, MPI_STATUS_IGNORE);
+            m.got = 1;
+            left--;
+            progress = 1;
+        }
+        if (progress) { last = now_s(); naps = 0; continue; }
+        if (now_s() - last > chk_timeout()) {
+            std::string s;
+            for (const Manifest& m : mans) {
+                if (m.got) continue;
+                int me = m.comm->rank;
+                s += (s.empty() ? "" : "; ") + std::string("on ") + comm_str(m.comm) + ", rank " + std::to_string(me) +
+                     "'s group has";
+                for (const Entry& e : m.mine) s += " " + entry_str(e, me, m.peer);
+                s += ", but rank " + std::to_string(m.peer) + " has posted no group with sends or receives toward rank " +
+                     std::to_string(me);
+            }
+            cucc_check_report(CUCC_CHECK_NCCL, "ncclGroupEnd: %s; no progress for %g s (CUCC_NCCL_TIMEOUT)", s.c_str(),
+                              chk_timeout());
+        }
+        usleep(naps++ < 200 ? 20 : 1000);
+    }
+    for (const Manifest& m : mans) {
+        chk_pair(m, OP_SEND);
+        chk_pair(m, OP_RECV);
+    }
+    check_wait(&sends, [&](const std::vector<MPI_Request>&) { return std::string("ncclGroupEnd: sending the manifests"); });
+}
+#endif  // CUCC_CHECK
 
 // ----------------------------------------------------------------------------
 // reduction: dst[i] = srcs[0][i] op srcs[1][i] op .. op srcs[n-1][i], always in this order
@@ -228,6 +701,14 @@ static ncclResult_t clique_collective(Clique* q, const std::vector<Op>& ops) {
         const Op& a = ops[0];
         const Op& b = ops[m];
         if (a.kind != b.kind || a.count != b.count || a.type != b.type || a.op != b.op || a.root != b.root) {
+#ifdef CUCC_CHECK
+            if (chk_nccl()) {
+                cucc_check_report(CUCC_CHECK_NCCL, "rank %d calls %s as call #%llu on %s while rank 0 calls %s (collectives "
+                                  "must be called in the same order with the same count, type, op and root on every "
+                                  "rank)", m, desc_str(desc_of(b)).c_str(), (unsigned long long)b.seq,
+                                  comm_str(b.comm).c_str(), desc_str(desc_of(a)).c_str());
+            }
+#endif
             return fail(ncclInvalidUsage, "ncclCommInitAll communicators: member %d posted %s (count %zu, type %d, "
                         "op %d, root %d) where member 0 posted %s (count %zu, type %d, op %d, root %d)", m,
                         op_names[b.kind], b.count, (int)b.type, (int)b.op, b.root, op_names[a.kind], a.count,
@@ -271,12 +752,21 @@ static ncclResult_t clique_p2p(const Op& o) {
         if (q->recvs[box].empty()) {
             Message msg;
             msg.data.assign((const char*)o.sendbuff, (const char*)o.sendbuff + bytes);
+#ifdef CUCC_CHECK
+            msg.op = o;
+#endif
             q->mail[box].push_back(msg);
             return ncclSuccess;
         }
         Op r = q->recvs[box].front();
         q->recvs[box].pop_front();
         size_t want = r.count * type_sizes[r.type];
+#ifdef CUCC_CHECK
+        if (chk_nccl() && (r.count != o.count || r.type != o.type)) {
+            cucc_check_report(CUCC_CHECK_NCCL, "rank %d's %s meets rank %d's %s (a send and its receive need the same "
+                              "count and type)", me, call_str(o).c_str(), o.root, call_str(r).c_str());
+        }
+#endif
         if (want != bytes) {
             return fail(ncclInvalidUsage, "ncclSend: %zu bytes from rank %d to rank %d, whose ncclRecv expects %zu",
                         bytes, me, o.root, want);
@@ -291,6 +781,12 @@ static ncclResult_t clique_p2p(const Op& o) {
     }
     Message msg = std::move(q->mail[box].front());
     q->mail[box].pop_front();
+#ifdef CUCC_CHECK
+    if (chk_nccl() && (msg.op.count != o.count || msg.op.type != o.type)) {
+        cucc_check_report(CUCC_CHECK_NCCL, "rank %d's %s meets rank %d's %s (a send and its receive need the same "
+                          "count and type)", me, call_str(o).c_str(), o.root, call_str(msg.op).c_str());
+    }
+#endif
     if (msg.data.size() != bytes) {
         return fail(ncclInvalidUsage, "ncclRecv: rank %d expects %zu bytes from rank %d, which sent %zu", me, bytes,
                     o.root, msg.data.size());
@@ -299,7 +795,18 @@ static ncclResult_t clique_p2p(const Op& o) {
     return ncclSuccess;
 }
 
-static ncclResult_t clique_post(const Op& o) {
+static ncclResult_t clique_post(const Op& in) {
+#ifdef CUCC_CHECK
+    Op o = in;
+    ncclComm_t c = o.comm;
+    if (o.kind == OP_SEND) o.seq = c->chk_sends[o.root]++;
+    else if (o.kind == OP_RECV) o.seq = c->chk_recvs[o.root]++;
+    else o.seq = c->chk_colls++;
+    chk_op_begin(o, chk_group_end);  // its memory is declared when posted: it is ordered on its stream from here
+    cucc_check_op_end();
+#else
+    const Op& o = in;
+#endif
     if (o.kind == OP_SEND || o.kind == OP_RECV) return clique_p2p(o);
     Clique* q = o.comm->clique;
     q->colls[o.comm->rank].push_back(o);
@@ -314,6 +821,39 @@ static ncclResult_t clique_post(const Op& o) {
     }
     return clique_collective(q, ops);
 }
+
+#ifdef CUCC_CHECK
+// At the end of a group: one thread drives every member of an ncclCommInitAll clique, so what a group posts
+// on a clique must complete inside it (on a GPU the rest would deadlock).
+static void chk_clique_leftovers(const std::vector<Op>& ops) {
+    for (const Op& g : ops) {
+        Clique* q = g.comm->clique;
+        if (q == NULL) continue;
+        for (int m = 0; m < q->size; m++) {
+            if (q->colls[m].empty()) continue;
+            const Op& o = q->colls[m].front();
+            std::string missing;
+            for (int j = 0; j < q->size; j++) {
+                if (q->colls[j].empty()) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+            }
+            cucc_check_report(CUCC_CHECK_NCCL, "ncclGroupEnd: rank %d's %s is left waiting for rank(s) %s, which did not "
+                              "call it (one thread driving ncclCommInitAll communicators must call every member's "
+                              "collective inside one group)", m, call_str(o).c_str(), missing.c_str());
+        }
+        for (int s = 0; s < q->size; s++) for (int d = 0; d < q->size; d++) {
+            size_t box = (size_t)s * q->size + d;
+            if (!q->mail[box].empty()) {
+                cucc_check_report(CUCC_CHECK_NCCL, "ncclGroupEnd: rank %d's %s has no matching ncclRecv from rank %d "
+                                  "in the group", s, call_str(q->mail[box].front().op).c_str(), s);
+            }
+            if (!q->recvs[box].empty()) {
+                cucc_check_report(CUCC_CHECK_NCCL, "ncclGroupEnd: rank %d's %s has no matching ncclSend to rank %d "
+                                  "in the group", d, call_str(q->recvs[box].front()).c_str(), d);
+            }
+        }
+    }
+}
+#endif
 
 // ----------------------------------------------------------------------------
 // collectives over MPI: point-to-point messages between the members, reductions done locally in rank order
@@ -345,6 +885,12 @@ static void post_recv(std::vector<MPI_Request>* reqs, void* buf, size_t bytes, i
 }
 
 static void wait_all(std::vector<MPI_Request>* reqs) {
+#ifdef CUCC_CHECK
+    if (chk_nccl()) {
+        check_wait(reqs, [](const std::vector<MPI_Request>&) { return chk_context; });
+        return;
+    }
+#endif
     MPI_Waitall((int)reqs->size(), reqs->data(), MPI_STATUSES_IGNORE);
     reqs->clear();
 }
@@ -355,6 +901,15 @@ static void finish_sends(ncclComm_t c, int wait) {
     for (size_t i = 0; i < c->sends.size(); i++) {
         BufferedSend& s = c->sends[i];
         int done = 1;
+#ifdef CUCC_CHECK
+        if (wait && chk_nccl()) {
+            check_wait(&s.reqs, [&](const std::vector<MPI_Request>&) {
+                return "rank " + std::to_string(c->rank) + "'s " + call_str(s.op) + " (outside a group) is never "
+                       "received: rank " + std::to_string(s.op.root) + " posts no ncclRecv #" + std::to_string(s.op.seq) +
+                       " from rank " + std::to_string(c->rank) + " before this communicator is finalised or destroyed";
+            });
+        } else
+#endif
         if (wait) MPI_Waitall((int)s.reqs.size(), s.reqs.data(), MPI_STATUSES_IGNORE);
         else MPI_Testall((int)s.reqs.size(), s.reqs.data(), &done, MPI_STATUSES_IGNORE);
         if (done) free(s.data);
@@ -458,10 +1013,52 @@ static thread_local std::vector<Op> group_ops;
 
 static int is_mpi_p2p(const Op& o) { return o.comm->clique == NULL && (o.kind == OP_SEND || o.kind == OP_RECV); }
 
+#ifdef CUCC_CHECK
+// run() in checking mode, for MPI communicators: numbers the call, matches it with the peers' (descriptors),
+// and makes it an operation of the checker that declares its memory.
+static ncclResult_t run_checked(const Op& in) {
+    Op o = in;
+    ncclComm_t c = o.comm;
+    finish_sends(c, 0);
+    size_t bytes = o.count * type_sizes[o.type];
+    if (o.kind == OP_SEND) o.seq = c->chk_sends[o.root]++;
+    else if (o.kind == OP_RECV) o.seq = c->chk_recvs[o.root]++;
+    else o.seq = c->chk_colls++;
+    if (chk_nccl()) {
+        if (o.kind == OP_RECV) chk_recv_mpi(o);
+        else if (o.kind != OP_SEND) chk_coll_mpi(o);
+    }
+    chk_op_begin(o, chk_group_end);
+    chk_context = "rank " + std::to_string(c->rank) + " waits in " + call_str(o) + " for data from its peers";
+    if (o.kind == OP_SEND) {
+        BufferedSend s;
+        s.data = xmalloc(bytes + sizeof(Desc));
+        memcpy(s.data, o.sendbuff, bytes);
+        Desc d = desc_of(o);
+        memcpy(s.data + bytes, &d, sizeof(d));
+        if (chk_nccl()) post_send(&s.reqs, s.data + bytes, sizeof(d), o.root, TAG_CHECK_P2P, c->mpi);
+        post_send(&s.reqs, s.data, bytes, o.root, TAG_P2P, c->mpi);
+        s.op = o;
+        c->sends.push_back(s);
+    } else if (o.kind == OP_RECV) {
+        std::vector<MPI_Request> reqs;
+        post_recv(&reqs, o.recvbuff, bytes, o.root, TAG_P2P, c->mpi);
+        wait_all(&reqs);
+    } else if (o.count > 0) {
+        mpi_collective(o);
+    }
+    cucc_check_op_end();
+    return ncclSuccess;
+}
+#endif
+
 // Runs one call now (outside a group, or at ncclGroupEnd for everything but MPI sends and receives).
 static ncclResult_t run(const Op& o) {
     ncclComm_t c = o.comm;
     if (c->clique) return clique_post(o);
+#ifdef CUCC_CHECK
+    return run_checked(o);
+#endif
     finish_sends(c, 0);
     size_t bytes = o.count * type_sizes[o.type];
     if (o.kind == OP_SEND) {
@@ -499,10 +1096,22 @@ static ncclResult_t submit(const Op& o) {
     int is_root = o.comm->rank == o.root;
     int needs_send = o.kind != OP_RECV && (o.kind != OP_BROADCAST || is_root);
     int needs_recv = o.kind != OP_SEND && (o.kind != OP_REDUCE || is_root);
+#ifdef CUCC_CHECK
+    // in checking mode a collective of count 0 on an MPI communicator is still matched with the other ranks'
+    int chk_zero = o.count == 0 && o.comm->clique == NULL && o.kind != OP_SEND && o.kind != OP_RECV && chk_nccl();
+    if (o.count == 0 && chk_zero) {
+        if (group_depth > 0) group_ops.push_back(o);
+        else run(o);
+        return ncclSuccess;
+    }
+#endif
     if (o.count == 0) return ncclSuccess;  // moves nothing on any rank: skipped everywhere, so still matched
     if ((needs_send && o.sendbuff == NULL) || (needs_recv && o.recvbuff == NULL)) {
         return fail(ncclInvalidArgument, "%s: %s is NULL", name, needs_send && o.sendbuff == NULL ? "sendbuff" : "recvbuff");
     }
+#ifdef CUCC_CHECK
+    if (chk_nccl()) chk_in_place(o);
+#endif
     if (group_depth > 0) {
         group_ops.push_back(o);
         return ncclSuccess;
@@ -523,6 +1132,26 @@ ncclResult_t ncclGroupEnd() {
     std::vector<Op> ops;
     ops.swap(group_ops);
     std::vector<MPI_Request> reqs;
+#ifdef CUCC_CHECK
+    // number and match the grouped sends and receives before any data moves; each call is an operation
+    if (chk_nccl()) chk_group_p2p(ops);
+    else {
+        for (Op& o : ops) {
+            if (is_mpi_p2p(o)) o.seq = o.kind == OP_SEND ? o.comm->chk_sends[o.root]++ : o.comm->chk_recvs[o.root]++;
+        }
+    }
+    chk_group_last.clear();
+    chk_group_end = 1;
+    chk_context = "ncclGroupEnd waits for";
+    for (const Op& o : ops) {
+        if (!is_mpi_p2p(o)) continue;
+        chk_op_begin(o, 1);
+        cucc_check_op_end();
+        chk_context += (chk_context.size() > 22 ? ", " : " ") + std::string("rank ") + std::to_string(o.comm->rank) +
+                       "'s " + call_str(o);
+    }
+    std::string p2p_context = chk_context;
+#endif
     for (const Op& o : ops) {
         if (!is_mpi_p2p(o)) continue;
         size_t bytes = o.count * type_sizes[o.type];
@@ -535,6 +1164,13 @@ ncclResult_t ncclGroupEnd() {
         ncclResult_t r = run(o);
         if (res == ncclSuccess) res = r;
     }
+#ifdef CUCC_CHECK
+    chk_context = p2p_context;
+    chk_group_end = 0;
+    for (const LastOp& l : chk_group_last) remember(l);
+    chk_group_last.clear();
+    if (chk_nccl()) chk_clique_leftovers(ops);
+#endif
     wait_all(&reqs);
     return res;
 }
@@ -545,24 +1181,28 @@ ncclResult_t ncclGroupEnd() {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm};
+    SET_STREAM(o, stream);
     return submit(o);
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm};
+    SET_STREAM(o, stream);
     return submit(o);
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm};
+    SET_STREAM(o, stream);
     return submit(o);
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm};
+    SET_STREAM(o, stream);
     return submit(o);
 }
 
@@ -574,18 +1214,21 @@ ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int ro
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm};
+    SET_STREAM(o, stream);
     return submit(o);
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
     Op o = {OP_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm};
+    SET_STREAM(o, stream);
     return submit(o);
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
     Op o = {OP_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm};
+    SET_STREAM(o, stream);
     return submit(o);
 }
 
@@ -666,6 +1309,13 @@ static int wait_reply(int creator, int tag) {
     for (;;) {
         MPI_Iprobe(creator, tag, MPI_COMM_WORLD, &flag, &st);
         if (flag) break;
+#ifdef CUCC_CHECK
+        if (chk_nccl() && time(NULL) - start > chk_timeout()) {
+            cucc_check_report(CUCC_CHECK_NCCL, "ncclCommInitRank waits for MPI rank %d, which created the unique id and "
+                              "has not called ncclCommInitRank with it; no progress for %g s (CUCC_NCCL_TIMEOUT)",
+                              creator, chk_timeout());
+        }
+#endif
         if (!warned && time(NULL) - start > 60) {
             fprintf(stderr, "NCCL (cpu backend): ncclCommInitRank still waiting for MPI rank %d, which created the "
                     "unique id; in this backend the creator must be a member of the communicator\n", creator);
@@ -787,6 +1437,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
                                      : join_via_creator(&h, nranks, rank, world_rank, &mc);
     if (res != ncclSuccess) return res;
     *comm = new_comm(rank, nranks, device, mc, NULL);
+#ifdef CUCC_CHECK
+    memcpy(&(*comm)->chk_id, h.key, sizeof((*comm)->chk_id));  // the same on every member
+#endif
     return ncclSuccess;
 }
 
@@ -819,6 +1472,9 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
 // queries and teardown
 
 static void release(ncclComm_t c) {
+#ifdef CUCC_CHECK
+    forget_comm(comm_key(c));  // (a clique's entry may name this member)
+#endif
     if (c->mpi != MPI_COMM_NULL) {
         int done;
         MPI_Finalized(&done);

@@ -30,6 +30,10 @@
 #include <string>
 #include <vector>
 
+#ifdef CUCC_CHECK
+#include "check.h"
+#endif
+
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
@@ -120,6 +124,9 @@ struct cuda_thread {
     uint64_t op_result;
     // block barrier results
     int bar_result, bar_live;
+#ifdef CUCC_CHECK
+    cucc_check_thread check;
+#endif
 };
 
 // a fiber that executes CUDA threads one after another
@@ -230,6 +237,9 @@ static void switch_to(thread_state* ts, fiber_context* from, int to, int dying) 
         if (t >= 0) {
             ts->current = &ts->threads[t];
             threadIdx = ts->threads[t].tid;
+#ifdef CUCC_CHECK
+            cucc_check_current = &ts->threads[t].check;
+#endif
         }
     }
 #if defined(__SANITIZE_ADDRESS__)
@@ -284,7 +294,24 @@ static void yield_current(thread_state* ts) {
 
 static void print_thread(FILE* f, const cuda_thread* t) { fprintf(f, "(%u,%u,%u)", t->tid.x, t->tid.y, t->tid.z); }
 
+// In a --check build the faults of barriers and warp operations are synccheck findings: one "cucc: synccheck:"
+// line and the checking mode's exit status instead of an abort.
+static int fault_is_synccheck(const char* fmt) { return strncmp(fmt, "__trap", 6) != 0 && strncmp(fmt, "internal", 8) != 0; }
+
 [[noreturn]] static void fault(thread_state* ts, const cuda_thread* t, const char* fmt, ...) {
+#ifdef CUCC_CHECK
+    if (fault_is_synccheck(fmt) && cucc_check_on(CUCC_CHECK_SYNC)) {
+        char msg[1500];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        cucc_check_report(CUCC_CHECK_SYNC, "kernel '%s' block (%u,%u,%u) thread (%u,%u,%u): %s", ts->kernel, blockIdx.x,
+                          blockIdx.y, blockIdx.z, t ? t->tid.x : 0, t ? t->tid.y : 0, t ? t->tid.z : 0, msg);
+    }
+#else
+    (void)fault_is_synccheck;
+#endif
     fprintf(stderr, "cucc: kernel '%s' block (%u,%u,%u)", ts->kernel, blockIdx.x, blockIdx.y, blockIdx.z);
     if (t) {
         fprintf(stderr, " thread ");
@@ -302,6 +329,17 @@ static void print_thread(FILE* f, const cuda_thread* t) { fprintf(f, "(%u,%u,%u)
 
 [[noreturn]] static void report_deadlock(thread_state* ts) {
     int waiting = ts->nthreads - ts->ndone;
+#ifdef CUCC_CHECK
+    if (cucc_check_on(CUCC_CHECK_SYNC)) {
+        const cuda_thread* t = nullptr;
+        for (int i = 0; i < ts->next_unstarted && !t; i++)
+            if (ts->threads[i].state == THREAD_WAITING) t = &ts->threads[i];
+        cucc_check_report(CUCC_CHECK_SYNC, "deadlock in kernel '%s' block (%u,%u,%u): %d of %d threads wait and none can "
+                          "proceed; thread (%u,%u,%u) waits at %s (%s:%d)", ts->kernel, blockIdx.x, blockIdx.y, blockIdx.z,
+                          waiting, ts->nthreads, t ? t->tid.x : 0, t ? t->tid.y : 0, t ? t->tid.z : 0,
+                          t ? t->what : "?", t ? t->file : "?", t ? t->line : 0);
+    }
+#endif
     fprintf(stderr, "cucc: deadlock in kernel '%s' block (%u,%u,%u): %d of %d threads wait and none can proceed\n",
             ts->kernel, blockIdx.x, blockIdx.y, blockIdx.z, waiting, ts->nthreads);
     // one line per distinct place, with the first thread and the count
@@ -388,8 +426,14 @@ static void warp_complete(thread_state* ts, int warp, unsigned mask, cuda_thread
         }
     }
     w->waiting &= ~need;
+#ifdef CUCC_CHECK
+    uint32_t clock = cucc_check_warp_done();
+#endif
     for (unsigned m = need; m; m &= m - 1) {
         cuda_thread* g = &lanes[__builtin_ctz(m)];
+#ifdef CUCC_CHECK
+        g->check.warp_stamp = clock;
+#endif
         g->state = THREAD_READY;
         g->wait = WAIT_NONE;
         if (g != self) queue_push(ts, g->runner);
@@ -446,9 +490,17 @@ unsigned __cucc_lane_id(void) {
 // Block barrier.
 static void barrier_complete(thread_state* ts, cuda_thread* self) {
     int live = ts->nthreads - ts->ndone;
+#ifdef CUCC_CHECK
+    uint32_t clock = cucc_check_barrier_done(ts->bar_file, ts->bar_line);
+#endif
     for (int i = 0; i < ts->next_unstarted; i++) {
         cuda_thread* g = &ts->threads[i];
         if (g->state != THREAD_WAITING || g->wait != WAIT_BLOCK) continue;
+#ifdef CUCC_CHECK
+        g->check.bar_stamp = clock;
+        g->check.warp_stamp = clock;
+        g->check.barriers++;
+#endif
         g->bar_result = ts->bar_count;
         g->bar_live = live;
         g->state = THREAD_READY;
@@ -492,6 +544,9 @@ int __cucc_block_barrier(int predicate, int* live_threads, const char* what, con
 // Bookkeeping when a CUDA thread returns: it no longer counts for its warp's or the block's rendezvous,
 // which can complete a rendezvous that was waiting only for this thread.
 static void thread_exit(thread_state* ts, cuda_thread* f) {
+#ifdef CUCC_CHECK
+    cucc_check_thread_end(&f->check);
+#endif
     f->state = THREAD_DONE;
     f->what = "return";
     ts->ndone++;
@@ -540,6 +595,10 @@ static void runner_entry(void) {
         ts->runners[self].thread = i;
         ts->current = t;
         threadIdx = t->tid;
+#ifdef CUCC_CHECK
+        cucc_check_thread_begin(&t->check, i);
+        cucc_check_current = &t->check;
+#endif
         ts->body(ts->closure);
         thread_exit(ts, t);
     }
@@ -573,6 +632,9 @@ static void run_block(thread_state* ts, uint3 block_index) {
         if (next < 0) report_deadlock(ts);
         switch_to(ts, &ts->scheduler, next, 0);
     }
+#ifdef CUCC_CHECK
+    cucc_check_current = nullptr;
+#endif
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -735,10 +797,42 @@ static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, v
     }
     cudaError_t err = validate_launch(cfg, kernel_name);
     if (err != cudaSuccess) {
+#ifdef CUCC_CHECK
+        if (cucc_check_on(CUCC_CHECK_LIMIT))
+            cucc_check_report(CUCC_CHECK_LIMIT, "the launch of kernel '%s' with grid (%u,%u,%u), block (%u,%u,%u) and %zu "
+                              "bytes of dynamic shared memory (at most %d for it) fails on a GPU with %s", kernel_name,
+                              cfg.grid.x, cfg.grid.y, cfg.grid.z, cfg.block.x, cfg.block.y, cfg.block.z, cfg.shared_bytes,
+                              max_dynamic_shared_for(kernel_name), cudaGetErrorName(err));
+#endif
         last_error = err;
         return;
     }
     long nblocks = (long)cfg.grid.x * cfg.grid.y * cfg.grid.z;
+#ifdef CUCC_CHECK
+    // the checking mode runs the blocks one after another on this thread, in order (check.h says why)
+    void* dynamic_smem;
+    cucc_check_launch_begin(kernel_name, cfg.grid, cfg.block, cfg.shared_bytes, max_dynamic_shared_for(kernel_name),
+                            cfg.stream, &dynamic_smem);
+    caller->kernel = kernel_name;
+    caller->body = body;
+    caller->closure = closure;
+    caller->nthreads = (int)(cfg.block.x * cfg.block.y * cfg.block.z);
+    blockDim = cfg.block;
+    gridDim = cfg.grid;
+    caller->dyn_smem = dynamic_smem;
+    caller->in_kernel = 1;
+    for (long i = 0; i < nblocks; i++) {
+        uint3 b = block_index_of(i, cfg.grid);
+        cucc_check_block_begin(b, i, caller->nthreads, &caller->threads[0].check, sizeof(cuda_thread));
+        run_block(caller, b);
+        cucc_check_block_end();
+    }
+    caller->in_kernel = 0;
+    caller->dyn_smem = nullptr;
+    caller->dyn_smem_bytes = 0;
+    cucc_check_launch_end();
+    return;
+#endif
     int nthreads = omp_get_max_threads();
     if (nblocks == 1 || nthreads == 1) {
         prepare_thread_for_launch(caller, cfg, kernel_name, body, closure);
@@ -761,6 +855,9 @@ static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, v
 void* __cucc_dynamic_shared(void) { return kernel_state("extern __shared__")->dyn_smem; }
 
 void* __cucc_static_shared(void** per_thread_slot, size_t bytes, size_t align) {
+#ifdef CUCC_CHECK
+    return cucc_check_static_shared(per_thread_slot, bytes, align < 16 ? 16 : align);
+#endif
     if (!*per_thread_slot) {
         if (align < 16) align = 16;
         if (posix_memalign(per_thread_slot, align, bytes ? bytes : 1) != 0) {
@@ -823,6 +920,34 @@ static cudaError_t tracked_free(void* ptr, std::map<void*, size_t>& table) {
 
 extern "C" {
 
+#ifdef CUCC_CHECK
+// the checking mode places every allocation in its arena (check.cpp), which tracks bounds and frees
+static cudaError_t checked_alloc(void** ptr, size_t size, int kind) {
+    if (!ptr) return last_error = cudaErrorInvalidValue;
+    *ptr = nullptr;
+    if (size == 0) return cudaSuccess;
+    cudaError_t err = cucc_check_malloc(ptr, size, kind);
+    return err == cudaSuccess ? err : (last_error = err);
+}
+cudaError_t cudaMalloc(void** devPtr, size_t size) { return checked_alloc(devPtr, size, CUCC_MEM_DEVICE); }
+cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
+    if (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost) return last_error = cudaErrorInvalidValue;
+    return checked_alloc(devPtr, size, CUCC_MEM_MANAGED);
+}
+cudaError_t cudaFree(void* devPtr) {
+    if (!devPtr) return cudaSuccess;
+    cudaError_t err = cucc_check_free(devPtr, CUCC_MEM_DEVICE);
+    if (err != cudaSuccess) err = cucc_check_free(devPtr, CUCC_MEM_MANAGED);
+    return err == cudaSuccess ? err : (last_error = err);
+}
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return checked_alloc(ptr, size, CUCC_MEM_PINNED); }
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) { return checked_alloc(pHost, size, CUCC_MEM_PINNED); }
+cudaError_t cudaFreeHost(void* ptr) {
+    if (!ptr) return cudaSuccess;
+    cudaError_t err = cucc_check_free(ptr, CUCC_MEM_PINNED);
+    return err == cudaSuccess ? err : (last_error = err);
+}
+#else
 cudaError_t cudaMalloc(void** devPtr, size_t size) { return tracked_alloc(devPtr, size, device_allocations, 1); }
 cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
     if (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost) return last_error = cudaErrorInvalidValue;
@@ -832,32 +957,54 @@ cudaError_t cudaFree(void* devPtr) { return tracked_free(devPtr, device_allocati
 cudaError_t cudaMallocHost(void** ptr, size_t size) { return tracked_alloc(ptr, size, host_allocations, 0); }
 cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) { return tracked_alloc(pHost, size, host_allocations, 0); }
 cudaError_t cudaFreeHost(void* ptr) { return tracked_free(ptr, host_allocations); }
+#endif
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+static cudaError_t copy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream, int async,
+                        const char* name) {
     if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return last_error = cudaErrorInvalidMemcpyDirection;
     if (count == 0) return cudaSuccess;
     if (!dst || !src) return last_error = cudaErrorInvalidValue;
+#ifdef CUCC_CHECK
+    cudaError_t err = cucc_check_memcpy(dst, src, count, kind, stream, async, name);
+    return err == cudaSuccess ? err : (last_error = err);
+#else
+    (void)stream, (void)async, (void)name;
     memmove(dst, src, count);
     return cudaSuccess;
+#endif
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t) {
-    return cudaMemcpy(dst, src, count, kind);
-}
-cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
+static cudaError_t fill(void* devPtr, int value, size_t count, cudaStream_t stream, const char* name) {
     if (count == 0) return cudaSuccess;
     if (!devPtr) return last_error = cudaErrorInvalidValue;
+#ifdef CUCC_CHECK
+    return cucc_check_memset(devPtr, value, count, stream, name);
+#else
+    (void)stream, (void)name;
     memset(devPtr, value, count);
     return cudaSuccess;
+#endif
 }
-cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t) { return cudaMemset(devPtr, value, count); }
-// A __device__ or __constant__ variable is an ordinary global here; the symbol is its address.
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+    return copy(dst, src, count, kind, 0, 0, "cudaMemcpy");
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
+    return copy(dst, src, count, kind, stream, 1, "cudaMemcpyAsync");
+}
+cudaError_t cudaMemset(void* devPtr, int value, size_t count) { return fill(devPtr, value, count, 0, "cudaMemset"); }
+cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
+    return fill(devPtr, value, count, stream, "cudaMemsetAsync");
+}
+// A __device__ or __constant__ variable is an ordinary global here; the symbol is its address (host memory, so the
+// checking mode does not track it, and the copy's kind is not checked against it).
 cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count, size_t offset, enum cudaMemcpyKind kind) {
     if (!symbol) return last_error = cudaErrorInvalidSymbol;
-    return cudaMemcpy((char*)symbol + offset, src, count, kind);
+    return copy((char*)symbol + offset, src, count, kind == cudaMemcpyHostToDevice ? cudaMemcpyDefault : kind, 0, 0,
+                "cudaMemcpyToSymbol");
 }
 cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, size_t offset, enum cudaMemcpyKind kind) {
     if (!symbol) return last_error = cudaErrorInvalidSymbol;
-    return cudaMemcpy(dst, (const char*)symbol + offset, count, kind);
+    return copy(dst, (const char*)symbol + offset, count, kind == cudaMemcpyDeviceToHost ? cudaMemcpyDefault : kind, 0,
+                0, "cudaMemcpyFromSymbol");
 }
 
 static size_t meminfo_kib(const char* key) {
@@ -900,19 +1047,38 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, in
     if (!s) return last_error = cudaErrorInvalidValue;
     if (flags != cudaStreamDefault && flags != cudaStreamNonBlocking) return last_error = cudaErrorInvalidValue;
     *s = new CUstream_st{flags, priority};
+#ifdef CUCC_CHECK
+    cucc_check_stream_create(*s, flags);
+#endif
     return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) { return cudaStreamCreateWithPriority(s, flags, 0); }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithPriority(s, cudaStreamDefault, 0); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     if (!s) return last_error = cudaErrorInvalidResourceHandle;
+#ifdef CUCC_CHECK
+    cucc_check_stream_destroy(s);
+#endif
     delete s;
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
+// Work is complete when issued; the checking mode still orders the host after the stream's work here and no sooner.
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+#ifdef CUCC_CHECK
+    cucc_check_host_sync_stream(s);
+#else
+    (void)s;
+#endif
+    return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned int) {
     if (!event) return last_error = cudaErrorInvalidResourceHandle;
+#ifdef CUCC_CHECK
+    cucc_check_stream_wait_event(s, event);
+#else
+    (void)s;
+#endif
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
@@ -934,17 +1100,31 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     if (!e) return last_error = cudaErrorInvalidResourceHandle;
+#ifdef CUCC_CHECK
+    cucc_check_event_destroy(e);
+#endif
     delete e;
     return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e) return last_error = cudaErrorInvalidResourceHandle;
     e->recorded = 1;
     e->time_ms = now_ms();
+#ifdef CUCC_CHECK
+    cucc_check_event_record(e, s);
+#else
+    (void)s;
+#endif
     return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : (last_error = cudaErrorInvalidResourceHandle); }
-cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : (last_error = cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (!e) return last_error = cudaErrorInvalidResourceHandle;
+#ifdef CUCC_CHECK
+    cucc_check_host_sync_event(e);
+#endif
+    return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
     if (!ms || !start || !end) return last_error = cudaErrorInvalidResourceHandle;
     if ((start->flags & cudaEventDisableTiming) || (end->flags & cudaEventDisableTiming))
@@ -981,7 +1161,12 @@ cudaError_t cudaGetDevice(int* device) {
     *device = current_device;
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+#ifdef CUCC_CHECK
+    cucc_check_host_sync_device();
+#endif
+    return cudaSuccess;
+}
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
 cudaError_t cudaDriverGetVersion(int* v) {
     if (!v) return last_error = cudaErrorInvalidValue;

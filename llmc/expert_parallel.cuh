@@ -19,6 +19,11 @@
 //                     contiguous for its GEMM.
 // The counts are host arrays: equal to the capacity in the padded layout (no exchange needed), the exact counts
 // in the dropless packed one (exchanged first, expert_parallel_exchange_counts).
+// Two communicators are in use at once: group_comm on the compute stream, and the world's (and the replicas') on
+// the NCCL stream, where the gradient reductions overlap the backward pass. NCCL operations of two communicators
+// in flight at the same time can deadlock (each GPU may start them in a different order), so every group
+// operation first waits for what the NCCL stream has been given (expert_parallel_after_reductions); the
+// reductions issued later wait for the compute stream anyway. cpu/cucc --check reports the unordered case.
 // On the CPU backend NCCL runs over MPI (cpu/nccl.cpp), so the groups need all processes in one mpirun.
 #pragma once
 #include "common.cuh"
@@ -33,6 +38,7 @@ typedef struct {
     MultiGpuConfig replicas;  // the processes holding the same experts (the world itself when N == 1)
     int* device_counts;     // 2 * MOE_MAX_EXPERTS ints: the count exchange's send and receive buffers
     float* device_scalar;   // for expert_parallel_float_sum
+    cudaEvent_t reductions_issued;  // recorded on the NCCL stream before each group operation (see the top)
 } ExpertParallel;
 
 // Expert parallelism of degree 1: every process is a group of its own, and the replicas are the world.
@@ -78,6 +84,7 @@ static void expert_parallel_init(ExpertParallel* ep, const MultiGpuConfig* world
     free(all);
     cudaCheck(cudaMalloc((void**)&ep->device_counts, 2 * MOE_MAX_EXPERTS * sizeof(int)));
     cudaCheck(cudaMalloc((void**)&ep->device_scalar, sizeof(float)));
+    cudaCheck(cudaEventCreateWithFlags(&ep->reductions_issued, cudaEventDisableTiming));
 }
 
 static void expert_parallel_free(ExpertParallel* ep) {
@@ -86,12 +93,20 @@ static void expert_parallel_free(ExpertParallel* ep) {
     if (ep->replicas.nccl_comm != NULL) ncclCheck(ncclCommDestroy(ep->replicas.nccl_comm));
     cudaCheck(cudaFree(ep->device_counts));
     cudaCheck(cudaFree(ep->device_scalar));
+    cudaCheck(cudaEventDestroy(ep->reductions_issued));
+}
+
+// Orders a group operation on `stream` after everything issued so far on the NCCL stream (see the top).
+static void expert_parallel_after_reductions(const ExpertParallel* ep, cudaStream_t stream) {
+    cudaCheck(cudaEventRecord(ep->reductions_issued, ep->replicas.nccl_stream));
+    cudaCheck(cudaStreamWaitEvent(stream, ep->reductions_issued, 0));
 }
 
 // The sum of a host float over the group (the gradient norm's expert part, each member holding other experts).
 static float expert_parallel_float_sum(const ExpertParallel* ep, float value, cudaStream_t stream) {
     if (ep->degree == 1) return value;
     float sum;
+    expert_parallel_after_reductions(ep, stream);
     cudaCheck(cudaMemcpyAsync(ep->device_scalar, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
     ncclCheck(ncclAllReduce(ep->device_scalar, ep->device_scalar, 1, ncclFloat, ncclSum, ep->group_comm, stream));
     cudaCheck(cudaMemcpyAsync(&sum, ep->device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -105,6 +120,7 @@ static void expert_parallel_allgather(const ExpertParallel* ep, void* recv, cons
     if (ep->degree == 1) {
         cudaCheck(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream));
     } else {
+        expert_parallel_after_reductions(ep, stream);
         ncclCheck(ncclAllGather(send, recv, bytes, ncclChar, ep->group_comm, stream));
     }
     cudaCheck(cudaStreamSynchronize(stream));
@@ -122,6 +138,7 @@ static void expert_parallel_exchange_counts(const ExpertParallel* ep, int* rows_
     }
     int* send = ep->device_counts;
     int* recv = ep->device_counts + MOE_MAX_EXPERTS;
+    expert_parallel_after_reductions(ep, stream);
     cudaCheck(cudaMemcpyAsync(send, rows_src, (size_t)E * sizeof(int), cudaMemcpyHostToDevice, stream));
     ncclCheck(ncclGroupStart());
     for (int s = 0; s < ep->degree; s++) {
@@ -144,6 +161,7 @@ static void expert_parallel_exchange(const ExpertParallel* ep, floatX* src, floa
     src_offset[0] = own_offset[0] = 0;
     for (int e = 0; e < E; e++) src_offset[e + 1] = src_offset[e] + (size_t)rows_src[e];
     for (int i = 0; i < E; i++) own_offset[i + 1] = own_offset[i] + (size_t)rows_own[(i % N) * E_l + i / N];
+    if (N > 1) expert_parallel_after_reductions(ep, stream);
     ncclCheck(ncclGroupStart());
     for (int s = 0; s < N; s++) {
         for (int l = 0; l < E_l; l++) {

@@ -251,7 +251,36 @@ inline unsigned atomicDec(unsigned* a, unsigned v) { return __cucc_atomic_update
 
 // ----------------------------------------------------------------------------------------------
 // Cache-hinted loads and stores: plain memory accesses on the host.
+#ifdef CUCC_CHECK
+// The checking mode sees __ldg as what it is, a read through the read-only data cache, and a reinterpret_cast to a
+// pointer as the promise that the address is aligned for the new type (a float4 or bf16x2 load through a
+// misaligned pointer faults on a GPU; cucc --check rewrites reinterpret_cast into __cucc_reinterpret_cast).
+extern "C" void __cucc_check_ldg(const void* p, size_t n, const char* file, int line);
+extern "C" void __cucc_check_cast(const void* p, size_t align, const char* file, int line);
+template <typename T>
+__attribute__((always_inline)) inline T __ldg(const T* p, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    __cucc_check_ldg(p, sizeof(T), file, line);
+    return *p;
+}
+template <typename T, typename U>
+__attribute__((always_inline)) inline T __cucc_reinterpret_cast(U&& u, const char* file = __builtin_FILE(),
+                                                                int line = __builtin_LINE()) {
+    if constexpr (std::is_pointer<T>::value && std::is_pointer<typename std::decay<U>::type>::value) {
+        using E = typename std::remove_cv<typename std::remove_pointer<T>::type>::type;
+        if constexpr (!std::is_void<E>::value && !std::is_function<E>::value)
+            __cucc_check_cast((const void*)u, alignof(E), file, line);
+    }
+    return reinterpret_cast<T>(u);
+}
+template <typename E, typename U>
+__attribute__((always_inline)) inline U __cucc_aligned_for(U u, const char* file = __builtin_FILE(),
+                                                           int line = __builtin_LINE()) {
+    if constexpr (std::is_pointer<U>::value) __cucc_check_cast((const void*)u, alignof(E), file, line);
+    return u;
+}
+#else
 template <typename T> inline T __ldg(const T* p) { return *p; }
+#endif
 template <typename T> inline T __ldcg(const T* p) { return *p; }
 template <typename T> inline T __ldca(const T* p) { return *p; }
 template <typename T> inline T __ldcs(const T* p) { return *p; }

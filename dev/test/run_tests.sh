@@ -111,5 +111,31 @@ run_test moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_
 run_test moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -ep 4
 run_test train-moe-cli dev/test/test_train_moe.sh
 
+# The checking build (cpu/cucc --check, README "Checking mode"): the backend's probes (each deliberate GPU bug is
+# reported, its correct twin is not), every lab validation, and the trainers' tests with every check on. The
+# PyTorch comparisons run checked at one configuration per code path (recompute, GELU fusion, dropping, dropless,
+# top-2, router noise, expert parallelism with ZeRO-0 and ZeRO-1); the plain runs above cover the other flags.
+run_test check-probes cpu/test/check/run_probes.sh
+for lab in build/lab_check/*_bf16 build/lab_check/*_fp32; do
+    run_lab "check-$(basename "$lab")" "$lab" -s
+done
+run_test check-gpt-fp32-r0 build/check/test_gpt_fp32 build/ref/tiny_fp32 -r 0
+run_test check-gpt-fp32-gelu-unfused build/check/test_gpt_fp32 build/ref/tiny_fp32 -ge 0
+run_test check-gpt-bf16-r2-w0 build/check/test_gpt_bf16 build/ref/tiny_bf16 -r 2 -w 0
+run_test check-gpt-bf16-gelu-fused-backward build/check/test_gpt_bf16 build/ref/tiny_bf16 -ge 2
+run_test check-moe-fp32-k1-cf0.5-r0 build/check/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -r 0
+run_test check-moe-fp32-k1-dropless build/check/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0
+run_test check-moe-fp32-k2-me2 build/check/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -r 2
+run_test check-moe-fp32-k1-noisy-jitter-dropless build/check/test_moe_fp32 build/ref/moe_k1_noisy_jitter_fp32 -cf 0 \
+    -rj 0.05 -r 2
+run_test check-moe-bf16-k1-cf0.5-w1 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -w 1
+run_test check-moe-bf16-k2-noisy build/check/test_moe_bf16 build/ref/moe_k2_noisy_bf16 -cf 0.5
+run_test check-moe-fp32-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -ep 2
+run_test check-moe-bf16-ep2-np2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2
+run_test check-moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/check/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 \
+    -ep 2 -z 1
+run_test check-moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/check/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 \
+    -ep 4
+
 echo "total: $total_passed passed, $total_failed failed"
 [ "$total_failed" -eq 0 ]
