@@ -1537,14 +1537,14 @@ static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLo
 // Sampling: autoregressive from the EOT token, printed through the tokenizer
 
 // Every process that calls this computes the same tokens (the same weights and generator); only `print` prints.
-static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int gen_tokens, unsigned long long* sample_rng,
-                             int print, cudaStream_t stream) {
+static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int seed_token, int gen_tokens,
+                             unsigned long long* sample_rng, int print, cudaStream_t stream) {
     int T = model->seq_len < gen_tokens + 1 ? model->seq_len : gen_tokens + 1;
     int Vp = model->config.padded_vocab_size, V = model->config.vocab_size;
     int* tokens = (int*)malloc_check((size_t)T * sizeof(int));
     floatX* logits_x = (floatX*)malloc_check((size_t)Vp * sizeof(floatX));
     float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));
-    tokens[0] = tokenizer->eot_token;
+    tokens[0] = seed_token;  // checked by the caller to be a token of the model
     if (print) printf("generating:\n---\n");
     for (int t = 1; t < T; t++) {
         gpt2_forward(model, tokens, nullptr, 1, t, 0.0f, stream);
@@ -1666,7 +1666,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     const char* server_ip = "";
     int descriptor_vocab = 50257, descriptor_maxT = 1024, descriptor_seed = 42;
     int checkpoint_every = 0, checkpoints_keep = 0, resume = 0;
-    int B = 4, T = 1024, total_batch_size = -1, max_steps = -1, warmup_iterations = 0;
+    int B = 4, T = 1024, total_batch_size = -1, total_batch_size_set = 0, max_steps = -1, warmup_iterations = 0;
     float learning_rate = 3e-4f, final_lr_frac = 1.0f, weight_decay = 0.0f;
     int val_every = 20, val_max_steps = 20, sample_every = 20, gen_tokens = 64;
     int overfit_single_batch = 0, use_master_weights = 1, zero_stage = 0, recompute = 1, gelu_fusion = 1;
@@ -1701,7 +1701,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         else if (!strcmp(flag, "-y")) resume = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-b")) B = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-t")) T = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-d")) total_batch_size = parse_int_flag(flag, v);
+        else if (!strcmp(flag, "-d")) { total_batch_size = parse_int_flag(flag, v); total_batch_size_set = 1; }
         else if (!strcmp(flag, "-x")) max_steps = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-l")) learning_rate = parse_float_flag(flag, v);
         else if (!strcmp(flag, "-u")) warmup_iterations = parse_int_flag(flag, v);
@@ -1763,6 +1763,16 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         if (num_experts < 1) { fprintf(stderr, "-ne %d: expected at least 1 expert\n", num_experts); return EXIT_FAILURE; }
         if (top_k < 1 || top_k > num_experts) { fprintf(stderr, "-tk %d: top-k must be between 1 and the number of experts (%d)\n", top_k, num_experts); return EXIT_FAILURE; }
         if (aux_alpha < 0.0f || z_coef < 0.0f || init_scale <= 0.0f) { fprintf(stderr, "-ra and -rz must not be negative, -ri must be positive\n"); return EXIT_FAILURE; }
+    }
+    // -d: default (absent) is B*T*processes; an explicit value must be a positive token count
+    if (total_batch_size_set && total_batch_size < 1) { fprintf(stderr, "-d %d: expected a positive number of tokens per step\n", total_batch_size); return EXIT_FAILURE; }
+    if (max_steps == 0 || max_steps < -1) { fprintf(stderr, "-x %d: expected a positive number of steps, or -1 for one epoch\n", max_steps); return EXIT_FAILURE; }
+    {
+        const char* names[] = {"-n", "-v", "-m", "-g", "-s"};
+        int values[] = {checkpoint_every, val_every, val_max_steps, gen_tokens, sample_every};
+        for (int i = 0; i < 5; i++) {
+            if (values[i] < 0) { fprintf(stderr, "%s %d: expected 0 or a positive number\n", names[i], values[i]); return EXIT_FAILURE; }
+        }
     }
     if (learning_rate < 0.0f || final_lr_frac < 0.0f || weight_decay < 0.0f || warmup_iterations < 0 || checkpoints_keep < 0) {
         fprintf(stderr, "-l, -q, -c, -u and -nk must not be negative\n");
@@ -1850,20 +1860,41 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         return EXIT_FAILURE;
     }
     int grad_accum_steps = total_batch_size / tokens_per_micro_step;
+    // a sample is one forward pass over at most T positions: the first is the seed token, so T-1 are generated
+    if (sample_every > 0 && gen_tokens > T - 1) {
+        if (rank0) printf("-g %d: more than the sequence length -t %d allows; samples will have %d tokens\n", gen_tokens,
+                          T, T - 1);
+        gen_tokens = T - 1;
+    }
 
     // data
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, train_pattern, B, T, mg.process_rank, mg.num_processes, !overfit_single_batch, 1337);
     int run_val = val_every > 0 && val_max_steps > 0 && strlen(val_pattern) > 0;
     if (run_val) dataloader_init(&val_loader, val_pattern, B, T, mg.process_rank, mg.num_processes, 0, 0);
+    dataloader_set_vocab_size(&train_loader, cfg->vocab_size);
+    if (run_val) dataloader_set_vocab_size(&val_loader, cfg->vocab_size);
     int train_num_batches = max_steps > 0 ? max_steps : (int)(dataloader_num_tokens(&train_loader) / total_batch_size);
     if (train_num_batches < 1) train_num_batches = 1;
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, tokenizer_path);
-    if (tokenizer.init_ok && tokenizer.vocab_size != (uint32_t)cfg->vocab_size && rank0) {
+    // A tokenizer with more tokens than the model is not the model's: its EOT (the seed of every sample) may be no
+    // token of the model at all, so it is not used. One with fewer decodes what it knows.
+    if (tokenizer.init_ok && tokenizer.vocab_size > (uint32_t)cfg->vocab_size) {
+        if (rank0) printf("note: tokenizer %s has %u tokens, more than the model's V = %d: not used, samples print token "
+                          "ids\n", tokenizer_path, tokenizer.vocab_size, cfg->vocab_size);
+        tokenizer_free(&tokenizer);
+    } else if (tokenizer.init_ok && tokenizer.vocab_size != (uint32_t)cfg->vocab_size && rank0) {
         printf("note: tokenizer %s has %u tokens, the model %d: tokens it lacks print as <id>\n", tokenizer_path,
                tokenizer.vocab_size, cfg->vocab_size);
     }
+    // Samples start from the end-of-text token: the tokenizer's, else the one the project's two vocabularies put last
+    // (GPT-2's 50257 tokens, the byte level's 257), else token 0; never an id the model does not have.
+    int sample_seed_token = 0;
+    if (tokenizer.init_ok) sample_seed_token = tokenizer.eot_token;
+    else if (cfg->vocab_size == 50257 || cfg->vocab_size == 257) sample_seed_token = cfg->vocab_size - 1;
+    if (!tokenizer.init_ok && rank0 && sample_every > 0)
+        printf("note: no tokenizer: samples start from token %d and print token ids\n", sample_seed_token);
 
     gpt2_allocate_activations(&model, B, T);
     gpt2_allocate_optimizer(&model, zero_stage);
@@ -1943,7 +1974,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         }
         // with expert parallelism every process of the group takes part in each forward pass (the same tokens)
         if ((rank0 || model.ep.degree > 1) && sample_every > 0 && (step % sample_every == 0 || last_step) && gen_tokens > 0) {
-            sample_and_print(&model, &tokenizer, gen_tokens, &ts.sample_rng_state, rank0, stream);
+            sample_and_print(&model, &tokenizer, sample_seed_token, gen_tokens, &ts.sample_rng_state, rank0, stream);
         }
         if (output_dir && checkpoint_every > 0 && step > start_step && (step % checkpoint_every == 0 || last_step)) {
             ts.step = step;

@@ -102,5 +102,53 @@ PY
 expect_error "heads do not divide C" "channels (96) must be a multiple of the number of heads (5)" \
     "$TRAIN" "${COMMON[@]}" -b 2 -e "$work/heads.bin"
 
+# --- token ids are checked against the model's vocabulary on every batch, train and val
+# shard WIDTH NTOK VALUE [POSITION]: NTOK tokens of width 2 (uint16) or 4 (uint32), all 5 but VALUE at POSITION (or
+# all VALUE without one)
+shard() {
+    $PYTHON - "$@" <<'PY'
+import struct, sys
+path, width, n, value = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+pos = int(sys.argv[5]) if len(sys.argv) > 5 else -1
+toks = [value if pos < 0 or i == pos else 5 for i in range(n)]
+h = [0] * 256
+h[:3] = [20240520, 1 if width == 2 else 2, n]
+open(path, "wb").write(struct.pack("256i", *h) + struct.pack("<%d%s" % (n, "H" if width == 2 else "I"), *toks))
+PY
+}
+shard "$work/ffff.bin" 2 4096 65535
+shard "$work/eqV.bin" 2 4096 263 100
+shard "$work/eqV32.bin" 4 4096 263 4000
+expect_error "tokens of 65535 on V=256" "ffff.bin: token 65535 at position 0 is out of range for the model's vocabulary (expected 0 to 255, V = 256)" \
+    "$TRAIN" -e d2 -ev 256 -et 32 -i "$work/ffff.bin" -j "" -b 2 -t 16 -v 0 -s 0 -x 2 -a 1
+expect_error "a val token equal to V" "eqV.bin: token 263 at position 100 is out of range" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 2 -j "$work/eqV.bin" -v 1 -m 4
+expect_error "a uint32 train token equal to V, late in the shard" "eqV32.bin: token 263 at position 4000 is out of range" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 200 -a 0 -i "$work/eqV32.bin"
+
+# --- numeric flags: values no run can use get one line naming the flag
+expect_error "-d 0" "-d 0: expected a positive number of tokens per step" "$TRAIN" "${COMMON[@]}" -d 0
+expect_error "-d negative" "-d -32: expected a positive number of tokens per step" "$TRAIN" "${COMMON[@]}" -d -32
+expect_error "-x 0" "-x 0: expected a positive number of steps, or -1 for one epoch" "$TRAIN" "${COMMON[@]}" -x 0
+expect_error "-x -2" "-x -2: expected a positive number of steps, or -1" "$TRAIN" "${COMMON[@]}" -x -2
+for f in -n -v -m -g -s; do
+    expect_error "$f negative" "$f -1: expected 0 or a positive number" "$TRAIN" "${COMMON[@]}" $f -1
+done
+# -g beyond what -t allows is clamped, with a line saying so
+"$TRAIN" "${COMMON[@]}" -b 2 -x 1 -s 1 -g 100 -tf "$work/none.bin" >"$work/clamp.log" 2>&1 || fail "-g 100 run: $(tail -3 "$work/clamp.log")"
+if grep -q "^-g 100: more than the sequence length -t 16 allows; samples will have 15 tokens" "$work/clamp.log"; then pass; else
+    fail "-g over -t is not reported"; fi
+
+# --- sampling: without a tokenizer the seed is a token of the model; a tokenizer larger than the model is not used
+if grep -q "^note: no tokenizer: samples start from token 0 and print token ids" "$work/clamp.log" &&
+    grep -A2 '^generating' "$work/clamp.log" | sed -n 3p | grep -qE '^(<[0-9]+>){15}$'; then pass; else
+    fail "sampling without a tokenizer: $(grep -A2 '^generating' "$work/clamp.log" | tr '\n' ' ')"; fi
+$PYTHON train_gpt.py --write-tokenizer "$work/bytes_tok.bin" --V 257 >/dev/null || fail "cannot write a tokenizer"
+"$TRAIN" -e d2 -ev 256 -et 32 -i "$work/train.bin" -j "" -b 2 -t 16 -v 0 -s 1 -g 8 -x 1 -tf "$work/bytes_tok.bin" \
+    >"$work/bigtok.log" 2>&1 || true
+if grep -q "note: tokenizer $work/bytes_tok.bin has 257 tokens, more than the model's V = 256: not used" "$work/bigtok.log" &&
+    grep -q "^note: no tokenizer: samples start from token 0" "$work/bigtok.log"; then pass; else
+    fail "a tokenizer larger than the model: $(head -c 300 "$work/bigtok.log")"; fi
+
 echo "test_train_gpt: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

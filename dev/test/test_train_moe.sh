@@ -164,5 +164,15 @@ expect_error "noisy top-k 2" "-rn 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -r
 expect_error "jitter out of range" "-rj 1.5: the jitter must be in [0, 1)" "$TRAIN" "${COMMON[@]}" -rj 1.5
 expect_error "zero experts" "-ne 0: expected at least 1 expert" "$TRAIN" "${COMMON[@]}" -ne 0
 
+# a shard of tokens the model has no row for (uint16 65535 on V=256) is refused before any step, naming shard,
+# position, token and V
+$PYTHON - "$work/ffff.bin" <<'PY'
+import struct, sys
+n = 4096
+open(sys.argv[1], "wb").write(struct.pack("256i", *([20240520, 1, n] + [0] * 253)) + struct.pack("<%dH" % n, *([65535] * n)))
+PY
+expect_error "tokens of 65535 on V=256" "ffff.bin: token 65535 at position 0 is out of range for the model's vocabulary (expected 0 to 255, V = 256)" \
+    "$TRAIN" -e d2 -ev 256 -et 32 -ne 4 -i "$work/ffff.bin" -j "" -b 2 -t 16 -v 0 -s 0 -x 2 -a 1
+
 echo "test_train_moe: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
