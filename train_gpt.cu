@@ -1350,6 +1350,21 @@ static double gpt2_flops_per_token(const GPT2* model, int T) {
     return 6.0 * active + 12.0 * c->num_layers * c->channels * (double)T;
 }
 
+// Whether every parameter of every process is finite (collective: the same answer on every process).
+static int gpt2_parameters_finite(const GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
+    const ShardedParameters* sets[2] = {&model->store, &model->expert_store};
+    int bad = 0;
+    for (int k = 0; k < (model->config.num_experts > 0 ? 2 : 1); k++) {
+        size_t n = sets[k]->num_parameters;
+        floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
+        cudaCheck(cudaMemcpyAsync(host, sets[k]->params_memory, n * sizeof(floatX), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        for (size_t i = 0; i < n && !bad; i++) bad = !isfinite((float)host[i]);
+        free(host);
+    }
+    return multi_gpu_cpu_float_sum((float)bad, mg) == 0.0f;
+}
+
 #ifndef TESTING
 // ----------------------------------------------------------------------------------------------------
 // Checkpoints: <dir>/model_%08d.bin (rank 0), <dir>/state_%08d_%05d.bin (each rank), <dir>/DONE_%08d
@@ -1604,6 +1619,7 @@ static void usage(int moe) {
             "  -ge <int>   GELU fusion into cuBLASLt epilogues: 0 off, 1 forward, 2 forward and backward (default = 1)\n"
             "  -sl <float> skip the update when the loss z-score exceeds this (default = 0 = off)\n"
             "  -sg <float> skip the update when the gradient-norm z-score exceeds this (default = 0 = off)\n"
+            "  -ns <int>   stop when the loss or gradient norm is not finite for this many steps in a row (default = 3)\n"
             "  -pi <string> process init: mpi, tcp or fs (default = mpi)\n"
             "  -pf <string> shared directory for -pi fs\n"
             "  -ps <string> server ip for -pi tcp\n"
@@ -1677,6 +1693,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     float aux_alpha = 0.01f, z_coef = 0.001f, router_jitter = 0.0f, init_scale = 0.1f;
     float importance_coef = 0.1f, load_coef = 0.1f;
     int noisy_topk = 0;
+    int divergence_steps = 3;
     for (int i = 1; i < argc; i += 2) {
         const char* flag = argv[i];
         if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
@@ -1719,6 +1736,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         else if (!strcmp(flag, "-ge")) gelu_fusion = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-sl")) skip_update_lossz = parse_float_flag(flag, v);
         else if (!strcmp(flag, "-sg")) skip_update_gradz = parse_float_flag(flag, v);
+        else if (!strcmp(flag, "-ns")) divergence_steps = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-pi")) init_method = v;
         else if (!strcmp(flag, "-pf")) fs_path = v;
         else if (!strcmp(flag, "-ps")) server_ip = v;
@@ -1766,6 +1784,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     }
     // -d: default (absent) is B*T*processes; an explicit value must be a positive token count
     if (total_batch_size_set && total_batch_size < 1) { fprintf(stderr, "-d %d: expected a positive number of tokens per step\n", total_batch_size); return EXIT_FAILURE; }
+    if (divergence_steps < 1) { fprintf(stderr, "-ns %d: expected at least 1 step\n", divergence_steps); return EXIT_FAILURE; }
     if (max_steps == 0 || max_steps < -1) { fprintf(stderr, "-x %d: expected a positive number of steps, or -1 for one epoch\n", max_steps); return EXIT_FAILURE; }
     {
         const char* names[] = {"-n", "-v", "-m", "-g", "-s"};
@@ -1941,6 +1960,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     init_detector(&ts.loss_outlier);
     init_detector(&ts.norm_outlier);
     int start_step = 0;
+    int bad_steps = 0;  // steps in a row whose loss or gradient norm was not finite
     if (resume_step >= 0) {
         read_checkpoint_state(output_dir, resume_step, &model, &train_loader, &ts, &mg);
         model.rng_state = ts.rng_state;
@@ -1976,7 +1996,19 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         if ((rank0 || model.ep.degree > 1) && sample_every > 0 && (step % sample_every == 0 || last_step) && gen_tokens > 0) {
             sample_and_print(&model, &tokenizer, sample_seed_token, gen_tokens, &ts.sample_rng_state, rank0, stream);
         }
-        if (output_dir && checkpoint_every > 0 && step > start_step && (step % checkpoint_every == 0 || last_step)) {
+        int checkpoint_due = output_dir && checkpoint_every > 0 && step > start_step &&
+                             (step % checkpoint_every == 0 || last_step);
+        // never a checkpoint of non-finite state: not after a step whose loss or norm was not finite, and not of
+        // parameters that are not (every process checks its own, so that all decide alike)
+        if (checkpoint_due && bad_steps > 0) {
+            if (rank0) printf("step %d: not finite for the last %d step%s: checkpoint not written\n", step, bad_steps,
+                              bad_steps == 1 ? "" : "s");
+            checkpoint_due = 0;
+        } else if (checkpoint_due && !gpt2_parameters_finite(&model, &mg, stream)) {
+            if (rank0) printf("step %d: parameters not finite: checkpoint not written\n", step);
+            checkpoint_due = 0;
+        }
+        if (checkpoint_due) {
             ts.step = step;
             ts.rng_state = model.rng_state;
             ts.loss_scale = model.loss_scaler.scale;
@@ -1984,10 +2016,9 @@ static int gpt2_main(int argc, char* argv[], int moe) {
             write_checkpoint(output_dir, &model, &train_loader, &ts, &mg, zero_stage, stream);
             if (rank0) {
                 printf("checkpoint written: step %d\n", step);
-                if (checkpoints_keep > 0) {
-                    int old = step - checkpoints_keep * checkpoint_every;
-                    if (old > 0) delete_checkpoint(output_dir, old, mg.num_processes);
-                }
+                // the newest -nk complete ones stay, whatever steps they are: so the last checkpoint written
+                // before a run got into trouble is never the one deleted
+                if (checkpoints_keep > 0) prune_checkpoints(output_dir, checkpoints_keep, mg.num_processes);
             }
         }
         if (last_step) break;
@@ -2014,12 +2045,18 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         if (mg.num_processes > 1) loss = multi_gpu_cpu_float_sum(loss, &mg) / mg.num_processes;
         float norm = gpt2_gradient_norm(&model, &mg, zero_stage, stream);
         // outliers: a spike in the loss or the gradient norm against the last 128 steps skips the update
+        // divergence: a step whose loss or gradient norm is not finite updates nothing; -ns such steps in a row stop
+        // the run. In FP16 a non-finite norm is an overflow the loss scale handles, until the scale is down to 1.
+        int loss_finite = isfinite(loss);
+        int norm_bad = !isfinite(norm) && (PRECISION_MODE != PRECISION_FP16 || model.loss_scaler.scale <= 1.0f);
+        bad_steps = !loss_finite || norm_bad ? bad_steps + 1 : 0;
         double loss_z = update_detector(&ts.loss_outlier, loss);
         double norm_z = isfinite(norm) ? update_detector(&ts.norm_outlier, norm) : NAN;
         int loss_spike = skip_update_lossz > 0.0f && isfinite(loss_z) && loss_z > skip_update_lossz;
         int norm_spike = skip_update_gradz > 0.0f && isfinite(norm_z) && norm_z > skip_update_gradz;
         opt.learning_rate = lr_scheduler_get(&scheduler, step);
-        if (!loss_spike && !norm_spike) gpt2_update(&model, &opt, norm, step + 1, &mg, zero_stage, stream);
+        if (!loss_spike && !norm_spike)
+            gpt2_update(&model, &opt, loss_finite ? norm : NAN, step + 1, &mg, zero_stage, stream);
         cudaCheck(cudaStreamSynchronize(stream));
         clock_gettime(CLOCK_MONOTONIC, &ts1);
         float ms = (float)((ts1.tv_sec - ts0.tv_sec) * 1e3 + (ts1.tv_nsec - ts0.tv_nsec) * 1e-6);
@@ -2032,7 +2069,11 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         if (rank0) {
             if (loss_spike) printf("step %d: loss z-score %.1f exceeds -sl %.1f: update skipped\n", step + 1, loss_z, skip_update_lossz);
             if (norm_spike) printf("step %d: gradient norm z-score %.1f exceeds -sg %.1f: update skipped\n", step + 1, norm_z, skip_update_gradz);
-            if (!isfinite(norm)) printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1, model.loss_scaler.scale);
+            if (bad_steps > 0)
+                printf("step %d: loss %f, gradient norm %f: not finite, update skipped (%d of -ns %d in a row)\n",
+                       step + 1, loss, norm, bad_steps, divergence_steps);
+            else if (!isfinite(norm) && PRECISION_MODE == PRECISION_FP16)
+                printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1, model.loss_scaler.scale);
             char moe_fields[128] = "";
             if (cfg->num_experts > 0)
                 snprintf(moe_fields, sizeof(moe_fields), " | aux %f | z %f | drop %.4f", step_aux / grad_accum_steps,
@@ -2052,6 +2093,18 @@ static int gpt2_main(int argc, char* argv[], int moe) {
                      step_aux / grad_accum_steps, step_z / grad_accum_steps, step_drop / grad_accum_steps,
                      model.load_min, model.load_max, step_load_cv / grad_accum_steps);
             logger_log_text(&logger, line);
+        }
+        if (bad_steps >= divergence_steps) {
+            // every process saw the same loss and norm (both reduced over all of them): all stop here
+            if (rank0) {
+                int latest = output_dir ? find_latest_checkpoint(output_dir) : -1;
+                char where[1100] = "no checkpoint to resume from";
+                if (latest >= 0) snprintf(where, sizeof(where), "the last checkpoint is step %d in %s", latest, output_dir);
+                fprintf(stderr, "step %d: training diverged: the loss or the gradient norm was not finite for %d steps "
+                        "in a row (-ns %d); %s\n", step + 1, bad_steps, divergence_steps, where);
+            }
+            fflush(stdout);
+            exit(EXIT_FAILURE);
         }
     }
 

@@ -30,6 +30,37 @@ static void delete_checkpoint(const char* dir, int step, int num_processes) {
     }
 }
 
+// Deletes every complete checkpoint (one with a DONE marker) of dir but the newest `keep`.
+static void prune_checkpoints(const char* dir, int keep, int num_processes) {
+    DIR* d = opendir(dir);
+    if (!d) return;
+    int* steps = NULL;
+    int n = 0, capacity = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        char rest;
+        if (sscanf(e->d_name, "DONE_%8d%c", &step, &rest) != 1) continue;
+        if (n == capacity) {
+            capacity = capacity ? 2 * capacity : 16;
+            int* grown = (int*)realloc(steps, (size_t)capacity * sizeof(int));
+            if (!grown) break;  // out of memory: prune what was listed
+            steps = grown;
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    // the newest first (insertion sort: a handful of checkpoints)
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && steps[j] > steps[j - 1]; j--) {
+            int t = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = t;
+        }
+    for (int i = keep; i < n; i++) delete_checkpoint(dir, steps[i], num_processes);
+    free(steps);
+}
+
 // the latest step with a DONE marker in dir, or -1
 static int find_latest_checkpoint(const char* dir) {
     DIR* d = opendir(dir);

@@ -150,5 +150,18 @@ if grep -q "note: tokenizer $work/bytes_tok.bin has 257 tokens, more than the mo
     grep -q "^note: no tokenizer: samples start from token 0" "$work/bigtok.log"; then pass; else
     fail "a tokenizer larger than the model: $(head -c 300 "$work/bigtok.log")"; fi
 
+# --- divergence: a learning rate of 1e30 makes step 2 on NaN; -ns 3 such steps in a row stop the run (non-zero exit),
+# no checkpoint is written from them, and -nk 1 keeps the step-1 checkpoint, the last one before the trouble
+expect_error "divergence" "step 4: training diverged: the loss or the gradient norm was not finite for 3 steps in a row (-ns 3); the last checkpoint is step 1" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 10 -l 1e30 -n 1 -nk 1 -o "$work/diverge"
+if [ "$(ls "$work/diverge" | grep -c '^DONE_')" = 1 ] && [ -e "$work/diverge/DONE_00000001" ] &&
+    [ -e "$work/diverge/model_00000001.bin" ]; then pass; else
+    fail "a diverging run's checkpoints: $(ls "$work/diverge" | tr '\n' ' ')"; fi
+"$TRAIN" "${COMMON[@]}" -b 2 -x 10 -l 1e30 -ns 2 >"$work/diverge2.log" 2>&1
+if grep -q "^step 2: loss -\?nan, gradient norm -\?nan: not finite, update skipped (1 of -ns 2 in a row)" "$work/diverge2.log" &&
+    grep -q "^step 3: training diverged" "$work/diverge2.log" && ! grep -q "loss scale" "$work/diverge2.log"; then pass; else
+    fail "-ns 2: $(grep -v '^[|+]' "$work/diverge2.log" | tail -4)"; fi
+expect_error "-ns 0" "-ns 0: expected at least 1 step" "$TRAIN" "${COMMON[@]}" -ns 0
+
 echo "test_train_gpt: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
