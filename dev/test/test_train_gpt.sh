@@ -163,5 +163,15 @@ if grep -q "^step 2: loss -\?nan, gradient norm -\?nan: not finite, update skipp
     fail "-ns 2: $(grep -v '^[|+]' "$work/diverge2.log" | tail -4)"; fi
 expect_error "-ns 0" "-ns 0: expected at least 1 step" "$TRAIN" "${COMMON[@]}" -ns 0
 
+# --- checkpoint writes do not follow symlinks: a link planted at a temporary name is replaced, its target untouched
+mkdir -p "$work/links"
+printf 'precious' >"$work/precious.txt"
+ln -s "$work/precious.txt" "$work/links/model_00000001.bin.tmp"
+ln -s "$work/precious.txt" "$work/links/state_00000001_00000.bin.tmp"
+"$TRAIN" "${COMMON[@]}" -b 2 -x 1 -n 1 -o "$work/links" >"$work/links.log" 2>&1 || fail "run with planted links: $(tail -3 "$work/links.log")"
+if [ "$(cat "$work/precious.txt")" = precious ] && [ -e "$work/links/DONE_00000001" ] && [ ! -L "$work/links/model_00000001.bin" ] &&
+    cmp -s "$work/links/model_00000001.bin" "$work/full/model_00000003.bin" -n 1024; then pass; else
+    fail "a checkpoint write followed a symlink: precious.txt is now $(head -c 40 "$work/precious.txt" | od -c | head -1)"; fi
+
 echo "test_train_gpt: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
