@@ -444,6 +444,22 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
     }
 }
 
+// Before the parameters and their gradients are allocated for a model from `source`: they fit in the device's free
+// memory, or one line says what they need (a GPU out of memory would otherwise name neither, and the CPU backend,
+// which fills new device memory, would drive the host into swap).
+static void check_parameter_memory(const GPT2* model, const char* source) {
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    int local = model->config.num_experts / (model->ep.degree > 0 ? model->ep.degree : 1);
+    fill_in_parameter_sizes(sizes, &model->config, local);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
+    size_t need = 2 * n * sizeof(floatX), free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && need > free_bytes) {
+        fprintf(stderr, "%s: out of device memory: the parameters and gradients of its %zu parameters need %zu bytes, "
+                "%zu are free\n", source, n, need, free_bytes);
+        exit(EXIT_FAILURE);
+    }
+}
+
 // Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16) for the
 // dense trainer, or an MoE file (version 1 fp32, 2 bf16; ARCHITECTURE.md) for the MoE trainer.
 static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int moe) {
@@ -481,18 +497,44 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int moe) {
     c->channels = header[6];
     c->padded_vocab_size = header[7];
     check_config_supported(c, path);
-    gpt2_allocate_parameters(model);
-    size_t n = gpt2_num_parameters(c);
-    size_t file_elem = version == fp32_version ? sizeof(float) : sizeof(__nv_bfloat16);
-    void* raw = malloc_check(n * file_elem);
-    fread_check(raw, file_elem, n, f, path);
-    // the file must end exactly here: a longer file is not the model its header describes
-    if (fgetc(f) != EOF) {
-        fprintf(stderr, "%s: file is longer than its header's model (%zu parameters)\n", path, n);
+    // The header's sizes are checked against the file's length before anything is allocated for them: a corrupt
+    // header must fail fast with "truncated", not ask for terabytes. In double first, where no product overflows.
+    double estimate = (double)c->padded_vocab_size * c->channels + (double)c->max_seq_len * c->channels +
+                      (double)c->num_layers * c->channels * c->channels * 12.0 +
+                      (double)c->num_layers * c->num_experts * c->channels * (c->expert_hidden * 2.0 + 2.0);
+    if (estimate > 1e15) {
+        fprintf(stderr, "%s: its header describes a model of about %.3g parameters (L=%d C=%d V=%d maxT=%d): not a model "
+                "file this trainer can load\n", path, estimate, c->num_layers, c->channels, c->vocab_size, c->max_seq_len);
         exit(EXIT_FAILURE);
     }
+    size_t n = gpt2_num_parameters(c);
+    size_t file_elem = version == fp32_version ? sizeof(float) : sizeof(__nv_bfloat16);
+    size_t expected_bytes = 256 * sizeof(int) + n * file_elem;
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fprintf(stderr, "%s: cannot seek to the end to check its size\n", path);
+        exit(EXIT_FAILURE);
+    }
+    size_t file_bytes = (size_t)ftell(f);
+    if (file_bytes < expected_bytes) {
+        fprintf(stderr, "%s is truncated: its header describes %zu parameters (%zu bytes with the header), the file has "
+                "%zu bytes\n", path, n, expected_bytes, file_bytes);
+        exit(EXIT_FAILURE);
+    }
+    if (file_bytes > expected_bytes) {  // a longer file is not the model its header describes
+        fprintf(stderr, "%s: file is longer than its header's model (%zu parameters, %zu bytes with the header; the file "
+                "has %zu)\n", path, n, expected_bytes, file_bytes);
+        exit(EXIT_FAILURE);
+    }
+    if (fseek(f, 256 * sizeof(int), SEEK_SET) != 0) {
+        fprintf(stderr, "%s: cannot seek to its parameters\n", path);
+        exit(EXIT_FAILURE);
+    }
+    check_parameter_memory(model, path);
+    gpt2_allocate_parameters(model);
+    void* raw = malloc_for(n * file_elem, "the parameters as stored", path);
+    fread_check(raw, file_elem, n, f, path);
     fclose_check(f, path);
-    floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
+    floatX* host = (floatX*)malloc_for(n * sizeof(floatX), "the parameters", path);
     for (size_t i = 0; i < n; i++) {
         float v = version == fp32_version ? ((float*)raw)[i] : __bfloat162float(((__nv_bfloat16*)raw)[i]);
         host[i] = (floatX)v;
@@ -530,6 +572,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     c->max_seq_len = max_seq_len;
     if (c->num_experts > 0 && c->expert_hidden <= 0) c->expert_hidden = 4 * c->channels;
     check_config_supported(c, descriptor);
+    check_parameter_memory(model, descriptor);
     gpt2_allocate_parameters(model);
     // GPT-2 init: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm 1/0;
     // padded vocabulary rows stay zero. Drawn tensor by tensor from one seeded mt19937, in model-file order with

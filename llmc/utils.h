@@ -62,6 +62,16 @@ static inline void* malloc_check(size_t size) {
     return p;
 }
 
+// malloc_check naming what the memory is for and the file it comes from, for sizes a file decides
+static inline void* malloc_for(size_t size, const char* what, const char* path) {
+    void* p = malloc(size > 0 ? size : 1);
+    if (p == NULL) {
+        fprintf(stderr, "%s: out of host memory: cannot allocate %zu bytes for %s\n", path, size, what);
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+
 // Reads the 256-int32 header every file of the project starts with and checks its magic number.
 static inline void read_header_check(FILE* f, int header[256], const char* path, int magic, const char* what) {
     size_t got = fread(header, sizeof(int), 256, f);

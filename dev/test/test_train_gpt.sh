@@ -173,5 +173,24 @@ if [ "$(cat "$work/precious.txt")" = precious ] && [ -e "$work/links/DONE_000000
     cmp -s "$work/links/model_00000001.bin" "$work/full/model_00000003.bin" -n 1024; then pass; else
     fail "a checkpoint write followed a symlink: precious.txt is now $(head -c 40 "$work/precious.txt" | od -c | head -1)"; fi
 
+# --- a header's sizes are checked against the file's length before anything is allocated for them; a model that
+# is all there but does not fit gets a line naming the file and the bytes it needs (a sparse file of 170 GB)
+$PYTHON - "$MODEL" "$work/layers.bin" "$work/huge.bin" <<'PY'
+import struct, sys
+h = list(struct.unpack("256i", open(sys.argv[1], "rb").read(1024)))
+h[4] = 30000
+open(sys.argv[2], "wb").write(struct.pack("256i", *h) + b"\0" * 100000)
+h[2:8] = [64, 263, 6000, 12, 768, 384]
+f = open(sys.argv[3], "wb")
+f.write(struct.pack("256i", *h))
+n = 384 * 768 + 64 * 768 + 6000 * (2 * 768 + 3 * 768 * 768 + 3 * 768 + 768 * 768 + 768 + 2 * 768 + 8 * 768 * 768 + 5 * 768) + 2 * 768
+f.truncate(1024 + 4 * n)
+PY
+expect_error "30000 layers on a small file" "layers.bin is truncated: its header describes" \
+    timeout 20 "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/layers.bin"
+expect_error "a model larger than memory" "huge.bin: out of device memory: the parameters and gradients of its" \
+    timeout 20 "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/huge.bin"
+rm -f "$work/huge.bin"
+
 echo "test_train_gpt: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
