@@ -1737,6 +1737,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     float importance_coef = 0.1f, load_coef = 0.1f;
     int noisy_topk = 0;
     int divergence_steps = 3;
+    int shape_set[4] = {0, 0, 0, 0};  // -ne, -tk, -me, -eh given on the command line
     for (int i = 1; i < argc; i += 2) {
         const char* flag = argv[i];
         if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
@@ -1786,10 +1787,10 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         else if (!strcmp(flag, "-pn")) num_processes = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-pr")) process_rank = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-pg")) gpus_per_node = parse_int_flag(flag, v);
-        else if (moe && !strcmp(flag, "-ne")) num_experts = parse_int_flag(flag, v);
-        else if (moe && !strcmp(flag, "-tk")) top_k = parse_int_flag(flag, v);
-        else if (moe && !strcmp(flag, "-me")) moe_every = parse_int_flag(flag, v);
-        else if (moe && !strcmp(flag, "-eh")) expert_hidden = parse_int_flag(flag, v);
+        else if (moe && !strcmp(flag, "-ne")) { num_experts = parse_int_flag(flag, v); shape_set[0] = 1; }
+        else if (moe && !strcmp(flag, "-tk")) { top_k = parse_int_flag(flag, v); shape_set[1] = 1; }
+        else if (moe && !strcmp(flag, "-me")) { moe_every = parse_int_flag(flag, v); shape_set[2] = 1; }
+        else if (moe && !strcmp(flag, "-eh")) { expert_hidden = parse_int_flag(flag, v); shape_set[3] = 1; }
         else if (moe && !strcmp(flag, "-cf")) capacity_factor = parse_float_flag(flag, v);
         else if (moe && !strcmp(flag, "-cfe")) capacity_factor_eval = parse_float_flag(flag, v);
         else if (moe && !strcmp(flag, "-ra")) aux_alpha = parse_float_flag(flag, v);
@@ -1906,6 +1907,21 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         return EXIT_FAILURE;
     }
     const GPT2Config* cfg = &model.config;
+    if (moe && file_exists(model_source)) {
+        // the experts' shape is the model file's: a flag that says otherwise is a mistake, not a request
+        const char* names[4] = {"-ne", "-tk", "-me", "-eh"};
+        const char* what[4] = {"experts per MoE layer", "experts per token", "layers per MoE layer",
+                               "as the experts' hidden size"};
+        int given[4] = {num_experts, top_k, moe_every, expert_hidden};
+        int has[4] = {cfg->num_experts, cfg->top_k, cfg->moe_every, cfg->expert_hidden};
+        for (int i = 0; i < 4; i++) {
+            if (shape_set[i] && given[i] != has[i]) {
+                fprintf(stderr, "%s %d: the model file %s has %d %s (leave %s out, or start from a descriptor)\n",
+                        names[i], given[i], model_source, has[i], what[i], names[i]);
+                return EXIT_FAILURE;
+            }
+        }
+    }
     if (noisy_topk && !cfg->noisy_gating) {
         fprintf(stderr, "-rn 1: %s has no noise router (header[12] = 0); noisy gating is part of the model: start "
                 "from a descriptor with -rn 1\n", model_source);

@@ -174,5 +174,15 @@ PY
 expect_error "tokens of 65535 on V=256" "ffff.bin: token 65535 at position 0 is out of range for the model's vocabulary (expected 0 to 255, V = 256)" \
     "$TRAIN" -e d2 -ev 256 -et 32 -ne 4 -i "$work/ffff.bin" -j "" -b 2 -t 16 -v 0 -s 0 -x 2 -a 1
 
+# explicit -ne, -tk, -me, -eh that contradict the model file are refused (the file's own values are accepted)
+expect_error "-ne against the file" "-ne 8: the model file $MOE_MODEL has 4 experts per MoE layer" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -ne 8
+expect_error "-tk against the file" "-tk 2: the model file $MOE_MODEL has 1 experts per token" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -tk 2
+expect_error "-me against the file" "-me 2: the model file $MOE_MODEL has 1 layers per MoE layer" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -me 2
+expect_error "-eh against the file" "-eh 64: the model file $MOE_MODEL has 96 as the experts' hidden size" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -eh 64
+expect_error "-ne against a checkpoint" "-ne 2: the model file $work/full/model_00000006.bin has 4 experts" \
+    "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 7 -o "$work/full" -y 1 -ne 2
+if "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -ne 4 -tk 1 -me 1 -eh 96 >"$work/same_shape.log" 2>&1; then pass; else
+    fail "the file's own -ne -tk -me -eh were refused: $(tail -2 "$work/same_shape.log")"; fi
+
 echo "test_train_moe: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
