@@ -2031,6 +2031,8 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     if (output_dir) create_dir_if_not_exists(output_dir);
     Logger logger;
     logger_init(&logger, output_dir, mg.process_rank, resume_step >= 0);
+    if (resume_step >= 0)
+        logger_resume(&logger, start_step, run_val && (start_step % val_every == 0 || start_step == train_num_batches));
     LearningRateScheduler scheduler;
     lr_scheduler_init(&scheduler, lr_scheduler_type, learning_rate, warmup_iterations, train_num_batches, final_lr_frac);
     AdamWConfig opt = {learning_rate, 0.9f, 0.95f, 1e-8f, weight_decay, 1.0f};

@@ -192,5 +192,22 @@ expect_error "a model larger than memory" "huge.bin: out of device memory: the p
     timeout 20 "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/huge.bin"
 rm -f "$work/huge.bin"
 
+# --- main.log after a resume: the steps the resumed run redoes (and the validation it redoes) appear once
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -v 3 -m 1 -j "$work/train.bin" -o "$work/logfull" >"$work/logfull.log" 2>&1 ||
+    fail "logging run: $(tail -3 "$work/logfull.log")"
+mkdir -p "$work/logresumed"
+cp "$work/logfull"/*_00000003* "$work/logfull/main.log" "$work/logresumed/"
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -v 3 -m 1 -j "$work/train.bin" -o "$work/logresumed" -y 1 >"$work/logresumed.log" 2>&1 ||
+    fail "resumed logging run: $(tail -3 "$work/logresumed.log")"
+if $PYTHON - "$work/logfull/main.log" "$work/logresumed/main.log" <<'PY'
+import re, sys
+def keys(path):
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"^s:(\d+) (\w+):", open(path).read(), re.M)]
+a, b = keys(sys.argv[1]), keys(sys.argv[2])
+print("  main.log steps: full %s\n  resumed %s" % (a, b))
+sys.exit(0 if a == b and len(a) == 9 and "resumed from step 3" in open(sys.argv[2]).read() else 1)
+PY
+then pass; else fail "main.log after a resume repeats or lacks steps"; fi
+
 echo "test_train_gpt: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
