@@ -8,6 +8,7 @@
 // test_gpt.cu includes this file with TESTING defined, so everything but main() is shared with the test.
 #include <ctype.h>
 #include <dirent.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1694,6 +1695,16 @@ static void usage(int moe) {
 
 
 
+// A test hook (dev/test/test_train_gpt.sh): TRAIN_TEST_STOP_AT_STEP=N stops (SIGSTOP) the process of rank
+// TRAIN_TEST_STOP_RANK (default 0) before training step N, as a hung or crashed process would stand still.
+static void test_hook_stop(int step, int rank) {
+    const char* at = getenv("TRAIN_TEST_STOP_AT_STEP");
+    const char* who = getenv("TRAIN_TEST_STOP_RANK");
+    if (at == NULL || atoi(at) != step || (who != NULL ? atoi(who) : 0) != rank) return;
+    fprintf(stderr, "TRAIN_TEST_STOP_AT_STEP: process %d stops before step %d\n", rank, step);
+    raise(SIGSTOP);
+}
+
 // Per MoE layer, after a validation pass: its aux and z losses, dropped choices and expert loads.
 static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
     for (int m = 0; m < num_moe_layers(&model->config); m++) {
@@ -1714,6 +1725,8 @@ static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step)
 // The trainer's main, shared by train_gpt.cu (dense, moe = 0) and train_moe.cu (moe = 1: MoE model files,
 // descriptors with experts, the MoE flags, and aux/z/drop in the step line).
 static int gpt2_main(int argc, char* argv[], int moe) {
+    // line-buffered even into a pipe or a file: the memory plan and every step line are out before a crash
+    setvbuf(stdout, NULL, _IOLBF, 0);
     const char* train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
     const char* val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
     const char* model_source = "gpt2_124M_bf16.bin";
@@ -2084,6 +2097,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         }
         if (last_step) break;
 
+        test_hook_stop(step + 1, mg.process_rank);
         struct timespec ts0, ts1;
         clock_gettime(CLOCK_MONOTONIC, &ts0);
         gpt2_zero_grad(&model, stream);

@@ -209,5 +209,26 @@ sys.exit(0 if a == b and len(a) == 9 and "resumed from step 3" in open(sys.argv[
 PY
 then pass; else fail "main.log after a resume repeats or lacks steps"; fi
 
+# --- stdout is line-buffered: into a pipe, the memory plan is out before step 1 even if the process is killed there
+# wait_stopped PID: until the process stands still (SIGSTOP), at most 60 s
+wait_stopped() {
+    for _ in $(seq 600); do
+        [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" = T ] && return 0
+        kill -0 "$1" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+mkfifo "$work/pipe"
+cat "$work/pipe" >"$work/piped.log" &
+cat_pid=$!
+TRAIN_TEST_STOP_AT_STEP=1 "$TRAIN" "${COMMON[@]}" -b 2 -x 5 >"$work/pipe" 2>/dev/null &
+train_pid=$!
+wait_stopped $train_pid || fail "the trainer did not stop before step 1"
+kill -9 $train_pid
+wait $train_pid 2>/dev/null
+wait $cat_pid
+if grep -q "memory: parameters" "$work/piped.log"; then pass; else fail "the memory plan was lost in the pipe's buffer"; fi
+
 echo "test_train_gpt: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
