@@ -610,11 +610,10 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
 // Writes the model file: llm.c's format for a dense model (version 5 bf16 from a BF16 build, 3 fp32
 // otherwise), the MoE format with experts (version 2 bf16, 1 fp32). Process 0 writes, after gathering every expert
 // over its expert group (collective over that group; every other process returns at once).
-static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStream_t stream) {
-    if (model->ep.group != 0) return;
+// The model file's header words 0..12 as this build writes them.
+static void gpt2_model_header(const GPT2* model, int* header) {
     const GPT2Config* c = &model->config;
     int moe = c->num_experts > 0;
-    int header[256] = {0};
     header[0] = moe ? MOE_MODEL_MAGIC : GPT2_MODEL_MAGIC;
     header[1] = PRECISION_MODE == PRECISION_BF16 ? (moe ? 2 : 5) : (moe ? 1 : 3);
     header[8] = c->num_experts;
@@ -628,6 +627,13 @@ static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStrea
     header[5] = c->num_heads;
     header[6] = c->channels;
     header[7] = c->padded_vocab_size;
+}
+
+static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStream_t stream) {
+    if (model->ep.group != 0) return;
+    const GPT2Config* c = &model->config;
+    int header[256] = {0};
+    gpt2_model_header(model, header);
     size_t n = gpt2_num_parameters(c);
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
     gpt2_get_tensors(model, host, 0, stream);
@@ -1545,12 +1551,140 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
     free(lstate);
     fwrite_check(ts, sizeof(TrainerState), 1, f, tmp);
     commit_tmp(f, tmp, path);
-    multi_gpu_barrier(mg);
+    // every process checksums its own state file (in parallel, from the page cache); process 0 gathers them, which
+    // is also the barrier before the DONE marker
+    uint64_t mine[2], *all = (uint64_t*)malloc_check(2 * (size_t)mg->num_processes * sizeof(uint64_t));
+    if (!checkpoint_checksum(path, &mine[0], &mine[1])) {
+        fprintf(stderr, "%s: cannot read back the file just written\n", path);
+        exit(EXIT_FAILURE);
+    }
+    uint64_t* device;
+    cudaCheck(cudaMalloc((void**)&device, 2 * (size_t)(mg->num_processes + 1) * sizeof(uint64_t)));
+    cudaCheck(cudaMemcpy(device, mine, sizeof(mine), cudaMemcpyHostToDevice));
+    ncclCheck(ncclAllGather(device, device + 2, 2, ncclUint64, mg->nccl_comm, mg->nccl_stream));
+    cudaCheck(cudaStreamSynchronize(mg->nccl_stream));
+    cudaCheck(cudaMemcpy(all, device + 2, 2 * (size_t)mg->num_processes * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(device));
     if (mg->process_rank == 0) {
         checkpoint_paths(path, sizeof(path), dir, "DONE", ts->step, -1);
         FILE* d = fopen_tmp_for(path, tmp, sizeof(tmp));
+        int header[13];
+        gpt2_model_header(model, header);
+        fprintf(d, "checkpoint 1\nstep %d\nprocesses %d\nmodel", ts->step, mg->num_processes);
+        for (int i = 1; i <= 12; i++) fprintf(d, " %d", header[i]);
+        fprintf(d, "\n");
+        const char* kinds[2] = {"model", "expert_state"};
+        for (int k = 0; k < (model->config.num_experts > 0 ? 2 : 1); k++) {
+            char file[1024];
+            uint64_t size, hash;
+            checkpoint_paths(file, sizeof(file), dir, kinds[k], ts->step, -1);
+            if (!checkpoint_checksum(file, &size, &hash)) {
+                fprintf(stderr, "%s: cannot read back the file just written\n", file);
+                exit(EXIT_FAILURE);
+            }
+            fprintf(d, "file %s %llu %016llx\n", strrchr(file, '/') + 1, (unsigned long long)size,
+                    (unsigned long long)hash);
+        }
+        for (int r = 0; r < mg->num_processes; r++) {
+            char file[1024];
+            checkpoint_paths(file, sizeof(file), dir, "state", ts->step, r);
+            fprintf(d, "file %s %llu %016llx\n", strrchr(file, '/') + 1, (unsigned long long)all[2 * r],
+                    (unsigned long long)all[2 * r + 1]);
+        }
         commit_tmp(d, tmp, path);
     }
+    free(all);
+}
+
+// Whether the checkpoint of `step` in dir is sound for this process: its DONE marker's step, process count and model
+// header agree with the files, and the checksums of the model, the expert state and this process's state match.
+// An empty DONE marker (an older trainer's) has no checksums: only the step and process count of the state and
+// the model header's readability are checked, and *legacy is set. On failure `why` says what, naming the file.
+static int verify_checkpoint(const char* dir, int step, int rank, int num_processes, int* legacy, char* why,
+                             size_t why_size) {
+    char done[1024], path[1024];
+    checkpoint_paths(done, sizeof(done), dir, "DONE", step, -1);
+    *legacy = 0;
+    FILE* f = fopen(done, "r");
+    if (f == NULL) { snprintf(why, why_size, "%s: cannot open", done); return 0; }
+    char line[2048];
+    int version = -1, done_step = -1, processes = -1, have_model = 0, model_header[13] = {0}, lines = 0;
+    // the files the DONE lists, checked as they come; this process's state must be among them
+    int checked_state = 0, ok = 1;
+    while (ok && fgets(line, sizeof(line), f) != NULL) {
+        lines++;
+        char name[1024];
+        unsigned long long size, hash;
+        if (sscanf(line, "checkpoint %d", &version) == 1) continue;
+        if (sscanf(line, "step %d", &done_step) == 1) continue;
+        if (sscanf(line, "processes %d", &processes) == 1) continue;
+        if (strncmp(line, "model ", 6) == 0) {
+            char* at = line + 6;
+            have_model = 1;
+            for (int i = 1; i <= 12; i++) model_header[i] = (int)strtol(at, &at, 10);
+            continue;
+        }
+        if (sscanf(line, "file %1023s %llu %llx", name, &size, &hash) == 3) {
+            int r, s2;
+            char rest;
+            int is_state = sscanf(name, "state_%8d_%5d.bin%c", &s2, &r, &rest) == 2;
+            if (is_state && r != rank) continue;  // every process checks its own
+            snprintf(path, sizeof(path), "%s/%s", dir, name);
+            uint64_t got_size, got_hash;
+            if (!checkpoint_checksum(path, &got_size, &got_hash)) {
+                snprintf(why, why_size, "%s: cannot read it", path);
+                ok = 0;
+            } else if (got_size != size || got_hash != hash) {
+                snprintf(why, why_size, "%s: %llu bytes, checksum %016llx; %s lists %llu bytes, checksum %016llx", path,
+                         (unsigned long long)got_size, (unsigned long long)got_hash, done, size, hash);
+                ok = 0;
+            }
+            checked_state |= is_state;
+            continue;
+        }
+        snprintf(why, why_size, "%s: unexpected line '%.60s'", done, line);
+        ok = 0;
+    }
+    fclose(f);
+    if (!ok) return 0;
+    if (lines == 0) {
+        *legacy = 1;
+    } else if (version != 1 || done_step != step || processes != num_processes || !have_model || !checked_state) {
+        snprintf(why, why_size, "%s: says checkpoint %d, step %d, %d processes%s; expected version 1, step %d, %d "
+                 "processes and this process's state", done, version, done_step, processes,
+                 have_model ? "" : ", no model header", step, num_processes);
+        return 0;
+    }
+    // the files' own headers: the model's configuration as the DONE lists it, the state's step and process count
+    checkpoint_paths(path, sizeof(path), dir, "model", step, -1);
+    int header[256];
+    FILE* m = fopen(path, "rb");
+    if (m == NULL || fread(header, sizeof(int), 256, m) != 256) {
+        if (m) fclose(m);
+        snprintf(why, why_size, "%s: cannot read its header", path);
+        return 0;
+    }
+    fclose(m);
+    for (int i = 1; i <= 12 && !*legacy; i++) {
+        if (header[i] != model_header[i]) {
+            snprintf(why, why_size, "%s: header[%d] = %d, but %s says %d", path, i, header[i], done, model_header[i]);
+            return 0;
+        }
+    }
+    checkpoint_paths(path, sizeof(path), dir, "state", step, rank);
+    FILE* st = fopen(path, "rb");
+    if (st == NULL || fread(header, sizeof(int), 256, st) != 256) {
+        if (st) fclose(st);
+        snprintf(why, why_size, "%s: cannot read its header", path);
+        return 0;
+    }
+    fclose(st);
+    if (header[0] != GPT2_STATE_MAGIC || header[5] != step || header[2] != num_processes) {
+        snprintf(why, why_size, "%s: a state of step %d for %d processes (magic %d), not of step %d for %d", path,
+                 header[5], header[2], header[0], step, num_processes);
+        return 0;
+    }
+    return 1;
 }
 
 
@@ -1904,7 +2038,28 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     char resume_dir_model[1024] = "";
     int resume_step = -1;
     if (resume) {
+        // the latest complete checkpoint that every process verifies; else the one before it, and so on
         resume_step = find_latest_checkpoint(output_dir);
+        int found_any = resume_step >= 0;
+        while (resume_step >= 0) {
+            char why[2600] = "";
+            int legacy = 0;
+            int ok = verify_checkpoint(output_dir, resume_step, mg.process_rank, mg.num_processes, &legacy, why,
+                                       sizeof(why));
+            if (!ok) fprintf(stderr, "-y 1: checkpoint step %d fails verification: %s\n", resume_step, why);
+            if (multi_gpu_cpu_float_sum(ok ? 0.0f : 1.0f, &mg) == 0.0f) {
+                if (legacy && rank0)
+                    printf("note: %s/DONE_%08d has no checksums (an older checkpoint): loaded unverified\n", output_dir,
+                           resume_step);
+                break;
+            }
+            resume_step = find_checkpoint_before(output_dir, resume_step);
+            if (rank0 && resume_step >= 0) printf("-y 1: trying the previous complete checkpoint, step %d\n", resume_step);
+        }
+        if (found_any && resume_step < 0) {
+            fprintf(stderr, "-y 1: no complete checkpoint in %s passes verification\n", output_dir);
+            return EXIT_FAILURE;
+        }
         if (resume_step < 0) {
             if (rank0) printf("-y 1: no complete checkpoint in %s, starting from -e %s\n", output_dir, model_source);
         } else {

@@ -58,6 +58,32 @@ if [ -n "$want" ] && [ "$want" = "$got" ] && grep -q "resumed from step 3" "$wor
     fail "resume is not bit-identical: want [$want] got [$got]"; fi
 if cmp -s "$work/full/model_00000006.bin" "$work/resumed/model_00000006.bin"; then pass; else
     fail "the resumed run's final model differs"; fi
+# --- checkpoint integrity: the DONE marker lists every file's size and checksum, checked on -y 1
+grep -q "^file state_00000006_00000.bin 616080 " "$work/full/DONE_00000006" && pass || fail "DONE lacks the state's checksum"
+# a corrupt latest checkpoint is named and the previous complete one is used
+mkdir -p "$work/corrupt"
+cp "$work/full"/*_0000000[36]* "$work/corrupt/"
+printf 'X' | dd of="$work/corrupt/state_00000006_00000.bin" bs=1 seek=5000 conv=notrunc 2>/dev/null
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/corrupt" -y 1 >"$work/corrupt.log" 2>&1 || fail "resume past a corrupt checkpoint: $(tail -3 "$work/corrupt.log")"
+if grep -q "^-y 1: checkpoint step 6 fails verification: $work/corrupt/state_00000006_00000.bin: 616080 bytes, checksum" "$work/corrupt.log" &&
+    grep -q "resumed from step 3" "$work/corrupt.log" && [ "$(losses "$work/corrupt.log")" = "$want" ]; then pass; else
+    fail "a corrupt latest checkpoint: $(grep -v '^[|+]' "$work/corrupt.log" | head -4)"; fi
+# none passes: non-zero exit (the step-6 checkpoint was rewritten by that run: corrupt both again)
+printf 'X' | dd of="$work/corrupt/model_00000003.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
+printf 'X' | dd of="$work/corrupt/model_00000006.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
+expect_error "no checkpoint passes verification" "-y 1: no complete checkpoint in $work/corrupt passes verification" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/corrupt" -y 1
+# an older checkpoint (an empty DONE marker) loads, with a note; its state must still be of its step
+mkdir -p "$work/legacy"
+cp "$work/full"/*_00000003* "$work/legacy/"
+: >"$work/legacy/DONE_00000003"
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/legacy" -y 1 >"$work/legacy.log" 2>&1 || fail "legacy resume: $(tail -3 "$work/legacy.log")"
+if grep -q "DONE_00000003 has no checksums (an older checkpoint): loaded unverified" "$work/legacy.log" &&
+    [ "$(losses "$work/legacy.log")" = "$want" ]; then pass; else fail "an older checkpoint does not load as before"; fi
+rm "$work/legacy"/*_00000006*
+cp "$work/full/state_00000006_00000.bin" "$work/legacy/state_00000003_00000.bin"
+expect_error "a state of another step" "state_00000003_00000.bin: a state of step 6 for 1 processes" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/legacy" -y 1
 # -nk 1 keeps only the last checkpoint
 "$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 2 -nk 1 -o "$work/keep" >"$work/keep.log" 2>&1
 if [ -e "$work/keep/DONE_00000006" ] && [ ! -e "$work/keep/DONE_00000004" ] && [ ! -e "$work/keep/model_00000002.bin" ]; then pass; else

@@ -117,6 +117,16 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/resumed.log")" ] &&
     cmp -s "$work/full/model_00000006.bin" "$work/resumed/model_00000006.bin"; then pass; else
     fail "MoE resume is not bit-identical"; fi
 
+# a corrupt expert state in the latest checkpoint is named, and the run resumes from the one before
+mkdir -p "$work/corrupt"
+cp "$work/full"/*_0000000[36]* "$work/corrupt/"
+printf 'X' | dd of="$work/corrupt/expert_state_00000006.bin" bs=1 seek=2000 conv=notrunc 2>/dev/null
+"$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -o "$work/corrupt" -y 1 >"$work/corrupt.log" 2>&1 ||
+    fail "resume past a corrupt expert state: $(tail -3 "$work/corrupt.log")"
+if grep -q "^-y 1: checkpoint step 6 fails verification: $work/corrupt/expert_state_00000006.bin" "$work/corrupt.log" &&
+    [ "$want" = "$(step_fields "$work/corrupt.log")" ]; then pass; else
+    fail "a corrupt expert state: $(grep -v '^[|+]' "$work/corrupt.log" | head -3)"; fi
+
 # --- a descriptor MoE model trains, with its telemetry in the step line and the log
 "$TRAIN" -e d2 -ev 263 -et 32 -ne 4 -tk 2 -me 1 -i "$work/train.bin" -j "$work/train.bin" -v 30 -m 2 -s 0 -b 4 -t 16 \
     -l 3e-3 -a 1 -x 30 -o "$work/desc" >"$work/desc.log" 2>&1 || fail "descriptor run: $(tail -3 "$work/desc.log")"
