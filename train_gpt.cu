@@ -9,6 +9,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1829,6 +1830,35 @@ static void usage(int moe) {
 
 
 
+// One run at a time writes into an output directory: process 0 holds an exclusive flock on <dir>/train.lock (with
+// its pid in it) for as long as it lives, and a second run is refused naming the holder. The kernel drops the lock
+// when the process ends, however it ends, so a crashed run leaves no stale lock behind.
+static void lock_output_dir(const char* dir) {
+    create_dir_if_not_exists(dir);
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/train.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "-o %s: cannot open the lock file %s: %s\n", dir, path, strerror(errno));
+        exit(EXIT_FAILURE);
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char holder[32] = "";
+        ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
+        holder[got > 0 ? got : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        fprintf(stderr, "-o %s: in use by another run (pid %s holds %s)\n", dir, holder[0] ? holder : "unknown", path);
+        exit(EXIT_FAILURE);
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, n, 0) != n) {
+        fprintf(stderr, "-o %s: cannot write %s: %s\n", dir, path, strerror(errno));
+        exit(EXIT_FAILURE);
+    }
+    // fd stays open (and locked) until the process exits
+}
+
 // A test hook (dev/test/test_train_gpt.sh): TRAIN_TEST_STOP_AT_STEP=N stops (SIGSTOP) the process of rank
 // TRAIN_TEST_STOP_RANK (default 0) before training step N, as a hung or crashed process would stand still.
 static void test_hook_stop(int step, int rank) {
@@ -1997,6 +2027,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     }
     MultiGpuConfig mg = multi_gpu_config_init(init_method, num_processes, process_rank, gpus_per_node, server_ip, fs_path);
     int rank0 = mg.process_rank == 0;
+    if (output_dir && rank0) lock_output_dir(output_dir);
     if (mg.num_processes % expert_parallel != 0) {
         fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of processes (%d)\n",
                 expert_parallel, mg.num_processes);

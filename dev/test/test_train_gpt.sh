@@ -256,5 +256,16 @@ wait $train_pid 2>/dev/null
 wait $cat_pid
 if grep -q "memory: parameters" "$work/piped.log"; then pass; else fail "the memory plan was lost in the pipe's buffer"; fi
 
+# --- the output directory is locked: a second run into it while one runs is refused, naming the holder's pid
+TRAIN_TEST_STOP_AT_STEP=1 "$TRAIN" "${COMMON[@]}" -b 2 -x 5 -o "$work/locked" >/dev/null 2>&1 &
+holder=$!
+wait_stopped $holder || fail "the first run did not stop before step 1"
+expect_error "a second run into a locked directory" "-o $work/locked: in use by another run (pid $holder holds $work/locked/train.lock)" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -o "$work/locked"
+kill -9 $holder
+wait $holder 2>/dev/null
+if "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -o "$work/locked" >"$work/relock.log" 2>&1; then pass; else
+    fail "the lock outlived its holder: $(tail -2 "$work/relock.log")"; fi
+
 echo "test_train_gpt: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
