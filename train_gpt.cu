@@ -8,6 +8,7 @@
 // test_gpt.cu includes this file with TESTING defined, so everything but main() is shared with the test.
 #include <ctype.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <math.h>
@@ -1798,6 +1799,8 @@ static void usage(int moe) {
             "  -ge <int>   GELU fusion into cuBLASLt epilogues: 0 off, 1 forward, 2 forward and backward (default = 1)\n"
             "  -sl <float> skip the update when the loss z-score exceeds this (default = 0 = off)\n"
             "  -sg <float> skip the update when the gradient-norm z-score exceeds this (default = 0 = off)\n"
+            "  -wt <int>   collective watchdog: end the job when processes wait on each other this many seconds\n"
+            "              (default = 600, 0 = off)\n"
             "  -ns <int>   stop when the loss or gradient norm is not finite for this many steps in a row (default = 3)\n"
             "  -pi <string> process init: mpi, tcp or fs (default = mpi)\n"
             "  -pf <string> shared directory for -pi fs\n"
@@ -1829,6 +1832,69 @@ static void usage(int moe) {
 
 
 
+
+// The collective watchdog (-wt SECONDS): with several processes, a process that stops (a hung GPU, a stopped or
+// lost node) leaves the others waiting forever inside an NCCL call. The training loop marks each phase that waits
+// on the others (watchdog_begin: what and at which step; watchdog_end), and a thread checks every 100 ms that no
+// phase has lasted longer than the limit; if one has, it names it and ends the whole job: ncclCommAbort on a GPU,
+// then MPI_Abort (the CPU backend's NCCL is MPI, which MPI_Abort ends with every process of the job).
+typedef struct {
+    double limit_s;
+    MultiGpuConfig* mg;
+    const char* op;      // the phase in progress, NULL between phases (written by the loop, read by the thread)
+    int step;
+    long long start_ns;  // when it began
+} Watchdog;
+static Watchdog watchdog = {0.0, NULL, NULL, 0, 0};
+
+static long long watchdog_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000ll + t.tv_nsec;
+}
+
+static void watchdog_begin(const char* op, int step) {
+    // start before op: a thread that sees the new op also sees its start
+    __atomic_store_n(&watchdog.step, step, __ATOMIC_RELAXED);
+    __atomic_store_n(&watchdog.start_ns, watchdog_now_ns(), __ATOMIC_RELAXED);
+    __atomic_store_n(&watchdog.op, op, __ATOMIC_RELEASE);
+}
+
+static void watchdog_end(void) { __atomic_store_n(&watchdog.op, (const char*)NULL, __ATOMIC_RELEASE); }
+
+static void* watchdog_thread(void*) {
+    for (;;) {
+        usleep(100000);
+        const char* op = __atomic_load_n(&watchdog.op, __ATOMIC_ACQUIRE);
+        if (op == NULL) continue;
+        long long start = __atomic_load_n(&watchdog.start_ns, __ATOMIC_RELAXED);
+        if ((watchdog_now_ns() - start) * 1e-9 <= watchdog.limit_s) continue;
+        if (op != __atomic_load_n(&watchdog.op, __ATOMIC_ACQUIRE)) continue;  // it has just ended
+        fprintf(stderr, "watchdog: process %d, step %d: %s did not complete within %.0f s (-wt): another process is "
+                "stuck or gone; aborting the job\n", watchdog.mg->process_rank, __atomic_load_n(&watchdog.step,
+                __ATOMIC_RELAXED), op, watchdog.limit_s);
+        fflush(stdout);
+#ifndef __CUCC__
+        ncclCommAbort(watchdog.mg->nccl_comm);  // frees the GPU's NCCL kernels (the CPU backend's NCCL is MPI)
+        if (!watchdog.mg->used_mpi) _exit(EXIT_FAILURE);
+#endif
+        MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
+        _exit(EXIT_FAILURE);
+    }
+    return NULL;
+}
+
+static void watchdog_start(MultiGpuConfig* mg, int limit_s) {
+    if (limit_s <= 0 || mg->num_processes == 1) return;  // alone, nothing can stall a collective
+    watchdog.limit_s = limit_s;
+    watchdog.mg = mg;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, watchdog_thread, NULL) != 0) {
+        fprintf(stderr, "-wt %d: cannot start the watchdog thread\n", limit_s);
+        exit(EXIT_FAILURE);
+    }
+    pthread_detach(thread);
+}
 
 // One run at a time writes into an output directory: process 0 holds an exclusive flock on <dir>/train.lock (with
 // its pid in it) for as long as it lives, and a second run is refused naming the holder. The kernel drops the lock
@@ -1913,7 +1979,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     float aux_alpha = 0.01f, z_coef = 0.001f, router_jitter = 0.0f, init_scale = 0.1f;
     float importance_coef = 0.1f, load_coef = 0.1f;
     int noisy_topk = 0;
-    int divergence_steps = 3;
+    int divergence_steps = 3, watchdog_s = 600;
     int shape_set[4] = {0, 0, 0, 0};  // -ne, -tk, -me, -eh given on the command line
     for (int i = 1; i < argc; i += 2) {
         const char* flag = argv[i];
@@ -1958,6 +2024,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         else if (!strcmp(flag, "-sl")) skip_update_lossz = parse_float_flag(flag, v);
         else if (!strcmp(flag, "-sg")) skip_update_gradz = parse_float_flag(flag, v);
         else if (!strcmp(flag, "-ns")) divergence_steps = parse_int_flag(flag, v);
+        else if (!strcmp(flag, "-wt")) watchdog_s = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-pi")) init_method = v;
         else if (!strcmp(flag, "-pf")) fs_path = v;
         else if (!strcmp(flag, "-ps")) server_ip = v;
@@ -2005,6 +2072,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     }
     // -d: default (absent) is B*T*processes; an explicit value must be a positive token count
     if (total_batch_size_set && total_batch_size < 1) { fprintf(stderr, "-d %d: expected a positive number of tokens per step\n", total_batch_size); return EXIT_FAILURE; }
+    if (watchdog_s < 0) { fprintf(stderr, "-wt %d: expected seconds, or 0 for no watchdog\n", watchdog_s); return EXIT_FAILURE; }
     if (divergence_steps < 1) { fprintf(stderr, "-ns %d: expected at least 1 step\n", divergence_steps); return EXIT_FAILURE; }
     if (max_steps == 0 || max_steps < -1) { fprintf(stderr, "-x %d: expected a positive number of steps, or -1 for one epoch\n", max_steps); return EXIT_FAILURE; }
     {
@@ -2028,6 +2096,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     MultiGpuConfig mg = multi_gpu_config_init(init_method, num_processes, process_rank, gpus_per_node, server_ip, fs_path);
     int rank0 = mg.process_rank == 0;
     if (output_dir && rank0) lock_output_dir(output_dir);
+    watchdog_start(&mg, watchdog_s);
     if (mg.num_processes % expert_parallel != 0) {
         fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of processes (%d)\n",
                 expert_parallel, mg.num_processes);
@@ -2243,18 +2312,23 @@ static int gpt2_main(int argc, char* argv[], int moe) {
             dataloader_reset(&val_loader);
             double val_loss = 0.0;
             for (int i = 0; i < val_max_steps; i++) {
+                watchdog_begin("validation", step);
                 dataloader_next_batch(&val_loader);
                 gpt2_forward(&model, val_loader.inputs, val_loader.targets, B, T, 0.0f, stream);
                 val_loss += model.mean_loss;
             }
+            watchdog_begin("the validation loss all-reduce", step);
             val_loss = multi_gpu_cpu_float_sum((float)(val_loss / val_max_steps), &mg) / mg.num_processes;
+            watchdog_end();
             if (rank0) printf("val loss %f\n", val_loss);
             logger_log_val(&logger, step, (float)val_loss);
             if (rank0 && cfg->num_experts > 0) print_moe_layers(&model, B * T, &logger, step);
         }
         // with expert parallelism every process of the group takes part in each forward pass (the same tokens)
         if ((rank0 || model.ep.degree > 1) && sample_every > 0 && (step % sample_every == 0 || last_step) && gen_tokens > 0) {
+            watchdog_begin("sampling", step);
             sample_and_print(&model, &tokenizer, sample_seed_token, gen_tokens, &ts.sample_rng_state, rank0, stream);
+            watchdog_end();
         }
         int checkpoint_due = output_dir && checkpoint_every > 0 && step > start_step &&
                              (step % checkpoint_every == 0 || last_step);
@@ -2264,16 +2338,22 @@ static int gpt2_main(int argc, char* argv[], int moe) {
             if (rank0) printf("step %d: not finite for the last %d step%s: checkpoint not written\n", step, bad_steps,
                               bad_steps == 1 ? "" : "s");
             checkpoint_due = 0;
-        } else if (checkpoint_due && !gpt2_parameters_finite(&model, &mg, stream)) {
-            if (rank0) printf("step %d: parameters not finite: checkpoint not written\n", step);
-            checkpoint_due = 0;
+        } else if (checkpoint_due) {
+            watchdog_begin("the checkpoint's parameter check", step);
+            if (!gpt2_parameters_finite(&model, &mg, stream)) {
+                if (rank0) printf("step %d: parameters not finite: checkpoint not written\n", step);
+                checkpoint_due = 0;
+            }
+            watchdog_end();
         }
         if (checkpoint_due) {
             ts.step = step;
             ts.rng_state = model.rng_state;
             ts.loss_scale = model.loss_scaler.scale;
             ts.good_steps = model.loss_scaler.good_steps;
+            watchdog_begin("writing the checkpoint", step);
             write_checkpoint(output_dir, &model, &train_loader, &ts, &mg, zero_stage, stream);
+            watchdog_end();
             if (rank0) {
                 printf("checkpoint written: step %d\n", step);
                 // the newest -nk complete ones stay, whatever steps they are: so the last checkpoint written
@@ -2289,6 +2369,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         gpt2_zero_grad(&model, stream);
         double step_loss = 0.0, step_aux = 0.0, step_z = 0.0, step_drop = 0.0, step_load_cv = 0.0;
         for (int micro = 0; micro < grad_accum_steps; micro++) {
+            watchdog_begin("the forward and backward passes with the gradient reduction", step + 1);
             if (overfit_single_batch) dataloader_reset(&train_loader);
             dataloader_next_batch(&train_loader);
             float dlogits_scale = model.loss_scaler.scale / (float)(B * T * grad_accum_steps);
@@ -2303,8 +2384,11 @@ static int gpt2_main(int argc, char* argv[], int moe) {
             step_load_cv += model.load_cv;
         }
         float loss = (float)(step_loss / grad_accum_steps);
+        watchdog_begin("the loss all-reduce", step + 1);
         if (mg.num_processes > 1) loss = multi_gpu_cpu_float_sum(loss, &mg) / mg.num_processes;
+        watchdog_begin("the gradient norm all-reduce", step + 1);
         float norm = gpt2_gradient_norm(&model, &mg, zero_stage, stream);
+        watchdog_end();
         // outliers: a spike in the loss or the gradient norm against the last 128 steps skips the update
         // divergence: a step whose loss or gradient norm is not finite updates nothing; -ns such steps in a row stop
         // the run. In FP16 a non-finite norm is an overflow the loss scale handles, until the scale is down to 1.
@@ -2316,9 +2400,11 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         int loss_spike = skip_update_lossz > 0.0f && isfinite(loss_z) && loss_z > skip_update_lossz;
         int norm_spike = skip_update_gradz > 0.0f && isfinite(norm_z) && norm_z > skip_update_gradz;
         opt.learning_rate = lr_scheduler_get(&scheduler, step);
+        watchdog_begin("the optimizer update", step + 1);
         if (!loss_spike && !norm_spike)
             gpt2_update(&model, &opt, loss_finite ? norm : NAN, step + 1, &mg, zero_stage, stream);
         cudaCheck(cudaStreamSynchronize(stream));
+        watchdog_end();
         clock_gettime(CLOCK_MONOTONIC, &ts1);
         float ms = (float)((ts1.tv_sec - ts0.tv_sec) * 1e3 + (ts1.tv_nsec - ts0.tv_nsec) * 1e-6);
         float tokens_per_second = total_batch_size / (ms * 1e-3f);

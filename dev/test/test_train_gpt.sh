@@ -267,5 +267,17 @@ wait $holder 2>/dev/null
 if "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -o "$work/locked" >"$work/relock.log" 2>&1; then pass; else
     fail "the lock outlived its holder: $(tail -2 "$work/relock.log")"; fi
 
+# --- the collective watchdog: rank 1 stops (SIGSTOP) before step 2; with -wt 3 rank 0 ends the job, naming the
+# operation it waited in and the step, instead of waiting forever
+start=$(date +%s)
+TRAIN_TEST_STOP_AT_STEP=2 TRAIN_TEST_STOP_RANK=1 timeout 120 $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -x 5 -wt 3 \
+    >"$work/watchdog.log" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $elapsed -lt 60 ] &&
+    grep -q "^watchdog: process 0, step 2: the forward and backward passes with the gradient reduction did not complete within 3 s (-wt)" "$work/watchdog.log"; then
+    pass; else fail "the watchdog did not end a job with a stopped process (exit $rc after ${elapsed}s): $(grep -v '^[|+]' "$work/watchdog.log" | tail -3)"; fi
+expect_error "-wt negative" "-wt -1: expected seconds, or 0 for no watchdog" "$TRAIN" "${COMMON[@]}" -wt -1
+
 echo "test_train_gpt: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
