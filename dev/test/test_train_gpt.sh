@@ -5,7 +5,10 @@
 #   - a run resumed from a checkpoint continues bit-identically, and leftovers of an interrupted
 #     checkpoint (temporary files, a state without its DONE marker) are ignored;
 #   - a model from a descriptor trains (the loss falls);
-#   - every bad input gets one line naming the file or flag, and a non-zero exit.
+#   - every bad input gets one line naming the file or flag, and a non-zero exit;
+#   - reliability: token ids against V, numeric flags, the sampling seed, divergence (-ns), symlinked temporaries,
+#     header sizes before allocation, checkpoint checksums and fallback on -y 1, main.log after a resume, stdout into
+#     a pipe, the output directory's lock, and the collective watchdog (-wt) with a stopped rank.
 # Needs build/train_gpt_fp32 and build/ref/tiny_fp32_model.bin (make test builds both). Run from anywhere:
 #   dev/test/test_train_gpt.sh
 set -u

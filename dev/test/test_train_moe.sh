@@ -7,7 +7,8 @@
 #   - a checkpoint of -ep 2 resumes with -ep 1 and one of -ep 1 with -ep 2: identical weights, the same training;
 #   - an MoE model from a descriptor trains (the loss falls) and logs aux, z, drop and the expert loads;
 #   - with router jitter and noisy top-k gating, a resumed run continues bit-identically (the noise follows the step);
-#   - bad inputs (top-k above E, a file of the wrong kind, features not implemented yet) get their one line.
+#   - bad inputs (top-k above E, a file of the wrong kind, features not implemented yet, tokens the model lacks,
+#     -ne/-tk/-me/-eh against the model file or checkpoint) get their one line; a corrupt expert state is named on -y 1.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and
 # build/ref/moe_k1_cf0.5_fp32_model.bin (make test builds them). Run from anywhere: dev/test/test_train_moe.sh
 set -u
