@@ -2213,6 +2213,22 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         gen_tokens = T - 1;
     }
 
+    {
+        // the activations and the optimizer state, before they are allocated: a line with what and how much, not a
+        // bare out-of-memory error from the middle of the allocations
+        size_t act = activation_bytes(cfg, &model.moe, B, T, recompute, model.ep.degree);
+        int copies = use_master_weights && PRECISION_MODE != PRECISION_FP32 ? 3 : 2;
+        size_t opt = (model.store.num_parameters_padded / (zero_stage ? mg.num_processes : 1) +
+                      model.expert_store.num_parameters_padded / (zero_stage ? model.ep.replicas.num_processes : 1)) *
+                     sizeof(float) * copies;
+        size_t free_bytes = 0, total_bytes = 0;
+        if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && act + opt > free_bytes) {
+            fprintf(stderr, "%s: out of device memory: the activations (B=%d T=%d, recompute %d: %zu bytes) and the optimizer "
+                    "state (%zu bytes) need %zu bytes, %zu are free\n", model_source, B, T, recompute, act, opt,
+                    act + opt, free_bytes);
+            return EXIT_FAILURE;
+        }
+    }
     // data
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, train_pattern, B, T, mg.process_rank, mg.num_processes, !overfit_single_batch, 1337);

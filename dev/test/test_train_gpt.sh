@@ -220,6 +220,8 @@ expect_error "30000 layers on a small file" "layers.bin is truncated: its header
 expect_error "a model larger than memory" "huge.bin: out of device memory: the parameters and gradients of its" \
     timeout 20 "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/huge.bin"
 rm -f "$work/huge.bin"
+expect_error "activations larger than memory" "out of device memory: the activations (B=1000000 T=16, recompute 1:" \
+    timeout 20 "$TRAIN" "${COMMON[@]}" -b 1000000 -x 1 -a 1
 
 # --- main.log after a resume: the steps the resumed run redoes (and the validation it redoes) appear once
 "$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -v 3 -m 1 -j "$work/train.bin" -o "$work/logfull" >"$work/logfull.log" 2>&1 ||
