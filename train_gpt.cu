@@ -8,6 +8,9 @@
 // test_gpt.cu includes this file with TESTING defined, so everything but main() is shared with the test.
 #include <ctype.h>
 #include <dirent.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -444,6 +447,22 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
     }
 }
 
+// Before the parameters and their gradients are allocated for a model from `source`: they fit in the device's free
+// memory, or one line says what they need (a GPU out of memory would otherwise name neither, and the CPU backend,
+// which fills new device memory, would drive the host into swap).
+static void check_parameter_memory(const GPT2* model, const char* source) {
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    int local = model->config.num_experts / (model->ep.degree > 0 ? model->ep.degree : 1);
+    fill_in_parameter_sizes(sizes, &model->config, local);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
+    size_t need = 2 * n * sizeof(floatX), free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && need > free_bytes) {
+        fprintf(stderr, "%s: out of device memory: the parameters and gradients of its %zu parameters need %zu bytes, "
+                "%zu are free\n", source, n, need, free_bytes);
+        exit(EXIT_FAILURE);
+    }
+}
+
 // Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16) for the
 // dense trainer, or an MoE file (version 1 fp32, 2 bf16; ARCHITECTURE.md) for the MoE trainer.
 static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int moe) {
@@ -481,18 +500,44 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int moe) {
     c->channels = header[6];
     c->padded_vocab_size = header[7];
     check_config_supported(c, path);
-    gpt2_allocate_parameters(model);
-    size_t n = gpt2_num_parameters(c);
-    size_t file_elem = version == fp32_version ? sizeof(float) : sizeof(__nv_bfloat16);
-    void* raw = malloc_check(n * file_elem);
-    fread_check(raw, file_elem, n, f, path);
-    // the file must end exactly here: a longer file is not the model its header describes
-    if (fgetc(f) != EOF) {
-        fprintf(stderr, "%s: file is longer than its header's model (%zu parameters)\n", path, n);
+    // The header's sizes are checked against the file's length before anything is allocated for them: a corrupt
+    // header must fail fast with "truncated", not ask for terabytes. In double first, where no product overflows.
+    double estimate = (double)c->padded_vocab_size * c->channels + (double)c->max_seq_len * c->channels +
+                      (double)c->num_layers * c->channels * c->channels * 12.0 +
+                      (double)c->num_layers * c->num_experts * c->channels * (c->expert_hidden * 2.0 + 2.0);
+    if (estimate > 1e15) {
+        fprintf(stderr, "%s: its header describes a model of about %.3g parameters (L=%d C=%d V=%d maxT=%d): not a model "
+                "file this trainer can load\n", path, estimate, c->num_layers, c->channels, c->vocab_size, c->max_seq_len);
         exit(EXIT_FAILURE);
     }
+    size_t n = gpt2_num_parameters(c);
+    size_t file_elem = version == fp32_version ? sizeof(float) : sizeof(__nv_bfloat16);
+    size_t expected_bytes = 256 * sizeof(int) + n * file_elem;
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fprintf(stderr, "%s: cannot seek to the end to check its size\n", path);
+        exit(EXIT_FAILURE);
+    }
+    size_t file_bytes = (size_t)ftell(f);
+    if (file_bytes < expected_bytes) {
+        fprintf(stderr, "%s is truncated: its header describes %zu parameters (%zu bytes with the header), the file has "
+                "%zu bytes\n", path, n, expected_bytes, file_bytes);
+        exit(EXIT_FAILURE);
+    }
+    if (file_bytes > expected_bytes) {  // a longer file is not the model its header describes
+        fprintf(stderr, "%s: file is longer than its header's model (%zu parameters, %zu bytes with the header; the file "
+                "has %zu)\n", path, n, expected_bytes, file_bytes);
+        exit(EXIT_FAILURE);
+    }
+    if (fseek(f, 256 * sizeof(int), SEEK_SET) != 0) {
+        fprintf(stderr, "%s: cannot seek to its parameters\n", path);
+        exit(EXIT_FAILURE);
+    }
+    check_parameter_memory(model, path);
+    gpt2_allocate_parameters(model);
+    void* raw = malloc_for(n * file_elem, "the parameters as stored", path);
+    fread_check(raw, file_elem, n, f, path);
     fclose_check(f, path);
-    floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
+    floatX* host = (floatX*)malloc_for(n * sizeof(floatX), "the parameters", path);
     for (size_t i = 0; i < n; i++) {
         float v = version == fp32_version ? ((float*)raw)[i] : __bfloat162float(((__nv_bfloat16*)raw)[i]);
         host[i] = (floatX)v;
@@ -530,6 +575,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     c->max_seq_len = max_seq_len;
     if (c->num_experts > 0 && c->expert_hidden <= 0) c->expert_hidden = 4 * c->channels;
     check_config_supported(c, descriptor);
+    check_parameter_memory(model, descriptor);
     gpt2_allocate_parameters(model);
     // GPT-2 init: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm 1/0;
     // padded vocabulary rows stay zero. Drawn tensor by tensor from one seeded mt19937, in model-file order with
@@ -566,11 +612,10 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
 // Writes the model file: llm.c's format for a dense model (version 5 bf16 from a BF16 build, 3 fp32
 // otherwise), the MoE format with experts (version 2 bf16, 1 fp32). Process 0 writes, after gathering every expert
 // over its expert group (collective over that group; every other process returns at once).
-static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStream_t stream) {
-    if (model->ep.group != 0) return;
+// The model file's header words 0..12 as this build writes them.
+static void gpt2_model_header(const GPT2* model, int* header) {
     const GPT2Config* c = &model->config;
     int moe = c->num_experts > 0;
-    int header[256] = {0};
     header[0] = moe ? MOE_MODEL_MAGIC : GPT2_MODEL_MAGIC;
     header[1] = PRECISION_MODE == PRECISION_BF16 ? (moe ? 2 : 5) : (moe ? 1 : 3);
     header[8] = c->num_experts;
@@ -584,6 +629,13 @@ static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStrea
     header[5] = c->num_heads;
     header[6] = c->channels;
     header[7] = c->padded_vocab_size;
+}
+
+static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStream_t stream) {
+    if (model->ep.group != 0) return;
+    const GPT2Config* c = &model->config;
+    int header[256] = {0};
+    gpt2_model_header(model, header);
     size_t n = gpt2_num_parameters(c);
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
     gpt2_get_tensors(model, host, 0, stream);
@@ -1350,6 +1402,21 @@ static double gpt2_flops_per_token(const GPT2* model, int T) {
     return 6.0 * active + 12.0 * c->num_layers * c->channels * (double)T;
 }
 
+// Whether every parameter of every process is finite (collective: the same answer on every process).
+static int gpt2_parameters_finite(const GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
+    const ShardedParameters* sets[2] = {&model->store, &model->expert_store};
+    int bad = 0;
+    for (int k = 0; k < (model->config.num_experts > 0 ? 2 : 1); k++) {
+        size_t n = sets[k]->num_parameters;
+        floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
+        cudaCheck(cudaMemcpyAsync(host, sets[k]->params_memory, n * sizeof(floatX), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        for (size_t i = 0; i < n && !bad; i++) bad = !isfinite((float)host[i]);
+        free(host);
+    }
+    return multi_gpu_cpu_float_sum((float)bad, mg) == 0.0f;
+}
+
 #ifndef TESTING
 // ----------------------------------------------------------------------------------------------------
 // Checkpoints: <dir>/model_%08d.bin (rank 0), <dir>/state_%08d_%05d.bin (each rank), <dir>/DONE_%08d
@@ -1486,12 +1553,140 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
     free(lstate);
     fwrite_check(ts, sizeof(TrainerState), 1, f, tmp);
     commit_tmp(f, tmp, path);
-    multi_gpu_barrier(mg);
+    // every process checksums its own state file (in parallel, from the page cache); process 0 gathers them, which
+    // is also the barrier before the DONE marker
+    uint64_t mine[2], *all = (uint64_t*)malloc_check(2 * (size_t)mg->num_processes * sizeof(uint64_t));
+    if (!checkpoint_checksum(path, &mine[0], &mine[1])) {
+        fprintf(stderr, "%s: cannot read back the file just written\n", path);
+        exit(EXIT_FAILURE);
+    }
+    uint64_t* device;
+    cudaCheck(cudaMalloc((void**)&device, 2 * (size_t)(mg->num_processes + 1) * sizeof(uint64_t)));
+    cudaCheck(cudaMemcpy(device, mine, sizeof(mine), cudaMemcpyHostToDevice));
+    ncclCheck(ncclAllGather(device, device + 2, 2, ncclUint64, mg->nccl_comm, mg->nccl_stream));
+    cudaCheck(cudaStreamSynchronize(mg->nccl_stream));
+    cudaCheck(cudaMemcpy(all, device + 2, 2 * (size_t)mg->num_processes * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(device));
     if (mg->process_rank == 0) {
         checkpoint_paths(path, sizeof(path), dir, "DONE", ts->step, -1);
         FILE* d = fopen_tmp_for(path, tmp, sizeof(tmp));
+        int header[13];
+        gpt2_model_header(model, header);
+        fprintf(d, "checkpoint 1\nstep %d\nprocesses %d\nmodel", ts->step, mg->num_processes);
+        for (int i = 1; i <= 12; i++) fprintf(d, " %d", header[i]);
+        fprintf(d, "\n");
+        const char* kinds[2] = {"model", "expert_state"};
+        for (int k = 0; k < (model->config.num_experts > 0 ? 2 : 1); k++) {
+            char file[1024];
+            uint64_t size, hash;
+            checkpoint_paths(file, sizeof(file), dir, kinds[k], ts->step, -1);
+            if (!checkpoint_checksum(file, &size, &hash)) {
+                fprintf(stderr, "%s: cannot read back the file just written\n", file);
+                exit(EXIT_FAILURE);
+            }
+            fprintf(d, "file %s %llu %016llx\n", strrchr(file, '/') + 1, (unsigned long long)size,
+                    (unsigned long long)hash);
+        }
+        for (int r = 0; r < mg->num_processes; r++) {
+            char file[1024];
+            checkpoint_paths(file, sizeof(file), dir, "state", ts->step, r);
+            fprintf(d, "file %s %llu %016llx\n", strrchr(file, '/') + 1, (unsigned long long)all[2 * r],
+                    (unsigned long long)all[2 * r + 1]);
+        }
         commit_tmp(d, tmp, path);
     }
+    free(all);
+}
+
+// Whether the checkpoint of `step` in dir is sound for this process: its DONE marker's step, process count and model
+// header agree with the files, and the checksums of the model, the expert state and this process's state match.
+// An empty DONE marker (an older trainer's) has no checksums: only the step and process count of the state and
+// the model header's readability are checked, and *legacy is set. On failure `why` says what, naming the file.
+static int verify_checkpoint(const char* dir, int step, int rank, int num_processes, int* legacy, char* why,
+                             size_t why_size) {
+    char done[1024], path[1024];
+    checkpoint_paths(done, sizeof(done), dir, "DONE", step, -1);
+    *legacy = 0;
+    FILE* f = fopen(done, "r");
+    if (f == NULL) { snprintf(why, why_size, "%s: cannot open", done); return 0; }
+    char line[2048];
+    int version = -1, done_step = -1, processes = -1, have_model = 0, model_header[13] = {0}, lines = 0;
+    // the files the DONE lists, checked as they come; this process's state must be among them
+    int checked_state = 0, ok = 1;
+    while (ok && fgets(line, sizeof(line), f) != NULL) {
+        lines++;
+        char name[1024];
+        unsigned long long size, hash;
+        if (sscanf(line, "checkpoint %d", &version) == 1) continue;
+        if (sscanf(line, "step %d", &done_step) == 1) continue;
+        if (sscanf(line, "processes %d", &processes) == 1) continue;
+        if (strncmp(line, "model ", 6) == 0) {
+            char* at = line + 6;
+            have_model = 1;
+            for (int i = 1; i <= 12; i++) model_header[i] = (int)strtol(at, &at, 10);
+            continue;
+        }
+        if (sscanf(line, "file %1023s %llu %llx", name, &size, &hash) == 3) {
+            int r, s2;
+            char rest;
+            int is_state = sscanf(name, "state_%8d_%5d.bin%c", &s2, &r, &rest) == 2;
+            if (is_state && r != rank) continue;  // every process checks its own
+            snprintf(path, sizeof(path), "%s/%s", dir, name);
+            uint64_t got_size, got_hash;
+            if (!checkpoint_checksum(path, &got_size, &got_hash)) {
+                snprintf(why, why_size, "%s: cannot read it", path);
+                ok = 0;
+            } else if (got_size != size || got_hash != hash) {
+                snprintf(why, why_size, "%s: %llu bytes, checksum %016llx; %s lists %llu bytes, checksum %016llx", path,
+                         (unsigned long long)got_size, (unsigned long long)got_hash, done, size, hash);
+                ok = 0;
+            }
+            checked_state |= is_state;
+            continue;
+        }
+        snprintf(why, why_size, "%s: unexpected line '%.60s'", done, line);
+        ok = 0;
+    }
+    fclose(f);
+    if (!ok) return 0;
+    if (lines == 0) {
+        *legacy = 1;
+    } else if (version != 1 || done_step != step || processes != num_processes || !have_model || !checked_state) {
+        snprintf(why, why_size, "%s: says checkpoint %d, step %d, %d processes%s; expected version 1, step %d, %d "
+                 "processes and this process's state", done, version, done_step, processes,
+                 have_model ? "" : ", no model header", step, num_processes);
+        return 0;
+    }
+    // the files' own headers: the model's configuration as the DONE lists it, the state's step and process count
+    checkpoint_paths(path, sizeof(path), dir, "model", step, -1);
+    int header[256];
+    FILE* m = fopen(path, "rb");
+    if (m == NULL || fread(header, sizeof(int), 256, m) != 256) {
+        if (m) fclose(m);
+        snprintf(why, why_size, "%s: cannot read its header", path);
+        return 0;
+    }
+    fclose(m);
+    for (int i = 1; i <= 12 && !*legacy; i++) {
+        if (header[i] != model_header[i]) {
+            snprintf(why, why_size, "%s: header[%d] = %d, but %s says %d", path, i, header[i], done, model_header[i]);
+            return 0;
+        }
+    }
+    checkpoint_paths(path, sizeof(path), dir, "state", step, rank);
+    FILE* st = fopen(path, "rb");
+    if (st == NULL || fread(header, sizeof(int), 256, st) != 256) {
+        if (st) fclose(st);
+        snprintf(why, why_size, "%s: cannot read its header", path);
+        return 0;
+    }
+    fclose(st);
+    if (header[0] != GPT2_STATE_MAGIC || header[5] != step || header[2] != num_processes) {
+        snprintf(why, why_size, "%s: a state of step %d for %d processes (magic %d), not of step %d for %d", path,
+                 header[5], header[2], header[0], step, num_processes);
+        return 0;
+    }
+    return 1;
 }
 
 
@@ -1537,14 +1732,14 @@ static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLo
 // Sampling: autoregressive from the EOT token, printed through the tokenizer
 
 // Every process that calls this computes the same tokens (the same weights and generator); only `print` prints.
-static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int gen_tokens, unsigned long long* sample_rng,
-                             int print, cudaStream_t stream) {
+static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int seed_token, int gen_tokens,
+                             unsigned long long* sample_rng, int print, cudaStream_t stream) {
     int T = model->seq_len < gen_tokens + 1 ? model->seq_len : gen_tokens + 1;
     int Vp = model->config.padded_vocab_size, V = model->config.vocab_size;
     int* tokens = (int*)malloc_check((size_t)T * sizeof(int));
     floatX* logits_x = (floatX*)malloc_check((size_t)Vp * sizeof(floatX));
     float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));
-    tokens[0] = tokenizer->eot_token;
+    tokens[0] = seed_token;  // checked by the caller to be a token of the model
     if (print) printf("generating:\n---\n");
     for (int t = 1; t < T; t++) {
         gpt2_forward(model, tokens, nullptr, 1, t, 0.0f, stream);
@@ -1604,6 +1799,9 @@ static void usage(int moe) {
             "  -ge <int>   GELU fusion into cuBLASLt epilogues: 0 off, 1 forward, 2 forward and backward (default = 1)\n"
             "  -sl <float> skip the update when the loss z-score exceeds this (default = 0 = off)\n"
             "  -sg <float> skip the update when the gradient-norm z-score exceeds this (default = 0 = off)\n"
+            "  -wt <int>   collective watchdog: end the job when processes wait on each other this many seconds\n"
+            "              (default = 600, 0 = off)\n"
+            "  -ns <int>   stop when the loss or gradient norm is not finite for this many steps in a row (default = 3)\n"
             "  -pi <string> process init: mpi, tcp or fs (default = mpi)\n"
             "  -pf <string> shared directory for -pi fs\n"
             "  -ps <string> server ip for -pi tcp\n"
@@ -1635,6 +1833,108 @@ static void usage(int moe) {
 
 
 
+// The collective watchdog (-wt SECONDS): with several processes, a process that stops (a hung GPU, a stopped or
+// lost node) leaves the others waiting forever inside an NCCL call. The training loop marks each phase that waits
+// on the others (watchdog_begin: what and at which step; watchdog_end), and a thread checks every 100 ms that no
+// phase has lasted longer than the limit; if one has, it names it and ends the whole job: ncclCommAbort on a GPU,
+// then MPI_Abort (the CPU backend's NCCL is MPI, which MPI_Abort ends with every process of the job).
+typedef struct {
+    double limit_s;
+    MultiGpuConfig* mg;
+    const char* op;      // the phase in progress, NULL between phases (written by the loop, read by the thread)
+    int step;
+    long long start_ns;  // when it began
+} Watchdog;
+static Watchdog watchdog = {0.0, NULL, NULL, 0, 0};
+
+static long long watchdog_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000ll + t.tv_nsec;
+}
+
+static void watchdog_begin(const char* op, int step) {
+    // start before op: a thread that sees the new op also sees its start
+    __atomic_store_n(&watchdog.step, step, __ATOMIC_RELAXED);
+    __atomic_store_n(&watchdog.start_ns, watchdog_now_ns(), __ATOMIC_RELAXED);
+    __atomic_store_n(&watchdog.op, op, __ATOMIC_RELEASE);
+}
+
+static void watchdog_end(void) { __atomic_store_n(&watchdog.op, (const char*)NULL, __ATOMIC_RELEASE); }
+
+static void* watchdog_thread(void*) {
+    for (;;) {
+        usleep(100000);
+        const char* op = __atomic_load_n(&watchdog.op, __ATOMIC_ACQUIRE);
+        if (op == NULL) continue;
+        long long start = __atomic_load_n(&watchdog.start_ns, __ATOMIC_RELAXED);
+        if ((watchdog_now_ns() - start) * 1e-9 <= watchdog.limit_s) continue;
+        if (op != __atomic_load_n(&watchdog.op, __ATOMIC_ACQUIRE)) continue;  // it has just ended
+        fprintf(stderr, "watchdog: process %d, step %d: %s did not complete within %.0f s (-wt): another process is "
+                "stuck or gone; aborting the job\n", watchdog.mg->process_rank, __atomic_load_n(&watchdog.step,
+                __ATOMIC_RELAXED), op, watchdog.limit_s);
+        fflush(stdout);
+#ifndef __CUCC__
+        ncclCommAbort(watchdog.mg->nccl_comm);  // frees the GPU's NCCL kernels (the CPU backend's NCCL is MPI)
+        if (!watchdog.mg->used_mpi) _exit(EXIT_FAILURE);
+#endif
+        MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
+        _exit(EXIT_FAILURE);
+    }
+    return NULL;
+}
+
+static void watchdog_start(MultiGpuConfig* mg, int limit_s) {
+    if (limit_s <= 0 || mg->num_processes == 1) return;  // alone, nothing can stall a collective
+    watchdog.limit_s = limit_s;
+    watchdog.mg = mg;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, watchdog_thread, NULL) != 0) {
+        fprintf(stderr, "-wt %d: cannot start the watchdog thread\n", limit_s);
+        exit(EXIT_FAILURE);
+    }
+    pthread_detach(thread);
+}
+
+// One run at a time writes into an output directory: process 0 holds an exclusive flock on <dir>/train.lock (with
+// its pid in it) for as long as it lives, and a second run is refused naming the holder. The kernel drops the lock
+// when the process ends, however it ends, so a crashed run leaves no stale lock behind.
+static void lock_output_dir(const char* dir) {
+    create_dir_if_not_exists(dir);
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/train.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "-o %s: cannot open the lock file %s: %s\n", dir, path, strerror(errno));
+        exit(EXIT_FAILURE);
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char holder[32] = "";
+        ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
+        holder[got > 0 ? got : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        fprintf(stderr, "-o %s: in use by another run (pid %s holds %s)\n", dir, holder[0] ? holder : "unknown", path);
+        exit(EXIT_FAILURE);
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, n, 0) != n) {
+        fprintf(stderr, "-o %s: cannot write %s: %s\n", dir, path, strerror(errno));
+        exit(EXIT_FAILURE);
+    }
+    // fd stays open (and locked) until the process exits
+}
+
+// A test hook (dev/test/test_train_gpt.sh): TRAIN_TEST_STOP_AT_STEP=N stops (SIGSTOP) the process of rank
+// TRAIN_TEST_STOP_RANK (default 0) before training step N, as a hung or crashed process would stand still.
+static void test_hook_stop(int step, int rank) {
+    const char* at = getenv("TRAIN_TEST_STOP_AT_STEP");
+    const char* who = getenv("TRAIN_TEST_STOP_RANK");
+    if (at == NULL || atoi(at) != step || (who != NULL ? atoi(who) : 0) != rank) return;
+    fprintf(stderr, "TRAIN_TEST_STOP_AT_STEP: process %d stops before step %d\n", rank, step);
+    raise(SIGSTOP);
+}
+
 // Per MoE layer, after a validation pass: its aux and z losses, dropped choices and expert loads.
 static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
     for (int m = 0; m < num_moe_layers(&model->config); m++) {
@@ -1655,6 +1955,8 @@ static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step)
 // The trainer's main, shared by train_gpt.cu (dense, moe = 0) and train_moe.cu (moe = 1: MoE model files,
 // descriptors with experts, the MoE flags, and aux/z/drop in the step line).
 static int gpt2_main(int argc, char* argv[], int moe) {
+    // line-buffered even into a pipe or a file: the memory plan and every step line are out before a crash
+    setvbuf(stdout, NULL, _IOLBF, 0);
     const char* train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
     const char* val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
     const char* model_source = "gpt2_124M_bf16.bin";
@@ -1666,7 +1968,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     const char* server_ip = "";
     int descriptor_vocab = 50257, descriptor_maxT = 1024, descriptor_seed = 42;
     int checkpoint_every = 0, checkpoints_keep = 0, resume = 0;
-    int B = 4, T = 1024, total_batch_size = -1, max_steps = -1, warmup_iterations = 0;
+    int B = 4, T = 1024, total_batch_size = -1, total_batch_size_set = 0, max_steps = -1, warmup_iterations = 0;
     float learning_rate = 3e-4f, final_lr_frac = 1.0f, weight_decay = 0.0f;
     int val_every = 20, val_max_steps = 20, sample_every = 20, gen_tokens = 64;
     int overfit_single_batch = 0, use_master_weights = 1, zero_stage = 0, recompute = 1, gelu_fusion = 1;
@@ -1677,6 +1979,8 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     float aux_alpha = 0.01f, z_coef = 0.001f, router_jitter = 0.0f, init_scale = 0.1f;
     float importance_coef = 0.1f, load_coef = 0.1f;
     int noisy_topk = 0;
+    int divergence_steps = 3, watchdog_s = 600;
+    int shape_set[4] = {0, 0, 0, 0};  // -ne, -tk, -me, -eh given on the command line
     for (int i = 1; i < argc; i += 2) {
         const char* flag = argv[i];
         if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
@@ -1701,7 +2005,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         else if (!strcmp(flag, "-y")) resume = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-b")) B = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-t")) T = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-d")) total_batch_size = parse_int_flag(flag, v);
+        else if (!strcmp(flag, "-d")) { total_batch_size = parse_int_flag(flag, v); total_batch_size_set = 1; }
         else if (!strcmp(flag, "-x")) max_steps = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-l")) learning_rate = parse_float_flag(flag, v);
         else if (!strcmp(flag, "-u")) warmup_iterations = parse_int_flag(flag, v);
@@ -1719,16 +2023,18 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         else if (!strcmp(flag, "-ge")) gelu_fusion = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-sl")) skip_update_lossz = parse_float_flag(flag, v);
         else if (!strcmp(flag, "-sg")) skip_update_gradz = parse_float_flag(flag, v);
+        else if (!strcmp(flag, "-ns")) divergence_steps = parse_int_flag(flag, v);
+        else if (!strcmp(flag, "-wt")) watchdog_s = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-pi")) init_method = v;
         else if (!strcmp(flag, "-pf")) fs_path = v;
         else if (!strcmp(flag, "-ps")) server_ip = v;
         else if (!strcmp(flag, "-pn")) num_processes = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-pr")) process_rank = parse_int_flag(flag, v);
         else if (!strcmp(flag, "-pg")) gpus_per_node = parse_int_flag(flag, v);
-        else if (moe && !strcmp(flag, "-ne")) num_experts = parse_int_flag(flag, v);
-        else if (moe && !strcmp(flag, "-tk")) top_k = parse_int_flag(flag, v);
-        else if (moe && !strcmp(flag, "-me")) moe_every = parse_int_flag(flag, v);
-        else if (moe && !strcmp(flag, "-eh")) expert_hidden = parse_int_flag(flag, v);
+        else if (moe && !strcmp(flag, "-ne")) { num_experts = parse_int_flag(flag, v); shape_set[0] = 1; }
+        else if (moe && !strcmp(flag, "-tk")) { top_k = parse_int_flag(flag, v); shape_set[1] = 1; }
+        else if (moe && !strcmp(flag, "-me")) { moe_every = parse_int_flag(flag, v); shape_set[2] = 1; }
+        else if (moe && !strcmp(flag, "-eh")) { expert_hidden = parse_int_flag(flag, v); shape_set[3] = 1; }
         else if (moe && !strcmp(flag, "-cf")) capacity_factor = parse_float_flag(flag, v);
         else if (moe && !strcmp(flag, "-cfe")) capacity_factor_eval = parse_float_flag(flag, v);
         else if (moe && !strcmp(flag, "-ra")) aux_alpha = parse_float_flag(flag, v);
@@ -1764,6 +2070,18 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         if (top_k < 1 || top_k > num_experts) { fprintf(stderr, "-tk %d: top-k must be between 1 and the number of experts (%d)\n", top_k, num_experts); return EXIT_FAILURE; }
         if (aux_alpha < 0.0f || z_coef < 0.0f || init_scale <= 0.0f) { fprintf(stderr, "-ra and -rz must not be negative, -ri must be positive\n"); return EXIT_FAILURE; }
     }
+    // -d: default (absent) is B*T*processes; an explicit value must be a positive token count
+    if (total_batch_size_set && total_batch_size < 1) { fprintf(stderr, "-d %d: expected a positive number of tokens per step\n", total_batch_size); return EXIT_FAILURE; }
+    if (watchdog_s < 0) { fprintf(stderr, "-wt %d: expected seconds, or 0 for no watchdog\n", watchdog_s); return EXIT_FAILURE; }
+    if (divergence_steps < 1) { fprintf(stderr, "-ns %d: expected at least 1 step\n", divergence_steps); return EXIT_FAILURE; }
+    if (max_steps == 0 || max_steps < -1) { fprintf(stderr, "-x %d: expected a positive number of steps, or -1 for one epoch\n", max_steps); return EXIT_FAILURE; }
+    {
+        const char* names[] = {"-n", "-v", "-m", "-g", "-s"};
+        int values[] = {checkpoint_every, val_every, val_max_steps, gen_tokens, sample_every};
+        for (int i = 0; i < 5; i++) {
+            if (values[i] < 0) { fprintf(stderr, "%s %d: expected 0 or a positive number\n", names[i], values[i]); return EXIT_FAILURE; }
+        }
+    }
     if (learning_rate < 0.0f || final_lr_frac < 0.0f || weight_decay < 0.0f || warmup_iterations < 0 || checkpoints_keep < 0) {
         fprintf(stderr, "-l, -q, -c, -u and -nk must not be negative\n");
         return EXIT_FAILURE;
@@ -1777,6 +2095,8 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     }
     MultiGpuConfig mg = multi_gpu_config_init(init_method, num_processes, process_rank, gpus_per_node, server_ip, fs_path);
     int rank0 = mg.process_rank == 0;
+    if (output_dir && rank0) lock_output_dir(output_dir);
+    watchdog_start(&mg, watchdog_s);
     if (mg.num_processes % expert_parallel != 0) {
         fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of processes (%d)\n",
                 expert_parallel, mg.num_processes);
@@ -1818,7 +2138,28 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     char resume_dir_model[1024] = "";
     int resume_step = -1;
     if (resume) {
+        // the latest complete checkpoint that every process verifies; else the one before it, and so on
         resume_step = find_latest_checkpoint(output_dir);
+        int found_any = resume_step >= 0;
+        while (resume_step >= 0) {
+            char why[2600] = "";
+            int legacy = 0;
+            int ok = verify_checkpoint(output_dir, resume_step, mg.process_rank, mg.num_processes, &legacy, why,
+                                       sizeof(why));
+            if (!ok) fprintf(stderr, "-y 1: checkpoint step %d fails verification: %s\n", resume_step, why);
+            if (multi_gpu_cpu_float_sum(ok ? 0.0f : 1.0f, &mg) == 0.0f) {
+                if (legacy && rank0)
+                    printf("note: %s/DONE_%08d has no checksums (an older checkpoint): loaded unverified\n", output_dir,
+                           resume_step);
+                break;
+            }
+            resume_step = find_checkpoint_before(output_dir, resume_step);
+            if (rank0 && resume_step >= 0) printf("-y 1: trying the previous complete checkpoint, step %d\n", resume_step);
+        }
+        if (found_any && resume_step < 0) {
+            fprintf(stderr, "-y 1: no complete checkpoint in %s passes verification\n", output_dir);
+            return EXIT_FAILURE;
+        }
         if (resume_step < 0) {
             if (rank0) printf("-y 1: no complete checkpoint in %s, starting from -e %s\n", output_dir, model_source);
         } else {
@@ -1834,6 +2175,21 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         return EXIT_FAILURE;
     }
     const GPT2Config* cfg = &model.config;
+    if (moe && file_exists(model_source)) {
+        // the experts' shape is the model file's: a flag that says otherwise is a mistake, not a request
+        const char* names[4] = {"-ne", "-tk", "-me", "-eh"};
+        const char* what[4] = {"experts per MoE layer", "experts per token", "layers per MoE layer",
+                               "as the experts' hidden size"};
+        int given[4] = {num_experts, top_k, moe_every, expert_hidden};
+        int has[4] = {cfg->num_experts, cfg->top_k, cfg->moe_every, cfg->expert_hidden};
+        for (int i = 0; i < 4; i++) {
+            if (shape_set[i] && given[i] != has[i]) {
+                fprintf(stderr, "%s %d: the model file %s has %d %s (leave %s out, or start from a descriptor)\n",
+                        names[i], given[i], model_source, has[i], what[i], names[i]);
+                return EXIT_FAILURE;
+            }
+        }
+    }
     if (noisy_topk && !cfg->noisy_gating) {
         fprintf(stderr, "-rn 1: %s has no noise router (header[12] = 0); noisy gating is part of the model: start "
                 "from a descriptor with -rn 1\n", model_source);
@@ -1850,20 +2206,57 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         return EXIT_FAILURE;
     }
     int grad_accum_steps = total_batch_size / tokens_per_micro_step;
+    // a sample is one forward pass over at most T positions: the first is the seed token, so T-1 are generated
+    if (sample_every > 0 && gen_tokens > T - 1) {
+        if (rank0) printf("-g %d: more than the sequence length -t %d allows; samples will have %d tokens\n", gen_tokens,
+                          T, T - 1);
+        gen_tokens = T - 1;
+    }
 
+    {
+        // the activations and the optimizer state, before they are allocated: a line with what and how much, not a
+        // bare out-of-memory error from the middle of the allocations
+        size_t act = activation_bytes(cfg, &model.moe, B, T, recompute, model.ep.degree);
+        int copies = use_master_weights && PRECISION_MODE != PRECISION_FP32 ? 3 : 2;
+        size_t opt = (model.store.num_parameters_padded / (zero_stage ? mg.num_processes : 1) +
+                      model.expert_store.num_parameters_padded / (zero_stage ? model.ep.replicas.num_processes : 1)) *
+                     sizeof(float) * copies;
+        size_t free_bytes = 0, total_bytes = 0;
+        if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && act + opt > free_bytes) {
+            fprintf(stderr, "%s: out of device memory: the activations (B=%d T=%d, recompute %d: %zu bytes) and the optimizer "
+                    "state (%zu bytes) need %zu bytes, %zu are free\n", model_source, B, T, recompute, act, opt,
+                    act + opt, free_bytes);
+            return EXIT_FAILURE;
+        }
+    }
     // data
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, train_pattern, B, T, mg.process_rank, mg.num_processes, !overfit_single_batch, 1337);
     int run_val = val_every > 0 && val_max_steps > 0 && strlen(val_pattern) > 0;
     if (run_val) dataloader_init(&val_loader, val_pattern, B, T, mg.process_rank, mg.num_processes, 0, 0);
+    dataloader_set_vocab_size(&train_loader, cfg->vocab_size);
+    if (run_val) dataloader_set_vocab_size(&val_loader, cfg->vocab_size);
     int train_num_batches = max_steps > 0 ? max_steps : (int)(dataloader_num_tokens(&train_loader) / total_batch_size);
     if (train_num_batches < 1) train_num_batches = 1;
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, tokenizer_path);
-    if (tokenizer.init_ok && tokenizer.vocab_size != (uint32_t)cfg->vocab_size && rank0) {
+    // A tokenizer with more tokens than the model is not the model's: its EOT (the seed of every sample) may be no
+    // token of the model at all, so it is not used. One with fewer decodes what it knows.
+    if (tokenizer.init_ok && tokenizer.vocab_size > (uint32_t)cfg->vocab_size) {
+        if (rank0) printf("note: tokenizer %s has %u tokens, more than the model's V = %d: not used, samples print token "
+                          "ids\n", tokenizer_path, tokenizer.vocab_size, cfg->vocab_size);
+        tokenizer_free(&tokenizer);
+    } else if (tokenizer.init_ok && tokenizer.vocab_size != (uint32_t)cfg->vocab_size && rank0) {
         printf("note: tokenizer %s has %u tokens, the model %d: tokens it lacks print as <id>\n", tokenizer_path,
                tokenizer.vocab_size, cfg->vocab_size);
     }
+    // Samples start from the end-of-text token: the tokenizer's, else the one the project's two vocabularies put last
+    // (GPT-2's 50257 tokens, the byte level's 257), else token 0; never an id the model does not have.
+    int sample_seed_token = 0;
+    if (tokenizer.init_ok) sample_seed_token = tokenizer.eot_token;
+    else if (cfg->vocab_size == 50257 || cfg->vocab_size == 257) sample_seed_token = cfg->vocab_size - 1;
+    if (!tokenizer.init_ok && rank0 && sample_every > 0)
+        printf("note: no tokenizer: samples start from token %d and print token ids\n", sample_seed_token);
 
     gpt2_allocate_activations(&model, B, T);
     gpt2_allocate_optimizer(&model, zero_stage);
@@ -1910,6 +2303,7 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     init_detector(&ts.loss_outlier);
     init_detector(&ts.norm_outlier);
     int start_step = 0;
+    int bad_steps = 0;  // steps in a row whose loss or gradient norm was not finite
     if (resume_step >= 0) {
         read_checkpoint_state(output_dir, resume_step, &model, &train_loader, &ts, &mg);
         model.rng_state = ts.rng_state;
@@ -1921,6 +2315,8 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     if (output_dir) create_dir_if_not_exists(output_dir);
     Logger logger;
     logger_init(&logger, output_dir, mg.process_rank, resume_step >= 0);
+    if (resume_step >= 0)
+        logger_resume(&logger, start_step, run_val && (start_step % val_every == 0 || start_step == train_num_batches));
     LearningRateScheduler scheduler;
     lr_scheduler_init(&scheduler, lr_scheduler_type, learning_rate, warmup_iterations, train_num_batches, final_lr_frac);
     AdamWConfig opt = {learning_rate, 0.9f, 0.95f, 1e-8f, weight_decay, 1.0f};
@@ -1932,40 +2328,64 @@ static int gpt2_main(int argc, char* argv[], int moe) {
             dataloader_reset(&val_loader);
             double val_loss = 0.0;
             for (int i = 0; i < val_max_steps; i++) {
+                watchdog_begin("validation", step);
                 dataloader_next_batch(&val_loader);
                 gpt2_forward(&model, val_loader.inputs, val_loader.targets, B, T, 0.0f, stream);
                 val_loss += model.mean_loss;
             }
+            watchdog_begin("the validation loss all-reduce", step);
             val_loss = multi_gpu_cpu_float_sum((float)(val_loss / val_max_steps), &mg) / mg.num_processes;
+            watchdog_end();
             if (rank0) printf("val loss %f\n", val_loss);
             logger_log_val(&logger, step, (float)val_loss);
             if (rank0 && cfg->num_experts > 0) print_moe_layers(&model, B * T, &logger, step);
         }
         // with expert parallelism every process of the group takes part in each forward pass (the same tokens)
         if ((rank0 || model.ep.degree > 1) && sample_every > 0 && (step % sample_every == 0 || last_step) && gen_tokens > 0) {
-            sample_and_print(&model, &tokenizer, gen_tokens, &ts.sample_rng_state, rank0, stream);
+            watchdog_begin("sampling", step);
+            sample_and_print(&model, &tokenizer, sample_seed_token, gen_tokens, &ts.sample_rng_state, rank0, stream);
+            watchdog_end();
         }
-        if (output_dir && checkpoint_every > 0 && step > start_step && (step % checkpoint_every == 0 || last_step)) {
+        int checkpoint_due = output_dir && checkpoint_every > 0 && step > start_step &&
+                             (step % checkpoint_every == 0 || last_step);
+        // never a checkpoint of non-finite state: not after a step whose loss or norm was not finite, and not of
+        // parameters that are not (every process checks its own, so that all decide alike)
+        if (checkpoint_due && bad_steps > 0) {
+            if (rank0) printf("step %d: not finite for the last %d step%s: checkpoint not written\n", step, bad_steps,
+                              bad_steps == 1 ? "" : "s");
+            checkpoint_due = 0;
+        } else if (checkpoint_due) {
+            watchdog_begin("the checkpoint's parameter check", step);
+            if (!gpt2_parameters_finite(&model, &mg, stream)) {
+                if (rank0) printf("step %d: parameters not finite: checkpoint not written\n", step);
+                checkpoint_due = 0;
+            }
+            watchdog_end();
+        }
+        if (checkpoint_due) {
             ts.step = step;
             ts.rng_state = model.rng_state;
             ts.loss_scale = model.loss_scaler.scale;
             ts.good_steps = model.loss_scaler.good_steps;
+            watchdog_begin("writing the checkpoint", step);
             write_checkpoint(output_dir, &model, &train_loader, &ts, &mg, zero_stage, stream);
+            watchdog_end();
             if (rank0) {
                 printf("checkpoint written: step %d\n", step);
-                if (checkpoints_keep > 0) {
-                    int old = step - checkpoints_keep * checkpoint_every;
-                    if (old > 0) delete_checkpoint(output_dir, old, mg.num_processes);
-                }
+                // the newest -nk complete ones stay, whatever steps they are: so the last checkpoint written
+                // before a run got into trouble is never the one deleted
+                if (checkpoints_keep > 0) prune_checkpoints(output_dir, checkpoints_keep, mg.num_processes);
             }
         }
         if (last_step) break;
 
+        test_hook_stop(step + 1, mg.process_rank);
         struct timespec ts0, ts1;
         clock_gettime(CLOCK_MONOTONIC, &ts0);
         gpt2_zero_grad(&model, stream);
         double step_loss = 0.0, step_aux = 0.0, step_z = 0.0, step_drop = 0.0, step_load_cv = 0.0;
         for (int micro = 0; micro < grad_accum_steps; micro++) {
+            watchdog_begin("the forward and backward passes with the gradient reduction", step + 1);
             if (overfit_single_batch) dataloader_reset(&train_loader);
             dataloader_next_batch(&train_loader);
             float dlogits_scale = model.loss_scaler.scale / (float)(B * T * grad_accum_steps);
@@ -1980,16 +2400,27 @@ static int gpt2_main(int argc, char* argv[], int moe) {
             step_load_cv += model.load_cv;
         }
         float loss = (float)(step_loss / grad_accum_steps);
+        watchdog_begin("the loss all-reduce", step + 1);
         if (mg.num_processes > 1) loss = multi_gpu_cpu_float_sum(loss, &mg) / mg.num_processes;
+        watchdog_begin("the gradient norm all-reduce", step + 1);
         float norm = gpt2_gradient_norm(&model, &mg, zero_stage, stream);
+        watchdog_end();
         // outliers: a spike in the loss or the gradient norm against the last 128 steps skips the update
+        // divergence: a step whose loss or gradient norm is not finite updates nothing; -ns such steps in a row stop
+        // the run. In FP16 a non-finite norm is an overflow the loss scale handles, until the scale is down to 1.
+        int loss_finite = isfinite(loss);
+        int norm_bad = !isfinite(norm) && (PRECISION_MODE != PRECISION_FP16 || model.loss_scaler.scale <= 1.0f);
+        bad_steps = !loss_finite || norm_bad ? bad_steps + 1 : 0;
         double loss_z = update_detector(&ts.loss_outlier, loss);
         double norm_z = isfinite(norm) ? update_detector(&ts.norm_outlier, norm) : NAN;
         int loss_spike = skip_update_lossz > 0.0f && isfinite(loss_z) && loss_z > skip_update_lossz;
         int norm_spike = skip_update_gradz > 0.0f && isfinite(norm_z) && norm_z > skip_update_gradz;
         opt.learning_rate = lr_scheduler_get(&scheduler, step);
-        if (!loss_spike && !norm_spike) gpt2_update(&model, &opt, norm, step + 1, &mg, zero_stage, stream);
+        watchdog_begin("the optimizer update", step + 1);
+        if (!loss_spike && !norm_spike)
+            gpt2_update(&model, &opt, loss_finite ? norm : NAN, step + 1, &mg, zero_stage, stream);
         cudaCheck(cudaStreamSynchronize(stream));
+        watchdog_end();
         clock_gettime(CLOCK_MONOTONIC, &ts1);
         float ms = (float)((ts1.tv_sec - ts0.tv_sec) * 1e3 + (ts1.tv_nsec - ts0.tv_nsec) * 1e-6);
         float tokens_per_second = total_batch_size / (ms * 1e-3f);
@@ -2001,7 +2432,11 @@ static int gpt2_main(int argc, char* argv[], int moe) {
         if (rank0) {
             if (loss_spike) printf("step %d: loss z-score %.1f exceeds -sl %.1f: update skipped\n", step + 1, loss_z, skip_update_lossz);
             if (norm_spike) printf("step %d: gradient norm z-score %.1f exceeds -sg %.1f: update skipped\n", step + 1, norm_z, skip_update_gradz);
-            if (!isfinite(norm)) printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1, model.loss_scaler.scale);
+            if (bad_steps > 0)
+                printf("step %d: loss %f, gradient norm %f: not finite, update skipped (%d of -ns %d in a row)\n",
+                       step + 1, loss, norm, bad_steps, divergence_steps);
+            else if (!isfinite(norm) && PRECISION_MODE == PRECISION_FP16)
+                printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1, model.loss_scaler.scale);
             char moe_fields[128] = "";
             if (cfg->num_experts > 0)
                 snprintf(moe_fields, sizeof(moe_fields), " | aux %f | z %f | drop %.4f", step_aux / grad_accum_steps,
@@ -2021,6 +2456,18 @@ static int gpt2_main(int argc, char* argv[], int moe) {
                      step_aux / grad_accum_steps, step_z / grad_accum_steps, step_drop / grad_accum_steps,
                      model.load_min, model.load_max, step_load_cv / grad_accum_steps);
             logger_log_text(&logger, line);
+        }
+        if (bad_steps >= divergence_steps) {
+            // every process saw the same loss and norm (both reduced over all of them): all stop here
+            if (rank0) {
+                int latest = output_dir ? find_latest_checkpoint(output_dir) : -1;
+                char where[1100] = "no checkpoint to resume from";
+                if (latest >= 0) snprintf(where, sizeof(where), "the last checkpoint is step %d in %s", latest, output_dir);
+                fprintf(stderr, "step %d: training diverged: the loss or the gradient norm was not finite for %d steps "
+                        "in a row (-ns %d); %s\n", step + 1, bad_steps, divergence_steps, where);
+            }
+            fflush(stdout);
+            exit(EXIT_FAILURE);
         }
     }
 

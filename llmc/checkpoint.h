@@ -8,7 +8,15 @@
 #pragma once
 #include <dirent.h>
 #include <stdio.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+// Integrity: the DONE marker lists the checkpoint's step, process count, model header and, for every file, its
+// size and a 64-bit checksum (checkpoint_checksum):
+//   checkpoint 1 / step S / processes P / model H1 .. H12 / file NAME SIZE HASH (one line per file)
+// A resumed run verifies them (train_gpt.cu) and falls back to the previous complete checkpoint if they do not
+// match. An empty DONE marker is an older trainer's: its checkpoint loads unverified, with a note.
 
 // kind: "model", "expert_state", "state" (with rank >= 0) or "DONE"
 static void checkpoint_paths(char* buf, size_t n, const char* dir, const char* kind, int step, int rank) {
@@ -28,6 +36,84 @@ static void delete_checkpoint(const char* dir, int step, int num_processes) {
         checkpoint_paths(path, sizeof(path), dir, "state", step, r);
         remove(path);
     }
+}
+
+// Deletes every complete checkpoint (one with a DONE marker) of dir but the newest `keep`.
+static void prune_checkpoints(const char* dir, int keep, int num_processes) {
+    DIR* d = opendir(dir);
+    if (!d) return;
+    int* steps = NULL;
+    int n = 0, capacity = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        char rest;
+        if (sscanf(e->d_name, "DONE_%8d%c", &step, &rest) != 1) continue;
+        if (n == capacity) {
+            capacity = capacity ? 2 * capacity : 16;
+            int* grown = (int*)realloc(steps, (size_t)capacity * sizeof(int));
+            if (!grown) break;  // out of memory: prune what was listed
+            steps = grown;
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    // the newest first (insertion sort: a handful of checkpoints)
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && steps[j] > steps[j - 1]; j--) {
+            int t = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = t;
+        }
+    for (int i = keep; i < n; i++) delete_checkpoint(dir, steps[i], num_processes);
+    free(steps);
+}
+
+// A file's size and checksum: 64-bit words (little-endian as stored), each xored in, multiplied by an odd constant
+// and folded, then the tail bytes. Returns 0 if the file cannot be read.
+static int checkpoint_checksum(const char* path, uint64_t* size, uint64_t* hash) {
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) return 0;
+    size_t chunk = 1 << 20;
+    unsigned char* buf = (unsigned char*)malloc(chunk);
+    if (buf == NULL) {
+        fclose(f);
+        return 0;
+    }
+    uint64_t h = 0xcbf29ce484222325ull, total = 0;
+    size_t got;
+    while ((got = fread(buf, 1, chunk, f)) > 0) {
+        size_t words = got / 8;  // every chunk but the last is a whole number of words
+        for (size_t i = 0; i < words; i++) {
+            uint64_t w;
+            memcpy(&w, buf + 8 * i, 8);
+            h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+            h ^= h >> 29;
+        }
+        for (size_t i = 8 * words; i < got; i++) h = (h ^ buf[i]) * 0x100000001b3ull;
+        total += got;
+    }
+    int ok = !ferror(f);
+    free(buf);
+    fclose(f);
+    *size = total;
+    *hash = h;
+    return ok;
+}
+
+// the latest step below `below` with a DONE marker in dir, or -1
+static int find_checkpoint_before(const char* dir, int below) {
+    DIR* d = opendir(dir);
+    if (!d) return -1;
+    int best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        char rest;
+        if (sscanf(e->d_name, "DONE_%8d%c", &step, &rest) == 1 && step > best && step < below) best = step;
+    }
+    closedir(d);
+    return best;
 }
 
 // the latest step with a DONE marker in dir, or -1

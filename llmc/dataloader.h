@@ -35,6 +35,7 @@ typedef struct {
     int num_processes;
     int should_shuffle;
     unsigned long long seed;
+    int vocab_size;  // tokens must be below it (dataloader_set_vocab_size); 0: not checked
     // the shards, validated at init
     int num_shards;
     char** shard_paths;
@@ -182,6 +183,7 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
     loader->num_processes = num_processes;
     loader->should_shuffle = should_shuffle;
     loader->seed = seed;
+    loader->vocab_size = 0;
 
     glob_t matches;
     int glob_status = glob(filename_pattern, 0, NULL, &matches);
@@ -225,6 +227,11 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
     dataloader_enter_position(loader, 1);
 }
 
+// The model's vocabulary size V: from now on every batch is checked for tokens >= V.
+static inline void dataloader_set_vocab_size(DataLoader* loader, int vocab_size) {
+    loader->vocab_size = vocab_size;
+}
+
 static inline void dataloader_reset(DataLoader* loader) {
     loader->epoch = 0;
     loader->shard_position = 0;
@@ -261,6 +268,13 @@ static inline void dataloader_read_row(DataLoader* loader, size_t row, size_t b)
                 exit(EXIT_FAILURE);
             }
             token = (int)value;
+        }
+        // a token the model has no embedding row for would read (and its gradient write) outside wte: every
+        // row read is checked, since shards are read lazily and a bad token may sit anywhere
+        if (loader->vocab_size > 0 && token >= loader->vocab_size) {
+            fprintf(stderr, "%s: token %d at position %zu is out of range for the model's vocabulary (expected 0 to "
+                    "%d, V = %d)\n", path, token, row * T + i, loader->vocab_size - 1, loader->vocab_size);
+            exit(EXIT_FAILURE);
         }
         if (i < T) inputs[i] = token;
         if (i > 0) targets[i - 1] = token;

@@ -1,7 +1,8 @@
 // llmc/logger.h: the training log <log_dir>/main.log (flag -o), one line per event, read by plotting
 // scripts: "s:STEP tel:VAL_LOSS" for a validation loss, "s:STEP trl:LOSS norm:N lr:LR ms:MS mfu:PCT tok/s:R"
 // for a training step (mfu left out when the device's peak is not known), and free-form lines from
-// logger_log_text. Only rank 0 writes; a resumed run appends, a fresh run starts the file over. Every line
+// logger_log_text. Only rank 0 writes; a resumed run appends (after logger_resume drops the steps it redoes), a
+// fresh run starts the file over. Every line
 // is flushed at once, so a crashed run keeps its log up to the last step.
 // Header-only: #include it from a .cu (built by nvcc or cpu/cucc). Tested by dev/test/test_host_utils.cu.
 #pragma once
@@ -26,6 +27,37 @@ static inline void logger_init(Logger* l, const char* log_dir, int process_rank,
         exit(EXIT_FAILURE);
     }
     l->file = fopen_check(l->path, resume ? "a" : "w");
+}
+
+// A run resumed from step `step` redoes every step after it: their lines (and, when `eval_redone`, the validation
+// lines of step `step` itself, which the resumed run computes again) are dropped from the log, which is rewritten
+// through a temporary file, and a "resumed from step" line marks the place. So a plot never draws a step twice.
+static inline void logger_resume(Logger* l, int step, int eval_redone) {
+    if (!l->active) return;
+    fclose_check(l->file, l->path);
+    l->file = NULL;
+    FILE* in = fopen(l->path, "r");
+    char tmp[4200];
+    FILE* out = fopen_tmp_for(l->path, tmp, sizeof(tmp));
+    if (in != NULL) {
+        char line[4096];
+        int dropped = 0;
+        while (fgets(line, sizeof(line), in) != NULL) {
+            int s;
+            if (sscanf(line, "s:%d", &s) == 1) {
+                int eval = strstr(line, " tel:") != NULL || strstr(line, " layer:") != NULL;
+                if (s > step || (s == step && eval && eval_redone)) {
+                    dropped++;
+                    continue;
+                }
+            }
+            fputs(line, out);
+        }
+        fclose(in);
+        fprintf(out, "resumed from step %d (%d later lines dropped)\n", step, dropped);
+    }
+    commit_tmp(out, tmp, l->path);
+    l->file = fopen_check(l->path, "a");
 }
 
 static inline void logger_flush_line(Logger* l) {

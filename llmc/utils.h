@@ -62,6 +62,16 @@ static inline void* malloc_check(size_t size) {
     return p;
 }
 
+// malloc_check naming what the memory is for and the file it comes from, for sizes a file decides
+static inline void* malloc_for(size_t size, const char* what, const char* path) {
+    void* p = malloc(size > 0 ? size : 1);
+    if (p == NULL) {
+        fprintf(stderr, "%s: out of host memory: cannot allocate %zu bytes for %s\n", path, size, what);
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+
 // Reads the 256-int32 header every file of the project starts with and checks its magic number.
 static inline void read_header_check(FILE* f, int header[256], const char* path, int magic, const char* what) {
     size_t got = fread(header, sizeof(int), 256, f);
@@ -76,14 +86,30 @@ static inline void read_header_check(FILE* f, int header[256], const char* path,
     }
 }
 
-// Opens "<final_path>.tmp" for writing; tmp_path receives that name for commit_tmp.
+// Opens "<final_path>.tmp" for writing; tmp_path receives that name for commit_tmp. A stale temporary (an
+// interrupted write) is removed first and the new one is created exclusively, without following a symlink: fopen
+// "wb" would write through a link planted at the temporary name into whatever file it points to.
 static inline FILE* fopen_tmp_for(const char* final_path, char* tmp_path, size_t tmp_size) {
     int n = snprintf(tmp_path, tmp_size, "%s.tmp", final_path);
     if (n < 0 || (size_t)n >= tmp_size) {
         fprintf(stderr, "%s: path too long for its temporary name (limit %zu characters)\n", final_path, tmp_size);
         exit(EXIT_FAILURE);
     }
-    return fopen_check(tmp_path, "wb");
+    if (unlink(tmp_path) != 0 && errno != ENOENT) {
+        fprintf(stderr, "cannot remove the stale temporary file %s: %s\n", tmp_path, strerror(errno));
+        exit(EXIT_FAILURE);
+    }
+    int fd = open(tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "cannot create %s: %s\n", tmp_path, strerror(errno));
+        exit(EXIT_FAILURE);
+    }
+    FILE* f = fdopen(fd, "wb");
+    if (f == NULL) {
+        fprintf(stderr, "cannot open %s for writing: %s\n", tmp_path, strerror(errno));
+        exit(EXIT_FAILURE);
+    }
+    return f;
 }
 
 // Makes the temporary file durable, then renames it over final_path: rename is atomic, so readers see

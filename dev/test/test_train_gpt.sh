@@ -5,7 +5,10 @@
 #   - a run resumed from a checkpoint continues bit-identically, and leftovers of an interrupted
 #     checkpoint (temporary files, a state without its DONE marker) are ignored;
 #   - a model from a descriptor trains (the loss falls);
-#   - every bad input gets one line naming the file or flag, and a non-zero exit.
+#   - every bad input gets one line naming the file or flag, and a non-zero exit;
+#   - reliability: token ids against V, numeric flags, the sampling seed, divergence (-ns), symlinked temporaries,
+#     header sizes before allocation, checkpoint checksums and fallback on -y 1, main.log after a resume, stdout into
+#     a pipe, the output directory's lock, and the collective watchdog (-wt) with a stopped rank.
 # Needs build/train_gpt_fp32 and build/ref/tiny_fp32_model.bin (make test builds both). Run from anywhere:
 #   dev/test/test_train_gpt.sh
 set -u
@@ -58,6 +61,32 @@ if [ -n "$want" ] && [ "$want" = "$got" ] && grep -q "resumed from step 3" "$wor
     fail "resume is not bit-identical: want [$want] got [$got]"; fi
 if cmp -s "$work/full/model_00000006.bin" "$work/resumed/model_00000006.bin"; then pass; else
     fail "the resumed run's final model differs"; fi
+# --- checkpoint integrity: the DONE marker lists every file's size and checksum, checked on -y 1
+grep -q "^file state_00000006_00000.bin 616080 " "$work/full/DONE_00000006" && pass || fail "DONE lacks the state's checksum"
+# a corrupt latest checkpoint is named and the previous complete one is used
+mkdir -p "$work/corrupt"
+cp "$work/full"/*_0000000[36]* "$work/corrupt/"
+printf 'X' | dd of="$work/corrupt/state_00000006_00000.bin" bs=1 seek=5000 conv=notrunc 2>/dev/null
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/corrupt" -y 1 >"$work/corrupt.log" 2>&1 || fail "resume past a corrupt checkpoint: $(tail -3 "$work/corrupt.log")"
+if grep -q "^-y 1: checkpoint step 6 fails verification: $work/corrupt/state_00000006_00000.bin: 616080 bytes, checksum" "$work/corrupt.log" &&
+    grep -q "resumed from step 3" "$work/corrupt.log" && [ "$(losses "$work/corrupt.log")" = "$want" ]; then pass; else
+    fail "a corrupt latest checkpoint: $(grep -v '^[|+]' "$work/corrupt.log" | head -4)"; fi
+# none passes: non-zero exit (the step-6 checkpoint was rewritten by that run: corrupt both again)
+printf 'X' | dd of="$work/corrupt/model_00000003.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
+printf 'X' | dd of="$work/corrupt/model_00000006.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
+expect_error "no checkpoint passes verification" "-y 1: no complete checkpoint in $work/corrupt passes verification" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/corrupt" -y 1
+# an older checkpoint (an empty DONE marker) loads, with a note; its state must still be of its step
+mkdir -p "$work/legacy"
+cp "$work/full"/*_00000003* "$work/legacy/"
+: >"$work/legacy/DONE_00000003"
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/legacy" -y 1 >"$work/legacy.log" 2>&1 || fail "legacy resume: $(tail -3 "$work/legacy.log")"
+if grep -q "DONE_00000003 has no checksums (an older checkpoint): loaded unverified" "$work/legacy.log" &&
+    [ "$(losses "$work/legacy.log")" = "$want" ]; then pass; else fail "an older checkpoint does not load as before"; fi
+rm "$work/legacy"/*_00000006*
+cp "$work/full/state_00000006_00000.bin" "$work/legacy/state_00000003_00000.bin"
+expect_error "a state of another step" "state_00000003_00000.bin: a state of step 6 for 1 processes" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/legacy" -y 1
 # -nk 1 keeps only the last checkpoint
 "$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 2 -nk 1 -o "$work/keep" >"$work/keep.log" 2>&1
 if [ -e "$work/keep/DONE_00000006" ] && [ ! -e "$work/keep/DONE_00000004" ] && [ ! -e "$work/keep/model_00000002.bin" ]; then pass; else
@@ -101,6 +130,159 @@ open(sys.argv[2], "wb").write(struct.pack("256i", *h))
 PY
 expect_error "heads do not divide C" "channels (96) must be a multiple of the number of heads (5)" \
     "$TRAIN" "${COMMON[@]}" -b 2 -e "$work/heads.bin"
+
+# --- token ids are checked against the model's vocabulary on every batch, train and val
+# shard WIDTH NTOK VALUE [POSITION]: NTOK tokens of width 2 (uint16) or 4 (uint32), all 5 but VALUE at POSITION (or
+# all VALUE without one)
+shard() {
+    $PYTHON - "$@" <<'PY'
+import struct, sys
+path, width, n, value = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+pos = int(sys.argv[5]) if len(sys.argv) > 5 else -1
+toks = [value if pos < 0 or i == pos else 5 for i in range(n)]
+h = [0] * 256
+h[:3] = [20240520, 1 if width == 2 else 2, n]
+open(path, "wb").write(struct.pack("256i", *h) + struct.pack("<%d%s" % (n, "H" if width == 2 else "I"), *toks))
+PY
+}
+shard "$work/ffff.bin" 2 4096 65535
+shard "$work/eqV.bin" 2 4096 263 100
+shard "$work/eqV32.bin" 4 4096 263 4000
+expect_error "tokens of 65535 on V=256" "ffff.bin: token 65535 at position 0 is out of range for the model's vocabulary (expected 0 to 255, V = 256)" \
+    "$TRAIN" -e d2 -ev 256 -et 32 -i "$work/ffff.bin" -j "" -b 2 -t 16 -v 0 -s 0 -x 2 -a 1
+expect_error "a val token equal to V" "eqV.bin: token 263 at position 100 is out of range" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 2 -j "$work/eqV.bin" -v 1 -m 4
+expect_error "a uint32 train token equal to V, late in the shard" "eqV32.bin: token 263 at position 4000 is out of range" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 200 -a 0 -i "$work/eqV32.bin"
+
+# --- numeric flags: values no run can use get one line naming the flag
+expect_error "-d 0" "-d 0: expected a positive number of tokens per step" "$TRAIN" "${COMMON[@]}" -d 0
+expect_error "-d negative" "-d -32: expected a positive number of tokens per step" "$TRAIN" "${COMMON[@]}" -d -32
+expect_error "-x 0" "-x 0: expected a positive number of steps, or -1 for one epoch" "$TRAIN" "${COMMON[@]}" -x 0
+expect_error "-x -2" "-x -2: expected a positive number of steps, or -1" "$TRAIN" "${COMMON[@]}" -x -2
+for f in -n -v -m -g -s; do
+    expect_error "$f negative" "$f -1: expected 0 or a positive number" "$TRAIN" "${COMMON[@]}" $f -1
+done
+# -g beyond what -t allows is clamped, with a line saying so
+"$TRAIN" "${COMMON[@]}" -b 2 -x 1 -s 1 -g 100 -tf "$work/none.bin" >"$work/clamp.log" 2>&1 || fail "-g 100 run: $(tail -3 "$work/clamp.log")"
+if grep -q "^-g 100: more than the sequence length -t 16 allows; samples will have 15 tokens" "$work/clamp.log"; then pass; else
+    fail "-g over -t is not reported"; fi
+
+# --- sampling: without a tokenizer the seed is a token of the model; a tokenizer larger than the model is not used
+if grep -q "^note: no tokenizer: samples start from token 0 and print token ids" "$work/clamp.log" &&
+    grep -A2 '^generating' "$work/clamp.log" | sed -n 3p | grep -qE '^(<[0-9]+>){15}$'; then pass; else
+    fail "sampling without a tokenizer: $(grep -A2 '^generating' "$work/clamp.log" | tr '\n' ' ')"; fi
+$PYTHON train_gpt.py --write-tokenizer "$work/bytes_tok.bin" --V 257 >/dev/null || fail "cannot write a tokenizer"
+"$TRAIN" -e d2 -ev 256 -et 32 -i "$work/train.bin" -j "" -b 2 -t 16 -v 0 -s 1 -g 8 -x 1 -tf "$work/bytes_tok.bin" \
+    >"$work/bigtok.log" 2>&1 || true
+if grep -q "note: tokenizer $work/bytes_tok.bin has 257 tokens, more than the model's V = 256: not used" "$work/bigtok.log" &&
+    grep -q "^note: no tokenizer: samples start from token 0" "$work/bigtok.log"; then pass; else
+    fail "a tokenizer larger than the model: $(head -c 300 "$work/bigtok.log")"; fi
+
+# --- divergence: a learning rate of 1e30 makes step 2 on NaN; -ns 3 such steps in a row stop the run (non-zero exit),
+# no checkpoint is written from them, and -nk 1 keeps the step-1 checkpoint, the last one before the trouble
+expect_error "divergence" "step 4: training diverged: the loss or the gradient norm was not finite for 3 steps in a row (-ns 3); the last checkpoint is step 1" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 10 -l 1e30 -n 1 -nk 1 -o "$work/diverge"
+if [ "$(ls "$work/diverge" | grep -c '^DONE_')" = 1 ] && [ -e "$work/diverge/DONE_00000001" ] &&
+    [ -e "$work/diverge/model_00000001.bin" ]; then pass; else
+    fail "a diverging run's checkpoints: $(ls "$work/diverge" | tr '\n' ' ')"; fi
+"$TRAIN" "${COMMON[@]}" -b 2 -x 10 -l 1e30 -ns 2 >"$work/diverge2.log" 2>&1
+if grep -q "^step 2: loss -\?nan, gradient norm -\?nan: not finite, update skipped (1 of -ns 2 in a row)" "$work/diverge2.log" &&
+    grep -q "^step 3: training diverged" "$work/diverge2.log" && ! grep -q "loss scale" "$work/diverge2.log"; then pass; else
+    fail "-ns 2: $(grep -v '^[|+]' "$work/diverge2.log" | tail -4)"; fi
+expect_error "-ns 0" "-ns 0: expected at least 1 step" "$TRAIN" "${COMMON[@]}" -ns 0
+
+# --- checkpoint writes do not follow symlinks: a link planted at a temporary name is replaced, its target untouched
+mkdir -p "$work/links"
+printf 'precious' >"$work/precious.txt"
+ln -s "$work/precious.txt" "$work/links/model_00000001.bin.tmp"
+ln -s "$work/precious.txt" "$work/links/state_00000001_00000.bin.tmp"
+"$TRAIN" "${COMMON[@]}" -b 2 -x 1 -n 1 -o "$work/links" >"$work/links.log" 2>&1 || fail "run with planted links: $(tail -3 "$work/links.log")"
+if [ "$(cat "$work/precious.txt")" = precious ] && [ -e "$work/links/DONE_00000001" ] && [ ! -L "$work/links/model_00000001.bin" ] &&
+    cmp -s "$work/links/model_00000001.bin" "$work/full/model_00000003.bin" -n 1024; then pass; else
+    fail "a checkpoint write followed a symlink: precious.txt is now $(head -c 40 "$work/precious.txt" | od -c | head -1)"; fi
+
+# --- a header's sizes are checked against the file's length before anything is allocated for them; a model that
+# is all there but does not fit gets a line naming the file and the bytes it needs (a sparse file of 170 GB)
+$PYTHON - "$MODEL" "$work/layers.bin" "$work/huge.bin" <<'PY'
+import struct, sys
+h = list(struct.unpack("256i", open(sys.argv[1], "rb").read(1024)))
+h[4] = 30000
+open(sys.argv[2], "wb").write(struct.pack("256i", *h) + b"\0" * 100000)
+h[2:8] = [64, 263, 6000, 12, 768, 384]
+f = open(sys.argv[3], "wb")
+f.write(struct.pack("256i", *h))
+n = 384 * 768 + 64 * 768 + 6000 * (2 * 768 + 3 * 768 * 768 + 3 * 768 + 768 * 768 + 768 + 2 * 768 + 8 * 768 * 768 + 5 * 768) + 2 * 768
+f.truncate(1024 + 4 * n)
+PY
+expect_error "30000 layers on a small file" "layers.bin is truncated: its header describes" \
+    timeout 20 "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/layers.bin"
+expect_error "a model larger than memory" "huge.bin: out of device memory: the parameters and gradients of its" \
+    timeout 20 "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/huge.bin"
+rm -f "$work/huge.bin"
+expect_error "activations larger than memory" "out of device memory: the activations (B=1000000 T=16, recompute 1:" \
+    timeout 20 "$TRAIN" "${COMMON[@]}" -b 1000000 -x 1 -a 1
+
+# --- main.log after a resume: the steps the resumed run redoes (and the validation it redoes) appear once
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -v 3 -m 1 -j "$work/train.bin" -o "$work/logfull" >"$work/logfull.log" 2>&1 ||
+    fail "logging run: $(tail -3 "$work/logfull.log")"
+mkdir -p "$work/logresumed"
+cp "$work/logfull"/*_00000003* "$work/logfull/main.log" "$work/logresumed/"
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -v 3 -m 1 -j "$work/train.bin" -o "$work/logresumed" -y 1 >"$work/logresumed.log" 2>&1 ||
+    fail "resumed logging run: $(tail -3 "$work/logresumed.log")"
+if $PYTHON - "$work/logfull/main.log" "$work/logresumed/main.log" <<'PY'
+import re, sys
+def keys(path):
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"^s:(\d+) (\w+):", open(path).read(), re.M)]
+a, b = keys(sys.argv[1]), keys(sys.argv[2])
+print("  main.log steps: full %s\n  resumed %s" % (a, b))
+sys.exit(0 if a == b and len(a) == 9 and "resumed from step 3" in open(sys.argv[2]).read() else 1)
+PY
+then pass; else fail "main.log after a resume repeats or lacks steps"; fi
+
+# --- stdout is line-buffered: into a pipe, the memory plan is out before step 1 even if the process is killed there
+# wait_stopped PID: until the process stands still (SIGSTOP), at most 60 s
+wait_stopped() {
+    for _ in $(seq 600); do
+        [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" = T ] && return 0
+        kill -0 "$1" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+mkfifo "$work/pipe"
+cat "$work/pipe" >"$work/piped.log" &
+cat_pid=$!
+TRAIN_TEST_STOP_AT_STEP=1 "$TRAIN" "${COMMON[@]}" -b 2 -x 5 >"$work/pipe" 2>/dev/null &
+train_pid=$!
+wait_stopped $train_pid || fail "the trainer did not stop before step 1"
+kill -9 $train_pid
+wait $train_pid 2>/dev/null
+wait $cat_pid
+if grep -q "memory: parameters" "$work/piped.log"; then pass; else fail "the memory plan was lost in the pipe's buffer"; fi
+
+# --- the output directory is locked: a second run into it while one runs is refused, naming the holder's pid
+TRAIN_TEST_STOP_AT_STEP=1 "$TRAIN" "${COMMON[@]}" -b 2 -x 5 -o "$work/locked" >/dev/null 2>&1 &
+holder=$!
+wait_stopped $holder || fail "the first run did not stop before step 1"
+expect_error "a second run into a locked directory" "-o $work/locked: in use by another run (pid $holder holds $work/locked/train.lock)" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -o "$work/locked"
+kill -9 $holder
+wait $holder 2>/dev/null
+if "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -o "$work/locked" >"$work/relock.log" 2>&1; then pass; else
+    fail "the lock outlived its holder: $(tail -2 "$work/relock.log")"; fi
+
+# --- the collective watchdog: rank 1 stops (SIGSTOP) before step 2; with -wt 3 rank 0 ends the job, naming the
+# operation it waited in and the step, instead of waiting forever
+start=$(date +%s)
+TRAIN_TEST_STOP_AT_STEP=2 TRAIN_TEST_STOP_RANK=1 timeout 120 $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -x 5 -wt 3 \
+    >"$work/watchdog.log" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $elapsed -lt 60 ] &&
+    grep -q "^watchdog: process 0, step 2: the forward and backward passes with the gradient reduction did not complete within 3 s (-wt)" "$work/watchdog.log"; then
+    pass; else fail "the watchdog did not end a job with a stopped process (exit $rc after ${elapsed}s): $(grep -v '^[|+]' "$work/watchdog.log" | tail -3)"; fi
+expect_error "-wt negative" "-wt -1: expected seconds, or 0 for no watchdog" "$TRAIN" "${COMMON[@]}" -wt -1
 
 echo "test_train_gpt: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -7,7 +7,8 @@
 #   - a checkpoint of -ep 2 resumes with -ep 1 and one of -ep 1 with -ep 2: identical weights, the same training;
 #   - an MoE model from a descriptor trains (the loss falls) and logs aux, z, drop and the expert loads;
 #   - with router jitter and noisy top-k gating, a resumed run continues bit-identically (the noise follows the step);
-#   - bad inputs (top-k above E, a file of the wrong kind, features not implemented yet) get their one line.
+#   - bad inputs (top-k above E, a file of the wrong kind, features not implemented yet, tokens the model lacks,
+#     -ne/-tk/-me/-eh against the model file or checkpoint) get their one line; a corrupt expert state is named on -y 1.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and
 # build/ref/moe_k1_cf0.5_fp32_model.bin (make test builds them). Run from anywhere: dev/test/test_train_moe.sh
 set -u
@@ -117,6 +118,16 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/resumed.log")" ] &&
     cmp -s "$work/full/model_00000006.bin" "$work/resumed/model_00000006.bin"; then pass; else
     fail "MoE resume is not bit-identical"; fi
 
+# a corrupt expert state in the latest checkpoint is named, and the run resumes from the one before
+mkdir -p "$work/corrupt"
+cp "$work/full"/*_0000000[36]* "$work/corrupt/"
+printf 'X' | dd of="$work/corrupt/expert_state_00000006.bin" bs=1 seek=2000 conv=notrunc 2>/dev/null
+"$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -o "$work/corrupt" -y 1 >"$work/corrupt.log" 2>&1 ||
+    fail "resume past a corrupt expert state: $(tail -3 "$work/corrupt.log")"
+if grep -q "^-y 1: checkpoint step 6 fails verification: $work/corrupt/expert_state_00000006.bin" "$work/corrupt.log" &&
+    [ "$want" = "$(step_fields "$work/corrupt.log")" ]; then pass; else
+    fail "a corrupt expert state: $(grep -v '^[|+]' "$work/corrupt.log" | head -3)"; fi
+
 # --- a descriptor MoE model trains, with its telemetry in the step line and the log
 "$TRAIN" -e d2 -ev 263 -et 32 -ne 4 -tk 2 -me 1 -i "$work/train.bin" -j "$work/train.bin" -v 30 -m 2 -s 0 -b 4 -t 16 \
     -l 3e-3 -a 1 -x 30 -o "$work/desc" >"$work/desc.log" 2>&1 || fail "descriptor run: $(tail -3 "$work/desc.log")"
@@ -163,6 +174,26 @@ expect_error "noisy top-k with every expert chosen" "-rn 1: noisy top-k gating n
 expect_error "noisy top-k 2" "-rn 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -rn 2
 expect_error "jitter out of range" "-rj 1.5: the jitter must be in [0, 1)" "$TRAIN" "${COMMON[@]}" -rj 1.5
 expect_error "zero experts" "-ne 0: expected at least 1 expert" "$TRAIN" "${COMMON[@]}" -ne 0
+
+# a shard of tokens the model has no row for (uint16 65535 on V=256) is refused before any step, naming shard,
+# position, token and V
+$PYTHON - "$work/ffff.bin" <<'PY'
+import struct, sys
+n = 4096
+open(sys.argv[1], "wb").write(struct.pack("256i", *([20240520, 1, n] + [0] * 253)) + struct.pack("<%dH" % n, *([65535] * n)))
+PY
+expect_error "tokens of 65535 on V=256" "ffff.bin: token 65535 at position 0 is out of range for the model's vocabulary (expected 0 to 255, V = 256)" \
+    "$TRAIN" -e d2 -ev 256 -et 32 -ne 4 -i "$work/ffff.bin" -j "" -b 2 -t 16 -v 0 -s 0 -x 2 -a 1
+
+# explicit -ne, -tk, -me, -eh that contradict the model file are refused (the file's own values are accepted)
+expect_error "-ne against the file" "-ne 8: the model file $MOE_MODEL has 4 experts per MoE layer" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -ne 8
+expect_error "-tk against the file" "-tk 2: the model file $MOE_MODEL has 1 experts per token" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -tk 2
+expect_error "-me against the file" "-me 2: the model file $MOE_MODEL has 1 layers per MoE layer" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -me 2
+expect_error "-eh against the file" "-eh 64: the model file $MOE_MODEL has 96 as the experts' hidden size" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -eh 64
+expect_error "-ne against a checkpoint" "-ne 2: the model file $work/full/model_00000006.bin has 4 experts" \
+    "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 7 -o "$work/full" -y 1 -ne 2
+if "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -ne 4 -tk 1 -me 1 -eh 96 >"$work/same_shape.log" 2>&1; then pass; else
+    fail "the file's own -ne -tk -me -eh were refused: $(tail -2 "$work/same_shape.log")"; fi
 
 echo "test_train_moe: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
