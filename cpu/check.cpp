@@ -166,7 +166,8 @@ static const uint32_t W_ATOMIC = 1u << 31;
 static const uint32_t R_LDG = 1u << 31, R_ATOMIC = 1u << 30, R_MANY = 1u << 29;
 
 static uintptr_t arena_base;
-static size_t arena_limit;  // 0 until the arena exists: every address is then outside it
+static size_t arena_limit;
+static uintptr_t heap_start, heap_end;  // the host's malloc heap (brk): kernels must not touch it  // 0 until the arena exists: every address is then outside it
 static cell* cells;
 static uint32_t* granules;  // allocation id per granule
 
@@ -198,6 +199,16 @@ static void arena_init(void) {
     cells = (cell*)reserve(ARENA_BYTES * sizeof(cell), "shadow memory");
     granules = (uint32_t*)reserve((ARENA_BYTES >> GRANULE_SHIFT) * sizeof(uint32_t), "the allocation map");
     arena_limit = ARENA_BYTES;
+    // the start of the malloc heap: field 47 (start_brk) of /proc/self/stat
+    FILE* f = fopen("/proc/self/stat", "r");
+    char stat[4096];
+    if (f && fgets(stat, sizeof(stat), f)) {
+        char* p = strrchr(stat, ')');
+        for (int field = 2; p && field < 47; field++) p = strchr(p + 1, ' ');
+        if (p) heap_start = strtoull(p + 1, nullptr, 10);
+    }
+    if (f) fclose(f);
+    heap_end = heap_start;
 }
 
 static inline region region_of(size_t off) {
@@ -425,6 +436,46 @@ void cucc_check_host_sync_event(cudaEvent_t e) {
     host_joined();
 }
 
+// cudaStreamQuery and cudaEventQuery: work the host has not yet synchronised with answers "not ready" once (as on a
+// GPU right after issuing it), so that a query whose answer is ignored does not count as a synchronisation; asked
+// again, it is done, and the host is ordered after it.
+static int covers(const uint32_t* vc, const uint32_t* work) {
+    for (int i = 1; i < MAX_SLOTS; i++)
+        if (work[i] > vc[i]) return 0;
+    return 1;
+}
+static uint32_t queried_stream[MAX_SLOTS];  // the stream's own clock when it last answered "not ready"
+static std::unordered_map<const void*, uint32_t> queried_event;
+
+int cucc_check_query_stream(cudaStream_t s) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    int slot = slot_of(s);
+    uint32_t vc[MAX_SLOTS];
+    issue_clock(slot, vc);
+    if (!covers(host_vc, vc) && queried_stream[slot] != vc[slot] + 1) {
+        queried_stream[slot] = vc[slot] + 1;
+        return 0;
+    }
+    join(host_vc, vc);
+    host_joined();
+    return 1;
+}
+
+int cucc_check_query_event(cudaEvent_t e) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    auto it = event_clocks.find(e);
+    if (it == event_clocks.end()) return 1;
+    uint32_t stamp = 1;
+    for (int i = 1; i < MAX_SLOTS; i++) stamp = stamp * 31 + it->second[i];
+    if (!covers(host_vc, it->second.data()) && queried_event[e] != stamp) {
+        queried_event[e] = stamp;
+        return 0;
+    }
+    join(host_vc, it->second.data());
+    host_joined();
+    return 1;
+}
+
 void cucc_check_host_sync_device(void) {
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
     for (int s = 1; s < MAX_SLOTS; s++) join(host_vc, stream_vc[s]);
@@ -444,6 +495,15 @@ struct launch_state {
 };
 static launch_state launch;
 static void report_unwritten_read(int shared_only);
+
+// Publication between blocks of a launch, the pattern of CUDA's threadFenceReduction sample and of global locks: a
+// block whose thread executes __threadfence() and then an atomic write (or volatile store) has published its writes
+// made up to its sync clock then; a block that has read, atomically, a location another block wrote atomically has
+// acquired what was published. Plain accesses of two blocks are then ordered. (Simpler than the memory model: any
+// acquisition counts for every publisher.)
+static std::unordered_map<uint32_t, uint32_t> published;  // block (linear) -> its sync clock when it published
+static int block_acquired;
+
 static thread_local int thread_window = -1;
 static int windows_used;
 // before each static declaration's memory in the window: the launch that last counted it, and its size
@@ -549,6 +609,8 @@ void cucc_check_launch_begin(const char* kernel, dim3 grid, dim3 block, size_t d
     launch.static_bytes = 0;
     launch.window = thread_window;
     *dynamic_smem_out = (void*)window_base(thread_window);
+    published.clear();
+    heap_end = (uintptr_t)sbrk(0);
     launch_started.store(monotonic_seconds());
     running_launch.store(op);
 }
@@ -573,6 +635,7 @@ void cucc_check_block_begin(uint3 block_index, long block_linear, int nthreads, 
     b.threads = (char*)threads;
     b.stride = stride;
     exited_early.clear();
+    block_acquired = 0;
     // dynamic shared memory holds garbage at a block's start, as on a GPU
     if (launch.dynamic_bytes) memset((void*)window_base(launch.window), 0xff, launch.dynamic_bytes);
 }
@@ -581,8 +644,11 @@ void cucc_check_thread_begin(cucc_check_thread* t, int linear_index) {
     t->tid = (cucc_check_block_state.first_tid + (uint32_t)linear_index) & TID_MASK;
     t->bar_stamp = 0;
     t->warp_stamp = 0;
+    t->part_stamp = 0;
+    t->part_lanes = 0;
     t->barriers = 0;
     t->exited = 0;
+    t->fenced = 0;
     t->warp = linear_index / 32;
     t->spin_addr = 0;
     t->spin_value = 0;
@@ -681,7 +747,11 @@ static inline int same_block(uint32_t tid) {
 static inline int ordered_in_launch(uint32_t tid, uint32_t clk) {
     const cucc_check_thread* t = cucc_check_current;
     if (tid == t->tid) return 1;
-    if (!same_block(tid)) return 0;
+    if (!same_block(tid)) {
+        if (!block_acquired) return 0;
+        auto it = published.find(tid / (uint32_t)cucc_check_block_state.nthreads);
+        return it != published.end() && it->second >= clk;
+    }
     // a rendezvous orders the other thread's access only if that thread took part in it: one that has returned
     // took part in none after its last
     const cucc_check_block& b = cucc_check_block_state;
@@ -692,7 +762,9 @@ static inline int ordered_in_launch(uint32_t tid, uint32_t clk) {
         warp = warp < other->warp_stamp ? warp : other->warp_stamp;
     }
     if (bar > clk) return 1;
-    return (int)((tid - b.first_tid) / 32) == t->warp && warp > clk;
+    uint32_t other_index = tid - b.first_tid;
+    if ((int)(other_index / 32) != t->warp) return 0;
+    return warp > clk || (t->part_stamp > clk && ((t->part_lanes >> (other_index % 32)) & 1));
 }
 
 static const char* access_word(int mode) {
@@ -754,6 +826,7 @@ static inline void kernel_byte(cell* c, uintptr_t a, int mode, region r, uint32_
         }
         uint32_t flags = ((mode & A_LDG) ? R_LDG : 0) | (atomic ? R_ATOMIC : 0);
         if (c->r_op == op) {
+            flags |= c->r_tid & R_LDG;  // read through __ldg in this launch: no write may follow
             uint32_t reader = c->r_tid & TID_MASK;
             int earlier_unordered = (c->r_tid & R_MANY) ? !(same_block(reader) && t->bar_stamp > c->r_clk)
                                                         : !ordered_in_launch(reader, c->r_clk);
@@ -863,9 +936,33 @@ static inline void spin_check(uintptr_t a, size_t n, const void* pc) {
     }
 }
 
+// An atomic on a __device__ variable (an ordinary global here, outside the arena, so without shadow cells): only its
+// part in publication between blocks is tracked, by the block that last wrote it atomically in this launch.
+static std::unordered_map<uintptr_t, std::pair<uint32_t, uint32_t>> global_atomics;  // address -> (launch, block)
+
+static void global_variable_atomic(uintptr_t a, int mode) {
+    uint32_t block = cucc_check_current->tid / (uint32_t)cucc_check_block_state.nthreads;
+    auto& last = global_atomics[a];
+    if ((mode & A_READ) && last.first == launch.op && last.second != block) block_acquired = 1;
+    if (mode & A_WRITE) {
+        last = {launch.op, block};
+        if (cucc_check_current->fenced) {
+            uint32_t& clock = published[block];
+            if (cucc_check_block_state.clock > clock) clock = cucc_check_block_state.clock;
+        }
+    }
+}
+
 static void access(uintptr_t a, size_t n, int mode, const void* pc) {
     size_t off = a - arena_base;
-    if (off >= arena_limit) return;
+    if (off >= arena_limit) {
+        if (!cucc_check_current) return;
+        if (a - heap_start < heap_end - heap_start && cucc_check_on(CUCC_CHECK_MEM))
+            report_access(CUCC_CHECK_MEM, pc, "%zu-byte %s of host memory %#lx (the malloc heap) in a kernel: a GPU "
+                          "cannot reach it (an illegal address)", n, access_word(mode), (unsigned long)a);
+        if (mode & A_ATOMIC) global_variable_atomic(a, mode);
+        return;
+    }
     region r = region_of(off);
     if (!cucc_check_current) {  // host code
         if (r == R_DEVICE) {
@@ -893,11 +990,27 @@ static void access(uintptr_t a, size_t n, int mode, const void* pc) {
         else if ((mode & A_WRITE) && cucc_check_current->spin_addr == a) cucc_check_current->spin_count = 0;
     }
     uint32_t op = r == R_SHARED ? cucc_check_block_state.serial : launch.op;
+    if (r != R_SHARED && (mode & (A_ATOMIC | A_VOLATILE))) {
+        const cell* c = &cells[off];
+        if ((mode & A_READ) && c->w_op == op && (c->w_tid & W_ATOMIC) && !same_block(c->w_tid & TID_MASK))
+            block_acquired = 1;
+        if ((mode & A_WRITE) && cucc_check_current->fenced) {
+            uint32_t& clock = published[cucc_check_current->tid / (uint32_t)cucc_check_block_state.nthreads];
+            if (cucc_check_block_state.clock > clock) clock = cucc_check_block_state.clock;
+        }
+    }
     for (size_t i = 0; i < n; i++) kernel_byte(&cells[off + i], a + i, mode, r, op, pc);
 }
 
 // ----------------------------------------------------------------------------------------------
 // Library operations (cuBLAS, NCCL, copies) declare what they read and write.
+
+// An operand outside its allocation is the library call's misuse: reported by its library's check.
+static const char* library_check(uint32_t op) {
+    const char* name = op && op < ops.size() ? ops[op].name : "";
+    return strncmp(name, "nccl", 4) == 0 ? CUCC_CHECK_NCCL : strncmp(name, "cublas", 6) == 0 ? CUCC_CHECK_CUBLAS
+                                                                                           : CUCC_CHECK_MEM;
+}
 static void op_bytes(const void* p, size_t bytes, int write, const char* what) {
     if (!bytes) return;
     uintptr_t a = (uintptr_t)p;
@@ -907,8 +1020,9 @@ static void op_bytes(const void* p, size_t bytes, int write, const char* what) {
     region r = region_of(off);
     uint32_t id = granules[off >> GRANULE_SHIFT];
     const allocation& al = allocations[id];
-    if ((!id || !al.live || a + bytes > al.base + al.size) && cucc_check_on(CUCC_CHECK_MEM))
-        cucc_check_report(CUCC_CHECK_MEM, "%s: %s (%zu bytes from %s) %s",
+    const char* check = library_check(current_op);
+    if ((!id || !al.live || a + bytes > al.base + al.size) && cucc_check_on(check))
+        cucc_check_report(check, "%s: %s (%zu bytes from %s) %s",
                           cucc_check_op_describe(current_op, mine, sizeof(mine)), what, bytes,
                           describe_address(a, addr, sizeof(addr)),
                           id && !al.live ? "is freed memory" : "runs past the end of its allocation");
@@ -977,9 +1091,10 @@ static void op_matrix(const void* p, size_t rows, size_t cols, size_t ld, size_t
         if (off < arena_limit) {
             uint32_t id = granules[off >> GRANULE_SHIFT];
             const allocation& al = allocations[id];
-            if ((!id || !al.live || hi > al.base + al.size || lo < al.base) && cucc_check_on(CUCC_CHECK_MEM)) {
+            const char* check = library_check(current_op);
+            if ((!id || !al.live || hi > al.base + al.size || lo < al.base) && cucc_check_on(check)) {
                 char opname[300], addr[300];
-                cucc_check_report(CUCC_CHECK_MEM, "%s: %s (%zu x %zu, ld %zu, %zu byte(s) per element, batch %zu) spans "
+                cucc_check_report(check, "%s: %s (%zu x %zu, ld %zu, %zu byte(s) per element, batch %zu) spans "
                                   "%zu bytes from %s, past the end of its allocation",
                                   cucc_check_op_describe(current_op, opname, sizeof(opname)), what, rows, cols, ld, elem,
                                   batch, (size_t)(hi - lo), describe_address(lo, addr, sizeof(addr)));
@@ -1108,7 +1223,8 @@ cudaError_t cucc_check_memcpy(void* dst, const void* src, size_t count, cudaMemc
                               describe_address((uintptr_t)src, addr, sizeof(addr)), src_device ? "device" : "host");
     }
     cucc_check_op_begin(stream, name);
-    copy_source_bytes(src, count);
+    if (is_device_side(dst)) copy_source_bytes(src, count);  // device to device: the garbage moves along, unused
+    else op_bytes(src, count, 0, "the source");              // to the host: the program is about to use it
     op_bytes(dst, count, 1, "the destination");
     size_t doff = (uintptr_t)dst - arena_base, soff = (uintptr_t)src - arena_base;
     // a copy of unwritten device bytes leaves the destination unwritten (what a kernel then reads is garbage)
@@ -1162,7 +1278,10 @@ void __tsan_vptr_update(void**, void*) {}
 void __tsan_vptr_read(void**) {}
 void __tsan_read_range(void* p, unsigned long n) { access((uintptr_t)p, n, A_READ | A_RANGE, CUCC_PC); }
 void __tsan_write_range(void* p, unsigned long n) { access((uintptr_t)p, n, A_WRITE | A_RANGE, CUCC_PC); }
-void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+void __tsan_atomic_thread_fence(int) {
+    if (cucc_check_current) cucc_check_current->fenced = 1;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
 void __tsan_atomic_signal_fence(int) {}
 }
 
@@ -1233,6 +1352,31 @@ CUCC_ATOMIC_HOOKS(8, char)
 CUCC_ATOMIC_HOOKS(16, short)
 CUCC_ATOMIC_HOOKS(32, int)
 CUCC_ATOMIC_HOOKS(64, long long)
+
+// The program's memcpy, memmove and memset (cucc --check links it with --wrap; the backend's own calls were renamed
+// to the __real_ functions when its libraries were built): host code copying device memory with libc is as wrong as
+// dereferencing it, and inside a kernel they are accesses like any other.
+extern "C" void* __real_memcpy(void* d, const void* s, size_t n);
+extern "C" void* __real_memmove(void* d, const void* s, size_t n);
+extern "C" void* __real_memset(void* d, int c, size_t n);
+extern "C" void* __wrap_memcpy(void* d, const void* s, size_t n) {
+    if (n) {
+        access((uintptr_t)s, n, A_READ | A_RANGE | A_UNALIGNED, CUCC_PC);
+        access((uintptr_t)d, n, A_WRITE | A_RANGE | A_UNALIGNED, CUCC_PC);
+    }
+    return __real_memcpy(d, s, n);
+}
+extern "C" void* __wrap_memmove(void* d, const void* s, size_t n) {
+    if (n) {
+        access((uintptr_t)s, n, A_READ | A_RANGE | A_UNALIGNED, CUCC_PC);
+        access((uintptr_t)d, n, A_WRITE | A_RANGE | A_UNALIGNED, CUCC_PC);
+    }
+    return __real_memmove(d, s, n);
+}
+extern "C" void* __wrap_memset(void* d, int c, size_t n) {
+    if (n) access((uintptr_t)d, n, A_WRITE | A_RANGE | A_UNALIGNED, CUCC_PC);
+    return __real_memset(d, c, n);
+}
 
 // __ldg and reinterpret_cast (cucc.h), which know their call's file and line
 extern "C" void __cucc_check_ldg(const void* p, size_t n, const char* file, int line) {

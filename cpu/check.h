@@ -17,10 +17,13 @@
 struct cucc_check_thread {
     uint32_t tid;         // block's first tid + linear thread index: unique within the launch
     uint32_t bar_stamp;   // sync clock of the last barrier this thread passed
-    uint32_t warp_stamp;  // sync clock of the last warp rendezvous this thread passed
+    uint32_t warp_stamp;  // sync clock of the last rendezvous of its whole warp (every live lane) it passed
+    uint32_t part_stamp;  // sync clock of the last rendezvous of part of its warp (a tile, a partial mask) it passed,
+    unsigned part_lanes;  // and the live lanes that took part in it
     uint32_t barriers;    // barriers passed
     int warp;
     int exited;           // returned: its stamps are those of the last rendezvous it took part in
+    int fenced;           // has executed __threadfence(): its atomic writes from now on publish its block's writes
     uintptr_t spin_addr;  // the address of this thread's last volatile or atomic load, its value, and how often in
     uint64_t spin_value;  // a row it read that value there
     uint64_t spin_count;
@@ -82,3 +85,6 @@ void cucc_check_stream_wait_event(cudaStream_t s, cudaEvent_t e);
 void cucc_check_host_sync_stream(cudaStream_t s);
 void cucc_check_host_sync_event(cudaEvent_t e);
 void cucc_check_host_sync_device(void);
+// 1: done (the host is now ordered after it); 0: answer cudaErrorNotReady
+int cucc_check_query_stream(cudaStream_t s);
+int cucc_check_query_event(cudaEvent_t e);

@@ -472,6 +472,9 @@ static void chk_workspace(ChkCall* c, const void* ws, size_t size) {
 // alpha and beta, fp32 scalars: device memory in device pointer mode (else host memory, not checked here)
 static float chk_scalar(ChkCall* c, const void* p, int device, const char* what) {
     if (device) chk_add(c, p, 1, 1, 1, CUDA_R_32F, 1, 0, what, 0);
+    else if (chk_on() && p && cucc_check_allocation(p, NULL))  // a GPU reads a host pointer here: a fault or garbage
+        chk_fail(c, "%s %p is device memory, but the pointer mode is HOST (set CUBLAS_POINTER_MODE_DEVICE, or pass a "
+                 "host scalar)", what, p);
     return *(const float*)p;
 }
 

@@ -412,11 +412,14 @@ static void warp_complete(thread_state* ts, int warp, unsigned mask, cuda_thread
                 if (src < 0 || src >= 32 || !(w->exists & (1u << src)))
                     fault(ts, g, "%s (%s:%d) reads lane %d, which does not exist (the block has %d threads)", g->what,
                           g->file, g->line, src, ts->nthreads);
+                // a lane outside the mask: CUDA leaves the value undefined (common in reductions over part of a warp
+                // whose upper results go unused); it reads as all ones, NaN in every float format
+                if (!(mask & (1u << src))) {
+                    g->op_result = ~0ull;
+                    break;
+                }
                 if (!(w->live & (1u << src)))
                     fault(ts, g, "%s (%s:%d) reads lane %d, which has exited", g->what, g->file, g->line, src);
-                if (!(need & (1u << src)))
-                    fault(ts, g, "%s (%s:%d) reads lane %d, which is not in the mask 0x%08x", g->what, g->file, g->line,
-                          src, mask);
                 g->op_result = lanes[src].op_value;
                 break;
             }
@@ -432,7 +435,12 @@ static void warp_complete(thread_state* ts, int warp, unsigned mask, cuda_thread
     for (unsigned m = need; m; m &= m - 1) {
         cuda_thread* g = &lanes[__builtin_ctz(m)];
 #ifdef CUCC_CHECK
-        g->check.warp_stamp = clock;
+        if (need == w->live) {
+            g->check.warp_stamp = clock;
+        } else {
+            g->check.part_stamp = clock;
+            g->check.part_lanes = need;
+        }
 #endif
         g->state = THREAD_READY;
         g->wait = WAIT_NONE;
@@ -642,6 +650,11 @@ static void run_block(thread_state* ts, uint3 block_index) {
 static thread_local cudaError_t last_error = cudaSuccess;
 static std::mutex attribute_mutex;
 static std::map<std::string, int> max_dynamic_shared;  // by kernel name, as raised by cudaFuncSetAttribute
+#ifdef CUCC_CHECK
+// the checking mode also keeps the instance a template's attribute was set for ("tiled<32>"), so that a launch of
+// another instance ("tiled<64>") does not borrow it
+static std::map<std::string, int> instance_dynamic_shared;
+#endif
 static const int DEFAULT_SHARED_PER_BLOCK = 48 * 1024;
 static const int OPTIN_SHARED_PER_BLOCK = 227 * 1024;  // as on an H100/H200
 
@@ -658,12 +671,27 @@ static std::string kernel_base_name(const char* name) {
     return colon == std::string::npos ? s : s.substr(colon + 2);
 }
 
+#ifdef CUCC_CHECK
+// "ns::kernel<T,4>" -> "kernel<T,4>" (cucc passes names without spaces); "" for a name without template arguments
+static std::string kernel_instance_name(const char* name) {
+    std::string s(name);
+    size_t open = s.find('<');
+    if (open == std::string::npos) return "";
+    size_t colon = s.rfind("::", open);
+    return colon == std::string::npos ? s : s.substr(colon + 2);
+}
+#endif
+
 cudaError_t __cucc_func_set_attribute(const char* kernel_name, const void* func, cudaFuncAttribute attr, int value) {
     if (!func) return last_error = cudaErrorInvalidDeviceFunction;
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
         if (value < 0 || value > OPTIN_SHARED_PER_BLOCK) return last_error = cudaErrorInvalidValue;
         std::lock_guard<std::mutex> lock(attribute_mutex);
         max_dynamic_shared[kernel_base_name(kernel_name)] = value;
+#ifdef CUCC_CHECK
+        std::string instance = kernel_instance_name(kernel_name);
+        if (!instance.empty()) instance_dynamic_shared[instance] = value;
+#endif
         return cudaSuccess;
     }
     if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) {
@@ -680,6 +708,15 @@ extern "C" cudaError_t cudaFuncSetAttribute(const void*, enum cudaFuncAttribute,
 
 static int max_dynamic_shared_for(const char* kernel_name) {
     std::lock_guard<std::mutex> lock(attribute_mutex);
+#ifdef CUCC_CHECK
+    std::string instance = kernel_instance_name(kernel_name), base = kernel_base_name(kernel_name);
+    if (!instance.empty()) {
+        auto exact = instance_dynamic_shared.find(instance);
+        if (exact != instance_dynamic_shared.end()) return exact->second;
+        for (auto& other : instance_dynamic_shared)  // raised for another instance of the template only
+            if (kernel_base_name(other.first.c_str()) == base) return DEFAULT_SHARED_PER_BLOCK;
+    }
+#endif
     auto it = max_dynamic_shared.find(kernel_base_name(kernel_name));
     return it == max_dynamic_shared.end() ? DEFAULT_SHARED_PER_BLOCK : it->second;
 }
@@ -1071,7 +1108,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 #endif
     return cudaSuccess;
 }
-cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+#ifdef CUCC_CHECK
+    return cucc_check_query_stream(s) ? cudaSuccess : cudaErrorNotReady;
+#else
+    (void)s;
+    return cudaSuccess;
+#endif
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned int) {
     if (!event) return last_error = cudaErrorInvalidResourceHandle;
 #ifdef CUCC_CHECK
@@ -1124,7 +1168,14 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 #endif
     return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (!e) return last_error = cudaErrorInvalidResourceHandle;
+#ifdef CUCC_CHECK
+    return cucc_check_query_event(e) ? cudaSuccess : cudaErrorNotReady;
+#else
+    return cudaSuccess;
+#endif
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
     if (!ms || !start || !end) return last_error = cudaErrorInvalidResourceHandle;
     if ((start->flags & cudaEventDisableTiming) || (end->flags & cudaEventDisableTiming))

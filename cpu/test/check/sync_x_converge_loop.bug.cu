@@ -1,0 +1,54 @@
+// sync_x_converge_loop (bug): the iterative relaxation loops while the thread's own value changed: the loop
+// condition is per thread, so threads whose label settled leave the loop (and its barriers) while others
+// still wait at __syncthreads inside it. expect synccheck.
+// expect: synccheck
+#include <cstdio>
+#include <cuda_runtime.h>
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); return 1; } } while (0)
+
+// labels[t] becomes the minimum label of its connected run (edges between t and t+1 where link[t] != 0)
+__global__ void propagate(const int* link, int* labels, int* rounds, int* ones) {
+    __shared__ int lab[128];
+    int t = threadIdx.x;
+    lab[t] = t;
+    __syncthreads();
+    int iter = 0;
+    bool more = true;
+    while (more) {
+        int mine = lab[t];
+        int best = mine;
+        if (t > 0 && link[t - 1]) best = min(best, lab[t - 1]);
+        if (t < 127 && link[t]) best = min(best, lab[t + 1]);
+        __syncthreads();
+        bool changed = best != mine;
+        lab[t] = best;
+        __syncthreads();
+        more = changed;  // bug: a per-thread loop condition around barriers
+        iter++;
+    }
+    labels[t] = lab[t];
+    int n0 = __syncthreads_count(lab[t] == 0);
+    if (t == 0) { *rounds = iter; *ones = n0; }
+}
+
+int main() {
+    int hl[128], r[128], rounds, zeros;
+    for (int i = 0; i < 128; i++) hl[i] = (i % 16) != 15;  // runs of 16
+    int *link, *labels, *d_rounds, *d_zeros;
+    CK(cudaMalloc(&link, sizeof hl));
+    CK(cudaMalloc(&labels, sizeof r));
+    CK(cudaMalloc(&d_rounds, sizeof(int)));
+    CK(cudaMalloc(&d_zeros, sizeof(int)));
+    CK(cudaMemcpy(link, hl, sizeof hl, cudaMemcpyHostToDevice));
+    propagate<<<1, 128>>>(link, labels, d_rounds, d_zeros);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(r, labels, sizeof r, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&rounds, d_rounds, sizeof(int), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&zeros, d_zeros, sizeof(int), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 128; i++)
+        if (r[i] != i / 16 * 16) { fprintf(stderr, "labels[%d] = %d, want %d\n", i, r[i], i / 16 * 16); return 1; }
+    if (zeros != 16) { fprintf(stderr, "zeros = %d\n", zeros); return 1; }
+    CK(cudaFree(link)); CK(cudaFree(labels)); CK(cudaFree(d_rounds)); CK(cudaFree(d_zeros));
+    printf("ok (%d rounds)\n", rounds);
+    return 0;
+}
