@@ -732,14 +732,20 @@ static cudaError_t validate_launch(const __cucc_launch_config& c, const char* na
     return cudaSuccess;
 }
 
-static void prepare_thread_for_launch(thread_state* ts, const __cucc_launch_config& cfg, const char* name,
-                                      void (*body)(void*), void* closure) {
+// The launch that thread `ts` runs blocks of.
+static void set_launch(thread_state* ts, const __cucc_launch_config& cfg, const char* name, void (*body)(void*),
+                       void* closure) {
     ts->kernel = name;
     ts->body = body;
     ts->closure = closure;
     ts->nthreads = (int)(cfg.block.x * cfg.block.y * cfg.block.z);
     blockDim = cfg.block;
     gridDim = cfg.grid;
+}
+
+static void prepare_thread_for_launch(thread_state* ts, const __cucc_launch_config& cfg, const char* name,
+                                      void (*body)(void*), void* closure) {
+    set_launch(ts, cfg, name, body, closure);
     // Dynamic shared memory. Under AddressSanitizer it has exactly the launch's size, so that an overflow
     // is seen; otherwise the buffer only grows (launches alternate between sizes, and reallocating large
     // buffers every launch costs page faults). New memory is filled with 0xff (NaN as float, bf16 and
@@ -850,12 +856,7 @@ static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, v
     void* dynamic_smem;
     cucc_check_launch_begin(kernel_name, cfg.grid, cfg.block, cfg.shared_bytes, max_dynamic_shared_for(kernel_name),
                             cfg.stream, &dynamic_smem);
-    caller->kernel = kernel_name;
-    caller->body = body;
-    caller->closure = closure;
-    caller->nthreads = (int)(cfg.block.x * cfg.block.y * cfg.block.z);
-    blockDim = cfg.block;
-    gridDim = cfg.grid;
+    set_launch(caller, cfg, kernel_name, body, closure);
     caller->dyn_smem = dynamic_smem;
     caller->in_kernel = 1;
     for (long i = 0; i < nblocks; i++) {

@@ -7,6 +7,7 @@
 // marker first, so an interrupted write or delete never leaves a checkpoint that looks complete.
 #pragma once
 #include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -117,16 +118,4 @@ static int find_checkpoint_before(const char* dir, int below) {
 }
 
 // the latest step with a DONE marker in dir, or -1
-static int find_latest_checkpoint(const char* dir) {
-    DIR* d = opendir(dir);
-    if (!d) return -1;
-    int best = -1;
-    struct dirent* e;
-    while ((e = readdir(d)) != NULL) {
-        int step;
-        char rest;
-        if (sscanf(e->d_name, "DONE_%8d%c", &step, &rest) == 1 && step > best) best = step;
-    }
-    closedir(d);
-    return best;
-}
+static int find_latest_checkpoint(const char* dir) { return find_checkpoint_before(dir, INT_MAX); }
