@@ -1343,6 +1343,87 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const 
     return cudaSuccess;
 }
 
+// ----------------------------------------------------------------------------------------------
+// The rest of the runtime API a small CUDA program commonly uses. Pitched copies and memsets are row by row (one
+// operation per row in the checking mode); hints (prefetch, advice, cache configuration, limits) change nothing.
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t stream) {
+    if (width > dpitch || width > spitch) return last_error = cudaErrorInvalidPitchValue;
+    for (size_t r = 0; r < height; r++) {
+        cudaError_t err = copy((char*)dst + r * dpitch, (const char*)src + r * spitch, width, kind, stream, 1,
+                               "cudaMemcpy2DAsync");
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                         enum cudaMemcpyKind kind) {
+    if (width > dpitch || width > spitch) return last_error = cudaErrorInvalidPitchValue;
+    for (size_t r = 0; r < height; r++) {
+        cudaError_t err = copy((char*)dst + r * dpitch, (const char*)src + r * spitch, width, kind, 0, 0, "cudaMemcpy2D");
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaMemset2DAsync(void* devPtr, size_t pitch, int value, size_t width, size_t height, cudaStream_t stream) {
+    if (width > pitch) return last_error = cudaErrorInvalidPitchValue;
+    for (size_t r = 0; r < height; r++) {
+        cudaError_t err = fill((char*)devPtr + r * pitch, value, width, stream, "cudaMemset2DAsync");
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaMemset2D(void* devPtr, size_t pitch, int value, size_t width, size_t height) {
+    return cudaMemset2DAsync(devPtr, pitch, value, width, height, 0);
+}
+// Stream-ordered allocation: every operation has completed when issued, so the stream adds nothing.
+cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t) { return cudaMalloc(devPtr, size); }
+cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t) { return cudaFree(devPtr); }
+// Page-locking existing host memory: it is host memory either way (the checking mode does not track it).
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
+    return ptr && size ? cudaSuccess : (last_error = cudaErrorInvalidValue);
+}
+cudaError_t cudaHostUnregister(void* ptr) { return ptr ? cudaSuccess : (last_error = cudaErrorInvalidValue); }
+cudaError_t cudaHostGetDevicePointer(void** pDevice, void* pHost, unsigned int flags) {
+    if (!pDevice || !pHost || flags != 0) return last_error = cudaErrorInvalidValue;
+    *pDevice = pHost;  // one address space
+    return cudaSuccess;
+}
+// A host function on a stream runs when the work before it has: here, at once.
+cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t fn, void* userData) {
+    if (!fn) return last_error = cudaErrorInvalidValue;
+    fn(userData);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback, void* userData, unsigned int flags) {
+    if (!callback || flags != 0) return last_error = cudaErrorInvalidValue;
+    callback(stream, cudaSuccess, userData);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned int* flags) {
+    if (!flags) return last_error = cudaErrorInvalidValue;
+    *flags = s && s != cudaStreamLegacy && s != cudaStreamPerThread ? s->flags : cudaStreamDefault;
+    return cudaSuccess;
+}
+cudaError_t cudaMemPrefetchAsync(const void* devPtr, size_t, struct cudaMemLocation, unsigned int, cudaStream_t) {
+    return devPtr ? cudaSuccess : (last_error = cudaErrorInvalidValue);
+}
+cudaError_t cudaMemAdvise(const void* devPtr, size_t, enum cudaMemoryAdvise, struct cudaMemLocation) {
+    return devPtr ? cudaSuccess : (last_error = cudaErrorInvalidValue);
+}
+cudaError_t cudaDeviceSetLimit(enum cudaLimit, size_t) { return cudaSuccess; }
+cudaError_t cudaDeviceGetLimit(size_t* pValue, enum cudaLimit limit) {
+    if (!pValue) return last_error = cudaErrorInvalidValue;
+    *pValue = limit == cudaLimitStackSize ? 64 * 1024 : limit == cudaLimitPrintfFifoSize ? 1 << 20
+            : limit == cudaLimitMallocHeapSize ? 8 << 20 : 0;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSetCacheConfig(enum cudaFuncCache) { return cudaSuccess; }
+cudaError_t cudaFuncSetCacheConfig(const void* func, enum cudaFuncCache) {
+    return func ? cudaSuccess : (last_error = cudaErrorInvalidDeviceFunction);
+}
+cudaError_t cudaSetDeviceFlags(unsigned int) { return cudaSuccess; }
+
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = last_error;
     last_error = cudaSuccess;
@@ -1368,6 +1449,7 @@ const char* cudaGetErrorName(cudaError_t error) {
         case cudaErrorNotSupported: return "cudaErrorNotSupported";
         case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
         case cudaErrorAssert: return "cudaErrorAssert";
+        case cudaErrorInvalidPitchValue: return "cudaErrorInvalidPitchValue";
         default: return "cudaErrorUnknown";
     }
 }
@@ -1389,6 +1471,7 @@ const char* cudaGetErrorString(cudaError_t error) {
         case cudaErrorNotSupported: return "operation not supported";
         case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
         case cudaErrorAssert: return "device-side assert triggered";
+        case cudaErrorInvalidPitchValue: return "invalid pitch argument";
         default: return "unrecognized error code";
     }
 }

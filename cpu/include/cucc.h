@@ -525,6 +525,10 @@ inline cudaError_t cudaGetSymbolSize(size_t* size, const T&) {
     return cudaSuccess;
 }
 template <typename T>
+inline cudaError_t cudaFuncSetCacheConfig(T* func, cudaFuncCache config) {
+    return ::cudaFuncSetCacheConfig((const void*)func, config);
+}
+template <typename T>
 inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, T* entry) {
     return ::cudaFuncGetAttributes(attr, (const void*)entry);
 }
