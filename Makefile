@@ -101,7 +101,7 @@ $(BUILD)/ref/moe_k1_dropless_seed2_bf16_debug_state.bin: train_moe.py train_gpt.
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_dropless_seed2_bf16 $(MOE_REF_ARGS) --seed 2 --topk 1 \
 	    --moe-every 1 --cf 0 --dtype bfloat16
-# router noise (README.md, "Router noise"): jitter with drops, noisy top-2 with drops, noisy top-1 with jitter dropless
+# router noise (doc/moe.md, "Router noise"): jitter with drops, noisy top-2 with drops, noisy top-1 with jitter dropless
 # every other layer
 $(BUILD)/ref/moe_k1_jitter_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref

@@ -59,7 +59,7 @@
 #define NUM_PARAMETER_TENSORS 22
 
 // The model: GPT-2, where with num_experts > 0 (train_moe.cu) layer l's MLP is a Switch-MoE layer iff
-// (l + 1) % moe_every == 0 (shared/ARCHITECTURE.md). num_experts == 0 is the dense GPT-2 of train_gpt.cu.
+// (l + 1) % moe_every == 0 (doc/moe.md). num_experts == 0 is the dense GPT-2 of train_gpt.cu.
 typedef struct {
     int max_seq_len;        // maxT
     int vocab_size;         // V
@@ -71,7 +71,7 @@ typedef struct {
     int top_k;              // k
     int moe_every;          // MoE every N layers
     int expert_hidden;      // H
-    int noisy_gating;       // noisy top-k gating: the MoE layers have routernw (README.md, "Router noise")
+    int noisy_gating;       // noisy top-k gating: the MoE layers have routernw (doc/moe.md, "Router noise")
 } GPT2Config;
 
 static int is_moe_layer(const GPT2Config* c, int l) { return c->num_experts > 0 && (l + 1) % c->moe_every == 0; }
@@ -274,7 +274,7 @@ typedef struct {
     float aux_loss, z_loss;         // summed over MoE layers
     float importance_loss, load_loss;  // noisy gating's, summed over MoE layers
     int moe_training;               // the last forward pass was a training one (jitter and noise on)
-    unsigned int noise_pass;        // the router noise's pass number (README.md, "Router noise" 4), set by the caller
+    unsigned int noise_pass;        // the router noise's pass number (doc/moe.md, "Router noise" 4), set by the caller
     float drop_fraction;            // dropped choices / all choices, over MoE layers
     float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
     float aux_grad_scale;           // scale of the aux and z gradients (the loss-scale / micro-steps)
@@ -464,7 +464,7 @@ static void check_parameter_memory(const GPT2* model, const char* source) {
 }
 
 // Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16) for the
-// dense trainer, or an MoE file (version 1 fp32, 2 bf16; ARCHITECTURE.md) for the MoE trainer.
+// dense trainer, or an MoE file (version 1 fp32, 2 bf16; doc/formats.md) for the MoE trainer.
 static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int moe) {
     FILE* f = fopen_check(path, "rb");
     int header[256];
@@ -974,7 +974,7 @@ static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivat
     matmul_backward_grouped(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, rows, IC, OC, stream, pre_gelu);
 }
 
-// The seed of MoE layer m's jitter or gating noise in the current pass (README.md, "Router noise" 1)
+// The seed of MoE layer m's jitter or gating noise in the current pass (doc/moe.md, "Router noise" 1)
 static unsigned int moe_layer_seed(const GPT2* model, int m, int kind) {
     return moe_noise_seed((unsigned int)model->process_rank, model->noise_pass, m, kind);
 }

@@ -2,7 +2,7 @@
 // backward: dispatch (token rows into the expert buffer, padded (E, capacity, C) with zeros in padding rows, or
 // packed dropless (N*k, C)), combine (each token's kept expert outputs weighted by its gates), combine backward
 // (d_expert_output and d_gates) and dispatch backward (dx += the token's rows of d_expert_input).
-// ARCHITECTURE.md, "MoE semantics"; the layouts: llmc/moe.cuh.
+// doc/moe.md; the layouts: llmc/moe.cuh.
 // Build and run on the CPU backend (small sizes):
 //   cpu/cucc -O2 dev/cuda/moe_dispatch_combine.cu -o build/labmoe/moe_dispatch_combine -lcublas -lcublasLt
 //   build/labmoe/moe_dispatch_combine -s          (add -DENABLE_FP32 to the build for fp32)

@@ -2,7 +2,7 @@
 // (router_in = x * U(1-EPS, 1+EPS), and dx += d_router_in * the same multipliers), noisy top-k gating's logits
 // H = clean + n * softplus(noise_logits), its importance and load losses (Shazeer 2017), and their backward
 // (importance into d_gates; load, thr and H into d_clean and d_noise_logits). The definition is the router-noise
-// spec (README.md, "Router noise"; "spec section n" below); the rest of the MoE layer is ARCHITECTURE.md ("MoE semantics").
+// spec (doc/moe.md, "Router noise"; "spec section n" below); the rest of the MoE layer is doc/moe.md.
 // The double-precision reference below is written out from the spec; its backward is itself checked against
 // central finite differences of its forward losses (the noise and the routing held fixed) before any kernel runs.
 // Build and run on the CPU backend (small sizes):

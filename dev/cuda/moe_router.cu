@@ -1,7 +1,7 @@
 // dev/cuda/moe_router.cu: kernel lab for the MoE router forward: per token, probs = softmax(logits) over E
 // experts (fp32), logsumexp (for the z-loss), the top-k experts (ties to the lower index, in descending order)
-// and their gates (the raw prob for k = 1, renormalised over the k picks for k >= 2). ARCHITECTURE.md, "MoE
-// semantics", is the definition; the reference (moe_reference.h) is a plain double-precision loop over it.
+// and their gates (the raw prob for k = 1, renormalised over the k picks for k >= 2). doc/moe.md, "Routing",
+// is the definition; the reference (moe_reference.h) is a plain double-precision loop over it.
 // Build and run on the CPU backend (small sizes):
 //   cpu/cucc -O2 dev/cuda/moe_router.cu -o build/labmoe/moe_router -lcublas -lcublasLt
 //   build/labmoe/moe_router -s          (add -DENABLE_FP32 to the build: the router is fp32 either way)

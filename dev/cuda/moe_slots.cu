@@ -4,7 +4,7 @@
 // (choice_row) in the padded layout (expert e's rows from e*capacity) or the packed dropless one (expert e's rows
 // after the choices of the experts below e); the inverse map row_choice (-1 for padding rows); expert_count
 // (choices routed to e before dropping) and kept_count (rows used). Also checks moe_capacity against values the
-// PyTorch formula gives. ARCHITECTURE.md, "MoE semantics"; the layouts: llmc/moe.cuh.
+// PyTorch formula gives. doc/moe.md; the layouts: llmc/moe.cuh.
 // Build and run on the CPU backend (small sizes):
 //   cpu/cucc -O2 dev/cuda/moe_slots.cu -o build/labmoe/moe_slots -lcublas -lcublasLt
 //   build/labmoe/moe_slots -s          (the kernels move ints: -DENABLE_FP32 builds the same thing)

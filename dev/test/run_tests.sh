@@ -66,6 +66,7 @@ run_test reference /usr/bin/python3 dev/test/test_reference.py
 run_test reference-moe /usr/bin/python3 dev/test/test_reference_moe.py
 run_test data /usr/bin/python3 dev/test/test_data.py
 run_test plot /usr/bin/python3 dev/test/test_plot.py
+run_test standalone dev/test/test_standalone.sh
 
 # the kernel lab: every variant validated at small sizes, bf16 and fp32
 for lab in build/lab/*_bf16 build/lab/*_fp32; do
