@@ -1,7 +1,6 @@
 // llmc/encoder.cuh: GPT-2 input embedding, forward and backward: out = wte[token] + wpe[position], and the
 // gradients of both tables. Included by the trainers and by dev/cuda/encoder_forward.cu and
-// dev/cuda/encoder_backward.cu (the kernel lab: `cpu/cucc -O2 -I. dev/cuda/encoder_forward.cu -o
-// build/lab/encoder_forward -lcublas -lcublasLt && build/lab/encoder_forward -s`).
+// dev/cuda/encoder_backward.cu (the kernel lab: `make build/lab/encoder_forward_bf16 && build/lab/encoder_forward_bf16 -s`).
 // Size constraint: C % 8 == 0 (every thread moves 8 channels with one 16-byte vector); the trainer checks
 // it at start-up through kernels_a_support (llmc/fused_classifier.cuh).
 #pragma once

@@ -1,8 +1,7 @@
 // llmc/fused_classifier.cuh: softmax + cross-entropy loss + its gradient over the logits, in one kernel that
 // never materialises the probabilities; also kernels_a_support, the start-up size check for every kernel
 // of encoder.cuh, layernorm.cuh, gelu.cuh and this file. Included by the trainers and by
-// dev/cuda/fused_classifier.cu (the kernel lab: `cpu/cucc -O2 -I. dev/cuda/fused_classifier.cu -o
-// build/lab/fused_classifier -lcublas -lcublasLt && build/lab/fused_classifier -s`).
+// dev/cuda/fused_classifier.cu (the kernel lab: `make build/lab/fused_classifier_bf16 && build/lab/fused_classifier_bf16 -s`).
 #pragma once
 #include "common.cuh"
 

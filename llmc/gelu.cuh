@@ -1,7 +1,6 @@
 // llmc/gelu.cuh: GELU, tanh approximation, forward and backward (in place on the incoming gradient):
 //   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
-// Included by the trainers and by dev/cuda/gelu.cu (the kernel lab: `cpu/cucc -O2 -I. dev/cuda/gelu.cu -o
-// build/lab/gelu -lcublas -lcublasLt && build/lab/gelu -s`).
+// Included by the trainers and by dev/cuda/gelu.cu (the kernel lab: `make build/lab/gelu_bf16 && build/lab/gelu_bf16 -s`).
 // Any N: each thread moves 8 elements with 16-byte vectors, the last thread handles a tail of N % 8 one by
 // one. Pointers must be 16-byte aligned (cudaMalloc'd buffers at offsets that are multiples of 8 elements).
 #pragma once

@@ -1,8 +1,7 @@
 // llmc/layernorm.cuh: LayerNorm forward (plain, and fused with the residual add that precedes it) and
 // backward, eps = 1e-5, statistics in fp32. Included by the trainers and by the kernel lab
-// (dev/cuda/layernorm_forward.cu, dev/cuda/layernorm_backward.cu; e.g. `cpu/cucc -O2 -I.
-// dev/cuda/layernorm_forward.cu -o build/lab/layernorm_forward -lcublas -lcublasLt &&
-// build/lab/layernorm_forward -s`).
+// (dev/cuda/layernorm_forward.cu, dev/cuda/layernorm_backward.cu; e.g. `make build/lab/layernorm_forward_bf16 &&
+// build/lab/layernorm_forward_bf16 -s`).
 // Size constraint: C % 8 == 0 (rows are moved as 16-byte vectors); the trainer checks it at start-up
 // through kernels_a_support (llmc/fused_classifier.cuh). Any number of rows, any C otherwise.
 #pragma once

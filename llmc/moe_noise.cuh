@@ -4,8 +4,7 @@
 // router-noise spec (doc/moe.md, "Router noise": seeds, generator, thr, the losses and their gradient); the rest of the MoE layer
 // is doc/moe.md and llmc/moe.cuh. The noise is counter-based (squirrel_noise5 of a position
 // and a per-pass seed), so the backward regenerates it instead of storing it, and C and PyTorch draw the same numbers.
-// Included by the MoE trainer and by the kernel lab dev/cuda/moe_noise.cu (`cpu/cucc -O2 dev/cuda/moe_noise.cu -o
-// build/labmoe/moe_noise -lcublas -lcublasLt && build/labmoe/moe_noise -s`).
+// Included by the MoE trainer and by the kernel lab dev/cuda/moe_noise.cu (`make build/lab/moe_noise_bf16 && build/lab/moe_noise_bf16 -s`).
 //
 // Use per MoE layer m and training forward pass `pass` (the trainer's pass number, spec section 4):
 //   forward   seed_j = moe_noise_seed(rank, pass, m, MOE_NOISE_JITTER), seed_n = ...(..., MOE_NOISE_GATING)

@@ -2,8 +2,8 @@
 // first V real) the cross-entropy loss -log softmax(logits)[target], and in place the gradient
 // dloss * (softmax - onehot(target)), zero in the padding columns.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 -I. dev/cuda/fused_classifier.cu -o build/lab/fused_classifier -lcublas -lcublasLt
-//   build/lab/fused_classifier -s          (add -DENABLE_FP32 to the build for fp32)
+//   make build/lab/fused_classifier_bf16   (build/lab/fused_classifier_fp32: the fp32 build)
+//   build/lab/fused_classifier_bf16 -s
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/fused_classifier.cu -o fused_classifier
 //   ./fused_classifier [variant] [-s]       (GPT-2 124M sizes by default: B=8, T=1024, V=50257, Vp=50304)
 // Variants:

@@ -6,8 +6,8 @@
 // The double-precision reference below is written out from the spec; its backward is itself checked against
 // central finite differences of its forward losses (the noise and the routing held fixed) before any kernel runs.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 dev/cuda/moe_noise.cu -o build/labmoe/moe_noise -lcublas -lcublasLt
-//   build/labmoe/moe_noise -s          (add -DENABLE_FP32 to the build for fp32: only the jitter is floatX)
+//   make build/lab/moe_noise_bf16   (build/lab/moe_noise_fp32: the fp32 build)
+//   build/lab/moe_noise_bf16 -s          (the fp32 build: only the jitter is floatX)
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_noise.cu -o moe_noise
 //   ./moe_noise [variant] [-s]   (default: jitter N = 8*1024, C = 768; gating N = 8*1024, E = 8 and 64, k = 1, 2;
 //                                 -s: jitter N = 69, C = 136; gating N = 69 with (E, k) = (5, 1), (5, 2), (3, 2),

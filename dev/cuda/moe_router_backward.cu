@@ -5,8 +5,8 @@
 // The double-precision reference gradient is itself checked against central finite differences of the
 // double-precision loss (picks and f_e held fixed, as the definition does) at small sizes.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 dev/cuda/moe_router_backward.cu -o build/labmoe/moe_router_backward -lcublas -lcublasLt
-//   build/labmoe/moe_router_backward -s          (-DENABLE_FP32 builds the same thing: the router is fp32)
+//   make build/lab/moe_router_backward_bf16   (build/lab/moe_router_backward_fp32: the fp32 build)
+//   build/lab/moe_router_backward_bf16 -s          (the fp32 build is the same: the router is fp32)
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_router_backward.cu -o moe_router_backward
 //   ./moe_router_backward [variant] [-s]  (default: N = 8*1024, E = 8 with k = 1 and 2, E = 64 with k = 2;
 //                                          -s: N = 69, E = 4 with k = 1 and 2, E = 40 with k = 2, and E = 4
