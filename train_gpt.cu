@@ -941,6 +941,12 @@ static size_t moe_local_expert_rows(const GPT2* model, const MoELayerActivations
     return total;
 }
 
+// The forward's GELU fusion (-ge): into cuBLASLt's epilogue only when nothing recomputes the GELU (-r 0). With
+// recompute the forward evaluates llmc/gelu.cuh, as the recompute does, so that the backward sees the forward's bits.
+static int gpt2_forward_gelu_fusion(const GPT2* model) {
+    return model->recompute >= 1 ? 0 : model->gelu_fusion;
+}
+
 // One Linear layer of this process's experts on their rows in the expert layout: weight (E_l, OC, IC), bias
 // (E_l, OC), inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu)]. Padded: E_l buffers of
 // ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one grouped GEMM.
@@ -950,12 +956,13 @@ static void moe_experts_linear_forward(const GPT2* model, const MoELayerActivati
     int E_l = model->local_experts, N = model->ep.degree;
     if (!model->moe_packed) {
         matmul_forward_batched(out, inp, weight, bias, E_l, N * model->moe_capacity_used, IC, OC, stream, pre_gelu,
-                               model->gelu_fusion);
+                               gpt2_forward_gelu_fusion(model));
         return;
     }
     int rows[MOE_MAX_EXPERTS];
     moe_local_expert_rows(model, l, rows);
-    matmul_forward_grouped(out, inp, weight, bias, E_l, rows, IC, OC, stream, pre_gelu, model->gelu_fusion);
+    matmul_forward_grouped(out, inp, weight, bias, E_l, rows, IC, OC, stream, pre_gelu,
+                           gpt2_forward_gelu_fusion(model));
 }
 
 // Its backward: dinp (Rown, IC) overwritten, dweight and dbias accumulated (+=); pre_gelu as in the forward.
@@ -1209,7 +1216,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
             int d = dense_index(c, l);
             floatX* fch_gelu = model->recompute >= 1 ? a.fch_gelu : a.fch_gelu + (size_t)d * 4 * BTC;
             matmul_forward(fch_gelu, ln2, p.fcw + (size_t)d * 4 * C * C, p.fcb + (size_t)d * 4 * C, B, T, C, 4 * C,
-                           stream, a.fch + (size_t)d * 4 * BTC, model->gelu_fusion);
+                           stream, a.fch + (size_t)d * 4 * BTC, gpt2_forward_gelu_fusion(model));
             matmul_forward(a.scratch_btc, fch_gelu, p.fcprojw + (size_t)d * 4 * C * C, p.fcprojb + (size_t)d * C, B, T,
                            4 * C, C, stream);
         }
@@ -1796,7 +1803,8 @@ static void usage(int moe) {
             "  -w <int>    keep fp32 master weights? 0/1 (default = 1)\n"
             "  -z <int>    ZeRO stage: 0 (all-reduce) or 1 (sharded optimizer state) (default = 0)\n"
             "  -r <int>    recompute: 0 none, 1 GELU, 2 GELU and LayerNorms (default = 1)\n"
-            "  -ge <int>   GELU fusion into cuBLASLt epilogues: 0 off, 1 forward, 2 forward and backward (default = 1)\n"
+            "  -ge <int>   GELU fusion into cuBLASLt epilogues: 0 off, 1 forward (only with -r 0: a recomputed GELU is\n"
+            "              llmc/gelu.cuh's in the forward too), 2 forward and backward (default = 1)\n"
             "  -sl <float> skip the update when the loss z-score exceeds this (default = 0 = off)\n"
             "  -sg <float> skip the update when the gradient-norm z-score exceeds this (default = 0 = off)\n"
             "  -wt <int>   collective watchdog: end the job when processes wait on each other this many seconds\n"

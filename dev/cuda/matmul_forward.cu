@@ -71,7 +71,7 @@ __global__ void matmul_tiled_kernel(floatX* out, floatX* pre_gelu, const floatX*
             for (int j = 0; j < x128::size; j++) {
                 const float x = acc[i][j0 + j] + (bias != nullptr ? (float)bias[col + j0 + j] : 0.0f);
                 packed_pre[j] = (floatX)x;
-                packed_out[j] = (floatX)matmul_gelu_tanh(x);
+                packed_out[j] = (floatX)gelu_value(x);
             }
             store128(pre_gelu + (size_t)row * OC + col + j0, packed_pre);
             store128(out + (size_t)row * OC + col + j0, packed_out);
