@@ -420,8 +420,10 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
                 c->num_heads);
         exit(EXIT_FAILURE);
     }
-    if (!kernels_a_support(c->channels, c->vocab_size, c->padded_vocab_size, why, sizeof(why)) ||
-        !kernels_b_support(c->channels, c->num_heads, why, sizeof(why))) {
+    // each kernel header's own size check
+    if (!encoder_support(c->channels, why, sizeof(why)) || !layernorm_support(c->channels, why, sizeof(why)) ||
+        !fused_classifier_support(c->vocab_size, c->padded_vocab_size, why, sizeof(why)) ||
+        !attention_support(c->channels, c->num_heads, why, sizeof(why)) || !matmul_support(c->channels, why, sizeof(why))) {
         fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
         exit(EXIT_FAILURE);
     }

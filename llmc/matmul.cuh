@@ -26,6 +26,17 @@
 #define MATMUL_BIAS_WARPS 8
 
 // ----------------------------------------------------------------------------------------------------
+// The model sizes the Linear layers support (a model's C, 3C and 4C are their channel counts); false with a
+// one-line reason otherwise. Called by the trainers at start-up; every call also checks its own sizes.
+bool matmul_support(int C, char* why, size_t why_size) {
+    if (C < 1 || C % 8 != 0) {
+        snprintf(why, why_size, "channels C=%d must be a multiple of 8 (matmul kernels move 16-byte vectors)", C);
+        return false;
+    }
+    return true;
+}
+
+// ----------------------------------------------------------------------------------------------------
 // Which rows of dout (., OC) the bias-gradient kernels sum for batch z (blockIdx.z in pass 1, blockIdx.y in pass 2),
 // into dbias row z: rows [begin(z), end(z)). Equal batches (matmul_backward_bias: one; matmul_backward_batched: the
 // experts' capacity buffers) or the dropless experts' contiguous row ranges of unequal, possibly zero, length.
