@@ -40,81 +40,64 @@ endif
 LLMC := $(wildcard llmc/*.cuh llmc/*.h)
 CPU_LIBS := -lcublas -lcublasLt -lnccl -lmpi
 
-# the trainers and their tests, GPU and CPU backend
-train_gpt: train_gpt.cu $(LLMC)
+# The trainers and their tests. Each program's .cu and the project sources it includes:
+PROGRAMS := train_gpt test_gpt train_moe test_moe
+SOURCES_train_gpt := train_gpt.cu
+SOURCES_test_gpt := test_gpt.cu train_gpt.cu
+SOURCES_train_moe := train_moe.cu train_gpt.cu
+SOURCES_test_moe := test_moe.cu test_gpt.cu train_gpt.cu
+# build/NAME_PREC (PREC fp32, bf16 or fp16) -> NAME, and PREC's define
+program_of = $(patsubst %_fp32,%,$(patsubst %_bf16,%,$(patsubst %_fp16,%,$(notdir $1))))
+precision_flag = $(if $(filter %_fp32,$1),-DENABLE_FP32,$(if $(filter %_fp16,$1),-DENABLE_FP16))
+.SECONDEXPANSION:
+
+# GPU (nvcc) and CPU backend builds at PRECISION: ./train_gpt, ./train_gpt_cpu, ...
+$(PROGRAMS): %: $$(SOURCES_$$*) $(LLMC)
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
-test_gpt: test_gpt.cu train_gpt.cu $(LLMC)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
-train_gpt_cpu: train_gpt.cu $(LLMC) $(BACKEND)
-	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
-test_gpt_cpu: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND)
-	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
-train_moe: train_moe.cu train_gpt.cu $(LLMC)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
-test_moe: test_moe.cu test_gpt.cu train_gpt.cu $(LLMC)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
-train_moe_cpu: train_moe.cu train_gpt.cu $(LLMC) $(BACKEND)
-	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
-test_moe_cpu: test_moe.cu test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND)
+$(PROGRAMS:%=%_cpu): %_cpu: $$(SOURCES_$$*) $(LLMC) $(BACKEND)
 	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
 
-# what make test builds: both precisions side by side, and the reference states they are checked against
-$(BUILD)/test_gpt_fp32: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
-$(BUILD)/test_gpt_bf16: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 $< -o $@ $(CPU_LIBS)
-$(BUILD)/test_gpt_fp16: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 -DENABLE_FP16 $< -o $@ $(CPU_LIBS)
-$(BUILD)/test_moe_fp32: test_moe.cu test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
-$(BUILD)/test_moe_bf16: test_moe.cu test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 $< -o $@ $(CPU_LIBS)
-$(BUILD)/train_moe_fp32: train_moe.cu train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
-$(BUILD)/train_gpt_fp32: train_gpt.cu $(LLMC) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ $(CPU_LIBS)
+# what make test builds: every precision side by side, build/train_gpt_fp32 ... build/test_moe_fp16; the same
+# through the checking build under build/check/ (README "Checking mode"); and GPU builds under $(GPU_BUILD)/
+# (what scripts/gpu_check.sh builds)
+PRECISIONS := fp32 bf16 fp16
+BUILT := $(foreach p,$(PROGRAMS),$(foreach q,$(PRECISIONS),$(BUILD)/$(p)_$(q)))
+$(BUILT): $(BUILD)/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 $(call precision_flag,$*) $< -o $@ $(CPU_LIBS)
+$(BUILT:$(BUILD)/%=$(BUILD)/check/%): $(BUILD)/check/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC) $(BACKEND)
+	@mkdir -p $(dir $@)
+	$(CUCC) --check -O2 $(call precision_flag,$*) $< -o $@ $(CPU_LIBS)
+GPU_BUILD ?= $(BUILD)/gpu
+$(BUILT:$(BUILD)/%=$(GPU_BUILD)/%): $(GPU_BUILD)/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(call precision_flag,$*) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
+
+# The PyTorch reference states (doc/formats.md, "Debug state"): build/ref/NAME_{fp32,bf16}_debug_state.bin and
+# its model file. GPT: tiny; MoE: one line per configuration, MOE_REF_<configuration> its flags
 PYTHON := /usr/bin/python3
 REF_ARGS := --B 3 --T 23 --V 263 --L 2 --NH 3 --C 48 --maxT 32 --seed 1337 --steps 10 --grad-clip 0.5
-$(BUILD)/ref/tiny_fp32_debug_state.bin: train_gpt.py | $(BUILD)
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/tiny_fp32 $(REF_ARGS) --dtype float32
-$(BUILD)/ref/tiny_bf16_debug_state.bin: train_gpt.py | $(BUILD)
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/tiny_bf16 $(REF_ARGS) --dtype bfloat16
-# MoE references: top-1 with a capacity factor that drops, dropless, top-2 every other layer
 MOE_REF_ARGS := $(REF_ARGS) --E 4 --H 96
-$(BUILD)/ref/moe_k1_cf0.5_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
+ref_dtype = $(if $(filter %_fp32,$1),float32,bfloat16)
+ref_config = $(patsubst %_fp32,%,$(patsubst %_bf16,%,$1))
+$(BUILD)/ref/tiny_%_debug_state.bin: train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_cf0.5_$* $(MOE_REF_ARGS) --topk 1 --moe-every 1 --cf 0.5 \
-	    --dtype $(if $(filter fp32,$*),float32,bfloat16)
-$(BUILD)/ref/moe_k1_dropless_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_dropless_$* $(MOE_REF_ARGS) --topk 1 --moe-every 1 --cf 0 \
-	    --dtype $(if $(filter fp32,$*),float32,bfloat16)
-$(BUILD)/ref/moe_k2_me2_cf0.5_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k2_me2_cf0.5_$* $(MOE_REF_ARGS) --topk 2 --moe-every 2 --cf 0.5 \
-	    --dtype $(if $(filter fp32,$*),float32,bfloat16)
+	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/tiny_$* $(REF_ARGS) --dtype $(call ref_dtype,_$*)
+# top-1 with a capacity factor that drops, dropless, top-2 every other layer
+MOE_REF_k1_cf0.5 := --topk 1 --moe-every 1 --cf 0.5
+MOE_REF_k1_dropless := --topk 1 --moe-every 1 --cf 0
+MOE_REF_k2_me2_cf0.5 := --topk 2 --moe-every 2 --cf 0.5
 # dropless in BF16 with seed 2: seed 1337's dropless routing has choices within bf16 rounding of a tie (logit
 # margin 2e-4), which flip; seed 2's margins are 5e-4 and none flips
-$(BUILD)/ref/moe_k1_dropless_seed2_bf16_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
+MOE_REF_k1_dropless_seed2 := --seed 2 --topk 1 --moe-every 1 --cf 0
+# router noise (doc/moe.md, "Router noise"): jitter with drops, noisy top-2 with drops, noisy top-1 with jitter
+# dropless every other layer
+MOE_REF_k1_jitter := --topk 1 --moe-every 1 --cf 0.5 --jitter 0.1
+MOE_REF_k2_noisy := --topk 2 --moe-every 1 --cf 0.5 --noisy-topk 1
+MOE_REF_k1_noisy_jitter := --topk 1 --moe-every 2 --cf 0 --noisy-topk 1 --jitter 0.05
+$(BUILD)/ref/moe_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_dropless_seed2_bf16 $(MOE_REF_ARGS) --seed 2 --topk 1 \
-	    --moe-every 1 --cf 0 --dtype bfloat16
-# router noise (README.md, "Router noise"): jitter with drops, noisy top-2 with drops, noisy top-1 with jitter dropless
-# every other layer
-$(BUILD)/ref/moe_k1_jitter_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_jitter_$* $(MOE_REF_ARGS) --topk 1 --moe-every 1 --cf 0.5 \
-	    --jitter 0.1 --dtype $(if $(filter fp32,$*),float32,bfloat16)
-$(BUILD)/ref/moe_k2_noisy_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k2_noisy_$* $(MOE_REF_ARGS) --topk 2 --moe-every 1 --cf 0.5 \
-	    --noisy-topk 1 --dtype $(if $(filter fp32,$*),float32,bfloat16)
-$(BUILD)/ref/moe_k1_noisy_jitter_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_k1_noisy_jitter_$* $(MOE_REF_ARGS) --topk 1 --moe-every 2 \
-	    --cf 0 --noisy-topk 1 --jitter 0.05 --dtype $(if $(filter fp32,$*),float32,bfloat16)
+	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_$* $(MOE_REF_ARGS) $(MOE_REF_$(call ref_config,$*)) \
+	    --dtype $(call ref_dtype,$*)
 MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp32 \
              $(BUILD)/ref/moe_k1_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_cf0.5_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k1_dropless_fp32_debug_state.bin $(BUILD)/ref/moe_k1_dropless_seed2_bf16_debug_state.bin \
@@ -125,8 +108,18 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin
 
-CPU_TESTS := $(BUILD)/test_host_utils $(BUILD)/test_runtime $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
-             $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas $(BUILD)/test_nccl
+# The CPU backend's own tests (cpu/test/), and the host utilities' test (dev/test/); both use dev/test/test_common.h
+BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \
+                 $(BUILD)/test_nccl
+CPU_TESTS := $(BUILD)/test_host_utils $(BACKEND_TESTS) $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext
+# per test: the driver's mode and the libraries (default -O2, none)
+TEST_MODE_test_sanitize := --sanitize -O1
+TEST_MODE_test_runtime_sanitize := --sanitize -O1
+TEST_MODE_test_runtime_ucontext := --ucontext -O2
+TEST_LIBS_test_cublas := -lcublas -lcublasLt
+TEST_LIBS_test_nccl := -lnccl -lmpi
+TEST_LIBS_test_host_utils := -lnccl -lmpi
+test_mode = $(or $(TEST_MODE_$1),-O2)
 
 .PHONY: all test run-tests check-cuda bench clean labs checked
 all: $(CPU_TESTS) $(BUILD)/bench
@@ -134,30 +127,22 @@ all: $(CPU_TESTS) $(BUILD)/bench
 $(BUILD):
 	@mkdir -p $(BUILD)
 
-$(BUILD)/test_runtime: dev/test/test_runtime.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 -I dev/test $< -o $@
-$(BUILD)/test_runtime_sanitize: dev/test/test_runtime.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
-	$(CUCC) --sanitize -O1 -I dev/test $< -o $@
-$(BUILD)/test_runtime_ucontext: dev/test/test_runtime.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
-	$(CUCC) --ucontext -O2 -I dev/test $< -o $@
-$(BUILD)/test_faults: dev/test/test_faults.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 -I dev/test $< -o $@
-$(BUILD)/test_sanitize: dev/test/test_sanitize.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
-	$(CUCC) --sanitize -O1 -I dev/test $< -o $@
-$(BUILD)/test_cublas: dev/test/test_cublas.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 -I dev/test $< -o $@ -lcublas -lcublasLt
-$(BUILD)/test_nccl: dev/test/test_nccl.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 -I dev/test $< -o $@ -lnccl -lmpi
-$(BUILD)/test_host_utils: dev/test/test_host_utils.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 -I dev/test $< -o $@ -lnccl -lmpi
+$(BACKEND_TESTS): $(BUILD)/%: cpu/test/%.cu $(TEST_COMMON) dev/test/sample_kernels.cuh $(BACKEND) | $(BUILD)
+	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@ $(TEST_LIBS_$*)
+$(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext: $(BUILD)/%: cpu/test/test_runtime.cu $(TEST_COMMON) \
+        dev/test/sample_kernels.cuh $(BACKEND) | $(BUILD)
+	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@
+$(BUILD)/test_host_utils: $(BUILD)/%: dev/test/%.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@ $(TEST_LIBS_$*)
 $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
 
 # make test works on a fresh machine: the dependencies first (scripts/install_deps.sh does nothing when they
-# are present), then the build and the suite in a second make that sees them
+# are present), then the build and the suite in a second make that sees them. make test T="NAME..." runs only
+# the named tests (dev/test/run_tests.sh --list prints the names; shell patterns work), building what they use.
 test:
 	scripts/install_deps.sh
-	$(MAKE) run-tests
+	$(if $(T),dev/test/run_tests.sh $(T),$(MAKE) run-tests)
 run-tests: $(CPU_TESTS) $(GPT_TESTS) $(MOE_TESTS) labs checked
 	dev/test/run_tests.sh
 
@@ -166,12 +151,9 @@ run-tests: $(CPU_TESTS) $(GPT_TESTS) $(MOE_TESTS) labs checked
 LAB_SOURCES := $(sort $(filter-out dev/cuda/common.h,$(wildcard dev/cuda/*.cu)))
 LAB_BINS := $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_bf16) $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_fp32)
 labs: $(LAB_BINS)
-$(BUILD)/lab/%_bf16: dev/cuda/%.cu $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
-	@mkdir -p $(BUILD)/lab
-	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
-$(BUILD)/lab/%_fp32: dev/cuda/%.cu $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
-	@mkdir -p $(BUILD)/lab
-	$(CUCC) -O2 -DENABLE_FP32 $< -o $@ -lcublas -lcublasLt
+$(LAB_BINS): $(BUILD)/lab/%: dev/cuda/$$(call program_of,$$*).cu $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
+	@mkdir -p $(dir $@)
+	$(CUCC) -O2 $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
 
 # The checking build (cpu/cucc --check; README "Checking mode") of the trainers' tests and of every lab, which
 # dev/test/run_tests.sh runs beside the plain ones; cpu/test/check/run_probes.sh builds its probes itself.
@@ -179,18 +161,10 @@ CHECKED := $(BUILD)/check/test_gpt_fp32 $(BUILD)/check/test_gpt_bf16 $(BUILD)/ch
            $(BUILD)/check/test_moe_bf16 $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab_check/%_bf16) \
            $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab_check/%_fp32)
 checked: $(CHECKED)
-$(BUILD)/check/test_gpt_%: test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND)
+$(LAB_BINS:$(BUILD)/lab/%=$(BUILD)/lab_check/%): $(BUILD)/lab_check/%: dev/cuda/$$(call program_of,$$*).cu \
+        $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
 	@mkdir -p $(dir $@)
-	$(CUCC) --check -O2 $(if $(filter fp32,$*),-DENABLE_FP32) $< -o $@ $(CPU_LIBS)
-$(BUILD)/check/test_moe_%: test_moe.cu test_gpt.cu train_gpt.cu $(LLMC) $(BACKEND)
-	@mkdir -p $(dir $@)
-	$(CUCC) --check -O2 $(if $(filter fp32,$*),-DENABLE_FP32) $< -o $@ $(CPU_LIBS)
-$(BUILD)/lab_check/%_bf16: dev/cuda/%.cu $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
-	@mkdir -p $(dir $@)
-	$(CUCC) --check -O2 $< -o $@ -lcublas -lcublasLt
-$(BUILD)/lab_check/%_fp32: dev/cuda/%.cu $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
-	@mkdir -p $(dir $@)
-	$(CUCC) --check -O2 -DENABLE_FP32 $< -o $@ -lcublas -lcublasLt
+	$(CUCC) --check -O2 $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
 
 bench: $(BUILD)/bench
 	$(BUILD)/bench

@@ -190,7 +190,7 @@ static void build_test_model(GPT2* model, const TestSetup* t, const MultiGpuConf
 static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T, const MultiGpuConfig* mg,
                            cudaStream_t stream) {
     gpt2_zero_grad(model, stream);
-    model->noise_pass = 0;  // the reference's gradient check (README.md, "Router noise" 4)
+    model->noise_pass = 0;  // the reference's gradient check (doc/moe.md, "Router noise" 4)
     gpt2_forward(model, x, y, B, T, 1.0f / (float)(B * T), stream);
     gpt2_backward(model, B, T, optimizer_next_seed(&model->rng_state), mg, 1, 0, stream);
     cudaCheck(cudaStreamSynchronize(stream));

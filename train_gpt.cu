@@ -59,7 +59,7 @@
 #define NUM_PARAMETER_TENSORS 22
 
 // The model: GPT-2, where with num_experts > 0 (train_moe.cu) layer l's MLP is a Switch-MoE layer iff
-// (l + 1) % moe_every == 0 (shared/ARCHITECTURE.md). num_experts == 0 is the dense GPT-2 of train_gpt.cu.
+// (l + 1) % moe_every == 0 (doc/moe.md). num_experts == 0 is the dense GPT-2 of train_gpt.cu.
 typedef struct {
     int max_seq_len;        // maxT
     int vocab_size;         // V
@@ -71,7 +71,7 @@ typedef struct {
     int top_k;              // k
     int moe_every;          // MoE every N layers
     int expert_hidden;      // H
-    int noisy_gating;       // noisy top-k gating: the MoE layers have routernw (README.md, "Router noise")
+    int noisy_gating;       // noisy top-k gating: the MoE layers have routernw (doc/moe.md, "Router noise")
 } GPT2Config;
 
 static int is_moe_layer(const GPT2Config* c, int l) { return c->num_experts > 0 && (l + 1) % c->moe_every == 0; }
@@ -274,7 +274,7 @@ typedef struct {
     float aux_loss, z_loss;         // summed over MoE layers
     float importance_loss, load_loss;  // noisy gating's, summed over MoE layers
     int moe_training;               // the last forward pass was a training one (jitter and noise on)
-    unsigned int noise_pass;        // the router noise's pass number (README.md, "Router noise" 4), set by the caller
+    unsigned int noise_pass;        // the router noise's pass number (doc/moe.md, "Router noise" 4), set by the caller
     float drop_fraction;            // dropped choices / all choices, over MoE layers
     float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
     float aux_grad_scale;           // scale of the aux and z gradients (the loss-scale / micro-steps)
@@ -420,8 +420,10 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
                 c->num_heads);
         exit(EXIT_FAILURE);
     }
-    if (!kernels_a_support(c->channels, c->vocab_size, c->padded_vocab_size, why, sizeof(why)) ||
-        !kernels_b_support(c->channels, c->num_heads, why, sizeof(why))) {
+    // each kernel header's own size check
+    if (!encoder_support(c->channels, why, sizeof(why)) || !layernorm_support(c->channels, why, sizeof(why)) ||
+        !fused_classifier_support(c->vocab_size, c->padded_vocab_size, why, sizeof(why)) ||
+        !attention_support(c->channels, c->num_heads, why, sizeof(why)) || !matmul_support(c->channels, why, sizeof(why))) {
         fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
         exit(EXIT_FAILURE);
     }
@@ -464,7 +466,7 @@ static void check_parameter_memory(const GPT2* model, const char* source) {
 }
 
 // Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16) for the
-// dense trainer, or an MoE file (version 1 fp32, 2 bf16; ARCHITECTURE.md) for the MoE trainer.
+// dense trainer, or an MoE file (version 1 fp32, 2 bf16; doc/formats.md) for the MoE trainer.
 static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int moe) {
     FILE* f = fopen_check(path, "rb");
     int header[256];
@@ -941,6 +943,12 @@ static size_t moe_local_expert_rows(const GPT2* model, const MoELayerActivations
     return total;
 }
 
+// The forward's GELU fusion (-ge): into cuBLASLt's epilogue only when nothing recomputes the GELU (-r 0). With
+// recompute the forward evaluates llmc/gelu.cuh, as the recompute does, so that the backward sees the forward's bits.
+static int gpt2_forward_gelu_fusion(const GPT2* model) {
+    return model->recompute >= 1 ? 0 : model->gelu_fusion;
+}
+
 // One Linear layer of this process's experts on their rows in the expert layout: weight (E_l, OC, IC), bias
 // (E_l, OC), inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu)]. Padded: E_l buffers of
 // ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one grouped GEMM.
@@ -950,12 +958,13 @@ static void moe_experts_linear_forward(const GPT2* model, const MoELayerActivati
     int E_l = model->local_experts, N = model->ep.degree;
     if (!model->moe_packed) {
         matmul_forward_batched(out, inp, weight, bias, E_l, N * model->moe_capacity_used, IC, OC, stream, pre_gelu,
-                               model->gelu_fusion);
+                               gpt2_forward_gelu_fusion(model));
         return;
     }
     int rows[MOE_MAX_EXPERTS];
     moe_local_expert_rows(model, l, rows);
-    matmul_forward_grouped(out, inp, weight, bias, E_l, rows, IC, OC, stream, pre_gelu, model->gelu_fusion);
+    matmul_forward_grouped(out, inp, weight, bias, E_l, rows, IC, OC, stream, pre_gelu,
+                           gpt2_forward_gelu_fusion(model));
 }
 
 // Its backward: dinp (Rown, IC) overwritten, dweight and dbias accumulated (+=); pre_gelu as in the forward.
@@ -974,7 +983,7 @@ static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivat
     matmul_backward_grouped(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, rows, IC, OC, stream, pre_gelu);
 }
 
-// The seed of MoE layer m's jitter or gating noise in the current pass (README.md, "Router noise" 1)
+// The seed of MoE layer m's jitter or gating noise in the current pass (doc/moe.md, "Router noise" 1)
 static unsigned int moe_layer_seed(const GPT2* model, int m, int kind) {
     return moe_noise_seed((unsigned int)model->process_rank, model->noise_pass, m, kind);
 }
@@ -1209,7 +1218,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
             int d = dense_index(c, l);
             floatX* fch_gelu = model->recompute >= 1 ? a.fch_gelu : a.fch_gelu + (size_t)d * 4 * BTC;
             matmul_forward(fch_gelu, ln2, p.fcw + (size_t)d * 4 * C * C, p.fcb + (size_t)d * 4 * C, B, T, C, 4 * C,
-                           stream, a.fch + (size_t)d * 4 * BTC, model->gelu_fusion);
+                           stream, a.fch + (size_t)d * 4 * BTC, gpt2_forward_gelu_fusion(model));
             matmul_forward(a.scratch_btc, fch_gelu, p.fcprojw + (size_t)d * 4 * C * C, p.fcprojb + (size_t)d * C, B, T,
                            4 * C, C, stream);
         }
@@ -1796,7 +1805,8 @@ static void usage(int moe) {
             "  -w <int>    keep fp32 master weights? 0/1 (default = 1)\n"
             "  -z <int>    ZeRO stage: 0 (all-reduce) or 1 (sharded optimizer state) (default = 0)\n"
             "  -r <int>    recompute: 0 none, 1 GELU, 2 GELU and LayerNorms (default = 1)\n"
-            "  -ge <int>   GELU fusion into cuBLASLt epilogues: 0 off, 1 forward, 2 forward and backward (default = 1)\n"
+            "  -ge <int>   GELU fusion into cuBLASLt epilogues: 0 off, 1 forward (only with -r 0: a recomputed GELU is\n"
+            "              llmc/gelu.cuh's in the forward too), 2 forward and backward (default = 1)\n"
             "  -sl <float> skip the update when the loss z-score exceeds this (default = 0 = off)\n"
             "  -sg <float> skip the update when the gradient-norm z-score exceeds this (default = 0 = off)\n"
             "  -wt <int>   collective watchdog: end the job when processes wait on each other this many seconds\n"

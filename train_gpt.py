@@ -1,6 +1,6 @@
 """
 train_gpt.py: the PyTorch reference GPT-2 for switch.cu. It builds GPT-2 exactly as train_gpt.cu does and
-writes the files the C side tests against (formats: /work/shared/ARCHITECTURE.md, README.md).
+writes the files the C side tests against (formats: doc/formats.md).
 
 Run from the repository root with a Python that has torch (here Debian's: /usr/bin/python3):
   reference state for test_gpt (model file + debug state with logits, loss, gradients, 10 step losses):

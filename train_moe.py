@@ -1,8 +1,8 @@
 """
 train_moe.py: the PyTorch reference Switch-Transformer Mixture-of-Experts GPT for switch.cu. It is the GPT-2 of
 train_gpt.py in which layer l (from 0) has an MoE FFN iff (l + 1) % moe_every == 0, with the routing, capacity,
-dropping and balancing losses exactly as /work/shared/ARCHITECTURE.md ("MoE semantics") defines them, router
-jitter and noisy top-k gating exactly as the router-noise spec (README.md, "Router noise", shared with the CUDA
+dropping and balancing losses exactly as doc/moe.md defines them, router
+jitter and noisy top-k gating exactly as the router-noise spec (doc/moe.md, "Router noise", shared with the CUDA
 side; its sections are cited as "noise_spec §N") defines them, and it writes the files the C test (test_moe) compares
 against.
 
@@ -24,7 +24,7 @@ Its test: /usr/bin/python3 dev/test/test_reference_moe.py
 
 MoE model file: header [0]=20261129, [1]=1 (fp32) or 2 (bf16), [2]=maxT, [3]=V, [4]=L, [5]=NH, [6]=C, [7]=Vp,
 [8]=E, [9]=top-k, [10]=moe_every, [11]=H, [12]=1 when noisy gating's noise-router weights routernw (Lm, E, C)
-follow routerw, else 0 (and no routernw); payload in ARCHITECTURE.md's order (see FILE ORDER below).
+follow routerw, else 0 (and no routernw); payload in doc/formats.md's order (see FILE ORDER below).
 
 Debug state: header [0]=20240327, [1]=2, [2]=B, [3]=T, [4]=steps, [5]=V, [6]=Vp, [7]=Lm (MoE layers), [8]=1
 when noisy gating is on, else 0; payload x, y (B*T int32 each), logits (B*T*V fp32, the V real columns), CE
@@ -338,7 +338,7 @@ def cv_squared(values):
 
 
 def route(logits, topk, settings, clean=None, std=None):
-    """Routing of one group (ARCHITECTURE.md, MoE semantics) from its (N, E) router logits. Noisy top-k gating
+    """Routing of one group (doc/moe.md, Routing) from its (N, E) router logits. Noisy top-k gating
     passes H as `logits` (it takes the router logits' place everywhere) and its clean logits and noise std,
     which its importance and load losses also need (noise_spec §3)."""
     N, E = logits.shape

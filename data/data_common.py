@@ -5,7 +5,7 @@ downloads, multiprocess tokenization, and the fallback corpus used when the data
 Not run on its own; the scripts import it. Run with Debian's /usr/bin/python3 (numpy and tqdm from apt,
 tiktoken and pyarrow from pip).
 
-File formats (ARCHITECTURE.md): a data shard is a 256-int32 little-endian header [20240520, version, ntok]
+File formats (doc/formats.md): a data shard is a 256-int32 little-endian header [20240520, version, ntok]
 then ntok tokens, uint16 (version 1) or uint32 (version 2, only for vocabularies over 65535); the tokenizer
 file is a 256-int32 header [20240328, 2, V, EOT id] then, per token, one length byte and the token's bytes.
 Every document is preceded by the EOT token, as in llm.c, so the model learns where documents start.

@@ -1,7 +1,7 @@
 // llmc/attention.cuh: causal multi-head self-attention, the hand-written path (no cuDNN): q, k, v are permuted
 // into heads, preatt = q k^T and att @ v are cuBLAS strided-batched GEMMs, the causal softmax (with the
 // 1/sqrt(HS) scale) and its backward are kernels here. Memory is O(T^2): att (B, NH, T, T) is kept for the
-// backward pass. Also kernels_b_support(), the start-up size check for this header and llmc/matmul.cuh.
+// backward pass. Also attention_support(), its start-up size check.
 // Included by the trainers; needs cublas_setup() first; links with -lcublas -lcublasLt (nvcc or cpu/cucc).
 // Lab files: dev/cuda/attention_forward.cu, dev/cuda/attention_backward.cu, dev/cuda/softmax_forward.cu.
 #pragma once
@@ -177,15 +177,11 @@ void attention_softmax_backward(floatX* dpreatt, const floatX* datt, const float
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Sizes. Channels feed llmc/matmul.cuh (C, 3C, 4C multiples of 8); head rows are moved in 16-byte chunks, 8
-// elements in every precision so that a model's support does not depend on the build.
-bool kernels_b_support(int C, int NH, char* why, size_t why_size) {
+// Sizes. Head rows are moved in 16-byte chunks, 8 elements in every precision so that a model's support does
+// not depend on the build.
+bool attention_support(int C, int NH, char* why, size_t why_size) {
     if (NH < 1 || C < 1 || C % NH != 0) {
         snprintf(why, why_size, "channels C=%d must be a positive multiple of the head count NH=%d", C, NH);
-        return false;
-    }
-    if (C % 8 != 0) {
-        snprintf(why, why_size, "channels C=%d must be a multiple of 8 (matmul kernels move 16-byte vectors)", C);
         return false;
     }
     if ((C / NH) % 8 != 0) {
@@ -199,7 +195,7 @@ bool kernels_b_support(int C, int NH, char* why, size_t why_size) {
 static void attention_require_support(const char* function, int C, int NH, const void* p1, const void* p2,
                                       const void* p3, const void* p4) {
     char why[256];
-    if (!kernels_b_support(C, NH, why, sizeof(why))) {
+    if (!attention_support(C, NH, why, sizeof(why))) {
         fprintf(stderr, "%s: %s\n", function, why);
         exit(EXIT_FAILURE);
     }

@@ -1,9 +1,8 @@
 // llmc/encoder.cuh: GPT-2 input embedding, forward and backward: out = wte[token] + wpe[position], and the
 // gradients of both tables. Included by the trainers and by dev/cuda/encoder_forward.cu and
-// dev/cuda/encoder_backward.cu (the kernel lab: `cpu/cucc -O2 -I. dev/cuda/encoder_forward.cu -o
-// build/lab/encoder_forward -lcublas -lcublasLt && build/lab/encoder_forward -s`).
+// dev/cuda/encoder_backward.cu (the kernel lab: `make build/lab/encoder_forward_bf16 && build/lab/encoder_forward_bf16 -s`).
 // Size constraint: C % 8 == 0 (every thread moves 8 channels with one 16-byte vector); the trainer checks
-// it at start-up through kernels_a_support (llmc/fused_classifier.cuh).
+// it at start-up through encoder_support.
 #pragma once
 #include "common.cuh"
 
@@ -206,4 +205,14 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int*
     unsigned int wpe_grid = (unsigned int)CEIL_DIV((size_t)T * C / x128::size, (size_t)block_size);
     encoder_backward_wpe_kernel<<<wpe_grid, block_size, 0, stream>>>(dwpe, dout, B, T, C, seed + 1);
     cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The sizes the encoder kernels support; false with a one-line reason otherwise. Called by the trainers at start-up.
+bool encoder_support(int C, char* why, size_t why_size) {
+    if (C <= 0 || C % 8 != 0) {
+        snprintf(why, why_size, "C = %d: the encoder kernels need C a positive multiple of 8 (16-byte vectors of 8 bf16)", C);
+        return false;
+    }
+    return true;
 }

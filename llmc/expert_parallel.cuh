@@ -10,7 +10,7 @@
 //                     experts (the gradient norm), gathering all experts for a checkpoint
 //   replicas          a MultiGpuConfig over this process's replicas (P/N of them), sharing the world's NCCL
 //                     stream and events: the expert gradients are averaged over it and its ZeRO shards span it
-// Every process routes its own B*T tokens (the routing group of ARCHITECTURE.md); the rows of one MoE layer
+// Every process routes its own B*T tokens (the routing group of doc/moe.md); the rows of one MoE layer
 // travel in two layouts:
 //   dispatch layout (at the tokens' process): by global expert e, rows_src[e] rows each, from offset
 //                     sum_{e' < e} rows_src[e'];

@@ -1,8 +1,7 @@
 // llmc/fused_classifier.cuh: softmax + cross-entropy loss + its gradient over the logits, in one kernel that
-// never materialises the probabilities; also kernels_a_support, the start-up size check for every kernel
-// of encoder.cuh, layernorm.cuh, gelu.cuh and this file. Included by the trainers and by
-// dev/cuda/fused_classifier.cu (the kernel lab: `cpu/cucc -O2 -I. dev/cuda/fused_classifier.cu -o
-// build/lab/fused_classifier -lcublas -lcublasLt && build/lab/fused_classifier -s`).
+// never materialises the probabilities; also fused_classifier_support, its start-up size check.
+// Included by the trainers and by
+// dev/cuda/fused_classifier.cu (the kernel lab: `make build/lab/fused_classifier_bf16 && build/lab/fused_classifier_bf16 -s`).
 #pragma once
 #include "common.cuh"
 
@@ -77,14 +76,8 @@ void fused_classifier(floatX* logits, float* losses, float dloss, const int* tar
 }
 
 // ----------------------------------------------------------------------------------------------------
-// The sizes the kernels of encoder.cuh, layernorm.cuh, gelu.cuh and fused_classifier.cuh support; false
-// with a one-line reason otherwise. Called by the trainers at start-up.
-bool kernels_a_support(int C, int V, int Vp, char* why, size_t why_size) {
-    if (C <= 0 || C % 8 != 0) {
-        snprintf(why, why_size, "C = %d: the encoder and layernorm kernels need C a positive multiple of 8 "
-                 "(16-byte vectors of 8 bf16)", C);
-        return false;
-    }
+// The sizes the classifier supports; false with a one-line reason otherwise. Called by the trainers at start-up.
+bool fused_classifier_support(int V, int Vp, char* why, size_t why_size) {
     if (V <= 0 || Vp < V) {
         snprintf(why, why_size, "V = %d, Vp = %d: the classifier needs 0 < V <= Vp", V, Vp);
         return false;

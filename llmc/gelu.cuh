@@ -1,7 +1,11 @@
 // llmc/gelu.cuh: GELU, tanh approximation, forward and backward (in place on the incoming gradient):
 //   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
-// Included by the trainers and by dev/cuda/gelu.cu (the kernel lab: `cpu/cucc -O2 -I. dev/cuda/gelu.cu -o
-// build/lab/gelu -lcublas -lcublasLt && build/lab/gelu -s`).
+// The project's one definition of GELU: every path that evaluates it outside a cuBLASLt epilogue uses
+// gelu_value / gelu_derivative (the trainers' recompute, the unfused Linear layers of llmc/matmul.cuh, the
+// dropless experts' bias-and-GELU pass, the kernel lab's references), so that a recompute reproduces its forward
+// bit for bit. A cuBLASLt GELU epilogue is the library's own evaluation: the trainers fuse the forward GELU into
+// it only where nothing recomputes it (-ge with -r 0).
+// Included by the trainers and by dev/cuda/gelu.cu (the kernel lab: `make build/lab/gelu_bf16 && build/lab/gelu_bf16 -s`).
 // Any N: each thread moves 8 elements with 16-byte vectors, the last thread handles a tail of N % 8 one by
 // one. Pointers must be 16-byte aligned (cudaMalloc'd buffers at offsets that are multiples of 8 elements).
 #pragma once
@@ -81,4 +85,19 @@ void gelu_forward(floatX* out, const floatX* inp, int N, cudaStream_t stream) {
 // d (N) *= gelu'(inp)
 void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, int N, cudaStream_t stream) {
     gelu_backward_inplace_launch(d_in_out, inp, N, 256, stream);
+}
+
+// the same for element counts past INT_MAX (the MoE experts' buffers)
+void gelu_forward_count(floatX* out, const floatX* inp, size_t N, cudaStream_t stream) {
+    const int block_size = 256;
+    const unsigned int grid = (unsigned int)CEIL_DIV(N, (size_t)block_size * x128::size);
+    gelu_forward_kernel<<<grid, block_size, 0, stream>>>(out, inp, N);
+    cudaCheck(cudaGetLastError());
+}
+
+void gelu_backward_inplace_count(floatX* d_in_out, const floatX* inp, size_t N, cudaStream_t stream) {
+    const int block_size = 256;
+    const unsigned int grid = (unsigned int)CEIL_DIV(N, (size_t)block_size * x128::size);
+    gelu_backward_inplace_kernel<<<grid, block_size, 0, stream>>>(d_in_out, inp, N);
+    cudaCheck(cudaGetLastError());
 }

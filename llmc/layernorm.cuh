@@ -1,10 +1,9 @@
 // llmc/layernorm.cuh: LayerNorm forward (plain, and fused with the residual add that precedes it) and
 // backward, eps = 1e-5, statistics in fp32. Included by the trainers and by the kernel lab
-// (dev/cuda/layernorm_forward.cu, dev/cuda/layernorm_backward.cu; e.g. `cpu/cucc -O2 -I.
-// dev/cuda/layernorm_forward.cu -o build/lab/layernorm_forward -lcublas -lcublasLt &&
-// build/lab/layernorm_forward -s`).
+// (dev/cuda/layernorm_forward.cu, dev/cuda/layernorm_backward.cu; e.g. `make build/lab/layernorm_forward_bf16 &&
+// build/lab/layernorm_forward_bf16 -s`).
 // Size constraint: C % 8 == 0 (rows are moved as 16-byte vectors); the trainer checks it at start-up
-// through kernels_a_support (llmc/fused_classifier.cuh). Any number of rows, any C otherwise.
+// through layernorm_support. Any number of rows, any C otherwise.
 #pragma once
 #include "common.cuh"
 
@@ -330,4 +329,14 @@ void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scr
                         int C, cudaStream_t stream) {
     layernorm_backward_launch(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, B * T, C,
                               LAYERNORM_BACKWARD_BLOCK_SIZE, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The sizes the layernorm kernels support; false with a one-line reason otherwise. Called by the trainers at start-up.
+bool layernorm_support(int C, char* why, size_t why_size) {
+    if (C <= 0 || C % 8 != 0) {
+        snprintf(why, why_size, "C = %d: the layernorm kernels need C a positive multiple of 8 (16-byte vectors of 8 bf16)", C);
+        return false;
+    }
+    return true;
 }

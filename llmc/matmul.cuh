@@ -1,5 +1,5 @@
 // llmc/matmul.cuh: the Linear layers of GPT-2: forward and backward GEMMs through cuBLASLt, with the bias
-// and the tanh-GELU fused into cuBLASLt's epilogue (or, with gelu_fusion off, in small kernels here), and
+// and the tanh-GELU fused into cuBLASLt's epilogue (or, with gelu_fusion off, llmc/gelu.cuh's kernels), and
 // a deterministic bias-gradient reduction. Weights are in PyTorch Linear layout (OC, C).
 // Also the MoE layer's GEMMs: the expert FFN as one batched cuBLASLt call over the E experts' (capacity, C)
 // buffers (matmul_forward_batched / matmul_backward_batched), or, dropless, as one grouped cuBLAS GEMM over the
@@ -18,6 +18,7 @@
 #include <algorithm>
 #include "common.cuh"
 #include "cublas_common.cuh"
+#include "gelu.cuh"
 
 // Rows of dout summed by one block of the bias-gradient kernel are spread over at most this many blocks
 // along the rows; each writes one fp32 partial row, so the scratch is this many rows of OC floats.
@@ -25,40 +26,14 @@
 #define MATMUL_BIAS_WARPS 8
 
 // ----------------------------------------------------------------------------------------------------
-// GELU, tanh approximation (GPT-2's), for the unfused path. cuBLASLt's epilogue computes the same formula.
-#define MATMUL_GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
-
-__device__ inline float matmul_gelu_tanh(float x) {
-    float cube = 0.044715f * x * x * x;
-    return 0.5f * x * (1.0f + tanhf(MATMUL_GELU_SCALE * (x + cube)));
-}
-
-__device__ inline float matmul_gelu_tanh_grad(float x) {
-    float cube = 0.044715f * x * x * x;
-    float tanh_out = tanhf(MATMUL_GELU_SCALE * (x + cube));
-    float sech2 = 1.0f - tanh_out * tanh_out;
-    return 0.5f * (1.0f + tanh_out) + 0.5f * x * sech2 * MATMUL_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-}
-
-// Floor: reads and writes n elements once: 2 * n * sizeof(floatX) bytes, ~20 flops per element.
-__global__ void matmul_gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) return;
-    x128 packed_inp = load128cs(inp + i);
-    x128 packed_out;
-    for (int k = 0; k < x128::size; k++) packed_out[k] = (floatX)matmul_gelu_tanh((float)packed_inp[k]);
-    store128(out + i, packed_out);
-}
-
-// d_in_out *= gelu'(inp), in place. Floor: 3 * n * sizeof(floatX) bytes.
-__global__ void matmul_gelu_backward_inplace_kernel(floatX* d_in_out, const floatX* inp, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) return;
-    x128 packed_grad = load128cs(d_in_out + i);
-    x128 packed_inp = load128cs(inp + i);
-    for (int k = 0; k < x128::size; k++)
-        packed_grad[k] = (floatX)((float)packed_grad[k] * matmul_gelu_tanh_grad((float)packed_inp[k]));
-    store128(d_in_out + i, packed_grad);
+// The model sizes the Linear layers support (a model's C, 3C and 4C are their channel counts); false with a
+// one-line reason otherwise. Called by the trainers at start-up; every call also checks its own sizes.
+bool matmul_support(int C, char* why, size_t why_size) {
+    if (C < 1 || C % 8 != 0) {
+        snprintf(why, why_size, "channels C=%d must be a multiple of 8 (matmul kernels move 16-byte vectors)", C);
+        return false;
+    }
+    return true;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -297,10 +272,7 @@ void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const 
     if (pre_gelu != nullptr && gelu_fusion < 1) {
         matmul_cublaslt(pre_gelu, weight, inp, bias, OC, N, C, stream, true, false, false, nullptr, false);
         const size_t count = (size_t)N * OC;
-        const int block_size = 256;
-        matmul_gelu_forward_kernel<<<CEIL_DIV(count / x128::size, block_size), block_size, 0, stream>>>(out, pre_gelu,
-                                                                                                         count);
-        cudaCheck(cudaGetLastError());
+        gelu_forward_count(out, pre_gelu, count, stream);
     } else {
         matmul_cublaslt(out, weight, inp, bias, OC, N, C, stream, true, false, false, pre_gelu, false);
     }
@@ -319,10 +291,7 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX*
     matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, stream, false, false, false, fused_gelu_input, true);
     if (pre_gelu != nullptr && gelu_fusion < 2) {
         const size_t count = (size_t)N * C;
-        const int block_size = 256;
-        matmul_gelu_backward_inplace_kernel<<<CEIL_DIV(count / x128::size, block_size), block_size, 0, stream>>>(
-            dinp, pre_gelu, count);
-        cudaCheck(cudaGetLastError());
+        gelu_backward_inplace_count(dinp, pre_gelu, count, stream);
     }
     // dweight, column-major (C, OC), += inp (C, N column-major) @ dout^T (N, OC)
     matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, stream, false, true, true, nullptr, false);
@@ -353,10 +322,7 @@ void matmul_forward_batched(floatX* out, const floatX* inp, const floatX* weight
                                 nullptr, false, batch, stride_weight, stride_inp, stride_out, OC);
         // the batches are contiguous, so one elementwise pass covers them all
         const size_t count = (size_t)batch * rows * OC;
-        const int block_size = 256;
-        matmul_gelu_forward_kernel<<<CEIL_DIV(count / x128::size, block_size), block_size, 0, stream>>>(out, pre_gelu,
-                                                                                                         count);
-        cudaCheck(cudaGetLastError());
+        gelu_forward_count(out, pre_gelu, count, stream);
     } else {
         matmul_cublaslt_strided(out, CUBLAS_LOWP, weight, inp, bias, OC, rows, C, stream, true, false, false, pre_gelu,
                                 false, batch, stride_weight, stride_inp, stride_out, OC);
@@ -380,10 +346,7 @@ void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias, const
                             fused_gelu_input, true, batch, stride_weight, stride_out, stride_inp, 0);
     if (pre_gelu != nullptr && gelu_fusion < 2) {
         const size_t count = (size_t)batch * rows * C;
-        const int block_size = 256;
-        matmul_gelu_backward_inplace_kernel<<<CEIL_DIV(count / x128::size, block_size), block_size, 0, stream>>>(
-            dinp, pre_gelu, count);
-        cudaCheck(cudaGetLastError());
+        gelu_backward_inplace_count(dinp, pre_gelu, count, stream);
     }
     matmul_cublaslt_strided(dweight, CUBLAS_LOWP, inp, dout, nullptr, C, OC, rows, stream, false, true, true, nullptr,
                             false, batch, stride_inp, stride_out, stride_weight, 0);
@@ -436,7 +399,7 @@ __global__ void matmul_grouped_bias_gelu_kernel(floatX* out, floatX* pre_gelu, c
         }
         store128(pre_gelu + i, packed);
     }
-    for (int k = 0; k < x128::size; k++) packed[k] = (floatX)matmul_gelu_tanh((float)packed[k]);
+    for (int k = 0; k < x128::size; k++) packed[k] = (floatX)gelu_value((float)packed[k]);
     store128(out + i, packed);
 }
 
@@ -549,11 +512,11 @@ void matmul_forward_grouped(floatX* out, const floatX* inp, const floatX* weight
                                                                              OC);
             cudaCheck(cudaGetLastError());
         }
-        matmul_gelu_forward_kernel<<<grid, block_size, 0, stream>>>(out, pre_gelu, vectors * x128::size);
+        gelu_forward_count(out, pre_gelu, vectors * x128::size, stream);
     } else {
         matmul_grouped_bias_gelu_kernel<<<grid, block_size, 0, stream>>>(out, pre_gelu, bias, offsets, groups, OC);
+        cudaCheck(cudaGetLastError());
     }
-    cudaCheck(cudaGetLastError());
 }
 
 // dinp (total, C) = per group dout_g @ weight[g] [* gelu'(pre_gelu)] (overwritten); dweight[g] (OC, C) +=
@@ -598,11 +561,7 @@ void matmul_backward_grouped(floatX* dinp, floatX* dweight, floatX* dbias, const
     void* const* pointers = matmul_grouped_upload(host_pointers, 6 * count, stream);
     matmul_grouped_gemm(pointers, count, C_array, rows_array, OC_array, false, false, C, OC, C, false, stream);
     if (pre_gelu != nullptr) {
-        const size_t n = (size_t)offsets.start[groups] * C;
-        const int block_size = 256;
-        matmul_gelu_backward_inplace_kernel<<<CEIL_DIV(n / x128::size, block_size), block_size, 0, stream>>>(
-            dinp, pre_gelu, n);
-        cudaCheck(cudaGetLastError());
+        gelu_backward_inplace_count(dinp, pre_gelu, (size_t)offsets.start[groups] * C, stream);
     }
     matmul_grouped_gemm(pointers + 3 * count, count, C_array, OC_array, rows_array, false, true, C, OC, C, true,
                         stream);

@@ -2,10 +2,9 @@
 // fused top-k, deterministic slot assignment under the capacity limit, dispatch of token rows into per-expert
 // buffers, combine of the expert outputs weighted by the gates, their backward passes, and the router's
 // gradient through the gates, the load-balancing loss and the z-loss. The semantics are those of
-// ARCHITECTURE.md ("MoE semantics"); the router GEMM and the expert FFN (batched GEMMs over E) are not here.
+// doc/moe.md; the router GEMM and the expert FFN (batched GEMMs over E) are not here.
 // Included by the MoE trainer and by the kernel lab: dev/cuda/moe_router.cu, moe_slots.cu,
-// moe_dispatch_combine.cu, moe_router_backward.cu (e.g. `cpu/cucc -O2 dev/cuda/moe_slots.cu -o
-// build/labmoe/moe_slots -lcublas -lcublasLt && build/labmoe/moe_slots -s`).
+// moe_dispatch_combine.cu, moe_router_backward.cu (e.g. `make build/lab/moe_slots_bf16 && build/lab/moe_slots_bf16 -s`).
 //
 // Shapes (N = B*T tokens of one micro-batch, E experts, k = top-k, C channels, R = rows of the expert buffer):
 //   logits, probs, d_logits (N, E) fp32          logsumexp (N) fp32

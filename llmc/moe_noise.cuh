@@ -1,11 +1,10 @@
 // llmc/moe_noise.cuh: the MoE router's training noise: router jitter (-rj EPS: the router reads its input times a
 // per-element multiplier in U(1-EPS, 1+EPS)) and noisy top-k gating (-rn 1, Shazeer et al. 2017: the router's
 // logits H = clean + N(0,1) * softplus(noise_logits), with the importance and load losses). The definition is the
-// router-noise spec (README.md, "Router noise": seeds, generator, thr, the losses and their gradient); the rest of the MoE layer
-// is ARCHITECTURE.md ("MoE semantics") and llmc/moe.cuh. The noise is counter-based (squirrel_noise5 of a position
+// router-noise spec (doc/moe.md, "Router noise": seeds, generator, thr, the losses and their gradient); the rest of the MoE layer
+// is doc/moe.md and llmc/moe.cuh. The noise is counter-based (squirrel_noise5 of a position
 // and a per-pass seed), so the backward regenerates it instead of storing it, and C and PyTorch draw the same numbers.
-// Included by the MoE trainer and by the kernel lab dev/cuda/moe_noise.cu (`cpu/cucc -O2 dev/cuda/moe_noise.cu -o
-// build/labmoe/moe_noise -lcublas -lcublasLt && build/labmoe/moe_noise -s`).
+// Included by the MoE trainer and by the kernel lab dev/cuda/moe_noise.cu (`make build/lab/moe_noise_bf16 && build/lab/moe_noise_bf16 -s`).
 //
 // Use per MoE layer m and training forward pass `pass` (the trainer's pass number, spec section 4):
 //   forward   seed_j = moe_noise_seed(rank, pass, m, MOE_NOISE_JITTER), seed_n = ...(..., MOE_NOISE_GATING)

@@ -279,27 +279,23 @@ skip_stage() {
     printf 'gpu_check [%4d s] %-28s skipped: %s\n' $(($(date +%s) - start)) "$(basename "$1" .log)" "$2"
 }
 
-# the top-level Makefile's own variables, so that these builds use exactly its flags
+# the top-level Makefile's own variables, for the reference states
 make_var() {
     make --no-print-directory -s -f Makefile -f - "gpucheck-print-$1" <<<'gpucheck-print-%: ; @echo $($*)'
 }
-read -ra NVCC_FLAGS <<<"$(make_var NVCC_FLAGS)"
-read -ra MPI_INC <<<"$(make_var MPI_INC)"
-read -ra GPU_LIBS <<<"$(make_var GPU_LIBS)"
 read -ra REF_ARGS <<<"$(make_var REF_ARGS)"
 read -ra MOE_REF_ARGS <<<"$(make_var MOE_REF_ARGS)"
 
-# build: the trainers and test_gpt (the Makefile's recipes, distinct output names) and the labs, in parallel
-build_binary() {  # OUTPUT SOURCE [precision define]
-    run_stage "$LOGDIR/build_$1.log" 300 nvcc "${NVCC_FLAGS[@]}" "${ARCH_FLAGS[@]}" "${@:3}" "${MPI_INC[@]}" "$2" \
-        -o "$BIN/$1" "${GPU_LIBS[@]}"
+# build: the trainers and tests through the Makefile's GPU rules (GPU_BUILD/NAME_PREC), and the labs, in parallel
+build_binary() {  # NAME_PREC
+    run_stage "$LOGDIR/build_$1.log" 300 make --no-print-directory GPU_BUILD="$BIN" GPU_ARCH="$GPU_ARCH" "$BIN/$1"
 }
-build_binary train_gpt_bf16 train_gpt.cu &
-build_binary test_gpt_bf16 test_gpt.cu &
-build_binary test_gpt_fp32 test_gpt.cu -DENABLE_FP32 &
-build_binary train_moe_bf16 train_moe.cu &
-build_binary test_moe_bf16 test_moe.cu &
-build_binary test_moe_fp32 test_moe.cu -DENABLE_FP32 &
+build_binary train_gpt_bf16 &
+build_binary test_gpt_bf16 &
+build_binary test_gpt_fp32 &
+build_binary train_moe_bf16 &
+build_binary test_moe_bf16 &
+build_binary test_moe_fp32 &
 # -B: lab binaries left in dev/cuda by a build for another GPU would otherwise count as up to date
 run_stage "$LOGDIR/build_labs.log" 300 make -B -k -j "$(nproc)" -C dev/cuda GPU_ARCH="$GPU_ARCH" &
 wait

@@ -1,8 +1,8 @@
 // dev/cuda/adamw.cu: kernel lab for the AdamW step (decoupled weight decay) with and without fp32 master
 // weights, stochastic rounding into floatX seeded by (seed, element index).
 // Build and run (CPU backend; -DENABLE_FP32 for fp32):
-//   cpu/cucc -O2 -I. dev/cuda/adamw.cu -o build/labB/adamw -lcublas -lcublasLt
-//   build/labB/adamw [variant] [-s]
+//   make build/lab/adamw_bf16   (build/lab/adamw_fp32: the fp32 build)
+//   build/lab/adamw_bf16 [variant] [-s]
 // Variants:
 //   1  llmc/adamw.cuh adamw_update (THE TRAINER'S): a thread per 16-byte chunk of parameters, x128/f128 loads.
 //   2  a thread per element with scalar loads: the same arithmetic and rounding, to measure what the vector

@@ -1,8 +1,8 @@
 // dev/cuda/attention_backward.cu: kernel lab for causal multi-head attention backward, the hand-written path:
 // dout (B, T, C), the kept qkvr (q, k, v in heads) and att (B, NH, T, T) -> dinp (B, T, 3C) = [dq | dk | dv].
 // Build and run (CPU backend; -DENABLE_FP32 for fp32):
-//   cpu/cucc -O2 -I. dev/cuda/attention_backward.cu -o build/labB/attention_backward -lcublas -lcublasLt
-//   build/labB/attention_backward [variant] [-s]
+//   make build/lab/attention_backward_bf16   (build/lab/attention_backward_fp32: the fp32 build)
+//   build/lab/attention_backward_bf16 [variant] [-s]
 // Variants:
 //   1  llmc/attention.cuh attention_backward (THE TRAINER'S): dout permuted into heads (scratch), datt = dout v^T,
 //      dv = att^T dout, the causal softmax backward in place on datt (with the 1/sqrt(HS) scale), dq = datt k,

@@ -1,8 +1,8 @@
 // dev/cuda/attention_forward.cu: kernel lab for causal multi-head attention forward, the hand-written path:
 // inp (B, T, 3C) = [q | k | v] per position -> out (B, T, C), with att (B, NH, T, T) kept.
 // Build and run (CPU backend; -DENABLE_FP32 for fp32):
-//   cpu/cucc -O2 -I. dev/cuda/attention_forward.cu -o build/labB/attention_forward -lcublas -lcublasLt
-//   build/labB/attention_forward [variant] [-s]
+//   make build/lab/attention_forward_bf16   (build/lab/attention_forward_fp32: the fp32 build)
+//   build/lab/attention_forward_bf16 [variant] [-s]
 // Variants:
 //   1  llmc/attention.cuh attention_forward (THE TRAINER'S): permute q, k, v into heads (qkvr), preatt = q k^T
 //      as one strided-batched GEMM over B*NH into att, causal softmax in place, att @ v written straight into

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <vector>
 #include "../../llmc/common.cuh"
+#include "../../llmc/mfu.h"
 
 struct LabArgs {
     int variant;  // 0 = all variants
@@ -140,17 +141,14 @@ static int lab_on_cpu_backend(void) {
 }
 
 // Peak DRAM bandwidth (GB/s) and dense bf16 tensor throughput (TFLOP/s) of the detected GPU, for the
-// "% of floor" column; 0 when unknown (the column is then left out).
+// "% of floor" column, from llmc/mfu.h's table (the project's one table of GPU peaks); 0 when unknown (the
+// column is then left out).
 static void lab_device_peaks(double* bandwidth_gbs, double* bf16_tflops) {
     cudaDeviceProp p;
     cudaCheck(cudaGetDeviceProperties(&p, 0));
-    *bandwidth_gbs = 0.0;
-    *bf16_tflops = 0.0;
-    if (strstr(p.name, "H200")) { *bandwidth_gbs = 4800.0; *bf16_tflops = 989.0; }
-    else if (strstr(p.name, "H100")) { *bandwidth_gbs = strstr(p.name, "PCIe") ? 2000.0 : 3350.0; *bf16_tflops = strstr(p.name, "PCIe") ? 756.0 : 989.0; }
-    else if (strstr(p.name, "A100")) { *bandwidth_gbs = p.totalGlobalMem > (60ull << 30) ? 2039.0 : 1555.0; *bf16_tflops = 312.0; }
-    else if (strstr(p.name, "A10G")) { *bandwidth_gbs = 600.0; *bf16_tflops = 70.0; }
-    else if (strstr(p.name, "L4")) { *bandwidth_gbs = 300.0; *bf16_tflops = 121.0; }
+    const GpuPeakFlops* g = gpu_peaks_find(p.name);
+    *bandwidth_gbs = g != NULL ? g->dram_gbs : 0.0;
+    *bf16_tflops = g != NULL ? g->bf16 : 0.0;
 }
 
 // Runs kernel() repeatedly after a warm-up and returns milliseconds per call (CUDA events).

@@ -7,8 +7,8 @@
 // Every direction is built and run whatever the build's precision (-DENABLE_FP32 only changes floatX, which
 // this lab does not use), so both `make labs` builds run the same checks.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 -I. dev/cuda/copy_cast.cu -o build/lab/copy_cast -lcublas -lcublasLt
-//   build/lab/copy_cast -s
+//   make build/lab/copy_cast_bf16   (build/lab/copy_cast_fp32: the fp32 build)
+//   build/lab/copy_cast_bf16 -s
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/copy_cast.cu -o copy_cast
 //   ./copy_cast [variant] [-s]     (GPT-2 124M sizes by default: the 124,475,904 parameters the trainer copies)
 // Variants:

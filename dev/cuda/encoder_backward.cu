@@ -1,8 +1,8 @@
 // dev/cuda/encoder_backward.cu: kernel lab for the GPT-2 encoder backward: dwte[v] += sum of dout over the
 // positions holding token v, dwpe[t] += sum over b of dout[b,t]; deterministic, no float atomics.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 -I. dev/cuda/encoder_backward.cu -o build/lab/encoder_backward -lcublas -lcublasLt
-//   build/lab/encoder_backward -s          (add -DENABLE_FP32 to the build for fp32)
+//   make build/lab/encoder_backward_bf16   (build/lab/encoder_backward_fp32: the fp32 build)
+//   build/lab/encoder_backward_bf16 -s
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/encoder_backward.cu -o encoder_backward
 //   ./encoder_backward [variant] [-s]       (GPT-2 124M sizes by default: B=8, T=1024, C=768, V=50257)
 // Both variants bucket the positions by token on the host (encoder_build_buckets of llmc/encoder.cuh) and

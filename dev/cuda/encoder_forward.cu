@@ -1,7 +1,7 @@
 // dev/cuda/encoder_forward.cu: kernel lab for the GPT-2 encoder forward, out (B,T,C) = wte[inp[b,t]] + wpe[t].
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 -I. dev/cuda/encoder_forward.cu -o build/lab/encoder_forward -lcublas -lcublasLt
-//   build/lab/encoder_forward -s          (add -DENABLE_FP32 to the build for fp32)
+//   make build/lab/encoder_forward_bf16   (build/lab/encoder_forward_fp32: the fp32 build)
+//   build/lab/encoder_forward_bf16 -s
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/encoder_forward.cu -o encoder_forward
 //   ./encoder_forward [variant] [-s]       (GPT-2 124M sizes by default: B=8, T=1024, C=768, V=50257)
 // Variants:

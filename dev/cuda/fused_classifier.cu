@@ -2,8 +2,8 @@
 // first V real) the cross-entropy loss -log softmax(logits)[target], and in place the gradient
 // dloss * (softmax - onehot(target)), zero in the padding columns.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 -I. dev/cuda/fused_classifier.cu -o build/lab/fused_classifier -lcublas -lcublasLt
-//   build/lab/fused_classifier -s          (add -DENABLE_FP32 to the build for fp32)
+//   make build/lab/fused_classifier_bf16   (build/lab/fused_classifier_fp32: the fp32 build)
+//   build/lab/fused_classifier_bf16 -s
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/fused_classifier.cu -o fused_classifier
 //   ./fused_classifier [variant] [-s]       (GPT-2 124M sizes by default: B=8, T=1024, V=50257, Vp=50304)
 // Variants:
@@ -13,6 +13,8 @@
 // Floor (see llmc/fused_classifier.cuh): bytes = 2*B*T*Vp*sizeof(floatX) + 8*B*T (B*T*Vp*sizeof(floatX) +
 // 8*B*T for the loss alone).
 #include "common.h"
+#include "../../llmc/encoder.cuh"
+#include "../../llmc/layernorm.cuh"
 #include "../../llmc/fused_classifier.cuh"
 
 __global__ void fused_classifier_three_pass_kernel(floatX* logits, float* losses, float dloss, const int* targets,
@@ -108,13 +110,16 @@ int main(int argc, char** argv) {
         {0, 50257, 50304, false}, {768, 50257, 50257, false}, {768, 50305, 50304, false}, {768, 0, 128, false}};
     for (const auto& c : cases) {
         char why[256] = "";
-        if (kernels_a_support(c.C, c.V, c.Vp, why, sizeof(why)) != c.supported || (!c.supported && why[0] == 0)) {
-            printf("FAIL kernels_a_support(C=%d, V=%d, Vp=%d) should say %s\n", c.C, c.V, c.Vp,
+        // the classifier's own check, with the encoder's and layernorm's that the trainer makes beside it
+        const bool supported = encoder_support(c.C, why, sizeof(why)) && layernorm_support(c.C, why, sizeof(why)) &&
+                               fused_classifier_support(c.V, c.Vp, why, sizeof(why));
+        if (supported != c.supported || (!c.supported && why[0] == 0)) {
+            printf("FAIL fused_classifier_support(V=%d, Vp=%d) with C=%d should say %s\n", c.V, c.Vp, c.C,
                    c.supported ? "supported" : "unsupported, with a reason");
             return EXIT_FAILURE;
         }
     }
-    printf("kernels_a_support: ok (%d cases)\n", (int)(sizeof(cases) / sizeof(cases[0])));
+    printf("fused_classifier_support: ok (%d cases)\n", (int)(sizeof(cases) / sizeof(cases[0])));
 
     printf("fused_classifier (%s): B=%d T=%d V=%d Vp=%d\n", PRECISION_NAME, B, T, V, Vp);
     // variant 2 runs as the trainer calls it (the llmc function picks the block size) and with 1024 threads,

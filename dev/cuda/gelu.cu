@@ -1,8 +1,8 @@
 // dev/cuda/gelu.cu: kernel lab for GELU (tanh approximation), forward out = gelu(inp) and backward in place
 // d *= gelu'(inp).
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 -I. dev/cuda/gelu.cu -o build/lab/gelu -lcublas -lcublasLt
-//   build/lab/gelu -s          (add -DENABLE_FP32 to the build for fp32)
+//   make build/lab/gelu_bf16   (build/lab/gelu_fp32: the fp32 build)
+//   build/lab/gelu_bf16 -s
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/gelu.cu -o gelu
 //   ./gelu [variant] [-s]       (GPT-2 124M sizes by default: N = B*T*4C = 8*1024*3072)
 // Variants (each validates and times the forward and the backward):

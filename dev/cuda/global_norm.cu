@@ -1,8 +1,8 @@
 // dev/cuda/global_norm.cu: kernel lab for the squared global gradient norm, deterministic: sum of squares of
 // several tensors into a fixed set of fp32 partials, then one fixed-order sum of the partials.
 // Build and run (CPU backend; -DENABLE_FP32 for fp32):
-//   cpu/cucc -O2 -I. dev/cuda/global_norm.cu -o build/labB/global_norm -lcublas -lcublasLt
-//   build/labB/global_norm [variant] [-s]
+//   make build/lab/global_norm_bf16   (build/lab/global_norm_fp32: the fp32 build)
+//   build/lab/global_norm_bf16 [variant] [-s]
 // Variants:
 //   1  llmc/global_norm.cuh global_norm_squared + global_norm_aggregate (THE TRAINER'S): 128 blocks, each
 //      over a contiguous segment walked in tiles of 256 x 8 16-byte chunks, 8 consecutive ones per thread;

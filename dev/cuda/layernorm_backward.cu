@@ -1,8 +1,8 @@
 // dev/cuda/layernorm_backward.cu: kernel lab for LayerNorm backward: dinp (B,T,C) +=, dweight and dbias (C) +=,
 // deterministic (no float atomics).
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 -I. dev/cuda/layernorm_backward.cu -o build/lab/layernorm_backward -lcublas -lcublasLt
-//   build/lab/layernorm_backward -s          (add -DENABLE_FP32 to the build for fp32)
+//   make build/lab/layernorm_backward_bf16   (build/lab/layernorm_backward_fp32: the fp32 build)
+//   build/lab/layernorm_backward_bf16 -s
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/layernorm_backward.cu -o layernorm_backward
 //   ./layernorm_backward [variant] [-s]       (GPT-2 124M sizes by default: B=8, T=1024, C=768)
 // Variants:

@@ -1,8 +1,8 @@
 // dev/cuda/layernorm_forward.cu: kernel lab for LayerNorm forward (eps 1e-5, fp32 statistics), plain and fused
 // with the residual add before it: residual = inp1 + inp2, normed = layernorm(residual).
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 -I. dev/cuda/layernorm_forward.cu -o build/lab/layernorm_forward -lcublas -lcublasLt
-//   build/lab/layernorm_forward -s          (add -DENABLE_FP32 to the build for fp32)
+//   make build/lab/layernorm_forward_bf16   (build/lab/layernorm_forward_fp32: the fp32 build)
+//   build/lab/layernorm_forward_bf16 -s
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/layernorm_forward.cu -o layernorm_forward
 //   ./layernorm_forward [variant] [-s]       (GPT-2 124M sizes by default: B=8, T=1024, C=768)
 // Variants:

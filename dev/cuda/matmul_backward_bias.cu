@@ -2,8 +2,8 @@
 // dbias (OC) += sum over B*T rows of dout (B*T, OC), and, validated alongside, the whole matmul_backward
 // (dinp with and without the GELU backward fused into cuBLASLt's DGELU epilogue, dweight, dbias).
 // Build and run (CPU backend; -DENABLE_FP32 for fp32):
-//   cpu/cucc -O2 -I. dev/cuda/matmul_backward_bias.cu -o build/labB/matmul_backward_bias -lcublas -lcublasLt
-//   build/labB/matmul_backward_bias [variant] [-s]
+//   make build/lab/matmul_backward_bias_bf16   (build/lab/matmul_backward_bias_fp32: the fp32 build)
+//   build/lab/matmul_backward_bias_bf16 [variant] [-s]
 // Variants (of the bias gradient):
 //   1  llmc/matmul.cuh matmul_backward_bias (THE TRAINER'S, called by matmul_backward): blocks own a strip of
 //      32 * x128::size channels and a fixed share of rows; their fp32 partial rows are added in order by a

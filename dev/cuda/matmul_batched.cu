@@ -3,7 +3,7 @@
 // grouped cuBLAS GEMM over the experts' unequal row ranges (matmul_forward_grouped, matmul_backward_grouped), and
 // the router's GEMM with fp32 logits (matmul_forward_fp32_output, matmul_backward_fp32_dout).
 // Build and run (CPU backend; -DENABLE_FP32 for fp32):
-//   cpu/cucc -O2 dev/cuda/matmul_batched.cu -o build/lab/matmul_batched_bf16 -lcublas -lcublasLt
+//   make build/lab/matmul_batched_bf16   (build/lab/matmul_batched_fp32: the fp32 build)
 //   build/lab/matmul_batched_bf16 [variant] [-s]
 // GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/matmul_batched.cu -lcublas -lcublasLt
 // Variants (each validated, then timed):

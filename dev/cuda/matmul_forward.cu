@@ -1,8 +1,8 @@
 // dev/cuda/matmul_forward.cu: kernel lab for the Linear forward out = gelu(inp @ weight^T + bias), with the
 // pre-activation kept (the GPT-2 MLP's c_fc), and the plain Linear without GELU.
 // Build and run (CPU backend; -DENABLE_FP32 for fp32):
-//   cpu/cucc -O2 -I. dev/cuda/matmul_forward.cu -o build/labB/matmul_forward -lcublas -lcublasLt
-//   build/labB/matmul_forward [variant] [-s]
+//   make build/lab/matmul_forward_bf16   (build/lab/matmul_forward_fp32: the fp32 build)
+//   build/lab/matmul_forward_bf16 [variant] [-s]
 // GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/matmul_forward.cu -lcublas -lcublasLt
 // Variants:
 //   1  llmc/matmul.cuh matmul_forward, gelu_fusion = 1: cuBLASLt with the GELU_AUX_BIAS epilogue (THE TRAINER'S).
@@ -71,7 +71,7 @@ __global__ void matmul_tiled_kernel(floatX* out, floatX* pre_gelu, const floatX*
             for (int j = 0; j < x128::size; j++) {
                 const float x = acc[i][j0 + j] + (bias != nullptr ? (float)bias[col + j0 + j] : 0.0f);
                 packed_pre[j] = (floatX)x;
-                packed_out[j] = (floatX)matmul_gelu_tanh(x);
+                packed_out[j] = (floatX)gelu_value(x);
             }
             store128(pre_gelu + (size_t)row * OC + col + j0, packed_pre);
             store128(out + (size_t)row * OC + col + j0, packed_out);

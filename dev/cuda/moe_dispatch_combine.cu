@@ -2,10 +2,10 @@
 // backward: dispatch (token rows into the expert buffer, padded (E, capacity, C) with zeros in padding rows, or
 // packed dropless (N*k, C)), combine (each token's kept expert outputs weighted by its gates), combine backward
 // (d_expert_output and d_gates) and dispatch backward (dx += the token's rows of d_expert_input).
-// ARCHITECTURE.md, "MoE semantics"; the layouts: llmc/moe.cuh.
+// doc/moe.md; the layouts: llmc/moe.cuh.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 dev/cuda/moe_dispatch_combine.cu -o build/labmoe/moe_dispatch_combine -lcublas -lcublasLt
-//   build/labmoe/moe_dispatch_combine -s          (add -DENABLE_FP32 to the build for fp32)
+//   make build/lab/moe_dispatch_combine_bf16   (build/lab/moe_dispatch_combine_fp32: the fp32 build)
+//   build/lab/moe_dispatch_combine_bf16 -s
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_dispatch_combine.cu -o moe_dispatch_combine
 //   ./moe_dispatch_combine [variant] [-s]   (default: N = 8*1024, E = 8, C = 768, k = 1 and 2 at CF 1.25;
 //                                            -s: N = 69, E = 4, C = 48, k = 1 and 2 at CF 0.5, k = 2 dropless

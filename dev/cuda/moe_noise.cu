@@ -2,12 +2,12 @@
 // (router_in = x * U(1-EPS, 1+EPS), and dx += d_router_in * the same multipliers), noisy top-k gating's logits
 // H = clean + n * softplus(noise_logits), its importance and load losses (Shazeer 2017), and their backward
 // (importance into d_gates; load, thr and H into d_clean and d_noise_logits). The definition is the router-noise
-// spec (README.md, "Router noise"; "spec section n" below); the rest of the MoE layer is ARCHITECTURE.md ("MoE semantics").
+// spec (doc/moe.md, "Router noise"; "spec section n" below); the rest of the MoE layer is doc/moe.md.
 // The double-precision reference below is written out from the spec; its backward is itself checked against
 // central finite differences of its forward losses (the noise and the routing held fixed) before any kernel runs.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 dev/cuda/moe_noise.cu -o build/labmoe/moe_noise -lcublas -lcublasLt
-//   build/labmoe/moe_noise -s          (add -DENABLE_FP32 to the build for fp32: only the jitter is floatX)
+//   make build/lab/moe_noise_bf16   (build/lab/moe_noise_fp32: the fp32 build)
+//   build/lab/moe_noise_bf16 -s          (the fp32 build: only the jitter is floatX)
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_noise.cu -o moe_noise
 //   ./moe_noise [variant] [-s]   (default: jitter N = 8*1024, C = 768; gating N = 8*1024, E = 8 and 64, k = 1, 2;
 //                                 -s: jitter N = 69, C = 136; gating N = 69 with (E, k) = (5, 1), (5, 2), (3, 2),

@@ -1,4 +1,4 @@
-// dev/cuda/moe_reference.h: the MoE routing of ARCHITECTURE.md ("MoE semantics") and the gate path of its
+// dev/cuda/moe_reference.h: the MoE routing of doc/moe.md and the gate path of its
 // backward as plain double-precision loops, and the routing inputs, shared by the MoE labs (moe_router.cu,
 // moe_router_backward.cu, moe_slots.cu, moe_dispatch_combine.cu, moe_noise.cu): each lab's kernels start from
 // what the previous stage hands over, so every lab must derive those inputs by the same definition.

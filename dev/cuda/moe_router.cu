@@ -1,10 +1,10 @@
 // dev/cuda/moe_router.cu: kernel lab for the MoE router forward: per token, probs = softmax(logits) over E
 // experts (fp32), logsumexp (for the z-loss), the top-k experts (ties to the lower index, in descending order)
-// and their gates (the raw prob for k = 1, renormalised over the k picks for k >= 2). ARCHITECTURE.md, "MoE
-// semantics", is the definition; the reference (moe_reference.h) is a plain double-precision loop over it.
+// and their gates (the raw prob for k = 1, renormalised over the k picks for k >= 2). doc/moe.md, "Routing",
+// is the definition; the reference (moe_reference.h) is a plain double-precision loop over it.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 dev/cuda/moe_router.cu -o build/labmoe/moe_router -lcublas -lcublasLt
-//   build/labmoe/moe_router -s          (add -DENABLE_FP32 to the build: the router is fp32 either way)
+//   make build/lab/moe_router_bf16   (build/lab/moe_router_fp32: the fp32 build)
+//   build/lab/moe_router_bf16 -s          (the fp32 build is the same: the router is fp32 either way)
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_router.cu -o moe_router
 //   ./moe_router [variant] [-s]   (default: N = 8*1024 tokens, E = 8 with k = 1 and 2, E = 64 with k = 2;
 //                                  -s: N = 69 with E = 4, k = 1 and 2, E = 40 k = 2, E = 200 k = 3)

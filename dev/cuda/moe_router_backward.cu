@@ -1,12 +1,12 @@
 // dev/cuda/moe_router_backward.cu: kernel lab for the MoE router's backward pass and losses: d_logits (N, E)
 // of the gates' gradient d_gates (k = 1: the raw prob; k >= 2: through the renormalisation over the k picks)
 // and of the load-balancing loss aux = alpha*E*sum_e f_e P_e and the z-loss c_z*mean_t lse_t^2 (these two times
-// loss_scale), through the softmax; and the two loss values. ARCHITECTURE.md, "MoE semantics".
+// loss_scale), through the softmax; and the two loss values. doc/moe.md.
 // The double-precision reference gradient is itself checked against central finite differences of the
 // double-precision loss (picks and f_e held fixed, as the definition does) at small sizes.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 dev/cuda/moe_router_backward.cu -o build/labmoe/moe_router_backward -lcublas -lcublasLt
-//   build/labmoe/moe_router_backward -s          (-DENABLE_FP32 builds the same thing: the router is fp32)
+//   make build/lab/moe_router_backward_bf16   (build/lab/moe_router_backward_fp32: the fp32 build)
+//   build/lab/moe_router_backward_bf16 -s          (the fp32 build is the same: the router is fp32)
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_router_backward.cu -o moe_router_backward
 //   ./moe_router_backward [variant] [-s]  (default: N = 8*1024, E = 8 with k = 1 and 2, E = 64 with k = 2;
 //                                          -s: N = 69, E = 4 with k = 1 and 2, E = 40 with k = 2, and E = 4
@@ -138,7 +138,7 @@ static double router_loss(const std::vector<double>& logits, const std::vector<i
     return gate_term + q.loss_scale * (q.aux_alpha * E * aux + q.z_coef * z_sum / N);
 }
 
-// the analytic gradient of router_loss with respect to the logits, written out as ARCHITECTURE.md defines it
+// the analytic gradient of router_loss with respect to the logits, written out as doc/moe.md defines it
 // (the gates' part is moe_reference.h's moe_gate_backward_row; the aux and z-loss terms are this lab's own)
 static void router_backward_reference(std::vector<double>* d_logits, const std::vector<float>& logits,
                                       const std::vector<int>& picks, const std::vector<float>& d_gates,

@@ -4,10 +4,10 @@
 // (choice_row) in the padded layout (expert e's rows from e*capacity) or the packed dropless one (expert e's rows
 // after the choices of the experts below e); the inverse map row_choice (-1 for padding rows); expert_count
 // (choices routed to e before dropping) and kept_count (rows used). Also checks moe_capacity against values the
-// PyTorch formula gives. ARCHITECTURE.md, "MoE semantics"; the layouts: llmc/moe.cuh.
+// PyTorch formula gives. doc/moe.md; the layouts: llmc/moe.cuh.
 // Build and run on the CPU backend (small sizes):
-//   cpu/cucc -O2 dev/cuda/moe_slots.cu -o build/labmoe/moe_slots -lcublas -lcublasLt
-//   build/labmoe/moe_slots -s          (the kernels move ints: -DENABLE_FP32 builds the same thing)
+//   make build/lab/moe_slots_bf16   (build/lab/moe_slots_fp32: the fp32 build)
+//   build/lab/moe_slots_bf16 -s          (the kernels move ints: the fp32 build is the same)
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_slots.cu -o moe_slots
 //   ./moe_slots [variant] [-s]   (default: N = 8*1024, E = 8, k = 1 and 2 at CF 1.25, k = 2 dropless packed, E = 64
 //                                 k = 2; -s: N = 69, E = 4, k = 1 and 2 at CF 0.5 (drops, tokens with every choice

@@ -1,8 +1,8 @@
 // dev/cuda/softmax_forward.cu: kernel lab for the causal softmax inside attention: att = softmax(scale * preatt)
 // over each row of (B*NH*T, T), row r attending to its first r % T + 1 entries, zeros after them.
 // Build and run (CPU backend; -DENABLE_FP32 for fp32):
-//   cpu/cucc -O2 -I. dev/cuda/softmax_forward.cu -o build/labB/softmax_forward -lcublas -lcublasLt
-//   build/labB/softmax_forward [variant] [-s]
+//   make build/lab/softmax_forward_bf16   (build/lab/softmax_forward_fp32: the fp32 build)
+//   build/lab/softmax_forward_bf16 [variant] [-s]
 // Variants:
 //   1  llmc/attention.cuh attention_softmax_forward (THE TRAINER'S, used in place on att): a warp per row,
 //      one online pass for the max and the sum together (16-byte chunks), one pass to write.

@@ -1,18 +1,71 @@
 #!/usr/bin/env bash
-# dev/test/run_tests.sh: runs every test of the suite (`make test` builds them first, then calls this)
-# and adds up their summary lines. Each test prints "name: N passed, N failed" last; a test that exits
-# non-zero without a failed check, or prints no summary, counts as one failure. Ends with
-# "total: N passed, N failed" and a non-zero exit status if anything failed.
+# dev/test/run_tests.sh: runs the tests of the suite (`make test` builds them first, then calls this) and adds
+# up their summary lines. Each test prints "name: N passed, N failed" last; a test that exits non-zero without
+# a failed check, or prints no summary, counts as one failure. Ends with "total: N passed, N failed" and a
+# non-zero exit status if anything failed.
+#   dev/test/run_tests.sh                 every test (what make test runs, after building everything)
+#   dev/test/run_tests.sh NAME...         only the tests with these names (shell patterns: 'moe-fp32-*'); it first
+#                                         builds, through make, what they run (make test T="NAME..." does the same)
+#   dev/test/run_tests.sh --list          the names, one a line
 set -u
 cd "$(dirname "$0")/../.."
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 total_passed=0
 total_failed=0
+list_only=0
+patterns=()
+for arg in "$@"; do
+    if [ "$arg" = --list ]; then list_only=1; else patterns+=("$arg"); fi
+done
+declare -A matched=()
+
+# selected LABEL: whether the test runs (every test when no name is given); prints the name with --list
+selected() {
+    local label=$1 p hit=0
+    if [ ${#patterns[@]} -eq 0 ]; then hit=1; fi
+    for p in "${patterns[@]}"; do
+        # shellcheck disable=SC2053
+        if [[ $label == $p ]]; then hit=1; matched[$p]=1; fi
+    done
+    [ $hit -eq 1 ] || return 1
+    if [ $list_only -eq 1 ]; then echo "$label"; return 1; fi
+    return 0
+}
+
+# the test scripts' inputs (the binaries and references that a test names on its command line are found there)
+declare -A NEEDS=(
+    [multi-gpu]="build/test_host_utils"
+    [train-gpt-cli]="build/train_gpt_fp32 build/ref/tiny_fp32_debug_state.bin"
+    [train-moe-cli]="build/train_moe_fp32 build/train_gpt_fp32 build/ref/tiny_fp32_debug_state.bin
+                     build/ref/moe_k1_cf0.5_fp32_debug_state.bin"
+)
+# build_for LABEL COMMAND...: with chosen names, make what the test uses (make test has built everything otherwise)
+build_for() {
+    local label=$1 a targets=()
+    shift
+    [ ${#patterns[@]} -gt 0 ] || return 0
+    for a in "$@" ${NEEDS[$label]:-}; do
+        case $a in
+            build/ref/*_debug_state.bin) targets+=("$a") ;;
+            build/ref/*) targets+=("${a}_debug_state.bin") ;;
+            build/*) targets+=("$a") ;;
+        esac
+    done
+    [ ${#targets[@]} -gt 0 ] || return 0
+    local log
+    log=$(make -s --no-print-directory "${targets[@]}" 2>&1) || { echo "$log"; return 1; }
+}
 
 run_test() {
     local label=$1
     shift
+    selected "$label" || return 0
     local out rc summary
+    if ! build_for "$label" "$@"; then
+        echo "[$label] FAILED: cannot build what it runs"
+        total_failed=$((total_failed + 1))
+        return
+    fi
     out=$(timeout 900 "$@" 2>&1)
     rc=$?
     summary=$(grep -E '^[A-Za-z0-9_]+: [0-9]+ passed, [0-9]+ failed$' <<<"$out" | tail -n 1)
@@ -38,7 +91,13 @@ run_test() {
 run_lab() {
     local label=$1
     shift
+    selected "lab-$label" || return 0
     local out rc
+    if ! build_for "lab-$label" "$@"; then
+        echo "[lab $label] FAILED: cannot build it"
+        total_failed=$((total_failed + 1))
+        return
+    fi
     out=$(timeout 900 "$@" 2>&1)
     rc=$?
     if [ "$rc" -eq 0 ]; then
@@ -56,7 +115,7 @@ run_test runtime-sanitize build/test_runtime_sanitize
 run_test runtime-ucontext build/test_runtime_ucontext
 run_test faults build/test_faults
 run_test sanitize build/test_sanitize
-run_test cucc dev/test/test_cucc.sh
+run_test cucc cpu/test/test_cucc.sh
 run_test cublas build/test_cublas
 run_test nccl-2-ranks $MPIRUN -np 2 build/test_nccl
 run_test nccl-3-ranks $MPIRUN -np 3 build/test_nccl
@@ -66,10 +125,14 @@ run_test reference /usr/bin/python3 dev/test/test_reference.py
 run_test reference-moe /usr/bin/python3 dev/test/test_reference_moe.py
 run_test data /usr/bin/python3 dev/test/test_data.py
 run_test plot /usr/bin/python3 dev/test/test_plot.py
+run_test standalone dev/test/test_standalone.sh
 
 # the kernel lab: every variant validated at small sizes, bf16 and fp32
-for lab in build/lab/*_bf16 build/lab/*_fp32; do
-    run_lab "$(basename "$lab")" "$lab" -s
+for p in bf16 fp32; do
+    for src in dev/cuda/*.cu; do
+        lab=$(basename "$src" .cu)_$p
+        run_lab "$lab" "build/lab/$lab" -s
+    done
 done
 
 # the GPT trainer against PyTorch: FP32 and BF16, every recompute level, with and without master weights
@@ -116,8 +179,11 @@ run_test train-moe-cli dev/test/test_train_moe.sh
 # PyTorch comparisons run checked at one configuration per code path (recompute, GELU fusion, dropping, dropless,
 # top-2, router noise, expert parallelism with ZeRO-0 and ZeRO-1); the plain runs above cover the other flags.
 run_test check-probes cpu/test/check/run_probes.sh
-for lab in build/lab_check/*_bf16 build/lab_check/*_fp32; do
-    run_lab "check-$(basename "$lab")" "$lab" -s
+for p in bf16 fp32; do
+    for src in dev/cuda/*.cu; do
+        lab=$(basename "$src" .cu)_$p
+        run_lab "check-$lab" "build/lab_check/$lab" -s
+    done
 done
 run_test check-gpt-fp32-r0 build/check/test_gpt_fp32 build/ref/tiny_fp32 -r 0
 run_test check-gpt-fp32-gelu-unfused build/check/test_gpt_fp32 build/ref/tiny_fp32 -ge 0
@@ -137,5 +203,12 @@ run_test check-moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/check/test_moe_fp32 bu
 run_test check-moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/check/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 \
     -ep 4
 
+[ $list_only -eq 0 ] || exit 0
+for p in "${patterns[@]}"; do
+    if [ -z "${matched[$p]:-}" ]; then
+        echo "no test is named '$p' (dev/test/run_tests.sh --list prints the names)"
+        total_failed=$((total_failed + 1))
+    fi
+done
 echo "total: $total_passed passed, $total_failed failed"
 [ "$total_failed" -eq 0 ]

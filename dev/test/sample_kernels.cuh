@@ -1,7 +1,7 @@
 // dev/test/sample_kernels.cuh: two realistic kernels that exercise the CPU backend the way the
 // trainers' kernels will: a warp-per-row layernorm with warp-shuffle reductions (the llm.c pattern) and a
 // block-per-row softmax with block-wide max and sum through shared memory. Used by the backend test
-// (dev/test/test_runtime.cu, against host references) and the backend benchmark (cpu/bench.cu).
+// (cpu/test/test_runtime.cu, against host references) and the backend benchmark (cpu/bench.cu).
 #pragma once
 #include <cuda_runtime.h>
 #include <math.h>

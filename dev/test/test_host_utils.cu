@@ -12,8 +12,8 @@
 //   test_host_utils mpi-sum                          (under mpirun: -pi mpi)
 //   test_host_utils init tcp|fs ADDRESS|DIR          (under mpirun on the CPU backend: -pi tcp/fs)
 // Build and run (CPU backend):
-//   cpu/cucc -O2 -I dev/test -I llmc dev/test/test_host_utils.cu -o build/hostutils/test_host_utils -lnccl -lmpi
-//   build/hostutils/test_host_utils
+//   make build/test_host_utils     (cpu/cucc -O2 -I dev/test dev/test/test_host_utils.cu ... -lnccl -lmpi)
+//   build/test_host_utils
 #include <dirent.h>
 #include <math.h>
 #include <stdint.h>

@@ -6,11 +6,11 @@
 # backend NCCL needs the processes in one MPI world, so tcp/fs run under mpirun there). Each group checks
 # rank, size, the float sum over processes and the barrier.
 # Usage, from the repository root after building the program (see dev/test/test_host_utils.cu):
-#   dev/test/test_multi_gpu.sh [path/to/test_host_utils]     (default build/hostutils/test_host_utils)
+#   dev/test/test_multi_gpu.sh [path/to/test_host_utils]     (default build/test_host_utils)
 # Ends with "test_multi_gpu: N passed, N failed"; exits 1 on any failure.
 set -u
 cd "$(dirname "$0")/../.."
-BIN=${1:-build/hostutils/test_host_utils}
+BIN=${1:-build/test_host_utils}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

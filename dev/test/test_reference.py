@@ -1,6 +1,6 @@
 """
 dev/test/test_reference.py: checks the PyTorch reference train_gpt.py against things it did not compute itself:
-the file formats as ARCHITECTURE.md states them, an independent float64 numpy GPT-2 forward, central finite
+the file formats as doc/formats.md states them, an independent float64 numpy GPT-2 forward, central finite
 differences, hand-worked bf16 roundings, and an AdamW written out from its formula.
 Run from the repository root: /usr/bin/python3 dev/test/test_reference.py
 Prints one line per failed check and ends with "test_reference: N passed, N failed" (exit 1 on a failure).
@@ -58,7 +58,7 @@ def fails_with(argv, needle, label):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The formats, written out from ARCHITECTURE.md (not taken from train_gpt.py)
+# The formats, written out from doc/formats.md (not taken from train_gpt.py)
 
 HEADER_BYTES = 1024
 B, T, V, L, NH, C, MAXT, STEPS = 3, 23, 263, 2, 3, 48, 32, 10

@@ -1,10 +1,10 @@
 """
 dev/test/test_reference_moe.py: checks the PyTorch reference train_moe.py against things it did not compute
-itself: the MoE model file and debug state laid out from ARCHITECTURE.md, an independent float64 numpy MoE GPT
+itself: the MoE model file and debug state laid out from doc/formats.md, an independent float64 numpy MoE GPT
 forward with a loop-by-loop routing (softmax, top-k with ties to the lower index, capacity, slots in priority
 order, drops), central finite differences of the total loss, hand-worked routing cases, the balancing and z
 losses and their gradients from their formulas, the dense GPT of train_gpt.py (E=1, k=1, no capacity limit),
-and an AdamW written out from its formula. Router noise (jitter, noisy top-k gating; README.md, "Router noise",
+and an AdamW written out from its formula. Router noise (jitter, noisy top-k gating; doc/moe.md, "Router noise",
 cited as noise_spec): the noise generator against a plain-int squirrel_noise5 and values a C program printed,
 statistics of its normals, the jittered and noisy routing (thr, Phi, CV²) in the numpy forward, and finite
 differences with the noise on.
@@ -45,7 +45,7 @@ def fails_with(argv, needle, label):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The formats, written out from ARCHITECTURE.md and the brief (not taken from train_moe.py)
+# The formats, written out from doc/formats.md and doc/moe.md (not taken from train_moe.py)
 
 B, T, V, L, NH, C, MAXT, E, H, STEPS = 3, 23, 263, 2, 3, 48, 32, 4, 96, 10
 VP = 384  # 263 rounded up to a multiple of 128
@@ -398,7 +398,7 @@ def test_files(tmp):
 
 
 def check_layout(prefix, flat, shape, extra):
-    """The file's tensors are the model's, in ARCHITECTURE.md's order and (out, in) layout, with the init the
+    """The file's tensors are the model's, in doc/formats.md's order and (out, in) layout, with the init the
     reference documents, and they read back unchanged."""
     P, _ = split(flat, shape)
     model = train_moe.model_for_run(train_moe.parse_args(reference_args(prefix, extra)))
@@ -612,7 +612,7 @@ def check_route_case(logits, k, cf, label):
 
 def dense_to_moe_file(gpt_path, moe_path, routerw_std):
     """Rewrites a dense GPT model file as an E=1, k=1, moe_every=1, H=4C MoE file whose expert is each layer's
-    MLP, laid out from ARCHITECTURE.md (router weights random: with one expert the prob is 1 whatever they are)."""
+    MLP, laid out from doc/formats.md (router weights random: with one expert the prob is 1 whatever they are)."""
     data = open(gpt_path, "rb").read()
     h = read_header(data)
     maxT, V_, L_, NH_, C_ = (int(v) for v in h[2:7])
@@ -682,7 +682,7 @@ def test_dense_equivalence(tmp):
 
 
 def read_debug_state_dense(data, nparams):
-    """The dense GPT's debug state (ARCHITECTURE.md's table)."""
+    """The dense GPT's debug state (doc/formats.md's table)."""
     h = read_header(data)
     b, t, v = int(h[2]), int(h[3]), int(h[5])
     ints = np.frombuffer(data, dtype="<i4", offset=HEADER_BYTES)
@@ -844,7 +844,7 @@ def test_bad_input(prefix, tmp):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Router noise: jitter and noisy top-k gating (README.md, "Router noise" = noise_spec)
+# Router noise: jitter and noisy top-k gating (doc/moe.md, "Router noise" = noise_spec)
 
 
 def test_noise_generator():

@@ -1,14 +1,14 @@
-// dev/test/test_nccl.cu: checks the NCCL calls this project uses against plain host computations:
+// cpu/test/test_nccl.cu: checks the NCCL calls this project uses against plain host computations:
 // every collective, op and type (in place and out of place), grouped all-to-all with uneven split sizes,
 // point-to-point outside groups, sub-communicators over overlapping sets of ranks, ncclCommInitAll cliques,
 // the count/rank/device queries and the error codes for bad arguments. Inputs are random, outputs poisoned.
 // Each rank generates every rank's inputs from seeds, so it computes the expected result without messages.
 //
 // CPU backend (cpu/nccl.cpp over MPI); must pass on any number of ranks (1, 2, 3, ...):
-//   cpu/cucc -O2 -lnccl -lmpi -I dev/test dev/test/test_nccl.cu -o build/test_nccl
+//   cpu/cucc -O2 -lnccl -lmpi -I dev/test cpu/test/test_nccl.cu -o build/test_nccl
 //   mpirun --allow-run-as-root --oversubscribe -np 3 build/test_nccl
 // GPU with real NCCL (one GPU per rank; the ncclCommInitAll part with 2 devices needs 2 GPUs):
-//   nvcc -O2 -arch=sm_80 -I dev/test dev/test/test_nccl.cu -lnccl -lmpi -o test_nccl
+//   nvcc -O2 -arch=sm_80 -I dev/test cpu/test/test_nccl.cu -lnccl -lmpi -o test_nccl
 //
 // Tolerances. Integers, and everything that only moves data, must match bit for bit everywhere. Float
 // reductions on the CPU backend must match bit for bit too: it reduces each element in rank order 0..n-1

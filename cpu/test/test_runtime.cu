@@ -1,8 +1,8 @@
-// dev/test/test_runtime.cu: tests of the CPU backend's execution model and runtime API, each against a
+// cpu/test/test_runtime.cu: tests of the CPU backend's execution model and runtime API, each against a
 // plain host computation. It is an ordinary CUDA program: on a GPU,
-//   nvcc -arch=sm_80 -I dev/test dev/test/test_runtime.cu -o test_runtime
+//   nvcc -arch=sm_80 -I dev/test cpu/test/test_runtime.cu -o test_runtime
 // runs the same checks; on the CPU backend (`make test` does this)
-//   cpu/cucc -O2 -I dev/test dev/test/test_runtime.cu -o build/test_runtime && ./build/test_runtime
+//   cpu/cucc -O2 -I dev/test cpu/test/test_runtime.cu -o build/test_runtime && ./build/test_runtime
 // Covers: built-in indices in 1-3 dimensions, barriers (with count/and/or), warp shuffles of every kind
 // and width, votes and warp reductions, partial warps, atomics under contention from many blocks,
 // static and dynamic shared memory, cooperative groups, integer/float/bf16/fp16 intrinsics, __device__

@@ -1,9 +1,9 @@
-// dev/test/test_cucc_launches.cu: launch and declaration forms that cpu/cucc must rewrite as nvcc
+// cpu/test/test_cucc_launches.cu: launch and declaration forms that cpu/cucc must rewrite as nvcc
 // reads them: template kernels with deduced and explicit arguments, namespaced kernels, launches
 // spread over lines and inside macros, a kernel called through a function pointer, struct arguments
 // by value, default-argument launch configurations, <<< inside comments and strings (left alone),
 // aligned and volatile shared declarations, a __shared__ array sized by a template parameter.
-// Built and run by dev/test/test_cucc.sh (and compiles with nvcc for a GPU).
+// Built and run by cpu/test/test_cucc.sh (and compiles with nvcc for a GPU).
 #include <cuda_runtime.h>
 #include "test_common.h"
 

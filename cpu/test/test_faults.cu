@@ -1,7 +1,7 @@
-// dev/test/test_faults.cu: the CPU backend's fault reports. Each case is a kernel that a GPU would hang
+// cpu/test/test_faults.cu: the CPU backend's fault reports. Each case is a kernel that a GPU would hang
 // on or execute with undefined results; the backend must abort and say what happened, naming the kernel,
 // the block and the place. CPU backend only (on a GPU these kernels hang): `make test` builds it with
-//   cpu/cucc -O2 -I dev/test dev/test/test_faults.cu -o build/test_faults
+//   cpu/cucc -O2 -I dev/test cpu/test/test_faults.cu -o build/test_faults
 // and runs ./build/test_faults, which re-runs itself once per case (`./build/test_faults <case>`) and
 // checks that the child fails with the expected message.
 #include <assert.h>

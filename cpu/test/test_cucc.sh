@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# dev/test/test_cucc.sh: tests of the cpu/cucc driver itself. It builds and runs
-# dev/test/test_cucc_launches.cu (launch forms that must be rewritten as nvcc reads them), and checks
+# cpu/test/test_cucc.sh: tests of the cpu/cucc driver itself. It builds and runs
+# cpu/test/test_cucc_launches.cu (launch forms that must be rewritten as nvcc reads them), and checks
 # that what the CPU backend cannot build is refused with one clear line: -lcudnn, an unknown option,
 # namespace-scope __shared__, a launch with no closing >>>, several __shared__ variables in one
-# declaration. Run from the repository root: dev/test/test_cucc.sh (make test does).
+# declaration. Run from the repository root: cpu/test/test_cucc.sh (make test does).
 set -u
 cd "$(dirname "$0")/../.."
 CUCC=cpu/cucc
@@ -29,7 +29,7 @@ expect_refusal() {
     fi
 }
 
-if "$CUCC" -O2 -I dev/test dev/test/test_cucc_launches.cu -o "$work/launches" && "$work/launches"; then
+if "$CUCC" -O2 -I dev/test cpu/test/test_cucc_launches.cu -o "$work/launches" && "$work/launches"; then
     pass
 else
     fail "test_cucc_launches built with cucc"

@@ -1,7 +1,7 @@
-// dev/test/test_sanitize.cu: `cpu/cucc --sanitize` must catch out-of-bounds accesses inside kernels —
+// cpu/test/test_sanitize.cu: `cpu/cucc --sanitize` must catch out-of-bounds accesses inside kernels —
 // in static shared memory, dynamic shared memory and global memory — with AddressSanitizer.
 // CPU backend only. `make test` builds it with
-//   cpu/cucc --sanitize -O1 -I dev/test dev/test/test_sanitize.cu -o build/test_sanitize
+//   cpu/cucc --sanitize -O1 -I dev/test cpu/test/test_sanitize.cu -o build/test_sanitize
 // and runs ./build/test_sanitize, which re-runs itself once per planted bug and checks the report.
 // (The clean half of the check, that sanitized kernels run without false reports, is test_runtime
 // built with --sanitize, which `make test` also runs.)

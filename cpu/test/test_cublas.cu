@@ -1,8 +1,8 @@
-// dev/test/test_cublas.cu: checks cuBLAS and cuBLASLt (cpu/cublas.cpp on the CPU backend, NVIDIA's libraries on
+// cpu/test/test_cublas.cu: checks cuBLAS and cuBLASLt (cpu/cublas.cpp on the CPU backend, NVIDIA's libraries on
 // a GPU) against a naive double-precision column-major GEMM on the host.
 //
-//   CPU backend: cpu/cucc -O2 -lcublas -lcublasLt -I dev/test dev/test/test_cublas.cu -o build/test_cublas
-//   GPU:         nvcc -arch=sm_80 -O2 -I dev/test dev/test/test_cublas.cu -lcublas -lcublasLt -o test_cublas
+//   CPU backend: cpu/cucc -O2 -lcublas -lcublasLt -I dev/test cpu/test/test_cublas.cu -o build/test_cublas
+//   GPU:         nvcc -arch=sm_80 -O2 -I dev/test cpu/test/test_cublas.cu -lcublas -lcublasLt -o test_cublas
 //
 // Shapes are not multiples of anything (m=37, n=23, k=61) and every leading dimension is larger than its matrix,
 // so a routine that confuses rows with leading dimensions, or m with n, fails. Batches have gaps between matrices.

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# dev/test/test_standalone.sh: the repository stands alone. In every file git tracks (or would track):
+#   - no absolute path into a machine's own directories (a home, a checkout, a shared folder: /work/, /home/,
+#     /root/, /Users/, /mnt/, /media/, /srv/, /scratch/, /shared/, /nfs/, /data/, /workspace/); system paths
+#     such as /usr/bin/python3, /dev/null and /tmp stay allowed;
+#   - no reference to a specification outside the repository (shared/..., ARCHITECTURE.md): doc/ is the spec;
+#   - every doc/NAME.md that a file mentions exists.
+# The scanner first checks itself on planted lines (each must be found), so that a broken pattern cannot pass.
+# Run from anywhere: dev/test/test_standalone.sh
+set -u
+cd "$(dirname "$0")/../.."
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+ABSOLUTE='(^|[^A-Za-z0-9_.~-])/(work|home|root|Users|mnt|media|srv|scratch|shared|nfs|data|workspace)/'
+OUTSIDE='(^|[^A-Za-z0-9_./-])(shared/[A-Za-z]|ARCHITECTURE\.md)'
+THIS=dev/test/test_standalone.sh
+
+# the scanner on planted lines: each must be found, and system paths must not be
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+printf '%s\n' 'see /work/shared/spec.md' 'x = "/home/dev/x"' "cd /root/switch.cu" > "$work/bad_abs"
+printf '%s\n' 'the formats: shared/ARCHITECTURE.md' 'ARCHITECTURE.md, "MoE semantics"' > "$work/bad_outside"
+printf '%s\n' '/usr/bin/python3 x.py > /dev/null' 'mktemp /tmp/x.XXXX' 'build/work/x and data/x' > "$work/good"
+if [ "$(grep -cE "$ABSOLUTE" "$work/bad_abs")" = 3 ]; then pass; else fail "the absolute-path pattern misses planted paths"; fi
+if [ "$(grep -cE "$OUTSIDE" "$work/bad_outside")" = 2 ]; then pass; else fail "the outside-spec pattern misses planted references"; fi
+if ! grep -qE "$ABSOLUTE|$OUTSIDE" "$work/good"; then pass; else fail "the patterns flag system or relative paths"; fi
+
+mapfile -t files < <(git ls-files --cached --others --exclude-standard | grep -vxF "$THIS" | while read -r f; do
+    [ -f "$f" ] && printf '%s\n' "$f"; done)
+if [ "${#files[@]}" -gt 0 ]; then pass; else fail "git lists no files"; fi
+
+hits=$(grep -nIE "$ABSOLUTE" "${files[@]}" 2>/dev/null)
+if [ -z "$hits" ]; then pass; else fail "absolute paths into a machine's directories:"$'\n'"$hits"; fi
+hits=$(grep -nIE "$OUTSIDE" "${files[@]}" 2>/dev/null)
+if [ -z "$hits" ]; then pass; else fail "references to a specification outside the repository (doc/ is the spec):"$'\n'"$hits"; fi
+
+missing=""
+for doc in $(grep -ohIE 'doc/[A-Za-z0-9_-]+\.md' "${files[@]}" 2>/dev/null | sort -u); do
+    [ -f "$doc" ] || missing="$missing $doc"
+done
+if [ -z "$missing" ]; then pass; else fail "mentioned but missing:$missing"; fi
+for doc in doc/formats.md doc/moe.md; do
+    if [ -s "$doc" ]; then pass; else fail "$doc is missing"; fi
+done
+
+echo "standalone: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
