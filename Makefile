@@ -126,7 +126,8 @@ GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp1
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin
 
 CPU_TESTS := $(BUILD)/test_host_utils $(BUILD)/test_runtime $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
-             $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas $(BUILD)/test_nccl
+             $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas $(BUILD)/test_nccl \
+             $(BUILD)/test_fast_math $(BUILD)/test_fast_math_fm
 
 .PHONY: all test run-tests check-cuda bench clean labs checked
 all: $(CPU_TESTS) $(BUILD)/bench
@@ -150,6 +151,10 @@ $(BUILD)/test_nccl: dev/test/test_nccl.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 -I dev/test $< -o $@ -lnccl -lmpi
 $(BUILD)/test_host_utils: dev/test/test_host_utils.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 -I dev/test $< -o $@ -lnccl -lmpi
+$(BUILD)/test_fast_math: cpu/test/test_fast_math.cu $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 $< -o $@
+$(BUILD)/test_fast_math_fm: cpu/test/test_fast_math.cu $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 --use_fast_math $< -o $@
 $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
 

@@ -43,6 +43,32 @@ thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
 thread_local dim3 blockDim;
 thread_local dim3 gridDim;
+// Non-zero while this OS thread runs a kernel's blocks: the GPU-numerics emulation of cucc.h applies only then.
+thread_local int __cucc_device_code;
+
+// -ftz=true builds (cucc.h's launcher calls __cucc_run_grid_ftz): the threads that run blocks set the SSE unit's
+// FTZ (flush-to-zero, bit 15) and DAZ (denormals-are-zero, bit 6) bits while they do, and restore them after, so
+// that host code between launches keeps IEEE subnormals.
+#if defined(__x86_64__) || defined(__SSE__)
+#include <xmmintrin.h>
+static inline unsigned enter_device_code(int ftz) {
+    __cucc_device_code = 1;
+    if (!ftz) return 0;
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);
+    return csr;
+}
+static inline void leave_device_code(int ftz, unsigned csr) {
+    __cucc_device_code = 0;
+    if (ftz) _mm_setcsr(csr);
+}
+#else
+static inline unsigned enter_device_code(int) {
+    __cucc_device_code = 1;
+    return 0;
+}
+static inline void leave_device_code(int, unsigned) { __cucc_device_code = 0; }
+#endif
 
 // ----------------------------------------------------------------------------------------------
 // Context switch. On x86-64, 14 instructions: push the callee-saved registers, swap stack pointers,
@@ -808,16 +834,18 @@ static int profiling_enabled(void) {
     return enabled;
 }
 
-static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure);
+static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure,
+                     int ftz);
 
-void __cucc_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
+static void profiled_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*),
+                              void* closure, int ftz) {
     if (!profiling_enabled()) {
-        run_grid(cfg, kernel_name, body, closure);
+        run_grid(cfg, kernel_name, body, closure, ftz);
         return;
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    run_grid(cfg, kernel_name, body, closure);
+    run_grid(cfg, kernel_name, body, closure, ftz);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     std::lock_guard<std::mutex> lock(profile_mutex);
     kernel_profile& k = (*profile_table)[kernel_name];
@@ -825,7 +853,15 @@ void __cucc_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, v
     k.ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
 }
 
-static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
+void __cucc_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
+    profiled_run_grid(cfg, kernel_name, body, closure, 0);
+}
+void __cucc_run_grid_ftz(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
+    profiled_run_grid(cfg, kernel_name, body, closure, 1);
+}
+
+static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure,
+                     int ftz) {
     thread_state* caller = get_thread_state();
     if (caller->in_kernel) {
         fprintf(stderr, "cucc: kernel '%s' launched from inside kernel '%s': dynamic parallelism is not supported\n",
@@ -858,12 +894,14 @@ static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, v
     gridDim = cfg.grid;
     caller->dyn_smem = dynamic_smem;
     caller->in_kernel = 1;
+    unsigned csr = enter_device_code(ftz);
     for (long i = 0; i < nblocks; i++) {
         uint3 b = block_index_of(i, cfg.grid);
         cucc_check_block_begin(b, i, caller->nthreads, &caller->threads[0].check, sizeof(cuda_thread));
         run_block(caller, b);
         cucc_check_block_end();
     }
+    leave_device_code(ftz, csr);
     caller->in_kernel = 0;
     caller->dyn_smem = nullptr;
     caller->dyn_smem_bytes = 0;
@@ -873,7 +911,9 @@ static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, v
     int nthreads = omp_get_max_threads();
     if (nblocks == 1 || nthreads == 1) {
         prepare_thread_for_launch(caller, cfg, kernel_name, body, closure);
+        unsigned csr = enter_device_code(ftz);
         for (long i = 0; i < nblocks; i++) run_block(caller, block_index_of(i, cfg.grid));
+        leave_device_code(ftz, csr);
         caller->in_kernel = 0;
         return;
     }
@@ -883,8 +923,10 @@ static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, v
     {
         thread_state* ts = get_thread_state();
         prepare_thread_for_launch(ts, cfg, kernel_name, body, closure);
+        unsigned csr = enter_device_code(ftz);
 #pragma omp for schedule(dynamic, chunk)
         for (long i = 0; i < nblocks; i++) run_block(ts, block_index_of(i, cfg.grid));
+        leave_device_code(ftz, csr);
         ts->in_kernel = 0;
     }
 }
