@@ -127,7 +127,7 @@ GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp1
 
 CPU_TESTS := $(BUILD)/test_host_utils $(BUILD)/test_runtime $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
              $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas $(BUILD)/test_nccl \
-             $(BUILD)/test_fast_math $(BUILD)/test_fast_math_fm
+             $(BUILD)/test_fast_math $(BUILD)/test_fast_math_fm $(BUILD)/test_edge_blocks $(BUILD)/test_edge_blocks_sanitize
 
 .PHONY: all test run-tests check-cuda bench clean labs checked
 all: $(CPU_TESTS) $(BUILD)/bench
@@ -155,6 +155,10 @@ $(BUILD)/test_fast_math: cpu/test/test_fast_math.cu $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $< -o $@
 $(BUILD)/test_fast_math_fm: cpu/test/test_fast_math.cu $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 --use_fast_math $< -o $@
+$(BUILD)/test_edge_blocks: cpu/test/test_edge_blocks.cu $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
+$(BUILD)/test_edge_blocks_sanitize: cpu/test/test_edge_blocks.cu $(BACKEND) | $(BUILD)
+	$(CUCC) --sanitize -O1 $< -o $@ -lcublas -lcublasLt
 $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
 

@@ -1232,32 +1232,71 @@ ncclResult_t ncclGroupEnd() {
 // ----------------------------------------------------------------------------
 // the collective and point-to-point API
 
+// Edge mode (CUCC_EDGE_BLOCKS=K, cpu/runtime.cpp; doc/backend.md "Edge mode"): a collective's buffers are checked
+// over their whole extent against the device allocations (as NCCL would fault on them); AllReduce, Broadcast and
+// Reduce then move and reduce only the first and last K * 16384 elements (two calls on the two windows, so every
+// rank must be in edge mode with the same K); ReduceScatter and AllGather run in full.
+extern "C" int __cucc_edge_blocks(void);
+extern "C" int __cucc_edge_range(const void* p, size_t bytes);
+static const size_t EDGE_ELEMENTS_PER_K = 16384;
+
+static void edge_buffer(const Op& o, const char* which, const void* p, size_t bytes) {
+    if (bytes == 0) return;
+    int r = __cucc_edge_range(p, bytes);
+    if (r == 1) return;
+    fprintf(stderr, "cucc: edge mode: %s (count %zu): %s %p + %zu bytes %s\n", op_names[o.kind], o.count, which, p,
+            bytes, r == 0 ? "runs past the end of its device allocation" : "is not device memory");
+    fflush(stderr);
+    abort();
+}
+
+static ncclResult_t submit_edges(const Op& o) {
+    size_t k = (size_t)__cucc_edge_blocks();
+    if (k == 0 || o.comm == NULL || (int)o.type < 0 || (int)o.type >= ncclNumTypes || type_sizes[o.type] == 0)
+        return submit(o);
+    size_t es = type_sizes[o.type], n = (size_t)o.comm->nranks, bytes = o.count * es;
+    int is_root = o.comm->rank == o.root;
+    size_t send_bytes = o.kind == OP_REDUCESCATTER ? bytes * n : bytes;
+    size_t recv_bytes = o.kind == OP_ALLGATHER ? bytes * n : bytes;
+    if (o.kind != OP_BROADCAST || is_root) edge_buffer(o, "sendbuff", o.sendbuff, send_bytes);
+    if (o.kind != OP_REDUCE || is_root) edge_buffer(o, "recvbuff", o.recvbuff, recv_bytes);
+    size_t e = k * EDGE_ELEMENTS_PER_K;
+    if (o.count <= 2 * e || (o.kind != OP_ALLREDUCE && o.kind != OP_BROADCAST && o.kind != OP_REDUCE)) return submit(o);
+    Op a = o, b = o;
+    a.count = b.count = e;
+    size_t off = (o.count - e) * es;
+    b.sendbuff = o.sendbuff ? (const char*)o.sendbuff + off : NULL;
+    b.recvbuff = o.recvbuff ? (char*)o.recvbuff + off : NULL;
+    ncclResult_t r = submit(a);
+    return r != ncclSuccess ? r : submit(b);
+}
+
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm};
     SET_STREAM(o, stream);
-    return submit(o);
+    return submit_edges(o);
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm};
     SET_STREAM(o, stream);
-    return submit(o);
+    return submit_edges(o);
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm};
     SET_STREAM(o, stream);
-    return submit(o);
+    return submit_edges(o);
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm};
     SET_STREAM(o, stream);
-    return submit(o);
+    return submit_edges(o);
 }
 
 ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
@@ -1269,7 +1308,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
                         int root, ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm};
     SET_STREAM(o, stream);
-    return submit(o);
+    return submit_edges(o);
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
