@@ -271,7 +271,8 @@ static cublasStatus_t run_gemm_full(const Gemm* g) {
 // ----------------------------------------------------------------------------------------------------------
 // Edge mode (CUCC_EDGE_BLOCKS=K, cpu/runtime.cpp; doc/backend.md "Edge mode"): every operand's whole extent is
 // checked against the device allocations, then only the output's first and last 128*K rows times its first and
-// last 128*K columns are computed (four corner blocks, full k), and of a batch only the first and last K matrices.
+// last 128*K columns are computed (four corner blocks, with the inner dimension cut to its first 256*K terms), and
+// of a batch only the first and last K matrices.
 extern "C" int __cucc_edge_blocks(void);
 extern "C" int __cucc_edge_range(const void* p, size_t bytes);
 static const int64_t EDGE_ROWS_PER_K = 128;
@@ -320,6 +321,7 @@ static cublasStatus_t run_gemm(const Gemm* g) {
             int64_t i0 = r0[ri], j0 = c0[ci];
             s.m = rn[ri];
             s.n = cn[ci];
+            s.k = g->k < 2 * w ? g->k : 2 * w;  // the inner dimension cut to its first 256K terms
             s.A = (const char*)g->A + (ta ? i0 * g->lda : i0) * (int64_t)sa;
             s.B = (const char*)g->B + (tb ? j0 : j0 * g->ldb) * (int64_t)sb;
             if (g->C) s.C = (const char*)g->C + (i0 + j0 * g->ldc) * (int64_t)sd;

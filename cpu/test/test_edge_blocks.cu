@@ -4,7 +4,7 @@
 //    most 2K blocks;
 //  - device allocations are lazily backed (an 8 GiB one costs nothing) and not poisoned;
 //  - memset and memcpy move only their first and last K * 64 KiB, and abort on a range past an allocation;
-//  - a GEMM computes its four corner blocks (128K rows x 128K columns) exactly as a host reference, and leaves
+//  - a GEMM computes its four corner blocks (128K rows x 128K columns, k <= 256K here) as a host reference, and leaves
 //    the rest alone; an operand past its allocation aborts; a strided batch runs its first and last K matrices.
 // Prints "test_edge_blocks: N passed, N failed" last.
 #include <cublas_v2.h>
