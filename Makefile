@@ -110,8 +110,9 @@ GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp1
 
 # The CPU backend's own tests (cpu/test/), and the host utilities' test (dev/test/); both use dev/test/test_common.h
 BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \
-                 $(BUILD)/test_nccl
-CPU_TESTS := $(BUILD)/test_host_utils $(BACKEND_TESTS) $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext
+                 $(BUILD)/test_nccl $(BUILD)/test_fast_math $(BUILD)/test_edge_blocks
+CPU_TESTS := $(BUILD)/test_host_utils $(BACKEND_TESTS) $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
+             $(BUILD)/test_fast_math_fm $(BUILD)/test_edge_blocks_sanitize
 # per test: the driver's mode and the libraries (default -O2, none)
 TEST_MODE_test_sanitize := --sanitize -O1
 TEST_MODE_test_runtime_sanitize := --sanitize -O1
@@ -119,6 +120,7 @@ TEST_MODE_test_runtime_ucontext := --ucontext -O2
 TEST_LIBS_test_cublas := -lcublas -lcublasLt
 TEST_LIBS_test_nccl := -lnccl -lmpi
 TEST_LIBS_test_host_utils := -lnccl -lmpi
+TEST_LIBS_test_edge_blocks := -lcublas -lcublasLt
 test_mode = $(or $(TEST_MODE_$1),-O2)
 
 .PHONY: all test run-tests check-cuda bench clean labs checked
@@ -134,6 +136,11 @@ $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext: $(BUILD)/%: cpu/t
 	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@
 $(BUILD)/test_host_utils: $(BUILD)/%: dev/test/%.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@ $(TEST_LIBS_$*)
+# test_fast_math built with nvcc's fast-math flags, test_edge_blocks under the sanitizers
+$(BUILD)/test_fast_math_fm: cpu/test/test_fast_math.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 --use_fast_math -I dev/test $< -o $@
+$(BUILD)/test_edge_blocks_sanitize: cpu/test/test_edge_blocks.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
+	$(CUCC) --sanitize -O1 -I dev/test $< -o $@ -lcublas -lcublasLt
 $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
 

@@ -7,9 +7,17 @@
 //
 // Why the reductions are done here and not by MPI_Allreduce: MPI may reduce in an order that differs between
 // ranks and between runs, and this project promises bit-identical training runs with identical results on
-// every rank. So MPI only moves bytes, and every element is reduced by the code below in rank order
-// 0, 1, .., n-1. fp16 and bf16 accumulate in fp32 and round once at the end; NCCL on a GPU rounds at every
-// hop of its ring, so results may differ from a GPU in the last bit.
+// every rank. So MPI only moves bytes, and every element is reduced by the code below in a fixed order, on one
+// rank, and every rank gets the same bits:
+//  - fp32, fp64 and the integer types: rank order 0, 1, .., n-1, in the type itself.
+//  - fp16 and bf16: ring order, rounding to the type at every hop, as NCCL's ring does on a GPU. An element has
+//    an owner o (all-reduce: the rank whose chunk holds it, the buffer being cut into n near-equal chunks, chunk r
+//    = elements [r*floor(count/n) + min(r, count%n), (r+1)*floor(count/n) + min(r+1, count%n)); reduce-scatter:
+//    the rank that receives it; reduce: the root). Its reduction starts at rank o+1 and travels o+2, .., o-1 and
+//    ends at o (all mod n): acc = x[o+1]; acc = T(float(acc) op float(x[o+k])) for k = 2, .., n, each hop computed
+//    in fp32 and rounded to the type (round to nearest even). ncclAvg sums so, then divides by n in fp32 and
+//    rounds once more. (A GPU's NCCL may also cut the chunks more finely and pick rings or trees by size; the
+//    order here is one such ring, the same on every run and every rank.)
 //
 // Limits: calls come from one thread at a time; the process that calls ncclGetUniqueId must be a member of
 // the communicator made from that id (it hosts the rendezvous); the rest of NCCL's API (ncclCommSplit,
@@ -626,7 +634,8 @@ static void chk_group_p2p(std::vector<Op>& ops) {
 #endif  // CUCC_CHECK
 
 // ----------------------------------------------------------------------------
-// reduction: dst[i] = srcs[0][i] op srcs[1][i] op .. op srcs[n-1][i], always in this order
+// reduction: dst[i] = srcs[0][i] op srcs[1][i] op .. op srcs[n-1][i], always in this order; fp16 and bf16 in ring
+// order from the element's owner (reduce_ring, see the top of the file)
 
 // T is the stored type, A the accumulator: fp32 for fp16 and bf16 (one rounding at the end), the type itself
 // otherwise. Integer sums and products wrap around, computed in unsigned arithmetic where that is defined.
@@ -673,7 +682,38 @@ static void reduce_typed(void* dst, const void* const* srcs, int n, size_t count
     }
 }
 
-static void reduce(void* dst, const void* const* srcs, int n, size_t count, ncclDataType_t type, ncclRedOp_t op) {
+// fp16/bf16: the ring from owner + 1 to owner, rounding to T at every hop
+template <typename T, ncclRedOp_t OP>
+static void ring_loop(void* dst, const void* const* srcs, int n, size_t count, int owner) {
+    T* out = (T*)dst;
+    int first = (owner + 1) % n;
+    for (size_t i = 0; i < count; i++) {
+        T acc = ((const T*)srcs[first])[i];
+        for (int k = 1; k < n; k++) {
+            int r = (first + k) % n;
+            acc = narrow<T, float>(combine<OP, float>(widen(acc), widen(((const T*)srcs[r])[i])));
+        }
+        if (OP == ncclAvg) acc = narrow<T, float>(widen(acc) / n);
+        out[i] = acc;  // after every read of element i, so dst may be one of the srcs
+    }
+}
+
+template <typename T>
+static void ring_typed(void* dst, const void* const* srcs, int n, size_t count, ncclRedOp_t op, int owner) {
+    switch (op) {
+    case ncclSum: ring_loop<T, ncclSum>(dst, srcs, n, count, owner); break;
+    case ncclProd: ring_loop<T, ncclProd>(dst, srcs, n, count, owner); break;
+    case ncclMax: ring_loop<T, ncclMax>(dst, srcs, n, count, owner); break;
+    case ncclMin: ring_loop<T, ncclMin>(dst, srcs, n, count, owner); break;
+    default: ring_loop<T, ncclAvg>(dst, srcs, n, count, owner); break;
+    }
+}
+
+// owner: the rank whose ring the elements follow (fp16 and bf16 only; the other types reduce in rank order)
+static void reduce(void* dst, const void* const* srcs, int n, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                   int owner) {
+    if (type == ncclFloat16) return ring_typed<__half>(dst, srcs, n, count, op, owner);
+    if (type == ncclBfloat16) return ring_typed<__nv_bfloat16>(dst, srcs, n, count, op, owner);
     switch (type) {
     case ncclInt8: reduce_typed<int8_t, int8_t>(dst, srcs, n, count, op); break;
     case ncclUint8: reduce_typed<uint8_t, uint8_t>(dst, srcs, n, count, op); break;
@@ -690,6 +730,11 @@ static void reduce(void* dst, const void* const* srcs, int n, size_t count, nccl
 
 // ----------------------------------------------------------------------------
 // collectives inside a clique: every member's buffers are in this process
+
+// The first element of all-reduce chunk r of n (r = n: count): n near-equal chunks, the first count % n one longer.
+static size_t allreduce_chunk_start(size_t count, int n, int r) {
+    return count / n * r + (r < (int)(count % n) ? r : count % n);
+}
 
 static int is_reduction(OpKind k) { return k == OP_ALLREDUCE || k == OP_REDUCESCATTER || k == OP_REDUCE; }
 
@@ -718,17 +763,26 @@ static ncclResult_t clique_collective(Clique* q, const std::vector<Op>& ops) {
     const Op& o = ops[0];
     size_t bytes = o.count * type_sizes[o.type];
     std::vector<const void*> srcs(n);
-    if (o.kind == OP_ALLREDUCE || o.kind == OP_REDUCE) {
+    if (o.kind == OP_REDUCE) {
         char* tmp = scratch_get(&q->scratch, bytes);
         for (int m = 0; m < n; m++) srcs[m] = ops[m].sendbuff;
-        reduce(tmp, srcs.data(), n, o.count, o.type, o.op);
-        if (o.kind == OP_REDUCE) memcpy(ops[o.root].recvbuff, tmp, bytes);
-        else for (int m = 0; m < n; m++) memcpy(ops[m].recvbuff, tmp, bytes);
+        reduce(tmp, srcs.data(), n, o.count, o.type, o.op, o.root);
+        memcpy(ops[o.root].recvbuff, tmp, bytes);
+    } else if (o.kind == OP_ALLREDUCE) {
+        // chunk by chunk, each in its owner's ring (the chunks of mpi_allreduce)
+        char* tmp = scratch_get(&q->scratch, bytes);
+        size_t es = type_sizes[o.type];
+        for (int r = 0; r < n; r++) {
+            size_t lo = allreduce_chunk_start(o.count, n, r), hi = allreduce_chunk_start(o.count, n, r + 1);
+            for (int m = 0; m < n; m++) srcs[m] = (const char*)ops[m].sendbuff + lo * es;
+            reduce(tmp + lo * es, srcs.data(), n, hi - lo, o.type, o.op, r);
+        }
+        for (int m = 0; m < n; m++) memcpy(ops[m].recvbuff, tmp, bytes);
     } else if (o.kind == OP_REDUCESCATTER) {
         char* tmp = scratch_get(&q->scratch, bytes * n);
         for (int m = 0; m < n; m++) {
             for (int r = 0; r < n; r++) srcs[r] = (const char*)ops[r].sendbuff + m * bytes;
-            reduce(tmp + m * bytes, srcs.data(), n, o.count, o.type, o.op);
+            reduce(tmp + m * bytes, srcs.data(), n, o.count, o.type, o.op, m);
         }
         for (int m = 0; m < n; m++) memcpy(ops[m].recvbuff, tmp + m * bytes, bytes);
     } else if (o.kind == OP_ALLGATHER) {
@@ -919,14 +973,14 @@ static void finish_sends(ncclComm_t c, int wait) {
 }
 
 // AllReduce as reduce-scatter + all-gather: rank r owns the r-th of n near-equal chunks, receives that chunk
-// from every rank, reduces it in rank order, and sends the result to every rank. Each element is therefore
+// from every rank, reduces it (in rank order, or fp16/bf16 in r's ring), and sends the result to every rank. Each element is therefore
 // reduced once, in the same order, on one rank, and every rank ends with the same bits.
 static void mpi_allreduce(const Op& o) {
     ncclComm_t c = o.comm;
     int n = c->nranks, me = c->rank;
     size_t es = type_sizes[o.type];
     std::vector<size_t> off(n + 1);
-    for (int r = 0; r <= n; r++) off[r] = o.count / n * r + (r < (int)(o.count % n) ? r : o.count % n);
+    for (int r = 0; r <= n; r++) off[r] = allreduce_chunk_start(o.count, n, r);
     size_t mine = off[me + 1] - off[me];
     char* tmp = scratch_get(&c->scratch, mine * es * (n - 1));
     const char* send = (const char*)o.sendbuff;
@@ -940,7 +994,7 @@ static void mpi_allreduce(const Op& o) {
         post_send(&reqs, send + off[r] * es, (off[r + 1] - off[r]) * es, r, TAG_COLL, c->mpi);
     }
     wait_all(&reqs);
-    reduce(recv + off[me] * es, srcs.data(), n, mine, o.type, o.op);
+    reduce(recv + off[me] * es, srcs.data(), n, mine, o.type, o.op, me);
     for (int r = 0; r < n; r++) {
         if (r == me) continue;
         post_recv(&reqs, recv + off[r] * es, (off[r + 1] - off[r]) * es, r, TAG_COLL, c->mpi);
@@ -969,7 +1023,7 @@ static void mpi_collective(const Op& o) {
             post_send(&reqs, send + r * bytes, bytes, r, TAG_COLL, c->mpi);
         }
         wait_all(&reqs);
-        reduce(recv, srcs.data(), n, o.count, o.type, o.op);
+        reduce(recv, srcs.data(), n, o.count, o.type, o.op, me);
     } else if (o.kind == OP_ALLGATHER) {
         for (int r = 0; r < n; r++) {
             if (r == me) continue;
@@ -1001,7 +1055,7 @@ static void mpi_collective(const Op& o) {
             post_recv(&reqs, (char*)srcs[r], bytes, r, TAG_COLL, c->mpi);
         }
         wait_all(&reqs);
-        reduce(recv, srcs.data(), n, o.count, o.type, o.op);
+        reduce(recv, srcs.data(), n, o.count, o.type, o.op, o.root);
     }
 }
 
@@ -1178,32 +1232,71 @@ ncclResult_t ncclGroupEnd() {
 // ----------------------------------------------------------------------------
 // the collective and point-to-point API
 
+// Edge mode (CUCC_EDGE_BLOCKS=K, cpu/runtime.cpp; doc/backend.md "Edge mode"): a collective's buffers are checked
+// over their whole extent against the device allocations (as NCCL would fault on them); AllReduce, Broadcast and
+// Reduce then move and reduce only the first and last K * 16384 elements (two calls on the two windows, so every
+// rank must be in edge mode with the same K); ReduceScatter and AllGather run in full.
+extern "C" int __cucc_edge_blocks(void);
+extern "C" int __cucc_edge_range(const void* p, size_t bytes);
+static const size_t EDGE_ELEMENTS_PER_K = 16384;
+
+static void edge_buffer(const Op& o, const char* which, const void* p, size_t bytes) {
+    if (bytes == 0) return;
+    int r = __cucc_edge_range(p, bytes);
+    if (r == 1) return;
+    fprintf(stderr, "cucc: edge mode: %s (count %zu): %s %p + %zu bytes %s\n", op_names[o.kind], o.count, which, p,
+            bytes, r == 0 ? "runs past the end of its device allocation" : "is not device memory");
+    fflush(stderr);
+    abort();
+}
+
+static ncclResult_t submit_edges(const Op& o) {
+    size_t k = (size_t)__cucc_edge_blocks();
+    if (k == 0 || o.comm == NULL || (int)o.type < 0 || (int)o.type >= ncclNumTypes || type_sizes[o.type] == 0)
+        return submit(o);
+    size_t es = type_sizes[o.type], n = (size_t)o.comm->nranks, bytes = o.count * es;
+    int is_root = o.comm->rank == o.root;
+    size_t send_bytes = o.kind == OP_REDUCESCATTER ? bytes * n : bytes;
+    size_t recv_bytes = o.kind == OP_ALLGATHER ? bytes * n : bytes;
+    if (o.kind != OP_BROADCAST || is_root) edge_buffer(o, "sendbuff", o.sendbuff, send_bytes);
+    if (o.kind != OP_REDUCE || is_root) edge_buffer(o, "recvbuff", o.recvbuff, recv_bytes);
+    size_t e = k * EDGE_ELEMENTS_PER_K;
+    if (o.count <= 2 * e || (o.kind != OP_ALLREDUCE && o.kind != OP_BROADCAST && o.kind != OP_REDUCE)) return submit(o);
+    Op a = o, b = o;
+    a.count = b.count = e;
+    size_t off = (o.count - e) * es;
+    b.sendbuff = o.sendbuff ? (const char*)o.sendbuff + off : NULL;
+    b.recvbuff = o.recvbuff ? (char*)o.recvbuff + off : NULL;
+    ncclResult_t r = submit(a);
+    return r != ncclSuccess ? r : submit(b);
+}
+
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm};
     SET_STREAM(o, stream);
-    return submit(o);
+    return submit_edges(o);
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm};
     SET_STREAM(o, stream);
-    return submit(o);
+    return submit_edges(o);
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm};
     SET_STREAM(o, stream);
-    return submit(o);
+    return submit_edges(o);
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm};
     SET_STREAM(o, stream);
-    return submit(o);
+    return submit_edges(o);
 }
 
 ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
@@ -1215,7 +1308,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
                         int root, ncclComm_t comm, cudaStream_t stream) {
     Op o = {OP_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm};
     SET_STREAM(o, stream);
-    return submit(o);
+    return submit_edges(o);
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,

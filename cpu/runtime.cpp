@@ -43,6 +43,32 @@ thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
 thread_local dim3 blockDim;
 thread_local dim3 gridDim;
+// Non-zero while this OS thread runs a kernel's blocks: the GPU-numerics emulation of cucc.h applies only then.
+thread_local int __cucc_device_code;
+
+// -ftz=true builds (cucc.h's launcher calls __cucc_run_grid_ftz): the threads that run blocks set the SSE unit's
+// FTZ (flush-to-zero, bit 15) and DAZ (denormals-are-zero, bit 6) bits while they do, and restore them after, so
+// that host code between launches keeps IEEE subnormals.
+#if defined(__x86_64__) || defined(__SSE__)
+#include <xmmintrin.h>
+static inline unsigned enter_device_code(int ftz) {
+    __cucc_device_code = 1;
+    if (!ftz) return 0;
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);
+    return csr;
+}
+static inline void leave_device_code(int ftz, unsigned csr) {
+    __cucc_device_code = 0;
+    if (ftz) _mm_setcsr(csr);
+}
+#else
+static inline unsigned enter_device_code(int) {
+    __cucc_device_code = 1;
+    return 0;
+}
+static inline void leave_device_code(int, unsigned) { __cucc_device_code = 0; }
+#endif
 
 // ----------------------------------------------------------------------------------------------
 // Context switch. On x86-64, 14 instructions: push the callee-saved registers, swap stack pointers,
@@ -814,16 +840,42 @@ static int profiling_enabled(void) {
     return enabled;
 }
 
-static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure);
+// ----------------------------------------------------------------------------------------------
+// Production sizes on a CPU: CUCC_EDGE_BLOCKS=K (doc/backend.md, "Edge mode"). Only the first and last K blocks of
+// every grid run (all of them when the grid has at most 2K); device allocations are lazily backed and not
+// poisoned; memset/memcpy check their whole range and move only its first and last K * 64 KiB; cuBLAS(Lt) and
+// NCCL check their full arguments and compute only edges (cublas.cpp, nccl.cpp). Read once, at the first use.
+static long edge_k = -1;
+extern "C" int __cucc_edge_blocks(void) {
+    if (edge_k < 0) {
+        const char* e = getenv("CUCC_EDGE_BLOCKS");
+        long k = e && *e ? strtol(e, nullptr, 10) : 0;
+        if (k < 0) k = 0;
+#ifdef CUCC_CHECK
+        if (k > 0) {
+            fprintf(stderr, "cucc: CUCC_EDGE_BLOCKS does not combine with the checking mode (--check)\n");
+            exit(1);
+        }
+#endif
+        edge_k = k;
+    }
+    return (int)edge_k;
+}
+static const size_t EDGE_BYTES_PER_K = 64 * 1024;
+static const size_t EDGE_DEVICE_BYTES = (size_t)143771 << 20;  // what cudaMemGetInfo reports in edge mode (H200)
 
-void __cucc_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
+static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure,
+                     int ftz);
+
+static void profiled_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*),
+                              void* closure, int ftz) {
     if (!profiling_enabled()) {
-        run_grid(cfg, kernel_name, body, closure);
+        run_grid(cfg, kernel_name, body, closure, ftz);
         return;
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    run_grid(cfg, kernel_name, body, closure);
+    run_grid(cfg, kernel_name, body, closure, ftz);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     std::lock_guard<std::mutex> lock(profile_mutex);
     kernel_profile& k = (*profile_table)[kernel_name];
@@ -831,7 +883,15 @@ void __cucc_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, v
     k.ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
 }
 
-static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
+void __cucc_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
+    profiled_run_grid(cfg, kernel_name, body, closure, 0);
+}
+void __cucc_run_grid_ftz(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure) {
+    profiled_run_grid(cfg, kernel_name, body, closure, 1);
+}
+
+static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure,
+                     int ftz) {
     thread_state* caller = get_thread_state();
     if (caller->in_kernel) {
         fprintf(stderr, "cucc: kernel '%s' launched from inside kernel '%s': dynamic parallelism is not supported\n",
@@ -852,6 +912,7 @@ static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, v
     }
     long nblocks = (long)cfg.grid.x * cfg.grid.y * cfg.grid.z;
 #ifdef CUCC_CHECK
+    __cucc_edge_blocks();  // refuses CUCC_EDGE_BLOCKS in a checked build
     // the checking mode runs the blocks one after another on this thread, in order (check.h says why)
     void* dynamic_smem;
     cucc_check_launch_begin(kernel_name, cfg.grid, cfg.block, cfg.shared_bytes, max_dynamic_shared_for(kernel_name),
@@ -859,33 +920,46 @@ static void run_grid(const __cucc_launch_config& cfg, const char* kernel_name, v
     set_launch(caller, cfg, kernel_name, body, closure);
     caller->dyn_smem = dynamic_smem;
     caller->in_kernel = 1;
+    unsigned csr = enter_device_code(ftz);
     for (long i = 0; i < nblocks; i++) {
         uint3 b = block_index_of(i, cfg.grid);
         cucc_check_block_begin(b, i, caller->nthreads, &caller->threads[0].check, sizeof(cuda_thread));
         run_block(caller, b);
         cucc_check_block_end();
     }
+    leave_device_code(ftz, csr);
     caller->in_kernel = 0;
     caller->dyn_smem = nullptr;
     caller->dyn_smem_bytes = 0;
     cucc_check_launch_end();
     return;
 #endif
+    // edge mode: the blocks run are j = 0 .. nrun-1, block j < k being block j and the others the last k
+    long k = __cucc_edge_blocks(), nrun = nblocks, skip = 0;
+    if (k > 0 && nblocks > 2 * k) {
+        nrun = 2 * k;
+        skip = nblocks - 2 * k;
+    }
+#define CUCC_EDGE_BLOCK(j) ((j) < k || skip == 0 ? (j) : (j) + skip)
     int nthreads = omp_get_max_threads();
-    if (nblocks == 1 || nthreads == 1) {
+    if (nrun == 1 || nthreads == 1) {
         prepare_thread_for_launch(caller, cfg, kernel_name, body, closure);
-        for (long i = 0; i < nblocks; i++) run_block(caller, block_index_of(i, cfg.grid));
+        unsigned csr = enter_device_code(ftz);
+        for (long j = 0; j < nrun; j++) run_block(caller, block_index_of(CUCC_EDGE_BLOCK(j), cfg.grid));
+        leave_device_code(ftz, csr);
         caller->in_kernel = 0;
         return;
     }
-    long chunk = nblocks / ((long)nthreads * 8);
+    long chunk = nrun / ((long)nthreads * 8);
     if (chunk < 1) chunk = 1;
 #pragma omp parallel
     {
         thread_state* ts = get_thread_state();
         prepare_thread_for_launch(ts, cfg, kernel_name, body, closure);
+        unsigned csr = enter_device_code(ftz);
 #pragma omp for schedule(dynamic, chunk)
-        for (long i = 0; i < nblocks; i++) run_block(ts, block_index_of(i, cfg.grid));
+        for (long j = 0; j < nrun; j++) run_block(ts, block_index_of(CUCC_EDGE_BLOCK(j), cfg.grid));
+        leave_device_code(ftz, csr);
         ts->in_kernel = 0;
     }
 }
@@ -929,12 +1003,23 @@ static std::map<void*, size_t> device_allocations;
 static std::map<void*, size_t> host_allocations;
 static size_t device_bytes_in_use = 0;
 
+// Edge mode: device allocations are mmap'ed with MAP_NORESERVE (pages exist once touched) and not poisoned.
+static int edge_mapped(const std::map<void*, size_t>& table) {
+    return &table == &device_allocations && __cucc_edge_blocks() > 0;
+}
+
 static cudaError_t tracked_alloc(void** ptr, size_t size, std::map<void*, size_t>& table, int poison) {
     if (!ptr) return last_error = cudaErrorInvalidValue;
     *ptr = nullptr;
     if (size == 0) return cudaSuccess;
     void* p = nullptr;
-    if (posix_memalign(&p, 256, size) != 0) return last_error = cudaErrorMemoryAllocation;
+    if (edge_mapped(table)) {
+        p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) return last_error = cudaErrorMemoryAllocation;
+        poison = 0;
+    } else if (posix_memalign(&p, 256, size) != 0) {
+        return last_error = cudaErrorMemoryAllocation;
+    }
     if (poison) memset(p, 0xff, size);
     std::lock_guard<std::mutex> lock(memory_mutex);
     table[p] = size;
@@ -945,15 +1030,53 @@ static cudaError_t tracked_alloc(void** ptr, size_t size, std::map<void*, size_t
 
 static cudaError_t tracked_free(void* ptr, std::map<void*, size_t>& table) {
     if (!ptr) return cudaSuccess;
+    size_t size;
     {
         std::lock_guard<std::mutex> lock(memory_mutex);
         auto it = table.find(ptr);
         if (it == table.end()) return last_error = cudaErrorInvalidValue;
+        size = it->second;
         if (&table == &device_allocations) device_bytes_in_use -= it->second;
         table.erase(it);
     }
-    free(ptr);
+    if (edge_mapped(table)) munmap(ptr, size);
+    else free(ptr);
     return cudaSuccess;
+}
+
+// Edge mode: 1 if [p, p + bytes) lies inside one live device allocation, 0 if it starts inside one and runs past
+// its end (or bytes overflow), -1 if p is in none (host memory). cublas.cpp and nccl.cpp check their operands so.
+extern "C" int __cucc_edge_range(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(memory_mutex);
+    auto it = device_allocations.upper_bound((void*)p);
+    if (it == device_allocations.begin()) return -1;
+    --it;
+    uintptr_t base = (uintptr_t)it->first, q = (uintptr_t)p;
+    if (q >= base + it->second) return -1;
+    return bytes <= it->second - (q - base) ? 1 : 0;
+}
+
+// Edge mode: a copy's or memset's pointer that is device memory (or must be, by the copy's kind) is checked over
+// the whole range; a failure is a line and an abort, as a GPU's illegal address would end the program.
+static void edge_check(const char* name, const char* which, const void* p, size_t bytes, int must_be_device) {
+    int r = __cucc_edge_range(p, bytes);
+    if (r == 1 || (r == -1 && !must_be_device)) return;
+    fprintf(stderr, "cucc: edge mode: %s: %s %p + %zu bytes %s\n", name, which, p, bytes,
+            r == 0 ? "runs past the end of its device allocation" : "is not device memory");
+    fflush(stderr);
+    abort();
+}
+
+// Edge mode: runs f(offset, length) on the first and last K * 64 KiB of [0, count) (all of it when shorter).
+template <typename F>
+static void edge_windows(size_t count, F f) {
+    size_t e = (size_t)__cucc_edge_blocks() * EDGE_BYTES_PER_K;
+    if (count <= 2 * e) {
+        f(0, count);
+    } else {
+        f(0, e);
+        f(count - e, e);
+    }
 }
 
 extern "C" {
@@ -1006,7 +1129,13 @@ static cudaError_t copy(void* dst, const void* src, size_t count, enum cudaMemcp
     cudaError_t err = cucc_check_memcpy(dst, src, count, kind, stream, async, name);
     return err == cudaSuccess ? err : (last_error = err);
 #else
-    (void)stream, (void)async, (void)name;
+    (void)stream, (void)async;
+    if (__cucc_edge_blocks() > 0 && kind != cudaMemcpyHostToHost) {
+        edge_check(name, "destination", dst, count, kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice);
+        edge_check(name, "source", src, count, kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice);
+        edge_windows(count, [&](size_t off, size_t len) { memmove((char*)dst + off, (const char*)src + off, len); });
+        return cudaSuccess;
+    }
     memmove(dst, src, count);
     return cudaSuccess;
 #endif
@@ -1017,7 +1146,12 @@ static cudaError_t fill(void* devPtr, int value, size_t count, cudaStream_t stre
 #ifdef CUCC_CHECK
     return cucc_check_memset(devPtr, value, count, stream, name);
 #else
-    (void)stream, (void)name;
+    (void)stream;
+    if (__cucc_edge_blocks() > 0) {
+        edge_check(name, "destination", devPtr, count, 1);
+        edge_windows(count, [&](size_t off, size_t len) { memset((char*)devPtr + off, value, len); });
+        return cudaSuccess;
+    }
     memset(devPtr, value, count);
     return cudaSuccess;
 #endif
@@ -1063,6 +1197,13 @@ static size_t meminfo_kib(const char* key) {
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     if (!free_bytes || !total_bytes) return last_error = cudaErrorInvalidValue;
+    if (__cucc_edge_blocks() > 0) {
+        // edge mode: allocations are lazily backed, so the device is an H200's 141 GiB whatever the host has
+        std::lock_guard<std::mutex> lock(memory_mutex);
+        *total_bytes = EDGE_DEVICE_BYTES;
+        *free_bytes = EDGE_DEVICE_BYTES > device_bytes_in_use ? EDGE_DEVICE_BYTES - device_bytes_in_use : 0;
+        return cudaSuccess;
+    }
     *total_bytes = meminfo_kib("MemTotal") * 1024;
     *free_bytes = meminfo_kib("MemAvailable") * 1024;
     return cudaSuccess;
@@ -1258,7 +1399,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
     char model[200];
     cpu_model_name(model, sizeof(model));
     snprintf(prop->name, sizeof(prop->name), "CPU backend (cucc): %s", model);
-    prop->totalGlobalMem = meminfo_kib("MemTotal") * 1024;
+    prop->totalGlobalMem = __cucc_edge_blocks() > 0 ? EDGE_DEVICE_BYTES : meminfo_kib("MemTotal") * 1024;
     prop->sharedMemPerBlock = DEFAULT_SHARED_PER_BLOCK;
     prop->sharedMemPerBlockOptin = OPTIN_SHARED_PER_BLOCK;
     prop->sharedMemPerMultiprocessor = OPTIN_SHARED_PER_BLOCK + 1024;

@@ -292,8 +292,8 @@ template <typename T> inline void __stwb(T* p, T v) { *p = v; }
 template <typename T> inline void __stwt(T* p, T v) { *p = v; }
 
 // ----------------------------------------------------------------------------------------------
-// Integer and float intrinsics. The fast-math ones (__expf, ...) use the accurate libm function:
-// the GPU's approximations differ in the last bits, which tests must tolerate anyway.
+// Integer and float intrinsics. Without nvcc's numerics flags the fast-math ones (__expf, ...) use the accurate
+// libm function; with any of them (CUCC_NUMERICS, below) they are emulated to the GPU's documented error.
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
@@ -328,6 +328,7 @@ inline unsigned __float_as_uint(float x) { unsigned i; memcpy(&i, &x, 4); return
 inline float __uint_as_float(unsigned i) { float x; memcpy(&x, &i, 4); return x; }
 inline long long __double_as_longlong(double x) { long long i; memcpy(&i, &x, 8); return i; }
 inline double __longlong_as_double(long long i) { double x; memcpy(&x, &i, 8); return x; }
+#if !CUCC_NUMERICS
 inline float __expf(float x) { return expf(x); }
 inline float __exp10f(float x) { return exp10f(x); }
 inline float __logf(float x) { return logf(x); }
@@ -340,10 +341,11 @@ inline float __tanf(float x) { return tanf(x); }
 inline void __sincosf(float x, float* s, float* c) { *s = sinf(x); *c = cosf(x); }
 inline float __tanhf(float x) { return tanhf(x); }
 inline float __fdividef(float x, float y) { return x / y; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+#endif
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return sqrtf(x); }
 inline float __frsqrt_rn(float x) { return 1.0f / sqrtf(x); }
-inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 inline float rcbrtf(float x) { return 1.0f / cbrtf(x); }
 inline float __saturatef(float x) { return x != x ? 0.0f : (x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x)); }
@@ -454,6 +456,8 @@ inline __cucc_launch_config __cucc_cfg(dim3 grid, dim3 block, size_t shared_byte
 // Validates the configuration (setting cudaGetLastError as a GPU would) and, if it is valid, runs
 // body(closure) once per thread of every block. Defined in cpu/runtime.cpp.
 void __cucc_run_grid(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure);
+// The same with the SSE unit's FTZ and DAZ bits set while blocks run: the launcher calls it in -ftz=true builds.
+void __cucc_run_grid_ftz(const __cucc_launch_config& cfg, const char* kernel_name, void (*body)(void*), void* closure);
 // cudaFuncSetAttribute, rewritten by cucc to also pass the kernel's name as written, since a
 // launch site knows its kernel by name, not by address.
 cudaError_t __cucc_func_set_attribute(const char* kernel_name, const void* func, cudaFuncAttribute attr, int value);
@@ -477,7 +481,11 @@ struct __cucc_launcher {
                 std::apply(*c->body, c->args);
             }
         } closure{&body, std::tuple<typename std::decay<A>::type...>(std::forward<A>(args)...)};
+#if CUCC_FTZ
+        __cucc_run_grid_ftz(cfg, name, &closure_t::run, &closure);
+#else
         __cucc_run_grid(cfg, name, &closure_t::run, &closure);
+#endif
     }
 };
 template <typename F>
@@ -532,3 +540,149 @@ template <typename T>
 inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, T* entry) {
     return ::cudaFuncGetAttributes(attr, (const void*)entry);
 }
+
+// ----------------------------------------------------------------------------------------------
+// GPU numerics (doc/backend.md, "Fast math"). cpu/cucc defines these from nvcc's flags:
+//   CUCC_NUMERICS=1    any of --use_fast_math, -ftz, -prec-div, -prec-sqrt, -fmad was given: the intrinsics that
+//                      are approximate on every GPU build (__expf, __sinf, __fdividef, rsqrtf, ...) are emulated
+//   CUCC_FAST_MATH=1   --use_fast_math: the standard single-precision functions (expf, logf, sinf, tanhf, powf, ...)
+//                      become those intrinsics, as nvcc's fast math makes them
+//   CUCC_FTZ=1         -ftz=true (implied by --use_fast_math): kernels run with the SSE unit's FTZ and DAZ bits set
+//                      (cpu/runtime.cpp), so subnormal inputs and results of every fp32 operation are flushed
+//   CUCC_PREC_SQRT=0   -prec-sqrt=false (implied): sqrtf is sqrt.approx.f32
+//   CUCC_PREC_DIV=0    -prec-div=false (implied): recorded only; the `/` operator cannot be intercepted
+//   CUCC_FMAD=0|1      -fmad: recorded only (no contraction into fma is emulated)
+// Emulation applies only while a kernel runs (__cucc_device_code, set by the runtime on the threads that run
+// blocks); host code of the same translation unit keeps the exact libm results. Each emulated function computes
+// the exact value in double and degrades it in a fixed way to the maximum error the PTX ISA documents for the
+// instruction nvcc emits (PTX ISA 9.1, section 9.7.3, "Floating Point Instructions"), so results are
+// deterministic and at least as coarse as the GPU's.
+extern thread_local int __cucc_device_code;  // non-zero while this OS thread runs a kernel's blocks
+#if CUCC_NUMERICS
+// v rounded to nearest (ties to even) with `bits` significant bits: relative error at most 2^-bits, and
+// exactly half of a `bits`-bit ulp at worst.
+inline double __cucc_round_bits(double v, int bits) {
+    if (v == 0.0 || !__builtin_isfinite(v)) return v;
+    int e;
+    frexp(v, &e);  // |v| = m * 2^e, m in [0.5, 1)
+    double scale = ldexp(1.0, bits - e);
+    return nearbyint(v * scale) / scale;
+}
+// v rounded to the nearest multiple of 2^-q: absolute error at most 2^-(q+1).
+inline double __cucc_round_abs(double v, int q) {
+    if (!__builtin_isfinite(v)) return v;
+    double r = ldexp(nearbyint(ldexp(v, q)), -q);
+    return r == 0.0 ? copysign(0.0, v) : r;
+}
+// ex2.approx.f32: "The maximum ulp error is 2 ulp from correctly rounded result across the full range of inputs."
+// The correctly rounded result rounded again to 22 bits is off it by at most 2 ulp (exactly 2 at a tie).
+inline float __cucc_ex2_approx(float x) {
+    float r = (float)exp2((double)x);
+    return (float)__cucc_round_bits((double)r, 22);
+}
+// lg2.approx.f32: "The maximum absolute error is 2^-22 when the input operand is in the range (0.5, 2). For
+// positive finite inputs outside of this interval, maximum relative error is 2^-22."
+inline float __cucc_lg2_approx(float x) {
+    double l = log2((double)x);
+    if (x > 0.5f && x < 2.0f) return (float)__cucc_round_abs(l, 21);
+    return (float)__cucc_round_bits(l, 22);
+}
+// sin.approx.f32 / cos.approx.f32: maximum absolute error 2^-20.5 in [-2pi, 2pi] and 2^-14.7 in [-100pi, 100pi]
+// ("only best effort" outside). Inside [-2pi, 2pi]: the exact value on a 2^-20 grid (error <= 2^-21). Outside:
+// the argument is first reduced as x * (1/2pi) rounded to fp32, an error of |x| 2^-24 that grows with |x| as
+// the GPU's does (at 100pi, 2^-15.1 plus the grid's 2^-21).
+inline double __cucc_trig_arg(float x) {
+    const double two_pi = 6.283185307179586476925;
+    if (fabsf(x) <= 6.2831853f) return (double)x;
+    float turns = x * (float)(1.0 / two_pi);
+    return (double)turns * two_pi;
+}
+inline float __cucc_sin_approx(float x) { return (float)__cucc_round_abs(sin(__cucc_trig_arg(x)), 20); }
+inline float __cucc_cos_approx(float x) { return (float)__cucc_round_abs(cos(__cucc_trig_arg(x)), 20); }
+// tanh.approx.f32: "The maximum relative error over the entire floating point range is 2^-11": 11 bits.
+inline float __cucc_tanh_approx(float x) { return (float)__cucc_round_bits(tanh((double)x), 11); }
+// sqrt.approx.f32: "maximum relative error over the entire positive finite floating-point range is 2^-23".
+inline float __cucc_sqrt_approx(float x) { return (float)__cucc_round_bits(sqrt((double)x), 23); }
+// rsqrt.approx.f32: "maximum relative error ... over the entire positive finite floating-point range is 2^-22.9":
+// 23 bits (2^-23).
+inline float __cucc_rsqrt_approx(float x) { return (float)__cucc_round_bits(1.0 / sqrt((double)x), 23); }
+// div.approx.f32 (__fdividef): "computed as d = a * (1/b). For |b| in [2^-126, 2^126], the maximum ulp error is
+// 2. For 2^126 < |b| < 2^128, if a is infinity, div.approx.f32 returns NaN, otherwise it returns a
+// sign-preserving zero." 2 ulp: the exact quotient rounded to 22 bits.
+inline float __cucc_div_approx(float a, float b) {
+    float ab = fabsf(b);
+    if (ab > 0x1p126f && ab < __builtin_inff()) {
+        if (__builtin_isinf(a)) return __builtin_nanf("");
+        return copysignf(0.0f, a) * copysignf(1.0f, b);
+    }
+    double q = (double)a / (double)b;
+    float r = (float)q;  // overflow and underflow as fp32
+    if (!__builtin_isfinite(r) || r == 0.0f) return r;
+    return (float)__cucc_round_bits(q, 22);
+}
+// The intrinsics as CUDA's math headers define them from those instructions: __expf(x) = ex2(x * log2(e)),
+// __exp10f(x) = ex2(x * log2(10)), __logf(x) = lg2(x) * ln(2), __log10f(x) = lg2(x) * log10(2),
+// __powf(x, y) = ex2(y * lg2(x)), __tanf = __sinf / __cosf; the multiplications in fp32, as on the GPU.
+#define __CUCC_DEV(approx, exact) (__cucc_device_code ? (approx) : (exact))
+inline float __expf(float x) { return __CUCC_DEV(__cucc_ex2_approx(x * 1.4426950408889634f), (expf)(x)); }
+inline float __exp10f(float x) { return __CUCC_DEV(__cucc_ex2_approx(x * 3.3219280948873622f), (exp10f)(x)); }
+inline float __logf(float x) { return __CUCC_DEV(__cucc_lg2_approx(x) * 0.6931471805599453f, (logf)(x)); }
+inline float __log2f(float x) { return __CUCC_DEV(__cucc_lg2_approx(x), (log2f)(x)); }
+inline float __log10f(float x) { return __CUCC_DEV(__cucc_lg2_approx(x) * 0.3010299956639812f, (log10f)(x)); }
+inline float __powf(float x, float y) { return __CUCC_DEV(__cucc_ex2_approx(y * __cucc_lg2_approx(x)), (powf)(x, y)); }
+inline float __sinf(float x) { return __CUCC_DEV(__cucc_sin_approx(x), (sinf)(x)); }
+inline float __cosf(float x) { return __CUCC_DEV(__cucc_cos_approx(x), (cosf)(x)); }
+inline float __tanf(float x) { return __CUCC_DEV(__cucc_div_approx(__cucc_sin_approx(x), __cucc_cos_approx(x)), (tanf)(x)); }
+inline void __sincosf(float x, float* s, float* c) {
+    *s = __sinf(x);
+    *c = __cosf(x);
+}
+inline float __tanhf(float x) { return __CUCC_DEV(__cucc_tanh_approx(x), (tanhf)(x)); }
+inline float __fdividef(float x, float y) { return __CUCC_DEV(__cucc_div_approx(x, y), x / y); }
+inline float rsqrtf(float x) { return __CUCC_DEV(__cucc_rsqrt_approx(x), 1.0f / (sqrtf)(x)); }
+// exp2f and log2f are ex2.approx.ftz / lg2.approx.ftz under -ftz=true, and so are they here under fast math
+inline float __cucc_fm_exp2f(float x) { return __CUCC_DEV(__cucc_ex2_approx(x), (exp2f)(x)); }
+inline float __cucc_fm_sqrtf(float x) { return __CUCC_DEV(__cucc_sqrt_approx(x), (sqrtf)(x)); }
+
+#if CUCC_FAST_MATH
+// nvcc --use_fast_math compiles each of these standard functions to its intrinsic (CUDA C++ Programming Guide,
+// "Intrinsic Functions"); exp2f and log2f are the .approx.ftz instructions themselves. Function-like macros
+// reach calls written as expf(x), ::expf(x) and std::expf(x) (the std:: names are declared below); the
+// overloads std::exp(float) and exp(float) are not intercepted.
+inline float __cucc_fm_expf(float x) { return __expf(x); }
+inline float __cucc_fm_exp10f(float x) { return __exp10f(x); }
+inline float __cucc_fm_logf(float x) { return __logf(x); }
+inline float __cucc_fm_log2f(float x) { return __log2f(x); }
+inline float __cucc_fm_log10f(float x) { return __log10f(x); }
+inline float __cucc_fm_powf(float x, float y) { return __powf(x, y); }
+inline float __cucc_fm_sinf(float x) { return __sinf(x); }
+inline float __cucc_fm_cosf(float x) { return __cosf(x); }
+inline float __cucc_fm_tanf(float x) { return __tanf(x); }
+inline void __cucc_fm_sincosf(float x, float* s, float* c) { __sincosf(x, s, c); }
+inline float __cucc_fm_tanhf(float x) { return __tanhf(x); }
+namespace std {
+using ::__cucc_fm_expf; using ::__cucc_fm_exp2f; using ::__cucc_fm_exp10f; using ::__cucc_fm_logf;
+using ::__cucc_fm_log2f; using ::__cucc_fm_log10f; using ::__cucc_fm_powf; using ::__cucc_fm_sinf;
+using ::__cucc_fm_cosf; using ::__cucc_fm_tanf; using ::__cucc_fm_sincosf; using ::__cucc_fm_tanhf;
+using ::__cucc_fm_sqrtf;
+}  // namespace std
+#define expf(x) __cucc_fm_expf(x)
+#define exp2f(x) __cucc_fm_exp2f(x)
+#define exp10f(x) __cucc_fm_exp10f(x)
+#define logf(x) __cucc_fm_logf(x)
+#define log2f(x) __cucc_fm_log2f(x)
+#define log10f(x) __cucc_fm_log10f(x)
+#define powf(x, y) __cucc_fm_powf(x, y)
+#define sinf(x) __cucc_fm_sinf(x)
+#define cosf(x) __cucc_fm_cosf(x)
+#define tanf(x) __cucc_fm_tanf(x)
+#define sincosf(x, s, c) __cucc_fm_sincosf(x, s, c)
+#define tanhf(x) __cucc_fm_tanhf(x)
+#endif
+#if defined(CUCC_PREC_SQRT) && !CUCC_PREC_SQRT
+namespace std {
+using ::__cucc_fm_sqrtf;
+}
+#define sqrtf(x) __cucc_fm_sqrtf(x)
+#endif
+#endif  // CUCC_NUMERICS

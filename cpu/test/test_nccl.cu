@@ -11,9 +11,10 @@
 //   nvcc -O2 -arch=sm_80 -I dev/test cpu/test/test_nccl.cu -lnccl -lmpi -o test_nccl
 //
 // Tolerances. Integers, and everything that only moves data, must match bit for bit everywhere. Float
-// reductions on the CPU backend must match bit for bit too: it reduces each element in rank order 0..n-1
-// (fp32 accumulator for fp16/bf16, one rounding at the end), and the host reference does exactly that, so
-// this is a strict test of the determinism the project promises. Real NCCL sums in ring order and rounds at
+// reductions on the CPU backend must match bit for bit too: it reduces fp32/fp64 elements in rank order 0..n-1,
+// and fp16/bf16 elements in ring order from their owner, rounding to the type at every hop (cpu/nccl.cpp's
+// header), and the host reference does exactly that with plain loops, so this is a strict test of the
+// determinism the project promises. Real NCCL sums in ring order and rounds at
 // every hop, so there a float result may differ from the reference by 2·n·eps·Σ|x| (a bound on the rounding
 // of any order of n-1 operations, for both sides); max/min stay exact.
 // A few checks need the CPU backend's semantics (undefined or hanging on real NCCL) and are compiled only there.
@@ -110,14 +111,41 @@ static Bytes random_input(ncclDataType_t t, size_t count, ncclRedOp_t op, uint64
 }
 static uint64_t seed_of(int test_case, int rank) { return 0x5eed0000ull + (uint64_t)test_case * 1000003ull + rank * 7919ull; }
 
-// The reference: out[i] = in[0][i] op in[1][i] op .. op in[n-1][i], in rank order. fp32 accumulator for
-// fp16/bf16/fp32 (fp16/bf16 rounded once at the end), fp64 for fp64; integers wrap in their own width, here
-// computed in 64-bit arithmetic and truncated, which gives the same bits. Avg divides the sum by n (integer
-// division for integers). mag[i] is the scale of the rounding error for the tolerance on a GPU.
+// The owner of element i of an n-rank all-reduce of count elements: the chunk holding it, the buffer cut into n
+// near-equal chunks, chunk r starting at r*floor(count/n) + min(r, count%n) (the first count%n one longer).
+static int allreduce_owner(size_t i, size_t count, int n) {
+    int r = 0;
+    while (r + 1 < n && i >= count / n * (r + 1) + ((size_t)(r + 1) < count % n ? (size_t)(r + 1) : count % n)) r++;
+    return r;
+}
+
+// The reference: out[i] = in[0][i] op in[1][i] op .. op in[n-1][i], in rank order, for fp32 (fp32
+// arithmetic) and fp64; integers wrap in their own width, here computed in 64-bit arithmetic and truncated, which
+// gives the same bits. fp16/bf16 follow the ring of the element's owner (owner >= 0: every element's; owner < 0:
+// the all-reduce chunk's, allreduce_owner): acc = in[o+1][i], then acc = T(acc op in[o+k][i]) for k = 2..n (ranks
+// mod n), each hop in fp32 rounded to the type. Avg divides the sum by n (integer division for integers; fp16/bf16
+// in fp32, rounded once more). mag[i] is the scale of the rounding error for the tolerance on a GPU.
 static void ref_reduce(void* out, const std::vector<const uint8_t*>& in, size_t count, ncclDataType_t t,
-                       ncclRedOp_t op, double* mag) {
+                       ncclRedOp_t op, double* mag, int owner) {
     int n = (int)in.size();
     for (size_t i = 0; i < count; i++) {
+        if (t == ncclFloat16 || t == ncclBfloat16) {
+            double sum_abs = 0.0, prod = 1.0;
+            for (int r = 0; r < n; r++) { sum_abs += fabs(get_f(in[r], t, i)); prod *= get_f(in[r], t, i); }
+            mag[i] = op == ncclProd ? fabs(prod) : op == ncclMax || op == ncclMin ? 0.0 : sum_abs;
+            int o = owner >= 0 ? owner : allreduce_owner(i, count, n);
+            uint8_t hop[2];  // the running value, stored in the type after every hop
+            set_f(hop, t, 0, get_f(in[(o + 1) % n], t, i));
+            for (int k = 2; k <= n; k++) {
+                float acc = (float)get_f(hop, t, 0), x = (float)get_f(in[(o + k) % n], t, i);
+                acc = op == ncclProd ? acc * x : op == ncclMax ? (x > acc ? x : acc) : op == ncclMin ? (x < acc ? x : acc) : acc + x;
+                set_f(hop, t, 0, acc);
+            }
+            float result = (float)get_f(hop, t, 0);
+            if (op == ncclAvg) result /= n;
+            set_f(out, t, i, result);
+            continue;
+        }
         if (is_float(t)) {
             double sum_abs = 0.0, prod = 1.0;
             for (int r = 0; r < n; r++) { sum_abs += fabs(get_f(in[r], t, i)); prod *= get_f(in[r], t, i); }
@@ -231,7 +259,7 @@ static void test_allreduce(Team* tm, int grouped, size_t count, int test_case) {
         for (int r = 0; r < tm->n; r++) { in[r] = random_input(t, count, ops[oi], seed_of(test_case, r)); srcs[r] = in[r].data(); }
         Bytes want(bytes);
         std::vector<double> mag(count);
-        ref_reduce(want.data(), srcs, count, t, ops[oi], mag.data());
+        ref_reduce(want.data(), srcs, count, t, ops[oi], mag.data(), -1);
         void *send[MAX_LOCAL], *recv[MAX_LOCAL];
         for (int m = 0; m < tm->nlocal; m++) {
             use_device(tm->device[m]);
@@ -280,7 +308,7 @@ static void test_reducescatter(Team* tm, int grouped, size_t recvcount, int test
             for (int r = 0; r < n; r++) srcs[r] = in[r].data() + me * bytes;
             Bytes want(bytes);
             std::vector<double> mag(recvcount);
-            ref_reduce(want.data(), srcs, recvcount, t, ops[oi], mag.data());
+            ref_reduce(want.data(), srcs, recvcount, t, ops[oi], mag.data(), me);
             snprintf(what, sizeof(what), "[%s rank %d] reducescatter %s %s recvcount %zu %s%s", tm->name, me,
                      type_names[t], op_names[oi], recvcount, inplace ? "in-place" : "out-of-place", grouped ? " grouped" : "");
             check(rc == ncclSuccess, "%s: returned %d", what, (int)rc);
@@ -375,7 +403,7 @@ static void test_reduce(Team* tm, int grouped, size_t count, int test_case) {
         for (int r = 0; r < n; r++) { in[r] = random_input(t, count, ops[oi], seed_of(test_case, r)); srcs[r] = in[r].data(); }
         Bytes want(bytes);
         std::vector<double> mag(count);
-        ref_reduce(want.data(), srcs, count, t, ops[oi], mag.data());
+        ref_reduce(want.data(), srcs, count, t, ops[oi], mag.data(), root);
         void *send[MAX_LOCAL], *recv[MAX_LOCAL];
         for (int m = 0; m < tm->nlocal; m++) {
             use_device(tm->device[m]);
@@ -544,7 +572,7 @@ static void test_large_allreduce(Team* tm) {
     for (int r = 0; r < n; r++) { in[r] = random_input(ncclFloat32, count, ncclSum, seed_of(9000, r)); srcs[r] = in[r].data(); }
     Bytes want(bytes);
     std::vector<double> mag(count);
-    ref_reduce(want.data(), srcs, count, ncclFloat32, ncclSum, mag.data());
+    ref_reduce(want.data(), srcs, count, ncclFloat32, ncclSum, mag.data(), -1);
     void* buf = dalloc(bytes);
     upload(buf, in[tm->rank[0]].data(), bytes);
     ncclResult_t rc = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, tm->comm[0], 0);

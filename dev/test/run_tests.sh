@@ -117,6 +117,10 @@ run_test faults build/test_faults
 run_test sanitize build/test_sanitize
 run_test cucc cpu/test/test_cucc.sh
 run_test cublas build/test_cublas
+run_test fast-math-exact build/test_fast_math
+run_test fast-math build/test_fast_math_fm
+run_test edge-blocks build/test_edge_blocks
+run_test edge-blocks-sanitize build/test_edge_blocks_sanitize
 run_test nccl-2-ranks $MPIRUN -np 2 build/test_nccl
 run_test nccl-3-ranks $MPIRUN -np 3 build/test_nccl
 run_test host-utils build/test_host_utils
