@@ -16,6 +16,9 @@ NVCC ?= nvcc
 CUCC := cpu/cucc
 GPU_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCC_FLAGS ?= -std=c++17 -O3 --use_fast_math
+# The CPU builds of the trainers, their tests and the labs take the GPU build's numerics flags (cpu/cucc emulates
+# --use_fast_math's approximate functions and flushed subnormals in kernels: doc/backend.md, "Fast math"), at g++'s -O2
+CPU_NUMERICS := $(filter-out -O%,$(NVCC_FLAGS))
 MPI_INC := $(shell mpicxx --showme:compile 2>/dev/null)
 BUILD := build
 # every .cu compiles through cucc after a change to the backend
@@ -55,7 +58,7 @@ precision_flag = $(if $(filter %_fp32,$1),-DENABLE_FP32,$(if $(filter %_fp16,$1)
 $(PROGRAMS): %: $$(SOURCES_$$*) $(LLMC)
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
 $(PROGRAMS:%=%_cpu): %_cpu: $$(SOURCES_$$*) $(LLMC) $(BACKEND)
-	$(CUCC) -O2 $(PFLAGS) $< -o $@ $(CPU_LIBS)
+	$(CUCC) -O2 $(CPU_NUMERICS) $(PFLAGS) $< -o $@ $(CPU_LIBS)
 
 # what make test builds: every precision side by side, build/train_gpt_fp32 ... build/test_moe_fp16; the same
 # through the checking build under build/check/ (README "Checking mode"); and GPU builds under $(GPU_BUILD)/
@@ -63,10 +66,10 @@ $(PROGRAMS:%=%_cpu): %_cpu: $$(SOURCES_$$*) $(LLMC) $(BACKEND)
 PRECISIONS := fp32 bf16 fp16
 BUILT := $(foreach p,$(PROGRAMS),$(foreach q,$(PRECISIONS),$(BUILD)/$(p)_$(q)))
 $(BUILT): $(BUILD)/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 $(call precision_flag,$*) $< -o $@ $(CPU_LIBS)
+	$(CUCC) -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ $(CPU_LIBS)
 $(BUILT:$(BUILD)/%=$(BUILD)/check/%): $(BUILD)/check/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC) $(BACKEND)
 	@mkdir -p $(dir $@)
-	$(CUCC) --check -O2 $(call precision_flag,$*) $< -o $@ $(CPU_LIBS)
+	$(CUCC) --check -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ $(CPU_LIBS)
 GPU_BUILD ?= $(BUILD)/gpu
 $(BUILT:$(BUILD)/%=$(GPU_BUILD)/%): $(GPU_BUILD)/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC)
 	@mkdir -p $(dir $@)
@@ -160,7 +163,7 @@ LAB_BINS := $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_bf16) $(LAB_SOURCES:dev/c
 labs: $(LAB_BINS)
 $(LAB_BINS): $(BUILD)/lab/%: dev/cuda/$$(call program_of,$$*).cu $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
 	@mkdir -p $(dir $@)
-	$(CUCC) -O2 $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
+	$(CUCC) -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
 
 # The checking build (cpu/cucc --check; README "Checking mode") of the trainers' tests and of every lab, which
 # dev/test/run_tests.sh runs beside the plain ones; cpu/test/check/run_probes.sh builds its probes itself.
@@ -171,7 +174,7 @@ checked: $(CHECKED)
 $(LAB_BINS:$(BUILD)/lab/%=$(BUILD)/lab_check/%): $(BUILD)/lab_check/%: dev/cuda/$$(call program_of,$$*).cu \
         $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
 	@mkdir -p $(dir $@)
-	$(CUCC) --check -O2 $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
+	$(CUCC) --check -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
 
 bench: $(BUILD)/bench
 	$(BUILD)/bench
