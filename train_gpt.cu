@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/file.h>
 #include <math.h>
 #include <stdio.h>
@@ -1962,6 +1963,42 @@ static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step)
     }
 }
 
+// The start-up table: rows of a name and a value, printed with each column as wide as its widest entry.
+typedef struct {
+    char name[12][32];
+    char value[12][128];
+    int rows;
+} InfoTable;
+
+static void info_row(InfoTable* t, const char* name, const char* fmt, ...) {
+    if (t->rows == 12) return;
+    snprintf(t->name[t->rows], sizeof(t->name[0]), "%s", name);
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(t->value[t->rows], sizeof(t->value[0]), fmt, args);
+    va_end(args);
+    t->rows++;
+}
+
+static void info_table_print(const InfoTable* t) {
+    int wn = 0, wv = 0;
+    for (int i = 0; i < t->rows; i++) {
+        if ((int)strlen(t->name[i]) > wn) wn = (int)strlen(t->name[i]);
+        if ((int)strlen(t->value[i]) > wv) wv = (int)strlen(t->value[i]);
+    }
+    char rule[200];
+    int n = 0;
+    rule[n++] = '+';
+    for (int i = 0; i < wn + 2; i++) rule[n++] = '-';
+    rule[n++] = '+';
+    for (int i = 0; i < wv + 2; i++) rule[n++] = '-';
+    rule[n++] = '+';
+    rule[n] = '\0';
+    printf("%s\n", rule);
+    for (int i = 0; i < t->rows; i++) printf("| %-*s | %-*s |\n", wn, t->name[i], wv, t->value[i]);
+    printf("%s\n", rule);
+}
+
 // The trainer's main, shared by train_gpt.cu (dense, moe = 0) and train_moe.cu (moe = 1: MoE model files,
 // descriptors with experts, the MoE flags, and aux/z/drop in the step line).
 static int gpt2_main(int argc, char* argv[], int moe) {
@@ -2282,27 +2319,24 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     int max_fit_B = 0;
     while (max_fit_B < 65536 && activation_bytes(cfg, &model.moe, max_fit_B + 1, T, recompute, model.ep.degree) <= free_bytes + act_bytes) max_fit_B++;
     if (rank0) {
-        printf("+-----------------------+----------------------------------------------------+\n");
-        printf("| device                | %-50.50s |\n", prop.name);
-        printf("| precision             | %-50s |\n", PRECISION_NAME);
-        printf("| model                 | L=%d NH=%d C=%d V=%d Vp=%d maxT=%d%*s|\n", cfg->num_layers, cfg->num_heads,
-               cfg->channels, cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len, 1, "");
-        printf("| parameters            | %-50zu |\n", gpt2_num_parameters(cfg));
-        if (cfg->num_experts > 0) {
-            char experts[64];
-            snprintf(experts, sizeof(experts), "%d per MoE layer, %d per process (-ep %d)", cfg->num_experts,
-                     model.local_experts, model.ep.degree);
-            printf("| experts               | %-50s |\n", experts);
-        }
-        printf("| batch                 | B=%d T=%d processes=%d accumulation=%d%*s|\n", B, T, mg.num_processes,
-               grad_accum_steps, 1, "");
-        printf("| memory: parameters    | %10.1f MiB%40s|\n", param_bytes / 1048576.0, "");
-        printf("| memory: gradients     | %10.1f MiB%40s|\n", param_bytes / 1048576.0, "");
-        printf("| memory: optimizer     | %10.1f MiB (m, v%s, ZeRO-%d shard)%*s|\n", opt_bytes / 1048576.0,
-               model.store.master_weights ? ", master" : "", zero_stage, model.store.master_weights ? 7 : 15, "");
-        printf("| memory: activations   | %10.1f MiB (recompute %d)%24s|\n", act_bytes / 1048576.0, recompute, "");
-        printf("| largest B that fits   | %-50d |\n", max_fit_B);
-        printf("+-----------------------+----------------------------------------------------+\n");
+        // the start-up table: each column as wide as its widest entry
+        InfoTable t = {};
+        info_row(&t, "device", "%s", prop.name);
+        info_row(&t, "precision", "%s", PRECISION_NAME);
+        info_row(&t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
+                 cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
+        info_row(&t, "parameters", "%zu", gpt2_num_parameters(cfg));
+        if (cfg->num_experts > 0)
+            info_row(&t, "experts", "%d per MoE layer, %d per process (-ep %d)", cfg->num_experts, model.local_experts,
+                     model.ep.degree);
+        info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", B, T, mg.num_processes, grad_accum_steps);
+        info_row(&t, "memory: parameters", "%10.1f MiB", param_bytes / 1048576.0);
+        info_row(&t, "memory: gradients", "%10.1f MiB", param_bytes / 1048576.0);
+        info_row(&t, "memory: optimizer", "%10.1f MiB (m, v%s, ZeRO-%d shard)", opt_bytes / 1048576.0,
+                 model.store.master_weights ? ", master" : "", zero_stage);
+        info_row(&t, "memory: activations", "%10.1f MiB (recompute %d)", act_bytes / 1048576.0, recompute);
+        info_row(&t, "largest B that fits", "%d", max_fit_B);
+        info_table_print(&t);
     }
 
     TrainerState ts;
