@@ -34,6 +34,8 @@
 #include "llmc/encoder.cuh"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
+#include "llmc/expert_matmul.cuh"
+#include "llmc/router_matmul.cuh"
 #include "llmc/attention.cuh"  // the hand-written path, and the size check of attention and matmul
 #ifdef ENABLE_CUDNN
 #include "llmc/cudnn_att.cuh"  // GPU only: cuDNN's fused attention (make USE_CUDNN=1)
