@@ -1005,7 +1005,7 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     const ParameterTensors* p = &model->params;
     const ActivationTensors* a = &model->acts;
     int E = c->num_experts, E_l = model->local_experts, K = c->top_k, C = c->channels, H = c->expert_hidden;
-    int spread = model->ep.degree > 1;  // rows travel to other processes' experts
+    int exchange_rows = model->ep.degree > 1;  // expert parallelism: rows go to and come back from the experts' owners
     MoELayerActivations l = moe_layer_activations(model, m, N);
     const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
     if (c->noisy_gating) {
@@ -1021,16 +1021,16 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
                      model->moe_capacity_used, model->moe_packed, stream);
     moe_layer_row_counts(model, &l, stream);
     int rows_src = model->moe_packed ? N * K : E * model->moe_capacity_used;
-    floatX* dispatched = spread ? a->moe_scratch_src : l.expert_input;
+    floatX* dispatched = exchange_rows ? a->moe_scratch_src : l.expert_input;
     moe_dispatch(dispatched, ln2, l.row_choice, rows_src, K, C, stream);
-    if (spread)
+    if (exchange_rows)
         expert_parallel_exchange(&model->ep, dispatched, l.expert_input, l.rows_src, l.rows_own, E, C, 1, stream);
     moe_experts_linear_forward(model, &l, l.expert_act, l.expert_input, p->efcw + (size_t)m * E_l * H * C,
                                p->efcb + (size_t)m * E_l * H, C, H, l.expert_pre, stream);
-    floatX* expert_output = spread ? a->moe_scratch_own : l.expert_output;
+    floatX* expert_output = exchange_rows ? a->moe_scratch_own : l.expert_output;
     moe_experts_linear_forward(model, &l, expert_output, l.expert_act, p->efcprojw + (size_t)m * E_l * C * H,
                                p->efcprojb + (size_t)m * E_l * C, H, C, nullptr, stream);
-    if (spread)
+    if (exchange_rows)
         expert_parallel_exchange(&model->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
     moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
     moe_router_losses(l.losses, l.probs, l.lse, l.expert_count, N, E, K, model->moe.aux_alpha, model->moe.z_coef,
@@ -1053,16 +1053,16 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
     const ParameterTensors* g = &model->grads;
     const ActivationTensors* a = &model->acts;
     int E = c->num_experts, E_l = model->local_experts, K = c->top_k, C = c->channels, H = c->expert_hidden;
-    int spread = model->ep.degree > 1;
+    int exchange_rows = model->ep.degree > 1;
     MoELayerActivations l = moe_layer_activations(model, m, N);
     int rows_src = model->moe_packed ? N * K : E * model->moe_capacity_used;
     // d_own: the experts' output gradient, then their input gradient, in the expert layout; d_src: the same in
     // the dispatch layout (one buffer without expert parallelism)
     floatX* d_own = a->moe_scratch_own;
-    floatX* d_src = spread ? a->moe_scratch_src : d_own;
+    floatX* d_src = exchange_rows ? a->moe_scratch_src : d_own;
     moe_combine_backward(d_src, a->d_gates, dout, l.expert_output, l.choice_row, l.gates, l.row_choice, N, rows_src, K,
                          C, stream);
-    if (spread) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
+    if (exchange_rows) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
     // dropless, this process's experts may have received no row at all
     int rows[MOE_MAX_EXPERTS];
     size_t own_rows = moe_local_expert_rows(model, &l, rows);
@@ -1074,7 +1074,7 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
     moe_experts_linear_backward(model, &l, d_own, g->efcw + (size_t)m * E_l * H * C, g->efcb + (size_t)m * E_l * H,
                                 a->d_expert_hidden, l.expert_input, p->efcw + (size_t)m * E_l * H * C, C, H, nullptr,
                                 stream);
-    if (spread) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 0, stream);
+    if (exchange_rows) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 0, stream);
     cudaCheck(cudaMemsetAsync(d_ln2, 0, (size_t)N * C * sizeof(floatX), stream));
     moe_dispatch_backward(d_ln2, d_src, l.choice_row, N, K, C, stream);
     // the router: the gates' gradient (with noisy gating, plus the importance loss's), the Switch and z losses
