@@ -122,8 +122,9 @@ typedef struct {
 
 // the tensors' indices in model-file order (parameter_names)
 enum {
-    T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB, T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW,
-    T_FCPROJB, T_ROUTERW, T_ROUTERNW, T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB, T_LNFW, T_LNFB
+    PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W,
+    PARAM_LN2B, PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB, PARAM_ROUTERW, PARAM_ROUTERNW, PARAM_EFCW,
+    PARAM_EFCB, PARAM_EFCPROJW, PARAM_EFCPROJB, PARAM_LNFW, PARAM_LNFB
 };
 static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
@@ -134,7 +135,7 @@ static const int parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1,
                                                              1, 1, 1, 0, 1, 0, 0, 0};
 // The experts' tensors (efcw .. efcprojb): each process keeps those of its own experts (llmc/expert_parallel.cuh)
 // in a second parameter set, reduced and sharded over the processes holding the same experts.
-#define FIRST_EXPERT_TENSOR T_EFCW
+#define FIRST_EXPERT_TENSOR PARAM_EFCW
 #define NUM_EXPERT_TENSORS 4
 static int is_expert_tensor(int i) { return i >= FIRST_EXPERT_TENSOR && i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; }
 
@@ -142,28 +143,28 @@ static int is_expert_tensor(int i) { return i >= FIRST_EXPERT_TENSOR && i < FIRS
 static void fill_in_parameter_sizes(size_t* sizes, const GPT2Config* cfg, int experts) {
     size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
     size_t Lm = num_moe_layers(cfg), Ld = L - Lm, E = experts, H = cfg->expert_hidden;
-    sizes[T_WTE] = Vp * C;
-    sizes[T_WPE] = maxT * C;
-    sizes[T_LN1W] = L * C;
-    sizes[T_LN1B] = L * C;
-    sizes[T_QKVW] = L * 3 * C * C;
-    sizes[T_QKVB] = L * 3 * C;
-    sizes[T_ATTPROJW] = L * C * C;
-    sizes[T_ATTPROJB] = L * C;
-    sizes[T_LN2W] = L * C;
-    sizes[T_LN2B] = L * C;
-    sizes[T_FCW] = Ld * 4 * C * C;
-    sizes[T_FCB] = Ld * 4 * C;
-    sizes[T_FCPROJW] = Ld * C * 4 * C;
-    sizes[T_FCPROJB] = Ld * C;
-    sizes[T_ROUTERW] = Lm * cfg->num_experts * C;  // the router scores every expert on every process
-    sizes[T_ROUTERNW] = cfg->noisy_gating ? Lm * cfg->num_experts * C : 0;
-    sizes[T_EFCW] = Lm * E * H * C;
-    sizes[T_EFCB] = Lm * E * H;
-    sizes[T_EFCPROJW] = Lm * E * C * H;
-    sizes[T_EFCPROJB] = Lm * E * C;
-    sizes[T_LNFW] = C;
-    sizes[T_LNFB] = C;
+    sizes[PARAM_WTE] = Vp * C;
+    sizes[PARAM_WPE] = maxT * C;
+    sizes[PARAM_LN1W] = L * C;
+    sizes[PARAM_LN1B] = L * C;
+    sizes[PARAM_QKVW] = L * 3 * C * C;
+    sizes[PARAM_QKVB] = L * 3 * C;
+    sizes[PARAM_ATTPROJW] = L * C * C;
+    sizes[PARAM_ATTPROJB] = L * C;
+    sizes[PARAM_LN2W] = L * C;
+    sizes[PARAM_LN2B] = L * C;
+    sizes[PARAM_FCW] = Ld * 4 * C * C;
+    sizes[PARAM_FCB] = Ld * 4 * C;
+    sizes[PARAM_FCPROJW] = Ld * C * 4 * C;
+    sizes[PARAM_FCPROJB] = Ld * C;
+    sizes[PARAM_ROUTERW] = Lm * cfg->num_experts * C;  // the router scores every expert on every process
+    sizes[PARAM_ROUTERNW] = cfg->noisy_gating ? Lm * cfg->num_experts * C : 0;
+    sizes[PARAM_EFCW] = Lm * E * H * C;
+    sizes[PARAM_EFCB] = Lm * E * H;
+    sizes[PARAM_EFCPROJW] = Lm * E * C * H;
+    sizes[PARAM_EFCPROJB] = Lm * E * C;
+    sizes[PARAM_LNFW] = C;
+    sizes[PARAM_LNFB] = C;
 }
 
 // the expert tensors point into expert_memory (in order), the others into memory (in order)
@@ -602,7 +603,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
             int expert = !strcmp(name, "routerw") || !strcmp(name, "efcw") || !strcmp(name, "efcprojw");
             float std = (residual ? 0.02f * residual_scale : 0.02f) * (expert ? sqrtf(init_scale) : 1.0f);
             size_t rows_used = n;
-            if (i == T_WTE) rows_used = (size_t)c->vocab_size * c->channels;  // padded rows stay zero
+            if (i == PARAM_WTE) rows_used = (size_t)c->vocab_size * c->channels;  // padded rows stay zero
             normal_(host + offset, rows_used, 0.0f, std, &rng);
         }
         offset += n;
@@ -1333,11 +1334,12 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
 static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     // stacked over all layers, over the dense layers, over the MoE layers (the router's, and expert_store's tensors)
-    static const int every_layer[] = {T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB, T_LN2W, T_LN2B};
-    static const int dense[] = {T_FCW, T_FCB, T_FCPROJW, T_FCPROJB};
-    static const int router[] = {T_ROUTERW, T_ROUTERNW};  // routernw is empty without noisy gating
-    static const int experts[] = {T_EFCW - FIRST_EXPERT_TENSOR, T_EFCB - FIRST_EXPERT_TENSOR,
-                                  T_EFCPROJW - FIRST_EXPERT_TENSOR, T_EFCPROJB - FIRST_EXPERT_TENSOR};
+    static const int every_layer[] = {PARAM_LN1W,     PARAM_LN1B,     PARAM_QKVW, PARAM_QKVB,
+                                      PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W, PARAM_LN2B};
+    static const int dense[] = {PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB};
+    static const int router[] = {PARAM_ROUTERW, PARAM_ROUTERNW};  // routernw is empty without noisy gating
+    static const int experts[] = {PARAM_EFCW - FIRST_EXPERT_TENSOR, PARAM_EFCB - FIRST_EXPERT_TENSOR,
+                                  PARAM_EFCPROJW - FIRST_EXPERT_TENSOR, PARAM_EFCPROJB - FIRST_EXPERT_TENSOR};
     int Lm = num_moe_layers(c);
     sharded_parameters_reduce_slices(&model->store, every_layer, 8, layer, c->num_layers, mg, zero_stage, stream);
     if (is_moe_layer(c, layer)) {
@@ -1351,7 +1353,8 @@ static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, 
     }
 }
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    static const int rest[] = {T_WTE, T_WPE, T_LNFW, T_LNFB};  // complete only after the encoder's backward
+    // complete only after the encoder's backward
+    static const int rest[] = {PARAM_WTE, PARAM_WPE, PARAM_LNFW, PARAM_LNFB};
     sharded_parameters_reduce_slices(&model->store, rest, 4, -1, model->config.num_layers, mg, zero_stage, stream);
 }
 
