@@ -389,12 +389,12 @@ static void gpt2_gather_experts(const GPT2* model, void* host, const void* local
     cudaCheck(cudaFree(gathered));
 }
 
-// The inverse of gpt2_set_parameters, collective over the expert group: the whole model in model-file order, of
-// the parameters or (gradients = 1) of their gradients as stored (the experts' times expert_store.grad_multiplier
-// once reduced are the step's; see gpt2_allocate_parameters).
-static void gpt2_get_tensors(const GPT2* model, floatX* file_order, int gradients, cudaStream_t stream) {
-    const floatX* replicated = gradients ? model->store.grads_memory : model->store.params_memory;
-    const floatX* experts_local = gradients ? model->expert_store.grads_memory : model->expert_store.params_memory;
+// The inverse of gpt2_set_parameters, collective over the expert group: the whole model in model-file order, from
+// replicated (the store's tensors) and experts_local (the expert_store's): the parameters (gpt2_get_parameters) or
+// their gradients as stored (gpt2_get_gradients: the experts' times expert_store.grad_multiplier once reduced are
+// the step's; see gpt2_allocate_parameters).
+static void gpt2_get_tensors(const GPT2* model, floatX* file_order, const floatX* replicated,
+                             const floatX* experts_local, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     size_t global[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(global, c, c->num_experts);
@@ -409,6 +409,12 @@ static void gpt2_get_tensors(const GPT2* model, floatX* file_order, int gradient
                          (model->store.num_parameters - before_experts) * sizeof(floatX), cudaMemcpyDeviceToHost));
     if (c->num_experts > 0)
         gpt2_gather_experts(model, file_order + before_experts, experts_local, sizeof(floatX), stream);
+}
+static void gpt2_get_parameters(const GPT2* model, floatX* file_order, cudaStream_t stream) {
+    gpt2_get_tensors(model, file_order, model->store.params_memory, model->expert_store.params_memory, stream);
+}
+static void gpt2_get_gradients(const GPT2* model, floatX* file_order, cudaStream_t stream) {
+    gpt2_get_tensors(model, file_order, model->store.grads_memory, model->expert_store.grads_memory, stream);
 }
 
 static void check_config_supported(const GPT2Config* c, const char* source) {
@@ -644,7 +650,7 @@ static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStrea
     gpt2_model_header(model, header);
     size_t n = gpt2_num_parameters(c);
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
-    gpt2_get_tensors(model, host, 0, stream);
+    gpt2_get_parameters(model, host, stream);
     if (model->process_rank != 0) {
         free(host);
         return;
@@ -2004,9 +2010,13 @@ static void info_table_print(const InfoTable* t) {
     printf("%s\n", rule);
 }
 
-// The trainer's main, shared by train_gpt.cu (dense, moe = 0) and train_moe.cu (moe = 1: MoE model files,
+// Which trainer gpt2_main is: train_gpt.cu's (dense) or train_moe.cu's.
+typedef enum { TRAINER_DENSE, TRAINER_MOE } TrainerKind;
+
+// The trainer's main, shared by train_gpt.cu (TRAINER_DENSE) and train_moe.cu (TRAINER_MOE: MoE model files,
 // descriptors with experts, the MoE flags, and aux/z/drop in the step line).
-static int gpt2_main(int argc, char* argv[], int moe) {
+static int gpt2_main(int argc, char* argv[], TrainerKind kind) {
+    const int moe = kind == TRAINER_MOE;
     // line-buffered even into a pipe or a file: the memory plan and every step line are out before a crash
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char* train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
@@ -2536,6 +2546,6 @@ static int gpt2_main(int argc, char* argv[], int moe) {
 }
 
 #ifndef TRAIN_GPT_LIBRARY
-int main(int argc, char* argv[]) { return gpt2_main(argc, argv, 0); }
+int main(int argc, char* argv[]) { return gpt2_main(argc, argv, TRAINER_DENSE); }
 #endif
 #endif
