@@ -272,7 +272,7 @@ typedef struct {
     float mean_loss;    // the language-model cross-entropy of the last forward pass with targets
     // MoE: of the last forward pass
     int moe_capacity_used;          // rows per expert
-    int moe_packed;                 // the expert buffers use the packed dropless layout (else padded to capacity)
+    int moe_dropless;               // dropless routing (-cf 0): the expert buffers packed (else padded to capacity)
     int* moe_rows_src;              // (Lm, E) host: rows per global expert in this process's dispatch layout
     int* moe_rows_own;              // (Lm, E) host: rows per (group member, local expert) in the expert layout
     float aux_loss, z_loss;         // summed over MoE layers
@@ -680,11 +680,11 @@ static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 // The row stride of one MoE layer's expert buffers, padded to `capacity` rows per expert or packed (dropless): in
 // this process's dispatch layout (src) and in its experts' layout (own), which with expert parallelism of degree N
 // may receive every choice of the N processes of its group.
-static void moe_layer_rows(const GPT2Config* c, int capacity, int packed, int N, int degree, size_t* src,
+static void moe_layer_rows(const GPT2Config* c, int capacity, int dropless, int N, int degree, size_t* src,
                            size_t* own) {
     size_t padded = (size_t)c->num_experts * capacity, choices = (size_t)N * c->top_k;
-    *src = layer_stride(packed ? choices : padded);
-    *own = layer_stride(packed ? degree * choices : padded);
+    *src = layer_stride(dropless ? choices : padded);
+    *own = layer_stride(dropless ? degree * choices : padded);
 }
 
 // ... the larger of training's and evaluation's, which the activations hold
@@ -901,7 +901,7 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
     const ActivationTensors* a = &model->acts;
     size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, C = c->channels;
     size_t NE = layer_stride(N * E), NK = layer_stride(N * K), SRC, OWN;
-    moe_layer_rows(c, model->moe_capacity_used, model->moe_packed, N, model->ep.degree, &SRC, &OWN);
+    moe_layer_rows(c, model->moe_capacity_used, model->moe_dropless, N, model->ep.degree, &SRC, &OWN);
     MoELayerActivations l;
     l.logits = a->router_logits + m * NE;
     l.clean = c->noisy_gating ? a->router_clean + m * NE : nullptr;
@@ -930,7 +930,7 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
 // this process's routing and, exchanged over the expert group, what each member sends to this process's experts.
 static void moe_layer_row_counts(GPT2* model, const MoELayerActivations* l, cudaStream_t stream) {
     int E = model->config.num_experts;
-    if (!model->moe_packed) {
+    if (!model->moe_dropless) {
         for (int e = 0; e < E; e++) l->rows_src[e] = l->rows_own[e] = model->moe_capacity_used;
         return;
     }
@@ -943,7 +943,7 @@ static void moe_layer_row_counts(GPT2* model, const MoELayerActivations* l, cuda
 // their sum, the rows of the expert layout in use (padded: E * capacity, all rows).
 static size_t moe_local_expert_rows(const GPT2* model, const MoELayerActivations* l, int* rows) {
     int E_l = model->local_experts, N = model->ep.degree;
-    if (!model->moe_packed) return (size_t)model->config.num_experts * model->moe_capacity_used;
+    if (!model->moe_dropless) return (size_t)model->config.num_experts * model->moe_capacity_used;
     size_t total = 0;
     for (int e = 0; e < E_l; e++) {
         rows[e] = 0;
@@ -966,7 +966,7 @@ static void moe_experts_linear_forward(const GPT2* model, const MoELayerActivati
                                        const floatX* weight, const floatX* bias, int IC, int OC, floatX* pre_gelu,
                                        cudaStream_t stream) {
     int E_l = model->local_experts, N = model->ep.degree;
-    if (!model->moe_packed) {
+    if (!model->moe_dropless) {
         matmul_forward_batched(out, inp, weight, bias, E_l, N * model->moe_capacity_used, IC, OC, stream, pre_gelu,
                                gpt2_forward_gelu_fusion(model));
         return;
@@ -983,7 +983,7 @@ static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivat
                                         int IC, int OC, const floatX* pre_gelu, cudaStream_t stream) {
     int E_l = model->local_experts, N = model->ep.degree;
     float* scratch = model->acts.scratch_f;
-    if (!model->moe_packed) {
+    if (!model->moe_dropless) {
         matmul_backward_batched(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, N * model->moe_capacity_used, IC,
                                 OC, stream, pre_gelu, model->gelu_fusion);
         return;
@@ -1025,9 +1025,9 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     }
     moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K,
-                     model->moe_capacity_used, model->moe_packed, stream);
+                     model->moe_capacity_used, model->moe_dropless, stream);
     moe_layer_row_counts(model, &l, stream);
-    int rows_src = model->moe_packed ? N * K : E * model->moe_capacity_used;
+    int rows_src = model->moe_dropless ? N * K : E * model->moe_capacity_used;
     floatX* dispatched = exchange_rows ? a->moe_scratch_src : l.expert_input;
     moe_dispatch(dispatched, ln2, l.row_choice, rows_src, K, C, stream);
     if (exchange_rows)
@@ -1062,7 +1062,7 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
     int E = c->num_experts, E_l = model->local_experts, K = c->top_k, C = c->channels, H = c->expert_hidden;
     int exchange_rows = model->ep.degree > 1;
     MoELayerActivations l = moe_layer_activations(model, m, N);
-    int rows_src = model->moe_packed ? N * K : E * model->moe_capacity_used;
+    int rows_src = model->moe_dropless ? N * K : E * model->moe_capacity_used;
     // d_own: the experts' output gradient, then their input gradient, in the expert layout; d_src: the same in
     // the dispatch layout (one buffer without expert parallelism)
     floatX* d_own = a->moe_scratch_own;
@@ -1195,7 +1195,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
         // the capacity factor of training (a backward pass follows) or of evaluation
         double cf = dlogits_scale > 0.0f ? model->moe.capacity_factor : model->moe.capacity_factor_eval;
         model->moe_capacity_used = moe_capacity(B * T, c->num_experts, c->top_k, cf);
-        model->moe_packed = cf <= 0.0;
+        model->moe_dropless = cf <= 0.0;
         model->moe_training = dlogits_scale > 0.0f;
         model->aux_grad_scale = dlogits_scale * B * T;
     }
