@@ -152,7 +152,7 @@ static float* gathered_gradients(const GPT2* model, cudaStream_t stream) {
     size_t n = gpt2_num_parameters(c), sizes[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(sizes, c, c->num_experts);
     floatX* x = (floatX*)malloc_check(n * sizeof(floatX));
-    gpt2_get_tensors(model, x, 1, stream);
+    gpt2_get_gradients(model, x, stream);
     float* out = (float*)malloc_check(n * sizeof(float));
     size_t offset = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {

@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/file.h>
 #include <math.h>
 #include <stdio.h>
@@ -33,6 +34,8 @@
 #include "llmc/encoder.cuh"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
+#include "llmc/expert_matmul.cuh"
+#include "llmc/router_matmul.cuh"
 #include "llmc/attention.cuh"  // the hand-written path, and the size check of attention and matmul
 #ifdef ENABLE_CUDNN
 #include "llmc/cudnn_att.cuh"  // GPU only: cuDNN's fused attention (make USE_CUDNN=1)
@@ -119,8 +122,9 @@ typedef struct {
 
 // the tensors' indices in model-file order (parameter_names)
 enum {
-    T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB, T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW,
-    T_FCPROJB, T_ROUTERW, T_ROUTERNW, T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB, T_LNFW, T_LNFB
+    PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W,
+    PARAM_LN2B, PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB, PARAM_ROUTERW, PARAM_ROUTERNW, PARAM_EFCW,
+    PARAM_EFCB, PARAM_EFCPROJW, PARAM_EFCPROJB, PARAM_LNFW, PARAM_LNFB
 };
 static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
@@ -131,7 +135,7 @@ static const int parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1,
                                                              1, 1, 1, 0, 1, 0, 0, 0};
 // The experts' tensors (efcw .. efcprojb): each process keeps those of its own experts (llmc/expert_parallel.cuh)
 // in a second parameter set, reduced and sharded over the processes holding the same experts.
-#define FIRST_EXPERT_TENSOR T_EFCW
+#define FIRST_EXPERT_TENSOR PARAM_EFCW
 #define NUM_EXPERT_TENSORS 4
 static int is_expert_tensor(int i) { return i >= FIRST_EXPERT_TENSOR && i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; }
 
@@ -139,28 +143,28 @@ static int is_expert_tensor(int i) { return i >= FIRST_EXPERT_TENSOR && i < FIRS
 static void fill_in_parameter_sizes(size_t* sizes, const GPT2Config* cfg, int experts) {
     size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
     size_t Lm = num_moe_layers(cfg), Ld = L - Lm, E = experts, H = cfg->expert_hidden;
-    sizes[T_WTE] = Vp * C;
-    sizes[T_WPE] = maxT * C;
-    sizes[T_LN1W] = L * C;
-    sizes[T_LN1B] = L * C;
-    sizes[T_QKVW] = L * 3 * C * C;
-    sizes[T_QKVB] = L * 3 * C;
-    sizes[T_ATTPROJW] = L * C * C;
-    sizes[T_ATTPROJB] = L * C;
-    sizes[T_LN2W] = L * C;
-    sizes[T_LN2B] = L * C;
-    sizes[T_FCW] = Ld * 4 * C * C;
-    sizes[T_FCB] = Ld * 4 * C;
-    sizes[T_FCPROJW] = Ld * C * 4 * C;
-    sizes[T_FCPROJB] = Ld * C;
-    sizes[T_ROUTERW] = Lm * cfg->num_experts * C;  // the router scores every expert on every process
-    sizes[T_ROUTERNW] = cfg->noisy_gating ? Lm * cfg->num_experts * C : 0;
-    sizes[T_EFCW] = Lm * E * H * C;
-    sizes[T_EFCB] = Lm * E * H;
-    sizes[T_EFCPROJW] = Lm * E * C * H;
-    sizes[T_EFCPROJB] = Lm * E * C;
-    sizes[T_LNFW] = C;
-    sizes[T_LNFB] = C;
+    sizes[PARAM_WTE] = Vp * C;
+    sizes[PARAM_WPE] = maxT * C;
+    sizes[PARAM_LN1W] = L * C;
+    sizes[PARAM_LN1B] = L * C;
+    sizes[PARAM_QKVW] = L * 3 * C * C;
+    sizes[PARAM_QKVB] = L * 3 * C;
+    sizes[PARAM_ATTPROJW] = L * C * C;
+    sizes[PARAM_ATTPROJB] = L * C;
+    sizes[PARAM_LN2W] = L * C;
+    sizes[PARAM_LN2B] = L * C;
+    sizes[PARAM_FCW] = Ld * 4 * C * C;
+    sizes[PARAM_FCB] = Ld * 4 * C;
+    sizes[PARAM_FCPROJW] = Ld * C * 4 * C;
+    sizes[PARAM_FCPROJB] = Ld * C;
+    sizes[PARAM_ROUTERW] = Lm * cfg->num_experts * C;  // the router scores every expert on every process
+    sizes[PARAM_ROUTERNW] = cfg->noisy_gating ? Lm * cfg->num_experts * C : 0;
+    sizes[PARAM_EFCW] = Lm * E * H * C;
+    sizes[PARAM_EFCB] = Lm * E * H;
+    sizes[PARAM_EFCPROJW] = Lm * E * C * H;
+    sizes[PARAM_EFCPROJB] = Lm * E * C;
+    sizes[PARAM_LNFW] = C;
+    sizes[PARAM_LNFB] = C;
 }
 
 // the expert tensors point into expert_memory (in order), the others into memory (in order)
@@ -268,7 +272,7 @@ typedef struct {
     float mean_loss;    // the language-model cross-entropy of the last forward pass with targets
     // MoE: of the last forward pass
     int moe_capacity_used;          // rows per expert
-    int moe_packed;                 // the expert buffers use the packed dropless layout (else padded to capacity)
+    int moe_dropless;               // dropless routing (-cf 0): the expert buffers packed (else padded to capacity)
     int* moe_rows_src;              // (Lm, E) host: rows per global expert in this process's dispatch layout
     int* moe_rows_own;              // (Lm, E) host: rows per (group member, local expert) in the expert layout
     float aux_loss, z_loss;         // summed over MoE layers
@@ -385,12 +389,12 @@ static void gpt2_gather_experts(const GPT2* model, void* host, const void* local
     cudaCheck(cudaFree(gathered));
 }
 
-// The inverse of gpt2_set_parameters, collective over the expert group: the whole model in model-file order, of
-// the parameters or (gradients = 1) of their gradients as stored (the experts' times expert_store.grad_multiplier
-// once reduced are the step's; see gpt2_allocate_parameters).
-static void gpt2_get_tensors(const GPT2* model, floatX* file_order, int gradients, cudaStream_t stream) {
-    const floatX* replicated = gradients ? model->store.grads_memory : model->store.params_memory;
-    const floatX* experts_local = gradients ? model->expert_store.grads_memory : model->expert_store.params_memory;
+// The inverse of gpt2_set_parameters, collective over the expert group: the whole model in model-file order, from
+// replicated (the store's tensors) and experts_local (the expert_store's): the parameters (gpt2_get_parameters) or
+// their gradients as stored (gpt2_get_gradients: the experts' times expert_store.grad_multiplier once reduced are
+// the step's; see gpt2_allocate_parameters).
+static void gpt2_get_tensors(const GPT2* model, floatX* file_order, const floatX* replicated,
+                             const floatX* experts_local, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     size_t global[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(global, c, c->num_experts);
@@ -405,6 +409,12 @@ static void gpt2_get_tensors(const GPT2* model, floatX* file_order, int gradient
                          (model->store.num_parameters - before_experts) * sizeof(floatX), cudaMemcpyDeviceToHost));
     if (c->num_experts > 0)
         gpt2_gather_experts(model, file_order + before_experts, experts_local, sizeof(floatX), stream);
+}
+static void gpt2_get_parameters(const GPT2* model, floatX* file_order, cudaStream_t stream) {
+    gpt2_get_tensors(model, file_order, model->store.params_memory, model->expert_store.params_memory, stream);
+}
+static void gpt2_get_gradients(const GPT2* model, floatX* file_order, cudaStream_t stream) {
+    gpt2_get_tensors(model, file_order, model->store.grads_memory, model->expert_store.grads_memory, stream);
 }
 
 static void check_config_supported(const GPT2Config* c, const char* source) {
@@ -599,7 +609,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
             int expert = !strcmp(name, "routerw") || !strcmp(name, "efcw") || !strcmp(name, "efcprojw");
             float std = (residual ? 0.02f * residual_scale : 0.02f) * (expert ? sqrtf(init_scale) : 1.0f);
             size_t rows_used = n;
-            if (i == T_WTE) rows_used = (size_t)c->vocab_size * c->channels;  // padded rows stay zero
+            if (i == PARAM_WTE) rows_used = (size_t)c->vocab_size * c->channels;  // padded rows stay zero
             normal_(host + offset, rows_used, 0.0f, std, &rng);
         }
         offset += n;
@@ -640,7 +650,7 @@ static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStrea
     gpt2_model_header(model, header);
     size_t n = gpt2_num_parameters(c);
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
-    gpt2_get_tensors(model, host, 0, stream);
+    gpt2_get_parameters(model, host, stream);
     if (model->process_rank != 0) {
         free(host);
         return;
@@ -670,11 +680,11 @@ static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 // The row stride of one MoE layer's expert buffers, padded to `capacity` rows per expert or packed (dropless): in
 // this process's dispatch layout (src) and in its experts' layout (own), which with expert parallelism of degree N
 // may receive every choice of the N processes of its group.
-static void moe_layer_rows(const GPT2Config* c, int capacity, int packed, int N, int degree, size_t* src,
+static void moe_layer_rows(const GPT2Config* c, int capacity, int dropless, int N, int degree, size_t* src,
                            size_t* own) {
     size_t padded = (size_t)c->num_experts * capacity, choices = (size_t)N * c->top_k;
-    *src = layer_stride(packed ? choices : padded);
-    *own = layer_stride(packed ? degree * choices : padded);
+    *src = layer_stride(dropless ? choices : padded);
+    *own = layer_stride(dropless ? degree * choices : padded);
 }
 
 // ... the larger of training's and evaluation's, which the activations hold
@@ -891,7 +901,7 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
     const ActivationTensors* a = &model->acts;
     size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, C = c->channels;
     size_t NE = layer_stride(N * E), NK = layer_stride(N * K), SRC, OWN;
-    moe_layer_rows(c, model->moe_capacity_used, model->moe_packed, N, model->ep.degree, &SRC, &OWN);
+    moe_layer_rows(c, model->moe_capacity_used, model->moe_dropless, N, model->ep.degree, &SRC, &OWN);
     MoELayerActivations l;
     l.logits = a->router_logits + m * NE;
     l.clean = c->noisy_gating ? a->router_clean + m * NE : nullptr;
@@ -920,7 +930,7 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
 // this process's routing and, exchanged over the expert group, what each member sends to this process's experts.
 static void moe_layer_row_counts(GPT2* model, const MoELayerActivations* l, cudaStream_t stream) {
     int E = model->config.num_experts;
-    if (!model->moe_packed) {
+    if (!model->moe_dropless) {
         for (int e = 0; e < E; e++) l->rows_src[e] = l->rows_own[e] = model->moe_capacity_used;
         return;
     }
@@ -933,7 +943,7 @@ static void moe_layer_row_counts(GPT2* model, const MoELayerActivations* l, cuda
 // their sum, the rows of the expert layout in use (padded: E * capacity, all rows).
 static size_t moe_local_expert_rows(const GPT2* model, const MoELayerActivations* l, int* rows) {
     int E_l = model->local_experts, N = model->ep.degree;
-    if (!model->moe_packed) return (size_t)model->config.num_experts * model->moe_capacity_used;
+    if (!model->moe_dropless) return (size_t)model->config.num_experts * model->moe_capacity_used;
     size_t total = 0;
     for (int e = 0; e < E_l; e++) {
         rows[e] = 0;
@@ -956,7 +966,7 @@ static void moe_experts_linear_forward(const GPT2* model, const MoELayerActivati
                                        const floatX* weight, const floatX* bias, int IC, int OC, floatX* pre_gelu,
                                        cudaStream_t stream) {
     int E_l = model->local_experts, N = model->ep.degree;
-    if (!model->moe_packed) {
+    if (!model->moe_dropless) {
         matmul_forward_batched(out, inp, weight, bias, E_l, N * model->moe_capacity_used, IC, OC, stream, pre_gelu,
                                gpt2_forward_gelu_fusion(model));
         return;
@@ -973,7 +983,7 @@ static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivat
                                         int IC, int OC, const floatX* pre_gelu, cudaStream_t stream) {
     int E_l = model->local_experts, N = model->ep.degree;
     float* scratch = model->acts.scratch_f;
-    if (!model->moe_packed) {
+    if (!model->moe_dropless) {
         matmul_backward_batched(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, N * model->moe_capacity_used, IC,
                                 OC, stream, pre_gelu, model->gelu_fusion);
         return;
@@ -1002,7 +1012,7 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     const ParameterTensors* p = &model->params;
     const ActivationTensors* a = &model->acts;
     int E = c->num_experts, E_l = model->local_experts, K = c->top_k, C = c->channels, H = c->expert_hidden;
-    int spread = model->ep.degree > 1;  // rows travel to other processes' experts
+    int exchange_rows = model->ep.degree > 1;  // expert parallelism: rows go to and come back from the experts' owners
     MoELayerActivations l = moe_layer_activations(model, m, N);
     const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
     if (c->noisy_gating) {
@@ -1015,19 +1025,19 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     }
     moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K,
-                     model->moe_capacity_used, model->moe_packed, stream);
+                     model->moe_capacity_used, model->moe_dropless, stream);
     moe_layer_row_counts(model, &l, stream);
-    int rows_src = model->moe_packed ? N * K : E * model->moe_capacity_used;
-    floatX* dispatched = spread ? a->moe_scratch_src : l.expert_input;
+    int rows_src = model->moe_dropless ? N * K : E * model->moe_capacity_used;
+    floatX* dispatched = exchange_rows ? a->moe_scratch_src : l.expert_input;
     moe_dispatch(dispatched, ln2, l.row_choice, rows_src, K, C, stream);
-    if (spread)
+    if (exchange_rows)
         expert_parallel_exchange(&model->ep, dispatched, l.expert_input, l.rows_src, l.rows_own, E, C, 1, stream);
     moe_experts_linear_forward(model, &l, l.expert_act, l.expert_input, p->efcw + (size_t)m * E_l * H * C,
                                p->efcb + (size_t)m * E_l * H, C, H, l.expert_pre, stream);
-    floatX* expert_output = spread ? a->moe_scratch_own : l.expert_output;
+    floatX* expert_output = exchange_rows ? a->moe_scratch_own : l.expert_output;
     moe_experts_linear_forward(model, &l, expert_output, l.expert_act, p->efcprojw + (size_t)m * E_l * C * H,
                                p->efcprojb + (size_t)m * E_l * C, H, C, nullptr, stream);
-    if (spread)
+    if (exchange_rows)
         expert_parallel_exchange(&model->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
     moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
     moe_router_losses(l.losses, l.probs, l.lse, l.expert_count, N, E, K, model->moe.aux_alpha, model->moe.z_coef,
@@ -1050,16 +1060,16 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
     const ParameterTensors* g = &model->grads;
     const ActivationTensors* a = &model->acts;
     int E = c->num_experts, E_l = model->local_experts, K = c->top_k, C = c->channels, H = c->expert_hidden;
-    int spread = model->ep.degree > 1;
+    int exchange_rows = model->ep.degree > 1;
     MoELayerActivations l = moe_layer_activations(model, m, N);
-    int rows_src = model->moe_packed ? N * K : E * model->moe_capacity_used;
+    int rows_src = model->moe_dropless ? N * K : E * model->moe_capacity_used;
     // d_own: the experts' output gradient, then their input gradient, in the expert layout; d_src: the same in
     // the dispatch layout (one buffer without expert parallelism)
     floatX* d_own = a->moe_scratch_own;
-    floatX* d_src = spread ? a->moe_scratch_src : d_own;
+    floatX* d_src = exchange_rows ? a->moe_scratch_src : d_own;
     moe_combine_backward(d_src, a->d_gates, dout, l.expert_output, l.choice_row, l.gates, l.row_choice, N, rows_src, K,
                          C, stream);
-    if (spread) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
+    if (exchange_rows) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
     // dropless, this process's experts may have received no row at all
     int rows[MOE_MAX_EXPERTS];
     size_t own_rows = moe_local_expert_rows(model, &l, rows);
@@ -1071,7 +1081,7 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
     moe_experts_linear_backward(model, &l, d_own, g->efcw + (size_t)m * E_l * H * C, g->efcb + (size_t)m * E_l * H,
                                 a->d_expert_hidden, l.expert_input, p->efcw + (size_t)m * E_l * H * C, C, H, nullptr,
                                 stream);
-    if (spread) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 0, stream);
+    if (exchange_rows) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 0, stream);
     cudaCheck(cudaMemsetAsync(d_ln2, 0, (size_t)N * C * sizeof(floatX), stream));
     moe_dispatch_backward(d_ln2, d_src, l.choice_row, N, K, C, stream);
     // the router: the gates' gradient (with noisy gating, plus the importance loss's), the Switch and z losses
@@ -1185,7 +1195,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
         // the capacity factor of training (a backward pass follows) or of evaluation
         double cf = dlogits_scale > 0.0f ? model->moe.capacity_factor : model->moe.capacity_factor_eval;
         model->moe_capacity_used = moe_capacity(B * T, c->num_experts, c->top_k, cf);
-        model->moe_packed = cf <= 0.0;
+        model->moe_dropless = cf <= 0.0;
         model->moe_training = dlogits_scale > 0.0f;
         model->aux_grad_scale = dlogits_scale * B * T;
     }
@@ -1330,11 +1340,12 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
 static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     // stacked over all layers, over the dense layers, over the MoE layers (the router's, and expert_store's tensors)
-    static const int every_layer[] = {T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB, T_LN2W, T_LN2B};
-    static const int dense[] = {T_FCW, T_FCB, T_FCPROJW, T_FCPROJB};
-    static const int router[] = {T_ROUTERW, T_ROUTERNW};  // routernw is empty without noisy gating
-    static const int experts[] = {T_EFCW - FIRST_EXPERT_TENSOR, T_EFCB - FIRST_EXPERT_TENSOR,
-                                  T_EFCPROJW - FIRST_EXPERT_TENSOR, T_EFCPROJB - FIRST_EXPERT_TENSOR};
+    static const int every_layer[] = {PARAM_LN1W,     PARAM_LN1B,     PARAM_QKVW, PARAM_QKVB,
+                                      PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W, PARAM_LN2B};
+    static const int dense[] = {PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB};
+    static const int router[] = {PARAM_ROUTERW, PARAM_ROUTERNW};  // routernw is empty without noisy gating
+    static const int experts[] = {PARAM_EFCW - FIRST_EXPERT_TENSOR, PARAM_EFCB - FIRST_EXPERT_TENSOR,
+                                  PARAM_EFCPROJW - FIRST_EXPERT_TENSOR, PARAM_EFCPROJB - FIRST_EXPERT_TENSOR};
     int Lm = num_moe_layers(c);
     sharded_parameters_reduce_slices(&model->store, every_layer, 8, layer, c->num_layers, mg, zero_stage, stream);
     if (is_moe_layer(c, layer)) {
@@ -1348,7 +1359,8 @@ static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, 
     }
 }
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    static const int rest[] = {T_WTE, T_WPE, T_LNFW, T_LNFB};  // complete only after the encoder's backward
+    // complete only after the encoder's backward
+    static const int rest[] = {PARAM_WTE, PARAM_WPE, PARAM_LNFW, PARAM_LNFB};
     sharded_parameters_reduce_slices(&model->store, rest, 4, -1, model->config.num_layers, mg, zero_stage, stream);
 }
 
@@ -1962,9 +1974,49 @@ static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step)
     }
 }
 
-// The trainer's main, shared by train_gpt.cu (dense, moe = 0) and train_moe.cu (moe = 1: MoE model files,
+// The start-up table: rows of a name and a value, printed with each column as wide as its widest entry.
+typedef struct {
+    char name[12][32];
+    char value[12][128];
+    int rows;
+} InfoTable;
+
+static void info_row(InfoTable* t, const char* name, const char* fmt, ...) {
+    if (t->rows == 12) return;
+    snprintf(t->name[t->rows], sizeof(t->name[0]), "%s", name);
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(t->value[t->rows], sizeof(t->value[0]), fmt, args);
+    va_end(args);
+    t->rows++;
+}
+
+static void info_table_print(const InfoTable* t) {
+    int wn = 0, wv = 0;
+    for (int i = 0; i < t->rows; i++) {
+        if ((int)strlen(t->name[i]) > wn) wn = (int)strlen(t->name[i]);
+        if ((int)strlen(t->value[i]) > wv) wv = (int)strlen(t->value[i]);
+    }
+    char rule[200];
+    int n = 0;
+    rule[n++] = '+';
+    for (int i = 0; i < wn + 2; i++) rule[n++] = '-';
+    rule[n++] = '+';
+    for (int i = 0; i < wv + 2; i++) rule[n++] = '-';
+    rule[n++] = '+';
+    rule[n] = '\0';
+    printf("%s\n", rule);
+    for (int i = 0; i < t->rows; i++) printf("| %-*s | %-*s |\n", wn, t->name[i], wv, t->value[i]);
+    printf("%s\n", rule);
+}
+
+// Which trainer gpt2_main is: train_gpt.cu's (dense) or train_moe.cu's.
+typedef enum { TRAINER_DENSE, TRAINER_MOE } TrainerKind;
+
+// The trainer's main, shared by train_gpt.cu (TRAINER_DENSE) and train_moe.cu (TRAINER_MOE: MoE model files,
 // descriptors with experts, the MoE flags, and aux/z/drop in the step line).
-static int gpt2_main(int argc, char* argv[], int moe) {
+static int gpt2_main(int argc, char* argv[], TrainerKind kind) {
+    const int moe = kind == TRAINER_MOE;
     // line-buffered even into a pipe or a file: the memory plan and every step line are out before a crash
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char* train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
@@ -2282,27 +2334,24 @@ static int gpt2_main(int argc, char* argv[], int moe) {
     int max_fit_B = 0;
     while (max_fit_B < 65536 && activation_bytes(cfg, &model.moe, max_fit_B + 1, T, recompute, model.ep.degree) <= free_bytes + act_bytes) max_fit_B++;
     if (rank0) {
-        printf("+-----------------------+----------------------------------------------------+\n");
-        printf("| device                | %-50.50s |\n", prop.name);
-        printf("| precision             | %-50s |\n", PRECISION_NAME);
-        printf("| model                 | L=%d NH=%d C=%d V=%d Vp=%d maxT=%d%*s|\n", cfg->num_layers, cfg->num_heads,
-               cfg->channels, cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len, 1, "");
-        printf("| parameters            | %-50zu |\n", gpt2_num_parameters(cfg));
-        if (cfg->num_experts > 0) {
-            char experts[64];
-            snprintf(experts, sizeof(experts), "%d per MoE layer, %d per process (-ep %d)", cfg->num_experts,
-                     model.local_experts, model.ep.degree);
-            printf("| experts               | %-50s |\n", experts);
-        }
-        printf("| batch                 | B=%d T=%d processes=%d accumulation=%d%*s|\n", B, T, mg.num_processes,
-               grad_accum_steps, 1, "");
-        printf("| memory: parameters    | %10.1f MiB%40s|\n", param_bytes / 1048576.0, "");
-        printf("| memory: gradients     | %10.1f MiB%40s|\n", param_bytes / 1048576.0, "");
-        printf("| memory: optimizer     | %10.1f MiB (m, v%s, ZeRO-%d shard)%*s|\n", opt_bytes / 1048576.0,
-               model.store.master_weights ? ", master" : "", zero_stage, model.store.master_weights ? 7 : 15, "");
-        printf("| memory: activations   | %10.1f MiB (recompute %d)%24s|\n", act_bytes / 1048576.0, recompute, "");
-        printf("| largest B that fits   | %-50d |\n", max_fit_B);
-        printf("+-----------------------+----------------------------------------------------+\n");
+        // the start-up table: each column as wide as its widest entry
+        InfoTable t = {};
+        info_row(&t, "device", "%s", prop.name);
+        info_row(&t, "precision", "%s", PRECISION_NAME);
+        info_row(&t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
+                 cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
+        info_row(&t, "parameters", "%zu", gpt2_num_parameters(cfg));
+        if (cfg->num_experts > 0)
+            info_row(&t, "experts", "%d per MoE layer, %d per process (-ep %d)", cfg->num_experts, model.local_experts,
+                     model.ep.degree);
+        info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", B, T, mg.num_processes, grad_accum_steps);
+        info_row(&t, "memory: parameters", "%10.1f MiB", param_bytes / 1048576.0);
+        info_row(&t, "memory: gradients", "%10.1f MiB", param_bytes / 1048576.0);
+        info_row(&t, "memory: optimizer", "%10.1f MiB (m, v%s, ZeRO-%d shard)", opt_bytes / 1048576.0,
+                 model.store.master_weights ? ", master" : "", zero_stage);
+        info_row(&t, "memory: activations", "%10.1f MiB (recompute %d)", act_bytes / 1048576.0, recompute);
+        info_row(&t, "largest B that fits", "%d", max_fit_B);
+        info_table_print(&t);
     }
 
     TrainerState ts;
@@ -2497,6 +2546,6 @@ static int gpt2_main(int argc, char* argv[], int moe) {
 }
 
 #ifndef TRAIN_GPT_LIBRARY
-int main(int argc, char* argv[]) { return gpt2_main(argc, argv, 0); }
+int main(int argc, char* argv[]) { return gpt2_main(argc, argv, TRAINER_DENSE); }
 #endif
 #endif

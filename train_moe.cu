@@ -8,4 +8,4 @@
 #define TRAIN_GPT_LIBRARY
 #include "train_gpt.cu"
 
-int main(int argc, char* argv[]) { return gpt2_main(argc, argv, 1); }
+int main(int argc, char* argv[]) { return gpt2_main(argc, argv, TRAINER_MOE); }

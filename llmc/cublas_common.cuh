@@ -1,7 +1,7 @@
 // llmc/cublas_common.cuh: the process-wide cuBLAS and cuBLASLt state every GEMM of switch.cu goes through:
 // the two handles, one workspace, the grouped GEMMs' pointer arrays, the compute type and the matching data type
 // of floatX. Included by
-// llmc/matmul.cuh and llmc/attention.cuh; a program calls cublas_setup() once before its first GEMM and
+// llmc/matmul.cuh, llmc/expert_matmul.cuh, llmc/router_matmul.cuh and llmc/attention.cuh; a program calls cublas_setup() once before its first GEMM and
 // cublas_teardown() at exit. Builds with nvcc (-lcublas -lcublasLt) or through the CPU backend
 // (cpu/cucc ... -lcublas -lcublasLt), which implements the same API over OpenBLAS.
 #pragma once
@@ -32,7 +32,7 @@ inline void cublas_check(cublasStatus_t status, const char* file, int line) {
 // slower split-k-free algorithms.
 inline constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32ull << 20;
 
-// cublasGemmGroupedBatchedEx (the dropless experts, llmc/matmul.cuh) reads every GEMM's A, B and C addresses from
+// cublasGemmGroupedBatchedEx (the dropless experts, llmc/expert_matmul.cuh) reads every GEMM's A, B and C addresses from
 // device memory. This buffer holds them for the two grouped GEMMs of one matmul_backward_grouped call (2 products x
 // 3 arrays of up to CUBLAS_GROUPED_MAX_GROUPS pointers, 12 KiB), which the caller fills with one cudaMemcpyAsync on
 // the GEMMs' stream. It is allocated here, once, beside the workspace, rather than lazily on the first grouped call:

@@ -2,8 +2,8 @@
 //   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
 // The project's one definition of GELU: every path that evaluates it outside a cuBLASLt epilogue uses
 // gelu_value / gelu_derivative (the trainers' recompute, the unfused Linear layers of llmc/matmul.cuh, the
-// dropless experts' bias-and-GELU pass, the kernel lab's references), so that a recompute reproduces its forward
-// bit for bit. A cuBLASLt GELU epilogue is the library's own evaluation: the trainers fuse the forward GELU into
+// dropless experts' bias-and-GELU pass of llmc/expert_matmul.cuh, the kernel lab's references), so that a
+// recompute reproduces its forward bit for bit. A cuBLASLt GELU epilogue is the library's own evaluation: the trainers fuse the forward GELU into
 // it only where nothing recomputes it (-ge with -r 0).
 // Included by the trainers and by dev/cuda/gelu.cu (the kernel lab: `make build/lab/gelu_bf16 && build/lab/gelu_bf16 -s`).
 // Any N: each thread moves 8 elements with 16-byte vectors, the last thread handles a tail of N % 8 one by

@@ -1,4 +1,5 @@
-// dev/cuda/matmul_batched.cu: kernel lab for the MoE layer's GEMMs in llmc/matmul.cuh: the expert FFN as one
+// dev/cuda/matmul_batched.cu: kernel lab for the MoE layer's GEMMs in llmc/expert_matmul.cuh and
+// llmc/router_matmul.cuh: the expert FFN as one
 // batched cuBLASLt call over E experts (matmul_forward_batched, matmul_backward_batched) or, dropless, as one
 // grouped cuBLAS GEMM over the experts' unequal row ranges (matmul_forward_grouped, matmul_backward_grouped), and
 // the router's GEMM with fp32 logits (matmul_forward_fp32_output, matmul_backward_fp32_dout).
@@ -28,7 +29,8 @@
 // grouped ones; the router: 2 * N * C * E flops, but memory-bound at E = 8: (N*C + E*C) * sizeof(floatX) + N*E*4
 // bytes.
 #include "common.h"
-#include "../../llmc/matmul.cuh"
+#include "../../llmc/expert_matmul.cuh"
+#include "../../llmc/router_matmul.cuh"
 
 // zero rows [used, rows) of every expert's (rows, width) block, and every row of the last expert
 static void zero_padding(std::vector<float>& v, int E, int rows, int used, int width) {
