@@ -63,8 +63,13 @@ static const char* fn_name[NFN] = {"tanhf", "__tanhf", "expf", "__expf", "exp2f"
                                    "log2f", "__log2f", "sinf", "cosf", "__sinf", "__cosf", "__sincosf(sin)",
                                    "__sincosf(cos)", "powf", "__powf", "sqrtf", "rsqrtf", "__fdividef"};
 
-// The functions as device code (or host code: the same calls) writes them.
+// The functions as device code (or host code: the same calls) writes them. With nvcc the intrinsics are device
+// functions only, so there apply is too, and the host-side comparison (CPU backend only) is left out.
+#ifdef __CUCC__
 __host__ __device__ static float apply(int f, float x, float y) {
+#else
+__device__ static float apply(int f, float x, float y) {
+#endif
     float s, c;
     switch (f) {
         case TANHF: return tanhf(x);
@@ -280,11 +285,13 @@ static void test_function(int f) {
     run_device(f, x, y, got, n);
     run_device(f, x, y, again, n);
     check(memcmp(got, again, n * sizeof(float)) == 0, "%s: results differ between two identical launches", fn_name[f]);
+#ifdef __CUCC__
     // host code of the same program: the exact libm result, bit for bit, whatever the build
     int host_bad = 0;
     for (int i = 0; i < n; i++)
         if (bits(apply(f, x[i], y[i])) != bits(exact_libm(f, x[i], y[i]))) host_bad++;
     check(host_bad == 0, "%s: %d of %d host-side results differ from libm's", fn_name[f], host_bad, n);
+#endif
 #if CUCC_FAST_MATH
     double worst = 0.0, worst_bound = 0.0, worst_x = 0.0;
     const char* worst_kind = "";
