@@ -1011,7 +1011,8 @@ static const char* library_check(uint32_t op) {
     return strncmp(name, "nccl", 4) == 0 ? CUCC_CHECK_NCCL : strncmp(name, "cublas", 6) == 0 ? CUCC_CHECK_CUBLAS
                                                                                            : CUCC_CHECK_MEM;
 }
-static void op_bytes(const void* p, size_t bytes, int write, const char* what) {
+// initcheck = 0: a copy's device-to-device source, whose unwritten bytes move along unused (cucc_check_memcpy)
+static void op_bytes(const void* p, size_t bytes, int write, const char* what, int initcheck = 1) {
     if (!bytes) return;
     uintptr_t a = (uintptr_t)p;
     size_t off = a - arena_base;
@@ -1029,7 +1030,7 @@ static void op_bytes(const void* p, size_t bytes, int write, const char* what) {
     for (size_t i = 0; i < bytes; i++) {
         cell* c = &cells[off + i];
         if (!write) {
-            if (r == R_DEVICE && c->w_op == 0 && cucc_check_on(CUCC_CHECK_INIT))
+            if (initcheck && r == R_DEVICE && c->w_op == 0 && cucc_check_on(CUCC_CHECK_INIT))
                 cucc_check_report(CUCC_CHECK_INIT, "%s: %s reads %s, which nothing has written",
                                   cucc_check_op_describe(current_op, mine, sizeof(mine)), what,
                                   describe_address(a + i, addr, sizeof(addr)));
@@ -1085,7 +1086,6 @@ static void op_matrix(const void* p, size_t rows, size_t cols, size_t ld, size_t
         if (batch == 1) break;
     }
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
-    op_bytes((const void*)lo, 0, write, what);
     {
         size_t off = lo - arena_base;
         if (off < arena_limit) {
@@ -1175,17 +1175,6 @@ cudaError_t cucc_check_free(void* p, int kind) {
     return cudaSuccess;
 }
 
-// A copy's source: bounds and stream order as any operand, but no initcheck (copying garbage is not yet using it).
-static void copy_source_bytes(const void* src, size_t count) {
-    size_t off = (uintptr_t)src - arena_base;
-    if (off >= arena_limit || !count) return;
-    if (!checks_parsed) parse_checks();
-    int init = check_enabled[2];  // initcheck
-    check_enabled[2] = 0;
-    op_bytes(src, count, 0, "the source");
-    check_enabled[2] = init;
-}
-
 static int is_device_side(const void* p) {
     size_t off = (uintptr_t)p - arena_base;
     return off < arena_limit && (region_of(off) == R_DEVICE || region_of(off) == R_MANAGED);
@@ -1223,8 +1212,8 @@ cudaError_t cucc_check_memcpy(void* dst, const void* src, size_t count, cudaMemc
                               describe_address((uintptr_t)src, addr, sizeof(addr)), src_device ? "device" : "host");
     }
     cucc_check_op_begin(stream, name);
-    if (is_device_side(dst)) copy_source_bytes(src, count);  // device to device: the garbage moves along, unused
-    else op_bytes(src, count, 0, "the source");              // to the host: the program is about to use it
+    // device to device: unwritten bytes move along, unused; to the host: the program is about to use them
+    op_bytes(src, count, 0, "the source", !is_device_side(dst));
     op_bytes(dst, count, 1, "the destination");
     size_t doff = (uintptr_t)dst - arena_base, soff = (uintptr_t)src - arena_base;
     // a copy of unwritten device bytes leaves the destination unwritten (what a kernel then reads is garbage)
