@@ -52,7 +52,7 @@ void matmul_forward_batched(floatX* out, const floatX* inp, const floatX* weight
                                 nullptr, false, batch, stride_weight, stride_inp, stride_out, OC);
         // the batches are contiguous, so one elementwise pass covers them all
         const size_t count = (size_t)batch * rows * OC;
-        gelu_forward_count(out, pre_gelu, count, stream);
+        gelu_forward(out, pre_gelu, count, stream);
     } else {
         matmul_cublaslt_strided(out, CUBLAS_LOWP, weight, inp, bias, OC, rows, C, stream, true, false, false, pre_gelu,
                                 false, batch, stride_weight, stride_inp, stride_out, OC);
@@ -76,7 +76,7 @@ void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias, const
                             fused_gelu_input, true, batch, stride_weight, stride_out, stride_inp, 0);
     if (pre_gelu != nullptr && gelu_fusion < 2) {
         const size_t count = (size_t)batch * rows * C;
-        gelu_backward_inplace_count(dinp, pre_gelu, count, stream);
+        gelu_backward_inplace(dinp, pre_gelu, count, stream);
     }
     matmul_cublaslt_strided(dweight, CUBLAS_LOWP, inp, dout, nullptr, C, OC, rows, stream, false, true, true, nullptr,
                             false, batch, stride_inp, stride_out, stride_weight, 0);
@@ -242,7 +242,7 @@ void matmul_forward_grouped(floatX* out, const floatX* inp, const floatX* weight
                                                                              OC);
             cudaCheck(cudaGetLastError());
         }
-        gelu_forward_count(out, pre_gelu, vectors * x128::size, stream);
+        gelu_forward(out, pre_gelu, vectors * x128::size, stream);
     } else {
         matmul_grouped_bias_gelu_kernel<<<grid, block_size, 0, stream>>>(out, pre_gelu, bias, offsets, groups, OC);
         cudaCheck(cudaGetLastError());
@@ -291,7 +291,7 @@ void matmul_backward_grouped(floatX* dinp, floatX* dweight, floatX* dbias, const
     void* const* pointers = matmul_grouped_upload(host_pointers, 6 * count, stream);
     matmul_grouped_gemm(pointers, count, C_array, rows_array, OC_array, false, false, C, OC, C, false, stream);
     if (pre_gelu != nullptr) {
-        gelu_backward_inplace_count(dinp, pre_gelu, (size_t)offsets.start[groups] * C, stream);
+        gelu_backward_inplace(dinp, pre_gelu, (size_t)offsets.start[groups] * C, stream);
     }
     matmul_grouped_gemm(pointers + 3 * count, count, C_array, OC_array, rows_array, false, true, C, OC, C, true,
                         stream);

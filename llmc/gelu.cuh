@@ -6,7 +6,7 @@
 // recompute reproduces its forward bit for bit. A cuBLASLt GELU epilogue is the library's own evaluation: the trainers fuse the forward GELU into
 // it only where nothing recomputes it (-ge with -r 0).
 // Included by the trainers and by dev/cuda/gelu.cu (the kernel lab: `make build/lab/gelu_bf16 && build/lab/gelu_bf16 -s`).
-// Any N: each thread moves 8 elements with 16-byte vectors, the last thread handles a tail of N % 8 one by
+// Any N (a size_t count): each thread moves 8 elements with 16-byte vectors, the last thread handles a tail of N % 8 one by
 // one. Pointers must be 16-byte aligned (cudaMalloc'd buffers at offsets that are multiples of 8 elements).
 #pragma once
 #include "common.cuh"
@@ -65,39 +65,26 @@ __global__ void gelu_backward_inplace_kernel(floatX* d_in_out, const floatX* __r
     }
 }
 
-void gelu_forward_launch(floatX* out, const floatX* inp, int N, int block_size, cudaStream_t stream) {
-    const unsigned int grid = (unsigned int)CEIL_DIV((size_t)N, (size_t)block_size * x128::size);
-    gelu_forward_kernel<<<grid, block_size, 0, stream>>>(out, inp, (size_t)N);
-    cudaCheck(cudaGetLastError());
-}
-
-void gelu_backward_inplace_launch(floatX* d_in_out, const floatX* inp, int N, int block_size, cudaStream_t stream) {
-    const unsigned int grid = (unsigned int)CEIL_DIV((size_t)N, (size_t)block_size * x128::size);
-    gelu_backward_inplace_kernel<<<grid, block_size, 0, stream>>>(d_in_out, inp, (size_t)N);
-    cudaCheck(cudaGetLastError());
-}
-
-// out (N) = gelu(inp)
-void gelu_forward(floatX* out, const floatX* inp, int N, cudaStream_t stream) {
-    gelu_forward_launch(out, inp, N, 256, stream);
-}
-
-// d (N) *= gelu'(inp)
-void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, int N, cudaStream_t stream) {
-    gelu_backward_inplace_launch(d_in_out, inp, N, 256, stream);
-}
-
-// the same for element counts past INT_MAX (the MoE experts' buffers)
-void gelu_forward_count(floatX* out, const floatX* inp, size_t N, cudaStream_t stream) {
-    const int block_size = 256;
+// The grid is counted in size_t: N reaches 2^31 at production sizes (B*T*4C, the dropless experts' rows * H), and
+// N / (block_size * 8) stays far below the 2^31 - 1 blocks a grid may have for any N that fits in a GPU's memory.
+void gelu_forward_launch(floatX* out, const floatX* inp, size_t N, int block_size, cudaStream_t stream) {
     const unsigned int grid = (unsigned int)CEIL_DIV(N, (size_t)block_size * x128::size);
     gelu_forward_kernel<<<grid, block_size, 0, stream>>>(out, inp, N);
     cudaCheck(cudaGetLastError());
 }
 
-void gelu_backward_inplace_count(floatX* d_in_out, const floatX* inp, size_t N, cudaStream_t stream) {
-    const int block_size = 256;
+void gelu_backward_inplace_launch(floatX* d_in_out, const floatX* inp, size_t N, int block_size, cudaStream_t stream) {
     const unsigned int grid = (unsigned int)CEIL_DIV(N, (size_t)block_size * x128::size);
     gelu_backward_inplace_kernel<<<grid, block_size, 0, stream>>>(d_in_out, inp, N);
     cudaCheck(cudaGetLastError());
+}
+
+// out (N) = gelu(inp)
+void gelu_forward(floatX* out, const floatX* inp, size_t N, cudaStream_t stream) {
+    gelu_forward_launch(out, inp, N, 256, stream);
+}
+
+// d (N) *= gelu'(inp)
+void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t N, cudaStream_t stream) {
+    gelu_backward_inplace_launch(d_in_out, inp, N, 256, stream);
 }

@@ -251,7 +251,7 @@ void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const 
     if (pre_gelu != nullptr && gelu_fusion < 1) {
         matmul_cublaslt(pre_gelu, weight, inp, bias, OC, N, C, stream, true, false, false, nullptr, false);
         const size_t count = (size_t)N * OC;
-        gelu_forward_count(out, pre_gelu, count, stream);
+        gelu_forward(out, pre_gelu, count, stream);
     } else {
         matmul_cublaslt(out, weight, inp, bias, OC, N, C, stream, true, false, false, pre_gelu, false);
     }
@@ -270,7 +270,7 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX*
     matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, stream, false, false, false, fused_gelu_input, true);
     if (pre_gelu != nullptr && gelu_fusion < 2) {
         const size_t count = (size_t)N * C;
-        gelu_backward_inplace_count(dinp, pre_gelu, count, stream);
+        gelu_backward_inplace(dinp, pre_gelu, count, stream);
     }
     // dweight, column-major (C, OC), += inp (C, N column-major) @ dout^T (N, OC)
     matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, stream, false, true, true, nullptr, false);
