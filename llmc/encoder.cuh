@@ -116,15 +116,21 @@ __global__ void encoder_backward_wpe_kernel(floatX* __restrict__ dwpe, const flo
     store128(dwpe + idx, new_value);
 }
 
-// The bucket table, kept between calls and grown when a larger batch or token id arrives:
-// positions (N, padded to a multiple of 4 ints so the int4 buckets that follow are 16-byte aligned), then
-// one int4 {token, begin, end, 0} per distinct token. The host copy is pageable on purpose:
-// cudaMemcpyAsync from pageable memory has consumed the buffer when it returns, so the next call may
-// refill it without waiting for the previous copy to land.
+// The bucket table: positions (N, padded to a multiple of 4 ints so the int4 buckets that follow are 16-byte
+// aligned), then one int4 {token, begin, end, 0} per distinct token; kept between calls and grown when a larger batch
+// arrives. The host builds it in pinned staging memory, from which cudaMemcpyAsync is a DMA the host does not wait
+// for (from pageable memory it goes through a driver buffer, and CUDA allows it to be synchronous with respect to the
+// host). A staging buffer may be rebuilt only once the copy out of it has finished, which its event tells; with two
+// buffers that is the copy of the call before the last, so the host can prepare a backward pass while the GPU still
+// runs the previous one.
+#define ENCODER_STAGING_BUFFERS 2
+
 struct EncoderBuckets {
-    int* host_table;
+    int* host_tables[ENCODER_STAGING_BUFFERS];  // pinned
+    cudaEvent_t copied[ENCODER_STAGING_BUFFERS];  // recorded after the last copy out of host_tables[i]
+    int next;                                    // the staging buffer the next call builds in
     int* device_table;
-    size_t table_capacity;  // ints
+    size_t table_capacity;  // ints, of each host table and of the device table
     int* token_cursor;      // per token id: occurrences, then where its next position goes
     size_t token_capacity;
 };
@@ -137,9 +143,30 @@ static int encoder_compare_buckets(const void* a, const void* b) {
     return x->x < y->x ? -1 : (x->x > y->x ? 1 : 0);
 }
 
-// Counting sort of the N positions by token (positions ascending inside a bucket); returns the number of
-// buckets. Buckets are listed largest first so that the longest blocks start early and overlap the many
-// short ones: only the schedule depends on that order, not the sums.
+// The staging buffer for a table of table_ints ints, once the copy last issued from it has finished. Growing
+// replaces every buffer (after their copies, and the device table's readers: cudaFree waits for the device).
+static int* encoder_staging_table(EncoderBuckets* table, size_t table_ints) {
+    if (table->copied[0] == nullptr) {
+        for (int i = 0; i < ENCODER_STAGING_BUFFERS; i++)
+            cudaCheck(cudaEventCreateWithFlags(&table->copied[i], cudaEventDisableTiming));
+    }
+    if (table_ints > table->table_capacity) {
+        for (int i = 0; i < ENCODER_STAGING_BUFFERS; i++) {
+            cudaCheck(cudaEventSynchronize(table->copied[i]));
+            cudaCheck(cudaFreeHost(table->host_tables[i]));
+            cudaCheck(cudaMallocHost(&table->host_tables[i], table_ints * sizeof(int)));
+        }
+        cudaCheck(cudaFree(table->device_table));
+        cudaCheck(cudaMalloc(&table->device_table, table_ints * sizeof(int)));
+        table->table_capacity = table_ints;
+    }
+    cudaCheck(cudaEventSynchronize(table->copied[table->next]));
+    return table->host_tables[table->next];
+}
+
+// Counting sort of the N positions by token (positions ascending inside a bucket) into the next staging buffer;
+// returns the number of buckets. Buckets are listed largest first so that the longest blocks start early and overlap
+// the many short ones: only the schedule depends on that order, not the sums.
 static int encoder_build_buckets(EncoderBuckets* table, const int* inputs_cpu, int N) {
     int max_token = 0;
     for (int i = 0; i < N; i++) {
@@ -156,20 +183,13 @@ static int encoder_build_buckets(EncoderBuckets* table, const int* inputs_cpu, i
         table->token_capacity = tokens;
     }
     size_t padded_n = CEIL_DIV((size_t)N, (size_t)4) * 4;
-    size_t table_ints = padded_n + 4 * (size_t)N;  // at most N buckets
-    if (table_ints > table->table_capacity) {
-        free(table->host_table);
-        if (table->device_table != nullptr) cudaCheck(cudaFree(table->device_table));
-        table->host_table = (int*)malloc(table_ints * sizeof(int));
-        cudaCheck(cudaMalloc(&table->device_table, table_ints * sizeof(int)));
-        table->table_capacity = table_ints;
-    }
+    int* host_table = encoder_staging_table(table, padded_n + 4 * (size_t)N);  // at most N buckets
     int* cursor = table->token_cursor;
     memset(cursor, 0, tokens * sizeof(int));
     for (int i = 0; i < N; i++) cursor[inputs_cpu[i]]++;
 
-    int* positions = table->host_table;
-    int4* buckets = (int4*)(table->host_table + padded_n);
+    int* positions = host_table;
+    int4* buckets = (int4*)(host_table + padded_n);
     int num_buckets = 0, begin = 0;
     for (size_t v = 0; v < tokens; v++) {
         int count = cursor[v];
@@ -183,18 +203,27 @@ static int encoder_build_buckets(EncoderBuckets* table, const int* inputs_cpu, i
     return num_buckets;
 }
 
+// Builds the bucket table of the N positions of inputs_cpu and copies it into table->device_table on stream (the
+// positions first, the buckets from padded_n = N rounded up to a multiple of 4 ints on); returns the bucket count.
+static int encoder_upload_buckets(EncoderBuckets* table, const int* inputs_cpu, int N, cudaStream_t stream) {
+    const int num_buckets = encoder_build_buckets(table, inputs_cpu, N);
+    const size_t used_ints = CEIL_DIV((size_t)N, (size_t)4) * 4 + 4 * (size_t)num_buckets;
+    cudaCheck(cudaMemcpyAsync(table->device_table, table->host_tables[table->next], used_ints * sizeof(int),
+                              cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaEventRecord(table->copied[table->next], stream));
+    table->next = (table->next + 1) % ENCODER_STAGING_BUFFERS;
+    return num_buckets;
+}
+
 // dwte (Vp,C) += per token, the sum of dout over the positions holding it; dwpe (maxT,C) += sum over b of
 // dout[b,t]. inputs_cpu is the host copy of inp (B,T). bf16 results are rounded stochastically from seed.
 void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp, const int* inputs_cpu, int B,
                       int T, int C, unsigned int seed, cudaStream_t stream) {
-    static EncoderBuckets table = {nullptr, nullptr, 0, nullptr, 0};
+    static EncoderBuckets table = {};
     (void)inp;  // the device copy is not needed: the buckets come from inputs_cpu
     const int N = B * T;
-    int num_buckets = encoder_build_buckets(&table, inputs_cpu, N);
-    size_t padded_n = CEIL_DIV((size_t)N, (size_t)4) * 4;
-    size_t used_ints = padded_n + 4 * (size_t)num_buckets;
-    cudaCheck(cudaMemcpyAsync(table.device_table, table.host_table, used_ints * sizeof(int), cudaMemcpyHostToDevice,
-                              stream));
+    const int num_buckets = encoder_upload_buckets(&table, inputs_cpu, N, stream);
+    const size_t padded_n = CEIL_DIV((size_t)N, (size_t)4) * 4;
 
     dim3 wte_grid(num_buckets, CEIL_DIV(C, ENCODER_BACKWARD_SLICE));
     encoder_backward_wte_kernel<<<wte_grid, ENCODER_BACKWARD_WARPS * 32, 0, stream>>>(

@@ -194,12 +194,21 @@ static int matmul_grouped_active(int groups, const int* rows, int* active) {
     return count;
 }
 
-// Copies a call's host pointer arrays (n pointers) into cublas_grouped_pointers, ordered on the GEMMs' stream before
-// them. From pageable memory cudaMemcpyAsync stages the source before it returns, so the caller's arrays may go out
-// of scope at once.
-static void* const* matmul_grouped_upload(void* const* host_pointers, int n, cudaStream_t stream) {
-    cudaCheck(cudaMemcpyAsync(cublas_grouped_pointers, host_pointers, n * sizeof(void*), cudaMemcpyHostToDevice,
-                              stream));
+// A grouped call's pointer arrays go through a pinned staging slot (llmc/cublas_common.cuh): the host fills the slot
+// that matmul_grouped_staging returns, once the copy issued from it a ring of calls ago has finished (no wait unless
+// the host is that far ahead of the GPU); matmul_grouped_upload then copies its first n pointers into
+// cublas_grouped_pointers, ordered on the GEMMs' stream before them, and records when the slot has been read.
+static void** matmul_grouped_staging(void) {
+    cudaCheck(cudaEventSynchronize(cublas_grouped_staged[cublas_grouped_slot]));
+    return cublas_grouped_staging + (size_t)cublas_grouped_slot * CUBLAS_GROUPED_POINTERS;
+}
+
+static void* const* matmul_grouped_upload(int n, cudaStream_t stream) {
+    const int slot = cublas_grouped_slot;
+    cudaCheck(cudaMemcpyAsync(cublas_grouped_pointers, cublas_grouped_staging + (size_t)slot * CUBLAS_GROUPED_POINTERS,
+                              n * sizeof(void*), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaEventRecord(cublas_grouped_staged[slot], stream));
+    cublas_grouped_slot = (slot + 1) % CUBLAS_GROUPED_STAGING_SLOTS;
     return cublas_grouped_pointers;
 }
 
@@ -219,7 +228,7 @@ void matmul_forward_grouped(floatX* out, const floatX* inp, const floatX* weight
     const int count = matmul_grouped_active(groups, rows, active);
     if (count == 0) return;  // no rows: nothing to write
     floatX* acc = pre_gelu != nullptr ? pre_gelu : out;
-    void* host_pointers[3 * CUBLAS_GROUPED_MAX_GROUPS];
+    void** host_pointers = matmul_grouped_staging();
     int m[CUBLAS_GROUPED_MAX_GROUPS], n[CUBLAS_GROUPED_MAX_GROUPS], k[CUBLAS_GROUPED_MAX_GROUPS];
     for (int i = 0; i < count; i++) {
         const int g = active[i];
@@ -230,7 +239,7 @@ void matmul_forward_grouped(floatX* out, const floatX* inp, const floatX* weight
         n[i] = rows[g];
         k[i] = C;
     }
-    void* const* pointers = matmul_grouped_upload(host_pointers, 3 * count, stream);
+    void* const* pointers = matmul_grouped_upload(3 * count, stream);
     matmul_grouped_gemm(pointers, count, m, n, k, true, false, C, C, OC, false, stream);
     if (bias == nullptr && pre_gelu == nullptr) return;
     const size_t vectors = (size_t)offsets.start[groups] * OC / x128::size;
@@ -271,7 +280,7 @@ void matmul_backward_grouped(floatX* dinp, floatX* dweight, floatX* dbias, const
                                   stream);
     // two products, their pointers in one upload: dinp_g^T (C, rows) = weight[g] as stored, (C, OC) column-major,
     // times dout_g^T (OC, rows); then dweight[g], column-major (C, OC), += inp_g (C, rows) @ (dout_g^T)^T (rows, OC)
-    void* host_pointers[6 * CUBLAS_GROUPED_MAX_GROUPS];
+    void** host_pointers = matmul_grouped_staging();
     void** dinp_pointers = host_pointers;
     void** dweight_pointers = host_pointers + 3 * count;
     int C_array[CUBLAS_GROUPED_MAX_GROUPS], OC_array[CUBLAS_GROUPED_MAX_GROUPS], rows_array[CUBLAS_GROUPED_MAX_GROUPS];
@@ -288,7 +297,7 @@ void matmul_backward_grouped(floatX* dinp, floatX* dweight, floatX* dbias, const
         OC_array[i] = OC;
         rows_array[i] = rows[g];
     }
-    void* const* pointers = matmul_grouped_upload(host_pointers, 6 * count, stream);
+    void* const* pointers = matmul_grouped_upload(6 * count, stream);
     matmul_grouped_gemm(pointers, count, C_array, rows_array, OC_array, false, false, C, OC, C, false, stream);
     if (pre_gelu != nullptr) {
         gelu_backward_inplace(dinp, pre_gelu, (size_t)offsets.start[groups] * C, stream);

@@ -5,7 +5,7 @@
 //   build/lab/encoder_backward_bf16 -s
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/encoder_backward.cu -o encoder_backward
 //   ./encoder_backward [variant] [-s]       (GPT-2 124M sizes by default: B=8, T=1024, C=768, V=50257)
-// Both variants bucket the positions by token on the host (encoder_build_buckets of llmc/encoder.cuh) and
+// Both variants bucket the positions by token on the host (encoder_upload_buckets of llmc/encoder.cuh) and
 // use its dwpe kernel; they differ in how a bucket's rows are summed into dwte:
 //   1  one thread per (bucket, vector of channels), summing the whole bucket alone (a frequent token
 //      serialises)
@@ -42,12 +42,10 @@ __global__ void encoder_backward_wte_sequential_kernel(floatX* dwte, const float
 
 static void encoder_backward_sequential(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inputs_cpu,
                                         int B, int T, int C, unsigned int seed, int block_size) {
-    static EncoderBuckets table = {nullptr, nullptr, 0, nullptr, 0};
+    static EncoderBuckets table = {};
     const int N = B * T;
-    const int num_buckets = encoder_build_buckets(&table, inputs_cpu, N);
+    const int num_buckets = encoder_upload_buckets(&table, inputs_cpu, N, 0);
     const size_t padded_n = CEIL_DIV((size_t)N, (size_t)4) * 4;
-    cudaCheck(cudaMemcpy(table.device_table, table.host_table, (padded_n + 4 * (size_t)num_buckets) * sizeof(int),
-                         cudaMemcpyHostToDevice));
     const size_t threads = (size_t)num_buckets * (C / x128::size);
     encoder_backward_wte_sequential_kernel<<<(unsigned int)CEIL_DIV(threads, (size_t)block_size), block_size>>>(
         dwte, dout, table.device_table, (const int4*)(table.device_table + padded_n), num_buckets, C, seed);

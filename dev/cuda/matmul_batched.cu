@@ -15,7 +15,8 @@
 //   3  matmul_forward_fp32_output: router logits (N, E) fp32
 //   4  matmul_backward_fp32_dout: router dinp +=, dweight += from fp32 d_logits
 //   5  matmul_forward_grouped: dropless experts' rows packed in one buffer, cublasGemmGroupedBatchedEx, then bias and
-//      GELU in one pass (gelu_fusion >= 1) or the GELU in its own (0); with and without bias and GELU
+//      GELU in one pass (gelu_fusion >= 1) or the GELU in its own (0); with and without bias and GELU; and more calls
+//      in a row than the pinned staging ring of their pointer arrays has slots
 //   6  matmul_backward_grouped: dinp (with the GELU backward, always its own pass, and without GELU),
 //      dweight +=, dbias += (deterministic; also left alone when not asked for)
 // Sizes: E=8 experts, capacity 1280 rows, C=768, OC=3072 (GPT-2 124M c_fc per expert; the router sees
@@ -315,6 +316,17 @@ int main(int argc, char** argv) {
                 lab_validate("out", dg_out, want_pre.data(), ng_out, tol_linear, tol_linear);
             }
         }
+        // the pinned staging ring of the pointer arrays wraps: CUBLAS_GROUPED_STAGING_SLOTS + 1 calls with no host
+        // synchronisation between them, all but the last writing into dg_pre, the last into dg_out; a call that read
+        // another's pointers would leave dg_out poisoned, and a slot rewritten before its copy has read it is what
+        // the checking build (cpu/cucc --check) reports
+        poison(dg_out, ng_out * sizeof(floatX));
+        for (int i = 0; i <= CUBLAS_GROUPED_STAGING_SLOTS; i++)
+            matmul_forward_grouped(i < CUBLAS_GROUPED_STAGING_SLOTS ? dg_pre : dg_out, dg_inp, dg_weight, dg_bias, G,
+                                   group_rows.data(), C, OC, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        printf(" bias, no gelu, %d calls in a row (the staging ring wraps)\n", CUBLAS_GROUPED_STAGING_SLOTS + 1);
+        lab_validate("out", dg_out, pre_ref.data(), ng_out, tol_linear, tol_linear);
     }
 
     if (args.variant == 0 || args.variant == 6) {
