@@ -115,7 +115,8 @@ GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp1
 BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \
                  $(BUILD)/test_nccl $(BUILD)/test_fast_math $(BUILD)/test_edge_blocks
 CPU_TESTS := $(BUILD)/test_host_utils $(BACKEND_TESTS) $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
-             $(BUILD)/test_fast_math_fm $(BUILD)/test_edge_blocks_sanitize
+             $(BUILD)/test_fast_math_fm $(BUILD)/test_edge_blocks_sanitize $(BUILD)/test_production_sizes \
+             $(BUILD)/test_production_sizes_sanitize
 # per test: the driver's mode and the libraries (default -O2, none)
 TEST_MODE_test_sanitize := --sanitize -O1
 TEST_MODE_test_runtime_sanitize := --sanitize -O1
@@ -139,6 +140,11 @@ $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext: $(BUILD)/%: cpu/t
 	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@
 $(BUILD)/test_host_utils: $(BUILD)/%: dev/test/%.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@ $(TEST_LIBS_$*)
+# llmc kernels at production sizes in edge mode (dev/test/test_production_sizes.cu), plain and under the sanitizers
+$(BUILD)/test_production_sizes: dev/test/test_production_sizes.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 $(CPU_NUMERICS) -I dev/test $< -o $@ -lcublas -lcublasLt
+$(BUILD)/test_production_sizes_sanitize: dev/test/test_production_sizes.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) --sanitize -O1 $(CPU_NUMERICS) -I dev/test $< -o $@ -lcublas -lcublasLt
 # test_fast_math built with nvcc's fast-math flags, test_edge_blocks under the sanitizers
 $(BUILD)/test_fast_math_fm: cpu/test/test_fast_math.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 --use_fast_math -I dev/test $< -o $@

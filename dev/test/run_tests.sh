@@ -124,6 +124,8 @@ run_test edge-blocks-sanitize build/test_edge_blocks_sanitize
 run_test nccl-2-ranks $MPIRUN -np 2 build/test_nccl
 run_test nccl-3-ranks $MPIRUN -np 3 build/test_nccl
 run_test host-utils build/test_host_utils
+run_test production-sizes build/test_production_sizes
+run_test production-sizes-sanitize build/test_production_sizes_sanitize
 run_test multi-gpu dev/test/test_multi_gpu.sh build/test_host_utils
 run_test reference /usr/bin/python3 dev/test/test_reference.py
 run_test reference-moe /usr/bin/python3 dev/test/test_reference_moe.py
