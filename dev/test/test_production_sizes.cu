@@ -6,7 +6,8 @@
 //   make build/test_production_sizes && build/test_production_sizes
 //   build/test_production_sizes_sanitize: the same under cpu/cucc --sanitize, where UBSan also reports any signed
 //   overflow in the kernels' index arithmetic
-// bf16 (the default floatX). Prints "test_production_sizes: N passed, N failed" last. The cases:
+// bf16 (the default floatX). Built with nvcc it runs whole on a GPU (24 GiB at most). Prints
+// "test_production_sizes: N passed, N failed" last. The cases:
 //  - gelu_forward and gelu_backward_inplace over N = 2^32 + 5 elements, the dropless experts' hidden activations
 //    under 8-way expert parallelism (65536 tokens x top-8 x 8 senders = 2^22 rows) times H = 1024; the 5 make the
 //    last thread take the scalar tail; the 8 elements past N must stay untouched;
@@ -116,11 +117,13 @@ static void test_grouped_bias_gelu(void) {
     const size_t per_block = 256 * x128::size;  // the bias-and-GELU pass: 256 threads of one x128 each
     std::vector<int> rows(G, (int)rows_per_group);
     floatX *inp, *weight, *bias, *out, *pre_gelu;
-    // inp and weight are never written: edge-mode memory reads 0, so the GEMM's accumulator (in pre_gelu) is 0
-    // wherever the GEMM computes it (its corners) and where it does not, and pre_gelu = bias[g], out = gelu(bias[g])
-    // for every row of expert g
+    // inp and weight are zero (edge mode clears only their ends, but its untouched memory reads 0 anyway), so the
+    // GEMM's accumulator in pre_gelu is 0 where it is computed (the corners, in edge mode) and where it is not, and
+    // pre_gelu = bias[g], out = gelu(bias[g]) for every row of expert g
     cudaCheck(cudaMalloc(&inp, total * C * sizeof(floatX)));
     cudaCheck(cudaMalloc(&weight, (size_t)G * OC * C * sizeof(floatX)));
+    cudaCheck(cudaMemset(inp, 0, total * C * sizeof(floatX)));
+    cudaCheck(cudaMemset(weight, 0, (size_t)G * OC * C * sizeof(floatX)));
     cudaCheck(cudaMalloc(&bias, (size_t)G * OC * sizeof(floatX)));
     cudaCheck(cudaMalloc(&out, count * sizeof(floatX)));
     cudaCheck(cudaMalloc(&pre_gelu, count * sizeof(floatX)));
@@ -165,6 +168,7 @@ static void test_encoder_forward(void) {
     cudaCheck(cudaMalloc(&wte, (size_t)V * C * sizeof(floatX)));
     cudaCheck(cudaMalloc(&wpe, (size_t)T * C * sizeof(floatX)));
     cudaCheck(cudaMalloc(&tokens, N * sizeof(int)));
+    cudaCheck(cudaMemset(tokens, 0, N * sizeof(int)));  // the positions between the checked ones read wte row 0
     // wte whole (100 KiB: edge mode moves it whole); of wpe the rows of the first and last positions
     std::vector<floatX> wte_host = random_floatX((size_t)V * C, -1.0f, 1.0f);
     std::vector<floatX> wpe_head = random_floatX((size_t)4 * C, -1.0f, 1.0f), wpe_tail = random_floatX((size_t)4 * C, -1.0f, 1.0f);
