@@ -2,11 +2,18 @@
 // `make train_gpt USE_CUDNN=1` builds (it passes -DENABLE_CUDNN and links -lcudnn). GPU only, bf16 or fp16 only.
 // Written against the cuDNN 9 C backend API (cudnn_graph.h), without the C++ frontend: each pass is an operation
 // graph of matmul, pointwise, reduction and reshape nodes laid out the way cuDNN's SDPA engines recognise them,
-// finalized once per (B, T, NH, HS) into an execution plan that is cached, then run with a variant pack that
-// names the device buffers. Unlike llmc/attention.cuh nothing of size T^2 is stored: the forward pass keeps only
-// the softmax statistics (B, NH, T) that the backward pass needs to recompute attention tile by tile.
-// Use: cudnn_attention_setup() once (after the CUDA device is chosen), then attention_forward_cudnn() and
-// attention_backward_cudnn(), cudnn_attention_teardown() at exit.
+// finalized once per shape into an execution plan that is cached, then run with a variant pack that names the
+// device buffers. The forward pass keeps only the softmax statistics (B, NH, T) that the backward pass needs to
+// recompute attention tile by tile; no (B, NH, T, T) activation is stored.
+// Determinism (doc/cudnn.md): by default (cudnn_attention_deterministic = 1) the backward pass is built in the form
+// cuDNN runs deterministically, which it does on Hopper (sm_90) only; elsewhere it stops with one error line. With
+// cudnn_attention_deterministic = 0 it takes the faster form, whose dQ is summed with float atomics: dQ, and with
+// it the whole run, then differs in its last bits from run to run.
+// Shapes: a forward pass whose T is not a multiple of 64 runs padded to the next multiple (causal: the padding
+// changes no output row), so that sampling, which calls it with T = 1, 2, 3, ..., builds one plan per 64 positions.
+// Use: set cudnn_attention_deterministic if wanted, cudnn_attention_setup() once (after the CUDA device is chosen),
+// then attention_forward_cudnn() and attention_backward_cudnn() (all on one stream at a time: they share one
+// workspace), cudnn_attention_teardown() at exit.
 // Build: nvcc -std=c++17 -DENABLE_CUDNN -I llmc ... -lcudnn (cuDNN 9.x; the library lives under the CUDA lib dir).
 #pragma once
 #include <cudnn.h>
@@ -65,7 +72,7 @@ enum AttentionTensorUid {
     UID_DV,
     UID_ONE,          // by value: 1.0, the (absent) dropout rescale the backward pattern expects
     UID_SOFTMAX_SUM,  // (B, NH, T, 1) fp32 in the workspace: rowsum(dO * O)
-    UID_DQ_ACCUM,     // (B, NH, T, HS) fp32 in the workspace: dQ accumulated across key tiles
+    UID_DQ_ACCUM,     // (B, NH, T, HS) fp32 in the workspace: dQ accumulated across key tiles (non-deterministic form)
 };
 #define ATTENTION_FIRST_VIRTUAL_UID 1000
 
@@ -97,6 +104,11 @@ typedef struct {
 static cudnnHandle_t cudnn_handle;
 static void* cudnn_workspace = NULL;
 static size_t cudnn_workspace_bytes = 0;
+
+// 1 (default): the backward graph takes the form cuDNN runs deterministically, and no engine that declares itself
+// non-deterministic is used for either pass; 0: the faster backward whose dQ is summed with float atomics.
+// Read at every call: a change takes effect at the next one (with plans of the other form). doc/cudnn.md
+static int cudnn_attention_deterministic = 1;
 
 static void graph_own(AttentionGraph* graph, cudnnBackendDescriptor_t descriptor) {
     if (graph->num_owned == ATTENTION_GRAPH_MAX_DESCRIPTORS) {
@@ -315,9 +327,18 @@ static void build_forward_graph(AttentionGraph* graph, int B, int T, int NH, int
 //   dV = P^T @ dO
 //   dS = scale * P * (dO @ V^T - softmax_sum)
 //   dK = dS^T @ Q
-//   dQ = identity(dQ_accum = dS @ K)            (dQ_accum fp32, (B, NH, T, HS), in the workspace)
+//   dQ = dS @ K
 // The transposes P^T, dS^T and K (from K^T) are reshape nodes onto transposed strides.
-static void build_backward_graph(AttentionGraph* graph, int B, int T, int NH, int HS) {
+// dQ takes one of the two forms cuDNN's engines recognise (cuDNN's frontend builds the same two):
+//   deterministic: dQ = dS @ K written to dQ directly. The engine keeps the score gradient of every (query, key)
+//     tile in its own workspace (the frontend sizes it B * NH * T * T * 2 bytes, T rounded up to 64; it is part
+//     of the plan's workspace size) and forms dQ from it in a second pass, without atomics. The frontend builds
+//     this form when determinism is asked for; NVIDIA's Transformer Engine counts it deterministic on sm_90 only
+//     (its attention backend table), so only Hopper runs it here.
+//   accumulated: dQ = identity(dQ_accum = dS @ K), dQ_accum fp32 (B, NH, T, HS) in the workspace. Each thread
+//     block owns a key tile and adds its share of every dQ row into dQ_accum with float atomics, in whatever
+//     order the blocks run: faster, with O(T) workspace, but dQ's last bits vary from run to run.
+static void build_backward_graph(AttentionGraph* graph, int B, int T, int NH, int HS, int deterministic) {
     const int64_t C = (int64_t)NH * HS;
     const TensorLayout q_layout = tensor_layout(B, NH, T, HS, T * 3 * C, HS, 3 * C, 1);
     const TensorLayout kt_layout = tensor_layout(B, NH, HS, T, T * 3 * C, HS, 1, 3 * C);
@@ -337,7 +358,6 @@ static void build_backward_graph(AttentionGraph* graph, int B, int T, int NH, in
     cudnnBackendDescriptor_t dk = graph_input(graph, UID_DK, CUDNN_FLOATX, q_layout);
     cudnnBackendDescriptor_t dv = graph_input(graph, UID_DV, CUDNN_FLOATX, q_layout);
     cudnnBackendDescriptor_t softmax_sum = graph_input(graph, UID_SOFTMAX_SUM, CUDNN_DATA_FLOAT, row_layout);
-    cudnnBackendDescriptor_t dq_accum = graph_input(graph, UID_DQ_ACCUM, CUDNN_DATA_FLOAT, heads_layout);
     cudnnBackendDescriptor_t attn_scale = graph_scalar(graph, UID_ATTN_SCALE);
     cudnnBackendDescriptor_t mask_value = graph_scalar(graph, UID_MASK_VALUE);
     cudnnBackendDescriptor_t one = graph_scalar(graph, UID_ONE);
@@ -380,11 +400,24 @@ static void build_backward_graph(AttentionGraph* graph, int B, int T, int NH, in
     graph_reshape(graph, ds, ds_t);
     graph_matmul(graph, ds_t, q, dk);
 
-    // dQ = dS @ K, accumulated in fp32 and then converted
+    // dQ = dS @ K
     cudnnBackendDescriptor_t k = graph_virtual(graph, CUDNN_DATA_FLOAT, q_layout);
     graph_reshape(graph, kt, k);
-    graph_matmul(graph, ds, k, dq_accum);
-    graph_pointwise(graph, CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_accum, NULL, NULL, dq);
+    if (deterministic) {
+        graph_matmul(graph, ds, k, dq);
+    } else {
+        cudnnBackendDescriptor_t dq_accum = graph_input(graph, UID_DQ_ACCUM, CUDNN_DATA_FLOAT, heads_layout);
+        graph_matmul(graph, ds, k, dq_accum);
+        graph_pointwise(graph, CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_accum, NULL, NULL, dq);
+    }
+}
+
+static void build_backward_graph_deterministic(AttentionGraph* graph, int B, int T, int NH, int HS) {
+    build_backward_graph(graph, B, T, NH, HS, 1);
+}
+
+static void build_backward_graph_accumulated(AttentionGraph* graph, int B, int T, int NH, int HS) {
+    build_backward_graph(graph, B, T, NH, HS, 0);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -418,9 +451,28 @@ static int heuristic_engine_configs(cudnnBackendDescriptor_t operation_graph, cu
     return (int)available;
 }
 
-// Returns the plan (owned by graph) and its workspace size in bytes.
+// Whether the engine of an engine configuration carries the NONDETERMINISTIC numerical note: cuDNN's own mark
+// for engines whose results may vary from run to run (the note cuDNN's frontend filters on to deselect them)
+static bool engine_config_nondeterministic(cudnnBackendDescriptor_t config) {
+    cudnnBackendDescriptor_t engine;
+    cudnnCheck(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine));
+    int64_t count = 0;
+    cudnnCheck(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
+                                        &engine));
+    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    cudnnCheck(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                        CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes));
+    cudnnCheck(cudnnBackendDestroyDescriptor(engine));
+    bool nondeterministic = false;
+    for (int64_t i = 0; i < count && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; i++)
+        if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) nondeterministic = true;
+    return nondeterministic;
+}
+
+// Returns the plan (owned by graph) and its workspace size in bytes. With `deterministic`, configurations whose
+// engine declares itself non-deterministic are passed over.
 static cudnnBackendDescriptor_t graph_build_plan(AttentionGraph* graph, const char* pass, int B, int T, int NH, int HS,
-                                                 int64_t* workspace_bytes) {
+                                                 int deterministic, int64_t* workspace_bytes) {
     cudnnBackendDescriptor_t operation_graph = graph_descriptor(graph, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     cudnnCheck(cudnnBackendSetAttribute(operation_graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                         graph->num_operations, graph->operations));
@@ -430,32 +482,32 @@ static cudnnBackendDescriptor_t graph_build_plan(AttentionGraph* graph, const ch
 
     const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
     cudnnStatus_t failure = CUDNN_STATUS_NOT_SUPPORTED;
+    int passed_over = 0;  // configurations of non-deterministic engines
     for (int m = 0; m < 2; m++) {
         cudnnBackendDescriptor_t configs[ATTENTION_MAX_ENGINE_CONFIGS];
         const int num_configs =
             heuristic_engine_configs(operation_graph, modes[m], configs, ATTENTION_MAX_ENGINE_CONFIGS, &failure);
         cudnnBackendDescriptor_t plan = NULL;
         for (int i = 0; i < num_configs; i++) {
-            if (plan != NULL) {
-                cudnnCheck(cudnnBackendDestroyDescriptor(configs[i]));
-                continue;
-            }
-            cudnnBackendDescriptor_t candidate;
-            cudnnCheck(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &candidate));
-            cudnnCheck(cudnnBackendSetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
-                                                &cudnn_handle));
-            set_descriptor_attribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i]);
-            // an engine may still turn the graph down here (e.g. too much shared memory for this device)
-            const cudnnStatus_t status = cudnnBackendFinalize(candidate);
-            if (status == CUDNN_STATUS_SUCCESS) {
-                graph_own(graph, configs[i]);
-                graph_own(graph, candidate);
-                plan = candidate;
-            } else {
+            if (plan == NULL && deterministic && engine_config_nondeterministic(configs[i])) passed_over++;
+            else if (plan == NULL) {
+                cudnnBackendDescriptor_t candidate;
+                cudnnCheck(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &candidate));
+                cudnnCheck(cudnnBackendSetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                                                    &cudnn_handle));
+                set_descriptor_attribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i]);
+                // an engine may still turn the graph down here (e.g. too much shared memory for this device)
+                const cudnnStatus_t status = cudnnBackendFinalize(candidate);
+                if (status == CUDNN_STATUS_SUCCESS) {
+                    graph_own(graph, configs[i]);
+                    graph_own(graph, candidate);
+                    plan = candidate;
+                    continue;
+                }
                 failure = status;
                 cudnnCheck(cudnnBackendDestroyDescriptor(candidate));
-                cudnnCheck(cudnnBackendDestroyDescriptor(configs[i]));
             }
+            cudnnCheck(cudnnBackendDestroyDescriptor(configs[i]));
         }
         if (plan != NULL) {
             cudnnCheck(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
@@ -466,19 +518,25 @@ static cudnnBackendDescriptor_t graph_build_plan(AttentionGraph* graph, const ch
     char detail[1024];
     cudnn_error_detail(detail, sizeof(detail));
     fprintf(stderr,
-            "[cuDNN ERROR] at %s:%d: no engine runs the attention %s graph for B=%d T=%d NH=%d HS=%d: %s (%s)\n",
-            __FILE__, __LINE__, pass, B, T, NH, HS, cudnnGetErrorString(failure), detail);
+            "[cuDNN ERROR] at %s:%d: no engine runs the attention %s graph for B=%d T=%d NH=%d HS=%d "
+            "(%d configurations passed over as non-deterministic): %s (%s)\n",
+            __FILE__, __LINE__, pass, B, T, NH, HS, passed_over, cudnnGetErrorString(failure), detail);
     exit(EXIT_FAILURE);
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Plan cache: a few shapes per pass (training, evaluation and sampling may differ in B or T), each holding its
-// graph's descriptors. When full, the oldest entry is replaced.
-#define ATTENTION_PLAN_CACHE_SIZE 8
+// Plan cache: each pass keeps the plans of the shapes it has seen (training and evaluation: one shape; sampling:
+// one per 64 positions of its length, see attention_forward_cudnn). When a cache is full, its oldest entry is
+// replaced. A replaced plan's kernels may still be queued on the GPU, so it is retired, not destroyed: kept until
+// the event recorded after its last launch has passed. Only with ATTENTION_RETIRED_PLANS plans already retired is
+// the oldest one's event waited for (long passed, as a rule): no device-wide synchronisation while training.
+#define ATTENTION_PLAN_CACHE_SIZE 32
+#define ATTENTION_RETIRED_PLANS 8
 typedef struct {
-    int B, T, NH, HS;
+    int B, T, NH, HS, deterministic;
     cudnnBackendDescriptor_t plan;  // NULL: the slot is free
     int64_t plan_workspace_bytes;
+    cudaEvent_t last_launch;  // recorded on the stream after every execution of the plan
     AttentionGraph graph;
 } AttentionPlan;
 
@@ -489,32 +547,51 @@ typedef struct {
 
 static AttentionPlanCache forward_plans;
 static AttentionPlanCache backward_plans;
+static AttentionPlan retired_plans[ATTENTION_RETIRED_PLANS];  // oldest first
+static int num_retired_plans = 0;
 
 typedef void (*AttentionGraphBuilder)(AttentionGraph* graph, int B, int T, int NH, int HS);
 
+// the caller makes sure that no queued work still runs the plan
+static void release_plan(AttentionPlan* entry) {
+    graph_release(&entry->graph);
+    cudaCheck(cudaEventDestroy(entry->last_launch));
+    entry->plan = NULL;
+}
+
+static void retire_plan(AttentionPlan* entry) {
+    if (num_retired_plans == ATTENTION_RETIRED_PLANS) {
+        cudaCheck(cudaEventSynchronize(retired_plans[0].last_launch));
+        release_plan(&retired_plans[0]);
+        memmove(&retired_plans[0], &retired_plans[1], (ATTENTION_RETIRED_PLANS - 1) * sizeof(AttentionPlan));
+        num_retired_plans--;
+    }
+    retired_plans[num_retired_plans++] = *entry;
+    entry->plan = NULL;
+}
+
 static AttentionPlan* attention_plan(AttentionPlanCache* cache, AttentionGraphBuilder build, const char* pass, int B,
-                                     int T, int NH, int HS) {
+                                     int T, int NH, int HS, int deterministic) {
     for (int i = 0; i < ATTENTION_PLAN_CACHE_SIZE; i++) {
         AttentionPlan* entry = &cache->entries[i];
-        if (entry->plan != NULL && entry->B == B && entry->T == T && entry->NH == NH && entry->HS == HS) return entry;
+        if (entry->plan != NULL && entry->B == B && entry->T == T && entry->NH == NH && entry->HS == HS &&
+            entry->deterministic == deterministic)
+            return entry;
     }
     AttentionPlan* entry = &cache->entries[cache->next_replaced];
     cache->next_replaced = (cache->next_replaced + 1) % ATTENTION_PLAN_CACHE_SIZE;
-    if (entry->plan != NULL) {
-        // work queued earlier may still be running this plan's kernels
-        cudaCheck(cudaDeviceSynchronize());
-        graph_release(&entry->graph);
-        entry->plan = NULL;
-    }
+    if (entry->plan != NULL) retire_plan(entry);
     entry->graph.num_owned = 0;
     entry->graph.num_operations = 0;
     entry->graph.next_virtual_uid = ATTENTION_FIRST_VIRTUAL_UID;
     build(&entry->graph, B, T, NH, HS);
-    entry->plan = graph_build_plan(&entry->graph, pass, B, T, NH, HS, &entry->plan_workspace_bytes);
+    entry->plan = graph_build_plan(&entry->graph, pass, B, T, NH, HS, deterministic, &entry->plan_workspace_bytes);
+    cudaCheck(cudaEventCreateWithFlags(&entry->last_launch, cudaEventDisableTiming));
     entry->B = B;
     entry->T = T;
     entry->NH = NH;
     entry->HS = HS;
+    entry->deterministic = deterministic;
     return entry;
 }
 
@@ -529,8 +606,8 @@ static void* attention_workspace(size_t bytes) {
     return cudnn_workspace;
 }
 
-static void execute_plan(cudnnBackendDescriptor_t plan, int num_tensors, const int64_t* uids, void** pointers,
-                         void* workspace) {
+static void execute_plan(AttentionPlan* entry, int num_tensors, const int64_t* uids, void** pointers, void* workspace,
+                         cudaStream_t stream) {
     cudnnBackendDescriptor_t variant_pack;
     cudnnCheck(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &variant_pack));
     cudnnCheck(cudnnBackendSetAttribute(variant_pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, num_tensors,
@@ -540,7 +617,9 @@ static void execute_plan(cudnnBackendDescriptor_t plan, int num_tensors, const i
     cudnnCheck(
         cudnnBackendSetAttribute(variant_pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
     cudnnCheck(cudnnBackendFinalize(variant_pack));
-    cudnnCheck(cudnnBackendExecute(cudnn_handle, plan, variant_pack));
+    cudnnCheck(cudnnSetStream(cudnn_handle, stream));
+    cudnnCheck(cudnnBackendExecute(cudnn_handle, entry->plan, variant_pack));
+    cudaCheck(cudaEventRecord(entry->last_launch, stream));
     // the launch has read the pack (by-value scalars included) by the time Execute returns
     cudnnCheck(cudnnBackendDestroyDescriptor(variant_pack));
 }
@@ -550,46 +629,99 @@ static size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // ----------------------------------------------------------------------------------------------------
 // The API the trainer calls
 
-void cudnn_attention_setup(void) { cudnnCheck(cudnnCreate(&cudnn_handle)); }
+static int cudnn_device_sm = 0;  // the device's compute capability, major * 10 + minor
+
+void cudnn_attention_setup(void) {
+    int device, major, minor;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    cudnn_device_sm = major * 10 + minor;
+    cudnnCheck(cudnnCreate(&cudnn_handle));
+}
 
 void cudnn_attention_teardown(void) {
     // queued attention work may still be using the plans and the workspace
     cudaCheck(cudaDeviceSynchronize());
     AttentionPlanCache* caches[2] = {&forward_plans, &backward_plans};
     for (int c = 0; c < 2; c++) {
-        for (int i = 0; i < ATTENTION_PLAN_CACHE_SIZE; i++) {
-            AttentionPlan* entry = &caches[c]->entries[i];
-            if (entry->plan == NULL) continue;
-            graph_release(&entry->graph);
-            entry->plan = NULL;
-        }
+        for (int i = 0; i < ATTENTION_PLAN_CACHE_SIZE; i++)
+            if (caches[c]->entries[i].plan != NULL) release_plan(&caches[c]->entries[i]);
         caches[c]->next_replaced = 0;
     }
+    for (int i = 0; i < num_retired_plans; i++) release_plan(&retired_plans[i]);
+    num_retired_plans = 0;
     if (cudnn_workspace != NULL) cudaCheck(cudaFree(cudnn_workspace));
     cudnn_workspace = NULL;
     cudnn_workspace_bytes = 0;
     cudnnCheck(cudnnDestroy(cudnn_handle));
 }
 
+// Forward passes run at T rounded up to a multiple of this, so that one plan serves 64 sequence lengths
+#define ATTENTION_T_GRANULE 64
+
 // out (B, T, C) = causal softmax(q k^T / sqrt(HS)) v per head, from inp (B, T, 3C) = [q | k | v];
 // stats (B, NH, T) fp32 keeps what attention_backward_cudnn needs.
+// A T that is not a multiple of ATTENTION_T_GRANULE runs on copies padded to the next multiple T_plan, in the
+// workspace: inp's positions T..T_plan-1 are zeros there. Causal attention lets query position i see keys and
+// values 0..i only, so rows 0..T-1 of out and stats come out as without padding, and only those are copied back.
+// Costs, on that path only: B * T * 3C + B * T_plan * 3C + B * (T_plan + T) * C elements of floatX moved (the
+// copies in and out), and attention over T_plan instead of T positions; training shapes are multiples of 64 as a
+// rule and take no copy.
 void attention_forward_cudnn(floatX* out, float* stats, const floatX* inp, int B, int T, int NH, int C,
                              cudaStream_t stream) {
     const int HS = C / NH;
-    AttentionPlan* plan = attention_plan(&forward_plans, build_forward_graph, "forward", B, T, NH, HS);
-    void* workspace = attention_workspace((size_t)plan->plan_workspace_bytes);
+    const int T_plan = (T + ATTENTION_T_GRANULE - 1) / ATTENTION_T_GRANULE * ATTENTION_T_GRANULE;
+    AttentionPlan* plan = attention_plan(&forward_plans, build_forward_graph, "forward", B, T_plan, NH, HS,
+                                         cudnn_attention_deterministic);
+    const bool padded = T_plan != T;
+    const size_t inp_row = 3 * (size_t)C * sizeof(floatX), out_row = (size_t)C * sizeof(floatX);  // one position
+    const size_t padded_inp_bytes = padded ? round_up_256((size_t)B * T_plan * inp_row) : 0;
+    const size_t padded_out_bytes = padded ? round_up_256((size_t)B * T_plan * out_row) : 0;
+    const size_t padded_stats_bytes = padded ? round_up_256((size_t)B * NH * T_plan * sizeof(float)) : 0;
+    const size_t padded_bytes = padded_inp_bytes + padded_out_bytes + padded_stats_bytes;
+    char* workspace = (char*)attention_workspace(padded_bytes + (size_t)plan->plan_workspace_bytes);
+    const floatX* plan_inp = inp;
+    floatX* plan_out = out;
+    float* plan_stats = stats;
+    if (padded) {
+        floatX* padded_inp = (floatX*)workspace;
+        plan_out = (floatX*)(workspace + padded_inp_bytes);
+        plan_stats = (float*)(workspace + padded_inp_bytes + padded_out_bytes);
+        cudaCheck(cudaMemcpy2DAsync(padded_inp, T_plan * inp_row, inp, T * inp_row, T * inp_row, B,
+                                    cudaMemcpyDeviceToDevice, stream));
+        // zeros, not leftovers: a masked-out key or value is multiplied by a probability of 0, and 0 * NaN is NaN
+        cudaCheck(cudaMemset2DAsync((char*)padded_inp + T * inp_row, T_plan * inp_row, 0, (T_plan - T) * inp_row, B,
+                                    stream));
+        plan_inp = padded_inp;
+    }
     float attn_scale = 1.0f / sqrtf((float)HS);
     float mask_value = -FLT_MAX;
     int64_t uids[7] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_ATTN_SCALE, UID_MASK_VALUE};
-    void* pointers[7] = {(void*)inp, (void*)(inp + C), (void*)(inp + 2 * C), out, stats, &attn_scale, &mask_value};
-    cudnnCheck(cudnnSetStream(cudnn_handle, stream));
-    execute_plan(plan->plan, 7, uids, pointers, workspace);
+    void* pointers[7] = {(void*)plan_inp, (void*)(plan_inp + C), (void*)(plan_inp + 2 * C), plan_out, plan_stats,
+                         &attn_scale,     &mask_value};
+    execute_plan(plan, 7, uids, pointers, workspace + padded_bytes, stream);
+    if (padded) {
+        cudaCheck(cudaMemcpy2DAsync(out, T * out_row, plan_out, T_plan * out_row, T * out_row, B,
+                                    cudaMemcpyDeviceToDevice, stream));
+        cudaCheck(cudaMemcpy2DAsync(stats, T * sizeof(float), plan_stats, T_plan * sizeof(float), T * sizeof(float),
+                                    (size_t)B * NH, cudaMemcpyDeviceToDevice, stream));
+    }
 }
 
 // dinp (B, T, 3C) = [dq | dk | dv], overwritten, from dout (B, T, C) and the forward pass's inp, out and stats.
+// Deterministic unless cudnn_attention_deterministic is 0 (see build_backward_graph).
 void attention_backward_cudnn(floatX* dinp, const floatX* dout, const floatX* inp, const floatX* out,
                               const float* stats, int B, int T, int NH, int C, cudaStream_t stream) {
     const int HS = C / NH;
+    const int deterministic = cudnn_attention_deterministic;
+    if (deterministic && cudnn_device_sm / 10 != 9) {
+        fprintf(stderr,
+                "[cuDNN ERROR] at %s:%d: the deterministic cuDNN attention backward runs on Hopper (sm_90) only, not "
+                "on sm_%d: -cd 0 (cudnn_attention_deterministic = 0) takes the non-deterministic one (doc/cudnn.md)\n",
+                __FILE__, __LINE__, cudnn_device_sm);
+        exit(EXIT_FAILURE);
+    }
     // cuDNN before 9.16 needs a padding mask in the backward graph when T is not a multiple of 128 (cuDNN's
     // frontend adds one there); this graph has none, so such shapes are refused on those versions
     if (cudnnGetVersion() < 91600 && T % 128 != 0) {
@@ -597,24 +729,25 @@ void attention_backward_cudnn(floatX* dinp, const floatX* dout, const floatX* in
                 __FILE__, __LINE__, cudnnGetVersion(), T);
         exit(EXIT_FAILURE);
     }
-    AttentionPlan* plan = attention_plan(&backward_plans, build_backward_graph, "backward", B, T, NH, HS);
+    AttentionGraphBuilder build = deterministic ? build_backward_graph_deterministic : build_backward_graph_accumulated;
+    AttentionPlan* plan = attention_plan(&backward_plans, build, "backward", B, T, NH, HS, deterministic);
     const size_t softmax_sum_bytes = round_up_256((size_t)B * NH * T * sizeof(float));
-    const size_t dq_accum_bytes = round_up_256((size_t)B * NH * T * HS * sizeof(float));
+    const size_t dq_accum_bytes = deterministic ? 0 : round_up_256((size_t)B * NH * T * HS * sizeof(float));
     char* workspace =
         (char*)attention_workspace(softmax_sum_bytes + dq_accum_bytes + (size_t)plan->plan_workspace_bytes);
     void* softmax_sum = workspace;
     void* dq_accum = workspace + softmax_sum_bytes;
     void* plan_workspace = workspace + softmax_sum_bytes + dq_accum_bytes;
-    cudnnCheck(cudnnSetStream(cudnn_handle, stream));
     // the engines add into dQ_accum; cuDNN 9.6 and later clear it themselves
-    if (cudnnGetVersion() < 90600) cudaCheck(cudaMemsetAsync(dq_accum, 0, dq_accum_bytes, stream));
+    if (!deterministic && cudnnGetVersion() < 90600) cudaCheck(cudaMemsetAsync(dq_accum, 0, dq_accum_bytes, stream));
     float attn_scale = 1.0f / sqrtf((float)HS);
     float mask_value = -FLT_MAX;
     float one = 1.0f;
-    int64_t uids[14] = {UID_Q,  UID_K,  UID_V,           UID_O,        UID_DO,         UID_STATS,      UID_DQ,
-                        UID_DK, UID_DV, UID_SOFTMAX_SUM, UID_DQ_ACCUM, UID_ATTN_SCALE, UID_MASK_VALUE, UID_ONE};
+    // the accumulated form's dQ_accum last: the deterministic graph has no such tensor
+    int64_t uids[14] = {UID_Q,  UID_K,  UID_V,           UID_O,          UID_DO,         UID_STATS, UID_DQ,
+                        UID_DK, UID_DV, UID_SOFTMAX_SUM, UID_ATTN_SCALE, UID_MASK_VALUE, UID_ONE,   UID_DQ_ACCUM};
     void* pointers[14] = {
-        (void*)inp, (void*)(inp + C), (void*)(inp + 2 * C), (void*)out, (void*)dout, (void*)stats, dinp,
-        dinp + C,   dinp + 2 * C,     softmax_sum,          dq_accum,   &attn_scale, &mask_value,  &one};
-    execute_plan(plan->plan, 14, uids, pointers, plan_workspace);
+        (void*)inp, (void*)(inp + C), (void*)(inp + 2 * C), (void*)out,  (void*)dout, (void*)stats, dinp,
+        dinp + C,   dinp + 2 * C,     softmax_sum,          &attn_scale, &mask_value, &one,         dq_accum};
+    execute_plan(plan, deterministic ? 13 : 14, uids, pointers, plan_workspace, stream);
 }

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh: the one command a lent NVIDIA GPU runs. It builds everything for that GPU, checks the
 # GPT and MoE trainers against PyTorch (test_gpt: FP32 and BF16, recompute 0/1/2; test_moe: top-1 with drops,
-# top-2, dropless top-1 (the grouped GEMMs), noisy top-2 gating), trains GPT-2 124M for 30 steps on synthetic
-# data (bf16, B=8 T=1024, recompute 0 and 1) and the Switch-MoE model on the same backbone beside it (8 experts,
-# top-1, every other layer), runs every kernel-lab file at full size, and prints one summary table: test results,
-# tokens/s, MFU, peak memory, and each lab variant's best time against its floor.
+# top-2, dropless top-1 (the grouped GEMMs), noisy top-2 gating; test_gpt and test_moe once more in BF16 on cuDNN's
+# attention, the USE_CUDNN=1 build, with its default deterministic backward), trains GPT-2 124M for 30 steps on
+# synthetic data (bf16, B=8 T=1024, recompute 0 and 1) and the Switch-MoE model on the same backbone beside it
+# (8 experts, top-1, every other layer), runs every kernel-lab file at full size, and prints one summary table:
+# test results, tokens/s, MFU, peak memory, and each lab variant's best time against its floor.
 #   scripts/gpu_check.sh LOGDIR                the whole check, one log per stage in LOGDIR (under 8 minutes
 #                                              on an H100-class GPU)
 #   scripts/gpu_check.sh --parse-only LOGDIR   only the summary table, from the logs of an earlier run
 # Without an NVIDIA GPU (nvidia-smi missing or failing, or a CUDA probe finding no device) it says so in one
-# line and exits with status 2 before building anything. Binaries and data go to build/gpucheck/, the lab
-# binaries to dev/cuda/ (where make -C dev/cuda puts them). A time budget (GPU_CHECK_BUDGET_S, default 450 s)
-# bounds the run, labs last: whatever would start past it is skipped, and its row in the table says so.
+# line and exits with status 2 before building anything. Binaries and data go to build/gpucheck/ (the USE_CUDNN=1
+# builds to build/gpucheck/cudnn/), the lab binaries to dev/cuda/ (where make -C dev/cuda puts them). A time
+# budget (GPU_CHECK_BUDGET_S, default 450 s) bounds the run, labs last: whatever would start past it is skipped,
+# and its row in the table says so.
 # Exit status: 0 when every test and lab validation passed and every training run finished, 1 otherwise.
 set -u
 usage() {
@@ -296,6 +298,13 @@ build_binary test_gpt_fp32 &
 build_binary train_moe_bf16 &
 build_binary test_moe_bf16 &
 build_binary test_moe_fp32 &
+# the tests on cuDNN's attention: bf16 only (cuDNN's flash attention has no fp32), beside the others
+build_cudnn_binary() {  # NAME_PREC
+    run_stage "$LOGDIR/build_$1_cudnn.log" 300 make --no-print-directory GPU_BUILD="$BIN/cudnn" GPU_ARCH="$GPU_ARCH" \
+        USE_CUDNN=1 "$BIN/cudnn/$1"
+}
+build_cudnn_binary test_gpt_bf16 &
+build_cudnn_binary test_moe_bf16 &
 # -B: lab binaries left in dev/cuda by a build for another GPU would otherwise count as up to date
 run_stage "$LOGDIR/build_labs.log" 300 make -B -k -j "$(nproc)" -C dev/cuda GPU_ARCH="$GPU_ARCH" &
 wait
@@ -307,6 +316,9 @@ have_torch=0
 if [ $have_torch -eq 0 ]; then
     for p in fp32 bf16; do
         for r in 0 1 2; do skip_stage "$LOGDIR/test_gpt_${p}_r$r.log" "torch is missing for $PYTHON (no reference state)"; done
+    done
+    for t in test_gpt_bf16_cudnn test_moe_bf16_cudnn; do
+        skip_stage "$LOGDIR/$t.log" "torch is missing for $PYTHON (no reference state)"
     done
 else
     mkdir -p "$BIN/ref"
@@ -337,6 +349,14 @@ else
             run_stage "$LOGDIR/test_moe_${p}_noisy.log" 120 "$BIN/test_moe_$p" "$BIN/ref/moe_noisy_$p" -cf 0.5
         fi
     done
+    # cuDNN's attention against the same bf16 references: one recompute level and one MoE configuration, as the
+    # attention is the only difference (the first run also builds cuDNN's plans)
+    if [ ! -x "$BIN/cudnn/test_gpt_bf16" ]; then
+        skip_stage "$LOGDIR/test_gpt_bf16_cudnn.log" "not built (build_test_gpt_bf16_cudnn.log)"
+    else run_stage "$LOGDIR/test_gpt_bf16_cudnn.log" 120 "$BIN/cudnn/test_gpt_bf16" "$BIN/ref/tiny_bf16" -r 1; fi
+    if [ ! -x "$BIN/cudnn/test_moe_bf16" ]; then
+        skip_stage "$LOGDIR/test_moe_bf16_cudnn.log" "not built (build_test_moe_bf16_cudnn.log)"
+    else run_stage "$LOGDIR/test_moe_bf16_cudnn.log" 120 "$BIN/cudnn/test_moe_bf16" "$BIN/ref/moe_k1_bf16" -cf 0.5; fi
 fi
 
 # synthetic data: uniform random GPT-2 token ids (train_gpt.py --write-shard; without torch, the same llm.c
