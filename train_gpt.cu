@@ -8,6 +8,7 @@
 // This file is the GPT-2 model and the training loop. train_moe.cu (the Switch-MoE model) and test_gpt.cu include
 // it with OMIT_TRAIN_GPT_MAIN defined and bring their own main; the MoE model plugs its layers into the model and
 // the loop through the MlpExtension interface below.
+#pragma once
 #include <ctype.h>
 #include <dirent.h>
 #include <pthread.h>
