@@ -22,8 +22,11 @@
 //   FP16: 10-bit mantissa (2^-11 per store), with dynamic loss scaling: 5e-3 for gradients and logits
 //         (measured: at most 1.3e-3), 1e-3 for the loss, 5e-3 for the step losses. Checked against the
 //         bf16 reference state (its parameters are bf16 values, which fp16 holds nearly exactly).
+// test_moe.cu has included train_moe.cu, and with it train_gpt.cu, before this file
+#ifndef OMIT_TEST_GPT_MAIN
 #define OMIT_TRAIN_GPT_MAIN
 #include "train_gpt.cu"
+#endif
 
 typedef struct {
     int B, T, V, Vp, nsteps;
@@ -98,6 +101,20 @@ static void read_reference_state(ReferenceState* r, const char* path, const GPT2
     fclose_check(f, path);
 }
 
+// the tensors' names in model-file order, for the checks' lines (an extension names its own slots)
+static const char* gpt2_parameter_names[NUM_PARAMETER_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
+    "fcprojb", NULL, NULL, NULL, NULL, NULL, NULL, "lnfw", "lnfb"};
+static const char* gpt2_parameter_name(const GPT2* model, int i) {
+    int slot = i - PARAM_EXTENSION;
+    return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->mlp->tensor_names[slot] : gpt2_parameter_names[i];
+}
+// the gradients as stored, in model-file order (host)
+static void gpt2_get_gradients(const GPT2* model, floatX* file_order, cudaStream_t stream) {
+    gpt2_get_replicated(model, file_order, model->store.grads_memory);
+    if (model->mlp) model->mlp->get_gradients(model, file_order + gpt2_extension_offset(model), stream);
+}
+
 static int checks_passed = 0, checks_failed = 0;
 static int printing = 1;  // with several processes, only process 0 prints (all of them check the same values)
 
@@ -137,7 +154,7 @@ static void compare_value(const char* what, float got, float want, float rtol) {
 // every tensor of two model-file-order buffers (fp32), one check each
 static void compare_tensors(const char* prefix, const GPT2* model, const float* got, const float* want, float tol) {
     size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
-    fill_in_parameter_sizes(sizes, model, 1);
+    file_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (sizes[i] == 0) continue;  // an unused slot
         char what[64];
@@ -151,7 +168,7 @@ static void compare_tensors(const char* prefix, const GPT2* model, const float* 
 // gradient must have been reduced with ZeRO-0).
 static float* gathered_gradients(const GPT2* model, const TestExtension* x, cudaStream_t stream) {
     size_t n = gpt2_num_parameters(model), sizes[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(sizes, model, 1);
+    file_tensor_sizes(sizes, model);
     floatX* g = (floatX*)malloc_check(n * sizeof(floatX));
     gpt2_get_gradients(model, g, stream);
     float* out = (float*)malloc_check(n * sizeof(float));
@@ -166,9 +183,8 @@ static float* gathered_gradients(const GPT2* model, const TestExtension* x, cuda
 }
 
 // A model from the test's model file, with the run's process layout (and an extension's, of expert-parallel degree
-// `degree`; collective), its activations for (B, T) and its optimizer state (ZeRO-`zero_stage`).
-static void build_test_model(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree, int B, int T,
-                             int zero_stage) {
+// `degree`; collective); the caller allocates its activations and optimizer state.
+static void build_test_model(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree) {
     gpt2_init_common(model);
     model->recompute = t->recompute;
     model->use_master_weights = t->master;
@@ -177,8 +193,6 @@ static void build_test_model(GPT2* model, const GPT2Test* t, const MultiGpuConfi
     model->process_rank = mg->process_rank;
     if (t->extension) t->extension->attach(model, t, mg, degree);
     gpt2_build_from_checkpoint(model, t->path);
-    gpt2_allocate_activations(model, B, T);
-    gpt2_allocate_optimizer(model, zero_stage);
 }
 
 // the extension's state is the test's (attach allocated it)
@@ -276,14 +290,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     snprintf(path, sizeof(path), "%s_model.bin", prefix);
     t.path = path;
     GPT2 model;
-    gpt2_init_common(&model);
-    model.num_processes = mg.num_processes;
-    model.process_rank = mg.process_rank;
-    model.recompute = t.recompute;
-    model.use_master_weights = t.master;
-    model.gelu_fusion = t.gelu_fusion;
-    if (x) x->attach(&model, &t, &mg, t.ep_degree);
-    gpt2_build_from_checkpoint(&model, path);
+    build_test_model(&model, &t, &mg, t.ep_degree);
     ReferenceState ref;
     snprintf(state_path, sizeof(state_path), "%s_debug_state.bin", prefix);
     read_reference_state(&ref, state_path, &model, x);

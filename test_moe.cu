@@ -137,8 +137,13 @@ static void compare_expert_parallel(const GPT2Test* t, const ReferenceState* ref
         y[i] = (ref->y[i] + 37 * mg->process_rank) % V;
     }
     GPT2 one, spread;
-    build_test_model(&one, t, mg, 1, B, T, t->zero_stage);
-    build_test_model(&spread, t, mg, ep_degree, B, T, t->zero_stage);
+    build_test_model(&one, t, mg, 1);
+    build_test_model(&spread, t, mg, ep_degree);
+    GPT2* both[2] = {&one, &spread};
+    for (int i = 0; i < 2; i++) {
+        gpt2_allocate_activations(both[i], B, T);
+        gpt2_allocate_optimizer(both[i], t->zero_stage);
+    }
     if (printing)
         printf("expert parallelism: -ep %d against -ep 1 on %d processes, distinct batches, ZeRO-%d steps\n", ep_degree,
                mg->num_processes, t->zero_stage);

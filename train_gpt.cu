@@ -8,7 +8,6 @@
 // This file is the GPT-2 model and the training loop. train_moe.cu (the Switch-MoE model) and test_gpt.cu include
 // it with OMIT_TRAIN_GPT_MAIN defined and bring their own main; the MoE model plugs its layers into the model and
 // the loop through the MlpExtension interface below.
-#pragma once
 #include <ctype.h>
 #include <dirent.h>
 #include <pthread.h>
@@ -77,9 +76,6 @@ enum {
     PARAM_LNFW = PARAM_EXTENSION + MLP_EXTENSION_SLOTS, PARAM_LNFB,
     NUM_PARAMETER_TENSORS
 };
-static const char* gpt2_parameter_names[NUM_PARAMETER_TENSORS] = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
-    "fcprojb", NULL, NULL, NULL, NULL, NULL, NULL, "lnfw", "lnfb"};
 // weight decay applies to the matrices only (the embeddings and the Linear weights)
 static const int gpt2_parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0,
                                                                   0, 0, 0, 0, 0, 0, 0, 0};
@@ -265,11 +261,13 @@ static int gpt2_dense_index(const GPT2* model, int l) {
     return d;
 }
 
-// sizes in model-file order: as in the file (in_file) or as held in the replicated set
-static void fill_in_parameter_sizes(size_t* sizes, const GPT2* model, int in_file) {
+// The tensors' sizes in model-file order: as in the file, and as held in the replicated set (the same but for an
+// extension's own part)
+static void fill_in_parameter_sizes(const GPT2* model, size_t* in_file, size_t* in_set) {
     const GPT2Config* cfg = &model->config;
     size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
     size_t Ld = gpt2_dense_layers(model);
+    size_t* sizes = in_file;
     sizes[PARAM_WTE] = Vp * C;
     sizes[PARAM_WPE] = maxT * C;
     sizes[PARAM_LN1W] = L * C;
@@ -286,15 +284,21 @@ static void fill_in_parameter_sizes(size_t* sizes, const GPT2* model, int in_fil
     sizes[PARAM_FCPROJB] = Ld * C;
     size_t file[MLP_EXTENSION_SLOTS] = {0}, replicated[MLP_EXTENSION_SLOTS] = {0};
     if (model->mlp) model->mlp->tensor_sizes(model, file, replicated);
-    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) sizes[PARAM_EXTENSION + i] = in_file ? file[i] : replicated[i];
+    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) sizes[PARAM_EXTENSION + i] = file[i];
     sizes[PARAM_LNFW] = C;
     sizes[PARAM_LNFB] = C;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) in_set[i] = in_file[i];
+    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_set[PARAM_EXTENSION + i] = replicated[i];
+}
+static void file_tensor_sizes(size_t* sizes, const GPT2* model) {
+    size_t in_set[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(model, sizes, in_set);
+}
+static void replicated_tensor_sizes(size_t* sizes, const GPT2* model) {
+    size_t in_file[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(model, in_file, sizes);
 }
 
-static const char* gpt2_parameter_name(const GPT2* model, int i) {
-    int slot = i - PARAM_EXTENSION;
-    return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->mlp->tensor_names[slot] : gpt2_parameter_names[i];
-}
 static int gpt2_parameter_decay(const GPT2* model, int i) {
     int slot = i - PARAM_EXTENSION;
     if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) return model->mlp ? model->mlp->tensor_decays[slot] : 0;
@@ -343,7 +347,7 @@ static LayerParameters gpt2_layer_parameters(const GPT2* model, const ParameterT
 static void gpt2_allocate_parameters(GPT2* model) {
     size_t sizes[NUM_PARAMETER_TENSORS];
     int decays[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(sizes, model, 0);
+    replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) decays[i] = gpt2_parameter_decay(model, i);
     sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->num_processes);
     point_parameters(&model->params, model->store.params_memory, sizes);
@@ -354,7 +358,7 @@ static void gpt2_allocate_parameters(GPT2* model) {
 // parameters in the model file
 static size_t gpt2_num_parameters(const GPT2* model) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
-    fill_in_parameter_sizes(sizes, model, 1);
+    file_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
     return n;
 }
@@ -362,7 +366,7 @@ static size_t gpt2_num_parameters(const GPT2* model) {
 // where the extension's block starts in the model file (in values)
 static size_t gpt2_extension_offset(const GPT2* model) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
-    fill_in_parameter_sizes(sizes, model, 1);
+    file_tensor_sizes(sizes, model);
     for (int i = 0; i < PARAM_EXTENSION; i++) n += sizes[i];
     return n;
 }
@@ -371,8 +375,7 @@ static size_t gpt2_extension_offset(const GPT2* model) {
 // set's part of every tensor, and the extension's own part.
 static void gpt2_set_parameters(GPT2* model, const floatX* file_order) {
     size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(in_file, model, 1);
-    fill_in_parameter_sizes(in_set, model, 0);
+    fill_in_parameter_sizes(model, in_file, in_set);
     floatX* replicated = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX) + 1);
     size_t from = 0, to = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
@@ -387,11 +390,10 @@ static void gpt2_set_parameters(GPT2* model, const floatX* file_order) {
 }
 
 // The inverse, collective over an extension's groups: the whole model in model-file order from the replicated set
-// (its parameters or its gradients as stored), the extension filling in its own part.
+// (its parameters, or in test_gpt.cu its gradients as stored), the extension filling in its own part.
 static void gpt2_get_replicated(const GPT2* model, floatX* file_order, const floatX* replicated) {
     size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(in_file, model, 1);
-    fill_in_parameter_sizes(in_set, model, 0);
+    fill_in_parameter_sizes(model, in_file, in_set);
     size_t from = 0, to = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (in_set[i] > 0)
@@ -404,10 +406,6 @@ static void gpt2_get_replicated(const GPT2* model, floatX* file_order, const flo
 static void gpt2_get_parameters(const GPT2* model, floatX* file_order, cudaStream_t stream) {
     gpt2_get_replicated(model, file_order, model->store.params_memory);
     if (model->mlp) model->mlp->get_parameters(model, file_order + gpt2_extension_offset(model), stream);
-}
-static void gpt2_get_gradients(const GPT2* model, floatX* file_order, cudaStream_t stream) {
-    gpt2_get_replicated(model, file_order, model->store.grads_memory);
-    if (model->mlp) model->mlp->get_gradients(model, file_order + gpt2_extension_offset(model), stream);
 }
 
 static void check_config_supported(const GPT2Config* c, const char* source) {
@@ -437,7 +435,7 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
 // which fills new device memory, would drive the host into swap).
 static void check_parameter_memory(const GPT2* model, const char* source) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
-    fill_in_parameter_sizes(sizes, model, 0);
+    replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
     if (model->mlp) n += model->mlp->own_parameter_count(model);
     size_t need = 2 * n * sizeof(floatX), free_bytes = 0, total_bytes = 0;
@@ -550,7 +548,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     // padded vocabulary rows stay zero. Drawn tensor by tensor from one seeded mt19937, in model-file order (with
     // an extension's tensors whole, as in the file, so that the weights do not depend on the process layout).
     size_t num_parameters = gpt2_num_parameters(model), sizes[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(sizes, model, 1);
+    file_tensor_sizes(sizes, model);
     float* host = (float*)calloc(num_parameters, sizeof(float));
     mt19937_state rng;
     manual_seed(&rng, seed);
@@ -978,7 +976,7 @@ static int gpt2_update(GPT2* model, const AdamWConfig* opt, float norm, int t, c
 static double gpt2_flops_per_token(const GPT2* model, int T) {
     const GPT2Config* c = &model->config;
     size_t sizes[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(sizes, model, 1);
+    file_tensor_sizes(sizes, model);
     double active = 0.0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++)
         if (i < PARAM_EXTENSION || i >= PARAM_EXTENSION + MLP_EXTENSION_SLOTS) active += (double)sizes[i];

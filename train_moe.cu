@@ -123,6 +123,21 @@ typedef struct {
 
 static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
 
+// MoE layer m's slices of the parameters (or of the gradients): the same struct, each pointer at layer m
+static MoEParameterTensors moe_layer_parameters(const GPT2* model, const MoEParameterTensors* p, int m) {
+    const MoEModel* moe = moe_of(model);
+    size_t E = moe->config.num_experts, E_l = moe->local_experts, H = moe->config.expert_hidden;
+    size_t C = model->config.channels, l = m;
+    MoEParameterTensors lp;
+    lp.routerw = p->routerw + l * E * C;
+    lp.routernw = p->routernw + l * E * C;
+    lp.efcw = p->efcw + l * E_l * H * C;
+    lp.efcb = p->efcb + l * E_l * H;
+    lp.efcprojw = p->efcprojw + l * E_l * C * H;
+    lp.efcprojb = p->efcprojb + l * E_l * C;
+    return lp;
+}
+
 static int is_moe_layer(const MoEConfig* c, int l) { return (l + 1) % c->moe_every == 0; }
 static int num_moe_layers(const GPT2* model) { return model->config.num_layers / moe_of(model)->config.moe_every; }
 static int moe_index(const MoEModel* moe, int l) { return (l + 1) / moe->config.moe_every - 1; }
@@ -620,19 +635,19 @@ static const floatX* moe_router_input(const GPT2* model, int m, const floatX* ln
 static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
-    const MoEParameterTensors* p = &moe->params;
+    MoEParameterTensors lp = moe_layer_parameters(model, &moe->params, m);
     const MoEActivations* a = &moe->acts;
-    int E = c->num_experts, E_l = moe->local_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
+    int E = c->num_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
     int exchange_rows = moe->ep.degree > 1;  // expert parallelism: rows go to and come back from the experts' owners
     MoELayerActivations l = moe_layer_activations(model, m, N);
     const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
     if (c->noisy_gating) {
-        matmul_forward_fp32_output(l.clean, router_in, p->routerw + (size_t)m * E * C, N, C, E, stream);
-        matmul_forward_fp32_output(l.noise, router_in, p->routernw + (size_t)m * E * C, N, C, E, stream);
+        matmul_forward_fp32_output(l.clean, router_in, lp.routerw, N, C, E, stream);
+        matmul_forward_fp32_output(l.noise, router_in, lp.routernw, N, C, E, stream);
         moe_noisy_logits_forward(l.logits, l.clean, l.noise, N, E, moe_layer_seed(model, m, MOE_NOISE_GATING),
                                  moe->training, stream);
     } else {
-        matmul_forward_fp32_output(l.logits, router_in, p->routerw + (size_t)m * E * C, N, C, E, stream);
+        matmul_forward_fp32_output(l.logits, router_in, lp.routerw, N, C, E, stream);
     }
     moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K,
@@ -643,11 +658,11 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     moe_dispatch(dispatched, ln2, l.row_choice, rows_src, K, C, stream);
     if (exchange_rows)
         expert_parallel_exchange(&moe->ep, dispatched, l.expert_input, l.rows_src, l.rows_own, E, C, 1, stream);
-    moe_experts_linear_forward(model, &l, l.expert_act, l.expert_input, p->efcw + (size_t)m * E_l * H * C,
-                               p->efcb + (size_t)m * E_l * H, C, H, l.expert_pre, stream);
+    moe_experts_linear_forward(model, &l, l.expert_act, l.expert_input, lp.efcw,
+                               lp.efcb, C, H, l.expert_pre, stream);
     floatX* expert_output = exchange_rows ? a->scratch_own : l.expert_output;
-    moe_experts_linear_forward(model, &l, expert_output, l.expert_act, p->efcprojw + (size_t)m * E_l * C * H,
-                               p->efcprojb + (size_t)m * E_l * C, H, C, nullptr, stream);
+    moe_experts_linear_forward(model, &l, expert_output, l.expert_act, lp.efcprojw,
+                               lp.efcprojb, H, C, nullptr, stream);
     if (exchange_rows)
         expert_parallel_exchange(&moe->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
     moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
@@ -668,10 +683,10 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
                                cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
-    const MoEParameterTensors* p = &moe->params;
-    const MoEParameterTensors* g = &moe->grads;
+    MoEParameterTensors lp = moe_layer_parameters(model, &moe->params, m);
+    MoEParameterTensors lg = moe_layer_parameters(model, &moe->grads, m);
     const MoEActivations* a = &moe->acts;
-    int E = c->num_experts, E_l = moe->local_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
+    int E = c->num_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
     int exchange_rows = moe->ep.degree > 1;
     MoELayerActivations l = moe_layer_activations(model, m, N);
     int rows_src = moe->dropless ? N * K : E * moe->capacity_used;
@@ -686,12 +701,12 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
     int rows[MOE_MAX_EXPERTS];
     size_t own_rows = moe_local_expert_rows(model, &l, rows);
     if (model->recompute >= 1 && own_rows > 0) gelu_forward(l.expert_act, l.expert_pre, own_rows * H, stream);
-    moe_experts_linear_backward(model, &l, a->d_expert_hidden, g->efcprojw + (size_t)m * E_l * C * H,
-                                g->efcprojb + (size_t)m * E_l * C, d_own, l.expert_act,
-                                p->efcprojw + (size_t)m * E_l * C * H, H, C, l.expert_pre, stream);
+    moe_experts_linear_backward(model, &l, a->d_expert_hidden, lg.efcprojw,
+                                lg.efcprojb, d_own, l.expert_act,
+                                lp.efcprojw, H, C, l.expert_pre, stream);
     // the output gradient in d_own is consumed: the input gradient overwrites it
-    moe_experts_linear_backward(model, &l, d_own, g->efcw + (size_t)m * E_l * H * C, g->efcb + (size_t)m * E_l * H,
-                                a->d_expert_hidden, l.expert_input, p->efcw + (size_t)m * E_l * H * C, C, H, nullptr,
+    moe_experts_linear_backward(model, &l, d_own, lg.efcw, lg.efcb,
+                                a->d_expert_hidden, l.expert_input, lp.efcw, C, H, nullptr,
                                 stream);
     if (exchange_rows) expert_parallel_exchange(&moe->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 0, stream);
     cudaCheck(cudaMemsetAsync(d_ln2, 0, (size_t)N * C * sizeof(floatX), stream));
@@ -713,11 +728,11 @@ static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* 
     const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
     floatX* d_router_in = jitter ? a->router_input + (size_t)N * C : d_ln2;
     if (jitter) cudaCheck(cudaMemsetAsync(d_router_in, 0, (size_t)N * C * sizeof(floatX), stream));
-    matmul_backward_fp32_dout(d_router_in, g->routerw + (size_t)m * E * C, a->d_logits, router_in,
-                              p->routerw + (size_t)m * E * C, a->d_logits_x, N, C, E, stream);
+    matmul_backward_fp32_dout(d_router_in, lg.routerw, a->d_logits, router_in,
+                              lp.routerw, a->d_logits_x, N, C, E, stream);
     if (c->noisy_gating)
-        matmul_backward_fp32_dout(d_router_in, g->routernw + (size_t)m * E * C, a->d_noise, router_in,
-                                  p->routernw + (size_t)m * E * C, a->d_logits_x, N, C, E, stream);
+        matmul_backward_fp32_dout(d_router_in, lg.routernw, a->d_noise, router_in,
+                                  lp.routernw, a->d_logits_x, N, C, E, stream);
     if (jitter)
         moe_jitter_backward(d_ln2, d_router_in, N, C, moe->settings.jitter, moe_layer_seed(model, m, MOE_NOISE_JITTER),
                             stream);
