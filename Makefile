@@ -48,7 +48,7 @@ PROGRAMS := train_gpt test_gpt train_moe test_moe
 SOURCES_train_gpt := train_gpt.cu
 SOURCES_test_gpt := test_gpt.cu train_gpt.cu
 SOURCES_train_moe := train_moe.cu train_gpt.cu
-SOURCES_test_moe := test_moe.cu test_gpt.cu train_gpt.cu
+SOURCES_test_moe := test_moe.cu train_moe.cu test_gpt.cu train_gpt.cu
 # build/NAME_PREC (PREC fp32, bf16 or fp16) -> NAME, and PREC's define
 program_of = $(patsubst %_fp32,%,$(patsubst %_bf16,%,$(patsubst %_fp16,%,$(notdir $1))))
 precision_flag = $(if $(filter %_fp32,$1),-DENABLE_FP32,$(if $(filter %_fp16,$1),-DENABLE_FP16))

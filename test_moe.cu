@@ -1,11 +1,184 @@
 // test_moe.cu: the MoE trainer against the PyTorch reference (train_moe.py): for one model and batch written by
 //   /usr/bin/python3 train_moe.py --write-reference PREFIX ...
 // the logits, the cross-entropy, the aux and z losses, the routing (choices per expert, drops), every
-// parameter gradient (router and experts included) and the losses of 10 AdamW steps on that batch.
-//   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-cf CF] [-ra A] [-rz Z]
-// (-cf, -ra, -rz: the values the reference was written with). The test itself is test_gpt.cu's, included
-// here without its main; its tolerances are stated there.
-#define TEST_GPT_LIBRARY
+// parameter gradient (router and experts included) and the losses of 10 AdamW steps on that batch; with -ep N under
+// mpirun, also expert parallelism against degree 1.
+//   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-cf CF] [-ra A] [-rz Z] [-ep N] [-z 0|1]
+// (-cf, -ra, -rz, -rj, -rni, -rnl: the values the reference was written with). The model is train_moe.cu's and the
+// test test_gpt.cu's (both included without their main), with the MoE checks below plugged in as its
+// TestExtension; test_gpt.cu states the tolerances.
+#define OMIT_TRAIN_MOE_MAIN
+#include "train_moe.cu"
+#define OMIT_TEST_GPT_MAIN
 #include "test_gpt.cu"
 
-int main(int argc, char** argv) { return test_main(argc, argv, 1); }
+// The debug state's MoE part (after the loss): header[7] MoE layers, header[8] noisy gating; the aux and z losses
+// summed over the MoE layers, noisy gating's importance and load losses, then per layer the dropped choices and
+// the choices routed to each expert before dropping.
+typedef struct {
+    float aux_loss, z_loss;
+    int noisy;
+    float importance_loss, load_loss;
+    int* dropped;        // (Lm)
+    int* expert_counts;  // (Lm, E)
+} MoEReference;
+
+static void* moe_read_reference(FILE* f, const char* path, const int* header, const GPT2* model) {
+    MoEReference* r = (MoEReference*)calloc(1, sizeof(MoEReference));
+    int Lm = num_moe_layers(model), E = moe_of(model)->config.num_experts;
+    r->dropped = (int*)malloc_check((size_t)(Lm + 1) * sizeof(int));
+    r->expert_counts = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    if (header[7] != Lm) {
+        fprintf(stderr, "%s: %d MoE layers, the model has %d\n", path, header[7], Lm);
+        exit(EXIT_FAILURE);
+    }
+    fread_check(&r->aux_loss, sizeof(float), 1, f, path);
+    fread_check(&r->z_loss, sizeof(float), 1, f, path);
+    r->noisy = header[8];
+    if (r->noisy != moe_of(model)->config.noisy_gating) {
+        fprintf(stderr, "%s: noisy gating %d, the model file says %d\n", path, r->noisy,
+                moe_of(model)->config.noisy_gating);
+        exit(EXIT_FAILURE);
+    }
+    if (r->noisy) {
+        fread_check(&r->importance_loss, sizeof(float), 1, f, path);
+        fread_check(&r->load_loss, sizeof(float), 1, f, path);
+    }
+    for (int m = 0; m < Lm; m++) {
+        fread_check(&r->dropped[m], sizeof(int), 1, f, path);
+        fread_check(r->expert_counts + (size_t)m * E, sizeof(int), E, f, path);
+    }
+    return r;
+}
+
+// The losses and the routing of the gradient pass on the reference batch. Routing is discrete: in fp32 every
+// count must match; in bf16 and fp16 the router reads a rounded LayerNorm output, so a choice whose logits are
+// within rounding of a tie may flip (the reference's smallest margins are ~4e-5): up to 2% of the choices may move.
+static void moe_check_forward(const GPT2* model, const ReferenceState* reference) {
+    const MoEModel* moe = moe_of(model);
+    const MoEReference* ref = (const MoEReference*)reference->extension;
+    float tol = PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f;
+    compare_value("aux loss", moe->aux_loss, ref->aux_loss, tol);
+    compare_value("z loss", moe->z_loss, ref->z_loss, tol);
+    if (ref->noisy) {
+        compare_value("imp loss", moe->importance_loss, ref->importance_loss, tol);
+        compare_value("load loss", moe->load_loss, ref->load_loss, tol);
+    }
+    int Lm = num_moe_layers(model), E = moe->config.num_experts;
+    long moved = 0, dropped_diff = 0, choices = (long)Lm * reference->B * reference->T * moe->config.top_k;
+    for (int m = 0; m < Lm; m++) {
+        long dropped = 0;
+        for (int e = 0; e < E; e++) {
+            moved += labs((long)moe->expert_counts_cpu[m * E + e] - ref->expert_counts[m * E + e]);
+            dropped += moe->expert_counts_cpu[m * E + e] - moe->kept_counts_cpu[m * E + e];
+        }
+        dropped_diff += labs(dropped - ref->dropped[m]);
+    }
+    long allowed = PRECISION_MODE == PRECISION_FP32 ? 0 : choices / 50;
+    int routing_ok = moved <= allowed && dropped_diff <= allowed;
+    count_check(routing_ok);
+    if (printing)
+        printf("%s %-10s %ld of %ld choices routed elsewhere, drops differ by %ld (allowed %ld)\n",
+               routing_ok ? "OK  " : "FAIL", "routing", moved, choices, dropped_diff, allowed);
+}
+
+// the experts' stored gradients times their set's multiplier are the step's (moe_allocate_parameters)
+static float moe_gradient_multiplier(const GPT2* model, int i) {
+    int slot = i - PARAM_EXTENSION;
+    return slot >= FIRST_EXPERT_SLOT && slot < MLP_EXTENSION_SLOTS ? moe_of(model)->expert_store.grad_multiplier : 1.0f;
+}
+
+// the settings the reference was written with (Makefile: MOE_REF_ARGS and its configurations)
+static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f};
+static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value) {
+    MoESettings* s = &test_moe_settings;
+    if (!strcmp(flag, "-cf")) s->capacity_factor = s->capacity_factor_eval = atof(value);
+    else if (!strcmp(flag, "-ra")) s->aux_alpha = (float)atof(value);
+    else if (!strcmp(flag, "-rz")) s->z_coef = (float)atof(value);
+    else if (!strcmp(flag, "-rj")) s->jitter = (float)atof(value);
+    else if (!strcmp(flag, "-rni")) s->importance_coef = (float)atof(value);
+    else if (!strcmp(flag, "-rnl")) s->load_coef = (float)atof(value);
+    else if (!strcmp(flag, "-ep")) t->ep_degree = atoi(value);
+    else if (!strcmp(flag, "-z")) t->zero_stage = atoi(value);
+    else return 0;
+    return 1;
+}
+
+// the model file brings the shape; the settings are the test's; the experts shared out over `degree` processes
+static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree) {
+    MoEModel* moe = (MoEModel*)malloc_check(sizeof(MoEModel));
+    MoEConfig none = {0, 0, 0, 0, 0};
+    moe_model_init(moe, &none, &test_moe_settings);
+    expert_parallel_init(&moe->ep, mg, degree);
+    model->mlp = &moe_extension;
+    model->mlp_state = moe;
+}
+
+// Expert parallelism of degree N against degree 1 on the same processes, each process with its own batch (the
+// reference batch with its tokens shifted by 37 * rank, so that the processes route differently and a row that
+// travels to the wrong process or comes back to the wrong token changes the results): every tensor of the step's
+// gradient and 10 steps' losses (with ZeRO-`zero_stage`). Both runs sum the same fp32 terms in other orders (an
+// owner's expert GEMM adds N processes' rows at once where degree 1 adds each process's rows, then averages over
+// processes), so the tolerances are the PyTorch comparison's (FP32: 1e-5 of each tensor's scale, measured ~3e-7;
+// BF16: an owner rounds the sum of N processes' expert gradients once where degree 1 rounds each, measured 6e-3
+// against 3e-2); a gradient N times too large, or one never averaged over the replicas, is off by O(1). The parameters after the steps are not compared:
+// AdamW turns the rounding noise of gradients that are zero in exact arithmetic (the attention's key bias) into
+// updates of +-lr, which differ between any two summation orders.
+static void compare_expert_parallel(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg,
+                                    float tol_tensor, float tol_steps, cudaStream_t stream) {
+    if (t->ep_degree == 1) return;
+    int ep_degree = t->ep_degree;
+    int B = ref->B, T = ref->T, V = ref->V;
+    size_t BT = (size_t)B * T;
+    int* x = (int*)malloc_check(BT * sizeof(int));
+    int* y = (int*)malloc_check(BT * sizeof(int));
+    for (size_t i = 0; i < BT; i++) {
+        x[i] = (ref->x[i] + 37 * mg->process_rank) % V;
+        y[i] = (ref->y[i] + 37 * mg->process_rank) % V;
+    }
+    GPT2 one, spread;
+    build_test_model(&one, t, mg, 1);
+    build_test_model(&spread, t, mg, ep_degree);
+    GPT2* both[2] = {&one, &spread};
+    for (int i = 0; i < 2; i++) {
+        gpt2_allocate_activations(both[i], B, T);
+        gpt2_allocate_optimizer(both[i], t->zero_stage);
+    }
+    if (printing)
+        printf("expert parallelism: -ep %d against -ep 1 on %d processes, distinct batches, ZeRO-%d steps\n", ep_degree,
+               mg->num_processes, t->zero_stage);
+    float loss_one = test_gradient(&one, x, y, B, T, mg, stream);
+    float loss_spread = test_gradient(&spread, x, y, B, T, mg, stream);
+    compare_value("ep loss", multi_gpu_cpu_float_sum(loss_spread, mg), multi_gpu_cpu_float_sum(loss_one, mg), tol_steps);
+    float* g_one = gathered_gradients(&one, t->extension, stream);
+    float* g_spread = gathered_gradients(&spread, t->extension, stream);
+    compare_tensors("ep d", &one, g_spread, g_one, tol_tensor);
+    double worst = 0.0;
+    for (int step = 0; step < ref->nsteps; step++) {
+        float a = test_step(&one, x, y, B, T, step, mg, t->zero_stage, stream);
+        float b = test_step(&spread, x, y, B, T, step, mg, t->zero_stage, stream);
+        worst = fmax(worst, fabs(b - a) / fabs(a));
+        if (printing) printf("     step %2d: loss %.6f with -ep %d, %.6f with -ep 1\n", step, b, ep_degree, a);
+    }
+    int steps_ok = worst <= tol_steps && ref->nsteps > 0;
+    count_check(steps_ok);
+    if (printing)
+        printf("%s %-10s %d step losses, max rel err %.2e (tol %.0e)\n", steps_ok ? "OK  " : "FAIL", "ep steps",
+               ref->nsteps, worst, tol_steps);
+    free(g_one);
+    free(g_spread);
+    free_test_model(&spread);
+    free_test_model(&one);
+    free(x);
+    free(y);
+}
+
+static const TestExtension moe_test_extension = {
+    "test_moe",
+    " [-cf capacity factor] [-ra aux coefficient] [-rz z coefficient] [-rj jitter] [-rni importance coefficient] "
+    "[-rnl load coefficient] [-ep N] [-z 0|1]",
+    moe_parse_test_flag, moe_attach, moe_read_reference, moe_check_forward, moe_gradient_multiplier,
+    compare_expert_parallel,
+};
+
+int main(int argc, char** argv) { return test_main(argc, argv, &moe_test_extension); }

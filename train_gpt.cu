@@ -5,7 +5,9 @@
 //   make train_gpt_cpu [PRECISION=...]                     the same source on the CPU backend (cpu/cucc)
 //   mpirun -np 8 ./train_gpt ...                           data parallel, one process per GPU
 // Flags are listed by `./train_gpt -h` (the llm.c conventions, extended; see README.md).
-// test_gpt.cu includes this file with TESTING defined, so everything but main() is shared with the test.
+// This file is the GPT-2 model and the training loop. train_moe.cu (the Switch-MoE model) and test_gpt.cu include
+// it with OMIT_TRAIN_GPT_MAIN defined and bring their own main; the MoE model plugs its layers into the model and
+// the loop through the MlpExtension interface below.
 #include <ctype.h>
 #include <dirent.h>
 #include <pthread.h>
@@ -34,8 +36,6 @@
 #include "llmc/encoder.cuh"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
-#include "llmc/expert_matmul.cuh"
-#include "llmc/router_matmul.cuh"
 #include "llmc/attention.cuh"  // the hand-written path, and the size check of attention and matmul
 #ifdef ENABLE_CUDNN
 #include "llmc/cudnn_att.cuh"  // GPU only: cuDNN's fused attention (make USE_CUDNN=1)
@@ -45,10 +45,7 @@
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
 #include "llmc/copy_cast.cuh"
-#include "llmc/moe.cuh"
-#include "llmc/moe_noise.cuh"
 #include "llmc/multi_gpu.cuh"
-#include "llmc/expert_parallel.cuh"
 #include "llmc/optimizer.cuh"
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
@@ -57,12 +54,8 @@
 // Model description and parameters
 
 #define GPT2_MODEL_MAGIC 20240326
-#define MOE_MODEL_MAGIC 20261129
 #define GPT2_STATE_MAGIC 20240527
-#define NUM_PARAMETER_TENSORS 22
 
-// The model: GPT-2, where with num_experts > 0 (train_moe.cu) layer l's MLP is a Switch-MoE layer iff
-// (l + 1) % moe_every == 0 (doc/moe.md). num_experts == 0 is the dense GPT-2 of train_gpt.cu.
 typedef struct {
     int max_seq_len;        // maxT
     int vocab_size;         // V
@@ -70,31 +63,24 @@ typedef struct {
     int num_layers;         // L
     int num_heads;          // NH
     int channels;           // C
-    int num_experts;        // E (0: dense)
-    int top_k;              // k
-    int moe_every;          // MoE every N layers
-    int expert_hidden;      // H
-    int noisy_gating;       // noisy top-k gating: the MoE layers have routernw (doc/moe.md, "Router noise")
 } GPT2Config;
 
-static int is_moe_layer(const GPT2Config* c, int l) { return c->num_experts > 0 && (l + 1) % c->moe_every == 0; }
-static int num_moe_layers(const GPT2Config* c) { return c->num_experts > 0 ? c->num_layers / c->moe_every : 0; }
-// index of layer l among the dense layers, or among the MoE layers
-static int dense_index(const GPT2Config* c, int l) { return l - (c->num_experts > 0 ? (l + 1) / c->moe_every : 0); }
-static int moe_index(const GPT2Config* c, int l) { return (l + 1) / c->moe_every - 1; }
+// The tensors in model-file order. Their numbers also seed each tensor's stochastic rounding in the optimizer, so
+// they never move: an MLP extension's tensors (train_moe.cu: the routers' and the experts') have slots between
+// the dense MLP's and the final LayerNorm's, which GPT-2 leaves empty.
+#define MLP_EXTENSION_SLOTS 6
+enum {
+    PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W,
+    PARAM_LN2B, PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB,
+    PARAM_EXTENSION,
+    PARAM_LNFW = PARAM_EXTENSION + MLP_EXTENSION_SLOTS, PARAM_LNFB,
+    NUM_PARAMETER_TENSORS
+};
+// weight decay applies to the matrices only (the embeddings and the Linear weights)
+static const int gpt2_parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0,
+                                                                  0, 0, 0, 0, 0, 0, 0, 0};
 
-// The MoE hyperparameters that are not part of the model file.
-typedef struct {
-    double capacity_factor;       // in training (<= 0: dropless)
-    double capacity_factor_eval;  // in evaluation
-    float aux_alpha;              // load-balancing loss coefficient
-    float z_coef;                 // router z-loss coefficient
-    float jitter;                 // router jitter EPS (0: off)
-    float importance_coef;        // noisy gating's importance and load loss coefficients
-    float load_coef;
-} MoESettings;
-
-// Pointers into one contiguous buffer, in model-file order.
+// Pointers into the parameter set's buffer (and the same into the gradients').
 typedef struct {
     floatX* wte;       // (Vp, C)
     floatX* wpe;       // (maxT, C)
@@ -106,79 +92,19 @@ typedef struct {
     floatX* attprojb;  // (L, C)
     floatX* ln2w;      // (L, C)
     floatX* ln2b;      // (L, C)
-    floatX* fcw;       // (Ld, 4C, C), Ld = the dense layers
+    floatX* fcw;       // (Ld, 4C, C), Ld = the layers with a dense MLP (all, without an extension)
     floatX* fcb;       // (Ld, 4C)
     floatX* fcprojw;   // (Ld, C, 4C)
     floatX* fcprojb;   // (Ld, C)
-    floatX* routerw;   // (Lm, E, C), Lm = the MoE layers
-    floatX* routernw;  // (Lm, E, C) noisy gating's noise weights (noisy_gating only)
-    floatX* efcw;      // (Lm, E, H, C) the experts' fc
-    floatX* efcb;      // (Lm, E, H)
-    floatX* efcprojw;  // (Lm, E, C, H)
-    floatX* efcprojb;  // (Lm, E, C)
     floatX* lnfw;      // (C)
     floatX* lnfb;      // (C)
 } ParameterTensors;
 
-// the tensors' indices in model-file order (parameter_names)
-enum {
-    PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W,
-    PARAM_LN2B, PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB, PARAM_ROUTERW, PARAM_ROUTERNW, PARAM_EFCW,
-    PARAM_EFCB, PARAM_EFCPROJW, PARAM_EFCPROJB, PARAM_LNFW, PARAM_LNFB
-};
-static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "routerw", "routernw", "efcw", "efcb", "efcprojw", "efcprojb",
-    "lnfw", "lnfb"};
-// weight decay applies to the matrices only (the embeddings and the four Linear weights)
-static const int parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0,
-                                                             1, 1, 1, 0, 1, 0, 0, 0};
-// The experts' tensors (efcw .. efcprojb): each process keeps those of its own experts (llmc/expert_parallel.cuh)
-// in a second parameter set, reduced and sharded over the processes holding the same experts.
-#define FIRST_EXPERT_TENSOR PARAM_EFCW
-#define NUM_EXPERT_TENSORS 4
-static int is_expert_tensor(int i) { return i >= FIRST_EXPERT_TENSOR && i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; }
-
-// sizes in model-file order with E experts per MoE layer: the file's (all experts) or a process's (its own)
-static void fill_in_parameter_sizes(size_t* sizes, const GPT2Config* cfg, int experts) {
-    size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
-    size_t Lm = num_moe_layers(cfg), Ld = L - Lm, E = experts, H = cfg->expert_hidden;
-    sizes[PARAM_WTE] = Vp * C;
-    sizes[PARAM_WPE] = maxT * C;
-    sizes[PARAM_LN1W] = L * C;
-    sizes[PARAM_LN1B] = L * C;
-    sizes[PARAM_QKVW] = L * 3 * C * C;
-    sizes[PARAM_QKVB] = L * 3 * C;
-    sizes[PARAM_ATTPROJW] = L * C * C;
-    sizes[PARAM_ATTPROJB] = L * C;
-    sizes[PARAM_LN2W] = L * C;
-    sizes[PARAM_LN2B] = L * C;
-    sizes[PARAM_FCW] = Ld * 4 * C * C;
-    sizes[PARAM_FCB] = Ld * 4 * C;
-    sizes[PARAM_FCPROJW] = Ld * C * 4 * C;
-    sizes[PARAM_FCPROJB] = Ld * C;
-    sizes[PARAM_ROUTERW] = Lm * cfg->num_experts * C;  // the router scores every expert on every process
-    sizes[PARAM_ROUTERNW] = cfg->noisy_gating ? Lm * cfg->num_experts * C : 0;
-    sizes[PARAM_EFCW] = Lm * E * H * C;
-    sizes[PARAM_EFCB] = Lm * E * H;
-    sizes[PARAM_EFCPROJW] = Lm * E * C * H;
-    sizes[PARAM_EFCPROJB] = Lm * E * C;
-    sizes[PARAM_LNFW] = C;
-    sizes[PARAM_LNFB] = C;
-}
-
-// the expert tensors point into expert_memory (in order), the others into memory (in order)
-static void point_parameters(ParameterTensors* p, floatX* memory, floatX* expert_memory, const size_t* sizes) {
-    floatX** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
-                                            &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw, &p->fcb,
-                                            &p->fcprojw, &p->fcprojb, &p->routerw, &p->routernw, &p->efcw,
-                                            &p->efcb, &p->efcprojw, &p->efcprojb, &p->lnfw, &p->lnfb};
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        floatX** next = is_expert_tensor(i) ? &expert_memory : &memory;
-        *ptrs[i] = *next;
-        *next += sizes[i];
-    }
-}
+// One layer's slices of them. mlp_* are the dense MLP's (NULL in a layer whose MLP an extension replaces).
+typedef struct {
+    floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b;
+    floatX *fcw, *fcb, *fcprojw, *fcprojb;
+} LayerParameters;
 
 // ----------------------------------------------------------------------------------------------------
 // Activations. With recompute level r, the per-layer GELU output (r >= 1) and LayerNorm outputs (r >= 2)
@@ -196,7 +122,7 @@ typedef struct {
     floatX* ln2;        // (L or 1, B, T, C)
     float* ln2_mean;    // (L, B, T)
     float* ln2_rstd;    // (L, B, T)
-    floatX* fch;        // (Ld, B, T, 4C) pre-GELU, dense layers only
+    floatX* fch;        // (Ld, B, T, 4C) pre-GELU, dense MLPs only
     floatX* fch_gelu;   // (Ld or 1, B, T, 4C)
     floatX* residual3;  // (L, B, T, C)
     floatX* lnf;        // (B, T, C)
@@ -212,52 +138,99 @@ typedef struct {
     floatX* dqkvr;         // (B, T, 3C)
     floatX* datt;          // (B, NH, T, T) (hand-written path only)
     float* scratch_f;      // layernorm backward and bias-gradient scratch
-    // MoE layers (N = B*T tokens), kept per MoE layer for the backward pass. Rsrc = the rows of this process's
-    // dispatch layout, Rown = those of its experts' layout (llmc/expert_parallel.cuh; the same with one process
-    // per expert group): E*cap each when padded to a capacity, N*k and up to ep.degree*N*k when packed (dropless)
-    float* router_logits;  // (Lm, N, E) the logits routing uses (H, with noisy gating)
-    float* router_clean;   // (Lm, N, E) noisy gating: the clean logits
-    float* router_noise;   // (Lm, N, E) noisy gating: the noise logits (softplus of them: the noise's std)
-    float* router_probs;   // (Lm, N, E)
-    float* router_lse;     // (Lm, N) logsumexp, for the z-loss
-    int* expert_index;     // (Lm, N, k)
-    float* gates;          // (Lm, N, k)
-    int* choice_row;       // (Lm, N, k) row in the dispatch layout, -1 dropped
-    int* row_choice;       // (Lm, Rsrc) the choice filling each row, -1 padding
-    int* expert_count;     // (Lm, E) choices routed to each expert before dropping
-    int* kept_count;       // (Lm, E) rows used
-    float* moe_stats;      // (Lm, 4 + 2E) the load-balancing, z, importance and load losses; Importance, Load (E)
-    floatX* expert_input;  // (Lm, Rown, C)
-    floatX* expert_pre;    // (Lm, Rown, H) pre-GELU
-    floatX* expert_act;    // (Lm or 1, Rown, H) GELU output (recomputed with -r >= 1)
-    floatX* expert_output; // (Lm, Rsrc, C) back in the dispatch layout
-    // MoE backward scratch (one layer)
-    float* d_gates;        // (N, k)
-    float* d_logits;       // (N, E) of the routing's logits, then (noisy gating) of the clean ones
-    float* d_noise;        // (N, E) noisy gating: of the noise logits
-    floatX* d_logits_x;    // (N, E)
-    float* noise_partials; // noisy gating's loss scratch (moe_noisy_losses_partials_size)
-    floatX* router_input;  // (2, N, C) with jitter: the router's jittered input and its gradient
-    floatX* moe_scratch_own;  // (Rown, C) the expert output, then the gradients of the experts' output and input
-    floatX* d_expert_hidden;  // (Rown, H)
-    floatX* moe_scratch_src;  // (Rsrc, C) the same in the dispatch layout, with expert parallelism only
 } ActivationTensors;
+#define NUM_ACTIVATION_TENSORS 27
 
+// One layer's slices of them (for the batch the activations were sized for). ln1, ln2 and fch_gelu are the
+// shared single-layer buffers when recomputed; the mlp_* are NULL in a layer whose MLP an extension replaces.
 typedef struct {
+    const floatX* residual;  // the layer's input: the embeddings or the previous layer's residual3
+    floatX *ln1, *atty, *att, *qkvr, *residual2, *ln2, *residual3, *fch, *fch_gelu;
+    float *ln1_mean, *ln1_rstd, *att_stats, *ln2_mean, *ln2_rstd;
+} LayerActivations;
+
+typedef struct GPT2 GPT2;
+typedef struct InfoTable InfoTable;
+
+// ----------------------------------------------------------------------------------------------------
+// The MLP extension: how a model replaces the MLP of some layers with its own and brings what comes with it.
+// GPT-2 has none (model->mlp == NULL); train_moe.cu's Switch-MoE layers are one. The model and the training loop
+// call these at fixed points; `model->mlp_state` is the extension's own data (settings, process layout, its own
+// parameter set, activations, telemetry). The extension's tensors sit in slots PARAM_EXTENSION.. of the model file;
+// the part of them that every process holds (e.g. a router) lives in the model's replicated parameter set, the rest
+// (e.g. experts shared out over processes) in a set of the extension's own (own_set), which is reduced and sharded
+// over own_group.
+typedef struct {
+    // the model file: magic and versions (fp32, bf16); header words 8.. are the extension's
+    int model_magic, fp32_version, bf16_version;
+    const char* model_name;  // in messages: "MoE model"
+    void (*read_header)(GPT2* model, const int* header, const char* path);
+    void (*write_header)(const GPT2* model, int* header);
+    // after the GPT-2 sizes are set (file or descriptor), before anything is allocated: defaults and checks
+    void (*configure)(GPT2* model, const char* source);
+    int (*replaces_mlp)(const GPT2* model, int layer);
+
+    // parameters: names and weight decay per slot; sizes in the file and in the replicated set (0: unused slot)
+    const char* tensor_names[MLP_EXTENSION_SLOTS];
+    int tensor_decays[MLP_EXTENSION_SLOTS];
+    void (*tensor_sizes)(const GPT2* model, size_t* in_file, size_t* in_replicated_set);
+    // a descriptor's initialisation of a weight (decay) slot: the std of its normal draw, 0 for zeros
+    float (*init_std)(const GPT2* model, int slot, float residual_scale);
+    size_t (*own_parameter_count)(const GPT2* model);  // before the own set exists
+    void (*allocate_parameters)(GPT2* model);  // its own set, once the replicated set is allocated
+    // its own tensors from / into the model file's extension block (host, slots in file order); get is collective
+    void (*set_parameters)(GPT2* model, const floatX* file_block);
+    void (*get_parameters)(const GPT2* model, floatX* file_block, cudaStream_t stream);
+    void (*get_gradients)(const GPT2* model, floatX* file_block, cudaStream_t stream);
+    int (*gathers_model_file)(const GPT2* model);  // whether this process takes part in get_parameters for it
+    ShardedParameters* (*own_set)(GPT2* model);                 // NULL: none
+    const MultiGpuConfig* (*own_group)(const GPT2* model);      // the processes that hold the same own tensors
+    float (*own_norm_sum)(const GPT2* model, float norm2, cudaStream_t stream);  // over those holding others
+    double (*active_parameters_per_token)(const GPT2* model);   // of its tensors (for the flops count)
+
+    // activations and passes; N = B*T tokens; ln2 (N, C) is the MLP's input, out (N, C) its output
+    size_t (*activation_bytes)(const GPT2* model, size_t B, size_t T, int recompute);
+    void (*allocate_activations)(GPT2* model, int B, int T);
+    void (*begin_forward)(GPT2* model, int N, float dlogits_scale);
+    void (*forward)(GPT2* model, int layer, floatX* out, const floatX* ln2, int N, cudaStream_t stream);
+    void (*end_forward)(GPT2* model, int N, cudaStream_t stream);  // after a forward pass with targets
+    // d_ln2 (N, C) overwritten with the input's gradient, from dout (N, C)
+    void (*backward)(GPT2* model, int layer, floatX* d_ln2, const floatX* dout, const floatX* ln2, int N,
+                     cudaStream_t stream);
+    // the gradient reduction of its slices of `layer` (after the layer's backward pass, on the last micro-step)
+    void (*reduce_layer)(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
+    void (*free)(GPT2* model);
+
+    // the trainer: flags, process layout, start-up table, checkpoints, telemetry
+    const char* trainer;  // "train_moe"
+    Flag* flags;
+    int num_flags;
+    const char* flags_title;
+    int (*check_flags)(void);  // after parsing: 0 (with a message) when a value is unusable
+    void (*setup)(GPT2* model, const MultiGpuConfig* mg);  // before the model is built, from the flags
+    void (*check_model)(const GPT2* model, const char* source, int from_file);  // once built
+    void (*info_rows)(const GPT2* model, InfoTable* table);
+    int (*collective_forward)(const GPT2* model);  // every process of a group takes part in each forward pass
+    const char* state_file;  // its checkpoint file ("expert_state"), listed in DONE markers
+    void (*write_state)(const char* dir, int step, GPT2* model, int zero_stage, cudaStream_t stream);
+    void (*read_state)(const char* dir, int step, GPT2* model);
+    void (*step_begin)(GPT2* model);
+    void (*micro_step_done)(GPT2* model);  // after each micro-step's forward pass
+    void (*step_fields)(const GPT2* model, int micro_steps, char* out, size_t size);  // in the step line
+    void (*log_step)(const GPT2* model, Logger* logger, int step, int micro_steps);
+    void (*print_validation)(const GPT2* model, int N, Logger* logger, int step);
+} MlpExtension;
+
+struct GPT2 {
     GPT2Config config;
-    ParameterTensors params;  // pointers into store.params_memory and expert_store.params_memory
-    ParameterTensors grads;   // the same into the grads_memory
-    // the flat parameter, gradient and optimizer buffers (llmc/optimizer.cuh): every tensor but the experts',
-    // replicated over all processes; and this process's experts (MoE models), replicated over ep.replicas
+    ParameterTensors params;  // pointers into store.params_memory
+    ParameterTensors grads;   // the same into store.grads_memory
+    // the flat parameter, gradient and optimizer buffers (llmc/optimizer.cuh), replicated over all processes
     ShardedParameters store;
-    ShardedParameters expert_store;
-    ExpertParallel ep;        // which process holds which experts (degree 1: every process all of them)
     int num_processes;        // data-parallel processes (the ZeRO shards of `store`)
     int process_rank;
-    int local_experts;        // experts per MoE layer on this process: E / ep.degree
     LossScaler loss_scaler;   // FP16 loss scaling
     unsigned long long rng_state;  // host generator of stochastic-rounding seeds (identical on every process)
-    MoESettings moe;
     int use_master_weights;
     // activations
     ActivationTensors acts;
@@ -270,151 +243,169 @@ typedef struct {
     int* inputs_cpu;   // (B, T) host copy for the encoder's backward pass
     float* losses_cpu;  // (B, T) host
     float mean_loss;    // the language-model cross-entropy of the last forward pass with targets
-    // MoE: of the last forward pass
-    int moe_capacity_used;          // rows per expert
-    int moe_dropless;               // dropless routing (-cf 0): the expert buffers packed (else padded to capacity)
-    int* moe_rows_src;              // (Lm, E) host: rows per global expert in this process's dispatch layout
-    int* moe_rows_own;              // (Lm, E) host: rows per (group member, local expert) in the expert layout
-    float aux_loss, z_loss;         // summed over MoE layers
-    float importance_loss, load_loss;  // noisy gating's, summed over MoE layers
-    int moe_training;               // the last forward pass was a training one (jitter and noise on)
-    unsigned int noise_pass;        // the router noise's pass number (doc/moe.md, "Router noise" 4), set by the caller
-    float drop_fraction;            // dropped choices / all choices, over MoE layers
-    float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
-    float aux_grad_scale;           // scale of the aux and z gradients (the loss-scale / micro-steps)
-    int* expert_counts_cpu;         // (Lm, E) host
-    int* kept_counts_cpu;           // (Lm, E) host
-    float* moe_losses_cpu;          // (Lm, 4) host: aux, z, importance, load of each MoE layer
-} GPT2;
+    unsigned int pass_number;  // the training pass (micro-step) number, set by the caller: random layers' seeds
+    const MlpExtension* mlp;   // NULL: GPT-2's dense MLP in every layer
+    void* mlp_state;
+};
+
+// the layers whose MLP is GPT-2's dense one, and layer l's index among them
+static int gpt2_is_dense_layer(const GPT2* model, int l) { return !model->mlp || !model->mlp->replaces_mlp(model, l); }
+static int gpt2_dense_layers(const GPT2* model) {
+    int n = 0;
+    for (int l = 0; l < model->config.num_layers; l++) n += gpt2_is_dense_layer(model, l);
+    return n;
+}
+static int gpt2_dense_index(const GPT2* model, int l) {
+    int d = 0;
+    for (int i = 0; i < l; i++) d += gpt2_is_dense_layer(model, i);
+    return d;
+}
+
+// The tensors' sizes in model-file order: as in the file, and as held in the replicated set (the same but for an
+// extension's own part)
+static void fill_in_parameter_sizes(const GPT2* model, size_t* in_file, size_t* in_set) {
+    const GPT2Config* cfg = &model->config;
+    size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
+    size_t Ld = gpt2_dense_layers(model);
+    size_t* sizes = in_file;
+    sizes[PARAM_WTE] = Vp * C;
+    sizes[PARAM_WPE] = maxT * C;
+    sizes[PARAM_LN1W] = L * C;
+    sizes[PARAM_LN1B] = L * C;
+    sizes[PARAM_QKVW] = L * 3 * C * C;
+    sizes[PARAM_QKVB] = L * 3 * C;
+    sizes[PARAM_ATTPROJW] = L * C * C;
+    sizes[PARAM_ATTPROJB] = L * C;
+    sizes[PARAM_LN2W] = L * C;
+    sizes[PARAM_LN2B] = L * C;
+    sizes[PARAM_FCW] = Ld * 4 * C * C;
+    sizes[PARAM_FCB] = Ld * 4 * C;
+    sizes[PARAM_FCPROJW] = Ld * C * 4 * C;
+    sizes[PARAM_FCPROJB] = Ld * C;
+    size_t file[MLP_EXTENSION_SLOTS] = {0}, replicated[MLP_EXTENSION_SLOTS] = {0};
+    if (model->mlp) model->mlp->tensor_sizes(model, file, replicated);
+    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) sizes[PARAM_EXTENSION + i] = file[i];
+    sizes[PARAM_LNFW] = C;
+    sizes[PARAM_LNFB] = C;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) in_set[i] = in_file[i];
+    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_set[PARAM_EXTENSION + i] = replicated[i];
+}
+static void file_tensor_sizes(size_t* sizes, const GPT2* model) {
+    size_t in_set[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(model, sizes, in_set);
+}
+static void replicated_tensor_sizes(size_t* sizes, const GPT2* model) {
+    size_t in_file[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(model, in_file, sizes);
+}
+
+static int gpt2_parameter_decay(const GPT2* model, int i) {
+    int slot = i - PARAM_EXTENSION;
+    if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) return model->mlp ? model->mlp->tensor_decays[slot] : 0;
+    return gpt2_parameter_decays[i];
+}
+
+// GPT-2's tensors' pointers into a buffer laid out by `sizes` (the extension's slots are skipped)
+static void point_parameters(ParameterTensors* p, floatX* memory, const size_t* sizes) {
+    floatX** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
+                                            &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw, &p->fcb,
+                                            &p->fcprojw, &p->fcprojb, NULL, NULL, NULL, NULL, NULL, NULL,
+                                            &p->lnfw, &p->lnfb};
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (ptrs[i]) *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+// Layer l's slices of the parameters (or of the gradients)
+static LayerParameters gpt2_layer_parameters(const GPT2* model, const ParameterTensors* p, int l) {
+    size_t C = model->config.channels;
+    LayerParameters lp;
+    lp.ln1w = p->ln1w + l * C;
+    lp.ln1b = p->ln1b + l * C;
+    lp.qkvw = p->qkvw + l * 3 * C * C;
+    lp.qkvb = p->qkvb + l * 3 * C;
+    lp.attprojw = p->attprojw + l * C * C;
+    lp.attprojb = p->attprojb + l * C;
+    lp.ln2w = p->ln2w + l * C;
+    lp.ln2b = p->ln2b + l * C;
+    lp.fcw = lp.fcb = lp.fcprojw = lp.fcprojb = NULL;
+    if (gpt2_is_dense_layer(model, l)) {
+        size_t d = gpt2_dense_index(model, l);
+        lp.fcw = p->fcw + d * 4 * C * C;
+        lp.fcb = p->fcb + d * 4 * C;
+        lp.fcprojw = p->fcprojw + d * 4 * C * C;
+        lp.fcprojb = p->fcprojb + d * C;
+    }
+    return lp;
+}
 
 // ----------------------------------------------------------------------------------------------------
 // Building the model: from a file or a descriptor
 
-// Before building a model the caller sets num_processes, process_rank and ep (the run's process layout).
+// Before building a model the caller sets num_processes and process_rank (and an extension its process layout).
 static void gpt2_allocate_parameters(GPT2* model) {
-    const GPT2Config* c = &model->config;
-    if (c->num_experts > 0 && c->num_experts % model->ep.degree != 0) {
-        fprintf(stderr, "-ep %d: the %d experts per MoE layer must divide evenly over the expert-parallel degree\n",
-                model->ep.degree, c->num_experts);
-        exit(EXIT_FAILURE);
-    }
-    model->local_experts = c->num_experts / model->ep.degree;
-    size_t sizes[NUM_PARAMETER_TENSORS], replicated[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(sizes, c, model->local_experts);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) replicated[i] = is_expert_tensor(i) ? 0 : sizes[i];
-    sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, replicated, parameter_decays,
-                                model->num_processes);
-    floatX* expert_params = nullptr;
-    floatX* expert_grads = nullptr;
-    if (c->num_experts > 0) {
-        sharded_parameters_allocate(&model->expert_store, NUM_EXPERT_TENSORS, sizes + FIRST_EXPERT_TENSOR,
-                                    parameter_decays + FIRST_EXPERT_TENSOR, model->ep.replicas.num_processes);
-        // an owner's expert gradient sums its group's ep.degree micro-batches, which the replicas then average:
-        // the step's gradient (the mean over all processes) is that over ep.degree
-        model->expert_store.grad_multiplier = 1.0f / (float)model->ep.degree;
-        expert_params = model->expert_store.params_memory;
-        expert_grads = model->expert_store.grads_memory;
-    }
-    point_parameters(&model->params, model->store.params_memory, expert_params, sizes);
-    point_parameters(&model->grads, model->store.grads_memory, expert_grads, sizes);
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    int decays[NUM_PARAMETER_TENSORS];
+    replicated_tensor_sizes(sizes, model);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) decays[i] = gpt2_parameter_decay(model, i);
+    sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->num_processes);
+    point_parameters(&model->params, model->store.params_memory, sizes);
+    point_parameters(&model->grads, model->store.grads_memory, sizes);
+    if (model->mlp) model->mlp->allocate_parameters(model);
 }
 
-// parameters in the model file (every expert)
-static size_t gpt2_num_parameters(const GPT2Config* c) {
+// parameters in the model file
+static size_t gpt2_num_parameters(const GPT2* model) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
-    fill_in_parameter_sizes(sizes, c, c->num_experts);
+    file_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
     return n;
 }
 
-// The whole model's parameters in model-file order (host, every expert) -> this process's tensors on the device.
+// where the extension's block starts in the model file (in values)
+static size_t gpt2_extension_offset(const GPT2* model) {
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    file_tensor_sizes(sizes, model);
+    for (int i = 0; i < PARAM_EXTENSION; i++) n += sizes[i];
+    return n;
+}
+
+// The whole model's parameters in model-file order (host) -> this process's tensors on the device: the replicated
+// set's part of every tensor, and the extension's own part.
 static void gpt2_set_parameters(GPT2* model, const floatX* file_order) {
-    const GPT2Config* c = &model->config;
-    size_t global[NUM_PARAMETER_TENSORS], local[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(global, c, c->num_experts);
-    fill_in_parameter_sizes(local, c, model->local_experts);
-    int Lm = num_moe_layers(c), first_expert = model->ep.member * model->local_experts;
+    size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(model, in_file, in_set);
     floatX* replicated = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX) + 1);
-    floatX* experts = (floatX*)malloc_check(model->expert_store.num_parameters * sizeof(floatX) + 1);
-    size_t from = 0, to_replicated = 0, to_experts = 0;
+    size_t from = 0, to = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        if (!is_expert_tensor(i)) {
-            memcpy(replicated + to_replicated, file_order + from, global[i] * sizeof(floatX));
-            to_replicated += global[i];
-        } else if (Lm > 0) {
-            // per MoE layer, this process's experts are a contiguous run of the layer's E
-            size_t per_expert = global[i] / Lm / c->num_experts, run = local[i] / Lm;
-            for (int m = 0; m < Lm; m++) {
-                memcpy(experts + to_experts, file_order + from + global[i] / Lm * m + first_expert * per_expert,
-                       run * sizeof(floatX));
-                to_experts += run;
-            }
-        }
-        from += global[i];
+        memcpy(replicated + to, file_order + from, in_set[i] * sizeof(floatX));
+        to += in_set[i];
+        from += in_file[i];
     }
     cudaCheck(cudaMemcpy(model->store.params_memory, replicated, model->store.num_parameters * sizeof(floatX),
                          cudaMemcpyHostToDevice));
-    if (c->num_experts > 0) {
-        cudaCheck(cudaMemcpy(model->expert_store.params_memory, experts,
-                             model->expert_store.num_parameters * sizeof(floatX), cudaMemcpyHostToDevice));
-    }
     free(replicated);
-    free(experts);
+    if (model->mlp) model->mlp->set_parameters(model, file_order + gpt2_extension_offset(model));
 }
 
-// The experts of every process of the group, in the global layout of the model file's expert tensors (efcw ..
-// efcprojb, each (Lm, E, ...)), from this process's `local` (device, laid out as expert_store, elem bytes per
-// value: parameters, gradients or optimizer state) into `host`. Collective over the expert group.
-static void gpt2_gather_experts(const GPT2* model, void* host, const void* local, size_t elem, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
-    int Lm = num_moe_layers(c), N = model->ep.degree;
-    size_t sizes[NUM_PARAMETER_TENSORS], largest = 0;
-    fill_in_parameter_sizes(sizes, c, model->local_experts);
-    for (int i = FIRST_EXPERT_TENSOR; i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; i++)
-        largest = sizes[i] / Lm > largest ? sizes[i] / Lm : largest;
-    char* gathered;
-    cudaCheck(cudaMalloc((void**)&gathered, N * largest * elem));
-    const char* from = (const char*)local;
-    char* to = (char*)host;
-    for (int i = FIRST_EXPERT_TENSOR; i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; i++) {
-        size_t layer_bytes = sizes[i] / Lm * elem;  // this process's experts of one layer
-        for (int m = 0; m < Lm; m++) {
-            // members in order hold consecutive experts: the gathered runs are the layer's E experts in order
-            expert_parallel_allgather(&model->ep, gathered, from + m * layer_bytes, layer_bytes, stream);
-            cudaCheck(cudaMemcpy(to + m * N * layer_bytes, gathered, N * layer_bytes, cudaMemcpyDeviceToHost));
-        }
-        from += sizes[i] * elem;
-        to += Lm * N * layer_bytes;
-    }
-    cudaCheck(cudaFree(gathered));
-}
-
-// The inverse of gpt2_set_parameters, collective over the expert group: the whole model in model-file order, from
-// replicated (the store's tensors) and experts_local (the expert_store's): the parameters (gpt2_get_parameters) or
-// their gradients as stored (gpt2_get_gradients: the experts' times expert_store.grad_multiplier once reduced are
-// the step's; see gpt2_allocate_parameters).
-static void gpt2_get_tensors(const GPT2* model, floatX* file_order, const floatX* replicated,
-                             const floatX* experts_local, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
-    size_t global[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(global, c, c->num_experts);
-    size_t before_experts = 0, experts = 0;
+// The inverse, collective over an extension's groups: the whole model in model-file order from the replicated set
+// (its parameters, or in test_gpt.cu its gradients as stored), the extension filling in its own part.
+static void gpt2_get_replicated(const GPT2* model, floatX* file_order, const floatX* replicated) {
+    size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(model, in_file, in_set);
+    size_t from = 0, to = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        if (i < FIRST_EXPERT_TENSOR) before_experts += global[i];
-        if (is_expert_tensor(i)) experts += global[i];
+        if (in_set[i] > 0)
+            cudaCheck(cudaMemcpy(file_order + to, replicated + from, in_set[i] * sizeof(floatX),
+                                 cudaMemcpyDeviceToHost));
+        from += in_set[i];
+        to += in_file[i];
     }
-    // the replicated tensors are the file's with the expert block cut out
-    cudaCheck(cudaMemcpy(file_order, replicated, before_experts * sizeof(floatX), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(file_order + before_experts + experts, replicated + before_experts,
-                         (model->store.num_parameters - before_experts) * sizeof(floatX), cudaMemcpyDeviceToHost));
-    if (c->num_experts > 0)
-        gpt2_gather_experts(model, file_order + before_experts, experts_local, sizeof(floatX), stream);
 }
 static void gpt2_get_parameters(const GPT2* model, floatX* file_order, cudaStream_t stream) {
-    gpt2_get_tensors(model, file_order, model->store.params_memory, model->expert_store.params_memory, stream);
-}
-static void gpt2_get_gradients(const GPT2* model, floatX* file_order, cudaStream_t stream) {
-    gpt2_get_tensors(model, file_order, model->store.grads_memory, model->expert_store.grads_memory, stream);
+    gpt2_get_replicated(model, file_order, model->store.params_memory);
+    if (model->mlp) model->mlp->get_parameters(model, file_order + gpt2_extension_offset(model), stream);
 }
 
 static void check_config_supported(const GPT2Config* c, const char* source) {
@@ -437,26 +428,6 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
         fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
         exit(EXIT_FAILURE);
     }
-    if (c->num_experts > 0) {
-        if (c->moe_every < 1 || c->moe_every > c->num_layers) {
-            fprintf(stderr, "%s: MoE every %d layers: expected 1..%d\n", source, c->moe_every, c->num_layers);
-            exit(EXIT_FAILURE);
-        }
-        if (c->top_k < 1 || c->top_k > c->num_experts) {
-            fprintf(stderr, "%s: top-k %d: expected 1..%d (the number of experts)\n", source, c->top_k,
-                    c->num_experts);
-            exit(EXIT_FAILURE);
-        }
-        if (!moe_support(c->channels, c->num_experts, c->top_k, c->expert_hidden, why, sizeof(why))) {
-            fprintf(stderr, "%s: unsupported MoE size: %s\n", source, why);
-            exit(EXIT_FAILURE);
-        }
-        if (c->noisy_gating && c->top_k >= c->num_experts) {
-            fprintf(stderr, "%s: noisy top-k gating needs top-k (%d) below the number of experts (%d): its load loss "
-                    "compares with the (k+1)-th logit\n", source, c->top_k, c->num_experts);
-            exit(EXIT_FAILURE);
-        }
-    }
 }
 
 // Before the parameters and their gradients are allocated for a model from `source`: they fit in the device's free
@@ -464,9 +435,9 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
 // which fills new device memory, would drive the host into swap).
 static void check_parameter_memory(const GPT2* model, const char* source) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
-    int local = model->config.num_experts / (model->ep.degree > 0 ? model->ep.degree : 1);
-    fill_in_parameter_sizes(sizes, &model->config, local);
+    replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
+    if (model->mlp) n += model->mlp->own_parameter_count(model);
     size_t need = 2 * n * sizeof(floatX), free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && need > free_bytes) {
         fprintf(stderr, "%s: out of device memory: the parameters and gradients of its %zu parameters need %zu bytes, "
@@ -475,54 +446,40 @@ static void check_parameter_memory(const GPT2* model, const char* source) {
     }
 }
 
-// Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16) for the
-// dense trainer, or an MoE file (version 1 fp32, 2 bf16; doc/formats.md) for the MoE trainer.
-static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int moe) {
+// Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16), or with an
+// extension its format (train_moe.cu: doc/formats.md).
+static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
+    const MlpExtension* x = model->mlp;
     FILE* f = fopen_check(path, "rb");
     int header[256];
-    read_header_check(f, header, path, moe ? MOE_MODEL_MAGIC : GPT2_MODEL_MAGIC, moe ? "MoE model" : "GPT-2 model");
+    read_header_check(f, header, path, x ? x->model_magic : GPT2_MODEL_MAGIC, x ? x->model_name : "GPT-2 model");
     int version = header[1];
-    int fp32_version = moe ? 1 : 3, bf16_version = moe ? 2 : 5;
+    int fp32_version = x ? x->fp32_version : 3, bf16_version = x ? x->bf16_version : 5;
     if (version != fp32_version && version != bf16_version) {
         fprintf(stderr, "%s: unsupported model file version %d (expected %d for fp32 or %d for bf16)\n", path, version,
                 fp32_version, bf16_version);
         exit(EXIT_FAILURE);
     }
     GPT2Config* c = &model->config;
-    if (moe) {
-        c->num_experts = header[8];
-        c->top_k = header[9];
-        c->moe_every = header[10];
-        c->expert_hidden = header[11];
-        c->noisy_gating = header[12];
-        if (c->noisy_gating != 0 && c->noisy_gating != 1) {
-            fprintf(stderr, "%s: header[12] = %d: expected 0, or 1 for a noisy-gating model with routernw\n", path,
-                    c->noisy_gating);
-            exit(EXIT_FAILURE);
-        }
-        if (c->num_experts < 1) {
-            fprintf(stderr, "%s: %d experts: an MoE model has at least 1\n", path, c->num_experts);
-            exit(EXIT_FAILURE);
-        }
-    }
     c->max_seq_len = header[2];
     c->vocab_size = header[3];
     c->num_layers = header[4];
     c->num_heads = header[5];
     c->channels = header[6];
     c->padded_vocab_size = header[7];
+    if (x) x->read_header(model, header, path);
     check_config_supported(c, path);
+    if (x) x->configure(model, path);
     // The header's sizes are checked against the file's length before anything is allocated for them: a corrupt
     // header must fail fast with "truncated", not ask for terabytes. In double first, where no product overflows.
     double estimate = (double)c->padded_vocab_size * c->channels + (double)c->max_seq_len * c->channels +
-                      (double)c->num_layers * c->channels * c->channels * 12.0 +
-                      (double)c->num_layers * c->num_experts * c->channels * (c->expert_hidden * 2.0 + 2.0);
+                      (double)c->num_layers * c->channels * c->channels * 12.0;
     if (estimate > 1e15) {
         fprintf(stderr, "%s: its header describes a model of about %.3g parameters (L=%d C=%d V=%d maxT=%d): not a model "
                 "file this trainer can load\n", path, estimate, c->num_layers, c->channels, c->vocab_size, c->max_seq_len);
         exit(EXIT_FAILURE);
     }
-    size_t n = gpt2_num_parameters(c);
+    size_t n = gpt2_num_parameters(model);
     size_t file_elem = version == fp32_version ? sizeof(float) : sizeof(__nv_bfloat16);
     size_t expected_bytes = 256 * sizeof(int) + n * file_elem;
     if (fseek(f, 0, SEEK_END) != 0) {
@@ -561,10 +518,8 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path, int moe) {
 
 // "d12" etc.: GPT-2 sizes (d12 = 124M, d24 = 350M, d36 = 774M, d48 = 1558M), or dN for C = 64N with
 // N heads of 64; vocabulary and maxT from -ev and -et. GPT-2 initialisation, seeded.
-// With experts (c->num_experts etc. set by the caller), Switch's reduced scale: router and expert weights
-// drawn with the std above times sqrt(init_scale).
 static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int vocab_size, int max_seq_len,
-                                       unsigned int seed, float init_scale) {
+                                       unsigned int seed) {
     if (descriptor[0] != 'd' || !isdigit((unsigned char)descriptor[1])) {
         fprintf(stderr, "-e %s: expected a model file or a descriptor such as d12\n", descriptor);
         exit(EXIT_FAILURE);
@@ -585,15 +540,15 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     c->vocab_size = vocab_size;
     c->padded_vocab_size = CEIL_DIV(vocab_size, 128) * 128;
     c->max_seq_len = max_seq_len;
-    if (c->num_experts > 0 && c->expert_hidden <= 0) c->expert_hidden = 4 * c->channels;
     check_config_supported(c, descriptor);
+    if (model->mlp) model->mlp->configure(model, descriptor);
     check_parameter_memory(model, descriptor);
     gpt2_allocate_parameters(model);
     // GPT-2 init: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm 1/0;
-    // padded vocabulary rows stay zero. Drawn tensor by tensor from one seeded mt19937, in model-file order with
-    // every expert, so that the weights do not depend on the expert-parallel degree.
-    size_t num_parameters = gpt2_num_parameters(c), sizes[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(sizes, c, c->num_experts);
+    // padded vocabulary rows stay zero. Drawn tensor by tensor from one seeded mt19937, in model-file order (with
+    // an extension's tensors whole, as in the file, so that the weights do not depend on the process layout).
+    size_t num_parameters = gpt2_num_parameters(model), sizes[NUM_PARAMETER_TENSORS];
+    file_tensor_sizes(sizes, model);
     float* host = (float*)calloc(num_parameters, sizeof(float));
     mt19937_state rng;
     manual_seed(&rng, seed);
@@ -601,16 +556,16 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     float residual_scale = 1.0f / sqrtf(2.0f * c->num_layers);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         size_t n = sizes[i];
-        const char* name = parameter_names[i];
-        if (!strcmp(name, "ln1w") || !strcmp(name, "ln2w") || !strcmp(name, "lnfw")) {
+        int slot = i - PARAM_EXTENSION;
+        if (i == PARAM_LN1W || i == PARAM_LN2W || i == PARAM_LNFW) {
             for (size_t j = 0; j < n; j++) host[offset + j] = 1.0f;
-        } else if (parameter_decays[i] && strcmp(name, "routernw") != 0) {  // routernw starts at 0 (Shazeer)
-            int residual = !strcmp(name, "attprojw") || !strcmp(name, "fcprojw") || !strcmp(name, "efcprojw");
-            int expert = !strcmp(name, "routerw") || !strcmp(name, "efcw") || !strcmp(name, "efcprojw");
-            float std = (residual ? 0.02f * residual_scale : 0.02f) * (expert ? sqrtf(init_scale) : 1.0f);
+        } else if (gpt2_parameter_decay(model, i)) {
+            float std;
+            if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) std = model->mlp->init_std(model, slot, residual_scale);
+            else std = i == PARAM_ATTPROJW || i == PARAM_FCPROJW ? 0.02f * residual_scale : 0.02f;
             size_t rows_used = n;
             if (i == PARAM_WTE) rows_used = (size_t)c->vocab_size * c->channels;  // padded rows stay zero
-            normal_(host + offset, rows_used, 0.0f, std, &rng);
+            if (std > 0.0f) normal_(host + offset, rows_used, 0.0f, std, &rng);
         }
         offset += n;
     }
@@ -621,34 +576,30 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     free(host);
 }
 
-// Writes the model file: llm.c's format for a dense model (version 5 bf16 from a BF16 build, 3 fp32
-// otherwise), the MoE format with experts (version 2 bf16, 1 fp32). Process 0 writes, after gathering every expert
-// over its expert group (collective over that group; every other process returns at once).
-// The model file's header words 0..12 as this build writes them.
+// The model file's header words 0..12 as this build writes them: llm.c's format for GPT-2 (version 5 bf16 from a
+// BF16 build, 3 fp32 otherwise), an extension's own otherwise.
 static void gpt2_model_header(const GPT2* model, int* header) {
     const GPT2Config* c = &model->config;
-    int moe = c->num_experts > 0;
-    header[0] = moe ? MOE_MODEL_MAGIC : GPT2_MODEL_MAGIC;
-    header[1] = PRECISION_MODE == PRECISION_BF16 ? (moe ? 2 : 5) : (moe ? 1 : 3);
-    header[8] = c->num_experts;
-    header[9] = moe ? c->top_k : 0;
-    header[10] = moe ? c->moe_every : 0;
-    header[11] = moe ? c->expert_hidden : 0;
-    header[12] = c->noisy_gating;
+    const MlpExtension* x = model->mlp;
+    for (int i = 8; i <= 12; i++) header[i] = 0;
+    header[0] = x ? x->model_magic : GPT2_MODEL_MAGIC;
+    header[1] = PRECISION_MODE == PRECISION_BF16 ? (x ? x->bf16_version : 5) : (x ? x->fp32_version : 3);
     header[2] = c->max_seq_len;
     header[3] = c->vocab_size;
     header[4] = c->num_layers;
     header[5] = c->num_heads;
     header[6] = c->channels;
     header[7] = c->padded_vocab_size;
+    if (x) x->write_header(model, header);
 }
 
+// Writes the model file. Process 0 writes, after an extension gathered its own part (collective over its groups;
+// processes that take no part return at once).
 static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStream_t stream) {
-    if (model->ep.group != 0) return;
-    const GPT2Config* c = &model->config;
+    if (model->mlp && !model->mlp->gathers_model_file(model)) return;
     int header[256] = {0};
     gpt2_model_header(model, header);
-    size_t n = gpt2_num_parameters(c);
+    size_t n = gpt2_num_parameters(model);
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
     gpt2_get_parameters(model, host, stream);
     if (model->process_rank != 0) {
@@ -677,35 +628,12 @@ static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStrea
 // loads whatever B and T are.
 static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 
-// The row stride of one MoE layer's expert buffers, padded to `capacity` rows per expert or packed (dropless): in
-// this process's dispatch layout (src) and in its experts' layout (own), which with expert parallelism of degree N
-// may receive every choice of the N processes of its group.
-static void moe_layer_rows(const GPT2Config* c, int capacity, int dropless, int N, int degree, size_t* src,
-                           size_t* own) {
-    size_t padded = (size_t)c->num_experts * capacity, choices = (size_t)N * c->top_k;
-    *src = layer_stride(dropless ? choices : padded);
-    *own = layer_stride(dropless ? degree * choices : padded);
-}
-
-// ... the larger of training's and evaluation's, which the activations hold
-static void moe_allocated_rows(const GPT2Config* c, const MoESettings* m, int N, int degree, size_t* src, size_t* own) {
-    *src = *own = 0;
-    if (c->num_experts == 0) return;
-    const double factors[2] = {m->capacity_factor, m->capacity_factor_eval};
-    for (int i = 0; i < 2; i++) {
-        size_t s, o;
-        moe_layer_rows(c, moe_capacity(N, c->num_experts, c->top_k, factors[i]), factors[i] <= 0.0, N, degree, &s, &o);
-        *src = s > *src ? s : *src;
-        *own = o > *own ? o : *own;
-    }
-}
-
-// The activation tensors' sizes in bytes, in the order gpt2_allocate_activations points them.
-static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, const MoESettings* moe, size_t B, size_t T,
-                                       int recompute, int ep_degree) {
+// The activation tensors' sizes in bytes, in the order of ActivationTensors.
+static void fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, size_t T, int recompute) {
+    const GPT2Config* c = &model->config;
     size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size;
     size_t ln_layers = recompute >= 2 ? 1 : L;
-    size_t dense_layers = L - num_moe_layers(c);
+    size_t dense_layers = gpt2_dense_layers(model);
     size_t gelu_layers = recompute >= 1 ? (dense_layers ? 1 : 0) : dense_layers;
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T), ATT = layer_stride(B * NH * T * T);
 #ifdef ENABLE_CUDNN
@@ -742,77 +670,34 @@ static size_t fill_in_activation_sizes(size_t* s, const GPT2Config* c, const MoE
     s[i++] = (att_probs) * sizeof(floatX);                     // datt
     size_t ln_scratch = layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
     size_t bias_scratch = matmul_dbias_buffer_floats((int)(Vp > 4 * C ? Vp : 4 * C));
-    size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, Lm = num_moe_layers(c), N = B * T;
-    size_t rows_src, rows_own;
-    moe_allocated_rows(c, moe, (int)N, ep_degree, &rows_src, &rows_own);
-    // the experts' bias gradients: E / ep_degree batches or groups of up to max(H, C) columns
-    int local_experts = E ? (int)E / ep_degree : 0, widest = (int)(H > C ? H : C);
-    size_t batched_scratch = E ? matmul_batched_dbias_buffer_floats(local_experts, widest) : 0;
-    size_t grouped_scratch = E ? matmul_grouped_dbias_buffer_floats(local_experts, widest) : 0;
-    size_t expert_bias_scratch = batched_scratch > grouped_scratch ? batched_scratch : grouped_scratch;
-    size_t scratch = ln_scratch > bias_scratch ? ln_scratch : bias_scratch;
-    s[i++] = (scratch > expert_bias_scratch ? scratch : expert_bias_scratch) * sizeof(float);  // scratch_f
-    size_t NE = layer_stride(N * E), NK = layer_stride(N * K);
-    size_t noisy = c->noisy_gating, jitter = moe->jitter > 0.0f;
-    s[i++] = (Lm * NE) * sizeof(float);                        // router_logits
-    s[i++] = (noisy * Lm * NE) * sizeof(float);                // router_clean
-    s[i++] = (noisy * Lm * NE) * sizeof(float);                // router_noise
-    s[i++] = (Lm * NE) * sizeof(float);                        // router_probs
-    s[i++] = (Lm * BT) * sizeof(float);                        // router_lse
-    s[i++] = (Lm * NK) * sizeof(int);                          // expert_index
-    s[i++] = (Lm * NK) * sizeof(float);                        // gates
-    s[i++] = (Lm * NK) * sizeof(int);                          // choice_row
-    s[i++] = (Lm * rows_src) * sizeof(int);                    // row_choice
-    s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // expert_count
-    s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // kept_count
-    s[i++] = (Lm * layer_stride(4 + 2 * E)) * sizeof(float);   // moe_stats
-    s[i++] = (Lm * rows_own * C) * sizeof(floatX);             // expert_input
-    s[i++] = (Lm * rows_own * H) * sizeof(floatX);             // expert_pre
-    s[i++] = ((recompute >= 1 ? (Lm ? 1 : 0) : Lm) * rows_own * H) * sizeof(floatX);  // expert_act
-    s[i++] = (Lm * rows_src * C) * sizeof(floatX);             // expert_output
-    s[i++] = (Lm ? NK : 0) * sizeof(float);                    // d_gates
-    s[i++] = (Lm ? NE : 0) * sizeof(float);                    // d_logits
-    s[i++] = (Lm ? noisy * NE : 0) * sizeof(float);            // d_noise
-    s[i++] = (Lm ? NE : 0) * sizeof(floatX);                   // d_logits_x
-    s[i++] = (Lm && noisy ? moe_noisy_losses_partials_size((int)E) : 0) * sizeof(float);  // noise_partials
-    s[i++] = (Lm ? jitter * 2 * BTC : 0) * sizeof(floatX);     // router_input
-    s[i++] = (Lm ? rows_own * C : 0) * sizeof(floatX);         // moe_scratch_own
-    s[i++] = (Lm ? rows_own * H : 0) * sizeof(floatX);         // d_expert_hidden
-    s[i++] = (Lm && ep_degree > 1 ? rows_src * C : 0) * sizeof(floatX);  // moe_scratch_src
-    return i;
+    s[i++] = (ln_scratch > bias_scratch ? ln_scratch : bias_scratch) * sizeof(float);  // scratch_f
 }
 
-static size_t activation_bytes(const GPT2Config* c, const MoESettings* moe, size_t B, size_t T, int recompute,
-                               int ep_degree) {
-    size_t sizes[64];
-    size_t n = fill_in_activation_sizes(sizes, c, moe, B, T, recompute, ep_degree);
+// the activations' bytes at (B, T) with recompute level `recompute`, an extension's included
+static size_t activation_bytes(const GPT2* model, size_t B, size_t T, int recompute) {
+    size_t sizes[NUM_ACTIVATION_TENSORS];
+    fill_in_activation_sizes(sizes, model, B, T, recompute);
     size_t bytes = 0;
-    for (size_t i = 0; i < n; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;  // gpt2_allocate_activations aligns them
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;  // as allocated
+    if (model->mlp) bytes += model->mlp->activation_bytes(model, B, T, recompute);
     return bytes;
 }
 
 static void gpt2_allocate_activations(GPT2* model, int B, int T) {
-    size_t sizes[64];
-    size_t n = fill_in_activation_sizes(sizes, &model->config, &model->moe, B, T, model->recompute, model->ep.degree);
-    size_t bytes = activation_bytes(&model->config, &model->moe, B, T, model->recompute, model->ep.degree);
+    size_t sizes[NUM_ACTIVATION_TENSORS], bytes = 0;
+    fill_in_activation_sizes(sizes, model, B, T, model->recompute);
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;
     cudaCheck(cudaMalloc(&model->acts_memory, bytes));
     ActivationTensors* a = &model->acts;
-    void** ptrs[] = {(void**)&a->encoded, (void**)&a->ln1, (void**)&a->ln1_mean, (void**)&a->ln1_rstd,
-                     (void**)&a->atty, (void**)&a->att, (void**)&a->att_stats, (void**)&a->qkvr, (void**)&a->residual2,
-                     (void**)&a->ln2, (void**)&a->ln2_mean, (void**)&a->ln2_rstd, (void**)&a->fch,
-                     (void**)&a->fch_gelu, (void**)&a->residual3, (void**)&a->lnf, (void**)&a->lnf_mean,
-                     (void**)&a->lnf_rstd, (void**)&a->losses, (void**)&a->output, (void**)&a->scratch_btc,
-                     (void**)&a->scratch_bt4c, (void**)&a->dresidual, (void**)&a->dbtc, (void**)&a->dqkvr,
-                     (void**)&a->datt, (void**)&a->scratch_f, (void**)&a->router_logits, (void**)&a->router_clean,
-                     (void**)&a->router_noise, (void**)&a->router_probs,
-                     (void**)&a->router_lse, (void**)&a->expert_index, (void**)&a->gates, (void**)&a->choice_row,
-                     (void**)&a->row_choice, (void**)&a->expert_count, (void**)&a->kept_count, (void**)&a->moe_stats,
-                     (void**)&a->expert_input, (void**)&a->expert_pre, (void**)&a->expert_act,
-                     (void**)&a->expert_output, (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_noise,
-                     (void**)&a->d_logits_x, (void**)&a->noise_partials, (void**)&a->router_input,
-                     (void**)&a->moe_scratch_own, (void**)&a->d_expert_hidden, (void**)&a->moe_scratch_src};
+    void** ptrs[NUM_ACTIVATION_TENSORS] = {
+        (void**)&a->encoded, (void**)&a->ln1, (void**)&a->ln1_mean, (void**)&a->ln1_rstd, (void**)&a->atty,
+        (void**)&a->att, (void**)&a->att_stats, (void**)&a->qkvr, (void**)&a->residual2, (void**)&a->ln2,
+        (void**)&a->ln2_mean, (void**)&a->ln2_rstd, (void**)&a->fch, (void**)&a->fch_gelu, (void**)&a->residual3,
+        (void**)&a->lnf, (void**)&a->lnf_mean, (void**)&a->lnf_rstd, (void**)&a->losses, (void**)&a->output,
+        (void**)&a->scratch_btc, (void**)&a->scratch_bt4c, (void**)&a->dresidual, (void**)&a->dbtc,
+        (void**)&a->dqkvr, (void**)&a->datt, (void**)&a->scratch_f};
     char* p = (char*)model->acts_memory;
-    for (size_t i = 0; i < n; i++) {
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
         *ptrs[i] = p;
         p += CEIL_DIV(sizes[i], 256) * 256;  // 256-byte alignment for vector loads and cuBLASLt
     }
@@ -822,352 +707,65 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     cudaCheck(cudaMalloc((void**)&model->targets, (size_t)B * T * sizeof(int)));
     model->inputs_cpu = (int*)malloc_check((size_t)B * T * sizeof(int));
     model->losses_cpu = (float*)malloc_check((size_t)B * T * sizeof(float));
-    int Lm = num_moe_layers(&model->config), E = model->config.num_experts;
-    model->expert_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
-    model->kept_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
-    model->moe_losses_cpu = (float*)malloc_check((size_t)(4 * Lm + 1) * sizeof(float));
-    char why[256];
-    if (Lm > 0 && !moe_noise_support(B * T, model->config.channels, E, model->config.top_k, model->config.noisy_gating,
-                                     model->moe.jitter, why, sizeof(why))) {
-        fprintf(stderr, "router noise: %s\n", why);
-        exit(EXIT_FAILURE);
-    }
-    model->moe_rows_src = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
-    model->moe_rows_own = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    if (model->mlp) model->mlp->allocate_activations(model, B, T);
 }
 
-// A single process holding every expert, until the caller sets num_processes, process_rank and ep.
+// Layer l's slices of the activations of a (B, T) batch (B, T at most what they were sized for)
+static LayerActivations gpt2_layer_activations(const GPT2* model, int l, size_t B, size_t T) {
+    const ActivationTensors* a = &model->acts;
+    size_t C = model->config.channels, NH = model->config.num_heads;
+    size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T);
+    LayerActivations la;
+    la.residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BTC;
+    la.ln1 = model->recompute >= 2 ? a->ln1 : a->ln1 + l * BTC;
+    la.ln1_mean = a->ln1_mean + l * BT;
+    la.ln1_rstd = a->ln1_rstd + l * BT;
+    la.atty = a->atty + l * BTC;
+    la.att = a->att + l * layer_stride(B * NH * T * T);
+    la.att_stats = a->att_stats + l * layer_stride(B * NH * T);
+    la.qkvr = a->qkvr + l * 3 * BTC;
+    la.residual2 = a->residual2 + l * BTC;
+    la.ln2 = model->recompute >= 2 ? a->ln2 : a->ln2 + l * BTC;
+    la.ln2_mean = a->ln2_mean + l * BT;
+    la.ln2_rstd = a->ln2_rstd + l * BT;
+    la.residual3 = a->residual3 + l * BTC;
+    la.fch = la.fch_gelu = NULL;
+    if (gpt2_is_dense_layer(model, l)) {
+        size_t d = gpt2_dense_index(model, l);
+        la.fch = a->fch + d * 4 * BTC;
+        la.fch_gelu = model->recompute >= 1 ? a->fch_gelu : a->fch_gelu + d * 4 * BTC;
+    }
+    return la;
+}
+
+// A single process, until the caller sets num_processes and process_rank.
 static void gpt2_init_common(GPT2* model) {
     memset(model, 0, sizeof(*model));
     model->use_master_weights = 1;
     model->recompute = 1;
     model->gelu_fusion = 1;
     model->num_processes = 1;
-    model->ep.degree = 1;
-    model->ep.replicas.num_processes = 1;
     model->loss_scaler = loss_scaler_init();
     model->rng_state = 13371337ull;
 }
 
 static void gpt2_free(GPT2* model) {
+    if (model->mlp) model->mlp->free(model);
     sharded_parameters_free(&model->store);
-    if (model->config.num_experts > 0) sharded_parameters_free(&model->expert_store);
-    free(model->moe_rows_src);
-    free(model->moe_rows_own);
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFree(model->inputs));
     cudaCheck(cudaFree(model->targets));
     free(model->inputs_cpu);
     free(model->losses_cpu);
-    free(model->expert_counts_cpu);
-    free(model->kept_counts_cpu);
-    free(model->moe_losses_cpu);
 }
 
 // ----------------------------------------------------------------------------------------------------
 // Forward and backward passes
 
-// ----------------------------------------------------------------------------------------------------
-// The MoE layer (llmc/moe.cuh): router in fp32, top-k, slots, dispatch to the expert buffer, with expert
-// parallelism the all-to-all to the experts' owners and back (llmc/expert_parallel.cuh), the experts as batched
-// GEMMs over buffers padded to the capacity or as grouped GEMMs over their exact rows (dropless), combine weighted
-// by the gates. Its output (N, C) goes to `out`, like the dense MLP's.
-
-typedef struct {
-    float* logits;        // what routing uses: H with noisy gating
-    float* clean;         // noisy gating
-    float* noise;         // noisy gating
-    float* probs;
-    float* lse;
-    int* expert_index;
-    float* gates;
-    int* choice_row;
-    int* row_choice;
-    int* expert_count;
-    int* kept_count;
-    float* losses;        // (4) aux, z, importance, load
-    float* importance;    // (E) noisy gating
-    float* load;          // (E) noisy gating
-    floatX* expert_input;
-    floatX* expert_pre;
-    floatX* expert_act;
-    floatX* expert_output;
-    int* rows_src;  // (E) host: rows per global expert in the dispatch layout
-    int* rows_own;  // (ep.degree, E / ep.degree) host: rows per (group member, local expert) in the expert layout
-} MoELayerActivations;
-
-static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N) {
-    const GPT2Config* c = &model->config;
-    const ActivationTensors* a = &model->acts;
-    size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, C = c->channels;
-    size_t NE = layer_stride(N * E), NK = layer_stride(N * K), SRC, OWN;
-    moe_layer_rows(c, model->moe_capacity_used, model->moe_dropless, N, model->ep.degree, &SRC, &OWN);
-    MoELayerActivations l;
-    l.logits = a->router_logits + m * NE;
-    l.clean = c->noisy_gating ? a->router_clean + m * NE : nullptr;
-    l.noise = c->noisy_gating ? a->router_noise + m * NE : nullptr;
-    l.probs = a->router_probs + m * NE;
-    l.lse = a->router_lse + m * layer_stride(N);
-    l.expert_index = a->expert_index + m * NK;
-    l.gates = a->gates + m * NK;
-    l.choice_row = a->choice_row + m * NK;
-    l.row_choice = a->row_choice + m * SRC;
-    l.expert_count = a->expert_count + m * layer_stride(E);
-    l.kept_count = a->kept_count + m * layer_stride(E);
-    l.losses = a->moe_stats + m * layer_stride(4 + 2 * E);
-    l.importance = l.losses + 4;
-    l.load = l.losses + 4 + E;
-    l.expert_input = a->expert_input + m * OWN * C;
-    l.expert_pre = a->expert_pre + m * OWN * H;
-    l.expert_act = a->expert_act + (model->recompute >= 1 ? 0 : m * OWN * H);
-    l.expert_output = a->expert_output + m * SRC * C;
-    l.rows_src = model->moe_rows_src + m * E;
-    l.rows_own = model->moe_rows_own + m * E;
-    return l;
-}
-
-// The row counts of layer m's buffers (host): the capacity everywhere when padded; when packed, the kept counts of
-// this process's routing and, exchanged over the expert group, what each member sends to this process's experts.
-static void moe_layer_row_counts(GPT2* model, const MoELayerActivations* l, cudaStream_t stream) {
-    int E = model->config.num_experts;
-    if (!model->moe_dropless) {
-        for (int e = 0; e < E; e++) l->rows_src[e] = l->rows_own[e] = model->moe_capacity_used;
-        return;
-    }
-    cudaCheck(cudaMemcpyAsync(l->rows_src, l->kept_count, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaStreamSynchronize(stream));
-    expert_parallel_exchange_counts(&model->ep, l->rows_own, l->rows_src, E, stream);
-}
-
-// Packed layout: the rows of each of this process's experts (E_l, host), what every group member sent it; returns
-// their sum, the rows of the expert layout in use (padded: E * capacity, all rows).
-static size_t moe_local_expert_rows(const GPT2* model, const MoELayerActivations* l, int* rows) {
-    int E_l = model->local_experts, N = model->ep.degree;
-    if (!model->moe_dropless) return (size_t)model->config.num_experts * model->moe_capacity_used;
-    size_t total = 0;
-    for (int e = 0; e < E_l; e++) {
-        rows[e] = 0;
-        for (int s = 0; s < N; s++) rows[e] += l->rows_own[s * E_l + e];
-        total += rows[e];
-    }
-    return total;
-}
-
 // The forward's GELU fusion (-ge): into cuBLASLt's epilogue only when nothing recomputes the GELU (-r 0). With
 // recompute the forward evaluates llmc/gelu.cuh, as the recompute does, so that the backward sees the forward's bits.
 static int gpt2_forward_gelu_fusion(const GPT2* model) {
     return model->recompute >= 1 ? 0 : model->gelu_fusion;
-}
-
-// One Linear layer of this process's experts on their rows in the expert layout: weight (E_l, OC, IC), bias
-// (E_l, OC), inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu)]. Padded: E_l buffers of
-// ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one grouped GEMM.
-static void moe_experts_linear_forward(const GPT2* model, const MoELayerActivations* l, floatX* out, const floatX* inp,
-                                       const floatX* weight, const floatX* bias, int IC, int OC, floatX* pre_gelu,
-                                       cudaStream_t stream) {
-    int E_l = model->local_experts, N = model->ep.degree;
-    if (!model->moe_dropless) {
-        matmul_forward_batched(out, inp, weight, bias, E_l, N * model->moe_capacity_used, IC, OC, stream, pre_gelu,
-                               gpt2_forward_gelu_fusion(model));
-        return;
-    }
-    int rows[MOE_MAX_EXPERTS];
-    moe_local_expert_rows(model, l, rows);
-    matmul_forward_grouped(out, inp, weight, bias, E_l, rows, IC, OC, stream, pre_gelu,
-                           gpt2_forward_gelu_fusion(model));
-}
-
-// Its backward: dinp (Rown, IC) overwritten, dweight and dbias accumulated (+=); pre_gelu as in the forward.
-static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivations* l, floatX* dinp, floatX* dweight,
-                                        floatX* dbias, const floatX* dout, const floatX* inp, const floatX* weight,
-                                        int IC, int OC, const floatX* pre_gelu, cudaStream_t stream) {
-    int E_l = model->local_experts, N = model->ep.degree;
-    float* scratch = model->acts.scratch_f;
-    if (!model->moe_dropless) {
-        matmul_backward_batched(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, N * model->moe_capacity_used, IC,
-                                OC, stream, pre_gelu, model->gelu_fusion);
-        return;
-    }
-    int rows[MOE_MAX_EXPERTS];
-    moe_local_expert_rows(model, l, rows);
-    matmul_backward_grouped(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, rows, IC, OC, stream, pre_gelu);
-}
-
-// The seed of MoE layer m's jitter or gating noise in the current pass (doc/moe.md, "Router noise" 1)
-static unsigned int moe_layer_seed(const GPT2* model, int m, int kind) {
-    return moe_noise_seed((unsigned int)model->process_rank, model->noise_pass, m, kind);
-}
-
-// What the router reads: ln2, or in a training pass with jitter ln2 times its multipliers (in router_input)
-static const floatX* moe_router_input(const GPT2* model, int m, const floatX* ln2, int N, cudaStream_t stream) {
-    if (!model->moe_training || model->moe.jitter <= 0.0f) return ln2;
-    floatX* jittered = model->acts.router_input;
-    moe_jitter_forward(jittered, ln2, N, model->config.channels, model->moe.jitter,
-                       moe_layer_seed(model, m, MOE_NOISE_JITTER), stream);
-    return jittered;
-}
-
-static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
-    const ParameterTensors* p = &model->params;
-    const ActivationTensors* a = &model->acts;
-    int E = c->num_experts, E_l = model->local_experts, K = c->top_k, C = c->channels, H = c->expert_hidden;
-    int exchange_rows = model->ep.degree > 1;  // expert parallelism: rows go to and come back from the experts' owners
-    MoELayerActivations l = moe_layer_activations(model, m, N);
-    const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
-    if (c->noisy_gating) {
-        matmul_forward_fp32_output(l.clean, router_in, p->routerw + (size_t)m * E * C, N, C, E, stream);
-        matmul_forward_fp32_output(l.noise, router_in, p->routernw + (size_t)m * E * C, N, C, E, stream);
-        moe_noisy_logits_forward(l.logits, l.clean, l.noise, N, E, moe_layer_seed(model, m, MOE_NOISE_GATING),
-                                 model->moe_training, stream);
-    } else {
-        matmul_forward_fp32_output(l.logits, router_in, p->routerw + (size_t)m * E * C, N, C, E, stream);
-    }
-    moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
-    moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K,
-                     model->moe_capacity_used, model->moe_dropless, stream);
-    moe_layer_row_counts(model, &l, stream);
-    int rows_src = model->moe_dropless ? N * K : E * model->moe_capacity_used;
-    floatX* dispatched = exchange_rows ? a->moe_scratch_src : l.expert_input;
-    moe_dispatch(dispatched, ln2, l.row_choice, rows_src, K, C, stream);
-    if (exchange_rows)
-        expert_parallel_exchange(&model->ep, dispatched, l.expert_input, l.rows_src, l.rows_own, E, C, 1, stream);
-    moe_experts_linear_forward(model, &l, l.expert_act, l.expert_input, p->efcw + (size_t)m * E_l * H * C,
-                               p->efcb + (size_t)m * E_l * H, C, H, l.expert_pre, stream);
-    floatX* expert_output = exchange_rows ? a->moe_scratch_own : l.expert_output;
-    moe_experts_linear_forward(model, &l, expert_output, l.expert_act, p->efcprojw + (size_t)m * E_l * C * H,
-                               p->efcprojb + (size_t)m * E_l * C, H, C, nullptr, stream);
-    if (exchange_rows)
-        expert_parallel_exchange(&model->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
-    moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
-    moe_router_losses(l.losses, l.probs, l.lse, l.expert_count, N, E, K, model->moe.aux_alpha, model->moe.z_coef,
-                      stream);
-    if (c->noisy_gating) {
-        moe_noisy_losses_forward(l.importance, l.load, l.losses + 2, a->noise_partials, l.clean, l.noise, l.logits,
-                                 l.expert_index, l.gates, N, E, K, model->moe.importance_coef, model->moe.load_coef,
-                                 stream);
-    } else {
-        cudaCheck(cudaMemsetAsync(l.losses + 2, 0, 2 * sizeof(float), stream));
-    }
-}
-
-// dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten);
-// the router's aux and z losses add their gradients scaled by model->aux_grad_scale.
-static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* dout, const floatX* ln2, int N,
-                               cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
-    const ParameterTensors* p = &model->params;
-    const ParameterTensors* g = &model->grads;
-    const ActivationTensors* a = &model->acts;
-    int E = c->num_experts, E_l = model->local_experts, K = c->top_k, C = c->channels, H = c->expert_hidden;
-    int exchange_rows = model->ep.degree > 1;
-    MoELayerActivations l = moe_layer_activations(model, m, N);
-    int rows_src = model->moe_dropless ? N * K : E * model->moe_capacity_used;
-    // d_own: the experts' output gradient, then their input gradient, in the expert layout; d_src: the same in
-    // the dispatch layout (one buffer without expert parallelism)
-    floatX* d_own = a->moe_scratch_own;
-    floatX* d_src = exchange_rows ? a->moe_scratch_src : d_own;
-    moe_combine_backward(d_src, a->d_gates, dout, l.expert_output, l.choice_row, l.gates, l.row_choice, N, rows_src, K,
-                         C, stream);
-    if (exchange_rows) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
-    // dropless, this process's experts may have received no row at all
-    int rows[MOE_MAX_EXPERTS];
-    size_t own_rows = moe_local_expert_rows(model, &l, rows);
-    if (model->recompute >= 1 && own_rows > 0) gelu_forward(l.expert_act, l.expert_pre, (int)(own_rows * H), stream);
-    moe_experts_linear_backward(model, &l, a->d_expert_hidden, g->efcprojw + (size_t)m * E_l * C * H,
-                                g->efcprojb + (size_t)m * E_l * C, d_own, l.expert_act,
-                                p->efcprojw + (size_t)m * E_l * C * H, H, C, l.expert_pre, stream);
-    // the output gradient in d_own is consumed: the input gradient overwrites it
-    moe_experts_linear_backward(model, &l, d_own, g->efcw + (size_t)m * E_l * H * C, g->efcb + (size_t)m * E_l * H,
-                                a->d_expert_hidden, l.expert_input, p->efcw + (size_t)m * E_l * H * C, C, H, nullptr,
-                                stream);
-    if (exchange_rows) expert_parallel_exchange(&model->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 0, stream);
-    cudaCheck(cudaMemsetAsync(d_ln2, 0, (size_t)N * C * sizeof(floatX), stream));
-    moe_dispatch_backward(d_ln2, d_src, l.choice_row, N, K, C, stream);
-    // the router: the gates' gradient (with noisy gating, plus the importance loss's), the Switch and z losses
-    // through the softmax into the routing logits, then (noisy gating) through H into the clean and noise logits
-    if (c->noisy_gating)
-        moe_importance_backward(a->d_gates, l.importance, l.expert_index, N, E, K, model->moe.importance_coef,
-                                model->aux_grad_scale, stream);
-    moe_router_backward(a->d_logits, l.probs, l.expert_index, l.gates, a->d_gates, l.lse, l.expert_count, N, E, K,
-                        model->moe.aux_alpha, model->moe.z_coef, model->aux_grad_scale, stream);
-    if (c->noisy_gating)
-        moe_noisy_backward(a->d_logits, a->d_noise, a->d_logits, l.clean, l.noise, l.logits, l.expert_index, l.load, N,
-                           E, K, model->moe.load_coef, model->aux_grad_scale,
-                           moe_layer_seed(model, m, MOE_NOISE_GATING), stream);
-    // with jitter the router read its jittered input: recomputed here, its gradient then scaled by the same
-    // multipliers into d_ln2; without, the router's input gradient adds into d_ln2 directly
-    int jitter = model->moe.jitter > 0.0f;
-    const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
-    floatX* d_router_in = jitter ? a->router_input + (size_t)N * C : d_ln2;
-    if (jitter) cudaCheck(cudaMemsetAsync(d_router_in, 0, (size_t)N * C * sizeof(floatX), stream));
-    matmul_backward_fp32_dout(d_router_in, g->routerw + (size_t)m * E * C, a->d_logits, router_in,
-                              p->routerw + (size_t)m * E * C, a->d_logits_x, N, C, E, stream);
-    if (c->noisy_gating)
-        matmul_backward_fp32_dout(d_router_in, g->routernw + (size_t)m * E * C, a->d_noise, router_in,
-                                  p->routernw + (size_t)m * E * C, a->d_logits_x, N, C, E, stream);
-    if (jitter)
-        moe_jitter_backward(d_ln2, d_router_in, N, C, model->moe.jitter, moe_layer_seed(model, m, MOE_NOISE_JITTER),
-                            stream);
-}
-
-// Routing statistics of MoE layer m from the counts of the last forward pass (host): the fraction of
-// choices dropped and the expert loads (choices before dropping over their mean: min, max, CV).
-typedef struct {
-    double drop_fraction, load_min, load_max, load_cv;
-} MoELayerStatistics;
-
-static MoELayerStatistics moe_layer_statistics(const GPT2* model, int m, int N) {
-    const GPT2Config* c = &model->config;
-    int E = c->num_experts, K = c->top_k;
-    double mean = (double)N * K / E, var = 0.0, dropped = 0.0;
-    MoELayerStatistics st = {0.0, 1e30, 0.0, 0.0};
-    for (int e = 0; e < E; e++) {
-        int routed = model->expert_counts_cpu[m * E + e];
-        dropped += routed - model->kept_counts_cpu[m * E + e];
-        st.load_min = fmin(st.load_min, routed / mean);
-        st.load_max = fmax(st.load_max, routed / mean);
-        var += (routed - mean) * (routed - mean) / E;
-    }
-    st.drop_fraction = dropped / ((double)N * K);
-    st.load_cv = sqrt(var) / mean;
-    return st;
-}
-
-// Telemetry of the last forward pass's MoE layers (host): aux and z losses, and the routing statistics
-// (drop fraction averaged, load min and max over layers, CV averaged).
-static void moe_collect_statistics(GPT2* model, int N, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
-    int Lm = num_moe_layers(c), E = c->num_experts;
-    model->aux_loss = model->z_loss = model->importance_loss = model->load_loss = model->drop_fraction = 0.0f;
-    model->load_min = model->load_max = model->load_cv = 0.0f;
-    if (Lm == 0) return;
-    double drop = 0.0, load_min = 1e30, load_max = 0.0, cv = 0.0;
-    for (int m = 0; m < Lm; m++) {
-        MoELayerActivations l = moe_layer_activations(model, m, N);
-        cudaCheck(cudaMemcpyAsync(model->moe_losses_cpu + 4 * m, l.losses, 4 * sizeof(float), cudaMemcpyDeviceToHost,
-                                  stream));
-        cudaCheck(cudaMemcpyAsync(model->expert_counts_cpu + m * E, l.expert_count, E * sizeof(int),
-                                  cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaMemcpyAsync(model->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int), cudaMemcpyDeviceToHost,
-                                  stream));
-    }
-    cudaCheck(cudaStreamSynchronize(stream));
-    for (int m = 0; m < Lm; m++) {
-        model->aux_loss += model->moe_losses_cpu[4 * m];
-        model->z_loss += model->moe_losses_cpu[4 * m + 1];
-        model->importance_loss += model->moe_losses_cpu[4 * m + 2];
-        model->load_loss += model->moe_losses_cpu[4 * m + 3];
-        MoELayerStatistics st = moe_layer_statistics(model, m, N);
-        drop += st.drop_fraction;
-        load_min = fmin(load_min, st.load_min);
-        load_max = fmax(load_max, st.load_max);
-        cv += st.load_cv;
-    }
-    model->drop_fraction = (float)(drop / Lm);
-    model->load_min = (float)load_min;
-    model->load_max = (float)load_max;
-    model->load_cv = (float)(cv / Lm);
 }
 
 // Forward pass over (B, T) tokens. With targets, also the mean loss (model->mean_loss); with
@@ -1180,10 +778,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
                 model->batch_size, model->seq_len, c->max_seq_len);
         exit(EXIT_FAILURE);
     }
-    int L = c->num_layers, NH = c->num_heads, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
-    // per-layer slices (layer_stride) of (B, T, C), (B, T) and (B, NH, T, T) tensors
-    size_t BTC = layer_stride((size_t)B * T * C), BT = layer_stride((size_t)B * T);
-    size_t ATT = layer_stride((size_t)B * NH * T * T);
+    int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
     ParameterTensors p = model->params;
     ActivationTensors a = model->acts;
     memcpy(model->inputs_cpu, inputs, (size_t)B * T * sizeof(int));
@@ -1191,57 +786,40 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
     if (targets) {
         cudaCheck(cudaMemcpyAsync(model->targets, targets, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
-    if (c->num_experts > 0) {
-        // the capacity factor of training (a backward pass follows) or of evaluation
-        double cf = dlogits_scale > 0.0f ? model->moe.capacity_factor : model->moe.capacity_factor_eval;
-        model->moe_capacity_used = moe_capacity(B * T, c->num_experts, c->top_k, cf);
-        model->moe_dropless = cf <= 0.0;
-        model->moe_training = dlogits_scale > 0.0f;
-        model->aux_grad_scale = dlogits_scale * B * T;
-    }
+    if (model->mlp) model->mlp->begin_forward(model, B * T, dlogits_scale);
     encoder_forward(a.encoded, model->inputs, p.wte, p.wpe, B, T, C, stream);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, B, T, C, stream);
     for (int l = 0; l < L; l++) {
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (size_t)(l - 1) * BTC;
-        floatX* ln1 = model->recompute >= 2 ? a.ln1 : a.ln1 + (size_t)l * BTC;
-        floatX* ln2 = model->recompute >= 2 ? a.ln2 : a.ln2 + (size_t)l * BTC;
+        LayerParameters lp = gpt2_layer_parameters(model, &p, l);
+        LayerActivations la = gpt2_layer_activations(model, l, B, T);
 #ifdef ENABLE_CUDNN
         // cuDNN reads q, k, v in place from the qkv projection's output, which is kept for backward
-        floatX* qkv = a.qkvr + (size_t)l * 3 * BTC;  // (B, T, 3C)
-        matmul_forward(qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + (size_t)l * 3 * C, B, T, C, 3 * C, stream);
-        attention_forward_cudnn(a.atty + (size_t)l * BTC, a.att_stats + (size_t)l * layer_stride((size_t)B * NH * T),
-                                qkv, B, T, NH, C, stream);
+        floatX* qkv = la.qkvr;  // (B, T, 3C)
+        matmul_forward(qkv, la.ln1, lp.qkvw, lp.qkvb, B, T, C, 3 * C, stream);
+        attention_forward_cudnn(la.atty, la.att_stats, qkv, B, T, c->num_heads, C, stream);
 #else
         floatX* qkv = a.scratch_bt4c;  // (B, T, 3C), consumed by attention_forward
-        matmul_forward(qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + (size_t)l * 3 * C, B, T, C, 3 * C, stream);
-        attention_forward(a.atty + (size_t)l * BTC, a.qkvr + (size_t)l * 3 * BTC, a.att + (size_t)l * ATT,
-                          qkv, B, T, C, NH, stream);
+        matmul_forward(qkv, la.ln1, lp.qkvw, lp.qkvb, B, T, C, 3 * C, stream);
+        attention_forward(la.atty, la.qkvr, la.att, qkv, B, T, C, c->num_heads, stream);
 #endif
-        matmul_forward(a.scratch_btc, a.atty + (size_t)l * BTC, p.attprojw + (size_t)l * C * C,
-                       p.attprojb + (size_t)l * C, B, T, C, C, stream);
-        fused_residual_layernorm_forward(a.residual2 + (size_t)l * BTC, ln2, a.ln2_mean + (size_t)l * BT,
-                                         a.ln2_rstd + (size_t)l * BT, residual, a.scratch_btc,
-                                         p.ln2w + (size_t)l * C, p.ln2b + (size_t)l * C, B * T, C, stream);
-        if (is_moe_layer(c, l)) {
-            moe_layer_forward(model, moe_index(c, l), a.scratch_btc, ln2, B * T, stream);
+        matmul_forward(a.scratch_btc, la.atty, lp.attprojw, lp.attprojb, B, T, C, C, stream);
+        fused_residual_layernorm_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual, a.scratch_btc,
+                                         lp.ln2w, lp.ln2b, B * T, C, stream);
+        if (gpt2_is_dense_layer(model, l)) {
+            matmul_forward(la.fch_gelu, la.ln2, lp.fcw, lp.fcb, B, T, C, 4 * C, stream, la.fch,
+                           gpt2_forward_gelu_fusion(model));
+            matmul_forward(a.scratch_btc, la.fch_gelu, lp.fcprojw, lp.fcprojb, B, T, 4 * C, C, stream);
         } else {
-            int d = dense_index(c, l);
-            floatX* fch_gelu = model->recompute >= 1 ? a.fch_gelu : a.fch_gelu + (size_t)d * 4 * BTC;
-            matmul_forward(fch_gelu, ln2, p.fcw + (size_t)d * 4 * C * C, p.fcb + (size_t)d * 4 * C, B, T, C, 4 * C,
-                           stream, a.fch + (size_t)d * 4 * BTC, gpt2_forward_gelu_fusion(model));
-            matmul_forward(a.scratch_btc, fch_gelu, p.fcprojw + (size_t)d * 4 * C * C, p.fcprojb + (size_t)d * C, B, T,
-                           4 * C, C, stream);
+            model->mlp->forward(model, l, a.scratch_btc, la.ln2, B * T, stream);
         }
         if (l + 1 < L) {
-            floatX* next_ln1 = model->recompute >= 2 ? a.ln1 : a.ln1 + (size_t)(l + 1) * BTC;
-            fused_residual_layernorm_forward(a.residual3 + (size_t)l * BTC, next_ln1, a.ln1_mean + (size_t)(l + 1) * BT,
-                                             a.ln1_rstd + (size_t)(l + 1) * BT, a.residual2 + (size_t)l * BTC,
-                                             a.scratch_btc, p.ln1w + (size_t)(l + 1) * C, p.ln1b + (size_t)(l + 1) * C,
-                                             B * T, C, stream);
+            LayerParameters next_p = gpt2_layer_parameters(model, &p, l + 1);
+            LayerActivations next = gpt2_layer_activations(model, l + 1, B, T);
+            fused_residual_layernorm_forward(la.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, la.residual2,
+                                             a.scratch_btc, next_p.ln1w, next_p.ln1b, B * T, C, stream);
         } else {
-            fused_residual_layernorm_forward(a.residual3 + (size_t)l * BTC, a.lnf, a.lnf_mean, a.lnf_rstd,
-                                             a.residual2 + (size_t)l * BTC, a.scratch_btc, p.lnfw, p.lnfb, B * T, C,
-                                             stream);
+            fused_residual_layernorm_forward(la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2, a.scratch_btc,
+                                             p.lnfw, p.lnfb, B * T, C, stream);
         }
     }
     matmul_forward(a.output, a.lnf, p.wte, nullptr, B, T, C, Vp, stream);
@@ -1253,7 +831,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
         double sum = 0.0;
         for (int i = 0; i < B * T; i++) sum += model->losses_cpu[i];
         model->mean_loss = (float)(sum / (B * T));
-        moe_collect_statistics(model, B * T, stream);
+        if (model->mlp) model->mlp->end_forward(model, B * T, stream);
     }
 }
 
@@ -1268,9 +846,7 @@ static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_sta
 static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const MultiGpuConfig* mg, int reduce,
                           int zero_stage, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
-    int L = c->num_layers, NH = c->num_heads, C = c->channels, Vp = c->padded_vocab_size;
-    size_t BTC = layer_stride((size_t)B * T * C), BT = layer_stride((size_t)B * T);
-    size_t ATT = layer_stride((size_t)B * NH * T * T);
+    int L = c->num_layers, C = c->channels, Vp = c->padded_vocab_size;
     ParameterTensors p = model->params;
     ParameterTensors g = model->grads;
     ActivationTensors a = model->acts;
@@ -1278,56 +854,42 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
     cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)B * T * C * sizeof(floatX), stream));
     // classifier: the logits' gradient is in a.output
     matmul_backward(a.dbtc, g.wte, nullptr, a.output, a.lnf, p.wte, a.scratch_f, B, T, C, Vp, stream);
-    layernorm_backward(dresidual, g.lnfw, g.lnfb, a.scratch_f, a.dbtc, a.residual3 + (size_t)(L - 1) * BTC, p.lnfw,
-                       a.lnf_mean, a.lnf_rstd, B, T, C, stream);
+    LayerActivations last = gpt2_layer_activations(model, L - 1, B, T);
+    layernorm_backward(dresidual, g.lnfw, g.lnfb, a.scratch_f, a.dbtc, last.residual3, p.lnfw, a.lnf_mean, a.lnf_rstd,
+                       B, T, C, stream);
     for (int l = L - 1; l >= 0; l--) {
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (size_t)(l - 1) * BTC;
-        floatX* ln1 = model->recompute >= 2 ? a.ln1 : a.ln1 + (size_t)l * BTC;
-        floatX* ln2 = model->recompute >= 2 ? a.ln2 : a.ln2 + (size_t)l * BTC;
-        const float* ln1_mean = a.ln1_mean + (size_t)l * BT;
-        const float* ln1_rstd = a.ln1_rstd + (size_t)l * BT;
-        const float* ln2_mean = a.ln2_mean + (size_t)l * BT;
-        const float* ln2_rstd = a.ln2_rstd + (size_t)l * BT;
+        LayerParameters lp = gpt2_layer_parameters(model, &p, l);
+        LayerParameters lg = gpt2_layer_parameters(model, &g, l);
+        LayerActivations la = gpt2_layer_activations(model, l, B, T);
         floatX* dbt4c = a.scratch_bt4c;
-        if (model->recompute >= 2) {
-            layernorm_forward(ln2, nullptr, nullptr, a.residual2 + (size_t)l * BTC, p.ln2w + (size_t)l * C,
-                              p.ln2b + (size_t)l * C, B, T, C, stream);
-        }
-        if (is_moe_layer(c, l)) {
-            moe_layer_backward(model, moe_index(c, l), a.dbtc, dresidual, ln2, B * T, stream);
-        } else {
+        if (model->recompute >= 2) layernorm_forward(la.ln2, nullptr, nullptr, la.residual2, lp.ln2w, lp.ln2b, B, T, C,
+                                                     stream);
+        if (gpt2_is_dense_layer(model, l)) {
             // MLP: fcproj, GELU, fc
-            int d = dense_index(c, l);
-            floatX* fch = a.fch + (size_t)d * 4 * BTC;
-            floatX* fch_gelu = model->recompute >= 1 ? a.fch_gelu : a.fch_gelu + (size_t)d * 4 * BTC;
-            if (model->recompute >= 1) gelu_forward(fch_gelu, fch, B * T * 4 * C, stream);
-            matmul_backward(dbt4c, g.fcprojw + (size_t)d * 4 * C * C, g.fcprojb + (size_t)d * C, dresidual, fch_gelu,
-                            p.fcprojw + (size_t)d * 4 * C * C, a.scratch_f, B, T, 4 * C, C, stream, fch,
-                            model->gelu_fusion);
-            matmul_backward(a.dbtc, g.fcw + (size_t)d * 4 * C * C, g.fcb + (size_t)d * 4 * C, dbt4c, ln2,
-                            p.fcw + (size_t)d * 4 * C * C, a.scratch_f, B, T, C, 4 * C, stream);
+            if (model->recompute >= 1) gelu_forward(la.fch_gelu, la.fch, (size_t)B * T * 4 * C, stream);
+            matmul_backward(dbt4c, lg.fcprojw, lg.fcprojb, dresidual, la.fch_gelu, lp.fcprojw, a.scratch_f, B, T, 4 * C,
+                            C, stream, la.fch, model->gelu_fusion);
+            matmul_backward(a.dbtc, lg.fcw, lg.fcb, dbt4c, la.ln2, lp.fcw, a.scratch_f, B, T, C, 4 * C, stream);
+        } else {
+            model->mlp->backward(model, l, a.dbtc, dresidual, la.ln2, B * T, stream);
         }
-        layernorm_backward(dresidual, g.ln2w + (size_t)l * C, g.ln2b + (size_t)l * C, a.scratch_f, a.dbtc,
-                           a.residual2 + (size_t)l * BTC, p.ln2w + (size_t)l * C, ln2_mean, ln2_rstd, B, T, C, stream);
+        layernorm_backward(dresidual, lg.ln2w, lg.ln2b, a.scratch_f, a.dbtc, la.residual2, lp.ln2w, la.ln2_mean,
+                           la.ln2_rstd, B, T, C, stream);
         // attention: projection, attention, qkv
-        matmul_backward(a.dbtc, g.attprojw + (size_t)l * C * C, g.attprojb + (size_t)l * C, dresidual,
-                        a.atty + (size_t)l * BTC, p.attprojw + (size_t)l * C * C, a.scratch_f, B, T, C, C, stream);
+        matmul_backward(a.dbtc, lg.attprojw, lg.attprojb, dresidual, la.atty, lp.attprojw, a.scratch_f, B, T, C, C,
+                        stream);
         floatX* dqkv = a.scratch_bt4c;  // (B, T, 3C)
 #ifdef ENABLE_CUDNN
-        attention_backward_cudnn(dqkv, a.dbtc, a.qkvr + (size_t)l * 3 * BTC, a.atty + (size_t)l * BTC,
-                                 a.att_stats + (size_t)l * layer_stride((size_t)B * NH * T), B, T, NH, C, stream);
+        attention_backward_cudnn(dqkv, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, c->num_heads, C, stream);
 #else
-        attention_backward(dqkv, a.dqkvr, a.datt, a.scratch_btc, a.dbtc, a.qkvr + (size_t)l * 3 * BTC,
-                           a.att + (size_t)l * ATT, B, T, C, NH, stream);
+        attention_backward(dqkv, a.dqkvr, a.datt, a.scratch_btc, a.dbtc, la.qkvr, la.att, B, T, C, c->num_heads,
+                           stream);
 #endif
-        if (model->recompute >= 2) {
-            layernorm_forward(ln1, nullptr, nullptr, residual, p.ln1w + (size_t)l * C, p.ln1b + (size_t)l * C, B, T,
-                              C, stream);
-        }
-        matmul_backward(a.dbtc, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + (size_t)l * 3 * C, dqkv, ln1,
-                        p.qkvw + (size_t)l * 3 * C * C, a.scratch_f, B, T, C, 3 * C, stream);
-        layernorm_backward(dresidual, g.ln1w + (size_t)l * C, g.ln1b + (size_t)l * C, a.scratch_f, a.dbtc, residual,
-                           p.ln1w + (size_t)l * C, ln1_mean, ln1_rstd, B, T, C, stream);
+        if (model->recompute >= 2) layernorm_forward(la.ln1, nullptr, nullptr, la.residual, lp.ln1w, lp.ln1b, B, T, C,
+                                                     stream);
+        matmul_backward(a.dbtc, lg.qkvw, lg.qkvb, dqkv, la.ln1, lp.qkvw, a.scratch_f, B, T, C, 3 * C, stream);
+        layernorm_backward(dresidual, lg.ln1w, lg.ln1b, a.scratch_f, a.dbtc, la.residual, lp.ln1w, la.ln1_mean,
+                           la.ln1_rstd, B, T, C, stream);
         if (reduce) gpt2_reduce_layer(model, l, mg, zero_stage, stream);
     }
     encoder_backward(g.wte, g.wpe, dresidual, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
@@ -1338,25 +900,17 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
 // Gradient averaging over processes during the backward pass (llmc/optimizer.cuh does the rest of the step)
 
 static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
-    // stacked over all layers, over the dense layers, over the MoE layers (the router's, and expert_store's tensors)
+    // stacked over all layers, and over the dense MLP's layers
     static const int every_layer[] = {PARAM_LN1W,     PARAM_LN1B,     PARAM_QKVW, PARAM_QKVB,
                                       PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W, PARAM_LN2B};
     static const int dense[] = {PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB};
-    static const int router[] = {PARAM_ROUTERW, PARAM_ROUTERNW};  // routernw is empty without noisy gating
-    static const int experts[] = {PARAM_EFCW - FIRST_EXPERT_TENSOR, PARAM_EFCB - FIRST_EXPERT_TENSOR,
-                                  PARAM_EFCPROJW - FIRST_EXPERT_TENSOR, PARAM_EFCPROJB - FIRST_EXPERT_TENSOR};
-    int Lm = num_moe_layers(c);
-    sharded_parameters_reduce_slices(&model->store, every_layer, 8, layer, c->num_layers, mg, zero_stage, stream);
-    if (is_moe_layer(c, layer)) {
-        sharded_parameters_reduce_slices(&model->store, router, 2, moe_index(c, layer), Lm, mg, zero_stage, stream);
-        // the experts' gradients over exactly the processes that hold the same experts
-        sharded_parameters_reduce_slices(&model->expert_store, experts, NUM_EXPERT_TENSORS, moe_index(c, layer), Lm,
-                                         &model->ep.replicas, zero_stage, stream);
-    } else {
-        sharded_parameters_reduce_slices(&model->store, dense, 4, dense_index(c, layer), c->num_layers - Lm, mg,
-                                         zero_stage, stream);
-    }
+    sharded_parameters_reduce_slices(&model->store, every_layer, 8, layer, model->config.num_layers, mg, zero_stage,
+                                     stream);
+    if (gpt2_is_dense_layer(model, layer))
+        sharded_parameters_reduce_slices(&model->store, dense, 4, gpt2_dense_index(model, layer),
+                                         gpt2_dense_layers(model), mg, zero_stage, stream);
+    else
+        model->mlp->reduce_layer(model, layer, mg, zero_stage, stream);
 }
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     // complete only after the encoder's backward
@@ -1365,30 +919,36 @@ static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_sta
 }
 
 // ----------------------------------------------------------------------------------------------------
-// The optimizer step over both parameter sets (llmc/optimizer.cuh)
+// The optimizer step over the replicated parameter set and an extension's own (llmc/optimizer.cuh)
+
+static ShardedParameters* gpt2_own_set(GPT2* model) { return model->mlp ? model->mlp->own_set(model) : NULL; }
 
 // m, v and master weights for this process's shards of both parameter sets
 static void gpt2_allocate_optimizer(GPT2* model, int zero_stage) {
     sharded_parameters_allocate_optimizer(&model->store, model->use_master_weights, model->process_rank,
                                           model->num_processes, zero_stage);
-    if (model->config.num_experts > 0)
-        sharded_parameters_allocate_optimizer(&model->expert_store, model->use_master_weights,
-                                              model->ep.replicas.process_rank, model->ep.replicas.num_processes,
-                                              zero_stage);
+    ShardedParameters* own = gpt2_own_set(model);
+    if (own) {
+        const MultiGpuConfig* group = model->mlp->own_group(model);
+        sharded_parameters_allocate_optimizer(own, model->use_master_weights, group->process_rank,
+                                              group->num_processes, zero_stage);
+    }
 }
 
 static void gpt2_zero_grad(GPT2* model, cudaStream_t stream) {
     sharded_parameters_zero_grad(&model->store, stream);
-    if (model->config.num_experts > 0) sharded_parameters_zero_grad(&model->expert_store, stream);
+    ShardedParameters* own = gpt2_own_set(model);
+    if (own) sharded_parameters_zero_grad(own, stream);
 }
 
 // After the last micro-step's backward pass: the global norm of the step's gradient (the loss scale undone),
-// identical on every process: the replicated tensors' part, plus every expert's, summed over the expert group.
+// identical on every process: the replicated set's part, plus the extension's own, summed over its processes.
 static float gpt2_gradient_norm(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     float norm2 = sharded_parameters_norm_squared(&model->store, mg, zero_stage, stream);
-    if (model->config.num_experts > 0) {
-        float experts2 = sharded_parameters_norm_squared(&model->expert_store, &model->ep.replicas, zero_stage, stream);
-        norm2 += expert_parallel_float_sum(&model->ep, experts2, stream);
+    ShardedParameters* own = gpt2_own_set(model);
+    if (own) {
+        float own2 = sharded_parameters_norm_squared(own, model->mlp->own_group(model), zero_stage, stream);
+        norm2 += model->mlp->own_norm_sum(model, own2, stream);
     }
     return sqrtf(norm2) / model->loss_scaler.scale;
 }
@@ -1402,32 +962,33 @@ static int gpt2_update(GPT2* model, const AdamWConfig* opt, float norm, int t, c
         float scale = model->loss_scaler.scale;
         sharded_parameters_apply_update(&model->store, opt, norm, scale, optimizer_next_seed(&model->rng_state), t, mg,
                                         zero_stage, stream);
-        if (model->config.num_experts > 0)
-            sharded_parameters_apply_update(&model->expert_store, opt, norm, scale,
-                                            optimizer_next_seed(&model->rng_state), t, &model->ep.replicas, zero_stage,
-                                            stream);
+        ShardedParameters* own = gpt2_own_set(model);
+        if (own)
+            sharded_parameters_apply_update(own, opt, norm, scale, optimizer_next_seed(&model->rng_state), t,
+                                            model->mlp->own_group(model), zero_stage, stream);
     }
     loss_scaler_update(&model->loss_scaler, norm);
     return finite;
 }
 
-// 6 flops per active parameter per token for the matmuls of forward+backward (a token meets k of the E experts of
-// an MoE layer) plus the attention's 12 L C T
+// 6 flops per active parameter per token for the matmuls of forward+backward (an extension counts its own: a
+// token meets k of the E experts of an MoE layer) plus the attention's 12 L C T
 static double gpt2_flops_per_token(const GPT2* model, int T) {
     const GPT2Config* c = &model->config;
     size_t sizes[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(sizes, c, c->num_experts);
+    file_tensor_sizes(sizes, model);
     double active = 0.0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++)
-        active += is_expert_tensor(i) ? (double)sizes[i] * c->top_k / c->num_experts : (double)sizes[i];
+        if (i < PARAM_EXTENSION || i >= PARAM_EXTENSION + MLP_EXTENSION_SLOTS) active += (double)sizes[i];
+    if (model->mlp) active += model->mlp->active_parameters_per_token(model);
     return 6.0 * active + 12.0 * c->num_layers * c->channels * (double)T;
 }
 
 // Whether every parameter of every process is finite (collective: the same answer on every process).
-static int gpt2_parameters_finite(const GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
-    const ShardedParameters* sets[2] = {&model->store, &model->expert_store};
+static int gpt2_parameters_finite(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
+    ShardedParameters* sets[2] = {&model->store, gpt2_own_set(model)};
     int bad = 0;
-    for (int k = 0; k < (model->config.num_experts > 0 ? 2 : 1); k++) {
+    for (int k = 0; k < 2 && sets[k]; k++) {
         size_t n = sets[k]->num_parameters;
         floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
         cudaCheck(cudaMemcpyAsync(host, sets[k]->params_memory, n * sizeof(floatX), cudaMemcpyDeviceToHost, stream));
@@ -1438,7 +999,6 @@ static int gpt2_parameters_finite(const GPT2* model, const MultiGpuConfig* mg, c
     return multi_gpu_cpu_float_sum((float)bad, mg) == 0.0f;
 }
 
-#ifndef TESTING
 // ----------------------------------------------------------------------------------------------------
 // Checkpoints: <dir>/model_%08d.bin (rank 0), <dir>/state_%08d_%05d.bin (each rank), <dir>/DONE_%08d
 // once every rank has written. Each file is written under a temporary name and renamed.
@@ -1453,104 +1013,13 @@ typedef struct {
 } TrainerState;
 
 
-#define EXPERT_STATE_MAGIC 20261130
-
-// The experts' optimizer state (m, v, and the master weights if any) of every expert, in the global layout of the
-// model file's expert tensors, so that a run may resume with another expert-parallel degree or ZeRO stage:
-// <dir>/expert_state_%08d.bin, header [0] magic, [1] version 1, [2] E, [3] Lm, [4] master weights 0/1,
-// [5] precision, [6] and [7] the values per buffer (every expert's; high and low 31 bits); then each buffer in
-// turn (fp32). Collective: the shards are gathered over the replicas, then process 0's group gathers the experts,
-// and process 0 writes.
-static void write_expert_state(const char* dir, int step, GPT2* model, int zero_stage, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
-    ShardedParameters* x = &model->expert_store;
-    size_t all_experts = x->num_parameters * model->ep.degree;
-    float* full;
-    cudaCheck(cudaMalloc((void**)&full, x->num_parameters_padded * sizeof(float)));
-    int gathers = model->ep.group == 0;  // process 0's group, the one that writes
-    float* host = gathers ? (float*)malloc_check(all_experts * sizeof(float)) : NULL;
-    char path[1024], tmp[1100];
-    FILE* f = NULL;
-    if (model->process_rank == 0) {
-        checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
-        f = fopen_tmp_for(path, tmp, sizeof(tmp));
-        int header[256] = {0};
-        header[0] = EXPERT_STATE_MAGIC;
-        header[1] = 1;
-        header[2] = c->num_experts;
-        header[3] = num_moe_layers(c);
-        header[4] = x->master_weights != NULL;
-        header[5] = PRECISION_MODE;
-        header[6] = (int)(all_experts >> 31);
-        header[7] = (int)(all_experts & 0x7fffffff);
-        fwrite_check(header, sizeof(int), 256, f, tmp);
-    }
-    for (int buffer = 0; buffer < (x->master_weights ? 3 : 2); buffer++) {
-        sharded_parameters_gather_state(x, buffer, full, &model->ep.replicas, zero_stage, stream);
-        if (gathers) gpt2_gather_experts(model, host, full, sizeof(float), stream);
-        if (f) fwrite_check(host, sizeof(float), all_experts, f, tmp);
-    }
-    if (f) commit_tmp(f, tmp, path);
-    free(host);
-    cudaCheck(cudaFree(full));
-}
-
-// Each process reads its own experts' runs of every buffer and keeps its shard.
-static void read_expert_state(const char* dir, int step, GPT2* model) {
-    const GPT2Config* c = &model->config;
-    ShardedParameters* x = &model->expert_store;
-    size_t all_experts = x->num_parameters * model->ep.degree;
-    char path[1024];
-    checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
-    FILE* f = fopen_check(path, "rb");
-    int header[256];
-    read_header_check(f, header, path, EXPERT_STATE_MAGIC, "MoE expert optimizer state");
-    int Lm = num_moe_layers(c);
-    size_t values = ((size_t)header[6] << 31) | (size_t)header[7];
-    if (header[1] != 1 || header[2] != c->num_experts || header[3] != Lm || header[4] != (x->master_weights != NULL) ||
-        header[5] != PRECISION_MODE || values != all_experts) {
-        fprintf(stderr, "%s: expert state of another setup (E %d, MoE layers %d, master weights %d, precision %d, %zu "
-                "values) than this run's (%d, %d, %d, %d, %zu)\n", path, header[2], header[3], header[4], header[5],
-                values, c->num_experts, Lm, x->master_weights != NULL, PRECISION_MODE, all_experts);
-        exit(EXIT_FAILURE);
-    }
-    size_t local[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(local, c, model->local_experts);
-    float* full = (float*)calloc(x->num_parameters_padded, sizeof(float));
-    for (int buffer = 0; buffer < (x->master_weights ? 3 : 2); buffer++) {
-        // in the file: per tensor and MoE layer, the layer's E experts; ours are a contiguous run of them
-        size_t file_offset = 1024 + (size_t)buffer * all_experts * sizeof(float), at = 0;
-        for (int i = FIRST_EXPERT_TENSOR; i < FIRST_EXPERT_TENSOR + NUM_EXPERT_TENSORS; i++) {
-            size_t run = local[i] / Lm;
-            for (int m = 0; m < Lm; m++) {
-                size_t position = file_offset + ((size_t)m * model->ep.degree + model->ep.member) * run * sizeof(float);
-                if (fseek(f, (long)position, SEEK_SET) != 0) {
-                    fprintf(stderr, "%s: cannot seek to byte %zu\n", path, position);
-                    exit(EXIT_FAILURE);
-                }
-                fread_check(full + at, sizeof(float), run, f, path);
-                at += run;
-            }
-            file_offset += local[i] * model->ep.degree * sizeof(float);
-        }
-        sharded_parameters_scatter_state(x, buffer, full);
-    }
-    long end = 1024 + (long)((x->master_weights ? 3 : 2) * all_experts * sizeof(float));
-    if (fseek(f, 0, SEEK_END) != 0 || ftell(f) != end) {
-        fprintf(stderr, "%s: expected %ld bytes, the file has another size\n", path, end);
-        exit(EXIT_FAILURE);
-    }
-    free(full);
-    fclose_check(f, path);
-}
-
 // Collective over all processes.
 static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loader, const TrainerState* ts,
                              const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     char path[1024], tmp[1100];
     checkpoint_paths(path, sizeof(path), dir, "model", ts->step, -1);
     gpt2_write_model_file(model, path, stream);
-    if (model->config.num_experts > 0) write_expert_state(dir, ts->step, model, zero_stage, stream);
+    if (model->mlp && model->mlp->write_state) model->mlp->write_state(dir, ts->step, model, zero_stage, stream);
     checkpoint_paths(path, sizeof(path), dir, "state", ts->step, mg->process_rank);
     FILE* f = fopen_tmp_for(path, tmp, sizeof(tmp));
     int header[256] = {0};
@@ -1596,8 +1065,8 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
         fprintf(d, "checkpoint 1\nstep %d\nprocesses %d\nmodel", ts->step, mg->num_processes);
         for (int i = 1; i <= 12; i++) fprintf(d, " %d", header[i]);
         fprintf(d, "\n");
-        const char* kinds[2] = {"model", "expert_state"};
-        for (int k = 0; k < (model->config.num_experts > 0 ? 2 : 1); k++) {
+        const char* kinds[2] = {"model", model->mlp ? model->mlp->state_file : NULL};
+        for (int k = 0; k < 2 && kinds[k]; k++) {
             char file[1024];
             uint64_t size, hash;
             checkpoint_paths(file, sizeof(file), dir, kinds[k], ts->step, -1);
@@ -1620,7 +1089,7 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
 }
 
 // Whether the checkpoint of `step` in dir is sound for this process: its DONE marker's step, process count and model
-// header agree with the files, and the checksums of the model, the expert state and this process's state match.
+// header agree with the files, and the checksums of the model, an extension's state file and this process's state match.
 // An empty DONE marker (an older trainer's) has no checksums: only the step and process count of the state and
 // the model header's readability are checked, and *legacy is set. On failure `why` says what, naming the file.
 static int verify_checkpoint(const char* dir, int step, int rank, int num_processes, int* legacy, char* why,
@@ -1746,7 +1215,7 @@ static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLo
         exit(EXIT_FAILURE);
     }
     fclose_check(f, path);
-    if (model->config.num_experts > 0) read_expert_state(dir, step, model);
+    if (model->mlp && model->mlp->read_state) model->mlp->read_state(dir, step, model);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1782,78 +1251,7 @@ static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int seed_t
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Command line
-
-static void usage(int moe) {
-    fprintf(stderr,
-            "Usage:   ./%s [options]\n", moe ? "train_moe" : "train_gpt");
-    fprintf(stderr,
-            "Options:\n"
-            "  -i <string> train data filename pattern (default = dev/data/tinyshakespeare/tiny_shakespeare_train.bin)\n"
-            "  -j <string> val data filename pattern (default = dev/data/tinyshakespeare/tiny_shakespeare_val.bin)\n"
-            "  -e <string> input model file or descriptor dN (default = gpt2_124M_bf16.bin)\n"
-            "  -ev <int>   vocabulary size for a descriptor (default = 50257)\n"
-            "  -et <int>   max sequence length for a descriptor (default = 1024)\n"
-            "  -sd <int>   seed of a descriptor's initialisation (default = 42)\n"
-            "  -o <string> output log dir and checkpoints (default = none)\n"
-            "  -tf <string> tokenizer file for decoding samples (default = gpt2_tokenizer.bin)\n"
-            "  -n <int>    write a checkpoint every how many steps (default 0 = never)\n"
-            "  -nk <int>   keep the last how many checkpoints (default 0 = all)\n"
-            "  -y <int>    resume from the latest complete checkpoint in -o (default 0)\n"
-            "  -b <int>    (per-GPU, micro) batch size B (default = 4)\n"
-            "  -t <int>    sequence length T (default = 1024)\n"
-            "  -d <int>    total desired batch size in tokens (default = B*T*processes: no accumulation)\n"
-            "  -x <int>    max steps (default = -1 = one epoch)\n"
-            "  -l <float>  learning rate (default = 3e-4)\n"
-            "  -u <int>    learning rate warmup iterations (default = 0)\n"
-            "  -q <float>  learning rate decay: final fraction, at end of training (default = 1.0 = no decay)\n"
-            "  -k <string> learning rate scheduler: cosine, linear, constant, wsd (default = cosine)\n"
-            "  -c <float>  weight decay (default = 0.0)\n"
-            "  -v <int>    val loss every how many steps (default = 20, 0 = never)\n"
-            "  -m <int>    val batches (default = 20)\n"
-            "  -s <int>    sample every how many steps (default = 20, 0 = never)\n"
-            "  -g <int>    generated tokens per sample (default = 64)\n"
-            "  -a <int>    overfit a single batch? 0/1 (default = 0)\n"
-            "  -w <int>    keep fp32 master weights? 0/1 (default = 1)\n"
-            "  -z <int>    ZeRO stage: 0 (all-reduce) or 1 (sharded optimizer state) (default = 0)\n"
-            "  -r <int>    recompute: 0 none, 1 GELU, 2 GELU and LayerNorms (default = 1)\n"
-            "  -ge <int>   GELU fusion into cuBLASLt epilogues: 0 off, 1 forward (only with -r 0: a recomputed GELU is\n"
-            "              llmc/gelu.cuh's in the forward too), 2 forward and backward (default = 1)\n"
-            "  -sl <float> skip the update when the loss z-score exceeds this (default = 0 = off)\n"
-            "  -sg <float> skip the update when the gradient-norm z-score exceeds this (default = 0 = off)\n"
-            "  -wt <int>   collective watchdog: end the job when processes wait on each other this many seconds\n"
-            "              (default = 600, 0 = off)\n"
-            "  -ns <int>   stop when the loss or gradient norm is not finite for this many steps in a row (default = 3)\n"
-            "  -pi <string> process init: mpi, tcp or fs (default = mpi)\n"
-            "  -pf <string> shared directory for -pi fs\n"
-            "  -ps <string> server ip for -pi tcp\n"
-            "  -pn <int>   number of processes (-pi tcp/fs)\n"
-            "  -pr <int>   this process's rank (-pi tcp/fs)\n"
-            "  -pg <int>   GPUs per node (-pi tcp/fs, default = 8)\n"
-            "  -h          this help\n");
-    if (moe) {
-        fprintf(stderr,
-                "MoE options (train_moe):\n"
-                "  -ne <int>   experts per MoE layer (default = 8)\n"
-                "  -tk <int>   experts per token: 1 = Switch, 2 = GShard (default = 1)\n"
-                "  -me <int>   an MoE layer every N layers: 1 = all, 2 = every other (default = 2)\n"
-                "  -eh <int>   expert hidden size (default = 4C)\n"
-                "  -cf <float> capacity factor in training; <= 0: dropless (default = 1.25)\n"
-                "  -cfe <float> capacity factor in evaluation (default = 2.0)\n"
-                "  -ra <float> load-balancing loss coefficient (default = 0.01)\n"
-                "  -rz <float> router z-loss coefficient (default = 0.001)\n"
-                "  -ri <float> initialisation scale of router and expert weights (default = 0.1)\n"
-                "  -ep <int>   expert-parallel degree N: groups of N processes share out the experts (default = 1)\n"
-                "  -rj <float> router jitter: the router's input times U(1-rj, 1+rj) in training (default = 0)\n"
-                "  -rn <int>   noisy top-k gating (Shazeer 2017), importance and load losses: 0/1 (default = 0;\n"
-                "              a model file with a noise router has it on)\n"
-                "  -rni <float> importance loss coefficient with -rn 1 (default = 0.1)\n"
-                "  -rnl <float> load loss coefficient with -rn 1 (default = 0.1)\n");
-    }
-}
-
-
-
+// The trainer's helpers: the collective watchdog, the output directory's lock, a test hook, the start-up table
 
 // The collective watchdog (-wt SECONDS): with several processes, a process that stops (a hung GPU, a stopped or
 // lost node) leaves the others waiting forever inside an NCCL call. The training loop marks each phase that waits
@@ -1957,29 +1355,12 @@ static void test_hook_stop(int step, int rank) {
     raise(SIGSTOP);
 }
 
-// Per MoE layer, after a validation pass: its aux and z losses, dropped choices and expert loads.
-static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
-    for (int m = 0; m < num_moe_layers(&model->config); m++) {
-        MoELayerStatistics st = moe_layer_statistics(model, m, N);
-        // aux: every balancing loss of the layer (Switch's, and noisy gating's importance and load losses)
-        const float* losses = model->moe_losses_cpu + 4 * m;
-        float aux = losses[0] + losses[2] + losses[3], z = losses[1];
-        printf("val moe layer %d: aux %f z %f drop %f load min %.3f max %.3f cv %.3f\n", m, aux, z, st.drop_fraction,
-               st.load_min, st.load_max, st.load_cv);
-        char line[300];
-        snprintf(line, sizeof(line), "s:%d layer:%d layer_aux:%f layer_z:%f layer_drop:%f layer_load_min:%.3f "
-                 "layer_load_max:%.3f layer_load_cv:%.3f", step, m, aux, z, st.drop_fraction, st.load_min,
-                 st.load_max, st.load_cv);
-        logger_log_text(logger, line);
-    }
-}
-
 // The start-up table: rows of a name and a value, printed with each column as wide as its widest entry.
-typedef struct {
+struct InfoTable {
     char name[12][32];
     char value[12][128];
     int rows;
-} InfoTable;
+};
 
 static void info_row(InfoTable* t, const char* name, const char* fmt, ...) {
     if (t->rows == 12) return;
@@ -2010,144 +1391,404 @@ static void info_table_print(const InfoTable* t) {
     printf("%s\n", rule);
 }
 
-// Which trainer gpt2_main is: train_gpt.cu's (dense) or train_moe.cu's.
-typedef enum { TRAINER_DENSE, TRAINER_MOE } TrainerKind;
+// ----------------------------------------------------------------------------------------------------
+// The trainer: its settings and flags, the memory plan, evaluation, the training step, checkpoints, and main
 
-// The trainer's main, shared by train_gpt.cu (TRAINER_DENSE) and train_moe.cu (TRAINER_MOE: MoE model files,
-// descriptors with experts, the MoE flags, and aux/z/drop in the step line).
-static int gpt2_main(int argc, char* argv[], TrainerKind kind) {
-    const int moe = kind == TRAINER_MOE;
-    // line-buffered even into a pipe or a file: the memory plan and every step line are out before a crash
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    const char* train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
-    const char* val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
-    const char* model_source = "gpt2_124M_bf16.bin";
-    const char* output_dir = NULL;
-    const char* lr_scheduler_type = "cosine";
-    const char* tokenizer_path = "gpt2_tokenizer.bin";
-    const char* init_method = "mpi";
-    const char* fs_path = "";
-    const char* server_ip = "";
-    int descriptor_vocab = 50257, descriptor_maxT = 1024, descriptor_seed = 42;
-    int checkpoint_every = 0, checkpoints_keep = 0, resume = 0;
-    int B = 4, T = 1024, total_batch_size = -1, total_batch_size_set = 0, max_steps = -1, warmup_iterations = 0;
-    float learning_rate = 3e-4f, final_lr_frac = 1.0f, weight_decay = 0.0f;
-    int val_every = 20, val_max_steps = 20, sample_every = 20, gen_tokens = 64;
-    int overfit_single_batch = 0, use_master_weights = 1, zero_stage = 0, recompute = 1, gelu_fusion = 1;
-    float skip_update_lossz = 0.0f, skip_update_gradz = 0.0f;
-    int num_processes = 1, process_rank = 0, gpus_per_node = 8;
-    int num_experts = 8, top_k = 1, moe_every = 2, expert_hidden = 0, expert_parallel = 1;
-    double capacity_factor = 1.25, capacity_factor_eval = 2.0;
-    float aux_alpha = 0.01f, z_coef = 0.001f, router_jitter = 0.0f, init_scale = 0.1f;
-    float importance_coef = 0.1f, load_coef = 0.1f;
-    int noisy_topk = 0;
-    int divergence_steps = 3, watchdog_s = 600;
-    int shape_set[4] = {0, 0, 0, 0};  // -ne, -tk, -me, -eh given on the command line
-    for (int i = 1; i < argc; i += 2) {
-        const char* flag = argv[i];
-        if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
-            usage(moe);
-            return 0;
-        }
-        if (flag[0] != '-' || i + 1 >= argc) {
-            fprintf(stderr, "argument %s: expected '-flag value' pairs (see -h)\n", flag);
-            return EXIT_FAILURE;
-        }
-        const char* v = argv[i + 1];
-        if (!strcmp(flag, "-i")) train_pattern = v;
-        else if (!strcmp(flag, "-j")) val_pattern = v;
-        else if (!strcmp(flag, "-e")) model_source = v;
-        else if (!strcmp(flag, "-ev")) descriptor_vocab = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-et")) descriptor_maxT = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-sd")) descriptor_seed = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-o")) output_dir = v;
-        else if (!strcmp(flag, "-tf")) tokenizer_path = v;
-        else if (!strcmp(flag, "-n")) checkpoint_every = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-nk")) checkpoints_keep = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-y")) resume = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-b")) B = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-t")) T = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-d")) { total_batch_size = parse_int_flag(flag, v); total_batch_size_set = 1; }
-        else if (!strcmp(flag, "-x")) max_steps = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-l")) learning_rate = parse_float_flag(flag, v);
-        else if (!strcmp(flag, "-u")) warmup_iterations = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-q")) final_lr_frac = parse_float_flag(flag, v);
-        else if (!strcmp(flag, "-k")) lr_scheduler_type = v;
-        else if (!strcmp(flag, "-c")) weight_decay = parse_float_flag(flag, v);
-        else if (!strcmp(flag, "-v")) val_every = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-m")) val_max_steps = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-s")) sample_every = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-g")) gen_tokens = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-a")) overfit_single_batch = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-w")) use_master_weights = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-z")) zero_stage = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-r")) recompute = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-ge")) gelu_fusion = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-sl")) skip_update_lossz = parse_float_flag(flag, v);
-        else if (!strcmp(flag, "-sg")) skip_update_gradz = parse_float_flag(flag, v);
-        else if (!strcmp(flag, "-ns")) divergence_steps = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-wt")) watchdog_s = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-pi")) init_method = v;
-        else if (!strcmp(flag, "-pf")) fs_path = v;
-        else if (!strcmp(flag, "-ps")) server_ip = v;
-        else if (!strcmp(flag, "-pn")) num_processes = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-pr")) process_rank = parse_int_flag(flag, v);
-        else if (!strcmp(flag, "-pg")) gpus_per_node = parse_int_flag(flag, v);
-        else if (moe && !strcmp(flag, "-ne")) { num_experts = parse_int_flag(flag, v); shape_set[0] = 1; }
-        else if (moe && !strcmp(flag, "-tk")) { top_k = parse_int_flag(flag, v); shape_set[1] = 1; }
-        else if (moe && !strcmp(flag, "-me")) { moe_every = parse_int_flag(flag, v); shape_set[2] = 1; }
-        else if (moe && !strcmp(flag, "-eh")) { expert_hidden = parse_int_flag(flag, v); shape_set[3] = 1; }
-        else if (moe && !strcmp(flag, "-cf")) capacity_factor = parse_float_flag(flag, v);
-        else if (moe && !strcmp(flag, "-cfe")) capacity_factor_eval = parse_float_flag(flag, v);
-        else if (moe && !strcmp(flag, "-ra")) aux_alpha = parse_float_flag(flag, v);
-        else if (moe && !strcmp(flag, "-rz")) z_coef = parse_float_flag(flag, v);
-        else if (moe && !strcmp(flag, "-rj")) router_jitter = parse_float_flag(flag, v);
-        else if (moe && !strcmp(flag, "-rn")) noisy_topk = parse_int_flag(flag, v);
-        else if (moe && !strcmp(flag, "-rni")) importance_coef = parse_float_flag(flag, v);
-        else if (moe && !strcmp(flag, "-rnl")) load_coef = parse_float_flag(flag, v);
-        else if (moe && !strcmp(flag, "-ri")) init_scale = parse_float_flag(flag, v);
-        else if (moe && !strcmp(flag, "-ep")) expert_parallel = parse_int_flag(flag, v);
-        else {
-            fprintf(stderr, "unknown flag %s (see -h)\n", flag);
-            return EXIT_FAILURE;
-        }
+typedef struct {
+    const char *train_pattern, *val_pattern, *model_source, *output_dir, *lr_scheduler_type, *tokenizer_path;
+    const char *init_method, *fs_path, *server_ip;
+    int descriptor_vocab, descriptor_maxT, descriptor_seed;
+    int checkpoint_every, checkpoints_keep, resume;
+    int B, T, total_batch_size, max_steps, warmup_iterations;
+    float learning_rate, final_lr_frac, weight_decay;
+    int val_every, val_max_steps, sample_every, gen_tokens;
+    int overfit_single_batch, use_master_weights, zero_stage, recompute, gelu_fusion;
+    float skip_update_lossz, skip_update_gradz;
+    int num_processes, process_rank, gpus_per_node;
+    int divergence_steps, watchdog_s;
+} TrainerSettings;
+
+static Flag flag(const char* name, FlagType type, void* value, const char* help) {
+    Flag f = {name, type, value, help, 0};
+    return f;
+}
+
+// The settings' defaults and the trainer's flags, which write into `s`; returns the number of flags.
+#define MAX_TRAINER_FLAGS 48
+static int trainer_flags(Flag* f, TrainerSettings* s) {
+    s->train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
+    s->val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
+    s->model_source = "gpt2_124M_bf16.bin";
+    s->output_dir = NULL;
+    s->lr_scheduler_type = "cosine";
+    s->tokenizer_path = "gpt2_tokenizer.bin";
+    s->init_method = "mpi";
+    s->fs_path = "";
+    s->server_ip = "";
+    s->descriptor_vocab = 50257, s->descriptor_maxT = 1024, s->descriptor_seed = 42;
+    s->checkpoint_every = 0, s->checkpoints_keep = 0, s->resume = 0;
+    s->B = 4, s->T = 1024, s->total_batch_size = -1, s->max_steps = -1, s->warmup_iterations = 0;
+    s->learning_rate = 3e-4f, s->final_lr_frac = 1.0f, s->weight_decay = 0.0f;
+    s->val_every = 20, s->val_max_steps = 20, s->sample_every = 20, s->gen_tokens = 64;
+    s->overfit_single_batch = 0, s->use_master_weights = 1, s->zero_stage = 0, s->recompute = 1, s->gelu_fusion = 1;
+    s->skip_update_lossz = 0.0f, s->skip_update_gradz = 0.0f;
+    s->num_processes = 1, s->process_rank = 0, s->gpus_per_node = 8;
+    s->divergence_steps = 3, s->watchdog_s = 600;
+    int n = 0;
+    f[n++] = flag("-i", FLAG_STRING, &s->train_pattern,
+                  "train data filename pattern (default = dev/data/tinyshakespeare/tiny_shakespeare_train.bin)");
+    f[n++] = flag("-j", FLAG_STRING, &s->val_pattern,
+                  "val data filename pattern (default = dev/data/tinyshakespeare/tiny_shakespeare_val.bin)");
+    f[n++] = flag("-e", FLAG_STRING, &s->model_source, "input model file or descriptor dN (default = gpt2_124M_bf16.bin)");
+    f[n++] = flag("-ev", FLAG_INT, &s->descriptor_vocab, "vocabulary size for a descriptor (default = 50257)");
+    f[n++] = flag("-et", FLAG_INT, &s->descriptor_maxT, "max sequence length for a descriptor (default = 1024)");
+    f[n++] = flag("-sd", FLAG_INT, &s->descriptor_seed, "seed of a descriptor's initialisation (default = 42)");
+    f[n++] = flag("-o", FLAG_STRING, &s->output_dir, "output log dir and checkpoints (default = none)");
+    f[n++] = flag("-tf", FLAG_STRING, &s->tokenizer_path, "tokenizer file for decoding samples (default = gpt2_tokenizer.bin)");
+    f[n++] = flag("-n", FLAG_INT, &s->checkpoint_every, "write a checkpoint every how many steps (default 0 = never)");
+    f[n++] = flag("-nk", FLAG_INT, &s->checkpoints_keep, "keep the last how many checkpoints (default 0 = all)");
+    f[n++] = flag("-y", FLAG_INT, &s->resume, "resume from the latest complete checkpoint in -o (default 0)");
+    f[n++] = flag("-b", FLAG_INT, &s->B, "(per-GPU, micro) batch size B (default = 4)");
+    f[n++] = flag("-t", FLAG_INT, &s->T, "sequence length T (default = 1024)");
+    f[n++] = flag("-d", FLAG_INT, &s->total_batch_size,
+                  "total desired batch size in tokens (default = B*T*processes: no accumulation)");
+    f[n++] = flag("-x", FLAG_INT, &s->max_steps, "max steps (default = -1 = one epoch)");
+    f[n++] = flag("-l", FLAG_FLOAT, &s->learning_rate, "learning rate (default = 3e-4)");
+    f[n++] = flag("-u", FLAG_INT, &s->warmup_iterations, "learning rate warmup iterations (default = 0)");
+    f[n++] = flag("-q", FLAG_FLOAT, &s->final_lr_frac,
+                  "learning rate decay: final fraction, at end of training (default = 1.0 = no decay)");
+    f[n++] = flag("-k", FLAG_STRING, &s->lr_scheduler_type,
+                  "learning rate scheduler: cosine, linear, constant, wsd (default = cosine)");
+    f[n++] = flag("-c", FLAG_FLOAT, &s->weight_decay, "weight decay (default = 0.0)");
+    f[n++] = flag("-v", FLAG_INT, &s->val_every, "val loss every how many steps (default = 20, 0 = never)");
+    f[n++] = flag("-m", FLAG_INT, &s->val_max_steps, "val batches (default = 20)");
+    f[n++] = flag("-s", FLAG_INT, &s->sample_every, "sample every how many steps (default = 20, 0 = never)");
+    f[n++] = flag("-g", FLAG_INT, &s->gen_tokens, "generated tokens per sample (default = 64)");
+    f[n++] = flag("-a", FLAG_INT, &s->overfit_single_batch, "overfit a single batch? 0/1 (default = 0)");
+    f[n++] = flag("-w", FLAG_INT, &s->use_master_weights, "keep fp32 master weights? 0/1 (default = 1)");
+    f[n++] = flag("-z", FLAG_INT, &s->zero_stage,
+                  "ZeRO stage: 0 (all-reduce) or 1 (sharded optimizer state) (default = 0)");
+    f[n++] = flag("-r", FLAG_INT, &s->recompute, "recompute: 0 none, 1 GELU, 2 GELU and LayerNorms (default = 1)");
+    f[n++] = flag("-ge", FLAG_INT, &s->gelu_fusion,
+                  "GELU fusion into cuBLASLt epilogues: 0 off, 1 forward (only with -r 0: a recomputed GELU is\n"
+                  "llmc/gelu.cuh's in the forward too), 2 forward and backward (default = 1)");
+    f[n++] = flag("-sl", FLAG_FLOAT, &s->skip_update_lossz,
+                  "skip the update when the loss z-score exceeds this (default = 0 = off)");
+    f[n++] = flag("-sg", FLAG_FLOAT, &s->skip_update_gradz,
+                  "skip the update when the gradient-norm z-score exceeds this (default = 0 = off)");
+    f[n++] = flag("-wt", FLAG_INT, &s->watchdog_s,
+                  "collective watchdog: end the job when processes wait on each other this many seconds\n"
+                  "(default = 600, 0 = off)");
+    f[n++] = flag("-ns", FLAG_INT, &s->divergence_steps,
+                  "stop when the loss or gradient norm is not finite for this many steps in a row (default = 3)");
+    f[n++] = flag("-pi", FLAG_STRING, &s->init_method, "process init: mpi, tcp or fs (default = mpi)");
+    f[n++] = flag("-pf", FLAG_STRING, &s->fs_path, "shared directory for -pi fs");
+    f[n++] = flag("-ps", FLAG_STRING, &s->server_ip, "server ip for -pi tcp");
+    f[n++] = flag("-pn", FLAG_INT, &s->num_processes, "number of processes (-pi tcp/fs)");
+    f[n++] = flag("-pr", FLAG_INT, &s->process_rank, "this process's rank (-pi tcp/fs)");
+    f[n++] = flag("-pg", FLAG_INT, &s->gpus_per_node, "GPUs per node (-pi tcp/fs, default = 8)");
+    f[n++] = flag("-h", FLAG_INT, NULL, "this help");
+    return n;
+}
+
+// Values that no run can use are refused before anything starts: 0 and one line naming the flag.
+static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, int num_flags) {
+    if (s->B < 1) { fprintf(stderr, "-b %d: the micro-batch must be at least 1\n", s->B); return 0; }
+    if (s->T < 1) { fprintf(stderr, "-t %d: the sequence length must be at least 1\n", s->T); return 0; }
+    if (s->recompute < 0 || s->recompute > 2) { fprintf(stderr, "-r %d: expected 0, 1 or 2\n", s->recompute); return 0; }
+    if (s->zero_stage < 0 || s->zero_stage > 1) {
+        fprintf(stderr, "-z %d: expected 0 or 1 (ZeRO-2/3 are not implemented)\n", s->zero_stage);
+        return 0;
     }
-    // values that no run can use are refused before anything starts
-    if (B < 1) { fprintf(stderr, "-b %d: the micro-batch must be at least 1\n", B); return EXIT_FAILURE; }
-    if (T < 1) { fprintf(stderr, "-t %d: the sequence length must be at least 1\n", T); return EXIT_FAILURE; }
-    if (recompute < 0 || recompute > 2) { fprintf(stderr, "-r %d: expected 0, 1 or 2\n", recompute); return EXIT_FAILURE; }
-    if (zero_stage < 0 || zero_stage > 1) { fprintf(stderr, "-z %d: expected 0 or 1 (ZeRO-2/3 are not implemented)\n", zero_stage); return EXIT_FAILURE; }
-    if (use_master_weights != 0 && use_master_weights != 1) { fprintf(stderr, "-w %d: expected 0 or 1\n", use_master_weights); return EXIT_FAILURE; }
-    if (overfit_single_batch != 0 && overfit_single_batch != 1) { fprintf(stderr, "-a %d: expected 0 or 1\n", overfit_single_batch); return EXIT_FAILURE; }
-    if (gelu_fusion < 0 || gelu_fusion > 2) { fprintf(stderr, "-ge %d: expected 0, 1 or 2\n", gelu_fusion); return EXIT_FAILURE; }
-    if (resume && !output_dir) { fprintf(stderr, "-y 1 needs -o, the directory to resume from\n"); return EXIT_FAILURE; }
-    if (checkpoint_every > 0 && !output_dir) { fprintf(stderr, "-n %d needs -o, the directory for checkpoints\n", checkpoint_every); return EXIT_FAILURE; }
-    if (moe) {
-        if (!(router_jitter >= 0.0f && router_jitter < 1.0f)) { fprintf(stderr, "-rj %g: the jitter must be in [0, 1)\n", router_jitter); return EXIT_FAILURE; }
-        if (noisy_topk != 0 && noisy_topk != 1) { fprintf(stderr, "-rn %d: expected 0 or 1\n", noisy_topk); return EXIT_FAILURE; }
-        if (noisy_topk && top_k >= num_experts) { fprintf(stderr, "-rn 1: noisy top-k gating needs -tk (%d) below -ne (%d)\n", top_k, num_experts); return EXIT_FAILURE; }
-        if (importance_coef < 0.0f || load_coef < 0.0f) { fprintf(stderr, "-rni and -rnl must not be negative\n"); return EXIT_FAILURE; }
-        if (expert_parallel < 1) { fprintf(stderr, "-ep %d: the expert-parallel degree must be at least 1\n", expert_parallel); return EXIT_FAILURE; }
-        if (num_experts < 1) { fprintf(stderr, "-ne %d: expected at least 1 expert\n", num_experts); return EXIT_FAILURE; }
-        if (top_k < 1 || top_k > num_experts) { fprintf(stderr, "-tk %d: top-k must be between 1 and the number of experts (%d)\n", top_k, num_experts); return EXIT_FAILURE; }
-        if (aux_alpha < 0.0f || z_coef < 0.0f || init_scale <= 0.0f) { fprintf(stderr, "-ra and -rz must not be negative, -ri must be positive\n"); return EXIT_FAILURE; }
+    if (s->use_master_weights != 0 && s->use_master_weights != 1) {
+        fprintf(stderr, "-w %d: expected 0 or 1\n", s->use_master_weights);
+        return 0;
+    }
+    if (s->overfit_single_batch != 0 && s->overfit_single_batch != 1) {
+        fprintf(stderr, "-a %d: expected 0 or 1\n", s->overfit_single_batch);
+        return 0;
+    }
+    if (s->gelu_fusion < 0 || s->gelu_fusion > 2) { fprintf(stderr, "-ge %d: expected 0, 1 or 2\n", s->gelu_fusion); return 0; }
+    if (s->resume && !s->output_dir) { fprintf(stderr, "-y 1 needs -o, the directory to resume from\n"); return 0; }
+    if (s->checkpoint_every > 0 && !s->output_dir) {
+        fprintf(stderr, "-n %d needs -o, the directory for checkpoints\n", s->checkpoint_every);
+        return 0;
     }
     // -d: default (absent) is B*T*processes; an explicit value must be a positive token count
-    if (total_batch_size_set && total_batch_size < 1) { fprintf(stderr, "-d %d: expected a positive number of tokens per step\n", total_batch_size); return EXIT_FAILURE; }
-    if (watchdog_s < 0) { fprintf(stderr, "-wt %d: expected seconds, or 0 for no watchdog\n", watchdog_s); return EXIT_FAILURE; }
-    if (divergence_steps < 1) { fprintf(stderr, "-ns %d: expected at least 1 step\n", divergence_steps); return EXIT_FAILURE; }
-    if (max_steps == 0 || max_steps < -1) { fprintf(stderr, "-x %d: expected a positive number of steps, or -1 for one epoch\n", max_steps); return EXIT_FAILURE; }
-    {
-        const char* names[] = {"-n", "-v", "-m", "-g", "-s"};
-        int values[] = {checkpoint_every, val_every, val_max_steps, gen_tokens, sample_every};
-        for (int i = 0; i < 5; i++) {
-            if (values[i] < 0) { fprintf(stderr, "%s %d: expected 0 or a positive number\n", names[i], values[i]); return EXIT_FAILURE; }
-        }
+    if (flag_find(flags, num_flags, "-d")->given && s->total_batch_size < 1) {
+        fprintf(stderr, "-d %d: expected a positive number of tokens per step\n", s->total_batch_size);
+        return 0;
     }
-    if (learning_rate < 0.0f || final_lr_frac < 0.0f || weight_decay < 0.0f || warmup_iterations < 0 || checkpoints_keep < 0) {
+    if (s->watchdog_s < 0) { fprintf(stderr, "-wt %d: expected seconds, or 0 for no watchdog\n", s->watchdog_s); return 0; }
+    if (s->divergence_steps < 1) { fprintf(stderr, "-ns %d: expected at least 1 step\n", s->divergence_steps); return 0; }
+    if (s->max_steps == 0 || s->max_steps < -1) {
+        fprintf(stderr, "-x %d: expected a positive number of steps, or -1 for one epoch\n", s->max_steps);
+        return 0;
+    }
+    const char* names[] = {"-n", "-v", "-m", "-g", "-s"};
+    int values[] = {s->checkpoint_every, s->val_every, s->val_max_steps, s->gen_tokens, s->sample_every};
+    for (int i = 0; i < 5; i++) {
+        if (values[i] < 0) { fprintf(stderr, "%s %d: expected 0 or a positive number\n", names[i], values[i]); return 0; }
+    }
+    if (s->learning_rate < 0.0f || s->final_lr_frac < 0.0f || s->weight_decay < 0.0f || s->warmup_iterations < 0 ||
+        s->checkpoints_keep < 0) {
         fprintf(stderr, "-l, -q, -c, -u and -nk must not be negative\n");
-        return EXIT_FAILURE;
+        return 0;
     }
+    return 1;
+}
+
+// The resume step: the latest complete checkpoint in the output directory that every process verifies, else the
+// one before it, and so on; -1 to start from -e. Collective.
+static int trainer_resume_step(const TrainerSettings* s, const MultiGpuConfig* mg) {
+    int rank0 = mg->process_rank == 0;
+    int step = find_latest_checkpoint(s->output_dir);
+    int found_any = step >= 0;
+    while (step >= 0) {
+        char why[2600] = "";
+        int legacy = 0;
+        int ok = verify_checkpoint(s->output_dir, step, mg->process_rank, mg->num_processes, &legacy, why, sizeof(why));
+        if (!ok) fprintf(stderr, "-y 1: checkpoint step %d fails verification: %s\n", step, why);
+        if (multi_gpu_cpu_float_sum(ok ? 0.0f : 1.0f, mg) == 0.0f) {
+            if (legacy && rank0)
+                printf("note: %s/DONE_%08d has no checksums (an older checkpoint): loaded unverified\n", s->output_dir,
+                       step);
+            return step;
+        }
+        step = find_checkpoint_before(s->output_dir, step);
+        if (rank0 && step >= 0) printf("-y 1: trying the previous complete checkpoint, step %d\n", step);
+    }
+    if (found_any) {
+        fprintf(stderr, "-y 1: no complete checkpoint in %s passes verification\n", s->output_dir);
+        exit(EXIT_FAILURE);
+    }
+    if (rank0) printf("-y 1: no complete checkpoint in %s, starting from -e %s\n", s->output_dir, s->model_source);
+    return -1;
+}
+
+// The memory plan before anything for training is allocated: the activations and the optimizer state fit in the
+// free device memory, or one line says what and how much (not a bare out-of-memory error from the middle of the
+// allocations).
+static int check_training_memory(GPT2* model, const TrainerSettings* s, const MultiGpuConfig* mg) {
+    size_t act = activation_bytes(model, s->B, s->T, s->recompute);
+    int copies = s->use_master_weights && PRECISION_MODE != PRECISION_FP32 ? 3 : 2;
+    size_t opt = model->store.num_parameters_padded / (s->zero_stage ? mg->num_processes : 1);
+    ShardedParameters* own = gpt2_own_set(model);
+    if (own) opt += own->num_parameters_padded / (s->zero_stage ? model->mlp->own_group(model)->num_processes : 1);
+    opt *= sizeof(float) * copies;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && act + opt > free_bytes) {
+        fprintf(stderr, "%s: out of device memory: the activations (B=%d T=%d, recompute %d: %zu bytes) and the optimizer "
+                "state (%zu bytes) need %zu bytes, %zu are free\n", s->model_source, s->B, s->T, s->recompute, act, opt,
+                act + opt, free_bytes);
+        return 0;
+    }
+    return 1;
+}
+
+// The start-up table (process 0), once everything is allocated: the model, the batch, the memory per device, and
+// the largest micro-batch whose activations would fit.
+static void print_startup_table(GPT2* model, const TrainerSettings* s, const cudaDeviceProp* prop,
+                                const MultiGpuConfig* mg, int grad_accum_steps) {
+    const GPT2Config* cfg = &model->config;
+    ShardedParameters* own = gpt2_own_set(model);
+    size_t param_bytes = (model->store.num_parameters_padded + (own ? own->num_parameters_padded : 0)) * sizeof(floatX);
+    size_t opt_bytes = (model->store.shard_size + (own ? own->shard_size : 0)) * sizeof(float) *
+                       (model->store.master_weights ? 3 : 2);
+    size_t act_bytes = activation_bytes(model, s->B, s->T, s->recompute);
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    // the activations are already allocated: a batch fits if its activations fit in what they use plus what is free
+    int max_fit_B = 0;
+    while (max_fit_B < 65536 && activation_bytes(model, max_fit_B + 1, s->T, s->recompute) <= free_bytes + act_bytes)
+        max_fit_B++;
+    if (mg->process_rank != 0) return;
+    InfoTable t = {};
+    info_row(&t, "device", "%s", prop->name);
+    info_row(&t, "precision", "%s", PRECISION_NAME);
+    info_row(&t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
+             cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
+    info_row(&t, "parameters", "%zu", gpt2_num_parameters(model));
+    if (model->mlp) model->mlp->info_rows(model, &t);
+    info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", s->B, s->T, mg->num_processes, grad_accum_steps);
+    info_row(&t, "memory: parameters", "%10.1f MiB", param_bytes / 1048576.0);
+    info_row(&t, "memory: gradients", "%10.1f MiB", param_bytes / 1048576.0);
+    info_row(&t, "memory: optimizer", "%10.1f MiB (m, v%s, ZeRO-%d shard)", opt_bytes / 1048576.0,
+             model->store.master_weights ? ", master" : "", s->zero_stage);
+    info_row(&t, "memory: activations", "%10.1f MiB (recompute %d)", act_bytes / 1048576.0, s->recompute);
+    info_row(&t, "largest B that fits", "%d", max_fit_B);
+    info_table_print(&t);
+}
+
+// The validation loss over -m batches, averaged over the processes (collective), printed and logged.
+static void evaluate(GPT2* model, DataLoader* val_loader, const TrainerSettings* s, const MultiGpuConfig* mg,
+                     Logger* logger, int step, cudaStream_t stream) {
+    dataloader_reset(val_loader);
+    double val_loss = 0.0;
+    for (int i = 0; i < s->val_max_steps; i++) {
+        watchdog_begin("validation", step);
+        dataloader_next_batch(val_loader);
+        gpt2_forward(model, val_loader->inputs, val_loader->targets, s->B, s->T, 0.0f, stream);
+        val_loss += model->mean_loss;
+    }
+    watchdog_begin("the validation loss all-reduce", step);
+    val_loss = multi_gpu_cpu_float_sum((float)(val_loss / s->val_max_steps), mg) / mg->num_processes;
+    watchdog_end();
+    if (mg->process_rank == 0) printf("val loss %f\n", val_loss);
+    logger_log_val(logger, step, (float)val_loss);
+    if (mg->process_rank == 0 && model->mlp) model->mlp->print_validation(model, s->B * s->T, logger, step);
+}
+
+// Writes the checkpoint of `step` if one is due (collective): never one of non-finite state, neither after a step
+// whose loss or norm was not finite nor of parameters that are not (every process checks its own, so that all
+// decide alike).
+static void checkpoint_if_due(GPT2* model, const TrainerSettings* s, const DataLoader* train_loader, TrainerState* ts,
+                              const MultiGpuConfig* mg, int step, int start_step, int last_step, int bad_steps,
+                              cudaStream_t stream) {
+    int rank0 = mg->process_rank == 0;
+    if (!s->output_dir || s->checkpoint_every <= 0 || step <= start_step ||
+        !(step % s->checkpoint_every == 0 || last_step))
+        return;
+    if (bad_steps > 0) {
+        if (rank0) printf("step %d: not finite for the last %d step%s: checkpoint not written\n", step, bad_steps,
+                          bad_steps == 1 ? "" : "s");
+        return;
+    }
+    watchdog_begin("the checkpoint's parameter check", step);
+    int finite = gpt2_parameters_finite(model, mg, stream);
+    watchdog_end();
+    if (!finite) {
+        if (rank0) printf("step %d: parameters not finite: checkpoint not written\n", step);
+        return;
+    }
+    ts->step = step;
+    ts->rng_state = model->rng_state;
+    ts->loss_scale = model->loss_scaler.scale;
+    ts->good_steps = model->loss_scaler.good_steps;
+    watchdog_begin("writing the checkpoint", step);
+    write_checkpoint(s->output_dir, model, train_loader, ts, mg, s->zero_stage, stream);
+    watchdog_end();
+    if (rank0) {
+        printf("checkpoint written: step %d\n", step);
+        // the newest -nk complete ones stay, whatever steps they are: so the last checkpoint written
+        // before a run got into trouble is never the one deleted
+        if (s->checkpoints_keep > 0) prune_checkpoints(s->output_dir, s->checkpoints_keep, mg->num_processes);
+    }
+}
+
+// What one training step measured.
+typedef struct {
+    float loss;  // averaged over micro-steps and processes
+    float norm;  // of the step's gradient
+    int loss_spike, norm_spike;  // the outlier detectors skipped the update
+    double loss_z, norm_z;
+    float ms;
+} StepResult;
+
+// Training step `step` (from 0): the micro-steps' forward and backward passes with the gradient reduction, the
+// norm, the outlier and divergence checks, and the update. *bad_steps counts the steps in a row whose loss or
+// gradient norm was not finite (those update nothing).
+static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* train_loader, TrainerState* ts,
+                             const MultiGpuConfig* mg, AdamWConfig* opt, LearningRateScheduler* scheduler, int step,
+                             int grad_accum_steps, int* bad_steps, cudaStream_t stream) {
+    StepResult r;
+    struct timespec ts0, ts1;
+    clock_gettime(CLOCK_MONOTONIC, &ts0);
+    gpt2_zero_grad(model, stream);
+    if (model->mlp) model->mlp->step_begin(model);
+    double step_loss = 0.0;
+    for (int micro = 0; micro < grad_accum_steps; micro++) {
+        watchdog_begin("the forward and backward passes with the gradient reduction", step + 1);
+        if (s->overfit_single_batch) dataloader_reset(train_loader);
+        dataloader_next_batch(train_loader);
+        float dlogits_scale = model->loss_scaler.scale / (float)(s->B * s->T * grad_accum_steps);
+        model->pass_number = (unsigned int)(step * grad_accum_steps + micro);
+        gpt2_forward(model, train_loader->inputs, train_loader->targets, s->B, s->T, dlogits_scale, stream);
+        int last_micro_step = micro == grad_accum_steps - 1;
+        gpt2_backward(model, s->B, s->T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, s->zero_stage,
+                      stream);
+        step_loss += model->mean_loss;
+        if (model->mlp) model->mlp->micro_step_done(model);
+    }
+    r.loss = (float)(step_loss / grad_accum_steps);
+    watchdog_begin("the loss all-reduce", step + 1);
+    if (mg->num_processes > 1) r.loss = multi_gpu_cpu_float_sum(r.loss, mg) / mg->num_processes;
+    watchdog_begin("the gradient norm all-reduce", step + 1);
+    r.norm = gpt2_gradient_norm(model, mg, s->zero_stage, stream);
+    watchdog_end();
+    // outliers: a spike in the loss or the gradient norm against the last 128 steps skips the update
+    // divergence: a step whose loss or gradient norm is not finite updates nothing; -ns such steps in a row stop
+    // the run. In FP16 a non-finite norm is an overflow the loss scale handles, until the scale is down to 1.
+    int loss_finite = isfinite(r.loss);
+    int norm_bad = !isfinite(r.norm) && (PRECISION_MODE != PRECISION_FP16 || model->loss_scaler.scale <= 1.0f);
+    *bad_steps = !loss_finite || norm_bad ? *bad_steps + 1 : 0;
+    r.loss_z = update_detector(&ts->loss_outlier, r.loss);
+    r.norm_z = isfinite(r.norm) ? update_detector(&ts->norm_outlier, r.norm) : NAN;
+    r.loss_spike = s->skip_update_lossz > 0.0f && isfinite(r.loss_z) && r.loss_z > s->skip_update_lossz;
+    r.norm_spike = s->skip_update_gradz > 0.0f && isfinite(r.norm_z) && r.norm_z > s->skip_update_gradz;
+    opt->learning_rate = lr_scheduler_get(scheduler, step);
+    watchdog_begin("the optimizer update", step + 1);
+    if (!r.loss_spike && !r.norm_spike)
+        gpt2_update(model, opt, loss_finite ? r.norm : NAN, step + 1, mg, s->zero_stage, stream);
+    cudaCheck(cudaStreamSynchronize(stream));
+    watchdog_end();
+    clock_gettime(CLOCK_MONOTONIC, &ts1);
+    r.ms = (float)((ts1.tv_sec - ts0.tv_sec) * 1e3 + (ts1.tv_nsec - ts0.tv_nsec) * 1e-6);
+    return r;
+}
+
+// The step's line (process 0) and log entries.
+static void report_step(const GPT2* model, const TrainerSettings* s, const StepResult* r, const MultiGpuConfig* mg,
+                        Logger* logger, const AdamWConfig* opt, float flops_promised, int step, int train_num_batches,
+                        int grad_accum_steps, int total_batch_size, int bad_steps) {
+    float tokens_per_second = total_batch_size / (r->ms * 1e-3f);
+    float mfu = -1.0f;
+    if (flops_promised > 0) {
+        double achieved = gpt2_flops_per_token(model, s->T) * total_batch_size / (r->ms * 1e-3) / mg->num_processes;
+        mfu = (float)(100.0 * achieved / (flops_promised * 1e12));
+    }
+    if (mg->process_rank == 0) {
+        if (r->loss_spike)
+            printf("step %d: loss z-score %.1f exceeds -sl %.1f: update skipped\n", step + 1, r->loss_z,
+                   s->skip_update_lossz);
+        if (r->norm_spike)
+            printf("step %d: gradient norm z-score %.1f exceeds -sg %.1f: update skipped\n", step + 1, r->norm_z,
+                   s->skip_update_gradz);
+        if (bad_steps > 0)
+            printf("step %d: loss %f, gradient norm %f: not finite, update skipped (%d of -ns %d in a row)\n",
+                   step + 1, r->loss, r->norm, bad_steps, s->divergence_steps);
+        else if (!isfinite(r->norm) && PRECISION_MODE == PRECISION_FP16)
+            printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1,
+                   model->loss_scaler.scale);
+        char fields[128] = "";  // an extension's, after the loss
+        if (model->mlp) model->mlp->step_fields(model, grad_accum_steps, fields, sizeof(fields));
+        if (mfu >= 0.0f)
+            printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.1f%% MFU | %.0f tok/s\n", step + 1,
+                   train_num_batches, r->loss, fields, r->norm, opt->learning_rate, r->ms, mfu, tokens_per_second);
+        else
+            printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.0f tok/s\n", step + 1, train_num_batches,
+                   r->loss, fields, r->norm, opt->learning_rate, r->ms, tokens_per_second);
+        fflush(stdout);
+    }
+    logger_log_train(logger, step + 1, r->loss, r->norm, opt->learning_rate, r->ms, mfu, tokens_per_second);
+    if (model->mlp) model->mlp->log_step(model, logger, step + 1, grad_accum_steps);
+}
+
+// The trainer's main: train_gpt.cu's for GPT-2 (mlp NULL), train_moe.cu's with its extension.
+static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
+    // line-buffered even into a pipe or a file: the memory plan and every step line are out before a crash
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    TrainerSettings s;
+    Flag flags[MAX_TRAINER_FLAGS];
+    int num_flags = trainer_flags(flags, &s);
+    FlagTables tables = {{flags, mlp ? mlp->flags : NULL}, {num_flags, mlp ? mlp->num_flags : 0}, mlp ? 2 : 1};
+    if (flags_parse(&tables, argc, argv)) {
+        fprintf(stderr, "Usage:   ./%s [options]\n", mlp ? mlp->trainer : "train_gpt");
+        const char* titles[2] = {"Options:", mlp ? mlp->flags_title : NULL};
+        flags_usage(&tables, titles);
+        return 0;
+    }
+    if (!trainer_check_settings(&s, flags, num_flags) || (mlp && !mlp->check_flags())) return EXIT_FAILURE;
 
     int device_count = 0;
     cudaError_t device_error = cudaGetDeviceCount(&device_count);
@@ -2155,15 +1796,11 @@ static int gpt2_main(int argc, char* argv[], TrainerKind kind) {
         fprintf(stderr, "no CUDA device (cudaGetDeviceCount: %s)\n", cudaGetErrorString(device_error));
         return EXIT_FAILURE;
     }
-    MultiGpuConfig mg = multi_gpu_config_init(init_method, num_processes, process_rank, gpus_per_node, server_ip, fs_path);
+    MultiGpuConfig mg = multi_gpu_config_init(s.init_method, s.num_processes, s.process_rank, s.gpus_per_node,
+                                              s.server_ip, s.fs_path);
     int rank0 = mg.process_rank == 0;
-    if (output_dir && rank0) lock_output_dir(output_dir);
-    watchdog_start(&mg, watchdog_s);
-    if (mg.num_processes % expert_parallel != 0) {
-        fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of processes (%d)\n",
-                expert_parallel, mg.num_processes);
-        return EXIT_FAILURE;
-    }
+    if (s.output_dir && rank0) lock_output_dir(s.output_dir);
+    watchdog_start(&mg, s.watchdog_s);
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     cublas_setup();
@@ -2176,140 +1813,69 @@ static int gpt2_main(int argc, char* argv[], TrainerKind kind) {
     // the model
     GPT2 model;
     gpt2_init_common(&model);
-    model.use_master_weights = use_master_weights;
-    model.recompute = recompute;
-    model.gelu_fusion = gelu_fusion;
-    model.moe.capacity_factor = capacity_factor;
-    model.moe.capacity_factor_eval = capacity_factor_eval;
-    model.moe.aux_alpha = aux_alpha;
-    model.moe.z_coef = z_coef;
-    model.moe.jitter = router_jitter;
-    model.moe.importance_coef = importance_coef;
-    model.moe.load_coef = load_coef;
+    model.use_master_weights = s.use_master_weights;
+    model.recompute = s.recompute;
+    model.gelu_fusion = s.gelu_fusion;
     model.num_processes = mg.num_processes;
     model.process_rank = mg.process_rank;
-    expert_parallel_init(&model.ep, &mg, expert_parallel);
-    if (moe) {
-        // a descriptor's experts (a model file brings its own)
-        model.config.num_experts = num_experts;
-        model.config.top_k = top_k;
-        model.config.moe_every = moe_every;
-        model.config.expert_hidden = expert_hidden;
-        model.config.noisy_gating = noisy_topk;
+    model.mlp = mlp;
+    if (mlp) mlp->setup(&model, &mg);
+    char resume_model[1024] = "";
+    int resume_step = s.resume ? trainer_resume_step(&s, &mg) : -1;
+    if (resume_step >= 0) {
+        checkpoint_paths(resume_model, sizeof(resume_model), s.output_dir, "model", resume_step, -1);
+        s.model_source = resume_model;
     }
-    char resume_dir_model[1024] = "";
-    int resume_step = -1;
-    if (resume) {
-        // the latest complete checkpoint that every process verifies; else the one before it, and so on
-        resume_step = find_latest_checkpoint(output_dir);
-        int found_any = resume_step >= 0;
-        while (resume_step >= 0) {
-            char why[2600] = "";
-            int legacy = 0;
-            int ok = verify_checkpoint(output_dir, resume_step, mg.process_rank, mg.num_processes, &legacy, why,
-                                       sizeof(why));
-            if (!ok) fprintf(stderr, "-y 1: checkpoint step %d fails verification: %s\n", resume_step, why);
-            if (multi_gpu_cpu_float_sum(ok ? 0.0f : 1.0f, &mg) == 0.0f) {
-                if (legacy && rank0)
-                    printf("note: %s/DONE_%08d has no checksums (an older checkpoint): loaded unverified\n", output_dir,
-                           resume_step);
-                break;
-            }
-            resume_step = find_checkpoint_before(output_dir, resume_step);
-            if (rank0 && resume_step >= 0) printf("-y 1: trying the previous complete checkpoint, step %d\n", resume_step);
-        }
-        if (found_any && resume_step < 0) {
-            fprintf(stderr, "-y 1: no complete checkpoint in %s passes verification\n", output_dir);
-            return EXIT_FAILURE;
-        }
-        if (resume_step < 0) {
-            if (rank0) printf("-y 1: no complete checkpoint in %s, starting from -e %s\n", output_dir, model_source);
-        } else {
-            checkpoint_paths(resume_dir_model, sizeof(resume_dir_model), output_dir, "model", resume_step, -1);
-            model_source = resume_dir_model;
-        }
-    }
-    if (file_exists(model_source)) gpt2_build_from_checkpoint(&model, model_source, moe);
-    else if (model_source[0] == 'd' && isdigit((unsigned char)model_source[1]))
-        gpt2_build_from_descriptor(&model, model_source, descriptor_vocab, descriptor_maxT, descriptor_seed, init_scale);
+    int from_file = file_exists(s.model_source);
+    if (from_file) gpt2_build_from_checkpoint(&model, s.model_source);
+    else if (s.model_source[0] == 'd' && isdigit((unsigned char)s.model_source[1]))
+        gpt2_build_from_descriptor(&model, s.model_source, s.descriptor_vocab, s.descriptor_maxT, s.descriptor_seed);
     else {
-        fprintf(stderr, "-e %s: no such model file (and not a descriptor such as d12)\n", model_source);
+        fprintf(stderr, "-e %s: no such model file (and not a descriptor such as d12)\n", s.model_source);
         return EXIT_FAILURE;
     }
+    if (mlp) mlp->check_model(&model, s.model_source, from_file);
     const GPT2Config* cfg = &model.config;
-    if (moe && file_exists(model_source)) {
-        // the experts' shape is the model file's: a flag that says otherwise is a mistake, not a request
-        const char* names[4] = {"-ne", "-tk", "-me", "-eh"};
-        const char* what[4] = {"experts per MoE layer", "experts per token", "layers per MoE layer",
-                               "as the experts' hidden size"};
-        int given[4] = {num_experts, top_k, moe_every, expert_hidden};
-        int has[4] = {cfg->num_experts, cfg->top_k, cfg->moe_every, cfg->expert_hidden};
-        for (int i = 0; i < 4; i++) {
-            if (shape_set[i] && given[i] != has[i]) {
-                fprintf(stderr, "%s %d: the model file %s has %d %s (leave %s out, or start from a descriptor)\n",
-                        names[i], given[i], model_source, has[i], what[i], names[i]);
-                return EXIT_FAILURE;
-            }
-        }
-    }
-    if (noisy_topk && !cfg->noisy_gating) {
-        fprintf(stderr, "-rn 1: %s has no noise router (header[12] = 0); noisy gating is part of the model: start "
-                "from a descriptor with -rn 1\n", model_source);
+    if (s.T > cfg->max_seq_len) {
+        fprintf(stderr, "-t %d: longer than the model's maximum sequence length %d\n", s.T, cfg->max_seq_len);
         return EXIT_FAILURE;
     }
-    if (T > cfg->max_seq_len) {
-        fprintf(stderr, "-t %d: longer than the model's maximum sequence length %d\n", T, cfg->max_seq_len);
-        return EXIT_FAILURE;
-    }
-    int tokens_per_micro_step = B * T * mg.num_processes;
-    if (total_batch_size < 0) total_batch_size = tokens_per_micro_step;
+    int tokens_per_micro_step = s.B * s.T * mg.num_processes;
+    int total_batch_size = s.total_batch_size < 0 ? tokens_per_micro_step : s.total_batch_size;
     if (total_batch_size % tokens_per_micro_step != 0) {
         fprintf(stderr, "-d %d: must be a multiple of B*T*processes = %d\n", total_batch_size, tokens_per_micro_step);
         return EXIT_FAILURE;
     }
     int grad_accum_steps = total_batch_size / tokens_per_micro_step;
     // a sample is one forward pass over at most T positions: the first is the seed token, so T-1 are generated
-    if (sample_every > 0 && gen_tokens > T - 1) {
-        if (rank0) printf("-g %d: more than the sequence length -t %d allows; samples will have %d tokens\n", gen_tokens,
-                          T, T - 1);
-        gen_tokens = T - 1;
+    if (s.sample_every > 0 && s.gen_tokens > s.T - 1) {
+        if (rank0) printf("-g %d: more than the sequence length -t %d allows; samples will have %d tokens\n",
+                          s.gen_tokens, s.T, s.T - 1);
+        s.gen_tokens = s.T - 1;
     }
+    if (!check_training_memory(&model, &s, &mg)) return EXIT_FAILURE;
 
-    {
-        // the activations and the optimizer state, before they are allocated: a line with what and how much, not a
-        // bare out-of-memory error from the middle of the allocations
-        size_t act = activation_bytes(cfg, &model.moe, B, T, recompute, model.ep.degree);
-        int copies = use_master_weights && PRECISION_MODE != PRECISION_FP32 ? 3 : 2;
-        size_t opt = (model.store.num_parameters_padded / (zero_stage ? mg.num_processes : 1) +
-                      model.expert_store.num_parameters_padded / (zero_stage ? model.ep.replicas.num_processes : 1)) *
-                     sizeof(float) * copies;
-        size_t free_bytes = 0, total_bytes = 0;
-        if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && act + opt > free_bytes) {
-            fprintf(stderr, "%s: out of device memory: the activations (B=%d T=%d, recompute %d: %zu bytes) and the optimizer "
-                    "state (%zu bytes) need %zu bytes, %zu are free\n", model_source, B, T, recompute, act, opt,
-                    act + opt, free_bytes);
-            return EXIT_FAILURE;
-        }
-    }
     // data
     DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, train_pattern, B, T, mg.process_rank, mg.num_processes, !overfit_single_batch, 1337);
-    int run_val = val_every > 0 && val_max_steps > 0 && strlen(val_pattern) > 0;
-    if (run_val) dataloader_init(&val_loader, val_pattern, B, T, mg.process_rank, mg.num_processes, 0, 0);
+    dataloader_init(&train_loader, s.train_pattern, s.B, s.T, mg.process_rank, mg.num_processes,
+                    !s.overfit_single_batch, 1337);
+    int run_val = s.val_every > 0 && s.val_max_steps > 0 && strlen(s.val_pattern) > 0;
+    if (run_val) dataloader_init(&val_loader, s.val_pattern, s.B, s.T, mg.process_rank, mg.num_processes, 0, 0);
     dataloader_set_vocab_size(&train_loader, cfg->vocab_size);
     if (run_val) dataloader_set_vocab_size(&val_loader, cfg->vocab_size);
-    int train_num_batches = max_steps > 0 ? max_steps : (int)(dataloader_num_tokens(&train_loader) / total_batch_size);
+    int train_num_batches =
+        s.max_steps > 0 ? s.max_steps : (int)(dataloader_num_tokens(&train_loader) / total_batch_size);
     if (train_num_batches < 1) train_num_batches = 1;
     Tokenizer tokenizer;
-    tokenizer_init(&tokenizer, tokenizer_path);
+    tokenizer_init(&tokenizer, s.tokenizer_path);
     // A tokenizer with more tokens than the model is not the model's: its EOT (the seed of every sample) may be no
     // token of the model at all, so it is not used. One with fewer decodes what it knows.
     if (tokenizer.init_ok && tokenizer.vocab_size > (uint32_t)cfg->vocab_size) {
         if (rank0) printf("note: tokenizer %s has %u tokens, more than the model's V = %d: not used, samples print token "
-                          "ids\n", tokenizer_path, tokenizer.vocab_size, cfg->vocab_size);
+                          "ids\n", s.tokenizer_path, tokenizer.vocab_size, cfg->vocab_size);
         tokenizer_free(&tokenizer);
     } else if (tokenizer.init_ok && tokenizer.vocab_size != (uint32_t)cfg->vocab_size && rank0) {
-        printf("note: tokenizer %s has %u tokens, the model %d: tokens it lacks print as <id>\n", tokenizer_path,
+        printf("note: tokenizer %s has %u tokens, the model %d: tokens it lacks print as <id>\n", s.tokenizer_path,
                tokenizer.vocab_size, cfg->vocab_size);
     }
     // Samples start from the end-of-text token: the tokenizer's, else the one the project's two vocabularies put last
@@ -2317,42 +1883,12 @@ static int gpt2_main(int argc, char* argv[], TrainerKind kind) {
     int sample_seed_token = 0;
     if (tokenizer.init_ok) sample_seed_token = tokenizer.eot_token;
     else if (cfg->vocab_size == 50257 || cfg->vocab_size == 257) sample_seed_token = cfg->vocab_size - 1;
-    if (!tokenizer.init_ok && rank0 && sample_every > 0)
+    if (!tokenizer.init_ok && rank0 && s.sample_every > 0)
         printf("note: no tokenizer: samples start from token %d and print token ids\n", sample_seed_token);
 
-    gpt2_allocate_activations(&model, B, T);
-    gpt2_allocate_optimizer(&model, zero_stage);
-
-    // the memory plan
-    size_t param_bytes = (model.store.num_parameters_padded + model.expert_store.num_parameters_padded) * sizeof(floatX);
-    size_t opt_bytes = (model.store.shard_size + model.expert_store.shard_size) * sizeof(float) *
-                       (model.store.master_weights ? 3 : 2);
-    size_t act_bytes = activation_bytes(cfg, &model.moe, B, T, recompute, model.ep.degree);
-    size_t free_bytes, total_bytes;
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    // the activations are already allocated: a batch fits if its activations fit in what they use plus what is free
-    int max_fit_B = 0;
-    while (max_fit_B < 65536 && activation_bytes(cfg, &model.moe, max_fit_B + 1, T, recompute, model.ep.degree) <= free_bytes + act_bytes) max_fit_B++;
-    if (rank0) {
-        // the start-up table: each column as wide as its widest entry
-        InfoTable t = {};
-        info_row(&t, "device", "%s", prop.name);
-        info_row(&t, "precision", "%s", PRECISION_NAME);
-        info_row(&t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
-                 cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
-        info_row(&t, "parameters", "%zu", gpt2_num_parameters(cfg));
-        if (cfg->num_experts > 0)
-            info_row(&t, "experts", "%d per MoE layer, %d per process (-ep %d)", cfg->num_experts, model.local_experts,
-                     model.ep.degree);
-        info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", B, T, mg.num_processes, grad_accum_steps);
-        info_row(&t, "memory: parameters", "%10.1f MiB", param_bytes / 1048576.0);
-        info_row(&t, "memory: gradients", "%10.1f MiB", param_bytes / 1048576.0);
-        info_row(&t, "memory: optimizer", "%10.1f MiB (m, v%s, ZeRO-%d shard)", opt_bytes / 1048576.0,
-                 model.store.master_weights ? ", master" : "", zero_stage);
-        info_row(&t, "memory: activations", "%10.1f MiB (recompute %d)", act_bytes / 1048576.0, recompute);
-        info_row(&t, "largest B that fits", "%d", max_fit_B);
-        info_table_print(&t);
-    }
+    gpt2_allocate_activations(&model, s.B, s.T);
+    gpt2_allocate_optimizer(&model, s.zero_stage);
+    print_startup_table(&model, &s, &prop, &mg, grad_accum_steps);
 
     TrainerState ts;
     memset(&ts, 0, sizeof(ts));
@@ -2364,166 +1900,51 @@ static int gpt2_main(int argc, char* argv[], TrainerKind kind) {
     int start_step = 0;
     int bad_steps = 0;  // steps in a row whose loss or gradient norm was not finite
     if (resume_step >= 0) {
-        read_checkpoint_state(output_dir, resume_step, &model, &train_loader, &ts, &mg);
+        read_checkpoint_state(s.output_dir, resume_step, &model, &train_loader, &ts, &mg);
         model.rng_state = ts.rng_state;
         model.loss_scaler.scale = ts.loss_scale;
         model.loss_scaler.good_steps = ts.good_steps;
         start_step = ts.step;
-        if (rank0) printf("resumed from step %d of %s\n", start_step, output_dir);
+        if (rank0) printf("resumed from step %d of %s\n", start_step, s.output_dir);
     }
-    if (output_dir) create_dir_if_not_exists(output_dir);
+    if (s.output_dir) create_dir_if_not_exists(s.output_dir);
     Logger logger;
-    logger_init(&logger, output_dir, mg.process_rank, resume_step >= 0);
+    logger_init(&logger, s.output_dir, mg.process_rank, resume_step >= 0);
     if (resume_step >= 0)
-        logger_resume(&logger, start_step, run_val && (start_step % val_every == 0 || start_step == train_num_batches));
+        logger_resume(&logger, start_step,
+                      run_val && (start_step % s.val_every == 0 || start_step == train_num_batches));
     LearningRateScheduler scheduler;
-    lr_scheduler_init(&scheduler, lr_scheduler_type, learning_rate, warmup_iterations, train_num_batches, final_lr_frac);
-    AdamWConfig opt = {learning_rate, 0.9f, 0.95f, 1e-8f, weight_decay, 1.0f};
+    lr_scheduler_init(&scheduler, s.lr_scheduler_type, s.learning_rate, s.warmup_iterations, train_num_batches,
+                      s.final_lr_frac);
+    AdamWConfig opt = {s.learning_rate, 0.9f, 0.95f, 1e-8f, s.weight_decay, 1.0f};
     float flops_promised = get_flops_promised(prop.name, PRECISION_MODE);
+    // with an extension whose forward pass is collective, every process of its group samples (the same tokens)
+    int samples = rank0 || (mlp && mlp->collective_forward(&model));
 
     for (int step = start_step; step <= train_num_batches; step++) {
         int last_step = step == train_num_batches;
-        if (run_val && (step % val_every == 0 || last_step)) {
-            dataloader_reset(&val_loader);
-            double val_loss = 0.0;
-            for (int i = 0; i < val_max_steps; i++) {
-                watchdog_begin("validation", step);
-                dataloader_next_batch(&val_loader);
-                gpt2_forward(&model, val_loader.inputs, val_loader.targets, B, T, 0.0f, stream);
-                val_loss += model.mean_loss;
-            }
-            watchdog_begin("the validation loss all-reduce", step);
-            val_loss = multi_gpu_cpu_float_sum((float)(val_loss / val_max_steps), &mg) / mg.num_processes;
-            watchdog_end();
-            if (rank0) printf("val loss %f\n", val_loss);
-            logger_log_val(&logger, step, (float)val_loss);
-            if (rank0 && cfg->num_experts > 0) print_moe_layers(&model, B * T, &logger, step);
-        }
-        // with expert parallelism every process of the group takes part in each forward pass (the same tokens)
-        if ((rank0 || model.ep.degree > 1) && sample_every > 0 && (step % sample_every == 0 || last_step) && gen_tokens > 0) {
+        if (run_val && (step % s.val_every == 0 || last_step)) evaluate(&model, &val_loader, &s, &mg, &logger, step, stream);
+        if (samples && s.sample_every > 0 && (step % s.sample_every == 0 || last_step) && s.gen_tokens > 0) {
             watchdog_begin("sampling", step);
-            sample_and_print(&model, &tokenizer, sample_seed_token, gen_tokens, &ts.sample_rng_state, rank0, stream);
+            sample_and_print(&model, &tokenizer, sample_seed_token, s.gen_tokens, &ts.sample_rng_state, rank0, stream);
             watchdog_end();
         }
-        int checkpoint_due = output_dir && checkpoint_every > 0 && step > start_step &&
-                             (step % checkpoint_every == 0 || last_step);
-        // never a checkpoint of non-finite state: not after a step whose loss or norm was not finite, and not of
-        // parameters that are not (every process checks its own, so that all decide alike)
-        if (checkpoint_due && bad_steps > 0) {
-            if (rank0) printf("step %d: not finite for the last %d step%s: checkpoint not written\n", step, bad_steps,
-                              bad_steps == 1 ? "" : "s");
-            checkpoint_due = 0;
-        } else if (checkpoint_due) {
-            watchdog_begin("the checkpoint's parameter check", step);
-            if (!gpt2_parameters_finite(&model, &mg, stream)) {
-                if (rank0) printf("step %d: parameters not finite: checkpoint not written\n", step);
-                checkpoint_due = 0;
-            }
-            watchdog_end();
-        }
-        if (checkpoint_due) {
-            ts.step = step;
-            ts.rng_state = model.rng_state;
-            ts.loss_scale = model.loss_scaler.scale;
-            ts.good_steps = model.loss_scaler.good_steps;
-            watchdog_begin("writing the checkpoint", step);
-            write_checkpoint(output_dir, &model, &train_loader, &ts, &mg, zero_stage, stream);
-            watchdog_end();
-            if (rank0) {
-                printf("checkpoint written: step %d\n", step);
-                // the newest -nk complete ones stay, whatever steps they are: so the last checkpoint written
-                // before a run got into trouble is never the one deleted
-                if (checkpoints_keep > 0) prune_checkpoints(output_dir, checkpoints_keep, mg.num_processes);
-            }
-        }
+        checkpoint_if_due(&model, &s, &train_loader, &ts, &mg, step, start_step, last_step, bad_steps, stream);
         if (last_step) break;
 
         test_hook_stop(step + 1, mg.process_rank);
-        struct timespec ts0, ts1;
-        clock_gettime(CLOCK_MONOTONIC, &ts0);
-        gpt2_zero_grad(&model, stream);
-        double step_loss = 0.0, step_aux = 0.0, step_z = 0.0, step_drop = 0.0, step_load_cv = 0.0;
-        for (int micro = 0; micro < grad_accum_steps; micro++) {
-            watchdog_begin("the forward and backward passes with the gradient reduction", step + 1);
-            if (overfit_single_batch) dataloader_reset(&train_loader);
-            dataloader_next_batch(&train_loader);
-            float dlogits_scale = model.loss_scaler.scale / (float)(B * T * grad_accum_steps);
-            model.noise_pass = (unsigned int)(step * grad_accum_steps + micro);
-            gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T, dlogits_scale, stream);
-            int last_micro_step = micro == grad_accum_steps - 1;
-            gpt2_backward(&model, B, T, optimizer_next_seed(&model.rng_state), &mg, last_micro_step, zero_stage, stream);
-            step_loss += model.mean_loss;
-            step_aux += model.aux_loss + model.importance_loss + model.load_loss;  // every balancing loss
-            step_z += model.z_loss;
-            step_drop += model.drop_fraction;
-            step_load_cv += model.load_cv;
-        }
-        float loss = (float)(step_loss / grad_accum_steps);
-        watchdog_begin("the loss all-reduce", step + 1);
-        if (mg.num_processes > 1) loss = multi_gpu_cpu_float_sum(loss, &mg) / mg.num_processes;
-        watchdog_begin("the gradient norm all-reduce", step + 1);
-        float norm = gpt2_gradient_norm(&model, &mg, zero_stage, stream);
-        watchdog_end();
-        // outliers: a spike in the loss or the gradient norm against the last 128 steps skips the update
-        // divergence: a step whose loss or gradient norm is not finite updates nothing; -ns such steps in a row stop
-        // the run. In FP16 a non-finite norm is an overflow the loss scale handles, until the scale is down to 1.
-        int loss_finite = isfinite(loss);
-        int norm_bad = !isfinite(norm) && (PRECISION_MODE != PRECISION_FP16 || model.loss_scaler.scale <= 1.0f);
-        bad_steps = !loss_finite || norm_bad ? bad_steps + 1 : 0;
-        double loss_z = update_detector(&ts.loss_outlier, loss);
-        double norm_z = isfinite(norm) ? update_detector(&ts.norm_outlier, norm) : NAN;
-        int loss_spike = skip_update_lossz > 0.0f && isfinite(loss_z) && loss_z > skip_update_lossz;
-        int norm_spike = skip_update_gradz > 0.0f && isfinite(norm_z) && norm_z > skip_update_gradz;
-        opt.learning_rate = lr_scheduler_get(&scheduler, step);
-        watchdog_begin("the optimizer update", step + 1);
-        if (!loss_spike && !norm_spike)
-            gpt2_update(&model, &opt, loss_finite ? norm : NAN, step + 1, &mg, zero_stage, stream);
-        cudaCheck(cudaStreamSynchronize(stream));
-        watchdog_end();
-        clock_gettime(CLOCK_MONOTONIC, &ts1);
-        float ms = (float)((ts1.tv_sec - ts0.tv_sec) * 1e3 + (ts1.tv_nsec - ts0.tv_nsec) * 1e-6);
-        float tokens_per_second = total_batch_size / (ms * 1e-3f);
-        float mfu = -1.0f;
-        if (flops_promised > 0) {
-            double achieved = gpt2_flops_per_token(&model, T) * total_batch_size / (ms * 1e-3) / mg.num_processes;
-            mfu = (float)(100.0 * achieved / (flops_promised * 1e12));
-        }
-        if (rank0) {
-            if (loss_spike) printf("step %d: loss z-score %.1f exceeds -sl %.1f: update skipped\n", step + 1, loss_z, skip_update_lossz);
-            if (norm_spike) printf("step %d: gradient norm z-score %.1f exceeds -sg %.1f: update skipped\n", step + 1, norm_z, skip_update_gradz);
-            if (bad_steps > 0)
-                printf("step %d: loss %f, gradient norm %f: not finite, update skipped (%d of -ns %d in a row)\n",
-                       step + 1, loss, norm, bad_steps, divergence_steps);
-            else if (!isfinite(norm) && PRECISION_MODE == PRECISION_FP16)
-                printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1, model.loss_scaler.scale);
-            char moe_fields[128] = "";
-            if (cfg->num_experts > 0)
-                snprintf(moe_fields, sizeof(moe_fields), " | aux %f | z %f | drop %.4f", step_aux / grad_accum_steps,
-                         step_z / grad_accum_steps, step_drop / grad_accum_steps);
-            if (mfu >= 0.0f)
-                printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.1f%% MFU | %.0f tok/s\n", step + 1,
-                       train_num_batches, loss, moe_fields, norm, opt.learning_rate, ms, mfu, tokens_per_second);
-            else
-                printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.0f tok/s\n", step + 1,
-                       train_num_batches, loss, moe_fields, norm, opt.learning_rate, ms, tokens_per_second);
-            fflush(stdout);
-        }
-        logger_log_train(&logger, step + 1, loss, norm, opt.learning_rate, ms, mfu, tokens_per_second);
-        if (cfg->num_experts > 0) {
-            char line[256];
-            snprintf(line, sizeof(line), "s:%d aux:%f z:%f drop:%f load_min:%f load_max:%f load_cv:%f", step + 1,
-                     step_aux / grad_accum_steps, step_z / grad_accum_steps, step_drop / grad_accum_steps,
-                     model.load_min, model.load_max, step_load_cv / grad_accum_steps);
-            logger_log_text(&logger, line);
-        }
-        if (bad_steps >= divergence_steps) {
+        StepResult r = train_step(&model, &s, &train_loader, &ts, &mg, &opt, &scheduler, step, grad_accum_steps,
+                                  &bad_steps, stream);
+        report_step(&model, &s, &r, &mg, &logger, &opt, flops_promised, step, train_num_batches, grad_accum_steps,
+                    total_batch_size, bad_steps);
+        if (bad_steps >= s.divergence_steps) {
             // every process saw the same loss and norm (both reduced over all of them): all stop here
             if (rank0) {
-                int latest = output_dir ? find_latest_checkpoint(output_dir) : -1;
+                int latest = s.output_dir ? find_latest_checkpoint(s.output_dir) : -1;
                 char where[1100] = "no checkpoint to resume from";
-                if (latest >= 0) snprintf(where, sizeof(where), "the last checkpoint is step %d in %s", latest, output_dir);
+                if (latest >= 0) snprintf(where, sizeof(where), "the last checkpoint is step %d in %s", latest, s.output_dir);
                 fprintf(stderr, "step %d: training diverged: the loss or the gradient norm was not finite for %d steps "
-                        "in a row (-ns %d); %s\n", step + 1, bad_steps, divergence_steps, where);
+                        "in a row (-ns %d); %s\n", step + 1, bad_steps, s.divergence_steps, where);
             }
             fflush(stdout);
             exit(EXIT_FAILURE);
@@ -2540,12 +1961,10 @@ static int gpt2_main(int argc, char* argv[], TrainerKind kind) {
 #endif
     cublas_teardown();
     cudaCheck(cudaStreamDestroy(stream));
-    expert_parallel_free(&model.ep);
     multi_gpu_config_free(&mg);
     return 0;
 }
 
-#ifndef TRAIN_GPT_LIBRARY
-int main(int argc, char* argv[]) { return gpt2_main(argc, argv, TRAINER_DENSE); }
-#endif
+#ifndef OMIT_TRAIN_GPT_MAIN
+int main(int argc, char* argv[]) { return trainer_main(argc, argv, NULL); }
 #endif

@@ -1,11 +1,1102 @@
 // train_moe.cu: Switch-Transformer Mixture-of-Experts training: the GPT-2 of train_gpt.cu whose MLP is, every
-// `-me` layers, a Switch-MoE layer (router in fp32, top-k, capacity with dropping, dispatch, the experts as
-// batched GEMMs, combine; load-balancing and z losses), with the same kernels, precision, recompute, ZeRO and
-// checkpoints. Semantics and the model file: doc/moe.md. Build and run:
+// `-me` layers, a Switch-MoE layer (router in fp32, top-k, capacity with dropping or dropless, dispatch, the experts
+// as batched or grouped GEMMs, combine; load-balancing and z losses, router jitter and noisy top-k gating), with
+// expert parallelism over processes. Everything else — the model around it, the kernels, precision, recompute,
+// ZeRO, checkpoints and the training loop — is train_gpt.cu's, which this file includes; the MoE layers plug in
+// through train_gpt.cu's MlpExtension. Semantics, the model file and the expert state file: doc/moe.md and
+// doc/formats.md. Build and run:
 //   make train_moe [PRECISION=...]      GPU; make train_moe_cpu: the CPU backend
 //   ./train_moe -e d12 -ne 8 -tk 1 -me 2 -i "data/x/*train*.bin" ...     (./train_moe -h lists the flags)
-// The model, its passes and the training loop live in train_gpt.cu, included here without its main.
-#define TRAIN_GPT_LIBRARY
+// test_moe.cu includes this file with OMIT_TRAIN_MOE_MAIN defined.
+#define OMIT_TRAIN_GPT_MAIN
 #include "train_gpt.cu"
+#include "llmc/expert_matmul.cuh"
+#include "llmc/router_matmul.cuh"
+#include "llmc/moe.cuh"
+#include "llmc/moe_noise.cuh"
+#include "llmc/expert_parallel.cuh"
 
-int main(int argc, char* argv[]) { return gpt2_main(argc, argv, TRAINER_MOE); }
+#define MOE_MODEL_MAGIC 20261129
+#define EXPERT_STATE_MAGIC 20261130
+
+// The MoE model's shape (model-file header words 8..12): layer l's MLP is a Switch-MoE layer iff
+// (l + 1) % moe_every == 0 (doc/moe.md).
+typedef struct {
+    int num_experts;   // E
+    int top_k;         // k
+    int moe_every;     // MoE every N layers
+    int expert_hidden; // H
+    int noisy_gating;  // noisy top-k gating: the MoE layers have routernw (doc/moe.md, "Router noise")
+} MoEConfig;
+
+// The MoE hyperparameters that are not part of the model file.
+typedef struct {
+    double capacity_factor;       // in training (<= 0: dropless)
+    double capacity_factor_eval;  // in evaluation
+    float aux_alpha;              // load-balancing loss coefficient
+    float z_coef;                 // router z-loss coefficient
+    float jitter;                 // router jitter EPS (0: off)
+    float importance_coef;        // noisy gating's importance and load loss coefficients
+    float load_coef;
+    float init_scale;             // a descriptor's router and expert weights: GPT-2's std times sqrt(init_scale)
+} MoESettings;
+
+// The extension's slots in the model file (train_gpt.cu's PARAM_EXTENSION + slot): the routers' tensors live in
+// the model's replicated parameter set, the experts' (efcw .. efcprojb) in the MoE's own set, where each process
+// keeps those of its own experts (llmc/expert_parallel.cuh), reduced and sharded over the processes holding the
+// same experts.
+enum { MOE_ROUTERW, MOE_ROUTERNW, MOE_EFCW, MOE_EFCB, MOE_EFCPROJW, MOE_EFCPROJB };
+#define FIRST_EXPERT_SLOT MOE_EFCW
+#define NUM_EXPERT_TENSORS 4
+
+typedef struct {
+    floatX* routerw;   // (Lm, E, C), Lm = the MoE layers
+    floatX* routernw;  // (Lm, E, C) noisy gating's noise weights (noisy_gating only)
+    floatX* efcw;      // (Lm, E_l, H, C) the experts' fc (E_l: this process's experts)
+    floatX* efcb;      // (Lm, E_l, H)
+    floatX* efcprojw;  // (Lm, E_l, C, H)
+    floatX* efcprojb;  // (Lm, E_l, C)
+} MoEParameterTensors;
+
+// The MoE layers' activations (N = B*T tokens), kept per MoE layer for the backward pass. Rsrc = the rows of
+// this process's dispatch layout, Rown = those of its experts' layout (llmc/expert_parallel.cuh; the same with one
+// process per expert group): E*cap each when padded to a capacity, N*k and up to ep.degree*N*k when dropless.
+typedef struct {
+    float* router_logits;  // (Lm, N, E) the logits routing uses (H, with noisy gating)
+    float* router_clean;   // (Lm, N, E) noisy gating: the clean logits
+    float* router_noise;   // (Lm, N, E) noisy gating: the noise logits (softplus of them: the noise's std)
+    float* router_probs;   // (Lm, N, E)
+    float* router_lse;     // (Lm, N) logsumexp, for the z-loss
+    int* expert_index;     // (Lm, N, k)
+    float* gates;          // (Lm, N, k)
+    int* choice_row;       // (Lm, N, k) row in the dispatch layout, -1 dropped
+    int* row_choice;       // (Lm, Rsrc) the choice filling each row, -1 padding
+    int* expert_count;     // (Lm, E) choices routed to each expert before dropping
+    int* kept_count;       // (Lm, E) rows used
+    float* moe_stats;      // (Lm, 4 + 2E) the load-balancing, z, importance and load losses; Importance, Load (E)
+    floatX* expert_input;  // (Lm, Rown, C)
+    floatX* expert_pre;    // (Lm, Rown, H) pre-GELU
+    floatX* expert_act;    // (Lm or 1, Rown, H) GELU output (recomputed with -r >= 1)
+    floatX* expert_output; // (Lm, Rsrc, C) back in the dispatch layout
+    // backward scratch (one layer)
+    float* d_gates;        // (N, k)
+    float* d_logits;       // (N, E) of the routing's logits, then (noisy gating) of the clean ones
+    float* d_noise;        // (N, E) noisy gating: of the noise logits
+    floatX* d_logits_x;    // (N, E)
+    float* noise_partials; // noisy gating's loss scratch (moe_noisy_losses_partials_size)
+    floatX* router_input;  // (2, N, C) with jitter: the router's jittered input and its gradient
+    floatX* scratch_own;   // (Rown, C) the expert output, then the gradients of the experts' output and input
+    floatX* d_expert_hidden;  // (Rown, H)
+    floatX* scratch_src;   // (Rsrc, C) the same in the dispatch layout, with expert parallelism only
+    float* bias_scratch;   // the experts' bias-gradient scratch
+} MoEActivations;
+#define NUM_MOE_ACTIVATION_TENSORS 26
+
+// The MoE extension's state (GPT2.mlp_state).
+typedef struct {
+    MoEConfig config;
+    int config_from_file;     // the shape came from a model file's header (else from the flags: a descriptor's)
+    MoESettings settings;
+    ExpertParallel ep;        // which process holds which experts (degree 1: every process all of them)
+    int local_experts;        // experts per MoE layer on this process: E / ep.degree
+    MoEParameterTensors params, grads;
+    ShardedParameters expert_store;  // this process's experts, replicated over ep.replicas
+    MoEActivations acts;
+    void* acts_memory;
+    // of the last forward pass
+    int capacity_used;          // rows per expert
+    int dropless;               // dropless routing (-cf 0): the expert buffers packed (else padded to capacity)
+    int training;               // a training pass (jitter and noise on)
+    float aux_grad_scale;       // scale of the aux and z gradients (the loss-scale / micro-steps)
+    int* rows_src;              // (Lm, E) host: rows per global expert in this process's dispatch layout
+    int* rows_own;              // (Lm, E) host: rows per (group member, local expert) in the expert layout
+    float aux_loss, z_loss;     // summed over MoE layers
+    float importance_loss, load_loss;  // noisy gating's, summed over MoE layers
+    float drop_fraction;        // dropped choices / all choices, over MoE layers
+    float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
+    int* expert_counts_cpu;     // (Lm, E) host
+    int* kept_counts_cpu;       // (Lm, E) host
+    float* losses_cpu;          // (Lm, 4) host: aux, z, importance, load of each MoE layer
+    // the training step's sums over micro-steps (the step line)
+    double step_aux, step_z, step_drop, step_load_cv;
+} MoEModel;
+
+static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
+
+// MoE layer m's slices of the parameters (or of the gradients): the same struct, each pointer at layer m
+static MoEParameterTensors moe_layer_parameters(const GPT2* model, const MoEParameterTensors* p, int m) {
+    const MoEModel* moe = moe_of(model);
+    size_t E = moe->config.num_experts, E_l = moe->local_experts, H = moe->config.expert_hidden;
+    size_t C = model->config.channels, l = m;
+    MoEParameterTensors lp;
+    lp.routerw = p->routerw + l * E * C;
+    lp.routernw = p->routernw + l * E * C;
+    lp.efcw = p->efcw + l * E_l * H * C;
+    lp.efcb = p->efcb + l * E_l * H;
+    lp.efcprojw = p->efcprojw + l * E_l * C * H;
+    lp.efcprojb = p->efcprojb + l * E_l * C;
+    return lp;
+}
+
+static int is_moe_layer(const MoEConfig* c, int l) { return (l + 1) % c->moe_every == 0; }
+static int num_moe_layers(const GPT2* model) { return model->config.num_layers / moe_of(model)->config.moe_every; }
+static int moe_index(const MoEModel* moe, int l) { return (l + 1) / moe->config.moe_every - 1; }
+
+// The model starts as one process holding every expert; moe_model_set_processes shares them out.
+static void moe_model_init(MoEModel* moe, const MoEConfig* config, const MoESettings* settings) {
+    memset(moe, 0, sizeof(*moe));
+    moe->config = *config;
+    moe->settings = *settings;
+    moe->ep.degree = 1;
+    moe->ep.replicas.num_processes = 1;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The model file's MoE part: header words, checks, the parameters
+
+static void moe_read_header(GPT2* model, const int* header, const char* path) {
+    MoEConfig* c = &moe_of(model)->config;
+    moe_of(model)->config_from_file = 1;
+    c->num_experts = header[8];
+    c->top_k = header[9];
+    c->moe_every = header[10];
+    c->expert_hidden = header[11];
+    c->noisy_gating = header[12];
+    if (c->noisy_gating != 0 && c->noisy_gating != 1) {
+        fprintf(stderr, "%s: header[12] = %d: expected 0, or 1 for a noisy-gating model with routernw\n", path,
+                c->noisy_gating);
+        exit(EXIT_FAILURE);
+    }
+    if (c->num_experts < 1) {
+        fprintf(stderr, "%s: %d experts: an MoE model has at least 1\n", path, c->num_experts);
+        exit(EXIT_FAILURE);
+    }
+}
+
+static void moe_write_header(const GPT2* model, int* header) {
+    const MoEConfig* c = &moe_of(model)->config;
+    header[8] = c->num_experts;
+    header[9] = c->top_k;
+    header[10] = c->moe_every;
+    header[11] = c->expert_hidden;
+    header[12] = c->noisy_gating;
+}
+
+// Once the GPT-2 sizes are known: a descriptor's default expert hidden size (4C), the checks of the MoE shape, and (for a
+// file's header) a size the file could hold at all, in double where nothing overflows.
+static void moe_configure(GPT2* model, const char* source) {
+    MoEModel* moe = moe_of(model);
+    MoEConfig* c = &moe->config;
+    const GPT2Config* g = &model->config;
+    char why[256];
+    if (!moe->config_from_file && c->expert_hidden <= 0) c->expert_hidden = 4 * g->channels;
+    if (c->moe_every < 1 || c->moe_every > g->num_layers) {
+        fprintf(stderr, "%s: MoE every %d layers: expected 1..%d\n", source, c->moe_every, g->num_layers);
+        exit(EXIT_FAILURE);
+    }
+    if (c->top_k < 1 || c->top_k > c->num_experts) {
+        fprintf(stderr, "%s: top-k %d: expected 1..%d (the number of experts)\n", source, c->top_k, c->num_experts);
+        exit(EXIT_FAILURE);
+    }
+    if (!moe_support(g->channels, c->num_experts, c->top_k, c->expert_hidden, why, sizeof(why))) {
+        fprintf(stderr, "%s: unsupported MoE size: %s\n", source, why);
+        exit(EXIT_FAILURE);
+    }
+    if (c->noisy_gating && c->top_k >= c->num_experts) {
+        fprintf(stderr, "%s: noisy top-k gating needs top-k (%d) below the number of experts (%d): its load loss "
+                "compares with the (k+1)-th logit\n", source, c->top_k, c->num_experts);
+        exit(EXIT_FAILURE);
+    }
+    double experts = (double)g->num_layers * c->num_experts * g->channels * (c->expert_hidden * 2.0 + 2.0);
+    if (experts > 1e15) {
+        fprintf(stderr, "%s: its header describes experts of about %.3g parameters (L=%d E=%d C=%d H=%d): not a model "
+                "file this trainer can load\n", source, experts, g->num_layers, c->num_experts, g->channels,
+                c->expert_hidden);
+        exit(EXIT_FAILURE);
+    }
+    if (c->num_experts % moe->ep.degree != 0) {
+        fprintf(stderr, "-ep %d: the %d experts per MoE layer must divide evenly over the expert-parallel degree\n",
+                moe->ep.degree, c->num_experts);
+        exit(EXIT_FAILURE);
+    }
+    moe->local_experts = c->num_experts / moe->ep.degree;
+}
+
+static int moe_replaces_mlp(const GPT2* model, int l) { return is_moe_layer(&moe_of(model)->config, l); }
+
+// the slots' sizes with E experts per MoE layer: the file's (all experts) or a process's (its own)
+static void moe_slot_sizes(const GPT2* model, int experts, size_t* sizes) {
+    const MoEConfig* c = &moe_of(model)->config;
+    size_t Lm = num_moe_layers(model), C = model->config.channels, E = experts, H = c->expert_hidden;
+    sizes[MOE_ROUTERW] = Lm * c->num_experts * C;  // the router scores every expert on every process
+    sizes[MOE_ROUTERNW] = c->noisy_gating ? Lm * c->num_experts * C : 0;
+    sizes[MOE_EFCW] = Lm * E * H * C;
+    sizes[MOE_EFCB] = Lm * E * H;
+    sizes[MOE_EFCPROJW] = Lm * E * C * H;
+    sizes[MOE_EFCPROJB] = Lm * E * C;
+}
+
+static void moe_tensor_sizes(const GPT2* model, size_t* in_file, size_t* in_replicated_set) {
+    moe_slot_sizes(model, moe_of(model)->config.num_experts, in_file);
+    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_replicated_set[i] = i < FIRST_EXPERT_SLOT ? in_file[i] : 0;
+}
+
+// Switch's reduced initialisation scale: router and expert weights drawn with GPT-2's std times sqrt(-ri);
+// routernw starts at 0 (Shazeer)
+static float moe_init_std(const GPT2* model, int slot, float residual_scale) {
+    if (slot == MOE_ROUTERNW) return 0.0f;
+    return (slot == MOE_EFCPROJW ? 0.02f * residual_scale : 0.02f) * sqrtf(moe_of(model)->settings.init_scale);
+}
+
+static size_t moe_own_parameter_count(const GPT2* model) {
+    size_t sizes[MLP_EXTENSION_SLOTS], n = 0;
+    moe_slot_sizes(model, moe_of(model)->local_experts, sizes);
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) n += sizes[i];
+    return n;
+}
+
+static void moe_point_parameters(MoEParameterTensors* p, floatX* routers, floatX* experts, const size_t* sizes) {
+    p->routerw = routers;
+    p->routernw = routers + sizes[MOE_ROUTERW];
+    floatX** ptrs[NUM_EXPERT_TENSORS] = {&p->efcw, &p->efcb, &p->efcprojw, &p->efcprojb};
+    for (int i = 0; i < NUM_EXPERT_TENSORS; i++) {
+        *ptrs[i] = experts;
+        experts += sizes[FIRST_EXPERT_SLOT + i];
+    }
+}
+
+static const int moe_expert_decays[NUM_EXPERT_TENSORS] = {1, 0, 1, 0};
+
+static void moe_allocate_parameters(GPT2* model) {
+    MoEModel* moe = moe_of(model);
+    size_t sizes[MLP_EXTENSION_SLOTS];
+    moe_slot_sizes(model, moe->local_experts, sizes);
+    sharded_parameters_allocate(&moe->expert_store, NUM_EXPERT_TENSORS, sizes + FIRST_EXPERT_SLOT, moe_expert_decays,
+                                moe->ep.replicas.num_processes);
+    // an owner's expert gradient sums its group's ep.degree micro-batches, which the replicas then average:
+    // the step's gradient (the mean over all processes) is that over ep.degree
+    moe->expert_store.grad_multiplier = 1.0f / (float)moe->ep.degree;
+    size_t routers = sharded_parameters_offset(&model->store, PARAM_EXTENSION);
+    moe_point_parameters(&moe->params, model->store.params_memory + routers, moe->expert_store.params_memory, sizes);
+    moe_point_parameters(&moe->grads, model->store.grads_memory + routers, moe->expert_store.grads_memory, sizes);
+}
+
+// The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts.
+static void moe_set_parameters(GPT2* model, const floatX* file_block) {
+    MoEModel* moe = moe_of(model);
+    size_t global[MLP_EXTENSION_SLOTS], local[MLP_EXTENSION_SLOTS];
+    moe_slot_sizes(model, moe->config.num_experts, global);
+    moe_slot_sizes(model, moe->local_experts, local);
+    int Lm = num_moe_layers(model), first_expert = moe->ep.member * moe->local_experts;
+    floatX* experts = (floatX*)malloc_check(moe->expert_store.num_parameters * sizeof(floatX) + 1);
+    size_t from = 0, to = 0;
+    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) {
+        if (i >= FIRST_EXPERT_SLOT) {
+            // per MoE layer, this process's experts are a contiguous run of the layer's E
+            size_t per_expert = global[i] / Lm / moe->config.num_experts, run = local[i] / Lm;
+            for (int m = 0; m < Lm; m++) {
+                memcpy(experts + to, file_block + from + global[i] / Lm * m + first_expert * per_expert,
+                       run * sizeof(floatX));
+                to += run;
+            }
+        }
+        from += global[i];
+    }
+    cudaCheck(cudaMemcpy(moe->expert_store.params_memory, experts, moe->expert_store.num_parameters * sizeof(floatX),
+                         cudaMemcpyHostToDevice));
+    free(experts);
+}
+
+// The experts of every process of the group, in the global layout of the model file's expert tensors (efcw ..
+// efcprojb, each (Lm, E, ...)), from this process's `local` (device, laid out as expert_store, elem bytes per
+// value: parameters, gradients or optimizer state) into `host`. Collective over the expert group.
+static void moe_gather_experts(const GPT2* model, void* host, const void* local, size_t elem, cudaStream_t stream) {
+    const MoEModel* moe = moe_of(model);
+    int Lm = num_moe_layers(model), N = moe->ep.degree;
+    size_t sizes[MLP_EXTENSION_SLOTS], largest = 0;
+    moe_slot_sizes(model, moe->local_experts, sizes);
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++)
+        largest = sizes[i] / Lm > largest ? sizes[i] / Lm : largest;
+    char* gathered;
+    cudaCheck(cudaMalloc((void**)&gathered, N * largest * elem));
+    const char* from = (const char*)local;
+    char* to = (char*)host;
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) {
+        size_t layer_bytes = sizes[i] / Lm * elem;  // this process's experts of one layer
+        for (int m = 0; m < Lm; m++) {
+            // members in order hold consecutive experts: the gathered runs are the layer's E experts in order
+            expert_parallel_allgather(&moe->ep, gathered, from + m * layer_bytes, layer_bytes, stream);
+            cudaCheck(cudaMemcpy(to + m * N * layer_bytes, gathered, N * layer_bytes, cudaMemcpyDeviceToHost));
+        }
+        from += sizes[i] * elem;
+        to += Lm * N * layer_bytes;
+    }
+    cudaCheck(cudaFree(gathered));
+}
+
+// where the expert tensors start in the extension block of the file
+static size_t moe_experts_in_block(const GPT2* model) {
+    size_t global[MLP_EXTENSION_SLOTS];
+    moe_slot_sizes(model, moe_of(model)->config.num_experts, global);
+    return global[MOE_ROUTERW] + global[MOE_ROUTERNW];
+}
+// the experts' parameters, or their gradients as stored (times expert_store.grad_multiplier once reduced they are
+// the step's; see moe_allocate_parameters), into the file's extension block. Collective over the expert group.
+static void moe_get_parameters(const GPT2* model, floatX* file_block, cudaStream_t stream) {
+    moe_gather_experts(model, file_block + moe_experts_in_block(model), moe_of(model)->expert_store.params_memory,
+                       sizeof(floatX), stream);
+}
+static void moe_get_gradients(const GPT2* model, floatX* file_block, cudaStream_t stream) {
+    moe_gather_experts(model, file_block + moe_experts_in_block(model), moe_of(model)->expert_store.grads_memory,
+                       sizeof(floatX), stream);
+}
+// process 0's expert group gathers the experts for the model file (process 0 writes it)
+static int moe_gathers_model_file(const GPT2* model) { return moe_of(model)->ep.group == 0; }
+
+static ShardedParameters* moe_own_set(GPT2* model) { return &moe_of(model)->expert_store; }
+static const MultiGpuConfig* moe_own_group(const GPT2* model) { return &moe_of(model)->ep.replicas; }
+// the squared norm of this process's experts, summed over its expert group (every expert once)
+static float moe_own_norm_sum(const GPT2* model, float norm2, cudaStream_t stream) {
+    return expert_parallel_float_sum(&moe_of(model)->ep, norm2, stream);
+}
+// a token meets k of the E experts of an MoE layer: the routers whole, the experts' k/E
+static double moe_active_parameters_per_token(const GPT2* model) {
+    const MoEConfig* c = &moe_of(model)->config;
+    size_t sizes[MLP_EXTENSION_SLOTS];
+    moe_slot_sizes(model, c->num_experts, sizes);
+    double active = 0.0;
+    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++)
+        active += i >= FIRST_EXPERT_SLOT ? (double)sizes[i] * c->top_k / c->num_experts : (double)sizes[i];
+    return active;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Activation memory
+
+// The row stride of one MoE layer's expert buffers, padded to `capacity` rows per expert or packed (dropless): in
+// this process's dispatch layout (src) and in its experts' layout (own), which with expert parallelism of degree N
+// may receive every choice of the N processes of its group.
+static void moe_layer_rows(const MoEConfig* c, int capacity, int dropless, int N, int degree, size_t* src,
+                           size_t* own) {
+    size_t padded = (size_t)c->num_experts * capacity, choices = (size_t)N * c->top_k;
+    *src = layer_stride(dropless ? choices : padded);
+    *own = layer_stride(dropless ? degree * choices : padded);
+}
+
+// ... the larger of training's and evaluation's, which the activations hold
+static void moe_allocated_rows(const MoEModel* moe, int N, size_t* src, size_t* own) {
+    const MoEConfig* c = &moe->config;
+    *src = *own = 0;
+    const double factors[2] = {moe->settings.capacity_factor, moe->settings.capacity_factor_eval};
+    for (int i = 0; i < 2; i++) {
+        size_t s, o;
+        moe_layer_rows(c, moe_capacity(N, c->num_experts, c->top_k, factors[i]), factors[i] <= 0.0, N, moe->ep.degree,
+                       &s, &o);
+        *src = s > *src ? s : *src;
+        *own = o > *own ? o : *own;
+    }
+}
+
+// The activation tensors' sizes in bytes, in the order of MoEActivations.
+static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, size_t T, int recompute) {
+    const MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    size_t C = model->config.channels, E = c->num_experts, K = c->top_k, H = c->expert_hidden;
+    size_t Lm = num_moe_layers(model), N = B * T, BTC = layer_stride(B * T * C);
+    size_t rows_src, rows_own;
+    moe_allocated_rows(moe, (int)N, &rows_src, &rows_own);
+    size_t NE = layer_stride(N * E), NK = layer_stride(N * K);
+    size_t noisy = c->noisy_gating, jitter = moe->settings.jitter > 0.0f;
+    size_t i = 0;
+    s[i++] = (Lm * NE) * sizeof(float);                        // router_logits
+    s[i++] = (noisy * Lm * NE) * sizeof(float);                // router_clean
+    s[i++] = (noisy * Lm * NE) * sizeof(float);                // router_noise
+    s[i++] = (Lm * NE) * sizeof(float);                        // router_probs
+    s[i++] = (Lm * layer_stride(N)) * sizeof(float);           // router_lse
+    s[i++] = (Lm * NK) * sizeof(int);                          // expert_index
+    s[i++] = (Lm * NK) * sizeof(float);                        // gates
+    s[i++] = (Lm * NK) * sizeof(int);                          // choice_row
+    s[i++] = (Lm * rows_src) * sizeof(int);                    // row_choice
+    s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // expert_count
+    s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // kept_count
+    s[i++] = (Lm * layer_stride(4 + 2 * E)) * sizeof(float);   // moe_stats
+    s[i++] = (Lm * rows_own * C) * sizeof(floatX);             // expert_input
+    s[i++] = (Lm * rows_own * H) * sizeof(floatX);             // expert_pre
+    s[i++] = ((recompute >= 1 ? 1 : Lm) * rows_own * H) * sizeof(floatX);  // expert_act
+    s[i++] = (Lm * rows_src * C) * sizeof(floatX);             // expert_output
+    s[i++] = (NK) * sizeof(float);                             // d_gates
+    s[i++] = (NE) * sizeof(float);                             // d_logits
+    s[i++] = (noisy * NE) * sizeof(float);                     // d_noise
+    s[i++] = (NE) * sizeof(floatX);                            // d_logits_x
+    s[i++] = (noisy ? moe_noisy_losses_partials_size((int)E) : 0) * sizeof(float);  // noise_partials
+    s[i++] = (jitter * 2 * BTC) * sizeof(floatX);              // router_input
+    s[i++] = (rows_own * C) * sizeof(floatX);                  // scratch_own
+    s[i++] = (rows_own * H) * sizeof(floatX);                  // d_expert_hidden
+    s[i++] = (moe->ep.degree > 1 ? rows_src * C : 0) * sizeof(floatX);  // scratch_src
+    // the experts' bias gradients: E / ep_degree batches or groups of up to max(H, C) columns
+    int widest = (int)(H > C ? H : C);
+    size_t batched = matmul_batched_dbias_buffer_floats(moe->local_experts, widest);
+    size_t grouped = matmul_grouped_dbias_buffer_floats(moe->local_experts, widest);
+    s[i++] = (batched > grouped ? batched : grouped) * sizeof(float);  // bias_scratch
+}
+
+static size_t moe_activation_bytes(const GPT2* model, size_t B, size_t T, int recompute) {
+    size_t sizes[NUM_MOE_ACTIVATION_TENSORS], bytes = 0;
+    moe_fill_in_activation_sizes(sizes, model, B, T, recompute);
+    for (int i = 0; i < NUM_MOE_ACTIVATION_TENSORS; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;  // as allocated
+    return bytes;
+}
+
+static void moe_allocate_activations(GPT2* model, int B, int T) {
+    MoEModel* moe = moe_of(model);
+    size_t sizes[NUM_MOE_ACTIVATION_TENSORS];
+    moe_fill_in_activation_sizes(sizes, model, B, T, model->recompute);
+    cudaCheck(cudaMalloc(&moe->acts_memory, moe_activation_bytes(model, B, T, model->recompute)));
+    MoEActivations* a = &moe->acts;
+    void** ptrs[NUM_MOE_ACTIVATION_TENSORS] = {
+        (void**)&a->router_logits, (void**)&a->router_clean, (void**)&a->router_noise, (void**)&a->router_probs,
+        (void**)&a->router_lse, (void**)&a->expert_index, (void**)&a->gates, (void**)&a->choice_row,
+        (void**)&a->row_choice, (void**)&a->expert_count, (void**)&a->kept_count, (void**)&a->moe_stats,
+        (void**)&a->expert_input, (void**)&a->expert_pre, (void**)&a->expert_act, (void**)&a->expert_output,
+        (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_noise, (void**)&a->d_logits_x,
+        (void**)&a->noise_partials, (void**)&a->router_input, (void**)&a->scratch_own, (void**)&a->d_expert_hidden,
+        (void**)&a->scratch_src, (void**)&a->bias_scratch};
+    char* p = (char*)moe->acts_memory;
+    for (int i = 0; i < NUM_MOE_ACTIVATION_TENSORS; i++) {
+        *ptrs[i] = p;
+        p += CEIL_DIV(sizes[i], 256) * 256;  // 256-byte alignment for vector loads and cuBLASLt
+    }
+    int Lm = num_moe_layers(model), E = moe->config.num_experts;
+    moe->expert_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    moe->kept_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    moe->losses_cpu = (float*)malloc_check((size_t)(4 * Lm + 1) * sizeof(float));
+    moe->rows_src = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    moe->rows_own = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    char why[256];
+    if (!moe_noise_support(B * T, model->config.channels, E, moe->config.top_k, moe->config.noisy_gating,
+                           moe->settings.jitter, why, sizeof(why))) {
+        fprintf(stderr, "router noise: %s\n", why);
+        exit(EXIT_FAILURE);
+    }
+}
+
+static void moe_free(GPT2* model) {
+    MoEModel* moe = moe_of(model);
+    sharded_parameters_free(&moe->expert_store);
+    cudaCheck(cudaFree(moe->acts_memory));
+    free(moe->rows_src);
+    free(moe->rows_own);
+    free(moe->expert_counts_cpu);
+    free(moe->kept_counts_cpu);
+    free(moe->losses_cpu);
+    expert_parallel_free(&moe->ep);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The MoE layer (llmc/moe.cuh): router in fp32, top-k, slots, dispatch to the expert buffer, with expert
+// parallelism the all-to-all to the experts' owners and back (llmc/expert_parallel.cuh), the experts as batched
+// GEMMs over buffers padded to the capacity or as grouped GEMMs over their exact rows (dropless), combine weighted
+// by the gates. Its output (N, C) goes to `out`, like the dense MLP's.
+
+typedef struct {
+    float* logits;        // what routing uses: H with noisy gating
+    float* clean;         // noisy gating
+    float* noise;         // noisy gating
+    float* probs;
+    float* lse;
+    int* expert_index;
+    float* gates;
+    int* choice_row;
+    int* row_choice;
+    int* expert_count;
+    int* kept_count;
+    float* losses;        // (4) aux, z, importance, load
+    float* importance;    // (E) noisy gating
+    float* load;          // (E) noisy gating
+    floatX* expert_input;
+    floatX* expert_pre;
+    floatX* expert_act;
+    floatX* expert_output;
+    int* rows_src;  // (E) host: rows per global expert in the dispatch layout
+    int* rows_own;  // (ep.degree, E / ep.degree) host: rows per (group member, local expert) in the expert layout
+} MoELayerActivations;
+
+static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N) {
+    const MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    const MoEActivations* a = &moe->acts;
+    size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, C = model->config.channels;
+    size_t NE = layer_stride(N * E), NK = layer_stride(N * K), SRC, OWN;
+    moe_layer_rows(c, moe->capacity_used, moe->dropless, N, moe->ep.degree, &SRC, &OWN);
+    MoELayerActivations l;
+    l.logits = a->router_logits + m * NE;
+    l.clean = c->noisy_gating ? a->router_clean + m * NE : nullptr;
+    l.noise = c->noisy_gating ? a->router_noise + m * NE : nullptr;
+    l.probs = a->router_probs + m * NE;
+    l.lse = a->router_lse + m * layer_stride(N);
+    l.expert_index = a->expert_index + m * NK;
+    l.gates = a->gates + m * NK;
+    l.choice_row = a->choice_row + m * NK;
+    l.row_choice = a->row_choice + m * SRC;
+    l.expert_count = a->expert_count + m * layer_stride(E);
+    l.kept_count = a->kept_count + m * layer_stride(E);
+    l.losses = a->moe_stats + m * layer_stride(4 + 2 * E);
+    l.importance = l.losses + 4;
+    l.load = l.losses + 4 + E;
+    l.expert_input = a->expert_input + m * OWN * C;
+    l.expert_pre = a->expert_pre + m * OWN * H;
+    l.expert_act = a->expert_act + (model->recompute >= 1 ? 0 : m * OWN * H);
+    l.expert_output = a->expert_output + m * SRC * C;
+    l.rows_src = moe->rows_src + m * E;
+    l.rows_own = moe->rows_own + m * E;
+    return l;
+}
+
+// The row counts of layer m's buffers (host): the capacity everywhere when padded; when packed, the kept counts of
+// this process's routing and, exchanged over the expert group, what each member sends to this process's experts.
+static void moe_layer_row_counts(GPT2* model, const MoELayerActivations* l, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    int E = moe->config.num_experts;
+    if (!moe->dropless) {
+        for (int e = 0; e < E; e++) l->rows_src[e] = l->rows_own[e] = moe->capacity_used;
+        return;
+    }
+    cudaCheck(cudaMemcpyAsync(l->rows_src, l->kept_count, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    expert_parallel_exchange_counts(&moe->ep, l->rows_own, l->rows_src, E, stream);
+}
+
+// Packed layout: the rows of each of this process's experts (E_l, host), what every group member sent it; returns
+// their sum, the rows of the expert layout in use (padded: E * capacity, all rows).
+static size_t moe_local_expert_rows(const GPT2* model, const MoELayerActivations* l, int* rows) {
+    MoEModel* moe = moe_of(model);
+    int E_l = moe->local_experts, N = moe->ep.degree;
+    if (!moe->dropless) return (size_t)moe->config.num_experts * moe->capacity_used;
+    size_t total = 0;
+    for (int e = 0; e < E_l; e++) {
+        rows[e] = 0;
+        for (int s = 0; s < N; s++) rows[e] += l->rows_own[s * E_l + e];
+        total += rows[e];
+    }
+    return total;
+}
+
+// One Linear layer of this process's experts on their rows in the expert layout: weight (E_l, OC, IC), bias
+// (E_l, OC), inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu)]. Padded: E_l buffers of
+// ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one grouped GEMM.
+static void moe_experts_linear_forward(const GPT2* model, const MoELayerActivations* l, floatX* out, const floatX* inp,
+                                       const floatX* weight, const floatX* bias, int IC, int OC, floatX* pre_gelu,
+                                       cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    int E_l = moe->local_experts, N = moe->ep.degree;
+    if (!moe->dropless) {
+        matmul_forward_batched(out, inp, weight, bias, E_l, N * moe->capacity_used, IC, OC, stream, pre_gelu,
+                               gpt2_forward_gelu_fusion(model));
+        return;
+    }
+    int rows[MOE_MAX_EXPERTS];
+    moe_local_expert_rows(model, l, rows);
+    matmul_forward_grouped(out, inp, weight, bias, E_l, rows, IC, OC, stream, pre_gelu,
+                           gpt2_forward_gelu_fusion(model));
+}
+
+// Its backward: dinp (Rown, IC) overwritten, dweight and dbias accumulated (+=); pre_gelu as in the forward.
+static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivations* l, floatX* dinp, floatX* dweight,
+                                        floatX* dbias, const floatX* dout, const floatX* inp, const floatX* weight,
+                                        int IC, int OC, const floatX* pre_gelu, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    int E_l = moe->local_experts, N = moe->ep.degree;
+    float* scratch = moe->acts.bias_scratch;
+    if (!moe->dropless) {
+        matmul_backward_batched(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, N * moe->capacity_used, IC,
+                                OC, stream, pre_gelu, model->gelu_fusion);
+        return;
+    }
+    int rows[MOE_MAX_EXPERTS];
+    moe_local_expert_rows(model, l, rows);
+    matmul_backward_grouped(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, rows, IC, OC, stream, pre_gelu);
+}
+
+// The seed of MoE layer m's jitter or gating noise in the current pass (doc/moe.md, "Router noise" 1)
+static unsigned int moe_layer_seed(const GPT2* model, int m, int kind) {
+    return moe_noise_seed((unsigned int)model->process_rank, model->pass_number, m, kind);
+}
+
+// What the router reads: ln2, or in a training pass with jitter ln2 times its multipliers (in router_input)
+static const floatX* moe_router_input(const GPT2* model, int m, const floatX* ln2, int N, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    if (!moe->training || moe->settings.jitter <= 0.0f) return ln2;
+    floatX* jittered = moe->acts.router_input;
+    moe_jitter_forward(jittered, ln2, N, model->config.channels, moe->settings.jitter,
+                       moe_layer_seed(model, m, MOE_NOISE_JITTER), stream);
+    return jittered;
+}
+
+static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    MoEParameterTensors lp = moe_layer_parameters(model, &moe->params, m);
+    const MoEActivations* a = &moe->acts;
+    int E = c->num_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
+    int exchange_rows = moe->ep.degree > 1;  // expert parallelism: rows go to and come back from the experts' owners
+    MoELayerActivations l = moe_layer_activations(model, m, N);
+    const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
+    if (c->noisy_gating) {
+        matmul_forward_fp32_output(l.clean, router_in, lp.routerw, N, C, E, stream);
+        matmul_forward_fp32_output(l.noise, router_in, lp.routernw, N, C, E, stream);
+        moe_noisy_logits_forward(l.logits, l.clean, l.noise, N, E, moe_layer_seed(model, m, MOE_NOISE_GATING),
+                                 moe->training, stream);
+    } else {
+        matmul_forward_fp32_output(l.logits, router_in, lp.routerw, N, C, E, stream);
+    }
+    moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
+    moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K,
+                     moe->capacity_used, moe->dropless, stream);
+    moe_layer_row_counts(model, &l, stream);
+    int rows_src = moe->dropless ? N * K : E * moe->capacity_used;
+    floatX* dispatched = exchange_rows ? a->scratch_src : l.expert_input;
+    moe_dispatch(dispatched, ln2, l.row_choice, rows_src, K, C, stream);
+    if (exchange_rows)
+        expert_parallel_exchange(&moe->ep, dispatched, l.expert_input, l.rows_src, l.rows_own, E, C, 1, stream);
+    moe_experts_linear_forward(model, &l, l.expert_act, l.expert_input, lp.efcw,
+                               lp.efcb, C, H, l.expert_pre, stream);
+    floatX* expert_output = exchange_rows ? a->scratch_own : l.expert_output;
+    moe_experts_linear_forward(model, &l, expert_output, l.expert_act, lp.efcprojw,
+                               lp.efcprojb, H, C, nullptr, stream);
+    if (exchange_rows)
+        expert_parallel_exchange(&moe->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
+    moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
+    moe_router_losses(l.losses, l.probs, l.lse, l.expert_count, N, E, K, moe->settings.aux_alpha, moe->settings.z_coef,
+                      stream);
+    if (c->noisy_gating) {
+        moe_noisy_losses_forward(l.importance, l.load, l.losses + 2, a->noise_partials, l.clean, l.noise, l.logits,
+                                 l.expert_index, l.gates, N, E, K, moe->settings.importance_coef, moe->settings.load_coef,
+                                 stream);
+    } else {
+        cudaCheck(cudaMemsetAsync(l.losses + 2, 0, 2 * sizeof(float), stream));
+    }
+}
+
+// dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten);
+// the router's aux and z losses add their gradients scaled by moe->aux_grad_scale.
+static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* dout, const floatX* ln2, int N,
+                               cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    MoEParameterTensors lp = moe_layer_parameters(model, &moe->params, m);
+    MoEParameterTensors lg = moe_layer_parameters(model, &moe->grads, m);
+    const MoEActivations* a = &moe->acts;
+    int E = c->num_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
+    int exchange_rows = moe->ep.degree > 1;
+    MoELayerActivations l = moe_layer_activations(model, m, N);
+    int rows_src = moe->dropless ? N * K : E * moe->capacity_used;
+    // d_own: the experts' output gradient, then their input gradient, in the expert layout; d_src: the same in
+    // the dispatch layout (one buffer without expert parallelism)
+    floatX* d_own = a->scratch_own;
+    floatX* d_src = exchange_rows ? a->scratch_src : d_own;
+    moe_combine_backward(d_src, a->d_gates, dout, l.expert_output, l.choice_row, l.gates, l.row_choice, N, rows_src, K,
+                         C, stream);
+    if (exchange_rows) expert_parallel_exchange(&moe->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
+    // dropless, this process's experts may have received no row at all
+    int rows[MOE_MAX_EXPERTS];
+    size_t own_rows = moe_local_expert_rows(model, &l, rows);
+    if (model->recompute >= 1 && own_rows > 0) gelu_forward(l.expert_act, l.expert_pre, own_rows * H, stream);
+    moe_experts_linear_backward(model, &l, a->d_expert_hidden, lg.efcprojw,
+                                lg.efcprojb, d_own, l.expert_act,
+                                lp.efcprojw, H, C, l.expert_pre, stream);
+    // the output gradient in d_own is consumed: the input gradient overwrites it
+    moe_experts_linear_backward(model, &l, d_own, lg.efcw, lg.efcb,
+                                a->d_expert_hidden, l.expert_input, lp.efcw, C, H, nullptr,
+                                stream);
+    if (exchange_rows) expert_parallel_exchange(&moe->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 0, stream);
+    cudaCheck(cudaMemsetAsync(d_ln2, 0, (size_t)N * C * sizeof(floatX), stream));
+    moe_dispatch_backward(d_ln2, d_src, l.choice_row, N, K, C, stream);
+    // the router: the gates' gradient (with noisy gating, plus the importance loss's), the Switch and z losses
+    // through the softmax into the routing logits, then (noisy gating) through H into the clean and noise logits
+    if (c->noisy_gating)
+        moe_importance_backward(a->d_gates, l.importance, l.expert_index, N, E, K, moe->settings.importance_coef,
+                                moe->aux_grad_scale, stream);
+    moe_router_backward(a->d_logits, l.probs, l.expert_index, l.gates, a->d_gates, l.lse, l.expert_count, N, E, K,
+                        moe->settings.aux_alpha, moe->settings.z_coef, moe->aux_grad_scale, stream);
+    if (c->noisy_gating)
+        moe_noisy_backward(a->d_logits, a->d_noise, a->d_logits, l.clean, l.noise, l.logits, l.expert_index, l.load, N,
+                           E, K, moe->settings.load_coef, moe->aux_grad_scale,
+                           moe_layer_seed(model, m, MOE_NOISE_GATING), stream);
+    // with jitter the router read its jittered input: recomputed here, its gradient then scaled by the same
+    // multipliers into d_ln2; without, the router's input gradient adds into d_ln2 directly
+    int jitter = moe->settings.jitter > 0.0f;
+    const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
+    floatX* d_router_in = jitter ? a->router_input + (size_t)N * C : d_ln2;
+    if (jitter) cudaCheck(cudaMemsetAsync(d_router_in, 0, (size_t)N * C * sizeof(floatX), stream));
+    matmul_backward_fp32_dout(d_router_in, lg.routerw, a->d_logits, router_in,
+                              lp.routerw, a->d_logits_x, N, C, E, stream);
+    if (c->noisy_gating)
+        matmul_backward_fp32_dout(d_router_in, lg.routernw, a->d_noise, router_in,
+                                  lp.routernw, a->d_logits_x, N, C, E, stream);
+    if (jitter)
+        moe_jitter_backward(d_ln2, d_router_in, N, C, moe->settings.jitter, moe_layer_seed(model, m, MOE_NOISE_JITTER),
+                            stream);
+}
+
+// Routing statistics of MoE layer m from the counts of the last forward pass (host): the fraction of
+// choices dropped and the expert loads (choices before dropping over their mean: min, max, CV).
+typedef struct {
+    double drop_fraction, load_min, load_max, load_cv;
+} MoELayerStatistics;
+
+static MoELayerStatistics moe_layer_statistics(const GPT2* model, int m, int N) {
+    MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    int E = c->num_experts, K = c->top_k;
+    double mean = (double)N * K / E, var = 0.0, dropped = 0.0;
+    MoELayerStatistics st = {0.0, 1e30, 0.0, 0.0};
+    for (int e = 0; e < E; e++) {
+        int routed = moe->expert_counts_cpu[m * E + e];
+        dropped += routed - moe->kept_counts_cpu[m * E + e];
+        st.load_min = fmin(st.load_min, routed / mean);
+        st.load_max = fmax(st.load_max, routed / mean);
+        var += (routed - mean) * (routed - mean) / E;
+    }
+    st.drop_fraction = dropped / ((double)N * K);
+    st.load_cv = sqrt(var) / mean;
+    return st;
+}
+
+// Telemetry of the last forward pass's MoE layers (host): aux and z losses, and the routing statistics
+// (drop fraction averaged, load min and max over layers, CV averaged).
+static void moe_collect_statistics(GPT2* model, int N, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    int Lm = num_moe_layers(model), E = c->num_experts;
+    moe->aux_loss = moe->z_loss = moe->importance_loss = moe->load_loss = moe->drop_fraction = 0.0f;
+    moe->load_min = moe->load_max = moe->load_cv = 0.0f;
+    if (Lm == 0) return;
+    double drop = 0.0, load_min = 1e30, load_max = 0.0, cv = 0.0;
+    for (int m = 0; m < Lm; m++) {
+        MoELayerActivations l = moe_layer_activations(model, m, N);
+        cudaCheck(cudaMemcpyAsync(moe->losses_cpu + 4 * m, l.losses, 4 * sizeof(float), cudaMemcpyDeviceToHost,
+                                  stream));
+        cudaCheck(cudaMemcpyAsync(moe->expert_counts_cpu + m * E, l.expert_count, E * sizeof(int),
+                                  cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemcpyAsync(moe->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int), cudaMemcpyDeviceToHost,
+                                  stream));
+    }
+    cudaCheck(cudaStreamSynchronize(stream));
+    for (int m = 0; m < Lm; m++) {
+        moe->aux_loss += moe->losses_cpu[4 * m];
+        moe->z_loss += moe->losses_cpu[4 * m + 1];
+        moe->importance_loss += moe->losses_cpu[4 * m + 2];
+        moe->load_loss += moe->losses_cpu[4 * m + 3];
+        MoELayerStatistics st = moe_layer_statistics(model, m, N);
+        drop += st.drop_fraction;
+        load_min = fmin(load_min, st.load_min);
+        load_max = fmax(load_max, st.load_max);
+        cv += st.load_cv;
+    }
+    moe->drop_fraction = (float)(drop / Lm);
+    moe->load_min = (float)load_min;
+    moe->load_max = (float)load_max;
+    moe->load_cv = (float)(cv / Lm);
+}
+
+
+// ----------------------------------------------------------------------------------------------------
+// Checkpoints: the experts' optimizer state file
+
+// The experts' optimizer state (m, v, and the master weights if any) of every expert, in the global layout of the
+// model file's expert tensors, so that a run may resume with another expert-parallel degree or ZeRO stage:
+// <dir>/expert_state_%08d.bin, header [0] magic, [1] version 1, [2] E, [3] Lm, [4] master weights 0/1,
+// [5] precision, [6] and [7] the values per buffer (every expert's; high and low 31 bits); then each buffer in
+// turn (fp32). Collective: the shards are gathered over the replicas, then process 0's group gathers the experts,
+// and process 0 writes.
+static void write_expert_state(const char* dir, int step, GPT2* model, int zero_stage, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    ShardedParameters* x = &moe->expert_store;
+    size_t all_experts = x->num_parameters * moe->ep.degree;
+    float* full;
+    cudaCheck(cudaMalloc((void**)&full, x->num_parameters_padded * sizeof(float)));
+    int gathers = moe->ep.group == 0;  // process 0's group, the one that writes
+    float* host = gathers ? (float*)malloc_check(all_experts * sizeof(float)) : NULL;
+    char path[1024], tmp[1100];
+    FILE* f = NULL;
+    if (model->process_rank == 0) {
+        checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
+        f = fopen_tmp_for(path, tmp, sizeof(tmp));
+        int header[256] = {0};
+        header[0] = EXPERT_STATE_MAGIC;
+        header[1] = 1;
+        header[2] = c->num_experts;
+        header[3] = num_moe_layers(model);
+        header[4] = x->master_weights != NULL;
+        header[5] = PRECISION_MODE;
+        header[6] = (int)(all_experts >> 31);
+        header[7] = (int)(all_experts & 0x7fffffff);
+        fwrite_check(header, sizeof(int), 256, f, tmp);
+    }
+    for (int buffer = 0; buffer < (x->master_weights ? 3 : 2); buffer++) {
+        sharded_parameters_gather_state(x, buffer, full, &moe->ep.replicas, zero_stage, stream);
+        if (gathers) moe_gather_experts(model, host, full, sizeof(float), stream);
+        if (f) fwrite_check(host, sizeof(float), all_experts, f, tmp);
+    }
+    if (f) commit_tmp(f, tmp, path);
+    free(host);
+    cudaCheck(cudaFree(full));
+}
+
+// Each process reads its own experts' runs of every buffer and keeps its shard.
+static void read_expert_state(const char* dir, int step, GPT2* model) {
+    MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    ShardedParameters* x = &moe->expert_store;
+    size_t all_experts = x->num_parameters * moe->ep.degree;
+    char path[1024];
+    checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
+    FILE* f = fopen_check(path, "rb");
+    int header[256];
+    read_header_check(f, header, path, EXPERT_STATE_MAGIC, "MoE expert optimizer state");
+    int Lm = num_moe_layers(model);
+    size_t values = ((size_t)header[6] << 31) | (size_t)header[7];
+    if (header[1] != 1 || header[2] != c->num_experts || header[3] != Lm || header[4] != (x->master_weights != NULL) ||
+        header[5] != PRECISION_MODE || values != all_experts) {
+        fprintf(stderr, "%s: expert state of another setup (E %d, MoE layers %d, master weights %d, precision %d, %zu "
+                "values) than this run's (%d, %d, %d, %d, %zu)\n", path, header[2], header[3], header[4], header[5],
+                values, c->num_experts, Lm, x->master_weights != NULL, PRECISION_MODE, all_experts);
+        exit(EXIT_FAILURE);
+    }
+    size_t local[MLP_EXTENSION_SLOTS];
+    moe_slot_sizes(model, moe->local_experts, local);
+    float* full = (float*)calloc(x->num_parameters_padded, sizeof(float));
+    for (int buffer = 0; buffer < (x->master_weights ? 3 : 2); buffer++) {
+        // in the file: per tensor and MoE layer, the layer's E experts; ours are a contiguous run of them
+        size_t file_offset = 1024 + (size_t)buffer * all_experts * sizeof(float), at = 0;
+        for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) {
+            size_t run = local[i] / Lm;
+            for (int m = 0; m < Lm; m++) {
+                size_t position = file_offset + ((size_t)m * moe->ep.degree + moe->ep.member) * run * sizeof(float);
+                if (fseek(f, (long)position, SEEK_SET) != 0) {
+                    fprintf(stderr, "%s: cannot seek to byte %zu\n", path, position);
+                    exit(EXIT_FAILURE);
+                }
+                fread_check(full + at, sizeof(float), run, f, path);
+                at += run;
+            }
+            file_offset += local[i] * moe->ep.degree * sizeof(float);
+        }
+        sharded_parameters_scatter_state(x, buffer, full);
+    }
+    long end = 1024 + (long)((x->master_weights ? 3 : 2) * all_experts * sizeof(float));
+    if (fseek(f, 0, SEEK_END) != 0 || ftell(f) != end) {
+        fprintf(stderr, "%s: expected %ld bytes, the file has another size\n", path, end);
+        exit(EXIT_FAILURE);
+    }
+    free(full);
+    fclose_check(f, path);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Telemetry
+
+// Per MoE layer, after a validation pass: its aux and z losses, dropped choices and expert loads.
+static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
+    for (int m = 0; m < num_moe_layers(model); m++) {
+        MoELayerStatistics st = moe_layer_statistics(model, m, N);
+        // aux: every balancing loss of the layer (Switch's, and noisy gating's importance and load losses)
+        const float* losses = moe_of(model)->losses_cpu + 4 * m;
+        float aux = losses[0] + losses[2] + losses[3], z = losses[1];
+        printf("val moe layer %d: aux %f z %f drop %f load min %.3f max %.3f cv %.3f\n", m, aux, z, st.drop_fraction,
+               st.load_min, st.load_max, st.load_cv);
+        char line[300];
+        snprintf(line, sizeof(line), "s:%d layer:%d layer_aux:%f layer_z:%f layer_drop:%f layer_load_min:%.3f "
+                 "layer_load_max:%.3f layer_load_cv:%.3f", step, m, aux, z, st.drop_fraction, st.load_min,
+                 st.load_max, st.load_cv);
+        logger_log_text(logger, line);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The passes' hooks
+
+// the capacity factor of training (a backward pass follows) or of evaluation
+static void moe_begin_forward(GPT2* model, int N, float dlogits_scale) {
+    MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    double cf = dlogits_scale > 0.0f ? moe->settings.capacity_factor : moe->settings.capacity_factor_eval;
+    moe->capacity_used = moe_capacity(N, c->num_experts, c->top_k, cf);
+    moe->dropless = cf <= 0.0;
+    moe->training = dlogits_scale > 0.0f;
+    moe->aux_grad_scale = dlogits_scale * N;
+}
+
+static void moe_forward(GPT2* model, int l, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
+    moe_layer_forward(model, moe_index(moe_of(model), l), out, ln2, N, stream);
+}
+static void moe_backward(GPT2* model, int l, floatX* d_ln2, const floatX* dout, const floatX* ln2, int N,
+                         cudaStream_t stream) {
+    moe_layer_backward(model, moe_index(moe_of(model), l), d_ln2, dout, ln2, N, stream);
+}
+
+// the routers' slices (in the replicated set) over all processes, the experts' over exactly the processes that
+// hold the same experts
+static void moe_reduce_layer(GPT2* model, int l, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    static const int routers[] = {PARAM_EXTENSION + MOE_ROUTERW, PARAM_EXTENSION + MOE_ROUTERNW};  // routernw may be empty
+    static const int experts[] = {0, 1, 2, 3};
+    int m = moe_index(moe, l), Lm = num_moe_layers(model);
+    sharded_parameters_reduce_slices(&model->store, routers, 2, m, Lm, mg, zero_stage, stream);
+    sharded_parameters_reduce_slices(&moe->expert_store, experts, NUM_EXPERT_TENSORS, m, Lm, &moe->ep.replicas,
+                                     zero_stage, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The trainer's hooks: flags, process layout, start-up table, telemetry
+
+typedef struct {
+    int num_experts, top_k, moe_every, expert_hidden, expert_parallel, noisy_topk;
+    float capacity_factor, capacity_factor_eval, aux_alpha, z_coef, router_jitter, init_scale, importance_coef,
+        load_coef;
+} MoEFlags;
+static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f};
+static Flag moe_flag_table[] = {
+    {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
+    {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
+    {"-me", FLAG_INT, &moe_flags.moe_every, "an MoE layer every N layers: 1 = all, 2 = every other (default = 2)", 0},
+    {"-eh", FLAG_INT, &moe_flags.expert_hidden, "expert hidden size (default = 4C)", 0},
+    {"-cf", FLAG_FLOAT, &moe_flags.capacity_factor, "capacity factor in training; <= 0: dropless (default = 1.25)", 0},
+    {"-cfe", FLAG_FLOAT, &moe_flags.capacity_factor_eval, "capacity factor in evaluation (default = 2.0)", 0},
+    {"-ra", FLAG_FLOAT, &moe_flags.aux_alpha, "load-balancing loss coefficient (default = 0.01)", 0},
+    {"-rz", FLAG_FLOAT, &moe_flags.z_coef, "router z-loss coefficient (default = 0.001)", 0},
+    {"-ri", FLAG_FLOAT, &moe_flags.init_scale, "initialisation scale of router and expert weights (default = 0.1)", 0},
+    {"-ep", FLAG_INT, &moe_flags.expert_parallel,
+     "expert-parallel degree N: groups of N processes share out the experts (default = 1)", 0},
+    {"-rj", FLAG_FLOAT, &moe_flags.router_jitter,
+     "router jitter: the router's input times U(1-rj, 1+rj) in training (default = 0)", 0},
+    {"-rn", FLAG_INT, &moe_flags.noisy_topk,
+     "noisy top-k gating (Shazeer 2017), importance and load losses: 0/1 (default = 0;\na model file with a noise "
+     "router has it on)", 0},
+    {"-rni", FLAG_FLOAT, &moe_flags.importance_coef, "importance loss coefficient with -rn 1 (default = 0.1)", 0},
+    {"-rnl", FLAG_FLOAT, &moe_flags.load_coef, "load loss coefficient with -rn 1 (default = 0.1)", 0},
+};
+
+static int moe_check_flags(void) {
+    const MoEFlags* f = &moe_flags;
+    if (!(f->router_jitter >= 0.0f && f->router_jitter < 1.0f)) {
+        fprintf(stderr, "-rj %g: the jitter must be in [0, 1)\n", f->router_jitter);
+        return 0;
+    }
+    if (f->noisy_topk != 0 && f->noisy_topk != 1) { fprintf(stderr, "-rn %d: expected 0 or 1\n", f->noisy_topk); return 0; }
+    if (f->noisy_topk && f->top_k >= f->num_experts) {
+        fprintf(stderr, "-rn 1: noisy top-k gating needs -tk (%d) below -ne (%d)\n", f->top_k, f->num_experts);
+        return 0;
+    }
+    if (f->importance_coef < 0.0f || f->load_coef < 0.0f) { fprintf(stderr, "-rni and -rnl must not be negative\n"); return 0; }
+    if (f->expert_parallel < 1) {
+        fprintf(stderr, "-ep %d: the expert-parallel degree must be at least 1\n", f->expert_parallel);
+        return 0;
+    }
+    if (f->num_experts < 1) { fprintf(stderr, "-ne %d: expected at least 1 expert\n", f->num_experts); return 0; }
+    if (f->top_k < 1 || f->top_k > f->num_experts) {
+        fprintf(stderr, "-tk %d: top-k must be between 1 and the number of experts (%d)\n", f->top_k, f->num_experts);
+        return 0;
+    }
+    if (f->aux_alpha < 0.0f || f->z_coef < 0.0f || f->init_scale <= 0.0f) {
+        fprintf(stderr, "-ra and -rz must not be negative, -ri must be positive\n");
+        return 0;
+    }
+    return 1;
+}
+
+// The trainer's model state: its settings from the flags, a descriptor's shape, and the experts shared out over
+// the processes (collective).
+static MoEModel trainer_moe;
+static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
+    const MoEFlags* f = &moe_flags;
+    if (mg->num_processes % f->expert_parallel != 0) {
+        fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of processes (%d)\n",
+                f->expert_parallel, mg->num_processes);
+        exit(EXIT_FAILURE);
+    }
+    MoEConfig config = {f->num_experts, f->top_k, f->moe_every, f->expert_hidden, f->noisy_topk};
+    MoESettings settings = {f->capacity_factor, f->capacity_factor_eval, f->aux_alpha, f->z_coef, f->router_jitter,
+                            f->importance_coef, f->load_coef, f->init_scale};
+    moe_model_init(&trainer_moe, &config, &settings);
+    expert_parallel_init(&trainer_moe.ep, mg, f->expert_parallel);
+    model->mlp_state = &trainer_moe;
+}
+
+// Once built: a model file's experts are its own; a flag that says otherwise is a mistake, not a request.
+static void moe_check_model(const GPT2* model, const char* source, int from_file) {
+    const MoEConfig* c = &moe_of(model)->config;
+    const char* names[4] = {"-ne", "-tk", "-me", "-eh"};
+    const char* what[4] = {"experts per MoE layer", "experts per token", "layers per MoE layer",
+                           "as the experts' hidden size"};
+    int given[4] = {moe_flags.num_experts, moe_flags.top_k, moe_flags.moe_every, moe_flags.expert_hidden};
+    int has[4] = {c->num_experts, c->top_k, c->moe_every, c->expert_hidden};
+    for (int i = 0; from_file && i < 4; i++) {
+        const Flag* f = flag_find(moe_flag_table, sizeof(moe_flag_table) / sizeof(moe_flag_table[0]), names[i]);
+        if (f->given && given[i] != has[i]) {
+            fprintf(stderr, "%s %d: the model file %s has %d %s (leave %s out, or start from a descriptor)\n",
+                    names[i], given[i], source, has[i], what[i], names[i]);
+            exit(EXIT_FAILURE);
+        }
+    }
+    if (moe_flags.noisy_topk && !c->noisy_gating) {
+        fprintf(stderr, "-rn 1: %s has no noise router (header[12] = 0); noisy gating is part of the model: start "
+                "from a descriptor with -rn 1\n", source);
+        exit(EXIT_FAILURE);
+    }
+}
+
+static void moe_info_rows(const GPT2* model, InfoTable* t) {
+    const MoEModel* moe = moe_of(model);
+    info_row(t, "experts", "%d per MoE layer, %d per process (-ep %d)", moe->config.num_experts, moe->local_experts,
+             moe->ep.degree);
+}
+
+// with expert parallelism every process of the group takes part in each forward pass
+static int moe_collective_forward(const GPT2* model) { return moe_of(model)->ep.degree > 1; }
+
+static void moe_step_begin(GPT2* model) {
+    MoEModel* moe = moe_of(model);
+    moe->step_aux = moe->step_z = moe->step_drop = moe->step_load_cv = 0.0;
+}
+static void moe_micro_step_done(GPT2* model) {
+    MoEModel* moe = moe_of(model);
+    moe->step_aux += moe->aux_loss + moe->importance_loss + moe->load_loss;  // every balancing loss
+    moe->step_z += moe->z_loss;
+    moe->step_drop += moe->drop_fraction;
+    moe->step_load_cv += moe->load_cv;
+}
+static void moe_step_fields(const GPT2* model, int micro_steps, char* out, size_t size) {
+    const MoEModel* moe = moe_of(model);
+    snprintf(out, size, " | aux %f | z %f | drop %.4f", moe->step_aux / micro_steps, moe->step_z / micro_steps,
+             moe->step_drop / micro_steps);
+}
+static void moe_log_step(const GPT2* model, Logger* logger, int step, int micro_steps) {
+    const MoEModel* moe = moe_of(model);
+    char line[256];
+    snprintf(line, sizeof(line), "s:%d aux:%f z:%f drop:%f load_min:%f load_max:%f load_cv:%f", step,
+             moe->step_aux / micro_steps, moe->step_z / micro_steps, moe->step_drop / micro_steps, moe->load_min,
+             moe->load_max, moe->step_load_cv / micro_steps);
+    logger_log_text(logger, line);
+}
+
+static const MlpExtension moe_extension = {
+    MOE_MODEL_MAGIC, 1, 2, "MoE model",
+    moe_read_header, moe_write_header, moe_configure, moe_replaces_mlp,
+    {"routerw", "routernw", "efcw", "efcb", "efcprojw", "efcprojb"},
+    {1, 1, 1, 0, 1, 0},
+    moe_tensor_sizes, moe_init_std, moe_own_parameter_count, moe_allocate_parameters,
+    moe_set_parameters, moe_get_parameters, moe_get_gradients, moe_gathers_model_file,
+    moe_own_set, moe_own_group, moe_own_norm_sum, moe_active_parameters_per_token,
+    moe_activation_bytes, moe_allocate_activations, moe_begin_forward, moe_forward, moe_collect_statistics,
+    moe_backward, moe_reduce_layer, moe_free,
+    "train_moe", moe_flag_table, (int)(sizeof(moe_flag_table) / sizeof(moe_flag_table[0])), "MoE options (train_moe):",
+    moe_check_flags, moe_setup, moe_check_model, moe_info_rows, moe_collective_forward,
+    "expert_state", write_expert_state, read_expert_state,
+    moe_step_begin, moe_micro_step_done, moe_step_fields, moe_log_step, print_moe_layers,
+};
+
+#ifndef OMIT_TRAIN_MOE_MAIN
+int main(int argc, char* argv[]) { return trainer_main(argc, argv, &moe_extension); }
+#endif

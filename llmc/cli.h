@@ -1,9 +1,11 @@
-// llmc/cli.h: parsing the trainers' "-flag value" command-line values: a value that is not what the flag
-// takes gets one line naming the flag and the value, and exit(EXIT_FAILURE).
+// llmc/cli.h: the trainers' command line: "-flag value" pairs parsed from tables of flags (Flag: name, type,
+// where the value goes, help line), the usage text generated from the same tables. A value that is not what the
+// flag takes, or an unknown flag, gets one line naming it and exit(EXIT_FAILURE).
 #pragma once
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 static int parse_int_flag(const char* flag, const char* value) {
@@ -29,4 +31,76 @@ static float parse_float_flag(const char* flag, const char* value) {
 static int file_exists(const char* path) {
     struct stat st;
     return stat(path, &st) == 0;
+}
+
+// A trainer's flags as a table: each "-name value" flag with its type, where its value goes, and its help line
+// (the usage text is generated from the tables, so it cannot disagree with what is parsed). `given` counts the
+// times the command line set it, for checks such as "this flag contradicts the model file".
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING } FlagType;
+typedef struct {
+    const char* name;  // "-b"
+    FlagType type;
+    void* value;       // int*, float* or const char**
+    const char* help;  // one or more lines (separated by '\n'), the default at the end
+    int given;
+} Flag;
+
+// A list of flag tables: the trainer's, and a model's own (train_moe.cu's MoE flags).
+typedef struct {
+    Flag* flags[2];
+    int counts[2];
+    int num_tables;
+} FlagTables;
+
+static void flags_usage(const FlagTables* t, const char* const* titles) {
+    static const char* type_names[3] = {"int", "float", "string"};
+    for (int k = 0; k < t->num_tables; k++) {
+        fprintf(stderr, "%s\n", titles[k]);
+        for (int i = 0; i < t->counts[k]; i++) {
+            const Flag* f = &t->flags[k][i];
+            char head[40];
+            if (strcmp(f->name, "-h") == 0) snprintf(head, sizeof(head), "%s", f->name);
+            else snprintf(head, sizeof(head), "%s <%s>", f->name, type_names[f->type]);
+            fprintf(stderr, "  %-12s", head);
+            for (const char* c = f->help; *c; c++) {
+                fputc(*c, stderr);
+                if (*c == '\n') fprintf(stderr, "  %-12s", "");
+            }
+            fputc('\n', stderr);
+        }
+    }
+}
+
+// Parses "-flag value" pairs into the tables' values. Returns 1 for -h / --help, 0 when all were parsed; a flag
+// that no table has, a missing value or a value of the wrong type gets one line and exit(EXIT_FAILURE).
+static int flags_parse(FlagTables* t, int argc, char* argv[]) {
+    for (int i = 1; i < argc; i += 2) {
+        const char* name = argv[i];
+        if (!strcmp(name, "-h") || !strcmp(name, "--help")) return 1;
+        if (name[0] != '-' || i + 1 >= argc) {
+            fprintf(stderr, "argument %s: expected '-flag value' pairs (see -h)\n", name);
+            exit(EXIT_FAILURE);
+        }
+        Flag* f = NULL;
+        for (int k = 0; k < t->num_tables && f == NULL; k++)
+            for (int j = 0; j < t->counts[k] && f == NULL; j++)
+                if (!strcmp(t->flags[k][j].name, name)) f = &t->flags[k][j];
+        if (f == NULL || f->value == NULL) {
+            fprintf(stderr, "unknown flag %s (see -h)\n", name);
+            exit(EXIT_FAILURE);
+        }
+        const char* v = argv[i + 1];
+        if (f->type == FLAG_INT) *(int*)f->value = parse_int_flag(name, v);
+        else if (f->type == FLAG_FLOAT) *(float*)f->value = parse_float_flag(name, v);
+        else *(const char**)f->value = v;
+        f->given++;
+    }
+    return 0;
+}
+
+// the flag named `name` of a table (for its `given` count); NULL if it has none
+static const Flag* flag_find(const Flag* flags, int count, const char* name) {
+    for (int i = 0; i < count; i++)
+        if (!strcmp(flags[i].name, name)) return &flags[i];
+    return NULL;
 }
