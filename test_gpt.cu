@@ -247,6 +247,9 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         if (!strcmp(argv[i], "-r")) t.recompute = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-w")) t.master = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-ge")) t.gelu_fusion = atoi(argv[i + 1]);
+#ifdef ENABLE_CUDNN
+        else if (!strcmp(argv[i], "-cd")) cudnn_attention_deterministic = atoi(argv[i + 1]);
+#endif
         else if (!x || !x->parse_flag(&t, argv[i], argv[i + 1])) {
             fprintf(stderr, "unknown flag %s\n", argv[i]);
             return EXIT_FAILURE;

@@ -1472,6 +1472,11 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     f[n++] = flag("-ge", FLAG_INT, &s->gelu_fusion,
                   "GELU fusion into cuBLASLt epilogues: 0 off, 1 forward (only with -r 0: a recomputed GELU is\n"
                   "llmc/gelu.cuh's in the forward too), 2 forward and backward (default = 1)");
+#ifdef ENABLE_CUDNN
+    f[n++] = flag("-cd", FLAG_INT, &cudnn_attention_deterministic,
+                  "cuDNN attention backward: 1 deterministic (Hopper only), 0 faster, dQ summed with float\n"
+                  "atomics (default = 1; doc/cudnn.md)");
+#endif
     f[n++] = flag("-sl", FLAG_FLOAT, &s->skip_update_lossz,
                   "skip the update when the loss z-score exceeds this (default = 0 = off)");
     f[n++] = flag("-sg", FLAG_FLOAT, &s->skip_update_gradz,
@@ -1509,6 +1514,12 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
         return 0;
     }
     if (s->gelu_fusion < 0 || s->gelu_fusion > 2) { fprintf(stderr, "-ge %d: expected 0, 1 or 2\n", s->gelu_fusion); return 0; }
+#ifdef ENABLE_CUDNN
+    if (cudnn_attention_deterministic != 0 && cudnn_attention_deterministic != 1) {
+        fprintf(stderr, "-cd %d: expected 0 or 1\n", cudnn_attention_deterministic);
+        return 0;
+    }
+#endif
     if (s->resume && !s->output_dir) { fprintf(stderr, "-y 1 needs -o, the directory to resume from\n"); return 0; }
     if (s->checkpoint_every > 0 && !s->output_dir) {
         fprintf(stderr, "-n %d needs -o, the directory for checkpoints\n", s->checkpoint_every);
@@ -1606,6 +1617,10 @@ static void print_startup_table(GPT2* model, const TrainerSettings* s, const cud
     InfoTable t = {};
     info_row(&t, "device", "%s", prop->name);
     info_row(&t, "precision", "%s", PRECISION_NAME);
+#ifdef ENABLE_CUDNN
+    info_row(&t, "attention", "cuDNN, %s backward (-cd %d)",
+             cudnn_attention_deterministic ? "deterministic" : "non-deterministic", cudnn_attention_deterministic);
+#endif
     info_row(&t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
              cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
     info_row(&t, "parameters", "%zu", gpt2_num_parameters(model));
