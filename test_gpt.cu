@@ -211,7 +211,7 @@ static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T
     gpt2_backward(model, B, T, optimizer_next_seed(&model->rng_state), mg, 1, 0, stream);
     cudaCheck(cudaStreamSynchronize(stream));
     cudaCheck(cudaStreamSynchronize(mg->nccl_stream));  // the overlapped reduction
-    return model->mean_loss;
+    return gpt2_mean_loss(model);
 }
 
 // One training step with the trainer's update path; returns the step's loss averaged over the processes.
@@ -226,7 +226,7 @@ static float test_step(GPT2* model, const int* x, const int* y, int B, int T, in
     model->pass_number = (unsigned int)step;
     gpt2_forward(model, x, y, B, T, model->loss_scaler.scale / (float)(B * T), stream);
     gpt2_backward(model, B, T, optimizer_next_seed(&model->rng_state), mg, 1, zero_stage, stream);
-    float loss = model->mean_loss;
+    float loss = gpt2_mean_loss(model);
     float norm = gpt2_gradient_norm(model, mg, zero_stage, stream);
     gpt2_update(model, &opt, norm, step + 1, mg, zero_stage, stream);
     return multi_gpu_cpu_float_sum(loss, mg) / mg->num_processes;

@@ -57,6 +57,7 @@ static void* moe_read_reference(FILE* f, const char* path, const int* header, co
 static void moe_check_forward(const GPT2* model, const ReferenceState* reference) {
     const MoEModel* moe = moe_of(model);
     const MoEReference* ref = (const MoEReference*)reference->extension;
+    moe_statistics(model);
     float tol = PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f;
     compare_value("aux loss", moe->aux_loss, ref->aux_loss, tol);
     compare_value("z loss", moe->z_loss, ref->z_loss, tol);

@@ -241,8 +241,10 @@ struct GPT2 {
     int* inputs;       // (B, T) device
     int* targets;      // (B, T) device
     int* inputs_cpu;   // (B, T) host copy for the encoder's backward pass
-    float* losses_cpu;  // (B, T) host
-    float mean_loss;    // the language-model cross-entropy of the last forward pass with targets
+    float* losses_cpu;  // (B, T) pinned host: the per-token losses of the last forward pass with targets
+    cudaEvent_t losses_copied;  // ... are there once this event has completed (gpt2_mean_loss waits for it)
+    int loss_tokens;    // B*T of that pass; 0 once gpt2_mean_loss has summed them
+    float mean_loss;    // their mean (gpt2_mean_loss)
     unsigned int pass_number;  // the training pass (micro-step) number, set by the caller: random layers' seeds
     const MlpExtension* mlp;   // NULL: GPT-2's dense MLP in every layer
     void* mlp_state;
@@ -706,7 +708,8 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     cudaCheck(cudaMalloc((void**)&model->inputs, (size_t)B * T * sizeof(int)));
     cudaCheck(cudaMalloc((void**)&model->targets, (size_t)B * T * sizeof(int)));
     model->inputs_cpu = (int*)malloc_check((size_t)B * T * sizeof(int));
-    model->losses_cpu = (float*)malloc_check((size_t)B * T * sizeof(float));
+    cudaCheck(cudaMallocHost((void**)&model->losses_cpu, (size_t)B * T * sizeof(float)));
+    cudaCheck(cudaEventCreateWithFlags(&model->losses_copied, cudaEventDisableTiming));
     if (model->mlp) model->mlp->allocate_activations(model, B, T);
 }
 
@@ -756,7 +759,8 @@ static void gpt2_free(GPT2* model) {
     cudaCheck(cudaFree(model->inputs));
     cudaCheck(cudaFree(model->targets));
     free(model->inputs_cpu);
-    free(model->losses_cpu);
+    cudaCheck(cudaFreeHost(model->losses_cpu));
+    cudaCheck(cudaEventDestroy(model->losses_copied));
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -768,7 +772,7 @@ static int gpt2_forward_gelu_fusion(const GPT2* model) {
     return model->recompute >= 1 ? 0 : model->gelu_fusion;
 }
 
-// Forward pass over (B, T) tokens. With targets, also the mean loss (model->mean_loss); with
+// Forward pass over (B, T) tokens. With targets, also the losses, whose mean gpt2_mean_loss returns; with
 // dlogits_scale > 0, the logits are replaced by their gradient (scaled by dlogits_scale) for backward.
 static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dlogits_scale,
                          cudaStream_t stream) {
@@ -825,14 +829,27 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
     matmul_forward(a.output, a.lnf, p.wte, nullptr, B, T, C, Vp, stream);
     if (targets) {
         fused_classifier(a.output, a.losses, dlogits_scale, model->targets, B, T, V, Vp, dlogits_scale > 0.0f, stream);
+        // the losses come back without a host synchronisation: the host queues the backward pass (and what else it
+        // can) before gpt2_mean_loss waits for them, so that the GPU never waits for the host between the passes
         cudaCheck(cudaMemcpyAsync(model->losses_cpu, a.losses, (size_t)B * T * sizeof(float), cudaMemcpyDeviceToHost,
                                   stream));
-        cudaCheck(cudaStreamSynchronize(stream));
-        double sum = 0.0;
-        for (int i = 0; i < B * T; i++) sum += model->losses_cpu[i];
-        model->mean_loss = (float)(sum / (B * T));
+        cudaCheck(cudaEventRecord(model->losses_copied, stream));
+        model->loss_tokens = B * T;
         if (model->mlp) model->mlp->end_forward(model, B * T, stream);
     }
+}
+
+// The mean language-model cross-entropy of the last forward pass with targets: waits for its losses (host, in
+// double, in token order).
+static float gpt2_mean_loss(GPT2* model) {
+    if (model->loss_tokens > 0) {
+        cudaCheck(cudaEventSynchronize(model->losses_copied));
+        double sum = 0.0;
+        for (int i = 0; i < model->loss_tokens; i++) sum += model->losses_cpu[i];
+        model->mean_loss = (float)(sum / model->loss_tokens);
+        model->loss_tokens = 0;
+    }
+    return model->mean_loss;
 }
 
 static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
@@ -1644,7 +1661,7 @@ static void evaluate(GPT2* model, DataLoader* val_loader, const TrainerSettings*
         watchdog_begin("validation", step);
         dataloader_next_batch(val_loader);
         gpt2_forward(model, val_loader->inputs, val_loader->targets, s->B, s->T, 0.0f, stream);
-        val_loss += model->mean_loss;
+        val_loss += gpt2_mean_loss(model);
     }
     watchdog_begin("the validation loss all-reduce", step);
     val_loss = multi_gpu_cpu_float_sum((float)(val_loss / s->val_max_steps), mg) / mg->num_processes;
@@ -1722,7 +1739,7 @@ static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* 
         int last_micro_step = micro == grad_accum_steps - 1;
         gpt2_backward(model, s->B, s->T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, s->zero_stage,
                       stream);
-        step_loss += model->mean_loss;
+        step_loss += gpt2_mean_loss(model);
         if (model->mlp) model->mlp->micro_step_done(model);
     }
     r.loss = (float)(step_loss / grad_accum_steps);

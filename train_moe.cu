@@ -108,15 +108,18 @@ typedef struct {
     int dropless;               // dropless routing (-cf 0): the expert buffers packed (else padded to capacity)
     int training;               // a training pass (jitter and noise on)
     float aux_grad_scale;       // scale of the aux and z gradients (the loss-scale / micro-steps)
-    int* rows_src;              // (Lm, E) host: rows per global expert in this process's dispatch layout
+    int* rows_src;              // (Lm, E) pinned host: rows per global expert in this process's dispatch layout
+    cudaEvent_t counts_copied;  // dropless: the layer's rows_src are there (moe_layer_row_counts_finish)
     int* rows_own;              // (Lm, E) host: rows per (group member, local expert) in the expert layout
     float aux_loss, z_loss;     // summed over MoE layers
     float importance_loss, load_loss;  // noisy gating's, summed over MoE layers
     float drop_fraction;        // dropped choices / all choices, over MoE layers
     float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
-    int* expert_counts_cpu;     // (Lm, E) host
-    int* kept_counts_cpu;       // (Lm, E) host
-    float* losses_cpu;          // (Lm, 4) host: aux, z, importance, load of each MoE layer
+    int* expert_counts_cpu;     // (Lm, E) pinned host
+    int* kept_counts_cpu;       // (Lm, E) pinned host
+    float* losses_cpu;          // (Lm, 4) pinned host: aux, z, importance, load of each MoE layer
+    cudaEvent_t statistics_copied;  // those are there once this has completed (moe_statistics)
+    int statistics_tokens;      // N of the forward pass they are of; 0 once moe_statistics has read them
     // the training step's sums over micro-steps (the step line)
     double step_aux, step_z, step_drop, step_load_cv;
 } MoEModel;
@@ -467,11 +470,13 @@ static void moe_allocate_activations(GPT2* model, int B, int T) {
         p += CEIL_DIV(sizes[i], 256) * 256;  // 256-byte alignment for vector loads and cuBLASLt
     }
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
-    moe->expert_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
-    moe->kept_counts_cpu = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
-    moe->losses_cpu = (float*)malloc_check((size_t)(4 * Lm + 1) * sizeof(float));
-    moe->rows_src = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
-    moe->rows_own = (int*)malloc_check((size_t)(Lm * E + 1) * sizeof(int));
+    cudaCheck(cudaMallocHost((void**)&moe->expert_counts_cpu, (size_t)Lm * E * sizeof(int)));
+    cudaCheck(cudaMallocHost((void**)&moe->kept_counts_cpu, (size_t)Lm * E * sizeof(int)));
+    cudaCheck(cudaMallocHost((void**)&moe->losses_cpu, (size_t)4 * Lm * sizeof(float)));
+    cudaCheck(cudaEventCreateWithFlags(&moe->statistics_copied, cudaEventDisableTiming));
+    cudaCheck(cudaMallocHost((void**)&moe->rows_src, (size_t)Lm * E * sizeof(int)));
+    moe->rows_own = (int*)malloc_check((size_t)Lm * E * sizeof(int));
+    cudaCheck(cudaEventCreateWithFlags(&moe->counts_copied, cudaEventDisableTiming));
     char why[256];
     if (!moe_noise_support(B * T, model->config.channels, E, moe->config.top_k, moe->config.noisy_gating,
                            moe->settings.jitter, why, sizeof(why))) {
@@ -484,11 +489,15 @@ static void moe_free(GPT2* model) {
     MoEModel* moe = moe_of(model);
     sharded_parameters_free(&moe->expert_store);
     cudaCheck(cudaFree(moe->acts_memory));
-    free(moe->rows_src);
     free(moe->rows_own);
-    free(moe->expert_counts_cpu);
-    free(moe->kept_counts_cpu);
-    free(moe->losses_cpu);
+    if (moe->acts_memory) {
+        cudaCheck(cudaFreeHost(moe->rows_src));
+        cudaCheck(cudaEventDestroy(moe->counts_copied));
+        cudaCheck(cudaFreeHost(moe->expert_counts_cpu));
+        cudaCheck(cudaFreeHost(moe->kept_counts_cpu));
+        cudaCheck(cudaFreeHost(moe->losses_cpu));
+        cudaCheck(cudaEventDestroy(moe->statistics_copied));
+    }
     expert_parallel_free(&moe->ep);
 }
 
@@ -552,9 +561,12 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
     return l;
 }
 
-// The row counts of layer m's buffers (host): the capacity everywhere when padded; when packed, the kept counts of
-// this process's routing and, exchanged over the expert group, what each member sends to this process's experts.
-static void moe_layer_row_counts(GPT2* model, const MoELayerActivations* l, cudaStream_t stream) {
+// The row counts of layer m's buffers (host): the capacity everywhere when padded; when packed (dropless), the
+// kept counts of this process's routing and, exchanged over the expert group, what each member sends to this
+// process's experts. The grouped GEMMs take their shapes from the host, so dropless the host must wait for the
+// counts: moe_layer_row_counts_begin starts their copy, the caller queues the dispatch, which does not need them,
+// and moe_layer_row_counts_finish waits, so that the dispatch runs while the host waits.
+static void moe_layer_row_counts_begin(GPT2* model, const MoELayerActivations* l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     int E = moe->config.num_experts;
     if (!moe->dropless) {
@@ -562,8 +574,13 @@ static void moe_layer_row_counts(GPT2* model, const MoELayerActivations* l, cuda
         return;
     }
     cudaCheck(cudaMemcpyAsync(l->rows_src, l->kept_count, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaStreamSynchronize(stream));
-    expert_parallel_exchange_counts(&moe->ep, l->rows_own, l->rows_src, E, stream);
+    cudaCheck(cudaEventRecord(moe->counts_copied, stream));
+}
+static void moe_layer_row_counts_finish(GPT2* model, const MoELayerActivations* l, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    if (!moe->dropless) return;
+    cudaCheck(cudaEventSynchronize(moe->counts_copied));
+    expert_parallel_exchange_counts(&moe->ep, l->rows_own, l->rows_src, moe->config.num_experts, stream);
 }
 
 // Packed layout: the rows of each of this process's experts (E_l, host), what every group member sent it; returns
@@ -652,10 +669,11 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K,
                      moe->capacity_used, moe->dropless, stream);
-    moe_layer_row_counts(model, &l, stream);
+    moe_layer_row_counts_begin(model, &l, stream);
     int rows_src = moe->dropless ? N * K : E * moe->capacity_used;
     floatX* dispatched = exchange_rows ? a->scratch_src : l.expert_input;
     moe_dispatch(dispatched, ln2, l.row_choice, rows_src, K, C, stream);
+    moe_layer_row_counts_finish(model, &l, stream);
     if (exchange_rows)
         expert_parallel_exchange(&moe->ep, dispatched, l.expert_input, l.rows_src, l.rows_own, E, C, 1, stream);
     moe_experts_linear_forward(model, &l, l.expert_act, l.expert_input, lp.efcw,
@@ -762,16 +780,13 @@ static MoELayerStatistics moe_layer_statistics(const GPT2* model, int m, int N) 
     return st;
 }
 
-// Telemetry of the last forward pass's MoE layers (host): aux and z losses, and the routing statistics
-// (drop fraction averaged, load min and max over layers, CV averaged).
-static void moe_collect_statistics(GPT2* model, int N, cudaStream_t stream) {
+// Telemetry of the last forward pass's MoE layers: its losses and counts come back to the host without a
+// synchronisation (pinned buffers and an event, like the loss: gpt2_forward), and moe_statistics turns them into
+// the aux and z losses and the routing statistics (drop fraction averaged, load min and max over layers, CV
+// averaged) when they are first needed.
+static void moe_end_forward(GPT2* model, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    const MoEConfig* c = &moe->config;
-    int Lm = num_moe_layers(model), E = c->num_experts;
-    moe->aux_loss = moe->z_loss = moe->importance_loss = moe->load_loss = moe->drop_fraction = 0.0f;
-    moe->load_min = moe->load_max = moe->load_cv = 0.0f;
-    if (Lm == 0) return;
-    double drop = 0.0, load_min = 1e30, load_max = 0.0, cv = 0.0;
+    int Lm = num_moe_layers(model), E = moe->config.num_experts;
     for (int m = 0; m < Lm; m++) {
         MoELayerActivations l = moe_layer_activations(model, m, N);
         cudaCheck(cudaMemcpyAsync(moe->losses_cpu + 4 * m, l.losses, 4 * sizeof(float), cudaMemcpyDeviceToHost,
@@ -781,7 +796,19 @@ static void moe_collect_statistics(GPT2* model, int N, cudaStream_t stream) {
         cudaCheck(cudaMemcpyAsync(moe->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int), cudaMemcpyDeviceToHost,
                                   stream));
     }
-    cudaCheck(cudaStreamSynchronize(stream));
+    cudaCheck(cudaEventRecord(moe->statistics_copied, stream));
+    moe->statistics_tokens = N;
+}
+
+static void moe_statistics(const GPT2* model) {
+    MoEModel* moe = moe_of(model);
+    int N = moe->statistics_tokens;
+    if (N == 0) return;  // already done
+    moe->statistics_tokens = 0;
+    cudaCheck(cudaEventSynchronize(moe->statistics_copied));
+    int Lm = num_moe_layers(model);
+    moe->aux_loss = moe->z_loss = moe->importance_loss = moe->load_loss = 0.0f;
+    double drop = 0.0, load_min = 1e30, load_max = 0.0, cv = 0.0;
     for (int m = 0; m < Lm; m++) {
         moe->aux_loss += moe->losses_cpu[4 * m];
         moe->z_loss += moe->losses_cpu[4 * m + 1];
@@ -899,6 +926,7 @@ static void read_expert_state(const char* dir, int step, GPT2* model) {
 
 // Per MoE layer, after a validation pass: its aux and z losses, dropped choices and expert loads.
 static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
+    moe_statistics(model);
     for (int m = 0; m < num_moe_layers(model); m++) {
         MoELayerStatistics st = moe_layer_statistics(model, m, N);
         // aux: every balancing loss of the layer (Switch's, and noisy gating's importance and load losses)
@@ -1062,6 +1090,7 @@ static void moe_step_begin(GPT2* model) {
 }
 static void moe_micro_step_done(GPT2* model) {
     MoEModel* moe = moe_of(model);
+    moe_statistics(model);
     moe->step_aux += moe->aux_loss + moe->importance_loss + moe->load_loss;  // every balancing loss
     moe->step_z += moe->z_loss;
     moe->step_drop += moe->drop_fraction;
@@ -1089,7 +1118,7 @@ static const MlpExtension moe_extension = {
     moe_tensor_sizes, moe_init_std, moe_own_parameter_count, moe_allocate_parameters,
     moe_set_parameters, moe_get_parameters, moe_get_gradients, moe_gathers_model_file,
     moe_own_set, moe_own_group, moe_own_norm_sum, moe_active_parameters_per_token,
-    moe_activation_bytes, moe_allocate_activations, moe_begin_forward, moe_forward, moe_collect_statistics,
+    moe_activation_bytes, moe_allocate_activations, moe_begin_forward, moe_forward, moe_end_forward,
     moe_backward, moe_reduce_layer, moe_free,
     "train_moe", moe_flag_table, (int)(sizeof(moe_flag_table) / sizeof(moe_flag_table[0])), "MoE options (train_moe):",
     moe_check_flags, moe_setup, moe_check_model, moe_info_rows, moe_collective_forward,
