@@ -20,7 +20,10 @@
 // loop is an axpy over contiguous floats (one thread's scores over a tile's rows, or its accumulator over HS):
 // on the GPU all threads of a warp read the same shared address (a broadcast), on the CPU backend the loops
 // vectorize. Own rows are stored transposed, (HS, FLASH_ROWS), so a warp reading its rows' element d hits
-// consecutive banks.
+// consecutive banks. A thread's scores live in registers (one per tile row, the loops over them unrolled); its
+// probabilities (and ds) then go to its own column of shared memory, so that the loop accumulating them times
+// a tile row stays rolled: one iteration per tile row, HS FMAs each. Unrolling it too would make each kernel
+// FLASH_TILE * HS FMAs of straight-line code, and nvcc minutes per file.
 //
 // This is the portable path: plain fp32 FMAs on every GPU and precision. A tensor-core path (mma.sync or WMMA
 // for bf16/fp16) is not here because the CPU backend, where every test runs, emulates neither (cpu/include
@@ -47,10 +50,14 @@ bool flash_attention_support(int C, int NH, char* why, size_t why_size) {
 }
 
 // Shared memory in bytes of each kernel for head size HS (the layouts are in the kernels)
-static size_t flash_forward_shared_bytes(int HS) { return sizeof(float) * HS * (FLASH_ROWS + 2 * FLASH_TILE); }
-static size_t flash_dq_shared_bytes(int HS) { return sizeof(float) * HS * (2 * FLASH_ROWS + 3 * FLASH_TILE); }
+static size_t flash_forward_shared_bytes(int HS) {
+    return sizeof(float) * (HS * (FLASH_ROWS + 2 * FLASH_TILE) + FLASH_TILE * FLASH_ROWS);
+}
+static size_t flash_dq_shared_bytes(int HS) {
+    return sizeof(float) * (HS * (2 * FLASH_ROWS + 3 * FLASH_TILE) + FLASH_TILE * FLASH_ROWS);
+}
 static size_t flash_dkv_shared_bytes(int HS) {
-    return sizeof(float) * (HS * (2 * FLASH_ROWS + 4 * FLASH_TILE) + 2 * FLASH_TILE);
+    return sizeof(float) * (HS * (2 * FLASH_ROWS + 4 * FLASH_TILE) + 2 * FLASH_TILE + 2 * FLASH_TILE * FLASH_ROWS);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -81,6 +88,18 @@ __device__ void flash_load_rows(float* row_major, float* transposed, const float
     }
 }
 
+// y (N) += a[0] * x[0, :] + a[a_stride] * x[1, :] + a[2 a_stride] * x[2, :] + a[3 a_stride] * x[3, :], x's rows
+// x_stride apart, added in that order: every product below is a sum of such steps. Four rows at a time so that
+// the CPU backend loads and stores y[n] once per four FMAs (y stays in registers on the GPU either way); the
+// order of the additions is that of one row at a time.
+template <int N>
+__device__ inline void flash_add_rows4(float* y, const float* a, int a_stride, const float* x, int x_stride) {
+    const float a0 = a[0], a1 = a[a_stride], a2 = a[2 * a_stride], a3 = a[3 * a_stride];
+#pragma unroll
+    for (int n = 0; n < N; n++)
+        y[n] = y[n] + a0 * x[n] + a1 * x[x_stride + n] + a2 * x[2 * x_stride + n] + a3 * x[3 * x_stride + n];
+}
+
 // ----------------------------------------------------------------------------------------------------
 // Forward. Block (query block, head h, batch row b); thread i of the block owns query q0 + i. Scores are kept in
 // base 2: q is scaled by scale * log2(e) on load, so p = exp2(s - m) with s = q.k in those units.
@@ -95,6 +114,7 @@ __global__ void __launch_bounds__(FLASH_ROWS)
     float* q_t = flash_forward_shared;     // (HS, FLASH_ROWS) this block's queries, times scale * log2(e)
     float* k_t = q_t + HS * FLASH_ROWS;    // (HS, FLASH_TILE) the key tile, transposed
     float* v_tile = k_t + HS * FLASH_TILE;  // (FLASH_TILE, HS) the value tile
+    float* p_t = v_tile + FLASH_TILE * HS;  // (FLASH_TILE, FLASH_ROWS) each thread's probabilities, in its column
     const int C = NH * HS;
     const int h = blockIdx.y, b = blockIdx.z;
     // the longest query blocks (most key tiles) start first, so that short ones fill the tail
@@ -115,11 +135,9 @@ __global__ void __launch_bounds__(FLASH_ROWS)
         float s[FLASH_TILE];
 #pragma unroll
         for (int j = 0; j < FLASH_TILE; j++) s[j] = 0.0f;
-        for (int d = 0; d < HS; d++) {
-            const float q_d = q_t[d * FLASH_ROWS + threadIdx.x];
-#pragma unroll
-            for (int j = 0; j < FLASH_TILE; j++) s[j] += q_d * k_t[d * FLASH_TILE + j];
-        }
+        for (int d = 0; d < HS; d += 4)
+            flash_add_rows4<FLASH_TILE>(s, q_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, k_t + d * FLASH_TILE,
+                                        FLASH_TILE);
         // key 0 is in the first tile and attended by every query, so m is finite from the first tile on and
         // exp2(m_old - m_new) is 0 there (acc and l are 0 anyway), never NaN
         float tile_max = -INFINITY;
@@ -137,9 +155,10 @@ __global__ void __launch_bounds__(FLASH_ROWS)
         for (int j = 0; j < FLASH_TILE; j++) {
             const float p = k0 + j <= query ? exp2f(s[j] - m_new) : 0.0f;
             l += p;
-#pragma unroll
-            for (int d = 0; d < HS; d++) acc[d] += p * v_tile[j * HS + d];
+            p_t[j * FLASH_ROWS + threadIdx.x] = p;
         }
+        for (int j = 0; j < FLASH_TILE; j += 4)
+            flash_add_rows4<HS>(acc, p_t + j * FLASH_ROWS + threadIdx.x, FLASH_ROWS, v_tile + j * HS, HS);
         m = m_new;
     }
     if (query >= T) return;
@@ -175,6 +194,7 @@ __global__ void __launch_bounds__(FLASH_ROWS)
     float* k_t = dout_t + HS * FLASH_ROWS;      // (HS, FLASH_TILE) the key tile, transposed
     float* k_tile = k_t + HS * FLASH_TILE;      // (FLASH_TILE, HS) the key tile
     float* v_t = k_tile + HS * FLASH_TILE;      // (HS, FLASH_TILE) the value tile, transposed
+    float* ds_t = v_t + HS * FLASH_TILE;        // (FLASH_TILE, FLASH_ROWS) each thread's ds, in its column
     const int C = NH * HS;
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_ROWS;
@@ -192,7 +212,8 @@ __global__ void __launch_bounds__(FLASH_ROWS)
         const floatX* out_row = out + ((size_t)b * T + query) * C + h * HS;
         for (int d0 = 0; d0 < HS; d0 += x128::size) {
             const x128 packed = load128(out_row + d0);
-            for (int k = 0; k < x128::size; k++) row_delta += dout_t[(d0 + k) * FLASH_ROWS + threadIdx.x] * (float)packed[k];
+            for (int k = 0; k < x128::size; k++)
+                row_delta += dout_t[(d0 + k) * FLASH_ROWS + threadIdx.x] * (float)packed[k];
         }
         delta[row] = row_delta;
     }
@@ -208,22 +229,19 @@ __global__ void __launch_bounds__(FLASH_ROWS)
         float s[FLASH_TILE], dp[FLASH_TILE];
 #pragma unroll
         for (int j = 0; j < FLASH_TILE; j++) s[j] = dp[j] = 0.0f;
-        for (int d = 0; d < HS; d++) {
-            const float q_d = q_t[d * FLASH_ROWS + threadIdx.x];
-            const float dout_d = dout_t[d * FLASH_ROWS + threadIdx.x];
-#pragma unroll
-            for (int j = 0; j < FLASH_TILE; j++) {
-                s[j] += q_d * k_t[d * FLASH_TILE + j];
-                dp[j] += dout_d * v_t[d * FLASH_TILE + j];
-            }
+        for (int d = 0; d < HS; d += 4) {
+            flash_add_rows4<FLASH_TILE>(s, q_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, k_t + d * FLASH_TILE,
+                                        FLASH_TILE);
+            flash_add_rows4<FLASH_TILE>(dp, dout_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, v_t + d * FLASH_TILE,
+                                        FLASH_TILE);
         }
 #pragma unroll
         for (int j = 0; j < FLASH_TILE; j++) {
             const float p = (k0 + j <= query && query < T) ? exp2f(s[j] - stat_log2) : 0.0f;
-            const float ds = p * (dp[j] - row_delta);
-#pragma unroll
-            for (int d = 0; d < HS; d++) dq[d] += ds * k_tile[j * HS + d];
+            ds_t[j * FLASH_ROWS + threadIdx.x] = p * (dp[j] - row_delta);
         }
+        for (int j = 0; j < FLASH_TILE; j += 4)
+            flash_add_rows4<HS>(dq, ds_t + j * FLASH_ROWS + threadIdx.x, FLASH_ROWS, k_tile + j * HS, HS);
     }
     if (query >= T) return;
     floatX* dq_row = dinp + ((size_t)b * T + query) * 3 * C + h * HS;
@@ -251,6 +269,8 @@ __global__ void __launch_bounds__(FLASH_ROWS)
     float* dout_tile = dout_t + HS * FLASH_TILE;   // (FLASH_TILE, HS) its output gradients
     float* stat_log2 = dout_tile + HS * FLASH_TILE;  // (FLASH_TILE) its base-2 log-sum-exps
     float* tile_delta = stat_log2 + FLASH_TILE;    // (FLASH_TILE) its deltas
+    float* p_t = tile_delta + FLASH_TILE;          // (FLASH_TILE, FLASH_ROWS) each thread's p, in its column
+    float* ds_t = p_t + FLASH_TILE * FLASH_ROWS;   // (FLASH_TILE, FLASH_ROWS) and ds
     const int C = NH * HS;
     const int h = blockIdx.y, b = blockIdx.z;
     // blocks of early keys are attended by the most queries: in block order they start first
@@ -277,25 +297,22 @@ __global__ void __launch_bounds__(FLASH_ROWS)
         float s[FLASH_TILE], dp[FLASH_TILE];
 #pragma unroll
         for (int i = 0; i < FLASH_TILE; i++) s[i] = dp[i] = 0.0f;
-        for (int d = 0; d < HS; d++) {
-            const float k_d = k_t[d * FLASH_ROWS + threadIdx.x];
-            const float v_d = v_t[d * FLASH_ROWS + threadIdx.x];
-#pragma unroll
-            for (int i = 0; i < FLASH_TILE; i++) {
-                s[i] += k_d * q_t[d * FLASH_TILE + i];
-                dp[i] += v_d * dout_t[d * FLASH_TILE + i];
-            }
+        for (int d = 0; d < HS; d += 4) {
+            flash_add_rows4<FLASH_TILE>(s, k_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, q_t + d * FLASH_TILE,
+                                        FLASH_TILE);
+            flash_add_rows4<FLASH_TILE>(dp, v_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, dout_t + d * FLASH_TILE,
+                                        FLASH_TILE);
         }
 #pragma unroll
         for (int i = 0; i < FLASH_TILE; i++) {
             // query q0 + i attends this key when it is not before it; queries past T are zero rows, masked too
             const float p = (q0 + i >= key && q0 + i < T) ? exp2f(s[i] - stat_log2[i]) : 0.0f;
-            const float ds = p * (dp[i] - tile_delta[i]);
-#pragma unroll
-            for (int d = 0; d < HS; d++) {
-                dv[d] += p * dout_tile[i * HS + d];
-                dk[d] += ds * q_tile[i * HS + d];
-            }
+            p_t[i * FLASH_ROWS + threadIdx.x] = p;
+            ds_t[i * FLASH_ROWS + threadIdx.x] = p * (dp[i] - tile_delta[i]);
+        }
+        for (int i = 0; i < FLASH_TILE; i += 4) {
+            flash_add_rows4<HS>(dv, p_t + i * FLASH_ROWS + threadIdx.x, FLASH_ROWS, dout_tile + i * HS, HS);
+            flash_add_rows4<HS>(dk, ds_t + i * FLASH_ROWS + threadIdx.x, FLASH_ROWS, q_tile + i * HS, HS);
         }
     }
     if (key >= T) return;
@@ -314,8 +331,9 @@ __global__ void __launch_bounds__(FLASH_ROWS)
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Launchers, one instance per head size. Over 48 KiB of shared memory a kernel must opt in (HS = 128, and
-// HS = 64 in the backward); the largest, 128.25 KiB (dk/dv at HS = 128), fits sm_80's 163 KiB and sm_90's 227.
+// Launchers, one instance per head size. Over 48 KiB of shared memory a kernel must opt in (the forward at
+// HS = 128, the backward from HS = 64, dk/dv from HS = 32); the largest, 144.25 KiB (dk/dv at HS = 128), fits
+// sm_80's 163 KiB and sm_90's 227.
 
 template <int HS>
 static void flash_attention_forward_launch(floatX* out, float* stats, const floatX* inp, int B, int T, int NH,
