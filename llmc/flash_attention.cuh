@@ -5,8 +5,8 @@
 // Same inputs, outputs and statistics as llmc/cudnn_att.cuh (q, k, v read in place from the packed (B, T, 3C)
 // qkv, out (B, T, C), stats = max + log(sum exp) of scale * q.k over the attended keys), so a trainer can swap
 // one for the other; unlike cuDNN it runs in fp32, bf16 and fp16 and on the CPU backend.
-// Included by the lab; no library needed (nvcc or cpu/cucc). Lab files: dev/cuda/flash_attention_forward.cu,
-// dev/cuda/flash_attention_backward.cu.
+// Included by its labs (not yet by the trainers); no library needed (nvcc or cpu/cucc). Lab files:
+// dev/cuda/flash_attention_forward.cu, dev/cuda/flash_attention_backward.cu.
 //
 // Scheme. A block owns FLASH_ROWS rows of one (batch row, head), one row per thread: queries in the forward
 // pass and in the dq pass, keys in the dk/dv pass. It streams the other side through shared memory FLASH_TILE
@@ -26,8 +26,11 @@
 // FLASH_TILE * HS FMAs of straight-line code, and nvcc minutes per file.
 //
 // This is the portable path: plain fp32 FMAs on every GPU and precision. A tensor-core path (mma.sync or WMMA
-// for bf16/fp16) is not here because the CPU backend, where every test runs, emulates neither (cpu/include
-// has no nvcuda::wmma and g++ cannot compile PTX); see dev/cuda/flash_attention_forward.cu.
+// for bf16/fp16 on sm_80+) is not here because the CPU backend, where every test runs, could not run it: g++
+// cannot compile mma.sync's inline PTX, and cpu/include has no nvcuda::wmma (fragments, load_matrix_sync,
+// mma_sync, store_matrix_sync), which it would have to emulate first.
+// Registers (nvcc 13, sm_80 and sm_90): at most 255 per thread and no spills, except dk/dv at HS = 128,
+// whose two accumulators (256 floats) cannot fit and live in local memory.
 #pragma once
 #include <math.h>
 #include "common.cuh"
@@ -35,7 +38,7 @@
 constexpr int FLASH_ROWS = 64;  // rows a block owns, one per thread (the block size)
 constexpr int FLASH_TILE = 32;  // rows of a streamed tile
 
-// head sizes with a compiled kernel (see flash_attention_dispatch)
+// the head sizes with a compiled kernel (the switches in flash_attention_forward and flash_attention_backward)
 bool flash_attention_support(int C, int NH, char* why, size_t why_size) {
     if (NH < 1 || C < 1 || C % NH != 0) {
         snprintf(why, why_size, "channels C=%d must be a positive multiple of the head count NH=%d", C, NH);
