@@ -98,3 +98,26 @@ static void attention_backward_reference(std::vector<float>& dinp, const std::ve
                     for (int d = 0; d < HS; d++) dinp[L.packed(part, b, t, h, d)] = (float)dqkv[L.heads(part, b, t, h, d)];
         }
 }
+
+// the softmax statistics of the flash path and cuDNN (B, NH, T): stats = log(sum_{s <= t} exp(scale * q_t . k_s)),
+// from packed inp; max-subtracted in double, so it is exact to double rounding for any logits
+static void attention_stats_reference(std::vector<float>& stats, const std::vector<float>& inp, int B, int T, int C,
+                                      int NH) {
+    const AttentionLayout L(B, T, C, NH);
+    const double scale = 1.0 / sqrt((double)L.HS);
+    std::vector<double> scores(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                double max_score = -1e300;
+                for (int s = 0; s <= t; s++) {
+                    double dot = 0.0;
+                    for (int d = 0; d < L.HS; d++) dot += (double)inp[L.packed(0, b, t, h, d)] * inp[L.packed(1, b, s, h, d)];
+                    scores[s] = dot * scale;
+                    max_score = fmax(max_score, scores[s]);
+                }
+                double sum = 0.0;
+                for (int s = 0; s <= t; s++) sum += exp(scores[s] - max_score);
+                stats[((size_t)b * NH + h) * T + t] = (float)(max_score + log(sum));
+            }
+}
