@@ -75,6 +75,17 @@ $(BUILT:$(BUILD)/%=$(GPU_BUILD)/%): $(GPU_BUILD)/%: $$(SOURCES_$$(call program_o
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(call precision_flag,$*) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
 
+# The BF16 trainers under --sanitize, and a data shard, for the production-size runs in edge mode
+# (dev/test/test_production_runs.sh)
+SANITIZED := $(BUILD)/sanitize/train_gpt_bf16 $(BUILD)/sanitize/train_moe_bf16
+$(SANITIZED): $(BUILD)/sanitize/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC) $(BACKEND)
+	@mkdir -p $(dir $@)
+	$(CUCC) --sanitize -O1 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ $(CPU_LIBS)
+$(BUILD)/prod/train.bin: train_gpt.py
+	@mkdir -p $(dir $@)
+	$(PYTHON) train_gpt.py --write-shard $@ --shard-tokens 262144 --V 263 --seed 7 >/dev/null
+PRODUCTION := $(SANITIZED) $(BUILD)/prod/train.bin
+
 # The PyTorch reference states (doc/formats.md, "Debug state"): build/ref/NAME_{fp32,bf16}_debug_state.bin and
 # its model file. GPT: tiny; MoE: one line per configuration, MOE_REF_<configuration> its flags
 PYTHON := /usr/bin/python3
@@ -159,7 +170,7 @@ $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 test:
 	scripts/install_deps.sh
 	$(if $(T),dev/test/run_tests.sh $(T),$(MAKE) run-tests)
-run-tests: $(CPU_TESTS) $(GPT_TESTS) $(MOE_TESTS) labs checked
+run-tests: $(CPU_TESTS) $(GPT_TESTS) $(MOE_TESTS) $(PRODUCTION) labs checked
 	dev/test/run_tests.sh
 
 

@@ -36,6 +36,10 @@ selected() {
 declare -A NEEDS=(
     [multi-gpu]="build/test_host_utils"
     [train-gpt-cli]="build/train_gpt_fp32 build/ref/tiny_fp32_debug_state.bin"
+    [production-gpt-124m]="build/sanitize/train_gpt_bf16 build/prod/train.bin"
+    [production-gpt-1.5b]="build/sanitize/train_gpt_bf16 build/prod/train.bin"
+    [production-moe-8x-ep2]="build/sanitize/train_moe_bf16 build/prod/train.bin"
+    [production-moe-64x8-dropless]="build/sanitize/train_moe_bf16 build/prod/train.bin"
     [train-moe-cli]="build/train_moe_fp32 build/train_gpt_fp32 build/ref/tiny_fp32_debug_state.bin
                      build/ref/moe_k1_cf0.5_fp32_debug_state.bin"
 )
@@ -126,6 +130,10 @@ run_test nccl-3-ranks $MPIRUN -np 3 build/test_nccl
 run_test host-utils build/test_host_utils
 run_test production-sizes build/test_production_sizes
 run_test production-sizes-sanitize build/test_production_sizes_sanitize
+# the trainers at production shapes, in edge mode under --sanitize (minutes each)
+for run in gpt-124m gpt-1.5b moe-8x-ep2 moe-64x8-dropless; do
+    run_test "production-$run" dev/test/test_production_runs.sh $run
+done
 run_test multi-gpu dev/test/test_multi_gpu.sh build/test_host_utils
 run_test reference /usr/bin/python3 dev/test/test_reference.py
 run_test reference-moe /usr/bin/python3 dev/test/test_reference_moe.py
