@@ -22,7 +22,8 @@ run=${1:-}
 case $run in
     gpt-124m) cmd=("$GPT" "${COMMON[@]}" -e d12 -b 64) ;;
     gpt-1.5b) cmd=("$GPT" "${COMMON[@]}" -e d48 -b 16) ;;
-    moe-8x-ep2) cmd=($MPIRUN -np 2 "$MOE" "${COMMON[@]}" -e d12 -ne 8 -me 2 -ep 2 -b 64) ;;
+    # Open MPI's own allocations (strdup'ed names) stay allocated at exit: LeakSanitizer would fail the run on them
+    moe-8x-ep2) cmd=(env ASAN_OPTIONS=detect_leaks=0 $MPIRUN -np 2 "$MOE" "${COMMON[@]}" -e d12 -ne 8 -me 2 -ep 2 -b 64) ;;
     moe-64x8-dropless) cmd=("$MOE" "${COMMON[@]}" -e d12 -ne 64 -tk 8 -me 2 -eh 768 -cf 0 -b 16) ;;
     *) echo "usage: $0 gpt-124m|gpt-1.5b|moe-8x-ep2|moe-64x8-dropless" >&2; exit 2 ;;
 esac
