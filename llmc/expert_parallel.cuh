@@ -19,6 +19,9 @@
 //                     contiguous for its GEMM.
 // The counts are host arrays: equal to the capacity in the padded layout (no exchange needed), the exact counts
 // in the dropless packed one (exchanged first, expert_parallel_exchange_counts).
+// Row offsets and element counts are size_t: rows times C passes 2^31 at production sizes (dropless, degree 8 with
+// N*k = 2^19 choices each: 2^22 rows at an owner); a single count of rows stays an int (at most N*k < 2^30,
+// which moe_assign_slots_launch requires).
 // Two communicators are in use at once: group_comm on the compute stream, and the world's (and the replicas') on
 // the NCCL stream, where the gradient reductions overlap the backward pass. NCCL operations of two communicators
 // in flight at the same time can deadlock (each GPU may start them in a different order), so every group

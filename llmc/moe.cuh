@@ -11,6 +11,8 @@
 //   expert_index, choice_row (N, k) int           gates, d_gates (N, k) fp32
 //   row_choice (R) int                            expert_count, kept_count (E) int
 //   x, out, dout, dx (N, C) floatX                expert_input, expert_output and their gradients (R, C) floatX
+//   scratch of the slot assignment and of the losses: moe_assign_slots_scratch_size ints, moe_router_losses_partials_size
+//   floats (the caller's, so that no call allocates)
 // A "choice" (t, j) is the j-th expert of token t, flattened as t*k + j. The expert buffer holds one row per kept
 // choice, grouped by expert in expert order, in one of two layouts:
 //   padded (a capacity limit): expert e owns rows [e*cap, (e+1)*cap), R = E*cap; the rows past its kept choices
@@ -23,6 +25,10 @@
 // capacity = N, which no expert can exceed since a token's k experts are distinct).
 // Sizes supported (moe_support): C a multiple of 8 (16-byte vectors of a row), 1 <= E <= 256 (a warp holds a
 // token's logits in 8 registers per lane), 1 <= k <= min(E, 32) (lane j keeps the j-th pick).
+// Index arithmetic: element offsets into (N, E), (N, C) and (R, C) arrays are size_t (N*C, R*C pass 2^31 at
+// production sizes: R = N*k rows dropless, times C); choice and row indices are int, which moe_assign_slots_launch
+// bounds (N*k < 2^30 choices, E*capacity < 2^30 rows) for every kernel after it: at N = 65536 tokens, k = 32 and
+// E = 256 they are 2^21 and at most 2^24. Grids are at most max(R, N*k) / 8 blocks of warps.
 #pragma once
 #include <limits.h>
 #include <math.h>
@@ -31,9 +37,11 @@
 #define MOE_MAX_EXPERTS 256
 #define MOE_MAX_TOP_K 32
 #define MOE_WARP_KERNEL_BLOCK_SIZE 256   // warp-per-item kernels: 8 items per block
-#define MOE_SLOTS_BLOCK_SIZE 1024        // at most: one block per expert scans the N*k choices 4096 at a time
-#define MOE_SLOTS_ITEMS 4                // choices per thread per step of the slot scan
-#define MOE_LOSSES_BLOCK_SIZE 1024       // at most
+#define MOE_SLOTS_BLOCK_SIZE 256         // slot count and assign passes: a tile of 512 choices per block
+#define MOE_SLOTS_ITEMS 2                // choices per thread in a tile of the slot passes
+#define MOE_SLOTS_SCAN_BLOCK_SIZE 1024   // the slot scan's one block: 1024 / E threads share each expert's tiles
+#define MOE_LOSSES_BLOCK_SIZE 256        // the losses' first pass
+#define MOE_LOSSES_MAX_BLOCKS 512        // its grid at most: the partials scratch holds 2 floats per block
 
 // ----------------------------------------------------------------------------------------------------
 // Router forward: one warp per token; lane owns experts lane, lane + 32, ... (LOGITS_PER_LANE of them, the
@@ -126,80 +134,168 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Slot assignment: one block per expert e walks the N*k choices in priority order p = j*N + t (every first
-// choice in token order, then every second choice, ...), MOE_SLOTS_ITEMS * blockDim.x at a time: thread x
-// takes positions base + i*blockDim.x + x for i < MOE_SLOTS_ITEMS, so that its loads are in flight together and
-// one pair of barriers serves them all (the scan is latency-bound: E blocks, a few chunks each). A ballot per
-// warp and item, and the warps' counts in shared memory, give each choice of e its exclusive prefix count = its
-// slot s; s >= capacity is dropped (-1), a kept choice gets row first_row(e) + s. Only block e writes the
-// choices of expert e and the rows of e, so no two threads ever compete for a slot, and the result depends on
-// expert_index alone. Padded layout: first_row = e * capacity, and rows [kept, capacity) of e are marked padding
-// (-1) afterwards. Packed layout (dropless, capacity = N): first_row = the choices routed to experts below e,
-// counted by the block in a first pass (__syncthreads_count over the choices).
-// Floor: every block reads the whole of expert_index once (twice when packed; E * N*k * 4 bytes from L2 after
-// the first: DRAM reads N*k*4) and the writes are N*k*4 (choice_row) + R*4 (row_choice) + 8*E bytes.
-__global__ void moe_assign_slots_kernel(int* __restrict__ choice_row, int* __restrict__ row_choice,
-                                        int* __restrict__ expert_count, int* __restrict__ kept_count,
-                                        const int* __restrict__ expert_index, int N, int k, int capacity,
-                                        bool packed) {
-    __shared__ int warp_counts[MOE_SLOTS_ITEMS * 32];  // (item, warp): choices of this expert
-    const int expert = blockIdx.x;
+// Slot assignment, three passes over tiles of the priority order p = j*N + t (every first choice in token order,
+// then every second choice, ...; choice = t*k + j). A tile is MOE_SLOTS_ITEMS * blockDim.x consecutive
+// priorities, one block each; warp w of a block takes the tile's priorities [w*32*ITEMS, (w+1)*32*ITEMS), 32 at a
+// time (item i: lane x takes w*32*ITEMS + i*32 + x), so that the order inside a tile is (warp, item, lane).
+//   1. count: block b counts its tile's choices per expert: counts[b, e];
+//   2. scan (one block): per expert, the exclusive prefix of counts over the tiles in place (slot of the tile's
+//      first choice of e), the totals expert_count[e] and kept_count[e] = min(total, capacity), and each expert's
+//      first row (padded: e * capacity; packed: the choices routed to the experts below e);
+//   3. assign: block b gives each choice of its tile its slot s = the tile's offset for e + the choices of e
+//      before it in the tile; s >= capacity is dropped (-1), a kept choice gets row first_row[e] + s.
+// Inside a tile, a choice's rank among the choices of its expert comes from the warp's peer mask (the lanes with
+// the same expert: one ballot per bit of the expert index, as __match_any_sync would give, which the CPU backend
+// lacks), the counts of earlier items of its warp and, after a scan over the warps in shared memory, the counts of
+// earlier warps. Integers only and every count has one writer, so the result depends on expert_index alone (the
+// same slots as one pass in priority order, doc/moe.md). Padded layout: rows [kept_count[e], capacity) of each
+// expert are marked padding (-1) by the assign pass, grid-strided; the packed layout (dropless) has no padding.
+// Floor: DRAM reads N*k*4 bytes of expert_index (the assign pass reads them again, from L2) and writes N*k*4
+// (choice_row) + R*4 (row_choice) + 8*E; the counts, (N*k / tile) * E ints, stay in L2. At N = 65536, k = 1, E = 8
+// with CF 1.25 that is 0.8 MB (0.2 us at ~4.8 TB/s), at k = 8, E = 64 6.8 MB (1.4 us): below the three dependent
+// launches (a few us), so what matters is that every pass spreads over the GPU: N*k / 512 blocks (128 at 65536
+// choices) instead of one block per expert, each of which walked all N*k choices.
+
+// the lanes of this warp whose expert equals this lane's, among the lanes with valid set (every lane calls it);
+// expert_bits: the bits of the largest expert index
+__device__ inline unsigned int moe_warp_peers(int expert, bool valid, int expert_bits) {
+    unsigned int peers = __ballot_sync(0xffffffff, valid);
+    for (int b = 0; b < expert_bits; b++) {
+        const bool bit = (expert >> b) & 1;
+        const unsigned int ones = __ballot_sync(0xffffffff, bit);
+        peers &= bit ? ones : ~ones;
+    }
+    return peers;
+}
+
+// choice (t*k + j) of priority p = j*N + t
+__device__ inline int moe_choice_of_priority(int priority, int N, int k) { return (priority % N) * k + priority / N; }
+
+__global__ void moe_slots_count_kernel(int* __restrict__ tile_counts, const int* __restrict__ expert_index, int N,
+                                       int E, int k, int expert_bits) {
+    __shared__ int counts[MOE_MAX_EXPERTS];
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int num_choices = N * k;  // < 2^30: moe_assign_slots_launch
+    for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+    __syncthreads();
+    const int warp_base = blockIdx.x * MOE_SLOTS_ITEMS * blockDim.x + warp * 32 * MOE_SLOTS_ITEMS;
+    for (int i = 0; i < MOE_SLOTS_ITEMS; i++) {
+        const int priority = warp_base + i * 32 + lane;
+        const bool valid = priority < num_choices;
+        const int expert = valid ? expert_index[moe_choice_of_priority(priority, N, k)] : 0;
+        const unsigned int peers = moe_warp_peers(expert, valid, expert_bits);
+        // the lowest lane of each group of peers adds the group: integer adds, in any order the same sum
+        if (valid && __ffs(peers) - 1 == lane) atomicAdd(&counts[expert], __popc(peers));
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) tile_counts[(size_t)blockIdx.x * E + e] = counts[e];
+}
+
+// One block of at least E threads (any multiple of 32, up to 1024): thread (segment, e) = (x / E, x % E) owns
+// expert e's counts over one contiguous range of tiles; segment sums, their exclusive scan per expert (thread e),
+// then each thread rewrites its range as exclusive offsets. first_row (E) goes to the scratch after the counts.
+__global__ void moe_slots_scan_kernel(int* __restrict__ tile_counts, int* __restrict__ first_row,
+                                      int* __restrict__ expert_count, int* __restrict__ kept_count, int num_tiles,
+                                      int E, int capacity, bool packed) {
+    __shared__ int segment_sums[1024];  // (segment, E), segments * E <= blockDim.x
+    __shared__ int totals[MOE_MAX_EXPERTS];
+    const int e = threadIdx.x % E;
+    const int segment = threadIdx.x / E;
+    const int num_segments = blockDim.x / E;
+    const int tiles_per_segment = CEIL_DIV(num_tiles, num_segments);
+    const int first_tile = segment * tiles_per_segment;
+    const int end_tile = min(first_tile + tiles_per_segment, num_tiles);
+    const bool active = segment < num_segments;  // the last threads when E does not divide blockDim.x
+    if (active) {
+        int sum = 0;
+        for (int tile = first_tile; tile < end_tile; tile++) sum += tile_counts[(size_t)tile * E + e];
+        segment_sums[segment * E + e] = sum;
+    }
+    __syncthreads();
+    if (threadIdx.x < E) {
+        int running = 0;
+        for (int s = 0; s < num_segments; s++) {
+            const int count = segment_sums[s * E + e];
+            segment_sums[s * E + e] = running;
+            running += count;
+        }
+        totals[e] = running;
+        expert_count[e] = running;
+        kept_count[e] = min(running, capacity);
+    }
+    __syncthreads();
+    if (active) {
+        int running = segment_sums[segment * E + e];
+        for (int tile = first_tile; tile < end_tile; tile++) {
+            const int count = tile_counts[(size_t)tile * E + e];
+            tile_counts[(size_t)tile * E + e] = running;
+            running += count;
+        }
+    }
+    if (threadIdx.x < E) {
+        int below = 0;  // packed rows are at most N*k < 2^30
+        if (packed) {
+            for (int other = 0; other < e; other++) below += totals[other];
+        }
+        first_row[e] = packed ? below : e * capacity;  // E * capacity < 2^30: moe_assign_slots_launch
+    }
+}
+
+__global__ void moe_slots_assign_kernel(int* __restrict__ choice_row, int* __restrict__ row_choice,
+                                        const int* __restrict__ tile_offsets, const int* __restrict__ first_row,
+                                        const int* __restrict__ kept_count, const int* __restrict__ expert_index,
+                                        int N, int E, int k, int expert_bits, int capacity, bool packed) {
+    extern __shared__ int warp_counts[];  // (warps, E): this warp's choices of e so far, then the scan's offsets
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
     const int num_warps = blockDim.x / 32;
     const int num_choices = N * k;
     const unsigned int lanes_below = (1u << lane) - 1u;
-    int first_row = expert * capacity;
-    if (packed) {
-        first_row = 0;
-        for (int base = 0; base < num_choices; base += blockDim.x) {
-            const int choice = base + threadIdx.x;
-            first_row += __syncthreads_count(choice < num_choices && expert_index[choice] < expert);
+    for (int x = threadIdx.x; x < num_warps * E; x += blockDim.x) warp_counts[x] = 0;
+    __syncthreads();
+    int* my_counts = warp_counts + warp * E;
+    const int warp_base = blockIdx.x * MOE_SLOTS_ITEMS * blockDim.x + warp * 32 * MOE_SLOTS_ITEMS;
+    int choice[MOE_SLOTS_ITEMS], expert[MOE_SLOTS_ITEMS], rank[MOE_SLOTS_ITEMS];
+    for (int i = 0; i < MOE_SLOTS_ITEMS; i++) {
+        const int priority = warp_base + i * 32 + lane;
+        const bool valid = priority < num_choices;
+        choice[i] = valid ? moe_choice_of_priority(priority, N, k) : -1;
+        expert[i] = valid ? expert_index[choice[i]] : 0;
+        const unsigned int peers = moe_warp_peers(expert[i], valid, expert_bits);
+        // the group's lowest lane alone reads and advances its expert's count, and hands the old one to its peers
+        const int leader = valid ? __ffs(peers) - 1 : lane;
+        int before = 0;
+        if (valid && leader == lane) {
+            before = my_counts[expert[i]];
+            my_counts[expert[i]] = before + __popc(peers);
+        }
+        before = __shfl_sync(0xffffffff, before, leader);
+        rank[i] = before + __popc(peers & lanes_below);
+    }
+    __syncthreads();
+    // per expert, the warps' counts become offsets from the tile's first slot of e
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int running = tile_offsets[(size_t)blockIdx.x * E + e];
+        for (int w = 0; w < num_warps; w++) {
+            const int count = warp_counts[w * E + e];
+            warp_counts[w * E + e] = running;
+            running += count;
         }
     }
-    int routed = 0;  // choices of this expert in priority order so far
-    for (int base = 0; base < num_choices; base += MOE_SLOTS_ITEMS * blockDim.x) {
-        int choice[MOE_SLOTS_ITEMS];
-        bool mine[MOE_SLOTS_ITEMS];
-        for (int i = 0; i < MOE_SLOTS_ITEMS; i++) {
-            const int priority = base + i * blockDim.x + threadIdx.x;
-            choice[i] = priority < num_choices ? (priority % N) * k + priority / N : -1;
-            mine[i] = choice[i] >= 0 && expert_index[choice[i]] == expert;
-        }
-        unsigned int ballot[MOE_SLOTS_ITEMS];
-        for (int i = 0; i < MOE_SLOTS_ITEMS; i++) {
-            ballot[i] = __ballot_sync(0xffffffff, mine[i]);
-            if (lane == 0) warp_counts[i * 32 + warp] = __popc(ballot[i]);
-        }
-        __syncthreads();
-        // before = choices of e earlier in priority order: earlier items, then earlier warps of this item
-        int before = routed;
-        for (int i = 0; i < MOE_SLOTS_ITEMS; i++) {
-            int item_total = 0, earlier_warps = 0;
-            for (int w = 0; w < num_warps; w++) {
-                const int count = warp_counts[i * 32 + w];
-                if (w < warp) earlier_warps += count;
-                item_total += count;
-            }
-            if (mine[i]) {
-                const int s = before + earlier_warps + __popc(ballot[i] & lanes_below);
-                choice_row[choice[i]] = s < capacity ? first_row + s : -1;
-                if (s < capacity) row_choice[first_row + s] = choice[i];
-            }
-            before += item_total;
-        }
-        routed = before;
-        __syncthreads();  // warp_counts is rewritten by the next chunk
+    __syncthreads();
+    for (int i = 0; i < MOE_SLOTS_ITEMS; i++) {
+        if (choice[i] < 0) continue;
+        const int s = my_counts[expert[i]] + rank[i];
+        const int row = s < capacity ? first_row[expert[i]] + s : -1;
+        choice_row[choice[i]] = row;
+        if (row >= 0) row_choice[row] = choice[i];
     }
-    const int kept_rows = routed < capacity ? routed : capacity;
     if (!packed) {
-        for (int row = kept_rows + threadIdx.x; row < capacity; row += blockDim.x) {
-            row_choice[(size_t)expert * capacity + row] = -1;
+        const int num_rows = E * capacity;
+        for (int row = blockIdx.x * blockDim.x + threadIdx.x; row < num_rows; row += gridDim.x * blockDim.x) {
+            if (row % capacity >= kept_count[row / capacity]) row_choice[row] = -1;
         }
-    }
-    if (threadIdx.x == 0) {
-        expert_count[expert] = routed;
-        kept_count[expert] = kept_rows;
     }
 }
 
@@ -367,21 +463,56 @@ __global__ void moe_router_backward_kernel(float* __restrict__ d_logits, const f
     }
 }
 
-// Router losses in one block, deterministic (a fixed thread layout and block_reduce):
+// Router losses, deterministic (fixed grid, fixed reduction order, no atomics):
 //   aux = aux_alpha * E * sum_e f_e P_e = aux_alpha * E / (N*k*N) * sum_t sum_e expert_count[e] * probs[t, e]
 //   z   = z_coef * mean_t logsumexp[t]^2
-// Floor: read N*E*4 + N*4 + E*4 bytes. One block streams them: at trainer sizes (N*E = 64k floats) that is
-// ~2 us, below a launch; a grid would need a second pass and scratch for the partial sums.
-__global__ void moe_router_losses_kernel(float* __restrict__ aux_and_z, const float* __restrict__ probs,
-                                         const float* __restrict__ logsumexp, const int* __restrict__ expert_count,
-                                         int N, int E, int k, float aux_alpha, float z_coef) {
+// First pass: a grid of G <= MOE_LOSSES_MAX_BLOCKS blocks (G from N*E alone, so the sums do not depend on the GPU)
+// strides over probs in 16-byte vectors and over logsumexp; each block reduces its two sums and writes
+// partials[b] (weighted probs) and partials[G + b] (squared lse). Second pass: one warp adds the partials, lane l
+// taking b = l, l + 32, ... in order, then a warp reduction.
+// Floor: read N*E*4 + N*4 + E*4 bytes (the partials, 8*G bytes, stay in L2). At N = 65536: 16.8 MB with E = 64
+// (3.5 us at ~4.8 TB/s), 2.4 MB with E = 8 (0.5 us, below the two launches). One block streaming them, as this
+// kernel did before, reaches a single SM's bandwidth, a small fraction of the GPU's.
+__global__ void moe_router_losses_partials_kernel(float* __restrict__ partials, const float* __restrict__ probs,
+                                                  const float* __restrict__ logsumexp,
+                                                  const int* __restrict__ expert_count, int N, int E) {
+    __shared__ float weight[MOE_MAX_EXPERTS];  // expert_count[e] as a float, by expert
+    for (int e = threadIdx.x; e < E; e += blockDim.x) weight[e] = (float)expert_count[e];
+    __syncthreads();
+    const size_t num_probs = (size_t)N * E;
+    const size_t num_vectors = num_probs / f128::size;
+    const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
     float weighted = 0.0f;
-    const int num_probs = N * E;
-    for (int i = threadIdx.x; i < num_probs; i += blockDim.x) weighted += (float)expert_count[i % E] * probs[i];
+    for (size_t v = first; v < num_vectors; v += stride) {
+        const f128 p = load128cs(probs + v * f128::size);
+        int e = (int)((v * f128::size) % E);  // one division per vector, then the expert advances with a wrap
+        for (int i = 0; i < f128::size; i++) {
+            weighted += weight[e] * p[i];
+            e = e + 1 == E ? 0 : e + 1;
+        }
+    }
+    for (size_t i = num_vectors * f128::size + first; i < num_probs; i += stride) weighted += weight[i % E] * probs[i];
     float squares = 0.0f;
-    for (int t = threadIdx.x; t < N; t += blockDim.x) squares += logsumexp[t] * logsumexp[t];
+    for (size_t t = first; t < (size_t)N; t += stride) squares += logsumexp[t] * logsumexp[t];
     weighted = block_reduce<warp_reduce_sum>(weighted, true);
     squares = block_reduce<warp_reduce_sum>(squares);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = weighted;
+        partials[gridDim.x + blockIdx.x] = squares;
+    }
+}
+
+// one warp
+__global__ void moe_router_losses_final_kernel(float* __restrict__ aux_and_z, const float* __restrict__ partials,
+                                               int num_blocks, int N, int E, int k, float aux_alpha, float z_coef) {
+    float weighted = 0.0f, squares = 0.0f;
+    for (int b = threadIdx.x; b < num_blocks; b += 32) {
+        weighted += partials[b];
+        squares += partials[num_blocks + b];
+    }
+    weighted = warp_reduce_sum(weighted);
+    squares = warp_reduce_sum(squares);
     if (threadIdx.x == 0) {
         aux_and_z[0] = aux_alpha * (float)E * (weighted / ((float)N * (float)k * (float)N));
         aux_and_z[1] = z_coef * squares / (float)N;
@@ -463,26 +594,60 @@ void moe_router_forward(float* probs, int* expert_index, float* gates, float* lo
                               stream);
 }
 
-void moe_assign_slots_launch(int* choice_row, int* row_choice, int* expert_count, int* kept_count,
+// the bits of the largest expert index E - 1 (0 for E = 1): what moe_warp_peers compares
+static int moe_expert_bits(int E) {
+    int bits = 0;
+    while ((1 << bits) < E) bits++;
+    return bits;
+}
+
+// ints of scratch moe_assign_slots_launch needs with this block size: the count of each expert in each tile of
+// MOE_SLOTS_ITEMS * block_size choices, then the experts' first rows
+size_t moe_assign_slots_launch_scratch_size(int N, int E, int k, int block_size) {
+    const size_t tiles = CEIL_DIV((size_t)N * k, (size_t)MOE_SLOTS_ITEMS * block_size);
+    return (tiles + 1) * E;
+}
+
+// ints of scratch moe_assign_slots needs
+size_t moe_assign_slots_scratch_size(int N, int E, int k) {
+    return moe_assign_slots_launch_scratch_size(N, E, k, MOE_SLOTS_BLOCK_SIZE);
+}
+
+void moe_assign_slots_launch(int* choice_row, int* row_choice, int* expert_count, int* kept_count, int* scratch,
                              const int* expert_index, int N, int E, int k, int capacity, bool packed, int block_size,
                              cudaStream_t stream) {
+    moe_require(N >= 1 && E >= 1 && E <= MOE_MAX_EXPERTS && k >= 1 && k <= E, "moe_assign_slots",
+                "needs N >= 1 and 1 <= k <= E <= 256 (see moe_support)");
     moe_require(capacity >= 1, "moe_assign_slots", "capacity must be >= 1 rows (use moe_capacity; dropless = N)");
     moe_require(!packed || capacity == N, "moe_assign_slots", "the packed layout is for dropless routing (capacity N)");
-    moe_assign_slots_kernel<<<E, block_size, 0, stream>>>(choice_row, row_choice, expert_count, kept_count,
-                                                          expert_index, N, k, capacity, packed);
+    moe_require(block_size >= 32 && block_size <= 1024 && block_size % 32 == 0, "moe_assign_slots",
+                "block size must be a multiple of 32, at most 1024");
+    // choices and rows are int indices (choice_row, row_choice); 2^30 leaves a tile's headroom past the last one
+    moe_require((size_t)N * k < (1u << 30) && (size_t)E * capacity < (1u << 30), "moe_assign_slots",
+                "needs N*k < 2^30 choices and E*capacity < 2^30 rows (int indices)");
+    const int tiles = (int)CEIL_DIV((size_t)N * k, (size_t)MOE_SLOTS_ITEMS * block_size);
+    const int expert_bits = moe_expert_bits(E);
+    int* tile_counts = scratch;                  // (tiles, E)
+    int* first_row = scratch + (size_t)tiles * E;  // (E)
+    moe_slots_count_kernel<<<tiles, block_size, 0, stream>>>(tile_counts, expert_index, N, E, k, expert_bits);
+    cudaCheck(cudaGetLastError());
+    moe_slots_scan_kernel<<<1, MOE_SLOTS_SCAN_BLOCK_SIZE, 0, stream>>>(tile_counts, first_row, expert_count,
+                                                                       kept_count, tiles, E, capacity, packed);
+    cudaCheck(cudaGetLastError());
+    const size_t shared = (size_t)(block_size / 32) * E * sizeof(int);  // <= 32 KiB
+    moe_slots_assign_kernel<<<tiles, block_size, shared, stream>>>(choice_row, row_choice, tile_counts, first_row,
+                                                                   kept_count, expert_index, N, E, k, expert_bits,
+                                                                   capacity, packed);
     cudaCheck(cudaGetLastError());
 }
 
 // expert_index (N, k) -> choice_row (N, k) (-1: dropped), row_choice (R) (-1: padding row), expert_count (E) =
 // choices routed to e before dropping, kept_count (E) = rows of e used. Padded layout: R = E * capacity; packed
-// (dropless, capacity = N): R = N * k.
-void moe_assign_slots(int* choice_row, int* row_choice, int* expert_count, int* kept_count, const int* expert_index,
-                      int N, int E, int k, int capacity, bool packed, cudaStream_t stream) {
-    // no more warps than the choices fill: a thread that never holds a choice only adds barrier waits
-    const int warps = CEIL_DIV(N * k, 32 * MOE_SLOTS_ITEMS);
-    const int block_size = warps < MOE_SLOTS_BLOCK_SIZE / 32 ? 32 * warps : MOE_SLOTS_BLOCK_SIZE;
-    moe_assign_slots_launch(choice_row, row_choice, expert_count, kept_count, expert_index, N, E, k, capacity, packed,
-                            block_size, stream);
+// (dropless, capacity = N): R = N * k. scratch: moe_assign_slots_scratch_size(N, E, k) ints.
+void moe_assign_slots(int* choice_row, int* row_choice, int* expert_count, int* kept_count, int* scratch,
+                      const int* expert_index, int N, int E, int k, int capacity, bool packed, cudaStream_t stream) {
+    moe_assign_slots_launch(choice_row, row_choice, expert_count, kept_count, scratch, expert_index, N, E, k,
+                            capacity, packed, MOE_SLOTS_BLOCK_SIZE, stream);
 }
 
 void moe_dispatch_launch(floatX* expert_input, const floatX* x, const int* row_choice, int num_rows, int k, int C,
@@ -588,13 +753,33 @@ void moe_router_backward(float* d_logits, const float* probs, const int* expert_
                                aux_alpha, z_coef, loss_scale, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
 }
 
-// aux_and_z[0] = load-balancing loss, aux_and_z[1] = z-loss (device, fp32)
-void moe_router_losses(float* aux_and_z, const float* probs, const float* logsumexp, const int* expert_count, int N,
-                       int E, int k, float aux_alpha, float z_coef, cudaStream_t stream) {
-    // at least 16 probabilities per thread (up to 1024 threads): small groups need few threads
-    const int warps = CEIL_DIV(N * E, 16 * 32);
-    const int block_size = warps < MOE_LOSSES_BLOCK_SIZE / 32 ? 32 * warps : MOE_LOSSES_BLOCK_SIZE;
-    moe_router_losses_kernel<<<1, block_size, 0, stream>>>(aux_and_z, probs, logsumexp, expert_count, N, E, k,
-                                                           aux_alpha, z_coef);
+// floats of scratch moe_router_losses needs: two partial sums per block of its first pass
+size_t moe_router_losses_partials_size(void) { return 2 * MOE_LOSSES_MAX_BLOCKS; }
+
+void moe_router_losses_launch(float* aux_and_z, float* partials, const float* probs, const float* logsumexp,
+                              const int* expert_count, int N, int E, int k, float aux_alpha, float z_coef,
+                              int block_size, cudaStream_t stream) {
+    moe_require(N >= 1 && E >= 1 && E <= MOE_MAX_EXPERTS && k >= 1, "moe_router_losses",
+                "needs N >= 1 and 1 <= E <= 256 (see moe_support)");
+    moe_require(block_size >= 32 && block_size <= 1024 && block_size % 32 == 0, "moe_router_losses",
+                "block size must be a multiple of 32, at most 1024");
+    moe_require((uintptr_t)probs % 16 == 0, "moe_router_losses", "probs must be 16-byte aligned");
+    // at least 4 vectors (16 probabilities) per thread: small groups need few blocks
+    const size_t vectors = CEIL_DIV((size_t)N * E, (size_t)f128::size);
+    const size_t blocks = CEIL_DIV(vectors, (size_t)4 * block_size);
+    const int grid = blocks < MOE_LOSSES_MAX_BLOCKS ? (int)blocks : MOE_LOSSES_MAX_BLOCKS;
+    moe_router_losses_partials_kernel<<<grid, block_size, 0, stream>>>(partials, probs, logsumexp, expert_count, N,
+                                                                       E);
     cudaCheck(cudaGetLastError());
+    moe_router_losses_final_kernel<<<1, 32, 0, stream>>>(aux_and_z, partials, grid, N, E, k, aux_alpha, z_coef);
+    cudaCheck(cudaGetLastError());
+}
+
+// aux_and_z[0] = load-balancing loss, aux_and_z[1] = z-loss (device, fp32); partials:
+// moe_router_losses_partials_size() floats of scratch
+void moe_router_losses(float* aux_and_z, float* partials, const float* probs, const float* logsumexp,
+                       const int* expert_count, int N, int E, int k, float aux_alpha, float z_coef,
+                       cudaStream_t stream) {
+    moe_router_losses_launch(aux_and_z, partials, probs, logsumexp, expert_count, N, E, k, aux_alpha, z_coef,
+                             MOE_LOSSES_BLOCK_SIZE, stream);
 }

@@ -109,8 +109,9 @@ __global__ void moe_jitter_backward_kernel(floatX* __restrict__ dx, const floatX
 // consecutive elements of the flattened (N, E), 16-byte loads, a scalar tail when N*E is not a multiple of 4.
 // Floor: read 2*N*E*4, write N*E*4 bytes (~100 flops per element: about balanced with the memory on an H100).
 __global__ void moe_noisy_logits_kernel(float* __restrict__ H, const float* __restrict__ clean,
-                                        const float* __restrict__ noise_logits, int n, unsigned int seed) {
-    const int i = (blockIdx.x * blockDim.x + threadIdx.x) * f128::size;
+                                        const float* __restrict__ noise_logits, size_t n, unsigned int seed) {
+    // size_t: the last block's threads pass n by up to 4 * blockDim.x, which in int could wrap past 2^31
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * f128::size;
     if (i >= n) return;
     if (i + f128::size <= n) {
         const f128 c = load128(clean + i);  // not streaming: the losses and the backward read them again
@@ -119,7 +120,7 @@ __global__ void moe_noisy_logits_kernel(float* __restrict__ H, const float* __re
         for (int j = 0; j < f128::size; j++) h[j] = c[j] + moe_normal(seed, (unsigned int)(i + j)) * moe_softplus(z[j]);
         store128(H + i, h);
     } else {
-        for (int j = i; j < n; j++) H[j] = clean[j] + moe_normal(seed, (unsigned int)j) * moe_softplus(noise_logits[j]);
+        for (size_t j = i; j < n; j++) H[j] = clean[j] + moe_normal(seed, (unsigned int)j) * moe_softplus(noise_logits[j]);
     }
 }
 
@@ -383,9 +384,11 @@ bool moe_noise_support(int N, int C, int E, int k, bool noisy_gating, float jitt
     return true;
 }
 
+// N*E < 2^31 (moe_noise_support) also bounds the choices N*k < N*E, which the importance backward counts in int
 static void moe_noise_require_router(const char* function, int N, int E, int k, int block_size) {
     moe_require(N >= 1 && E >= 2 && E <= MOE_MAX_EXPERTS && k >= 1 && k < E && k <= MOE_MAX_TOP_K,
                       function, "needs N >= 1 and 1 <= k < E <= 256, k <= 32 (noisy gating: see moe_noise_support)");
+    moe_require((size_t)N * E < (1ull << 31), function, "needs N*E < 2^31 (the noise positions; see moe_noise_support)");
     moe_require(block_size >= 32 && block_size <= 1024 && block_size % 32 == 0, function,
                       "block size must be a multiple of 32, at most 1024");
 }
@@ -435,7 +438,7 @@ void moe_noisy_logits_forward_launch(float* H, const float* clean, const float* 
     }
     moe_require_aligned("moe_noisy_logits_forward", H, clean, noise_logits);
     const int grid = (int)CEIL_DIV(CEIL_DIV(n, (size_t)f128::size), (size_t)block_size);
-    moe_noisy_logits_kernel<<<grid, block_size, 0, stream>>>(H, clean, noise_logits, (int)n, seed);
+    moe_noisy_logits_kernel<<<grid, block_size, 0, stream>>>(H, clean, noise_logits, n, seed);
     cudaCheck(cudaGetLastError());
 }
 

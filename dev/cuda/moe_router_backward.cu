@@ -8,20 +8,20 @@
 //   make build/lab/moe_router_backward_bf16   (build/lab/moe_router_backward_fp32: the fp32 build)
 //   build/lab/moe_router_backward_bf16 -s          (the fp32 build is the same: the router is fp32)
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_router_backward.cu -o moe_router_backward
-//   ./moe_router_backward [variant] [-s]  (default: N = 8*1024, E = 8 with k = 1 and 2, E = 64 with k = 2;
-//                                          -s: N = 69, E = 4 with k = 1 and 2, E = 40 with k = 2, and E = 4
-//                                          k = 2 with d_gates = 0 (the loss terms alone))
+//   ./moe_router_backward [variant] [-s]  (default: production sizes N = 65536 tokens, E = 8 and 64 with k = 1, 2
+//                                          and 8; -s: N = 69, E = 4 with k = 1 and 2, E = 40 with k = 2, and E = 4
+//                                          k = 2 with d_gates = 0 (the loss terms alone); N = 999, E = 5 (N*E not a
+//                                          multiple of 4, several blocks of partial sums))
 // Variants:
 //   1  router backward, one thread per token: serial loops over the row
 //   2  llmc/moe.cuh moe_router_backward: one warp per token, lanes own experts, one warp reduction. The trainer's.
-//   3  llmc/moe.cuh moe_router_losses: one block, block_reduce. The trainer's.
-//   4  losses in two passes: a grid of blocks writes partial sums, one thread adds them in block order
+//   3  losses in one block, block_reduce: the trainer's before, kept for comparison (one SM streams N*E floats)
+//   4  llmc/moe.cuh moe_router_losses: a grid of up to 512 blocks writes partial sums, one warp adds them in block
+//      order. The trainer's.
 // Floors (see llmc/moe.cuh): backward N*E*8 + N*k*12 + N*4 + E*4 bytes; losses N*E*4 + N*4 + E*4 bytes.
 #include "common.h"
 #include "../../llmc/moe.cuh"
 #include "moe_reference.h"
-
-#define LOSSES_PARTIAL_BLOCKS 64
 
 __global__ void router_backward_thread_per_token_kernel(float* d_logits, const float* probs, const int* expert_index,
                                                         const float* gates, const float* d_gates,
@@ -53,30 +53,20 @@ __global__ void router_backward_thread_per_token_kernel(float* d_logits, const f
     }
 }
 
-__global__ void losses_partials_kernel(float* partials, const float* probs, const float* logsumexp,
-                                       const int* expert_count, int N, int E) {
-    const int stride = gridDim.x * blockDim.x;
-    const int first = blockIdx.x * blockDim.x + threadIdx.x;
-    float weighted = 0.0f, squares = 0.0f;
-    for (int i = first; i < N * E; i += stride) weighted += (float)expert_count[i % E] * probs[i];
-    for (int t = first; t < N; t += stride) squares += logsumexp[t] * logsumexp[t];
+// The losses in one block (a fixed thread layout and block_reduce, deterministic): llmc/moe.cuh's before its grid.
+__global__ void losses_one_block_kernel(float* aux_and_z, const float* probs, const float* logsumexp,
+                                        const int* expert_count, int N, int E, int k, float aux_alpha, float z_coef) {
+    float weighted = 0.0f;
+    const size_t num_probs = (size_t)N * E;
+    for (size_t i = threadIdx.x; i < num_probs; i += blockDim.x) weighted += (float)expert_count[i % E] * probs[i];
+    float squares = 0.0f;
+    for (int t = threadIdx.x; t < N; t += blockDim.x) squares += logsumexp[t] * logsumexp[t];
     weighted = block_reduce<warp_reduce_sum>(weighted, true);
     squares = block_reduce<warp_reduce_sum>(squares);
     if (threadIdx.x == 0) {
-        partials[2 * blockIdx.x] = weighted;
-        partials[2 * blockIdx.x + 1] = squares;
+        aux_and_z[0] = aux_alpha * (float)E * (weighted / ((float)N * (float)k * (float)N));
+        aux_and_z[1] = z_coef * squares / (float)N;
     }
-}
-
-__global__ void losses_final_kernel(float* aux_and_z, const float* partials, int num_partials, int N, int E, int k,
-                                    float aux_alpha, float z_coef) {
-    float weighted = 0.0f, squares = 0.0f;
-    for (int b = 0; b < num_partials; b++) {
-        weighted += partials[2 * b];
-        squares += partials[2 * b + 1];
-    }
-    aux_and_z[0] = aux_alpha * (float)E * (weighted / ((float)N * (float)k * (float)N));
-    aux_and_z[1] = z_coef * squares / (float)N;
 }
 
 struct RouterBackwardBuffers {
@@ -88,7 +78,7 @@ struct RouterBackwardBuffers {
     int* expert_count;
     float* d_logits;
     float* aux_and_z;
-    float* partials;
+    float* partials;  // variant 4: moe_router_losses_partials_size() floats
 };
 
 struct LossCoefficients {
@@ -106,13 +96,12 @@ static void run_variant(int variant, const RouterBackwardBuffers* d, int N, int 
         moe_router_backward_launch(d->d_logits, d->probs, d->expert_index, d->gates, d->d_gates, d->logsumexp,
                                    d->expert_count, N, E, k, q.aux_alpha, q.z_coef, q.loss_scale, block_size, 0);
     } else if (variant == 3) {
-        moe_router_losses(d->aux_and_z, d->probs, d->logsumexp, d->expert_count, N, E, k, q.aux_alpha, q.z_coef, 0);
+        losses_one_block_kernel<<<1, block_size>>>(d->aux_and_z, d->probs, d->logsumexp, d->expert_count, N, E, k,
+                                                   q.aux_alpha, q.z_coef);
+        cudaCheck(cudaGetLastError());
     } else {
-        losses_partials_kernel<<<LOSSES_PARTIAL_BLOCKS, block_size>>>(d->partials, d->probs, d->logsumexp,
-                                                                      d->expert_count, N, E);
-        cudaCheck(cudaGetLastError());
-        losses_final_kernel<<<1, 1>>>(d->aux_and_z, d->partials, LOSSES_PARTIAL_BLOCKS, N, E, k, q.aux_alpha, q.z_coef);
-        cudaCheck(cudaGetLastError());
+        moe_router_losses_launch(d->aux_and_z, d->partials, d->probs, d->logsumexp, d->expert_count, N, E, k,
+                                 q.aux_alpha, q.z_coef, block_size, 0);
     }
 }
 
@@ -184,15 +173,20 @@ static void check_reference_by_finite_differences(const std::vector<double>& ana
 
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
-    struct Case { int N, E, k; bool gate_gradient; };
-    const Case full_cases[] = {{8 * 1024, 8, 1, true}, {8 * 1024, 8, 2, true}, {8 * 1024, 64, 2, true}};
-    const Case small_cases[] = {{69, 4, 1, true}, {69, 4, 2, true}, {69, 40, 2, true}, {69, 4, 2, false}};
+    struct Case { int N, E, k; bool gate_gradient, finite_differences; };
+    const Case full_cases[] = {{65536, 8, 1, true, false},  {65536, 8, 2, true, false},  {65536, 8, 8, true, false},
+                               {65536, 64, 1, true, false}, {65536, 64, 2, true, false}, {65536, 64, 8, true, false}};
+    // N = 999, E = 5: N*E = 4995 probabilities, not a multiple of the 4-float vectors, rows that straddle vectors,
+    // and several blocks of partial sums at either validated block size (too many logits for finite differences)
+    const Case small_cases[] = {{69, 4, 1, true, true},  {69, 4, 2, true, true},    {69, 40, 2, true, true},
+                                {69, 4, 2, false, true}, {999, 5, 2, true, false}};
     const Case* cases = args.small ? small_cases : full_cases;
-    const int num_cases = args.small ? 4 : 3;
+    const int num_cases = args.small ? (int)(sizeof(small_cases) / sizeof(small_cases[0]))
+                                     : (int)(sizeof(full_cases) / sizeof(full_cases[0]));
     // coefficients far above the trainer's defaults (0.01, 0.001, 1) so that the loss terms are not lost in the
     // gate term's tolerance, and loss_scale != 1 so that a missing factor shows
     const LossCoefficients q = {0.5f, 0.05f, 1.5f};
-    const int block_sizes[] = {64, 128, 256, 512};
+    const int block_sizes[] = {64, 128, 256, 512, 1024};
     const int repeats = args.small || lab_on_cpu_backend() ? 3 : 100;  // CPU-backend times are only indicative
 
     printf("moe_router_backward (%s build; the router is fp32)\n", PRECISION_NAME);
@@ -228,7 +222,7 @@ int main(int argc, char** argv) {
 
         printf("N=%d E=%d k=%d, d_gates %s (%d of %zu zero)\n", N, E, k,
                cases[c].gate_gradient ? "random, dropped at CF 0.5" : "all zero", dropped, num_choices);
-        if (args.small) check_reference_by_finite_differences(d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q);
+        if (args.small && cases[c].finite_differences) check_reference_by_finite_differences(d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q);
 
         RouterBackwardBuffers d;
         d.probs = lab_to_device<float>(probs);
@@ -239,22 +233,29 @@ int main(int argc, char** argv) {
         d.expert_count = lab_ints_to_device(expert_count);
         d.d_logits = lab_poisoned<float>(n);
         d.aux_and_z = lab_poisoned<float>(2);
-        d.partials = lab_poisoned<float>(2 * LOSSES_PARTIAL_BLOCKS);
 
         // The kernels start from fp32 probs, gates and lse (each within 2^-24 relative of the double values) and
         // work in fp32: d_logits = p*(dP - sum p dP) + z, with |dP| <= |d_gate|/S + aux <= E (S >= 1/E), so
         // errors are a few ulp of E*p: atol 1e-6 * E, rtol 1e-5. With d_gates = 0, |dP| is the loss terms'
         // (~1e-2 here): atol 1e-8. Loss sums of N*E fp32 terms: rtol 1e-5.
         const float d_logits_atol = cases[c].gate_gradient ? 1e-6f * E : 1e-8f;
+        // 256: the trainer's (MOE_WARP_KERNEL_BLOCK_SIZE, MOE_LOSSES_BLOCK_SIZE); 64: more blocks of partials at -s
+        const int validation_block_sizes[] = {256, 64};
         for (int variant = 1; variant <= 4; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
-            cudaCheck(cudaMemset(d.d_logits, 0xff, n * sizeof(float)));
-            cudaCheck(cudaMemset(d.aux_and_z, 0xff, 2 * sizeof(float)));
-            run_variant(variant, &d, N, E, k, q, 256);
-            cudaCheck(cudaDeviceSynchronize());
-            printf("variant %d\n", variant);
-            if (variant <= 2) lab_validate("d_logits", d.d_logits, d_logits_ref.data(), n, d_logits_atol, 1e-5f);
-            else lab_validate("aux_and_z", d.aux_and_z, losses_ref, 2, 0.0f, 1e-5f);
+            for (int block_size : validation_block_sizes) {
+                if (variant != 4 && block_size != validation_block_sizes[0]) continue;
+                cudaCheck(cudaMemset(d.d_logits, 0xff, n * sizeof(float)));
+                cudaCheck(cudaMemset(d.aux_and_z, 0xff, 2 * sizeof(float)));
+                // fresh scratch, never written: a checked build reports any read of it before the kernels write it
+                cudaCheck(cudaMalloc(&d.partials, moe_router_losses_partials_size() * sizeof(float)));
+                run_variant(variant, &d, N, E, k, q, block_size);
+                cudaCheck(cudaDeviceSynchronize());
+                cudaCheck(cudaFree(d.partials));
+                printf("variant %d, block %d\n", variant, block_size);
+                if (variant <= 2) lab_validate("d_logits", d.d_logits, d_logits_ref.data(), n, d_logits_atol, 1e-5f);
+                else lab_validate("aux_and_z", d.aux_and_z, losses_ref, 2, 0.0f, 1e-5f);
+            }
         }
 
         char sizes[64];
@@ -262,14 +263,12 @@ int main(int argc, char** argv) {
         lab_print_header("moe_router_backward", sizes);
         const double backward_bytes = 8.0 * n + 12.0 * num_choices + 4.0 * N + 4.0 * E;
         const double losses_bytes = 4.0 * n + 4.0 * N + 4.0 * E;
+        cudaCheck(cudaMalloc(&d.partials, moe_router_losses_partials_size() * sizeof(float)));
         for (int variant = 1; variant <= 4; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
             for (int block_size : block_sizes) {
-                // variant 3 picks its own block size from N*E: one row, printed as block 0
-                if (variant == 3 && block_size != block_sizes[0]) continue;
                 float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, q, block_size); });
-                lab_print_row(variant, variant == 3 ? 0 : block_size, ms,
-                              variant <= 2 ? backward_bytes : losses_bytes, 0.0);
+                lab_print_row(variant, block_size, ms, variant <= 2 ? backward_bytes : losses_bytes, 0.0);
             }
         }
         cudaCheck(cudaFree(d.probs));
