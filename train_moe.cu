@@ -84,13 +84,15 @@ typedef struct {
     float* d_noise;        // (N, E) noisy gating: of the noise logits
     floatX* d_logits_x;    // (N, E)
     float* noise_partials; // noisy gating's loss scratch (moe_noisy_losses_partials_size)
+    int* slot_scratch;     // the slot assignment's per-tile counts (moe_assign_slots_scratch_size)
+    float* loss_partials;  // the aux and z losses' partial sums (moe_router_losses_partials_size)
     floatX* router_input;  // (2, N, C) with jitter: the router's jittered input and its gradient
     floatX* scratch_own;   // (Rown, C) the expert output, then the gradients of the experts' output and input
     floatX* d_expert_hidden;  // (Rown, H)
     floatX* scratch_src;   // (Rsrc, C) the same in the dispatch layout, with expert parallelism only
     float* bias_scratch;   // the experts' bias-gradient scratch
 } MoEActivations;
-#define NUM_MOE_ACTIVATION_TENSORS 26
+#define NUM_MOE_ACTIVATION_TENSORS 28
 
 // The MoE extension's state (GPT2.mlp_state).
 typedef struct {
@@ -432,6 +434,8 @@ static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B,
     s[i++] = (noisy * NE) * sizeof(float);                     // d_noise
     s[i++] = (NE) * sizeof(floatX);                            // d_logits_x
     s[i++] = (noisy ? moe_noisy_losses_partials_size((int)E) : 0) * sizeof(float);  // noise_partials
+    s[i++] = moe_assign_slots_scratch_size((int)N, (int)E, (int)K) * sizeof(int);   // slot_scratch
+    s[i++] = moe_router_losses_partials_size() * sizeof(float);                     // loss_partials
     s[i++] = (jitter * 2 * BTC) * sizeof(floatX);              // router_input
     s[i++] = (rows_own * C) * sizeof(floatX);                  // scratch_own
     s[i++] = (rows_own * H) * sizeof(floatX);                  // d_expert_hidden
@@ -462,8 +466,8 @@ static void moe_allocate_activations(GPT2* model, int B, int T) {
         (void**)&a->row_choice, (void**)&a->expert_count, (void**)&a->kept_count, (void**)&a->moe_stats,
         (void**)&a->expert_input, (void**)&a->expert_pre, (void**)&a->expert_act, (void**)&a->expert_output,
         (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_noise, (void**)&a->d_logits_x,
-        (void**)&a->noise_partials, (void**)&a->router_input, (void**)&a->scratch_own, (void**)&a->d_expert_hidden,
-        (void**)&a->scratch_src, (void**)&a->bias_scratch};
+        (void**)&a->noise_partials, (void**)&a->slot_scratch, (void**)&a->loss_partials, (void**)&a->router_input,
+        (void**)&a->scratch_own, (void**)&a->d_expert_hidden, (void**)&a->scratch_src, (void**)&a->bias_scratch};
     char* p = (char*)moe->acts_memory;
     for (int i = 0; i < NUM_MOE_ACTIVATION_TENSORS; i++) {
         *ptrs[i] = p;
@@ -667,8 +671,8 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
         matmul_forward_fp32_output(l.logits, router_in, lp.routerw, N, C, E, stream);
     }
     moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
-    moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, l.expert_index, N, E, K,
-                     moe->capacity_used, moe->dropless, stream);
+    moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, a->slot_scratch, l.expert_index, N, E,
+                     K, moe->capacity_used, moe->dropless, stream);
     moe_layer_row_counts_begin(model, &l, stream);
     int rows_src = moe->dropless ? N * K : E * moe->capacity_used;
     floatX* dispatched = exchange_rows ? a->scratch_src : l.expert_input;
@@ -684,8 +688,8 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     if (exchange_rows)
         expert_parallel_exchange(&moe->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
     moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
-    moe_router_losses(l.losses, l.probs, l.lse, l.expert_count, N, E, K, moe->settings.aux_alpha, moe->settings.z_coef,
-                      stream);
+    moe_router_losses(l.losses, a->loss_partials, l.probs, l.lse, l.expert_count, N, E, K, moe->settings.aux_alpha,
+                      moe->settings.z_coef, stream);
     if (c->noisy_gating) {
         moe_noisy_losses_forward(l.importance, l.load, l.losses + 2, a->noise_partials, l.clean, l.noise, l.logits,
                                  l.expert_index, l.gates, N, E, K, moe->settings.importance_coef, moe->settings.load_coef,
