@@ -96,6 +96,11 @@ ref_config = $(patsubst %_fp32,%,$(patsubst %_bf16,%,$1))
 $(BUILD)/ref/tiny_%_debug_state.bin: train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/tiny_$* $(REF_ARGS) --dtype $(call ref_dtype,_$*)
+# GPT at T = 1024 with a head size of 64 (attention at a real sequence length)
+LONG_REF_ARGS := --B 1 --T 1024 --V 263 --L 2 --NH 2 --C 128 --maxT 1024 --seed 1337 --steps 10 --grad-clip 0.5
+$(BUILD)/ref/long_%_debug_state.bin: train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/long_$* $(LONG_REF_ARGS) --dtype $(call ref_dtype,_$*)
 # top-1 with a capacity factor that drops, dropless, top-2 every other layer
 MOE_REF_k1_cf0.5 := --topk 1 --moe-every 1 --cf 0.5
 MOE_REF_k1_dropless := --topk 1 --moe-every 1 --cf 0
@@ -120,7 +125,8 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_k2_noisy_fp32_debug_state.bin $(BUILD)/ref/moe_k2_noisy_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k1_noisy_jitter_fp32_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
-             $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin
+             $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
+             $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin
 
 # The CPU backend's own tests (cpu/test/), and the host utilities' test (dev/test/); both use dev/test/test_common.h
 BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \

@@ -2,7 +2,7 @@
 // its main) and checks, for one model and batch written by
 //   /usr/bin/python3 train_gpt.py --write-reference PREFIX ...
 // the logits, the loss, every parameter gradient, and the losses of 10 AdamW steps on that batch.
-//   make test_gpt_cpu [PRECISION=FP32|BF16]; ./test_gpt_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2]
+//   make test_gpt_cpu [PRECISION=FP32|BF16]; ./test_gpt_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1]
 //   (also under mpirun: every process takes the reference batch; test_moe.cu adds its MoE checks and -ep N through
 //   TestExtension, and includes this file with OMIT_TEST_GPT_MAIN defined)
 // `make test` runs it in FP32, BF16 (and FP16) over the recompute and master-weight settings; the same binary
@@ -62,6 +62,7 @@ typedef struct {
 struct GPT2Test {
     const char* path;
     int recompute, master, gelu_fusion, zero_stage;
+    int flash_attention;  // -fa, as the trainer's (gpt2_set_attention)
     int ep_degree;
     const TestExtension* extension;
     void* settings;
@@ -193,6 +194,7 @@ static void build_test_model(GPT2* model, const GPT2Test* t, const MultiGpuConfi
     model->process_rank = mg->process_rank;
     if (t->extension) t->extension->attach(model, t, mg, degree);
     gpt2_build_from_checkpoint(model, t->path);
+    if (!gpt2_set_attention(model, t->flash_attention, t->path)) exit(EXIT_FAILURE);
 }
 
 // the extension's state is the test's (attach allocated it)
@@ -238,15 +240,16 @@ static float test_step(GPT2* model, const int* x, const int* y, int B, int T, in
 static int test_main(int argc, char** argv, const TestExtension* x) {
     const char* name = x ? x->name : "test_gpt";
     if (argc < 2) {
-        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2]%s\n", argv[0], x ? x->usage_flags : "");
+        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1]%s\n", argv[0], x ? x->usage_flags : "");
         return EXIT_FAILURE;
     }
     const char* prefix = argv[1];
-    GPT2Test t = {NULL, 1, 1, 1, 0, 1, x, NULL};
+    GPT2Test t = {NULL, 1, 1, 1, 0, -1, 1, x, NULL};
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-r")) t.recompute = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-w")) t.master = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-ge")) t.gelu_fusion = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-fa")) t.flash_attention = atoi(argv[i + 1]);
 #ifdef ENABLE_CUDNN
         else if (!strcmp(argv[i], "-cd")) cudnn_attention_deterministic = atoi(argv[i + 1]);
 #endif
@@ -294,6 +297,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     t.path = path;
     GPT2 model;
     build_test_model(&model, &t, &mg, t.ep_degree);
+    if (printing) printf("attention: %s\n", gpt2_attention_name(&model));
     ReferenceState ref;
     snprintf(state_path, sizeof(state_path), "%s_debug_state.bin", prefix);
     read_reference_state(&ref, state_path, &model, x);

@@ -36,7 +36,8 @@
 #include "llmc/encoder.cuh"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
-#include "llmc/attention.cuh"  // the hand-written path, and the size check of attention and matmul
+#include "llmc/attention.cuh"  // the cuBLAS-and-softmax path, and the size check of attention and matmul
+#include "llmc/flash_attention.cuh"
 #ifdef ENABLE_CUDNN
 #include "llmc/cudnn_att.cuh"  // GPU only: cuDNN's fused attention (make USE_CUDNN=1)
 #endif
@@ -115,9 +116,9 @@ typedef struct {
     float* ln1_mean;    // (L, B, T)
     float* ln1_rstd;    // (L, B, T)
     floatX* atty;       // (L, B, T, C) attention output before the projection
-    floatX* att;        // (L, B, NH, T, T) attention probabilities (hand-written path only)
-    float* att_stats;   // (L, B, NH, T) softmax statistics (cuDNN path only)
-    floatX* qkvr;       // (L, B, T, 3C) q, k, v kept for the backward pass (permuted by the hand-written path)
+    floatX* att;        // (L, B, NH, T, T) attention probabilities (cuBLAS-and-softmax path only)
+    float* att_stats;   // (L, B, NH, T) softmax statistics: log-sum-exp (flash and cuDNN paths)
+    floatX* qkvr;       // (L, B, T, 3C) q, k, v kept for the backward pass (permuted by the cuBLAS-and-softmax path)
     floatX* residual2;  // (L, B, T, C)
     floatX* ln2;        // (L or 1, B, T, C)
     float* ln2_mean;    // (L, B, T)
@@ -135,11 +136,17 @@ typedef struct {
     floatX* scratch_bt4c;  // (B, T, 4C)
     floatX* dresidual;     // (B, T, C)
     floatX* dbtc;          // (B, T, C)
-    floatX* dqkvr;         // (B, T, 3C)
-    floatX* datt;          // (B, NH, T, T) (hand-written path only)
+    floatX* dqkvr;         // (B, T, 3C) (cuBLAS-and-softmax path only)
+    floatX* datt;          // (B, NH, T, T) (cuBLAS-and-softmax path only)
+    float* att_delta;      // (B, NH, T) rowsum(dout * out) (flash path only)
     float* scratch_f;      // layernorm backward and bias-gradient scratch
 } ActivationTensors;
-#define NUM_ACTIVATION_TENSORS 27
+#define NUM_ACTIVATION_TENSORS 28
+
+// How attention runs: cuBLAS batched GEMMs around a softmax kernel, materialising the (B, NH, T, T) scores (llm.c's
+// path, llmc/attention.cuh); the hand-written flash attention, which keeps only a log-sum-exp per row
+// (llmc/flash_attention.cuh); or cuDNN's fused attention (USE_CUDNN=1 builds, llmc/cudnn_att.cuh). -fa chooses.
+typedef enum { ATTENTION_MATMUL_SOFTMAX, ATTENTION_FLASH, ATTENTION_CUDNN } AttentionPath;
 
 // One layer's slices of them (for the batch the activations were sized for). ln1, ln2 and fch_gelu are the
 // shared single-layer buffers when recomputed; the mlp_* are NULL in a layer whose MLP an extension replaces.
@@ -238,6 +245,7 @@ struct GPT2 {
     int batch_size, seq_len;  // what the activations were sized for
     int recompute;
     int gelu_fusion;
+    AttentionPath attention;
     int* inputs;       // (B, T) device
     int* targets;      // (B, T) device
     int* inputs_cpu;   // (B, T) host copy for the encoder's backward pass
@@ -430,6 +438,28 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
         fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
         exit(EXIT_FAILURE);
     }
+}
+
+// The attention path (-fa): 1 flash attention, 0 the other one (cuDNN in a USE_CUDNN=1 build, else cuBLAS GEMMs
+// around a softmax), -1 (not given) flash attention when the build has no cuDNN and the model's head size has a
+// flash kernel, else the other one. 0 and one line naming `source` when flash attention is asked for and cannot run.
+static int gpt2_set_attention(GPT2* model, int flash, const char* source) {
+    char why[256];
+    int supported = flash_attention_support(model->config.channels, model->config.num_heads, why, sizeof(why));
+    if (flash == 1 && !supported) {
+        fprintf(stderr, "-fa 1: %s: %s\n", source, why);
+        return 0;
+    }
+#ifdef ENABLE_CUDNN
+    model->attention = flash == 1 ? ATTENTION_FLASH : ATTENTION_CUDNN;
+#else
+    model->attention = flash == 1 || (flash == -1 && supported) ? ATTENTION_FLASH : ATTENTION_MATMUL_SOFTMAX;
+#endif
+    return 1;
+}
+static const char* gpt2_attention_name(const GPT2* model) {
+    static const char* names[3] = {"cuBLAS GEMMs and softmax", "flash attention", "cuDNN"};
+    return names[model->attention];
 }
 
 // Before the parameters and their gradients are allocated for a model from `source`: they fit in the device's free
@@ -638,11 +668,9 @@ static void fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, siz
     size_t dense_layers = gpt2_dense_layers(model);
     size_t gelu_layers = recompute >= 1 ? (dense_layers ? 1 : 0) : dense_layers;
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T), ATT = layer_stride(B * NH * T * T);
-#ifdef ENABLE_CUDNN
-    size_t att_probs = 0, att_stats = layer_stride(B * NH * T);  // cuDNN keeps softmax statistics, not probabilities
-#else
-    size_t att_probs = ATT, att_stats = 0;
-#endif
+    // flash attention and cuDNN keep softmax statistics, not probabilities, and read q, k, v in place
+    int probabilities = model->attention == ATTENTION_MATMUL_SOFTMAX;
+    size_t att_probs = probabilities ? ATT : 0, att_stats = probabilities ? 0 : layer_stride(B * NH * T);
     size_t i = 0;
     s[i++] = (BTC) * sizeof(floatX);                           // encoded
     s[i++] = (ln_layers * BTC) * sizeof(floatX);               // ln1
@@ -668,8 +696,9 @@ static void fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, siz
     s[i++] = (4 * BTC) * sizeof(floatX);                       // scratch_bt4c
     s[i++] = (BTC) * sizeof(floatX);                           // dresidual
     s[i++] = (BTC) * sizeof(floatX);                           // dbtc
-    s[i++] = (3 * BTC) * sizeof(floatX);                       // dqkvr
+    s[i++] = (probabilities * 3 * BTC) * sizeof(floatX);       // dqkvr
     s[i++] = (att_probs) * sizeof(floatX);                     // datt
+    s[i++] = (model->attention == ATTENTION_FLASH ? BT * NH : 0) * sizeof(float);  // att_delta
     size_t ln_scratch = layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
     size_t bias_scratch = matmul_dbias_buffer_floats((int)(Vp > 4 * C ? Vp : 4 * C));
     s[i++] = (ln_scratch > bias_scratch ? ln_scratch : bias_scratch) * sizeof(float);  // scratch_f
@@ -697,7 +726,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
         (void**)&a->ln2_mean, (void**)&a->ln2_rstd, (void**)&a->fch, (void**)&a->fch_gelu, (void**)&a->residual3,
         (void**)&a->lnf, (void**)&a->lnf_mean, (void**)&a->lnf_rstd, (void**)&a->losses, (void**)&a->output,
         (void**)&a->scratch_btc, (void**)&a->scratch_bt4c, (void**)&a->dresidual, (void**)&a->dbtc,
-        (void**)&a->dqkvr, (void**)&a->datt, (void**)&a->scratch_f};
+        (void**)&a->dqkvr, (void**)&a->datt, (void**)&a->att_delta, (void**)&a->scratch_f};
     char* p = (char*)model->acts_memory;
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
         *ptrs[i] = p;
@@ -724,8 +753,9 @@ static LayerActivations gpt2_layer_activations(const GPT2* model, int l, size_t 
     la.ln1_mean = a->ln1_mean + l * BT;
     la.ln1_rstd = a->ln1_rstd + l * BT;
     la.atty = a->atty + l * BTC;
-    la.att = a->att + l * layer_stride(B * NH * T * T);
-    la.att_stats = a->att_stats + l * layer_stride(B * NH * T);
+    int probabilities = model->attention == ATTENTION_MATMUL_SOFTMAX;
+    la.att = probabilities ? a->att + l * layer_stride(B * NH * T * T) : NULL;
+    la.att_stats = probabilities ? NULL : a->att_stats + l * layer_stride(B * NH * T);
     la.qkvr = a->qkvr + l * 3 * BTC;
     la.residual2 = a->residual2 + l * BTC;
     la.ln2 = model->recompute >= 2 ? a->ln2 : a->ln2 + l * BTC;
@@ -747,6 +777,7 @@ static void gpt2_init_common(GPT2* model) {
     model->use_master_weights = 1;
     model->recompute = 1;
     model->gelu_fusion = 1;
+    model->attention = ATTENTION_MATMUL_SOFTMAX;
     model->num_processes = 1;
     model->loss_scaler = loss_scaler_init();
     model->rng_state = 13371337ull;
@@ -796,16 +827,21 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
     for (int l = 0; l < L; l++) {
         LayerParameters lp = gpt2_layer_parameters(model, &p, l);
         LayerActivations la = gpt2_layer_activations(model, l, B, T);
+        if (model->attention == ATTENTION_MATMUL_SOFTMAX) {
+            floatX* qkv = a.scratch_bt4c;  // (B, T, 3C), consumed by attention_forward
+            matmul_forward(qkv, la.ln1, lp.qkvw, lp.qkvb, B, T, C, 3 * C, stream);
+            attention_forward(la.atty, la.qkvr, la.att, qkv, B, T, C, c->num_heads, stream);
+        } else {
+            // flash attention and cuDNN read q, k, v in place from the qkv projection's output, kept for backward
+            floatX* qkv = la.qkvr;  // (B, T, 3C)
+            matmul_forward(qkv, la.ln1, lp.qkvw, lp.qkvb, B, T, C, 3 * C, stream);
 #ifdef ENABLE_CUDNN
-        // cuDNN reads q, k, v in place from the qkv projection's output, which is kept for backward
-        floatX* qkv = la.qkvr;  // (B, T, 3C)
-        matmul_forward(qkv, la.ln1, lp.qkvw, lp.qkvb, B, T, C, 3 * C, stream);
-        attention_forward_cudnn(la.atty, la.att_stats, qkv, B, T, c->num_heads, C, stream);
-#else
-        floatX* qkv = a.scratch_bt4c;  // (B, T, 3C), consumed by attention_forward
-        matmul_forward(qkv, la.ln1, lp.qkvw, lp.qkvb, B, T, C, 3 * C, stream);
-        attention_forward(la.atty, la.qkvr, la.att, qkv, B, T, C, c->num_heads, stream);
+            if (model->attention == ATTENTION_CUDNN)
+                attention_forward_cudnn(la.atty, la.att_stats, qkv, B, T, c->num_heads, C, stream);
+            else
 #endif
+                flash_attention_forward(la.atty, la.att_stats, qkv, B, T, c->num_heads, C, stream);
+        }
         matmul_forward(a.scratch_btc, la.atty, lp.attprojw, lp.attprojb, B, T, C, C, stream);
         fused_residual_layernorm_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual, a.scratch_btc,
                                          lp.ln2w, lp.ln2b, B * T, C, stream);
@@ -896,12 +932,16 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
         matmul_backward(a.dbtc, lg.attprojw, lg.attprojb, dresidual, la.atty, lp.attprojw, a.scratch_f, B, T, C, C,
                         stream);
         floatX* dqkv = a.scratch_bt4c;  // (B, T, 3C)
+        if (model->attention == ATTENTION_MATMUL_SOFTMAX)
+            attention_backward(dqkv, a.dqkvr, a.datt, a.scratch_btc, a.dbtc, la.qkvr, la.att, B, T, C, c->num_heads,
+                               stream);
 #ifdef ENABLE_CUDNN
-        attention_backward_cudnn(dqkv, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, c->num_heads, C, stream);
-#else
-        attention_backward(dqkv, a.dqkvr, a.datt, a.scratch_btc, a.dbtc, la.qkvr, la.att, B, T, C, c->num_heads,
-                           stream);
+        else if (model->attention == ATTENTION_CUDNN)
+            attention_backward_cudnn(dqkv, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, c->num_heads, C, stream);
 #endif
+        else
+            flash_attention_backward(dqkv, a.att_delta, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, c->num_heads, C,
+                                     stream);
         if (model->recompute >= 2) layernorm_forward(la.ln1, nullptr, nullptr, la.residual, lp.ln1w, lp.ln1b, B, T, C,
                                                      stream);
         matmul_backward(a.dbtc, lg.qkvw, lg.qkvb, dqkv, la.ln1, lp.qkvw, a.scratch_f, B, T, C, 3 * C, stream);
@@ -1419,7 +1459,7 @@ typedef struct {
     int B, T, total_batch_size, max_steps, warmup_iterations;
     float learning_rate, final_lr_frac, weight_decay;
     int val_every, val_max_steps, sample_every, gen_tokens;
-    int overfit_single_batch, use_master_weights, zero_stage, recompute, gelu_fusion;
+    int overfit_single_batch, use_master_weights, zero_stage, recompute, gelu_fusion, flash_attention;
     float skip_update_lossz, skip_update_gradz;
     int num_processes, process_rank, gpus_per_node;
     int divergence_steps, watchdog_s;
@@ -1448,6 +1488,7 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     s->learning_rate = 3e-4f, s->final_lr_frac = 1.0f, s->weight_decay = 0.0f;
     s->val_every = 20, s->val_max_steps = 20, s->sample_every = 20, s->gen_tokens = 64;
     s->overfit_single_batch = 0, s->use_master_weights = 1, s->zero_stage = 0, s->recompute = 1, s->gelu_fusion = 1;
+    s->flash_attention = -1;
     s->skip_update_lossz = 0.0f, s->skip_update_gradz = 0.0f;
     s->num_processes = 1, s->process_rank = 0, s->gpus_per_node = 8;
     s->divergence_steps = 3, s->watchdog_s = 600;
@@ -1489,6 +1530,10 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     f[n++] = flag("-ge", FLAG_INT, &s->gelu_fusion,
                   "GELU fusion into cuBLASLt epilogues: 0 off, 1 forward (only with -r 0: a recomputed GELU is\n"
                   "llmc/gelu.cuh's in the forward too), 2 forward and backward (default = 1)");
+    f[n++] = flag("-fa", FLAG_INT, &s->flash_attention,
+                  "attention: 1 flash attention (llmc/flash_attention.cuh), 0 cuBLAS GEMMs around a softmax, or\n"
+                  "cuDNN in a USE_CUDNN=1 build (default: flash attention when the build has no cuDNN and the head\n"
+                  "size is 16, 32, 64 or 128, else the other)");
 #ifdef ENABLE_CUDNN
     f[n++] = flag("-cd", FLAG_INT, &cudnn_attention_deterministic,
                   "cuDNN attention backward: 1 deterministic (Hopper only), 0 faster, dQ summed with float\n"
@@ -1528,6 +1573,10 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
     }
     if (s->overfit_single_batch != 0 && s->overfit_single_batch != 1) {
         fprintf(stderr, "-a %d: expected 0 or 1\n", s->overfit_single_batch);
+        return 0;
+    }
+    if (s->flash_attention != -1 && s->flash_attention != 0 && s->flash_attention != 1) {
+        fprintf(stderr, "-fa %d: expected 0 or 1\n", s->flash_attention);
         return 0;
     }
     if (s->gelu_fusion < 0 || s->gelu_fusion > 2) { fprintf(stderr, "-ge %d: expected 0, 1 or 2\n", s->gelu_fusion); return 0; }
@@ -1635,9 +1684,12 @@ static void print_startup_table(GPT2* model, const TrainerSettings* s, const cud
     info_row(&t, "device", "%s", prop->name);
     info_row(&t, "precision", "%s", PRECISION_NAME);
 #ifdef ENABLE_CUDNN
-    info_row(&t, "attention", "cuDNN, %s backward (-cd %d)",
-             cudnn_attention_deterministic ? "deterministic" : "non-deterministic", cudnn_attention_deterministic);
+    if (model->attention == ATTENTION_CUDNN)
+        info_row(&t, "attention", "cuDNN, %s backward (-cd %d)",
+                 cudnn_attention_deterministic ? "deterministic" : "non-deterministic", cudnn_attention_deterministic);
+    else
 #endif
+        info_row(&t, "attention", "%s", gpt2_attention_name(model));
     info_row(&t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
              cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
     info_row(&t, "parameters", "%zu", gpt2_num_parameters(model));
@@ -1867,6 +1919,7 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
         return EXIT_FAILURE;
     }
     if (mlp) mlp->check_model(&model, s.model_source, from_file);
+    if (!gpt2_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
     const GPT2Config* cfg = &model.config;
     if (s.T > cfg->max_seq_len) {
         fprintf(stderr, "-t %d: longer than the model's maximum sequence length %d\n", s.T, cfg->max_seq_len);

@@ -159,6 +159,15 @@ done
 run_test gpt-fp16-r1 build/test_gpt_fp16 build/ref/tiny_bf16 -r 1
 run_test gpt-fp32-gelu-unfused build/test_gpt_fp32 build/ref/tiny_fp32 -ge 0
 run_test gpt-bf16-gelu-fused-backward build/test_gpt_bf16 build/ref/tiny_bf16 -ge 2
+# attention: flash attention is the default path (above); the cuBLAS-and-softmax path (-fa 0); both at T = 1024,
+# head size 64
+run_test gpt-fp32-r0-fa0 build/test_gpt_fp32 build/ref/tiny_fp32 -r 0 -fa 0
+run_test gpt-bf16-r1-w1-fa0 build/test_gpt_bf16 build/ref/tiny_bf16 -r 1 -w 1 -fa 0
+for p in fp32 bf16; do
+    run_test "gpt-$p-t1024" build/test_gpt_$p build/ref/long_$p -r 1
+    run_test "gpt-$p-t1024-fa0" build/test_gpt_$p build/ref/long_$p -r 1 -fa 0
+done
+run_test gpt-fp32-t1024-r2 build/test_gpt_fp32 build/ref/long_fp32 -r 2
 run_test train-gpt-cli dev/test/test_train_gpt.sh
 
 # the MoE trainer against PyTorch: dropping (cf 0.5) and dropless (packed, grouped GEMMs) top-1, top-2 every other
@@ -180,6 +189,8 @@ run_test moe-fp32-k2-noisy build/test_moe_fp32 build/ref/moe_k2_noisy_fp32 -cf 0
 run_test moe-fp32-k1-noisy-jitter-dropless build/test_moe_fp32 build/ref/moe_k1_noisy_jitter_fp32 -cf 0 -rj 0.05 -r 2
 run_test moe-bf16-k1-jitter build/test_moe_bf16 build/ref/moe_k1_jitter_bf16 -cf 0.5 -rj 0.1
 run_test moe-bf16-k2-noisy build/test_moe_bf16 build/ref/moe_k2_noisy_bf16 -cf 0.5
+run_test moe-fp32-k1-cf0.5-fa0 build/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -fa 0
+run_test moe-bf16-k2-me2-fa0 build/test_moe_bf16 build/ref/moe_k2_me2_cf0.5_bf16 -cf 0.5 -fa 0
 # expert parallelism against PyTorch (every process on the reference batch) and against -ep 1 (distinct batches):
 # 2 ranks in one expert group; 4 ranks in two groups (replicas, ZeRO-1); 4 ranks, one expert each, dropless
 run_test moe-fp32-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -ep 2
@@ -200,6 +211,7 @@ for p in bf16 fp32; do
     done
 done
 run_test check-gpt-fp32-r0 build/check/test_gpt_fp32 build/ref/tiny_fp32 -r 0
+run_test check-gpt-fp32-r0-fa0 build/check/test_gpt_fp32 build/ref/tiny_fp32 -r 0 -fa 0
 run_test check-gpt-fp32-gelu-unfused build/check/test_gpt_fp32 build/ref/tiny_fp32 -ge 0
 run_test check-gpt-bf16-r2-w0 build/check/test_gpt_bf16 build/ref/tiny_bf16 -r 2 -w 0
 run_test check-gpt-bf16-gelu-fused-backward build/check/test_gpt_bf16 build/ref/tiny_bf16 -ge 2

@@ -2,6 +2,7 @@
 # dev/test/test_train_gpt.sh: command-line tests of the GPT trainer on the CPU backend (FP32 build):
 #   - 2 and 3 MPI ranks with ZeRO-1 (and 2 with ZeRO-0) give the losses of 1 rank with the ranks' micro-batches
 #     together (-a 1: the same tokens);
+#   - flash attention gives the losses of the cuBLAS-and-softmax path (-fa 0), bit-identically run after run;
 #   - a run resumed from a checkpoint continues bit-identically, and leftovers of an interrupted
 #     checkpoint (temporary files, a state without its DONE marker) are ignored;
 #   - a model from a descriptor trains (the loss falls);
@@ -45,6 +46,16 @@ $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -z 0 >"$work/zero0.log" 2>&
     fail "2-rank ZeRO-0 run: $(tail -3 "$work/zero0.log")"
 if [ "$(losses "$work/zero0.log" | cut -d' ' -f1-3)" = "$(losses "$work/zero1.log" | cut -d' ' -f1-3)" ]; then pass; else
     fail "ZeRO-0 and ZeRO-1 losses differ"; fi
+
+# --- attention paths: flash attention (the default) against cuBLAS GEMMs and softmax (-fa 0), the same fp32 terms
+# in another order; flash attention run twice is bit-identical (no atomics)
+"$TRAIN" "${COMMON[@]}" -b 4 -x 4 -fa 1 >"$work/flash.log" 2>&1 || fail "-fa 1 run: $(tail -3 "$work/flash.log")"
+"$TRAIN" "${COMMON[@]}" -b 4 -x 4 -fa 1 >"$work/flash2.log" 2>&1 || fail "second -fa 1 run: $(tail -3 "$work/flash2.log")"
+"$TRAIN" "${COMMON[@]}" -b 4 -x 4 -fa 0 >"$work/matmul.log" 2>&1 || fail "-fa 0 run: $(tail -3 "$work/matmul.log")"
+if close_losses "$work/flash.log" "$work/matmul.log" 4; then pass; else
+    fail "flash attention's losses differ from the cuBLAS-and-softmax path's"; fi
+if [ -n "$(losses "$work/flash.log")" ] && [ "$(losses "$work/flash.log")" = "$(losses "$work/flash2.log")" ]; then pass; else
+    fail "two flash-attention runs differ"; fi
 
 # --- checkpoint, resume, interrupted checkpoint
 "$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/full" >"$work/full.log" 2>&1 || fail "checkpointing run: $(tail -3 "$work/full.log")"
