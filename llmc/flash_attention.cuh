@@ -5,7 +5,8 @@
 // Same inputs, outputs and statistics as llmc/cudnn_att.cuh (q, k, v read in place from the packed (B, T, 3C)
 // qkv, out (B, T, C), stats = max + log(sum exp) of scale * q.k over the attended keys), so a trainer can swap
 // one for the other; unlike cuDNN it runs in fp32, bf16 and fp16 and on the CPU backend.
-// Included by its labs (not yet by the trainers); no library needed (nvcc or cpu/cucc). Lab files:
+// Included by the trainers (-fa 1, their default without cuDNN) and by its labs; no library needed (nvcc or
+// cpu/cucc). Lab files:
 // dev/cuda/flash_attention_forward.cu, dev/cuda/flash_attention_backward.cu.
 //
 // Scheme. A block owns FLASH_ROWS rows of one (batch row, head), one row per thread: queries in the forward
