@@ -104,6 +104,21 @@ __device__ inline void flash_add_rows4(float* y, const float* a, int a_stride, c
         y[n] = y[n] + a0 * x[n] + a1 * x[x_stride + n] + a2 * x[2 * x_stride + n] + a3 * x[3 * x_stride + n];
 }
 
+// Both backward kernels' two products of a thread's own row against a streamed tile, over HS: s (FLASH_TILE) =
+// own . tile and dp (FLASH_TILE) = own2 . tile2 (own rows transposed, (HS, FLASH_ROWS); tile rows (HS, FLASH_TILE))
+template <int HS>
+__device__ __forceinline__ void flash_scores_and_dp(float* s, float* dp, const float* own_t, const float* tile_t,
+                                                    const float* own2_t, const float* tile2_t) {
+#pragma unroll
+    for (int j = 0; j < FLASH_TILE; j++) s[j] = dp[j] = 0.0f;
+    for (int d = 0; d < HS; d += 4) {
+        flash_add_rows4<FLASH_TILE>(s, own_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, tile_t + d * FLASH_TILE,
+                                    FLASH_TILE);
+        flash_add_rows4<FLASH_TILE>(dp, own2_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, tile2_t + d * FLASH_TILE,
+                                    FLASH_TILE);
+    }
+}
+
 // ----------------------------------------------------------------------------------------------------
 // Forward. Block (query block, head h, batch row b); thread i of the block owns query q0 + i. Scores are kept in
 // base 2: q is scaled by scale * log2(e) on load, so p = exp2(s - m) with s = q.k in those units.
@@ -231,14 +246,7 @@ __global__ void __launch_bounds__(FLASH_ROWS)
         flash_load_rows<HS, FLASH_TILE>(nullptr, v_t, q_head + 2 * C, 3 * C, k0, T, 1.0f);
         __syncthreads();
         float s[FLASH_TILE], dp[FLASH_TILE];
-#pragma unroll
-        for (int j = 0; j < FLASH_TILE; j++) s[j] = dp[j] = 0.0f;
-        for (int d = 0; d < HS; d += 4) {
-            flash_add_rows4<FLASH_TILE>(s, q_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, k_t + d * FLASH_TILE,
-                                        FLASH_TILE);
-            flash_add_rows4<FLASH_TILE>(dp, dout_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, v_t + d * FLASH_TILE,
-                                        FLASH_TILE);
-        }
+        flash_scores_and_dp<HS>(s, dp, q_t, k_t, dout_t, v_t);
 #pragma unroll
         for (int j = 0; j < FLASH_TILE; j++) {
             const float p = (k0 + j <= query && query < T) ? exp2f(s[j] - stat_log2) : 0.0f;
@@ -299,14 +307,7 @@ __global__ void __launch_bounds__(FLASH_ROWS)
         }
         __syncthreads();
         float s[FLASH_TILE], dp[FLASH_TILE];
-#pragma unroll
-        for (int i = 0; i < FLASH_TILE; i++) s[i] = dp[i] = 0.0f;
-        for (int d = 0; d < HS; d += 4) {
-            flash_add_rows4<FLASH_TILE>(s, k_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, q_t + d * FLASH_TILE,
-                                        FLASH_TILE);
-            flash_add_rows4<FLASH_TILE>(dp, v_t + d * FLASH_ROWS + threadIdx.x, FLASH_ROWS, dout_t + d * FLASH_TILE,
-                                        FLASH_TILE);
-        }
+        flash_scores_and_dp<HS>(s, dp, k_t, q_t, v_t, dout_t);
 #pragma unroll
         for (int i = 0; i < FLASH_TILE; i++) {
             // query q0 + i attends this key when it is not before it; queries past T are zero rows, masked too
