@@ -3,7 +3,8 @@
 # GPT and MoE trainers against PyTorch (test_gpt: FP32 and BF16, recompute 0/1/2; test_moe: top-1 with drops,
 # top-2, dropless top-1 (the grouped GEMMs), noisy top-2 gating; test_gpt and test_moe once more in BF16 on cuDNN's
 # attention, the USE_CUDNN=1 build, with its default deterministic backward), trains GPT-2 124M for 30 steps on
-# synthetic data (bf16, B=8 T=1024, recompute 0 and 1) and the Switch-MoE model on the same backbone beside it
+# synthetic data (bf16, B=8 T=1024, recompute 0 and 1, flash attention; and recompute 1 with -fa 0, the cuBLAS-
+# and-softmax attention) and the Switch-MoE model on the same backbone beside it
 # (8 experts, top-1, every other layer), runs every kernel-lab file at full size, and prints one summary table:
 # test results, tokens/s, MFU, peak memory, and each lab variant's best time against its floor.
 #   scripts/gpu_check.sh LOGDIR                the whole check, one log per stage in LOGDIR (under 8 minutes
@@ -100,7 +101,7 @@ trainer_row() {
             t = median(tokens, num_tokens)
             m = median(mfu, num_mfu)
             if (only_tokens != "") { printf "%.0f (%s)\n", t, batch; exit }
-            printf "  %-14s %-24s %-13s %5d %11s %6s %10s %10s  %s\n", name,
+            printf "  %-16s %-24s %-13s %5d %11s %6s %10s %10s  %s\n", name,
                    model == "" ? "-" : model " " precision, batch == "" ? "-" : batch, steps,
                    t < 0 ? "-" : sprintf("%.0f", t), m < 0 ? "-" : sprintf("%.1f%%", m),
                    plan == 0 ? "-" : sprintf("%.2f GiB", plan / 1024),
@@ -110,9 +111,9 @@ trainer_row() {
 
 summarize_trainers() {
     local logdir=$1 log dense moe_tokens dense_tokens
-    printf '  %-14s %-24s %-13s %5s %11s %6s %10s %10s  %s\n' run model batch steps "tok/s (med)" MFU "plan mem" \
+    printf '  %-16s %-24s %-13s %5s %11s %6s %10s %10s  %s\n' run model batch steps "tok/s (med)" MFU "plan mem" \
         "peak mem" status
-    for log in "$logdir"/train_gpt_r*.log "$logdir"/train_moe_r*.log; do
+    for log in "$logdir"/train_gpt_r*.log "$logdir"/train_gpt_fa0_r*.log "$logdir"/train_moe_r*.log; do
         [ -e "$log" ] && trainer_row "$log"
     done
     ls "$logdir"/train_gpt_r*.log >/dev/null 2>&1 || echo "  train_gpt: no log in $logdir"
@@ -379,13 +380,13 @@ with open(path, "wb") as f:
 print(f"wrote {path}: {count} tokens in [0, 50257) (standard library writer: no torch)")' "$shard" $SHARD_TOKENS
 fi
 
-# train NAME BINARY [flags]: recompute 0 and 1, B=8 T=1024, halving B while the GPU runs out of memory;
+# train NAME BINARY "RECOMPUTE LEVELS" [flags]: B=8 T=1024, halving B while the GPU runs out of memory;
 # nvidia-smi samples the memory in use every 200 ms into LOGDIR/NAME_rR.mem
 train() {
-    local name=$1 binary=$2
-    shift 2
+    local name=$1 binary=$2 levels=$3
+    shift 3
     local r log batch sampler
-    for r in 0 1; do
+    for r in $levels; do
         log=$LOGDIR/${name}_r$r.log
         if [ ! -x "$binary" ]; then
             skip_stage "$log" "not built (build_$(basename "$binary").log)"
@@ -404,8 +405,11 @@ train() {
         done
     done
 }
-train train_gpt "$BIN/train_gpt_bf16"
-train train_moe "$BIN/train_moe_bf16" -ne 8 -tk 1 -me 2
+# the trainers' default attention is flash attention (llmc/flash_attention.cuh); train_gpt_fa0: the cuBLAS GEMMs
+# and softmax path beside it (-fa 0)
+train train_gpt "$BIN/train_gpt_bf16" "0 1"
+train train_gpt_fa0 "$BIN/train_gpt_bf16" "1" -fa 0
+train train_moe "$BIN/train_moe_bf16" "0 1" -ne 8 -tk 1 -me 2
 
 # every lab file at full size, all its variants
 for source in dev/cuda/*.cu; do
