@@ -151,10 +151,10 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
 // same slots as one pass in priority order, doc/moe.md). Padded layout: rows [kept_count[e], capacity) of each
 // expert are marked padding (-1) by the assign pass, grid-strided; the packed layout (dropless) has no padding.
 // Floor: DRAM reads N*k*4 bytes of expert_index (the assign pass reads them again, from L2) and writes N*k*4
-// (choice_row) + R*4 (row_choice) + 8*E; the counts, (N*k / tile) * E ints, stay in L2. At N = 65536, k = 1, E = 8
-// with CF 1.25 that is 0.8 MB (0.2 us at ~4.8 TB/s), at k = 8, E = 64 6.8 MB (1.4 us): below the three dependent
-// launches (a few us), so what matters is that every pass spreads over the GPU: N*k / 512 blocks (128 at 65536
-// choices) instead of one block per expert, each of which walked all N*k choices.
+// (choice_row) + R*4 (row_choice) + 8*E; the counts and offsets, 2 * (N*k / tile) * E ints, stay in L2. At
+// N = 65536, k = 1, E = 8 with CF 1.25 that is 0.8 MB (0.2 us at ~4.8 TB/s), at k = 8, E = 64 6.8 MB (1.4 us):
+// below the three dependent launches (a few us), so what matters is that every pass spreads over the GPU:
+// N*k / 512 blocks (128 at 65536 choices) instead of one block per expert, each of which walked all N*k choices.
 
 // the lanes of this warp whose expert equals this lane's, among the lanes with valid set (every lane calls it);
 // expert_bits: the bits of the largest expert index
@@ -194,8 +194,11 @@ __global__ void moe_slots_count_kernel(int* __restrict__ tile_counts, const int*
 
 // One block of at least E threads (any multiple of 32, up to 1024): thread (segment, e) = (x / E, x % E) owns
 // expert e's counts over one contiguous range of tiles; segment sums, their exclusive scan per expert (thread e),
-// then each thread rewrites its range as exclusive offsets. first_row (E) goes to the scratch after the counts.
-__global__ void moe_slots_scan_kernel(int* __restrict__ tile_counts, int* __restrict__ first_row,
+// then each thread writes its range's exclusive offsets. tile_offsets (tiles, E) and first_row (E) follow the counts
+// in the scratch: the counts are never overwritten, so a grid that runs only partly (the CPU backend's edge mode)
+// still scans counts, never the offsets of an earlier call.
+__global__ void moe_slots_scan_kernel(const int* __restrict__ tile_counts, int* __restrict__ tile_offsets,
+                                      int* __restrict__ first_row,
                                       int* __restrict__ expert_count, int* __restrict__ kept_count, int num_tiles,
                                       int E, int capacity, bool packed) {
     __shared__ int segment_sums[1024];  // (segment, E), segments * E <= blockDim.x
@@ -228,9 +231,8 @@ __global__ void moe_slots_scan_kernel(int* __restrict__ tile_counts, int* __rest
     if (active) {
         int running = segment_sums[segment * E + e];
         for (int tile = first_tile; tile < end_tile; tile++) {
-            const int count = tile_counts[(size_t)tile * E + e];
-            tile_counts[(size_t)tile * E + e] = running;
-            running += count;
+            tile_offsets[(size_t)tile * E + e] = running;
+            running += tile_counts[(size_t)tile * E + e];
         }
     }
     if (threadIdx.x < E) {
@@ -602,10 +604,10 @@ static int moe_expert_bits(int E) {
 }
 
 // ints of scratch moe_assign_slots_launch needs with this block size: the count of each expert in each tile of
-// MOE_SLOTS_ITEMS * block_size choices, then the experts' first rows
+// MOE_SLOTS_ITEMS * block_size choices, their offsets, then the experts' first rows
 size_t moe_assign_slots_launch_scratch_size(int N, int E, int k, int block_size) {
     const size_t tiles = CEIL_DIV((size_t)N * k, (size_t)MOE_SLOTS_ITEMS * block_size);
-    return (tiles + 1) * E;
+    return (2 * tiles + 1) * E;  // counts and offsets (tiles, E) each, first rows (E)
 }
 
 // ints of scratch moe_assign_slots needs
@@ -627,15 +629,17 @@ void moe_assign_slots_launch(int* choice_row, int* row_choice, int* expert_count
                 "needs N*k < 2^30 choices and E*capacity < 2^30 rows (int indices)");
     const int tiles = (int)CEIL_DIV((size_t)N * k, (size_t)MOE_SLOTS_ITEMS * block_size);
     const int expert_bits = moe_expert_bits(E);
-    int* tile_counts = scratch;                  // (tiles, E)
-    int* first_row = scratch + (size_t)tiles * E;  // (E)
+    int* tile_counts = scratch;                        // (tiles, E)
+    int* tile_offsets = scratch + (size_t)tiles * E;   // (tiles, E)
+    int* first_row = scratch + 2 * (size_t)tiles * E;  // (E)
     moe_slots_count_kernel<<<tiles, block_size, 0, stream>>>(tile_counts, expert_index, N, E, k, expert_bits);
     cudaCheck(cudaGetLastError());
-    moe_slots_scan_kernel<<<1, MOE_SLOTS_SCAN_BLOCK_SIZE, 0, stream>>>(tile_counts, first_row, expert_count,
-                                                                       kept_count, tiles, E, capacity, packed);
+    moe_slots_scan_kernel<<<1, MOE_SLOTS_SCAN_BLOCK_SIZE, 0, stream>>>(tile_counts, tile_offsets, first_row,
+                                                                       expert_count, kept_count, tiles, E, capacity,
+                                                                       packed);
     cudaCheck(cudaGetLastError());
     const size_t shared = (size_t)(block_size / 32) * E * sizeof(int);  // <= 32 KiB
-    moe_slots_assign_kernel<<<tiles, block_size, shared, stream>>>(choice_row, row_choice, tile_counts, first_row,
+    moe_slots_assign_kernel<<<tiles, block_size, shared, stream>>>(choice_row, row_choice, tile_offsets, first_row,
                                                                    kept_count, expert_index, N, E, k, expert_bits,
                                                                    capacity, packed);
     cudaCheck(cudaGetLastError());
