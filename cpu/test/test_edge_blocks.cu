@@ -9,6 +9,7 @@
 // Prints "test_edge_blocks: N passed, N failed" last.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include "test_common.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,20 +18,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int passed = 0, failed = 0;
-static void check(int ok, const char* fmt, ...) {
-    if (ok) {
-        passed++;
-        return;
-    }
-    failed++;
-    va_list ap;
-    va_start(ap, fmt);
-    printf("FAIL: ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-}
 
 static const int K = 2;
 
@@ -175,6 +162,5 @@ int main(void) {
     test_grids();
     test_memory();
     test_gemm();
-    printf("test_edge_blocks: %d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return test_summary("test_edge_blocks");
 }

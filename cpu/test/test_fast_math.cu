@@ -17,21 +17,8 @@
 #include <string.h>
 
 #include <cuda_runtime.h>
+#include "test_common.h"
 
-static int passed = 0, failed = 0;
-static void check(int ok, const char* fmt, ...) {
-    if (ok) {
-        passed++;
-        return;
-    }
-    failed++;
-    va_list ap;
-    va_start(ap, fmt);
-    printf("FAIL: ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-}
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static double uniform(double lo, double hi) {
@@ -418,6 +405,5 @@ int main(void) {
     for (int f = 0; f < NFN; f++) test_function(f);
     test_edges();
     test_subnormals();
-    printf("test_fast_math: %d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return test_summary("test_fast_math");
 }

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # dev/test/test_standalone.sh: the repository stands alone. In every file git tracks (or would track):
 #   - no absolute path into a machine's own directories (a home, a checkout, a shared folder: the top-level
-#     directories named in ABSOLUTE below); system paths such as /usr/bin/python3, /dev/null and /tmp stay allowed;
+#     directories named in ABSOLUTE below); system paths (the interpreter, the null device, the temporary
+#     directory) stay allowed;
 #   - no reference to a specification outside the repository (the shared folder or its architecture file, named
 #     in OUTSIDE below): doc/ is the spec;
 #   - every page of doc/ that a file mentions exists.
-# The scanner first checks itself on planted lines (each must be found), so that a broken pattern cannot pass; the
-# planted lines are put together at run time, so that this file itself holds none and is scanned like the rest.
+# The scanner first checks itself on planted lines (each bad one must be found, no good one may be), so that a
+# broken pattern cannot pass; every planted path is put together at run time, so that this file itself holds none
+# and is scanned like the rest.
 # Run from anywhere: dev/test/test_standalone.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -25,7 +27,8 @@ s=/
 spec=ARCHITECTURE
 printf '%s\n' "see ${s}work${s}shared${s}spec.md" "x = \"${s}home${s}dev${s}x\"" "cd ${s}root${s}switch.cu" > "$work/bad_abs"
 printf '%s\n' "the formats: shared${s}${spec}.md" "${spec}.md, \"MoE semantics\"" > "$work/bad_outside"
-printf '%s\n' '/usr/bin/python3 x.py > /dev/null' 'mktemp /tmp/x.XXXX' 'build/work/x and data/x' > "$work/good"
+printf '%s\n' "${s}usr${s}bin${s}python3 x.py > ${s}dev${s}null" "mktemp ${s}tmp${s}x.XXXX" 'build/work/x and data/x' \
+    > "$work/good"
 if [ "$(grep -cE "$ABSOLUTE" "$work/bad_abs")" = 3 ]; then pass; else fail "the absolute-path pattern misses planted paths"; fi
 if [ "$(grep -cE "$OUTSIDE" "$work/bad_outside")" = 2 ]; then pass; else fail "the outside-spec pattern misses planted references"; fi
 if ! grep -qE "$ABSOLUTE|$OUTSIDE" "$work/good"; then pass; else fail "the patterns flag system or relative paths"; fi
