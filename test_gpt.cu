@@ -58,14 +58,13 @@ typedef struct {
                          float tol_steps, cudaStream_t stream);
 } TestExtension;
 
-// One test's setup: the model file and the trainer's settings, and an extension's own (test_moe.cu's MoESettings)
+// One test's setup: the model file and the trainer's settings (an extension keeps its own: test_moe.cu's MoESettings)
 struct GPT2Test {
     const char* path;
     int recompute, master, gelu_fusion, zero_stage;
     int flash_attention;  // -fa, as the trainer's (gpt2_set_attention)
     int ep_degree;
     const TestExtension* extension;
-    void* settings;
 };
 
 static void read_reference_state(ReferenceState* r, const char* path, const GPT2* model, const TestExtension* x) {
@@ -244,7 +243,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         return EXIT_FAILURE;
     }
     const char* prefix = argv[1];
-    GPT2Test t = {NULL, 1, 1, 1, 0, -1, 1, x, NULL};
+    GPT2Test t = {NULL, 1, 1, 1, 0, -1, 1, x};
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-r")) t.recompute = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-w")) t.master = atoi(argv[i + 1]);

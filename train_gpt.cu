@@ -434,7 +434,7 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
     // each kernel header's own size check
     if (!encoder_support(c->channels, why, sizeof(why)) || !layernorm_support(c->channels, why, sizeof(why)) ||
         !fused_classifier_support(c->vocab_size, c->padded_vocab_size, why, sizeof(why)) ||
-        !attention_support(c->channels, c->num_heads, why, sizeof(why)) || !matmul_support(c->channels, why, sizeof(why))) {
+        !matmul_support(c->channels, why, sizeof(why))) {
         fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
         exit(EXIT_FAILURE);
     }
@@ -442,7 +442,7 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
 
 // The attention path (-fa): 1 flash attention, 0 the other one (cuDNN in a USE_CUDNN=1 build, else cuBLAS GEMMs
 // around a softmax), -1 (not given) flash attention when the build has no cuDNN and the model's head size has a
-// flash kernel, else the other one. 0 and one line naming `source` when flash attention is asked for and cannot run.
+// flash kernel, else the other one. 0 and one line naming `source` when the chosen path cannot run the model.
 static int gpt2_set_attention(GPT2* model, int flash, const char* source) {
     char why[256];
     int supported = flash_attention_support(model->config.channels, model->config.num_heads, why, sizeof(why));
@@ -455,6 +455,11 @@ static int gpt2_set_attention(GPT2* model, int flash, const char* source) {
 #else
     model->attention = flash == 1 || (flash == -1 && supported) ? ATTENTION_FLASH : ATTENTION_MATMUL_SOFTMAX;
 #endif
+    if (model->attention == ATTENTION_MATMUL_SOFTMAX &&
+        !attention_support(model->config.channels, model->config.num_heads, why, sizeof(why))) {
+        fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
+        return 0;
+    }
     return 1;
 }
 static const char* gpt2_attention_name(const GPT2* model) {

@@ -130,6 +130,19 @@ static void lab_validate(const char* name, const T* device_result, const float* 
     printf("  %-28s ok (max abs err %.3g over %zu elements)\n", name, worst, n);
 }
 
+// determinism: the device buffer's bytes equal the other's (a rerun must reproduce every bit); exits
+// non-zero when not
+static void lab_require_identical(const char* name, const void* device_a, const void* device_b, size_t bytes) {
+    std::vector<char> a(bytes), b(bytes);
+    cudaCheck(cudaMemcpy(a.data(), device_a, bytes, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(b.data(), device_b, bytes, cudaMemcpyDeviceToHost));
+    if (memcmp(a.data(), b.data(), bytes) != 0) {
+        printf("FAIL %s: a second run gives different bits\n", name);
+        exit(EXIT_FAILURE);
+    }
+    printf("  %-28s ok (bit-identical rerun)\n", name);
+}
+
 // ----------------------------------------------------------------------------------------------------
 // timing
 static int lab_on_cpu_backend(void) {

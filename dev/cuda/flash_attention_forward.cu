@@ -60,18 +60,6 @@ static void flash_forward_untiled(floatX* out, float* stats, const floatX* inp, 
     cudaCheck(cudaGetLastError());
 }
 
-// the device buffer's bytes equal the other's (a rerun must reproduce every bit)
-static void require_identical(const char* name, const void* device_a, const void* device_b, size_t bytes) {
-    std::vector<char> a(bytes), b(bytes);
-    cudaCheck(cudaMemcpy(a.data(), device_a, bytes, cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(b.data(), device_b, bytes, cudaMemcpyDeviceToHost));
-    if (memcmp(a.data(), b.data(), bytes) != 0) {
-        printf("FAIL %s: a second run gives different bits\n", name);
-        exit(EXIT_FAILURE);
-    }
-    printf("  %-28s ok (bit-identical rerun)\n", name);
-}
-
 static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     const size_t n_inp = (size_t)B * T * 3 * C, n_att = (size_t)B * NH * T * T, n_out = (size_t)B * T * C;
     const size_t n_stats = (size_t)B * NH * T;
@@ -132,8 +120,8 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
         cudaCheck(cudaMemset(d_stats_again, 0xff, n_stats * sizeof(float)));
         run_variant(variant, d_out_again, d_stats_again);
         cudaCheck(cudaDeviceSynchronize());
-        require_identical("out", d_out, d_out_again, n_out * sizeof(floatX));
-        require_identical("stats", d_stats, d_stats_again, n_stats * sizeof(float));
+        lab_require_identical("out", d_out, d_out_again, n_out * sizeof(floatX));
+        lab_require_identical("stats", d_stats, d_stats_again, n_stats * sizeof(float));
     }
 
     lab_print_header("flash_attention_forward", sizes);
