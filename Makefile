@@ -135,7 +135,7 @@ GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp1
 
 # The CPU backend's own tests (cpu/test/), and the host utilities' test (dev/test/); both use dev/test/test_common.h
 BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \
-                 $(BUILD)/test_nccl $(BUILD)/test_fast_math $(BUILD)/test_edge_blocks
+                 $(BUILD)/test_nccl $(BUILD)/test_fast_math $(BUILD)/test_edge_blocks $(BUILD)/test_wmma
 CPU_TESTS := $(BUILD)/test_host_utils $(BACKEND_TESTS) $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
              $(BUILD)/test_fast_math_fm $(BUILD)/test_edge_blocks_sanitize $(BUILD)/test_production_sizes \
              $(BUILD)/test_production_sizes_sanitize
@@ -172,6 +172,10 @@ $(BUILD)/test_fast_math_fm: cpu/test/test_fast_math.cu $(TEST_COMMON) $(BACKEND)
 	$(CUCC) -O2 --use_fast_math -I dev/test $< -o $@
 $(BUILD)/test_edge_blocks_sanitize: cpu/test/test_edge_blocks.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
 	$(CUCC) --sanitize -O1 -I dev/test $< -o $@ -lcublas -lcublasLt
+# the wmma emulation under the checking mode: its GEMMs must run clean, its misuse cases report as findings
+$(BUILD)/check/test_wmma: cpu/test/test_wmma.cu $(TEST_COMMON) $(BACKEND) | $(BUILD)
+	@mkdir -p $(dir $@)
+	$(CUCC) --check -O2 -I dev/test $< -o $@
 $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $< -o $@ -lcublas -lcublasLt
 
@@ -196,7 +200,7 @@ $(LAB_BINS): $(BUILD)/lab/%: dev/cuda/$$(call program_of,$$*).cu $(wildcard dev/
 # The checking build (cpu/cucc --check; README "Checking mode") of the trainers' tests and of every lab, which
 # dev/test/run_tests.sh runs beside the plain ones; cpu/test/check/run_probes.sh builds its probes itself.
 CHECKED := $(BUILD)/check/test_gpt_fp32 $(BUILD)/check/test_gpt_bf16 $(BUILD)/check/test_moe_fp32 \
-           $(BUILD)/check/test_moe_bf16 $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab_check/%_bf16) \
+           $(BUILD)/check/test_moe_bf16 $(BUILD)/check/test_wmma $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab_check/%_bf16) \
            $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab_check/%_fp32)
 checked: $(CHECKED)
 $(LAB_BINS:$(BUILD)/lab/%=$(BUILD)/lab_check/%): $(BUILD)/lab_check/%: dev/cuda/$$(call program_of,$$*).cu \

@@ -147,6 +147,7 @@ struct cuda_thread {
     unsigned op_mask;
     uint64_t op_value;
     int op_src;
+    void (*op_complete)(void* const*);  // CUCC_WARP_MATRIX: runs once when the warp has arrived
     uint64_t op_result;
     // block barrier results
     int bar_result, bar_live;
@@ -414,6 +415,10 @@ static void warp_complete(thread_state* ts, int warp, unsigned mask, cuda_thread
         if (g->op_kind != f0->op_kind || (g->op_kind == CUCC_WARP_REDUCE && g->op_src != reduce_kind))
             fault(ts, g, "%s (%s:%d) meets lane %d at %s (%s:%d): lanes of a warp are at different warp operations",
                   g->what, g->file, g->line, first, f0->what, f0->file, f0->line);
+        if (g->op_kind == CUCC_WARP_MATRIX &&
+            (g->line != f0->line || g->op_complete != f0->op_complete || strcmp(g->file, f0->file) != 0))
+            fault(ts, g, "%s (%s:%d) meets lane %d at %s (%s:%d): the lanes of a warp must reach a wmma operation "
+                  "together, at the same place", g->what, g->file, g->line, first, f0->what, f0->file, f0->line);
         if (g->op_value) ballot |= 1ull << g->lane;
         uint32_t v = (uint32_t)g->op_value;
         if (!seen_any) {
@@ -428,6 +433,18 @@ static void warp_complete(thread_state* ts, int warp, unsigned mask, cuda_thread
                 case CUCC_REDUCE_OR: reduced |= v; break;
                 case CUCC_REDUCE_XOR: reduced ^= v; break;
             }
+        }
+    }
+    if (f0->op_kind == CUCC_WARP_MATRIX) {
+        // nvcuda::wmma is warp-collective: every one of the 32 lanes must take part
+        if (need != 0xffffffffu)
+            fault(ts, f0, "%s (%s:%d) is reached by lanes 0x%08x of the warp only (the others %s): a wmma operation "
+                  "needs all 32 lanes", f0->what, f0->file, f0->line, need,
+                  w->exists != 0xffffffffu ? "are not threads of the block" : "have exited");
+        if (f0->op_complete) {
+            void* args[32];
+            for (int l = 0; l < 32; l++) args[l] = (void*)(uintptr_t)lanes[l].op_value;
+            f0->op_complete(args);
         }
     }
     for (unsigned m = need; m; m &= m - 1) {
@@ -456,14 +473,16 @@ static void warp_complete(thread_state* ts, int warp, unsigned mask, cuda_thread
     }
     w->waiting &= ~need;
 #ifdef CUCC_CHECK
-    uint32_t clock = cucc_check_warp_done();
+    // a wmma operation orders no memory accesses: it leaves the sync clock and the lanes' stamps alone
+    int orders = f0->op_kind != CUCC_WARP_MATRIX;
+    uint32_t clock = orders ? cucc_check_warp_done() : 0;
 #endif
     for (unsigned m = need; m; m &= m - 1) {
         cuda_thread* g = &lanes[__builtin_ctz(m)];
 #ifdef CUCC_CHECK
-        if (need == w->live) {
+        if (orders && need == w->live) {
             g->check.warp_stamp = clock;
-        } else {
+        } else if (orders) {
             g->check.part_stamp = clock;
             g->check.part_lanes = need;
         }
@@ -508,6 +527,29 @@ uint64_t __cucc_warp_op(int kind, unsigned mask, uint64_t value, int src_lane, c
         yield_current(ts);
     }
     return f->op_result;
+}
+
+void __cucc_warp_matrix_op(void* lane_arg, void (*complete)(void* const* lane_args), const char* what,
+                           const char* file, int line) {
+    thread_state* ts = kernel_state(what);
+    ts->current->op_complete = complete;
+    __cucc_warp_op(CUCC_WARP_MATRIX, 0xffffffffu, (uint64_t)(uintptr_t)lane_arg, 0, what, file, line);
+}
+
+void __cucc_kernel_fault(const char* check, const char* message, const char* file, int line) {
+    thread_state* ts = kernel_state("a device-side check");
+    const cuda_thread* t = ts->current;
+#ifdef CUCC_CHECK
+    if (cucc_check_on(check))
+        cucc_check_report(check, "kernel '%s' block (%u,%u,%u) thread (%u,%u,%u): %s (%s:%d)", ts->kernel, blockIdx.x,
+                          blockIdx.y, blockIdx.z, t->tid.x, t->tid.y, t->tid.z, message, file, line);
+#else
+    (void)check;
+#endif
+    fprintf(stderr, "cucc: kernel '%s' block (%u,%u,%u) thread (%u,%u,%u): %s (%s:%d)\n", ts->kernel, blockIdx.x,
+            blockIdx.y, blockIdx.z, t->tid.x, t->tid.y, t->tid.z, message, file, line);
+    fflush(stderr);
+    abort();
 }
 
 unsigned __cucc_live_lanes(void) {

@@ -45,7 +45,8 @@ constexpr int warpSize = 32;
 
 // ----------------------------------------------------------------------------------------------
 // Scheduler entry points (cpu/runtime.cpp). Never called by user code directly.
-enum cucc_warp_op_kind { CUCC_WARP_SYNC = 0, CUCC_WARP_SHFL = 1, CUCC_WARP_VOTE = 2, CUCC_WARP_REDUCE = 3 };
+enum cucc_warp_op_kind { CUCC_WARP_SYNC = 0, CUCC_WARP_SHFL = 1, CUCC_WARP_VOTE = 2, CUCC_WARP_REDUCE = 3,
+                         CUCC_WARP_MATRIX = 4 };
 enum cucc_reduce_kind { CUCC_REDUCE_ADD = 0, CUCC_REDUCE_MIN = 1, CUCC_REDUCE_MAX = 2, CUCC_REDUCE_AND = 3,
                         CUCC_REDUCE_OR = 4, CUCC_REDUCE_XOR = 5 };
 // Block barrier; returns the number of live threads whose predicate was non-zero and stores the
@@ -56,6 +57,16 @@ int __cucc_block_barrier(int predicate, int* live_threads, const char* what, con
 // value (as uint32) over the mask with `src_lane` holding the cucc_reduce_kind.
 uint64_t __cucc_warp_op(int kind, unsigned mask, uint64_t value, int src_lane, const char* what, const char* file,
                         int line);
+// A warp-collective matrix operation (nvcuda::wmma, cpu/include/mma.h): all 32 lanes of a full warp must reach
+// it at the same source line. When the last one arrives, complete(lane_args) runs once, while every lane is
+// still suspended (so each lane's fragments, which lane_args point to, are intact); complete may be null.
+// Unlike the other warp operations it does not order the lanes' memory accesses (the PTX ISA promises no
+// memory ordering for wmma; a warp that reads what other lanes wrote needs __syncwarp).
+void __cucc_warp_matrix_op(void* lane_arg, void (*complete)(void* const* lane_args), const char* what,
+                           const char* file, int line);
+// A kernel's misuse of an API that a GPU faults on or leaves undefined (a misaligned wmma pointer): a finding of
+// `check` (a cucc_check.h name) in a --check build, otherwise a report with the kernel, block and thread, then abort.
+[[noreturn]] void __cucc_kernel_fault(const char* check, const char* message, const char* file, int line);
 unsigned __cucc_live_lanes(void);
 unsigned __cucc_lane_id(void);
 void* __cucc_dynamic_shared(void);

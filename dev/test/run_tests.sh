@@ -125,6 +125,7 @@ run_test fast-math-exact build/test_fast_math
 run_test fast-math build/test_fast_math_fm
 run_test edge-blocks build/test_edge_blocks
 run_test edge-blocks-sanitize build/test_edge_blocks_sanitize
+run_test wmma build/test_wmma
 run_test nccl-2-ranks $MPIRUN -np 2 build/test_nccl
 run_test nccl-3-ranks $MPIRUN -np 3 build/test_nccl
 run_test host-utils build/test_host_utils
@@ -207,6 +208,7 @@ run_test train-moe-cli dev/test/test_train_moe.sh
 # PyTorch comparisons run checked at one configuration per code path (recompute, GELU fusion, dropping, dropless,
 # top-2, router noise, expert parallelism with ZeRO-0 and ZeRO-1); the plain runs above cover the other flags.
 run_test check-probes cpu/test/check/run_probes.sh
+run_test check-wmma build/check/test_wmma
 for p in bf16 fp32; do
     for src in dev/cuda/*.cu; do
         lab=$(basename "$src" .cu)_$p
