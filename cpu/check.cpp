@@ -160,10 +160,11 @@ struct cell {
     uint32_t w_tid, r_tid;  // thread of the launch, with the flags below
     uint32_t w_clk, r_clk;  // the block's sync clock at the access
 };
-// r_tid holds the latest reader; R_MANY: other readers of its block are not ordered before it either
-static const uint32_t TID_MASK = 0x1fffffffu;
+// r_tid holds the latest reader; R_MANY: other readers of its block are not ordered before it either; R_ONE_WARP
+// (with R_MANY): those readers are all lanes of the latest reader's warp, so a __syncwarp of the whole warp orders them
+static const uint32_t TID_MASK = 0x0fffffffu;
 static const uint32_t W_ATOMIC = 1u << 31;
-static const uint32_t R_LDG = 1u << 31, R_ATOMIC = 1u << 30, R_MANY = 1u << 29;
+static const uint32_t R_LDG = 1u << 31, R_ATOMIC = 1u << 30, R_MANY = 1u << 29, R_ONE_WARP = 1u << 28;
 
 static uintptr_t arena_base;
 static size_t arena_limit;
@@ -739,8 +740,12 @@ enum access_mode {
     cucc_check_report(check, "%s, %s", msg, where(pc, w, sizeof(w)));
 }
 
+// a thread's index in the current block, if it is one of its threads (ids are taken modulo TID_MASK + 1, so a block may
+// straddle the wrap)
+static inline uint32_t index_in_block(uint32_t tid) { return (tid - cucc_check_block_state.first_tid) & TID_MASK; }
+
 static inline int same_block(uint32_t tid) {
-    return tid - cucc_check_block_state.first_tid < (uint32_t)cucc_check_block_state.nthreads;
+    return index_in_block(tid) < (uint32_t)cucc_check_block_state.nthreads;
 }
 
 // Whether an access by `tid` at sync clock `clk` of this launch is ordered before the current thread's access.
@@ -755,16 +760,29 @@ static inline int ordered_in_launch(uint32_t tid, uint32_t clk) {
     // a rendezvous orders the other thread's access only if that thread took part in it: one that has returned
     // took part in none after its last
     const cucc_check_block& b = cucc_check_block_state;
-    const cucc_check_thread* other = (const cucc_check_thread*)(b.threads + (size_t)(tid - b.first_tid) * b.stride);
+    const cucc_check_thread* other = (const cucc_check_thread*)(b.threads + (size_t)index_in_block(tid) * b.stride);
     uint32_t bar = t->bar_stamp, warp = t->warp_stamp;
     if (other->exited) {
         bar = bar < other->bar_stamp ? bar : other->bar_stamp;
         warp = warp < other->warp_stamp ? warp : other->warp_stamp;
     }
     if (bar > clk) return 1;
-    uint32_t other_index = tid - b.first_tid;
+    uint32_t other_index = index_in_block(tid);
     if ((int)(other_index / 32) != t->warp) return 0;
     return warp > clk || (t->part_stamp > clk && ((t->part_lanes >> (other_index % 32)) & 1));
+}
+
+static inline int warp_of(uint32_t tid) { return (int)(index_in_block(tid) / 32); }
+
+// Whether the readers of a cell with R_MANY (the latest `r_tid` at sync clock `clk`, and others unordered before it)
+// are all ordered before the current thread: by a block barrier, or, when they are lanes of one warp and the current
+// thread is one too, by a rendezvous of the whole warp (__syncwarp, a shuffle, a vote).
+static inline int readers_ordered(uint32_t r_tid, uint32_t clk) {
+    const cucc_check_thread* t = cucc_check_current;
+    const uint32_t reader = r_tid & TID_MASK;
+    if (!same_block(reader)) return 0;
+    if (t->bar_stamp > clk) return 1;
+    return (r_tid & R_ONE_WARP) && warp_of(reader) == t->warp && t->warp_stamp > clk;
 }
 
 static const char* access_word(int mode) {
@@ -828,11 +846,15 @@ static inline void kernel_byte(cell* c, uintptr_t a, int mode, region r, uint32_
         if (c->r_op == op) {
             flags |= c->r_tid & R_LDG;  // read through __ldg in this launch: no write may follow
             uint32_t reader = c->r_tid & TID_MASK;
-            int earlier_unordered = (c->r_tid & R_MANY) ? !(same_block(reader) && t->bar_stamp > c->r_clk)
+            int earlier_unordered = (c->r_tid & R_MANY) ? !readers_ordered(c->r_tid, c->r_clk)
                                                         : !ordered_in_launch(reader, c->r_clk);
-            if (earlier_unordered)  // keep what the unordered earlier readers were: several, __ldg, all atomic
+            if (earlier_unordered) {  // keep what the unordered earlier readers were: several, one warp's, __ldg, atomic
+                const int many = reader != me || (c->r_tid & R_MANY);
+                const int one_warp = same_block(reader) && warp_of(reader) == t->warp &&
+                                     (!(c->r_tid & R_MANY) || (c->r_tid & R_ONE_WARP));
                 flags = (flags & ~R_ATOMIC) | (c->r_tid & R_LDG) | (c->r_tid & flags & R_ATOMIC) |
-                        (reader != me || (c->r_tid & R_MANY) ? R_MANY : 0);
+                        (many ? R_MANY : 0) | (many && one_warp ? R_ONE_WARP : 0);
+            }
         } else {
             c->r_op = op;
         }
@@ -857,7 +879,7 @@ static inline void kernel_byte(cell* c, uintptr_t a, int mode, region r, uint32_
             if ((c->r_tid & R_LDG) && cucc_check_on(CUCC_CHECK_LDG))
                 report_access(CUCC_CHECK_LDG, pc, "writes %s, which this kernel reads with __ldg (only for data that is "
                               "read-only for the whole kernel)", describe_address(a, addr, sizeof(addr)));
-            int unordered = (c->r_tid & R_MANY) ? !(same_block(reader) && t->bar_stamp > c->r_clk)
+            int unordered = (c->r_tid & R_MANY) ? !readers_ordered(c->r_tid, c->r_clk)
                                                 : reader != me && !ordered_in_launch(reader, c->r_clk);
             if (unordered && !(atomic || (c->r_tid & R_ATOMIC)) && cucc_check_on(CUCC_CHECK_RACE))
                 report_access(CUCC_CHECK_RACE, pc, "write of %s memory %s, which %s%s read with no %s between them",
