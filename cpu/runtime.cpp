@@ -416,7 +416,8 @@ static void warp_complete(thread_state* ts, int warp, unsigned mask, cuda_thread
             fault(ts, g, "%s (%s:%d) meets lane %d at %s (%s:%d): lanes of a warp are at different warp operations",
                   g->what, g->file, g->line, first, f0->what, f0->file, f0->line);
         if (g->op_kind == CUCC_WARP_MATRIX &&
-            (g->line != f0->line || g->op_complete != f0->op_complete || strcmp(g->file, f0->file) != 0))
+            (g->line != f0->line || g->op_complete != f0->op_complete ||
+             (g->file != f0->file && strcmp(g->file, f0->file) != 0)))
             fault(ts, g, "%s (%s:%d) meets lane %d at %s (%s:%d): the lanes of a warp must reach a wmma operation "
                   "together, at the same place", g->what, g->file, g->line, first, f0->what, f0->file, f0->line);
         if (g->op_value) ballot |= 1ull << g->lane;
