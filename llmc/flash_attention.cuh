@@ -9,7 +9,13 @@
 // cpu/cucc). Lab files:
 // dev/cuda/flash_attention_forward.cu, dev/cuda/flash_attention_backward.cu.
 //
-// Scheme. A block owns FLASH_ROWS rows of one (batch row, head), one row per thread: queries in the forward
+// Two sets of kernels. The first below runs its products on the fp32 cores (plain FMAs): every precision, every
+// GPU, and the trainers' path in fp32. The second, further down, runs them on tensor cores through nvcuda::wmma
+// (bf16 and fp16 on sm_80+; the CPU backend emulates it in cpu/include/mma.h): the trainers' path in bf16 and fp16.
+// flash_attention_forward and flash_attention_backward choose by precision (FLASH_DEFAULT_CORES); a caller may ask
+// for the fp32 cores in any precision (the labs compare both).
+//
+// The fp32-core scheme. A block owns FLASH_ROWS rows of one (batch row, head), one row per thread: queries in the forward
 // pass and in the dq pass, keys in the dk/dv pass. It streams the other side through shared memory FLASH_TILE
 // rows at a time, as floats (inputs are converted once, on load; every sum is fp32 whatever floatX is). Tiles
 // wholly above the causal diagonal are never loaded. The backward pass is deterministic without atomics: one
@@ -26,12 +32,8 @@
 // a tile row stays rolled: one iteration per tile row, HS FMAs each. Unrolling it too would make each kernel
 // FLASH_TILE * HS FMAs of straight-line code, and nvcc minutes per file.
 //
-// This is the portable path: plain fp32 FMAs on every GPU and precision. A tensor-core path (mma.sync or WMMA
-// for bf16/fp16 on sm_80+) is not here because the CPU backend, where every test runs, could not run it: g++
-// cannot compile mma.sync's inline PTX, and cpu/include has no nvcuda::wmma (fragments, load_matrix_sync,
-// mma_sync, store_matrix_sync), which it would have to emulate first.
-// Registers (nvcc 13, sm_80 and sm_90): at most 255 per thread and no spills, except dk/dv at HS = 128,
-// whose two accumulators (256 floats) cannot fit and live in local memory.
+// Registers of the fp32-core kernels (nvcc 13, sm_80 and sm_90): at most 255 per thread and no spills, except dk/dv
+// at HS = 128, whose two accumulators (256 floats) cannot fit and live in local memory.
 #pragma once
 #include <math.h>
 #include "common.cuh"
@@ -336,6 +338,389 @@ __global__ void __launch_bounds__(FLASH_ROWS)
 }
 
 // ----------------------------------------------------------------------------------------------------
+// The tensor-core path (bf16 and fp16, sm_80+), after FlashAttention-2 with CUDA's warp matrix API (nvcuda::wmma;
+// on the CPU backend cpu/include/mma.h, which checks that the warp calls it together and how it touches memory).
+// A block of 4 warps owns 64 rows, 16 per warp; it streams 64-row tiles of the other side through shared memory
+// in floatX, and every product is a warp's 16-row strip times a tile, on tensor cores with fp32 accumulators:
+//   forward:   s = q k^T; the online softmax by the lanes; o = o * correction + p v
+//   dq pass:   s = q k^T, dp = dout v^T; ds = p (dp - delta) by the lanes; dq += ds k
+//   dk/dv:     s^T = k q^T, dp^T = v dout^T; p^T, ds^T by the lanes; dv += p^T dout, dk += ds^T q
+// A fragment's element-to-lane mapping is unspecified, so the lanes' elementwise work (mask, exp2, rescaling)
+// goes through the warp's own shared-memory strips: products are stored there as fp32, the lanes read them by
+// rows (lane = 2 * row + half: two lanes per row, half of the columns each, partial row results combined with
+// one shuffle) and write p or ds there in floatX for the next product. dq, dk and dv stay in fragments across
+// tiles; the forward's o is rescaled every tile, so it lives in the warp's strip as fp32 and is loaded into an
+// accumulator fragment for each p v.
+// Numerics, as in FlashAttention-2 and cuDNN: the probabilities and ds are rounded to floatX before the second
+// product of each pair; every sum is fp32 (tensor-core products of floatX values are exact in fp32). The row sum
+// l adds the rounded probabilities, the weights that p v uses, so out stays a convex combination of v's rows.
+// Masked work skipped: tiles above the diagonal, and on the diagonal tile each warp's columns past its last row.
+// Floors as the fp32-core kernels' above; at GPT-2 124M sizes (B=8, T=1024, bf16) the forward's 12.9 GFLOP need
+// 13 us at an H100's dense bf16 tensor peak against 190 us on its fp32 cores.
+#if !defined(ENABLE_FP32)
+#include <mma.h>
+
+constexpr int FLASH_WMMA_ROWS = 64;     // rows a block owns, 16 per warp
+constexpr int FLASH_WMMA_TILE = 64;     // rows of a streamed tile (= FLASH_WMMA_ROWS: the diagonal tile is aligned)
+constexpr int FLASH_WMMA_THREADS = 128;
+// Row padding of the shared-memory matrices, 16 bytes: leading dimensions stay multiples of 16 bytes and 16-row
+// offsets multiples of 32 bytes (wmma's requirements), and consecutive rows start in different banks.
+constexpr int FLASH_PAD_X = 16 / sizeof(floatX);
+constexpr int FLASH_PAD_F = 4;
+constexpr int FLASH_LDS = FLASH_WMMA_TILE + FLASH_PAD_F;  // a warp's fp32 strip of a product with a tile
+constexpr int FLASH_LDP = FLASH_WMMA_TILE + FLASH_PAD_X;  // a warp's floatX strip of p or ds
+
+typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, floatX, nvcuda::wmma::row_major> FlashFragA;
+typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, floatX, nvcuda::wmma::row_major> FlashFragB;
+// x^T for a row-major x: a row-major (N, K) matrix read column-major is its (K, N) transpose
+typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, floatX, nvcuda::wmma::col_major> FlashFragBT;
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> FlashFragC;
+
+// Shared memory in bytes: the block's matrices (floatX rows of HS + FLASH_PAD_X), then 4 warps' strips
+static size_t flash_wmma_forward_shared_bytes(int HS) {
+    const size_t strips = sizeof(float) * 16 * FLASH_LDS + sizeof(floatX) * 16 * FLASH_LDP +
+                          sizeof(float) * 16 * (HS + FLASH_PAD_F);
+    return sizeof(floatX) * (FLASH_WMMA_ROWS + 2 * FLASH_WMMA_TILE) * (HS + FLASH_PAD_X) + 4 * strips;
+}
+static size_t flash_wmma_dq_shared_bytes(int HS) {
+    const size_t strips = sizeof(float) * 2 * 16 * FLASH_LDS + sizeof(floatX) * 16 * FLASH_LDP;
+    return sizeof(floatX) * (2 * FLASH_WMMA_ROWS + 2 * FLASH_WMMA_TILE) * (HS + FLASH_PAD_X) + 4 * strips;
+}
+static size_t flash_wmma_dkv_shared_bytes(int HS) {
+    const size_t strips = sizeof(float) * 2 * 16 * FLASH_LDS + sizeof(floatX) * 2 * 16 * FLASH_LDP;
+    return sizeof(floatX) * (2 * FLASH_WMMA_ROWS + 2 * FLASH_WMMA_TILE) * (HS + FLASH_PAD_X) +
+           sizeof(float) * 2 * FLASH_WMMA_TILE + 4 * strips;
+}
+
+// Rows [row0, row0 + ROWS) of one head into shared memory as they are, row-major with leading dimension ld; rows
+// at or past T are zeros (a masked probability is never multiplied by garbage). The whole block takes part.
+template <int HS, int ROWS>
+__device__ void flash_copy_rows(floatX* dst, int ld, const floatX* head, int row_stride, int row0, int T) {
+    constexpr int chunks_per_row = HS / x128::size;
+    for (int chunk = threadIdx.x; chunk < ROWS * chunks_per_row; chunk += blockDim.x) {
+        const int r = chunk / chunks_per_row;
+        const int d0 = (chunk % chunks_per_row) * x128::size;
+        const x128 values = row0 + r < T ? load128(head + (size_t)(row0 + r) * row_stride + d0) : x128::zeros();
+        store128(dst + r * ld + d0, values);
+    }
+}
+
+// The warp's out (16, columns [n_begin, n_end)) fp32 = a (16, K) . x^T for x (rows [n_begin, n_end), K), all
+// row-major in shared memory; n_begin and n_end multiples of 16, the same for the whole warp
+template <int K>
+__device__ void flash_warp_product_abt(float* out, int ld_out, const floatX* a, int ld_a, const floatX* x, int ld_x,
+                                       int n_begin, int n_end) {
+    FlashFragA a_frag[K / 16];
+#pragma unroll
+    for (int k = 0; k < K / 16; k++) nvcuda::wmma::load_matrix_sync(a_frag[k], a + 16 * k, ld_a);
+    for (int n = n_begin; n < n_end; n += 16) {
+        FlashFragC c;
+        nvcuda::wmma::fill_fragment(c, 0.0f);
+#pragma unroll
+        for (int k = 0; k < K / 16; k++) {
+            FlashFragBT b;
+            nvcuda::wmma::load_matrix_sync(b, x + n * ld_x + 16 * k, ld_x);
+            nvcuda::wmma::mma_sync(c, a_frag[k], b, c);
+        }
+        nvcuda::wmma::store_matrix_sync(out + n, c, ld_out, nvcuda::wmma::mem_row_major);
+    }
+}
+
+// acc (16, N) fragments += a (16, columns [k_begin, k_end)) . x (rows [k_begin, k_end), N), both row-major in
+// shared memory; k_begin and k_end multiples of 16 within [0, FLASH_WMMA_TILE], the same for the whole warp. The
+// loops have constant trip counts (fully unrolled, a range test inside) so the fragments stay in registers.
+template <int N>
+__device__ void flash_warp_product_ab(FlashFragC* acc, const floatX* a, int ld_a, const floatX* x, int ld_x,
+                                      int k_begin, int k_end) {
+    FlashFragA a_frag[FLASH_WMMA_TILE / 16];
+#pragma unroll
+    for (int k = 0; k < FLASH_WMMA_TILE / 16; k++)
+        if (16 * k >= k_begin && 16 * k < k_end) nvcuda::wmma::load_matrix_sync(a_frag[k], a + 16 * k, ld_a);
+#pragma unroll
+    for (int n = 0; n < N / 16; n++) {
+#pragma unroll
+        for (int k = 0; k < FLASH_WMMA_TILE / 16; k++) {
+            if (16 * k < k_begin || 16 * k >= k_end) continue;
+            FlashFragB b;
+            nvcuda::wmma::load_matrix_sync(b, x + 16 * k * ld_x + 16 * n, ld_x);
+            nvcuda::wmma::mma_sync(acc[n], a_frag[k], b, acc[n]);
+        }
+    }
+}
+
+// The warp writes rows (16, HS) of fp32 fragments, times scale, to global rows of dst (row_stride apart) from
+// first_row on, those before T: through its strip `staging` (16, HS + FLASH_PAD_F) fp32, the lanes by half rows
+template <int HS>
+__device__ void flash_warp_write_rows(floatX* dst, int row_stride, int first_row, int T, const FlashFragC* frags,
+                                      float* staging, float scale) {
+    constexpr int ld = HS + FLASH_PAD_F;
+    const int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+    __syncwarp();  // every lane is done with what the strip held before
+#pragma unroll
+    for (int n = 0; n < HS / 16; n++)
+        nvcuda::wmma::store_matrix_sync(staging + 16 * n, frags[n], ld, nvcuda::wmma::mem_row_major);
+    __syncwarp();
+    if (first_row + r >= T) return;
+    floatX* row = dst + (size_t)(first_row + r) * row_stride;
+    for (int d0 = half * HS / 2; d0 < (half + 1) * HS / 2; d0 += x128::size) {
+        x128 packed;
+        for (int k = 0; k < x128::size; k++) packed[k] = (floatX)(staging[r * ld + d0 + k] * scale);
+        store128(row + d0, packed);
+    }
+}
+
+// Forward. Block (query block, h, b); warp w owns queries q0 + 16 w .. + 15; lane 2 r + half owns half of query
+// q0 + 16 w + r's columns and keeps that row's running max m (the same in both lanes) and its half of the sum l.
+template <int HS>
+__global__ void __launch_bounds__(FLASH_WMMA_THREADS)
+    flash_attention_forward_wmma_kernel(floatX* out, float* stats, const floatX* inp, int T, int NH, float scale_log2) {
+    constexpr int LDX = HS + FLASH_PAD_X, LDO = HS + FLASH_PAD_F, TILE = FLASH_WMMA_TILE;
+    extern __shared__ __align__(128) unsigned char flash_forward_wmma_shared[];
+    floatX* q = (floatX*)flash_forward_wmma_shared;  // (ROWS, HS) this block's queries
+    floatX* k = q + FLASH_WMMA_ROWS * LDX;           // (TILE, HS) the key tile
+    floatX* v = k + TILE * LDX;                      // (TILE, HS) the value tile
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+    float* s = (float*)(v + TILE * LDX) + warp * 16 * (FLASH_LDS + LDO) +
+               warp * 16 * FLASH_LDP * sizeof(floatX) / sizeof(float);  // (16, TILE) this warp's scores
+    floatX* p = (floatX*)(s + 16 * FLASH_LDS);                           // (16, TILE) its probabilities
+    float* o = (float*)(p + 16 * FLASH_LDP);                             // (16, HS) its output accumulator
+    const int C = NH * HS;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_WMMA_ROWS;  // the longest query blocks start first
+    const int query = q0 + 16 * warp + r;
+    const floatX* q_head = inp + (size_t)b * T * 3 * C + h * HS;
+    flash_copy_rows<HS, FLASH_WMMA_ROWS>(q, LDX, q_head, 3 * C, q0, T);
+    for (int d = half * HS / 2; d < (half + 1) * HS / 2; d++) o[r * LDO + d] = 0.0f;
+
+    float m = -INFINITY, l = 0.0f;
+    const int last_key = min(q0 + FLASH_WMMA_ROWS, T) - 1;
+    for (int k0 = 0; k0 <= last_key; k0 += TILE) {
+        __syncthreads();
+        flash_copy_rows<HS, TILE>(k, LDX, q_head + C, 3 * C, k0, T);
+        flash_copy_rows<HS, TILE>(v, LDX, q_head + 2 * C, 3 * C, k0, T);
+        __syncthreads();
+        // on the diagonal tile (k0 == q0) the keys past this warp's last query are masked for all its rows
+        const int columns = k0 == q0 ? 16 * (warp + 1) : TILE;
+        flash_warp_product_abt<HS>(s, FLASH_LDS, q + 16 * warp * LDX, LDX, k, LDX, 0, columns);
+        __syncwarp();
+        // k0 <= q0 <= query, so key k0 is attended and the max is finite from the first tile on
+        float tile_max = -INFINITY;
+        for (int j = half * TILE / 2; j < (half + 1) * TILE / 2; j++)
+            if (k0 + j <= query) tile_max = fmaxf(tile_max, s[r * FLASH_LDS + j] * scale_log2);
+        const float m_new = fmaxf(m, fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1)));
+        const float correction = exp2f(m - m_new);
+        float tile_sum = 0.0f;
+        for (int j = half * TILE / 2; j < (half + 1) * TILE / 2; j++) {
+            const floatX pj = (floatX)(k0 + j <= query ? exp2f(s[r * FLASH_LDS + j] * scale_log2 - m_new) : 0.0f);
+            tile_sum += (float)pj;
+            p[r * FLASH_LDP + j] = pj;
+        }
+        l = l * correction + tile_sum;
+        for (int d = half * HS / 2; d < (half + 1) * HS / 2; d++) o[r * LDO + d] *= correction;
+        m = m_new;
+        __syncwarp();
+        FlashFragC acc[HS / 16];
+#pragma unroll
+        for (int n = 0; n < HS / 16; n++)
+            nvcuda::wmma::load_matrix_sync(acc[n], o + 16 * n, LDO, nvcuda::wmma::mem_row_major);
+        flash_warp_product_ab<HS>(acc, p, FLASH_LDP, v, LDX, 0, columns);
+        __syncwarp();  // a lane may store an element of o that another lane loaded: wmma orders neither
+#pragma unroll
+        for (int n = 0; n < HS / 16; n++)
+            nvcuda::wmma::store_matrix_sync(o + 16 * n, acc[n], LDO, nvcuda::wmma::mem_row_major);
+        __syncwarp();
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    if (query >= T) return;
+    const float inverse_l = 1.0f / l;
+    floatX* out_row = out + ((size_t)b * T + query) * C + h * HS;
+    for (int d0 = half * HS / 2; d0 < (half + 1) * HS / 2; d0 += x128::size) {
+        x128 packed;
+        for (int k = 0; k < x128::size; k++) packed[k] = (floatX)(o[r * LDO + d0 + k] * inverse_l);
+        store128(out_row + d0, packed);
+    }
+    if (half == 0) stats[((size_t)b * NH + h) * T + query] = (m + log2f(l)) * 0.693147180559945f;
+}
+
+// dq pass. Block (query block, h, b); warp w owns queries q0 + 16 w .. + 15, and writes their delta for the dk/dv
+// pass; dq (16, HS) stays in fragments.
+template <int HS>
+__global__ void __launch_bounds__(FLASH_WMMA_THREADS)
+    flash_attention_backward_dq_wmma_kernel(floatX* dinp, float* delta, const floatX* dout, const floatX* inp,
+                                            const floatX* out, const float* stats, int T, int NH, float scale_log2,
+                                            float scale) {
+    constexpr int LDX = HS + FLASH_PAD_X, TILE = FLASH_WMMA_TILE;
+    static_assert(16 * (HS + FLASH_PAD_F) <= 2 * 16 * FLASH_LDS, "dq's staging reuses the s and dp strips");
+    extern __shared__ __align__(128) unsigned char flash_dq_wmma_shared[];
+    floatX* q = (floatX*)flash_dq_wmma_shared;      // (ROWS, HS) this block's queries
+    floatX* dout_rows = q + FLASH_WMMA_ROWS * LDX;   // (ROWS, HS) their output gradients
+    floatX* k = dout_rows + FLASH_WMMA_ROWS * LDX;   // (TILE, HS) the key tile
+    floatX* v = k + TILE * LDX;                      // (TILE, HS) the value tile
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+    float* s = (float*)(v + TILE * LDX) + warp * 2 * 16 * FLASH_LDS +
+               warp * 16 * FLASH_LDP * sizeof(floatX) / sizeof(float);  // (16, TILE) this warp's scores
+    float* dp = s + 16 * FLASH_LDS;                                     // (16, TILE) dout . v
+    floatX* ds = (floatX*)(dp + 16 * FLASH_LDS);                        // (16, TILE) ds
+    const int C = NH * HS;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_WMMA_ROWS;
+    const int query = q0 + 16 * warp + r;
+    const floatX* q_head = inp + (size_t)b * T * 3 * C + h * HS;
+    flash_copy_rows<HS, FLASH_WMMA_ROWS>(q, LDX, q_head, 3 * C, q0, T);
+    flash_copy_rows<HS, FLASH_WMMA_ROWS>(dout_rows, LDX, dout + (size_t)b * T * C + h * HS, C, q0, T);
+    __syncthreads();
+
+    // this query's base-2 log-sum-exp and delta = dout . out; a query past T keeps 0s (its p is masked to 0)
+    const size_t row = ((size_t)b * NH + h) * T + query;
+    float stat_log2 = 0.0f, row_delta = 0.0f;
+    if (query < T) {
+        stat_log2 = stats[row] * 1.44269504088896f;
+        const floatX* out_row = out + ((size_t)b * T + query) * C + h * HS;
+        for (int d0 = half * HS / 2; d0 < (half + 1) * HS / 2; d0 += x128::size) {
+            const x128 packed = load128(out_row + d0);
+            for (int j = 0; j < x128::size; j++)
+                row_delta += (float)dout_rows[(16 * warp + r) * LDX + d0 + j] * (float)packed[j];
+        }
+    }
+    row_delta += __shfl_xor_sync(0xffffffffu, row_delta, 1);
+    if (query < T && half == 0) delta[row] = row_delta;
+
+    FlashFragC dq[HS / 16];
+#pragma unroll
+    for (int n = 0; n < HS / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
+    const int last_key = min(q0 + FLASH_WMMA_ROWS, T) - 1;
+    for (int k0 = 0; k0 <= last_key; k0 += TILE) {
+        __syncthreads();
+        flash_copy_rows<HS, TILE>(k, LDX, q_head + C, 3 * C, k0, T);
+        flash_copy_rows<HS, TILE>(v, LDX, q_head + 2 * C, 3 * C, k0, T);
+        __syncthreads();
+        const int columns = k0 == q0 ? 16 * (warp + 1) : TILE;
+        flash_warp_product_abt<HS>(s, FLASH_LDS, q + 16 * warp * LDX, LDX, k, LDX, 0, columns);
+        flash_warp_product_abt<HS>(dp, FLASH_LDS, dout_rows + 16 * warp * LDX, LDX, v, LDX, 0, columns);
+        __syncwarp();
+        for (int j = half * TILE / 2; j < (half + 1) * TILE / 2; j++) {
+            const int i = r * FLASH_LDS + j;
+            const bool attended = k0 + j <= query && query < T;
+            const float pj = attended ? exp2f(s[i] * scale_log2 - stat_log2) : 0.0f;
+            ds[r * FLASH_LDP + j] = (floatX)(attended ? pj * (dp[i] - row_delta) : 0.0f);
+        }
+        __syncwarp();
+        flash_warp_product_ab<HS>(dq, ds, FLASH_LDP, k, LDX, 0, columns);
+    }
+    flash_warp_write_rows<HS>(dinp + (size_t)b * T * 3 * C + h * HS, 3 * C, q0 + 16 * warp, T, dq, s, scale);
+}
+
+// dk/dv pass. Block (key block, h, b); warp w owns keys k0 + 16 w .. + 15; lane 2 r + half computes half of key
+// k0 + 16 w + r's p and ds against the query tile, dk and dv (16, HS) stay in fragments. Query tiles from the
+// diagonal (q0 = k0, the first that attends these keys) to the end.
+template <int HS>
+__global__ void __launch_bounds__(FLASH_WMMA_THREADS)
+    flash_attention_backward_dkv_wmma_kernel(floatX* dinp, const floatX* dout, const floatX* inp, const float* stats,
+                                             const float* delta, int T, int NH, float scale_log2, float scale) {
+    constexpr int LDX = HS + FLASH_PAD_X, TILE = FLASH_WMMA_TILE;
+    static_assert(16 * (HS + FLASH_PAD_F) <= 2 * 16 * FLASH_LDS, "dk's and dv's staging reuses the s and dp strips");
+    extern __shared__ __align__(128) unsigned char flash_dkv_wmma_shared[];
+    floatX* k = (floatX*)flash_dkv_wmma_shared;       // (ROWS, HS) this block's keys
+    floatX* v = k + FLASH_WMMA_ROWS * LDX;            // (ROWS, HS) their values
+    floatX* q = v + FLASH_WMMA_ROWS * LDX;            // (TILE, HS) the query tile
+    floatX* dout_tile = q + TILE * LDX;               // (TILE, HS) its output gradients
+    float* stat_log2 = (float*)(dout_tile + TILE * LDX);  // (TILE) its base-2 log-sum-exps
+    float* tile_delta = stat_log2 + TILE;                 // (TILE) its deltas
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+    float* s_t = tile_delta + TILE + warp * 2 * 16 * FLASH_LDS +
+                 warp * 2 * 16 * FLASH_LDP * sizeof(floatX) / sizeof(float);  // (16, TILE) k . q^T, this warp's
+    float* dp_t = s_t + 16 * FLASH_LDS;                                       // (16, TILE) v . dout^T
+    floatX* p_t = (floatX*)(dp_t + 16 * FLASH_LDS);                           // (16, TILE) p^T
+    floatX* ds_t = p_t + 16 * FLASH_LDP;                                      // (16, TILE) ds^T
+    const int C = NH * HS;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int k0 = blockIdx.x * FLASH_WMMA_ROWS;  // blocks of early keys have the most query tiles: they start first
+    const int key = k0 + 16 * warp + r;
+    const floatX* q_head = inp + (size_t)b * T * 3 * C + h * HS;
+    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
+    const float* head_stats = stats + ((size_t)b * NH + h) * T;
+    const float* head_delta = delta + ((size_t)b * NH + h) * T;
+    flash_copy_rows<HS, FLASH_WMMA_ROWS>(k, LDX, q_head + C, 3 * C, k0, T);
+    flash_copy_rows<HS, FLASH_WMMA_ROWS>(v, LDX, q_head + 2 * C, 3 * C, k0, T);
+
+    FlashFragC dk[HS / 16], dv[HS / 16];
+#pragma unroll
+    for (int n = 0; n < HS / 16; n++) {
+        nvcuda::wmma::fill_fragment(dk[n], 0.0f);
+        nvcuda::wmma::fill_fragment(dv[n], 0.0f);
+    }
+    for (int q0 = k0; q0 < T; q0 += TILE) {
+        __syncthreads();
+        flash_copy_rows<HS, TILE>(q, LDX, q_head, 3 * C, q0, T);
+        flash_copy_rows<HS, TILE>(dout_tile, LDX, dout_head, C, q0, T);
+        for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
+            stat_log2[i] = q0 + i < T ? head_stats[q0 + i] * 1.44269504088896f : 0.0f;
+            tile_delta[i] = q0 + i < T ? head_delta[q0 + i] : 0.0f;
+        }
+        __syncthreads();
+        // on the diagonal tile the queries before this warp's first key attend none of its keys
+        const int first = q0 == k0 ? 16 * warp : 0;
+        flash_warp_product_abt<HS>(s_t, FLASH_LDS, k + 16 * warp * LDX, LDX, q, LDX, first, TILE);
+        flash_warp_product_abt<HS>(dp_t, FLASH_LDS, v + 16 * warp * LDX, LDX, dout_tile, LDX, first, TILE);
+        __syncwarp();
+        for (int i = half * TILE / 2; i < (half + 1) * TILE / 2; i++) {
+            // query q0 + i attends this key when it is not before it; queries past T are zero rows, masked too
+            const int e = r * FLASH_LDS + i;
+            const bool attended = q0 + i >= key && q0 + i < T;
+            const float pi = attended ? exp2f(s_t[e] * scale_log2 - stat_log2[i]) : 0.0f;
+            p_t[r * FLASH_LDP + i] = (floatX)pi;
+            ds_t[r * FLASH_LDP + i] = (floatX)(attended ? pi * (dp_t[e] - tile_delta[i]) : 0.0f);
+        }
+        __syncwarp();
+        flash_warp_product_ab<HS>(dv, p_t, FLASH_LDP, dout_tile, LDX, first, TILE);
+        flash_warp_product_ab<HS>(dk, ds_t, FLASH_LDP, q, LDX, first, TILE);
+    }
+    floatX* dk_rows = dinp + (size_t)b * T * 3 * C + C + h * HS;
+    flash_warp_write_rows<HS>(dk_rows, 3 * C, k0 + 16 * warp, T, dk, s_t, scale);
+    flash_warp_write_rows<HS>(dk_rows + C, 3 * C, k0 + 16 * warp, T, dv, s_t, 1.0f);
+}
+
+template <int HS>
+static void flash_attention_forward_wmma_launch(floatX* out, float* stats, const floatX* inp, int B, int T, int NH,
+                                                cudaStream_t stream) {
+    const size_t shared_bytes = flash_wmma_forward_shared_bytes(HS);
+    if (shared_bytes > 48 * 1024) {
+        cudaCheck(cudaFuncSetAttribute(flash_attention_forward_wmma_kernel<HS>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
+    }
+    const dim3 grid(CEIL_DIV(T, FLASH_WMMA_ROWS), NH, B);
+    const float scale_log2 = 1.44269504088896f / sqrtf((float)HS);
+    flash_attention_forward_wmma_kernel<HS><<<grid, FLASH_WMMA_THREADS, shared_bytes, stream>>>(out, stats, inp, T, NH,
+                                                                                               scale_log2);
+    cudaCheck(cudaGetLastError());
+}
+
+template <int HS>
+static void flash_attention_backward_wmma_launch(floatX* dinp, float* delta, const floatX* dout, const floatX* inp,
+                                                 const floatX* out, const float* stats, int B, int T, int NH,
+                                                 cudaStream_t stream) {
+    const size_t dq_bytes = flash_wmma_dq_shared_bytes(HS), dkv_bytes = flash_wmma_dkv_shared_bytes(HS);
+    if (dq_bytes > 48 * 1024) {
+        cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dq_wmma_kernel<HS>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_bytes));
+    }
+    if (dkv_bytes > 48 * 1024) {
+        cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dkv_wmma_kernel<HS>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkv_bytes));
+    }
+    const dim3 grid(CEIL_DIV(T, FLASH_WMMA_ROWS), NH, B);
+    const float scale = 1.0f / sqrtf((float)HS);
+    const float scale_log2 = 1.44269504088896f * scale;
+    flash_attention_backward_dq_wmma_kernel<HS><<<grid, FLASH_WMMA_THREADS, dq_bytes, stream>>>(
+        dinp, delta, dout, inp, out, stats, T, NH, scale_log2, scale);
+    cudaCheck(cudaGetLastError());
+    flash_attention_backward_dkv_wmma_kernel<HS><<<grid, FLASH_WMMA_THREADS, dkv_bytes, stream>>>(
+        dinp, dout, inp, stats, delta, T, NH, scale_log2, scale);
+    cudaCheck(cudaGetLastError());
+}
+#endif  // !ENABLE_FP32
+
+// ----------------------------------------------------------------------------------------------------
 // Launchers, one instance per head size. Over 48 KiB of shared memory a kernel must opt in (the forward at
 // HS = 128, the backward from HS = 64, dk/dv from HS = 32); the largest, 144.25 KiB (dk/dv at HS = 128), fits
 // sm_80's 163 KiB and sm_90's 227.
@@ -378,11 +763,24 @@ static void flash_attention_backward_launch(floatX* dinp, float* delta, const fl
     cudaCheck(cudaGetLastError());
 }
 
+// Which cores the products run on. The fp32-core kernels take every precision; the tensor-core ones bf16 and fp16,
+// where they are the trainers' path (cuDNN's numerics: probabilities rounded to floatX before their product).
+enum FlashCores { FLASH_FP32_CORES, FLASH_TENSOR_CORES };
+#if defined(ENABLE_FP32)
+constexpr FlashCores FLASH_DEFAULT_CORES = FLASH_FP32_CORES;
+#else
+constexpr FlashCores FLASH_DEFAULT_CORES = FLASH_TENSOR_CORES;
+#endif
+
 static void flash_attention_require_support(const char* function, int C, int NH, const void* a, const void* b,
-                                            const void* c, const void* d) {
+                                            const void* c, const void* d, int cores) {
     char why[256];
     if (!flash_attention_support(C, NH, why, sizeof(why))) {
         fprintf(stderr, "%s: %s\n", function, why);
+        exit(EXIT_FAILURE);
+    }
+    if (cores != FLASH_FP32_CORES && (cores != FLASH_TENSOR_CORES || sizeof(floatX) == sizeof(float))) {
+        fprintf(stderr, "%s: the tensor-core kernels take bf16 or fp16, not %s\n", function, PRECISION_NAME);
         exit(EXIT_FAILURE);
     }
     if ((uintptr_t)a % 16 || (uintptr_t)b % 16 || (uintptr_t)c % 16 || (uintptr_t)d % 16) {
@@ -391,28 +789,54 @@ static void flash_attention_require_support(const char* function, int C, int NH,
     }
 }
 
+template <int HS>
+static void flash_attention_forward_on(FlashCores cores, floatX* out, float* stats, const floatX* inp, int B, int T,
+                                       int NH, cudaStream_t stream) {
+#if !defined(ENABLE_FP32)
+    if (cores == FLASH_TENSOR_CORES) {
+        flash_attention_forward_wmma_launch<HS>(out, stats, inp, B, T, NH, stream);
+        return;
+    }
+#endif
+    flash_attention_forward_launch<HS>(out, stats, inp, B, T, NH, stream);
+}
+
+template <int HS>
+static void flash_attention_backward_on(FlashCores cores, floatX* dinp, float* delta, const floatX* dout,
+                                        const floatX* inp, const floatX* out, const float* stats, int B, int T, int NH,
+                                        cudaStream_t stream) {
+#if !defined(ENABLE_FP32)
+    if (cores == FLASH_TENSOR_CORES) {
+        flash_attention_backward_wmma_launch<HS>(dinp, delta, dout, inp, out, stats, B, T, NH, stream);
+        return;
+    }
+#endif
+    flash_attention_backward_launch<HS>(dinp, delta, dout, inp, out, stats, B, T, NH, stream);
+}
+
 // out (B, T, C) and stats (B, NH, T) fp32 from inp (B, T, 3C) = [q | k | v] per position
 void flash_attention_forward(floatX* out, float* stats, const floatX* inp, int B, int T, int NH, int C,
-                             cudaStream_t stream) {
-    flash_attention_require_support("flash_attention_forward", C, NH, out, stats, inp, nullptr);
+                             cudaStream_t stream, FlashCores cores = FLASH_DEFAULT_CORES) {
+    flash_attention_require_support("flash_attention_forward", C, NH, out, stats, inp, nullptr, cores);
     switch (C / NH) {
-        case 16: flash_attention_forward_launch<16>(out, stats, inp, B, T, NH, stream); break;
-        case 32: flash_attention_forward_launch<32>(out, stats, inp, B, T, NH, stream); break;
-        case 64: flash_attention_forward_launch<64>(out, stats, inp, B, T, NH, stream); break;
-        case 128: flash_attention_forward_launch<128>(out, stats, inp, B, T, NH, stream); break;
+        case 16: flash_attention_forward_on<16>(cores, out, stats, inp, B, T, NH, stream); break;
+        case 32: flash_attention_forward_on<32>(cores, out, stats, inp, B, T, NH, stream); break;
+        case 64: flash_attention_forward_on<64>(cores, out, stats, inp, B, T, NH, stream); break;
+        case 128: flash_attention_forward_on<128>(cores, out, stats, inp, B, T, NH, stream); break;
     }
 }
 
 // dinp (B, T, 3C) = [dq | dk | dv], overwritten, from dout (B, T, C) and the forward pass's inp, out and stats;
 // delta: scratch of B * NH * T floats
 void flash_attention_backward(floatX* dinp, float* delta, const floatX* dout, const floatX* inp, const floatX* out,
-                              const float* stats, int B, int T, int NH, int C, cudaStream_t stream) {
-    flash_attention_require_support("flash_attention_backward", C, NH, dinp, delta, dout, inp);
-    flash_attention_require_support("flash_attention_backward", C, NH, out, stats, nullptr, nullptr);
+                              const float* stats, int B, int T, int NH, int C, cudaStream_t stream,
+                              FlashCores cores = FLASH_DEFAULT_CORES) {
+    flash_attention_require_support("flash_attention_backward", C, NH, dinp, delta, dout, inp, cores);
+    flash_attention_require_support("flash_attention_backward", C, NH, out, stats, nullptr, nullptr, cores);
     switch (C / NH) {
-        case 16: flash_attention_backward_launch<16>(dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
-        case 32: flash_attention_backward_launch<32>(dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
-        case 64: flash_attention_backward_launch<64>(dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
-        case 128: flash_attention_backward_launch<128>(dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
+        case 16: flash_attention_backward_on<16>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
+        case 32: flash_attention_backward_on<32>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
+        case 64: flash_attention_backward_on<64>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
+        case 128: flash_attention_backward_on<128>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
     }
 }

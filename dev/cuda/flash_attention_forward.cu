@@ -9,9 +9,12 @@
 //      a causal softmax, att (B, NH, T, T) materialised; validated on out (it has no stats).
 //   2  the flash algorithm without tiles (this file): one thread per query row, k and v read from global memory
 //      key by key, online softmax in fp32.
-//   3  llmc/flash_attention.cuh flash_attention_forward (THE FLASH PATH): a block of 64 query rows streams
-//      32-key tiles of k (transposed) and v through shared memory as floats; key tiles above the diagonal are
-//      skipped.
+//   3  llmc/flash_attention.cuh flash_attention_forward on the fp32 cores (THE FLASH PATH in fp32): a block of 64
+//      query rows streams 32-key tiles of k (transposed) and v through shared memory as floats; key tiles above
+//      the diagonal are skipped.
+//   4  llmc/flash_attention.cuh flash_attention_forward on tensor cores (THE FLASH PATH in bf16 and fp16; not in
+//      fp32 builds): 4 warps of 16 query rows each stream 64-key tiles in floatX; s = q k^T and o += p v are wmma
+//      products with fp32 accumulators, the online softmax goes through each warp's shared-memory strip.
 // Sizes: B=4 T=256 C=768 NH=12 (the CPU backend comparison) and B=8 T=1024 C=768 NH=12 (GPT-2 124M);
 // -s: head sizes 16 (B=2 T=23 NH=3, the trainers' test model), 32 (T=64: whole blocks and tiles), 64 (T=70: two
 // query blocks, a partial key tile) and 128 (T=40).
@@ -24,6 +27,9 @@
 #include "../../llmc/attention.cuh"
 #include "../../llmc/flash_attention.cuh"
 #include "attention_reference.h"
+
+// variant 4, the tensor-core kernels, takes bf16 or fp16
+static const int FLASH_LAB_VARIANTS = sizeof(floatX) == sizeof(float) ? 3 : 4;
 
 // Variant 2: thread per (b, h, query); HS <= 128
 __global__ void flash_forward_untiled_kernel(floatX* out, float* stats, const floatX* inp, int B, int T, int NH,
@@ -86,6 +92,11 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     // a wrong mask or a wrong rescale changes out by ~p * |v| >= 1/T ~ 1e-3 and stats by >= 1e-3: far outside.
     // Variant 1 has attention_forward.cu's tolerances (scores and att rounded to floatX in between: 1e-2 bf16;
     // fp16 is that argument with 2^-11 in place of 2^-8, 8 times smaller: 2e-3).
+    // Variant 4 rounds each probability to floatX before p v (relative 2^-9 in bf16, 2^-12 in fp16) and sums the
+    // rounded ones into l, so out is a convex combination of v's rows whose weights err by at most twice that:
+    // |out - ref| <= 2^-8 max|v| = 3.9e-3 in bf16 (4.9e-4 in fp16) before out's own rounding (rtol): atol 4e-3 and
+    // 5e-4. stats = log l errs by at most 2^-9 (2^-12) absolute plus the fp32 5e-6: 2e-3 and 3e-4. A wrong mask
+    // still moves out by >= |v| / T, 1.4e-2 at the -s sizes.
 #if defined(ENABLE_FP32)
     const float out_rtol = 2e-5f, cublas_path_tol = 2e-5f;
 #elif defined(ENABLE_FP16)
@@ -94,6 +105,11 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     const float out_rtol = 4e-3f, cublas_path_tol = 1e-2f;
 #endif
     const float atol = 2e-5f, stats_rtol = 2e-5f;
+#if defined(ENABLE_FP16)
+    const float tensor_atol = 5e-4f, tensor_stats_atol = 3e-4f;
+#else
+    const float tensor_atol = 4e-3f, tensor_stats_atol = 2e-3f;
+#endif
 
     char sizes[128];
     snprintf(sizes, sizeof(sizes), "B=%d T=%d C=%d NH=%d %s", B, T, C, NH, PRECISION_NAME);
@@ -101,9 +117,10 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     auto run_variant = [&](int variant, floatX* out, float* stats) {
         if (variant == 1) attention_forward(out, d_qkvr, d_att, d_inp, B, T, C, NH, 0);
         if (variant == 2) flash_forward_untiled(out, stats, d_inp, B, T, NH, C);
-        if (variant == 3) flash_attention_forward(out, stats, d_inp, B, T, NH, C, 0);
+        if (variant == 3) flash_attention_forward(out, stats, d_inp, B, T, NH, C, 0, FLASH_FP32_CORES);
+        if (variant == 4) flash_attention_forward(out, stats, d_inp, B, T, NH, C, 0, FLASH_TENSOR_CORES);
     };
-    for (int variant = 1; variant <= 3; variant++) {
+    for (int variant = 1; variant <= FLASH_LAB_VARIANTS; variant++) {
         if (args.variant != 0 && args.variant != variant) continue;
         printf("variant %d\n", variant);
         cudaCheck(cudaMemset(d_out, 0xff, n_out * sizeof(floatX)));
@@ -114,8 +131,8 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
             lab_validate("out", d_out, out_ref.data(), n_out, cublas_path_tol, cublas_path_tol);
             continue;
         }
-        lab_validate("out", d_out, out_ref.data(), n_out, atol, out_rtol);
-        lab_validate("stats", d_stats, stats_ref.data(), n_stats, atol, stats_rtol);
+        lab_validate("out", d_out, out_ref.data(), n_out, variant == 4 ? tensor_atol : atol, out_rtol);
+        lab_validate("stats", d_stats, stats_ref.data(), n_stats, variant == 4 ? tensor_stats_atol : atol, stats_rtol);
         cudaCheck(cudaMemset(d_out_again, 0xff, n_out * sizeof(floatX)));
         cudaCheck(cudaMemset(d_stats_again, 0xff, n_stats * sizeof(float)));
         run_variant(variant, d_out_again, d_stats_again);
@@ -127,7 +144,7 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     lab_print_header("flash_attention_forward", sizes);
     const int repeats = args.small ? 3 : (lab_on_cpu_backend() ? 5 : 20);
     const double flops = 2.0 * B * NH * (double)T * T * (C / NH);
-    for (int variant = 1; variant <= 3; variant++) {
+    for (int variant = 1; variant <= FLASH_LAB_VARIANTS; variant++) {
         if (args.variant != 0 && args.variant != variant) continue;
         float ms = lab_time_ms(repeats, [&]() { run_variant(variant, d_out, d_stats); });
         lab_print_row(variant, variant == 1 ? 0 : 64, ms, 0.0, flops);
