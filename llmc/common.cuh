@@ -121,6 +121,61 @@ __device__ inline float block_reduce(float value, bool final_sync = false, float
 }
 
 // ----------------------------------------------------------------------------------------------------
+// Deterministic parameter gradients without float atomics (the norms' backward passes): each block of the
+// main kernel writes its own fp32 partial sums, a (blocks, C) or (blocks, 2C) matrix, and this kernel adds
+// them in block order: first[c] += sum_b partials[b][c] and, when second is not nullptr, second[c] +=
+// sum_b partials[b][C + c]. A block of (32 columns x 16 slices) threads owns 32 columns of one 16-byte
+// vector each, each slice summing rows slice, slice+16, ... before the 16 slice sums are added in slice
+// order. C % 8 == 0.
+#define PARTIALS_ACCUMULATE_COLUMNS 32  // vector columns of the partials per block
+#define PARTIALS_ACCUMULATE_SLICES 16   // threads splitting the partial rows of one column
+
+__global__ void block_partials_accumulate_kernel(floatX* __restrict__ first, floatX* __restrict__ second,
+                                                 const float* __restrict__ partials, int blocks, int C) {
+    __shared__ float slice_sums[PARTIALS_ACCUMULATE_SLICES * PARTIALS_ACCUMULATE_COLUMNS * x128::size];
+    const int width = second != nullptr ? 2 * C : C;
+    const int column = blockIdx.x * PARTIALS_ACCUMULATE_COLUMNS + threadIdx.x;  // x128::size floats of width
+    const int slice = threadIdx.y;
+    const int columns = width / x128::size;
+    float sum[x128::size];
+    for (int k = 0; k < x128::size; k++) sum[k] = 0.0f;
+    if (column < columns) {
+        for (int b = slice; b < blocks; b += PARTIALS_ACCUMULATE_SLICES) {
+            const float* partial = partials + (size_t)b * width + column * x128::size;
+            for (int k = 0; k < x128::size; k += f128::size) {
+                f128 p = load128cs(partial + k);
+                for (int j = 0; j < f128::size; j++) sum[k + j] += p[j];
+            }
+        }
+    }
+    float* mine = slice_sums + (slice * PARTIALS_ACCUMULATE_COLUMNS + threadIdx.x) * x128::size;
+    for (int k = 0; k < x128::size; k++) mine[k] = sum[k];
+    __syncthreads();
+    if (slice != 0 || column >= columns) return;
+    for (int s = 1; s < PARTIALS_ACCUMULATE_SLICES; s++) {
+        const float* theirs = slice_sums + (s * PARTIALS_ACCUMULATE_COLUMNS + threadIdx.x) * x128::size;
+        for (int k = 0; k < x128::size; k++) sum[k] += theirs[k];
+    }
+    const int chunks = C / x128::size;
+    floatX* target = column < chunks ? first + column * x128::size : second + (column - chunks) * x128::size;
+    x128 old_value = load128(target);
+    x128 new_value;
+    for (int k = 0; k < x128::size; k++) new_value[k] = (floatX)((float)old_value[k] + sum[k]);
+    store128(target, new_value);
+}
+
+// first (C) += the column sums of partials (blocks, C); with second (C), partials are (blocks, 2C) and their
+// last C columns go to second
+void block_partials_accumulate(floatX* first, floatX* second, const float* partials, int blocks, int C,
+                               cudaStream_t stream) {
+    const int width = second != nullptr ? 2 * C : C;
+    dim3 block(PARTIALS_ACCUMULATE_COLUMNS, PARTIALS_ACCUMULATE_SLICES);
+    const int grid = CEIL_DIV(width / x128::size, PARTIALS_ACCUMULATE_COLUMNS);
+    block_partials_accumulate_kernel<<<grid, block, 0, stream>>>(first, second, partials, blocks, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------
 // Random numbers for stochastic rounding: a counter-based hash (Squirrel noise 5), so a value depends
 // only on (seed, index) and not on the order threads run in.
 __device__ __host__ inline unsigned int squirrel_noise5(unsigned int position, unsigned int seed) {

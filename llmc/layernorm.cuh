@@ -135,7 +135,7 @@ void fused_residual_layernorm_forward(floatX* residual, floatX* normed, float* m
 // Backward. With n = (x - mean) * rstd and g = dout * weight:
 //   dinp += rstd * (g - mean_c(g) - n * mean_c(g * n)),  dweight += sum_rows dout * n,  dbias += sum_rows dout.
 // Deterministic: each block owns LAYERNORM_BACKWARD_ROWS consecutive rows and writes its own partial
-// dweight/dbias row to scratch (no atomics); a second kernel adds the partials in block order.
+// dweight/dbias row to scratch (no atomics); common.cuh's block_partials_accumulate adds the partials in block order.
 // Floor: read dout, inp and dinp, write dinp (4*N*C floatX) plus mean and rstd (8*N):
 // DRAM bytes = 4*N*C*sizeof(floatX) + 8*N; the partials add 2 * (N/32) * 2C * 4 bytes (written, then read
 // back), 1/32 of the floor in fp32 and 1/16 in bf16. ~14 flops per element: memory-bound.
@@ -147,8 +147,6 @@ void fused_residual_layernorm_forward(floatX* residual, floatX* normed, float* m
 
 #define LAYERNORM_BACKWARD_ROWS 32        // rows per block: the partials cost 1/ROWS of the floor
 #define LAYERNORM_BACKWARD_BLOCK_SIZE 256
-#define LAYERNORM_REDUCE_COLUMNS 32       // 8-float columns of the partials per reduction block
-#define LAYERNORM_REDUCE_SLICES 16        // threads splitting the partial rows of one column
 
 size_t layernorm_backward_scratch_floats(int B, int T, int C) {
     return (size_t)CEIL_DIV(B * T, LAYERNORM_BACKWARD_ROWS) * 2 * C;
@@ -269,42 +267,6 @@ __global__ void layernorm_backward_kernel(floatX* __restrict__ dinp, float* __re
     }
 }
 
-// dweight/dbias += the sum of the blocks' partials, added in block order. The partials are a (blocks, 2C)
-// matrix; a block of (32 columns x 16 slices) threads owns 32 columns of 8 floats, each slice summing rows
-// slice, slice+16, ... before the 16 slice sums are added in slice order.
-__global__ void layernorm_backward_reduce_kernel(floatX* __restrict__ dweight, floatX* __restrict__ dbias,
-                                                 const float* __restrict__ partials, int blocks, int C) {
-    __shared__ float slice_sums[LAYERNORM_REDUCE_SLICES * LAYERNORM_REDUCE_COLUMNS * x128::size];
-    const int column = blockIdx.x * LAYERNORM_REDUCE_COLUMNS + threadIdx.x;  // 8 floats of the 2C
-    const int slice = threadIdx.y;
-    const int columns = 2 * C / x128::size;
-    float sum[x128::size];
-    for (int k = 0; k < x128::size; k++) sum[k] = 0.0f;
-    if (column < columns) {
-        for (int b = slice; b < blocks; b += LAYERNORM_REDUCE_SLICES) {
-            const float* partial = partials + (size_t)b * 2 * C + column * x128::size;
-            for (int k = 0; k < x128::size; k += f128::size) {
-                f128 p = load128cs(partial + k);
-                for (int j = 0; j < f128::size; j++) sum[k + j] += p[j];
-            }
-        }
-    }
-    float* mine = slice_sums + (slice * LAYERNORM_REDUCE_COLUMNS + threadIdx.x) * x128::size;
-    for (int k = 0; k < x128::size; k++) mine[k] = sum[k];
-    __syncthreads();
-    if (slice != 0 || column >= columns) return;
-    for (int s = 1; s < LAYERNORM_REDUCE_SLICES; s++) {
-        const float* theirs = slice_sums + (s * LAYERNORM_REDUCE_COLUMNS + threadIdx.x) * x128::size;
-        for (int k = 0; k < x128::size; k++) sum[k] += theirs[k];
-    }
-    const int chunks = C / x128::size;
-    floatX* target = column < chunks ? dweight + column * x128::size : dbias + (column - chunks) * x128::size;
-    x128 old_value = load128(target);
-    x128 new_value;
-    for (int k = 0; k < x128::size; k++) new_value[k] = (floatX)((float)old_value[k] + sum[k]);
-    store128(target, new_value);
-}
-
 void layernorm_backward_launch(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
                                const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
                                int C, int block_size, cudaStream_t stream) {
@@ -317,10 +279,7 @@ void layernorm_backward_launch(floatX* dinp, floatX* dweight, floatX* dbias, flo
     layernorm_backward_kernel<<<blocks, block_size, shared_bytes, stream>>>(dinp, scratch, dout, inp, weight, mean,
                                                                            rstd, N, C);
     cudaCheck(cudaGetLastError());
-    dim3 reduce_block(LAYERNORM_REDUCE_COLUMNS, LAYERNORM_REDUCE_SLICES);
-    const int reduce_grid = CEIL_DIV(2 * C / x128::size, LAYERNORM_REDUCE_COLUMNS);
-    layernorm_backward_reduce_kernel<<<reduce_grid, reduce_block, 0, stream>>>(dweight, dbias, scratch, blocks, C);
-    cudaCheck(cudaGetLastError());
+    block_partials_accumulate(dweight, dbias, scratch, blocks, C, stream);
 }
 
 // dinp (B,T,C) +=; dweight, dbias (C) +=; scratch holds layernorm_backward_scratch_floats(B, T, C) floats
