@@ -136,7 +136,10 @@ GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp1
 # The CPU backend's own tests (cpu/test/), and the host utilities' test (dev/test/); both use dev/test/test_common.h
 BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \
                  $(BUILD)/test_nccl $(BUILD)/test_fast_math $(BUILD)/test_edge_blocks $(BUILD)/test_wmma
-CPU_TESTS := $(BUILD)/test_host_utils $(BACKEND_TESTS) $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
+# the host AdamW (ZeRO-Offload) against the kernel: each precision with the GPU build's numerics, bf16 also exact
+ADAMW_HOST_TESTS := $(BUILD)/test_adamw_host_bf16 $(BUILD)/test_adamw_host_fp16 $(BUILD)/test_adamw_host_fp32 \
+                    $(BUILD)/test_adamw_host_exact_bf16
+CPU_TESTS := $(BUILD)/test_host_utils $(ADAMW_HOST_TESTS) $(BACKEND_TESTS) $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
              $(BUILD)/test_fast_math_fm $(BUILD)/test_edge_blocks_sanitize $(BUILD)/test_production_sizes \
              $(BUILD)/test_production_sizes_sanitize
 # per test: the driver's mode and the libraries (default -O2, none)
@@ -162,6 +165,9 @@ $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext: $(BUILD)/%: cpu/t
 	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@
 $(BUILD)/test_host_utils: $(BUILD)/%: dev/test/%.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@ $(TEST_LIBS_$*)
+$(ADAMW_HOST_TESTS): $(BUILD)/test_adamw_host_%: dev/test/test_adamw_host.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 -fno-math-errno $(if $(findstring exact,$*),,$(CPU_NUMERICS)) $(call precision_flag,$@) -I dev/test \
+	    $< -o $@
 # llmc kernels at production sizes in edge mode (dev/test/test_production_sizes.cu), plain and under the sanitizers
 $(BUILD)/test_production_sizes: dev/test/test_production_sizes.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $(CPU_NUMERICS) -I dev/test $< -o $@ -lcublas -lcublasLt
