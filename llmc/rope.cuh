@@ -42,8 +42,8 @@
 // HS / 2 must be a multiple of x128::size (HS a multiple of 16 in bf16/fp16, of 8 in fp32).
 static void rope_check_shape(const char* who, int T, int NH, int NKV, int HS) {
     if (T < 1 || NH < 1 || NKV < 1 || HS < 2 || HS % (2 * x128::size) != 0) {
-        fprintf(stderr, "%s: need T, NH, NKV >= 1 and a head size that is a multiple of %d (got T=%d NH=%d NKV=%d HS=%d)\n",
-                who, 2 * x128::size, T, NH, NKV, HS);
+        fprintf(stderr, "%s: need T, NH, NKV >= 1 and a head size that is a multiple of %d (got T=%d NH=%d NKV=%d "
+                "HS=%d)\n", who, 2 * x128::size, T, NH, NKV, HS);
         exit(EXIT_FAILURE);
     }
 }

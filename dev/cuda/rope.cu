@@ -80,8 +80,8 @@ static void run_variant(int variant, bool backward, floatX* qkv, const float* ta
                         int block_size) {
     if (variant == 1) {
         const size_t pairs = (size_t)c.B * c.T * (c.NH + c.NKV) * (c.HS / 2);
-        rope_scalar_kernel<<<(unsigned int)CEIL_DIV(pairs, (size_t)block_size), block_size>>>(qkv, table, c.B, c.T, c.NH,
-                                                                                            c.NKV, c.HS, backward);
+        const unsigned int grid = (unsigned int)CEIL_DIV(pairs, (size_t)block_size);
+        rope_scalar_kernel<<<grid, block_size>>>(qkv, table, c.B, c.T, c.NH, c.NKV, c.HS, backward);
     } else if (variant == 2) {
         if (block_size == 256) {
             if (backward) rope_backward(qkv, table, c.B, c.T, c.NH, c.NKV, c.HS, 0);
@@ -223,7 +223,8 @@ static void run_case(const LabArgs& args, const RopeCase& c, bool timed) {
                 if (args.variant != 0 && args.variant != variant) continue;
                 for (int block_size : block_sizes) {
                     // in place: repeated calls keep rotating, which only the timing sees
-                    float ms = lab_time_ms(repeats, [&]() { run_variant(variant, backward, d_qkv, d_table, c, block_size); });
+                    float ms = lab_time_ms(repeats,
+                                           [&]() { run_variant(variant, backward, d_qkv, d_table, c, block_size); });
                     lab_print_row(variant, block_size, ms, bytes, 0.0);
                 }
             }
