@@ -198,10 +198,12 @@ run-tests: $(CPU_TESTS) $(GPT_TESTS) $(MOE_TESTS) $(PRODUCTION) labs checked
 # the kernel lab on the CPU backend, both precisions: validation at small sizes (-s)
 LAB_SOURCES := $(sort $(filter-out dev/cuda/common.h,$(wildcard dev/cuda/*.cu)))
 LAB_BINS := $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_bf16) $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_fp32)
+# a lab's own host-compiler flags: the host AdamW vectorises only without C's errno semantics (llmc/adamw_host.h)
+LAB_FLAGS_adamw_host := -fno-math-errno
 labs: $(LAB_BINS)
 $(LAB_BINS): $(BUILD)/lab/%: dev/cuda/$$(call program_of,$$*).cu $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
 	@mkdir -p $(dir $@)
-	$(CUCC) -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
+	$(CUCC) -O2 $(CPU_NUMERICS) $(LAB_FLAGS_$(call program_of,$*)) $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
 
 # The checking build (cpu/cucc --check; README "Checking mode") of the trainers' tests and of every lab, which
 # dev/test/run_tests.sh runs beside the plain ones; cpu/test/check/run_probes.sh builds its probes itself.
@@ -212,7 +214,8 @@ checked: $(CHECKED)
 $(LAB_BINS:$(BUILD)/lab/%=$(BUILD)/lab_check/%): $(BUILD)/lab_check/%: dev/cuda/$$(call program_of,$$*).cu \
         $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
 	@mkdir -p $(dir $@)
-	$(CUCC) --check -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
+	$(CUCC) --check -O2 $(CPU_NUMERICS) $(LAB_FLAGS_$(call program_of,$*)) $(call precision_flag,$*) $< -o $@ \
+	    -lcublas -lcublasLt
 
 bench: $(BUILD)/bench
 	$(BUILD)/bench

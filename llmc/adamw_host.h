@@ -6,9 +6,11 @@
 // stochastic rounding with the noise random_u32(seed, i) (i counted from the start of the call, as the kernel counts
 // it), and subnormals flushed exactly when the device build flushes them (adamw_device_flushes_subnormals()).
 // Gradients are fp32: the floatX gradient widened on the device (exact) before its copy, as ZeRO-Offload moves them.
-// OpenMP threads over the parameters, each a vectorised (#pragma omp simd) loop; memory-bound.
+// OpenMP threads over the parameters, each a vectorised (#pragma omp simd) loop. Floor: 28 + sizeof(floatX) bytes per
+// parameter (grad, master, m, v read; master, m, v, param written), ~20 flops and, in bf16, a 32-bit hash.
 // Plain host C++ that any .cu includes: with cpu/cucc (always -fopenmp) or nvcc, whose host compiler needs
-// -Xcompiler -fopenmp (and -lgomp) for threads (without, the loop runs on one thread, with the same results).
+// -Xcompiler -fopenmp (and -lgomp) for threads (without, the loop runs on one thread, with the same results). Build
+// with -fno-math-errno, or the loop stays scalar (adamw_host_update below).
 // Test: dev/test/test_adamw_host.cu; benchmark: dev/cuda/adamw_host.cu.
 #pragma once
 #include <stdint.h>
@@ -62,25 +64,33 @@ static inline __attribute__((always_inline)) void adamw_host_range(
     if (flush_subnormals) _mm_setcsr(saved_csr | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
 #endif
     const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
+    // 32-bit loop indices, which are the noise's indices too (the kernel's (unsigned int)i): a vector of them costs
+    // half the instructions of 64-bit ones (15% of the loop's time here). Pieces of 2^30 parameters keep them in range.
+    const size_t piece = (size_t)1 << 30;
+    for (size_t base = 0; base < num_parameters; base += piece) {
+        const unsigned int count = (unsigned int)(num_parameters - base < piece ? num_parameters - base : piece);
+        const unsigned int first_index = (unsigned int)base;  // the kernel's index, modulo 2^32 as it wraps
 #pragma omp for simd schedule(static)
-    for (size_t i = 0; i < num_parameters; i++) {
+        for (unsigned int j = 0; j < count; j++) {
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #endif
-        // adamw_element's operations, in its order
-        const float grad = grad_scale * grads[i];
-        const float param = master_params[i];
-        const float new_m = beta1 * m[i] + one_minus_beta1 * grad;
-        const float new_v = beta2 * v[i] + one_minus_beta2 * grad * grad;
-        const float m_hat = new_m * beta1_correction_inverse;
-        const float v_hat = new_v * beta2_correction_inverse;
-        // (sqrtf): the C function itself, not cpu/cucc's fast-math macro of the name (exact outside kernels, but a
-        // per-call test for device code that would keep the loop from vectorising)
-        const float new_param = param - learning_rate * (m_hat / ((sqrtf)(v_hat) + eps) + weight_decay * param);
-        m[i] = new_m;
-        v[i] = new_v;
-        master_params[i] = new_param;
-        params[i] = adamw_host_round(new_param, random_u32(seed, (unsigned int)i));
+            const size_t i = base + j;
+            // adamw_element's operations, in its order
+            const float grad = grad_scale * grads[i];
+            const float param = master_params[i];
+            const float new_m = beta1 * m[i] + one_minus_beta1 * grad;
+            const float new_v = beta2 * v[i] + one_minus_beta2 * grad * grad;
+            const float m_hat = new_m * beta1_correction_inverse;
+            const float v_hat = new_v * beta2_correction_inverse;
+            // (sqrtf): the C function itself, not cpu/cucc's fast-math macro of the name (exact outside kernels, but
+            // a per-call test for device code that would keep the loop from vectorising)
+            const float new_param = param - learning_rate * (m_hat / ((sqrtf)(v_hat) + eps) + weight_decay * param);
+            m[i] = new_m;
+            v[i] = new_v;
+            master_params[i] = new_param;
+            params[i] = adamw_host_round(new_param, random_u32(seed, first_index + j));
+        }
     }
 #if defined(__SSE__)
     _mm_setcsr(saved_csr);
@@ -88,9 +98,11 @@ static inline __attribute__((always_inline)) void adamw_host_range(
 }
 
 // The loop compiled for the build's baseline (x86-64: SSE2, 4 floats a vector) and, on x86 with GCC or Clang, for AVX2
-// (8 floats a vector, and 32-bit integer multiplies for the rounding noise), chosen at run time: measured on this
-// project's 2-core machine, one thread updates 7.5 GB/s with SSE2 and 9.6 GB/s with AVX2 (dev/cuda/adamw_host.cu). Both
-// give the same bits: the same IEEE operations (AVX2 brings no fma), under the same MXCSR.
+// (8 floats a vector, and 32-bit integer multiplies for the rounding noise), chosen at run time. Measured on this
+// project's 2-core machine (dev/cuda/adamw_host.cu, bf16, 124M parameters, one thread): 8.1 GB/s with SSE2, 10.7 GB/s
+// with AVX2, against 13.2 GB/s for a plain copy; in bf16 the rounding noise's hash (three 32-bit multiplies) makes the
+// loop compute-bound on such a core (fp32, without it: 18.4 GB/s on 2 threads). Both variants give the same bits: the
+// same IEEE operations (AVX2 brings no fma), under the same MXCSR.
 void adamw_host_update_baseline(floatX* params, float* master_params, const float* grads, float* m, float* v, size_t n,
                                 float learning_rate, float beta1, float beta2, float beta1_inverse, float beta2_inverse,
                                 float eps, float weight_decay, float grad_scale, unsigned int seed,
