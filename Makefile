@@ -136,7 +136,10 @@ GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp1
 # The CPU backend's own tests (cpu/test/), and the host utilities' test (dev/test/); both use dev/test/test_common.h
 BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \
                  $(BUILD)/test_nccl $(BUILD)/test_fast_math $(BUILD)/test_edge_blocks $(BUILD)/test_wmma
-CPU_TESTS := $(BUILD)/test_host_utils $(BACKEND_TESTS) $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
+# the host AdamW (ZeRO-Offload) against the kernel: each precision with the GPU build's numerics, bf16 also exact
+ADAMW_HOST_TESTS := $(BUILD)/test_adamw_host_bf16 $(BUILD)/test_adamw_host_fp16 $(BUILD)/test_adamw_host_fp32 \
+                    $(BUILD)/test_adamw_host_exact_bf16
+CPU_TESTS := $(BUILD)/test_host_utils $(ADAMW_HOST_TESTS) $(BACKEND_TESTS) $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext \
              $(BUILD)/test_fast_math_fm $(BUILD)/test_edge_blocks_sanitize $(BUILD)/test_production_sizes \
              $(BUILD)/test_production_sizes_sanitize
 # per test: the driver's mode and the libraries (default -O2, none)
@@ -162,6 +165,9 @@ $(BUILD)/test_runtime_sanitize $(BUILD)/test_runtime_ucontext: $(BUILD)/%: cpu/t
 	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@
 $(BUILD)/test_host_utils: $(BUILD)/%: dev/test/%.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) $(call test_mode,$*) -I dev/test $< -o $@ $(TEST_LIBS_$*)
+$(ADAMW_HOST_TESTS): $(BUILD)/test_adamw_host_%: dev/test/test_adamw_host.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
+	$(CUCC) -O2 -fno-math-errno $(if $(findstring exact,$*),,$(CPU_NUMERICS)) $(call precision_flag,$@) -I dev/test \
+	    $< -o $@
 # llmc kernels at production sizes in edge mode (dev/test/test_production_sizes.cu), plain and under the sanitizers
 $(BUILD)/test_production_sizes: dev/test/test_production_sizes.cu $(TEST_COMMON) $(LLMC) $(BACKEND) | $(BUILD)
 	$(CUCC) -O2 $(CPU_NUMERICS) -I dev/test $< -o $@ -lcublas -lcublasLt
@@ -192,10 +198,12 @@ run-tests: $(CPU_TESTS) $(GPT_TESTS) $(MOE_TESTS) $(PRODUCTION) labs checked
 # the kernel lab on the CPU backend, both precisions: validation at small sizes (-s)
 LAB_SOURCES := $(sort $(filter-out dev/cuda/common.h,$(wildcard dev/cuda/*.cu)))
 LAB_BINS := $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_bf16) $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_fp32)
+# a lab's own host-compiler flags: the host AdamW vectorises only without C's errno semantics (llmc/adamw_host.h)
+LAB_FLAGS_adamw_host := -fno-math-errno
 labs: $(LAB_BINS)
 $(LAB_BINS): $(BUILD)/lab/%: dev/cuda/$$(call program_of,$$*).cu $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
 	@mkdir -p $(dir $@)
-	$(CUCC) -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
+	$(CUCC) -O2 $(CPU_NUMERICS) $(LAB_FLAGS_$(call program_of,$*)) $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
 
 # The checking build (cpu/cucc --check; README "Checking mode") of the trainers' tests and of every lab, which
 # dev/test/run_tests.sh runs beside the plain ones; cpu/test/check/run_probes.sh builds its probes itself.
@@ -206,7 +214,8 @@ checked: $(CHECKED)
 $(LAB_BINS:$(BUILD)/lab/%=$(BUILD)/lab_check/%): $(BUILD)/lab_check/%: dev/cuda/$$(call program_of,$$*).cu \
         $(wildcard dev/cuda/*.h) $(LLMC) $(BACKEND)
 	@mkdir -p $(dir $@)
-	$(CUCC) --check -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
+	$(CUCC) --check -O2 $(CPU_NUMERICS) $(LAB_FLAGS_$(call program_of,$*)) $(call precision_flag,$*) $< -o $@ \
+	    -lcublas -lcublasLt
 
 bench: $(BUILD)/bench
 	$(BUILD)/bench

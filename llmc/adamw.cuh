@@ -1,22 +1,29 @@
 // llmc/adamw.cuh: the AdamW optimizer step (decoupled weight decay, Loshchilov & Hutter) over a flat array of
 // parameters, with optional fp32 master weights and stochastic rounding into floatX. Included by the trainers;
-// builds with nvcc or cpu/cucc, nothing to link. Lab file: dev/cuda/adamw.cu.
+// builds with nvcc or cpu/cucc, nothing to link. Lab file: dev/cuda/adamw.cu. Its host twin for ZeRO-Offload, bit for
+// bit the same step: llmc/adamw_host.h.
 #pragma once
 #include "common.cuh"
 
-// One parameter: updates m and v in place and returns the new fp32 value.
+// One parameter: updates m and v in place and returns the new fp32 value. Every operation is an IEEE one rounded to
+// nearest (__fmul_rn, __fadd_rn, __fsqrt_rn, __fdiv_rn: never contracted into an fma by -fmad, never approximate under
+// --use_fast_math's -prec-sqrt=false -prec-div=false), so that the host's AdamW for ZeRO-Offload (llmc/adamw_host.h)
+// computes the same bits from the same inputs, on a GPU as on the CPU backend; only -ftz differs between builds
+// (adamw_device_flushes_subnormals). The exact square root and division cost a few instructions more than the
+// approximate ones, which the ~30 bytes per element this kernel moves hide.
 __device__ inline float adamw_element(float param, float grad, float* m, float* v, float learning_rate, float beta1,
                                       float beta2, float beta1_correction_inverse, float beta2_correction_inverse,
                                       float eps, float weight_decay) {
-    const float new_m = beta1 * *m + (1.0f - beta1) * grad;
-    const float new_v = beta2 * *v + (1.0f - beta2) * grad * grad;
+    const float new_m = __fadd_rn(__fmul_rn(beta1, *m), __fmul_rn(1.0f - beta1, grad));
+    const float new_v = __fadd_rn(__fmul_rn(beta2, *v), __fmul_rn(__fmul_rn(1.0f - beta2, grad), grad));
     *m = new_m;
     *v = new_v;
     // the bias corrections arrive as reciprocals: two divisions per element fewer (the GPU's division is a
     // multi-instruction sequence and the CPU backend's is ~10x a multiply)
-    const float m_hat = new_m * beta1_correction_inverse;
-    const float v_hat = new_v * beta2_correction_inverse;
-    return param - learning_rate * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * param);
+    const float m_hat = __fmul_rn(new_m, beta1_correction_inverse);
+    const float v_hat = __fmul_rn(new_v, beta2_correction_inverse);
+    const float step = __fadd_rn(__fdiv_rn(m_hat, __fadd_rn(__fsqrt_rn(v_hat), eps)), __fmul_rn(weight_decay, param));
+    return __fsub_rn(param, __fmul_rn(learning_rate, step));
 }
 
 // One thread per 16-byte chunk of params (x128::size elements): one x128 load/store of params and grads, and
@@ -46,9 +53,9 @@ __global__ void adamw_kernel(floatX* params, float* master_params, const floatX*
             }
         }
         for (int k = 0; k < x128::size; k++)
-            new_params[k] = adamw_element(old_params[k], grad_scale * (float)packed_grads[k], &first[k], &second[k],
-                                          learning_rate, beta1, beta2, beta1_correction_inverse, beta2_correction_inverse, eps,
-                                          weight_decay);
+            new_params[k] = adamw_element(old_params[k], __fmul_rn(grad_scale, (float)packed_grads[k]), &first[k],
+                                          &second[k], learning_rate, beta1, beta2, beta1_correction_inverse,
+                                          beta2_correction_inverse, eps, weight_decay);
         x128 rounded;
         for (int k = 0; k < x128::size; k++)
             stochastic_rounding(new_params[k], &rounded[k], random_u32(seed, (unsigned int)(i + k)));
@@ -67,9 +74,9 @@ __global__ void adamw_kernel(floatX* params, float* master_params, const floatX*
     } else {
         for (size_t e = i; e < n; e++) {
             const float old_param = master_params != nullptr ? master_params[e] : (float)params[e];
-            const float new_param = adamw_element(old_param, grad_scale * (float)grads[e], &m[e], &v[e], learning_rate,
-                                                  beta1, beta2, beta1_correction_inverse, beta2_correction_inverse, eps,
-                                                  weight_decay);
+            const float new_param = adamw_element(old_param, __fmul_rn(grad_scale, (float)grads[e]), &m[e], &v[e],
+                                                  learning_rate, beta1, beta2, beta1_correction_inverse,
+                                                  beta2_correction_inverse, eps, weight_decay);
             stochastic_rounding(new_param, &params[e], random_u32(seed, (unsigned int)e));
             if (master_params != nullptr) master_params[e] = new_param;
         }
@@ -92,4 +99,19 @@ void adamw_update(floatX* params, float* master_params, const floatX* grads, flo
         params, master_params, grads, m, v, num_parameters, learning_rate, beta1, beta2, 1.0f / beta1_correction,
         1.0f / beta2_correction, eps, weight_decay, grad_scale, seed);
     cudaCheck(cudaGetLastError());
+}
+
+// Whether this build's kernels flush subnormal fp32 inputs and results to zero (nvcc -ftz=true, which --use_fast_math
+// implies; cpu/cucc emulates it): the one numerics setting that adamw_element's IEEE operations still follow, and so
+// what the host's AdamW (llmc/adamw_host.h) must be told to match it bit for bit. 2^-100 * 2^-30 is subnormal.
+__global__ void adamw_flush_probe_kernel(float* out, float a, float b) { *out = __fmul_rn(a, b); }
+int adamw_device_flushes_subnormals(void) {
+    float* d_product;
+    float product;
+    cudaCheck(cudaMalloc(&d_product, sizeof(float)));
+    adamw_flush_probe_kernel<<<1, 1>>>(d_product, 0x1p-100f, 0x1p-30f);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaMemcpy(&product, d_product, sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(d_product));
+    return product == 0.0f;
 }

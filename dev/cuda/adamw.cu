@@ -21,8 +21,9 @@ __global__ void adamw_scalar_kernel(floatX* params, float* master_params, const 
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float old_param = master_params != nullptr ? master_params[i] : (float)params[i];
-    const float new_param = adamw_element(old_param, grad_scale * (float)grads[i], &m[i], &v[i], learning_rate, beta1,
-                                          beta2, 1.0f / beta1_correction, 1.0f / beta2_correction, eps, weight_decay);
+    const float new_param = adamw_element(old_param, __fmul_rn(grad_scale, (float)grads[i]), &m[i], &v[i],
+                                          learning_rate, beta1, beta2, 1.0f / beta1_correction,
+                                          1.0f / beta2_correction, eps, weight_decay);
     stochastic_rounding(new_param, &params[i], random_u32(seed, (unsigned int)i));
     if (master_params != nullptr) master_params[i] = new_param;
 }

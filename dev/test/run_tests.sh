@@ -129,6 +129,9 @@ run_test wmma build/test_wmma
 run_test nccl-2-ranks $MPIRUN -np 2 build/test_nccl
 run_test nccl-3-ranks $MPIRUN -np 3 build/test_nccl
 run_test host-utils build/test_host_utils
+for p in bf16 fp16 fp32 exact_bf16; do
+    run_test "adamw-host-${p//_/-}" "build/test_adamw_host_$p"
+done
 run_test production-sizes build/test_production_sizes
 run_test production-sizes-sanitize build/test_production_sizes_sanitize
 # the trainers at production shapes, in edge mode under --sanitize (minutes each)
