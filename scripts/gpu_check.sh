@@ -5,8 +5,11 @@
 # attention, the USE_CUDNN=1 build, with its default deterministic backward), trains GPT-2 124M for 30 steps on
 # synthetic data (bf16, B=8 T=1024, recompute 0 and 1, flash attention; and recompute 1 with -fa 0, the cuBLAS-
 # and-softmax attention) and the Switch-MoE model on the same backbone beside it
-# (8 experts, top-1, every other layer), runs every kernel-lab file at full size, and prints one summary table:
-# test results, tokens/s, MFU, peak memory, and each lab variant's best time against its floor.
+# (8 experts, top-1, every other layer), GPT-2 124M at B=64 with flash attention, runs every kernel-lab file at
+# full size (the flash-attention labs first, and once more built with cuDNN for its variant 5), and prints one
+# summary table: test results, tokens/s, MFU, peak memory, each lab variant's best time against its floor, and flash
+# attention's forward+backward against cuDNN's and the cuBLAS path's at B=8..64, T=1024, HS=64 (issue targets:
+# >= 90% of cuDNN's speed, >= 4x the cuBLAS path).
 #   scripts/gpu_check.sh LOGDIR                the whole check, one log per stage in LOGDIR (under 8 minutes
 #                                              on an H100-class GPU)
 #   scripts/gpu_check.sh --parse-only LOGDIR   only the summary table, from the logs of an earlier run
@@ -30,7 +33,7 @@ cd "$(dirname "$0")/.." || exit 1
 BIN=build/gpucheck
 PYTHON=/usr/bin/python3
 STEPS=30
-SHARD_TOKENS=1048576  # 2^20: 128 batches of 8 x 1024, so 30 steps stay inside one epoch of the shard
+SHARD_TOKENS=2097152  # 2^21: 32 batches of 64 x 1024, so 30 steps stay inside one epoch of the shard
 BUDGET_S=${GPU_CHECK_BUDGET_S:-450}
 
 # ----------------------------------------------------------------------------------------------------------
@@ -113,7 +116,8 @@ summarize_trainers() {
     local logdir=$1 log dense moe_tokens dense_tokens
     printf '  %-16s %-24s %-13s %5s %11s %6s %10s %10s  %s\n' run model batch steps "tok/s (med)" MFU "plan mem" \
         "peak mem" status
-    for log in "$logdir"/train_gpt_r*.log "$logdir"/train_gpt_fa0_r*.log "$logdir"/train_moe_r*.log; do
+    for log in "$logdir"/train_gpt_r*.log "$logdir"/train_gpt_fa0_r*.log "$logdir"/train_gpt_b64_r*.log \
+        "$logdir"/train_moe_r*.log; do
         [ -e "$log" ] && trainer_row "$log"
     done
     ls "$logdir"/train_gpt_r*.log >/dev/null 2>&1 || echo "  train_gpt: no log in $logdir"
@@ -169,6 +173,46 @@ summarize_labs() {
     done
 }
 
+# flash attention (variant 4: tensor cores in bf16) against cuDNN (variant 5, the USE_CUDNN lab build) and the
+# cuBLAS path (variant 1), forward + backward, each pass's fastest timing row at each B (T=1024, HS=64)
+summarize_flash() {
+    local logdir=$1 logs=()
+    for log in "$logdir"/lab_flash_attention_{forward,backward}{,_cudnn}.log; do [ -e "$log" ] && logs+=("$log"); done
+    printf '  %-7s %12s %12s %12s %18s %18s\n' batch "cuBLAS ms" "flash ms" "cuDNN ms" "flash/cuDNN speed" \
+        "flash vs cuBLAS"
+    if [ ${#logs[@]} -eq 0 ]; then
+        echo "  not measured (no flash-attention lab log)"
+        return
+    fi
+    awk '
+        FNR == 1 { pass = FILENAME ~ /backward/ ? "bwd" : "fwd" }
+        /^flash_attention_(forward|backward): B=[0-9]+ T=1024 / { size = substr($2, 3) + 0; next }
+        /^  variant +block +time/ { table = 1; next }
+        table && NF == 6 && $1 ~ /^[0-9]+$/ {
+            key = size SUBSEP $1 SUBSEP pass
+            if (!(key in ms) || $3 + 0 < ms[key] + 0) ms[key] = $3
+            seen[size] = 1
+            next
+        }
+        { table = 0 }
+        function total(b, variant,    forward, backward) {
+            forward = b SUBSEP variant SUBSEP "fwd"
+            backward = b SUBSEP variant SUBSEP "bwd"
+            if (!(forward in ms) || !(backward in ms)) return -1
+            return ms[forward] + ms[backward]
+        }
+        function shown(x) { return x < 0 ? "not measured" : sprintf("%.3f", x) }
+        END {
+            for (b = 8; b <= 64; b *= 2) {
+                if (!(b in seen)) { printf "  B=%-5d not measured\n", b; continue }
+                cublas = total(b, 1); flash = total(b, 4); cudnn = total(b, 5)
+                printf "  B=%-5d %12s %12s %12s %18s %18s\n", b, shown(cublas), shown(flash), shown(cudnn),
+                       (flash > 0 && cudnn > 0 ? sprintf("%.0f%% (>= 90%%)", 100 * cudnn / flash) : "not measured"),
+                       (flash > 0 && cublas > 0 ? sprintf("%.1fx (>= 4x)", cublas / flash) : "not measured")
+            }
+        }' "${logs[@]}"
+}
+
 # Prints the table; returns 0 when every stage log in LOGDIR says ok.
 summarize() {
     local logdir=$1 device log stages=0 not_ok=0
@@ -184,6 +228,8 @@ summarize() {
     summarize_trainers "$logdir"
     echo "-- kernel lab (dev/cuda): each variant's fastest block size ----------------------------------------"
     summarize_labs "$logdir"
+    echo "-- flash attention forward+backward, bf16, T=1024, HS=64 (llmc/flash_attention.cuh on tensor cores) --"
+    summarize_flash "$logdir"
     echo "==================================================================================================="
     for log in "$logdir"/*.log; do
         [ -e "$log" ] && [ "$(basename "$log")" != gpu.log ] || continue
@@ -308,6 +354,8 @@ build_cudnn_binary test_gpt_bf16 &
 build_cudnn_binary test_moe_bf16 &
 # -B: lab binaries left in dev/cuda by a build for another GPU would otherwise count as up to date
 run_stage "$LOGDIR/build_labs.log" 300 make -B -k -j "$(nproc)" -C dev/cuda GPU_ARCH="$GPU_ARCH" &
+run_stage "$LOGDIR/build_labs_cudnn.log" 300 make -B -k -j 2 -C dev/cuda GPU_ARCH="$GPU_ARCH" \
+    flash_attention_forward_cudnn flash_attention_backward_cudnn &
 wait
 
 have_torch=0
@@ -380,8 +428,9 @@ with open(path, "wb") as f:
 print(f"wrote {path}: {count} tokens in [0, 50257) (standard library writer: no torch)")' "$shard" $SHARD_TOKENS
 fi
 
-# train NAME BINARY "RECOMPUTE LEVELS" [flags]: B=8 T=1024, halving B while the GPU runs out of memory;
-# nvidia-smi samples the memory in use every 200 ms into LOGDIR/NAME_rR.mem
+# train NAME BINARY "RECOMPUTE LEVELS" [flags]: B=8 (TRAIN_BATCHES: the batches to try, first to last) T=1024,
+# halving B while the GPU runs out of memory; nvidia-smi samples the memory in use every 200 ms into
+# LOGDIR/NAME_rR.mem
 train() {
     local name=$1 binary=$2 levels=$3
     shift 3
@@ -392,7 +441,7 @@ train() {
             skip_stage "$log" "not built (build_$(basename "$binary").log)"
             continue
         fi
-        for batch in 8 4 2 1; do
+        for batch in ${TRAIN_BATCHES:-8 4 2 1}; do
             nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"${log%.log}.mem" 2>/dev/null &
             sampler=$!
             run_stage "$log" 180 "$binary" -e d12 -i "$shard" -j "" -b $batch -t 1024 -x $STEPS -v 0 -s 0 -r $r "$@"
@@ -410,10 +459,17 @@ train() {
 train train_gpt "$BIN/train_gpt_bf16" "0 1"
 train train_gpt_fa0 "$BIN/train_gpt_bf16" "1" -fa 0
 train train_moe "$BIN/train_moe_bf16" "0 1" -ne 8 -tk 1 -me 2
+# GPT-2 124M at the batch of the flash-attention targets
+TRAIN_BATCHES="64 32 16" train train_gpt_b64 "$BIN/train_gpt_bf16" "0"
 
-# every lab file at full size, all its variants
-for source in dev/cuda/*.cu; do
+# every lab file at full size, all its variants; flash attention first, and its cuDNN build's variant 5
+for lab in flash_attention_forward flash_attention_backward; do
+    if [ ! -x "dev/cuda/${lab}_cudnn" ]; then skip_stage "$LOGDIR/lab_${lab}_cudnn.log" "not built (build_labs_cudnn.log)"
+    else run_stage "$LOGDIR/lab_${lab}_cudnn.log" 150 "dev/cuda/${lab}_cudnn" 5; fi
+done
+for source in dev/cuda/flash_attention_*.cu dev/cuda/*.cu; do
     lab=$(basename "$source" .cu)
+    [ -e "$LOGDIR/lab_$lab.log" ] && continue  # the flash-attention labs, already run first
     if [ ! -x "dev/cuda/$lab" ]; then skip_stage "$LOGDIR/lab_$lab.log" "not built (build_labs.log)"
     else run_stage "$LOGDIR/lab_$lab.log" 150 "dev/cuda/$lab"; fi
 done

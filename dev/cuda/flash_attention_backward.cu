@@ -15,7 +15,10 @@
 //   4  llmc/flash_attention.cuh flash_attention_backward on tensor cores (THE FLASH PATH in bf16 and fp16; not in
 //      fp32 builds): the same two passes with 4 warps of 16 rows per block and 64-row tiles in floatX; the 7
 //      products are wmma products with fp32 accumulators, p and ds rounded to floatX before their second product.
-// Sizes: B=4 T=256 C=768 NH=12 (the CPU backend comparison) and B=8 T=1024 C=768 NH=12 (GPT-2 124M);
+//   5  llmc/cudnn_att.cuh attention_backward_cudnn (deterministic, as the trainers' default -cd 1), the target to
+//      match (bf16 or fp16, built with -DENABLE_CUDNN: `make -C dev/cuda flash_attention_backward_cudnn`, GPU only).
+// Sizes: B=4 T=256 C=768 NH=12 (the CPU backend comparison) and B=8 T=1024 C=768 NH=12 (GPT-2 124M), validated,
+// then B=16, 32 and 64 at T=1024, timed only;
 // -s: head sizes 16 (B=2 T=23 NH=3, the trainers' test model), 32 (T=64: whole blocks and tiles), 64
 // (T=70) and 128 (T=40).
 // Floor: flops 5 products (s = q k^T, dp = dout v^T, dv = p^T dout, dq = ds k, dk = ds^T q) of 2 * T*T*HS per head,
@@ -27,9 +30,21 @@
 #include "../../llmc/attention.cuh"
 #include "../../llmc/flash_attention.cuh"
 #include "attention_reference.h"
+#if defined(ENABLE_CUDNN)
+#include "../../llmc/cudnn_att.cuh"
+#endif
 
-// variant 4, the tensor-core kernels, takes bf16 or fp16
-static const int FLASH_LAB_VARIANTS = sizeof(floatX) == sizeof(float) ? 3 : 4;
+// variant 4 (tensor cores) takes bf16 or fp16; variant 5 (cuDNN) is in -DENABLE_CUDNN builds, bf16 or fp16 too
+static const int FLASH_LAB_VARIANTS = 5;
+static bool flash_lab_has_variant(int variant) {
+    if (variant <= 3) return true;
+    if (sizeof(floatX) == sizeof(float)) return false;
+#if defined(ENABLE_CUDNN)
+    return true;
+#else
+    return variant == 4;
+#endif
+}
 
 // Variant 2, pass 1: thread per (b, h, query): delta = dout . out, dq = scale * sum_key ds * k; HS <= 128
 __global__ void flash_backward_untiled_dq_kernel(floatX* dinp, float* delta, const floatX* dout, const floatX* inp,
@@ -104,22 +119,33 @@ static void flash_backward_untiled(floatX* dinp, float* delta, const floatX* dou
     cudaCheck(cudaGetLastError());
 }
 
-static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
+// validate = 0: timing only (the larger batches, whose double-precision reference would take minutes of host time;
+// every kernel is the same code at B = 8, validated there), out and stats then from the flash forward pass
+static void run_size(const LabArgs& args, int B, int T, int C, int NH, int validate) {
     const size_t n_inp = (size_t)B * T * 3 * C, n_att = (size_t)B * NH * T * T, n_out = (size_t)B * T * C;
     const size_t n_stats = (size_t)B * NH * T;
     std::vector<float> inp = lab_random_rounded(n_inp, -1.0f, 1.0f);
     std::vector<float> dout = lab_random_rounded(n_out, -1.0f, 1.0f);
     // the forward pass in double gives what the backward receives: out rounded to floatX as the forward stores it,
     // stats in fp32; the reference gradient is the exact one of q, k, v (att in fp32, 2^-24 relative)
-    std::vector<float> qkvr_ref(n_inp), att_ref(n_att), out_ref(n_out), stats_ref(n_stats), dinp_ref(n_inp);
-    attention_forward_reference(qkvr_ref, att_ref, out_ref, inp, B, T, C, NH);
-    attention_stats_reference(stats_ref, inp, B, T, C, NH);
-    attention_backward_reference(dinp_ref, dout, qkvr_ref, att_ref, B, T, C, NH);
-
+    std::vector<float> qkvr_ref, att_ref, out_ref, stats_ref, dinp_ref;
     floatX* d_inp = lab_to_device<floatX>(inp);
     floatX* d_dout = lab_to_device<floatX>(dout);
-    floatX* d_out = lab_to_device<floatX>(out_ref);
-    float* d_stats = lab_to_device<float>(stats_ref);
+    floatX* d_out;
+    float* d_stats;
+    if (validate) {
+        qkvr_ref.resize(n_inp), att_ref.resize(n_att), out_ref.resize(n_out), stats_ref.resize(n_stats);
+        dinp_ref.resize(n_inp);
+        attention_forward_reference(qkvr_ref, att_ref, out_ref, inp, B, T, C, NH);
+        attention_stats_reference(stats_ref, inp, B, T, C, NH);
+        attention_backward_reference(dinp_ref, dout, qkvr_ref, att_ref, B, T, C, NH);
+        d_out = lab_to_device<floatX>(out_ref);
+        d_stats = lab_to_device<float>(stats_ref);
+    } else {
+        d_out = lab_poisoned<floatX>(n_out);
+        d_stats = lab_poisoned<float>(n_stats);
+        flash_attention_forward(d_out, d_stats, d_inp, B, T, NH, C, 0);
+    }
     floatX* d_dinp = lab_poisoned<floatX>(n_inp);
     floatX* d_dinp_again = lab_poisoned<floatX>(n_inp);
     float* d_delta = lab_poisoned<float>(n_stats);
@@ -171,15 +197,19 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
             flash_attention_backward(dinp, d_delta, d_dout, d_inp, d_out, d_stats, B, T, NH, C, 0, FLASH_FP32_CORES);
         if (variant == 4)
             flash_attention_backward(dinp, d_delta, d_dout, d_inp, d_out, d_stats, B, T, NH, C, 0, FLASH_TENSOR_CORES);
+#if defined(ENABLE_CUDNN)
+        if (variant == 5) attention_backward_cudnn(dinp, d_dout, d_inp, d_out, d_stats, B, T, NH, C, 0);
+#endif
     };
-    for (int variant = 1; variant <= FLASH_LAB_VARIANTS; variant++) {
-        if (args.variant != 0 && args.variant != variant) continue;
+    if (!validate) printf("timing only (the kernels are validated at B=8)\n");
+    for (int variant = 1; validate && variant <= FLASH_LAB_VARIANTS; variant++) {
+        if ((args.variant != 0 && args.variant != variant) || !flash_lab_has_variant(variant)) continue;
         printf("variant %d\n", variant);
         cudaCheck(cudaMemset(d_dinp, 0xff, n_inp * sizeof(floatX)));
         cudaCheck(cudaMemset(d_delta, 0xff, n_stats * sizeof(float)));
         run_variant(variant, d_dinp);
         cudaCheck(cudaDeviceSynchronize());
-        if (variant == 1) {
+        if (variant == 1 || variant == 5) {  // cuDNN: no documented order or precision inside; the cuBLAS path's bound
             lab_validate("dinp = [dq | dk | dv]", d_dinp, dinp_ref.data(), n_inp, cublas_path_tol, cublas_path_tol);
             continue;
         }
@@ -195,7 +225,7 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     const int repeats = args.small ? 3 : (lab_on_cpu_backend() ? 5 : 20);
     const double flops = 5.0 * B * NH * (double)T * T * (C / NH);
     for (int variant = 1; variant <= FLASH_LAB_VARIANTS; variant++) {
-        if (args.variant != 0 && args.variant != variant) continue;
+        if ((args.variant != 0 && args.variant != variant) || !flash_lab_has_variant(variant)) continue;
         float ms = lab_time_ms(repeats, [&]() { run_variant(variant, d_dinp); });
         lab_print_row(variant, variant == 1 ? 0 : 64, ms, 0.0, flops);
     }
@@ -207,16 +237,28 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
 
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
-    cublas_setup();
-    if (args.small) {
-        run_size(args, 2, 23, 48, 3);
-        run_size(args, 1, 64, 64, 2);
-        run_size(args, 1, 70, 128, 2);
-        run_size(args, 1, 40, 128, 1);
-    } else {
-        run_size(args, 4, 256, 768, 12);
-        run_size(args, 8, 1024, 768, 12);
+    if (args.variant != 0 && !flash_lab_has_variant(args.variant)) {
+        fprintf(stderr, "%s: variant %d is not in this build (4: bf16 or fp16; 5: bf16 or fp16 with -DENABLE_CUDNN)\n",
+                argv[0], args.variant);
+        exit(EXIT_FAILURE);
     }
+    cublas_setup();
+#if defined(ENABLE_CUDNN)
+    cudnn_attention_setup();
+#endif
+    if (args.small) {
+        run_size(args, 2, 23, 48, 3, 1);
+        run_size(args, 1, 64, 64, 2, 1);
+        run_size(args, 1, 70, 128, 2, 1);
+        run_size(args, 1, 40, 128, 1, 1);
+    } else {
+        run_size(args, 4, 256, 768, 12, 1);
+        run_size(args, 8, 1024, 768, 12, 1);
+        for (int B = 16; B <= 64; B *= 2) run_size(args, B, 1024, 768, 12, 0);
+    }
+#if defined(ENABLE_CUDNN)
+    cudnn_attention_teardown();
+#endif
     cublas_teardown();
     return 0;
 }

@@ -15,7 +15,10 @@
 //   4  llmc/flash_attention.cuh flash_attention_forward on tensor cores (THE FLASH PATH in bf16 and fp16; not in
 //      fp32 builds): 4 warps of 16 query rows each stream 64-key tiles in floatX; s = q k^T and o += p v are wmma
 //      products with fp32 accumulators, the online softmax goes through each warp's shared-memory strip.
-// Sizes: B=4 T=256 C=768 NH=12 (the CPU backend comparison) and B=8 T=1024 C=768 NH=12 (GPT-2 124M);
+//   5  llmc/cudnn_att.cuh attention_forward_cudnn, cuDNN's fused flash attention, the target to match (bf16 or
+//      fp16, built with -DENABLE_CUDNN: `make -C dev/cuda flash_attention_forward_cudnn`, GPU only).
+// Sizes: B=4 T=256 C=768 NH=12 (the CPU backend comparison) and B=8 T=1024 C=768 NH=12 (GPT-2 124M), validated,
+// then B=16, 32 and 64 at T=1024, timed only;
 // -s: head sizes 16 (B=2 T=23 NH=3, the trainers' test model), 32 (T=64: whole blocks and tiles), 64 (T=70: two
 // query blocks, a partial key tile) and 128 (T=40).
 // Floor: flops 2 products of 2 * T*T*HS per head, halved by the mask: 2 * B*NH*T*T*HS (12.9 GFLOP at GPT-2 124M
@@ -27,9 +30,21 @@
 #include "../../llmc/attention.cuh"
 #include "../../llmc/flash_attention.cuh"
 #include "attention_reference.h"
+#if defined(ENABLE_CUDNN)
+#include "../../llmc/cudnn_att.cuh"
+#endif
 
-// variant 4, the tensor-core kernels, takes bf16 or fp16
-static const int FLASH_LAB_VARIANTS = sizeof(floatX) == sizeof(float) ? 3 : 4;
+// variant 4 (tensor cores) takes bf16 or fp16; variant 5 (cuDNN) is in -DENABLE_CUDNN builds, bf16 or fp16 too
+static const int FLASH_LAB_VARIANTS = 5;
+static bool flash_lab_has_variant(int variant) {
+    if (variant <= 3) return true;
+    if (sizeof(floatX) == sizeof(float)) return false;
+#if defined(ENABLE_CUDNN)
+    return true;
+#else
+    return variant == 4;
+#endif
+}
 
 // Variant 2: thread per (b, h, query); HS <= 128
 __global__ void flash_forward_untiled_kernel(floatX* out, float* stats, const floatX* inp, int B, int T, int NH,
@@ -66,13 +81,18 @@ static void flash_forward_untiled(floatX* out, float* stats, const floatX* inp, 
     cudaCheck(cudaGetLastError());
 }
 
-static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
+// validate = 0: timing only (the larger batches, whose double-precision reference would take minutes of host time;
+// every kernel is the same code at B = 8, validated there)
+static void run_size(const LabArgs& args, int B, int T, int C, int NH, int validate) {
     const size_t n_inp = (size_t)B * T * 3 * C, n_att = (size_t)B * NH * T * T, n_out = (size_t)B * T * C;
     const size_t n_stats = (size_t)B * NH * T;
     std::vector<float> inp = lab_random_rounded(n_inp, -1.0f, 1.0f);
-    std::vector<float> qkvr_ref(n_inp), att_ref(n_att), out_ref(n_out), stats_ref(n_stats);
-    attention_forward_reference(qkvr_ref, att_ref, out_ref, inp, B, T, C, NH);
-    attention_stats_reference(stats_ref, inp, B, T, C, NH);
+    std::vector<float> qkvr_ref, att_ref, out_ref, stats_ref;
+    if (validate) {
+        qkvr_ref.resize(n_inp), att_ref.resize(n_att), out_ref.resize(n_out), stats_ref.resize(n_stats);
+        attention_forward_reference(qkvr_ref, att_ref, out_ref, inp, B, T, C, NH);
+        attention_stats_reference(stats_ref, inp, B, T, C, NH);
+    }
 
     floatX* d_inp = lab_to_device<floatX>(inp);
     floatX* d_qkvr = lab_poisoned<floatX>(n_inp);
@@ -119,16 +139,21 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
         if (variant == 2) flash_forward_untiled(out, stats, d_inp, B, T, NH, C);
         if (variant == 3) flash_attention_forward(out, stats, d_inp, B, T, NH, C, 0, FLASH_FP32_CORES);
         if (variant == 4) flash_attention_forward(out, stats, d_inp, B, T, NH, C, 0, FLASH_TENSOR_CORES);
+#if defined(ENABLE_CUDNN)
+        if (variant == 5) attention_forward_cudnn(out, stats, d_inp, B, T, NH, C, 0);
+#endif
     };
-    for (int variant = 1; variant <= FLASH_LAB_VARIANTS; variant++) {
-        if (args.variant != 0 && args.variant != variant) continue;
+    if (!validate) printf("timing only (the kernels are validated at B=8)\n");
+    for (int variant = 1; validate && variant <= FLASH_LAB_VARIANTS; variant++) {
+        if ((args.variant != 0 && args.variant != variant) || !flash_lab_has_variant(variant)) continue;
         printf("variant %d\n", variant);
         cudaCheck(cudaMemset(d_out, 0xff, n_out * sizeof(floatX)));
         cudaCheck(cudaMemset(d_stats, 0xff, n_stats * sizeof(float)));
         run_variant(variant, d_out, d_stats);
         cudaCheck(cudaDeviceSynchronize());
-        if (variant == 1) {
+        if (variant == 1 || variant == 5) {  // cuDNN: no documented order or precision inside; the cuBLAS path's bound
             lab_validate("out", d_out, out_ref.data(), n_out, cublas_path_tol, cublas_path_tol);
+            if (variant == 5) lab_validate("stats", d_stats, stats_ref.data(), n_stats, cublas_path_tol, stats_rtol);
             continue;
         }
         lab_validate("out", d_out, out_ref.data(), n_out, variant == 4 ? tensor_atol : atol, out_rtol);
@@ -145,7 +170,7 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     const int repeats = args.small ? 3 : (lab_on_cpu_backend() ? 5 : 20);
     const double flops = 2.0 * B * NH * (double)T * T * (C / NH);
     for (int variant = 1; variant <= FLASH_LAB_VARIANTS; variant++) {
-        if (args.variant != 0 && args.variant != variant) continue;
+        if ((args.variant != 0 && args.variant != variant) || !flash_lab_has_variant(variant)) continue;
         float ms = lab_time_ms(repeats, [&]() { run_variant(variant, d_out, d_stats); });
         lab_print_row(variant, variant == 1 ? 0 : 64, ms, 0.0, flops);
     }
@@ -160,16 +185,28 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
 
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
-    cublas_setup();
-    if (args.small) {
-        run_size(args, 2, 23, 48, 3);
-        run_size(args, 1, 64, 64, 2);
-        run_size(args, 1, 70, 128, 2);
-        run_size(args, 1, 40, 128, 1);
-    } else {
-        run_size(args, 4, 256, 768, 12);
-        run_size(args, 8, 1024, 768, 12);
+    if (args.variant != 0 && !flash_lab_has_variant(args.variant)) {
+        fprintf(stderr, "%s: variant %d is not in this build (4: bf16 or fp16; 5: bf16 or fp16 with -DENABLE_CUDNN)\n",
+                argv[0], args.variant);
+        exit(EXIT_FAILURE);
     }
+    cublas_setup();
+#if defined(ENABLE_CUDNN)
+    cudnn_attention_setup();
+#endif
+    if (args.small) {
+        run_size(args, 2, 23, 48, 3, 1);
+        run_size(args, 1, 64, 64, 2, 1);
+        run_size(args, 1, 70, 128, 2, 1);
+        run_size(args, 1, 40, 128, 1, 1);
+    } else {
+        run_size(args, 4, 256, 768, 12, 1);
+        run_size(args, 8, 1024, 768, 12, 1);
+        for (int B = 16; B <= 64; B *= 2) run_size(args, B, 1024, 768, 12, 0);
+    }
+#if defined(ENABLE_CUDNN)
+    cudnn_attention_teardown();
+#endif
     cublas_teardown();
     return 0;
 }

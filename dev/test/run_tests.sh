@@ -194,9 +194,11 @@ run_test moe-fp32-k1-noisy-jitter-dropless build/test_moe_fp32 build/ref/moe_k1_
 run_test moe-bf16-k1-jitter build/test_moe_bf16 build/ref/moe_k1_jitter_bf16 -cf 0.5 -rj 0.1
 run_test moe-bf16-k2-noisy build/test_moe_bf16 build/ref/moe_k2_noisy_bf16 -cf 0.5
 run_test moe-fp32-k1-cf0.5-fa0 build/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -fa 0
-# T = 1024, head size 64 (FP32 only: Makefile, MOE_REF_t1024_k1)
+# T = 1024, head size 64 (BF16 with seed 2, whose routing has no near-ties: Makefile, MOE_REF_t1024_k1)
 run_test moe-fp32-t1024 build/test_moe_fp32 build/ref/moe_t1024_k1_fp32 -cf 0.5
 run_test moe-fp32-t1024-fa0 build/test_moe_fp32 build/ref/moe_t1024_k1_fp32 -cf 0.5 -fa 0
+run_test moe-bf16-t1024 build/test_moe_bf16 build/ref/moe_t1024_k1_seed2_bf16 -cf 0.5
+run_test moe-bf16-t1024-fa0 build/test_moe_bf16 build/ref/moe_t1024_k1_seed2_bf16 -cf 0.5 -fa 0
 run_test moe-bf16-k2-me2-fa0 build/test_moe_bf16 build/ref/moe_k2_me2_cf0.5_bf16 -cf 0.5 -fa 0
 # expert parallelism against PyTorch (every process on the reference batch) and against -ep 1 (distinct batches):
 # 2 ranks in one expert group; 4 ranks in two groups (replicas, ZeRO-1); 4 ranks, one expert each, dropless
