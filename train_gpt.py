@@ -770,7 +770,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv):
-    p = OneLineParser(description="PyTorch reference GPT-2 for switch.cu (see the comment at the top).")
+    p = OneLineParser(description="PyTorch reference GPT-2 (and --arch llama) for switch.cu "
+                                  "(see the comment at the top).")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write-reference", metavar="PREFIX", help="write PREFIX_model.bin and PREFIX_debug_state.bin")
     mode.add_argument("--write-shard", metavar="PATH", help="write a data shard of seeded random tokens")
