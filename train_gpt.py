@@ -1,11 +1,15 @@
 """
 train_gpt.py: the PyTorch reference GPT-2 for switch.cu. It builds GPT-2 exactly as train_gpt.cu does and
-writes the files the C side tests against (formats: doc/formats.md).
+writes the files the C side tests against (formats: doc/formats.md). --arch llama builds issue 15's Llama-style
+model instead (RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases; definition: doc/kernels.md, "The
+Llama-style model"), written in the same model-file format with its header words 16-21.
 
 Run from the repository root with a Python that has torch (here Debian's: /usr/bin/python3):
   reference state for test_gpt (model file + debug state with logits, loss, gradients, 10 step losses):
     /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt --dtype float32
     /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt_bf16 --dtype bfloat16
+  the same for the Llama-style model (here grouped-query attention with 2 key/value heads for 4 query heads):
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/llama --arch llama --NH 4 --C 64 --kv-heads 2
   test data for the trainers' command-line tests:
     /usr/bin/python3 train_gpt.py --write-shard build/ref/shard.bin --shard-tokens 4096 --V 257 --seed 1
     /usr/bin/python3 train_gpt.py --write-tokenizer build/ref/tokenizer.bin --V 257
@@ -59,6 +63,12 @@ INIT_STD = 0.02
 # The reference perturbs every bias and LayerNorm parameter away from 0 and 1, so that a C kernel that
 # drops or swaps one of them changes the results the test compares.
 PERTURB_STD = 0.1
+# The model file's architecture (header word 16; doc/formats.md): 0 in every GPT-2 file, as llm.c leaves it
+FAMILY_WORD = 16
+FAMILY_GPT2 = 0
+FAMILY_LLAMA = 1
+ROPE_THETA = 10000.0
+NORM_EPS = 1e-5  # RMSNorm's
 
 # Feature tests, not version tests: torch 1.13 (this machine) has neither; a current torch on a GPU has both.
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
@@ -100,14 +110,19 @@ class CausalSelfAttention(nn.Module):
         head_size = C // self.NH
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.NH, head_size).transpose(1, 2) for t in (q, k, v))  # (B, NH, T, hs)
-        if HAS_SDPA:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_size)
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)
-            y = F.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
+        y = causal_attention(q, k, v)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
+
+
+def causal_attention(q, k, v):
+    """softmax(q k^T / sqrt(hs), future masked) v for q, k, v (B, NH, T, hs)."""
+    if HAS_SDPA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    T, head_size = q.shape[-2], q.shape[-1]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_size)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)
+    return F.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
 
 
 class MLP(nn.Module):
@@ -155,6 +170,142 @@ class GPT(nn.Module):
         return logits, loss
 
 
+# ----------------------------------------------------------------------------------------------------------
+# The Llama-style model of -arch llama (definition: doc/kernels.md, "The Llama-style model"). Each piece computes in
+# fp32 and rounds its output once to the working precision, where the kernels do (doc/kernels.md, doc/attention.md).
+
+
+@dataclass
+class LlamaConfig(GPTConfig):
+    NKV: int  # key/value heads (grouped-query attention); divides NH
+    rope_theta: float  # RoPE base; an fp32 value, as the model file stores it
+    H: int  # SwiGLU hidden size
+    norm_eps: float  # RMSNorm eps; an fp32 value, as the model file stores it
+    tied: bool  # the output embedding is wte (no lm_head)
+
+    @property
+    def HS(self):
+        return self.C // self.NH
+
+
+def default_ffn_hidden(C):
+    """Llama's SwiGLU hidden size rule with multiple_of = 64: floor(8C/3), rounded up to a multiple of 64."""
+    return (8 * C // 3 + 63) // 64 * 64
+
+
+def upcast(x):
+    """The arithmetic precision of the pieces below: fp32, or float64 when the model runs in float64 (the
+    reference's own tests compare such a model against float64 code)."""
+    return x.double() if x.dtype == torch.float64 else x.float()
+
+
+def rmsnorm(x, weight, eps):
+    """x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) over the last dimension, rounded once."""
+    xf = upcast(x)
+    rstd = 1.0 / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * rstd * weight.to(xf.dtype)).to(x.dtype)
+
+
+def swiglu(inp):
+    """silu(gate) * up over the fused [gate (H) | up (H)] last dimension, rounded once. (N, 2H) -> (N, H)"""
+    gate, up = upcast(inp).chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(inp.dtype)
+
+
+def rope_cos_sin(T, HS, theta, device=None):
+    """doc/attention.md's table: angles in float64, cos and sin rounded once to fp32. (T, HS/2) each"""
+    inv_freq = theta ** (-torch.arange(0, HS, 2, dtype=torch.float64, device=device) / HS)  # (HS/2,)
+    angle = torch.arange(T, dtype=torch.float64, device=device)[:, None] * inv_freq  # (T, HS/2)
+    return angle.cos().float(), angle.sin().float()
+
+
+def rope_rotate(x, cos, sin):
+    """doc/attention.md's "rotate_half" RoPE of x (B, nh, T, HS) with cos, sin (T, HS/2), rounded once."""
+    lo, hi = upcast(x).chunk(2, dim=-1)
+    cos, sin = cos.to(lo.dtype), sin.to(lo.dtype)
+    return torch.cat((lo * cos - hi * sin, hi * cos + lo * sin), dim=-1).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, C, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(C))
+        self.eps = eps
+
+    def forward(self, x):
+        return rmsnorm(x, self.weight, self.eps)
+
+
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.NH, self.NKV, self.HS = config.NH, config.NKV, config.HS
+        # the packed qkv of doc/attention.md: [NH query heads | NKV key heads | NKV value heads]
+        self.c_attn = nn.Linear(config.C, (config.NH + 2 * config.NKV) * config.HS, bias=False)
+        self.c_proj = nn.Linear(config.C, config.C, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split([self.NH * self.HS, self.NKV * self.HS, self.NKV * self.HS], dim=2)
+        q = q.view(B, T, self.NH, self.HS).transpose(1, 2)  # (B, NH, T, HS)
+        k, v = (t.view(B, T, self.NKV, self.HS).transpose(1, 2) for t in (k, v))  # (B, NKV, T, HS)
+        q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)
+        # key/value head j serves query heads j*NH/NKV .. (j+1)*NH/NKV - 1
+        group = self.NH // self.NKV
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, NH, T, HS)
+        y = causal_attention(q, k, v)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class SwiGLUMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.C, 2 * config.H, bias=False)  # rows [gate (H) | up (H)]
+        self.c_proj = nn.Linear(config.H, config.C, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(swiglu(self.c_fc(x)))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = RMSNorm(config.C, config.norm_eps)
+        self.attn = GroupedQueryAttention(config)
+        self.ln_2 = RMSNorm(config.C, config.norm_eps)
+        self.mlp = SwiGLUMLP(config)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.ln_1(x), cos, sin)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.Vp, config.C)
+        self.h = nn.ModuleList(LlamaBlock(config) for _ in range(config.L))
+        self.ln_f = RMSNorm(config.C, config.norm_eps)
+        if not config.tied:
+            self.lm_head = nn.Linear(config.C, config.Vp, bias=False)
+        cos, sin = rope_cos_sin(config.maxT, config.HS, config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, idx, targets):
+        """Returns the logits of the V real tokens (B, T, V) and the mean cross-entropy over B*T."""
+        T = idx.shape[1]
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # position t is row t: every sequence starts at 0
+        x = self.wte(idx)
+        for block in self.h:
+            x = block(x, cos, sin)
+        out_embedding = self.wte.weight if self.config.tied else self.lm_head.weight
+        logits = F.linear(self.ln_f(x), out_embedding)[..., : self.config.V]
+        loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1))
+        return logits, loss
+
+
 # The model file's tensors in file order. Per-layer tensors are stored stacked over the layers (L, ...), so
 # each name lists one nn.Parameter per layer, and the payload is the concatenation of every listed
 # Parameter flattened, in this order.
@@ -168,13 +319,25 @@ PER_LAYER = [
     ("fcprojw", "mlp.c_proj.weight"), ("fcprojb", "mlp.c_proj.bias"),
 ]
 GLOBAL_TAIL = [("lnfw", "ln_f.weight"), ("lnfb", "ln_f.bias")]
+# The Llama file (header word 16 = 1): no wpe, no biases, and lm_head after lnfw unless the embedding is tied
+LLAMA_GLOBAL_HEAD = [("wte", "wte.weight")]
+LLAMA_PER_LAYER = [
+    ("ln1w", "ln_1.weight"), ("qkvw", "attn.c_attn.weight"), ("attprojw", "attn.c_proj.weight"),
+    ("ln2w", "ln_2.weight"), ("fcw", "mlp.c_fc.weight"), ("fcprojw", "mlp.c_proj.weight"),
+]
+LLAMA_GLOBAL_TAIL = [("lnfw", "ln_f.weight")]
+LLAMA_LM_HEAD = [("lm_head", "lm_head.weight")]
 
 
 def params_in_file_order(model):
-    """[(file name, [nn.Parameter, ...])] in model-file order."""
-    order = [(name, [model.get_parameter(path)]) for name, path in GLOBAL_HEAD]
-    order += [(name, [block.get_parameter(path) for block in model.h]) for name, path in PER_LAYER]
-    order += [(name, [model.get_parameter(path)]) for name, path in GLOBAL_TAIL]
+    """[(file name, [nn.Parameter, ...])] in model-file order (GPT-2's or Llama's)."""
+    head, per_layer, tail = GLOBAL_HEAD, PER_LAYER, GLOBAL_TAIL
+    if isinstance(model.config, LlamaConfig):
+        head, per_layer = LLAMA_GLOBAL_HEAD, LLAMA_PER_LAYER
+        tail = LLAMA_GLOBAL_TAIL + ([] if model.config.tied else LLAMA_LM_HEAD)
+    order = [(name, [model.get_parameter(path)]) for name, path in head]
+    order += [(name, [block.get_parameter(path) for block in model.h]) for name, path in per_layer]
+    order += [(name, [model.get_parameter(path)]) for name, path in tail]
     return order
 
 
@@ -206,7 +369,10 @@ def load_flat_parameters(model, flat, order=params_in_file_order):
 
 
 def init_weights(model, generator):
-    """GPT-2's initialisation, then the test perturbation of every bias and LayerNorm parameter."""
+    """GPT-2's initialisation, then the test perturbation of every bias and LayerNorm parameter. A Llama gets the
+    same: its matrices (wte, qkvw, fcw, lm_head: std 0.02; attprojw, fcprojw, the projections into the residual:
+    0.02/sqrt(2L)) and RMSNorm weights (1, then perturbed) drawn in the same order, parameter registration order,
+    and lm_head's padded rows zero like wte's."""
     residual_std = INIT_STD / math.sqrt(2 * model.config.L)  # the projections that add into the residual
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -221,6 +387,8 @@ def init_weights(model, generator):
             if p.dim() == 1:
                 p.add_(torch.randn(p.shape, generator=generator) * PERTURB_STD)
         model.wte.weight[model.config.V :].zero_()
+        if hasattr(model, "lm_head"):
+            model.lm_head.weight[model.config.V :].zero_()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -266,10 +434,28 @@ def read_file(path, what):
     return np.frombuffer(data, dtype="<i4", count=HEADER_INTS), data[HEADER_INTS * 4 :]
 
 
+def fp32_bits(value):
+    """The bits of value rounded to fp32, as the int32 a header word holds."""
+    return int(np.array([value], dtype="<f4").view("<i4")[0])
+
+
+def fp32_from_bits(word):
+    return float(np.array([word], dtype="<i4").view("<f4")[0])
+
+
+def fp32(value):
+    """value rounded to fp32 (the C side's eps and theta are floats, and the file stores those)."""
+    with np.errstate(over="ignore"):  # a value beyond fp32's range becomes inf, which the checks refuse
+        return float(np.float32(value))
+
+
 def write_model_file(path, model, version):
     c = model.config
-    write_file(path, header(MODEL_MAGIC, version, c.maxT, c.V, c.L, c.NH, c.C, c.Vp),
-               model_payload(model, version == MODEL_VERSION_BF16))
+    fields = [MODEL_MAGIC, version, c.maxT, c.V, c.L, c.NH, c.C, c.Vp]
+    if isinstance(c, LlamaConfig):
+        fields += [0] * (FAMILY_WORD - len(fields))
+        fields += [FAMILY_LLAMA, c.NKV, fp32_bits(c.rope_theta), c.H, fp32_bits(c.norm_eps), int(c.tied)]
+    write_file(path, header(*fields), model_payload(model, version == MODEL_VERSION_BF16))
 
 
 def model_payload(model, bf16, order=params_in_file_order):
@@ -301,9 +487,38 @@ def read_model_file(path):
     maxT, V, L, NH, C, Vp = (int(v) for v in h[2:8])
     if min(maxT, V, L, NH, C) < 1 or C % NH != 0:
         fail(f"{path}: bad model shape maxT={maxT} V={V} L={L} NH={NH} C={C}")
-    model = GPT(GPTConfig(maxT=maxT, V=V, L=L, NH=NH, C=C))
+    family = int(h[FAMILY_WORD])
+    if family == FAMILY_GPT2:
+        if h[FAMILY_WORD + 1 : FAMILY_WORD + 6].any():
+            fail(f"{path}: a GPT-2 file (header[{FAMILY_WORD}] = 0) with non-zero Llama words "
+                 f"header[{FAMILY_WORD + 1}..{FAMILY_WORD + 5}]")
+        model = GPT(GPTConfig(maxT=maxT, V=V, L=L, NH=NH, C=C))
+    elif family == FAMILY_LLAMA:
+        NKV, theta_bits, H, eps_bits, tied = (int(v) for v in h[FAMILY_WORD + 1 : FAMILY_WORD + 6])
+        theta, eps = fp32_from_bits(theta_bits), fp32_from_bits(eps_bits)
+        check_llama_shape(NH, C, NKV, theta, H, eps, tied, path)
+        model = Llama(LlamaConfig(maxT=maxT, V=V, L=L, NH=NH, C=C, NKV=NKV, rope_theta=theta, H=H, norm_eps=eps,
+                                  tied=bool(tied)))
+    else:
+        fail(f"{path}: model family header[{FAMILY_WORD}] = {family} is unknown (0 = gpt2, 1 = llama)")
     load_model_payload(model, path, Vp, payload, h[1] == MODEL_VERSION_BF16)
     return model
+
+
+def check_llama_shape(NH, C, NKV, theta, H, eps, tied, where):
+    """Refuses a Llama shape the model cannot have; `where` names the flags or the file."""
+    if NKV < 1 or NH % NKV != 0:
+        fail(f"{where}: {NKV} key/value heads do not divide the {NH} heads")
+    if (C // NH) % 2 != 0:
+        fail(f"{where}: RoPE needs an even head size (C={C} / NH={NH} = {C // NH})")
+    if not (math.isfinite(theta) and theta > 0):
+        fail(f"{where}: RoPE theta {theta} must be finite and positive (as an fp32)")
+    if H < 1:
+        fail(f"{where}: SwiGLU hidden size {H} must be positive")
+    if not (math.isfinite(eps) and eps > 0):
+        fail(f"{where}: RMSNorm eps {eps} must be finite and positive (as an fp32)")
+    if tied not in (0, 1):
+        fail(f"{where}: tied output embedding is {tied}, must be 0 or 1")
 
 
 def read_shard(path):
@@ -369,12 +584,16 @@ def clip_gradients(model, grad_clip):
 
 
 def model_for_run(args):
-    """The model of --model-from-file (whose header gives the shape), or a fresh GPT-2 init of the shape
-    the flags give, drawn from a generator seeded with --seed."""
+    """The model of --model-from-file (whose header gives the shape and the architecture), or a fresh init of
+    the architecture and shape the flags give, drawn from a generator seeded with --seed."""
     if args.model_from_file:
         return read_model_file(args.model_from_file)
-    config = GPTConfig(maxT=args.maxT, V=args.V, L=args.L, NH=args.NH, C=args.C)
-    model = GPT(config)
+    if args.arch == "llama":
+        model = Llama(LlamaConfig(maxT=args.maxT, V=args.V, L=args.L, NH=args.NH, C=args.C, NKV=args.kv_heads,
+                                  rope_theta=args.rope_theta, H=args.ffn_hidden, norm_eps=args.norm_eps,
+                                  tied=bool(args.tie_embeddings)))
+    else:
+        model = GPT(GPTConfig(maxT=args.maxT, V=args.V, L=args.L, NH=args.NH, C=args.C))
     init_weights(model, torch.Generator().manual_seed(args.seed))
     return model
 
@@ -551,17 +770,19 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv):
-    p = OneLineParser(description="PyTorch reference GPT-2 for switch.cu (see the comment at the top).")
+    p = OneLineParser(description="PyTorch reference GPT-2 (and --arch llama) for switch.cu "
+                                  "(see the comment at the top).")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write-reference", metavar="PREFIX", help="write PREFIX_model.bin and PREFIX_debug_state.bin")
     mode.add_argument("--write-shard", metavar="PATH", help="write a data shard of seeded random tokens")
     mode.add_argument("--write-tokenizer", metavar="PATH", help="write the byte-level tokenizer file (--V 257)")
     mode.add_argument("--train", action="store_true", help="train on --input-bin shards, printing step lines")
     p.add_argument("--model-from-file", metavar="PATH",
-                   help="start from this model file (fp32 or bf16); its header overrides --V --L --NH --C --maxT")
+                   help="start from this model file (fp32 or bf16); its header overrides the shape and --arch flags")
     p.add_argument("--input-bin", metavar="PATTERN", help="glob of training shards (--train)")
     p.add_argument("--shard-tokens", type=int, default=4096, help="tokens in the shard (--write-shard)")
     add_shape_flags(p)
+    add_arch_flags(p)
     add_run_flags(p, "reference: bf16-round the written parameters; train: bf16 autocast", grad_clip=1.0)
     args = p.parse_args(argv)
 
@@ -569,8 +790,43 @@ def parse_args(argv):
         fail("--B --T --V --L --NH --C --maxT must all be positive")
     if args.C % args.NH != 0:
         fail(f"--C {args.C} is not a multiple of --NH {args.NH}")
+    check_arch_flags(args)
     check_run_flags(args)
     return args
+
+
+LLAMA_FLAGS = {"--kv-heads": "kv_heads", "--rope-theta": "rope_theta", "--ffn-hidden": "ffn_hidden",
+               "--norm-eps": "norm_eps", "--tie-embeddings": "tie_embeddings"}
+
+
+def add_arch_flags(p):
+    p.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2",
+                   help="gpt2, or llama: RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases (doc/kernels.md)")
+    p.add_argument("--kv-heads", type=int, help="llama: key/value heads, dividing --NH (default --NH)")
+    p.add_argument("--rope-theta", type=float, help=f"llama: RoPE base theta (default {ROPE_THETA:g})")
+    p.add_argument("--ffn-hidden", type=int, help="llama: SwiGLU hidden size H (default floor(8C/3) rounded up "
+                   "to a multiple of 64)")
+    p.add_argument("--norm-eps", type=float, help=f"llama: RMSNorm eps (default {NORM_EPS:g})")
+    p.add_argument("--tie-embeddings", type=int, choices=[0, 1],
+                   help="llama: 1 = the output embedding is wte, 0 = its own lm_head (default 0)")
+
+
+def check_arch_flags(args):
+    """Fills in the llama flags' defaults (theta and eps rounded to the fp32 the file stores) and refuses a llama
+    flag with --arch gpt2 or a llama shape the model cannot have."""
+    if args.arch == "gpt2":
+        given = [flag for flag, name in LLAMA_FLAGS.items() if getattr(args, name) is not None]
+        if given:
+            fail(f"{given[0]} applies to --arch llama only")
+        return
+    defaults = {"kv_heads": args.NH, "rope_theta": ROPE_THETA, "ffn_hidden": default_ffn_hidden(args.C),
+                "norm_eps": NORM_EPS, "tie_embeddings": 0}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.rope_theta, args.norm_eps = fp32(args.rope_theta), fp32(args.norm_eps)
+    check_llama_shape(args.NH, args.C, args.kv_heads, args.rope_theta, args.ffn_hidden, args.norm_eps,
+                      args.tie_embeddings, "--arch llama")
 
 
 # The flags train_moe.py shares, in the order --help lists them there too

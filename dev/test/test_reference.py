@@ -1,7 +1,8 @@
 """
 dev/test/test_reference.py: checks the PyTorch reference train_gpt.py against things it did not compute itself:
-the file formats as doc/formats.md states them, an independent float64 numpy GPT-2 forward, central finite
-differences, hand-worked bf16 roundings, and an AdamW written out from its formula.
+the file formats as doc/formats.md states them, independent float64 numpy forwards of GPT-2 and of the
+Llama-style model (--arch llama, from doc/kernels.md and doc/attention.md), central finite differences,
+hand-worked bf16 roundings, and an AdamW written out from its formula.
 Run from the repository root: /usr/bin/python3 dev/test/test_reference.py
 Prints one line per failed check and ends with "test_reference: N passed, N failed" (exit 1 on a failure).
 """
@@ -150,10 +151,14 @@ def np_forward(flat, x, y, shapes=SHAPES, nh=NH, v=V):
         hidden = np_gelu_tanh(np_layernorm(h, P["ln2w"][l], P["ln2b"][l]) @ P["fcw"][l].T + P["fcb"][l])
         h = h + hidden @ P["fcprojw"][l].T + P["fcprojb"][l]
     logits = np_layernorm(h, P["lnfw"], P["lnfb"]) @ P["wte"][:v].T
+    return logits, np_cross_entropy(logits, y)
+
+
+def np_cross_entropy(logits, y):
+    """Mean over positions of logsumexp(logits) - logits[target]."""
     top = logits.max(-1, keepdims=True)
     logsumexp = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
-    picked = np.take_along_axis(logits, y[..., None], -1)[..., 0]
-    return logits, float((logsumexp - picked).mean())
+    return float((logsumexp - np.take_along_axis(logits, y[..., None], -1)[..., 0]).mean())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -234,28 +239,32 @@ def test_files(tmp):
     return prefix, flat, x, y, loss, step_losses
 
 
-def check_gradients_against_numpy(flat, x, y, grads):
-    """(b) The debug state's fp32 gradients against float64 central differences of the numpy forward, at the
-    largest-gradient entry and two random entries of every tensor. Tolerance: 1e-3 relative plus 1e-4 of the
-    tensor's largest gradient (fp32 accumulation error; the differences themselves are exact to ~1e-9)."""
-    _, ranges = split(flat)
+def check_gradients_against_numpy(flat, x, y, grads, shapes=SHAPES, forward=np_forward):
+    """(b) The debug state's fp32 gradients against float64 central differences of the numpy forward (GPT-2's, or
+    the llama one with its shapes), at the largest-gradient entry and two random entries of every tensor.
+    Tolerance: 1e-3 relative plus 1e-4 of the tensor's largest gradient (fp32 accumulation error; the
+    differences themselves are exact to ~1e-9)."""
+    _, ranges = split(flat, shapes)
     rng = np.random.default_rng(0)
     base = flat.astype(np.float64)
     step = 1e-5
+    padded = ("wte", "lm_head")  # Vp rows, of which the V real ones have a gradient to check here
     for name, (start, end) in ranges.items():
         g = grads[start:end]
-        stop = start + V * C if name == "wte" else end  # padded wte rows have no gradient to check here
+        stop = start + V * (end - start) // VP if name in padded else end
         entries = [start + int(np.abs(g[: stop - start]).argmax())] + list(rng.integers(start, stop, 2))
         for i in entries:
             plus, minus = base.copy(), base.copy()
             plus[i] += step
             minus[i] -= step
-            fd = (np_forward(plus, x, y)[1] - np_forward(minus, x, y)[1]) / (2 * step)
+            fd = (forward(plus, x, y)[1] - forward(minus, x, y)[1]) / (2 * step)
             tolerance = 1e-3 * abs(fd) + 1e-4 * np.abs(g).max()
             check(abs(grads[i] - fd) <= tolerance,
                   f"debug-state gradient {name}[{i - start}] = {grads[i]:.6e}, finite difference {fd:.6e}")
-    start, end = ranges["wte"]
-    check(not grads[start + V * C : end].any(), "gradient of the padded wte rows is zero")
+    for name in padded:
+        if name in ranges:
+            start, end = ranges[name]
+            check(not grads[start + V * (end - start) // VP : end].any(), f"gradient of the padded {name} rows is zero")
 
 
 def test_forward_float64():
@@ -280,10 +289,15 @@ def test_autograd_float64():
     """(b) The model's autograd gradients in float64 against central finite differences of the same model,
     for three entries of every parameter of a tiny model. Tolerance: 1e-6 relative plus 1e-9 absolute
     (float64 differences with step 1e-6: error ~1e-10)."""
-    config = train_gpt.GPTConfig(maxT=8, V=37, L=2, NH=2, C=16)
-    model = train_gpt.GPT(config)
+    model = train_gpt.GPT(train_gpt.GPTConfig(maxT=8, V=37, L=2, NH=2, C=16))
     train_gpt.init_weights(model, torch.Generator().manual_seed(7))
-    model.double()
+    autograd_check(model.double(), "GPT-2")
+
+
+def autograd_check(model, label):
+    """A float64 model's autograd gradients against central finite differences of its loss, at the
+    largest-gradient entry and two random entries of every parameter (padded embedding rows left out)."""
+    config = model.config
     generator = torch.Generator().manual_seed(8)
     x = torch.randint(0, config.V, (2, 6), generator=generator)
     y = torch.randint(0, config.V, (2, 6), generator=generator)
@@ -293,7 +307,7 @@ def test_autograd_float64():
     step = 1e-6
     with torch.no_grad():
         for name, p in model.named_parameters():
-            rows = config.V if name == "wte.weight" else p.shape[0]  # padded rows: no token reaches them
+            rows = config.V if name in ("wte.weight", "lm_head.weight") else p.shape[0]  # no token reaches padding
             flat_p, flat_g = p.view(-1), p.grad.view(-1)
             used = rows * (p.numel() // p.shape[0])
             for i in [int(flat_g[:used].abs().argmax())] + list(rng.integers(0, used, 2)):
@@ -305,7 +319,7 @@ def test_autograd_float64():
                 flat_p[i] = saved
                 fd = (plus - minus) / (2 * step)
                 check(abs(flat_g[i].item() - fd) <= 1e-6 * abs(fd) + 1e-9,
-                      f"float64 autograd {name}[{i}] = {flat_g[i].item():.9e}, finite difference {fd:.9e}")
+                      f"{label} float64 autograd {name}[{i}] = {flat_g[i].item():.9e}, finite difference {fd:.9e}")
 
 
 def test_bf16(prefix, flat):
@@ -358,15 +372,17 @@ def test_init_loss(loss):
     check(abs(loss - math.log(V)) < 0.25, f"std-0.02 init loss {loss:.4f} within 0.25 of ln V")
 
 
-def adamw_losses(flat, x, y, steps, grad_clip, lr=1e-3, wd=0.1, beta1=0.9, beta2=0.95, eps=1e-8):
+def adamw_losses(flat, x, y, steps, grad_clip, model=None, shapes=SHAPES, decayed=DECAYED, lr=1e-3, wd=0.1,
+                 beta1=0.9, beta2=0.95, eps=1e-8):
     """Losses of `steps` steps of AdamW written from its formula (clip the global norm, decoupled weight decay
-    on the 2-D tensors, bias-corrected moments), with the reference model for forward and backward (its
-    gradients are checked above). Runs in float64 over the file payload."""
-    config = train_gpt.GPTConfig(maxT=MAXT, V=V, L=L, NH=NH, C=C)
-    model = train_gpt.GPT(config).double()
-    _, ranges = split(flat)
+    on the tensors named in `decayed`, bias-corrected moments), with the reference model (float64; default the
+    tiny GPT-2) for forward and backward (its gradients are checked above). Runs in float64 over the file
+    payload."""
+    if model is None:
+        model = train_gpt.GPT(train_gpt.GPTConfig(maxT=MAXT, V=V, L=L, NH=NH, C=C)).double()
+    _, ranges = split(flat, shapes)
     decay = np.zeros(len(flat))
-    for name in DECAYED:
+    for name in decayed & ranges.keys():
         decay[slice(*ranges[name])] = 1.0
     params = flat.astype(np.float64)
     m = np.zeros_like(params)
@@ -479,6 +495,316 @@ def test_bad_input(prefix, tmp):
     fails_with(["--train", "--input-bin", os.path.join(tmp, "nothing_*.bin")], "no data shard", "no shard matches")
 
 
+# ----------------------------------------------------------------------------------------------------------
+# The Llama-style model (--arch llama): its file written out from doc/formats.md, its forward from doc/kernels.md
+# ("The Llama-style model", RMSNorm, SwiGLU) and doc/attention.md (packed qkv, grouped-query sharing, RoPE), in
+# float64 numpy (not taken from train_gpt.py)
+
+LLAMA_NH, LLAMA_C, LLAMA_NKV = 4, 64, 2
+LLAMA_H = 192  # the default: floor(8 * 64 / 3) = 170, rounded up to a multiple of 64
+LLAMA_ARGS = ["--B", "3", "--T", "23", "--V", "263", "--L", "2", "--NH", "4", "--C", "64", "--maxT", "32",
+              "--seed", "1337", "--steps", "10", "--arch", "llama", "--kv-heads", "2"]
+# the other configuration: one key/value head for the four query heads, tied, every llama flag off its default
+LLAMA_TIED_ARGS = LLAMA_ARGS[:-1] + ["1", "--tie-embeddings", "1", "--rope-theta", "500000", "--norm-eps", "1e-6",
+                                     "--ffn-hidden", "96"]
+LLAMA_DECAYED = {"wte", "qkvw", "attprojw", "fcw", "fcprojw", "lm_head"}  # the matrices
+LLAMA_TORCH_NAME = {
+    "wte": "wte.weight", "ln1w": "ln_1.weight", "qkvw": "attn.c_attn.weight", "attprojw": "attn.c_proj.weight",
+    "ln2w": "ln_2.weight", "fcw": "mlp.c_fc.weight", "fcprojw": "mlp.c_proj.weight", "lnfw": "ln_f.weight",
+    "lm_head": "lm_head.weight",
+}
+
+
+def fp32_word(value):
+    return int(np.array([value], dtype="<f4").view("<i4")[0])
+
+
+def llama_config(h):
+    """The model of a llama file's header (doc/formats.md) as a dict."""
+    w = [int(v) for v in h[:22]]
+    bits = np.array([w[18], w[20]], dtype="<i4").view("<f4")
+    return dict(maxT=w[2], V=w[3], L=w[4], NH=w[5], C=w[6], Vp=w[7], NKV=w[17], theta=float(bits[0]), H=w[19],
+                eps=float(bits[1]), tied=w[21] == 1)
+
+
+def llama_shapes(cfg):
+    C, HS, H, L, Vp = cfg["C"], cfg["C"] // cfg["NH"], cfg["H"], cfg["L"], cfg["Vp"]
+    shapes = [("wte", (Vp, C)), ("ln1w", (L, C)), ("qkvw", (L, (cfg["NH"] + 2 * cfg["NKV"]) * HS, C)),
+              ("attprojw", (L, C, C)), ("ln2w", (L, C)), ("fcw", (L, 2 * H, C)), ("fcprojw", (L, C, H)),
+              ("lnfw", (C,))]
+    return shapes if cfg["tied"] else shapes + [("lm_head", (Vp, C))]
+
+
+def np_rmsnorm(x, w, eps):
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * w
+
+
+def np_rope_table(t, hs, theta):
+    """doc/attention.md: angle t * theta^(-2i/HS) in float64; cos and sin rounded once to fp32. (t, hs/2)"""
+    angle = np.arange(t, dtype=np.float64)[:, None] * theta ** (-np.arange(0, hs, 2, dtype=np.float64) / hs)
+    return np.cos(angle).astype(np.float32).astype(np.float64), np.sin(angle).astype(np.float32).astype(np.float64)
+
+
+def np_rope(x, cos, sin, pairing):
+    """x (b, nh, t, hs). "half": element i pairs with i + hs/2 (the definition); "interleaved": with its
+    neighbour (2i, 2i+1), RoFormer's convention, which the negative controls use."""
+    out = np.empty_like(x)
+    half = x.shape[-1] // 2
+    lo_index = np.arange(half) if pairing == "half" else np.arange(0, 2 * half, 2)
+    hi_index = lo_index + half if pairing == "half" else lo_index + 1
+    lo, hi = x[..., lo_index], x[..., hi_index]
+    out[..., lo_index] = lo * cos - hi * sin
+    out[..., hi_index] = hi * cos + lo * sin
+    return out
+
+
+def np_cross_entropy(logits, y):
+    top = logits.max(-1, keepdims=True)
+    logsumexp = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
+    return float((logsumexp - np.take_along_axis(logits, y[..., None], -1)[..., 0]).mean())
+
+
+def np_llama_forward(flat, x, y, cfg, pairing="half", kv_of_head=None):
+    """(logits (B, T, V), mean cross-entropy) of the llama model whose file payload is flat. kv_of_head(h, NH, NKV)
+    overrides grouped-query sharing's h // (NH / NKV) (for the negative controls)."""
+    P, _ = split(np.asarray(flat, dtype=np.float64), llama_shapes(cfg))
+    b, t = x.shape
+    C, NH, NKV, H, eps = cfg["C"], cfg["NH"], cfg["NKV"], cfg["H"], cfg["eps"]
+    HS = C // NH
+    cos, sin = np_rope_table(t, HS, cfg["theta"])
+    future = np.triu(np.ones((t, t), dtype=bool), k=1)
+    h = P["wte"][x]
+    for l in range(cfg["L"]):
+        qkv = np_rmsnorm(h, P["ln1w"][l], eps) @ P["qkvw"][l].T  # (b, t, (NH + 2 NKV) HS)
+        heads = lambda start, n: qkv[..., start * HS : (start + n) * HS].reshape(b, t, n, HS).transpose(0, 2, 1, 3)
+        q, k, v = heads(0, NH), heads(NH, NKV), heads(NH + NKV, NKV)
+        q, k = np_rope(q, cos, sin, pairing), np_rope(k, cos, sin, pairing)
+        out = np.empty_like(q)
+        for head in range(NH):
+            j = kv_of_head(head, NH, NKV) if kv_of_head else head // (NH // NKV)
+            scores = np.where(future, -np.inf, q[:, head] @ k[:, j].transpose(0, 2, 1) / math.sqrt(HS))
+            probs = np.exp(scores - scores.max(-1, keepdims=True))
+            out[:, head] = probs / probs.sum(-1, keepdims=True) @ v[:, j]
+        h = h + out.transpose(0, 2, 1, 3).reshape(b, t, C) @ P["attprojw"][l].T
+        fc = np_rmsnorm(h, P["ln2w"][l], eps) @ P["fcw"][l].T  # (b, t, 2H): [gate | up]
+        gate, up = fc[..., :H], fc[..., H:]
+        h = h + (gate / (1.0 + np.exp(-gate)) * up) @ P["fcprojw"][l].T
+    out_embedding = P["wte"] if cfg["tied"] else P["lm_head"]
+    logits = np_rmsnorm(h, P["lnfw"], eps) @ out_embedding[: cfg["V"]].T
+    return logits, np_cross_entropy(logits, y)
+
+
+def swap_gate_up(flat, cfg):
+    """The payload with fc's gate and up rows exchanged (a negative control)."""
+    P, _ = split(flat.copy(), llama_shapes(cfg))
+    H = cfg["H"]
+    P["fcw"][:] = np.concatenate([P["fcw"][:, H:], P["fcw"][:, :H]], axis=1)
+    return np.concatenate([P[n].reshape(-1) for n, _ in llama_shapes(cfg)])
+
+
+def test_llama_files(tmp):
+    """(a) the llama files: headers and sizes, tensors in the documented order, the init, and the debug state's
+    logits, loss and gradients against the numpy forward, in two configurations (GQA untied; one key/value head,
+    tied, every llama flag off its default)."""
+    prefix = os.path.join(tmp, "llama")
+    cmd = [sys.executable, "train_gpt.py", "--write-reference", prefix] + LLAMA_ARGS + ["--dtype", "float32"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    check(proc.returncode == 0, f"--arch llama --write-reference exits 0 (stderr: {proc.stderr.strip()})")
+    message, _ = run_main(train_gpt, ["--write-reference", prefix + "_tied"] + LLAMA_TIED_ARGS)
+    check(message is None, f"--arch llama --tie-embeddings 1 runs: {message}")
+
+    results = {}
+    for label, args, nkv, theta, H, eps, tied in (("", LLAMA_ARGS, 2, 10000.0, LLAMA_H, 1e-5, 0),
+                                                  ("_tied", LLAMA_TIED_ARGS, 1, 500000.0, 96, 1e-6, 1)):
+        what = f"llama{label}"
+        model_data = open(prefix + label + "_model.bin", "rb").read()
+        h = read_header(model_data)
+        want = [20240326, 3, MAXT, V, L, LLAMA_NH, LLAMA_C, VP] + [0] * 8 + [1, nkv, fp32_word(theta), H,
+                                                                           fp32_word(eps), tied]
+        check(list(h[:22]) == want and not h[22:].any(), f"{what} model header {list(h[:22])}, expected {want}")
+        cfg = llama_config(h)
+        shapes = llama_shapes(cfg)
+        nparams = sum(math.prod(s) for _, s in shapes)
+        check(len(model_data) == HEADER_BYTES + 4 * nparams, f"{what} model file size {len(model_data)}")
+        state_data = open(prefix + label + "_debug_state.bin", "rb").read()
+        expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 1 + nparams + STEPS)
+        check(len(state_data) == expected, f"{what} debug state size {len(state_data)}, expected {expected}")
+        check(list(read_header(state_data)[:7]) == [20240327, 2, B, T, STEPS, V, VP], f"{what} debug state header")
+
+        # the file's tensors are a fresh model's of the same flags, in the documented order and (out, in) layout
+        flat = np.frombuffer(model_data[HEADER_BYTES:], dtype="<f4")
+        P, _ = split(flat, shapes)
+        model = train_gpt.model_for_run(train_gpt.parse_args(["--write-reference", prefix] + args))
+        params = dict(model.named_parameters())
+        check(len(params) == 3 + 6 * L - tied, f"{what}: the model has the file's {3 + 6 * L - tied} parameters")
+        for name, _ in shapes:
+            if name in ("wte", "lnfw", "lm_head"):
+                same = np.array_equal(P[name], params[LLAMA_TORCH_NAME[name]].detach().numpy())
+            else:
+                same = all(np.array_equal(P[name][l], params[f"h.{l}.{LLAMA_TORCH_NAME[name]}"].detach().numpy())
+                           for l in range(L))
+            check(same, f"{what} model file tensor {name} equals the model's {LLAMA_TORCH_NAME[name]}")
+        # GPT-2's init (doc/kernels.md): 10% covers the sampling error of the smallest tensor (12288 values)
+        residual = 0.02 / math.sqrt(2 * L)
+        for name, std in (("wte", 0.02), ("qkvw", 0.02), ("fcw", 0.02), ("lm_head", 0.02),
+                          ("attprojw", residual), ("fcprojw", residual)):
+            if name in P:
+                sample = P[name][:V] if name in ("wte", "lm_head") else P[name]
+                check(abs(sample.std() / std - 1) < 0.1 and abs(sample.mean()) < 0.1 * std,
+                      f"{what} {name} init std {sample.std():.5f}, expected {std:.5f}")
+        for name in ("ln1w", "ln2w", "lnfw"):  # 1, perturbed with std 0.1
+            check(np.abs(P[name] - 1).min() > 0 and 0.05 < np.abs(P[name] - 1).max() < 0.6, f"{what} {name} perturbed")
+        for name in ("wte", "lm_head"):
+            if name in P:
+                check(not P[name][V:].any(), f"{what} padded {name} rows are zero")
+        reloaded = train_gpt.read_model_file(prefix + label + "_model.bin")
+        check(all(torch.equal(p, params[n]) for n, p in reloaded.named_parameters()),
+              f"{what} model file reads back to the same tensors")
+
+        x, y, logits, loss, grads, step_losses = read_debug_state(state_data, nparams)
+        ref_logits, ref_loss = np_llama_forward(flat, x, y, cfg)
+        err = np.abs(ref_logits - logits).max()
+        check(err < 1e-5, f"{what} logits match the numpy forward (max error {err:.2e}, tolerance 1e-5)")
+        check(abs(ref_loss - loss) < 1e-5, f"{what} loss {loss} matches the numpy forward {ref_loss} (tolerance 1e-5)")
+        check(abs(loss - math.log(V)) < 0.25, f"{what} std-0.02 init loss {loss:.4f} within 0.25 of ln V")
+        check_gradients_against_numpy(flat, x, y, grads, shapes, lambda f, a, b: np_llama_forward(f, a, b, cfg))
+        # negative controls: gate and up exchanged, and key/value head h mod NKV instead of h / (NH/NKV)
+        control = np.abs(np_llama_forward(swap_gate_up(flat, cfg), x, y, cfg)[0] - logits).max()
+        check(control > 1e-4, f"control: {what} gate/up exchanged changes the logits by {control:.2e}")
+        if nkv > 1:
+            tiled = np_llama_forward(flat, x, y, cfg, kv_of_head=lambda h, nh, nkv: h % nkv)[0]
+            check(np.abs(tiled - logits).max() > 1e-4, f"control: {what} kv head h mod NKV changes the logits")
+        results[label] = (flat, x, y, loss, step_losses, cfg, shapes)
+    return prefix, results
+
+
+def test_llama_bf16_and_reload(prefix, results, tmp):
+    """(c, f) the llama bf16 file is torch's bf16 cast of the fp32 one, its debug state the fp32 forward of the
+    rounded parameters; --model-from-file reproduces every llama file byte for byte."""
+    message, _ = run_main(train_gpt, ["--write-reference", prefix + "_bf16"] + LLAMA_ARGS + ["--dtype", "bfloat16"])
+    check(message is None, f"--arch llama --dtype bfloat16 runs: {message}")
+    flat, _, _, _, _, cfg, shapes = results[""]
+    data = open(prefix + "_bf16_model.bin", "rb").read()
+    check(list(read_header(data)[:2]) == [20240326, 5] and list(read_header(data)[16:22]) ==
+          [1, 2, fp32_word(10000.0), LLAMA_H, fp32_word(1e-5), 0], "llama bf16 model header")
+    bf16_payload = np.frombuffer(data[HEADER_BYTES:], dtype="<u2")
+    torch_bits = torch.from_numpy(flat.copy()).to(torch.bfloat16).view(torch.int16).numpy().view("<u2")
+    check(np.array_equal(bf16_payload, torch_bits), "llama bf16 model file = torch's bf16 cast of the fp32 parameters")
+    nparams = sum(math.prod(s) for _, s in shapes)
+    x, y, logits, loss, _, _ = read_debug_state(open(prefix + "_bf16_debug_state.bin", "rb").read(), nparams)
+    ref_logits, ref_loss = np_llama_forward((bf16_payload.astype("<u4") << 16).view("<f4"), x, y, cfg)
+    check(np.abs(ref_logits - logits).max() < 1e-5 and abs(ref_loss - loss) < 1e-5,
+          "llama bf16 debug state = fp32 forward of the rounded parameters (tolerance 1e-5)")
+
+    for suffix, dtype in (("", "float32"), ("_bf16", "bfloat16"), ("_tied", "float32")):
+        again = os.path.join(tmp, "llama_again" + suffix)
+        # no --arch: the file says llama
+        message, _ = run_main(train_gpt, ["--write-reference", again, "--model-from-file",
+                                          prefix + suffix + "_model.bin", "--dtype", dtype, "--seed", "1337"])
+        check(message is None, f"llama --model-from-file {suffix or dtype}: {message}")
+        for part in ("_model.bin", "_debug_state.bin"):
+            same = open(prefix + suffix + part, "rb").read() == open(again + part, "rb").read()
+            check(same, f"llama --model-from-file {suffix or dtype} reproduces {part} byte for byte")
+
+
+def test_llama_training(prefix, results):
+    """(e) the llama step losses decrease and match AdamW written out (weight decay on the matrices only)."""
+    for label, (flat, x, y, loss, step_losses, cfg, shapes) in results.items():
+        check(len(step_losses) == STEPS and step_losses[0] == loss, f"llama{label}: step 0's loss is the first loss")
+        check(bool(np.all(np.diff(step_losses) < 0)) and step_losses[-1] < step_losses[0] - 0.2,
+              f"llama{label} step losses decrease by more than 0.2: {step_losses}")
+        model = train_gpt.read_model_file(prefix + label + "_model.bin").double()
+        err = np.abs(adamw_losses(flat, x, y, STEPS, 1.0, model, shapes, LLAMA_DECAYED) - step_losses).max()
+        check(err < 1e-5, f"llama{label} losses match the written-out AdamW (max error {err:.2e}, tolerance 1e-5)")
+
+
+def tiny_llama(tied, theta=100.0):
+    return train_gpt.Llama(train_gpt.LlamaConfig(maxT=8, V=37, L=2, NH=4, C=16, NKV=2, rope_theta=theta, H=24,
+                                                 norm_eps=1e-5, tied=tied))
+
+
+def test_llama_forward_float64():
+    """The llama model's float64 forward against the numpy one on random parameters of std 0.5 (activations
+    O(1)), tolerance 1e-9, untied and tied. theta 100 turns the second frequency by 0.1 rad per position (at
+    10000 and HS = 4 it would be 0.01), so that a RoPE slip shows. Negative controls: RoFormer's interleaved
+    pairs, key/value head h mod NKV, gate and up exchanged, and eps 1e-3 each move the logits far above 1e-9."""
+    for tied in (False, True):
+        model = tiny_llama(tied).double()
+        c = model.config
+        cfg = dict(maxT=c.maxT, V=c.V, L=c.L, NH=c.NH, C=c.C, Vp=c.Vp, NKV=c.NKV, theta=c.rope_theta, H=c.H,
+                   eps=c.norm_eps, tied=tied)
+        shapes = llama_shapes(cfg)
+        flat = np.random.default_rng(2).normal(0.0, 0.5, sum(math.prod(s) for _, s in shapes))
+        train_gpt.load_flat_parameters(model, flat)
+        x = np.random.default_rng(3).integers(0, c.V, (2, 7))
+        y = np.random.default_rng(4).integers(0, c.V, (2, 7))
+        logits, loss = model(torch.from_numpy(x), torch.from_numpy(y))
+        logits = logits.detach().numpy()
+        ref_logits, ref_loss = np_llama_forward(flat, x, y, cfg)
+        err = np.abs(logits - ref_logits).max()
+        check(err < 1e-9 and abs(loss.item() - ref_loss) < 1e-9,
+              f"llama (tied {tied}) float64 forward = numpy forward at std 0.5 (error {err:.2e})")
+        controls = {
+            "interleaved RoPE pairs": np_llama_forward(flat, x, y, cfg, pairing="interleaved")[0],
+            "kv head h mod NKV": np_llama_forward(flat, x, y, cfg, kv_of_head=lambda h, nh, nkv: h % nkv)[0],
+            "gate/up exchanged": np_llama_forward(swap_gate_up(flat, cfg), x, y, cfg)[0],
+            "eps 1e-3": np_llama_forward(flat, x, y, dict(cfg, eps=1e-3))[0],
+        }
+        for name, other in controls.items():
+            moved = np.abs(other - logits).max()
+            check(moved > 1e-4, f"control: llama (tied {tied}) {name} moves the logits by {moved:.2e}")
+
+
+def test_llama_autograd_float64():
+    """(b) The llama model's autograd gradients in float64 against central finite differences of the same
+    model, untied and tied (as test_autograd_float64)."""
+    for tied in (False, True):
+        model = tiny_llama(tied)
+        train_gpt.init_weights(model, torch.Generator().manual_seed(7))
+        autograd_check(model.double(), f"llama (tied {tied})")
+
+
+def test_llama_bad_input(prefix, tmp):
+    """Bad llama flags and files: one line naming the problem."""
+    out = os.path.join(tmp, "x")
+    base = ["--write-reference", out, "--NH", "4", "--C", "64"]
+    fails_with(base + ["--arch", "llama", "--kv-heads", "3"], "do not divide", "kv-heads not dividing NH")
+    fails_with(base + ["--arch", "llama", "--kv-heads", "0"], "do not divide", "kv-heads 0")
+    fails_with(["--write-reference", out, "--arch", "llama", "--NH", "4", "--C", "36"], "even head size", "odd HS")
+    fails_with(base + ["--arch", "llama", "--norm-eps", "0"], "eps", "eps 0")
+    fails_with(base + ["--arch", "llama", "--norm-eps", "1e-50"], "eps", "eps that is 0 as an fp32")
+    fails_with(base + ["--arch", "llama", "--rope-theta", "1e39"], "theta", "theta beyond fp32")
+    fails_with(base + ["--arch", "llama", "--rope-theta", "-1"], "theta", "negative theta")
+    fails_with(base + ["--arch", "llama", "--ffn-hidden", "0"], "hidden size", "ffn-hidden 0")
+    fails_with(base + ["--arch", "llama", "--tie-embeddings", "2"], "--tie-embeddings", "tie-embeddings 2")
+    fails_with(base + ["--arch", "mamba"], "--arch", "unknown arch")
+    for flag, value in (("--kv-heads", "4"), ("--rope-theta", "10000"), ("--ffn-hidden", "192"),
+                        ("--norm-eps", "1e-5"), ("--tie-embeddings", "0")):
+        fails_with(base + [flag, value], flag, f"{flag} with --arch gpt2")
+
+    good = open(prefix + "_model.bin", "rb").read()
+    gpt2 = open(os.path.join(tmp, "gpt_model.bin"), "rb").read()
+
+    def edited(name, data, word, value):
+        path = os.path.join(tmp, name)
+        data = bytearray(data)
+        data[4 * word : 4 * word + 4] = int(value).to_bytes(4, "little", signed=True)
+        open(path, "wb").write(data)
+        return ["--write-reference", out, "--model-from-file", path]
+
+    fails_with(edited("family2.bin", good, 16, 2), "family", "family 2")
+    fails_with(edited("gpt2_word18.bin", gpt2, 18, fp32_word(10000.0)), "non-zero Llama", "gpt2 file with a theta")
+    fails_with(edited("nkv3.bin", good, 17, 3), "do not divide", "llama file with NKV 3 of NH 4")
+    fails_with(edited("eps0.bin", good, 20, 0), "eps", "llama file with eps 0")
+    fails_with(edited("theta_nan.bin", good, 18, 0x7FC00000), "theta", "llama file with theta NaN")
+    fails_with(edited("tied2.bin", good, 21, 2), "tied", "llama file with word 21 = 2")
+    fails_with(edited("tied1.bin", good, 21, 1), "payload", "untied llama payload under a tied header")
+    fails_with(edited("h_wrong.bin", good, 19, 128), "payload", "llama payload of another H")
+    truncated = os.path.join(tmp, "llama_truncated.bin")
+    open(truncated, "wb").write(good[:-2])
+    fails_with(["--write-reference", out, "--model-from-file", truncated], "payload", "truncated llama file")
+
+
 def main():
     os.chdir(REPO)
     with tempfile.TemporaryDirectory(prefix="test_reference_") as tmp:
@@ -491,6 +817,12 @@ def main():
         test_model_from_file(prefix, tmp)
         test_data_files(prefix, tmp)
         test_bad_input(prefix, tmp)
+        llama_prefix, llama_results = test_llama_files(tmp)
+        test_llama_forward_float64()
+        test_llama_autograd_float64()
+        test_llama_bf16_and_reload(llama_prefix, llama_results, tmp)
+        test_llama_training(llama_prefix, llama_results)
+        test_llama_bad_input(llama_prefix, tmp)
     print(f"test_reference: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
