@@ -36,13 +36,6 @@ static uint32_t bits(float f) {
     memcpy(&u, &f, 4);
     return u;
 }
-// one fp32 ulp at v's magnitude (normal range)
-static double ulp_of(double v) {
-    int e;
-    frexp(fabs(v), &e);
-    if (e < -125) e = -125;
-    return ldexp(1.0, e - 24);
-}
 
 enum Fn { TANHF, TANHF_I, EXPF, EXPF_I, EXP2F, EXP10F_I, LOGF, LOGF_I, LOG2F, LOG2F_I, SINF, COSF, SINF_I, COSF_I,
           SINCOSF_S, SINCOSF_C, POWF, POWF_I, SQRTF, RSQRTF, FDIVIDEF, NFN };
@@ -171,6 +164,15 @@ static int make_inputs(int f, float* x, float* y) {
     return n;
 }
 
+#if CUCC_FAST_MATH  // only the fast-math build measures against the documented bounds
+// one fp32 ulp at v's magnitude (normal range)
+static double ulp_of(double v) {
+    int e;
+    frexp(fabs(v), &e);
+    if (e < -125) e = -125;
+    return ldexp(1.0, e - 24);
+}
+
 static double reference(int f, double x, double y) {
     switch (f) {
         case TANHF: case TANHF_I: return tanh(x);
@@ -264,6 +266,7 @@ static double error_and_bound(int f, double x, double y, double got, double* bou
     *bound = 0;
     return 0;
 }
+#endif
 
 static void test_function(int f) {
     static float x[N], y[N], got[N], again[N];
