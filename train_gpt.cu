@@ -445,7 +445,8 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
 // flash kernel, else the other one. 0 and one line naming `source` when the chosen path cannot run the model.
 static int gpt2_set_attention(GPT2* model, int flash, const char* source) {
     char why[256];
-    int supported = flash_attention_support(model->config.channels, model->config.num_heads, why, sizeof(why));
+    int supported = flash_attention_support(model->config.channels, model->config.num_heads, model->config.num_heads,
+                                            why, sizeof(why));
     if (flash == 1 && !supported) {
         fprintf(stderr, "-fa 1: %s: %s\n", source, why);
         return 0;
@@ -845,7 +846,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
                 attention_forward_cudnn(la.atty, la.att_stats, qkv, B, T, c->num_heads, C, stream);
             else
 #endif
-                flash_attention_forward(la.atty, la.att_stats, qkv, B, T, c->num_heads, C, stream);
+                flash_attention_forward(la.atty, la.att_stats, qkv, B, T, c->num_heads, c->num_heads, C, stream);
         }
         matmul_forward(a.scratch_btc, la.atty, lp.attprojw, lp.attprojb, B, T, C, C, stream);
         fused_residual_layernorm_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual, a.scratch_btc,
@@ -945,8 +946,8 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
             attention_backward_cudnn(dqkv, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, c->num_heads, C, stream);
 #endif
         else
-            flash_attention_backward(dqkv, a.att_delta, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, c->num_heads, C,
-                                     stream);
+            flash_attention_backward(dqkv, a.att_delta, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, c->num_heads,
+                                     c->num_heads, C, stream);
         if (model->recompute >= 2) layernorm_forward(la.ln1, nullptr, nullptr, la.residual, lp.ln1w, lp.ln1b, B, T, C,
                                                      stream);
         matmul_backward(a.dbtc, lg.qkvw, lg.qkvb, dqkv, la.ln1, lp.qkvw, a.scratch_f, B, T, C, 3 * C, stream);

@@ -1,10 +1,12 @@
-// llmc/flash_attention.cuh: causal multi-head self-attention without the (B, NH, T, T) matrix, written by hand
-// after FlashAttention-2 (Dao, 2023): queries and keys are tiled through shared memory, the softmax is kept online
-// (a running max and sum per query row), and the forward pass stores only the output and the per-row log-sum-exp
-// of the scaled scores (B, NH, T) floats; the backward pass recomputes the scores tile by tile from it.
-// Same inputs, outputs and statistics as llmc/cudnn_att.cuh (q, k, v read in place from the packed (B, T, 3C)
-// qkv, out (B, T, C), stats = max + log(sum exp) of scale * q.k over the attended keys), so a trainer can swap
-// one for the other; unlike cuDNN it runs in fp32, bf16 and fp16 and on the CPU backend.
+// llmc/flash_attention.cuh: causal multi-head or grouped-query self-attention without the (B, NH, T, T) matrix,
+// written by hand after FlashAttention-2 (Dao, 2023): queries and keys are tiled through shared memory, the
+// softmax is kept online (a running max and sum per query row), and the forward pass stores only the output and
+// the per-row log-sum-exp of the scaled scores (B, NH, T) floats; the backward pass recomputes the scores tile by
+// tile from it.
+// Same inputs, outputs and statistics as llmc/cudnn_att.cuh (q, k, v read in place from the packed qkv
+// (B, T, (NH + 2 NKV) HS) of doc/attention.md, out (B, T, C = NH HS), stats = max + log(sum exp) of scale * q.k
+// over the attended keys), so a trainer can swap one for the other (cuDNN's wrapper takes NKV = NH only); unlike
+// cuDNN it runs in fp32, bf16 and fp16 and on the CPU backend.
 // Included by the trainers (-fa 1, their default without cuDNN) and by its labs; no library needed (nvcc or
 // cpu/cucc). Lab files:
 // dev/cuda/flash_attention_forward.cu, dev/cuda/flash_attention_backward.cu.
@@ -22,6 +24,18 @@
 // kernel over query blocks computes dq (and delta = rowsum(dout * out), which the other needs), then one over
 // key blocks computes dk and dv; each gradient element is summed by one thread in a fixed order. The price is
 // recomputing the scores and dout.v^T in both passes: 7 tile products per (query, key) tile pair instead of 5.
+//
+// Grouped-query attention (NKV key/value heads, NH a multiple of NKV): query head h attends with key/value head
+// h / (NH / NKV). The forward and dq passes keep a block per (query block, query head) and only read k and v from
+// that head. dk and dv of a key/value head sum over its NH / NKV query heads; to keep that deterministic without
+// atomics, the dk/dv pass (both kernel sets) has a block per (key block, key/value head) which loops over the
+// group's query heads in order, each over its query tiles as with NKV = NH, accumulating in the same registers
+// (fragments): no extra buffer, no extra kernel, the same tile products in all, and the block's keys and values
+// loaded once per group instead of once per query head. The price is parallelism: NH / NKV times fewer dk/dv
+// blocks, each NH / NKV times longer (GPT-2 124M sizes with NKV = 4: B=8 * 4 * 16 key blocks = 512 blocks of 4
+// heads' work). The alternative, a block per query head writing fp32 partial dk, dv (B, NH, T, 2 HS) and a
+// reduction kernel summing each group in order, keeps the NH-wide grid but writes and reads 16 * B*NH*T*HS bytes
+// more and adds a launch. With NKV = NH every kernel does exactly what it did before, bit for bit.
 //
 // Both layouts of a streamed tile are kept in shared memory where a product needs them, so that every inner
 // loop is an axpy over contiguous floats (one thread's scores over a tile's rows, or its accumulator over HS):
@@ -42,9 +56,14 @@ constexpr int FLASH_ROWS = 64;  // rows a block owns, one per thread (the block 
 constexpr int FLASH_TILE = 32;  // rows of a streamed tile
 
 // the head sizes with a compiled kernel (the switches in flash_attention_forward and flash_attention_backward)
-bool flash_attention_support(int C, int NH, char* why, size_t why_size) {
+bool flash_attention_support(int C, int NH, int NKV, char* why, size_t why_size) {
     if (NH < 1 || C < 1 || C % NH != 0) {
         snprintf(why, why_size, "channels C=%d must be a positive multiple of the head count NH=%d", C, NH);
+        return false;
+    }
+    if (NKV < 1 || NH % NKV != 0) {
+        snprintf(why, why_size, "the query head count NH=%d must be a multiple of the key/value head count NKV=%d", NH,
+                 NKV);
         return false;
     }
     const int HS = C / NH;
@@ -70,7 +89,7 @@ static size_t flash_dkv_shared_bytes(int HS) {
 // Rows [row0, row0 + ROWS) of one head of a (B, T, ...) tensor, times `scale`, into shared memory as floats:
 // row-major (ROWS, HS) into row_major and/or transposed (HS, ROWS) into transposed (either may be null).
 // `head` points at element 0 of the head at position 0 of the batch row; consecutive positions are row_stride
-// elements apart (3C in the packed qkv, C in out and dout). Rows at or past T are zeros, so that a masked
+// elements apart ((NH + 2 NKV) HS in the packed qkv, C in out and dout). Rows at or past T are zeros, so that a masked
 // score or probability is never multiplied by a NaN. The whole block takes part; consecutive threads take
 // consecutive 16-byte chunks, so each row is read as one contiguous run of HS elements.
 template <int HS, int ROWS>
@@ -126,23 +145,27 @@ __device__ __forceinline__ void flash_scores_and_dp(float* s, float* dp, const f
 // base 2: q is scaled by scale * log2(e) on load, so p = exp2(s - m) with s = q.k in those units.
 // Per key tile: s (FLASH_TILE) = q . k_t, the running max m and sum l rescaled by exp2(m_old - m_new), and
 // acc (HS) += p * v. stats = (m + log2(l)) * ln(2), the natural log-sum-exp of scale * q.k.
-// Floor: 2 * B*NH*T*T*HS flops (two products, halved by the causal mask); bytes (3 + 1) * B*T*C * sizeof(floatX)
-// (qkv read, out written) + 4 * B*NH*T (stats), with K and V re-read from L2 by every query block.
+// Floor: 2 * B*NH*T*T*HS flops (two products, halved by the causal mask); bytes (NH + 2 NKV + NH) * B*T*HS *
+// sizeof(floatX) (qkv read, out written; (3 + 1) * B*T*C when NKV = NH) + 4 * B*NH*T (stats), with K and V re-read
+// from L2 by every query block of every query head they serve.
 template <int HS>
 __global__ void __launch_bounds__(FLASH_ROWS)
-    flash_attention_forward_kernel(floatX* out, float* stats, const floatX* inp, int T, int NH, float scale_log2) {
+    flash_attention_forward_kernel(floatX* out, float* stats, const floatX* inp, int T, int NH, int NKV,
+                                   float scale_log2) {
     extern __shared__ float flash_forward_shared[];
     float* q_t = flash_forward_shared;     // (HS, FLASH_ROWS) this block's queries, times scale * log2(e)
     float* k_t = q_t + HS * FLASH_ROWS;    // (HS, FLASH_TILE) the key tile, transposed
     float* v_tile = k_t + HS * FLASH_TILE;  // (FLASH_TILE, HS) the value tile
     float* p_t = v_tile + FLASH_TILE * HS;  // (FLASH_TILE, FLASH_ROWS) each thread's probabilities, in its column
-    const int C = NH * HS;
+    const int C = NH * HS, row_stride = (NH + 2 * NKV) * HS;
     const int h = blockIdx.y, b = blockIdx.z;
     // the longest query blocks (most key tiles) start first, so that short ones fill the tail
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_ROWS;
     const int query = q0 + threadIdx.x;
-    const floatX* q_head = inp + (size_t)b * T * 3 * C + h * HS;
-    flash_load_rows<HS, FLASH_ROWS>(nullptr, q_t, q_head, 3 * C, q0, T, scale_log2);
+    const floatX* q_head = inp + (size_t)b * T * row_stride + h * HS;
+    const floatX* k_head = inp + (size_t)b * T * row_stride + (NH + h / (NH / NKV)) * HS;
+    const floatX* v_head = k_head + NKV * HS;
+    flash_load_rows<HS, FLASH_ROWS>(nullptr, q_t, q_head, row_stride, q0, T, scale_log2);
 
     float acc[HS];
     for (int d = 0; d < HS; d++) acc[d] = 0.0f;
@@ -150,8 +173,8 @@ __global__ void __launch_bounds__(FLASH_ROWS)
     const int last_key = min(q0 + FLASH_ROWS, T) - 1;  // key tiles past it are masked for every query here
     for (int k0 = 0; k0 <= last_key; k0 += FLASH_TILE) {
         __syncthreads();  // every thread is done with the previous tile
-        flash_load_rows<HS, FLASH_TILE>(nullptr, k_t, q_head + C, 3 * C, k0, T, 1.0f);
-        flash_load_rows<HS, FLASH_TILE>(v_tile, nullptr, q_head + 2 * C, 3 * C, k0, T, 1.0f);
+        flash_load_rows<HS, FLASH_TILE>(nullptr, k_t, k_head, row_stride, k0, T, 1.0f);
+        flash_load_rows<HS, FLASH_TILE>(v_tile, nullptr, v_head, row_stride, k0, T, 1.0f);
         __syncthreads();
         float s[FLASH_TILE];
 #pragma unroll
@@ -199,16 +222,17 @@ __global__ void __launch_bounds__(FLASH_ROWS)
 // ds = p * (dp - delta) where delta = rowsum(dout * out) (= sum_k p * dp, the softmax backward's row dot), and
 // dq = scale * ds k, dk = scale * ds^T q, dv = p^T dout.
 // Floor: 5 products of 2 * B*NH*T*T*HS flops halved by the mask = 5 * B*NH*T*T*HS (2.5 times the forward; this
-// path does 7, the price of determinism without atomics); bytes (3 + 1 + 1 + 3) * B*T*C * sizeof(floatX) (qkv,
-// out, dout read, dinp written) + 12 * B*NH*T (stats read, delta written and read).
+// path does 7, the price of determinism without atomics); bytes (2 (NH + 2 NKV) + 2 NH) * B*T*HS * sizeof(floatX)
+// (qkv, out, dout read, dinp written; (3 + 1 + 1 + 3) * B*T*C when NKV = NH) + 12 * B*NH*T (stats read, delta
+// written and read).
 
 // dq pass. Block (query block, h, b); thread i owns query q0 + i; it also writes delta for its query, which the
 // dk/dv pass reads. Per key tile: s and dp (FLASH_TILE) from the transposed k and v tiles, then dq (HS) += ds * k.
 template <int HS>
 __global__ void __launch_bounds__(FLASH_ROWS)
     flash_attention_backward_dq_kernel(floatX* dinp, float* delta, const floatX* dout, const floatX* inp,
-                                       const floatX* out, const float* stats, int T, int NH, float scale_log2,
-                                       float scale) {
+                                       const floatX* out, const float* stats, int T, int NH, int NKV,
+                                       float scale_log2, float scale) {
     extern __shared__ float flash_dq_shared[];
     float* q_t = flash_dq_shared;               // (HS, FLASH_ROWS) this block's queries, times scale * log2(e)
     float* dout_t = q_t + HS * FLASH_ROWS;      // (HS, FLASH_ROWS) their output gradients
@@ -216,12 +240,14 @@ __global__ void __launch_bounds__(FLASH_ROWS)
     float* k_tile = k_t + HS * FLASH_TILE;      // (FLASH_TILE, HS) the key tile
     float* v_t = k_tile + HS * FLASH_TILE;      // (HS, FLASH_TILE) the value tile, transposed
     float* ds_t = v_t + HS * FLASH_TILE;        // (FLASH_TILE, FLASH_ROWS) each thread's ds, in its column
-    const int C = NH * HS;
+    const int C = NH * HS, row_stride = (NH + 2 * NKV) * HS;
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_ROWS;
     const int query = q0 + threadIdx.x;
-    const floatX* q_head = inp + (size_t)b * T * 3 * C + h * HS;
-    flash_load_rows<HS, FLASH_ROWS>(nullptr, q_t, q_head, 3 * C, q0, T, scale_log2);
+    const floatX* q_head = inp + (size_t)b * T * row_stride + h * HS;
+    const floatX* k_head = inp + (size_t)b * T * row_stride + (NH + h / (NH / NKV)) * HS;
+    const floatX* v_head = k_head + NKV * HS;
+    flash_load_rows<HS, FLASH_ROWS>(nullptr, q_t, q_head, row_stride, q0, T, scale_log2);
     flash_load_rows<HS, FLASH_ROWS>(nullptr, dout_t, dout + (size_t)b * T * C + h * HS, C, q0, T, 1.0f);
     __syncthreads();
 
@@ -244,8 +270,8 @@ __global__ void __launch_bounds__(FLASH_ROWS)
     const int last_key = min(q0 + FLASH_ROWS, T) - 1;
     for (int k0 = 0; k0 <= last_key; k0 += FLASH_TILE) {
         __syncthreads();
-        flash_load_rows<HS, FLASH_TILE>(k_tile, k_t, q_head + C, 3 * C, k0, T, 1.0f);
-        flash_load_rows<HS, FLASH_TILE>(nullptr, v_t, q_head + 2 * C, 3 * C, k0, T, 1.0f);
+        flash_load_rows<HS, FLASH_TILE>(k_tile, k_t, k_head, row_stride, k0, T, 1.0f);
+        flash_load_rows<HS, FLASH_TILE>(nullptr, v_t, v_head, row_stride, k0, T, 1.0f);
         __syncthreads();
         float s[FLASH_TILE], dp[FLASH_TILE];
         flash_scores_and_dp<HS>(s, dp, q_t, k_t, dout_t, v_t);
@@ -258,7 +284,7 @@ __global__ void __launch_bounds__(FLASH_ROWS)
             flash_add_rows4<HS>(dq, ds_t + j * FLASH_ROWS + threadIdx.x, FLASH_ROWS, k_tile + j * HS, HS);
     }
     if (query >= T) return;
-    floatX* dq_row = dinp + ((size_t)b * T + query) * 3 * C + h * HS;
+    floatX* dq_row = dinp + ((size_t)b * T + query) * row_stride + h * HS;
 #pragma unroll
     for (int d0 = 0; d0 < HS; d0 += x128::size) {
         x128 packed;
@@ -267,13 +293,15 @@ __global__ void __launch_bounds__(FLASH_ROWS)
     }
 }
 
-// dk/dv pass. Block (key block, h, b); thread j owns key k0 + j. Query tiles from the one holding query k0 (the
-// first that attends it) to the end. Per query tile: s and dp (FLASH_TILE) from the transposed q and dout tiles,
-// then dv (HS) += p * dout and dk (HS) += ds * q from their row-major copies.
+// dk/dv pass. Block (key block, key/value head kv, b); thread j owns key k0 + j. For each query head of the group
+// kv serves, in order, query tiles from the one holding query k0 (the first that attends it) to the end. Per
+// query tile: s and dp (FLASH_TILE) from the transposed q and dout tiles, then dv (HS) += p * dout and
+// dk (HS) += ds * q from their row-major copies.
 template <int HS>
 __global__ void __launch_bounds__(FLASH_ROWS)
     flash_attention_backward_dkv_kernel(floatX* dinp, const floatX* dout, const floatX* inp, const float* stats,
-                                        const float* delta, int T, int NH, float scale_log2, float scale) {
+                                        const float* delta, int T, int NH, int NKV, float scale_log2,
+                                        float scale) {
     extern __shared__ float flash_dkv_shared[];
     float* k_t = flash_dkv_shared;                 // (HS, FLASH_ROWS) this block's keys, times scale * log2(e)
     float* v_t = k_t + HS * FLASH_ROWS;            // (HS, FLASH_ROWS) their values
@@ -285,46 +313,49 @@ __global__ void __launch_bounds__(FLASH_ROWS)
     float* tile_delta = stat_log2 + FLASH_TILE;    // (FLASH_TILE) its deltas
     float* p_t = tile_delta + FLASH_TILE;          // (FLASH_TILE, FLASH_ROWS) each thread's p, in its column
     float* ds_t = p_t + FLASH_TILE * FLASH_ROWS;   // (FLASH_TILE, FLASH_ROWS) and ds
-    const int C = NH * HS;
-    const int h = blockIdx.y, b = blockIdx.z;
+    const int C = NH * HS, row_stride = (NH + 2 * NKV) * HS, group = NH / NKV;
+    const int kv = blockIdx.y, b = blockIdx.z;
     // blocks of early keys are attended by the most queries: in block order they start first
     const int k0 = blockIdx.x * FLASH_ROWS;
     const int key = k0 + threadIdx.x;
-    const floatX* q_head = inp + (size_t)b * T * 3 * C + h * HS;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
-    const float* head_stats = stats + ((size_t)b * NH + h) * T;
-    const float* head_delta = delta + ((size_t)b * NH + h) * T;
-    flash_load_rows<HS, FLASH_ROWS>(nullptr, k_t, q_head + C, 3 * C, k0, T, scale_log2);
-    flash_load_rows<HS, FLASH_ROWS>(nullptr, v_t, q_head + 2 * C, 3 * C, k0, T, 1.0f);
+    const floatX* k_head = inp + (size_t)b * T * row_stride + (NH + kv) * HS;
+    flash_load_rows<HS, FLASH_ROWS>(nullptr, k_t, k_head, row_stride, k0, T, scale_log2);
+    flash_load_rows<HS, FLASH_ROWS>(nullptr, v_t, k_head + NKV * HS, row_stride, k0, T, 1.0f);
 
     float dk[HS], dv[HS];
     for (int d = 0; d < HS; d++) dk[d] = dv[d] = 0.0f;
-    for (int q0 = k0 / FLASH_TILE * FLASH_TILE; q0 < T; q0 += FLASH_TILE) {
-        __syncthreads();
-        flash_load_rows<HS, FLASH_TILE>(q_tile, q_t, q_head, 3 * C, q0, T, 1.0f);
-        flash_load_rows<HS, FLASH_TILE>(dout_tile, dout_t, dout_head, C, q0, T, 1.0f);
-        for (int i = threadIdx.x; i < FLASH_TILE; i += blockDim.x) {
-            stat_log2[i] = q0 + i < T ? head_stats[q0 + i] * 1.44269504088896f : 0.0f;
-            tile_delta[i] = q0 + i < T ? head_delta[q0 + i] : 0.0f;
-        }
-        __syncthreads();
-        float s[FLASH_TILE], dp[FLASH_TILE];
-        flash_scores_and_dp<HS>(s, dp, k_t, q_t, v_t, dout_t);
+    for (int h = kv * group; h < (kv + 1) * group; h++) {
+        const floatX* q_head = inp + (size_t)b * T * row_stride + h * HS;
+        const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
+        const float* head_stats = stats + ((size_t)b * NH + h) * T;
+        const float* head_delta = delta + ((size_t)b * NH + h) * T;
+        for (int q0 = k0 / FLASH_TILE * FLASH_TILE; q0 < T; q0 += FLASH_TILE) {
+            __syncthreads();
+            flash_load_rows<HS, FLASH_TILE>(q_tile, q_t, q_head, row_stride, q0, T, 1.0f);
+            flash_load_rows<HS, FLASH_TILE>(dout_tile, dout_t, dout_head, C, q0, T, 1.0f);
+            for (int i = threadIdx.x; i < FLASH_TILE; i += blockDim.x) {
+                stat_log2[i] = q0 + i < T ? head_stats[q0 + i] * 1.44269504088896f : 0.0f;
+                tile_delta[i] = q0 + i < T ? head_delta[q0 + i] : 0.0f;
+            }
+            __syncthreads();
+            float s[FLASH_TILE], dp[FLASH_TILE];
+            flash_scores_and_dp<HS>(s, dp, k_t, q_t, v_t, dout_t);
 #pragma unroll
-        for (int i = 0; i < FLASH_TILE; i++) {
-            // query q0 + i attends this key when it is not before it; queries past T are zero rows, masked too
-            const float p = (q0 + i >= key && q0 + i < T) ? exp2f(s[i] - stat_log2[i]) : 0.0f;
-            p_t[i * FLASH_ROWS + threadIdx.x] = p;
-            ds_t[i * FLASH_ROWS + threadIdx.x] = p * (dp[i] - tile_delta[i]);
-        }
-        for (int i = 0; i < FLASH_TILE; i += 4) {
-            flash_add_rows4<HS>(dv, p_t + i * FLASH_ROWS + threadIdx.x, FLASH_ROWS, dout_tile + i * HS, HS);
-            flash_add_rows4<HS>(dk, ds_t + i * FLASH_ROWS + threadIdx.x, FLASH_ROWS, q_tile + i * HS, HS);
+            for (int i = 0; i < FLASH_TILE; i++) {
+                // query q0 + i attends this key when it is not before it; queries past T are zero rows, masked too
+                const float p = (q0 + i >= key && q0 + i < T) ? exp2f(s[i] - stat_log2[i]) : 0.0f;
+                p_t[i * FLASH_ROWS + threadIdx.x] = p;
+                ds_t[i * FLASH_ROWS + threadIdx.x] = p * (dp[i] - tile_delta[i]);
+            }
+            for (int i = 0; i < FLASH_TILE; i += 4) {
+                flash_add_rows4<HS>(dv, p_t + i * FLASH_ROWS + threadIdx.x, FLASH_ROWS, dout_tile + i * HS, HS);
+                flash_add_rows4<HS>(dk, ds_t + i * FLASH_ROWS + threadIdx.x, FLASH_ROWS, q_tile + i * HS, HS);
+            }
         }
     }
     if (key >= T) return;
-    floatX* dk_row = dinp + ((size_t)b * T + key) * 3 * C + C + h * HS;
-    floatX* dv_row = dk_row + C;
+    floatX* dk_row = dinp + ((size_t)b * T + key) * row_stride + (NH + kv) * HS;
+    floatX* dv_row = dk_row + NKV * HS;
 #pragma unroll
     for (int d0 = 0; d0 < HS; d0 += x128::size) {
         x128 packed_k, packed_v;
@@ -473,7 +504,8 @@ __device__ void flash_warp_write_rows(floatX* dst, int row_stride, int first_row
 // q0 + 16 w + r's columns and keeps that row's running max m (the same in both lanes) and its half of the sum l.
 template <int HS>
 __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
-    flash_attention_forward_wmma_kernel(floatX* out, float* stats, const floatX* inp, int T, int NH, float scale_log2) {
+    flash_attention_forward_wmma_kernel(floatX* out, float* stats, const floatX* inp, int T, int NH, int NKV,
+                                        float scale_log2) {
     constexpr int LDX = HS + FLASH_PAD_X, LDO = HS + FLASH_PAD_F, TILE = FLASH_WMMA_TILE;
     extern __shared__ __align__(128) unsigned char flash_forward_wmma_shared[];
     floatX* q = (floatX*)flash_forward_wmma_shared;  // (ROWS, HS) this block's queries
@@ -484,20 +516,22 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
                warp * 16 * FLASH_LDP * sizeof(floatX) / sizeof(float);  // (16, TILE) this warp's scores
     floatX* p = (floatX*)(s + 16 * FLASH_LDS);                           // (16, TILE) its probabilities
     float* o = (float*)(p + 16 * FLASH_LDP);                             // (16, HS) its output accumulator
-    const int C = NH * HS;
+    const int C = NH * HS, row_stride = (NH + 2 * NKV) * HS;
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_WMMA_ROWS;  // the longest query blocks start first
     const int query = q0 + 16 * warp + r;
-    const floatX* q_head = inp + (size_t)b * T * 3 * C + h * HS;
-    flash_copy_rows<HS, FLASH_WMMA_ROWS>(q, LDX, q_head, 3 * C, q0, T);
+    const floatX* q_head = inp + (size_t)b * T * row_stride + h * HS;
+    const floatX* k_head = inp + (size_t)b * T * row_stride + (NH + h / (NH / NKV)) * HS;
+    const floatX* v_head = k_head + NKV * HS;
+    flash_copy_rows<HS, FLASH_WMMA_ROWS>(q, LDX, q_head, row_stride, q0, T);
     for (int d = half * HS / 2; d < (half + 1) * HS / 2; d++) o[r * LDO + d] = 0.0f;
 
     float m = -INFINITY, l = 0.0f;
     const int last_key = min(q0 + FLASH_WMMA_ROWS, T) - 1;
     for (int k0 = 0; k0 <= last_key; k0 += TILE) {
         __syncthreads();
-        flash_copy_rows<HS, TILE>(k, LDX, q_head + C, 3 * C, k0, T);
-        flash_copy_rows<HS, TILE>(v, LDX, q_head + 2 * C, 3 * C, k0, T);
+        flash_copy_rows<HS, TILE>(k, LDX, k_head, row_stride, k0, T);
+        flash_copy_rows<HS, TILE>(v, LDX, v_head, row_stride, k0, T);
         __syncthreads();
         // on the diagonal tile (k0 == q0) the keys past this warp's last query are masked for all its rows
         const int columns = k0 == q0 ? 16 * (warp + 1) : TILE;
@@ -547,8 +581,8 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
 template <int HS>
 __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
     flash_attention_backward_dq_wmma_kernel(floatX* dinp, float* delta, const floatX* dout, const floatX* inp,
-                                            const floatX* out, const float* stats, int T, int NH, float scale_log2,
-                                            float scale) {
+                                            const floatX* out, const float* stats, int T, int NH, int NKV,
+                                            float scale_log2, float scale) {
     constexpr int LDX = HS + FLASH_PAD_X, TILE = FLASH_WMMA_TILE;
     static_assert(16 * (HS + FLASH_PAD_F) <= 2 * 16 * FLASH_LDS, "dq's staging reuses the s and dp strips");
     extern __shared__ __align__(128) unsigned char flash_dq_wmma_shared[];
@@ -561,12 +595,14 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
                warp * 16 * FLASH_LDP * sizeof(floatX) / sizeof(float);  // (16, TILE) this warp's scores
     float* dp = s + 16 * FLASH_LDS;                                     // (16, TILE) dout . v
     floatX* ds = (floatX*)(dp + 16 * FLASH_LDS);                        // (16, TILE) ds
-    const int C = NH * HS;
+    const int C = NH * HS, row_stride = (NH + 2 * NKV) * HS;
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_WMMA_ROWS;
     const int query = q0 + 16 * warp + r;
-    const floatX* q_head = inp + (size_t)b * T * 3 * C + h * HS;
-    flash_copy_rows<HS, FLASH_WMMA_ROWS>(q, LDX, q_head, 3 * C, q0, T);
+    const floatX* q_head = inp + (size_t)b * T * row_stride + h * HS;
+    const floatX* k_head = inp + (size_t)b * T * row_stride + (NH + h / (NH / NKV)) * HS;
+    const floatX* v_head = k_head + NKV * HS;
+    flash_copy_rows<HS, FLASH_WMMA_ROWS>(q, LDX, q_head, row_stride, q0, T);
     flash_copy_rows<HS, FLASH_WMMA_ROWS>(dout_rows, LDX, dout + (size_t)b * T * C + h * HS, C, q0, T);
     __syncthreads();
 
@@ -591,8 +627,8 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
     const int last_key = min(q0 + FLASH_WMMA_ROWS, T) - 1;
     for (int k0 = 0; k0 <= last_key; k0 += TILE) {
         __syncthreads();
-        flash_copy_rows<HS, TILE>(k, LDX, q_head + C, 3 * C, k0, T);
-        flash_copy_rows<HS, TILE>(v, LDX, q_head + 2 * C, 3 * C, k0, T);
+        flash_copy_rows<HS, TILE>(k, LDX, k_head, row_stride, k0, T);
+        flash_copy_rows<HS, TILE>(v, LDX, v_head, row_stride, k0, T);
         __syncthreads();
         const int columns = k0 == q0 ? 16 * (warp + 1) : TILE;
         flash_warp_product_abt<HS>(s, FLASH_LDS, q + 16 * warp * LDX, LDX, k, LDX, 0, columns);
@@ -607,16 +643,19 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
         __syncwarp();
         flash_warp_product_ab<HS>(dq, ds, FLASH_LDP, k, LDX, 0, columns);
     }
-    flash_warp_write_rows<HS>(dinp + (size_t)b * T * 3 * C + h * HS, 3 * C, q0 + 16 * warp, T, dq, s, scale);
+    flash_warp_write_rows<HS>(dinp + (size_t)b * T * row_stride + h * HS, row_stride, q0 + 16 * warp, T, dq, s,
+                              scale);
 }
 
-// dk/dv pass. Block (key block, h, b); warp w owns keys k0 + 16 w .. + 15; lane 2 r + half computes half of key
-// k0 + 16 w + r's p and ds against the query tile, dk and dv (16, HS) stay in fragments. Query tiles from the
-// diagonal (q0 = k0, the first that attends these keys) to the end.
+// dk/dv pass. Block (key block, key/value head kv, b); warp w owns keys k0 + 16 w .. + 15; lane 2 r + half
+// computes half of key k0 + 16 w + r's p and ds against the query tile, dk and dv (16, HS) stay in fragments.
+// For each query head of the group kv serves, in order, query tiles from the diagonal (q0 = k0, the first that
+// attends these keys) to the end.
 template <int HS>
 __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
     flash_attention_backward_dkv_wmma_kernel(floatX* dinp, const floatX* dout, const floatX* inp, const float* stats,
-                                             const float* delta, int T, int NH, float scale_log2, float scale) {
+                                             const float* delta, int T, int NH, int NKV, float scale_log2,
+                                             float scale) {
     constexpr int LDX = HS + FLASH_PAD_X, TILE = FLASH_WMMA_TILE;
     static_assert(16 * (HS + FLASH_PAD_F) <= 2 * 16 * FLASH_LDS, "dk's and dv's staging reuses the s and dp strips");
     extern __shared__ __align__(128) unsigned char flash_dkv_wmma_shared[];
@@ -632,16 +671,13 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
     float* dp_t = s_t + 16 * FLASH_LDS;                                       // (16, TILE) v . dout^T
     floatX* p_t = (floatX*)(dp_t + 16 * FLASH_LDS);                           // (16, TILE) p^T
     floatX* ds_t = p_t + 16 * FLASH_LDP;                                      // (16, TILE) ds^T
-    const int C = NH * HS;
-    const int h = blockIdx.y, b = blockIdx.z;
+    const int C = NH * HS, row_stride = (NH + 2 * NKV) * HS, group = NH / NKV;
+    const int kv = blockIdx.y, b = blockIdx.z;
     const int k0 = blockIdx.x * FLASH_WMMA_ROWS;  // blocks of early keys have the most query tiles: they start first
     const int key = k0 + 16 * warp + r;
-    const floatX* q_head = inp + (size_t)b * T * 3 * C + h * HS;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
-    const float* head_stats = stats + ((size_t)b * NH + h) * T;
-    const float* head_delta = delta + ((size_t)b * NH + h) * T;
-    flash_copy_rows<HS, FLASH_WMMA_ROWS>(k, LDX, q_head + C, 3 * C, k0, T);
-    flash_copy_rows<HS, FLASH_WMMA_ROWS>(v, LDX, q_head + 2 * C, 3 * C, k0, T);
+    const floatX* k_head = inp + (size_t)b * T * row_stride + (NH + kv) * HS;
+    flash_copy_rows<HS, FLASH_WMMA_ROWS>(k, LDX, k_head, row_stride, k0, T);
+    flash_copy_rows<HS, FLASH_WMMA_ROWS>(v, LDX, k_head + NKV * HS, row_stride, k0, T);
 
     FlashFragC dk[HS / 16], dv[HS / 16];
 #pragma unroll
@@ -649,40 +685,46 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
         nvcuda::wmma::fill_fragment(dk[n], 0.0f);
         nvcuda::wmma::fill_fragment(dv[n], 0.0f);
     }
-    for (int q0 = k0; q0 < T; q0 += TILE) {
-        __syncthreads();
-        flash_copy_rows<HS, TILE>(q, LDX, q_head, 3 * C, q0, T);
-        flash_copy_rows<HS, TILE>(dout_tile, LDX, dout_head, C, q0, T);
-        for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
-            stat_log2[i] = q0 + i < T ? head_stats[q0 + i] * 1.44269504088896f : 0.0f;
-            tile_delta[i] = q0 + i < T ? head_delta[q0 + i] : 0.0f;
+    for (int h = kv * group; h < (kv + 1) * group; h++) {
+        const floatX* q_head = inp + (size_t)b * T * row_stride + h * HS;
+        const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
+        const float* head_stats = stats + ((size_t)b * NH + h) * T;
+        const float* head_delta = delta + ((size_t)b * NH + h) * T;
+        for (int q0 = k0; q0 < T; q0 += TILE) {
+            __syncthreads();
+            flash_copy_rows<HS, TILE>(q, LDX, q_head, row_stride, q0, T);
+            flash_copy_rows<HS, TILE>(dout_tile, LDX, dout_head, C, q0, T);
+            for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
+                stat_log2[i] = q0 + i < T ? head_stats[q0 + i] * 1.44269504088896f : 0.0f;
+                tile_delta[i] = q0 + i < T ? head_delta[q0 + i] : 0.0f;
+            }
+            __syncthreads();
+            // on the diagonal tile the queries before this warp's first key attend none of its keys
+            const int first = q0 == k0 ? 16 * warp : 0;
+            flash_warp_product_abt<HS>(s_t, FLASH_LDS, k + 16 * warp * LDX, LDX, q, LDX, first, TILE);
+            flash_warp_product_abt<HS>(dp_t, FLASH_LDS, v + 16 * warp * LDX, LDX, dout_tile, LDX, first, TILE);
+            __syncwarp();
+            for (int i = half * TILE / 2; i < (half + 1) * TILE / 2; i++) {
+                // query q0 + i attends this key when it is not before it; queries past T are zero rows, masked too
+                const int e = r * FLASH_LDS + i;
+                const bool attended = q0 + i >= key && q0 + i < T;
+                const float pi = attended ? exp2f(s_t[e] * scale_log2 - stat_log2[i]) : 0.0f;
+                p_t[r * FLASH_LDP + i] = (floatX)pi;
+                ds_t[r * FLASH_LDP + i] = (floatX)(attended ? pi * (dp_t[e] - tile_delta[i]) : 0.0f);
+            }
+            __syncwarp();
+            flash_warp_product_ab<HS>(dv, p_t, FLASH_LDP, dout_tile, LDX, first, TILE);
+            flash_warp_product_ab<HS>(dk, ds_t, FLASH_LDP, q, LDX, first, TILE);
         }
-        __syncthreads();
-        // on the diagonal tile the queries before this warp's first key attend none of its keys
-        const int first = q0 == k0 ? 16 * warp : 0;
-        flash_warp_product_abt<HS>(s_t, FLASH_LDS, k + 16 * warp * LDX, LDX, q, LDX, first, TILE);
-        flash_warp_product_abt<HS>(dp_t, FLASH_LDS, v + 16 * warp * LDX, LDX, dout_tile, LDX, first, TILE);
-        __syncwarp();
-        for (int i = half * TILE / 2; i < (half + 1) * TILE / 2; i++) {
-            // query q0 + i attends this key when it is not before it; queries past T are zero rows, masked too
-            const int e = r * FLASH_LDS + i;
-            const bool attended = q0 + i >= key && q0 + i < T;
-            const float pi = attended ? exp2f(s_t[e] * scale_log2 - stat_log2[i]) : 0.0f;
-            p_t[r * FLASH_LDP + i] = (floatX)pi;
-            ds_t[r * FLASH_LDP + i] = (floatX)(attended ? pi * (dp_t[e] - tile_delta[i]) : 0.0f);
-        }
-        __syncwarp();
-        flash_warp_product_ab<HS>(dv, p_t, FLASH_LDP, dout_tile, LDX, first, TILE);
-        flash_warp_product_ab<HS>(dk, ds_t, FLASH_LDP, q, LDX, first, TILE);
     }
-    floatX* dk_rows = dinp + (size_t)b * T * 3 * C + C + h * HS;
-    flash_warp_write_rows<HS>(dk_rows, 3 * C, k0 + 16 * warp, T, dk, s_t, scale);
-    flash_warp_write_rows<HS>(dk_rows + C, 3 * C, k0 + 16 * warp, T, dv, s_t, 1.0f);
+    floatX* dk_rows = dinp + (size_t)b * T * row_stride + (NH + kv) * HS;
+    flash_warp_write_rows<HS>(dk_rows, row_stride, k0 + 16 * warp, T, dk, s_t, scale);
+    flash_warp_write_rows<HS>(dk_rows + NKV * HS, row_stride, k0 + 16 * warp, T, dv, s_t, 1.0f);
 }
 
 template <int HS>
 static void flash_attention_forward_wmma_launch(floatX* out, float* stats, const floatX* inp, int B, int T, int NH,
-                                                cudaStream_t stream) {
+                                                int NKV, cudaStream_t stream) {
     const size_t shared_bytes = flash_wmma_forward_shared_bytes(HS);
     if (shared_bytes > 48 * 1024) {
         cudaCheck(cudaFuncSetAttribute(flash_attention_forward_wmma_kernel<HS>,
@@ -691,14 +733,14 @@ static void flash_attention_forward_wmma_launch(floatX* out, float* stats, const
     const dim3 grid(CEIL_DIV(T, FLASH_WMMA_ROWS), NH, B);
     const float scale_log2 = 1.44269504088896f / sqrtf((float)HS);
     flash_attention_forward_wmma_kernel<HS><<<grid, FLASH_WMMA_THREADS, shared_bytes, stream>>>(out, stats, inp, T, NH,
-                                                                                               scale_log2);
+                                                                                               NKV, scale_log2);
     cudaCheck(cudaGetLastError());
 }
 
 template <int HS>
 static void flash_attention_backward_wmma_launch(floatX* dinp, float* delta, const floatX* dout, const floatX* inp,
                                                  const floatX* out, const float* stats, int B, int T, int NH,
-                                                 cudaStream_t stream) {
+                                                 int NKV, cudaStream_t stream) {
     const size_t dq_bytes = flash_wmma_dq_shared_bytes(HS), dkv_bytes = flash_wmma_dkv_shared_bytes(HS);
     if (dq_bytes > 48 * 1024) {
         cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dq_wmma_kernel<HS>,
@@ -708,14 +750,15 @@ static void flash_attention_backward_wmma_launch(floatX* dinp, float* delta, con
         cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dkv_wmma_kernel<HS>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkv_bytes));
     }
-    const dim3 grid(CEIL_DIV(T, FLASH_WMMA_ROWS), NH, B);
+    // dq: a block per (query block, query head); dk/dv: a block per (key block, key/value head)
+    const dim3 dq_grid(CEIL_DIV(T, FLASH_WMMA_ROWS), NH, B), dkv_grid(CEIL_DIV(T, FLASH_WMMA_ROWS), NKV, B);
     const float scale = 1.0f / sqrtf((float)HS);
     const float scale_log2 = 1.44269504088896f * scale;
-    flash_attention_backward_dq_wmma_kernel<HS><<<grid, FLASH_WMMA_THREADS, dq_bytes, stream>>>(
-        dinp, delta, dout, inp, out, stats, T, NH, scale_log2, scale);
+    flash_attention_backward_dq_wmma_kernel<HS><<<dq_grid, FLASH_WMMA_THREADS, dq_bytes, stream>>>(
+        dinp, delta, dout, inp, out, stats, T, NH, NKV, scale_log2, scale);
     cudaCheck(cudaGetLastError());
-    flash_attention_backward_dkv_wmma_kernel<HS><<<grid, FLASH_WMMA_THREADS, dkv_bytes, stream>>>(
-        dinp, dout, inp, stats, delta, T, NH, scale_log2, scale);
+    flash_attention_backward_dkv_wmma_kernel<HS><<<dkv_grid, FLASH_WMMA_THREADS, dkv_bytes, stream>>>(
+        dinp, dout, inp, stats, delta, T, NH, NKV, scale_log2, scale);
     cudaCheck(cudaGetLastError());
 }
 #endif  // !ENABLE_FP32
@@ -727,7 +770,7 @@ static void flash_attention_backward_wmma_launch(floatX* dinp, float* delta, con
 
 template <int HS>
 static void flash_attention_forward_launch(floatX* out, float* stats, const floatX* inp, int B, int T, int NH,
-                                           cudaStream_t stream) {
+                                           int NKV, cudaStream_t stream) {
     const size_t shared_bytes = flash_forward_shared_bytes(HS);
     if (shared_bytes > 48 * 1024) {
         cudaCheck(cudaFuncSetAttribute(flash_attention_forward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -735,13 +778,14 @@ static void flash_attention_forward_launch(floatX* out, float* stats, const floa
     }
     const dim3 grid(CEIL_DIV(T, FLASH_ROWS), NH, B);
     const float scale_log2 = 1.44269504088896f / sqrtf((float)HS);
-    flash_attention_forward_kernel<HS><<<grid, FLASH_ROWS, shared_bytes, stream>>>(out, stats, inp, T, NH, scale_log2);
+    flash_attention_forward_kernel<HS><<<grid, FLASH_ROWS, shared_bytes, stream>>>(out, stats, inp, T, NH, NKV,
+                                                                                  scale_log2);
     cudaCheck(cudaGetLastError());
 }
 
 template <int HS>
 static void flash_attention_backward_launch(floatX* dinp, float* delta, const floatX* dout, const floatX* inp,
-                                            const floatX* out, const float* stats, int B, int T, int NH,
+                                            const floatX* out, const float* stats, int B, int T, int NH, int NKV,
                                             cudaStream_t stream) {
     const size_t dq_bytes = flash_dq_shared_bytes(HS), dkv_bytes = flash_dkv_shared_bytes(HS);
     if (dq_bytes > 48 * 1024) {
@@ -752,14 +796,15 @@ static void flash_attention_backward_launch(floatX* dinp, float* delta, const fl
         cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dkv_kernel<HS>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkv_bytes));
     }
-    const dim3 grid(CEIL_DIV(T, FLASH_ROWS), NH, B);
+    // dq: a block per (query block, query head); dk/dv: a block per (key block, key/value head)
+    const dim3 dq_grid(CEIL_DIV(T, FLASH_ROWS), NH, B), dkv_grid(CEIL_DIV(T, FLASH_ROWS), NKV, B);
     const float scale = 1.0f / sqrtf((float)HS);
     const float scale_log2 = 1.44269504088896f * scale;
-    flash_attention_backward_dq_kernel<HS><<<grid, FLASH_ROWS, dq_bytes, stream>>>(dinp, delta, dout, inp, out, stats,
-                                                                                    T, NH, scale_log2, scale);
+    flash_attention_backward_dq_kernel<HS><<<dq_grid, FLASH_ROWS, dq_bytes, stream>>>(
+        dinp, delta, dout, inp, out, stats, T, NH, NKV, scale_log2, scale);
     cudaCheck(cudaGetLastError());
-    flash_attention_backward_dkv_kernel<HS><<<grid, FLASH_ROWS, dkv_bytes, stream>>>(dinp, dout, inp, stats, delta, T,
-                                                                                      NH, scale_log2, scale);
+    flash_attention_backward_dkv_kernel<HS><<<dkv_grid, FLASH_ROWS, dkv_bytes, stream>>>(
+        dinp, dout, inp, stats, delta, T, NH, NKV, scale_log2, scale);
     cudaCheck(cudaGetLastError());
 }
 
@@ -772,10 +817,10 @@ constexpr FlashCores FLASH_DEFAULT_CORES = FLASH_FP32_CORES;
 constexpr FlashCores FLASH_DEFAULT_CORES = FLASH_TENSOR_CORES;
 #endif
 
-static void flash_attention_require_support(const char* function, int C, int NH, const void* a, const void* b,
-                                            const void* c, const void* d, int cores) {
+static void flash_attention_require_support(const char* function, int C, int NH, int NKV, const void* a,
+                                            const void* b, const void* c, const void* d, int cores) {
     char why[256];
-    if (!flash_attention_support(C, NH, why, sizeof(why))) {
+    if (!flash_attention_support(C, NH, NKV, why, sizeof(why))) {
         fprintf(stderr, "%s: %s\n", function, why);
         exit(EXIT_FAILURE);
     }
@@ -791,52 +836,58 @@ static void flash_attention_require_support(const char* function, int C, int NH,
 
 template <int HS>
 static void flash_attention_forward_on(FlashCores cores, floatX* out, float* stats, const floatX* inp, int B, int T,
-                                       int NH, cudaStream_t stream) {
+                                       int NH, int NKV, cudaStream_t stream) {
 #if !defined(ENABLE_FP32)
     if (cores == FLASH_TENSOR_CORES) {
-        flash_attention_forward_wmma_launch<HS>(out, stats, inp, B, T, NH, stream);
+        flash_attention_forward_wmma_launch<HS>(out, stats, inp, B, T, NH, NKV, stream);
         return;
     }
 #endif
-    flash_attention_forward_launch<HS>(out, stats, inp, B, T, NH, stream);
+    flash_attention_forward_launch<HS>(out, stats, inp, B, T, NH, NKV, stream);
 }
 
 template <int HS>
 static void flash_attention_backward_on(FlashCores cores, floatX* dinp, float* delta, const floatX* dout,
                                         const floatX* inp, const floatX* out, const float* stats, int B, int T, int NH,
-                                        cudaStream_t stream) {
+                                        int NKV, cudaStream_t stream) {
 #if !defined(ENABLE_FP32)
     if (cores == FLASH_TENSOR_CORES) {
-        flash_attention_backward_wmma_launch<HS>(dinp, delta, dout, inp, out, stats, B, T, NH, stream);
+        flash_attention_backward_wmma_launch<HS>(dinp, delta, dout, inp, out, stats, B, T, NH, NKV, stream);
         return;
     }
 #endif
-    flash_attention_backward_launch<HS>(dinp, delta, dout, inp, out, stats, B, T, NH, stream);
+    flash_attention_backward_launch<HS>(dinp, delta, dout, inp, out, stats, B, T, NH, NKV, stream);
 }
 
-// out (B, T, C) and stats (B, NH, T) fp32 from inp (B, T, 3C) = [q | k | v] per position
-void flash_attention_forward(floatX* out, float* stats, const floatX* inp, int B, int T, int NH, int C,
+// out (B, T, C) and stats (B, NH, T) fp32 from inp (B, T, (NH + 2 NKV) HS) = [q | k | v] per position, HS = C / NH
+// (doc/attention.md); query head h attends with key/value head h / (NH / NKV)
+void flash_attention_forward(floatX* out, float* stats, const floatX* inp, int B, int T, int NH, int NKV, int C,
                              cudaStream_t stream, FlashCores cores = FLASH_DEFAULT_CORES) {
-    flash_attention_require_support("flash_attention_forward", C, NH, out, stats, inp, nullptr, cores);
+    flash_attention_require_support("flash_attention_forward", C, NH, NKV, out, stats, inp, nullptr, cores);
     switch (C / NH) {
-        case 16: flash_attention_forward_on<16>(cores, out, stats, inp, B, T, NH, stream); break;
-        case 32: flash_attention_forward_on<32>(cores, out, stats, inp, B, T, NH, stream); break;
-        case 64: flash_attention_forward_on<64>(cores, out, stats, inp, B, T, NH, stream); break;
-        case 128: flash_attention_forward_on<128>(cores, out, stats, inp, B, T, NH, stream); break;
+        case 16: flash_attention_forward_on<16>(cores, out, stats, inp, B, T, NH, NKV, stream); break;
+        case 32: flash_attention_forward_on<32>(cores, out, stats, inp, B, T, NH, NKV, stream); break;
+        case 64: flash_attention_forward_on<64>(cores, out, stats, inp, B, T, NH, NKV, stream); break;
+        case 128: flash_attention_forward_on<128>(cores, out, stats, inp, B, T, NH, NKV, stream); break;
     }
 }
 
-// dinp (B, T, 3C) = [dq | dk | dv], overwritten, from dout (B, T, C) and the forward pass's inp, out and stats;
-// delta: scratch of B * NH * T floats
+// dinp (B, T, (NH + 2 NKV) HS) = [dq | dk | dv], inp's layout, overwritten, from dout (B, T, C) and the forward
+// pass's inp, out and stats; a key/value head's dk and dv sum over its NH / NKV query heads. delta: scratch of
+// B * NH * T floats
 void flash_attention_backward(floatX* dinp, float* delta, const floatX* dout, const floatX* inp, const floatX* out,
-                              const float* stats, int B, int T, int NH, int C, cudaStream_t stream,
+                              const float* stats, int B, int T, int NH, int NKV, int C, cudaStream_t stream,
                               FlashCores cores = FLASH_DEFAULT_CORES) {
-    flash_attention_require_support("flash_attention_backward", C, NH, dinp, delta, dout, inp, cores);
-    flash_attention_require_support("flash_attention_backward", C, NH, out, stats, nullptr, nullptr, cores);
+    flash_attention_require_support("flash_attention_backward", C, NH, NKV, dinp, delta, dout, inp, cores);
+    flash_attention_require_support("flash_attention_backward", C, NH, NKV, out, stats, nullptr, nullptr, cores);
     switch (C / NH) {
-        case 16: flash_attention_backward_on<16>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
-        case 32: flash_attention_backward_on<32>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
-        case 64: flash_attention_backward_on<64>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
-        case 128: flash_attention_backward_on<128>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, stream); break;
+        case 16: flash_attention_backward_on<16>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, NKV, stream);
+            break;
+        case 32: flash_attention_backward_on<32>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, NKV, stream);
+            break;
+        case 64: flash_attention_backward_on<64>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, NKV, stream);
+            break;
+        case 128: flash_attention_backward_on<128>(cores, dinp, delta, dout, inp, out, stats, B, T, NH, NKV, stream);
+            break;
     }
 }

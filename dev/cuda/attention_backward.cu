@@ -60,7 +60,7 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     }
     for (auto* v : {&qkvr, &dout, &att}) *v = lab_rounded(*v);  // the reference sees exactly what the device sees
     std::vector<float> dinp_ref(n_qkv);
-    attention_backward_reference(dinp_ref, dout, qkvr, att, B, T, C, NH);
+    attention_backward_reference(dinp_ref, dout, qkvr, att, B, T, C, NH, NH);
 
     floatX* d_qkvr = lab_to_device<floatX>(qkvr);
     floatX* d_dout = lab_to_device<floatX>(dout);

@@ -38,7 +38,7 @@ static void run_size(const LabArgs& args, int B, int T, int C, int NH) {
     const size_t n_inp = (size_t)B * T * 3 * C, n_att = (size_t)B * NH * T * T, n_out = (size_t)B * T * C;
     std::vector<float> inp = lab_random_rounded(n_inp, -1.0f, 1.0f);
     std::vector<float> qkvr_ref(n_inp), att_ref(n_att), out_ref(n_out);
-    attention_forward_reference(qkvr_ref, att_ref, out_ref, inp, B, T, C, NH);
+    attention_forward_reference(qkvr_ref, att_ref, out_ref, inp, B, T, C, NH, NH);
 
     floatX* d_inp = lab_to_device<floatX>(inp);
     floatX* d_qkvr = lab_poisoned<floatX>(n_inp);
