@@ -491,6 +491,20 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     FILE* f = fopen_check(path, "rb");
     int header[256];
     read_header_check(f, header, path, x ? x->model_magic : GPT2_MODEL_MAGIC, x ? x->model_name : "GPT-2 model");
+    // words 16..21 describe the model family (doc/formats.md): train_gpt.py --arch llama writes word 16 = 1, a model
+    // this trainer cannot build yet; its payload would otherwise fail the size check with a misleading message
+    if (header[16] != 0) {
+        fprintf(stderr, "%s: model family %d in header word 16 (1 = llama; doc/formats.md): this trainer reads only "
+                "GPT-2-family files (word 16 = 0)\n", path, header[16]);
+        exit(EXIT_FAILURE);
+    }
+    for (int i = 17; i <= 21; i++) {
+        if (header[i] != 0) {
+            fprintf(stderr, "%s: header word %d = %d, but a GPT-2-family file has 0 in words 17 to 21 (doc/formats.md)\n",
+                    path, i, header[i]);
+            exit(EXIT_FAILURE);
+        }
+    }
     int version = header[1];
     int fp32_version = x ? x->fp32_version : 3, bf16_version = x ? x->bf16_version : 5;
     if (version != fp32_version && version != bf16_version) {

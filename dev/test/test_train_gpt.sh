@@ -132,6 +132,19 @@ expect_error "truncated shard" "truncated_shard.bin" "$TRAIN" "${COMMON[@]}" -b 
 expect_error "batch not a multiple" "-d 100: must be a multiple of B*T*processes = 32" "$TRAIN" "${COMMON[@]}" -b 2 -d 100
 expect_error "resume without -o" "-y 1 needs -o" "$TRAIN" "${COMMON[@]}" -y 1
 expect_error "bad descriptor" "-e d0x: bad descriptor" "$TRAIN" "${COMMON[@]}" -e d0x
+# a Llama-family header (train_gpt.py --arch llama: word 16 = 1), and a stray word 19, on the tiny model's payload
+/usr/bin/python3 - "$MODEL" "$work/llama.bin" "$work/word19.bin" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+for path, word, value in ((sys.argv[2], 16, 1), (sys.argv[3], 19, 192)):
+    h = list(struct.unpack("256i", data[:1024]))
+    h[word] = value
+    open(path, "wb").write(struct.pack("256i", *h) + data[1024:])
+PY
+expect_error "llama-family file" "llama.bin: model family 1 in header word 16 (1 = llama" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/llama.bin"
+expect_error "stray family word" "word19.bin: header word 19 = 192, but a GPT-2-family file has 0" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/word19.bin"
 # a header that claims C=96 with 5 heads: the sizes are refused before any parameter is read
 $PYTHON - "$MODEL" "$work/heads.bin" <<'PY'
 import struct, sys
