@@ -36,7 +36,10 @@ else
 $(error PRECISION=$(PRECISION): expected BF16, FP16 or FP32)
 endif
 MPI_LINK := $(shell mpicxx --showme:link 2>/dev/null)
-GPU_LIBS := -lcublas -lcublasLt -lnccl $(MPI_LINK)
+GPU_LIBS := -lcublas -lcublasLt -lnccl -lgomp $(MPI_LINK)
+# the trainers' host code: OpenMP threads and a vectorisable sqrtf for the host AdamW of -oo 1 (llmc/adamw_host.h);
+# cpu/cucc always compiles with -fopenmp (without -fno-math-errno that loop stays scalar: the same bits, slower)
+GPU_HOST_FLAGS := -Xcompiler -fopenmp,-fno-math-errno
 ifeq ($(USE_CUDNN),1)
 GPU_CUDNN := -DENABLE_CUDNN -lcudnn
 endif
@@ -56,7 +59,7 @@ precision_flag = $(if $(filter %_fp32,$1),-DENABLE_FP32,$(if $(filter %_fp16,$1)
 
 # GPU (nvcc) and CPU backend builds at PRECISION: ./train_gpt, ./train_gpt_cpu, ...
 $(PROGRAMS): %: $$(SOURCES_$$*) $(LLMC)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
 $(PROGRAMS:%=%_cpu): %_cpu: $$(SOURCES_$$*) $(LLMC) $(BACKEND)
 	$(CUCC) -O2 $(CPU_NUMERICS) $(PFLAGS) $< -o $@ $(CPU_LIBS)
 
@@ -73,7 +76,8 @@ $(BUILT:$(BUILD)/%=$(BUILD)/check/%): $(BUILD)/check/%: $$(SOURCES_$$(call progr
 GPU_BUILD ?= $(BUILD)/gpu
 $(BUILT:$(BUILD)/%=$(GPU_BUILD)/%): $(GPU_BUILD)/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(call precision_flag,$*) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(call precision_flag,$*) $(GPU_CUDNN) $(MPI_INC) $< -o $@ \
+	    $(GPU_LIBS)
 
 # The BF16 trainers under --sanitize, and a data shard, for the production-size runs in edge mode
 # (dev/test/test_production_runs.sh)
@@ -234,8 +238,8 @@ check-cuda: $(CUDA_SOURCES:%=$(BUILD)/check-cuda/%.ok) $(CUDNN_SOURCES:%=$(BUILD
 # the linked GPU binaries, run where there is no GPU, must say so in one line and exit non-zero
 $(BUILD)/check-cuda/no-device.ok: train_gpt.cu test_gpt.cu $(LLMC)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(MPI_INC) train_gpt.cu -o $(BUILD)/check-cuda/train_gpt $(GPU_LIBS)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) $(MPI_INC) test_gpt.cu -o $(BUILD)/check-cuda/test_gpt $(GPU_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(MPI_INC) train_gpt.cu -o $(BUILD)/check-cuda/train_gpt $(GPU_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(MPI_INC) test_gpt.cu -o $(BUILD)/check-cuda/test_gpt $(GPU_LIBS)
 	! $(BUILD)/check-cuda/train_gpt -e d2 > $(BUILD)/check-cuda/no-device.log 2>&1
 	! $(BUILD)/check-cuda/test_gpt $(BUILD)/none >> $(BUILD)/check-cuda/no-device.log 2>&1
 	test "$$(grep -c '^no CUDA device' $(BUILD)/check-cuda/no-device.log)" = 2

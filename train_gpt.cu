@@ -239,6 +239,7 @@ struct GPT2 {
     LossScaler loss_scaler;   // FP16 loss scaling
     unsigned long long rng_state;  // host generator of stochastic-rounding seeds (identical on every process)
     int use_master_weights;
+    int offload_optimizer;  // -oo 1: ZeRO-Offload (the optimizer state and AdamW on the host)
     // activations
     ActivationTensors acts;
     void* acts_memory;
@@ -1003,12 +1004,12 @@ static ShardedParameters* gpt2_own_set(GPT2* model) { return model->mlp ? model-
 // m, v and master weights for this process's shards of both parameter sets
 static void gpt2_allocate_optimizer(GPT2* model, int zero_stage) {
     sharded_parameters_allocate_optimizer(&model->store, model->use_master_weights, model->process_rank,
-                                          model->num_processes, zero_stage);
+                                          model->num_processes, zero_stage, model->offload_optimizer);
     ShardedParameters* own = gpt2_own_set(model);
     if (own) {
         const MultiGpuConfig* group = model->mlp->own_group(model);
         sharded_parameters_allocate_optimizer(own, model->use_master_weights, group->process_rank,
-                                              group->num_processes, zero_stage);
+                                              group->num_processes, zero_stage, model->offload_optimizer);
     }
 }
 
@@ -1104,7 +1105,7 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
     header[1] = 1;
     header[2] = mg->num_processes;
     header[3] = mg->process_rank;
-    header[4] = model->store.master_weights != NULL;
+    header[4] = model->store.has_master;
     header[5] = ts->step;
     header[6] = PRECISION_MODE;
     header[7] = (int)sizeof(TrainerState);
@@ -1267,11 +1268,11 @@ static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLo
     read_header_check(f, header, path, GPT2_STATE_MAGIC, "GPT-2 training state");
     size_t shard_size = ((size_t)header[8] << 31) | (size_t)header[9];
     if (header[1] != 1 || header[2] != mg->num_processes || header[3] != mg->process_rank ||
-        header[4] != (model->store.master_weights != NULL) || header[6] != PRECISION_MODE ||
+        header[4] != model->store.has_master || header[6] != PRECISION_MODE ||
         header[7] != (int)sizeof(TrainerState) || shard_size != model->store.shard_size) {
         fprintf(stderr, "%s: state written by a different run setup (processes %d, rank %d, master weights %d, precision "
                 "%d, shard %zu) than this one (%d, %d, %d, %d, %zu)\n", path, header[2], header[3], header[4], header[6],
-                shard_size, mg->num_processes, mg->process_rank, model->store.master_weights != NULL, PRECISION_MODE,
+                shard_size, mg->num_processes, mg->process_rank, model->store.has_master, PRECISION_MODE,
                 model->store.shard_size);
         exit(EXIT_FAILURE);
     }
@@ -1479,7 +1480,7 @@ typedef struct {
     int B, T, total_batch_size, max_steps, warmup_iterations;
     float learning_rate, final_lr_frac, weight_decay;
     int val_every, val_max_steps, sample_every, gen_tokens;
-    int overfit_single_batch, use_master_weights, zero_stage, recompute, gelu_fusion, flash_attention;
+    int overfit_single_batch, use_master_weights, offload_optimizer, zero_stage, recompute, gelu_fusion, flash_attention;
     float skip_update_lossz, skip_update_gradz;
     int num_processes, process_rank, gpus_per_node;
     int divergence_steps, watchdog_s;
@@ -1507,7 +1508,7 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     s->B = 4, s->T = 1024, s->total_batch_size = -1, s->max_steps = -1, s->warmup_iterations = 0;
     s->learning_rate = 3e-4f, s->final_lr_frac = 1.0f, s->weight_decay = 0.0f;
     s->val_every = 20, s->val_max_steps = 20, s->sample_every = 20, s->gen_tokens = 64;
-    s->overfit_single_batch = 0, s->use_master_weights = 1, s->zero_stage = 0, s->recompute = 1, s->gelu_fusion = 1;
+    s->overfit_single_batch = 0, s->use_master_weights = 1, s->offload_optimizer = 0, s->zero_stage = 0, s->recompute = 1, s->gelu_fusion = 1;
     s->flash_attention = -1;
     s->skip_update_lossz = 0.0f, s->skip_update_gradz = 0.0f;
     s->num_processes = 1, s->process_rank = 0, s->gpus_per_node = 8;
@@ -1544,6 +1545,8 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     f[n++] = flag("-g", FLAG_INT, &s->gen_tokens, "generated tokens per sample (default = 64)");
     f[n++] = flag("-a", FLAG_INT, &s->overfit_single_batch, "overfit a single batch? 0/1 (default = 0)");
     f[n++] = flag("-w", FLAG_INT, &s->use_master_weights, "keep fp32 master weights? 0/1 (default = 1)");
+    f[n++] = flag("-oo", FLAG_INT, &s->offload_optimizer,
+                  "ZeRO-Offload: m, v and master weights in host memory, AdamW on the host CPU? 0/1 (default = 0)");
     f[n++] = flag("-z", FLAG_INT, &s->zero_stage,
                   "ZeRO stage: 0 (all-reduce) or 1 (sharded optimizer state) (default = 0)");
     f[n++] = flag("-r", FLAG_INT, &s->recompute, "recompute: 0 none, 1 GELU, 2 GELU and LayerNorms (default = 1)");
@@ -1589,6 +1592,14 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
     }
     if (s->use_master_weights != 0 && s->use_master_weights != 1) {
         fprintf(stderr, "-w %d: expected 0 or 1\n", s->use_master_weights);
+        return 0;
+    }
+    if (s->offload_optimizer != 0 && s->offload_optimizer != 1) {
+        fprintf(stderr, "-oo %d: expected 0 or 1\n", s->offload_optimizer);
+        return 0;
+    }
+    if (s->offload_optimizer && !s->use_master_weights && PRECISION_MODE != PRECISION_FP32) {
+        fprintf(stderr, "-oo 1 updates fp32 master weights on the host: it needs -w 1 in %s\n", PRECISION_NAME);
         return 0;
     }
     if (s->overfit_single_batch != 0 && s->overfit_single_batch != 1) {
@@ -1673,6 +1684,7 @@ static int check_training_memory(GPT2* model, const TrainerSettings* s, const Mu
     ShardedParameters* own = gpt2_own_set(model);
     if (own) opt += own->num_parameters_padded / (s->zero_stage ? model->mlp->own_group(model)->num_processes : 1);
     opt *= sizeof(float) * copies;
+    if (s->offload_optimizer) opt = 0;  // in host memory
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && act + opt > free_bytes) {
         fprintf(stderr, "%s: out of device memory: the activations (B=%d T=%d, recompute %d: %zu bytes) and the optimizer "
@@ -1691,7 +1703,7 @@ static void print_startup_table(GPT2* model, const TrainerSettings* s, const cud
     ShardedParameters* own = gpt2_own_set(model);
     size_t param_bytes = (model->store.num_parameters_padded + (own ? own->num_parameters_padded : 0)) * sizeof(floatX);
     size_t opt_bytes = (model->store.shard_size + (own ? own->shard_size : 0)) * sizeof(float) *
-                       (model->store.master_weights ? 3 : 2);
+                       (model->store.master_weights ? 3 : 2);  // offloaded: always with master weights, on the host
     size_t act_bytes = activation_bytes(model, s->B, s->T, s->recompute);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -1717,8 +1729,12 @@ static void print_startup_table(GPT2* model, const TrainerSettings* s, const cud
     info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", s->B, s->T, mg->num_processes, grad_accum_steps);
     info_row(&t, "memory: parameters", "%10.1f MiB", param_bytes / 1048576.0);
     info_row(&t, "memory: gradients", "%10.1f MiB", param_bytes / 1048576.0);
-    info_row(&t, "memory: optimizer", "%10.1f MiB (m, v%s, ZeRO-%d shard)", opt_bytes / 1048576.0,
-             model->store.master_weights ? ", master" : "", s->zero_stage);
+    if (s->offload_optimizer)
+        info_row(&t, "memory: optimizer", "%10.1f MiB pinned host memory (m, v, master, ZeRO-%d shard; -oo 1)",
+                 opt_bytes / 1048576.0, s->zero_stage);
+    else
+        info_row(&t, "memory: optimizer", "%10.1f MiB (m, v%s, ZeRO-%d shard)", opt_bytes / 1048576.0,
+                 model->store.master_weights ? ", master" : "", s->zero_stage);
     info_row(&t, "memory: activations", "%10.1f MiB (recompute %d)", act_bytes / 1048576.0, s->recompute);
     info_row(&t, "largest B that fits", "%d", max_fit_B);
     info_table_print(&t);
@@ -1918,6 +1934,7 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     GPT2 model;
     gpt2_init_common(&model);
     model.use_master_weights = s.use_master_weights;
+    model.offload_optimizer = s.offload_optimizer;
     model.recompute = s.recompute;
     model.gelu_fusion = s.gelu_fusion;
     model.num_processes = mg.num_processes;

@@ -859,13 +859,13 @@ static void write_expert_state(const char* dir, int step, GPT2* model, int zero_
         header[1] = 1;
         header[2] = c->num_experts;
         header[3] = num_moe_layers(model);
-        header[4] = x->master_weights != NULL;
+        header[4] = x->has_master;
         header[5] = PRECISION_MODE;
         header[6] = (int)(all_experts >> 31);
         header[7] = (int)(all_experts & 0x7fffffff);
         fwrite_check(header, sizeof(int), 256, f, tmp);
     }
-    for (int buffer = 0; buffer < (x->master_weights ? 3 : 2); buffer++) {
+    for (int buffer = 0; buffer < (x->has_master ? 3 : 2); buffer++) {
         sharded_parameters_gather_state(x, buffer, full, &moe->ep.replicas, zero_stage, stream);
         if (gathers) moe_gather_experts(model, host, full, sizeof(float), stream);
         if (f) fwrite_check(host, sizeof(float), all_experts, f, tmp);
@@ -888,17 +888,17 @@ static void read_expert_state(const char* dir, int step, GPT2* model) {
     read_header_check(f, header, path, EXPERT_STATE_MAGIC, "MoE expert optimizer state");
     int Lm = num_moe_layers(model);
     size_t values = ((size_t)header[6] << 31) | (size_t)header[7];
-    if (header[1] != 1 || header[2] != c->num_experts || header[3] != Lm || header[4] != (x->master_weights != NULL) ||
+    if (header[1] != 1 || header[2] != c->num_experts || header[3] != Lm || header[4] != x->has_master ||
         header[5] != PRECISION_MODE || values != all_experts) {
         fprintf(stderr, "%s: expert state of another setup (E %d, MoE layers %d, master weights %d, precision %d, %zu "
                 "values) than this run's (%d, %d, %d, %d, %zu)\n", path, header[2], header[3], header[4], header[5],
-                values, c->num_experts, Lm, x->master_weights != NULL, PRECISION_MODE, all_experts);
+                values, c->num_experts, Lm, x->has_master, PRECISION_MODE, all_experts);
         exit(EXIT_FAILURE);
     }
     size_t local[MLP_EXTENSION_SLOTS];
     moe_slot_sizes(model, moe->local_experts, local);
     float* full = (float*)calloc(x->num_parameters_padded, sizeof(float));
-    for (int buffer = 0; buffer < (x->master_weights ? 3 : 2); buffer++) {
+    for (int buffer = 0; buffer < (x->has_master ? 3 : 2); buffer++) {
         // in the file: per tensor and MoE layer, the layer's E experts; ours are a contiguous run of them
         size_t file_offset = 1024 + (size_t)buffer * all_experts * sizeof(float), at = 0;
         for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) {
@@ -916,7 +916,7 @@ static void read_expert_state(const char* dir, int step, GPT2* model) {
         }
         sharded_parameters_scatter_state(x, buffer, full);
     }
-    long end = 1024 + (long)((x->master_weights ? 3 : 2) * all_experts * sizeof(float));
+    long end = 1024 + (long)((x->has_master ? 3 : 2) * all_experts * sizeof(float));
     if (fseek(f, 0, SEEK_END) != 0 || ftell(f) != end) {
         fprintf(stderr, "%s: expected %ld bytes, the file has another size\n", path, end);
         exit(EXIT_FAILURE);

@@ -4,7 +4,8 @@
 // tensors (sizes in buffer order, weight decay or not), point their own structs into `params_memory` /
 // `grads_memory`, and call:
 //   sharded_parameters_allocate      parameters and gradients (padded so that every shard is equal)
-//   sharded_parameters_allocate_optimizer   m, v and fp32 master weights for this process's shard
+//   sharded_parameters_allocate_optimizer   m, v and fp32 master weights for this process's shard (on the device, or
+//                                    with ZeRO-Offload in pinned host memory, where AdamW then runs: llmc/adamw_host.h)
 //   sharded_parameters_zero_grad     before the first micro-step of a step
 //   sharded_parameters_reduce_slices        average a set of slices over processes during the backward pass
 //   sharded_parameters_norm_squared  wait for that; the squared norm of the (still loss-scaled) gradient
@@ -19,6 +20,7 @@
 #pragma once
 #include "common.cuh"
 #include "adamw.cuh"
+#include "adamw_host.h"
 #include "copy_cast.cuh"
 #include "global_norm.cuh"
 #include "multi_gpu.cuh"
@@ -43,6 +45,14 @@ typedef struct {
     float* m_memory;
     float* v_memory;
     float* master_weights;  // fp32 copy of the shard, or NULL
+    int has_master;         // the checkpoints' layout: 1 when the state holds master weights (bf16/fp16 with -w 1)
+    // ZeRO-Offload (-oo 1): m_memory, v_memory and master_weights (always, fp32 builds too) are pinned host memory and
+    // AdamW runs on the host; host_params (pinned) takes the reduced gradient shard in and the updated parameters out,
+    // host_grads holds that gradient widened to fp32
+    int offload;
+    int flush_subnormals;   // whether the device build flushes subnormals, which the host AdamW must match
+    floatX* host_params;
+    float* host_grads;
     float* norm_partials;
     float* norm_result;
     // the reduced gradient times this is the gradient of the step's loss: 1, except for parameters whose gradient
@@ -108,12 +118,30 @@ static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, c
 }
 
 // m, v (and fp32 master weights when use_master_weights and the parameters are not fp32 already) for
-// this process's shard: all parameters with ZeRO-0, a 1/num_processes slice with ZeRO-1.
+// this process's shard: all parameters with ZeRO-0, a 1/num_processes slice with ZeRO-1. offload: in pinned host
+// memory, with master weights in every precision (the host's AdamW reads them; the checkpoints keep has_master's
+// layout, so that a run resumes with or without offload).
 static void sharded_parameters_allocate_optimizer(ShardedParameters* p, int use_master_weights, int process_rank,
-                                                  int num_processes, int zero_stage) {
+                                                  int num_processes, int zero_stage, int offload) {
     size_t n = p->num_parameters_padded;
     p->shard_size = zero_stage >= 1 ? n / num_processes : n;
     p->shard_offset = zero_stage >= 1 ? (size_t)process_rank * p->shard_size : 0;
+    p->has_master = use_master_weights && PRECISION_MODE != PRECISION_FP32;
+    p->offload = offload;
+    if (offload) {
+        cudaCheck(cudaMallocHost((void**)&p->m_memory, p->shard_size * sizeof(float)));
+        cudaCheck(cudaMallocHost((void**)&p->v_memory, p->shard_size * sizeof(float)));
+        cudaCheck(cudaMallocHost((void**)&p->master_weights, p->shard_size * sizeof(float)));
+        cudaCheck(cudaMallocHost((void**)&p->host_params, p->shard_size * sizeof(floatX)));
+        p->host_grads = (float*)malloc_check(p->shard_size * sizeof(float));
+        memset(p->m_memory, 0, p->shard_size * sizeof(float));
+        memset(p->v_memory, 0, p->shard_size * sizeof(float));
+        cudaCheck(cudaMemcpy(p->host_params, p->params_memory + p->shard_offset, p->shard_size * sizeof(floatX),
+                             cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < p->shard_size; i++) p->master_weights[i] = (float)p->host_params[i];
+        p->flush_subnormals = adamw_device_flushes_subnormals();
+        return;
+    }
     cudaCheck(cudaMalloc((void**)&p->m_memory, p->shard_size * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&p->v_memory, p->shard_size * sizeof(float)));
     cudaCheck(cudaMemset(p->m_memory, 0, p->shard_size * sizeof(float)));
@@ -128,9 +156,17 @@ static void sharded_parameters_allocate_optimizer(ShardedParameters* p, int use_
 static void sharded_parameters_free(ShardedParameters* p) {
     cudaCheck(cudaFree(p->params_memory));
     cudaCheck(cudaFree(p->grads_memory));
-    cudaCheck(cudaFree(p->m_memory));
-    cudaCheck(cudaFree(p->v_memory));
-    cudaCheck(cudaFree(p->master_weights));
+    if (p->offload) {
+        cudaCheck(cudaFreeHost(p->m_memory));
+        cudaCheck(cudaFreeHost(p->v_memory));
+        cudaCheck(cudaFreeHost(p->master_weights));
+        cudaCheck(cudaFreeHost(p->host_params));
+        free(p->host_grads);
+    } else {
+        cudaCheck(cudaFree(p->m_memory));
+        cudaCheck(cudaFree(p->v_memory));
+        cudaCheck(cudaFree(p->master_weights));
+    }
     cudaCheck(cudaFree(p->norm_partials));
     cudaCheck(cudaFree(p->norm_result));
 }
@@ -221,12 +257,28 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
     float beta1_correction = 1.0f - powf(opt->beta1, (float)t);
     float beta2_correction = 1.0f - powf(opt->beta2, (float)t);
     size_t shard_begin = p->shard_offset, shard_end = p->shard_offset + p->shard_size;
+    if (p->offload) {
+        // the reduced gradient shard to the host and widened to fp32 (exact), for the host's AdamW
+        cudaCheck(cudaMemcpyAsync(p->host_params, p->grads_memory + shard_begin, p->shard_size * sizeof(floatX),
+                                  cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < p->shard_size; i++) p->host_grads[i] = (float)p->host_params[i];
+    }
     size_t tensor_begin = 0;
     for (int i = 0; i < p->num_tensors; i++) {
         size_t tensor_end = tensor_begin + p->sizes[i];
         size_t begin = tensor_begin > shard_begin ? tensor_begin : shard_begin;
         size_t end = tensor_end < shard_end ? tensor_end : shard_end;
-        if (begin < end) {
+        if (begin < end && p->offload) {
+            // the same operations as adamw_update's kernel, bit for bit (llmc/adamw_host.h)
+            size_t local = begin - shard_begin;
+            adamw_host_update(p->host_params + local, p->master_weights + local, p->host_grads + local,
+                              p->m_memory + local, p->v_memory + local, end - begin, opt->learning_rate, opt->beta1,
+                              opt->beta2, beta1_correction, beta2_correction, opt->eps,
+                              p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i,
+                              p->flush_subnormals);
+        } else if (begin < end) {
             size_t local = begin - shard_begin;
             adamw_update(p->params_memory + begin, p->master_weights ? p->master_weights + local : nullptr,
                          p->grads_memory + begin, p->m_memory + local, p->v_memory + local, end - begin,
@@ -234,6 +286,13 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
                          p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i, stream);
         }
         tensor_begin = tensor_end;
+    }
+    if (p->offload) {
+        // the padding past the last tensor (in the last shard) keeps its zeros: only the tensors' parameters return
+        size_t last = p->num_parameters < shard_end ? p->num_parameters : shard_end;
+        if (last > shard_begin)
+            cudaCheck(cudaMemcpyAsync(p->params_memory + shard_begin, p->host_params, (last - shard_begin) * sizeof(floatX),
+                                      cudaMemcpyHostToDevice, stream));
     }
     if (zero_stage >= 1 && mg->num_processes > 1) {
         cudaCheck(cudaEventRecord(mg->compute_done, stream));
@@ -245,12 +304,17 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
     }
 }
 
-// The optimizer state of this process's shard in a checkpoint: m, v, then the master weights if any.
+// The optimizer state of this process's shard in a checkpoint: m, v, then the master weights if has_master (the same
+// layout with or without offload; an offloaded fp32 run's host master weights are the parameters themselves).
 static void sharded_parameters_write_state(const ShardedParameters* p, FILE* f, const char* path) {
     float* host = (float*)malloc_check(p->shard_size * sizeof(float));
-    float* device_buffers[3] = {p->m_memory, p->v_memory, p->master_weights};
-    for (int i = 0; i < (p->master_weights ? 3 : 2); i++) {
-        cudaCheck(cudaMemcpy(host, device_buffers[i], p->shard_size * sizeof(float), cudaMemcpyDeviceToHost));
+    float* buffers[3] = {p->m_memory, p->v_memory, p->master_weights};
+    for (int i = 0; i < (p->has_master ? 3 : 2); i++) {
+        if (p->offload) {
+            fwrite_check(buffers[i], sizeof(float), p->shard_size, f, path);
+            continue;
+        }
+        cudaCheck(cudaMemcpy(host, buffers[i], p->shard_size * sizeof(float), cudaMemcpyDeviceToHost));
         fwrite_check(host, sizeof(float), p->shard_size, f, path);
     }
     free(host);
@@ -258,10 +322,14 @@ static void sharded_parameters_write_state(const ShardedParameters* p, FILE* f, 
 
 static void sharded_parameters_read_state(ShardedParameters* p, FILE* f, const char* path) {
     float* host = (float*)malloc_check(p->shard_size * sizeof(float));
-    float* device_buffers[3] = {p->m_memory, p->v_memory, p->master_weights};
-    for (int i = 0; i < (p->master_weights ? 3 : 2); i++) {
+    float* buffers[3] = {p->m_memory, p->v_memory, p->master_weights};
+    for (int i = 0; i < (p->has_master ? 3 : 2); i++) {
+        if (p->offload) {
+            fread_check(buffers[i], sizeof(float), p->shard_size, f, path);
+            continue;
+        }
         fread_check(host, sizeof(float), p->shard_size, f, path);
-        cudaCheck(cudaMemcpy(device_buffers[i], host, p->shard_size * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(buffers[i], host, p->shard_size * sizeof(float), cudaMemcpyHostToDevice));
     }
     free(host);
 }
@@ -271,7 +339,12 @@ static void sharded_parameters_read_state(ShardedParameters* p, FILE* f, const c
 static void sharded_parameters_gather_state(const ShardedParameters* p, int buffer, float* full,
                                             const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     const float* device_buffers[3] = {p->m_memory, p->v_memory, p->master_weights};
-    if (zero_stage >= 1 && mg->num_processes > 1) {
+    if (p->offload) {  // this shard into its place in `full`, then the others' beside it (an in-place all-gather)
+        cudaCheck(cudaMemcpyAsync(full + p->shard_offset, device_buffers[buffer], p->shard_size * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream));
+        if (zero_stage >= 1 && mg->num_processes > 1)
+            ncclCheck(ncclAllGather(full + p->shard_offset, full, p->shard_size, ncclFloat, mg->nccl_comm, stream));
+    } else if (zero_stage >= 1 && mg->num_processes > 1) {
         ncclCheck(ncclAllGather(device_buffers[buffer], full, p->shard_size, ncclFloat, mg->nccl_comm, stream));
     } else {
         cudaCheck(cudaMemcpyAsync(full, device_buffers[buffer], p->shard_size * sizeof(float), cudaMemcpyDeviceToDevice,
@@ -283,6 +356,10 @@ static void sharded_parameters_gather_state(const ShardedParameters* p, int buff
 // The inverse: this process's shard of buffer 0/1/2 from the whole set's values (host, num_parameters_padded floats).
 static void sharded_parameters_scatter_state(ShardedParameters* p, int buffer, const float* full_host) {
     float* device_buffers[3] = {p->m_memory, p->v_memory, p->master_weights};
+    if (p->offload) {
+        memcpy(device_buffers[buffer], full_host + p->shard_offset, p->shard_size * sizeof(float));
+        return;
+    }
     cudaCheck(cudaMemcpy(device_buffers[buffer], full_host + p->shard_offset, p->shard_size * sizeof(float),
                          cudaMemcpyHostToDevice));
 }

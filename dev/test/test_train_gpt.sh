@@ -72,6 +72,28 @@ if [ -n "$want" ] && [ "$want" = "$got" ] && grep -q "resumed from step 3" "$wor
     fail "resume is not bit-identical: want [$want] got [$got]"; fi
 if cmp -s "$work/full/model_00000006.bin" "$work/resumed/model_00000006.bin"; then pass; else
     fail "the resumed run's final model differs"; fi
+# --- ZeRO-Offload (-oo 1): the host's AdamW (llmc/adamw_host.h) computes the kernel's bits, so the model and the
+# optimizer state after 6 steps are the same files; the state's format does not depend on offload, so the run
+# checkpointed at step 3 without it resumes with it and ends identical
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 6 -o "$work/offload" -oo 1 >"$work/offload.log" 2>&1 ||
+    fail "-oo 1 run: $(tail -3 "$work/offload.log")"
+if cmp -s "$work/full/model_00000006.bin" "$work/offload/model_00000006.bin" &&
+    cmp -s "$work/full/state_00000006_00000.bin" "$work/offload/state_00000006_00000.bin"; then pass; else
+    fail "-oo 1 gives another model or optimizer state than -oo 0"; fi
+mkdir -p "$work/offload_resumed"
+cp "$work/full/model_00000003.bin" "$work/full/state_00000003_00000.bin" "$work/full/DONE_00000003" "$work/offload_resumed/"
+"$TRAIN" "${COMMON[@]}" -b 2 -x 6 -n 3 -o "$work/offload_resumed" -y 1 -oo 1 >"$work/offload_resumed.log" 2>&1 ||
+    fail "-oo 1 resuming a -oo 0 checkpoint: $(tail -3 "$work/offload_resumed.log")"
+if [ "$(losses "$work/offload_resumed.log")" = "$want" ] &&
+    cmp -s "$work/full/model_00000006.bin" "$work/offload_resumed/model_00000006.bin"; then pass; else
+    fail "-oo 1 resuming a -oo 0 checkpoint does not continue bit-identically"; fi
+# ZeRO-1 on 2 ranks: each rank offloads its shard
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -z 1 -oo 1 >"$work/zero1_offload.log" 2>&1 ||
+    fail "2-rank ZeRO-1 -oo 1 run: $(tail -3 "$work/zero1_offload.log")"
+if [ -n "$(losses "$work/zero1.log")" ] && [ "$(losses "$work/zero1.log")" = "$(losses "$work/zero1_offload.log")" ]; then
+    pass; else fail "ZeRO-1 with -oo 1 differs from ZeRO-1"; fi
+expect_error "bad -oo" "-oo 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -oo 2
+
 # --- checkpoint integrity: the DONE marker lists every file's size and checksum, checked on -y 1
 grep -q "^file state_00000006_00000.bin 616080 " "$work/full/DONE_00000006" && pass || fail "DONE lacks the state's checksum"
 # a corrupt latest checkpoint is named and the previous complete one is used

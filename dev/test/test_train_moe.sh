@@ -106,6 +106,16 @@ for change in "2 1" "1 2"; do
     fi
 done
 
+# --- ZeRO-Offload (-oo 1) with -ep 2 -z 1: both parameter sets' shards on the host, the experts' gathered for
+# their state file; the same model and optimizer state files as the -ep 2 run above after 6 steps
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 6 -cf 0.5 -z 1 -ep 2 -oo 1 -o "$work/offload" \
+    >"$work/offload.log" 2>&1 || fail "-ep 2 -z 1 -oo 1 run: $(tail -3 "$work/offload.log")"
+same=1
+for f in model_00000006.bin state_00000006_00000.bin state_00000006_00001.bin expert_state_00000006.bin; do
+    cmp -s "$work/ep2/$f" "$work/offload/$f" || same=0
+done
+if [ $same = 1 ]; then pass; else fail "-oo 1 with -ep 2 -z 1 gives other checkpoint files than -oo 0"; fi
+
 # --- checkpoint and bit-identical resume
 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -o "$work/full" >"$work/full.log" 2>&1 ||
     fail "checkpointing run: $(tail -3 "$work/full.log")"
