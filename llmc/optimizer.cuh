@@ -181,18 +181,9 @@ static void sharded_parameters_zero_grad(ShardedParameters* p, cudaStream_t stre
     cudaCheck(cudaMemsetAsync(p->grads_memory, 0, p->num_parameters_padded * sizeof(floatX), stream));
 }
 
-// The gradient reduction, overlapped with the backward pass: as soon as the backward pass has finished with
-// slice `layer` of each listed tensor (a tensor stacked over num_layers layers; layer < 0: the whole tensor),
-// these slices are averaged over processes on the NCCL stream, in one NCCL group, while the main stream goes
-// on. ZeRO-0 all-reduces them; ZeRO-1 reduces each piece of a slice to the process whose shard holds it (the
-// reduce-scatter of the whole buffer, done slice by slice), so each process ends with the average of its shard.
-// The trainer must cover every tensor exactly once per step (on the last micro-step).
-static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* tensors, int count, int layer,
-                                             int num_layers, const MultiGpuConfig* mg, int zero_stage,
-                                             cudaStream_t stream) {
-    if (mg->num_processes == 1) return;
-    cudaCheck(cudaEventRecord(mg->compute_done, stream));
-    cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
+// The NCCL calls of sharded_parameters_reduce_slices, on the NCCL stream in one group
+static void sharded_parameters_reduce_group(ShardedParameters* p, const int* tensors, int count, int layer,
+                                            int num_layers, const MultiGpuConfig* mg, int zero_stage) {
     ncclCheck(ncclGroupStart());
     for (int j = 0; j < count; j++) {
         int i = tensors[j];
@@ -218,13 +209,41 @@ static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* te
     ncclCheck(ncclGroupEnd());
 }
 
+// The gradient reduction, overlapped with the backward pass: as soon as the backward pass has finished with
+// slice `layer` of each listed tensor (a tensor stacked over num_layers layers; layer < 0: the whole tensor),
+// these slices are averaged over processes on the NCCL stream, in one NCCL group, while the main stream goes
+// on. ZeRO-0 all-reduces them; ZeRO-1 reduces each piece of a slice to the process whose shard holds it (the
+// reduce-scatter of the whole buffer, done slice by slice), so each process ends with the average of its shard.
+// The trainer must cover every tensor exactly once per step (on the last micro-step). With ZeRO-Offload, this
+// process's part of each reduced slice then goes to the host on the same stream, behind its reduction and beside
+// the backward pass (one process too), so that the update finds the gradient shard there.
+static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* tensors, int count, int layer,
+                                             int num_layers, const MultiGpuConfig* mg, int zero_stage,
+                                             cudaStream_t stream) {
+    if (mg->num_processes == 1 && !p->offload) return;
+    cudaCheck(cudaEventRecord(mg->compute_done, stream));
+    cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
+    if (mg->num_processes > 1) sharded_parameters_reduce_group(p, tensors, count, layer, num_layers, mg, zero_stage);
+    if (!p->offload) return;
+    for (int j = 0; j < count; j++) {
+        size_t n = layer >= 0 ? p->sizes[tensors[j]] / num_layers : p->sizes[tensors[j]];
+        size_t begin = sharded_parameters_offset(p, tensors[j]) + (layer >= 0 ? (size_t)layer * n : 0);
+        size_t a = begin > p->shard_offset ? begin : p->shard_offset;
+        size_t b = begin + n < p->shard_offset + p->shard_size ? begin + n : p->shard_offset + p->shard_size;
+        if (a < b)
+            cudaCheck(cudaMemcpyAsync(p->host_params + (a - p->shard_offset), p->grads_memory + a, (b - a) * sizeof(floatX),
+                                      cudaMemcpyDeviceToHost, mg->nccl_stream));
+    }
+}
+
+
 // After the micro-steps' backward passes: waits for the overlapped reduction (sharded_parameters_reduce_slices)
 // and returns the squared norm of the gradient of this set (times grad_multiplier, still multiplied by the loss
 // scale), identical on every process of mg (inf or NaN when an FP16 gradient overflowed). The padding past the
 // last tensor is never reduced: it stays zero everywhere.
 static float sharded_parameters_norm_squared(ShardedParameters* p, const MultiGpuConfig* mg, int zero_stage,
                                              cudaStream_t stream) {
-    if (mg->num_processes > 1) {
+    if (mg->num_processes > 1 || p->offload) {
         cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
         cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
     }
@@ -258,9 +277,8 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
     float beta2_correction = 1.0f - powf(opt->beta2, (float)t);
     size_t shard_begin = p->shard_offset, shard_end = p->shard_offset + p->shard_size;
     if (p->offload) {
-        // the reduced gradient shard to the host and widened to fp32 (exact), for the host's AdamW
-        cudaCheck(cudaMemcpyAsync(p->host_params, p->grads_memory + shard_begin, p->shard_size * sizeof(floatX),
-                                  cudaMemcpyDeviceToHost, stream));
+        // the reduced gradient shard, copied to the host during the backward pass (sharded_parameters_reduce_slices;
+        // sharded_parameters_norm_squared made this stream wait for those copies), widened to fp32 (exact)
         cudaCheck(cudaStreamSynchronize(stream));
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < p->shard_size; i++) p->host_grads[i] = (float)p->host_params[i];
