@@ -27,7 +27,7 @@ s=/
 spec=ARCHITECTURE
 printf '%s\n' "see ${s}work${s}shared${s}spec.md" "x = \"${s}home${s}dev${s}x\"" "cd ${s}root${s}switch.cu" > "$work/bad_abs"
 printf '%s\n' "the formats: shared${s}${spec}.md" "${spec}.md, \"MoE semantics\"" > "$work/bad_outside"
-printf '%s\n' "${s}usr${s}bin${s}python3 x.py > ${s}dev${s}null" "mktemp ${s}tmp${s}x.XXXX" 'build/work/x and data/x' \
+printf '%s\n' "${s}usr${s}bin${s}python3 x.py > ${s}dev${s}null" "mktemp ${s}tmp${s}x.XXXX" "build${s}work${s}x and data${s}x" \
     > "$work/good"
 if [ "$(grep -cE "$ABSOLUTE" "$work/bad_abs")" = 3 ]; then pass; else fail "the absolute-path pattern misses planted paths"; fi
 if [ "$(grep -cE "$OUTSIDE" "$work/bad_outside")" = 2 ]; then pass; else fail "the outside-spec pattern misses planted references"; fi
