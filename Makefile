@@ -105,6 +105,11 @@ LONG_REF_ARGS := --B 1 --T 1024 --V 263 --L 2 --NH 2 --C 128 --maxT 1024 --seed 
 $(BUILD)/ref/long_%_debug_state.bin: train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/long_$* $(LONG_REF_ARGS) --dtype $(call ref_dtype,_$*)
+# GPT with 5 layers: ZeRO-2's gradient buckets (two, alternating between layers) are reused within a backward pass
+DEEP_REF_ARGS := $(REF_ARGS) --L 5
+$(BUILD)/ref/deep_%_debug_state.bin: train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/deep_$* $(DEEP_REF_ARGS) --dtype $(call ref_dtype,_$*)
 # top-1 with a capacity factor that drops, dropless, top-2 every other layer
 MOE_REF_k1_cf0.5 := --topk 1 --moe-every 1 --cf 0.5
 MOE_REF_k1_dropless := --topk 1 --moe-every 1 --cf 0
@@ -137,7 +142,8 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_t1024_k1_fp32_debug_state.bin $(BUILD)/ref/moe_t1024_k1_seed2_bf16_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
-             $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin
+             $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \
+             $(BUILD)/ref/deep_fp32_debug_state.bin $(BUILD)/ref/deep_bf16_debug_state.bin
 
 # The CPU backend's own tests (cpu/test/), and the host utilities' test (dev/test/); both use dev/test/test_common.h
 BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \

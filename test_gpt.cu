@@ -65,6 +65,7 @@ struct GPT2Test {
     int flash_attention;  // -fa, as the trainer's (gpt2_set_attention)
     int ep_degree;
     const TestExtension* extension;
+    int offload;  // -oo, as the trainer's
 };
 
 static void read_reference_state(ReferenceState* r, const char* path, const GPT2* model, const TestExtension* x) {
@@ -191,6 +192,8 @@ static void build_test_model(GPT2* model, const GPT2Test* t, const MultiGpuConfi
     model->gelu_fusion = t->gelu_fusion;
     model->num_processes = mg->num_processes;
     model->process_rank = mg->process_rank;
+    model->zero_stage = t->zero_stage;
+    model->offload_optimizer = t->offload;
     if (t->extension) t->extension->attach(model, t, mg, degree);
     gpt2_build_from_checkpoint(model, t->path);
     if (!gpt2_set_attention(model, t->flash_attention, t->path)) exit(EXIT_FAILURE);
@@ -233,13 +236,28 @@ static float test_step(GPT2* model, const int* x, const int* y, int B, int T, in
     return multi_gpu_cpu_float_sum(loss, mg) / mg->num_processes;
 }
 
+// The reference's training steps on a fresh model with t's ZeRO stage and offload, from the stochastic-rounding
+// generator's state `rng_state`: their losses into `losses` (ref->nsteps)
+static void run_test_steps(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg,
+                           unsigned long long rng_state, float* losses, cudaStream_t stream) {
+    GPT2 model;
+    build_test_model(&model, t, mg, 1);
+    gpt2_allocate_activations(&model, ref->B, ref->T);
+    gpt2_allocate_optimizer(&model, t->zero_stage);
+    model.rng_state = rng_state;
+    for (int step = 0; step < ref->nsteps; step++)
+        losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, step, mg, t->zero_stage, stream);
+    free_test_model(&model);
+}
+
 // The test's main, shared with test_moe.cu (x: its extension, which adds its flags, its part of the model file and
 // debug state, and its checks). Under mpirun with P processes every process takes the reference batch, so the
 // gradient averaged over them is the reference's.
 static int test_main(int argc, char** argv, const TestExtension* x) {
     const char* name = x ? x->name : "test_gpt";
     if (argc < 2) {
-        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1]%s\n", argv[0], x ? x->usage_flags : "");
+        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-z 0|1|2] [-oo 0|1]%s\n", argv[0],
+                x ? x->usage_flags : "");
         return EXIT_FAILURE;
     }
     const char* prefix = argv[1];
@@ -249,6 +267,8 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         else if (!strcmp(argv[i], "-w")) t.master = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-ge")) t.gelu_fusion = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-fa")) t.flash_attention = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-z")) t.zero_stage = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-oo")) t.offload = atoi(argv[i + 1]);
 #ifdef ENABLE_CUDNN
         else if (!strcmp(argv[i], "-cd")) cudnn_attention_deterministic = atoi(argv[i + 1]);
 #endif
@@ -294,8 +314,17 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     char path[1024], state_path[1024];
     snprintf(path, sizeof(path), "%s_model.bin", prefix);
     t.path = path;
+    if (t.zero_stage < 0 || t.zero_stage > 2 || (x && t.zero_stage == 2) || t.offload < 0 || t.offload > 1) {
+        fprintf(stderr, "-z %d -oo %d: expected -z 0, 1 or 2 (0 or 1 with %s) and -oo 0 or 1\n", t.zero_stage, t.offload,
+                name);
+        return EXIT_FAILURE;
+    }
+    // the reference checks read the whole gradient: ZeRO-0, no offload (test_moe.cu's own checks take -z)
+    GPT2Test unsharded = t;
+    unsharded.zero_stage = 0;
+    unsharded.offload = 0;
     GPT2 model;
-    build_test_model(&model, &t, &mg, t.ep_degree);
+    build_test_model(&model, &unsharded, &mg, t.ep_degree);
     if (printing) printf("attention: %s\n", gpt2_attention_name(&model));
     ReferenceState ref;
     snprintf(state_path, sizeof(state_path), "%s_debug_state.bin", prefix);
@@ -323,6 +352,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
 
     // the reference's training steps on the same batch
     float* losses = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
+    unsigned long long steps_rng_state = model.rng_state;  // the stochastic-rounding seeds of these steps
     for (int step = 0; step < ref.nsteps; step++) {
         losses[step] = test_step(&model, ref.x, ref.y, B, T, step, &mg, 0, stream);
         if (printing) printf("     step %2d: loss %.6f (reference %.6f)\n", step, losses[step], ref.step_losses[step]);
@@ -335,6 +365,43 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     if (printing)
         printf("%s %-10s %d step losses, max rel err %.2e (tol %.0e)\n", steps_ok ? "OK  " : "FAIL", "steps",
                ref.nsteps, worst, tol_steps);
+
+    // -z / -oo: the steps with the gradient and optimizer state sharded (ZeRO-1/2) and the update offloaded.
+    // Every process has the reference batch, so each piece of the gradient is averaged in the same order at every
+    // stage; one micro-step leaves ZeRO-2's fp32 shard the exact value of the reduced floatX gradient; AdamW's noise
+    // is indexed within each tensor (llmc/adamw.cuh) and the host AdamW computes the device's bits. What differs is
+    // the global norm's order: ZeRO-1/2 sum squares per shard, then over processes. So -oo 1 at stage 0 gives -z 0's
+    // losses bit for bit, ZeRO-2 and offload give -z 1's bit for bit, and -z 1 gives the reference's within tol_steps.
+    if (!x && (t.zero_stage > 0 || t.offload)) {
+        float* sharded = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
+        float* staged = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
+        const float* baseline = losses;
+        if (t.zero_stage > 0) {
+            GPT2Test zero1 = t;
+            zero1.zero_stage = 1;
+            zero1.offload = 0;
+            run_test_steps(&zero1, &ref, &mg, steps_rng_state, sharded, stream);
+            double worst_sharded = 0.0;
+            for (int step = 0; step < ref.nsteps; step++)
+                worst_sharded = fmax(worst_sharded, fabs(sharded[step] - ref.step_losses[step]) /
+                                                         fabs(ref.step_losses[step]));
+            count_check(worst_sharded <= tol_steps);
+            if (printing)
+                printf("%s %-10s %d step losses with -z 1, max rel err %.2e (tol %.0e)\n",
+                       worst_sharded <= tol_steps ? "OK  " : "FAIL", "zero1", ref.nsteps, worst_sharded, tol_steps);
+            baseline = sharded;
+        }
+        if (t.zero_stage != 1 || t.offload) {
+            run_test_steps(&t, &ref, &mg, steps_rng_state, staged, stream);
+            int same = memcmp(staged, baseline, (size_t)ref.nsteps * sizeof(float)) == 0;
+            count_check(same);
+            if (printing)
+                printf("%s %-10s %d step losses with -z %d -oo %d, bit-identical to -z %d -oo 0's\n",
+                       same ? "OK  " : "FAIL", "staged", ref.nsteps, t.zero_stage, t.offload, t.zero_stage ? 1 : 0);
+        }
+        free(sharded);
+        free(staged);
+    }
 
     if (x) x->extra_checks(&t, &ref, &mg, tol_tensor, tol_steps, stream);
 

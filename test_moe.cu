@@ -100,7 +100,6 @@ static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value)
     else if (!strcmp(flag, "-rni")) s->importance_coef = (float)atof(value);
     else if (!strcmp(flag, "-rnl")) s->load_coef = (float)atof(value);
     else if (!strcmp(flag, "-ep")) t->ep_degree = atoi(value);
-    else if (!strcmp(flag, "-z")) t->zero_stage = atoi(value);
     else return 0;
     return 1;
 }

@@ -240,6 +240,7 @@ struct GPT2 {
     unsigned long long rng_state;  // host generator of stochastic-rounding seeds (identical on every process)
     int use_master_weights;
     int offload_optimizer;  // -oo 1: ZeRO-Offload (the optimizer state and AdamW on the host)
+    int zero_stage;         // set before building: ZeRO-2 allocates gradient buckets instead of a gradient buffer
     // activations
     ActivationTensors acts;
     void* acts_memory;
@@ -354,15 +355,43 @@ static LayerParameters gpt2_layer_parameters(const GPT2* model, const ParameterT
 // ----------------------------------------------------------------------------------------------------
 // Building the model: from a file or a descriptor
 
-// Before building a model the caller sets num_processes and process_rank (and an extension its process layout).
+// The groups of gradient slices that the backward pass completes together, and reduces over processes as it goes
+// (gpt2_reduce_layer, gpt2_reduce_rest): a layer's slices of the tensors stacked over all layers, of those stacked
+// over the dense MLP's layers, and the rest, complete only after the encoder's backward.
+static const int gpt2_every_layer_tensors[] = {PARAM_LN1W,     PARAM_LN1B,     PARAM_QKVW, PARAM_QKVB,
+                                               PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W, PARAM_LN2B};
+static const int gpt2_dense_tensors[] = {PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB};
+static const int gpt2_rest_tensors[] = {PARAM_WTE, PARAM_WPE, PARAM_LNFW, PARAM_LNFB};
+#define GPT2_EVERY_LAYER_TENSORS 8
+#define GPT2_DENSE_TENSORS 4
+#define GPT2_REST_TENSORS 4
+// ZeRO-2's buckets: layers alternate between buckets 0 and 1, so that one layer's gradients are computed while the
+// previous one's are reduced; bucket 2 holds the rest (wte's gradient is written first by the classifier, last by
+// the encoder).
+#define GPT2_REST_BUCKET 2
+static void gpt2_allocate_gradient_buckets(GPT2* model, const size_t* sizes) {
+    size_t L = model->config.num_layers, Ld = gpt2_dense_layers(model), layer = 0, rest = 0;
+    for (int j = 0; j < GPT2_EVERY_LAYER_TENSORS; j++) layer += sizes[gpt2_every_layer_tensors[j]] / L;
+    if (Ld > 0)
+        for (int j = 0; j < GPT2_DENSE_TENSORS; j++) layer += sizes[gpt2_dense_tensors[j]] / Ld;
+    for (int j = 0; j < GPT2_REST_TENSORS; j++) rest += sizes[gpt2_rest_tensors[j]];
+    for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&model->store, layer);
+    sharded_parameters_add_bucket(&model->store, rest);
+    memset(&model->grads, 0, sizeof(model->grads));  // no gradient buffer: gpt2_layer_gradients gives the pointers
+}
+
+// Before building a model the caller sets num_processes, process_rank and zero_stage (and an extension its process
+// layout).
 static void gpt2_allocate_parameters(GPT2* model) {
     size_t sizes[NUM_PARAMETER_TENSORS];
     int decays[NUM_PARAMETER_TENSORS];
     replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) decays[i] = gpt2_parameter_decay(model, i);
-    sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->num_processes);
+    sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->num_processes,
+                                model->zero_stage);
     point_parameters(&model->params, model->store.params_memory, sizes);
-    point_parameters(&model->grads, model->store.grads_memory, sizes);
+    if (model->zero_stage < 2) point_parameters(&model->grads, model->store.grads_memory, sizes);
+    else gpt2_allocate_gradient_buckets(model, sizes);
     if (model->mlp) model->mlp->allocate_parameters(model);
 }
 
@@ -912,6 +941,34 @@ static float gpt2_mean_loss(GPT2* model) {
 static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
 
+// Where the backward pass accumulates layer l's gradients: in the gradient buffer, or under ZeRO-2 in a bucket
+// (zeroed) that gpt2_reduce_layer then reduces (llmc/optimizer.cuh).
+static LayerParameters gpt2_layer_gradients(GPT2* model, int l, cudaStream_t stream) {
+    LayerParameters lg;
+    floatX* s[GPT2_EVERY_LAYER_TENSORS];
+    sharded_parameters_gradient_slices(&model->store, l % 2, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, l,
+                                       model->config.num_layers, s, stream);
+    lg.ln1w = s[0], lg.ln1b = s[1], lg.qkvw = s[2], lg.qkvb = s[3];
+    lg.attprojw = s[4], lg.attprojb = s[5], lg.ln2w = s[6], lg.ln2b = s[7];
+    lg.fcw = lg.fcb = lg.fcprojw = lg.fcprojb = NULL;
+    if (gpt2_is_dense_layer(model, l)) {
+        sharded_parameters_gradient_slices(&model->store, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
+                                           gpt2_dense_index(model, l), gpt2_dense_layers(model), s, stream);
+        lg.fcw = s[0], lg.fcb = s[1], lg.fcprojw = s[2], lg.fcprojb = s[3];
+    }
+    return lg;
+}
+// ... and the gradients of wte, wpe and the final LayerNorm (the other fields NULL)
+static ParameterTensors gpt2_rest_gradients(GPT2* model, cudaStream_t stream) {
+    ParameterTensors g;
+    memset(&g, 0, sizeof(g));
+    floatX* s[GPT2_REST_TENSORS];
+    sharded_parameters_gradient_slices(&model->store, GPT2_REST_BUCKET, gpt2_rest_tensors, GPT2_REST_TENSORS, -1,
+                                       model->config.num_layers, s, stream);
+    g.wte = s[0], g.wpe = s[1], g.lnfw = s[2], g.lnfb = s[3];
+    return g;
+}
+
 // Backward pass for the batch of the last gpt2_forward (which must have been given targets and a
 // dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with gpt2_zero_grad. With
 // `reduce` (the last micro-step of a step), each layer's gradients are averaged over the processes (ZeRO-0:
@@ -922,9 +979,10 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
     const GPT2Config* c = &model->config;
     int L = c->num_layers, C = c->channels, Vp = c->padded_vocab_size;
     ParameterTensors p = model->params;
-    ParameterTensors g = model->grads;
+    ParameterTensors g = gpt2_rest_gradients(model, stream);
     ActivationTensors a = model->acts;
     floatX* dresidual = a.dresidual;  // gradient of the residual stream, (B, T, C)
+    reduce = reduce || model->zero_stage == 2;  // ZeRO-2 reduces on every micro-step
     cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)B * T * C * sizeof(floatX), stream));
     // classifier: the logits' gradient is in a.output
     matmul_backward(a.dbtc, g.wte, nullptr, a.output, a.lnf, p.wte, a.scratch_f, B, T, C, Vp, stream);
@@ -933,7 +991,7 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
                        B, T, C, stream);
     for (int l = L - 1; l >= 0; l--) {
         LayerParameters lp = gpt2_layer_parameters(model, &p, l);
-        LayerParameters lg = gpt2_layer_parameters(model, &g, l);
+        LayerParameters lg = gpt2_layer_gradients(model, l, stream);
         LayerActivations la = gpt2_layer_activations(model, l, B, T);
         floatX* dbt4c = a.scratch_bt4c;
         if (model->recompute >= 2) layernorm_forward(la.ln2, nullptr, nullptr, la.residual2, lp.ln2w, lp.ln2b, B, T, C,
@@ -978,22 +1036,18 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
 // Gradient averaging over processes during the backward pass (llmc/optimizer.cuh does the rest of the step)
 
 static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    // stacked over all layers, and over the dense MLP's layers
-    static const int every_layer[] = {PARAM_LN1W,     PARAM_LN1B,     PARAM_QKVW, PARAM_QKVB,
-                                      PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W, PARAM_LN2B};
-    static const int dense[] = {PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB};
-    sharded_parameters_reduce_slices(&model->store, every_layer, 8, layer, model->config.num_layers, mg, zero_stage,
-                                     stream);
+    sharded_parameters_reduce_slices(&model->store, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, layer,
+                                     model->config.num_layers, mg, zero_stage, stream);
     if (gpt2_is_dense_layer(model, layer))
-        sharded_parameters_reduce_slices(&model->store, dense, 4, gpt2_dense_index(model, layer),
-                                         gpt2_dense_layers(model), mg, zero_stage, stream);
+        sharded_parameters_reduce_slices(&model->store, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
+                                         gpt2_dense_index(model, layer), gpt2_dense_layers(model), mg, zero_stage,
+                                         stream);
     else
         model->mlp->reduce_layer(model, layer, mg, zero_stage, stream);
 }
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    // complete only after the encoder's backward
-    static const int rest[] = {PARAM_WTE, PARAM_WPE, PARAM_LNFW, PARAM_LNFB};
-    sharded_parameters_reduce_slices(&model->store, rest, 4, -1, model->config.num_layers, mg, zero_stage, stream);
+    sharded_parameters_reduce_slices(&model->store, gpt2_rest_tensors, GPT2_REST_TENSORS, -1, model->config.num_layers,
+                                     mg, zero_stage, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1548,7 +1602,7 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     f[n++] = flag("-oo", FLAG_INT, &s->offload_optimizer,
                   "ZeRO-Offload: m, v and master weights in host memory, AdamW on the host CPU? 0/1 (default = 0)");
     f[n++] = flag("-z", FLAG_INT, &s->zero_stage,
-                  "ZeRO stage: 0 (all-reduce) or 1 (sharded optimizer state) (default = 0)");
+                  "ZeRO stage: 0 (all-reduce), 1 (sharded optimizer state), 2 (and sharded gradients) (default = 0)");
     f[n++] = flag("-r", FLAG_INT, &s->recompute, "recompute: 0 none, 1 GELU, 2 GELU and LayerNorms (default = 1)");
     f[n++] = flag("-ge", FLAG_INT, &s->gelu_fusion,
                   "GELU fusion into cuBLASLt epilogues: 0 off, 1 forward (only with -r 0: a recomputed GELU is\n"
@@ -1586,8 +1640,8 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
     if (s->B < 1) { fprintf(stderr, "-b %d: the micro-batch must be at least 1\n", s->B); return 0; }
     if (s->T < 1) { fprintf(stderr, "-t %d: the sequence length must be at least 1\n", s->T); return 0; }
     if (s->recompute < 0 || s->recompute > 2) { fprintf(stderr, "-r %d: expected 0, 1 or 2\n", s->recompute); return 0; }
-    if (s->zero_stage < 0 || s->zero_stage > 1) {
-        fprintf(stderr, "-z %d: expected 0 or 1 (ZeRO-2/3 are not implemented)\n", s->zero_stage);
+    if (s->zero_stage < 0 || s->zero_stage > 2) {
+        fprintf(stderr, "-z %d: expected 0, 1 or 2 (ZeRO-3 is not implemented)\n", s->zero_stage);
         return 0;
     }
     if (s->use_master_weights != 0 && s->use_master_weights != 1) {
@@ -1728,7 +1782,11 @@ static void print_startup_table(GPT2* model, const TrainerSettings* s, const cud
     if (model->mlp) model->mlp->info_rows(model, &t);
     info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", s->B, s->T, mg->num_processes, grad_accum_steps);
     info_row(&t, "memory: parameters", "%10.1f MiB", param_bytes / 1048576.0);
-    info_row(&t, "memory: gradients", "%10.1f MiB", param_bytes / 1048576.0);
+    size_t grad_bytes = sharded_parameters_gradient_bytes(&model->store) + (own ? sharded_parameters_gradient_bytes(own) : 0);
+    if (s->zero_stage == 2)
+        info_row(&t, "memory: gradients", "%10.1f MiB (3 buckets, fp32 ZeRO-2 shard)", grad_bytes / 1048576.0);
+    else
+        info_row(&t, "memory: gradients", "%10.1f MiB", grad_bytes / 1048576.0);
     if (s->offload_optimizer)
         info_row(&t, "memory: optimizer", "%10.1f MiB pinned host memory (m, v, master, ZeRO-%d shard; -oo 1)",
                  opt_bytes / 1048576.0, s->zero_stage);
@@ -1909,6 +1967,10 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
         return 0;
     }
     if (!trainer_check_settings(&s, flags, num_flags) || (mlp && !mlp->check_flags())) return EXIT_FAILURE;
+    if (mlp && s.zero_stage == 2) {  // its layers' router and expert gradients have no buckets yet
+        fprintf(stderr, "-z 2: %s supports ZeRO stages 0 and 1\n", mlp->trainer);
+        return EXIT_FAILURE;
+    }
 
     int device_count = 0;
     cudaError_t device_error = cudaGetDeviceCount(&device_count);
@@ -1935,6 +1997,7 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     gpt2_init_common(&model);
     model.use_master_weights = s.use_master_weights;
     model.offload_optimizer = s.offload_optimizer;
+    model.zero_stage = s.zero_stage;
     model.recompute = s.recompute;
     model.gelu_fusion = s.gelu_fusion;
     model.num_processes = mg.num_processes;

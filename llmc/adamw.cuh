@@ -28,19 +28,27 @@ __device__ inline float adamw_element(float param, float grad, float* m, float* 
 
 // One thread per 16-byte chunk of params (x128::size elements): one x128 load/store of params and grads, and
 // x128::size / 4 f128 loads/stores of each fp32 array. The last chunk, when n is not a multiple of the chunk,
-// goes element by element. The rounding noise of element i is random_u32(seed, i), whatever the launch shape.
+// goes element by element. The rounding noise of element i is random_u32(seed, first_index + i), whatever the launch
+// shape (a caller updating a piece of a tensor passes the piece's offset in it, so that ZeRO shards round as one
+// update of the whole tensor would).
 // Floor: per element, with master weights: reads grad (X) + m, v, master (12), writes param (X) + m, v,
 // master (12): 2X + 24 bytes; without: reads grad, param (2X) + m, v (8), writes param (X) + m, v (8): 3X + 16
 // bytes (X = sizeof(floatX)). ~15 flops per element: memory-bound.
-__global__ void adamw_kernel(floatX* params, float* master_params, const floatX* grads, float* m, float* v, size_t n,
+// GradT: floatX (the gradient buffer) or float (ZeRO-2's fp32 gradient shard, read as x128::size / f128::size loads).
+template <typename GradT>
+__global__ void adamw_kernel(floatX* params, float* master_params, const GradT* grads, float* m, float* v, size_t n,
                              float learning_rate, float beta1, float beta2, float beta1_correction_inverse,
                              float beta2_correction_inverse, float eps, float weight_decay, float grad_scale,
-                             unsigned int seed) {
+                             unsigned int seed, unsigned int first_index) {
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) return;
     if (i + x128::size <= n) {
         float old_params[x128::size], new_params[x128::size], first[x128::size], second[x128::size];
-        x128 packed_grads = load128cs(grads + i);
+        float chunk_grads[x128::size];
+        for (int k = 0; k < x128::size; k += Packed128<GradT>::size) {
+            Packed128<GradT> packed_grads = load128cs(grads + i + k);
+            for (int j = 0; j < Packed128<GradT>::size; j++) chunk_grads[k + j] = (float)packed_grads[j];
+        }
         x128 packed_params = master_params == nullptr ? load128(params + i) : x128::zeros();
         for (int k = 0; k < x128::size; k += f128::size) {
             f128 packed_m = load128cs(m + i + k);
@@ -53,12 +61,12 @@ __global__ void adamw_kernel(floatX* params, float* master_params, const floatX*
             }
         }
         for (int k = 0; k < x128::size; k++)
-            new_params[k] = adamw_element(old_params[k], __fmul_rn(grad_scale, (float)packed_grads[k]), &first[k],
+            new_params[k] = adamw_element(old_params[k], __fmul_rn(grad_scale, chunk_grads[k]), &first[k],
                                           &second[k], learning_rate, beta1, beta2, beta1_correction_inverse,
                                           beta2_correction_inverse, eps, weight_decay);
         x128 rounded;
         for (int k = 0; k < x128::size; k++)
-            stochastic_rounding(new_params[k], &rounded[k], random_u32(seed, (unsigned int)(i + k)));
+            stochastic_rounding(new_params[k], &rounded[k], random_u32(seed, first_index + (unsigned int)(i + k)));
         store128(params + i, rounded);
         for (int k = 0; k < x128::size; k += f128::size) {
             f128 packed_m, packed_v, packed_master;
@@ -77,16 +85,18 @@ __global__ void adamw_kernel(floatX* params, float* master_params, const floatX*
             const float new_param = adamw_element(old_param, __fmul_rn(grad_scale, (float)grads[e]), &m[e], &v[e],
                                                   learning_rate, beta1, beta2, beta1_correction_inverse,
                                                   beta2_correction_inverse, eps, weight_decay);
-            stochastic_rounding(new_param, &params[e], random_u32(seed, (unsigned int)e));
+            stochastic_rounding(new_param, &params[e], random_u32(seed, first_index + (unsigned int)e));
             if (master_params != nullptr) master_params[e] = new_param;
         }
     }
 }
 
 // beta1_correction = 1 - beta1^t and beta2_correction = 1 - beta2^t; the kernel multiplies by their reciprocals.
-void adamw_update(floatX* params, float* master_params, const floatX* grads, float* m, float* v, size_t num_parameters,
+template <typename GradT>
+void adamw_update(floatX* params, float* master_params, const GradT* grads, float* m, float* v, size_t num_parameters,
                   float learning_rate, float beta1, float beta2, float beta1_correction, float beta2_correction,
-                  float eps, float weight_decay, float grad_scale, unsigned int seed, cudaStream_t stream) {
+                  float eps, float weight_decay, float grad_scale, unsigned int seed, cudaStream_t stream,
+                  unsigned int first_index = 0) {
     if ((uintptr_t)params % 16 || (uintptr_t)master_params % 16 || (uintptr_t)grads % 16 || (uintptr_t)m % 16 ||
         (uintptr_t)v % 16) {
         fprintf(stderr, "adamw_update: params, master_params, grads, m and v must be 16-byte aligned\n");
@@ -95,9 +105,9 @@ void adamw_update(floatX* params, float* master_params, const floatX* grads, flo
     if (num_parameters == 0) return;
     const int block_size = 512;
     const size_t chunks = CEIL_DIV(num_parameters, (size_t)x128::size);
-    adamw_kernel<<<(unsigned int)CEIL_DIV(chunks, (size_t)block_size), block_size, 0, stream>>>(
+    adamw_kernel<GradT><<<(unsigned int)CEIL_DIV(chunks, (size_t)block_size), block_size, 0, stream>>>(
         params, master_params, grads, m, v, num_parameters, learning_rate, beta1, beta2, 1.0f / beta1_correction,
-        1.0f / beta2_correction, eps, weight_decay, grad_scale, seed);
+        1.0f / beta2_correction, eps, weight_decay, grad_scale, seed, first_index);
     cudaCheck(cudaGetLastError());
 }
 

@@ -3,8 +3,8 @@
 // written in the working precision (floatX) into a host buffer that the trainer copies back to the device.
 // Bit for bit what adamw_update with master weights computes from the same inputs, so that -oo 1 trains as -oo 0 does:
 // the same IEEE fp32 operations in the same order (adamw_element), the same bias-correction reciprocals, the same
-// stochastic rounding with the noise random_u32(seed, i) (i counted from the start of the call, as the kernel counts
-// it), and subnormals flushed exactly when the device build flushes them (adamw_device_flushes_subnormals()).
+// stochastic rounding with the noise random_u32(seed, first_index + i) (i counted from the start of the call, as the
+// kernel counts it), and subnormals flushed exactly when the device build flushes them (adamw_device_flushes_subnormals()).
 // Gradients are fp32: the floatX gradient widened on the device (exact) before its copy, as ZeRO-Offload moves them.
 // OpenMP threads over the parameters, each a vectorised (#pragma omp simd) loop. Floor: 28 + sizeof(floatX) bytes per
 // parameter (grad, master, m, v read; master, m, v, param written), ~20 flops and, in bf16, a 32-bit hash.
@@ -58,7 +58,8 @@ static inline floatX adamw_host_round(float value, unsigned int noise) {
 static inline __attribute__((always_inline)) void adamw_host_range(
     floatX* params, float* master_params, const float* grads, float* m, float* v, size_t num_parameters,
     float learning_rate, float beta1, float beta2, float beta1_correction_inverse, float beta2_correction_inverse,
-    float eps, float weight_decay, float grad_scale, unsigned int seed, int flush_subnormals) {
+    float eps, float weight_decay, float grad_scale, unsigned int seed, unsigned int first_noise_index,
+    int flush_subnormals) {
 #if defined(__SSE__)
     const unsigned int saved_csr = _mm_getcsr();
     if (flush_subnormals) _mm_setcsr(saved_csr | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
@@ -69,7 +70,7 @@ static inline __attribute__((always_inline)) void adamw_host_range(
     const size_t piece = (size_t)1 << 30;
     for (size_t base = 0; base < num_parameters; base += piece) {
         const unsigned int count = (unsigned int)(num_parameters - base < piece ? num_parameters - base : piece);
-        const unsigned int first_index = (unsigned int)base;  // the kernel's index, modulo 2^32 as it wraps
+        const unsigned int first_index = first_noise_index + (unsigned int)base;  // the kernel's, modulo 2^32
 #pragma omp for simd schedule(static)
         for (unsigned int j = 0; j < count; j++) {
 #if defined(__clang__)
@@ -106,10 +107,10 @@ static inline __attribute__((always_inline)) void adamw_host_range(
 void adamw_host_update_baseline(floatX* params, float* master_params, const float* grads, float* m, float* v, size_t n,
                                 float learning_rate, float beta1, float beta2, float beta1_inverse, float beta2_inverse,
                                 float eps, float weight_decay, float grad_scale, unsigned int seed,
-                                int flush_subnormals) {
+                                int flush_subnormals, unsigned int first_index = 0) {
 #pragma omp parallel
     adamw_host_range(params, master_params, grads, m, v, n, learning_rate, beta1, beta2, beta1_inverse, beta2_inverse,
-                     eps, weight_decay, grad_scale, seed, flush_subnormals);
+                     eps, weight_decay, grad_scale, seed, first_index, flush_subnormals);
 }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ADAMW_HOST_AVX2 1
@@ -118,10 +119,10 @@ __attribute__((target("avx2"))) void adamw_host_update_avx2(floatX* params, floa
                                                              float beta1, float beta2, float beta1_inverse,
                                                              float beta2_inverse, float eps, float weight_decay,
                                                              float grad_scale, unsigned int seed,
-                                                             int flush_subnormals) {
+                                                             int flush_subnormals, unsigned int first_index = 0) {
 #pragma omp parallel
     adamw_host_range(params, master_params, grads, m, v, n, learning_rate, beta1, beta2, beta1_inverse, beta2_inverse,
-                     eps, weight_decay, grad_scale, seed, flush_subnormals);
+                     eps, weight_decay, grad_scale, seed, first_index, flush_subnormals);
 }
 #else
 #define ADAMW_HOST_AVX2 0
@@ -136,7 +137,7 @@ __attribute__((target("avx2"))) void adamw_host_update_avx2(floatX* params, floa
 void adamw_host_update(floatX* params, float* master_params, const float* grads, float* m, float* v,
                        size_t num_parameters, float learning_rate, float beta1, float beta2, float beta1_correction,
                        float beta2_correction, float eps, float weight_decay, float grad_scale, unsigned int seed,
-                       int flush_subnormals) {
+                       int flush_subnormals, unsigned int first_index = 0) {
     if (num_parameters == 0) return;
     if (params == NULL || master_params == NULL || grads == NULL || m == NULL || v == NULL) {
         fprintf(stderr, "adamw_host_update: params, master_params, grads, m and v must all be given\n");
@@ -156,11 +157,11 @@ void adamw_host_update(floatX* params, float* master_params, const float* grads,
     if (__builtin_cpu_supports("avx2")) {
         adamw_host_update_avx2(params, master_params, grads, m, v, num_parameters, learning_rate, beta1, beta2,
                                beta1_correction_inverse, beta2_correction_inverse, eps, weight_decay, grad_scale, seed,
-                               flush_subnormals);
+                               flush_subnormals, first_index);
         return;
     }
 #endif
     adamw_host_update_baseline(params, master_params, grads, m, v, num_parameters, learning_rate, beta1, beta2,
                                beta1_correction_inverse, beta2_correction_inverse, eps, weight_decay, grad_scale, seed,
-                               flush_subnormals);
+                               flush_subnormals, first_index);
 }

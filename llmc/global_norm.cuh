@@ -22,21 +22,29 @@ size_t global_norm_num_partials(size_t count) {
 }
 
 // partials[p] = sum of squares of segment p; the count % x128::size elements past the last whole chunk go
-// to block 0. Floor: count * sizeof(floatX) bytes read once, 2 flops per element.
-__global__ void global_norm_squared_kernel(float* partials, const floatX* values, size_t count) {
+// to block 0. Floor: count * sizeof(T) bytes read once, 2 flops per element.
+// T = floatX (the gradient buffer) or float (ZeRO-2's fp32 gradient shard). A chunk is x128::size elements for
+// both (one 16-byte load of floatX, x128::size / f128::size loads of float), so equal values give the same
+// partials, summed in the same order, whatever their type.
+template <typename T>
+__global__ void global_norm_squared_kernel(float* partials, const T* values, size_t count) {
+    constexpr int loads = x128::size / Packed128<T>::size;  // 16-byte loads per chunk
     const size_t chunks = count / x128::size;
     const size_t tile_chunks = (size_t)GLOBAL_NORM_BLOCK_SIZE * GLOBAL_NORM_CHUNKS_PER_THREAD;
     const size_t tiles = CEIL_DIV(chunks, tile_chunks);
     const size_t tiles_per_block = CEIL_DIV(tiles, (size_t)gridDim.x);
     float sum = 0.0f;
     for (size_t t = blockIdx.x * tiles_per_block; t < (blockIdx.x + 1) * tiles_per_block && t < tiles; t++) {
-        x128 packed[GLOBAL_NORM_CHUNKS_PER_THREAD];
+        Packed128<T> packed[GLOBAL_NORM_CHUNKS_PER_THREAD][loads];
         for (int k = 0; k < GLOBAL_NORM_CHUNKS_PER_THREAD; k++) {
             size_t c = t * tile_chunks + (size_t)threadIdx.x * GLOBAL_NORM_CHUNKS_PER_THREAD + k;
-            packed[k] = c < chunks ? load128(values + c * x128::size) : x128::zeros();
+            for (int j = 0; j < loads; j++)
+                packed[k][j] = c < chunks ? load128(values + c * x128::size + j * Packed128<T>::size)
+                                          : Packed128<T>::zeros();
         }
         for (int k = 0; k < GLOBAL_NORM_CHUNKS_PER_THREAD; k++)
-            for (int e = 0; e < x128::size; e++) sum += (float)packed[k][e] * (float)packed[k][e];
+            for (int j = 0; j < loads; j++)
+                for (int e = 0; e < Packed128<T>::size; e++) sum += (float)packed[k][j][e] * (float)packed[k][j][e];
     }
     if (blockIdx.x == 0 && threadIdx.x < count % x128::size) {
         const float value = (float)values[chunks * x128::size + threadIdx.x];
@@ -55,12 +63,13 @@ __global__ void global_norm_aggregate_kernel(float* out, const float* partials, 
 }
 
 // partials: global_norm_num_partials(count) floats
-void global_norm_squared(float* partials, const floatX* values, size_t count, cudaStream_t stream) {
+template <typename T>
+void global_norm_squared(float* partials, const T* values, size_t count, cudaStream_t stream) {
     if ((uintptr_t)values % 16 != 0) {
         fprintf(stderr, "global_norm_squared: values must be 16-byte aligned\n");
         exit(EXIT_FAILURE);
     }
-    global_norm_squared_kernel<<<GLOBAL_NORM_PARTIALS, GLOBAL_NORM_BLOCK_SIZE, 0, stream>>>(partials, values, count);
+    global_norm_squared_kernel<T><<<GLOBAL_NORM_PARTIALS, GLOBAL_NORM_BLOCK_SIZE, 0, stream>>>(partials, values, count);
     cudaCheck(cudaGetLastError());
 }
 

@@ -1,12 +1,14 @@
 // llmc/optimizer.cuh: a set of trainable parameters as one flat floatX buffer of named tensors, with their
-// gradients and the AdamW state, sharded for ZeRO-1 over the processes that hold the same parameters — the part
+// gradients and the AdamW state, sharded for ZeRO-1/2 over the processes that hold the same parameters — the part
 // of training that does not depend on the model. The trainers (train_gpt.cu, train_moe.cu) describe their
 // tensors (sizes in buffer order, weight decay or not), point their own structs into `params_memory` /
 // `grads_memory`, and call:
 //   sharded_parameters_allocate      parameters and gradients (padded so that every shard is equal)
 //   sharded_parameters_allocate_optimizer   m, v and fp32 master weights for this process's shard (on the device, or
 //                                    with ZeRO-Offload in pinned host memory, where AdamW then runs: llmc/adamw_host.h)
+//   sharded_parameters_add_bucket    ZeRO-2: a reusable gradient bucket (the trainer sizes them for its slice groups)
 //   sharded_parameters_zero_grad     before the first micro-step of a step
+//   sharded_parameters_gradient_slices      where the backward pass accumulates a group of slices' gradients
 //   sharded_parameters_reduce_slices        average a set of slices over processes during the backward pass
 //   sharded_parameters_norm_squared  wait for that; the squared norm of the (still loss-scaled) gradient
 //   sharded_parameters_apply_update  clip, undo the loss scale, AdamW, all-gather (ZeRO-1)
@@ -27,6 +29,22 @@
 #include "utils.h"
 
 #define MAX_PARAMETER_TENSORS 64
+#define MAX_GRADIENT_BUCKETS 4
+#define MAX_BUCKET_SLICES 32
+
+// ZeRO-2's reusable gradient buffer: the slices of one step of the backward pass (e.g. one layer's) accumulate in it
+// on the compute stream, are reduced on the NCCL stream, and are added to the fp32 gradient shard there; `reduced`
+// marks the end of that, after which the bucket takes the next group.
+typedef struct {
+    floatX* memory;
+    size_t capacity, used;  // elements
+    int num_slices, num_reduced;
+    size_t slice_begin[MAX_BUCKET_SLICES];   // in the flat buffer
+    size_t slice_size[MAX_BUCKET_SLICES];
+    size_t slice_offset[MAX_BUCKET_SLICES];  // in the bucket
+    cudaEvent_t reduced;
+    int reduced_recorded;
+} GradientBucket;
 
 typedef struct {
     float learning_rate, beta1, beta2, eps, weight_decay, grad_clip;
@@ -39,7 +57,13 @@ typedef struct {
     size_t num_parameters;                // real parameters
     size_t num_parameters_padded;         // rounded up so that ZeRO shards are equal and 16-byte aligned
     floatX* params_memory;
-    floatX* grads_memory;
+    floatX* grads_memory;  // NULL under ZeRO-2
+    // ZeRO-2: the backward pass writes into buckets; this process keeps only shard_grads, the fp32 sum over the
+    // step's micro-steps of its shard's reduced gradients (allocated with the optimizer state)
+    int zero_stage;
+    GradientBucket buckets[MAX_GRADIENT_BUCKETS];
+    int num_buckets;
+    float* shard_grads;
     // optimizer state for [shard_offset, shard_offset + shard_size) of the flat buffer (all of it without ZeRO)
     size_t shard_offset, shard_size;
     float* m_memory;
@@ -92,8 +116,9 @@ static unsigned int optimizer_next_seed(unsigned long long* state) {
     return (unsigned int)((*state * 0x2545F4914F6CDD1Dull) >> 32);
 }
 
+// zero_stage 2: no gradient buffer (the trainer adds buckets)
 static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, const size_t* sizes, const int* decays,
-                                        int num_processes) {
+                                        int num_processes, int zero_stage) {
     if (num_tensors > MAX_PARAMETER_TENSORS) {
         fprintf(stderr, "sharded_parameters_allocate: %d tensors, at most %d\n", num_tensors, MAX_PARAMETER_TENSORS);
         exit(EXIT_FAILURE);
@@ -107,14 +132,31 @@ static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, c
     }
     size_t quantum = (size_t)num_processes * 8;
     p->num_parameters_padded = CEIL_DIV(p->num_parameters, quantum) * quantum;
+    p->zero_stage = zero_stage;
     cudaCheck(cudaMalloc((void**)&p->params_memory, p->num_parameters_padded * sizeof(floatX)));
-    cudaCheck(cudaMalloc((void**)&p->grads_memory, p->num_parameters_padded * sizeof(floatX)));
     cudaCheck(cudaMemset(p->params_memory, 0, p->num_parameters_padded * sizeof(floatX)));
-    cudaCheck(cudaMemset(p->grads_memory, 0, p->num_parameters_padded * sizeof(floatX)));
+    if (zero_stage < 2) {
+        cudaCheck(cudaMalloc((void**)&p->grads_memory, p->num_parameters_padded * sizeof(floatX)));
+        cudaCheck(cudaMemset(p->grads_memory, 0, p->num_parameters_padded * sizeof(floatX)));
+    }
     size_t partials = global_norm_num_partials(p->num_parameters_padded);
     cudaCheck(cudaMalloc((void**)&p->norm_partials, partials * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&p->norm_result, sizeof(float)));
     p->grad_multiplier = 1.0f;
+}
+
+// ZeRO-2: a bucket of `capacity` elements; returns its number
+static int sharded_parameters_add_bucket(ShardedParameters* p, size_t capacity) {
+    if (p->num_buckets == MAX_GRADIENT_BUCKETS) {
+        fprintf(stderr, "sharded_parameters_add_bucket: at most %d buckets\n", MAX_GRADIENT_BUCKETS);
+        exit(EXIT_FAILURE);
+    }
+    GradientBucket* b = &p->buckets[p->num_buckets];
+    memset(b, 0, sizeof(*b));
+    b->capacity = capacity;
+    cudaCheck(cudaMalloc((void**)&b->memory, (capacity > 0 ? capacity : 1) * sizeof(floatX)));
+    cudaCheck(cudaEventCreateWithFlags(&b->reduced, cudaEventDisableTiming));
+    return p->num_buckets++;
 }
 
 // m, v (and fp32 master weights when use_master_weights and the parameters are not fp32 already) for
@@ -128,6 +170,10 @@ static void sharded_parameters_allocate_optimizer(ShardedParameters* p, int use_
     p->shard_offset = zero_stage >= 1 ? (size_t)process_rank * p->shard_size : 0;
     p->has_master = use_master_weights && PRECISION_MODE != PRECISION_FP32;
     p->offload = offload;
+    if (zero_stage == 2) {
+        cudaCheck(cudaMalloc((void**)&p->shard_grads, p->shard_size * sizeof(float)));
+        cudaCheck(cudaMemset(p->shard_grads, 0, p->shard_size * sizeof(float)));
+    }
     if (offload) {
         cudaCheck(cudaMallocHost((void**)&p->m_memory, p->shard_size * sizeof(float)));
         cudaCheck(cudaMallocHost((void**)&p->v_memory, p->shard_size * sizeof(float)));
@@ -156,6 +202,11 @@ static void sharded_parameters_allocate_optimizer(ShardedParameters* p, int use_
 static void sharded_parameters_free(ShardedParameters* p) {
     cudaCheck(cudaFree(p->params_memory));
     cudaCheck(cudaFree(p->grads_memory));
+    cudaCheck(cudaFree(p->shard_grads));
+    for (int i = 0; i < p->num_buckets; i++) {
+        cudaCheck(cudaFree(p->buckets[i].memory));
+        cudaCheck(cudaEventDestroy(p->buckets[i].reduced));
+    }
     if (p->offload) {
         cudaCheck(cudaFreeHost(p->m_memory));
         cudaCheck(cudaFreeHost(p->v_memory));
@@ -171,6 +222,14 @@ static void sharded_parameters_free(ShardedParameters* p) {
     cudaCheck(cudaFree(p->norm_result));
 }
 
+// device memory for gradients: the buffer, or ZeRO-2's buckets and fp32 shard (once the optimizer is allocated)
+static size_t sharded_parameters_gradient_bytes(const ShardedParameters* p) {
+    if (p->zero_stage < 2) return p->num_parameters_padded * sizeof(floatX);
+    size_t bytes = p->shard_size * sizeof(float);
+    for (int i = 0; i < p->num_buckets; i++) bytes += p->buckets[i].capacity * sizeof(floatX);
+    return bytes;
+}
+
 static size_t sharded_parameters_offset(const ShardedParameters* p, int tensor) {
     size_t offset = 0;
     for (int i = 0; i < tensor; i++) offset += p->sizes[i];
@@ -178,7 +237,109 @@ static size_t sharded_parameters_offset(const ShardedParameters* p, int tensor) 
 }
 
 static void sharded_parameters_zero_grad(ShardedParameters* p, cudaStream_t stream) {
-    cudaCheck(cudaMemsetAsync(p->grads_memory, 0, p->num_parameters_padded * sizeof(floatX), stream));
+    if (p->zero_stage == 2)
+        cudaCheck(cudaMemsetAsync(p->shard_grads, 0, p->shard_size * sizeof(float), stream));
+    else
+        cudaCheck(cudaMemsetAsync(p->grads_memory, 0, p->num_parameters_padded * sizeof(floatX), stream));
+}
+
+// where slice `layer` of tensor i begins in the flat buffer, and its size (layer < 0: the whole tensor)
+static size_t sharded_parameters_slice(const ShardedParameters* p, int i, int layer, int num_layers, size_t* size) {
+    *size = layer >= 0 ? p->sizes[i] / num_layers : p->sizes[i];
+    return sharded_parameters_offset(p, i) + (layer >= 0 ? (size_t)layer * *size : 0);
+}
+
+// Where the backward pass accumulates (+=) the gradients of slice `layer` of each listed tensor (as
+// sharded_parameters_reduce_slices takes them): slices[j] for tensors[j]. Without ZeRO-2, their places in the gradient
+// buffer (zeroed once per step). With ZeRO-2, the next free space in `bucket`, zeroed on `stream`; an empty bucket
+// first waits for the reduction of what it held before. The slices stay there until reduce_slices has reduced them,
+// which ZeRO-2 does on every micro-step.
+static void sharded_parameters_gradient_slices(ShardedParameters* p, int bucket, const int* tensors, int count,
+                                               int layer, int num_layers, floatX** slices, cudaStream_t stream) {
+    if (p->zero_stage < 2) {
+        for (int j = 0; j < count; j++) {
+            size_t n;
+            slices[j] = p->grads_memory + sharded_parameters_slice(p, tensors[j], layer, num_layers, &n);
+        }
+        return;
+    }
+    GradientBucket* b = &p->buckets[bucket];
+    if (b->num_slices == 0 && b->reduced_recorded) cudaCheck(cudaStreamWaitEvent(stream, b->reduced, 0));
+    size_t first = b->used;
+    for (int j = 0; j < count; j++) {
+        size_t n, begin = sharded_parameters_slice(p, tensors[j], layer, num_layers, &n);
+        if (b->num_slices == MAX_BUCKET_SLICES || b->used + n > b->capacity) {
+            fprintf(stderr, "sharded_parameters_gradient_slices: bucket %d (%zu elements, %d slices) is too small\n",
+                    bucket, b->capacity, MAX_BUCKET_SLICES);
+            exit(EXIT_FAILURE);
+        }
+        slices[j] = b->memory + b->used;
+        if (n == 0) continue;  // a tensor this model does not have
+        b->slice_begin[b->num_slices] = begin;
+        b->slice_size[b->num_slices] = n;
+        b->slice_offset[b->num_slices] = b->used;
+        b->num_slices++;
+        b->used += n;
+    }
+    if (b->used > first) cudaCheck(cudaMemsetAsync(b->memory + first, 0, (b->used - first) * sizeof(floatX), stream));
+}
+
+// ZeRO-2: shard[i] += bucket[i] (fp32 sums of the micro-steps' reduced gradients). Element by element, since a
+// slice's piece of a shard has no alignment. Floor: n * (sizeof(floatX) + 8) bytes, one flop per element.
+__global__ void gradient_shard_accumulate_kernel(float* shard, const floatX* bucket, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) shard[i] += (float)bucket[i];
+}
+
+// ZeRO-2's reduction of the listed slices, which sharded_parameters_gradient_slices put into a bucket: each piece of
+// a slice is averaged into the bucket of the process whose shard holds it, which adds it to its shard_grads. All on
+// the NCCL stream; once a bucket's slices are all reduced, the bucket is free for the next group.
+static void sharded_parameters_reduce_bucket(ShardedParameters* p, const int* tensors, int count, int layer,
+                                             int num_layers, const MultiGpuConfig* mg) {
+    for (int j = 0; j < count; j++) {
+        size_t n, begin = sharded_parameters_slice(p, tensors[j], layer, num_layers, &n);
+        if (n == 0) continue;
+        // slices are reduced in the order they were put into their bucket: it is the next one of one of them
+        GradientBucket* b = NULL;
+        for (int k = 0; k < p->num_buckets && !b; k++) {
+            GradientBucket* c = &p->buckets[k];
+            if (c->num_reduced < c->num_slices && c->slice_begin[c->num_reduced] == begin) b = c;
+        }
+        if (!b) {
+            fprintf(stderr, "sharded_parameters_reduce_slices: tensor %d slice %d is not the next in any bucket\n",
+                    tensors[j], layer);
+            exit(EXIT_FAILURE);
+        }
+        const int s = b->num_reduced;
+        floatX* slice = b->memory + b->slice_offset[s];
+        if (mg->num_processes > 1) {
+            ncclCheck(ncclGroupStart());
+            for (int r = 0; r < mg->num_processes; r++) {
+                size_t shard_begin = (size_t)r * p->shard_size, shard_end = shard_begin + p->shard_size;
+                size_t a = begin > shard_begin ? begin : shard_begin;
+                size_t e = begin + n < shard_end ? begin + n : shard_end;
+                if (a < e)
+                    ncclCheck(ncclReduce(slice + (a - begin), slice + (a - begin), e - a, nccl_floatX(), ncclAvg, r,
+                                         mg->nccl_comm, mg->nccl_stream));
+            }
+            ncclCheck(ncclGroupEnd());
+        }
+        size_t a = begin > p->shard_offset ? begin : p->shard_offset;
+        size_t e = begin + n < p->shard_offset + p->shard_size ? begin + n : p->shard_offset + p->shard_size;
+        if (a < e) {
+            const int block_size = 256;
+            gradient_shard_accumulate_kernel<<<(unsigned int)CEIL_DIV(e - a, (size_t)block_size), block_size, 0,
+                                               mg->nccl_stream>>>(p->shard_grads + (a - p->shard_offset),
+                                                                  slice + (a - begin), e - a);
+            cudaCheck(cudaGetLastError());
+        }
+        if (++b->num_reduced == b->num_slices) {
+            cudaCheck(cudaEventRecord(b->reduced, mg->nccl_stream));
+            b->reduced_recorded = 1;
+            b->num_slices = b->num_reduced = 0;
+            b->used = 0;
+        }
+    }
 }
 
 // The NCCL calls of sharded_parameters_reduce_slices, on the NCCL stream in one group
@@ -216,13 +377,19 @@ static void sharded_parameters_reduce_group(ShardedParameters* p, const int* ten
 // reduce-scatter of the whole buffer, done slice by slice), so each process ends with the average of its shard.
 // The trainer must cover every tensor exactly once per step (on the last micro-step). With ZeRO-Offload, this
 // process's part of each reduced slice then goes to the host on the same stream, behind its reduction and beside
-// the backward pass (one process too), so that the update finds the gradient shard there.
+// the backward pass (one process too), so that the update finds the gradient shard there. ZeRO-2 does this on every
+// micro-step, from the bucket the slices were put into (sharded_parameters_reduce_bucket): the micro-steps' reduced
+// gradients are summed in fp32 in shard_grads, and offload copies that sum at the update.
 static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* tensors, int count, int layer,
                                              int num_layers, const MultiGpuConfig* mg, int zero_stage,
                                              cudaStream_t stream) {
-    if (mg->num_processes == 1 && !p->offload) return;
+    if (mg->num_processes == 1 && !p->offload && p->zero_stage < 2) return;
     cudaCheck(cudaEventRecord(mg->compute_done, stream));
     cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
+    if (p->zero_stage == 2) {
+        sharded_parameters_reduce_bucket(p, tensors, count, layer, num_layers, mg);
+        return;
+    }
     if (mg->num_processes > 1) sharded_parameters_reduce_group(p, tensors, count, layer, num_layers, mg, zero_stage);
     if (!p->offload) return;
     for (int j = 0; j < count; j++) {
@@ -243,14 +410,17 @@ static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* te
 // last tensor is never reduced: it stays zero everywhere.
 static float sharded_parameters_norm_squared(ShardedParameters* p, const MultiGpuConfig* mg, int zero_stage,
                                              cudaStream_t stream) {
-    if (mg->num_processes > 1 || p->offload) {
+    if (mg->num_processes > 1 || p->offload || p->zero_stage == 2) {
         cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
         cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
     }
     // with ZeRO-1 each process holds the reduced gradient of its shard only: the squares are summed over processes
     size_t offset = zero_stage >= 1 ? p->shard_offset : 0;
     size_t count = zero_stage >= 1 ? p->shard_size : p->num_parameters_padded;
-    global_norm_squared(p->norm_partials, p->grads_memory + offset, count, stream);
+    if (p->zero_stage == 2)  // the same sums of squares as the floatX shard's (llmc/global_norm.cuh)
+        global_norm_squared(p->norm_partials, p->shard_grads, count, stream);
+    else
+        global_norm_squared(p->norm_partials, p->grads_memory + offset, count, stream);
     global_norm_aggregate(p->norm_result, p->norm_partials, global_norm_num_partials(count), false, stream);
     float norm2;
     cudaCheck(cudaMemcpyAsync(&norm2, p->norm_result, sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -276,7 +446,12 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
     float beta1_correction = 1.0f - powf(opt->beta1, (float)t);
     float beta2_correction = 1.0f - powf(opt->beta2, (float)t);
     size_t shard_begin = p->shard_offset, shard_end = p->shard_offset + p->shard_size;
-    if (p->offload) {
+    if (p->offload && p->zero_stage == 2) {
+        // the fp32 gradient shard (sharded_parameters_norm_squared made this stream wait for its last additions)
+        cudaCheck(cudaMemcpyAsync(p->host_grads, p->shard_grads, p->shard_size * sizeof(float), cudaMemcpyDeviceToHost,
+                                  stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+    } else if (p->offload) {
         // the reduced gradient shard, copied to the host during the backward pass (sharded_parameters_reduce_slices;
         // sharded_parameters_norm_squared made this stream wait for those copies), widened to fp32 (exact)
         cudaCheck(cudaStreamSynchronize(stream));
@@ -288,6 +463,8 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
         size_t tensor_end = tensor_begin + p->sizes[i];
         size_t begin = tensor_begin > shard_begin ? tensor_begin : shard_begin;
         size_t end = tensor_end < shard_end ? tensor_end : shard_end;
+        // the rounding noise is indexed from the tensor's start, so the bits do not depend on where shards split it
+        unsigned int noise_index = (unsigned int)(begin - tensor_begin);
         if (begin < end && p->offload) {
             // the same operations as adamw_update's kernel, bit for bit (llmc/adamw_host.h)
             size_t local = begin - shard_begin;
@@ -295,13 +472,21 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
                               p->m_memory + local, p->v_memory + local, end - begin, opt->learning_rate, opt->beta1,
                               opt->beta2, beta1_correction, beta2_correction, opt->eps,
                               p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i,
-                              p->flush_subnormals);
+                              p->flush_subnormals, noise_index);
+        } else if (begin < end && p->zero_stage == 2) {
+            size_t local = begin - shard_begin;
+            adamw_update(p->params_memory + begin, p->master_weights ? p->master_weights + local : nullptr,
+                         p->shard_grads + local, p->m_memory + local, p->v_memory + local, end - begin,
+                         opt->learning_rate, opt->beta1, opt->beta2, beta1_correction, beta2_correction, opt->eps,
+                         p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i, stream,
+                         noise_index);
         } else if (begin < end) {
             size_t local = begin - shard_begin;
             adamw_update(p->params_memory + begin, p->master_weights ? p->master_weights + local : nullptr,
                          p->grads_memory + begin, p->m_memory + local, p->v_memory + local, end - begin,
                          opt->learning_rate, opt->beta1, opt->beta2, beta1_correction, beta2_correction, opt->eps,
-                         p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i, stream);
+                         p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i, stream,
+                         noise_index);
         }
         tensor_begin = tensor_end;
     }

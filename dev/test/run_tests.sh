@@ -172,6 +172,16 @@ for p in fp32 bf16; do
     run_test "gpt-$p-t1024-fa0" build/test_gpt_$p build/ref/long_$p -r 1 -fa 0
 done
 run_test gpt-fp32-t1024-r2 build/test_gpt_fp32 build/ref/long_fp32 -r 2
+# ZeRO stages and offload (each process takes the reference batch): ZeRO-1 against PyTorch, ZeRO-2 and -oo 1 bit for
+# bit against ZeRO-1 (or -z 0), on 1 to 4 processes, FP32 and BF16; the 5-layer model reuses ZeRO-2's buckets within
+# a backward pass
+run_test gpt-fp32-oo1 build/test_gpt_fp32 build/ref/tiny_fp32 -oo 1
+run_test gpt-bf16-z2 build/test_gpt_bf16 build/ref/tiny_bf16 -z 2 -r 2
+run_test gpt-fp32-z2-np2 $MPIRUN -np 2 build/test_gpt_fp32 build/ref/deep_fp32 -z 2
+run_test gpt-bf16-z2-oo1-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/tiny_bf16 -z 2 -oo 1
+run_test gpt-bf16-z2-np3 $MPIRUN -np 3 build/test_gpt_bf16 build/ref/deep_bf16 -z 2 -r 0
+run_test gpt-fp32-z2-oo1-np4 $MPIRUN -np 4 build/test_gpt_fp32 build/ref/tiny_fp32 -z 2 -oo 1
+run_test gpt-bf16-z1-oo1-np4 $MPIRUN -np 4 build/test_gpt_bf16 build/ref/tiny_bf16 -z 1 -oo 1
 run_test train-gpt-cli dev/test/test_train_gpt.sh
 
 # the MoE trainer against PyTorch: dropping (cf 0.5) and dropless (packed, grouped GEMMs) top-1, top-2 every other
@@ -225,6 +235,8 @@ run_test check-gpt-fp32-r0-fa0 build/check/test_gpt_fp32 build/ref/tiny_fp32 -r 
 run_test check-gpt-fp32-gelu-unfused build/check/test_gpt_fp32 build/ref/tiny_fp32 -ge 0
 run_test check-gpt-bf16-r2-w0 build/check/test_gpt_bf16 build/ref/tiny_bf16 -r 2 -w 0
 run_test check-gpt-bf16-gelu-fused-backward build/check/test_gpt_bf16 build/ref/tiny_bf16 -ge 2
+run_test check-gpt-bf16-z2-np2 $MPIRUN -np 2 build/check/test_gpt_bf16 build/ref/deep_bf16 -z 2
+run_test check-gpt-fp32-z2-oo1-np3 $MPIRUN -np 3 build/check/test_gpt_fp32 build/ref/tiny_fp32 -z 2 -oo 1
 run_test check-moe-fp32-k1-cf0.5-r0 build/check/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -r 0
 run_test check-moe-fp32-k1-dropless build/check/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0
 run_test check-moe-fp32-k2-me2 build/check/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -r 2

@@ -2,6 +2,7 @@
 # dev/test/test_train_gpt.sh: command-line tests of the GPT trainer on the CPU backend (FP32 build):
 #   - 2 and 3 MPI ranks with ZeRO-1 (and 2 with ZeRO-0) give the losses of 1 rank with the ranks' micro-batches
 #     together (-a 1: the same tokens);
+#   - ZeRO-2 gives ZeRO-1's files (one micro-step) or losses (two), and resumes a ZeRO-1 checkpoint;
 #   - flash attention gives the losses of the cuBLAS-and-softmax path (-fa 0), bit-identically run after run;
 #   - a run resumed from a checkpoint continues bit-identically, and leftovers of an interrupted
 #     checkpoint (temporary files, a state without its DONE marker) are ignored;
@@ -94,6 +95,34 @@ if [ -n "$(losses "$work/zero1.log")" ] && [ "$(losses "$work/zero1.log")" = "$(
     pass; else fail "ZeRO-1 with -oo 1 differs from ZeRO-1"; fi
 expect_error "bad -oo" "-oo 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -oo 2
 
+# --- ZeRO-2 (-z 2): gradients reduced into each process's fp32 shard on every micro-step, layer by layer from two
+# reusable buckets. With one micro-step every piece is averaged as ZeRO-1 averages it and the shard holds the exact
+# reduced value: the same files. With accumulation the micro-steps' gradients are averaged over processes, then summed
+# in fp32, where ZeRO-1 sums them in floatX, then averages: the same terms in another order (close_losses' fp32
+# tolerances). A ZeRO-1 checkpoint resumes under ZeRO-2 (the state's shards are the same).
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -n 2 -z 2 -o "$work/zero2" >"$work/zero2.log" 2>&1 ||
+    fail "2-rank ZeRO-2 run: $(tail -3 "$work/zero2.log")"
+if [ -n "$(losses "$work/zero1.log")" ] && [ "$(losses "$work/zero1.log")" = "$(losses "$work/zero2.log")" ]; then
+    pass; else fail "ZeRO-2 differs from ZeRO-1 on 2 ranks"; fi
+grep -q "memory: gradients .*(3 buckets, fp32 ZeRO-2 shard)" "$work/zero2.log" && pass ||
+    fail "the ZeRO-2 start-up table lacks its gradient memory row"
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -n 2 -z 1 -o "$work/zero1_ckpt" >"$work/zero1_ckpt.log" 2>&1 ||
+    fail "2-rank ZeRO-1 checkpointing run: $(tail -3 "$work/zero1_ckpt.log")"
+mkdir -p "$work/zero2_resumed"
+cp "$work/zero1_ckpt"/*_00000002* "$work/zero2_resumed/"
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -n 2 -z 2 -o "$work/zero2_resumed" -y 1 \
+    >"$work/zero2_resumed.log" 2>&1 || fail "ZeRO-2 resuming a ZeRO-1 checkpoint: $(tail -3 "$work/zero2_resumed.log")"
+if [ "$(losses "$work/zero2_resumed.log")" = "$(losses "$work/zero1.log" | tail -n 2)" ] &&
+    cmp -s "$work/zero2/model_00000004.bin" "$work/zero2_resumed/model_00000004.bin" &&
+    cmp -s "$work/zero2/state_00000004_00001.bin" "$work/zero2_resumed/state_00000004_00001.bin"; then pass; else
+    fail "ZeRO-2 resuming a ZeRO-1 checkpoint does not continue bit-identically"; fi
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -d 128 -x 3 -z 1 >"$work/accum_zero1.log" 2>&1 ||
+    fail "2-rank ZeRO-1 accumulation run: $(tail -3 "$work/accum_zero1.log")"
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -d 128 -x 3 -z 2 -oo 1 >"$work/accum_zero2.log" 2>&1 ||
+    fail "2-rank ZeRO-2 -oo 1 accumulation run: $(tail -3 "$work/accum_zero2.log")"
+if close_losses "$work/accum_zero1.log" "$work/accum_zero2.log" 3; then pass; else
+    fail "ZeRO-2 with two micro-steps differs from ZeRO-1"; fi
+
 # --- checkpoint integrity: the DONE marker lists every file's size and checksum, checked on -y 1
 grep -q "^file state_00000006_00000.bin 616080 " "$work/full/DONE_00000006" && pass || fail "DONE lacks the state's checksum"
 # a corrupt latest checkpoint is named and the previous complete one is used
@@ -147,7 +176,7 @@ expect_error "unknown flag" "unknown flag -zz" "$TRAIN" "${COMMON[@]}" -zz 1
 expect_error "non-integer value" "flag -b: expected an integer, got 'two'" "$TRAIN" "${COMMON[@]}" -b two
 expect_error "T over maxT" "-t 64: longer than the model's maximum sequence length 32" "$TRAIN" "${COMMON[@]}" -b 2 -t 64
 expect_error "bad scheduler" "unknown learning rate scheduler 'cosin'" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -k cosin
-expect_error "ZeRO-2" "-z 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -z 2
+expect_error "ZeRO-3" "-z 3: expected 0, 1 or 2 (ZeRO-3 is not implemented)" "$TRAIN" "${COMMON[@]}" -z 3
 expect_error "recompute 3" "-r 3: expected 0, 1 or 2" "$TRAIN" "${COMMON[@]}" -r 3
 expect_error "missing data" "no files match" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -i "$work/none_*.bin"
 expect_error "truncated shard" "truncated_shard.bin" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -i "$work/truncated_shard.bin"
