@@ -598,7 +598,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     // message
     if (header[16] != FAMILY_GPT2 && (x || header[16] != FAMILY_LLAMA)) {
         fprintf(stderr, "%s: model family %d in header word 16 (1 = llama; doc/formats.md): this trainer reads only "
-                "%s files\n", path, header[16], x ? "GPT-2-family (word 16 = 0)" : "gpt2 (0) and llama (1)");
+                "%s\n", path, header[16], x ? "GPT-2-family files (word 16 = 0)" : "gpt2 (0) and llama (1) files");
         exit(EXIT_FAILURE);
     }
     for (int i = 17; i <= 21 && header[16] == FAMILY_GPT2; i++) {

@@ -204,6 +204,11 @@ expect_error "-ne against a checkpoint" "-ne 2: the model file $work/full/model_
     "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 7 -o "$work/full" -y 1 -ne 2
 if "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -ne 4 -tk 1 -me 1 -eh 96 >"$work/same_shape.log" 2>&1; then pass; else
     fail "the file's own -ne -tk -me -eh were refused: $(tail -2 "$work/same_shape.log")"; fi
+# a llama file (train_gpt.py --arch llama, which train_gpt reads): the MoE trainer builds GPT-2-family models only
+expect_error "llama file" "llama_gqa_fp32_model.bin: model family 1 in header word 16 (1 = llama" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e build/ref/llama_gqa_fp32_model.bin
+# and has no architecture flags
+expect_error "-arch" "unknown flag -arch" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -arch llama
 
 echo "test_train_moe: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
