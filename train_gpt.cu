@@ -488,6 +488,8 @@ static int llama_config_check(const GPT2Config* c, int from_file, char* why, siz
     else if ((c->channels / c->num_heads) % 2 != 0)
         snprintf(why, size, "-arch llama: RoPE needs an even head size (C=%d / NH=%d = %d)", c->channels, c->num_heads,
                  c->channels / c->num_heads);
+    else if (!flash_attention_support(c->channels, c->num_heads, c->num_kv_heads, kernel, sizeof(kernel)))
+        snprintf(why, size, "-arch llama runs on flash attention: %s", kernel);  // its head sizes suit RoPE's kernels
     else if (!isfinite(c->rope_theta) || !(c->rope_theta > 1.0f))  // a base <= 1 would not decay with i
         snprintf(why, size, "%s %g: RoPE theta must be finite and greater than 1", theta, c->rope_theta);
     else if (!swiglu_support(c->ffn_hidden, kernel, sizeof(kernel)))
