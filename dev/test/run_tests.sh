@@ -180,6 +180,7 @@ for r in 0 1 2; do
         run_test "llama-bf16-r$r-w$w" build/test_gpt_bf16 build/ref/llama_gqa_bf16 -r $r -w $w
     done
 done
+run_test llama-fp16-r1 build/test_gpt_fp16 build/ref/llama_gqa_bf16 -r 1
 run_test llama-fp32-tied build/test_gpt_fp32 build/ref/llama_tied_fp32 -r 1
 run_test llama-bf16-tied build/test_gpt_bf16 build/ref/llama_tied_bf16 -r 2 -w 1
 run_test train-gpt-cli dev/test/test_train_gpt.sh
