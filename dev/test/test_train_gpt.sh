@@ -7,7 +7,8 @@
 #     checkpoint (temporary files, a state without its DONE marker) are ignored;
 #   - a model from a descriptor trains (the loss falls);
 #   - -arch llama: a descriptor trains, its checkpoint resumes bit-identically, ZeRO-1 on 2 ranks and -oo 1 agree
-#     with 1 rank (the untied lm_head is reduced and offloaded), a llama file's header overrides -arch;
+#     with 1 rank (the untied lm_head is reduced and offloaded), recompute levels give the same bits, the model file
+#     is train_gpt.py's, bad architecture flags are refused;
 #   - every bad input gets one line naming the file or flag, and a non-zero exit;
 #   - reliability: token ids against V, numeric flags, the sampling seed, divergence (-ns), symlinked temporaries,
 #     header sizes before allocation, checkpoint checksums and fallback on -y 1, main.log after a resume, stdout into
@@ -176,6 +177,12 @@ if close_losses "$work/llama_single.log" "$work/llama_zero1.log" 3; then pass; e
 if cmp -s "$work/llama_oo0/model_00000003.bin" "$work/llama_oo1/model_00000003.bin" &&
     cmp -s "$work/llama_oo0/state_00000003_00000.bin" "$work/llama_oo1/state_00000003_00000.bin"; then pass; else
     fail "llama: -oo 1 gives another model or optimizer state than -oo 0"; fi
+# the recompute levels give the same bits (-r 1 recomputes the SwiGLU output, -r 2 the RMSNorm outputs too)
+"$TRAIN" "${LLAMA_FILE[@]}" -b 2 -x 3 -r 0 >"$work/llama_r0.log" 2>&1 || fail "llama -r 0 run"
+"$TRAIN" "${LLAMA_FILE[@]}" -b 2 -x 3 -r 2 >"$work/llama_r2.log" 2>&1 || fail "llama -r 2 run"
+if [ -n "$(step_fields "$work/llama_r0.log")" ] && [ "$(step_fields "$work/llama_r0.log")" = "$(step_fields "$work/llama_oo0.log")" ] &&
+    [ "$(step_fields "$work/llama_r2.log")" = "$(step_fields "$work/llama_oo0.log")" ]; then pass; else
+    fail "llama: -r 0, 1 and 2 give different losses or norms"; fi
 # the checkpoint's model file is the reference's format: its header words 16..21 as train_gpt.py writes them
 if $PYTHON - "$LLAMA_MODEL" "$work/llama_oo0/model_00000003.bin" <<'PY'
 import struct, sys
