@@ -110,6 +110,16 @@ DEEP_REF_ARGS := $(REF_ARGS) --L 5
 $(BUILD)/ref/deep_%_debug_state.bin: train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/deep_$* $(DEEP_REF_ARGS) --dtype $(call ref_dtype,_$*)
+# the Llama-style model (-arch llama, doc/kernels.md) at the tiny shape with 4 heads of 16 (RoPE and flash attention
+# want a head size of 16 to 128): gqa, 2 key/value heads and an own lm_head (the other values the defaults); tied,
+# multi-head, the output embedding tied to wte, and theta, eps and H not the defaults
+LLAMA_REF_ARGS := --B 3 --T 23 --V 263 --L 2 --NH 4 --C 64 --maxT 32 --seed 1337 --steps 10 --grad-clip 0.5 --arch llama
+LLAMA_REF_gqa := --kv-heads 2
+LLAMA_REF_tied := --tie-embeddings 1 --ffn-hidden 96 --rope-theta 500000 --norm-eps 1e-6
+$(BUILD)/ref/llama_%_debug_state.bin: train_gpt.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/llama_$* $(LLAMA_REF_ARGS) $(LLAMA_REF_$(call ref_config,$*)) \
+	    --dtype $(call ref_dtype,$*)
 # top-1 with a capacity factor that drops, dropless, top-2 every other layer
 MOE_REF_k1_cf0.5 := --topk 1 --moe-every 1 --cf 0.5
 MOE_REF_k1_dropless := --topk 1 --moe-every 1 --cf 0
@@ -143,7 +153,9 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
              $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \
-             $(BUILD)/ref/deep_fp32_debug_state.bin $(BUILD)/ref/deep_bf16_debug_state.bin
+             $(BUILD)/ref/deep_fp32_debug_state.bin $(BUILD)/ref/deep_bf16_debug_state.bin \
+             $(BUILD)/ref/llama_gqa_fp32_debug_state.bin $(BUILD)/ref/llama_gqa_bf16_debug_state.bin \
+             $(BUILD)/ref/llama_tied_fp32_debug_state.bin $(BUILD)/ref/llama_tied_bf16_debug_state.bin
 
 # The CPU backend's own tests (cpu/test/), and the host utilities' test (dev/test/); both use dev/test/test_common.h
 BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \

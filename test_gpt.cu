@@ -1,7 +1,9 @@
 // test_gpt.cu: the GPT trainer against the PyTorch reference (train_gpt.py). It includes train_gpt.cu (without
 // its main) and checks, for one model and batch written by
 //   /usr/bin/python3 train_gpt.py --write-reference PREFIX ...
-// the logits, the loss, every parameter gradient, and the losses of 10 AdamW steps on that batch.
+// the logits, the loss, every parameter gradient, and the losses of 10 AdamW steps on that batch. The model file's
+// header says which model: GPT-2, or the Llama-style model of -arch llama (train_gpt.py --arch llama; `make test`
+// runs build/ref/llama_gqa_* and llama_tied_*, Makefile LLAMA_REF_*).
 //   make test_gpt_cpu [PRECISION=FP32|BF16]; ./test_gpt_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1]
 //   (also under mpirun: every process takes the reference batch; test_moe.cu adds its MoE checks and -ep N through
 //   TestExtension, and includes this file with OMIT_TEST_GPT_MAIN defined)
@@ -22,6 +24,12 @@
 //   FP16: 10-bit mantissa (2^-11 per store), with dynamic loss scaling: 5e-3 for gradients and logits
 //         (measured: at most 1.3e-3), 1e-3 for the loss, 5e-3 for the step losses. Checked against the
 //         bf16 reference state (its parameters are bf16 values, which fp16 holds nearly exactly).
+// The llama references take the same tolerances for the same reasons: their pieces round once where GPT-2's do
+// (RMSNorm, RoPE and SwiGLU compute in fp32 and round their outputs once, doc/kernels.md), with about as many
+// stores between input and gradient (RoPE adds one to q and k, SwiGLU replaces GELU). Measured: FP32 at most
+// 5.0e-7 for gradients, 2.9e-7 for logits, 1.1e-7 for the step losses; BF16 at most 9.4e-3 for gradients (lm_head),
+// 4.8e-3 for logits, 1.5e-5 for the loss, 2.0e-4 for the step losses; FP16 (against the BF16 reference) 1.0e-3 for
+// gradients, 6.6e-4 for logits, 1.6e-5 for the step losses.
 // test_moe.cu has included train_moe.cu, and with it train_gpt.cu, before this file
 #ifndef OMIT_TEST_GPT_MAIN
 #define OMIT_TRAIN_GPT_MAIN
@@ -105,7 +113,7 @@ static void read_reference_state(ReferenceState* r, const char* path, const GPT2
 // the tensors' names in model-file order, for the checks' lines (an extension names its own slots)
 static const char* gpt2_parameter_names[NUM_PARAMETER_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
-    "fcprojb", NULL, NULL, NULL, NULL, NULL, NULL, "lnfw", "lnfb"};
+    "fcprojb", NULL, NULL, NULL, NULL, NULL, NULL, "lnfw", "lnfb", "lm_head"};
 static const char* gpt2_parameter_name(const GPT2* model, int i) {
     int slot = i - PARAM_EXTENSION;
     return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->mlp->tensor_names[slot] : gpt2_parameter_names[i];

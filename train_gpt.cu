@@ -1,11 +1,12 @@
 // train_gpt.cu: GPT-2 training in C/CUDA: hand-written kernels (llmc/), cuBLASLt GEMMs, bf16/fp16/fp32 mixed
-// precision, activation recompute, data parallelism over NCCL with ZeRO-1.
+// precision, activation recompute, data parallelism over NCCL with ZeRO-1. -arch llama trains the Llama-style
+// model of doc/kernels.md (RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases) through the same code.
 // Build and run:
 //   make train_gpt [PRECISION=BF16|FP16|FP32]             GPU binary (nvcc), ./train_gpt -i "data/x/*train*.bin" ...
 //   make train_gpt_cpu [PRECISION=...]                     the same source on the CPU backend (cpu/cucc)
 //   mpirun -np 8 ./train_gpt ...                           data parallel, one process per GPU
 // Flags are listed by `./train_gpt -h` (the llm.c conventions, extended; see README.md).
-// This file is the GPT-2 model and the training loop. train_moe.cu (the Switch-MoE model) and test_gpt.cu include
+// This file is the GPT-2 model (and its Llama-style family) and the training loop. train_moe.cu (the Switch-MoE model) and test_gpt.cu include
 // it with OMIT_TRAIN_GPT_MAIN defined and bring their own main; the MoE model plugs its layers into the model and
 // the loop through the MlpExtension interface below.
 #include <ctype.h>
@@ -42,6 +43,9 @@
 #include "llmc/cudnn_att.cuh"  // GPU only: cuDNN's fused attention (make USE_CUDNN=1)
 #endif
 #include "llmc/gelu.cuh"
+#include "llmc/rmsnorm.cuh"
+#include "llmc/rope.cuh"
+#include "llmc/swiglu.cuh"
 #include "llmc/fused_classifier.cuh"
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
@@ -57,6 +61,9 @@
 #define GPT2_MODEL_MAGIC 20240326
 #define GPT2_STATE_MAGIC 20240527
 
+// The model family (header word 16, doc/formats.md): GPT-2, or the Llama-style model of doc/kernels.md
+typedef enum { FAMILY_GPT2 = 0, FAMILY_LLAMA = 1 } ModelFamily;
+
 typedef struct {
     int max_seq_len;        // maxT
     int vocab_size;         // V
@@ -64,24 +71,55 @@ typedef struct {
     int num_layers;         // L
     int num_heads;          // NH
     int channels;           // C
+    // the family and what it decides (header words 16..21 for llama; GPT-2's values are implied: NKV = NH, H = 4C,
+    // tied, no RoPE, LayerNorm's eps)
+    int family;             // ModelFamily
+    int num_kv_heads;       // NKV: key/value heads, dividing NH
+    float rope_theta;       // llama: RoPE base
+    int ffn_hidden;         // H: the MLP's hidden size (GPT-2 4C; llama the SwiGLU's, fc has 2H outputs)
+    float norm_eps;         // llama: RMSNorm eps
+    int tied;               // the output embedding is wte (GPT-2 always; llama 0: lm_head)
 } GPT2Config;
+
+static int is_llama(const GPT2Config* c) { return c->family == FAMILY_LLAMA; }
+// the packed qkv's channels, (NH + 2 NKV) HS (3C for GPT-2), and fc's outputs ([gate | up] for llama's SwiGLU)
+static size_t qkv_channels(const GPT2Config* c) {
+    return (size_t)(c->num_heads + 2 * c->num_kv_heads) * (c->channels / c->num_heads);
+}
+static size_t fc_channels(const GPT2Config* c) { return (size_t)(is_llama(c) ? 2 : 1) * c->ffn_hidden; }
+// Llama's SwiGLU hidden size when not given (train_gpt.py's default_ffn_hidden): floor(8C/3) rounded up to 64
+static int llama_default_ffn_hidden(int C) { return (8 * C / 3 + 63) / 64 * 64; }
+// GPT-2's values of the family words, once its sizes are known (a GPT-2 file leaves words 16..21 zero)
+static void gpt2_config_gpt2_family(GPT2Config* c) {
+    c->family = FAMILY_GPT2;
+    c->num_kv_heads = c->num_heads;
+    c->rope_theta = 0.0f;
+    c->ffn_hidden = 4 * c->channels;
+    c->norm_eps = 0.0f;
+    c->tied = 1;
+}
 
 // The tensors in model-file order. Their numbers also seed each tensor's stochastic rounding in the optimizer, so
 // they never move: an MLP extension's tensors (train_moe.cu: the routers' and the experts') have slots between
-// the dense MLP's and the final LayerNorm's, which GPT-2 leaves empty.
+// the dense MLP's and the final LayerNorm's, which GPT-2 leaves empty. A llama model uses the slots of the
+// tensors that play the same role (ln*w hold RMSNorm weights, fcw SwiGLU's [gate | up]); its empty slots (wpe, the
+// biases) have size 0, and its untied output embedding is the last slot, PARAM_LM_HEAD, after everything GPT-2 has.
 #define MLP_EXTENSION_SLOTS 6
 enum {
     PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W,
     PARAM_LN2B, PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB,
     PARAM_EXTENSION,
     PARAM_LNFW = PARAM_EXTENSION + MLP_EXTENSION_SLOTS, PARAM_LNFB,
+    PARAM_LM_HEAD,
     NUM_PARAMETER_TENSORS
 };
-// weight decay applies to the matrices only (the embeddings and the Linear weights)
+// weight decay applies to the matrices only (the embeddings and the Linear weights; train_gpt.py: the 2-D ones)
 static const int gpt2_parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0,
-                                                                  0, 0, 0, 0, 0, 0, 0, 0};
+                                                                  0, 0, 0, 0, 0, 0, 0, 0, 1};
 
-// Pointers into the parameter set's buffer (and the same into the gradients').
+// Pointers into the parameter set's buffer (and the same into the gradients'). Shapes for GPT-2; llama's: qkvw
+// (L, (NH + 2 NKV) HS, C), fcw (L, 2H, C), fcprojw (L, C, H), lm_head (Vp, C) when untied, the others empty (size 0:
+// never read).
 typedef struct {
     floatX* wte;       // (Vp, C)
     floatX* wpe;       // (maxT, C)
@@ -99,9 +137,11 @@ typedef struct {
     floatX* fcprojb;   // (Ld, C)
     floatX* lnfw;      // (C)
     floatX* lnfb;      // (C)
+    floatX* lm_head;   // llama untied: (Vp, C)
 } ParameterTensors;
 
-// One layer's slices of them. mlp_* are the dense MLP's (NULL in a layer whose MLP an extension replaces).
+// One layer's slices of them. The fc* are the dense MLP's (NULL in a layer whose MLP an extension replaces); the
+// biases are NULL in a llama model.
 typedef struct {
     floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b;
     floatX *fcw, *fcb, *fcprojw, *fcprojb;
@@ -109,7 +149,10 @@ typedef struct {
 
 // ----------------------------------------------------------------------------------------------------
 // Activations. With recompute level r, the per-layer GELU output (r >= 1) and LayerNorm outputs (r >= 2)
-// are kept for one layer only and recomputed in the backward pass.
+// are kept for one layer only and recomputed in the backward pass. Shapes for GPT-2; in a llama model the ln*
+// are RMSNorm outputs (no means: ln*_mean are empty), qkvr is (L, B, T, (NH + 2 NKV) HS) with q and k roped,
+// fch (Ld, B, T, 2H) is fc's [gate | up] and fch_gelu (Ld or 1, B, T, H) the SwiGLU output; scratch_bt4c
+// holds (B, T, max((NH + 2 NKV) HS, H)).
 typedef struct {
     floatX* encoded;    // (B, T, C)
     floatX* ln1;        // (L or 1, B, T, C)
@@ -256,6 +299,7 @@ struct GPT2 {
     int loss_tokens;    // B*T of that pass; 0 once gpt2_mean_loss has summed them
     float mean_loss;    // their mean (gpt2_mean_loss)
     unsigned int pass_number;  // the training pass (micro-step) number, set by the caller: random layers' seeds
+    float* rope_table;         // llama: (maxT, HS) RoPE cos and sin (llmc/rope.cuh); NULL for GPT-2
     const MlpExtension* mlp;   // NULL: GPT-2's dense MLP in every layer
     void* mlp_state;
 };
@@ -279,26 +323,29 @@ static void fill_in_parameter_sizes(const GPT2* model, size_t* in_file, size_t* 
     const GPT2Config* cfg = &model->config;
     size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
     size_t Ld = gpt2_dense_layers(model);
+    size_t QKV = qkv_channels(cfg), FC = fc_channels(cfg), H = cfg->ffn_hidden;
+    size_t bias = is_llama(cfg) ? 0 : 1;  // llama has no biases and no learned positions
     size_t* sizes = in_file;
     sizes[PARAM_WTE] = Vp * C;
-    sizes[PARAM_WPE] = maxT * C;
+    sizes[PARAM_WPE] = bias * maxT * C;
     sizes[PARAM_LN1W] = L * C;
-    sizes[PARAM_LN1B] = L * C;
-    sizes[PARAM_QKVW] = L * 3 * C * C;
-    sizes[PARAM_QKVB] = L * 3 * C;
+    sizes[PARAM_LN1B] = bias * L * C;
+    sizes[PARAM_QKVW] = L * QKV * C;
+    sizes[PARAM_QKVB] = bias * L * QKV;
     sizes[PARAM_ATTPROJW] = L * C * C;
-    sizes[PARAM_ATTPROJB] = L * C;
+    sizes[PARAM_ATTPROJB] = bias * L * C;
     sizes[PARAM_LN2W] = L * C;
-    sizes[PARAM_LN2B] = L * C;
-    sizes[PARAM_FCW] = Ld * 4 * C * C;
-    sizes[PARAM_FCB] = Ld * 4 * C;
-    sizes[PARAM_FCPROJW] = Ld * C * 4 * C;
-    sizes[PARAM_FCPROJB] = Ld * C;
+    sizes[PARAM_LN2B] = bias * L * C;
+    sizes[PARAM_FCW] = Ld * FC * C;
+    sizes[PARAM_FCB] = bias * Ld * FC;
+    sizes[PARAM_FCPROJW] = Ld * C * H;
+    sizes[PARAM_FCPROJB] = bias * Ld * C;
     size_t file[MLP_EXTENSION_SLOTS] = {0}, replicated[MLP_EXTENSION_SLOTS] = {0};
     if (model->mlp) model->mlp->tensor_sizes(model, file, replicated);
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) sizes[PARAM_EXTENSION + i] = file[i];
     sizes[PARAM_LNFW] = C;
-    sizes[PARAM_LNFB] = C;
+    sizes[PARAM_LNFB] = bias * C;
+    sizes[PARAM_LM_HEAD] = cfg->tied ? 0 : Vp * C;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) in_set[i] = in_file[i];
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_set[PARAM_EXTENSION + i] = replicated[i];
 }
@@ -322,7 +369,7 @@ static void point_parameters(ParameterTensors* p, floatX* memory, const size_t* 
     floatX** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
                                             &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw, &p->fcb,
                                             &p->fcprojw, &p->fcprojb, NULL, NULL, NULL, NULL, NULL, NULL,
-                                            &p->lnfw, &p->lnfb};
+                                            &p->lnfw, &p->lnfb, &p->lm_head};
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (ptrs[i]) *ptrs[i] = memory;
         memory += sizes[i];
@@ -331,23 +378,25 @@ static void point_parameters(ParameterTensors* p, floatX* memory, const size_t* 
 
 // Layer l's slices of the parameters (or of the gradients)
 static LayerParameters gpt2_layer_parameters(const GPT2* model, const ParameterTensors* p, int l) {
-    size_t C = model->config.channels;
+    const GPT2Config* c = &model->config;
+    size_t C = c->channels, QKV = qkv_channels(c), FC = fc_channels(c), H = c->ffn_hidden;
+    int bias = !is_llama(c);
     LayerParameters lp;
     lp.ln1w = p->ln1w + l * C;
-    lp.ln1b = p->ln1b + l * C;
-    lp.qkvw = p->qkvw + l * 3 * C * C;
-    lp.qkvb = p->qkvb + l * 3 * C;
+    lp.ln1b = bias ? p->ln1b + l * C : NULL;
+    lp.qkvw = p->qkvw + l * QKV * C;
+    lp.qkvb = bias ? p->qkvb + l * QKV : NULL;
     lp.attprojw = p->attprojw + l * C * C;
-    lp.attprojb = p->attprojb + l * C;
+    lp.attprojb = bias ? p->attprojb + l * C : NULL;
     lp.ln2w = p->ln2w + l * C;
-    lp.ln2b = p->ln2b + l * C;
+    lp.ln2b = bias ? p->ln2b + l * C : NULL;
     lp.fcw = lp.fcb = lp.fcprojw = lp.fcprojb = NULL;
     if (gpt2_is_dense_layer(model, l)) {
         size_t d = gpt2_dense_index(model, l);
-        lp.fcw = p->fcw + d * 4 * C * C;
-        lp.fcb = p->fcb + d * 4 * C;
-        lp.fcprojw = p->fcprojw + d * 4 * C * C;
-        lp.fcprojb = p->fcprojb + d * C;
+        lp.fcw = p->fcw + d * FC * C;
+        lp.fcb = bias ? p->fcb + d * FC : NULL;
+        lp.fcprojw = p->fcprojw + d * H * C;
+        lp.fcprojb = bias ? p->fcprojb + d * C : NULL;
     }
     return lp;
 }
@@ -357,11 +406,13 @@ static LayerParameters gpt2_layer_parameters(const GPT2* model, const ParameterT
 
 // The groups of gradient slices that the backward pass completes together, and reduces over processes as it goes
 // (gpt2_reduce_layer, gpt2_reduce_rest): a layer's slices of the tensors stacked over all layers, of those stacked
-// over the dense MLP's layers, and the rest, complete only after the encoder's backward.
+// over the dense MLP's layers, an untied lm_head (complete after the classifier), and the rest, complete only after
+// the encoder's backward.
 static const int gpt2_every_layer_tensors[] = {PARAM_LN1W,     PARAM_LN1B,     PARAM_QKVW, PARAM_QKVB,
                                                PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W, PARAM_LN2B};
 static const int gpt2_dense_tensors[] = {PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB};
 static const int gpt2_rest_tensors[] = {PARAM_WTE, PARAM_WPE, PARAM_LNFW, PARAM_LNFB};
+static const int gpt2_lm_head_tensor[] = {PARAM_LM_HEAD};
 #define GPT2_EVERY_LAYER_TENSORS 8
 #define GPT2_DENSE_TENSORS 4
 #define GPT2_REST_TENSORS 4
@@ -375,6 +426,7 @@ static void gpt2_allocate_gradient_buckets(GPT2* model, const size_t* sizes) {
     if (Ld > 0)
         for (int j = 0; j < GPT2_DENSE_TENSORS; j++) layer += sizes[gpt2_dense_tensors[j]] / Ld;
     for (int j = 0; j < GPT2_REST_TENSORS; j++) rest += sizes[gpt2_rest_tensors[j]];
+    rest += sizes[PARAM_LM_HEAD];
     for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&model->store, layer);
     sharded_parameters_add_bucket(&model->store, rest);
     memset(&model->grads, 0, sizeof(model->grads));  // no gradient buffer: gpt2_layer_gradients gives the pointers
@@ -393,6 +445,12 @@ static void gpt2_allocate_parameters(GPT2* model) {
     if (model->zero_stage < 2) point_parameters(&model->grads, model->store.grads_memory, sizes);
     else gpt2_allocate_gradient_buckets(model, sizes);
     if (model->mlp) model->mlp->allocate_parameters(model);
+    const GPT2Config* c = &model->config;
+    if (is_llama(c)) {  // RoPE's cos and sin for positions 0 .. maxT-1 (llmc/rope.cuh)
+        int HS = c->channels / c->num_heads;
+        cudaCheck(cudaMalloc((void**)&model->rope_table, (size_t)c->max_seq_len * HS * sizeof(float)));
+        rope_table_init(model->rope_table, c->max_seq_len, HS, c->rope_theta);
+    }
 }
 
 // parameters in the model file
@@ -448,7 +506,36 @@ static void gpt2_get_parameters(const GPT2* model, floatX* file_order, cudaStrea
     if (model->mlp) model->mlp->get_parameters(model, file_order + gpt2_extension_offset(model), stream);
 }
 
-static void check_config_supported(const GPT2Config* c, const char* source) {
+// A llama model's family values (doc/formats.md: what a reader refuses; the kernels' own limits on top): 0 and `why`
+// naming the value, as a model file's header word (from_file) or as the trainer's flag.
+static int llama_config_check(const GPT2Config* c, int from_file, char* why, size_t size) {
+    const char* kv = from_file ? "header word 17 (NKV)" : "-kv";
+    const char* theta = from_file ? "header word 18 (RoPE theta)" : "-rt";
+    const char* hidden = from_file ? "header word 19 (H)" : "-fh";
+    const char* eps = from_file ? "header word 20 (RMSNorm eps)" : "-eps";
+    const char* tied = from_file ? "header word 21 (tied)" : "-tie";
+    char kernel[200];
+    if (c->num_kv_heads < 1 || c->num_heads % c->num_kv_heads != 0)
+        snprintf(why, size, "%s %d: the key/value heads must divide the %d heads", kv, c->num_kv_heads, c->num_heads);
+    else if ((c->channels / c->num_heads) % 2 != 0)
+        snprintf(why, size, "-arch llama: RoPE needs an even head size (C=%d / NH=%d = %d)", c->channels, c->num_heads,
+                 c->channels / c->num_heads);
+    else if (!flash_attention_support(c->channels, c->num_heads, c->num_kv_heads, kernel, sizeof(kernel)))
+        snprintf(why, size, "-arch llama runs on flash attention: %s", kernel);  // its head sizes suit RoPE's kernels
+    else if (!isfinite(c->rope_theta) || !(c->rope_theta > 1.0f))  // a base <= 1 would not decay with i
+        snprintf(why, size, "%s %g: RoPE theta must be finite and greater than 1", theta, c->rope_theta);
+    else if (!swiglu_support(c->ffn_hidden, kernel, sizeof(kernel)))
+        snprintf(why, size, "%s %d: %s", hidden, c->ffn_hidden, kernel);
+    else if (!rmsnorm_support(c->channels, c->norm_eps, kernel, sizeof(kernel)))
+        snprintf(why, size, "%s %g: %s", eps, c->norm_eps, kernel);
+    else if (c->tied != 0 && c->tied != 1)
+        snprintf(why, size, "%s %d: expected 0 (own lm_head) or 1 (tied to wte)", tied, c->tied);
+    else
+        return 1;
+    return 0;
+}
+
+static void check_config_supported(const GPT2Config* c, const char* source, int from_file) {
     char why[256];
     if (c->channels <= 0 || c->num_layers <= 0 || c->num_heads <= 0 || c->vocab_size <= 0 || c->max_seq_len <= 0 ||
         c->padded_vocab_size < c->vocab_size) {
@@ -468,15 +555,34 @@ static void check_config_supported(const GPT2Config* c, const char* source) {
         fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
         exit(EXIT_FAILURE);
     }
+    if (is_llama(c) && !llama_config_check(c, from_file, why, sizeof(why))) {
+        fprintf(stderr, "%s: %s\n", source, why);
+        exit(EXIT_FAILURE);
+    }
 }
 
 // The attention path (-fa): 1 flash attention, 0 the other one (cuDNN in a USE_CUDNN=1 build, else cuBLAS GEMMs
 // around a softmax), -1 (not given) flash attention when the build has no cuDNN and the model's head size has a
-// flash kernel, else the other one. 0 and one line naming `source` when the chosen path cannot run the model.
+// flash kernel, else the other one. A llama model has flash attention only: the other paths take neither
+// grouped-query attention nor q and k roped after the qkv matmul. 0 and one line naming `source` when the chosen
+// path cannot run the model.
 static int gpt2_set_attention(GPT2* model, int flash, const char* source) {
     char why[256];
-    int supported = flash_attention_support(model->config.channels, model->config.num_heads, model->config.num_heads,
-                                            why, sizeof(why));
+    const GPT2Config* c = &model->config;
+    int supported = flash_attention_support(c->channels, c->num_heads, c->num_kv_heads, why, sizeof(why));
+    if (is_llama(c)) {
+        if (flash == 0) {
+            fprintf(stderr, "-fa 0: %s: a llama model runs on flash attention only (-fa 1; the cuBLAS-and-softmax "
+                    "and cuDNN paths have no grouped-query attention or RoPE)\n", source);
+            return 0;
+        }
+        if (!supported) {
+            fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
+            return 0;
+        }
+        model->attention = ATTENTION_FLASH;
+        return 1;
+    }
     if (flash == 1 && !supported) {
         fprintf(stderr, "-fa 1: %s: %s\n", source, why);
         return 0;
@@ -514,21 +620,22 @@ static void check_parameter_memory(const GPT2* model, const char* source) {
     }
 }
 
-// Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16), or with an
-// extension its format (train_moe.cu: doc/formats.md).
+// Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16; header word
+// 16 = 1: the llama family), or with an extension its format (train_moe.cu: doc/formats.md).
 static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     const MlpExtension* x = model->mlp;
     FILE* f = fopen_check(path, "rb");
     int header[256];
     read_header_check(f, header, path, x ? x->model_magic : GPT2_MODEL_MAGIC, x ? x->model_name : "GPT-2 model");
-    // words 16..21 describe the model family (doc/formats.md): train_gpt.py --arch llama writes word 16 = 1, a model
-    // this trainer cannot build yet; its payload would otherwise fail the size check with a misleading message
-    if (header[16] != 0) {
+    // words 16..21 describe the model family (doc/formats.md): train_gpt.py --arch llama writes word 16 = 1, which
+    // an extension's model (MoE) does not build; its payload would otherwise fail the size check with a misleading
+    // message
+    if (header[16] != FAMILY_GPT2 && (x || header[16] != FAMILY_LLAMA)) {
         fprintf(stderr, "%s: model family %d in header word 16 (1 = llama; doc/formats.md): this trainer reads only "
-                "GPT-2-family files (word 16 = 0)\n", path, header[16]);
+                "%s\n", path, header[16], x ? "GPT-2-family files (word 16 = 0)" : "gpt2 (0) and llama (1) files");
         exit(EXIT_FAILURE);
     }
-    for (int i = 17; i <= 21; i++) {
+    for (int i = 17; i <= 21 && header[16] == FAMILY_GPT2; i++) {
         if (header[i] != 0) {
             fprintf(stderr, "%s: header word %d = %d, but a GPT-2-family file has 0 in words 17 to 21 (doc/formats.md)\n",
                     path, i, header[i]);
@@ -549,13 +656,25 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     c->num_heads = header[5];
     c->channels = header[6];
     c->padded_vocab_size = header[7];
+    gpt2_config_gpt2_family(c);
+    if (header[16] == FAMILY_LLAMA) {
+        c->family = FAMILY_LLAMA;
+        c->num_kv_heads = header[17];
+        memcpy(&c->rope_theta, &header[18], sizeof(float));  // fp32 bits
+        c->ffn_hidden = header[19];
+        memcpy(&c->norm_eps, &header[20], sizeof(float));
+        c->tied = header[21];
+    }
     if (x) x->read_header(model, header, path);
-    check_config_supported(c, path);
+    check_config_supported(c, path, 1);
     if (x) x->configure(model, path);
     // The header's sizes are checked against the file's length before anything is allocated for them: a corrupt
     // header must fail fast with "truncated", not ask for terabytes. In double first, where no product overflows.
-    double estimate = (double)c->padded_vocab_size * c->channels + (double)c->max_seq_len * c->channels +
-                      (double)c->num_layers * c->channels * c->channels * 12.0;
+    double HS = (double)c->channels / c->num_heads, embeddings = c->tied ? 1.0 : 2.0;
+    double per_layer = (c->num_heads + 2.0 * c->num_kv_heads) * HS + c->channels +
+                       (is_llama(c) ? 3.0 : 2.0) * c->ffn_hidden;  // qkvw, attprojw, fcw, fcprojw: GPT-2 12C
+    double estimate = (double)c->padded_vocab_size * c->channels * embeddings +
+                      (double)c->max_seq_len * c->channels + (double)c->num_layers * c->channels * per_layer;
     if (estimate > 1e15) {
         fprintf(stderr, "%s: its header describes a model of about %.3g parameters (L=%d C=%d V=%d maxT=%d): not a model "
                 "file this trainer can load\n", path, estimate, c->num_layers, c->channels, c->vocab_size, c->max_seq_len);
@@ -599,9 +718,11 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
 }
 
 // "d12" etc.: GPT-2 sizes (d12 = 124M, d24 = 350M, d36 = 774M, d48 = 1558M), or dN for C = 64N with
-// N heads of 64; vocabulary and maxT from -ev and -et. GPT-2 initialisation, seeded.
+// N heads of 64; vocabulary and maxT from -ev and -et. GPT-2 initialisation, seeded. `arch` gives the family and
+// its values (family, num_kv_heads, rope_theta, ffn_hidden, norm_eps, tied; NKV 0: NH, H 0: llama's default),
+// NULL: GPT-2.
 static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int vocab_size, int max_seq_len,
-                                       unsigned int seed) {
+                                       unsigned int seed, const GPT2Config* arch) {
     if (descriptor[0] != 'd' || !isdigit((unsigned char)descriptor[1])) {
         fprintf(stderr, "-e %s: expected a model file or a descriptor such as d12\n", descriptor);
         exit(EXIT_FAILURE);
@@ -622,12 +743,22 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     c->vocab_size = vocab_size;
     c->padded_vocab_size = CEIL_DIV(vocab_size, 128) * 128;
     c->max_seq_len = max_seq_len;
-    check_config_supported(c, descriptor);
+    gpt2_config_gpt2_family(c);
+    if (arch && arch->family == FAMILY_LLAMA) {
+        c->family = FAMILY_LLAMA;
+        c->num_kv_heads = arch->num_kv_heads > 0 ? arch->num_kv_heads : c->num_heads;
+        c->rope_theta = arch->rope_theta;
+        c->ffn_hidden = arch->ffn_hidden > 0 ? arch->ffn_hidden : llama_default_ffn_hidden(c->channels);
+        c->norm_eps = arch->norm_eps;
+        c->tied = arch->tied;
+    }
+    check_config_supported(c, descriptor, 0);
     if (model->mlp) model->mlp->configure(model, descriptor);
     check_parameter_memory(model, descriptor);
     gpt2_allocate_parameters(model);
     // GPT-2 init: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm 1/0;
-    // padded vocabulary rows stay zero. Drawn tensor by tensor from one seeded mt19937, in model-file order (with
+    // padded vocabulary rows stay zero. Llama the same (train_gpt.py's init_weights, without its test perturbation
+    // of the norm weights): its matrices, lm_head among them, N(0, 0.02), attprojw and fcprojw scaled, RMSNorm 1. Drawn tensor by tensor from one seeded mt19937, in model-file order (with
     // an extension's tensors whole, as in the file, so that the weights do not depend on the process layout).
     size_t num_parameters = gpt2_num_parameters(model), sizes[NUM_PARAMETER_TENSORS];
     file_tensor_sizes(sizes, model);
@@ -646,7 +777,8 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
             if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) std = model->mlp->init_std(model, slot, residual_scale);
             else std = i == PARAM_ATTPROJW || i == PARAM_FCPROJW ? 0.02f * residual_scale : 0.02f;
             size_t rows_used = n;
-            if (i == PARAM_WTE) rows_used = (size_t)c->vocab_size * c->channels;  // padded rows stay zero
+            if ((i == PARAM_WTE || i == PARAM_LM_HEAD) && n > 0)  // the padded vocabulary rows stay zero
+                rows_used = (size_t)c->vocab_size * c->channels;
             if (std > 0.0f) normal_(host + offset, rows_used, 0.0f, std, &rng);
         }
         offset += n;
@@ -658,12 +790,20 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     free(host);
 }
 
-// The model file's header words 0..12 as this build writes them: llm.c's format for GPT-2 (version 5 bf16 from a
-// BF16 build, 3 fp32 otherwise), an extension's own otherwise.
+// The model file's header (256 words) as this build writes them: llm.c's format for GPT-2 (version 5 bf16 from a
+// BF16 build, 3 fp32 otherwise) with a llama model's family in words 16..21, an extension's own otherwise.
 static void gpt2_model_header(const GPT2* model, int* header) {
     const GPT2Config* c = &model->config;
     const MlpExtension* x = model->mlp;
-    for (int i = 8; i <= 12; i++) header[i] = 0;
+    for (int i = 8; i < 256; i++) header[i] = 0;
+    if (is_llama(c)) {
+        header[16] = FAMILY_LLAMA;
+        header[17] = c->num_kv_heads;
+        memcpy(&header[18], &c->rope_theta, sizeof(float));
+        header[19] = c->ffn_hidden;
+        memcpy(&header[20], &c->norm_eps, sizeof(float));
+        header[21] = c->tied;
+    }
     header[0] = x ? x->model_magic : GPT2_MODEL_MAGIC;
     header[1] = PRECISION_MODE == PRECISION_BF16 ? (x ? x->bf16_version : 5) : (x ? x->fp32_version : 3);
     header[2] = c->max_seq_len;
@@ -710,6 +850,23 @@ static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStrea
 // loads whatever B and T are.
 static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 
+// Per-layer strides (elements) of the activations whose width depends on the family: qkvr, fch, fch_gelu (GPT-2:
+// 3, 4 and 4 times the (B, T, C) stride) and the norms' means (none in RMSNorm)
+typedef struct {
+    size_t qkv, fc, hidden, means;
+} LayerStrides;
+static LayerStrides layer_strides(const GPT2Config* c, size_t B, size_t T) {
+    size_t BTC = layer_stride(B * T * c->channels);
+    LayerStrides s = {3 * BTC, 4 * BTC, 4 * BTC, layer_stride(B * T)};
+    if (is_llama(c)) {
+        s.qkv = layer_stride(B * T * qkv_channels(c));
+        s.fc = layer_stride(B * T * fc_channels(c));
+        s.hidden = layer_stride(B * T * c->ffn_hidden);
+        s.means = 0;
+    }
+    return s;
+}
+
 // The activation tensors' sizes in bytes, in the order of ActivationTensors.
 static void fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, size_t T, int recompute) {
     const GPT2Config* c = &model->config;
@@ -718,39 +875,44 @@ static void fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, siz
     size_t dense_layers = gpt2_dense_layers(model);
     size_t gelu_layers = recompute >= 1 ? (dense_layers ? 1 : 0) : dense_layers;
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T), ATT = layer_stride(B * NH * T * T);
+    LayerStrides st = layer_strides(c, B, T);
+    size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means;
+    int llama = is_llama(c);
+    size_t BT4C = llama ? (QKV > HID ? QKV : HID) : 4 * BTC;  // the qkv and MLP gradients' scratch
     // flash attention and cuDNN keep softmax statistics, not probabilities, and read q, k, v in place
     int probabilities = model->attention == ATTENTION_MATMUL_SOFTMAX;
     size_t att_probs = probabilities ? ATT : 0, att_stats = probabilities ? 0 : layer_stride(B * NH * T);
     size_t i = 0;
     s[i++] = (BTC) * sizeof(floatX);                           // encoded
     s[i++] = (ln_layers * BTC) * sizeof(floatX);               // ln1
-    s[i++] = (L * BT) * sizeof(float);                         // ln1_mean
+    s[i++] = (L * means) * sizeof(float);                      // ln1_mean
     s[i++] = (L * BT) * sizeof(float);                         // ln1_rstd
     s[i++] = (L * BTC) * sizeof(floatX);                       // atty
     s[i++] = (L * att_probs) * sizeof(floatX);                 // att
     s[i++] = (L * att_stats) * sizeof(float);                  // att_stats
-    s[i++] = (L * 3 * BTC) * sizeof(floatX);                   // qkvr
+    s[i++] = (L * QKV) * sizeof(floatX);                       // qkvr
     s[i++] = (L * BTC) * sizeof(floatX);                       // residual2
     s[i++] = (ln_layers * BTC) * sizeof(floatX);               // ln2
-    s[i++] = (L * BT) * sizeof(float);                         // ln2_mean
+    s[i++] = (L * means) * sizeof(float);                      // ln2_mean
     s[i++] = (L * BT) * sizeof(float);                         // ln2_rstd
-    s[i++] = (dense_layers * 4 * BTC) * sizeof(floatX);        // fch
-    s[i++] = (gelu_layers * 4 * BTC) * sizeof(floatX);         // fch_gelu
+    s[i++] = (dense_layers * FC) * sizeof(floatX);             // fch
+    s[i++] = (gelu_layers * HID) * sizeof(floatX);             // fch_gelu
     s[i++] = (L * BTC) * sizeof(floatX);                       // residual3
     s[i++] = (BTC) * sizeof(floatX);                           // lnf
-    s[i++] = (BT) * sizeof(float);                             // lnf_mean
+    s[i++] = (means) * sizeof(float);                          // lnf_mean
     s[i++] = (BT) * sizeof(float);                             // lnf_rstd
     s[i++] = (BT) * sizeof(float);                             // losses
     s[i++] = (B * T * Vp) * sizeof(floatX);                    // output
     s[i++] = (BTC) * sizeof(floatX);                           // scratch_btc
-    s[i++] = (4 * BTC) * sizeof(floatX);                       // scratch_bt4c
+    s[i++] = (BT4C) * sizeof(floatX);                          // scratch_bt4c
     s[i++] = (BTC) * sizeof(floatX);                           // dresidual
     s[i++] = (BTC) * sizeof(floatX);                           // dbtc
     s[i++] = (probabilities * 3 * BTC) * sizeof(floatX);       // dqkvr
     s[i++] = (att_probs) * sizeof(floatX);                     // datt
     s[i++] = (model->attention == ATTENTION_FLASH ? BT * NH : 0) * sizeof(float);  // att_delta
-    size_t ln_scratch = layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
-    size_t bias_scratch = matmul_dbias_buffer_floats((int)(Vp > 4 * C ? Vp : 4 * C));
+    size_t ln_scratch = llama ? rmsnorm_backward_scratch_floats((int)B, (int)T, (int)C)
+                              : layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
+    size_t bias_scratch = llama ? 0 : matmul_dbias_buffer_floats((int)(Vp > 4 * C ? Vp : 4 * C));  // no biases
     s[i++] = (ln_scratch > bias_scratch ? ln_scratch : bias_scratch) * sizeof(float);  // scratch_f
 }
 
@@ -795,28 +957,31 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
 // Layer l's slices of the activations of a (B, T) batch (B, T at most what they were sized for)
 static LayerActivations gpt2_layer_activations(const GPT2* model, int l, size_t B, size_t T) {
     const ActivationTensors* a = &model->acts;
-    size_t C = model->config.channels, NH = model->config.num_heads;
+    const GPT2Config* c = &model->config;
+    size_t C = c->channels, NH = c->num_heads;
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T);
+    LayerStrides st = layer_strides(c, B, T);
+    size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means;
     LayerActivations la;
     la.residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BTC;
     la.ln1 = model->recompute >= 2 ? a->ln1 : a->ln1 + l * BTC;
-    la.ln1_mean = a->ln1_mean + l * BT;
+    la.ln1_mean = a->ln1_mean + l * means;
     la.ln1_rstd = a->ln1_rstd + l * BT;
     la.atty = a->atty + l * BTC;
     int probabilities = model->attention == ATTENTION_MATMUL_SOFTMAX;
     la.att = probabilities ? a->att + l * layer_stride(B * NH * T * T) : NULL;
     la.att_stats = probabilities ? NULL : a->att_stats + l * layer_stride(B * NH * T);
-    la.qkvr = a->qkvr + l * 3 * BTC;
+    la.qkvr = a->qkvr + l * QKV;
     la.residual2 = a->residual2 + l * BTC;
     la.ln2 = model->recompute >= 2 ? a->ln2 : a->ln2 + l * BTC;
-    la.ln2_mean = a->ln2_mean + l * BT;
+    la.ln2_mean = a->ln2_mean + l * means;
     la.ln2_rstd = a->ln2_rstd + l * BT;
     la.residual3 = a->residual3 + l * BTC;
     la.fch = la.fch_gelu = NULL;
     if (gpt2_is_dense_layer(model, l)) {
         size_t d = gpt2_dense_index(model, l);
-        la.fch = a->fch + d * 4 * BTC;
-        la.fch_gelu = model->recompute >= 1 ? a->fch_gelu : a->fch_gelu + d * 4 * BTC;
+        la.fch = a->fch + d * FC;
+        la.fch_gelu = model->recompute >= 1 ? a->fch_gelu : a->fch_gelu + d * HID;
     }
     return la;
 }
@@ -836,6 +1001,7 @@ static void gpt2_init_common(GPT2* model) {
 static void gpt2_free(GPT2* model) {
     if (model->mlp) model->mlp->free(model);
     sharded_parameters_free(&model->store);
+    cudaCheck(cudaFree(model->rope_table));
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFree(model->inputs));
     cudaCheck(cudaFree(model->targets));
@@ -853,25 +1019,12 @@ static int gpt2_forward_gelu_fusion(const GPT2* model) {
     return model->recompute >= 1 ? 0 : model->gelu_fusion;
 }
 
-// Forward pass over (B, T) tokens. With targets, also the losses, whose mean gpt2_mean_loss returns; with
-// dlogits_scale > 0, the logits are replaced by their gradient (scaled by dlogits_scale) for backward.
-static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dlogits_scale,
-                         cudaStream_t stream) {
+// GPT-2's forward pass from the tokens to a.lnf (an extension's MLP in the layers it replaces)
+static void gpt2_forward_layers(GPT2* model, int B, int T, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
-    if (B > model->batch_size || T > model->seq_len || T > c->max_seq_len || B < 1 || T < 1) {
-        fprintf(stderr, "gpt2_forward: batch (%d, %d) exceeds the allocated (%d, %d) or maxT %d\n", B, T,
-                model->batch_size, model->seq_len, c->max_seq_len);
-        exit(EXIT_FAILURE);
-    }
-    int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int L = c->num_layers, C = c->channels;
     ParameterTensors p = model->params;
     ActivationTensors a = model->acts;
-    memcpy(model->inputs_cpu, inputs, (size_t)B * T * sizeof(int));
-    cudaCheck(cudaMemcpyAsync(model->inputs, inputs, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
-    if (targets) {
-        cudaCheck(cudaMemcpyAsync(model->targets, targets, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
-    }
-    if (model->mlp) model->mlp->begin_forward(model, B * T, dlogits_scale);
     encoder_forward(a.encoded, model->inputs, p.wte, p.wpe, B, T, C, stream);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, B, T, C, stream);
     for (int l = 0; l < L; l++) {
@@ -912,7 +1065,69 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
                                              p.lnfw, p.lnfb, B * T, C, stream);
         }
     }
-    matmul_forward(a.output, a.lnf, p.wte, nullptr, B, T, C, Vp, stream);
+}
+
+// The llama model's forward pass from the tokens to a.lnf (doc/kernels.md, "The Llama-style model"): the layers of
+// GPT-2's forward pass with RMSNorm for LayerNorm, no biases and no positions, q and k roped in place in the qkv
+// activation (the backward pass needs them roped), flash attention over NKV key/value heads, and the SwiGLU MLP.
+static void llama_forward_layers(GPT2* model, int B, int T, cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    int L = c->num_layers, C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, H = c->ffn_hidden;
+    int QKV = (int)qkv_channels(c), N = B * T;
+    float eps = c->norm_eps;
+    ParameterTensors p = model->params;
+    ActivationTensors a = model->acts;
+    encoder_forward(a.encoded, model->inputs, p.wte, nullptr, B, T, C, stream);
+    LayerActivations first = gpt2_layer_activations(model, 0, B, T);
+    rmsnorm_forward(first.ln1, first.ln1_rstd, a.encoded, p.ln1w, B, T, C, eps, stream);
+    for (int l = 0; l < L; l++) {
+        LayerParameters lp = gpt2_layer_parameters(model, &p, l);
+        LayerActivations la = gpt2_layer_activations(model, l, B, T);
+        floatX* qkv = la.qkvr;  // (B, T, QKV)
+        matmul_forward(qkv, la.ln1, lp.qkvw, nullptr, B, T, C, QKV, stream);
+        rope_forward(qkv, model->rope_table, B, T, NH, NKV, C / NH, stream);
+        flash_attention_forward(la.atty, la.att_stats, qkv, B, T, NH, NKV, C, stream);
+        matmul_forward(a.scratch_btc, la.atty, lp.attprojw, nullptr, B, T, C, C, stream);
+        fused_residual_rmsnorm_forward(la.residual2, la.ln2, la.ln2_rstd, la.residual, a.scratch_btc, lp.ln2w, N, C,
+                                       eps, stream);
+        matmul_forward(la.fch, la.ln2, lp.fcw, nullptr, B, T, C, 2 * H, stream);  // (B, T, 2H) [gate | up]
+        swiglu_forward(la.fch_gelu, la.fch, N, H, stream);                          // (B, T, H)
+        matmul_forward(a.scratch_btc, la.fch_gelu, lp.fcprojw, nullptr, B, T, H, C, stream);
+        if (l + 1 < L) {
+            LayerParameters next_p = gpt2_layer_parameters(model, &p, l + 1);
+            LayerActivations next = gpt2_layer_activations(model, l + 1, B, T);
+            fused_residual_rmsnorm_forward(la.residual3, next.ln1, next.ln1_rstd, la.residual2, a.scratch_btc,
+                                           next_p.ln1w, N, C, eps, stream);
+        } else {
+            fused_residual_rmsnorm_forward(la.residual3, a.lnf, a.lnf_rstd, la.residual2, a.scratch_btc, p.lnfw, N, C,
+                                           eps, stream);
+        }
+    }
+}
+
+// Forward pass over (B, T) tokens. With targets, also the losses, whose mean gpt2_mean_loss returns; with
+// dlogits_scale > 0, the logits are replaced by their gradient (scaled by dlogits_scale) for backward.
+static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dlogits_scale,
+                         cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    if (B > model->batch_size || T > model->seq_len || T > c->max_seq_len || B < 1 || T < 1) {
+        fprintf(stderr, "gpt2_forward: batch (%d, %d) exceeds the allocated (%d, %d) or maxT %d\n", B, T,
+                model->batch_size, model->seq_len, c->max_seq_len);
+        exit(EXIT_FAILURE);
+    }
+    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    ParameterTensors p = model->params;
+    ActivationTensors a = model->acts;
+    memcpy(model->inputs_cpu, inputs, (size_t)B * T * sizeof(int));
+    cudaCheck(cudaMemcpyAsync(model->inputs, inputs, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
+    if (targets) {
+        cudaCheck(cudaMemcpyAsync(model->targets, targets, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
+    }
+    if (model->mlp) model->mlp->begin_forward(model, B * T, dlogits_scale);
+    if (is_llama(c)) llama_forward_layers(model, B, T, stream);
+    else gpt2_forward_layers(model, B, T, stream);
+    // the classifier: against wte (GPT-2, tied llama) or lm_head
+    matmul_forward(a.output, a.lnf, c->tied ? p.wte : p.lm_head, nullptr, B, T, C, Vp, stream);
     if (targets) {
         fused_classifier(a.output, a.losses, dlogits_scale, model->targets, B, T, V, Vp, dlogits_scale > 0.0f, stream);
         // the losses come back without a host synchronisation: the host queues the backward pass (and what else it
@@ -958,15 +1173,60 @@ static LayerParameters gpt2_layer_gradients(GPT2* model, int l, cudaStream_t str
     }
     return lg;
 }
-// ... and the gradients of wte, wpe and the final LayerNorm (the other fields NULL)
+// ... and the gradients of an untied lm_head (reduced as soon as the classifier's backward is done), of wte, wpe and
+// the final norm (the other fields NULL)
 static ParameterTensors gpt2_rest_gradients(GPT2* model, cudaStream_t stream) {
     ParameterTensors g;
     memset(&g, 0, sizeof(g));
     floatX* s[GPT2_REST_TENSORS];
+    sharded_parameters_gradient_slices(&model->store, GPT2_REST_BUCKET, gpt2_lm_head_tensor, 1, -1,
+                                       model->config.num_layers, s, stream);
+    g.lm_head = s[0];
     sharded_parameters_gradient_slices(&model->store, GPT2_REST_BUCKET, gpt2_rest_tensors, GPT2_REST_TENSORS, -1,
                                        model->config.num_layers, s, stream);
     g.wte = s[0], g.wpe = s[1], g.lnfw = s[2], g.lnfb = s[3];
     return g;
+}
+
+// The llama model's backward pass from a.dbtc, the gradient of a.lnf, to dresidual, the embeddings' gradient (the
+// transpose of llama_forward_layers), with each layer's gradient reduction as in gpt2_backward. The recompute
+// levels are GPT-2's: r >= 1 recomputes the SwiGLU output from fch, r >= 2 the RMSNorm outputs (bit for bit the
+// forward's: llmc/rmsnorm.cuh's fused kernel rounds the residual first, as a separate add would).
+static void llama_backward_layers(GPT2* model, const ParameterTensors* rest_grads, int B, int T,
+                                  const MultiGpuConfig* mg, int reduce, int zero_stage, cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    int L = c->num_layers, C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, H = c->ffn_hidden;
+    int QKV = (int)qkv_channels(c), N = B * T;
+    float eps = c->norm_eps;
+    ParameterTensors p = model->params;
+    ActivationTensors a = model->acts;
+    floatX* dresidual = a.dresidual;  // (B, T, C), zeroed by gpt2_backward
+    LayerActivations last = gpt2_layer_activations(model, L - 1, B, T);
+    rmsnorm_backward(dresidual, rest_grads->lnfw, a.scratch_f, a.dbtc, last.residual3, p.lnfw, a.lnf_rstd, B, T, C, stream);
+    for (int l = L - 1; l >= 0; l--) {
+        LayerParameters lp = gpt2_layer_parameters(model, &p, l);
+        LayerParameters lg = gpt2_layer_gradients(model, l, stream);
+        LayerActivations la = gpt2_layer_activations(model, l, B, T);
+        if (model->recompute >= 2) rmsnorm_forward(la.ln2, nullptr, la.residual2, lp.ln2w, B, T, C, eps, stream);
+        // MLP: fcproj, SwiGLU, fc. fc's output gradient (B, T, 2H) overwrites fch in place: the forward's [gate | up]
+        // is needed by nothing after the SwiGLU's backward
+        if (model->recompute >= 1) swiglu_forward(la.fch_gelu, la.fch, N, H, stream);
+        floatX* dswiglu = a.scratch_bt4c;  // (B, T, H)
+        matmul_backward(dswiglu, lg.fcprojw, nullptr, dresidual, la.fch_gelu, lp.fcprojw, a.scratch_f, B, T, H, C,
+                        stream);
+        swiglu_backward(la.fch, dswiglu, la.fch, N, H, stream);
+        matmul_backward(a.dbtc, lg.fcw, nullptr, la.fch, la.ln2, lp.fcw, a.scratch_f, B, T, C, 2 * H, stream);
+        rmsnorm_backward(dresidual, lg.ln2w, a.scratch_f, a.dbtc, la.residual2, lp.ln2w, la.ln2_rstd, B, T, C, stream);
+        // attention: projection, attention over the roped q and k, RoPE's transpose, qkv
+        matmul_backward(a.dbtc, lg.attprojw, nullptr, dresidual, la.atty, lp.attprojw, a.scratch_f, B, T, C, C, stream);
+        floatX* dqkv = a.scratch_bt4c;  // (B, T, QKV)
+        flash_attention_backward(dqkv, a.att_delta, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, NH, NKV, C, stream);
+        rope_backward(dqkv, model->rope_table, B, T, NH, NKV, C / NH, stream);
+        if (model->recompute >= 2) rmsnorm_forward(la.ln1, nullptr, la.residual, lp.ln1w, B, T, C, eps, stream);
+        matmul_backward(a.dbtc, lg.qkvw, nullptr, dqkv, la.ln1, lp.qkvw, a.scratch_f, B, T, C, QKV, stream);
+        rmsnorm_backward(dresidual, lg.ln1w, a.scratch_f, a.dbtc, la.residual, lp.ln1w, la.ln1_rstd, B, T, C, stream);
+        if (reduce) gpt2_reduce_layer(model, l, mg, zero_stage, stream);
+    }
 }
 
 // Backward pass for the batch of the last gpt2_forward (which must have been given targets and a
@@ -984,8 +1244,17 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
     floatX* dresidual = a.dresidual;  // gradient of the residual stream, (B, T, C)
     reduce = reduce || model->zero_stage == 2;  // ZeRO-2 reduces on every micro-step
     cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)B * T * C * sizeof(floatX), stream));
-    // classifier: the logits' gradient is in a.output
-    matmul_backward(a.dbtc, g.wte, nullptr, a.output, a.lnf, p.wte, a.scratch_f, B, T, C, Vp, stream);
+    // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
+    matmul_backward(a.dbtc, c->tied ? g.wte : g.lm_head, nullptr, a.output, a.lnf, c->tied ? p.wte : p.lm_head,
+                    a.scratch_f, B, T, C, Vp, stream);
+    if (reduce)  // an untied lm_head's gradient is complete: reduced while the layers' backward runs
+        sharded_parameters_reduce_slices(&model->store, gpt2_lm_head_tensor, 1, -1, L, mg, zero_stage, stream);
+    if (is_llama(c)) {
+        llama_backward_layers(model, &g, B, T, mg, reduce, zero_stage, stream);
+        encoder_backward(g.wte, nullptr, dresidual, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
+        if (reduce) gpt2_reduce_rest(model, mg, zero_stage, stream);
+        return;
+    }
     LayerActivations last = gpt2_layer_activations(model, L - 1, B, T);
     layernorm_backward(dresidual, g.lnfw, g.lnfb, a.scratch_f, a.dbtc, last.residual3, p.lnfw, a.lnf_mean, a.lnf_rstd,
                        B, T, C, stream);
@@ -1104,7 +1373,10 @@ static int gpt2_update(GPT2* model, const AdamWConfig* opt, float norm, int t, c
 }
 
 // 6 flops per active parameter per token for the matmuls of forward+backward (an extension counts its own: a
-// token meets k of the E experts of an MoE layer) plus the attention's 12 L C T
+// token meets k of the E experts of an MoE layer) plus the attention's 12 L C T. The same for llama: its lm_head
+// (untied) is a matmul's weight like the rest, the embeddings count as in llm.c's GPT-2 formula, and attention's
+// score and value products are those of NH query heads of HS, C = NH HS, whatever NKV (grouped-query attention
+// shares k and v, not their products); the RMSNorm, RoPE and SwiGLU elementwise flops are left out, as GPT-2's are.
 static double gpt2_flops_per_token(const GPT2* model, int T) {
     const GPT2Config* c = &model->config;
     size_t sizes[NUM_PARAMETER_TENSORS];
@@ -1192,7 +1464,7 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
     if (mg->process_rank == 0) {
         checkpoint_paths(path, sizeof(path), dir, "DONE", ts->step, -1);
         FILE* d = fopen_tmp_for(path, tmp, sizeof(tmp));
-        int header[13];
+        int header[256];
         gpt2_model_header(model, header);
         fprintf(d, "checkpoint 1\nstep %d\nprocesses %d\nmodel", ts->step, mg->num_processes);
         for (int i = 1; i <= 12; i++) fprintf(d, " %d", header[i]);
@@ -1538,6 +1810,10 @@ typedef struct {
     float skip_update_lossz, skip_update_gradz;
     int num_processes, process_rank, gpus_per_node;
     int divergence_steps, watchdog_s;
+    // the architecture of a descriptor (train_gpt only): -arch and the llama family's values (0: its default)
+    const char* arch;
+    int kv_heads, ffn_hidden, tie_embeddings;
+    float rope_theta, norm_eps;
 } TrainerSettings;
 
 static Flag flag(const char* name, FlagType type, void* value, const char* help) {
@@ -1545,9 +1821,10 @@ static Flag flag(const char* name, FlagType type, void* value, const char* help)
     return f;
 }
 
-// The settings' defaults and the trainer's flags, which write into `s`; returns the number of flags.
-#define MAX_TRAINER_FLAGS 48
-static int trainer_flags(Flag* f, TrainerSettings* s) {
+// The settings' defaults and the trainer's flags, which write into `s`; returns the number of flags. with_arch: the
+// architecture flags (train_gpt; train_moe's model is GPT-2's with its MoE layers).
+#define MAX_TRAINER_FLAGS 56
+static int trainer_flags(Flag* f, TrainerSettings* s, int with_arch) {
     s->train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
     s->val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
     s->model_source = "gpt2_124M_bf16.bin";
@@ -1567,6 +1844,8 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     s->skip_update_lossz = 0.0f, s->skip_update_gradz = 0.0f;
     s->num_processes = 1, s->process_rank = 0, s->gpus_per_node = 8;
     s->divergence_steps = 3, s->watchdog_s = 600;
+    s->arch = "gpt2", s->kv_heads = 0, s->ffn_hidden = 0, s->tie_embeddings = 0;
+    s->rope_theta = 10000.0f, s->norm_eps = 1e-5f;  // train_gpt.py's ROPE_THETA, NORM_EPS (RMSNORM_DEFAULT_EPS)
     int n = 0;
     f[n++] = flag("-i", FLAG_STRING, &s->train_pattern,
                   "train data filename pattern (default = dev/data/tinyshakespeare/tiny_shakespeare_train.bin)");
@@ -1576,6 +1855,19 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     f[n++] = flag("-ev", FLAG_INT, &s->descriptor_vocab, "vocabulary size for a descriptor (default = 50257)");
     f[n++] = flag("-et", FLAG_INT, &s->descriptor_maxT, "max sequence length for a descriptor (default = 1024)");
     f[n++] = flag("-sd", FLAG_INT, &s->descriptor_seed, "seed of a descriptor's initialisation (default = 42)");
+    if (with_arch) {
+        // a model file's header gives these; given with one, they must agree with it
+        f[n++] = flag("-arch", FLAG_STRING, &s->arch,
+                      "architecture of a descriptor: gpt2, or llama (RMSNorm, RoPE, grouped-query attention,\n"
+                      "SwiGLU, no biases: doc/kernels.md) (default = gpt2)");
+        f[n++] = flag("-kv", FLAG_INT, &s->kv_heads, "llama: key/value heads, dividing NH (default = NH)");
+        f[n++] = flag("-rt", FLAG_FLOAT, &s->rope_theta, "llama: RoPE theta (default = 10000)");
+        f[n++] = flag("-fh", FLAG_INT, &s->ffn_hidden,
+                      "llama: SwiGLU hidden size H (default = 8C/3 rounded up to a multiple of 64)");
+        f[n++] = flag("-eps", FLAG_FLOAT, &s->norm_eps, "llama: RMSNorm eps (default = 1e-5)");
+        f[n++] = flag("-tie", FLAG_INT, &s->tie_embeddings,
+                      "llama: 1 = the output embedding is wte, 0 = its own lm_head (default = 0)");
+    }
     f[n++] = flag("-o", FLAG_STRING, &s->output_dir, "output log dir and checkpoints (default = none)");
     f[n++] = flag("-tf", FLAG_STRING, &s->tokenizer_path, "tokenizer file for decoding samples (default = gpt2_tokenizer.bin)");
     f[n++] = flag("-n", FLAG_INT, &s->checkpoint_every, "write a checkpoint every how many steps (default 0 = never)");
@@ -1697,6 +1989,81 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
         fprintf(stderr, "-l, -q, -c, -u and -nk must not be negative\n");
         return 0;
     }
+    // the architecture flags (train_gpt's); the values a model needs are checked with its sizes
+    // (check_config_supported), the flag's own range here
+    if (flag_find(flags, num_flags, "-arch")) {
+        int llama = !strcmp(s->arch, "llama");
+        if (!llama && strcmp(s->arch, "gpt2") != 0) {
+            fprintf(stderr, "-arch %s: expected gpt2 or llama\n", s->arch);
+            return 0;
+        }
+        const char* llama_only[] = {"-kv", "-rt", "-fh", "-eps", "-tie"};
+        for (int i = 0; i < 5; i++) {
+            if (!llama && flag_find(flags, num_flags, llama_only[i])->given) {
+                fprintf(stderr, "%s applies to -arch llama only\n", llama_only[i]);
+                return 0;
+            }
+        }
+        if (llama && s->flash_attention == 0) {
+            fprintf(stderr, "-fa 0: -arch llama runs on flash attention only (the cuBLAS-and-softmax and cuDNN paths "
+                    "have no grouped-query attention or RoPE)\n");
+            return 0;
+        }
+        if (flag_find(flags, num_flags, "-kv")->given && s->kv_heads < 1) {
+            fprintf(stderr, "-kv %d: expected a positive number of key/value heads\n", s->kv_heads);
+            return 0;
+        }
+        if (flag_find(flags, num_flags, "-fh")->given && s->ffn_hidden < 1) {
+            fprintf(stderr, "-fh %d: expected a positive hidden size\n", s->ffn_hidden);
+            return 0;
+        }
+        if (s->tie_embeddings != 0 && s->tie_embeddings != 1) {
+            fprintf(stderr, "-tie %d: expected 0 or 1\n", s->tie_embeddings);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+// The architecture of a descriptor from the flags (only the family fields of the config are set)
+static GPT2Config trainer_descriptor_arch(const TrainerSettings* s) {
+    GPT2Config arch;
+    memset(&arch, 0, sizeof(arch));
+    arch.family = !strcmp(s->arch, "llama") ? FAMILY_LLAMA : FAMILY_GPT2;
+    arch.num_kv_heads = s->kv_heads;
+    arch.rope_theta = s->rope_theta;
+    arch.ffn_hidden = s->ffn_hidden;
+    arch.norm_eps = s->norm_eps;
+    arch.tied = s->tie_embeddings;
+    return arch;
+}
+
+// A model file's header gives its architecture: an architecture flag given with one must say the same (a resumed
+// run repeats its command line), else 0 and one line naming the flag.
+static int trainer_check_arch_of_file(const TrainerSettings* s, const Flag* flags, int num_flags, const GPT2* model) {
+    if (!flag_find(flags, num_flags, "-arch")) return 1;  // train_moe: no architecture flags
+    const GPT2Config* c = &model->config;
+    GPT2Config want = trainer_descriptor_arch(s);
+    if (flag_find(flags, num_flags, "-arch")->given && want.family != c->family) {
+        fprintf(stderr, "-arch %s: %s is a %s model\n", s->arch, s->model_source, is_llama(c) ? "llama" : "gpt2");
+        return 0;
+    }
+    const char* names[5] = {"-kv", "-fh", "-tie", "-rt", "-eps"};
+    int given_int[3] = {want.num_kv_heads, want.ffn_hidden, want.tied}, file_int[3] = {c->num_kv_heads, c->ffn_hidden,
+                                                                                     c->tied};
+    float given_float[2] = {want.rope_theta, want.norm_eps}, file_float[2] = {c->rope_theta, c->norm_eps};
+    for (int i = 0; i < 5; i++) {
+        if (!flag_find(flags, num_flags, names[i])->given) continue;
+        if (i < 3 && given_int[i] != file_int[i]) {
+            fprintf(stderr, "%s %d: the model file %s has %d\n", names[i], given_int[i], s->model_source, file_int[i]);
+            return 0;
+        }
+        if (i >= 3 && given_float[i - 3] != file_float[i - 3]) {
+            fprintf(stderr, "%s %g: the model file %s has %g\n", names[i], given_float[i - 3], s->model_source,
+                    file_float[i - 3]);
+            return 0;
+        }
+    }
     return 1;
 }
 
@@ -1776,8 +2143,16 @@ static void print_startup_table(GPT2* model, const TrainerSettings* s, const cud
     else
 #endif
         info_row(&t, "attention", "%s", gpt2_attention_name(model));
-    info_row(&t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
-             cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
+    if (is_llama(cfg)) {
+        info_row(&t, "model", "llama L=%d NH=%d NKV=%d C=%d H=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads,
+                 cfg->num_kv_heads, cfg->channels, cfg->ffn_hidden, cfg->vocab_size, cfg->padded_vocab_size,
+                 cfg->max_seq_len);
+        info_row(&t, "llama", "RoPE theta %g, RMSNorm eps %g, %s", cfg->rope_theta, cfg->norm_eps,
+                 cfg->tied ? "output embedding tied to wte" : "own lm_head");
+    } else {
+        info_row(&t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
+                 cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
+    }
     info_row(&t, "parameters", "%zu", gpt2_num_parameters(model));
     if (model->mlp) model->mlp->info_rows(model, &t);
     info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", s->B, s->T, mg->num_processes, grad_accum_steps);
@@ -1958,7 +2333,7 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     TrainerSettings s;
     Flag flags[MAX_TRAINER_FLAGS];
-    int num_flags = trainer_flags(flags, &s);
+    int num_flags = trainer_flags(flags, &s, mlp == NULL);
     FlagTables tables = {{flags, mlp ? mlp->flags : NULL}, {num_flags, mlp ? mlp->num_flags : 0}, mlp ? 2 : 1};
     if (flags_parse(&tables, argc, argv)) {
         fprintf(stderr, "Usage:   ./%s [options]\n", mlp ? mlp->trainer : "train_gpt");
@@ -2012,12 +2387,15 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     }
     int from_file = file_exists(s.model_source);
     if (from_file) gpt2_build_from_checkpoint(&model, s.model_source);
-    else if (s.model_source[0] == 'd' && isdigit((unsigned char)s.model_source[1]))
-        gpt2_build_from_descriptor(&model, s.model_source, s.descriptor_vocab, s.descriptor_maxT, s.descriptor_seed);
-    else {
+    else if (s.model_source[0] == 'd' && isdigit((unsigned char)s.model_source[1])) {
+        GPT2Config arch = trainer_descriptor_arch(&s);
+        gpt2_build_from_descriptor(&model, s.model_source, s.descriptor_vocab, s.descriptor_maxT, s.descriptor_seed,
+                                   &arch);
+    } else {
         fprintf(stderr, "-e %s: no such model file (and not a descriptor such as d12)\n", s.model_source);
         return EXIT_FAILURE;
     }
+    if (from_file && !trainer_check_arch_of_file(&s, flags, num_flags, &model)) return EXIT_FAILURE;
     if (mlp) mlp->check_model(&model, s.model_source, from_file);
     if (!gpt2_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
     const GPT2Config* cfg = &model.config;

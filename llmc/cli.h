@@ -61,10 +61,11 @@ static void flags_usage(const FlagTables* t, const char* const* titles) {
             char head[40];
             if (strcmp(f->name, "-h") == 0) snprintf(head, sizeof(head), "%s", f->name);
             else snprintf(head, sizeof(head), "%s <%s>", f->name, type_names[f->type]);
-            fprintf(stderr, "  %-12s", head);
+            // a column of 15: "-arch <string>" and a space
+            fprintf(stderr, "  %-15s", head);
             for (const char* c = f->help; *c; c++) {
                 fputc(*c, stderr);
-                if (*c == '\n') fprintf(stderr, "  %-12s", "");
+                if (*c == '\n') fprintf(stderr, "  %-15s", "");
             }
             fputc('\n', stderr);
         }

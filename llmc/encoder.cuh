@@ -1,5 +1,6 @@
 // llmc/encoder.cuh: GPT-2 input embedding, forward and backward: out = wte[token] + wpe[position], and the
-// gradients of both tables. Included by the trainers and by dev/cuda/encoder_forward.cu and
+// gradients of both tables. Without wpe (NULL: a model without learned positions, -arch llama), out = wte[token].
+// Included by the trainers and by dev/cuda/encoder_forward.cu and
 // dev/cuda/encoder_backward.cu (the kernel lab: `make build/lab/encoder_forward_bf16 && build/lab/encoder_forward_bf16 -s`).
 // Size constraint: C % 8 == 0 (every thread moves 8 channels with one 16-byte vector); the trainer checks
 // it at start-up through encoder_support.
@@ -21,6 +22,10 @@ __global__ void encoder_forward_kernel(floatX* __restrict__ out, const int* __re
     int c = (int)(idx % C);
     int token = inp[bt];
     x128 token_embedding = load128(wte + (size_t)token * C + c);  // repeated tokens hit L2: keep cached
+    if (wpe == nullptr) {  // a copy
+        store128(out + idx, token_embedding);
+        return;
+    }
     x128 position_embedding = load128(wpe + (size_t)t * C + c);
     x128 result;
     for (int k = 0; k < x128::size; k++) {
@@ -37,7 +42,7 @@ void encoder_forward_launch(floatX* out, const int* inp, const floatX* wte, cons
     cudaCheck(cudaGetLastError());
 }
 
-// out (B,T,C) = wte[inp[b,t]] + wpe[t]; inp (B,T); wte (Vp,C); wpe (maxT,C)
+// out (B,T,C) = wte[inp[b,t]] + wpe[t]; inp (B,T); wte (Vp,C); wpe (maxT,C) or NULL (no position term)
 void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
                      cudaStream_t stream) {
     encoder_forward_launch(out, inp, wte, wpe, B, T, C, 256, stream);
@@ -216,7 +221,8 @@ static int encoder_upload_buckets(EncoderBuckets* table, const int* inputs_cpu, 
 }
 
 // dwte (Vp,C) += per token, the sum of dout over the positions holding it; dwpe (maxT,C) += sum over b of
-// dout[b,t]. inputs_cpu is the host copy of inp (B,T). bf16 results are rounded stochastically from seed.
+// dout[b,t] (dwpe NULL: a model without wpe). inputs_cpu is the host copy of inp (B,T). bf16 results are rounded
+// stochastically from seed.
 void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp, const int* inputs_cpu, int B,
                       int T, int C, unsigned int seed, cudaStream_t stream) {
     static EncoderBuckets table = {};
@@ -229,6 +235,7 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int*
     encoder_backward_wte_kernel<<<wte_grid, ENCODER_BACKWARD_WARPS * 32, 0, stream>>>(
         dwte, dout, table.device_table, (const int4*)(table.device_table + padded_n), C, seed);
     cudaCheck(cudaGetLastError());
+    if (dwpe == nullptr) return;
 
     const int block_size = 256;
     unsigned int wpe_grid = (unsigned int)CEIL_DIV((size_t)T * C / x128::size, (size_t)block_size);

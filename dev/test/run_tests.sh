@@ -35,7 +35,7 @@ selected() {
 # the test scripts' inputs (the binaries and references that a test names on its command line are found there)
 declare -A NEEDS=(
     [multi-gpu]="build/test_host_utils"
-    [train-gpt-cli]="build/train_gpt_fp32 build/ref/tiny_fp32_debug_state.bin"
+    [train-gpt-cli]="build/train_gpt_fp32 build/ref/tiny_fp32_debug_state.bin build/ref/llama_gqa_fp32_debug_state.bin"
     [production-gpt-124m]="build/sanitize/train_gpt_bf16 build/prod/train.bin"
     [production-gpt-1.5b]="build/sanitize/train_gpt_bf16 build/prod/train.bin"
     [production-moe-8x-ep2]="build/sanitize/train_moe_bf16 build/prod/train.bin"
@@ -182,6 +182,19 @@ run_test gpt-bf16-z2-oo1-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/tiny_bf
 run_test gpt-bf16-z2-np3 $MPIRUN -np 3 build/test_gpt_bf16 build/ref/deep_bf16 -z 2 -r 0
 run_test gpt-fp32-z2-oo1-np4 $MPIRUN -np 4 build/test_gpt_fp32 build/ref/tiny_fp32 -z 2 -oo 1
 run_test gpt-bf16-z1-oo1-np4 $MPIRUN -np 4 build/test_gpt_bf16 build/ref/tiny_bf16 -z 1 -oo 1
+# the Llama-style model (-arch llama) against PyTorch: grouped-query attention with its own lm_head at every
+# recompute level, FP32 and BF16 with and without master weights; multi-head with the output embedding tied to wte
+for r in 0 1 2; do
+    run_test "llama-fp32-r$r" build/test_gpt_fp32 build/ref/llama_gqa_fp32 -r $r
+    for w in 0 1; do
+        run_test "llama-bf16-r$r-w$w" build/test_gpt_bf16 build/ref/llama_gqa_bf16 -r $r -w $w
+    done
+done
+run_test llama-fp16-r1 build/test_gpt_fp16 build/ref/llama_gqa_bf16 -r 1
+run_test llama-fp32-tied build/test_gpt_fp32 build/ref/llama_tied_fp32 -r 1
+run_test llama-bf16-tied build/test_gpt_bf16 build/ref/llama_tied_bf16 -r 2 -w 1
+run_test llama-bf16-z2-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/llama_gqa_bf16 -z 2
+run_test llama-fp32-tied-z2-oo1-np3 $MPIRUN -np 3 build/test_gpt_fp32 build/ref/llama_tied_fp32 -z 2 -oo 1
 run_test train-gpt-cli dev/test/test_train_gpt.sh
 
 # the MoE trainer against PyTorch: dropping (cf 0.5) and dropless (packed, grouped GEMMs) top-1, top-2 every other
@@ -237,6 +250,9 @@ run_test check-gpt-bf16-r2-w0 build/check/test_gpt_bf16 build/ref/tiny_bf16 -r 2
 run_test check-gpt-bf16-gelu-fused-backward build/check/test_gpt_bf16 build/ref/tiny_bf16 -ge 2
 run_test check-gpt-bf16-z2-np2 $MPIRUN -np 2 build/check/test_gpt_bf16 build/ref/deep_bf16 -z 2
 run_test check-gpt-fp32-z2-oo1-np3 $MPIRUN -np 3 build/check/test_gpt_fp32 build/ref/tiny_fp32 -z 2 -oo 1
+run_test check-llama-fp32-r0 build/check/test_gpt_fp32 build/ref/llama_gqa_fp32 -r 0
+run_test check-llama-bf16-r2-w0 build/check/test_gpt_bf16 build/ref/llama_gqa_bf16 -r 2 -w 0
+run_test check-llama-bf16-tied build/check/test_gpt_bf16 build/ref/llama_tied_bf16 -r 1
 run_test check-moe-fp32-k1-cf0.5-r0 build/check/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -r 0
 run_test check-moe-fp32-k1-dropless build/check/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0
 run_test check-moe-fp32-k2-me2 build/check/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -r 2

@@ -7,16 +7,21 @@
 #   - a run resumed from a checkpoint continues bit-identically, and leftovers of an interrupted
 #     checkpoint (temporary files, a state without its DONE marker) are ignored;
 #   - a model from a descriptor trains (the loss falls);
+#   - -arch llama: a descriptor trains, its checkpoint resumes bit-identically, ZeRO-1 on 2 ranks and -oo 1 agree
+#     with 1 rank (the untied lm_head is reduced and offloaded), recompute levels give the same bits, the model file
+#     is train_gpt.py's, bad architecture flags are refused;
 #   - every bad input gets one line naming the file or flag, and a non-zero exit;
 #   - reliability: token ids against V, numeric flags, the sampling seed, divergence (-ns), symlinked temporaries,
 #     header sizes before allocation, checkpoint checksums and fallback on -y 1, main.log after a resume, stdout into
 #     a pipe, the output directory's lock, and the collective watchdog (-wt) with a stopped rank.
-# Needs build/train_gpt_fp32 and build/ref/tiny_fp32_model.bin (make test builds both). Run from anywhere:
+# Needs build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and build/ref/llama_gqa_fp32_model.bin (make test builds
+# them). Run from anywhere:
 #   dev/test/test_train_gpt.sh
 set -u
 cd "$(dirname "$0")/../.."
 TRAIN=build/train_gpt_fp32
 MODEL=build/ref/tiny_fp32_model.bin
+LLAMA_MODEL=build/ref/llama_gqa_fp32_model.bin
 PYTHON=/usr/bin/python3
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 work=$(mktemp -d)
@@ -165,6 +170,70 @@ sys.exit(0 if len(l) == 30 and l[-1] < 0.8 * l[0] else 1)
 PY
 then pass; else fail "a d2 model overfitting one batch did not learn"; fi
 
+# --- -arch llama (doc/kernels.md): a descriptor with 2 query heads sharing 1 key/value head overfits one batch
+"$TRAIN" -e d2 -arch llama -kv 1 -ev 263 -et 32 -i "$work/train.bin" -j "" -b 4 -t 16 -v 0 -s 0 -l 3e-3 -a 1 -x 30 \
+    >"$work/llama_desc.log" 2>&1 || fail "llama descriptor run: $(tail -3 "$work/llama_desc.log")"
+if grep -q "| model  *| llama L=2 NH=2 NKV=1 C=128 H=384 V=263 Vp=384 maxT=32 " "$work/llama_desc.log" &&
+    $PYTHON - "$work/llama_desc.log" <<'PY'
+import re, sys
+l = [float(x) for x in re.findall(r"^step \d+/\d+ \| loss ([-\d.e+]+)", open(sys.argv[1]).read(), re.M)]
+print("  llama descriptor d2 losses: first %.4f last %.4f" % (l[0], l[-1]) if l else "  no losses")
+sys.exit(0 if len(l) == 30 and l[-1] < 0.8 * l[0] else 1)
+PY
+then pass; else fail "a llama d2 model overfitting one batch did not learn (or its start-up table is wrong)"; fi
+# its checkpoint resumes bit-identically (a tied output embedding: the encoder's and the classifier's gradients add)
+LLAMA_DESC=(-e d2 -arch llama -kv 1 -tie 1 -ev 263 -et 32 -i "$work/train.bin" -j "" -t 16 -v 0 -s 0 -l 1e-3 -c 0.1 -b 2)
+"$TRAIN" "${LLAMA_DESC[@]}" -x 6 -n 3 -o "$work/llama_full" >"$work/llama_full.log" 2>&1 ||
+    fail "llama checkpointing run: $(tail -3 "$work/llama_full.log")"
+mkdir -p "$work/llama_resumed"
+cp "$work/llama_full"/*_00000003* "$work/llama_resumed/"
+"$TRAIN" "${LLAMA_DESC[@]}" -x 6 -n 3 -o "$work/llama_resumed" -y 1 >"$work/llama_resumed.log" 2>&1 ||
+    fail "llama resumed run: $(tail -3 "$work/llama_resumed.log")"
+want=$(losses "$work/llama_full.log" | tail -n 3)
+if [ -n "$want" ] && [ "$want" = "$(losses "$work/llama_resumed.log")" ] &&
+    cmp -s "$work/llama_full/model_00000006.bin" "$work/llama_resumed/model_00000006.bin"; then pass; else
+    fail "a llama run resumed from its checkpoint is not bit-identical"; fi
+# the reference's llama file (2 of 4 heads for keys and values, its own lm_head): ZeRO-1 on 2 ranks against 1 rank
+# with twice the micro-batch, and -oo 1 against -oo 0 file for file
+LLAMA_FILE=(-e "$LLAMA_MODEL" -i "$work/train.bin" -j "" -t 16 -v 0 -s 0 -l 1e-3 -c 0.1)
+"$TRAIN" "${LLAMA_FILE[@]}" -b 4 -a 1 -x 3 >"$work/llama_single.log" 2>&1 || fail "llama single-rank run: $(tail -3 "$work/llama_single.log")"
+$MPIRUN -np 2 "$TRAIN" "${LLAMA_FILE[@]}" -b 2 -a 1 -x 3 -z 1 >"$work/llama_zero1.log" 2>&1 ||
+    fail "llama 2-rank ZeRO-1 run: $(tail -3 "$work/llama_zero1.log")"
+if close_losses "$work/llama_single.log" "$work/llama_zero1.log" 3; then pass; else
+    fail "llama: ZeRO-1 on 2 ranks differs from 1 rank with twice the batch"; fi
+"$TRAIN" "${LLAMA_FILE[@]}" -b 2 -x 3 -n 3 -o "$work/llama_oo0" >"$work/llama_oo0.log" 2>&1 || fail "llama -oo 0 run"
+"$TRAIN" "${LLAMA_FILE[@]}" -b 2 -x 3 -n 3 -o "$work/llama_oo1" -oo 1 >"$work/llama_oo1.log" 2>&1 || fail "llama -oo 1 run"
+if cmp -s "$work/llama_oo0/model_00000003.bin" "$work/llama_oo1/model_00000003.bin" &&
+    cmp -s "$work/llama_oo0/state_00000003_00000.bin" "$work/llama_oo1/state_00000003_00000.bin"; then pass; else
+    fail "llama: -oo 1 gives another model or optimizer state than -oo 0"; fi
+# the recompute levels give the same bits (-r 1 recomputes the SwiGLU output, -r 2 the RMSNorm outputs too)
+"$TRAIN" "${LLAMA_FILE[@]}" -b 2 -x 3 -r 0 >"$work/llama_r0.log" 2>&1 || fail "llama -r 0 run"
+"$TRAIN" "${LLAMA_FILE[@]}" -b 2 -x 3 -r 2 >"$work/llama_r2.log" 2>&1 || fail "llama -r 2 run"
+if [ -n "$(step_fields "$work/llama_r0.log")" ] && [ "$(step_fields "$work/llama_r0.log")" = "$(step_fields "$work/llama_oo0.log")" ] &&
+    [ "$(step_fields "$work/llama_r2.log")" = "$(step_fields "$work/llama_oo0.log")" ]; then pass; else
+    fail "llama: -r 0, 1 and 2 give different losses or norms"; fi
+# the checkpoint's model file is the reference's format: its header words 16..21 as train_gpt.py writes them
+if $PYTHON - "$LLAMA_MODEL" "$work/llama_oo0/model_00000003.bin" <<'PY'
+import struct, sys
+a, b = (struct.unpack("256i", open(p, "rb").read(1024)) for p in sys.argv[1:])
+sys.exit(0 if a == b and a[16] == 1 else 1)
+PY
+then pass; else fail "a llama checkpoint's model header differs from train_gpt.py's"; fi
+# bad architecture flags: one line naming the flag
+expect_error "-kv not dividing NH" "d2: -kv 3: the key/value heads must divide the 2 heads" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -arch llama -kv 3
+expect_error "llama with -fa 0" "-fa 0: -arch llama runs on flash attention only" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -arch llama -fa 0
+expect_error "-kv with gpt2" "-kv applies to -arch llama only" "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -kv 2
+expect_error "unknown -arch" "-arch gpt3: expected gpt2 or llama" "$TRAIN" "${COMMON[@]}" -arch gpt3
+expect_error "odd SwiGLU size" "d2: -fh 100: H = 100: the swiglu kernels need" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -arch llama -fh 100
+expect_error "-tie 2" "-tie 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -arch llama -tie 2
+expect_error "-arch against a file" "-arch gpt2: $LLAMA_MODEL is a llama model" \
+    "$TRAIN" "${LLAMA_FILE[@]}" -b 2 -x 1 -arch gpt2
+expect_error "-kv against a file" "-kv 4: the model file $LLAMA_MODEL has 2" \
+    "$TRAIN" "${LLAMA_FILE[@]}" -b 2 -x 1 -arch llama -kv 4
+
 # --- bad inputs: one line naming the problem, non-zero exit (expect_error: dev/test/cli_common.sh)
 printf 'not a model' >"$work/garbage.bin"
 head -c 5000 "$MODEL" >"$work/truncated.bin"
@@ -183,19 +252,22 @@ expect_error "truncated shard" "truncated_shard.bin" "$TRAIN" "${COMMON[@]}" -b 
 expect_error "batch not a multiple" "-d 100: must be a multiple of B*T*processes = 32" "$TRAIN" "${COMMON[@]}" -b 2 -d 100
 expect_error "resume without -o" "-y 1 needs -o" "$TRAIN" "${COMMON[@]}" -y 1
 expect_error "bad descriptor" "-e d0x: bad descriptor" "$TRAIN" "${COMMON[@]}" -e d0x
-# a Llama-family header (train_gpt.py --arch llama: word 16 = 1), and a stray word 19, on the tiny model's payload
-/usr/bin/python3 - "$MODEL" "$work/llama.bin" "$work/word19.bin" <<'PY'
+# an unknown family in header word 16, a stray word 19 in a gpt2 file, and a llama header (word 16 = 1) with NKV = 0,
+# on the tiny model's payload
+/usr/bin/python3 - "$MODEL" "$work/family2.bin" "$work/word19.bin" "$work/llama_nkv0.bin" <<'PY'
 import struct, sys
 data = open(sys.argv[1], "rb").read()
-for path, word, value in ((sys.argv[2], 16, 1), (sys.argv[3], 19, 192)):
+for path, word, value in ((sys.argv[2], 16, 2), (sys.argv[3], 19, 192), (sys.argv[4], 16, 1)):
     h = list(struct.unpack("256i", data[:1024]))
     h[word] = value
     open(path, "wb").write(struct.pack("256i", *h) + data[1024:])
 PY
-expect_error "llama-family file" "llama.bin: model family 1 in header word 16 (1 = llama" \
-    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/llama.bin"
+expect_error "unknown family" "family2.bin: model family 2 in header word 16 (1 = llama" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/family2.bin"
 expect_error "stray family word" "word19.bin: header word 19 = 192, but a GPT-2-family file has 0" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/word19.bin"
+expect_error "llama file with NKV 0" "llama_nkv0.bin: header word 17 (NKV) 0: the key/value heads must divide the 3 heads" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/llama_nkv0.bin"
 # a header that claims C=96 with 5 heads: the sizes are refused before any parameter is read
 $PYTHON - "$MODEL" "$work/heads.bin" <<'PY'
 import struct, sys

@@ -205,6 +205,19 @@ expect_error "-ne against a checkpoint" "-ne 2: the model file $work/full/model_
     "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 7 -o "$work/full" -y 1 -ne 2
 if "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -ne 4 -tk 1 -me 1 -eh 96 >"$work/same_shape.log" 2>&1; then pass; else
     fail "the file's own -ne -tk -me -eh were refused: $(tail -2 "$work/same_shape.log")"; fi
+# the MoE trainer builds GPT-2-family models only (train_gpt reads llama files): a MoE file whose header word 16
+# says llama is refused naming the word
+$PYTHON - "$MOE_MODEL" "$work/moe_llama.bin" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+h = list(struct.unpack("256i", data[:1024]))
+h[16] = 1
+open(sys.argv[2], "wb").write(struct.pack("256i", *h) + data[1024:])
+PY
+expect_error "llama family" "moe_llama.bin: model family 1 in header word 16 (1 = llama; doc/formats.md): this trainer reads only GPT-2-family files" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_llama.bin"
+# and has no architecture flags
+expect_error "-arch" "unknown flag -arch" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -arch llama
 
 echo "test_train_moe: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
