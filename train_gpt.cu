@@ -420,13 +420,19 @@ static const int gpt2_lm_head_tensor[] = {PARAM_LM_HEAD};
 // previous one's are reduced; bucket 2 holds the rest (wte's gradient is written first by the classifier, last by
 // the encoder).
 #define GPT2_REST_BUCKET 2
-static void gpt2_allocate_gradient_buckets(GPT2* model, const size_t* sizes) {
-    size_t L = model->config.num_layers, Ld = gpt2_dense_layers(model), layer = 0, rest = 0;
-    for (int j = 0; j < GPT2_EVERY_LAYER_TENSORS; j++) layer += sizes[gpt2_every_layer_tensors[j]] / L;
+// their capacities (values) for the replicated set's tensor sizes `sizes`
+static void gpt2_gradient_bucket_sizes(const GPT2* model, const size_t* sizes, size_t* layer, size_t* rest) {
+    size_t L = model->config.num_layers, Ld = gpt2_dense_layers(model);
+    *layer = *rest = 0;
+    for (int j = 0; j < GPT2_EVERY_LAYER_TENSORS; j++) *layer += sizes[gpt2_every_layer_tensors[j]] / L;
     if (Ld > 0)
-        for (int j = 0; j < GPT2_DENSE_TENSORS; j++) layer += sizes[gpt2_dense_tensors[j]] / Ld;
-    for (int j = 0; j < GPT2_REST_TENSORS; j++) rest += sizes[gpt2_rest_tensors[j]];
-    rest += sizes[PARAM_LM_HEAD];
+        for (int j = 0; j < GPT2_DENSE_TENSORS; j++) *layer += sizes[gpt2_dense_tensors[j]] / Ld;
+    for (int j = 0; j < GPT2_REST_TENSORS; j++) *rest += sizes[gpt2_rest_tensors[j]];
+    *rest += sizes[PARAM_LM_HEAD];
+}
+static void gpt2_allocate_gradient_buckets(GPT2* model, const size_t* sizes) {
+    size_t layer, rest;
+    gpt2_gradient_bucket_sizes(model, sizes, &layer, &rest);
     for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&model->store, layer);
     sharded_parameters_add_bucket(&model->store, rest);
     memset(&model->grads, 0, sizeof(model->grads));  // no gradient buffer: gpt2_layer_gradients gives the pointers
@@ -612,7 +618,8 @@ static void check_parameter_memory(const GPT2* model, const char* source) {
     replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
     if (model->mlp) n += model->mlp->own_parameter_count(model);
-    size_t need = 2 * n * sizeof(floatX), free_bytes = 0, total_bytes = 0;
+    // parameters, and gradients unless ZeRO-2 (whose buckets are smaller, and whose shard comes with the optimizer)
+    size_t need = (model->zero_stage == 2 ? 1 : 2) * n * sizeof(floatX), free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && need > free_bytes) {
         fprintf(stderr, "%s: out of device memory: the parameters and gradients of its %zu parameters need %zu bytes, "
                 "%zu are free\n", source, n, need, free_bytes);
@@ -721,8 +728,25 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
 // N heads of 64; vocabulary and maxT from -ev and -et. GPT-2 initialisation, seeded. `arch` gives the family and
 // its values (family, num_kv_heads, rope_theta, ffn_hidden, norm_eps, tied; NKV 0: NH, H 0: llama's default),
 // NULL: GPT-2.
+// The GPT-2 of descriptor dN: GPT-2's own sizes at depths 12, 24, 36 and 48 (124M, 350M, 774M, 1558M), else C = 64 N
+// with N heads of 64
+static void gpt2_descriptor_shape(GPT2Config* c, int depth, int vocab_size, int max_seq_len) {
+    c->num_layers = depth;
+    if (depth == 12) { c->channels = 768; c->num_heads = 12; }
+    else if (depth == 24) { c->channels = 1024; c->num_heads = 16; }
+    else if (depth == 36) { c->channels = 1280; c->num_heads = 20; }
+    else if (depth == 48) { c->channels = 1600; c->num_heads = 25; }
+    else { c->channels = 64 * depth; c->num_heads = depth; }
+    c->vocab_size = vocab_size;
+    c->padded_vocab_size = CEIL_DIV(vocab_size, 128) * 128;
+    c->max_seq_len = max_seq_len;
+    gpt2_config_gpt2_family(c);
+}
+
+// A model's shape from descriptor dN (the llama family's fields from `arch`), checked, before anything is allocated.
+// With `allocate`, its parameters too, initialised from `seed`.
 static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int vocab_size, int max_seq_len,
-                                       unsigned int seed, const GPT2Config* arch) {
+                                       unsigned int seed, const GPT2Config* arch, int allocate = 1) {
     if (descriptor[0] != 'd' || !isdigit((unsigned char)descriptor[1])) {
         fprintf(stderr, "-e %s: expected a model file or a descriptor such as d12\n", descriptor);
         exit(EXIT_FAILURE);
@@ -734,16 +758,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
         exit(EXIT_FAILURE);
     }
     GPT2Config* c = &model->config;
-    c->num_layers = (int)depth;
-    if (depth == 12) { c->channels = 768; c->num_heads = 12; }
-    else if (depth == 24) { c->channels = 1024; c->num_heads = 16; }
-    else if (depth == 36) { c->channels = 1280; c->num_heads = 20; }
-    else if (depth == 48) { c->channels = 1600; c->num_heads = 25; }
-    else { c->channels = 64 * (int)depth; c->num_heads = (int)depth; }
-    c->vocab_size = vocab_size;
-    c->padded_vocab_size = CEIL_DIV(vocab_size, 128) * 128;
-    c->max_seq_len = max_seq_len;
-    gpt2_config_gpt2_family(c);
+    gpt2_descriptor_shape(c, (int)depth, vocab_size, max_seq_len);
     if (arch && arch->family == FAMILY_LLAMA) {
         c->family = FAMILY_LLAMA;
         c->num_kv_heads = arch->num_kv_heads > 0 ? arch->num_kv_heads : c->num_heads;
@@ -754,6 +769,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     }
     check_config_supported(c, descriptor, 0);
     if (model->mlp) model->mlp->configure(model, descriptor);
+    if (!allocate) return;
     check_parameter_memory(model, descriptor);
     gpt2_allocate_parameters(model);
     // GPT-2 init: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm 1/0;
@@ -1760,14 +1776,18 @@ static void test_hook_stop(int step, int rank) {
 }
 
 // The start-up table: rows of a name and a value, printed with each column as wide as its widest entry.
+#define INFO_TABLE_ROWS 32
 struct InfoTable {
-    char name[12][32];
-    char value[12][128];
+    char name[INFO_TABLE_ROWS][32];
+    char value[INFO_TABLE_ROWS][128];
     int rows;
 };
 
 static void info_row(InfoTable* t, const char* name, const char* fmt, ...) {
-    if (t->rows == 12) return;
+    if (t->rows == INFO_TABLE_ROWS) {
+        fprintf(stderr, "info_row: more than %d rows (%s)\n", INFO_TABLE_ROWS, name);
+        exit(EXIT_FAILURE);
+    }
     snprintf(t->name[t->rows], sizeof(t->name[0]), "%s", name);
     va_list args;
     va_start(args, fmt);
@@ -1807,6 +1827,7 @@ typedef struct {
     float learning_rate, final_lr_frac, weight_decay;
     int val_every, val_max_steps, sample_every, gen_tokens;
     int overfit_single_batch, use_master_weights, offload_optimizer, zero_stage, recompute, gelu_fusion, flash_attention;
+    int plan_gib;  // -pm: print the memory plan for a device of this many GiB and exit
     float skip_update_lossz, skip_update_gradz;
     int num_processes, process_rank, gpus_per_node;
     int divergence_steps, watchdog_s;
@@ -1840,6 +1861,7 @@ static int trainer_flags(Flag* f, TrainerSettings* s, int with_arch) {
     s->learning_rate = 3e-4f, s->final_lr_frac = 1.0f, s->weight_decay = 0.0f;
     s->val_every = 20, s->val_max_steps = 20, s->sample_every = 20, s->gen_tokens = 64;
     s->overfit_single_batch = 0, s->use_master_weights = 1, s->offload_optimizer = 0, s->zero_stage = 0, s->recompute = 1, s->gelu_fusion = 1;
+    s->plan_gib = 0;
     s->flash_attention = -1;
     s->skip_update_lossz = 0.0f, s->skip_update_gradz = 0.0f;
     s->num_processes = 1, s->process_rank = 0, s->gpus_per_node = 8;
@@ -1891,6 +1913,8 @@ static int trainer_flags(Flag* f, TrainerSettings* s, int with_arch) {
     f[n++] = flag("-g", FLAG_INT, &s->gen_tokens, "generated tokens per sample (default = 64)");
     f[n++] = flag("-a", FLAG_INT, &s->overfit_single_batch, "overfit a single batch? 0/1 (default = 0)");
     f[n++] = flag("-w", FLAG_INT, &s->use_master_weights, "keep fp32 master weights? 0/1 (default = 1)");
+    f[n++] = flag("-pm", FLAG_INT, &s->plan_gib,
+                  "print the memory plan of a descriptor's model on a device of this many GiB, and exit (default = 0)");
     f[n++] = flag("-oo", FLAG_INT, &s->offload_optimizer,
                   "ZeRO-Offload: m, v and master weights in host memory, AdamW on the host CPU? 0/1 (default = 0)");
     f[n++] = flag("-z", FLAG_INT, &s->zero_stage,
@@ -1940,6 +1964,7 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
         fprintf(stderr, "-w %d: expected 0 or 1\n", s->use_master_weights);
         return 0;
     }
+    if (s->plan_gib < 0) { fprintf(stderr, "-pm %d: expected a device size in GiB, or 0\n", s->plan_gib); return 0; }
     if (s->offload_optimizer != 0 && s->offload_optimizer != 1) {
         fprintf(stderr, "-oo %d: expected 0 or 1\n", s->offload_optimizer);
         return 0;
@@ -2095,43 +2120,147 @@ static int trainer_resume_step(const TrainerSettings* s, const MultiGpuConfig* m
     return -1;
 }
 
-// The memory plan before anything for training is allocated: the activations and the optimizer state fit in the
-// free device memory, or one line says what and how much (not a bare out-of-memory error from the middle of the
-// allocations).
+// ----------------------------------------------------------------------------------------------------
+// The memory plan: what each device holds at the run's ZeRO stage and offload, from the model's shape alone (the
+// layouts of llmc/optimizer.cuh and gpt2_allocate_activations; formulas in doc/zero.md), before anything is allocated.
+// dev/test/test_train_gpt.sh checks the printed bytes against its own formulas.
+typedef struct {
+    size_t parameters;     // floatX: the replicated set and an extension's own, each padded for its shards
+    size_t gradients;      // floatX buffers, or ZeRO-2's fp32 shard
+    size_t communication;  // ZeRO-2's gradient buckets (NCCL's own buffers are not counted)
+    size_t optimizer;      // m, v and master weights of the shard: device memory, or pinned host memory with -oo 1
+    size_t activations;
+} MemoryPlan;
+
+static size_t shard_padded_count(size_t n, int processes) { return CEIL_DIV(n, (size_t)processes * 8) * processes * 8; }
+
+static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    replicated_tensor_sizes(sizes, model);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
+    int P = model->num_processes, stage = model->zero_stage, own_P = 1;
+    size_t padded = shard_padded_count(n, P), own = 0;
+    if (model->mlp && model->mlp->own_parameter_count(model) > 0) {
+        own_P = model->mlp->own_group(model)->num_processes;
+        own = shard_padded_count(model->mlp->own_parameter_count(model), own_P);
+    }
+    size_t shard = stage >= 1 ? padded / P + own / own_P : padded + own;
+    MemoryPlan m;
+    m.parameters = (padded + own) * sizeof(floatX);
+    m.gradients = stage == 2 ? shard * sizeof(float) : (padded + own) * sizeof(floatX);
+    m.communication = 0;
+    if (stage == 2) {
+        size_t layer, rest;
+        gpt2_gradient_bucket_sizes(model, sizes, &layer, &rest);
+        m.communication = (2 * layer + rest) * sizeof(floatX);
+    }
+    int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
+    m.optimizer = shard * sizeof(float) * (master ? 3 : 2);
+    m.activations = activation_bytes(model, B, T, model->recompute);
+    return m;
+}
+static size_t memory_plan_device_bytes(const GPT2* model, const MemoryPlan* m) {
+    return m->parameters + m->gradients + m->communication + (model->offload_optimizer ? 0 : m->optimizer) +
+           m->activations;
+}
+
+// The largest micro-batch, and the largest GPT-2 (descriptor dN, this model's V and maxT, dense) whose plan at this
+// micro-batch, fits in `budget` bytes of device memory (0: none)
+static int memory_plan_largest_batch(const GPT2* model, int T, size_t budget) {
+    int B = 0;
+    while (B < 65536) {
+        MemoryPlan m = gpt2_memory_plan(model, B + 1, T);
+        if (memory_plan_device_bytes(model, &m) > budget) break;
+        B++;
+    }
+    return B;
+}
+static int memory_plan_largest_depth(const GPT2* model, int B, int T, size_t budget) {
+    GPT2 probe = *model;
+    probe.mlp = NULL;
+    int best = 0;
+    for (int depth = 1; depth <= 200; depth++) {
+        gpt2_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
+        MemoryPlan m = gpt2_memory_plan(&probe, B, T);
+        if (memory_plan_device_bytes(&probe, &m) <= budget) best = depth;
+    }
+    return best;
+}
+
+// the plan's rows for a device of `budget` bytes
+static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size_t budget) {
+    MemoryPlan m = gpt2_memory_plan(model, B, T);
+    const double MiB = 1048576.0;
+    int stage = model->zero_stage;
+    info_row(t, "memory: parameters", "%10.1f MiB (%zu bytes)", m.parameters / MiB, m.parameters);
+    info_row(t, "memory: gradients", "%10.1f MiB (%zu bytes%s)", m.gradients / MiB, m.gradients,
+             stage == 2 ? ", fp32 ZeRO-2 shard" : "");
+    info_row(t, "memory: communication", "%10.1f MiB (%zu bytes%s)", m.communication / MiB, m.communication,
+             stage == 2 ? ", 3 ZeRO-2 buckets" : "");
+    if (model->offload_optimizer)
+        info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes) pinned host memory (m, v, master, ZeRO-%d shard; -oo 1)",
+                 m.optimizer / MiB, m.optimizer, stage);
+    else
+        info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes; m, v%s, ZeRO-%d shard)", m.optimizer / MiB,
+                 m.optimizer, model->use_master_weights && PRECISION_MODE != PRECISION_FP32 ? ", master" : "", stage);
+    info_row(t, "memory: activations", "%10.1f MiB (%zu bytes, recompute %d)", m.activations / MiB, m.activations,
+             model->recompute);
+    size_t device = memory_plan_device_bytes(model, &m);
+    info_row(t, "memory: device total", "%10.1f MiB (%zu bytes) of %.1f MiB", device / MiB, device, budget / MiB);
+    info_row(t, "largest B that fits", "%d", memory_plan_largest_batch(model, T, budget));
+    int depth = memory_plan_largest_depth(model, B, T, budget);
+    if (depth > 0) {
+        GPT2 probe = *model;
+        probe.mlp = NULL;
+        gpt2_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
+        info_row(t, "largest GPT-2 at this B", "d%d (%zu parameters)", depth, gpt2_num_parameters(&probe));
+    } else {
+        info_row(t, "largest GPT-2 at this B", "none fits");
+    }
+}
+
+// Before anything for training is allocated: the activations, the optimizer state and ZeRO-2's gradient shard fit
+// in the free device memory, or one line says what and how much (not a bare out-of-memory error from the middle of
+// the allocations).
 static int check_training_memory(GPT2* model, const TrainerSettings* s, const MultiGpuConfig* mg) {
-    size_t act = activation_bytes(model, s->B, s->T, s->recompute);
-    int copies = s->use_master_weights && PRECISION_MODE != PRECISION_FP32 ? 3 : 2;
-    size_t opt = model->store.num_parameters_padded / (s->zero_stage ? mg->num_processes : 1);
-    ShardedParameters* own = gpt2_own_set(model);
-    if (own) opt += own->num_parameters_padded / (s->zero_stage ? model->mlp->own_group(model)->num_processes : 1);
-    opt *= sizeof(float) * copies;
-    if (s->offload_optimizer) opt = 0;  // in host memory
+    (void)mg;
+    MemoryPlan m = gpt2_memory_plan(model, s->B, s->T);
+    size_t act = m.activations, opt = model->offload_optimizer ? 0 : m.optimizer;  // offloaded: in host memory
+    size_t shard = model->zero_stage == 2 ? m.gradients : 0;
     size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && act + opt > free_bytes) {
-        fprintf(stderr, "%s: out of device memory: the activations (B=%d T=%d, recompute %d: %zu bytes) and the optimizer "
-                "state (%zu bytes) need %zu bytes, %zu are free\n", s->model_source, s->B, s->T, s->recompute, act, opt,
-                act + opt, free_bytes);
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && act + opt + shard > free_bytes) {
+        fprintf(stderr, "%s: out of device memory: the activations (B=%d T=%d, recompute %d: %zu bytes), the optimizer "
+                "state (%zu bytes) and the gradient shard (%zu bytes) need %zu bytes, %zu are free\n", s->model_source,
+                s->B, s->T, s->recompute, act, opt, shard, act + opt + shard, free_bytes);
         return 0;
     }
     return 1;
 }
 
-// The start-up table (process 0), once everything is allocated: the model, the batch, the memory per device, and
-// the largest micro-batch whose activations would fit.
+static void model_rows(InfoTable* t, const GPT2* model) {
+    const GPT2Config* cfg = &model->config;
+    if (is_llama(cfg)) {
+        info_row(t, "model", "llama L=%d NH=%d NKV=%d C=%d H=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads,
+                 cfg->num_kv_heads, cfg->channels, cfg->ffn_hidden, cfg->vocab_size, cfg->padded_vocab_size,
+                 cfg->max_seq_len);
+        info_row(t, "llama", "RoPE theta %g, RMSNorm eps %g, %s", cfg->rope_theta, cfg->norm_eps,
+                 cfg->tied ? "output embedding tied to wte" : "own lm_head");
+    } else {
+        info_row(t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
+                 cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
+    }
+    info_row(t, "parameters", "%zu", gpt2_num_parameters(model));
+    if (model->mlp) model->mlp->info_rows(model, t);
+}
+
+// The start-up table (process 0), once everything is allocated: the model, the batch, the memory plan per device, and
+// what would fit in the memory this process uses plus what is free.
 static void print_startup_table(GPT2* model, const TrainerSettings* s, const cudaDeviceProp* prop,
                                 const MultiGpuConfig* mg, int grad_accum_steps) {
-    const GPT2Config* cfg = &model->config;
-    ShardedParameters* own = gpt2_own_set(model);
-    size_t param_bytes = (model->store.num_parameters_padded + (own ? own->num_parameters_padded : 0)) * sizeof(floatX);
-    size_t opt_bytes = (model->store.shard_size + (own ? own->shard_size : 0)) * sizeof(float) *
-                       (model->store.master_weights ? 3 : 2);  // offloaded: always with master weights, on the host
-    size_t act_bytes = activation_bytes(model, s->B, s->T, s->recompute);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    // the activations are already allocated: a batch fits if its activations fit in what they use plus what is free
-    int max_fit_B = 0;
-    while (max_fit_B < 65536 && activation_bytes(model, max_fit_B + 1, s->T, s->recompute) <= free_bytes + act_bytes)
-        max_fit_B++;
+    MemoryPlan m = gpt2_memory_plan(model, s->B, s->T);
+    size_t budget = free_bytes + memory_plan_device_bytes(model, &m);  // everything planned is allocated now
     if (mg->process_rank != 0) return;
     InfoTable t = {};
     info_row(&t, "device", "%s", prop->name);
@@ -2143,33 +2272,23 @@ static void print_startup_table(GPT2* model, const TrainerSettings* s, const cud
     else
 #endif
         info_row(&t, "attention", "%s", gpt2_attention_name(model));
-    if (is_llama(cfg)) {
-        info_row(&t, "model", "llama L=%d NH=%d NKV=%d C=%d H=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads,
-                 cfg->num_kv_heads, cfg->channels, cfg->ffn_hidden, cfg->vocab_size, cfg->padded_vocab_size,
-                 cfg->max_seq_len);
-        info_row(&t, "llama", "RoPE theta %g, RMSNorm eps %g, %s", cfg->rope_theta, cfg->norm_eps,
-                 cfg->tied ? "output embedding tied to wte" : "own lm_head");
-    } else {
-        info_row(&t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
-                 cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
-    }
-    info_row(&t, "parameters", "%zu", gpt2_num_parameters(model));
-    if (model->mlp) model->mlp->info_rows(model, &t);
+    model_rows(&t, model);
     info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", s->B, s->T, mg->num_processes, grad_accum_steps);
-    info_row(&t, "memory: parameters", "%10.1f MiB", param_bytes / 1048576.0);
-    size_t grad_bytes = sharded_parameters_gradient_bytes(&model->store) + (own ? sharded_parameters_gradient_bytes(own) : 0);
-    if (s->zero_stage == 2)
-        info_row(&t, "memory: gradients", "%10.1f MiB (3 buckets, fp32 ZeRO-2 shard)", grad_bytes / 1048576.0);
-    else
-        info_row(&t, "memory: gradients", "%10.1f MiB", grad_bytes / 1048576.0);
-    if (s->offload_optimizer)
-        info_row(&t, "memory: optimizer", "%10.1f MiB pinned host memory (m, v, master, ZeRO-%d shard; -oo 1)",
-                 opt_bytes / 1048576.0, s->zero_stage);
-    else
-        info_row(&t, "memory: optimizer", "%10.1f MiB (m, v%s, ZeRO-%d shard)", opt_bytes / 1048576.0,
-                 model->store.master_weights ? ", master" : "", s->zero_stage);
-    info_row(&t, "memory: activations", "%10.1f MiB (recompute %d)", act_bytes / 1048576.0, s->recompute);
-    info_row(&t, "largest B that fits", "%d", max_fit_B);
+    memory_plan_rows(&t, model, s->B, s->T, budget);
+    info_table_print(&t);
+}
+
+// -pm GIB: the plan of a descriptor's model on a device of GIB GiB, without allocating anything (process 0 prints)
+static void print_memory_plan(const GPT2* model, const TrainerSettings* s, const MultiGpuConfig* mg) {
+    if (mg->process_rank != 0) return;
+    InfoTable t = {};
+    info_row(&t, "memory plan", "a device of %d GiB (-pm), nothing allocated", s->plan_gib);
+    info_row(&t, "precision", "%s", PRECISION_NAME);
+    info_row(&t, "attention", "%s", gpt2_attention_name(model));
+    model_rows(&t, model);
+    info_row(&t, "batch", "B=%d T=%d processes=%d, ZeRO-%d, offload %d", s->B, s->T, mg->num_processes,
+             model->zero_stage, model->offload_optimizer);
+    memory_plan_rows(&t, model, s->B, s->T, (size_t)s->plan_gib << 30);
     info_table_print(&t);
 }
 
@@ -2386,6 +2505,19 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
         s.model_source = resume_model;
     }
     int from_file = file_exists(s.model_source);
+    if (s.plan_gib > 0) {  // the plan from the descriptor's shape alone: nothing is allocated
+        if (from_file || s.model_source[0] != 'd') {
+            fprintf(stderr, "-pm %d: needs a descriptor (-e dN), not a model file\n", s.plan_gib);
+            return EXIT_FAILURE;
+        }
+        GPT2Config arch = trainer_descriptor_arch(&s);
+        gpt2_build_from_descriptor(&model, s.model_source, s.descriptor_vocab, s.descriptor_maxT, s.descriptor_seed,
+                                   &arch, 0);
+        if (!gpt2_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
+        print_memory_plan(&model, &s, &mg);
+        multi_gpu_config_free(&mg);
+        return EXIT_SUCCESS;
+    }
     if (from_file) gpt2_build_from_checkpoint(&model, s.model_source);
     else if (s.model_source[0] == 'd' && isdigit((unsigned char)s.model_source[1])) {
         GPT2Config arch = trainer_descriptor_arch(&s);

@@ -94,7 +94,7 @@ trainer_row() {
         /^\| model / { match($0, /L=[0-9]+ NH=[0-9]+ C=[0-9]+/); model = substr($0, RSTART, RLENGTH) }
         /^\| precision / { precision = $4 }
         /^\| batch / { match($0, /B=[0-9]+ T=[0-9]+/); batch = substr($0, RSTART, RLENGTH) }
-        /^\| memory: / { match($0, /[0-9.]+ MiB/); plan += substr($0, RSTART, RLENGTH - 4) }
+        /^\| memory: device total / { match($0, /[0-9.]+ MiB/); plan = substr($0, RSTART, RLENGTH - 4) }
         /^step [0-9]+\/[0-9]+ \|/ {
             steps++
             if (match($0, /[0-9.]+ tok\/s/)) tokens[++num_tokens] = substr($0, RSTART, RLENGTH - 6) + 0
