@@ -1508,8 +1508,9 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
     free(all);
 }
 
-// Whether the checkpoint of `step` in dir is sound for this process: its DONE marker's step, process count and model
-// header agree with the files, and the checksums of the model, an extension's state file and this process's state match.
+// Whether the checkpoint of `step` in dir is sound for this process: its DONE marker's step and model header agree
+// with the files, and the checksums of the model, an extension's state file and this process's state match (all the
+// states, when the checkpoint was written by another number of processes: read_checkpoint_state reads them all).
 // An empty DONE marker (an older trainer's) has no checksums: only the step and process count of the state and
 // the model header's readability are checked, and *legacy is set. On failure `why` says what, naming the file.
 static int verify_checkpoint(const char* dir, int step, int rank, int num_processes, int* legacy, char* why,
@@ -1540,7 +1541,7 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
             int r, s2;
             char rest;
             int is_state = sscanf(name, "state_%8d_%5d.bin%c", &s2, &r, &rest) == 2;
-            if (is_state && r != rank) continue;  // every process checks its own
+            if (is_state && r != rank && processes == num_processes) continue;  // every process checks its own
             snprintf(path, sizeof(path), "%s/%s", dir, name);
             uint64_t got_size, got_hash;
             if (!checkpoint_checksum(path, &got_size, &got_hash)) {
@@ -1561,12 +1562,13 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
     if (!ok) return 0;
     if (lines == 0) {
         *legacy = 1;
-    } else if (version != 1 || done_step != step || processes != num_processes || !have_model || !checked_state) {
-        snprintf(why, why_size, "%s: says checkpoint %d, step %d, %d processes%s; expected version 1, step %d, %d "
-                 "processes and this process's state", done, version, done_step, processes,
-                 have_model ? "" : ", no model header", step, num_processes);
+    } else if (version != 1 || done_step != step || processes < 1 || !have_model || !checked_state) {
+        snprintf(why, why_size, "%s: says checkpoint %d, step %d, %d processes%s; expected version 1, step %d and the "
+                 "states", done, version, done_step, processes, have_model ? "" : ", no model header", step);
         return 0;
     }
+    // an older trainer's checkpoint resumes only on its own process count
+    int saved_processes = *legacy ? num_processes : processes;
     // the files' own headers: the model's configuration as the DONE lists it, the state's step and process count
     checkpoint_paths(path, sizeof(path), dir, "model", step, -1);
     int header[256];
@@ -1583,7 +1585,7 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
             return 0;
         }
     }
-    checkpoint_paths(path, sizeof(path), dir, "state", step, rank);
+    checkpoint_paths(path, sizeof(path), dir, "state", step, saved_processes == num_processes ? rank : 0);
     FILE* st = fopen(path, "rb");
     if (st == NULL || fread(header, sizeof(int), 256, st) != 256) {
         if (st) fclose(st);
@@ -1591,9 +1593,9 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
         return 0;
     }
     fclose(st);
-    if (header[0] != GPT2_STATE_MAGIC || header[5] != step || header[2] != num_processes) {
+    if (header[0] != GPT2_STATE_MAGIC || header[5] != step || header[2] != saved_processes) {
         snprintf(why, why_size, "%s: a state of step %d for %d processes (magic %d), not of step %d for %d", path,
-                 header[5], header[2], header[0], step, num_processes);
+                 header[5], header[2], header[0], step, saved_processes);
         return 0;
     }
     return 1;
@@ -1601,24 +1603,60 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
 
 
 
+// The optimizer state of the replicated set from a checkpoint written by `saved_processes` processes with shards of
+// `saved_shard` values (the whole padded set at ZeRO-0), at another stage or process count: each buffer (m, v, master)
+// put together whole from the state files, then this process's shard of it. The parameters past the real ones are
+// padding, zero in every layout.
+static void read_resharded_state(const char* dir, int step, GPT2* model, int saved_processes, size_t saved_shard) {
+    ShardedParameters* p = &model->store;
+    size_t n = p->num_parameters, saved_files = saved_shard >= n ? 1 : (size_t)saved_processes;
+    float* full = (float*)malloc_check(p->num_parameters_padded * sizeof(float));
+    for (int buffer = 0; buffer < (p->has_master ? 3 : 2); buffer++) {
+        memset(full, 0, p->num_parameters_padded * sizeof(float));
+        for (size_t r = 0; r < saved_files; r++) {
+            char path[1024];
+            checkpoint_paths(path, sizeof(path), dir, "state", step, (int)r);
+            FILE* f = fopen_check(path, "rb");
+            fseek_check(f, 256 * sizeof(int) + buffer * saved_shard * sizeof(float), path);
+            size_t begin = r * saved_shard, count = begin < n ? (n - begin < saved_shard ? n - begin : saved_shard) : 0;
+            fread_check(full + begin, sizeof(float), count, f, path);
+            fclose_check(f, path);
+        }
+        sharded_parameters_scatter_state(p, buffer, full);
+    }
+    free(full);
+}
+
 static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLoader* loader, TrainerState* ts,
                                   const MultiGpuConfig* mg) {
     char path[1024];
     checkpoint_paths(path, sizeof(path), dir, "state", step, mg->process_rank);
-    FILE* f = fopen_check(path, "rb");
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) {  // written by fewer processes: rank 0's file has the state that all of them share
+        checkpoint_paths(path, sizeof(path), dir, "state", step, 0);
+        f = fopen_check(path, "rb");
+    }
     int header[256];
     read_header_check(f, header, path, GPT2_STATE_MAGIC, "GPT-2 training state");
     size_t shard_size = ((size_t)header[8] << 31) | (size_t)header[9];
-    if (header[1] != 1 || header[2] != mg->num_processes || header[3] != mg->process_rank ||
-        header[4] != model->store.has_master || header[6] != PRECISION_MODE ||
-        header[7] != (int)sizeof(TrainerState) || shard_size != model->store.shard_size) {
-        fprintf(stderr, "%s: state written by a different run setup (processes %d, rank %d, master weights %d, precision "
-                "%d, shard %zu) than this one (%d, %d, %d, %d, %zu)\n", path, header[2], header[3], header[4], header[6],
-                shard_size, mg->num_processes, mg->process_rank, model->store.has_master, PRECISION_MODE,
-                model->store.shard_size);
+    if (header[1] != 1 || header[2] < 1 || header[4] != model->store.has_master || header[6] != PRECISION_MODE ||
+        header[7] != (int)sizeof(TrainerState)) {
+        fprintf(stderr, "%s: state written by a different run setup (master weights %d, precision %d) than this one (%d, "
+                "%d)\n", path, header[4], header[6], model->store.has_master, PRECISION_MODE);
         exit(EXIT_FAILURE);
     }
-    sharded_parameters_read_state(&model->store, f, path);
+    int saved_processes = header[2];
+    if (saved_processes == mg->num_processes && header[3] == mg->process_rank && shard_size == model->store.shard_size) {
+        sharded_parameters_read_state(&model->store, f, path);
+    } else {  // another ZeRO stage or process count: the shards are cut anew
+        if (shard_size * (size_t)saved_processes < model->store.num_parameters) {
+            fprintf(stderr, "%s: optimizer shards of %zu values on %d processes do not hold this model's %zu parameters\n",
+                    path, shard_size, saved_processes, model->store.num_parameters);
+            exit(EXIT_FAILURE);
+        }
+        read_resharded_state(dir, step, model, saved_processes, shard_size);
+        fseek_check(f, 256 * sizeof(int) + (model->store.has_master ? 3 : 2) * shard_size * sizeof(float), path);
+    }
     size_t loader_bytes = (size_t)header[10];
     if (loader_bytes != dataloader_state_bytes(loader)) {
         fprintf(stderr, "%s: data loader state of %zu bytes does not fit this data loader (%zu bytes)\n", path,

@@ -11,7 +11,8 @@
 // visit takes its rows in a new order (a permutation of all the shard's rows, of which the first
 // batches*num_processes*B are used), both drawn from the seed, the epoch and the position in the epoch
 // only: every rank computes the same permutations and so reads its own disjoint part of the same global
-// batches, and a loader restored from a saved state continues bit for bit.
+// batches, and a loader restored from a saved state continues bit for bit, also on another number of processes
+// with the same global batch (processes x B).
 // After the last batch of the last shard the loader wraps around to the first shard of the next epoch.
 //
 // Header-only: #include it from a .cu (built by nvcc or cpu/cucc). Tested by dev/test/test_host_utils.cu.
@@ -333,10 +334,12 @@ static inline void dataloader_load_state(DataLoader* loader, const void* buffer)
         fprintf(stderr, "data loader state: not a valid saved state (bad magic number or checksum)\n");
         exit(EXIT_FAILURE);
     }
-    if (w[1] != loader->B || w[2] != loader->T || w[3] != (uint64_t)loader->num_processes) {
-        fprintf(stderr, "data loader state: saved with B %llu, T %llu on %llu processes; expected B %zu, T %zu on %d\n",
-                (unsigned long long)w[1], (unsigned long long)w[2], (unsigned long long)w[3], loader->B, loader->T,
-                loader->num_processes);
+    // another process count resumes when the global batch (num_processes*B rows of T) is the same: its batches, and
+    // their rows' shuffled order, are then the same ones, shared out otherwise
+    if (w[1] * w[3] != loader->B * (uint64_t)loader->num_processes || w[2] != loader->T) {
+        fprintf(stderr, "data loader state: saved with B %llu, T %llu on %llu processes; expected a global batch of "
+                "B x processes = %zu rows of T %zu\n", (unsigned long long)w[1], (unsigned long long)w[2],
+                (unsigned long long)w[3], loader->B * loader->num_processes, loader->T);
         exit(EXIT_FAILURE);
     }
     if (w[4] != (uint64_t)loader->should_shuffle || w[5] != (uint64_t)loader->seed) {

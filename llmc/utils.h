@@ -24,6 +24,14 @@ static inline FILE* fopen_check(const char* path, const char* mode) {
     return f;
 }
 
+// to byte `offset` from the file's start (64-bit: optimizer states pass 2 GiB)
+static inline void fseek_check(FILE* f, size_t offset, const char* path) {
+    if (fseeko(f, (off_t)offset, SEEK_SET) != 0) {
+        fprintf(stderr, "%s: cannot seek to byte %zu: %s\n", path, offset, strerror(errno));
+        exit(EXIT_FAILURE);
+    }
+}
+
 static inline void fread_check(void* ptr, size_t size, size_t nmemb, FILE* f, const char* path) {
     long offset = ftell(f);
     size_t got = fread(ptr, size, nmemb, f);

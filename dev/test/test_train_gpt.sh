@@ -129,6 +129,30 @@ $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -d 128 -x 3 -z 2 -oo 1 >"$work/accum_
 if close_losses "$work/accum_zero1.log" "$work/accum_zero2.log" 3; then pass; else
     fail "ZeRO-2 with two micro-steps differs from ZeRO-1"; fi
 
+# --- resume at another ZeRO stage and process count: a 2-process ZeRO-1 checkpoint (B=2) goes on as 1 process at
+# ZeRO-0 (B=4) and as 4 processes at ZeRO-2 (B=1). The global batch is the same (processes x B), so the data loader
+# takes the same rows; the optimizer shards are put together and cut anew. The losses are the 2-process run's
+# within close_losses' fp32 reordering tolerance (gradients reduced over other process counts).
+NODATA=(-e "$MODEL" -i "$work/train.bin" -j "" -t 16 -v 0 -s 0 -l 1e-3 -c 0.1)
+$MPIRUN -np 2 "$TRAIN" "${NODATA[@]}" -b 2 -x 4 -n 2 -z 1 -o "$work/np2" >"$work/np2.log" 2>&1 ||
+    fail "2-process checkpointing run: $(tail -3 "$work/np2.log")"
+tail -n 2 <(grep -E '^step [0-9]+/' "$work/np2.log") >"$work/np2_last.log"
+for layout in "1 4 0" "4 1 2"; do
+    set -- $layout
+    mkdir -p "$work/np$1"
+    cp "$work/np2"/*_00000002* "$work/np$1/"
+    $MPIRUN -np "$1" "$TRAIN" "${NODATA[@]}" -b "$2" -x 4 -n 2 -z "$3" -o "$work/np$1" -y 1 >"$work/np$1.log" 2>&1 ||
+        fail "resuming a 2-process checkpoint on $1 processes at ZeRO-$3: $(tail -3 "$work/np$1.log")"
+    if grep -q "resumed from step 2" "$work/np$1.log" && close_losses "$work/np2_last.log" "$work/np$1.log" 2; then
+        pass; else
+        fail "a 2-process ZeRO-1 checkpoint resumed on $1 processes at ZeRO-$3 does not continue the run"; fi
+done
+mkdir -p "$work/np3"
+cp "$work/np2"/*_00000002* "$work/np3/"
+expect_error "another global batch" \
+    "data loader state: saved with B 2, T 16 on 2 processes; expected a global batch of B x processes = 6 rows" \
+    $MPIRUN -np 3 "$TRAIN" "${NODATA[@]}" -b 2 -x 4 -o "$work/np3" -y 1
+
 # --- the memory plan (-pm GIB: printed without allocating anything) against the formulas of doc/zero.md, written
 # here from GPT-2's shapes: n = 12 L C^2 + 13 L C + Vp C + maxT C + 2 C parameters, padded to a multiple of 8 P;
 # fp32 values (this build); gradients a full buffer, or ZeRO-2's fp32 shard and its buckets (two layers and the
