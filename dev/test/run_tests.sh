@@ -2,7 +2,8 @@
 # dev/test/run_tests.sh: runs the tests of the suite (`make test` builds them first, then calls this) and adds
 # up their summary lines. Each test prints "name: N passed, N failed" last; a test that exits non-zero without
 # a failed check, or prints no summary, counts as one failure. Ends with "total: N passed, N failed" and a
-# non-zero exit status if anything failed.
+# non-zero exit status if anything failed. Each passing line ends with the test's wall time, "(N s)", so that a
+# CI log shows where the suite's time goes.
 #   dev/test/run_tests.sh                 every test (what make test runs, after building everything)
 #   dev/test/run_tests.sh NAME...         only the tests with these names (shell patterns: 'moe-fp32-*'); it first
 #                                         builds, through make, what they run (make test T="NAME..." does the same)
@@ -70,8 +71,10 @@ run_test() {
         total_failed=$((total_failed + 1))
         return
     fi
+    local started=$SECONDS
     out=$(timeout 900 "$@" 2>&1)
     rc=$?
+    local took=$((SECONDS - started))
     summary=$(grep -E '^[A-Za-z0-9_]+: [0-9]+ passed, [0-9]+ failed$' <<<"$out" | tail -n 1)
     if [ -z "$summary" ]; then
         echo "$out"
@@ -86,7 +89,7 @@ run_test() {
         echo "$out"
         [ "$f" -eq 0 ] && f=1 && echo "$label: exit status $rc"
     fi
-    echo "[$label] $summary"
+    echo "[$label] $summary (${took} s)"
     total_passed=$((total_passed + p))
     total_failed=$((total_failed + f))
 }
@@ -102,11 +105,12 @@ run_lab() {
         total_failed=$((total_failed + 1))
         return
     fi
+    local started=$SECONDS
     out=$(timeout 900 "$@" 2>&1)
     rc=$?
     if [ "$rc" -eq 0 ]; then
         total_passed=$((total_passed + 1))
-        echo "[lab $label] validated"
+        echo "[lab $label] validated ($((SECONDS - started)) s)"
     else
         echo "$out" | tail -n 20
         echo "[lab $label] FAILED (exit status $rc)"
