@@ -347,7 +347,8 @@ static void test_dataloader(const char* self) {
                       NULL}},
         {"dl-header", {"bad_header.bin is truncated: expected a 1024-byte data shard header, found 20 bytes", NULL}},
         {"dl-rank", {"process rank 2 out of range for 2 processes", NULL}},
-        {"dl-state-shape", {"data loader state: saved with B 2, T 3 on 2 processes; expected B 3, T 3 on 2", NULL}},
+        {"dl-state-shape", {"data loader state: saved with B 2, T 3 on 2 processes; expected a global batch of B x "
+                            "processes = 6 rows of T 3", NULL}},
         {"dl-state-seed", {"data loader state: saved with shuffling off and seed 7; expected shuffling off and seed 8", NULL}},
         {"dl-state-files", {"data loader state: saved for other data (3 shards", NULL}},
         {"dl-state-corrupt", {"data loader state: not a valid saved state", NULL}},
