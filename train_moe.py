@@ -1,7 +1,10 @@
 """
 train_moe.py: the PyTorch reference Switch-Transformer Mixture-of-Experts GPT for switch.cu. It is the GPT-2 of
-train_gpt.py in which layer l (from 0) has an MoE FFN iff (l + 1) % moe_every == 0, with the routing, capacity,
-dropping and balancing losses exactly as doc/moe.md defines them, router
+train_gpt.py (or, with --arch llama, its Llama: RMSNorm, RoPE, GQA, SwiGLU dense layers and SwiGLU experts, no
+biases) in which layer l (from 0) has an MoE FFN iff (l + 1) % moe_every == 0, with the routing, capacity,
+dropping and balancing losses exactly as doc/moe.md defines them (issue 15's options: shared experts, sigmoid
+scores with a routed scale, the aux-loss-free balancing bias, the sequence-wise and global-batch losses,
+device-limited routing; doc/moe.md, "Issue 15's routing options and the llama MoE"), router
 jitter and noisy top-k gating exactly as the router-noise spec (doc/moe.md, "Router noise", shared with the CUDA
 side; its sections are cited as "noise_spec §N") defines them, and it writes the files the C test (test_moe) compares
 against.
@@ -12,6 +15,13 @@ Run from the repository root with a Python that has torch (here Debian's: /usr/b
     /usr/bin/python3 train_moe.py --write-reference build/ref/moe_k1 --dtype float32 --cf 0.5
     /usr/bin/python3 train_moe.py --write-reference build/ref/moe_k2_me2 --topk 2 --moe-every 2 --cf 0
     /usr/bin/python3 train_moe.py --write-reference build/ref/moe_k2_noisy --topk 2 --noisy-topk 1 --jitter 0.05
+    a tiny DeepSeek-shape llama MoE with every issue-15 option on (3 micro-batches of one sequence):
+    /usr/bin/python3 train_moe.py --write-reference build/ref/moe_ds --arch llama --NH 4 --C 64 --kv-heads 2 --E 16
+        --topk 4 --H 32 --shared-experts 1 --shared-hidden 64 --score sigmoid --routed-scale 2.5 --bias-gamma 0.001
+        --seq-aux-alpha 0.001 --global-aux 1 --micro-batches 3 --device-limit 2 --ep-groups 4 --cf 0
+    a tiny Mixtral-shape llama MoE:
+    /usr/bin/python3 train_moe.py --write-reference build/ref/moe_mx --arch llama --NH 4 --C 64 --kv-heads 2 --E 8
+        --topk 2 --H 64 --cf 0
     (the defaults: --B 3 --T 23 --V 263 --L 2 --NH 3 --C 48 --maxT 32 --E 4 --topk 1 --moe-every 1 --H 96
      --cf 1.25 --aux-alpha 0.01 --z-coef 0.001 --init-scale 0.1 --seed 1337 --steps 10 --lr 1e-3
      --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 0.5; router noise off:
@@ -24,7 +34,10 @@ Its test: /usr/bin/python3 dev/test/test_reference_moe.py
 
 MoE model file: header [0]=20261129, [1]=1 (fp32) or 2 (bf16), [2]=maxT, [3]=V, [4]=L, [5]=NH, [6]=C, [7]=Vp,
 [8]=E, [9]=top-k, [10]=moe_every, [11]=H, [12]=1 when noisy gating's noise-router weights routernw (Lm, E, C)
-follow routerw, else 0 (and no routernw); payload in doc/formats.md's order (see FILE ORDER below).
+follow routerw, else 0 (and no routernw); [16..21] the GPT-2 file's family words (llama: 1, NKV, theta, the dense
+layers' H, eps, tied); [24]=1 when [25]=shared experts, [26]=their H, [27]=score (0 softmax, 1 sigmoid),
+[28]=routed scale (fp32 bits), [29]=1 when the balancing biases (Lm, E) end the payload in fp32 (all 0 for today's
+Switch models); payload in doc/formats.md's order (see FILE ORDER below).
 
 Debug state: header [0]=20240327, [1]=2, [2]=B, [3]=T, [4]=steps, [5]=V, [6]=Vp, [7]=Lm (MoE layers), [8]=1
 when noisy gating is on, else 0; payload x, y (B*T int32 each), logits (B*T*V fp32, the V real columns), CE
@@ -36,7 +49,11 @@ noisy gating) of every parameter in model-file order and layout (fp32; wte's has
 zero; routernw's after routerw's); then the CE loss of each of `steps` AdamW steps on the same batch (step k's
 loss is its forward loss before its update: step 0's equals the CE loss above). With router noise the logits
 come from an evaluation pass (no jitter, no noise) and everything else (CE, aux, z, importance, load, drops,
-counts, gradients) from training pass 0, the pass step 0 repeats (see the choices below).
+counts, gradients) from training pass 0, the pass step 0 repeats (see the choices below). Issue 15's fields:
+header [9]=1 when the sequence-wise loss follows the other losses; [10]=K with --micro-batches K > 1 (the batch is
+K micro-batches of B/K sequences: losses are means over them, counts sums, gradients those of the mean total loss,
+and micro-batch j of step s is training pass s*K + j); [11]=1 when steps x Lm x E fp32 balancing biases, each
+step's after its update, end the file (doc/formats.md, "Debug state").
 
 Choices this reference makes (the C side must make the same ones):
 - Capacity = ceil(k * CF * N / E) evaluated in IEEE double left to right, CF held as a double:
@@ -54,6 +71,11 @@ Choices this reference makes (the C side must make the same ones):
   train_gpt.py does, so that a C kernel that drops or swaps one of them changes the results, but with std
   0.02 instead of 0.1 so that the tokens spread over the experts (MOE_PERTURB_STD says why).
 - The default H is 96 = 2C, not 4C, so that a C kernel that assumes the expert width is the dense MLP's fails.
+- A fresh model with --bias-gamma > 0 draws its balancing biases from N(0, BIAS_INIT_STD) (the C descriptors start
+  them at 0), after every parameter, so that pass 0's choices already depend on them; the write-up line says how
+  many choices of an evaluation pass they change. A model file without biases run with --bias-gamma > 0 starts
+  them at 0. The model file's header decides the family, shared experts, score and routed scale (as it decides the
+  shape); the routing flags (--bias-gamma, --seq-aux-alpha, --global-aux, --device-limit) are the run's.
 Router noise (noise_spec; off unless --jitter > 0 or --noisy-topk 1):
 - Pass numbers (noise_spec §4): --write-reference's gradient forward is training pass 0 and AdamW step k
   (from 0) is pass k; --train's step k (the printed step k + 1) is pass k, the reference having no gradient
@@ -883,8 +905,8 @@ def read_model_file(path):
 def check_routing_options(config, args, where):
     """Refuses the routing flags that the model (from the flags or a file, named by `where`) cannot run."""
     if args.bias_gamma > 0 and config.score != "sigmoid":
-        fail(f"--bias-gamma needs sigmoid scores ({where} has {config.score}): the balancing bias is added to the "
-             f"affinities, and softmax's top-k is defined on the logits")
+        fail(f"--bias-gamma needs sigmoid scores (got {config.score} from {where}): the balancing bias is added to "
+             f"the affinities, and softmax's top-k is defined on the logits")
     if args.device_limit > 0:
         if config.E % args.ep_groups != 0:
             fail(f"--ep-groups {args.ep_groups} does not divide the {config.E} experts of {where}")

@@ -1367,8 +1367,8 @@ def test_issue15_files(tmp):
     h = read_header(data)
     as_float = lambda word: float(np.array([word], dtype="<i4").view("<f4")[0])
     check(list(h[:13]) == [20261129, 1, 16, 263, 2, 4, 32, 384, 8, 3, 1, 16, 0], f"words 0..12: {list(h[:13])}")
-    check(list(h[16:18]) == [1, 2] and as_float(h[18]) == 10000.0 and h[19] == 128 and as_float(h[20]) == np.float32(1e-5)
-          and h[21] == 0, f"llama words 16..21: {list(h[16:22])}")
+    check(list(h[16:18]) == [1, 2] and as_float(h[18]) == 10000.0 and h[19] == 128
+          and as_float(h[20]) == np.float32(1e-5) and h[21] == 0, f"llama words 16..21: {list(h[16:22])}")
     check(list(h[24:28]) == [1, 2, 24, 1] and as_float(h[28]) == 2.5 and h[29] == 1, f"words 24..29: {list(h[24:30])}")
     check(not h[13:16].any() and not h[22:24].any() and not h[30:].any(), "every other word is 0")
     shape = dict(C=32, L=2, Lm=2, E=8, H=16, S=2, Hs=24, NH=4, NKV=2, Vp=384)
@@ -1380,7 +1380,8 @@ def test_issue15_files(tmp):
     args = train_moe.parse_args(["--write-reference", prefix] + DEEPSEEK_ARGS)
     model = train_moe.model_for_run(args)  # the same seed: the same parameters and initial biases
     modules = {"wte": lambda l, i: model.wte.weight, "ln1w": lambda l, i: model.h[l].ln_1.weight,
-               "qkvw": lambda l, i: model.h[l].attn.c_attn.weight, "attprojw": lambda l, i: model.h[l].attn.c_proj.weight,
+               "qkvw": lambda l, i: model.h[l].attn.c_attn.weight,
+               "attprojw": lambda l, i: model.h[l].attn.c_proj.weight,
                "ln2w": lambda l, i: model.h[l].ln_2.weight, "routerw": lambda l, i: model.h[l].moe.router.weight,
                "expert_fcw": lambda l, i: model.h[l].moe.experts[i].c_fc.weight,
                "expert_fcprojw": lambda l, i: model.h[l].moe.experts[i].c_proj.weight,
@@ -1419,6 +1420,32 @@ def test_issue15_files(tmp):
     check(np.array_equal(rows[0], first.astype(np.float32)), "bias row 0 = file biases moved by step 0's loads")
     steps_moved = np.diff(np.concatenate([biases[None], rows]), axis=0)
     check(np.allclose(np.abs(steps_moved[np.abs(steps_moved) > 1e-7]), 1e-3, rtol=1e-3), "every move is ±gamma or 0")
+
+
+def test_global_aux_micro_batches():
+    """--global-aux 1 over K = 3 micro-batches: micro-batch j's Switch loss is α·E·Σ_e f_e·P_e with f_e from the
+    counts of micro-batches 0..j over (j + 1)·N·k choices (doc/moe.md, issue 15's routing 8), recomputed in float64
+    from each micro-batch's own probs and counts; tolerance 1e-6 relative (fp32 sums of 8 terms). Without it, f is
+    the micro-batch's own, and the two differ."""
+    args = train_moe.parse_args(["--write-reference", "unused", "--B", "6", "--topk", "2", "--E", "8", "--cf", "0",
+                                 "--score", "sigmoid", "--global-aux", "1", "--micro-batches", "3"])
+    model = train_moe.model_for_run(args)
+    x, y = train_gpt.reference_batch(args, model.config)
+    with torch.no_grad():
+        outputs = train_moe.micro_batch_outputs(model, x, y, 3, train_moe.routing_settings(args))
+    for m in range(model.config.Lm):
+        counts = np.zeros(8)
+        for j, output in enumerate(outputs):
+            r = output.routings[m]
+            counts += r.counts.numpy()
+            N = r.probs.shape[0]
+            f = counts / ((j + 1) * N * 2)
+            expected = 0.01 * 8 * float((f * r.probs.double().mean(dim=0).numpy()).sum())
+            own = 0.01 * 8 * float((r.counts.numpy() / (N * 2) * r.probs.double().mean(dim=0).numpy()).sum())
+            check(math.isclose(r.aux_loss.item(), expected, rel_tol=1e-6), f"global aux, layer {m} micro-batch {j}: "
+                                                                          f"{r.aux_loss.item()} vs {expected}")
+            if j > 0:
+                check(not math.isclose(expected, own, rel_tol=1e-4), f"global aux, layer {m} micro-batch {j} differs")
 
 
 def test_llama_moe_is_llama():
@@ -1492,6 +1519,7 @@ def main():
         test_noise_bad_input(noisy_prefix, tmp)
         test_issue15_routing()
         test_bias_update()
+        test_global_aux_micro_batches()
         test_llama_moe_is_llama()
         test_issue15_files(tmp)
         test_issue15_bad_input(tmp)
