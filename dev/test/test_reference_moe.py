@@ -1401,6 +1401,16 @@ def test_issue15_files(tmp):
             same = all(np.array_equal(values[l], modules[name](l, 0).detach().numpy()) for l in range(s[0]))
         check(same, f"DeepSeek-shape file: {name} at its doc/formats.md place")
     check(np.array_equal(biases, model.balance_biases()) and np.abs(biases).max() > 0, "biases after the payload")
+    # bf16: the weights rounded to nearest even, the biases the same fp32 values
+    message, _ = run_main(train_moe, ["--write-reference", prefix + "_bf16"] + DEEPSEEK_ARGS[:-2] +
+                          ["--steps", "0", "--dtype", "bfloat16"])
+    bf16 = open(prefix + "_bf16_model.bin", "rb").read()
+    check(message is None and read_header(bf16)[1] == 2 and len(bf16) == HEADER_BYTES + 2 * count + 4 * 16,
+          f"bf16 DeepSeek-shape file: {message}, size {len(bf16)}")
+    bits = flat.view("<u4").astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    check(np.array_equal(np.frombuffer(bf16[HEADER_BYTES : HEADER_BYTES + 2 * count], dtype="<u2"), rounded)
+          and bf16[HEADER_BYTES + 2 * count :] == data[HEADER_BYTES + 4 * count :], "bf16 weights rounded, fp32 biases")
 
     state = open(prefix + "_debug_state.bin", "rb").read()
     sh = read_header(state)
@@ -1470,6 +1480,106 @@ def test_llama_moe_is_llama():
           "llama MoE with one expert = Llama")
 
 
+def np_llama_moe_forward(P, biases, x, y, cfg, micro_batches):
+    """The llama MoE of doc/moe.md from the file's tensors P (float64) and biases, over the micro-batches of (x, y):
+    (logits (B, T, V), the means over the micro-batches of CE, aux, z and the sequence-wise loss, their total, and
+    per MoE layer the counts summed over the micro-batches). test_reference's numpy RMSNorm and RoPE; attention
+    written out per head; the MoE layers by np_moe_layer."""
+    C_, NH_, NKV, eps, E_, k = cfg["C"], cfg["NH"], cfg["NKV"], cfg["eps"], cfg["E"], cfg["k"]
+    HS = C_ // NH_
+    all_logits, sums, counts_total = [], np.zeros(4), [np.zeros(E_) for _ in range(cfg["L"])]
+    prior = [None] * cfg["L"]
+    for xm, ym in zip(np.split(x, micro_batches), np.split(y, micro_batches)):
+        b, t = xm.shape
+        cos, sin = test_reference.np_rope_table(t, HS, cfg["theta"])
+        future = np.triu(np.ones((t, t), dtype=bool), k=1)
+        h = P["wte"][xm]
+        aux = z = seq = 0.0
+        for l in range(cfg["L"]):
+            qkv = test_reference.np_rmsnorm(h, P["ln1w"][l], eps) @ P["qkvw"][l].T
+            heads = lambda start, n: qkv[..., start * HS : (start + n) * HS].reshape(b, t, n, HS).transpose(0, 2, 1, 3)
+            q, kk, v = heads(0, NH_), heads(NH_, NKV), heads(NH_ + NKV, NKV)
+            q, kk = test_reference.np_rope(q, cos, sin, "half"), test_reference.np_rope(kk, cos, sin, "half")
+            out = np.empty_like(q)
+            for head in range(NH_):
+                j = head // (NH_ // NKV)
+                scores = np.where(future, -np.inf, q[:, head] @ kk[:, j].transpose(0, 2, 1) / math.sqrt(HS))
+                probs = np.exp(scores - scores.max(-1, keepdims=True))
+                out[:, head] = probs / probs.sum(-1, keepdims=True) @ v[:, j]
+            h = h + out.transpose(0, 2, 1, 3).reshape(b, t, C_) @ P["attprojw"][l].T
+            xn = test_reference.np_rmsnorm(h, P["ln2w"][l], eps)
+            experts = [(P["expert_fcw"][l, e], P["expert_fcprojw"][l, e]) for e in range(E_)]
+            shared = [(P["shared_fcw"][l, i], P["shared_fcprojw"][l, i]) for i in range(cfg["S"])]
+            ffn, _, _, _, counts, a, s = np_moe_layer(xn, P["routerw"][l], experts, shared, True, k, 0.0, ALPHA,
+                                                      cfg["seq_alpha"], "sigmoid", biases[l], cfg["scale"],
+                                                      cfg["groups"], cfg["limit"], prior[l])
+            prior[l] = (counts if prior[l] is None else prior[l][0] + counts,
+                        b * t * k + (0 if prior[l] is None else prior[l][1]))
+            counts_total[l] += counts
+            router_logits = xn.reshape(-1, C_) @ P["routerw"][l].T
+            top = router_logits.max(axis=1)
+            z += Z_COEF * float(((top + np.log(np.exp(router_logits - top[:, None]).sum(axis=1))) ** 2).mean())
+            aux, seq = aux + a, seq + s
+            h = h + ffn.reshape(b, t, C_)
+        logits = test_reference.np_rmsnorm(h, P["lnfw"], eps) @ P["lm_head"][: cfg["V"]].T
+        all_logits.append(logits)
+        sums += [test_reference.np_cross_entropy(logits, ym), aux, z, seq]
+    ce, aux, z, seq = sums / micro_batches
+    return np.concatenate(all_logits), ce, aux, z, seq, ce + aux + z + seq, counts_total
+
+
+def test_deepseek_forward_and_gradients(tmp):
+    """The DeepSeek-shape reference (test_issue15_files) against np_llama_moe_forward: logits within 1e-5 and the CE,
+    aux, z and sequence-wise losses within 1e-5 relative (fp32 against float64, as the llama GPT test), the counts
+    exactly, and the gradients (the mean over the micro-batches of the total loss) against float64 central
+    differences at the largest and two random entries of each MoE tensor and qkvw (tolerance 1e-3 relative plus
+    1e-4 of the tensor's largest gradient, check_gradients_against_numpy's; step 1e-5, no choice may flip)."""
+    prefix = os.path.join(tmp, "ds")
+    cfg = dict(C=32, NH=4, NKV=2, eps=float(np.float32(1e-5)), theta=10000.0, E=8, k=3, L=2, S=2, V=263, Vp=384,
+               seq_alpha=0.001, scale=2.5, groups=4, limit=2)
+    shapes = issue15_file_tensors(dict(C=32, L=2, Lm=2, E=8, H=16, S=2, Hs=24, NH=4, NKV=2, Vp=384))
+    data = open(prefix + "_model.bin", "rb").read()
+    count = sum(int(np.prod(s)) for _, s in shapes)
+    flat = np.frombuffer(data[HEADER_BYTES : HEADER_BYTES + 4 * count], dtype="<f4").astype(np.float64)
+    biases = np.frombuffer(data[HEADER_BYTES + 4 * count :], dtype="<f4").reshape(2, 8).astype(np.float64)
+    state = open(prefix + "_debug_state.bin", "rb").read()
+    B_, T_ = 4, 9
+    ints = np.frombuffer(state[HEADER_BYTES : HEADER_BYTES + 8 * B_ * T_], dtype="<i4")
+    x, y = ints[: B_ * T_].reshape(B_, T_), ints[B_ * T_ :].reshape(B_, T_)
+    f = np.frombuffer(state[HEADER_BYTES + 8 * B_ * T_ :], dtype="<f4")
+    logits = f[: B_ * T_ * 263].reshape(B_, T_, 263)
+    losses = f[B_ * T_ * 263 : B_ * T_ * 263 + 4]
+    counts = np.frombuffer(state[HEADER_BYTES + 8 * B_ * T_ + 4 * (B_ * T_ * 263 + 4) :], dtype="<i4")[:18]
+    grads = f[B_ * T_ * 263 + 4 + 18 : B_ * T_ * 263 + 4 + 18 + count]
+
+    def forward(vector):
+        P, _ = test_reference.split(vector, [(n, s) for n, s in shapes])
+        return np_llama_moe_forward(P, biases, x, y, cfg, 2)
+
+    ref = forward(flat)
+    err = np.abs(ref[0] - logits).max()
+    check(err < 1e-5, f"DeepSeek-shape logits match the numpy forward (max error {err:.2e}, tolerance 1e-5)")
+    for name, mine, theirs in zip(("CE", "aux", "z", "seq"), ref[1:5], losses):
+        check(math.isclose(mine, theirs, rel_tol=1e-5), f"DeepSeek-shape {name} loss {theirs} vs numpy {mine}")
+    check(all(np.array_equal(counts.reshape(2, 9)[m, 1:], ref[6][m]) for m in range(2)), "DeepSeek-shape counts")
+    _, ranges = test_reference.split(flat, [(n, s) for n, s in shapes])
+    rng = np.random.default_rng(0)
+    for name in ("qkvw", "routerw", "expert_fcw", "expert_fcprojw", "shared_fcw", "shared_fcprojw"):
+        start, end = ranges[name]
+        g = grads[start:end]
+        for i in [int(np.abs(g).argmax())] + list(rng.integers(0, end - start, 2)):
+            values = []
+            for sign in (1, -1):
+                moved = flat.copy()
+                moved[start + i] += sign * 1e-5
+                out = forward(moved)
+                check(all(np.array_equal(a, b) for a, b in zip(out[6], ref[6])), f"{name}[{i}] keeps the counts")
+                values.append(out[5])
+            fd = (values[0] - values[1]) / 2e-5
+            check(abs(fd - g[i]) <= 1e-3 * abs(fd) + 1e-4 * np.abs(g).max(),
+                  f"DeepSeek-shape d{name}[{i}]: {g[i]} vs central difference {fd}")
+
+
 def test_issue15_bad_input(tmp):
     out = os.path.join(tmp, "bad15")
     base = ["--write-reference", out]
@@ -1522,6 +1632,7 @@ def main():
         test_global_aux_micro_batches()
         test_llama_moe_is_llama()
         test_issue15_files(tmp)
+        test_deepseek_forward_and_gradients(tmp)
         test_issue15_bad_input(tmp)
     print(f"test_reference_moe: {test_reference.passed} passed, {test_reference.failed} failed")
     sys.exit(1 if test_reference.failed else 0)
