@@ -1013,12 +1013,13 @@ class MoESteps:
 
 def describe_routing(output, label=""):
     """One line per MoE layer: capacity, dropped choices, per-expert counts before dropping, margin (of H with
-    noisy gating, which also adds the threshold margin and the layer's importance and load losses)."""
+    noisy gating, which also adds the threshold margin and the layer's importance and load losses; of the keys
+    affinity + bias, or of the keys within the kept groups, with a bias or a device limit)."""
     lines = []
     for i, r in enumerate(output.routings):
         capacity = "none" if r.capacity is None else r.capacity
         line = (f"MoE layer {i}{label}: capacity {capacity} | dropped {r.dropped} of {r.kept.numel()} choices | "
-                f"counts {r.counts.tolist()} | logit margin {r.margin:.3e}")
+                f"counts {r.counts.tolist()} | {'logit' if r.key is None else 'key'} margin {r.margin:.3e}")
         if r.importance_loss is not None:
             line += (f" | threshold margin {r.threshold_margin:.3e} | importance {r.importance_loss.item():.6f} | "
                      f"load {r.load_loss.item():.6f}")
