@@ -645,9 +645,10 @@ def reference_batch(args, config):
     return x, y
 
 
-def reference_step_losses(model, args, device, x, y, losses):
+def reference_step_losses(model, args, device, x, y, losses, after_step=None):
     """The printed loss of each of --steps AdamW steps on the batch (x, y): each step's forward loss before
-    its update. `losses` is gpt_losses or its train_moe.py counterpart."""
+    its update. `losses` is gpt_losses or its train_moe.py counterpart; after_step(model), if given, runs after
+    each update (train_moe.py's balancing-bias update)."""
     optimizer = make_optimizer(model, args, device)
     step_losses = []
     for _ in range(args.steps):
@@ -656,13 +657,16 @@ def reference_step_losses(model, args, device, x, y, losses):
         backward(loss, model)
         clip_gradients(model, args.grad_clip)
         optimizer.step()
+        if after_step is not None:
+            after_step(model)
         step_losses.append(printed_loss.item())
     return step_losses
 
 
-def train_loop(args, build_model, losses):
+def train_loop(args, build_model, losses, after_step=None):
     """--train's loop (here and in train_moe.py): --steps AdamW steps on --input-bin batches, one step line each,
-    for the model build_model(args) gives. `losses` is gpt_losses or its train_moe.py counterpart."""
+    for the model build_model(args) gives. `losses` is gpt_losses or its train_moe.py counterpart; after_step(model),
+    if given, runs after each update."""
     device = pick_device(args.device)
     if device == "cuda":  # a speed baseline: the C trainer's fp32 matmuls use TF32 too
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -688,6 +692,8 @@ def train_loop(args, build_model, losses):
         backward(loss, model)
         norm = clip_gradients(model, args.grad_clip)
         optimizer.step()
+        if after_step is not None:
+            after_step(model)
         optimizer.zero_grad(set_to_none=True)
         loss_value = printed_loss.item()  # waits for the device
         elapsed = time.perf_counter() - start

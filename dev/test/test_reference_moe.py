@@ -1136,6 +1136,479 @@ def test_noise_bad_input(noisy_prefix, tmp):
         fails_with(["--write-reference", out, "--model-from-file", path], needle, label)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Issue 15's routing (doc/moe.md, "Issue 15's routing options"): sigmoid scores with the balancing bias, the routed
+# scale, device-limited routing, shared experts, the sequence-wise and global-batch losses, the bias update, llama
+# experts; and the file fields (doc/formats.md). The numpy code below is written from those pages.
+
+
+def np_sigmoid_route(logits, k, cf, score="softmax", bias=None, routed_scale=1.0, groups=1, limit=0):
+    """(probs for the balance losses, choices, gates, kept, counts before dropping) of one group, loop by loop."""
+    N, E_ = logits.shape
+    if score == "softmax":
+        exp = np.exp(logits - logits.max(axis=1, keepdims=True))
+        affinity = exp / exp.sum(axis=1, keepdims=True)
+        probs = affinity
+    else:
+        affinity = 1.0 / (1.0 + np.exp(-logits))
+        probs = affinity / affinity.sum(axis=1, keepdims=True)
+    key = logits if bias is None else affinity + bias
+    size = E_ // groups
+    choices = np.zeros((N, k), dtype=np.int64)
+    for n in range(N):
+        allowed = range(E_)
+        if limit > 0:
+            best = [max(key[n, g * size : (g + 1) * size]) for g in range(groups)]
+            kept_groups = sorted(range(groups), key=lambda g: (-best[g], g))[:limit]
+            allowed = [e for e in range(E_) if e // size in kept_groups]
+        choices[n] = sorted(allowed, key=lambda e: (-key[n, e], e))[:k]
+    chosen = np.take_along_axis(affinity, choices, axis=1)
+    gates = chosen if (k == 1 and score == "softmax") else chosen / chosen.sum(axis=1, keepdims=True)
+    gates = gates * routed_scale
+    capacity = math.ceil(k * cf * N / E_) if cf > 0 else None
+    used = [0] * E_
+    kept = np.zeros((N, k), dtype=bool)
+    for j in range(k):
+        for n in range(N):
+            if capacity is None or used[choices[n, j]] < capacity:
+                kept[n, j] = True
+                used[choices[n, j]] += 1
+    return probs, choices, gates, kept, np.bincount(choices.reshape(-1), minlength=E_)
+
+
+def np_expert(h, weights, llama):
+    """One expert on rows h (n, C): GELU MLP (fcw, fcb, fcprojw, fcprojb) or SwiGLU (fcw rows [gate | up], fcprojw)."""
+    if llama:
+        fcw, fcprojw = weights
+        a = h @ fcw.T
+        H_ = a.shape[1] // 2
+        gate, up = a[:, :H_], a[:, H_:]
+        return (gate / (1.0 + np.exp(-gate)) * up) @ fcprojw.T
+    fcw, fcb, fcprojw, fcprojb = weights
+    return np_gelu_tanh(h @ fcw.T + fcb) @ fcprojw.T + fcprojb
+
+
+def np_moe_layer(h, routerw, experts, shared, llama, k, cf, alpha, seq_alpha, score, bias, routed_scale, groups,
+                 limit, prior=None):
+    """doc/moe.md's MoE layer on h (B, T, C): (output (N, C), choices, gates, kept, counts, aux, seq loss)."""
+    B_, T_, C_ = h.shape
+    x = h.reshape(B_ * T_, C_)
+    logits = x @ routerw.T
+    N, E_ = logits.shape
+    probs, choices, gates, kept, counts = np_sigmoid_route(logits, k, cf, score, bias, routed_scale, groups, limit)
+    out = np.zeros_like(x)
+    for n in range(N):
+        for j in range(k):
+            if kept[n, j]:
+                out[n] += gates[n, j] * np_expert(x[n : n + 1], experts[choices[n, j]], llama)[0]
+    for weights in shared:
+        out += np_expert(x, weights, llama)
+    earlier_counts, earlier_choices = prior if prior is not None else (np.zeros(E_), 0)
+    f = (earlier_counts + counts) / (earlier_choices + N * k)
+    aux = alpha * E_ * float((f * probs.mean(axis=0)).sum())
+    seq = 0.0
+    for b in range(B_):
+        rows = range(b * T_, (b + 1) * T_)
+        seq_counts = np.zeros(E_)
+        for n in rows:
+            for e in choices[n]:
+                seq_counts[e] += 1
+        seq += seq_alpha * E_ * float((seq_counts / (T_ * k) * probs[list(rows)].mean(axis=0)).sum())
+    return out, choices, gates, kept, counts, aux, seq / B_
+
+
+RoutingCase = namedtuple("RoutingCase", "label llama E k cf score bias scale groups limit shared prior")
+ROUTING_CASES = (
+    # every option at once on gpt2-family experts, with drops and the counts of two earlier micro-batches
+    RoutingCase("gpt2 sigmoid+bias+limit+shared+drops+global", False, 8, 3, 1.0, "sigmoid", True, 2.5, 4, 2, 2,
+                (np.array([5, 0, 3, 9, 1, 2, 7, 3]), 30)),
+    # llama SwiGLU experts, sigmoid without a bias (top-k on the logits), one shared expert, dropless
+    RoutingCase("llama sigmoid dropless shared", True, 6, 2, 0.0, "sigmoid", False, 1.0, 1, 0, 1, None),
+    # llama softmax top-2 within one of two groups, scaled gates, with drops
+    RoutingCase("llama softmax k2 limit scale", True, 4, 2, 0.5, "softmax", False, 1.5, 2, 1, 0, None),
+)
+
+
+def routing_case_layer(case, seed):
+    """A float64 SwitchFFN of the case with random weights, input and bias, its settings, and the numpy weights."""
+    shape = dict(maxT=8, V=11, L=1, NH=2, C=8, E=case.E, topk=case.k, moe_every=1, H=6, shared=case.shared,
+                 shared_H=5 if case.shared else 0, score=case.score, routed_scale=case.scale, balance_bias=case.bias)
+    if case.llama:
+        shape.update(arch="llama", NKV=1, rope_theta=10000.0, dense_H=16, norm_eps=1e-5, tied=True)
+    config = train_moe.MoEConfig(**shape)
+    torch.manual_seed(seed)
+    layer = train_moe.SwitchFFN(config, 0).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0.0, 0.5)  # router logits of order 1: scores far from each other and from saturation
+        if case.bias:
+            layer.balance_bias.normal_(0.0, 0.05)  # of the order of the affinities' gaps: it moves choices
+    settings = train_moe.RoutingSettings(capacity_factor=case.cf, aux_alpha=0.01, z_coef=0.0, seq_alpha=0.02,
+                                         global_aux=case.prior is not None, device_limit=case.limit,
+                                         ep_groups=case.groups)
+    h = torch.randn(3, 5, 8, dtype=torch.float64)
+    return layer, settings, h
+
+
+def np_layer_weights(layer, llama):
+    names = ("c_fc.weight", "c_proj.weight") if llama else ("c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias")
+    get = lambda m: [m.get_parameter(n).detach().numpy() for n in names]
+    shared = [get(m) for m in getattr(layer, "shared", [])]
+    return layer.router.weight.detach().numpy(), [get(m) for m in layer.experts], shared
+
+
+def test_issue15_routing():
+    """SwitchFFN in float64 against np_moe_layer: the output, choices, gates, drops, counts, the Switch loss (with
+    the earlier micro-batches' counts) and the sequence-wise loss. Tolerance 1e-12 relative: both sides are float64
+    and differ only in summation order (~1e-15). Then the autograd gradients of out·R + aux + seq loss against
+    central differences of np_moe_layer (step 1e-6; tolerance 1e-6 of the largest gradient: the differences' error
+    is ~1e-10), with a check that no difference flips a choice."""
+    for i, case in enumerate(ROUTING_CASES):
+        layer, settings, h = routing_case_layer(case, 100 + i)
+        bias = layer.balance_bias.numpy().astype(np.float64) if case.bias else None
+        prior = None if case.prior is None else (torch.tensor(case.prior[0]), case.prior[1])
+        h.requires_grad_(True)
+        out, routing = layer(h, settings, prior)
+        routerw, experts, shared = np_layer_weights(layer, case.llama)
+        args = (case.llama, case.k, case.cf, 0.01, 0.02, case.score, bias, case.scale, case.groups, case.limit,
+                case.prior)
+        np_out, choices, gates, kept, counts, aux, seq = np_moe_layer(h.detach().numpy(), routerw, experts, shared,
+                                                                       *args)
+        label = f"issue 15 routing, {case.label}"
+        check(np.array_equal(routing.choices.numpy(), choices), f"{label}: choices")
+        check(np.array_equal(routing.kept.numpy(), kept), f"{label}: kept")
+        check(np.array_equal(routing.counts.numpy(), counts), f"{label}: counts")
+        check(np.allclose(routing.gates.detach().numpy(), gates, rtol=1e-12, atol=0), f"{label}: gates")
+        check(np.allclose(out.detach().reshape(-1, 8).numpy(), np_out, rtol=1e-12, atol=1e-14), f"{label}: output")
+        check(math.isclose(routing.aux_loss.item(), aux, rel_tol=1e-12), f"{label}: aux {routing.aux_loss.item()} "
+                                                                         f"vs {aux}")
+        check(math.isclose(routing.seq_loss.item(), seq, rel_tol=1e-12), f"{label}: seq {routing.seq_loss.item()} "
+                                                                         f"vs {seq}")
+        check(0 < kept.sum() and (case.cf <= 0 or not kept.all()), f"{label}: the case drops as intended")
+        if case.limit:
+            size = case.E // case.groups
+            check(all(len({int(e) // size for e in row}) <= case.limit for row in choices), f"{label}: group limit")
+            unlimited = np_sigmoid_route(h.detach().numpy().reshape(-1, 8) @ routerw.T, case.k, case.cf, case.score,
+                                         bias, case.scale)[1]
+            check(not np.array_equal(unlimited, choices), f"{label}: the limit moves some choices")
+        if case.bias:
+            unbiased = np_sigmoid_route(h.detach().numpy().reshape(-1, 8) @ routerw.T, case.k, case.cf, case.score,
+                                        None, case.scale, case.groups, case.limit)[1]
+            check(not np.array_equal(unbiased, choices), f"{label}: the bias moves some choices")
+
+        R = np.random.default_rng(i).standard_normal(np_out.shape)
+        (out.reshape(-1, 8) * torch.from_numpy(R)).sum().add(routing.aux_loss + routing.seq_loss).backward()
+        targets = [("h", h.detach().numpy().copy(), h.grad.numpy()),
+                   ("routerw", routerw.copy(), layer.router.weight.grad.numpy())]
+        if shared:
+            targets.append(("shared fcw", shared[0][0].copy(), layer.shared[0].c_fc.weight.grad.numpy()))
+        for name, base, grad in targets:
+            rng = np.random.default_rng(7)
+            for index in [np.unravel_index(np.abs(grad).argmax(), grad.shape)] + [
+                    tuple(rng.integers(0, s) for s in grad.shape) for _ in range(3)]:
+                values = []
+                for sign in (1, -1):
+                    moved = base.copy()
+                    moved[index] += sign * 1e-6
+                    hh = moved if name == "h" else h.detach().numpy()
+                    rw = moved if name == "routerw" else routerw
+                    sh = [[moved] + w[1:] for w in shared[:1]] + shared[1:] if name == "shared fcw" else shared
+                    o, c, *_, a, s = np_moe_layer(hh, rw, experts, sh, *args)
+                    check(np.array_equal(c, choices), f"{label}: d{name}{index} keeps the choices")
+                    values.append(float((o * R).sum()) + a + s)
+                fd = (values[0] - values[1]) / 2e-6
+                check(abs(fd - grad[index]) <= 1e-6 * np.abs(grad).max(),
+                      f"{label}: d{name}{index} autograd {grad[index]} vs central difference {fd}")
+
+
+def test_bias_update():
+    """update_balance_biases against b + fp32(gamma) * sign(mean load - load) computed in numpy fp32, bit for bit,
+    on loads with ties to the mean, and an under-loaded, over-loaded expert in each layer."""
+    config = train_moe.MoEConfig(maxT=8, V=11, L=2, NH=2, C=8, E=4, topk=2, moe_every=1, H=6, score="sigmoid",
+                                 balance_bias=True)
+    model = train_moe.MoEGPT(config)
+    start = np.array([[0.1, -0.2, 0.3, 1e-3], [0.0, 0.0, -0.7, 0.25]], dtype=np.float32)
+    with torch.no_grad():
+        for block, b in zip(model.moe_blocks(), start):
+            block.moe.balance_bias.copy_(torch.from_numpy(b))
+    loads = [np.array([3, 5, 4, 4]), np.array([0, 9, 2, 1])]  # means 4 and 3
+    model.update_balance_biases([torch.tensor(l) for l in loads], 0.001)
+    gamma = np.float32(0.001)
+    expected = np.stack([b + gamma * np.sign(l.mean() - l).astype(np.float32) for b, l in zip(start, loads)])
+    check(np.array_equal(model.balance_biases(), expected.astype(np.float32)), "bias update: b + gamma*sign(mean-load)")
+
+
+def issue15_file_tensors(shape):
+    """[(name, shape)] of a llama MoE file's payload (doc/formats.md, "MoE model file"), shared experts included."""
+    C_, L_, Lm, E_, H_, S, Hs, HS = shape["C"], shape["L"], shape["Lm"], shape["E"], shape["H"], shape["S"], \
+        shape["Hs"], shape["C"] // shape["NH"]
+    return [("wte", (shape["Vp"], C_)), ("ln1w", (L_, C_)), ("qkvw", (L_, (shape["NH"] + 2 * shape["NKV"]) * HS, C_)),
+            ("attprojw", (L_, C_, C_)), ("ln2w", (L_, C_)), ("routerw", (Lm, E_, C_)),
+            ("expert_fcw", (Lm, E_, 2 * H_, C_)), ("expert_fcprojw", (Lm, E_, C_, H_)),
+            ("shared_fcw", (Lm, S, 2 * Hs, C_)), ("shared_fcprojw", (Lm, S, C_, Hs)), ("lnfw", (C_,)),
+            ("lm_head", (shape["Vp"], C_))]
+
+
+DEEPSEEK_ARGS = ["--B", "4", "--T", "9", "--V", "263", "--L", "2", "--NH", "4", "--C", "32", "--maxT", "16",
+                 "--arch", "llama", "--kv-heads", "2", "--E", "8", "--topk", "3", "--H", "16", "--shared-experts", "2",
+                 "--shared-hidden", "24", "--score", "sigmoid", "--routed-scale", "2.5", "--bias-gamma", "0.001",
+                 "--seq-aux-alpha", "0.001", "--global-aux", "1", "--micro-batches", "2", "--device-limit", "2",
+                 "--ep-groups", "4", "--cf", "0", "--steps", "3"]
+
+
+def test_issue15_files(tmp):
+    """A DeepSeek-shape llama reference: the header words, the payload laid out from doc/formats.md against the
+    model's modules, the fp32 biases after the payload, the debug state's size and words 9..11, and its first bias
+    row recomputed from the file's biases and the debug state's counts (bit for bit)."""
+    prefix = os.path.join(tmp, "ds")
+    message, _ = run_main(train_moe, ["--write-reference", prefix] + DEEPSEEK_ARGS)
+    check(message is None, f"DeepSeek-shape reference: {message}")
+    data = open(prefix + "_model.bin", "rb").read()
+    h = read_header(data)
+    as_float = lambda word: float(np.array([word], dtype="<i4").view("<f4")[0])
+    check(list(h[:13]) == [20261129, 1, 16, 263, 2, 4, 32, 384, 8, 3, 1, 16, 0], f"words 0..12: {list(h[:13])}")
+    check(list(h[16:18]) == [1, 2] and as_float(h[18]) == 10000.0 and h[19] == 128
+          and as_float(h[20]) == np.float32(1e-5) and h[21] == 0, f"llama words 16..21: {list(h[16:22])}")
+    check(list(h[24:28]) == [1, 2, 24, 1] and as_float(h[28]) == 2.5 and h[29] == 1, f"words 24..29: {list(h[24:30])}")
+    check(not h[13:16].any() and not h[22:24].any() and not h[30:].any(), "every other word is 0")
+    shape = dict(C=32, L=2, Lm=2, E=8, H=16, S=2, Hs=24, NH=4, NKV=2, Vp=384)
+    tensors = issue15_file_tensors(shape)
+    count = sum(int(np.prod(s)) for _, s in tensors)
+    check(len(data) == HEADER_BYTES + 4 * count + 4 * 2 * 8, f"model file size {len(data)}")
+    flat = np.frombuffer(data[HEADER_BYTES : HEADER_BYTES + 4 * count], dtype="<f4")
+    biases = np.frombuffer(data[HEADER_BYTES + 4 * count :], dtype="<f4").reshape(2, 8)
+    args = train_moe.parse_args(["--write-reference", prefix] + DEEPSEEK_ARGS)
+    model = train_moe.model_for_run(args)  # the same seed: the same parameters and initial biases
+    modules = {"wte": lambda l, i: model.wte.weight, "ln1w": lambda l, i: model.h[l].ln_1.weight,
+               "qkvw": lambda l, i: model.h[l].attn.c_attn.weight,
+               "attprojw": lambda l, i: model.h[l].attn.c_proj.weight,
+               "ln2w": lambda l, i: model.h[l].ln_2.weight, "routerw": lambda l, i: model.h[l].moe.router.weight,
+               "expert_fcw": lambda l, i: model.h[l].moe.experts[i].c_fc.weight,
+               "expert_fcprojw": lambda l, i: model.h[l].moe.experts[i].c_proj.weight,
+               "shared_fcw": lambda l, i: model.h[l].moe.shared[i].c_fc.weight,
+               "shared_fcprojw": lambda l, i: model.h[l].moe.shared[i].c_proj.weight,
+               "lnfw": lambda l, i: model.ln_f.weight, "lm_head": lambda l, i: model.lm_head.weight}
+    offset = 0
+    for name, s in tensors:
+        values = flat[offset : offset + int(np.prod(s))].reshape(s)
+        offset += values.size
+        if name in ("wte", "lnfw", "lm_head"):
+            same = np.array_equal(values, modules[name](0, 0).detach().numpy())
+        elif name.startswith(("expert", "shared")):
+            same = all(np.array_equal(values[l, i], modules[name](l, i).detach().numpy())
+                       for l in range(s[0]) for i in range(s[1]))
+        else:
+            same = all(np.array_equal(values[l], modules[name](l, 0).detach().numpy()) for l in range(s[0]))
+        check(same, f"DeepSeek-shape file: {name} at its doc/formats.md place")
+    check(np.array_equal(biases, model.balance_biases()) and np.abs(biases).max() > 0, "biases after the payload")
+    # bf16: the weights rounded to nearest even, the biases the same fp32 values
+    message, _ = run_main(train_moe, ["--write-reference", prefix + "_bf16"] + DEEPSEEK_ARGS[:-2] +
+                          ["--steps", "0", "--dtype", "bfloat16"])
+    bf16 = open(prefix + "_bf16_model.bin", "rb").read()
+    check(message is None and read_header(bf16)[1] == 2 and len(bf16) == HEADER_BYTES + 2 * count + 4 * 16,
+          f"bf16 DeepSeek-shape file: {message}, size {len(bf16)}")
+    bits = flat.view("<u4").astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    check(np.array_equal(np.frombuffer(bf16[HEADER_BYTES : HEADER_BYTES + 2 * count], dtype="<u2"), rounded)
+          and bf16[HEADER_BYTES + 2 * count :] == data[HEADER_BYTES + 4 * count :], "bf16 weights rounded, fp32 biases")
+
+    state = open(prefix + "_debug_state.bin", "rb").read()
+    sh = read_header(state)
+    check(list(sh[7:12]) == [2, 0, 1, 2, 1], f"debug state words 7..11: {list(sh[7:12])}")
+    B_, T_, V_, steps = 4, 9, 263, 3
+    n_losses = 4  # CE, aux, z, seq
+    ints = 2 * (1 + 8)
+    size = HEADER_BYTES + 4 * (2 * B_ * T_ + B_ * T_ * V_ + n_losses + ints + count + steps + steps * 2 * 8)
+    check(len(state) == size, f"debug state size {len(state)}, expected {size}")
+    offset = HEADER_BYTES + 4 * (2 * B_ * T_ + B_ * T_ * V_ + n_losses)
+    routing_ints = np.frombuffer(state[offset : offset + 4 * ints], dtype="<i4").reshape(2, 9)
+    check(all(r[0] == 0 and r[1:].sum() == B_ * T_ * 3 for r in routing_ints), "dropless counts sum to N·k")
+    rows = np.frombuffer(state[len(state) - 4 * steps * 16 :], dtype="<f4").reshape(steps, 2, 8)
+    gamma = np.float32(0.001)
+    loads = routing_ints[:, 1:]
+    first = biases + gamma * np.sign(loads.sum(axis=1, keepdims=True) - 8 * loads).astype(np.float32)
+    check(np.array_equal(rows[0], first.astype(np.float32)), "bias row 0 = file biases moved by step 0's loads")
+    steps_moved = np.diff(np.concatenate([biases[None], rows]), axis=0)
+    check(np.allclose(np.abs(steps_moved[np.abs(steps_moved) > 1e-7]), 1e-3, rtol=1e-3), "every move is ±gamma or 0")
+
+
+def test_global_aux_micro_batches():
+    """--global-aux 1 over K = 3 micro-batches: micro-batch j's Switch loss is α·E·Σ_e f_e·P_e with f_e from the
+    counts of micro-batches 0..j over (j + 1)·N·k choices (doc/moe.md, issue 15's routing 8), recomputed in float64
+    from each micro-batch's own probs and counts; tolerance 1e-6 relative (fp32 sums of 8 terms). Without it, f is
+    the micro-batch's own, and the two differ."""
+    args = train_moe.parse_args(["--write-reference", "unused", "--B", "6", "--topk", "2", "--E", "8", "--cf", "0",
+                                 "--score", "sigmoid", "--global-aux", "1", "--micro-batches", "3"])
+    model = train_moe.model_for_run(args)
+    x, y = train_gpt.reference_batch(args, model.config)
+    with torch.no_grad():
+        outputs = train_moe.micro_batch_outputs(model, x, y, 3, train_moe.routing_settings(args))
+    for m in range(model.config.Lm):
+        counts = np.zeros(8)
+        for j, output in enumerate(outputs):
+            r = output.routings[m]
+            counts += r.counts.numpy()
+            N = r.probs.shape[0]
+            f = counts / ((j + 1) * N * 2)
+            expected = 0.01 * 8 * float((f * r.probs.double().mean(dim=0).numpy()).sum())
+            own = 0.01 * 8 * float((r.counts.numpy() / (N * 2) * r.probs.double().mean(dim=0).numpy()).sum())
+            check(math.isclose(r.aux_loss.item(), expected, rel_tol=1e-6), f"global aux, layer {m} micro-batch {j}: "
+                                                                          f"{r.aux_loss.item()} vs {expected}")
+            if j > 0:
+                check(not math.isclose(expected, own, rel_tol=1e-4), f"global aux, layer {m} micro-batch {j} differs")
+
+
+def test_llama_moe_is_llama():
+    """A llama MoE with one expert and top-1 softmax (gate exactly 1) is train_gpt.py's Llama with that expert as
+    its MLP: logits within 1e-5 and the same CE loss (fp32; only the order of operations differs)."""
+    args = train_gpt.parse_args(["--write-reference", "unused", "--arch", "llama", "--NH", "4", "--C", "32",
+                                 "--kv-heads", "2", "--ffn-hidden", "48", "--L", "2"])
+    llama = train_gpt.model_for_run(args)
+    config = train_moe.MoEConfig(maxT=32, V=263, L=2, NH=4, C=32, E=1, topk=1, moe_every=1, H=48, arch="llama",
+                                 NKV=2, rope_theta=10000.0, dense_H=48, norm_eps=float(np.float32(1e-5)), tied=False)
+    moe = train_moe.MoEGPT(config)
+    with torch.no_grad():
+        for name, p in llama.named_parameters():
+            moe.get_parameter(name.replace("mlp.", "moe.experts.0.")).copy_(p)
+        for block in moe.moe_blocks():
+            block.moe.router.weight.normal_()
+    x = torch.randint(0, 263, (3, 23), generator=torch.Generator().manual_seed(5))
+    logits, loss = llama(x, x)
+    out = moe(x, x, train_moe.RoutingSettings(capacity_factor=0, aux_alpha=0, z_coef=0))
+    check(torch.allclose(out.logits, logits, rtol=0, atol=1e-5) and math.isclose(out.ce_loss.item(), loss.item(),
+                                                                                 rel_tol=1e-6),
+          "llama MoE with one expert = Llama")
+
+
+def np_llama_moe_forward(P, biases, x, y, cfg, micro_batches):
+    """The llama MoE of doc/moe.md from the file's tensors P (float64) and biases, over the micro-batches of (x, y):
+    (logits (B, T, V), the means over the micro-batches of CE, aux, z and the sequence-wise loss, their total, and
+    per MoE layer the counts summed over the micro-batches). test_reference's numpy RMSNorm and RoPE; attention
+    written out per head; the MoE layers by np_moe_layer."""
+    C_, NH_, NKV, eps, E_, k = cfg["C"], cfg["NH"], cfg["NKV"], cfg["eps"], cfg["E"], cfg["k"]
+    HS = C_ // NH_
+    all_logits, sums, counts_total = [], np.zeros(4), [np.zeros(E_) for _ in range(cfg["L"])]
+    prior = [None] * cfg["L"]
+    for xm, ym in zip(np.split(x, micro_batches), np.split(y, micro_batches)):
+        b, t = xm.shape
+        cos, sin = test_reference.np_rope_table(t, HS, cfg["theta"])
+        future = np.triu(np.ones((t, t), dtype=bool), k=1)
+        h = P["wte"][xm]
+        aux = z = seq = 0.0
+        for l in range(cfg["L"]):
+            qkv = test_reference.np_rmsnorm(h, P["ln1w"][l], eps) @ P["qkvw"][l].T
+            heads = lambda start, n: qkv[..., start * HS : (start + n) * HS].reshape(b, t, n, HS).transpose(0, 2, 1, 3)
+            q, kk, v = heads(0, NH_), heads(NH_, NKV), heads(NH_ + NKV, NKV)
+            q, kk = test_reference.np_rope(q, cos, sin, "half"), test_reference.np_rope(kk, cos, sin, "half")
+            out = np.empty_like(q)
+            for head in range(NH_):
+                j = head // (NH_ // NKV)
+                scores = np.where(future, -np.inf, q[:, head] @ kk[:, j].transpose(0, 2, 1) / math.sqrt(HS))
+                probs = np.exp(scores - scores.max(-1, keepdims=True))
+                out[:, head] = probs / probs.sum(-1, keepdims=True) @ v[:, j]
+            h = h + out.transpose(0, 2, 1, 3).reshape(b, t, C_) @ P["attprojw"][l].T
+            xn = test_reference.np_rmsnorm(h, P["ln2w"][l], eps)
+            experts = [(P["expert_fcw"][l, e], P["expert_fcprojw"][l, e]) for e in range(E_)]
+            shared = [(P["shared_fcw"][l, i], P["shared_fcprojw"][l, i]) for i in range(cfg["S"])]
+            ffn, _, _, _, counts, a, s = np_moe_layer(xn, P["routerw"][l], experts, shared, True, k, 0.0, ALPHA,
+                                                      cfg["seq_alpha"], "sigmoid", biases[l], cfg["scale"],
+                                                      cfg["groups"], cfg["limit"], prior[l])
+            prior[l] = (counts if prior[l] is None else prior[l][0] + counts,
+                        b * t * k + (0 if prior[l] is None else prior[l][1]))
+            counts_total[l] += counts
+            router_logits = xn.reshape(-1, C_) @ P["routerw"][l].T
+            top = router_logits.max(axis=1)
+            z += Z_COEF * float(((top + np.log(np.exp(router_logits - top[:, None]).sum(axis=1))) ** 2).mean())
+            aux, seq = aux + a, seq + s
+            h = h + ffn.reshape(b, t, C_)
+        logits = test_reference.np_rmsnorm(h, P["lnfw"], eps) @ P["lm_head"][: cfg["V"]].T
+        all_logits.append(logits)
+        sums += [test_reference.np_cross_entropy(logits, ym), aux, z, seq]
+    ce, aux, z, seq = sums / micro_batches
+    return np.concatenate(all_logits), ce, aux, z, seq, ce + aux + z + seq, counts_total
+
+
+def test_deepseek_forward_and_gradients(tmp):
+    """The DeepSeek-shape reference (test_issue15_files) against np_llama_moe_forward: logits within 1e-5 and the CE,
+    aux, z and sequence-wise losses within 1e-5 relative (fp32 against float64, as the llama GPT test), the counts
+    exactly, and the gradients (the mean over the micro-batches of the total loss) against float64 central
+    differences at the largest and two random entries of each MoE tensor and qkvw (tolerance 1e-3 relative plus
+    1e-4 of the tensor's largest gradient, check_gradients_against_numpy's; step 1e-5, no choice may flip)."""
+    prefix = os.path.join(tmp, "ds")
+    cfg = dict(C=32, NH=4, NKV=2, eps=float(np.float32(1e-5)), theta=10000.0, E=8, k=3, L=2, S=2, V=263, Vp=384,
+               seq_alpha=0.001, scale=2.5, groups=4, limit=2)
+    shapes = issue15_file_tensors(dict(C=32, L=2, Lm=2, E=8, H=16, S=2, Hs=24, NH=4, NKV=2, Vp=384))
+    data = open(prefix + "_model.bin", "rb").read()
+    count = sum(int(np.prod(s)) for _, s in shapes)
+    flat = np.frombuffer(data[HEADER_BYTES : HEADER_BYTES + 4 * count], dtype="<f4").astype(np.float64)
+    biases = np.frombuffer(data[HEADER_BYTES + 4 * count :], dtype="<f4").reshape(2, 8).astype(np.float64)
+    state = open(prefix + "_debug_state.bin", "rb").read()
+    B_, T_ = 4, 9
+    ints = np.frombuffer(state[HEADER_BYTES : HEADER_BYTES + 8 * B_ * T_], dtype="<i4")
+    x, y = ints[: B_ * T_].reshape(B_, T_), ints[B_ * T_ :].reshape(B_, T_)
+    f = np.frombuffer(state[HEADER_BYTES + 8 * B_ * T_ :], dtype="<f4")
+    logits = f[: B_ * T_ * 263].reshape(B_, T_, 263)
+    losses = f[B_ * T_ * 263 : B_ * T_ * 263 + 4]
+    counts = np.frombuffer(state[HEADER_BYTES + 8 * B_ * T_ + 4 * (B_ * T_ * 263 + 4) :], dtype="<i4")[:18]
+    grads = f[B_ * T_ * 263 + 4 + 18 : B_ * T_ * 263 + 4 + 18 + count]
+
+    def forward(vector):
+        P, _ = test_reference.split(vector, [(n, s) for n, s in shapes])
+        return np_llama_moe_forward(P, biases, x, y, cfg, 2)
+
+    ref = forward(flat)
+    err = np.abs(ref[0] - logits).max()
+    check(err < 1e-5, f"DeepSeek-shape logits match the numpy forward (max error {err:.2e}, tolerance 1e-5)")
+    for name, mine, theirs in zip(("CE", "aux", "z", "seq"), ref[1:5], losses):
+        check(math.isclose(mine, theirs, rel_tol=1e-5), f"DeepSeek-shape {name} loss {theirs} vs numpy {mine}")
+    check(all(np.array_equal(counts.reshape(2, 9)[m, 1:], ref[6][m]) for m in range(2)), "DeepSeek-shape counts")
+    _, ranges = test_reference.split(flat, [(n, s) for n, s in shapes])
+    rng = np.random.default_rng(0)
+    for name in ("qkvw", "routerw", "expert_fcw", "expert_fcprojw", "shared_fcw", "shared_fcprojw"):
+        start, end = ranges[name]
+        g = grads[start:end]
+        for i in [int(np.abs(g).argmax())] + list(rng.integers(0, end - start, 2)):
+            values = []
+            for sign in (1, -1):
+                moved = flat.copy()
+                moved[start + i] += sign * 1e-5
+                out = forward(moved)
+                check(all(np.array_equal(a, b) for a, b in zip(out[6], ref[6])), f"{name}[{i}] keeps the counts")
+                values.append(out[5])
+            fd = (values[0] - values[1]) / 2e-5
+            check(abs(fd - g[i]) <= 1e-3 * abs(fd) + 1e-4 * np.abs(g).max(),
+                  f"DeepSeek-shape d{name}[{i}]: {g[i]} vs central difference {fd}")
+
+
+def test_issue15_bad_input(tmp):
+    out = os.path.join(tmp, "bad15")
+    base = ["--write-reference", out]
+    fails_with(base + ["--bias-gamma", "0.001"], "sigmoid", "--bias-gamma with softmax")
+    fails_with(base + ["--device-limit", "1"], "--ep-groups", "--device-limit without --ep-groups")
+    fails_with(base + ["--device-limit", "1", "--ep-groups", "3"], "divide", "--ep-groups not dividing E")
+    fails_with(base + ["--topk", "3", "--device-limit", "1", "--ep-groups", "2"], "fewer", "limit below top-k")
+    fails_with(base + ["--micro-batches", "2"], "divide", "--micro-batches not dividing B")
+    fails_with(base + ["--shared-hidden", "8"], "--shared-experts", "--shared-hidden alone")
+    fails_with(base + ["--score", "sigmoid", "--noisy-topk", "1", "--topk", "2"], "noisy", "noisy with sigmoid")
+    fails_with(base + ["--routed-scale", "0"], "routed scale", "--routed-scale 0")
+    fails_with(base + ["--bias-gamma", "-1", "--score", "sigmoid"], "--bias-gamma", "negative gamma")
+    source = open(os.path.join(tmp, "ds_model.bin"), "rb").read()
+    for label, word, value, needle in (("revision 2", 24, 2, "revision"), ("score 2", 27, 2, "score"),
+                                       ("bias word 2", 29, 2, "bias"), ("no bias: payload", 29, 0, "payload"),
+                                       ("shared without hidden", 26, 0, "shared"), ("family 2", 16, 2, "family"),
+                                       ("routed scale -1", 28, -1082130432, "routed scale")):
+        bad = bytearray(source)
+        bad[4 * word : 4 * word + 4] = value.to_bytes(4, "little", signed=True)
+        path = os.path.join(tmp, "bad15_model.bin")
+        open(path, "wb").write(bad)
+        fails_with(base + ["--model-from-file", path], needle, f"issue 15 file: {label}")
+    message, _ = run_main(train_moe, ["--write-reference", out, "--steps", "0"])
+    plain = bytearray(open(out + "_model.bin", "rb").read())
+    plain[4 * 25 : 4 * 26] = (1).to_bytes(4, "little")
+    open(path, "wb").write(plain)
+    fails_with(base + ["--model-from-file", path], "header[24] = 0", "word 25 set without the revision")
+
+
 def main():
     os.chdir(REPO)
     with tempfile.TemporaryDirectory(prefix="test_reference_moe_") as tmp:
@@ -1154,6 +1627,13 @@ def main():
         noisy_prefix = test_noise_files(tmp)
         test_train_mode_noisy(noisy_prefix, tmp)
         test_noise_bad_input(noisy_prefix, tmp)
+        test_issue15_routing()
+        test_bias_update()
+        test_global_aux_micro_batches()
+        test_llama_moe_is_llama()
+        test_issue15_files(tmp)
+        test_deepseek_forward_and_gradients(tmp)
+        test_issue15_bad_input(tmp)
     print(f"test_reference_moe: {test_reference.passed} passed, {test_reference.failed} failed")
     sys.exit(1 if test_reference.failed else 0)
 
