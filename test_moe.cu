@@ -3,8 +3,8 @@
 // the logits, the cross-entropy, the aux and z losses, the routing (choices per expert, drops), every
 // parameter gradient (router and experts included) and the losses of 10 AdamW steps on that batch; with -ep N under
 // mpirun, also expert parallelism against degree 1; with -z 2 (and -oo), ZeRO-2 against ZeRO-1 bit for bit.
-//   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-cf CF] [-ra A] [-rz Z] [-ep N] [-z 0|1|2]
-//   [-oo 0|1]
+//   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-cf CF] [-ra A] [-rz Z] [-ep N]
+//   [-z 0|1|2] [-oo 0|1]
 // (-cf, -ra, -rz, -rj, -rni, -rnl: the values the reference was written with). The model is train_moe.cu's and the
 // test test_gpt.cu's (both included without their main), with the MoE checks below plugged in as its
 // TestExtension; test_gpt.cu states the tolerances.

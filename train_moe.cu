@@ -706,8 +706,8 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
 }
 
 // The tensors of an MoE layer's gradient slices, reduced by moe_reduce_layer in the order they are put into their
-// buckets: the routers (in the replicated set) and the experts (in the MoE's own set)
-static const int moe_router_tensors[] = {PARAM_EXTENSION + MOE_ROUTERW, PARAM_EXTENSION + MOE_ROUTERNW};  // routernw may be empty
+// buckets: the routers (in the replicated set; routernw may be empty) and the experts (in the MoE's own set)
+static const int moe_router_tensors[] = {PARAM_EXTENSION + MOE_ROUTERW, PARAM_EXTENSION + MOE_ROUTERNW};
 static const int moe_expert_tensors[] = {0, 1, 2, 3};
 #define MOE_ROUTER_TENSORS 2
 
