@@ -2,8 +2,9 @@
 //   /usr/bin/python3 train_moe.py --write-reference PREFIX ...
 // the logits, the cross-entropy, the aux and z losses, the routing (choices per expert, drops), every
 // parameter gradient (router and experts included) and the losses of 10 AdamW steps on that batch; with -ep N under
-// mpirun, also expert parallelism against degree 1.
-//   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-cf CF] [-ra A] [-rz Z] [-ep N] [-z 0|1]
+// mpirun, also expert parallelism against degree 1; with -z 2 (and -oo), ZeRO-2 against ZeRO-1 bit for bit.
+//   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-cf CF] [-ra A] [-rz Z] [-ep N]
+//   [-z 0|1|2] [-oo 0|1]
 // (-cf, -ra, -rz, -rj, -rni, -rnl: the values the reference was written with). The model is train_moe.cu's and the
 // test test_gpt.cu's (both included without their main), with the MoE checks below plugged in as its
 // TestExtension; test_gpt.cu states the tolerances.
@@ -114,19 +115,34 @@ static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg,
     model->mlp_state = moe;
 }
 
-// Expert parallelism of degree N against degree 1 on the same processes, each process with its own batch (the
-// reference batch with its tokens shifted by 37 * rank, so that the processes route differently and a row that
-// travels to the wrong process or comes back to the wrong token changes the results): every tensor of the step's
-// gradient and 10 steps' losses (with ZeRO-`zero_stage`). Both runs sum the same fp32 terms in other orders (an
+// The reference's steps on (x, y) for a fresh model with t's settings, expert-parallel degree `degree`: their losses
+static void moe_run_steps(const GPT2Test* t, int degree, const int* x, const int* y, const ReferenceState* ref,
+                          const MultiGpuConfig* mg, float* losses, cudaStream_t stream) {
+    GPT2 model;
+    build_test_model(&model, t, mg, degree);
+    gpt2_allocate_activations(&model, ref->B, ref->T);
+    gpt2_allocate_optimizer(&model, t->zero_stage);
+    for (int step = 0; step < ref->nsteps; step++)
+        losses[step] = test_step(&model, x, y, ref->B, ref->T, step, mg, t->zero_stage, stream);
+    free_test_model(&model);
+}
+
+// The checks of -ep and -z, each process with its own batch (the reference batch with its tokens shifted by
+// 37 * rank, so that the processes route differently, a row that travels to the wrong process or comes back to the
+// wrong token changes the results, and a gradient slice never reduced over the processes differs from one that is).
+// Expert parallelism of degree N against degree 1 on the same processes: every tensor of the step's gradient
+// (ZeRO-0) and 10 steps' losses (with ZeRO-`zero_stage`). Both runs sum the same fp32 terms in other orders (an
 // owner's expert GEMM adds N processes' rows at once where degree 1 adds each process's rows, then averages over
 // processes), so the tolerances are the PyTorch comparison's (FP32: 1e-5 of each tensor's scale, measured ~3e-7;
 // BF16: an owner rounds the sum of N processes' expert gradients once where degree 1 rounds each, measured 6e-3
 // against 3e-2); a gradient N times too large, or one never averaged over the replicas, is off by O(1). The parameters after the steps are not compared:
 // AdamW turns the rounding noise of gradients that are zero in exact arithmetic (the attention's key bias) into
 // updates of +-lr, which differ between any two summation orders.
-static void compare_expert_parallel(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg,
-                                    float tol_tensor, float tol_steps, cudaStream_t stream) {
-    if (t->ep_degree == 1) return;
+// ZeRO-2 (with -oo as given) against ZeRO-1 at degree N: with one micro-step every piece of the routers' and
+// experts' gradients is averaged as ZeRO-1 averages it and the fp32 shard holds that value exactly
+// (doc/zero.md), so the 10 steps' losses are bit-identical.
+static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg,
+                             float tol_tensor, float tol_steps, cudaStream_t stream) {
     int ep_degree = t->ep_degree;
     int B = ref->B, T = ref->T, V = ref->V;
     size_t BT = (size_t)B * T;
@@ -136,39 +152,65 @@ static void compare_expert_parallel(const GPT2Test* t, const ReferenceState* ref
         x[i] = (ref->x[i] + 37 * mg->process_rank) % V;
         y[i] = (ref->y[i] + 37 * mg->process_rank) % V;
     }
-    GPT2 one, spread;
-    build_test_model(&one, t, mg, 1);
-    build_test_model(&spread, t, mg, ep_degree);
-    GPT2* both[2] = {&one, &spread};
-    for (int i = 0; i < 2; i++) {
-        gpt2_allocate_activations(both[i], B, T);
-        gpt2_allocate_optimizer(both[i], t->zero_stage);
+    float* losses_a = (float*)malloc_check(((size_t)ref->nsteps + 1) * sizeof(float));
+    float* losses_b = (float*)malloc_check(((size_t)ref->nsteps + 1) * sizeof(float));
+    if (ep_degree > 1) {
+        // the gradients read whole: ZeRO-0, no offload
+        GPT2Test unsharded = *t;
+        unsharded.zero_stage = 0;
+        unsharded.offload = 0;
+        GPT2 one, spread;
+        build_test_model(&one, &unsharded, mg, 1);
+        build_test_model(&spread, &unsharded, mg, ep_degree);
+        GPT2* both[2] = {&one, &spread};
+        for (int i = 0; i < 2; i++) {
+            gpt2_allocate_activations(both[i], B, T);
+            gpt2_allocate_optimizer(both[i], 0);
+        }
+        if (printing)
+            printf("expert parallelism: -ep %d against -ep 1 on %d processes, distinct batches, ZeRO-%d steps\n",
+                   ep_degree, mg->num_processes, t->zero_stage);
+        float loss_one = test_gradient(&one, x, y, B, T, mg, stream);
+        float loss_spread = test_gradient(&spread, x, y, B, T, mg, stream);
+        compare_value("ep loss", multi_gpu_cpu_float_sum(loss_spread, mg), multi_gpu_cpu_float_sum(loss_one, mg),
+                      tol_steps);
+        float* g_one = gathered_gradients(&one, t->extension, stream);
+        float* g_spread = gathered_gradients(&spread, t->extension, stream);
+        compare_tensors("ep d", &one, g_spread, g_one, tol_tensor);
+        free(g_one);
+        free(g_spread);
+        free_test_model(&spread);
+        free_test_model(&one);
+        moe_run_steps(t, 1, x, y, ref, mg, losses_a, stream);
+        moe_run_steps(t, ep_degree, x, y, ref, mg, losses_b, stream);
+        double worst = 0.0;
+        for (int step = 0; step < ref->nsteps; step++) {
+            worst = fmax(worst, fabs(losses_b[step] - losses_a[step]) / fabs(losses_a[step]));
+            if (printing)
+                printf("     step %2d: loss %.6f with -ep %d, %.6f with -ep 1\n", step, losses_b[step], ep_degree,
+                       losses_a[step]);
+        }
+        int steps_ok = worst <= tol_steps && ref->nsteps > 0;
+        count_check(steps_ok);
+        if (printing)
+            printf("%s %-10s %d step losses, max rel err %.2e (tol %.0e)\n", steps_ok ? "OK  " : "FAIL", "ep steps",
+                   ref->nsteps, worst, tol_steps);
     }
-    if (printing)
-        printf("expert parallelism: -ep %d against -ep 1 on %d processes, distinct batches, ZeRO-%d steps\n", ep_degree,
-               mg->num_processes, t->zero_stage);
-    float loss_one = test_gradient(&one, x, y, B, T, mg, stream);
-    float loss_spread = test_gradient(&spread, x, y, B, T, mg, stream);
-    compare_value("ep loss", multi_gpu_cpu_float_sum(loss_spread, mg), multi_gpu_cpu_float_sum(loss_one, mg), tol_steps);
-    float* g_one = gathered_gradients(&one, t->extension, stream);
-    float* g_spread = gathered_gradients(&spread, t->extension, stream);
-    compare_tensors("ep d", &one, g_spread, g_one, tol_tensor);
-    double worst = 0.0;
-    for (int step = 0; step < ref->nsteps; step++) {
-        float a = test_step(&one, x, y, B, T, step, mg, t->zero_stage, stream);
-        float b = test_step(&spread, x, y, B, T, step, mg, t->zero_stage, stream);
-        worst = fmax(worst, fabs(b - a) / fabs(a));
-        if (printing) printf("     step %2d: loss %.6f with -ep %d, %.6f with -ep 1\n", step, b, ep_degree, a);
+    if (t->zero_stage == 2) {
+        GPT2Test zero1 = *t;
+        zero1.zero_stage = 1;
+        zero1.offload = 0;
+        moe_run_steps(&zero1, ep_degree, x, y, ref, mg, losses_a, stream);
+        moe_run_steps(t, ep_degree, x, y, ref, mg, losses_b, stream);
+        int same = ref->nsteps > 0 && memcmp(losses_a, losses_b, (size_t)ref->nsteps * sizeof(float)) == 0;
+        count_check(same);
+        if (printing)
+            printf("%s %-10s %d step losses with -ep %d -z 2 -oo %d, distinct batches, bit-identical to -z 1 -oo 0's "
+                   "(last %.7f, %.7f)\n", same ? "OK  " : "FAIL", "zero2", ref->nsteps, ep_degree, t->offload,
+                   losses_b[ref->nsteps - 1], losses_a[ref->nsteps - 1]);
     }
-    int steps_ok = worst <= tol_steps && ref->nsteps > 0;
-    count_check(steps_ok);
-    if (printing)
-        printf("%s %-10s %d step losses, max rel err %.2e (tol %.0e)\n", steps_ok ? "OK  " : "FAIL", "ep steps",
-               ref->nsteps, worst, tol_steps);
-    free(g_one);
-    free(g_spread);
-    free_test_model(&spread);
-    free_test_model(&one);
+    free(losses_a);
+    free(losses_b);
     free(x);
     free(y);
 }
@@ -176,9 +218,9 @@ static void compare_expert_parallel(const GPT2Test* t, const ReferenceState* ref
 static const TestExtension moe_test_extension = {
     "test_moe",
     " [-cf capacity factor] [-ra aux coefficient] [-rz z coefficient] [-rj jitter] [-rni importance coefficient] "
-    "[-rnl load coefficient] [-ep N] [-z 0|1]",
+    "[-rnl load coefficient] [-ep N]",
     moe_parse_test_flag, moe_attach, moe_read_reference, moe_check_forward, moe_gradient_multiplier,
-    compare_expert_parallel,
+    moe_extra_checks,
 };
 
 int main(int argc, char** argv) { return test_main(argc, argv, &moe_test_extension); }

@@ -418,15 +418,19 @@ static const int gpt2_lm_head_tensor[] = {PARAM_LM_HEAD};
 #define GPT2_REST_TENSORS 4
 // ZeRO-2's buckets: layers alternate between buckets 0 and 1, so that one layer's gradients are computed while the
 // previous one's are reduced; bucket 2 holds the rest (wte's gradient is written first by the classifier, last by
-// the encoder).
+// the encoder). A layer whose MLP an extension replaces puts the extension's slices of the replicated set (stacked
+// over those layers: train_moe.cu's routers) into its bucket in place of the dense MLP's.
 #define GPT2_REST_BUCKET 2
 // their capacities (values) for the replicated set's tensor sizes `sizes`
 static void gpt2_gradient_bucket_sizes(const GPT2* model, const size_t* sizes, size_t* layer, size_t* rest) {
-    size_t L = model->config.num_layers, Ld = gpt2_dense_layers(model);
+    size_t L = model->config.num_layers, Ld = gpt2_dense_layers(model), Lx = L - Ld, dense = 0, extension = 0;
     *layer = *rest = 0;
     for (int j = 0; j < GPT2_EVERY_LAYER_TENSORS; j++) *layer += sizes[gpt2_every_layer_tensors[j]] / L;
     if (Ld > 0)
-        for (int j = 0; j < GPT2_DENSE_TENSORS; j++) *layer += sizes[gpt2_dense_tensors[j]] / Ld;
+        for (int j = 0; j < GPT2_DENSE_TENSORS; j++) dense += sizes[gpt2_dense_tensors[j]] / Ld;
+    if (Lx > 0)
+        for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) extension += sizes[PARAM_EXTENSION + i] / Lx;
+    *layer += dense > extension ? dense : extension;
     for (int j = 0; j < GPT2_REST_TENSORS; j++) *rest += sizes[gpt2_rest_tensors[j]];
     *rest += sizes[PARAM_LM_HEAD];
 }
@@ -2499,10 +2503,6 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
         return 0;
     }
     if (!trainer_check_settings(&s, flags, num_flags) || (mlp && !mlp->check_flags())) return EXIT_FAILURE;
-    if (mlp && s.zero_stage == 2) {  // its layers' router and expert gradients have no buckets yet
-        fprintf(stderr, "-z 2: %s supports ZeRO stages 0 and 1\n", mlp->trainer);
-        return EXIT_FAILURE;
-    }
 
     int device_count = 0;
     cudaError_t device_error = cudaGetDeviceCount(&device_count);

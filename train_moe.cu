@@ -101,7 +101,7 @@ typedef struct {
     MoESettings settings;
     ExpertParallel ep;        // which process holds which experts (degree 1: every process all of them)
     int local_experts;        // experts per MoE layer on this process: E / ep.degree
-    MoEParameterTensors params, grads;
+    MoEParameterTensors params;
     ShardedParameters expert_store;  // this process's experts, replicated over ep.replicas
     MoEActivations acts;
     void* acts_memory;
@@ -128,7 +128,7 @@ typedef struct {
 
 static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
 
-// MoE layer m's slices of the parameters (or of the gradients): the same struct, each pointer at layer m
+// MoE layer m's slices of the parameters: the same struct, each pointer at layer m
 static MoEParameterTensors moe_layer_parameters(const GPT2* model, const MoEParameterTensors* p, int m) {
     const MoEModel* moe = moe_of(model);
     size_t E = moe->config.num_experts, E_l = moe->local_experts, H = moe->config.expert_hidden;
@@ -283,7 +283,13 @@ static void moe_allocate_parameters(GPT2* model) {
     moe->expert_store.grad_multiplier = 1.0f / (float)moe->ep.degree;
     size_t routers = sharded_parameters_offset(&model->store, PARAM_EXTENSION);
     moe_point_parameters(&moe->params, model->store.params_memory + routers, moe->expert_store.params_memory, sizes);
-    moe_point_parameters(&moe->grads, model->store.grads_memory + routers, moe->expert_store.grads_memory, sizes);
+    // ZeRO-2: MoE layers alternate between two buckets of one layer's expert slices, as the model's layers do
+    // between theirs (gpt2_allocate_gradient_buckets sizes those for the routers' slices too)
+    if (model->zero_stage == 2) {
+        size_t layer = 0, Lm = num_moe_layers(model);
+        for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) layer += sizes[i] / Lm;
+        for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&moe->expert_store, layer);
+    }
 }
 
 // The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts.
@@ -351,7 +357,7 @@ static void moe_get_parameters(const GPT2* model, floatX* file_block, cudaStream
     moe_gather_experts(model, file_block + moe_experts_in_block(model), moe_of(model)->expert_store.params_memory,
                        sizeof(floatX), stream);
 }
-static void moe_get_gradients(const GPT2* model, floatX* file_block, cudaStream_t stream) {
+static void moe_get_gradients(const GPT2* model, floatX* file_block, cudaStream_t stream) {  // ZeRO-0/1 only
     moe_gather_experts(model, file_block + moe_experts_in_block(model), moe_of(model)->expert_store.grads_memory,
                        sizeof(floatX), stream);
 }
@@ -699,14 +705,36 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     }
 }
 
+// The tensors of an MoE layer's gradient slices, reduced by moe_reduce_layer in the order they are put into their
+// buckets: the routers (in the replicated set; routernw may be empty) and the experts (in the MoE's own set)
+static const int moe_router_tensors[] = {PARAM_EXTENSION + MOE_ROUTERW, PARAM_EXTENSION + MOE_ROUTERNW};
+static const int moe_expert_tensors[] = {0, 1, 2, 3};
+#define MOE_ROUTER_TENSORS 2
+
+// Where the backward pass of model layer l (MoE layer m) accumulates its gradients: in the sets' gradient buffers,
+// or under ZeRO-2 (zeroed) in the replicated set's bucket l % 2, behind the layer's every-layer slices
+// (gpt2_layer_gradients), and in the expert set's bucket m % 2 (llmc/optimizer.cuh).
+static MoEParameterTensors moe_layer_gradients(GPT2* model, int l, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    int m = moe_index(moe, l), Lm = num_moe_layers(model);
+    MoEParameterTensors lg;
+    floatX* s[NUM_EXPERT_TENSORS];
+    sharded_parameters_gradient_slices(&model->store, l % 2, moe_router_tensors, MOE_ROUTER_TENSORS, m, Lm, s, stream);
+    lg.routerw = s[0], lg.routernw = s[1];
+    sharded_parameters_gradient_slices(&moe->expert_store, m % 2, moe_expert_tensors, NUM_EXPERT_TENSORS, m, Lm, s,
+                                       stream);
+    lg.efcw = s[0], lg.efcb = s[1], lg.efcprojw = s[2], lg.efcprojb = s[3];
+    return lg;
+}
+
 // dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten);
-// the router's aux and z losses add their gradients scaled by moe->aux_grad_scale.
-static void moe_layer_backward(GPT2* model, int m, floatX* d_ln2, const floatX* dout, const floatX* ln2, int N,
-                               cudaStream_t stream) {
+// the router's aux and z losses add their gradients scaled by moe->aux_grad_scale; the layer's parameter
+// gradients accumulate (+=) into lg (moe_layer_gradients).
+static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, floatX* d_ln2, const floatX* dout,
+                               const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     MoEParameterTensors lp = moe_layer_parameters(model, &moe->params, m);
-    MoEParameterTensors lg = moe_layer_parameters(model, &moe->grads, m);
     const MoEActivations* a = &moe->acts;
     int E = c->num_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
     int exchange_rows = moe->ep.degree > 1;
@@ -965,19 +993,19 @@ static void moe_forward(GPT2* model, int l, floatX* out, const floatX* ln2, int 
 }
 static void moe_backward(GPT2* model, int l, floatX* d_ln2, const floatX* dout, const floatX* ln2, int N,
                          cudaStream_t stream) {
-    moe_layer_backward(model, moe_index(moe_of(model), l), d_ln2, dout, ln2, N, stream);
+    moe_layer_backward(model, moe_index(moe_of(model), l), moe_layer_gradients(model, l, stream), d_ln2, dout, ln2, N,
+                       stream);
 }
 
 // the routers' slices (in the replicated set) over all processes, the experts' over exactly the processes that
 // hold the same experts
 static void moe_reduce_layer(GPT2* model, int l, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    static const int routers[] = {PARAM_EXTENSION + MOE_ROUTERW, PARAM_EXTENSION + MOE_ROUTERNW};  // routernw may be empty
-    static const int experts[] = {0, 1, 2, 3};
     int m = moe_index(moe, l), Lm = num_moe_layers(model);
-    sharded_parameters_reduce_slices(&model->store, routers, 2, m, Lm, mg, zero_stage, stream);
-    sharded_parameters_reduce_slices(&moe->expert_store, experts, NUM_EXPERT_TENSORS, m, Lm, &moe->ep.replicas,
-                                     zero_stage, stream);
+    sharded_parameters_reduce_slices(&model->store, moe_router_tensors, MOE_ROUTER_TENSORS, m, Lm, mg, zero_stage,
+                                     stream);
+    sharded_parameters_reduce_slices(&moe->expert_store, moe_expert_tensors, NUM_EXPERT_TENSORS, m, Lm,
+                                     &moe->ep.replicas, zero_stage, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------

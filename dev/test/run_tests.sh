@@ -233,6 +233,12 @@ run_test moe-fp32-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_cf0
 run_test moe-bf16-ep2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2
 run_test moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -ep 2 -z 1
 run_test moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -ep 4
+# ZeRO-2 (router and expert gradients in buckets) against ZeRO-1 bit for bit, distinct batches: two groups of 2
+# (replicas), one group of 2 with offload, and every process with every expert, dropless
+run_test moe-fp32-ep2-np4-zero2 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -ep 2 -z 2
+run_test moe-bf16-ep2-np2-zero2-oo1 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2 -z 2 \
+    -oo 1
+run_test moe-fp32-np2-zero2-dropless $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -z 2
 run_test train-moe-cli dev/test/test_train_moe.sh
 
 # The checking build (cpu/cucc --check, README "Checking mode"): the backend's probes (each deliberate GPU bug is
@@ -270,6 +276,10 @@ run_test check-moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/check/test_moe_fp32 bu
     -ep 2 -z 1
 run_test check-moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/check/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 \
     -ep 4
+# ZeRO-2's buckets in both sets. The MoE references have 2 MoE layers: each bucket is reused across steps, not
+# within a backward pass (a reference with 3 or more MoE layers would reach that)
+run_test check-moe-bf16-ep2-np2-zero2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2 \
+    -z 2
 
 [ $list_only -eq 0 ] || exit 0
 for p in "${patterns[@]}"; do

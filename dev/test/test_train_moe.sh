@@ -2,12 +2,14 @@
 # dev/test/test_train_moe.sh: command-line tests of the MoE trainer on the CPU backend (FP32 build):
 #   - E=1, top-1, no capacity limit reproduces the dense trainer's losses from the same weights;
 #   - ZeRO-1 equals ZeRO-0 on 2 MPI ranks, with and without expert parallelism;
+#   - ZeRO-2 gives ZeRO-1's checkpoint files on 2 ranks (-ep 1 and 2), resumes a ZeRO-1 checkpoint to them, and
+#     accumulates two micro-steps (with -oo 1) within fp32 reordering of ZeRO-1;
 #   - expert parallelism: -ep 2 on 2 ranks trains as -ep 1 on 2 ranks (validation and sampling included);
 #   - a run resumed from a checkpoint continues bit-identically;
 #   - a checkpoint of -ep 2 resumes with -ep 1 and one of -ep 1 with -ep 2: identical weights, the same training;
 #   - an MoE model from a descriptor trains (the loss falls) and logs aux, z, drop and the expert loads;
 #   - with router jitter and noisy top-k gating, a resumed run continues bit-identically (the noise follows the step);
-#   - bad inputs (top-k above E, a file of the wrong kind, features not implemented yet, tokens the model lacks,
+#   - bad inputs (top-k above E, a file of the wrong kind, tokens the model lacks,
 #     -ne/-tk/-me/-eh against the model file or checkpoint) get their one line; a corrupt expert state is named on -y 1.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and
 # build/ref/moe_k1_cf0.5_fp32_model.bin (make test builds them). Run from anywhere: dev/test/test_train_moe.sh
@@ -116,6 +118,35 @@ for f in model_00000006.bin state_00000006_00000.bin state_00000006_00001.bin ex
 done
 if [ $same = 1 ]; then pass; else fail "-oo 1 with -ep 2 -z 1 gives other checkpoint files than -oo 0"; fi
 
+# --- ZeRO-2 (-z 2): the routers' gradients go into the model's layer buckets, the experts' into two buckets of the
+# expert set, each reduced into its process's fp32 shard on every micro-step. With one micro-step that is ZeRO-1's
+# reduction: the -z 1 runs above (-ep 1 and -ep 2) give the same files, and a ZeRO-1 checkpoint resumes under
+# ZeRO-2 to them. With two micro-steps the same terms are summed in another order (close_losses' fp32 tolerances).
+for ep in 1 2; do
+    $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -cf 0.5 -z 2 -ep $ep -o "$work/zero2-ep$ep" \
+        >"$work/zero2-ep$ep.log" 2>&1 || fail "-ep $ep -z 2 run: $(tail -3 "$work/zero2-ep$ep.log")"
+    same=1
+    for f in model_00000006.bin state_00000006_00000.bin state_00000006_00001.bin expert_state_00000006.bin; do
+        cmp -s "$work/ep$ep/$f" "$work/zero2-ep$ep/$f" || same=0
+    done
+    if [ $same = 1 ]; then pass; else fail "-z 2 with -ep $ep gives other checkpoint files than -z 1"; fi
+done
+mkdir -p "$work/zero2_resumed"
+cp "$work/ep2"/*_00000003* "$work/zero2_resumed/"
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -cf 0.5 -z 2 -ep 2 -o "$work/zero2_resumed" -y 1 \
+    >"$work/zero2_resumed.log" 2>&1 || fail "-z 2 resuming a -z 1 checkpoint: $(tail -3 "$work/zero2_resumed.log")"
+same=1
+for f in model_00000006.bin state_00000006_00000.bin state_00000006_00001.bin expert_state_00000006.bin; do
+    cmp -s "$work/ep2/$f" "$work/zero2_resumed/$f" || same=0
+done
+if [ $same = 1 ]; then pass; else fail "-z 2 resuming a -z 1 checkpoint does not continue bit-identically"; fi
+for z in 1 2; do
+    $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -d 128 -x 3 -cf 0.5 -z $z -oo $((z - 1)) -ep 2 \
+        >"$work/accum-zero$z.log" 2>&1 || fail "-ep 2 -z $z accumulation run: $(tail -3 "$work/accum-zero$z.log")"
+done
+if close_losses "$work/accum-zero1.log" "$work/accum-zero2.log" 3; then pass; else
+    fail "-z 2 -oo 1 with two micro-steps differs from -z 1"; fi
+
 # --- checkpoint and bit-identical resume
 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -o "$work/full" >"$work/full.log" 2>&1 ||
     fail "checkpointing run: $(tail -3 "$work/full.log")"
@@ -169,7 +200,6 @@ expect_error "top-k above E" "-tk 9: top-k must be between 1 and the number of e
 expect_error "dense file to the MoE trainer" "not a MoE model file" "$TRAIN" "${COMMON[@]}" -b 2 -e "$DENSE_MODEL"
 expect_error "MoE file to the dense trainer" "not a GPT-2 model file" "$DENSE" "${COMMON[@]}" -b 2 -e "$MOE_MODEL"
 expect_error "MoE flag to the dense trainer" "unknown flag -ne" "$DENSE" "${COMMON[@]}" -ne 8
-expect_error "ZeRO-2 in the MoE trainer" "-z 2: train_moe supports ZeRO stages 0 and 1" "$TRAIN" "${COMMON[@]}" -e d2 -z 2
 expect_error "expert parallelism over one process" "-ep 2: the expert-parallel degree must divide the number of processes (1)" \
     "$TRAIN" "${COMMON[@]}" -e d2 -ep 2
 expect_error "expert-parallel degree 0" "-ep 0: the expert-parallel degree must be at least 1" "$TRAIN" "${COMMON[@]}" -ep 0
