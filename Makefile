@@ -123,6 +123,9 @@ $(BUILD)/ref/llama_%_debug_state.bin: train_gpt.py | $(BUILD)
 # top-1 with a capacity factor that drops, dropless, top-2 every other layer
 MOE_REF_k1_cf0.5 := --topk 1 --moe-every 1 --cf 0.5
 MOE_REF_k1_dropless := --topk 1 --moe-every 1 --cf 0
+# 4 MoE layers: ZeRO-2's buckets (two per parameter set) are reused within a backward pass (fp32 only: in bf16 this
+# seed routes one token within 1.1e-6 of a tie)
+MOE_REF_deep_k1 := --L 4 --topk 1 --moe-every 1 --cf 0.5
 MOE_REF_k2_me2_cf0.5 := --topk 2 --moe-every 2 --cf 0.5
 # dropless in BF16 with seed 2: seed 1337's dropless routing has choices within bf16 rounding of a tie (logit
 # margin 2e-4), which flip; seed 2's margins are 5e-4 and none flips
@@ -149,7 +152,8 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_k1_jitter_fp32_debug_state.bin $(BUILD)/ref/moe_k1_jitter_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k2_noisy_fp32_debug_state.bin $(BUILD)/ref/moe_k2_noisy_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k1_noisy_jitter_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_t1024_k1_fp32_debug_state.bin $(BUILD)/ref/moe_t1024_k1_seed2_bf16_debug_state.bin
+             $(BUILD)/ref/moe_t1024_k1_fp32_debug_state.bin $(BUILD)/ref/moe_t1024_k1_seed2_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_deep_k1_fp32_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
              $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \

@@ -2195,6 +2195,10 @@ static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
         size_t layer, rest;
         gpt2_gradient_bucket_sizes(model, sizes, &layer, &rest);
         m.communication = (2 * layer + rest) * sizeof(floatX);
+        // an extension's own set, stacked over the layers it replaces (the MoE experts): two buckets of one layer's
+        int replaced = model->config.num_layers - gpt2_dense_layers(model);
+        if (own > 0 && replaced > 0)
+            m.communication += 2 * (model->mlp->own_parameter_count(model) / replaced) * sizeof(floatX);
     }
     int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
     m.optimizer = shard * sizeof(float) * (master ? 3 : 2);
@@ -2237,8 +2241,11 @@ static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size
     info_row(t, "memory: parameters", "%10.1f MiB (%zu bytes)", m.parameters / MiB, m.parameters);
     info_row(t, "memory: gradients", "%10.1f MiB (%zu bytes%s)", m.gradients / MiB, m.gradients,
              stage == 2 ? ", fp32 ZeRO-2 shard" : "");
+    int buckets = 3 + (model->mlp && model->mlp->own_parameter_count(model) > 0 ? 2 : 0);
+    char bucket_note[32] = "";
+    if (stage == 2) snprintf(bucket_note, sizeof(bucket_note), ", %d ZeRO-2 buckets", buckets);
     info_row(t, "memory: communication", "%10.1f MiB (%zu bytes%s)", m.communication / MiB, m.communication,
-             stage == 2 ? ", 3 ZeRO-2 buckets" : "");
+             bucket_note);
     if (model->offload_optimizer)
         info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes) pinned host memory (m, v, master, ZeRO-%d shard; -oo 1)",
                  m.optimizer / MiB, m.optimizer, stage);

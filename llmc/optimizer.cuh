@@ -222,14 +222,6 @@ static void sharded_parameters_free(ShardedParameters* p) {
     cudaCheck(cudaFree(p->norm_result));
 }
 
-// device memory for gradients: the buffer, or ZeRO-2's buckets and fp32 shard (once the optimizer is allocated)
-static size_t sharded_parameters_gradient_bytes(const ShardedParameters* p) {
-    if (p->zero_stage < 2) return p->num_parameters_padded * sizeof(floatX);
-    size_t bytes = p->shard_size * sizeof(float);
-    for (int i = 0; i < p->num_buckets; i++) bytes += p->buckets[i].capacity * sizeof(floatX);
-    return bytes;
-}
-
 static size_t sharded_parameters_offset(const ShardedParameters* p, int tensor) {
     size_t offset = 0;
     for (int i = 0; i < tensor; i++) offset += p->sizes[i];

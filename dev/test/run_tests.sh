@@ -181,11 +181,11 @@ run_test gpt-fp32-t1024-r2 build/test_gpt_fp32 build/ref/long_fp32 -r 2
 # a backward pass
 run_test gpt-fp32-oo1 build/test_gpt_fp32 build/ref/tiny_fp32 -oo 1
 run_test gpt-bf16-z2 build/test_gpt_bf16 build/ref/tiny_bf16 -z 2 -r 2
-run_test gpt-fp32-z2-np2 $MPIRUN -np 2 build/test_gpt_fp32 build/ref/deep_fp32 -z 2
+run_test gpt-bf16-z2-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/deep_bf16 -z 2
 run_test gpt-bf16-z2-oo1-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/tiny_bf16 -z 2 -oo 1
-run_test gpt-bf16-z2-np3 $MPIRUN -np 3 build/test_gpt_bf16 build/ref/deep_bf16 -z 2 -r 0
+run_test gpt-fp32-z2-np3 $MPIRUN -np 3 build/test_gpt_fp32 build/ref/deep_fp32 -z 2 -r 0
 run_test gpt-fp32-z2-oo1-np4 $MPIRUN -np 4 build/test_gpt_fp32 build/ref/tiny_fp32 -z 2 -oo 1
-run_test gpt-bf16-z1-oo1-np4 $MPIRUN -np 4 build/test_gpt_bf16 build/ref/tiny_bf16 -z 1 -oo 1
+run_test gpt-bf16-z1-oo1-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/tiny_bf16 -z 1 -oo 1
 # the Llama-style model (-arch llama) against PyTorch: grouped-query attention with its own lm_head at every
 # recompute level, FP32 and BF16 with and without master weights; multi-head with the output embedding tied to wte
 for r in 0 1 2; do
@@ -198,7 +198,7 @@ run_test llama-fp16-r1 build/test_gpt_fp16 build/ref/llama_gqa_bf16 -r 1
 run_test llama-fp32-tied build/test_gpt_fp32 build/ref/llama_tied_fp32 -r 1
 run_test llama-bf16-tied build/test_gpt_bf16 build/ref/llama_tied_bf16 -r 2 -w 1
 run_test llama-bf16-z2-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/llama_gqa_bf16 -z 2
-run_test llama-fp32-tied-z2-oo1-np3 $MPIRUN -np 3 build/test_gpt_fp32 build/ref/llama_tied_fp32 -z 2 -oo 1
+run_test llama-fp32-tied-z2-oo1-np2 $MPIRUN -np 2 build/test_gpt_fp32 build/ref/llama_tied_fp32 -z 2 -oo 1
 run_test train-gpt-cli dev/test/test_train_gpt.sh
 
 # the MoE trainer against PyTorch: dropping (cf 0.5) and dropless (packed, grouped GEMMs) top-1, top-2 every other
@@ -239,6 +239,7 @@ run_test moe-fp32-ep2-np4-zero2 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_
 run_test moe-bf16-ep2-np2-zero2-oo1 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2 -z 2 \
     -oo 1
 run_test moe-fp32-np2-zero2-dropless $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -z 2
+run_test moe-fp32-deep-ep2-np2-zero2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_deep_k1_fp32 -cf 0.5 -ep 2 -z 2
 run_test train-moe-cli dev/test/test_train_moe.sh
 
 # The checking build (cpu/cucc --check, README "Checking mode"): the backend's probes (each deliberate GPU bug is
@@ -276,10 +277,11 @@ run_test check-moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/check/test_moe_fp32 bu
     -ep 2 -z 1
 run_test check-moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/check/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 \
     -ep 4
-# ZeRO-2's buckets in both sets. The MoE references have 2 MoE layers: each bucket is reused across steps, not
-# within a backward pass (a reference with 3 or more MoE layers would reach that)
+# ZeRO-2's buckets in both sets: reused across steps (2 MoE layers, bf16), and within a backward pass (4 MoE layers)
 run_test check-moe-bf16-ep2-np2-zero2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2 \
     -z 2
+run_test check-moe-fp32-deep-ep2-np2-zero2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_deep_k1_fp32 -cf 0.5 \
+    -ep 2 -z 2
 
 [ $list_only -eq 0 ] || exit 0
 for p in "${patterns[@]}"; do
