@@ -2271,8 +2271,7 @@ static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size
 // Before anything for training is allocated: the activations, the optimizer state and ZeRO-2's gradient shard fit
 // in the free device memory, or one line says what and how much (not a bare out-of-memory error from the middle of
 // the allocations).
-static int check_training_memory(GPT2* model, const TrainerSettings* s, const MultiGpuConfig* mg) {
-    (void)mg;
+static int check_training_memory(GPT2* model, const TrainerSettings* s) {
     MemoryPlan m = gpt2_memory_plan(model, s->B, s->T);
     size_t act = m.activations, opt = model->offload_optimizer ? 0 : m.optimizer;  // offloaded: in host memory
     size_t shard = model->zero_stage == 2 ? m.gradients : 0;
@@ -2593,7 +2592,7 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
                           s.gen_tokens, s.T, s.T - 1);
         s.gen_tokens = s.T - 1;
     }
-    if (!check_training_memory(&model, &s, &mg)) return EXIT_FAILURE;
+    if (!check_training_memory(&model, &s)) return EXIT_FAILURE;
 
     // data
     DataLoader train_loader, val_loader;
