@@ -120,7 +120,7 @@ static const char* gpt2_parameter_name(const GPT2* model, int i) {
 }
 // the gradients as stored, in model-file order (host)
 static void gpt2_get_gradients(const GPT2* model, floatX* file_order, cudaStream_t stream) {
-    gpt2_get_replicated(model, file_order, model->store.grads_memory);
+    gpt2_get_replicated(model, file_order, model->store.grads_memory, cudaMemcpyDeviceToHost);
     if (model->mlp) model->mlp->get_gradients(model, file_order + gpt2_extension_offset(model), stream);
 }
 
@@ -201,6 +201,7 @@ static void build_test_model(GPT2* model, const GPT2Test* t, const MultiGpuConfi
     model->num_processes = mg->num_processes;
     model->process_rank = mg->process_rank;
     model->zero_stage = t->zero_stage;
+    model->multi_gpu = mg;
     model->offload_optimizer = t->offload;
     if (t->extension) t->extension->attach(model, t, mg, degree);
     gpt2_build_from_checkpoint(model, t->path);
@@ -245,9 +246,10 @@ static float test_step(GPT2* model, const int* x, const int* y, int B, int T, in
 }
 
 // The reference's training steps on a fresh model with t's ZeRO stage and offload, from the stochastic-rounding
-// generator's state `rng_state`: their losses into `losses` (ref->nsteps)
+// generator's state `rng_state`: their losses into `losses` (ref->nsteps), and the parameters after them in model-file
+// order into `params` (as the trainer writes its model file: under ZeRO-3 gathered; NULL: not wanted)
 static void run_test_steps(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg,
-                           unsigned long long rng_state, float* losses, cudaStream_t stream) {
+                           unsigned long long rng_state, float* losses, floatX* params, cudaStream_t stream) {
     GPT2 model;
     build_test_model(&model, t, mg, 1);
     gpt2_allocate_activations(&model, ref->B, ref->T);
@@ -255,6 +257,7 @@ static void run_test_steps(const GPT2Test* t, const ReferenceState* ref, const M
     model.rng_state = rng_state;
     for (int step = 0; step < ref->nsteps; step++)
         losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, step, mg, t->zero_stage, stream);
+    if (params) gpt2_get_parameters(&model, params, stream);
     free_test_model(&model);
 }
 
@@ -264,7 +267,7 @@ static void run_test_steps(const GPT2Test* t, const ReferenceState* ref, const M
 static int test_main(int argc, char** argv, const TestExtension* x) {
     const char* name = x ? x->name : "test_gpt";
     if (argc < 2) {
-        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-z 0|1|2] [-oo 0|1]%s\n", argv[0],
+        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-z 0|1|2|3] [-oo 0|1]%s\n", argv[0],
                 x ? x->usage_flags : "");
         return EXIT_FAILURE;
     }
@@ -322,8 +325,12 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     char path[1024], state_path[1024];
     snprintf(path, sizeof(path), "%s_model.bin", prefix);
     t.path = path;
-    if (t.zero_stage < 0 || t.zero_stage > 2 || t.offload < 0 || t.offload > 1) {
-        fprintf(stderr, "-z %d -oo %d: expected -z 0, 1 or 2 and -oo 0 or 1\n", t.zero_stage, t.offload);
+    if (t.zero_stage < 0 || t.zero_stage > 3 || t.offload < 0 || t.offload > 1) {
+        fprintf(stderr, "-z %d -oo %d: expected -z 0, 1, 2 or 3 and -oo 0 or 1\n", t.zero_stage, t.offload);
+        return EXIT_FAILURE;
+    }
+    if (x && t.zero_stage == 3) {
+        fprintf(stderr, "-z 3: %s supports ZeRO stages 0, 1 and 2\n", name);
         return EXIT_FAILURE;
     }
     // the reference checks read the whole gradient: ZeRO-0, no offload (test_moe.cu's own checks take -z)
@@ -373,21 +380,26 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         printf("%s %-10s %d step losses, max rel err %.2e (tol %.0e)\n", steps_ok ? "OK  " : "FAIL", "steps",
                ref.nsteps, worst, tol_steps);
 
-    // -z / -oo: the steps with the gradient and optimizer state sharded (ZeRO-1/2) and the update offloaded.
+    // -z / -oo: the steps with the gradient and optimizer state sharded (ZeRO-1/2), the parameters too (ZeRO-3), and
+    // the update offloaded.
     // Every process has the reference batch, so each piece of the gradient is averaged in the same order at every
     // stage; one micro-step leaves ZeRO-2's fp32 shard the exact value of the reduced floatX gradient; AdamW's noise
     // is indexed within each tensor (llmc/adamw.cuh) and the host AdamW computes the device's bits. What differs is
-    // the global norm's order: ZeRO-1/2 sum squares per shard, then over processes. So -oo 1 at stage 0 gives -z 0's
-    // losses bit for bit, ZeRO-2 and offload give -z 1's bit for bit, and -z 1 gives the reference's within tol_steps.
+    // the global norm's order: ZeRO-1/2/3 sum squares per shard, then over processes; ZeRO-3's gathered parameters are
+    // copies. So -oo 1 at stage 0 gives -z 0's losses bit for bit, ZeRO-2/3 and offload give -z 1's losses and final
+    // parameters (ZeRO-3's gathered for the model file) bit for bit, and -z 1 gives the reference's within tol_steps.
     if (!x && (t.zero_stage > 0 || t.offload)) {
         float* sharded = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
         float* staged = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
+        size_t n = gpt2_num_parameters(&model);
+        floatX* sharded_params = (floatX*)malloc_check(n * sizeof(floatX));
+        floatX* staged_params = (floatX*)malloc_check(n * sizeof(floatX));
         const float* baseline = losses;
         if (t.zero_stage > 0) {
             GPT2Test zero1 = t;
             zero1.zero_stage = 1;
             zero1.offload = 0;
-            run_test_steps(&zero1, &ref, &mg, steps_rng_state, sharded, stream);
+            run_test_steps(&zero1, &ref, &mg, steps_rng_state, sharded, sharded_params, stream);
             double worst_sharded = 0.0;
             for (int step = 0; step < ref.nsteps; step++)
                 worst_sharded = fmax(worst_sharded, fabs(sharded[step] - ref.step_losses[step]) /
@@ -399,15 +411,24 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
             baseline = sharded;
         }
         if (t.zero_stage != 1 || t.offload) {
-            run_test_steps(&t, &ref, &mg, steps_rng_state, staged, stream);
+            run_test_steps(&t, &ref, &mg, steps_rng_state, staged, staged_params, stream);
             int same = memcmp(staged, baseline, (size_t)ref.nsteps * sizeof(float)) == 0;
             count_check(same);
             if (printing)
                 printf("%s %-10s %d step losses with -z %d -oo %d, bit-identical to -z %d -oo 0's\n",
                        same ? "OK  " : "FAIL", "staged", ref.nsteps, t.zero_stage, t.offload, t.zero_stage ? 1 : 0);
+            if (t.zero_stage > 0) {
+                int same_params = memcmp(staged_params, sharded_params, n * sizeof(floatX)) == 0;
+                count_check(same_params);
+                if (printing)
+                    printf("%s %-10s %zu parameters after them, bit-identical to -z 1's\n",
+                           same_params ? "OK  " : "FAIL", "staged", n);
+            }
         }
         free(sharded);
         free(staged);
+        free(sharded_params);
+        free(staged_params);
     }
 
     if (x) x->extra_checks(&t, &ref, &mg, tol_tensor, tol_steps, stream);

@@ -273,7 +273,7 @@ typedef struct {
 
 struct GPT2 {
     GPT2Config config;
-    ParameterTensors params;  // pointers into store.params_memory
+    ParameterTensors params;  // pointers into store.params_memory (all NULL under ZeRO-3: gpt2_layer_weights)
     ParameterTensors grads;   // the same into store.grads_memory
     // the flat parameter, gradient and optimizer buffers (llmc/optimizer.cuh), replicated over all processes
     ShardedParameters store;
@@ -283,7 +283,9 @@ struct GPT2 {
     unsigned long long rng_state;  // host generator of stochastic-rounding seeds (identical on every process)
     int use_master_weights;
     int offload_optimizer;  // -oo 1: ZeRO-Offload (the optimizer state and AdamW on the host)
-    int zero_stage;         // set before building: ZeRO-2 allocates gradient buckets instead of a gradient buffer
+    int zero_stage;         // set before building: ZeRO-2 allocates gradient buckets instead of a gradient buffer,
+                            // ZeRO-3 only this process's parameter shard and gather buffers
+    const MultiGpuConfig* multi_gpu;  // set before building for ZeRO-3: the processes parameters are gathered over
     // activations
     ActivationTensors acts;
     void* acts_memory;
@@ -440,6 +442,11 @@ static void gpt2_allocate_gradient_buckets(GPT2* model, const size_t* sizes) {
     for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&model->store, layer);
     sharded_parameters_add_bucket(&model->store, rest);
     memset(&model->grads, 0, sizeof(model->grads));  // no gradient buffer: gpt2_layer_gradients gives the pointers
+    if (model->zero_stage < 3) return;
+    // ZeRO-3's gather buffers, the same shapes: layers alternate between 0 and 1, so that the next layer's gather
+    // overlaps this layer's compute; 2 holds the rest from the forward pass's start to the backward pass's end
+    for (int b = 0; b < 2; b++) sharded_parameters_add_gather_buffer(&model->store, layer);
+    sharded_parameters_add_gather_buffer(&model->store, rest);
 }
 
 // Before building a model the caller sets num_processes, process_rank and zero_stage (and an extension its process
@@ -449,9 +456,10 @@ static void gpt2_allocate_parameters(GPT2* model) {
     int decays[NUM_PARAMETER_TENSORS];
     replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) decays[i] = gpt2_parameter_decay(model, i);
-    sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->num_processes,
-                                model->zero_stage);
-    point_parameters(&model->params, model->store.params_memory, sizes);
+    sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->process_rank,
+                                model->num_processes, model->zero_stage);
+    if (model->zero_stage < 3) point_parameters(&model->params, model->store.params_memory, sizes);
+    else memset(&model->params, 0, sizeof(model->params));  // gathered per layer (gpt2_layer_weights)
     if (model->zero_stage < 2) point_parameters(&model->grads, model->store.grads_memory, sizes);
     else gpt2_allocate_gradient_buckets(model, sizes);
     if (model->mlp) model->mlp->allocate_parameters(model);
@@ -491,28 +499,43 @@ static void gpt2_set_parameters(GPT2* model, const floatX* file_order) {
         to += in_set[i];
         from += in_file[i];
     }
-    cudaCheck(cudaMemcpy(model->store.params_memory, replicated, model->store.num_parameters * sizeof(floatX),
-                         cudaMemcpyHostToDevice));
+    // this process's parameters: all, or under ZeRO-3 its shard (whose padding past the last tensor stays zero)
+    ShardedParameters* p = &model->store;
+    if (p->params_first < p->num_parameters) {
+        size_t n = p->num_parameters - p->params_first < p->params_count ? p->num_parameters - p->params_first
+                                                                         : p->params_count;
+        cudaCheck(cudaMemcpy(p->params_memory, replicated + p->params_first, n * sizeof(floatX),
+                             cudaMemcpyHostToDevice));
+    }
+    for (int b = 0; b < p->num_gathers; b++) p->gathers[b].group = GATHER_NONE;
     free(replicated);
     if (model->mlp) model->mlp->set_parameters(model, file_order + gpt2_extension_offset(model));
 }
 
 // The inverse, collective over an extension's groups: the whole model in model-file order from the replicated set
-// (its parameters, or in test_gpt.cu its gradients as stored), the extension filling in its own part.
-static void gpt2_get_replicated(const GPT2* model, floatX* file_order, const floatX* replicated) {
+// (its parameters, or in test_gpt.cu its gradients as stored: device memory, or host memory with `kind`
+// cudaMemcpyHostToHost), the extension filling in its own part.
+static void gpt2_get_replicated(const GPT2* model, floatX* file_order, const floatX* replicated, cudaMemcpyKind kind) {
     size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, in_file, in_set);
     size_t from = 0, to = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (in_set[i] > 0)
-            cudaCheck(cudaMemcpy(file_order + to, replicated + from, in_set[i] * sizeof(floatX),
-                                 cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(file_order + to, replicated + from, in_set[i] * sizeof(floatX), kind));
         from += in_set[i];
         to += in_file[i];
     }
 }
-static void gpt2_get_parameters(const GPT2* model, floatX* file_order, cudaStream_t stream) {
-    gpt2_get_replicated(model, file_order, model->store.params_memory);
+// (Under ZeRO-3 collective over the model's processes, which gather the set on the host.)
+static void gpt2_get_parameters(GPT2* model, floatX* file_order, cudaStream_t stream) {
+    if (model->zero_stage == 3) {
+        floatX* replicated = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX) + 1);
+        sharded_parameters_gather_all(&model->store, replicated, model->multi_gpu, stream);
+        gpt2_get_replicated(model, file_order, replicated, cudaMemcpyHostToHost);
+        free(replicated);
+    } else {
+        gpt2_get_replicated(model, file_order, model->store.params_memory, cudaMemcpyDeviceToHost);
+    }
     if (model->mlp) model->mlp->get_parameters(model, file_order + gpt2_extension_offset(model), stream);
 }
 
@@ -622,8 +645,10 @@ static void check_parameter_memory(const GPT2* model, const char* source) {
     replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
     if (model->mlp) n += model->mlp->own_parameter_count(model);
-    // parameters, and gradients unless ZeRO-2 (whose buckets are smaller, and whose shard comes with the optimizer)
-    size_t need = (model->zero_stage == 2 ? 1 : 2) * n * sizeof(floatX), free_bytes = 0, total_bytes = 0;
+    // parameters (ZeRO-3: a shard), and gradients unless ZeRO-2/3 (whose buckets and gather buffers are smaller, and
+    // whose gradient shard comes with the optimizer)
+    size_t params = model->zero_stage == 3 ? CEIL_DIV(n, (size_t)model->num_processes) : n;
+    size_t need = (params + (model->zero_stage >= 2 ? 0 : n)) * sizeof(floatX), free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && need > free_bytes) {
         fprintf(stderr, "%s: out of device memory: the parameters and gradients of its %zu parameters need %zu bytes, "
                 "%zu are free\n", source, n, need, free_bytes);
@@ -837,7 +862,7 @@ static void gpt2_model_header(const GPT2* model, int* header) {
 
 // Writes the model file. Process 0 writes, after an extension gathered its own part (collective over its groups;
 // processes that take no part return at once).
-static void gpt2_write_model_file(const GPT2* model, const char* path, cudaStream_t stream) {
+static void gpt2_write_model_file(GPT2* model, const char* path, cudaStream_t stream) {
     if (model->mlp && !model->mlp->gathers_model_file(model)) return;
     int header[256] = {0};
     gpt2_model_header(model, header);
@@ -1039,16 +1064,83 @@ static int gpt2_forward_gelu_fusion(const GPT2* model) {
     return model->recompute >= 1 ? 0 : model->gelu_fusion;
 }
 
+// A layer's tensors from its slices: those of the tensors stacked over every layer (gpt2_every_layer_tensors' order)
+// and, in a dense layer, over the dense layers (gpt2_dense_tensors'; NULL: an extension's layer)
+static LayerParameters layer_parameters_from_slices(floatX* const* every, floatX* const* dense) {
+    LayerParameters lp;
+    lp.ln1w = every[0], lp.ln1b = every[1], lp.qkvw = every[2], lp.qkvb = every[3];
+    lp.attprojw = every[4], lp.attprojb = every[5], lp.ln2w = every[6], lp.ln2b = every[7];
+    lp.fcw = lp.fcb = lp.fcprojw = lp.fcprojb = NULL;
+    if (dense) lp.fcw = dense[0], lp.fcb = dense[1], lp.fcprojw = dense[2], lp.fcprojb = dense[3];
+    return lp;
+}
+
+// ZeRO-3: starts gathering layer l's parameters into gather buffer l % 2 (llmc/optimizer.cuh), unless it holds them
+// already; the forward pass prefetches layer l + 1 as layer l begins, the backward pass layer l - 1. Without ZeRO-3,
+// nothing to do.
+static void gpt2_prefetch_layer(GPT2* model, int l, cudaStream_t stream) {
+    if (model->zero_stage < 3) return;
+    ShardedParameters* p = &model->store;
+    const MultiGpuConfig* mg = model->multi_gpu;
+    if (!sharded_parameters_gather_begin(p, l % 2, l, mg, stream)) return;
+    sharded_parameters_gather_slices(p, l % 2, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, l,
+                                     model->config.num_layers, mg);
+    if (gpt2_is_dense_layer(model, l))
+        sharded_parameters_gather_slices(p, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS, gpt2_dense_index(model, l),
+                                         gpt2_dense_layers(model), mg);
+    sharded_parameters_gather_end(p, l % 2, mg);
+}
+
+// Layer l's parameters for kernels on `stream`: in the parameter buffer, or under ZeRO-3 in its gather buffer (gathered
+// now if no prefetch did; the stream waits for the gather). Valid until the gather two layers on.
+static LayerParameters gpt2_layer_weights(GPT2* model, int l, cudaStream_t stream) {
+    if (model->zero_stage < 3) return gpt2_layer_parameters(model, &model->params, l);
+    gpt2_prefetch_layer(model, l, stream);
+    floatX* every[GPT2_EVERY_LAYER_TENSORS];
+    floatX* dense[GPT2_DENSE_TENSORS];
+    int L = model->config.num_layers, is_dense = gpt2_is_dense_layer(model, l);
+    sharded_parameters_gathered_slices(&model->store, l % 2, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, l, L,
+                                       every, stream);
+    if (is_dense)
+        sharded_parameters_gathered_slices(&model->store, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
+                                           gpt2_dense_index(model, l), gpt2_dense_layers(model), dense, stream);
+    return layer_parameters_from_slices(every, is_dense ? dense : NULL);
+}
+
+// The tensors outside the layers (wte, wpe, the final norm, lm_head; the rest NULL under ZeRO-3): under ZeRO-3 gathered
+// into gather buffer 2 before the forward pass's first use and kept until the parameters change.
+static ParameterTensors gpt2_rest_weights(GPT2* model, cudaStream_t stream) {
+    if (model->zero_stage < 3) return model->params;
+    ShardedParameters* p = &model->store;
+    const MultiGpuConfig* mg = model->multi_gpu;
+    int L = model->config.num_layers;
+    if (sharded_parameters_gather_begin(p, GPT2_REST_BUCKET, -1, mg, stream)) {
+        sharded_parameters_gather_slices(p, GPT2_REST_BUCKET, gpt2_rest_tensors, GPT2_REST_TENSORS, -1, L, mg);
+        sharded_parameters_gather_slices(p, GPT2_REST_BUCKET, gpt2_lm_head_tensor, 1, -1, L, mg);
+        sharded_parameters_gather_end(p, GPT2_REST_BUCKET, mg);
+    }
+    ParameterTensors w;
+    memset(&w, 0, sizeof(w));
+    floatX* s[GPT2_REST_TENSORS];
+    sharded_parameters_gathered_slices(p, GPT2_REST_BUCKET, gpt2_rest_tensors, GPT2_REST_TENSORS, -1, L, s, stream);
+    w.wte = s[0], w.wpe = s[1], w.lnfw = s[2], w.lnfb = s[3];
+    sharded_parameters_gathered_slices(p, GPT2_REST_BUCKET, gpt2_lm_head_tensor, 1, -1, L, s, stream);
+    w.lm_head = s[0];
+    return w;
+}
+
 // GPT-2's forward pass from the tokens to a.lnf (an extension's MLP in the layers it replaces)
 static void gpt2_forward_layers(GPT2* model, int B, int T, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     int L = c->num_layers, C = c->channels;
-    ParameterTensors p = model->params;
+    ParameterTensors p = gpt2_rest_weights(model, stream);
     ActivationTensors a = model->acts;
     encoder_forward(a.encoded, model->inputs, p.wte, p.wpe, B, T, C, stream);
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, B, T, C, stream);
+    LayerParameters first = gpt2_layer_weights(model, 0, stream);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, B, T, C, stream);
     for (int l = 0; l < L; l++) {
-        LayerParameters lp = gpt2_layer_parameters(model, &p, l);
+        if (l + 1 < L) gpt2_prefetch_layer(model, l + 1, stream);
+        LayerParameters lp = gpt2_layer_weights(model, l, stream);
         LayerActivations la = gpt2_layer_activations(model, l, B, T);
         if (model->attention == ATTENTION_MATMUL_SOFTMAX) {
             floatX* qkv = a.scratch_bt4c;  // (B, T, 3C), consumed by attention_forward
@@ -1076,7 +1168,7 @@ static void gpt2_forward_layers(GPT2* model, int B, int T, cudaStream_t stream) 
             model->mlp->forward(model, l, a.scratch_btc, la.ln2, B * T, stream);
         }
         if (l + 1 < L) {
-            LayerParameters next_p = gpt2_layer_parameters(model, &p, l + 1);
+            LayerParameters next_p = gpt2_layer_weights(model, l + 1, stream);
             LayerActivations next = gpt2_layer_activations(model, l + 1, B, T);
             fused_residual_layernorm_forward(la.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, la.residual2,
                                              a.scratch_btc, next_p.ln1w, next_p.ln1b, B * T, C, stream);
@@ -1095,13 +1187,15 @@ static void llama_forward_layers(GPT2* model, int B, int T, cudaStream_t stream)
     int L = c->num_layers, C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, H = c->ffn_hidden;
     int QKV = (int)qkv_channels(c), N = B * T;
     float eps = c->norm_eps;
-    ParameterTensors p = model->params;
+    ParameterTensors p = gpt2_rest_weights(model, stream);
     ActivationTensors a = model->acts;
     encoder_forward(a.encoded, model->inputs, p.wte, nullptr, B, T, C, stream);
     LayerActivations first = gpt2_layer_activations(model, 0, B, T);
-    rmsnorm_forward(first.ln1, first.ln1_rstd, a.encoded, p.ln1w, B, T, C, eps, stream);
+    rmsnorm_forward(first.ln1, first.ln1_rstd, a.encoded, gpt2_layer_weights(model, 0, stream).ln1w, B, T, C, eps,
+                    stream);
     for (int l = 0; l < L; l++) {
-        LayerParameters lp = gpt2_layer_parameters(model, &p, l);
+        if (l + 1 < L) gpt2_prefetch_layer(model, l + 1, stream);
+        LayerParameters lp = gpt2_layer_weights(model, l, stream);
         LayerActivations la = gpt2_layer_activations(model, l, B, T);
         floatX* qkv = la.qkvr;  // (B, T, QKV)
         matmul_forward(qkv, la.ln1, lp.qkvw, nullptr, B, T, C, QKV, stream);
@@ -1114,7 +1208,7 @@ static void llama_forward_layers(GPT2* model, int B, int T, cudaStream_t stream)
         swiglu_forward(la.fch_gelu, la.fch, N, H, stream);                          // (B, T, H)
         matmul_forward(a.scratch_btc, la.fch_gelu, lp.fcprojw, nullptr, B, T, H, C, stream);
         if (l + 1 < L) {
-            LayerParameters next_p = gpt2_layer_parameters(model, &p, l + 1);
+            LayerParameters next_p = gpt2_layer_weights(model, l + 1, stream);
             LayerActivations next = gpt2_layer_activations(model, l + 1, B, T);
             fused_residual_rmsnorm_forward(la.residual3, next.ln1, next.ln1_rstd, la.residual2, a.scratch_btc,
                                            next_p.ln1w, N, C, eps, stream);
@@ -1136,7 +1230,6 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
         exit(EXIT_FAILURE);
     }
     int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
-    ParameterTensors p = model->params;
     ActivationTensors a = model->acts;
     memcpy(model->inputs_cpu, inputs, (size_t)B * T * sizeof(int));
     cudaCheck(cudaMemcpyAsync(model->inputs, inputs, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -1147,6 +1240,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
     if (is_llama(c)) llama_forward_layers(model, B, T, stream);
     else gpt2_forward_layers(model, B, T, stream);
     // the classifier: against wte (GPT-2, tied llama) or lm_head
+    ParameterTensors p = gpt2_rest_weights(model, stream);
     matmul_forward(a.output, a.lnf, c->tied ? p.wte : p.lm_head, nullptr, B, T, C, Vp, stream);
     if (targets) {
         fused_classifier(a.output, a.losses, dlogits_scale, model->targets, B, T, V, Vp, dlogits_scale > 0.0f, stream);
@@ -1179,19 +1273,15 @@ static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_sta
 // Where the backward pass accumulates layer l's gradients: in the gradient buffer, or under ZeRO-2 in a bucket
 // (zeroed) that gpt2_reduce_layer then reduces (llmc/optimizer.cuh).
 static LayerParameters gpt2_layer_gradients(GPT2* model, int l, cudaStream_t stream) {
-    LayerParameters lg;
-    floatX* s[GPT2_EVERY_LAYER_TENSORS];
+    floatX* every[GPT2_EVERY_LAYER_TENSORS];
+    floatX* dense[GPT2_DENSE_TENSORS];
+    int is_dense = gpt2_is_dense_layer(model, l);
     sharded_parameters_gradient_slices(&model->store, l % 2, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, l,
-                                       model->config.num_layers, s, stream);
-    lg.ln1w = s[0], lg.ln1b = s[1], lg.qkvw = s[2], lg.qkvb = s[3];
-    lg.attprojw = s[4], lg.attprojb = s[5], lg.ln2w = s[6], lg.ln2b = s[7];
-    lg.fcw = lg.fcb = lg.fcprojw = lg.fcprojb = NULL;
-    if (gpt2_is_dense_layer(model, l)) {
+                                       model->config.num_layers, every, stream);
+    if (is_dense)
         sharded_parameters_gradient_slices(&model->store, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
-                                           gpt2_dense_index(model, l), gpt2_dense_layers(model), s, stream);
-        lg.fcw = s[0], lg.fcb = s[1], lg.fcprojw = s[2], lg.fcprojb = s[3];
-    }
-    return lg;
+                                           gpt2_dense_index(model, l), gpt2_dense_layers(model), dense, stream);
+    return layer_parameters_from_slices(every, is_dense ? dense : NULL);
 }
 // ... and the gradients of an untied lm_head (reduced as soon as the classifier's backward is done), of wte, wpe and
 // the final norm (the other fields NULL)
@@ -1218,13 +1308,14 @@ static void llama_backward_layers(GPT2* model, const ParameterTensors* rest_grad
     int L = c->num_layers, C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, H = c->ffn_hidden;
     int QKV = (int)qkv_channels(c), N = B * T;
     float eps = c->norm_eps;
-    ParameterTensors p = model->params;
+    ParameterTensors p = gpt2_rest_weights(model, stream);
     ActivationTensors a = model->acts;
     floatX* dresidual = a.dresidual;  // (B, T, C), zeroed by gpt2_backward
     LayerActivations last = gpt2_layer_activations(model, L - 1, B, T);
     rmsnorm_backward(dresidual, rest_grads->lnfw, a.scratch_f, a.dbtc, last.residual3, p.lnfw, a.lnf_rstd, B, T, C, stream);
     for (int l = L - 1; l >= 0; l--) {
-        LayerParameters lp = gpt2_layer_parameters(model, &p, l);
+        if (l > 0) gpt2_prefetch_layer(model, l - 1, stream);
+        LayerParameters lp = gpt2_layer_weights(model, l, stream);
         LayerParameters lg = gpt2_layer_gradients(model, l, stream);
         LayerActivations la = gpt2_layer_activations(model, l, B, T);
         if (model->recompute >= 2) rmsnorm_forward(la.ln2, nullptr, la.residual2, lp.ln2w, B, T, C, eps, stream);
@@ -1258,11 +1349,11 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
                           int zero_stage, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
     int L = c->num_layers, C = c->channels, Vp = c->padded_vocab_size;
-    ParameterTensors p = model->params;
+    ParameterTensors p = gpt2_rest_weights(model, stream);
     ParameterTensors g = gpt2_rest_gradients(model, stream);
     ActivationTensors a = model->acts;
     floatX* dresidual = a.dresidual;  // gradient of the residual stream, (B, T, C)
-    reduce = reduce || model->zero_stage == 2;  // ZeRO-2 reduces on every micro-step
+    reduce = reduce || model->zero_stage >= 2;  // ZeRO-2/3 reduce on every micro-step
     cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)B * T * C * sizeof(floatX), stream));
     // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
     matmul_backward(a.dbtc, c->tied ? g.wte : g.lm_head, nullptr, a.output, a.lnf, c->tied ? p.wte : p.lm_head,
@@ -1279,7 +1370,8 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
     layernorm_backward(dresidual, g.lnfw, g.lnfb, a.scratch_f, a.dbtc, last.residual3, p.lnfw, a.lnf_mean, a.lnf_rstd,
                        B, T, C, stream);
     for (int l = L - 1; l >= 0; l--) {
-        LayerParameters lp = gpt2_layer_parameters(model, &p, l);
+        if (l > 0) gpt2_prefetch_layer(model, l - 1, stream);
+        LayerParameters lp = gpt2_layer_weights(model, l, stream);
         LayerParameters lg = gpt2_layer_gradients(model, l, stream);
         LayerActivations la = gpt2_layer_activations(model, l, B, T);
         floatX* dbt4c = a.scratch_bt4c;
@@ -1413,7 +1505,8 @@ static int gpt2_parameters_finite(GPT2* model, const MultiGpuConfig* mg, cudaStr
     ShardedParameters* sets[2] = {&model->store, gpt2_own_set(model)};
     int bad = 0;
     for (int k = 0; k < 2 && sets[k]; k++) {
-        size_t n = sets[k]->num_parameters;
+        // this process's parameters: all of them, or under ZeRO-3 its shard (the padding past the tensors is zero)
+        size_t n = sets[k]->params_count;
         floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
         cudaCheck(cudaMemcpyAsync(host, sets[k]->params_memory, n * sizeof(floatX), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaStreamSynchronize(stream));
@@ -1960,7 +2053,8 @@ static int trainer_flags(Flag* f, TrainerSettings* s, int with_arch) {
     f[n++] = flag("-oo", FLAG_INT, &s->offload_optimizer,
                   "ZeRO-Offload: m, v and master weights in host memory, AdamW on the host CPU? 0/1 (default = 0)");
     f[n++] = flag("-z", FLAG_INT, &s->zero_stage,
-                  "ZeRO stage: 0 (all-reduce), 1 (sharded optimizer state), 2 (and sharded gradients) (default = 0)");
+                  "ZeRO stage: 0 (all-reduce), 1 (sharded optimizer state), 2 (and sharded gradients), 3 (and sharded\n"
+                  "parameters, gathered layer by layer) (default = 0)");
     f[n++] = flag("-r", FLAG_INT, &s->recompute, "recompute: 0 none, 1 GELU, 2 GELU and LayerNorms (default = 1)");
     f[n++] = flag("-ge", FLAG_INT, &s->gelu_fusion,
                   "GELU fusion into cuBLASLt epilogues: 0 off, 1 forward (only with -r 0: a recomputed GELU is\n"
@@ -1998,8 +2092,8 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
     if (s->B < 1) { fprintf(stderr, "-b %d: the micro-batch must be at least 1\n", s->B); return 0; }
     if (s->T < 1) { fprintf(stderr, "-t %d: the sequence length must be at least 1\n", s->T); return 0; }
     if (s->recompute < 0 || s->recompute > 2) { fprintf(stderr, "-r %d: expected 0, 1 or 2\n", s->recompute); return 0; }
-    if (s->zero_stage < 0 || s->zero_stage > 2) {
-        fprintf(stderr, "-z %d: expected 0, 1 or 2 (ZeRO-3 is not implemented)\n", s->zero_stage);
+    if (s->zero_stage < 0 || s->zero_stage > 3) {
+        fprintf(stderr, "-z %d: expected 0, 1, 2 or 3\n", s->zero_stage);
         return 0;
     }
     if (s->use_master_weights != 0 && s->use_master_weights != 1) {
@@ -2167,9 +2261,10 @@ static int trainer_resume_step(const TrainerSettings* s, const MultiGpuConfig* m
 // layouts of llmc/optimizer.cuh and gpt2_allocate_activations; formulas in doc/zero.md), before anything is allocated.
 // dev/test/test_train_gpt.sh checks the printed bytes against its own formulas.
 typedef struct {
-    size_t parameters;     // floatX: the replicated set and an extension's own, each padded for its shards
-    size_t gradients;      // floatX buffers, or ZeRO-2's fp32 shard
-    size_t communication;  // ZeRO-2's gradient buckets (NCCL's own buffers are not counted)
+    size_t parameters;     // floatX: the replicated set and an extension's own, each padded for its shards (ZeRO-3:
+                           // this process's shard of the replicated set)
+    size_t gradients;      // floatX buffers, or ZeRO-2/3's fp32 shard
+    size_t communication;  // ZeRO-2/3's gradient buckets and ZeRO-3's gather buffers (not NCCL's own buffers)
     size_t optimizer;      // m, v and master weights of the shard: device memory, or pinned host memory with -oo 1
     size_t activations;
 } MemoryPlan;
@@ -2188,13 +2283,13 @@ static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
     }
     size_t shard = stage >= 1 ? padded / P + own / own_P : padded + own;
     MemoryPlan m;
-    m.parameters = (padded + own) * sizeof(floatX);
-    m.gradients = stage == 2 ? shard * sizeof(float) : (padded + own) * sizeof(floatX);
+    m.parameters = ((stage == 3 ? padded / P : padded) + own) * sizeof(floatX);
+    m.gradients = stage >= 2 ? shard * sizeof(float) : (padded + own) * sizeof(floatX);
     m.communication = 0;
-    if (stage == 2) {
+    if (stage >= 2) {
         size_t layer, rest;
         gpt2_gradient_bucket_sizes(model, sizes, &layer, &rest);
-        m.communication = (2 * layer + rest) * sizeof(floatX);
+        m.communication = (stage == 3 ? 2 : 1) * (2 * layer + rest) * sizeof(floatX);  // ZeRO-3: gather buffers alike
         // an extension's own set, stacked over the layers it replaces (the MoE experts): two buckets of one layer's
         int replaced = model->config.num_layers - gpt2_dense_layers(model);
         if (own > 0 && replaced > 0)
@@ -2240,10 +2335,11 @@ static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size
     int stage = model->zero_stage;
     info_row(t, "memory: parameters", "%10.1f MiB (%zu bytes)", m.parameters / MiB, m.parameters);
     info_row(t, "memory: gradients", "%10.1f MiB (%zu bytes%s)", m.gradients / MiB, m.gradients,
-             stage == 2 ? ", fp32 ZeRO-2 shard" : "");
+             stage >= 2 ? (stage == 3 ? ", fp32 ZeRO-3 shard" : ", fp32 ZeRO-2 shard") : "");
     int buckets = 3 + (model->mlp && model->mlp->own_parameter_count(model) > 0 ? 2 : 0);
-    char bucket_note[32] = "";
+    char bucket_note[64] = "";
     if (stage == 2) snprintf(bucket_note, sizeof(bucket_note), ", %d ZeRO-2 buckets", buckets);
+    if (stage == 3) snprintf(bucket_note, sizeof(bucket_note), ", 3 ZeRO-3 buckets and 3 gather buffers");
     info_row(t, "memory: communication", "%10.1f MiB (%zu bytes%s)", m.communication / MiB, m.communication,
              bucket_note);
     if (model->offload_optimizer)
@@ -2274,7 +2370,7 @@ static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size
 static int check_training_memory(GPT2* model, const TrainerSettings* s) {
     MemoryPlan m = gpt2_memory_plan(model, s->B, s->T);
     size_t act = m.activations, opt = model->offload_optimizer ? 0 : m.optimizer;  // offloaded: in host memory
-    size_t shard = model->zero_stage == 2 ? m.gradients : 0;
+    size_t shard = model->zero_stage >= 2 ? m.gradients : 0;
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && act + opt + shard > free_bytes) {
         fprintf(stderr, "%s: out of device memory: the activations (B=%d T=%d, recompute %d: %zu bytes), the optimizer "
@@ -2536,11 +2632,17 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     model.use_master_weights = s.use_master_weights;
     model.offload_optimizer = s.offload_optimizer;
     model.zero_stage = s.zero_stage;
+    model.multi_gpu = &mg;
     model.recompute = s.recompute;
     model.gelu_fusion = s.gelu_fusion;
     model.num_processes = mg.num_processes;
     model.process_rank = mg.process_rank;
     model.mlp = mlp;
+    if (mlp && s.zero_stage == 3) {
+        fprintf(stderr, "-z 3: %s supports ZeRO stages 0, 1 and 2 (ZeRO-3 gathers the GPT trainer's parameters only)\n",
+                argv[0]);
+        return EXIT_FAILURE;
+    }
     if (mlp) mlp->setup(&model, &mg);
     char resume_model[1024] = "";
     int resume_step = s.resume ? trainer_resume_step(&s, &mg) : -1;
@@ -2657,8 +2759,9 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
                       s.final_lr_frac);
     AdamWConfig opt = {s.learning_rate, 0.9f, 0.95f, 1e-8f, s.weight_decay, 1.0f};
     float flops_promised = get_flops_promised(prop.name, PRECISION_MODE);
-    // with an extension whose forward pass is collective, every process of its group samples (the same tokens)
-    int samples = rank0 || (mlp && mlp->collective_forward(&model));
+    // with an extension whose forward pass is collective, or under ZeRO-3 (whose forward pass gathers parameters),
+    // every process samples (the same tokens)
+    int samples = rank0 || (mlp && mlp->collective_forward(&model)) || s.zero_stage == 3;
 
     for (int step = start_step; step <= train_num_batches; step++) {
         int last_step = step == train_num_batches;

@@ -277,7 +277,7 @@ static void moe_allocate_parameters(GPT2* model) {
     size_t sizes[MLP_EXTENSION_SLOTS];
     moe_slot_sizes(model, moe->local_experts, sizes);
     sharded_parameters_allocate(&moe->expert_store, NUM_EXPERT_TENSORS, sizes + FIRST_EXPERT_SLOT, moe_expert_decays,
-                                moe->ep.replicas.num_processes, model->zero_stage);
+                                moe->ep.replicas.process_rank, moe->ep.replicas.num_processes, model->zero_stage);
     // an owner's expert gradient sums its group's ep.degree micro-batches, which the replicas then average:
     // the step's gradient (the mean over all processes) is that over ep.degree
     moe->expert_store.grad_multiplier = 1.0f / (float)moe->ep.degree;

@@ -1,17 +1,21 @@
 // llmc/optimizer.cuh: a set of trainable parameters as one flat floatX buffer of named tensors, with their
-// gradients and the AdamW state, sharded for ZeRO-1/2 over the processes that hold the same parameters — the part
+// gradients and the AdamW state, sharded for ZeRO-1/2/3 over the processes that hold the same parameters — the part
 // of training that does not depend on the model. The trainers (train_gpt.cu, train_moe.cu) describe their
 // tensors (sizes in buffer order, weight decay or not), point their own structs into `params_memory` /
 // `grads_memory`, and call:
 //   sharded_parameters_allocate      parameters and gradients (padded so that every shard is equal)
 //   sharded_parameters_allocate_optimizer   m, v and fp32 master weights for this process's shard (on the device, or
 //                                    with ZeRO-Offload in pinned host memory, where AdamW then runs: llmc/adamw_host.h)
-//   sharded_parameters_add_bucket    ZeRO-2: a reusable gradient bucket (the trainer sizes them for its slice groups)
+//   sharded_parameters_add_bucket    ZeRO-2/3: a reusable gradient bucket (the trainer sizes them for its slice groups)
+//   sharded_parameters_add_gather_buffer    ZeRO-3: a reusable buffer that a group of parameter slices is gathered into
+//   sharded_parameters_gather_begin / gather_slices / gather_end   ZeRO-3: gather a group (on the NCCL stream)
+//   sharded_parameters_gathered_slices      ZeRO-3: wait for a gathered group; where its slices are
 //   sharded_parameters_zero_grad     before the first micro-step of a step
 //   sharded_parameters_gradient_slices      where the backward pass accumulates a group of slices' gradients
 //   sharded_parameters_reduce_slices        average a set of slices over processes during the backward pass
 //   sharded_parameters_norm_squared  wait for that; the squared norm of the (still loss-scaled) gradient
-//   sharded_parameters_apply_update  clip, undo the loss scale, AdamW, all-gather (ZeRO-1)
+//   sharded_parameters_apply_update  clip, undo the loss scale, AdamW, all-gather (ZeRO-1/2)
+//   sharded_parameters_gather_all    ZeRO-3: the whole set's parameters, for the model file
 //   sharded_parameters_write_state / read_state / gather_state   the optimizer state in checkpoints
 // A model may have several such sets over different process groups: the MoE trainer keeps its experts in a
 // second one, replicated (and so reduced and sharded) over the processes that hold the same experts. The step's
@@ -31,6 +35,8 @@
 #define MAX_PARAMETER_TENSORS 64
 #define MAX_GRADIENT_BUCKETS 4
 #define MAX_BUCKET_SLICES 32
+#define MAX_GATHER_BUFFERS 4
+#define GATHER_NONE (-2)  // a gather buffer's group when it holds nothing usable
 
 // ZeRO-2's reusable gradient buffer: the slices of one step of the backward pass (e.g. one layer's) accumulate in it
 // on the compute stream, are reduced on the NCCL stream, and are added to the fp32 gradient shard there; `reduced`
@@ -46,6 +52,20 @@ typedef struct {
     int reduced_recorded;
 } GradientBucket;
 
+// ZeRO-3's reusable parameter buffer: a group of parameter slices (e.g. one layer's) is gathered into it on the NCCL
+// stream before the compute stream reads it (`gathered`). It keeps the group until the buffer is given another, so a
+// group gathered for the forward pass serves the backward pass too when nothing took its place; an update of the
+// parameters empties every buffer.
+typedef struct {
+    floatX* memory;
+    size_t capacity, used;  // elements
+    int group;              // the trainer's number for what it holds (a layer, -1 the rest), or GATHER_NONE
+    int num_slices;
+    size_t slice_begin[MAX_BUCKET_SLICES];   // in the flat buffer
+    size_t slice_offset[MAX_BUCKET_SLICES];  // in this buffer
+    cudaEvent_t gathered;
+} GatherBuffer;
+
 typedef struct {
     float learning_rate, beta1, beta2, eps, weight_decay, grad_clip;
 } AdamWConfig;
@@ -56,14 +76,19 @@ typedef struct {
     int decays[MAX_PARAMETER_TENSORS];    // 1: weight decay applies (matrices), 0: not (biases, LayerNorms)
     size_t num_parameters;                // real parameters
     size_t num_parameters_padded;         // rounded up so that ZeRO shards are equal and 16-byte aligned
+    // the parameters [params_first, params_first + params_count) of the flat buffer: all of them (params_first 0),
+    // except under ZeRO-3, where each process holds its shard only and reads the others' gathered (GatherBuffer)
     floatX* params_memory;
-    floatX* grads_memory;  // NULL under ZeRO-2
-    // ZeRO-2: the backward pass writes into buckets; this process keeps only shard_grads, the fp32 sum over the
+    size_t params_first, params_count;
+    floatX* grads_memory;  // NULL under ZeRO-2/3
+    // ZeRO-2/3: the backward pass writes into buckets; this process keeps only shard_grads, the fp32 sum over the
     // step's micro-steps of its shard's reduced gradients (allocated with the optimizer state)
     int zero_stage;
     GradientBucket buckets[MAX_GRADIENT_BUCKETS];
     int num_buckets;
     float* shard_grads;
+    GatherBuffer gathers[MAX_GATHER_BUFFERS];
+    int num_gathers;
     // optimizer state for [shard_offset, shard_offset + shard_size) of the flat buffer (all of it without ZeRO)
     size_t shard_offset, shard_size;
     float* m_memory;
@@ -116,9 +141,10 @@ static unsigned int optimizer_next_seed(unsigned long long* state) {
     return (unsigned int)((*state * 0x2545F4914F6CDD1Dull) >> 32);
 }
 
-// zero_stage 2: no gradient buffer (the trainer adds buckets)
+// zero_stage 2: no gradient buffer (the trainer adds buckets); 3: nor the other processes' parameter shards (the
+// trainer adds gather buffers too)
 static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, const size_t* sizes, const int* decays,
-                                        int num_processes, int zero_stage) {
+                                        int process_rank, int num_processes, int zero_stage) {
     if (num_tensors > MAX_PARAMETER_TENSORS) {
         fprintf(stderr, "sharded_parameters_allocate: %d tensors, at most %d\n", num_tensors, MAX_PARAMETER_TENSORS);
         exit(EXIT_FAILURE);
@@ -133,8 +159,13 @@ static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, c
     size_t quantum = (size_t)num_processes * 8;
     p->num_parameters_padded = CEIL_DIV(p->num_parameters, quantum) * quantum;
     p->zero_stage = zero_stage;
-    cudaCheck(cudaMalloc((void**)&p->params_memory, p->num_parameters_padded * sizeof(floatX)));
-    cudaCheck(cudaMemset(p->params_memory, 0, p->num_parameters_padded * sizeof(floatX)));
+    p->params_count = p->num_parameters_padded;
+    if (zero_stage == 3) {
+        p->params_count = p->num_parameters_padded / num_processes;
+        p->params_first = (size_t)process_rank * p->params_count;
+    }
+    cudaCheck(cudaMalloc((void**)&p->params_memory, p->params_count * sizeof(floatX)));
+    cudaCheck(cudaMemset(p->params_memory, 0, p->params_count * sizeof(floatX)));
     if (zero_stage < 2) {
         cudaCheck(cudaMalloc((void**)&p->grads_memory, p->num_parameters_padded * sizeof(floatX)));
         cudaCheck(cudaMemset(p->grads_memory, 0, p->num_parameters_padded * sizeof(floatX)));
@@ -145,7 +176,22 @@ static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, c
     p->grad_multiplier = 1.0f;
 }
 
-// ZeRO-2: a bucket of `capacity` elements; returns its number
+// ZeRO-3: a gather buffer of `capacity` elements; returns its number
+static int sharded_parameters_add_gather_buffer(ShardedParameters* p, size_t capacity) {
+    if (p->num_gathers == MAX_GATHER_BUFFERS) {
+        fprintf(stderr, "sharded_parameters_add_gather_buffer: at most %d buffers\n", MAX_GATHER_BUFFERS);
+        exit(EXIT_FAILURE);
+    }
+    GatherBuffer* b = &p->gathers[p->num_gathers];
+    memset(b, 0, sizeof(*b));
+    b->capacity = capacity;
+    b->group = GATHER_NONE;
+    cudaCheck(cudaMalloc((void**)&b->memory, (capacity > 0 ? capacity : 1) * sizeof(floatX)));
+    cudaCheck(cudaEventCreateWithFlags(&b->gathered, cudaEventDisableTiming));
+    return p->num_gathers++;
+}
+
+// ZeRO-2/3: a bucket of `capacity` elements; returns its number
 static int sharded_parameters_add_bucket(ShardedParameters* p, size_t capacity) {
     if (p->num_buckets == MAX_GRADIENT_BUCKETS) {
         fprintf(stderr, "sharded_parameters_add_bucket: at most %d buckets\n", MAX_GRADIENT_BUCKETS);
@@ -170,7 +216,7 @@ static void sharded_parameters_allocate_optimizer(ShardedParameters* p, int use_
     p->shard_offset = zero_stage >= 1 ? (size_t)process_rank * p->shard_size : 0;
     p->has_master = use_master_weights && PRECISION_MODE != PRECISION_FP32;
     p->offload = offload;
-    if (zero_stage == 2) {
+    if (zero_stage >= 2) {
         cudaCheck(cudaMalloc((void**)&p->shard_grads, p->shard_size * sizeof(float)));
         cudaCheck(cudaMemset(p->shard_grads, 0, p->shard_size * sizeof(float)));
     }
@@ -182,7 +228,8 @@ static void sharded_parameters_allocate_optimizer(ShardedParameters* p, int use_
         p->host_grads = (float*)malloc_check(p->shard_size * sizeof(float));
         memset(p->m_memory, 0, p->shard_size * sizeof(float));
         memset(p->v_memory, 0, p->shard_size * sizeof(float));
-        cudaCheck(cudaMemcpy(p->host_params, p->params_memory + p->shard_offset, p->shard_size * sizeof(floatX),
+        cudaCheck(cudaMemcpy(p->host_params, p->params_memory + (p->shard_offset - p->params_first),
+                             p->shard_size * sizeof(floatX),
                              cudaMemcpyDeviceToHost));
         for (size_t i = 0; i < p->shard_size; i++) p->master_weights[i] = (float)p->host_params[i];
         p->flush_subnormals = adamw_device_flushes_subnormals();
@@ -195,7 +242,7 @@ static void sharded_parameters_allocate_optimizer(ShardedParameters* p, int use_
     p->master_weights = NULL;
     if (use_master_weights && PRECISION_MODE != PRECISION_FP32) {
         cudaCheck(cudaMalloc((void**)&p->master_weights, p->shard_size * sizeof(float)));
-        copy_and_cast(p->master_weights, p->params_memory + p->shard_offset, p->shard_size, 0);
+        copy_and_cast(p->master_weights, p->params_memory + (p->shard_offset - p->params_first), p->shard_size, 0);
     }
 }
 
@@ -206,6 +253,10 @@ static void sharded_parameters_free(ShardedParameters* p) {
     for (int i = 0; i < p->num_buckets; i++) {
         cudaCheck(cudaFree(p->buckets[i].memory));
         cudaCheck(cudaEventDestroy(p->buckets[i].reduced));
+    }
+    for (int i = 0; i < p->num_gathers; i++) {
+        cudaCheck(cudaFree(p->gathers[i].memory));
+        cudaCheck(cudaEventDestroy(p->gathers[i].gathered));
     }
     if (p->offload) {
         cudaCheck(cudaFreeHost(p->m_memory));
@@ -229,7 +280,7 @@ static size_t sharded_parameters_offset(const ShardedParameters* p, int tensor) 
 }
 
 static void sharded_parameters_zero_grad(ShardedParameters* p, cudaStream_t stream) {
-    if (p->zero_stage == 2)
+    if (p->zero_stage >= 2)
         cudaCheck(cudaMemsetAsync(p->shard_grads, 0, p->shard_size * sizeof(float), stream));
     else
         cudaCheck(cudaMemsetAsync(p->grads_memory, 0, p->num_parameters_padded * sizeof(floatX), stream));
@@ -378,7 +429,7 @@ static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* te
     if (mg->num_processes == 1 && !p->offload && p->zero_stage < 2) return;
     cudaCheck(cudaEventRecord(mg->compute_done, stream));
     cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
-    if (p->zero_stage == 2) {
+    if (p->zero_stage >= 2) {
         sharded_parameters_reduce_bucket(p, tensors, count, layer, num_layers, mg);
         return;
     }
@@ -396,20 +447,126 @@ static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* te
 }
 
 
+// ----------------------------------------------------------------------------------------------------
+// ZeRO-3: the parameters a layer needs, gathered from the processes whose shards hold them. The trainer gathers a
+// group (gather_begin, one gather_slices per stacked set of tensors, gather_end) ahead of its use, on the NCCL stream,
+// so that the next layer's gather overlaps this layer's compute; gathered_slices makes the compute stream wait for it.
+
+// Starts gathering `group` into gather buffer `buffer`: 0 when the buffer holds it already (nothing to gather). The
+// buffer's previous group may still be read by work queued on `stream`: the gather waits for all of it.
+static int sharded_parameters_gather_begin(ShardedParameters* p, int buffer, int group, const MultiGpuConfig* mg,
+                                           cudaStream_t stream) {
+    GatherBuffer* b = &p->gathers[buffer];
+    if (b->group == group) return 0;
+    b->group = group;
+    b->used = 0;
+    b->num_slices = 0;
+    cudaCheck(cudaEventRecord(mg->compute_done, stream));
+    cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
+    return 1;
+}
+
+// Gathers slice `layer` of each listed tensor (as sharded_parameters_gradient_slices takes them) into the buffer: each
+// piece from the process whose shard holds it, in one NCCL group (a copy with one process).
+static void sharded_parameters_gather_slices(ShardedParameters* p, int buffer, const int* tensors, int count, int layer,
+                                             int num_layers, const MultiGpuConfig* mg) {
+    GatherBuffer* b = &p->gathers[buffer];
+    if (mg->num_processes > 1) ncclCheck(ncclGroupStart());
+    for (int j = 0; j < count; j++) {
+        size_t n, begin = sharded_parameters_slice(p, tensors[j], layer, num_layers, &n);
+        if (n == 0) continue;  // a tensor this model does not have
+        if (b->num_slices == MAX_BUCKET_SLICES || b->used + n > b->capacity) {
+            fprintf(stderr, "sharded_parameters_gather_slices: gather buffer %d (%zu elements, %d slices) is too small\n",
+                    buffer, b->capacity, MAX_BUCKET_SLICES);
+            exit(EXIT_FAILURE);
+        }
+        floatX* slice = b->memory + b->used;
+        b->slice_begin[b->num_slices] = begin;
+        b->slice_offset[b->num_slices] = b->used;
+        b->num_slices++;
+        b->used += n;
+        if (mg->num_processes == 1) {
+            cudaCheck(cudaMemcpyAsync(slice, p->params_memory + begin, n * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                                      mg->nccl_stream));
+            continue;
+        }
+        for (int r = 0; r < mg->num_processes; r++) {
+            size_t shard_begin = (size_t)r * p->params_count, shard_end = shard_begin + p->params_count;
+            size_t a = begin > shard_begin ? begin : shard_begin;
+            size_t e = begin + n < shard_end ? begin + n : shard_end;
+            if (a >= e) continue;
+            // the root sends from its shard; the others' send buffer is not read
+            const floatX* send = r == mg->process_rank ? p->params_memory + (a - p->params_first) : slice + (a - begin);
+            ncclCheck(ncclBroadcast(send, slice + (a - begin), e - a, nccl_floatX(), r, mg->nccl_comm, mg->nccl_stream));
+        }
+    }
+    if (mg->num_processes > 1) ncclCheck(ncclGroupEnd());
+}
+
+static void sharded_parameters_gather_end(ShardedParameters* p, int buffer, const MultiGpuConfig* mg) {
+    cudaCheck(cudaEventRecord(p->gathers[buffer].gathered, mg->nccl_stream));
+}
+
+// Where slice `layer` of each listed tensor is in the buffer, which must hold them (NULL for a tensor this model does
+// not have), once `stream` has waited for their gather.
+static void sharded_parameters_gathered_slices(ShardedParameters* p, int buffer, const int* tensors, int count,
+                                               int layer, int num_layers, floatX** slices, cudaStream_t stream) {
+    GatherBuffer* b = &p->gathers[buffer];
+    cudaCheck(cudaStreamWaitEvent(stream, b->gathered, 0));
+    for (int j = 0; j < count; j++) {
+        size_t n, begin = sharded_parameters_slice(p, tensors[j], layer, num_layers, &n);
+        slices[j] = NULL;
+        for (int s = 0; s < b->num_slices && n > 0 && !slices[j]; s++)
+            if (b->slice_begin[s] == begin) slices[j] = b->memory + b->slice_offset[s];
+        if (n > 0 && !slices[j]) {
+            fprintf(stderr, "sharded_parameters_gathered_slices: tensor %d slice %d is not in gather buffer %d\n",
+                    tensors[j], layer, buffer);
+            exit(EXIT_FAILURE);
+        }
+    }
+}
+
+// The whole set's real parameters (num_parameters) into `host`, through gather buffer 0, which is emptied (collective
+// over mg; synchronous).
+static void sharded_parameters_gather_all(ShardedParameters* p, floatX* host, const MultiGpuConfig* mg,
+                                          cudaStream_t stream) {
+    GatherBuffer* b = &p->gathers[0];
+    size_t chunk = b->capacity;
+    b->group = GATHER_NONE;
+    cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));  // a prefetch still reading the buffer
+    cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
+    for (int r = 0; r < mg->num_processes; r++) {
+        for (size_t done = 0; done < p->params_count; done += chunk) {
+            size_t begin = (size_t)r * p->params_count + done;
+            if (begin >= p->num_parameters) break;
+            size_t n = p->params_count - done < chunk ? p->params_count - done : chunk;
+            if (n > p->num_parameters - begin) n = p->num_parameters - begin;
+            if (mg->num_processes == 1)
+                cudaCheck(cudaMemcpyAsync(b->memory, p->params_memory + done, n * sizeof(floatX),
+                                          cudaMemcpyDeviceToDevice, stream));
+            else
+                ncclCheck(ncclBroadcast(r == mg->process_rank ? p->params_memory + done : b->memory, b->memory, n,
+                                        nccl_floatX(), r, mg->nccl_comm, stream));
+            cudaCheck(cudaMemcpyAsync(host + begin, b->memory, n * sizeof(floatX), cudaMemcpyDeviceToHost, stream));
+            cudaCheck(cudaStreamSynchronize(stream));
+        }
+    }
+}
+
 // After the micro-steps' backward passes: waits for the overlapped reduction (sharded_parameters_reduce_slices)
 // and returns the squared norm of the gradient of this set (times grad_multiplier, still multiplied by the loss
 // scale), identical on every process of mg (inf or NaN when an FP16 gradient overflowed). The padding past the
 // last tensor is never reduced: it stays zero everywhere.
 static float sharded_parameters_norm_squared(ShardedParameters* p, const MultiGpuConfig* mg, int zero_stage,
                                              cudaStream_t stream) {
-    if (mg->num_processes > 1 || p->offload || p->zero_stage == 2) {
+    if (mg->num_processes > 1 || p->offload || p->zero_stage >= 2) {
         cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
         cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
     }
     // with ZeRO-1 each process holds the reduced gradient of its shard only: the squares are summed over processes
     size_t offset = zero_stage >= 1 ? p->shard_offset : 0;
     size_t count = zero_stage >= 1 ? p->shard_size : p->num_parameters_padded;
-    if (p->zero_stage == 2)  // the same sums of squares as the floatX shard's (llmc/global_norm.cuh)
+    if (p->zero_stage >= 2)  // the same sums of squares as the floatX shard's (llmc/global_norm.cuh)
         global_norm_squared(p->norm_partials, p->shard_grads, count, stream);
     else
         global_norm_squared(p->norm_partials, p->grads_memory + offset, count, stream);
@@ -438,7 +595,7 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
     float beta1_correction = 1.0f - powf(opt->beta1, (float)t);
     float beta2_correction = 1.0f - powf(opt->beta2, (float)t);
     size_t shard_begin = p->shard_offset, shard_end = p->shard_offset + p->shard_size;
-    if (p->offload && p->zero_stage == 2) {
+    if (p->offload && p->zero_stage >= 2) {
         // the fp32 gradient shard (sharded_parameters_norm_squared made this stream wait for its last additions)
         cudaCheck(cudaMemcpyAsync(p->host_grads, p->shard_grads, p->shard_size * sizeof(float), cudaMemcpyDeviceToHost,
                                   stream));
@@ -465,16 +622,16 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
                               opt->beta2, beta1_correction, beta2_correction, opt->eps,
                               p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i,
                               p->flush_subnormals, noise_index);
-        } else if (begin < end && p->zero_stage == 2) {
+        } else if (begin < end && p->zero_stage >= 2) {
             size_t local = begin - shard_begin;
-            adamw_update(p->params_memory + begin, p->master_weights ? p->master_weights + local : nullptr,
+            adamw_update(p->params_memory + (begin - p->params_first), p->master_weights ? p->master_weights + local : nullptr,
                          p->shard_grads + local, p->m_memory + local, p->v_memory + local, end - begin,
                          opt->learning_rate, opt->beta1, opt->beta2, beta1_correction, beta2_correction, opt->eps,
                          p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i, stream,
                          noise_index);
         } else if (begin < end) {
             size_t local = begin - shard_begin;
-            adamw_update(p->params_memory + begin, p->master_weights ? p->master_weights + local : nullptr,
+            adamw_update(p->params_memory + (begin - p->params_first), p->master_weights ? p->master_weights + local : nullptr,
                          p->grads_memory + begin, p->m_memory + local, p->v_memory + local, end - begin,
                          opt->learning_rate, opt->beta1, opt->beta2, beta1_correction, beta2_correction, opt->eps,
                          p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i, stream,
@@ -486,10 +643,11 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
         // the padding past the last tensor (in the last shard) keeps its zeros: only the tensors' parameters return
         size_t last = p->num_parameters < shard_end ? p->num_parameters : shard_end;
         if (last > shard_begin)
-            cudaCheck(cudaMemcpyAsync(p->params_memory + shard_begin, p->host_params, (last - shard_begin) * sizeof(floatX),
+            cudaCheck(cudaMemcpyAsync(p->params_memory + (shard_begin - p->params_first), p->host_params, (last - shard_begin) * sizeof(floatX),
                                       cudaMemcpyHostToDevice, stream));
     }
-    if (zero_stage >= 1 && mg->num_processes > 1) {
+    for (int b = 0; b < p->num_gathers; b++) p->gathers[b].group = GATHER_NONE;  // ZeRO-3: what they hold is old
+    if (zero_stage >= 1 && zero_stage < 3 && mg->num_processes > 1) {
         cudaCheck(cudaEventRecord(mg->compute_done, stream));
         cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
         ncclCheck(ncclAllGather(p->params_memory + p->shard_offset, p->params_memory, p->shard_size, nccl_floatX(),

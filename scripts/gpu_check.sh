@@ -5,8 +5,8 @@
 # attention, the USE_CUDNN=1 build, with its default deterministic backward), trains GPT-2 124M for 30 steps on
 # synthetic data (bf16, B=8 T=1024, recompute 0 and 1, flash attention; and recompute 1 with -fa 0, the cuBLAS-
 # and-softmax attention) and the Switch-MoE model on the same backbone beside it
-# (8 experts, top-1, every other layer), GPT-2 124M at B=64 with flash attention, at recompute 1 with -z 2 and with
-# -oo 1 (issue 16's targets), runs every kernel-lab file at
+# (8 experts, top-1, every other layer), GPT-2 124M at B=64 with flash attention, at recompute 1 with -z 2, -z 3 and
+# with -oo 1 (issue 16's targets), runs every kernel-lab file at
 # full size (the flash-attention labs first, and once more built with cuDNN for its variant 5), and prints one
 # summary table: test results, tokens/s, MFU, peak memory, each lab variant's best time against its floor, and flash
 # attention's forward+backward against cuDNN's and the cuBLAS path's at B=8..64, T=1024, HS=64 (issue targets:
@@ -118,10 +118,11 @@ summarize_trainers() {
     printf '  %-16s %-24s %-13s %5s %11s %6s %10s %10s  %s\n' run model batch steps "tok/s (med)" MFU "plan mem" \
         "peak mem" status
     for log in "$logdir"/train_gpt_r*.log "$logdir"/train_gpt_fa0_r*.log "$logdir"/train_gpt_b64_r*.log \
-        "$logdir"/train_gpt_z2_r*.log "$logdir"/train_gpt_oo1_r*.log "$logdir"/train_moe_r*.log; do
+        "$logdir"/train_gpt_z2_r*.log "$logdir"/train_gpt_z3_r*.log "$logdir"/train_gpt_oo1_r*.log \
+        "$logdir"/train_moe_r*.log; do
         [ -e "$log" ] && trainer_row "$log"
     done
-    for variant in z2 oo1; do  # against the same run without it
+    for variant in z2 z3 oo1; do  # against the same run without it (on one GPU -z 1 is -z 0)
         [ -e "$logdir/train_gpt_${variant}_r1.log" ] && [ -e "$logdir/train_gpt_r1.log" ] || continue
         awk -v name="$variant" -v a="$(trainer_row "$logdir/train_gpt_${variant}_r1.log" tokens)" \
             -v b="$(trainer_row "$logdir/train_gpt_r1.log" tokens)" 'BEGIN {
@@ -469,9 +470,11 @@ train train_gpt_fa0 "$BIN/train_gpt_bf16" "1" -fa 0
 train train_moe "$BIN/train_moe_bf16" "0 1" -ne 8 -tk 1 -me 2
 # GPT-2 124M at the batch of the flash-attention targets
 TRAIN_BATCHES="64 32 16" train train_gpt_b64 "$BIN/train_gpt_bf16" "0"
-# issue 16's 1-GPU targets: ZeRO-2's code path (buckets, fp32 shard) and ZeRO-Offload (AdamW on the host) beside
-# train_gpt_r1; the summary prints their tokens/s against it (ZeRO-3's target, within 1.1x of ZeRO-1, waits for it)
+# issue 16's 1-GPU targets: ZeRO-2's code path (buckets, fp32 shard), ZeRO-3's (and gather buffers; target: within
+# 1.1x of ZeRO-1's step, which on one GPU is train_gpt_r1's) and ZeRO-Offload (AdamW on the host) beside
+# train_gpt_r1; the summary prints their tokens/s against it
 train train_gpt_z2 "$BIN/train_gpt_bf16" "1" -z 2
+train train_gpt_z3 "$BIN/train_gpt_bf16" "1" -z 3
 train train_gpt_oo1 "$BIN/train_gpt_bf16" "1" -oo 1
 
 # every lab file at full size, all its variants; flash attention first, and its cuDNN build's variant 5

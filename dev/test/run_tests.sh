@@ -185,6 +185,10 @@ run_test gpt-bf16-z2-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/deep_bf16 -
 run_test gpt-bf16-z2-oo1-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/tiny_bf16 -z 2 -oo 1
 run_test gpt-fp32-z2-np3 $MPIRUN -np 3 build/test_gpt_fp32 build/ref/deep_fp32 -z 2 -r 0
 run_test gpt-fp32-z2-oo1-np4 $MPIRUN -np 4 build/test_gpt_fp32 build/ref/tiny_fp32 -z 2 -oo 1
+run_test gpt-fp32-z3 build/test_gpt_fp32 build/ref/tiny_fp32 -z 3 -r 2
+run_test gpt-bf16-z3-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/deep_bf16 -z 3
+run_test gpt-fp32-z3-oo1-np3 $MPIRUN -np 3 build/test_gpt_fp32 build/ref/tiny_fp32 -z 3 -oo 1 -r 0
+run_test gpt-bf16-z3-oo1-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/tiny_bf16 -z 3 -oo 1
 run_test gpt-bf16-z1-oo1-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/tiny_bf16 -z 1 -oo 1
 # the Llama-style model (-arch llama) against PyTorch: grouped-query attention with its own lm_head at every
 # recompute level, FP32 and BF16 with and without master weights; multi-head with the output embedding tied to wte
@@ -199,6 +203,8 @@ run_test llama-fp32-tied build/test_gpt_fp32 build/ref/llama_tied_fp32 -r 1
 run_test llama-bf16-tied build/test_gpt_bf16 build/ref/llama_tied_bf16 -r 2 -w 1
 run_test llama-bf16-z2-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/llama_gqa_bf16 -z 2
 run_test llama-fp32-tied-z2-oo1-np2 $MPIRUN -np 2 build/test_gpt_fp32 build/ref/llama_tied_fp32 -z 2 -oo 1
+run_test llama-bf16-z3-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/llama_gqa_bf16 -z 3
+run_test llama-fp32-tied-z3-oo1-np2 $MPIRUN -np 2 build/test_gpt_fp32 build/ref/llama_tied_fp32 -z 3 -oo 1 -r 2
 run_test train-gpt-cli dev/test/test_train_gpt.sh
 
 # the MoE trainer against PyTorch: dropping (cf 0.5) and dropless (packed, grouped GEMMs) top-1, top-2 every other
@@ -261,6 +267,7 @@ run_test check-gpt-bf16-r2-w0 build/check/test_gpt_bf16 build/ref/tiny_bf16 -r 2
 run_test check-gpt-bf16-gelu-fused-backward build/check/test_gpt_bf16 build/ref/tiny_bf16 -ge 2
 run_test check-gpt-bf16-z2-np2 $MPIRUN -np 2 build/check/test_gpt_bf16 build/ref/deep_bf16 -z 2
 run_test check-gpt-fp32-z2-oo1-np3 $MPIRUN -np 3 build/check/test_gpt_fp32 build/ref/tiny_fp32 -z 2 -oo 1
+run_test check-gpt-fp32-z3-np2 $MPIRUN -np 2 build/check/test_gpt_fp32 build/ref/deep_fp32 -z 3
 run_test check-llama-fp32-r0 build/check/test_gpt_fp32 build/ref/llama_gqa_fp32 -r 0
 run_test check-llama-bf16-r2-w0 build/check/test_gpt_bf16 build/ref/llama_gqa_bf16 -r 2 -w 0
 run_test check-llama-bf16-tied build/check/test_gpt_bf16 build/ref/llama_tied_bf16 -r 1

@@ -129,6 +129,47 @@ $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -d 128 -x 3 -z 2 -oo 1 >"$work/accum_
 if close_losses "$work/accum_zero1.log" "$work/accum_zero2.log" 3; then pass; else
     fail "ZeRO-2 with two micro-steps differs from ZeRO-1"; fi
 
+# --- ZeRO-3 (-z 3): ZeRO-2 with each process holding only its shard of the parameters, gathered layer by layer into
+# two reusable buffers (the embeddings and the final norm into a third). The gathered values are copies, so the files
+# are ZeRO-2's (the model file is gathered for writing); a ZeRO-1 checkpoint resumes under ZeRO-3 and a ZeRO-3 one
+# under ZeRO-1 with offload, bit-identically; with accumulation, ZeRO-2's fp32 sums (close_losses).
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -n 2 -z 3 -o "$work/zero3" >"$work/zero3.log" 2>&1 ||
+    fail "2-rank ZeRO-3 run: $(tail -3 "$work/zero3.log")"
+if [ -n "$(losses "$work/zero1.log")" ] && [ "$(losses "$work/zero1.log")" = "$(losses "$work/zero3.log")" ] &&
+    cmp -s "$work/zero2/model_00000004.bin" "$work/zero3/model_00000004.bin" &&
+    cmp -s "$work/zero2/state_00000004_00000.bin" "$work/zero3/state_00000004_00000.bin"; then
+    pass; else fail "ZeRO-3 differs from ZeRO-1/2 on 2 ranks"; fi
+grep -q "memory: parameters .* bytes)" "$work/zero3.log" &&
+    grep -q "memory: communication .* bytes, 3 ZeRO-3 buckets and 3 gather buffers)" "$work/zero3.log" && pass ||
+    fail "the ZeRO-3 start-up table lacks its communication row"
+mkdir -p "$work/zero3_resumed" "$work/zero1_from3"
+cp "$work/zero1_ckpt"/*_00000002* "$work/zero3_resumed/"
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -n 2 -z 3 -o "$work/zero3_resumed" -y 1 \
+    >"$work/zero3_resumed.log" 2>&1 || fail "ZeRO-3 resuming a ZeRO-1 checkpoint: $(tail -3 "$work/zero3_resumed.log")"
+cp "$work/zero3"/*_00000002* "$work/zero1_from3/"
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -n 2 -z 1 -oo 1 -o "$work/zero1_from3" -y 1 \
+    >"$work/zero1_from3.log" 2>&1 || fail "ZeRO-1 -oo 1 resuming a ZeRO-3 checkpoint: $(tail -3 "$work/zero1_from3.log")"
+if [ "$(losses "$work/zero3_resumed.log")" = "$(losses "$work/zero1.log" | tail -n 2)" ] &&
+    [ "$(losses "$work/zero1_from3.log")" = "$(losses "$work/zero1.log" | tail -n 2)" ] &&
+    cmp -s "$work/zero1_ckpt/model_00000004.bin" "$work/zero3_resumed/model_00000004.bin" &&
+    cmp -s "$work/zero1_ckpt/model_00000004.bin" "$work/zero1_from3/model_00000004.bin" &&
+    cmp -s "$work/zero1_ckpt/state_00000004_00001.bin" "$work/zero3_resumed/state_00000004_00001.bin"; then pass; else
+    fail "resuming across ZeRO-1 and ZeRO-3 does not continue bit-identically"; fi
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -d 128 -x 3 -z 3 -r 2 >"$work/accum_zero3.log" 2>&1 ||
+    fail "2-rank ZeRO-3 -r 2 accumulation run: $(tail -3 "$work/accum_zero3.log")"
+if [ "$(losses "$work/accum_zero2.log")" = "$(losses "$work/accum_zero3.log")" ]; then pass; else
+    fail "ZeRO-3 with two micro-steps differs from ZeRO-2 -oo 1"; fi
+# validation and sampling gather too, on every process: the sample is -z 1's
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -x 2 -z 3 -j "$work/train.bin" -v 2 -m 2 -s 2 -g 6 >"$work/zero3_sample.log" \
+    2>&1 || fail "2-rank ZeRO-3 run with validation and sampling: $(tail -3 "$work/zero3_sample.log")"
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -x 2 -z 1 -j "$work/train.bin" -v 2 -m 2 -s 2 -g 6 >"$work/zero1_sample.log" \
+    2>&1 || fail "2-rank ZeRO-1 run with validation and sampling: $(tail -3 "$work/zero1_sample.log")"
+if grep -q "^val loss" "$work/zero3_sample.log" && grep -q "^generating" "$work/zero3_sample.log" &&
+    [ "$(grep -A2 -E '^(val loss|generating)' "$work/zero3_sample.log")" = \
+      "$(grep -A2 -E '^(val loss|generating)' "$work/zero1_sample.log")" ]; then pass; else
+    fail "ZeRO-3's validation or sample differs from ZeRO-1's"; fi
+expect_error "bad -z" "-z 4: expected 0, 1, 2 or 3" "$TRAIN" "${COMMON[@]}" -z 4
+
 # --- resume at another ZeRO stage and process count: a 2-process ZeRO-1 checkpoint (B=2) goes on as 1 process at
 # ZeRO-0 (B=4) and as 4 processes at ZeRO-2 (B=1). The global batch is the same (processes x B), so the data loader
 # takes the same rows; the optimizer shards are put together and cut anew. The losses are the 2-process run's
@@ -137,7 +178,7 @@ NODATA=(-e "$MODEL" -i "$work/train.bin" -j "" -t 16 -v 0 -s 0 -l 1e-3 -c 0.1)
 $MPIRUN -np 2 "$TRAIN" "${NODATA[@]}" -b 2 -x 4 -n 2 -z 1 -o "$work/np2" >"$work/np2.log" 2>&1 ||
     fail "2-process checkpointing run: $(tail -3 "$work/np2.log")"
 tail -n 2 <(grep -E '^step [0-9]+/' "$work/np2.log") >"$work/np2_last.log"
-for layout in "1 4 0" "4 1 2"; do
+for layout in "1 4 0" "4 1 3"; do
     set -- $layout
     mkdir -p "$work/np$1"
     cp "$work/np2"/*_00000002* "$work/np$1/"
@@ -155,8 +196,8 @@ expect_error "another global batch" \
 
 # --- the memory plan (-pm GIB: printed without allocating anything) against the formulas of doc/zero.md, written
 # here from GPT-2's shapes: n = 12 L C^2 + 13 L C + Vp C + maxT C + 2 C parameters, padded to a multiple of 8 P;
-# fp32 values (this build); gradients a full buffer, or ZeRO-2's fp32 shard and its buckets (two layers and the
-# embeddings with the final LayerNorm); m and v (and master weights with -oo 1) of the shard. Activations: the
+# fp32 values (this build); parameters all, or ZeRO-3's shard; gradients a full buffer, or ZeRO-2/3's fp32 shard and
+# its buckets (two layers and the embeddings with the final LayerNorm; ZeRO-3 as many gather buffers); m and v (and master weights with -oo 1) of the shard. Activations: the
 # leading terms of gpt2_allocate_activations on the flash path, within 1% (the per-row statistics and the backward's
 # scratch that they leave out are 16 MB, 0.6%, at this shape).
 plan_check() {  # NP ZERO OFFLOAD RECOMPUTE
@@ -173,9 +214,9 @@ rest = Vp * C + maxT * C + 2 * C
 n = L * layer + rest
 padded = -(-n // (8 * P)) * 8 * P
 shard = padded // P if z >= 1 else padded
-want = {"parameters": 4 * padded,
-        "gradients": 4 * padded // P if z == 2 else 4 * padded,
-        "communication": 4 * (2 * layer + rest) if z == 2 else 0,
+want = {"parameters": 4 * padded // P if z == 3 else 4 * padded,
+        "gradients": 4 * padded // P if z >= 2 else 4 * padded,
+        "communication": 4 * (2 * layer + rest) * (2 if z == 3 else 1) if z >= 2 else 0,
         "optimizer": 4 * shard * (3 if oo else 2)}
 BTC = B * T * C
 act = 4 * (BTC * (10 * L + 2 * (1 if r >= 2 else L) + 4 * (1 if r >= 1 else L) + 9) + B * T * Vp)
@@ -193,6 +234,7 @@ plan_check 1 0 0 1
 plan_check 2 1 1 0
 plan_check 3 2 0 2
 plan_check 4 2 1 1
+plan_check 2 3 1 2
 expect_error "-pm with a file" "-pm 24: needs a descriptor (-e dN), not a model file" "$TRAIN" "${COMMON[@]}" -pm 24
 
 # --- checkpoint integrity: the DONE marker lists every file's size and checksum, checked on -y 1
@@ -312,7 +354,6 @@ expect_error "unknown flag" "unknown flag -zz" "$TRAIN" "${COMMON[@]}" -zz 1
 expect_error "non-integer value" "flag -b: expected an integer, got 'two'" "$TRAIN" "${COMMON[@]}" -b two
 expect_error "T over maxT" "-t 64: longer than the model's maximum sequence length 32" "$TRAIN" "${COMMON[@]}" -b 2 -t 64
 expect_error "bad scheduler" "unknown learning rate scheduler 'cosin'" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -k cosin
-expect_error "ZeRO-3" "-z 3: expected 0, 1 or 2 (ZeRO-3 is not implemented)" "$TRAIN" "${COMMON[@]}" -z 3
 expect_error "recompute 3" "-r 3: expected 0, 1 or 2" "$TRAIN" "${COMMON[@]}" -r 3
 expect_error "missing data" "no files match" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -i "$work/none_*.bin"
 expect_error "truncated shard" "truncated_shard.bin" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -i "$work/truncated_shard.bin"

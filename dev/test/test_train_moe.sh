@@ -200,6 +200,7 @@ expect_error "top-k above E" "-tk 9: top-k must be between 1 and the number of e
 expect_error "dense file to the MoE trainer" "not a MoE model file" "$TRAIN" "${COMMON[@]}" -b 2 -e "$DENSE_MODEL"
 expect_error "MoE file to the dense trainer" "not a GPT-2 model file" "$DENSE" "${COMMON[@]}" -b 2 -e "$MOE_MODEL"
 expect_error "MoE flag to the dense trainer" "unknown flag -ne" "$DENSE" "${COMMON[@]}" -ne 8
+expect_error "ZeRO-3 in the MoE trainer" "-z 3: $TRAIN supports ZeRO stages 0, 1 and 2" "$TRAIN" "${COMMON[@]}" -z 3
 expect_error "expert parallelism over one process" "-ep 2: the expert-parallel degree must divide the number of processes (1)" \
     "$TRAIN" "${COMMON[@]}" -e d2 -ep 2
 expect_error "expert-parallel degree 0" "-ep 0: the expert-parallel degree must be at least 1" "$TRAIN" "${COMMON[@]}" -ep 0
