@@ -115,15 +115,23 @@ static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg,
     model->mlp_state = moe;
 }
 
-// The reference's steps on (x, y) for a fresh model with t's settings, expert-parallel degree `degree`: their losses
+// The reference's steps on (x, y) for a fresh model with t's settings, expert-parallel degree `degree`: their losses,
+// and (when `params` is not NULL) the parameters after them in model-file order as the trainer writes its model file,
+// in a new buffer of *count values
 static void moe_run_steps(const GPT2Test* t, int degree, const int* x, const int* y, const ReferenceState* ref,
-                          const MultiGpuConfig* mg, float* losses, cudaStream_t stream) {
+                          const MultiGpuConfig* mg, float* losses, floatX** params, size_t* count,
+                          cudaStream_t stream) {
     GPT2 model;
     build_test_model(&model, t, mg, degree);
     gpt2_allocate_activations(&model, ref->B, ref->T);
     gpt2_allocate_optimizer(&model, t->zero_stage);
     for (int step = 0; step < ref->nsteps; step++)
         losses[step] = test_step(&model, x, y, ref->B, ref->T, step, mg, t->zero_stage, stream);
+    if (params) {
+        *count = gpt2_num_parameters(&model);
+        *params = (floatX*)malloc_check(*count * sizeof(floatX));
+        gpt2_get_parameters(&model, *params, stream);
+    }
     free_test_model(&model);
 }
 
@@ -138,9 +146,10 @@ static void moe_run_steps(const GPT2Test* t, int degree, const int* x, const int
 // against 3e-2); a gradient N times too large, or one never averaged over the replicas, is off by O(1). The parameters after the steps are not compared:
 // AdamW turns the rounding noise of gradients that are zero in exact arithmetic (the attention's key bias) into
 // updates of +-lr, which differ between any two summation orders.
-// ZeRO-2 (with -oo as given) against ZeRO-1 at degree N: with one micro-step every piece of the routers' and
-// experts' gradients is averaged as ZeRO-1 averages it and the fp32 shard holds that value exactly
-// (doc/zero.md), so the 10 steps' losses are bit-identical.
+// ZeRO-2/3 (with -oo as given) against ZeRO-1 at degree N: with one micro-step every piece of the routers' and
+// experts' gradients is averaged as ZeRO-1 averages it and the fp32 shard holds that value exactly, and ZeRO-3's
+// gathered parameters are copies (doc/zero.md), so the 10 steps' losses and the parameters after them (ZeRO-3's
+// gathered for the model file) are bit-identical.
 static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg,
                              float tol_tensor, float tol_steps, cudaStream_t stream) {
     int ep_degree = t->ep_degree;
@@ -181,8 +190,8 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
         free(g_spread);
         free_test_model(&spread);
         free_test_model(&one);
-        moe_run_steps(t, 1, x, y, ref, mg, losses_a, stream);
-        moe_run_steps(t, ep_degree, x, y, ref, mg, losses_b, stream);
+        moe_run_steps(t, 1, x, y, ref, mg, losses_a, NULL, NULL, stream);
+        moe_run_steps(t, ep_degree, x, y, ref, mg, losses_b, NULL, NULL, stream);
         double worst = 0.0;
         for (int step = 0; step < ref->nsteps; step++) {
             worst = fmax(worst, fabs(losses_b[step] - losses_a[step]) / fabs(losses_a[step]));
@@ -196,18 +205,27 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
             printf("%s %-10s %d step losses, max rel err %.2e (tol %.0e)\n", steps_ok ? "OK  " : "FAIL", "ep steps",
                    ref->nsteps, worst, tol_steps);
     }
-    if (t->zero_stage == 2) {
+    if (t->zero_stage >= 2) {
         GPT2Test zero1 = *t;
         zero1.zero_stage = 1;
         zero1.offload = 0;
-        moe_run_steps(&zero1, ep_degree, x, y, ref, mg, losses_a, stream);
-        moe_run_steps(t, ep_degree, x, y, ref, mg, losses_b, stream);
+        floatX *params_a, *params_b;
+        size_t n, n_b;
+        moe_run_steps(&zero1, ep_degree, x, y, ref, mg, losses_a, &params_a, &n, stream);
+        moe_run_steps(t, ep_degree, x, y, ref, mg, losses_b, &params_b, &n_b, stream);
         int same = ref->nsteps > 0 && memcmp(losses_a, losses_b, (size_t)ref->nsteps * sizeof(float)) == 0;
         count_check(same);
         if (printing)
-            printf("%s %-10s %d step losses with -ep %d -z 2 -oo %d, distinct batches, bit-identical to -z 1 -oo 0's "
-                   "(last %.7f, %.7f)\n", same ? "OK  " : "FAIL", "zero2", ref->nsteps, ep_degree, t->offload,
-                   losses_b[ref->nsteps - 1], losses_a[ref->nsteps - 1]);
+            printf("%s %-10s %d step losses with -ep %d -z %d -oo %d, distinct batches, bit-identical to -z 1 -oo 0's "
+                   "(last %.7f, %.7f)\n", same ? "OK  " : "FAIL", "zero", ref->nsteps, ep_degree, t->zero_stage,
+                   t->offload, losses_b[ref->nsteps - 1], losses_a[ref->nsteps - 1]);
+        int same_params = n == n_b && memcmp(params_a, params_b, n * sizeof(floatX)) == 0;
+        count_check(same_params);
+        if (printing)
+            printf("%s %-10s %zu parameters after them, bit-identical to -z 1's\n", same_params ? "OK  " : "FAIL",
+                   "zero", n);
+        free(params_a);
+        free(params_b);
     }
     free(losses_a);
     free(losses_b);

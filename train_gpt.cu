@@ -249,6 +249,11 @@ typedef struct {
                      cudaStream_t stream);
     // the gradient reduction of its slices of `layer` (after the layer's backward pass, on the last micro-step)
     void (*reduce_layer)(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
+    // ZeRO-3's gathers of `layer`: its slices of the replicated set into the model's gather buffer layer % 2 (called
+    // between the model's gather_begin and gather_end, which gpt2_prefetch_layer does), and its own set's into
+    // buffers of its own (unless they hold them already)
+    void (*gather_replicated_slices)(GPT2* model, int layer);
+    void (*prefetch_own)(GPT2* model, int layer, cudaStream_t stream);
     void (*free)(GPT2* model);
 
     // the trainer: flags, process layout, start-up table, checkpoints, telemetry
@@ -499,15 +504,7 @@ static void gpt2_set_parameters(GPT2* model, const floatX* file_order) {
         to += in_set[i];
         from += in_file[i];
     }
-    // this process's parameters: all, or under ZeRO-3 its shard (whose padding past the last tensor stays zero)
-    ShardedParameters* p = &model->store;
-    if (p->params_first < p->num_parameters) {
-        size_t n = p->num_parameters - p->params_first < p->params_count ? p->num_parameters - p->params_first
-                                                                         : p->params_count;
-        cudaCheck(cudaMemcpy(p->params_memory, replicated + p->params_first, n * sizeof(floatX),
-                             cudaMemcpyHostToDevice));
-    }
-    for (int b = 0; b < p->num_gathers; b++) p->gathers[b].group = GATHER_NONE;
+    sharded_parameters_set(&model->store, replicated);
     free(replicated);
     if (model->mlp) model->mlp->set_parameters(model, file_order + gpt2_extension_offset(model));
 }
@@ -644,10 +641,14 @@ static void check_parameter_memory(const GPT2* model, const char* source) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
     replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
-    if (model->mlp) n += model->mlp->own_parameter_count(model);
-    // parameters (ZeRO-3: a shard), and gradients unless ZeRO-2/3 (whose buckets and gather buffers are smaller, and
-    // whose gradient shard comes with the optimizer)
     size_t params = model->zero_stage == 3 ? CEIL_DIV(n, (size_t)model->num_processes) : n;
+    if (model->mlp) {
+        size_t own = model->mlp->own_parameter_count(model);
+        n += own;
+        params += model->zero_stage == 3 ? CEIL_DIV(own, (size_t)model->mlp->own_group(model)->num_processes) : own;
+    }
+    // parameters (ZeRO-3: the shards), and gradients unless ZeRO-2/3 (whose buckets and gather buffers are smaller,
+    // and whose gradient shard comes with the optimizer)
     size_t need = (params + (model->zero_stage >= 2 ? 0 : n)) * sizeof(floatX), free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && need > free_bytes) {
         fprintf(stderr, "%s: out of device memory: the parameters and gradients of its %zu parameters need %zu bytes, "
@@ -1076,19 +1077,24 @@ static LayerParameters layer_parameters_from_slices(floatX* const* every, floatX
 }
 
 // ZeRO-3: starts gathering layer l's parameters into gather buffer l % 2 (llmc/optimizer.cuh), unless it holds them
-// already; the forward pass prefetches layer l + 1 as layer l begins, the backward pass layer l - 1. Without ZeRO-3,
-// nothing to do.
+// already, and an extension's layer its own; the forward pass prefetches layer l + 1 as layer l begins, the backward
+// pass layer l - 1. Without ZeRO-3, nothing to do.
 static void gpt2_prefetch_layer(GPT2* model, int l, cudaStream_t stream) {
     if (model->zero_stage < 3) return;
     ShardedParameters* p = &model->store;
     const MultiGpuConfig* mg = model->multi_gpu;
-    if (!sharded_parameters_gather_begin(p, l % 2, l, mg, stream)) return;
-    sharded_parameters_gather_slices(p, l % 2, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, l,
-                                     model->config.num_layers, mg);
-    if (gpt2_is_dense_layer(model, l))
-        sharded_parameters_gather_slices(p, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS, gpt2_dense_index(model, l),
-                                         gpt2_dense_layers(model), mg);
-    sharded_parameters_gather_end(p, l % 2, mg);
+    int is_dense = gpt2_is_dense_layer(model, l);
+    if (sharded_parameters_gather_begin(p, l % 2, l, mg, stream)) {
+        sharded_parameters_gather_slices(p, l % 2, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, l,
+                                         model->config.num_layers, mg);
+        if (is_dense)
+            sharded_parameters_gather_slices(p, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
+                                             gpt2_dense_index(model, l), gpt2_dense_layers(model), mg);
+        else
+            model->mlp->gather_replicated_slices(model, l);
+        sharded_parameters_gather_end(p, l % 2, mg);
+    }
+    if (!is_dense) model->mlp->prefetch_own(model, l, stream);
 }
 
 // Layer l's parameters for kernels on `stream`: in the parameter buffer, or under ZeRO-3 in its gather buffer (gathered
@@ -2283,7 +2289,7 @@ static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
     }
     size_t shard = stage >= 1 ? padded / P + own / own_P : padded + own;
     MemoryPlan m;
-    m.parameters = ((stage == 3 ? padded / P : padded) + own) * sizeof(floatX);
+    m.parameters = (stage == 3 ? padded / P + own / own_P : padded + own) * sizeof(floatX);
     m.gradients = stage >= 2 ? shard * sizeof(float) : (padded + own) * sizeof(floatX);
     m.communication = 0;
     if (stage >= 2) {
@@ -2293,7 +2299,8 @@ static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
         // an extension's own set, stacked over the layers it replaces (the MoE experts): two buckets of one layer's
         int replaced = model->config.num_layers - gpt2_dense_layers(model);
         if (own > 0 && replaced > 0)
-            m.communication += 2 * (model->mlp->own_parameter_count(model) / replaced) * sizeof(floatX);
+            m.communication += (stage == 3 ? 2 : 1) * 2 * (model->mlp->own_parameter_count(model) / replaced) *
+                               sizeof(floatX);
     }
     int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
     m.optimizer = shard * sizeof(float) * (master ? 3 : 2);
@@ -2339,7 +2346,8 @@ static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size
     int buckets = 3 + (model->mlp && model->mlp->own_parameter_count(model) > 0 ? 2 : 0);
     char bucket_note[64] = "";
     if (stage == 2) snprintf(bucket_note, sizeof(bucket_note), ", %d ZeRO-2 buckets", buckets);
-    if (stage == 3) snprintf(bucket_note, sizeof(bucket_note), ", 3 ZeRO-3 buckets and 3 gather buffers");
+    if (stage == 3)
+        snprintf(bucket_note, sizeof(bucket_note), ", %d ZeRO-3 buckets and %d gather buffers", buckets, buckets);
     info_row(t, "memory: communication", "%10.1f MiB (%zu bytes%s)", m.communication / MiB, m.communication,
              bucket_note);
     if (model->offload_optimizer)
@@ -2638,11 +2646,6 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     model.num_processes = mg.num_processes;
     model.process_rank = mg.process_rank;
     model.mlp = mlp;
-    if (mlp && s.zero_stage == 3) {
-        fprintf(stderr, "-z 3: %s supports ZeRO stages 0, 1 and 2 (ZeRO-3 gathers the GPT trainer's parameters only)\n",
-                argv[0]);
-        return EXIT_FAILURE;
-    }
     if (mlp) mlp->setup(&model, &mg);
     char resume_model[1024] = "";
     int resume_step = s.resume ? trainer_resume_step(&s, &mg) : -1;

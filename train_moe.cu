@@ -282,13 +282,20 @@ static void moe_allocate_parameters(GPT2* model) {
     // the step's gradient (the mean over all processes) is that over ep.degree
     moe->expert_store.grad_multiplier = 1.0f / (float)moe->ep.degree;
     size_t routers = sharded_parameters_offset(&model->store, PARAM_EXTENSION);
-    moe_point_parameters(&moe->params, model->store.params_memory + routers, moe->expert_store.params_memory, sizes);
-    // ZeRO-2: MoE layers alternate between two buckets of one layer's expert slices, as the model's layers do
-    // between theirs (gpt2_allocate_gradient_buckets sizes those for the routers' slices too)
-    if (model->zero_stage == 2) {
+    if (model->zero_stage < 3)
+        moe_point_parameters(&moe->params, model->store.params_memory + routers, moe->expert_store.params_memory,
+                             sizes);
+    else
+        memset(&moe->params, 0, sizeof(moe->params));  // gathered per layer (moe_layer_weights)
+    // ZeRO-2/3: MoE layers alternate between two buckets of one layer's expert slices, as the model's layers do
+    // between theirs (gpt2_allocate_gradient_buckets sizes those for the routers' slices too); ZeRO-3 between two
+    // gather buffers alike (the model's hold the routers' slices)
+    if (model->zero_stage >= 2) {
         size_t layer = 0, Lm = num_moe_layers(model);
         for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) layer += sizes[i] / Lm;
         for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&moe->expert_store, layer);
+        if (model->zero_stage == 3)
+            for (int b = 0; b < 2; b++) sharded_parameters_add_gather_buffer(&moe->expert_store, layer);
     }
 }
 
@@ -313,8 +320,7 @@ static void moe_set_parameters(GPT2* model, const floatX* file_block) {
         }
         from += global[i];
     }
-    cudaCheck(cudaMemcpy(moe->expert_store.params_memory, experts, moe->expert_store.num_parameters * sizeof(floatX),
-                         cudaMemcpyHostToDevice));
+    sharded_parameters_set(&moe->expert_store, experts);
     free(experts);
 }
 
@@ -353,16 +359,34 @@ static size_t moe_experts_in_block(const GPT2* model) {
 }
 // the experts' parameters, or their gradients as stored (times expert_store.grad_multiplier once reduced they are
 // the step's; see moe_allocate_parameters), into the file's extension block. Collective over the expert group.
+// Under ZeRO-3 the process's experts are first put together from their shards (over the processes that hold the same
+// experts) in a temporary device buffer: the model file costs their memory while it is written.
 static void moe_get_parameters(const GPT2* model, floatX* file_block, cudaStream_t stream) {
-    moe_gather_experts(model, file_block + moe_experts_in_block(model), moe_of(model)->expert_store.params_memory,
-                       sizeof(floatX), stream);
+    MoEModel* moe = moe_of(model);
+    ShardedParameters* experts = &moe->expert_store;
+    if (model->zero_stage < 3) {
+        moe_gather_experts(model, file_block + moe_experts_in_block(model), experts->params_memory, sizeof(floatX),
+                           stream);
+        return;
+    }
+    floatX* host = (floatX*)malloc_check(experts->num_parameters * sizeof(floatX) + 1);
+    floatX* local;
+    sharded_parameters_gather_all(experts, host, &moe->ep.replicas, stream);
+    cudaCheck(cudaMalloc((void**)&local, experts->num_parameters * sizeof(floatX) + 1));
+    cudaCheck(cudaMemcpy(local, host, experts->num_parameters * sizeof(floatX), cudaMemcpyHostToDevice));
+    moe_gather_experts(model, file_block + moe_experts_in_block(model), local, sizeof(floatX), stream);
+    cudaCheck(cudaFree(local));
+    free(host);
 }
 static void moe_get_gradients(const GPT2* model, floatX* file_block, cudaStream_t stream) {  // ZeRO-0/1 only
     moe_gather_experts(model, file_block + moe_experts_in_block(model), moe_of(model)->expert_store.grads_memory,
                        sizeof(floatX), stream);
 }
-// process 0's expert group gathers the experts for the model file (process 0 writes it)
-static int moe_gathers_model_file(const GPT2* model) { return moe_of(model)->ep.group == 0; }
+// process 0's expert group gathers the experts for the model file (process 0 writes it); under ZeRO-3 every process
+// (the replicated set's shards, and the experts' over their replicas, are put together by all)
+static int moe_gathers_model_file(const GPT2* model) {
+    return moe_of(model)->ep.group == 0 || model->zero_stage == 3;
+}
 
 static ShardedParameters* moe_own_set(GPT2* model) { return &moe_of(model)->expert_store; }
 static const MultiGpuConfig* moe_own_group(const GPT2* model) { return &moe_of(model)->ep.replicas; }
@@ -659,10 +683,57 @@ static const floatX* moe_router_input(const GPT2* model, int m, const floatX* ln
     return jittered;
 }
 
+// The tensors of an MoE layer's slices, gathered (ZeRO-3), and reduced by moe_reduce_layer in the order they are put
+// into their buckets: the routers (in the replicated set; routernw may be empty) and the experts (in the MoE's own set)
+static const int moe_router_tensors[] = {PARAM_EXTENSION + MOE_ROUTERW, PARAM_EXTENSION + MOE_ROUTERNW};
+static const int moe_expert_tensors[] = {0, 1, 2, 3};
+#define MOE_ROUTER_TENSORS 2
+
+// An MoE layer's tensors from its slices of the routers (moe_router_tensors' order) and of the experts
+static MoEParameterTensors moe_tensors_from_slices(floatX* const* routers, floatX* const* experts) {
+    MoEParameterTensors t;
+    t.routerw = routers[0], t.routernw = routers[1];
+    t.efcw = experts[0], t.efcb = experts[1], t.efcprojw = experts[2], t.efcprojb = experts[3];
+    return t;
+}
+
+// ZeRO-3: model layer l's router slices into the model's gather buffer l % 2, behind the layer's other slices
+// (gpt2_prefetch_layer)
+static void moe_gather_router_slices(GPT2* model, int l) {
+    sharded_parameters_gather_slices(&model->store, l % 2, moe_router_tensors, MOE_ROUTER_TENSORS,
+                                     moe_index(moe_of(model), l), num_moe_layers(model), model->multi_gpu);
+}
+// ... and its experts into the expert set's gather buffer m % 2, from the processes that hold the same experts
+static void moe_prefetch_experts(GPT2* model, int l, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    int m = moe_index(moe, l);
+    const MultiGpuConfig* replicas = &moe->ep.replicas;
+    if (!sharded_parameters_gather_begin(&moe->expert_store, m % 2, m, replicas, stream)) return;
+    sharded_parameters_gather_slices(&moe->expert_store, m % 2, moe_expert_tensors, NUM_EXPERT_TENSORS, m,
+                                     num_moe_layers(model), replicas);
+    sharded_parameters_gather_end(&moe->expert_store, m % 2, replicas);
+}
+
+// MoE layer m's parameters for kernels on `stream`: in the parameter buffers, or under ZeRO-3 in the gather buffers
+// (the stream waits for their gathers)
+static MoEParameterTensors moe_layer_weights(GPT2* model, int m, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    if (model->zero_stage < 3) return moe_layer_parameters(model, &moe->params, m);
+    int l = (m + 1) * moe->config.moe_every - 1, Lm = num_moe_layers(model);
+    moe_prefetch_experts(model, l, stream);
+    floatX* routers[MOE_ROUTER_TENSORS];
+    floatX* experts[NUM_EXPERT_TENSORS];
+    sharded_parameters_gathered_slices(&model->store, l % 2, moe_router_tensors, MOE_ROUTER_TENSORS, m, Lm, routers,
+                                       stream);
+    sharded_parameters_gathered_slices(&moe->expert_store, m % 2, moe_expert_tensors, NUM_EXPERT_TENSORS, m, Lm,
+                                       experts, stream);
+    return moe_tensors_from_slices(routers, experts);
+}
+
 static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
-    MoEParameterTensors lp = moe_layer_parameters(model, &moe->params, m);
+    MoEParameterTensors lp = moe_layer_weights(model, m, stream);
     const MoEActivations* a = &moe->acts;
     int E = c->num_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
     int exchange_rows = moe->ep.degree > 1;  // expert parallelism: rows go to and come back from the experts' owners
@@ -705,26 +776,19 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     }
 }
 
-// The tensors of an MoE layer's gradient slices, reduced by moe_reduce_layer in the order they are put into their
-// buckets: the routers (in the replicated set; routernw may be empty) and the experts (in the MoE's own set)
-static const int moe_router_tensors[] = {PARAM_EXTENSION + MOE_ROUTERW, PARAM_EXTENSION + MOE_ROUTERNW};
-static const int moe_expert_tensors[] = {0, 1, 2, 3};
-#define MOE_ROUTER_TENSORS 2
-
 // Where the backward pass of model layer l (MoE layer m) accumulates its gradients: in the sets' gradient buffers,
 // or under ZeRO-2 (zeroed) in the replicated set's bucket l % 2, behind the layer's every-layer slices
 // (gpt2_layer_gradients), and in the expert set's bucket m % 2 (llmc/optimizer.cuh).
 static MoEParameterTensors moe_layer_gradients(GPT2* model, int l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     int m = moe_index(moe, l), Lm = num_moe_layers(model);
-    MoEParameterTensors lg;
-    floatX* s[NUM_EXPERT_TENSORS];
-    sharded_parameters_gradient_slices(&model->store, l % 2, moe_router_tensors, MOE_ROUTER_TENSORS, m, Lm, s, stream);
-    lg.routerw = s[0], lg.routernw = s[1];
-    sharded_parameters_gradient_slices(&moe->expert_store, m % 2, moe_expert_tensors, NUM_EXPERT_TENSORS, m, Lm, s,
+    floatX* routers[MOE_ROUTER_TENSORS];
+    floatX* experts[NUM_EXPERT_TENSORS];
+    sharded_parameters_gradient_slices(&model->store, l % 2, moe_router_tensors, MOE_ROUTER_TENSORS, m, Lm, routers,
                                        stream);
-    lg.efcw = s[0], lg.efcb = s[1], lg.efcprojw = s[2], lg.efcprojb = s[3];
-    return lg;
+    sharded_parameters_gradient_slices(&moe->expert_store, m % 2, moe_expert_tensors, NUM_EXPERT_TENSORS, m, Lm,
+                                       experts, stream);
+    return moe_tensors_from_slices(routers, experts);
 }
 
 // dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten);
@@ -734,7 +798,7 @@ static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, float
                                const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
-    MoEParameterTensors lp = moe_layer_parameters(model, &moe->params, m);
+    MoEParameterTensors lp = moe_layer_weights(model, m, stream);
     const MoEActivations* a = &moe->acts;
     int E = c->num_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
     int exchange_rows = moe->ep.degree > 1;
@@ -1151,7 +1215,7 @@ static const MlpExtension moe_extension = {
     moe_set_parameters, moe_get_parameters, moe_get_gradients, moe_gathers_model_file,
     moe_own_set, moe_own_group, moe_own_norm_sum, moe_active_parameters_per_token,
     moe_activation_bytes, moe_allocate_activations, moe_begin_forward, moe_forward, moe_end_forward,
-    moe_backward, moe_reduce_layer, moe_free,
+    moe_backward, moe_reduce_layer, moe_gather_router_slices, moe_prefetch_experts, moe_free,
     "train_moe", moe_flag_table, (int)(sizeof(moe_flag_table) / sizeof(moe_flag_table[0])), "MoE options (train_moe):",
     moe_check_flags, moe_setup, moe_check_model, moe_info_rows, moe_collective_forward,
     "expert_state", write_expert_state, read_expert_state,

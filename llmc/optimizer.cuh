@@ -4,6 +4,7 @@
 // tensors (sizes in buffer order, weight decay or not), point their own structs into `params_memory` /
 // `grads_memory`, and call:
 //   sharded_parameters_allocate      parameters and gradients (padded so that every shard is equal)
+//   sharded_parameters_set           the parameters' values (this process's shard of them under ZeRO-3)
 //   sharded_parameters_allocate_optimizer   m, v and fp32 master weights for this process's shard (on the device, or
 //                                    with ZeRO-Offload in pinned host memory, where AdamW then runs: llmc/adamw_host.h)
 //   sharded_parameters_add_bucket    ZeRO-2/3: a reusable gradient bucket (the trainer sizes them for its slice groups)
@@ -271,6 +272,17 @@ static void sharded_parameters_free(ShardedParameters* p) {
     }
     cudaCheck(cudaFree(p->norm_partials));
     cudaCheck(cudaFree(p->norm_result));
+}
+
+// The whole set's parameters (host, num_parameters values in buffer order) -> this process's: all of them, or under
+// ZeRO-3 its shard (whose padding past the last tensor stays zero). What the gather buffers hold is then old.
+static void sharded_parameters_set(ShardedParameters* p, const floatX* host) {
+    if (p->params_first < p->num_parameters) {
+        size_t n = p->num_parameters - p->params_first;
+        n = n < p->params_count ? n : p->params_count;
+        cudaCheck(cudaMemcpy(p->params_memory, host + p->params_first, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    }
+    for (int b = 0; b < p->num_gathers; b++) p->gathers[b].group = GATHER_NONE;
 }
 
 static size_t sharded_parameters_offset(const ShardedParameters* p, int tensor) {

@@ -246,6 +246,10 @@ run_test moe-bf16-ep2-np2-zero2-oo1 $MPIRUN -np 2 build/test_moe_bf16 build/ref/
     -oo 1
 run_test moe-fp32-np2-zero2-dropless $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -z 2
 run_test moe-fp32-deep-ep2-np2-zero2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_deep_k1_fp32 -cf 0.5 -ep 2 -z 2
+run_test moe-fp32-deep-ep2-np2-zero3 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_deep_k1_fp32 -cf 0.5 -ep 2 -z 3
+run_test moe-bf16-ep2-np2-zero3-oo1 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2 -z 3 \
+    -oo 1
+run_test moe-fp32-np2-zero3-dropless $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -z 3
 run_test train-moe-cli dev/test/test_train_moe.sh
 
 # The checking build (cpu/cucc --check, README "Checking mode"): the backend's probes (each deliberate GPU bug is
@@ -289,6 +293,8 @@ run_test check-moe-bf16-ep2-np2-zero2 $MPIRUN -np 2 build/check/test_moe_bf16 bu
     -z 2
 run_test check-moe-fp32-deep-ep2-np2-zero2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_deep_k1_fp32 -cf 0.5 \
     -ep 2 -z 2
+# ZeRO-3: the routers gathered with their layers, the experts over two replicas (-ep 1), 4 MoE layers
+run_test check-moe-fp32-deep-np2-zero3 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_deep_k1_fp32 -cf 0.5 -z 3
 
 [ $list_only -eq 0 ] || exit 0
 for p in "${patterns[@]}"; do

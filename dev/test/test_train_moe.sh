@@ -108,44 +108,64 @@ for change in "2 1" "1 2"; do
     fi
 done
 
+# whether two 2-process runs' step-6 checkpoints (model, both states, the expert state) are the same files
+same_step6_files() {
+    local f
+    for f in model_00000006.bin state_00000006_00000.bin state_00000006_00001.bin expert_state_00000006.bin; do
+        cmp -s "$1/$f" "$2/$f" || return 1
+    done
+}
+
 # --- ZeRO-Offload (-oo 1) with -ep 2 -z 1: both parameter sets' shards on the host, the experts' gathered for
 # their state file; the same model and optimizer state files as the -ep 2 run above after 6 steps
 $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 6 -cf 0.5 -z 1 -ep 2 -oo 1 -o "$work/offload" \
     >"$work/offload.log" 2>&1 || fail "-ep 2 -z 1 -oo 1 run: $(tail -3 "$work/offload.log")"
-same=1
-for f in model_00000006.bin state_00000006_00000.bin state_00000006_00001.bin expert_state_00000006.bin; do
-    cmp -s "$work/ep2/$f" "$work/offload/$f" || same=0
-done
-if [ $same = 1 ]; then pass; else fail "-oo 1 with -ep 2 -z 1 gives other checkpoint files than -oo 0"; fi
+if same_step6_files "$work/ep2" "$work/offload"; then pass; else
+    fail "-oo 1 with -ep 2 -z 1 gives other checkpoint files than -oo 0"; fi
 
 # --- ZeRO-2 (-z 2): the routers' gradients go into the model's layer buckets, the experts' into two buckets of the
 # expert set, each reduced into its process's fp32 shard on every micro-step. With one micro-step that is ZeRO-1's
 # reduction: the -z 1 runs above (-ep 1 and -ep 2) give the same files, and a ZeRO-1 checkpoint resumes under
 # ZeRO-2 to them. With two micro-steps the same terms are summed in another order (close_losses' fp32 tolerances).
-for ep in 1 2; do
-    $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -cf 0.5 -z 2 -ep $ep -o "$work/zero2-ep$ep" \
-        >"$work/zero2-ep$ep.log" 2>&1 || fail "-ep $ep -z 2 run: $(tail -3 "$work/zero2-ep$ep.log")"
-    same=1
-    for f in model_00000006.bin state_00000006_00000.bin state_00000006_00001.bin expert_state_00000006.bin; do
-        cmp -s "$work/ep$ep/$f" "$work/zero2-ep$ep/$f" || same=0
+# ZeRO-3 (-z 3) shards the parameters too: the routers are gathered with their layer, the experts over the processes
+# that hold the same experts (with -ep 1 the two processes; with -ep 2 each process alone). Gathered values are
+# copies: -z 1's files again, a -z 3 checkpoint resumed under -z 1 gives them too, and with two micro-steps -z 3
+# gives -z 2 -oo 1's losses.
+for z in 2 3; do
+    for ep in 1 2; do
+        $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -cf 0.5 -z $z -ep $ep \
+            -o "$work/zero$z-ep$ep" >"$work/zero$z-ep$ep.log" 2>&1 ||
+            fail "-ep $ep -z $z run: $(tail -3 "$work/zero$z-ep$ep.log")"
+        if same_step6_files "$work/ep$ep" "$work/zero$z-ep$ep"; then pass; else
+            fail "-z $z with -ep $ep gives other checkpoint files than -z 1"; fi
     done
-    if [ $same = 1 ]; then pass; else fail "-z 2 with -ep $ep gives other checkpoint files than -z 1"; fi
 done
 mkdir -p "$work/zero2_resumed"
 cp "$work/ep2"/*_00000003* "$work/zero2_resumed/"
 $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -cf 0.5 -z 2 -ep 2 -o "$work/zero2_resumed" -y 1 \
     >"$work/zero2_resumed.log" 2>&1 || fail "-z 2 resuming a -z 1 checkpoint: $(tail -3 "$work/zero2_resumed.log")"
-same=1
-for f in model_00000006.bin state_00000006_00000.bin state_00000006_00001.bin expert_state_00000006.bin; do
-    cmp -s "$work/ep2/$f" "$work/zero2_resumed/$f" || same=0
-done
-if [ $same = 1 ]; then pass; else fail "-z 2 resuming a -z 1 checkpoint does not continue bit-identically"; fi
+if same_step6_files "$work/ep2" "$work/zero2_resumed"; then pass; else
+    fail "-z 2 resuming a -z 1 checkpoint does not continue bit-identically"; fi
 for z in 1 2; do
     $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -d 128 -x 3 -cf 0.5 -z $z -oo $((z - 1)) -ep 2 \
         >"$work/accum-zero$z.log" 2>&1 || fail "-ep 2 -z $z accumulation run: $(tail -3 "$work/accum-zero$z.log")"
 done
 if close_losses "$work/accum-zero1.log" "$work/accum-zero2.log" 3; then pass; else
     fail "-z 2 -oo 1 with two micro-steps differs from -z 1"; fi
+
+# ZeRO-3: its start-up table, a -z 3 checkpoint resumed under -z 1, accumulation
+grep -q "memory: communication .* bytes, 5 ZeRO-3 buckets and 5 gather buffers)" "$work/zero3-ep2.log" && pass ||
+    fail "the ZeRO-3 start-up table lacks its communication row"
+mkdir -p "$work/zero1_from3"
+cp "$work/zero3-ep1"/*_00000003* "$work/zero1_from3/"
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -cf 0.5 -z 1 -ep 1 -o "$work/zero1_from3" -y 1 \
+    >"$work/zero1_from3.log" 2>&1 || fail "-z 1 resuming a -z 3 checkpoint: $(tail -3 "$work/zero1_from3.log")"
+if same_step6_files "$work/ep1" "$work/zero1_from3"; then pass; else
+    fail "-z 1 resuming a -z 3 checkpoint does not continue bit-identically"; fi
+$MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -d 128 -x 3 -cf 0.5 -z 3 -ep 2 >"$work/accum-zero3.log" \
+    2>&1 || fail "-ep 2 -z 3 accumulation run: $(tail -3 "$work/accum-zero3.log")"
+if [ "$(losses "$work/accum-zero2.log")" = "$(losses "$work/accum-zero3.log")" ]; then pass; else
+    fail "-z 3 with two micro-steps differs from -z 2 -oo 1"; fi
 
 # --- checkpoint and bit-identical resume
 "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 6 -n 3 -o "$work/full" >"$work/full.log" 2>&1 ||
@@ -200,7 +220,6 @@ expect_error "top-k above E" "-tk 9: top-k must be between 1 and the number of e
 expect_error "dense file to the MoE trainer" "not a MoE model file" "$TRAIN" "${COMMON[@]}" -b 2 -e "$DENSE_MODEL"
 expect_error "MoE file to the dense trainer" "not a GPT-2 model file" "$DENSE" "${COMMON[@]}" -b 2 -e "$MOE_MODEL"
 expect_error "MoE flag to the dense trainer" "unknown flag -ne" "$DENSE" "${COMMON[@]}" -ne 8
-expect_error "ZeRO-3 in the MoE trainer" "-z 3: $TRAIN supports ZeRO stages 0, 1 and 2" "$TRAIN" "${COMMON[@]}" -z 3
 expect_error "expert parallelism over one process" "-ep 2: the expert-parallel degree must divide the number of processes (1)" \
     "$TRAIN" "${COMMON[@]}" -e d2 -ep 2
 expect_error "expert-parallel degree 0" "-ep 0: the expert-parallel degree must be at least 1" "$TRAIN" "${COMMON[@]}" -ep 0
