@@ -66,7 +66,8 @@ static void run_variant(int variant, const RouterBuffers* d, int N, int E, int k
                                                                                d->logsumexp, d->logits, N, E, k);
         cudaCheck(cudaGetLastError());
     } else {
-        moe_router_forward_launch(d->probs, d->expert_index, d->gates, d->logsumexp, d->logits, N, E, k, block_size, 0);
+        moe_router_forward_launch(d->probs, d->expert_index, d->gates, d->logsumexp, d->logits, N, E, k,
+                                  MOE_SCORE_SOFTMAX, 1.0f, block_size, 0);
     }
 }
 

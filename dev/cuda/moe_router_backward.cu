@@ -93,8 +93,9 @@ static void run_variant(int variant, const RouterBackwardBuffers* d, int N, int 
             q.aux_alpha, q.z_coef, q.loss_scale);
         cudaCheck(cudaGetLastError());
     } else if (variant == 2) {
-        moe_router_backward_launch(d->d_logits, d->probs, d->expert_index, d->gates, d->d_gates, d->logsumexp,
-                                   d->expert_count, N, E, k, q.aux_alpha, q.z_coef, q.loss_scale, block_size, 0);
+        moe_router_backward_launch(d->d_logits, d->probs, nullptr, d->expert_index, d->gates, d->d_gates,
+                                   d->logsumexp, d->expert_count, N, E, k, MOE_SCORE_SOFTMAX, 1.0f, q.aux_alpha,
+                                   q.z_coef, q.loss_scale, block_size, 0);
     } else if (variant == 3) {
         losses_one_block_kernel<<<1, block_size>>>(d->aux_and_z, d->probs, d->logsumexp, d->expert_count, N, E, k,
                                                    q.aux_alpha, q.z_coef);
