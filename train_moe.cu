@@ -217,7 +217,8 @@ static void moe_read_header(GPT2* model, const int* header, const char* path) {
     if (bias != 0 && bias != 1) moe_header_refuse(path, MOE_BIAS_WORD, bias, "expected 0 or 1");
     if (bias && c->score != MOE_SCORE_SIGMOID)
         moe_header_refuse(path, MOE_BIAS_WORD, bias, "balancing biases need sigmoid scores (word 27 = 1)");
-    if (bias) moe_header_refuse(path, MOE_BIAS_WORD, bias, "aux-loss-free balancing biases: not built by train_moe.cu yet");
+    if (bias)
+        moe_header_refuse(path, MOE_BIAS_WORD, bias, "aux-loss-free balancing biases: not built by train_moe.cu yet");
     if (c->noisy_gating && c->score != MOE_SCORE_SOFTMAX)
         moe_header_refuse(path, MOE_SCORE_WORD, c->score, "noisy top-k gating (word 12 = 1) needs softmax scores");
 }

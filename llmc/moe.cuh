@@ -500,7 +500,8 @@ __global__ void moe_router_backward_kernel(float* __restrict__ d_logits, const f
         float picked_sum = 0.0f, gate_dot = 0.0f;
         for (int j = 0; j < k; j++) {
             // every lane reads the pick's score itself (the sigmoid's from its logit, as the forward computed it)
-            picked_sum += sigmoid ? moe_sigmoid(logits[(size_t)token * E + picks[j]]) : probs[(size_t)token * E + picks[j]];
+            const size_t pick = (size_t)token * E + picks[j];
+            picked_sum += sigmoid ? moe_sigmoid(logits[pick]) : probs[pick];
             gate_dot += d_gate[j] * gates[(size_t)token * k + j];
         }
         for (int j = 0; j < k; j++) {
