@@ -141,6 +141,14 @@ MOE_REF_k1_noisy_jitter := --topk 1 --moe-every 2 --cf 0 --noisy-topk 1 --jitter
 # on both attention paths), so BF16 runs that seed
 MOE_REF_t1024_k1 := --B 1 --T 1024 --NH 2 --C 128 --maxT 1024 --topk 1 --moe-every 1 --cf 0.5
 MOE_REF_t1024_k1_seed2 := $(MOE_REF_t1024_k1) --seed 2
+# issue 15's sigmoid scores with a routed scale (doc/moe.md, "Issue 15's routing options" 3 and 5): top-2 of 8
+# experts dropless and with a capacity that drops; top-1 (its gate is the constant rsf: the router learns only
+# through the balance losses) every other layer; and the routed scale on softmax gates
+MOE_SIGMOID := --E 8 --score sigmoid --routed-scale 2.5
+MOE_REF_k2_sigmoid_dropless := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0
+MOE_REF_k2_sigmoid_cf1 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 1
+MOE_REF_k1_sigmoid_me2 := $(MOE_SIGMOID) --topk 1 --moe-every 2 --cf 0
+MOE_REF_k2_rsf_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --routed-scale 2.5
 $(BUILD)/ref/moe_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_$* $(MOE_REF_ARGS) $(MOE_REF_$(call ref_config,$*)) \
@@ -153,7 +161,11 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_k2_noisy_fp32_debug_state.bin $(BUILD)/ref/moe_k2_noisy_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k1_noisy_jitter_fp32_debug_state.bin \
              $(BUILD)/ref/moe_t1024_k1_fp32_debug_state.bin $(BUILD)/ref/moe_t1024_k1_seed2_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_deep_k1_fp32_debug_state.bin
+             $(BUILD)/ref/moe_deep_k1_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k2_sigmoid_dropless_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k2_sigmoid_dropless_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k2_sigmoid_cf1_fp32_debug_state.bin $(BUILD)/ref/moe_k2_sigmoid_cf1_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k1_sigmoid_me2_fp32_debug_state.bin $(BUILD)/ref/moe_k2_rsf_cf0.5_fp32_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
              $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \

@@ -108,7 +108,7 @@ static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value)
 // the model file brings the shape; the settings are the test's; the experts shared out over `degree` processes
 static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree) {
     MoEModel* moe = (MoEModel*)malloc_check(sizeof(MoEModel));
-    MoEConfig none = {0, 0, 0, 0, 0};
+    MoEConfig none = {0, 0, 0, 0, 0, MOE_SCORE_SOFTMAX, 1.0f};
     moe_model_init(moe, &none, &test_moe_settings);
     expert_parallel_init(&moe->ep, mg, degree);
     model->mlp = &moe_extension;

@@ -19,7 +19,7 @@
 #define MOE_MODEL_MAGIC 20261129
 #define EXPERT_STATE_MAGIC 20261130
 
-// The MoE model's shape (model-file header words 8..12): layer l's MLP is a Switch-MoE layer iff
+// The MoE model's shape (model-file header words 8..12, 27 and 28): layer l's MLP is a Switch-MoE layer iff
 // (l + 1) % moe_every == 0 (doc/moe.md).
 typedef struct {
     int num_experts;   // E
@@ -27,6 +27,8 @@ typedef struct {
     int moe_every;     // MoE every N layers
     int expert_hidden; // H
     int noisy_gating;  // noisy top-k gating: the MoE layers have routernw (doc/moe.md, "Router noise")
+    int score;         // MOE_SCORE_SOFTMAX or MOE_SCORE_SIGMOID (doc/moe.md, "Issue 15's routing options" 3)
+    float routed_scale;  // rsf: the gates' factor (ibid. 5), 1 for a Switch model
 } MoEConfig;
 
 // The MoE hyperparameters that are not part of the model file.
@@ -159,6 +161,21 @@ static void moe_model_init(MoEModel* moe, const MoEConfig* config, const MoESett
 // ----------------------------------------------------------------------------------------------------
 // The model file's MoE part: header words, checks, the parameters
 
+// Issue 15's header words (doc/formats.md, "MoE model file"): 24 the revision, 25 and 26 the shared experts, 27
+// the score, 28 rsf's fp32 bits (0: 1.0), 29 the balancing biases. Every check of a reader is made, and what this
+// trainer does not build yet (shared experts, the biases) is refused by name.
+#define MOE_REVISION_WORD 24
+#define MOE_SHARED_WORD 25
+#define MOE_SHARED_HIDDEN_WORD 26
+#define MOE_SCORE_WORD 27
+#define MOE_ROUTED_SCALE_WORD 28
+#define MOE_BIAS_WORD 29
+
+static void moe_header_refuse(const char* path, int word, int value, const char* why) {
+    fprintf(stderr, "%s: header word %d = %d: %s (doc/formats.md, \"MoE model file\")\n", path, word, value, why);
+    exit(EXIT_FAILURE);
+}
+
 static void moe_read_header(GPT2* model, const int* header, const char* path) {
     MoEConfig* c = &moe_of(model)->config;
     moe_of(model)->config_from_file = 1;
@@ -176,8 +193,38 @@ static void moe_read_header(GPT2* model, const int* header, const char* path) {
         fprintf(stderr, "%s: %d experts: an MoE model has at least 1\n", path, c->num_experts);
         exit(EXIT_FAILURE);
     }
+    const int revision = header[MOE_REVISION_WORD];
+    if (revision != 0 && revision != 1) moe_header_refuse(path, MOE_REVISION_WORD, revision, "expected 0 or 1");
+    for (int i = MOE_SHARED_WORD; i <= MOE_BIAS_WORD && revision == 0; i++) {
+        if (header[i] != 0) moe_header_refuse(path, i, header[i], "words 25 to 29 must be 0 when word 24 is 0");
+    }
+    const int shared = header[MOE_SHARED_WORD], shared_hidden = header[MOE_SHARED_HIDDEN_WORD];
+    if ((shared > 0) != (shared_hidden > 0) || shared < 0 || shared_hidden < 0) {
+        fprintf(stderr, "%s: header words 25 and 26 (shared experts %d, their hidden size %d) must be both positive or "
+                "both 0 (doc/formats.md, \"MoE model file\")\n", path, shared, shared_hidden);
+        exit(EXIT_FAILURE);
+    }
+    if (shared > 0) moe_header_refuse(path, MOE_SHARED_WORD, shared, "shared experts: not built by train_moe.cu yet");
+    c->score = header[MOE_SCORE_WORD];
+    if (c->score != MOE_SCORE_SOFTMAX && c->score != MOE_SCORE_SIGMOID)
+        moe_header_refuse(path, MOE_SCORE_WORD, c->score, "the score must be 0 (softmax) or 1 (sigmoid)");
+    c->routed_scale = 1.0f;
+    if (header[MOE_ROUTED_SCALE_WORD] != 0) memcpy(&c->routed_scale, &header[MOE_ROUTED_SCALE_WORD], sizeof(float));
+    if (!(isfinite(c->routed_scale) && c->routed_scale > 0.0f))
+        moe_header_refuse(path, MOE_ROUTED_SCALE_WORD, header[MOE_ROUTED_SCALE_WORD],
+                          "the routed scale (fp32 bits) must be finite and positive");
+    const int bias = header[MOE_BIAS_WORD];
+    if (bias != 0 && bias != 1) moe_header_refuse(path, MOE_BIAS_WORD, bias, "expected 0 or 1");
+    if (bias && c->score != MOE_SCORE_SIGMOID)
+        moe_header_refuse(path, MOE_BIAS_WORD, bias, "balancing biases need sigmoid scores (word 27 = 1)");
+    if (bias)
+        moe_header_refuse(path, MOE_BIAS_WORD, bias, "aux-loss-free balancing biases: not built by train_moe.cu yet");
+    if (c->noisy_gating && c->score != MOE_SCORE_SOFTMAX)
+        moe_header_refuse(path, MOE_SCORE_WORD, c->score, "noisy top-k gating (word 12 = 1) needs softmax scores");
 }
 
+// Today's Switch model keeps words 24..29 at 0 (a file an older reader loads); any issue-15 option writes
+// revision 1 with every word.
 static void moe_write_header(const GPT2* model, int* header) {
     const MoEConfig* c = &moe_of(model)->config;
     header[8] = c->num_experts;
@@ -185,6 +232,11 @@ static void moe_write_header(const GPT2* model, int* header) {
     header[10] = c->moe_every;
     header[11] = c->expert_hidden;
     header[12] = c->noisy_gating;
+    if (c->score != MOE_SCORE_SOFTMAX || c->routed_scale != 1.0f) {
+        header[MOE_REVISION_WORD] = 1;
+        header[MOE_SCORE_WORD] = c->score;
+        memcpy(&header[MOE_ROUTED_SCALE_WORD], &c->routed_scale, sizeof(float));
+    }
 }
 
 // Once the GPT-2 sizes are known: a descriptor's default expert hidden size (4C), the checks of the MoE shape, and (for a
@@ -747,7 +799,7 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     } else {
         matmul_forward_fp32_output(l.logits, router_in, lp.routerw, N, C, E, stream);
     }
-    moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, stream);
+    moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, c->score, c->routed_scale, stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, a->slot_scratch, l.expert_index, N, E,
                      K, moe->capacity_used, moe->dropless, stream);
     moe_layer_row_counts_begin(model, &l, stream);
@@ -826,12 +878,14 @@ static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, float
     cudaCheck(cudaMemsetAsync(d_ln2, 0, (size_t)N * C * sizeof(floatX), stream));
     moe_dispatch_backward(d_ln2, d_src, l.choice_row, N, K, C, stream);
     // the router: the gates' gradient (with noisy gating, plus the importance loss's), the Switch and z losses
-    // through the softmax into the routing logits, then (noisy gating) through H into the clean and noise logits
+    // through the softmax or the sigmoid into the routing logits, then (noisy gating) through H into the clean and
+    // noise logits
     if (c->noisy_gating)
         moe_importance_backward(a->d_gates, l.importance, l.expert_index, N, E, K, moe->settings.importance_coef,
                                 moe->aux_grad_scale, stream);
-    moe_router_backward(a->d_logits, l.probs, l.expert_index, l.gates, a->d_gates, l.lse, l.expert_count, N, E, K,
-                        moe->settings.aux_alpha, moe->settings.z_coef, moe->aux_grad_scale, stream);
+    moe_router_backward(a->d_logits, l.probs, l.logits, l.expert_index, l.gates, a->d_gates, l.lse, l.expert_count, N,
+                        E, K, c->score, c->routed_scale, moe->settings.aux_alpha, moe->settings.z_coef,
+                        moe->aux_grad_scale, stream);
     if (c->noisy_gating)
         moe_noisy_backward(a->d_logits, a->d_noise, a->d_logits, l.clean, l.noise, l.logits, l.expert_index, l.load, N,
                            E, K, moe->settings.load_coef, moe->aux_grad_scale,
@@ -1079,8 +1133,10 @@ typedef struct {
     int num_experts, top_k, moe_every, expert_hidden, expert_parallel, noisy_topk;
     float capacity_factor, capacity_factor_eval, aux_alpha, z_coef, router_jitter, init_scale, importance_coef,
         load_coef;
+    const char* score;
+    float routed_scale;
 } MoEFlags;
-static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f};
+static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, "softmax", 1.0f};
 static Flag moe_flag_table[] = {
     {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
     {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
@@ -1100,10 +1156,31 @@ static Flag moe_flag_table[] = {
      "router has it on)", 0},
     {"-rni", FLAG_FLOAT, &moe_flags.importance_coef, "importance loss coefficient with -rn 1 (default = 0.1)", 0},
     {"-rnl", FLAG_FLOAT, &moe_flags.load_coef, "load loss coefficient with -rn 1 (default = 0.1)", 0},
+    {"-rs", FLAG_STRING, &moe_flags.score,
+     "router scores: softmax, or sigmoid affinities whose chosen k are renormalised (DeepSeek-V3)\n(default = "
+     "softmax; a model file's are its own)", 0},
+    {"-rsf", FLAG_FLOAT, &moe_flags.routed_scale,
+     "routed scaling factor: the gates times it, with either score (default = 1; a model file's is its own)", 0},
 };
+
+// -rs's name -> MOE_SCORE_*, -1 when it is neither
+static int moe_score_of(const char* name) {
+    if (!strcmp(name, "softmax")) return MOE_SCORE_SOFTMAX;
+    if (!strcmp(name, "sigmoid")) return MOE_SCORE_SIGMOID;
+    return -1;
+}
 
 static int moe_check_flags(void) {
     const MoEFlags* f = &moe_flags;
+    if (moe_score_of(f->score) < 0) { fprintf(stderr, "-rs %s: expected softmax or sigmoid\n", f->score); return 0; }
+    if (!(isfinite(f->routed_scale) && f->routed_scale > 0.0f)) {
+        fprintf(stderr, "-rsf %g: the routed scale must be finite and positive\n", f->routed_scale);
+        return 0;
+    }
+    if (f->noisy_topk && moe_score_of(f->score) != MOE_SCORE_SOFTMAX) {
+        fprintf(stderr, "-rn 1 -rs %s: noisy top-k gating is defined on softmax scores only\n", f->score);
+        return 0;
+    }
     if (!(f->router_jitter >= 0.0f && f->router_jitter < 1.0f)) {
         fprintf(stderr, "-rj %g: the jitter must be in [0, 1)\n", f->router_jitter);
         return 0;
@@ -1140,7 +1217,8 @@ static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
                 f->expert_parallel, mg->num_processes);
         exit(EXIT_FAILURE);
     }
-    MoEConfig config = {f->num_experts, f->top_k, f->moe_every, f->expert_hidden, f->noisy_topk};
+    MoEConfig config = {f->num_experts, f->top_k, f->moe_every, f->expert_hidden, f->noisy_topk,
+                        moe_score_of(f->score), f->routed_scale};
     MoESettings settings = {f->capacity_factor, f->capacity_factor_eval, f->aux_alpha, f->z_coef, f->router_jitter,
                             f->importance_coef, f->load_coef, f->init_scale};
     moe_model_init(&trainer_moe, &config, &settings);
@@ -1164,6 +1242,19 @@ static void moe_check_model(const GPT2* model, const char* source, int from_file
             exit(EXIT_FAILURE);
         }
     }
+    // the scores and the routed scale are the model's too (header words 27 and 28)
+    const Flag* score_flag = flag_find(moe_flag_table, sizeof(moe_flag_table) / sizeof(moe_flag_table[0]), "-rs");
+    const Flag* scale_flag = flag_find(moe_flag_table, sizeof(moe_flag_table) / sizeof(moe_flag_table[0]), "-rsf");
+    if (from_file && score_flag->given && moe_score_of(moe_flags.score) != c->score) {
+        fprintf(stderr, "-rs %s: the model file %s has %s scores (header word 27; leave -rs out, or start from a "
+                "descriptor)\n", moe_flags.score, source, c->score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
+        exit(EXIT_FAILURE);
+    }
+    if (from_file && scale_flag->given && moe_flags.routed_scale != c->routed_scale) {
+        fprintf(stderr, "-rsf %g: the model file %s has the routed scale %g (header word 28; leave -rsf out, or start "
+                "from a descriptor)\n", moe_flags.routed_scale, source, c->routed_scale);
+        exit(EXIT_FAILURE);
+    }
     if (moe_flags.noisy_topk && !c->noisy_gating) {
         fprintf(stderr, "-rn 1: %s has no noise router (header[12] = 0); noisy gating is part of the model: start "
                 "from a descriptor with -rn 1\n", source);
@@ -1175,6 +1266,8 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
     const MoEModel* moe = moe_of(model);
     info_row(t, "experts", "%d per MoE layer, %d per process (-ep %d)", moe->config.num_experts, moe->local_experts,
              moe->ep.degree);
+    info_row(t, "router scores", "%s, gates times %g", moe->config.score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax",
+             moe->config.routed_scale);
 }
 
 // with expert parallelism every process of the group takes part in each forward pass

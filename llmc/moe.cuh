@@ -46,13 +46,18 @@
 // ----------------------------------------------------------------------------------------------------
 // Router forward: one warp per token; lane owns experts lane, lane + 32, ... (LOGITS_PER_LANE of them, the
 // smallest of 1, 2, 4, 8 that covers E, so E = 8 keeps one register per lane).
-// probs = softmax(logits); logsumexp = max + log(sum exp(logit - max)).
-// Top-k is chosen on the logits, not on the rounded fp32 probs: softmax is strictly increasing, so the order of
-// the logits is the order of the exact probabilities, and two different logits never tie just because their
-// fp32 probs rounded to the same value. Ties (equal logits) go to the lower expert index. Each pick is a warp
+// logsumexp = max + log(sum exp(logit - max)) with either score (the z-loss reads it).
+// Scores (doc/moe.md, "Issue 15's routing options" 3 and 5), the gates times routed_scale (rsf) in both:
+//   MOE_SCORE_SOFTMAX: probs = softmax(logits); gates = the pick's prob when k == 1, else prob / (sum of the k
+//     picked probs, added in pick order);
+//   MOE_SCORE_SIGMOID: the affinity a = sigmoid(logit); probs = a / (sum of the E affinities), what the balance
+//     loss averages; gates = a / (sum of the k picked affinities, added in pick order), k == 1 too (DeepSeek-V3).
+// Top-k is chosen on the logits, not on the rounded fp32 scores: both scores are strictly increasing, so the order
+// of the logits is the order of the exact scores, and two different logits never tie just because their fp32
+// scores rounded to the same value. Ties (equal logits) go to the lower expert index. Each pick is a warp
 // argmax over (logit, index) pairs with xor shuffles: the order is total, so every lane ends with the same winner.
-// gates: the pick's prob when k == 1, else prob / (sum of the k picked probs, added in pick order).
-// Floor: read N*E*4, write N*E*4 + N*k*8 + N*4 bytes; ~E*(10 + 5k) flops per token: memory-bound.
+// Floor: read N*E*4, write N*E*4 + N*k*8 + N*4 bytes; ~E*(10 + 5k) flops per token (sigmoid: E more exps):
+// memory-bound.
 // The warp's best (value, expert) pair: the larger value, ties to the lower expert; INT_MAX marks a lane without a
 // candidate. Xor shuffles over a total order, so every lane ends with the same winner. Shared with the noisy
 // gating's threshold search (llmc/moe_noise.cuh).
@@ -70,10 +75,18 @@ __device__ inline void moe_warp_argmax(float* best, int* best_expert) {
     }
 }
 
+// the router's score functions (doc/moe.md; model-file header word 27)
+#define MOE_SCORE_SOFTMAX 0
+#define MOE_SCORE_SIGMOID 1
+
+// sigmoid(x) in fp32, one definition for the forward and backward passes (the backward recomputes the affinities)
+__device__ inline float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 template <int LOGITS_PER_LANE>
 __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __restrict__ expert_index,
                                           float* __restrict__ gates, float* __restrict__ logsumexp,
-                                          const float* __restrict__ logits, int N, int E, int k) {
+                                          const float* __restrict__ logits, int N, int E, int k, int score,
+                                          float routed_scale) {
     const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (token >= N) return;  // the whole warp leaves together
     const int lane = threadIdx.x % 32;
@@ -92,11 +105,25 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
         if (lane + 32 * i < E) sum += expf(logit[i] - row_max);
     }
     sum = warp_reduce_sum(sum);
+    // score[i]: what the gates take (the prob, or the affinity); prob written to probs
     float prob[LOGITS_PER_LANE];
-    for (int i = 0; i < LOGITS_PER_LANE; i++) {
-        const int e = lane + 32 * i;
-        prob[i] = expf(logit[i] - row_max) / sum;
-        if (e < E) probs[(size_t)token * E + e] = prob[i];
+    if (score == MOE_SCORE_SIGMOID) {
+        float affinity_sum = 0.0f;
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            prob[i] = lane + 32 * i < E ? moe_sigmoid(logit[i]) : 0.0f;
+            affinity_sum += prob[i];
+        }
+        affinity_sum = warp_reduce_sum(affinity_sum);
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            const int e = lane + 32 * i;
+            if (e < E) probs[(size_t)token * E + e] = prob[i] / affinity_sum;
+        }
+    } else {
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            const int e = lane + 32 * i;
+            prob[i] = expf(logit[i] - row_max) / sum;
+            if (e < E) probs[(size_t)token * E + e] = prob[i];
+        }
     }
     if (lane == 0) logsumexp[token] = row_max + logf(sum);
 
@@ -129,7 +156,8 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
     }
     if (lane < k) {
         expert_index[(size_t)token * k + lane] = my_pick;
-        gates[(size_t)token * k + lane] = k == 1 ? my_pick_prob : my_pick_prob / picked_sum;
+        const float gate = k == 1 && score == MOE_SCORE_SOFTMAX ? my_pick_prob : my_pick_prob / picked_sum;
+        gates[(size_t)token * k + lane] = gate * routed_scale;
     }
 }
 
@@ -411,54 +439,92 @@ __global__ void moe_dispatch_backward_kernel(floatX* __restrict__ dx, const floa
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Router backward: one warp per token, lanes own experts as in the forward. With p = probs[t]:
+// Router backward: one warp per token, lanes own experts as in the forward. rsf = routed_scale.
+// MOE_SCORE_SOFTMAX, with p = probs[t]:
 //   dP_e  = loss_scale * aux_alpha * E * f_e / N              (load balancing, f_e = expert_count[e] / (N*k))
-//         + gate part: k == 1: d_gates[t,0] on the picked expert;
-//                      k >= 2: gate_j = p_j / S (S = sum of the picked probs), so for picked expert i_j
-//                              dP_{i_j} += (d_gates[t,j] - sum_m d_gates[t,m] * gates[t,m]) / S
+//         + gate part: k == 1: gate = rsf * p, so rsf * d_gates[t,0] on the picked expert;
+//                      k >= 2: gate_j = rsf * p_j / S (S = sum of the picked probs), so for picked expert i_j
+//                              dP_{i_j} += (rsf * d_gates[t,j] - sum_m d_gates[t,m] * gates[t,m]) / S
 //   d_logits_e = p_e * (dP_e - sum_i p_i dP_i)                (softmax backward)
 //              + loss_scale * z_coef * 2 * logsumexp[t] * p_e / N   (z-loss; d lse / d logit_e = p_e)
+// MOE_SCORE_SIGMOID, with the affinities a = sigmoid(logits[t]) (recomputed, the forward's fp32 values), A their
+// sum and q = probs[t] = a / A (what the balance loss averages):
+//   dQ_e  = loss_scale * aux_alpha * E * f_e / N              (load balancing, through q)
+//   dA_e  = (dQ_e - sum_i q_i dQ_i) / A                       (q = a / A)
+//         + gate part, every k: gate_j = rsf * a_j / S (S = sum of the picked affinities), so for picked i_j
+//                              dA_{i_j} += (rsf * d_gates[t,j] - sum_m d_gates[t,m] * gates[t,m]) / S
+//   d_logits_e = dA_e * a_e * (1 - a_e)                       (sigmoid backward)
+//              + loss_scale * z_coef * 2 * logsumexp[t] * exp(logit_e - logsumexp[t]) / N   (z-loss on the logits)
+// With k == 1 the sigmoid gate is rsf whatever the logits: its gate part is exactly 0 (gates = rsf * a / a).
 // A dropped choice has d_gates = 0 (moe_combine_backward writes it) but stays in S: the gates are defined
-// before dropping. Floor: read N*E*4 (probs) + N*k*12 + N*4 + E*4, write N*E*4 bytes.
+// before dropping. rsf = 1 leaves the softmax path bit-identical to the one without a routed scale.
+// Floor: read N*E*4 (probs; sigmoid: the logits too) + N*k*12 + N*4 + E*4, write N*E*4 bytes.
 template <int LOGITS_PER_LANE>
 __global__ void moe_router_backward_kernel(float* __restrict__ d_logits, const float* __restrict__ probs,
-                                           const int* __restrict__ expert_index, const float* __restrict__ gates,
-                                           const float* __restrict__ d_gates, const float* __restrict__ logsumexp,
-                                           const int* __restrict__ expert_count, int N, int E, int k,
-                                           float aux_alpha, float z_coef, float loss_scale) {
+                                           const float* __restrict__ logits, const int* __restrict__ expert_index,
+                                           const float* __restrict__ gates, const float* __restrict__ d_gates,
+                                           const float* __restrict__ logsumexp, const int* __restrict__ expert_count,
+                                           int N, int E, int k, int score, float routed_scale, float aux_alpha,
+                                           float z_coef, float loss_scale) {
     const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (token >= N) return;
     const int lane = threadIdx.x % 32;
+    const bool sigmoid = score == MOE_SCORE_SIGMOID;
     const float aux_per_count = loss_scale * aux_alpha * (float)E / ((float)N * (float)k * (float)N);
+    // p: the probs (softmax) or the affinities (sigmoid); dp: the gradient of the loss with respect to them
     float p[LOGITS_PER_LANE], dp[LOGITS_PER_LANE];
     for (int i = 0; i < LOGITS_PER_LANE; i++) {
         const int e = lane + 32 * i;
         p[i] = e < E ? probs[(size_t)token * E + e] : 0.0f;
         dp[i] = e < E ? aux_per_count * (float)expert_count[e] : 0.0f;
     }
+    float affinity_sum = 0.0f;
+    if (sigmoid) {  // dp holds dQ: through q = a / A into dA; p becomes the affinities
+        float dot = 0.0f;
+        for (int i = 0; i < LOGITS_PER_LANE; i++) dot += p[i] * dp[i];
+        dot = warp_reduce_sum(dot);
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            p[i] = lane + 32 * i < E ? moe_sigmoid(logits[(size_t)token * E + lane + 32 * i]) : 0.0f;
+            affinity_sum += p[i];
+        }
+        affinity_sum = warp_reduce_sum(affinity_sum);
+        for (int i = 0; i < LOGITS_PER_LANE; i++) dp[i] = (dp[i] - dot) / affinity_sum;
+    }
     const int* picks = expert_index + (size_t)token * k;
     const float* d_gate = d_gates + (size_t)token * k;
-    if (k == 1) {
+    if (k == 1 && !sigmoid) {
         for (int i = 0; i < LOGITS_PER_LANE; i++) {
-            if (lane + 32 * i == picks[0]) dp[i] += d_gate[0];
+            if (lane + 32 * i == picks[0]) dp[i] += routed_scale * d_gate[0];
         }
     } else {
         float picked_sum = 0.0f, gate_dot = 0.0f;
         for (int j = 0; j < k; j++) {
-            picked_sum += probs[(size_t)token * E + picks[j]];
+            // every lane reads the pick's score itself (the sigmoid's from its logit, as the forward computed it)
+            const size_t pick = (size_t)token * E + picks[j];
+            picked_sum += sigmoid ? moe_sigmoid(logits[pick]) : probs[pick];
             gate_dot += d_gate[j] * gates[(size_t)token * k + j];
         }
         for (int j = 0; j < k; j++) {
-            const float dp_pick = (d_gate[j] - gate_dot) / picked_sum;
+            const float dp_pick = (routed_scale * d_gate[j] - gate_dot) / picked_sum;
             for (int i = 0; i < LOGITS_PER_LANE; i++) {
                 if (lane + 32 * i == picks[j]) dp[i] += dp_pick;
             }
         }
     }
+    const float z_scale = loss_scale * z_coef * 2.0f * logsumexp[token] / (float)N;
+    if (sigmoid) {
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            const int e = lane + 32 * i;
+            if (e < E) {
+                const float softmax = expf(logits[(size_t)token * E + e] - logsumexp[token]);
+                d_logits[(size_t)token * E + e] = dp[i] * p[i] * (1.0f - p[i]) + z_scale * softmax;
+            }
+        }
+        return;
+    }
     float dot = 0.0f;
     for (int i = 0; i < LOGITS_PER_LANE; i++) dot += p[i] * dp[i];
     dot = warp_reduce_sum(dot);
-    const float z_scale = loss_scale * z_coef * 2.0f * logsumexp[token] / (float)N;
     for (int i = 0; i < LOGITS_PER_LANE; i++) {
         const int e = lane + 32 * i;
         if (e < E) d_logits[(size_t)token * E + e] = p[i] * (dp[i] - dot) + z_scale * p[i];
@@ -573,27 +639,35 @@ static void moe_require_aligned(const char* function, const void* a, const void*
 static int moe_warp_grid(size_t warps, int block_size) { return (int)CEIL_DIV(warps, (size_t)(block_size / 32)); }
 
 void moe_router_forward_launch(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits,
-                               int N, int E, int k, int block_size, cudaStream_t stream) {
+                               int N, int E, int k, int score, float routed_scale, int block_size,
+                               cudaStream_t stream) {
     moe_require(E >= 1 && E <= MOE_MAX_EXPERTS && k >= 1 && k <= E && k <= MOE_MAX_TOP_K, "moe_router_forward",
                 "needs 1 <= k <= E <= 256 and k <= 32 (see moe_support)");
+    moe_require(score == MOE_SCORE_SOFTMAX || score == MOE_SCORE_SIGMOID, "moe_router_forward",
+                "score must be MOE_SCORE_SOFTMAX or MOE_SCORE_SIGMOID");
     const int grid = moe_warp_grid(N, block_size);
     if (E <= 32) {
-        moe_router_forward_kernel<1><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N, E, k);
+        moe_router_forward_kernel<1><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N,
+                                                                      E, k, score, routed_scale);
     } else if (E <= 64) {
-        moe_router_forward_kernel<2><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N, E, k);
+        moe_router_forward_kernel<2><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N,
+                                                                      E, k, score, routed_scale);
     } else if (E <= 128) {
-        moe_router_forward_kernel<4><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N, E, k);
+        moe_router_forward_kernel<4><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N,
+                                                                      E, k, score, routed_scale);
     } else {
-        moe_router_forward_kernel<8><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N, E, k);
+        moe_router_forward_kernel<8><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N,
+                                                                      E, k, score, routed_scale);
     }
     cudaCheck(cudaGetLastError());
 }
 
-// logits (N, E) -> probs (N, E), expert_index (N, k) in descending order, gates (N, k), logsumexp (N)
+// logits (N, E) -> probs (N, E) (sigmoid: the normalised affinities), expert_index (N, k) in descending order,
+// gates (N, k) (times routed_scale), logsumexp (N)
 void moe_router_forward(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits, int N,
-                        int E, int k, cudaStream_t stream) {
-    moe_router_forward_launch(probs, expert_index, gates, logsumexp, logits, N, E, k, MOE_WARP_KERNEL_BLOCK_SIZE,
-                              stream);
+                        int E, int k, int score, float routed_scale, cudaStream_t stream) {
+    moe_router_forward_launch(probs, expert_index, gates, logsumexp, logits, N, E, k, score, routed_scale,
+                              MOE_WARP_KERNEL_BLOCK_SIZE, stream);
 }
 
 // the bits of the largest expert index E - 1 (0 for E = 1): what moe_warp_peers compares
@@ -721,40 +795,48 @@ void moe_dispatch_backward(floatX* dx, const floatX* d_expert_input, const int* 
     moe_dispatch_backward_launch(dx, d_expert_input, choice_row, N, k, C, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
 }
 
-void moe_router_backward_launch(float* d_logits, const float* probs, const int* expert_index, const float* gates,
-                                const float* d_gates, const float* logsumexp, const int* expert_count, int N, int E,
-                                int k, float aux_alpha, float z_coef, float loss_scale, int block_size,
-                                cudaStream_t stream) {
+void moe_router_backward_launch(float* d_logits, const float* probs, const float* logits, const int* expert_index,
+                                const float* gates, const float* d_gates, const float* logsumexp,
+                                const int* expert_count, int N, int E, int k, int score, float routed_scale,
+                                float aux_alpha, float z_coef, float loss_scale, int block_size, cudaStream_t stream) {
     moe_require(E >= 1 && E <= MOE_MAX_EXPERTS && k >= 1 && k <= E, "moe_router_backward",
                 "needs 1 <= k <= E <= 256 (see moe_support)");
+    moe_require(score == MOE_SCORE_SOFTMAX || score == MOE_SCORE_SIGMOID, "moe_router_backward",
+                "score must be MOE_SCORE_SOFTMAX or MOE_SCORE_SIGMOID");
     const int grid = moe_warp_grid(N, block_size);
     if (E <= 32) {
-        moe_router_backward_kernel<1><<<grid, block_size, 0, stream>>>(d_logits, probs, expert_index, gates, d_gates,
-                                                                       logsumexp, expert_count, N, E, k, aux_alpha,
-                                                                       z_coef, loss_scale);
+        moe_router_backward_kernel<1><<<grid, block_size, 0, stream>>>(d_logits, probs, logits, expert_index, gates,
+                                                                       d_gates, logsumexp, expert_count, N, E, k,
+                                                                       score, routed_scale, aux_alpha, z_coef,
+                                                                       loss_scale);
     } else if (E <= 64) {
-        moe_router_backward_kernel<2><<<grid, block_size, 0, stream>>>(d_logits, probs, expert_index, gates, d_gates,
-                                                                       logsumexp, expert_count, N, E, k, aux_alpha,
-                                                                       z_coef, loss_scale);
+        moe_router_backward_kernel<2><<<grid, block_size, 0, stream>>>(d_logits, probs, logits, expert_index, gates,
+                                                                       d_gates, logsumexp, expert_count, N, E, k,
+                                                                       score, routed_scale, aux_alpha, z_coef,
+                                                                       loss_scale);
     } else if (E <= 128) {
-        moe_router_backward_kernel<4><<<grid, block_size, 0, stream>>>(d_logits, probs, expert_index, gates, d_gates,
-                                                                       logsumexp, expert_count, N, E, k, aux_alpha,
-                                                                       z_coef, loss_scale);
+        moe_router_backward_kernel<4><<<grid, block_size, 0, stream>>>(d_logits, probs, logits, expert_index, gates,
+                                                                       d_gates, logsumexp, expert_count, N, E, k,
+                                                                       score, routed_scale, aux_alpha, z_coef,
+                                                                       loss_scale);
     } else {
-        moe_router_backward_kernel<8><<<grid, block_size, 0, stream>>>(d_logits, probs, expert_index, gates, d_gates,
-                                                                       logsumexp, expert_count, N, E, k, aux_alpha,
-                                                                       z_coef, loss_scale);
+        moe_router_backward_kernel<8><<<grid, block_size, 0, stream>>>(d_logits, probs, logits, expert_index, gates,
+                                                                       d_gates, logsumexp, expert_count, N, E, k,
+                                                                       score, routed_scale, aux_alpha, z_coef,
+                                                                       loss_scale);
     }
     cudaCheck(cudaGetLastError());
 }
 
 // d_logits (N, E) = gradient through the gates (d_gates), the load-balancing loss and the z-loss (these two
-// multiplied by loss_scale), through the softmax; fp32
-void moe_router_backward(float* d_logits, const float* probs, const int* expert_index, const float* gates,
-                         const float* d_gates, const float* logsumexp, const int* expert_count, int N, int E, int k,
-                         float aux_alpha, float z_coef, float loss_scale, cudaStream_t stream) {
-    moe_router_backward_launch(d_logits, probs, expert_index, gates, d_gates, logsumexp, expert_count, N, E, k,
-                               aux_alpha, z_coef, loss_scale, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
+// multiplied by loss_scale), through the softmax or the sigmoid (which reads the logits; softmax does not); fp32
+void moe_router_backward(float* d_logits, const float* probs, const float* logits, const int* expert_index,
+                         const float* gates, const float* d_gates, const float* logsumexp, const int* expert_count,
+                         int N, int E, int k, int score, float routed_scale, float aux_alpha, float z_coef,
+                         float loss_scale, cudaStream_t stream) {
+    moe_router_backward_launch(d_logits, probs, logits, expert_index, gates, d_gates, logsumexp, expert_count, N, E,
+                               k, score, routed_scale, aux_alpha, z_coef, loss_scale, MOE_WARP_KERNEL_BLOCK_SIZE,
+                               stream);
 }
 
 // floats of scratch moe_router_losses needs: two partial sums per block of its first pass

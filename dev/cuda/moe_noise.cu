@@ -138,7 +138,8 @@ static void ref_gate_backward(std::vector<double>* d_H, const std::vector<double
     for (int t = 0; t < N; t++) {
         const double* p = probs.data() + (size_t)t * E;
         for (int e = 0; e < E; e++) dp[e] = 0.0;
-        moe_gate_backward_row(dp.data(), p, picks + (size_t)t * k, d_gates.data() + (size_t)t * k, k);
+        moe_gate_backward_row(dp.data(), p, picks + (size_t)t * k, d_gates.data() + (size_t)t * k, k, MOE_SCORE_SOFTMAX,
+                              1.0);
         double dot = 0.0;
         for (int e = 0; e < E; e++) dot += p[e] * dp[e];
         for (int e = 0; e < E; e++) (*d_H)[(size_t)t * E + e] += p[e] * (dp[e] - dot);
@@ -295,7 +296,8 @@ static FdRouting fd_route(const std::vector<double>& clean, const std::vector<do
         double lse;
         moe_route_row(r.probs.data() + (size_t)t * E, &lse, (int*)nullptr, r.H.data() + (size_t)t * E, E, k);
         for (int j = 0; j < k; j++) {
-            r.gates[(size_t)t * k + j] = moe_gate(r.probs.data() + (size_t)t * E, r.picks.data() + (size_t)t * k, j, k);
+            r.gates[(size_t)t * k + j] = moe_gate(r.probs.data() + (size_t)t * E, r.picks.data() + (size_t)t * k, j, k,
+                                                  MOE_SCORE_SOFTMAX, 1.0);
         }
     }
     return r;
@@ -504,7 +506,7 @@ static void run_gating(const LabArgs& args, int N, int E, int k, Coefficients q,
     plant_ties(&H, N, E, k);
     std::vector<float> probs(n), gates(num_choices), logsumexp(N);
     std::vector<int> expert_index(num_choices);
-    moe_router_reference(&probs, &expert_index, &gates, &logsumexp, H, N, E, k);
+    moe_router_reference(&probs, &expert_index, &gates, &logsumexp, H, N, E, k, MOE_SCORE_SOFTMAX, 1.0f);
 
     const RefLosses L = ref_noisy_losses(clean.data(), noise_logits.data(), H.data(), expert_index.data(), gates.data(),
                                          N, E, k, q);

@@ -1,4 +1,4 @@
-// dev/cuda/moe_reference.h: the MoE routing of doc/moe.md and the gate path of its
+// dev/cuda/moe_reference.h: the MoE routing of doc/moe.md (softmax or sigmoid scores) and the gate path of its
 // backward as plain double-precision loops, and the routing inputs, shared by the MoE labs (moe_router.cu,
 // moe_router_backward.cu, moe_slots.cu, moe_dispatch_combine.cu, moe_noise.cu): each lab's kernels start from
 // what the previous stage hands over, so every lab must derive those inputs by the same definition.
@@ -29,41 +29,60 @@ static void moe_route_row(double* p, double* lse, int* picks, const Real* row, i
     }
 }
 
-// gate of pick j: the raw prob for k = 1, renormalised over the k picks for k >= 2
-static double moe_gate(const double* p, const int* picks, int j, int k) {
-    if (k == 1) return p[picks[0]];
-    double picked_sum = 0.0;
-    for (int m = 0; m < k; m++) picked_sum += p[picks[m]];
-    return p[picks[j]] / picked_sum;
+// sigmoid scores (doc/moe.md, "Issue 15's routing options" 3): a token's affinities a[e] = sigmoid(row[e])
+template <class Real>
+static void moe_affinity_row(double* a, const Real* row, int E) {
+    for (int e = 0; e < E; e++) a[e] = 1.0 / (1.0 + exp(-(double)row[e]));
 }
 
-// the gate path of the router backward for one token: dp[e] += dgate/dP_e summed over the k picks, given its
-// probs p, picks and d_gate (k = 1: d_gate itself on the pick; k >= 2: through the renormalisation, with the gates
-// recomputed from p). Adds rather than writes so that a caller can start dp from its other terms of dP (the
-// aux loss's in moe_router_backward.cu); the softmax step p*(dp - <p, dp>) is the caller's. Real is float for
-// the kernels' fp32 d_gates, double for moe_noise.cu's reference chain.
+// gate of pick j from the token's scores s (score MOE_SCORE_SOFTMAX: the probs; MOE_SCORE_SIGMOID: the affinities),
+// times the routed scale rsf: softmax with k = 1 the raw prob, otherwise renormalised over the k picks (sigmoid
+// with k = 1 too: its gate is then rsf)
+static double moe_gate(const double* s, const int* picks, int j, int k, int score, double rsf) {
+    if (k == 1 && score == MOE_SCORE_SOFTMAX) return rsf * s[picks[0]];
+    double picked_sum = 0.0;
+    for (int m = 0; m < k; m++) picked_sum += s[picks[m]];
+    return rsf * s[picks[j]] / picked_sum;
+}
+
+// the gate path of the router backward for one token: ds[e] += dgate/ds_e summed over the k picks, given its
+// scores s (as moe_gate), picks and d_gate (softmax k = 1: rsf * d_gate on the pick; otherwise through the
+// renormalisation, with the gates recomputed from s). Adds rather than writes so that a caller can start ds from
+// its other terms (the aux loss's in moe_router_backward.cu); the softmax or sigmoid step is the caller's. Real
+// is float for the kernels' fp32 d_gates, double for moe_noise.cu's reference chain.
 template <class Real>
-static void moe_gate_backward_row(double* dp, const double* p, const int* picks, const Real* d_gate, int k) {
-    if (k == 1) {
-        dp[picks[0]] += d_gate[0];
+static void moe_gate_backward_row(double* ds, const double* s, const int* picks, const Real* d_gate, int k, int score,
+                                  double rsf) {
+    if (k == 1 && score == MOE_SCORE_SOFTMAX) {
+        ds[picks[0]] += rsf * d_gate[0];
         return;
     }
     double picked_sum = 0.0, gate_dot = 0.0;
-    for (int j = 0; j < k; j++) picked_sum += p[picks[j]];
-    for (int j = 0; j < k; j++) gate_dot += d_gate[j] * p[picks[j]] / picked_sum;
-    for (int j = 0; j < k; j++) dp[picks[j]] += (d_gate[j] - gate_dot) / picked_sum;
+    for (int j = 0; j < k; j++) picked_sum += s[picks[j]];
+    for (int j = 0; j < k; j++) gate_dot += d_gate[j] * rsf * s[picks[j]] / picked_sum;
+    for (int j = 0; j < k; j++) ds[picks[j]] += (rsf * d_gate[j] - gate_dot) / picked_sum;
 }
 
-// the router forward over N tokens, rounded to the fp32 values moe_router_forward writes
+// the router forward over N tokens with either score and the routed scale rsf, rounded to the fp32 values
+// moe_router_forward writes (sigmoid: probs are the affinities over their sum)
 static void moe_router_reference(std::vector<float>* probs, std::vector<int>* expert_index, std::vector<float>* gates,
-                                 std::vector<float>* logsumexp, const std::vector<float>& logits, int N, int E, int k) {
-    std::vector<double> p(E);
+                                 std::vector<float>* logsumexp, const std::vector<float>& logits, int N, int E, int k,
+                                 int score, float rsf) {
+    std::vector<double> p(E), a(E);
     for (int t = 0; t < N; t++) {
         int* picks = expert_index->data() + (size_t)t * k;
         double lse;
         moe_route_row(p.data(), &lse, picks, logits.data() + (size_t)t * E, E, k);
+        const double* s = p.data();
+        if (score == MOE_SCORE_SIGMOID) {
+            moe_affinity_row(a.data(), logits.data() + (size_t)t * E, E);
+            double affinity_sum = 0.0;
+            for (int e = 0; e < E; e++) affinity_sum += a[e];
+            for (int e = 0; e < E; e++) p[e] = a[e] / affinity_sum;
+            s = a.data();
+        }
         for (int e = 0; e < E; e++) (*probs)[(size_t)t * E + e] = (float)p[e];
-        for (int j = 0; j < k; j++) (*gates)[(size_t)t * k + j] = (float)moe_gate(p.data(), picks, j, k);
+        for (int j = 0; j < k; j++) (*gates)[(size_t)t * k + j] = (float)moe_gate(s, picks, j, k, score, rsf);
         (*logsumexp)[t] = (float)lse;
     }
 }

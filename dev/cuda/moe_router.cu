@@ -1,26 +1,32 @@
 // dev/cuda/moe_router.cu: kernel lab for the MoE router forward: per token, probs = softmax(logits) over E
 // experts (fp32), logsumexp (for the z-loss), the top-k experts (ties to the lower index, in descending order)
-// and their gates (the raw prob for k = 1, renormalised over the k picks for k >= 2). doc/moe.md, "Routing",
-// is the definition; the reference (moe_reference.h) is a plain double-precision loop over it.
+// and their gates (the raw prob for k = 1, renormalised over the k picks for k >= 2); with sigmoid scores the
+// affinities sigmoid(logits), probs = the affinities over their sum, gates = the picked affinities renormalised
+// (k = 1 too); either way the gates times the routed scale rsf. doc/moe.md, "Routing" and "Issue 15's routing
+// options" 3 and 5, is the definition; the reference (moe_reference.h) is a plain double-precision loop over it.
 // Build and run on the CPU backend (small sizes):
 //   make build/lab/moe_router_bf16   (build/lab/moe_router_fp32: the fp32 build)
 //   build/lab/moe_router_bf16 -s          (the fp32 build is the same: the router is fp32 either way)
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_router.cu -o moe_router
-//   ./moe_router [variant] [-s]   (default: N = 8*1024 tokens, E = 8 with k = 1 and 2, E = 64 with k = 2;
-//                                  -s: N = 69 with E = 4, k = 1 and 2, E = 40 k = 2, E = 200 k = 3)
+//   ./moe_router [variant] [-s]   (default: N = 8*1024 tokens, E = 8 with k = 1 and 2, E = 64 with k = 2, softmax;
+//                                  E = 64 with k = 6, sigmoid with rsf 2.5 (DeepSeek-V3's shape);
+//                                  -s: N = 69 with E = 4, k = 1 and 2, E = 40 k = 2, E = 200 k = 3, softmax; E = 4
+//                                  k = 1, E = 40 k = 2, E = 200 k = 3 sigmoid, and E = 4 k = 2 softmax, rsf 2.5)
 // Variants:
 //   1  one thread per token: serial loops over the row (max, sum, probs, k scans for the picks)
 //   2  llmc/moe.cuh moe_router_forward: one warp per token, shuffle reductions, one warp argmax per pick.
 //      The trainer's.
-// Floor (see llmc/moe.cuh): read N*E*4, write N*E*4 + N*k*8 + N*4 bytes.
+// Floor (see llmc/moe.cuh): read N*E*4, write N*E*4 + N*k*8 + N*4 bytes (either score).
 #include "common.h"
 #include "../../llmc/moe.cuh"
 #include "moe_reference.h"
 
 // One thread per token. The picks come out in the order (logit descending, index ascending), so a candidate is
 // still free exactly when it comes after the previous pick in that order: no list of taken experts is needed.
+// Sigmoid scores overwrite the softmax probs with the affinities, then normalise them once the gates are taken.
 __global__ void router_thread_per_token_kernel(float* probs, int* expert_index, float* gates, float* logsumexp,
-                                               const float* logits, int N, int E, int k) {
+                                               const float* logits, int N, int E, int k, int score,
+                                               float routed_scale) {
     const int token = blockIdx.x * blockDim.x + threadIdx.x;
     if (token >= N) return;
     const float* row = logits + (size_t)token * E;
@@ -31,6 +37,13 @@ __global__ void router_thread_per_token_kernel(float* probs, int* expert_index, 
     for (int e = 0; e < E; e++) sum += expf(row[e] - row_max);
     for (int e = 0; e < E; e++) prob[e] = expf(row[e] - row_max) / sum;
     logsumexp[token] = row_max + logf(sum);
+    float affinity_sum = 0.0f;
+    if (score == MOE_SCORE_SIGMOID) {
+        for (int e = 0; e < E; e++) {
+            prob[e] = moe_sigmoid(row[e]);
+            affinity_sum += prob[e];
+        }
+    }
 
     float previous = INFINITY;
     int previous_expert = -1;
@@ -47,8 +60,12 @@ __global__ void router_thread_per_token_kernel(float* probs, int* expert_index, 
         previous = row[best_expert];
         previous_expert = best_expert;
     }
-    if (k >= 2) {
-        for (int j = 0; j < k; j++) gates[(size_t)token * k + j] /= picked_sum;
+    for (int j = 0; j < k; j++) {
+        if (k >= 2 || score == MOE_SCORE_SIGMOID) gates[(size_t)token * k + j] /= picked_sum;
+        gates[(size_t)token * k + j] *= routed_scale;
+    }
+    if (score == MOE_SCORE_SIGMOID) {
+        for (int e = 0; e < E; e++) prob[e] /= affinity_sum;
     }
 }
 
@@ -60,36 +77,46 @@ struct RouterBuffers {
     float* logsumexp;
 };
 
-static void run_variant(int variant, const RouterBuffers* d, int N, int E, int k, int block_size) {
+static void run_variant(int variant, const RouterBuffers* d, int N, int E, int k, int score, float rsf,
+                        int block_size) {
     if (variant == 1) {
         router_thread_per_token_kernel<<<CEIL_DIV(N, block_size), block_size>>>(d->probs, d->expert_index, d->gates,
-                                                                               d->logsumexp, d->logits, N, E, k);
+                                                                               d->logsumexp, d->logits, N, E, k,
+                                                                               score, rsf);
         cudaCheck(cudaGetLastError());
     } else {
-        moe_router_forward_launch(d->probs, d->expert_index, d->gates, d->logsumexp, d->logits, N, E, k, block_size, 0);
+        moe_router_forward_launch(d->probs, d->expert_index, d->gates, d->logsumexp, d->logits, N, E, k, score, rsf,
+                                  block_size, 0);
     }
 }
 
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
-    struct Case { int N, E, k; };
-    const Case full_cases[] = {{8 * 1024, 8, 1}, {8 * 1024, 8, 2}, {8 * 1024, 64, 2}};
+    struct Case { int N, E, k, score; float rsf; };
+    const int SOFTMAX = MOE_SCORE_SOFTMAX, SIGMOID = MOE_SCORE_SIGMOID;
+    const Case full_cases[] = {{8 * 1024, 8, 1, SOFTMAX, 1.0f}, {8 * 1024, 8, 2, SOFTMAX, 1.0f},
+                               {8 * 1024, 64, 2, SOFTMAX, 1.0f}, {8 * 1024, 64, 6, SIGMOID, 2.5f}};
     // 69 = 3*23 tokens: warps of the warp variant's last block partly empty; E = 40 and 200 cover 2 and 8
-    // logits per lane, with lanes that own fewer experts than others
-    const Case small_cases[] = {{69, 4, 1}, {69, 4, 2}, {69, 40, 2}, {69, 200, 3}};
+    // logits per lane, with lanes that own fewer experts than others; sigmoid scores at each of those, top-1
+    // among them (its gate is rsf); the routed scale on softmax gates
+    const Case small_cases[] = {{69, 4, 1, SOFTMAX, 1.0f},   {69, 4, 2, SOFTMAX, 1.0f},   {69, 40, 2, SOFTMAX, 1.0f},
+                                {69, 200, 3, SOFTMAX, 1.0f}, {69, 4, 1, SIGMOID, 2.5f},   {69, 40, 2, SIGMOID, 2.5f},
+                                {69, 200, 3, SIGMOID, 2.5f}, {69, 4, 2, SOFTMAX, 2.5f}};
     const Case* cases = args.small ? small_cases : full_cases;
-    const int num_cases = args.small ? 4 : 3;
+    const int num_cases = args.small ? (int)(sizeof(small_cases) / sizeof(small_cases[0]))
+                                     : (int)(sizeof(full_cases) / sizeof(full_cases[0]));
     const int block_sizes[] = {64, 128, 256, 512};
     const int repeats = args.small || lab_on_cpu_backend() ? 3 : 100;  // CPU-backend times are only indicative
 
     printf("moe_router (%s build; the router is fp32)\n", PRECISION_NAME);
     for (int c = 0; c < num_cases; c++) {
-        const int N = cases[c].N, E = cases[c].E, k = cases[c].k;
+        const int N = cases[c].N, E = cases[c].E, k = cases[c].k, score = cases[c].score;
+        const float rsf = cases[c].rsf;
         const size_t n = (size_t)N * E;
         std::vector<float> logits = moe_router_logits(N, E);
         std::vector<float> probs(n), gates((size_t)N * k), logsumexp(N);
         std::vector<int> picks((size_t)N * k);
-        moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, N, E, k);
+        moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, N, E, k, score, rsf);
         const std::vector<float> expert_index = lab_as_floats(picks);
 
         RouterBuffers d;
@@ -99,20 +126,23 @@ int main(int argc, char** argv) {
         d.gates = lab_poisoned<float>((size_t)N * k);
         d.logsumexp = lab_poisoned<float>(N);
 
-        printf("N=%d E=%d k=%d\n", N, E, k);
+        const char* score_name = score == SIGMOID ? "sigmoid" : "softmax";
+        printf("N=%d E=%d k=%d %s rsf=%g\n", N, E, k, score_name, rsf);
         for (int variant = 1; variant <= 2; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
             cudaCheck(cudaMemset(d.probs, 0xff, n * sizeof(float)));
             cudaCheck(cudaMemset(d.expert_index, 0xff, (size_t)N * k * sizeof(int)));
             cudaCheck(cudaMemset(d.gates, 0xff, (size_t)N * k * sizeof(float)));
             cudaCheck(cudaMemset(d.logsumexp, 0xff, N * sizeof(float)));
-            run_variant(variant, &d, N, E, k, 256);
+            run_variant(variant, &d, N, E, k, score, rsf, 256);
             cudaCheck(cudaDeviceSynchronize());
             printf("variant %d\n", variant);
             // fp32 softmax from exact fp32 logits: max and subtraction exact, exp correctly rounded on the CPU
             // (--use_fast_math __expf on a GPU: <= 2 + 1.16*|x| ulp, ~1.2e-6 relative at |x| = 8), a sum of E
             // terms in another order (~E * 2^-24 relative): rtol 1e-5 covers E = 200. The picks are exact
-            // comparisons of the same fp32 logits: no tolerance. lse ~ 1..10, atol 1e-5.
+            // comparisons of the same fp32 logits: no tolerance. lse ~ 1..10, atol 1e-5. Sigmoid: 1 / (1 + exp(-x))
+            // from |x| <= 4 has exp's relative error and two roundings (~1e-6 with __expf), the sum of E of them
+            // E * 2^-24: the same rtol 1e-5; gates up to rsf = 2.5, relative to it likewise.
             lab_validate("probs", d.probs, probs.data(), n, 1e-7f, 1e-5f);
             lab_validate("expert_index", d.expert_index, expert_index.data(), (size_t)N * k, 0.0f, 0.0f);
             lab_validate("gates", d.gates, gates.data(), (size_t)N * k, 1e-7f, 1e-5f);
@@ -120,13 +150,13 @@ int main(int argc, char** argv) {
         }
 
         char sizes[64];
-        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d", N, E, k);
+        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d %s", N, E, k, score_name);
         lab_print_header("moe_router", sizes);
         const double bytes = 8.0 * n + 8.0 * N * k + 4.0 * N;
         for (int variant = 1; variant <= 2; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
             for (int block_size : block_sizes) {
-                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, block_size); });
+                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, score, rsf, block_size); });
                 lab_print_row(variant, block_size, ms, bytes, 0.0);
             }
         }

@@ -1,7 +1,9 @@
 // dev/cuda/moe_router_backward.cu: kernel lab for the MoE router's backward pass and losses: d_logits (N, E)
 // of the gates' gradient d_gates (k = 1: the raw prob; k >= 2: through the renormalisation over the k picks)
 // and of the load-balancing loss aux = alpha*E*sum_e f_e P_e and the z-loss c_z*mean_t lse_t^2 (these two times
-// loss_scale), through the softmax; and the two loss values. doc/moe.md.
+// loss_scale), through the softmax; with sigmoid scores through the affinities a = sigmoid(logits) (gates: the
+// picked affinities renormalised, k = 1 too; P: the affinities over their sum; the z-loss still on the logits);
+// either way the gates times the routed scale rsf; and the two loss values. doc/moe.md.
 // The double-precision reference gradient is itself checked against central finite differences of the
 // double-precision loss (picks and f_e held fixed, as the definition does) at small sizes.
 // Build and run on the CPU backend (small sizes):
@@ -11,41 +13,65 @@
 //   ./moe_router_backward [variant] [-s]  (default: production sizes N = 65536 tokens, E = 8 and 64 with k = 1, 2
 //                                          and 8; -s: N = 69, E = 4 with k = 1 and 2, E = 40 with k = 2, and E = 4
 //                                          k = 2 with d_gates = 0 (the loss terms alone); N = 999, E = 5 (N*E not a
-//                                          multiple of 4, several blocks of partial sums))
+//                                          multiple of 4, several blocks of partial sums); sigmoid scores with rsf 2.5
+//                                          at E = 4 k = 1, E = 40 k = 2, E = 200 k = 3, softmax with rsf 2.5 at E = 4
+//                                          k = 2; the default sizes add E = 64 k = 6 sigmoid)
 // Variants:
 //   1  router backward, one thread per token: serial loops over the row
 //   2  llmc/moe.cuh moe_router_backward: one warp per token, lanes own experts, one warp reduction. The trainer's.
 //   3  losses in one block, block_reduce: the trainer's before, kept for comparison (one SM streams N*E floats)
 //   4  llmc/moe.cuh moe_router_losses: a grid of up to 512 blocks writes partial sums, one warp adds them in block
 //      order. The trainer's.
-// Floors (see llmc/moe.cuh): backward N*E*8 + N*k*12 + N*4 + E*4 bytes; losses N*E*4 + N*4 + E*4 bytes.
+// Floors (see llmc/moe.cuh): backward N*E*8 + N*k*12 + N*4 + E*4 bytes (sigmoid: N*E*4 more, the logits);
+// losses N*E*4 + N*4 + E*4 bytes.
 #include "common.h"
 #include "../../llmc/moe.cuh"
 #include "moe_reference.h"
 
-__global__ void router_backward_thread_per_token_kernel(float* d_logits, const float* probs, const int* expert_index,
-                                                        const float* gates, const float* d_gates,
-                                                        const float* logsumexp, const int* expert_count, int N, int E,
-                                                        int k, float aux_alpha, float z_coef, float loss_scale) {
+__global__ void router_backward_thread_per_token_kernel(float* d_logits, const float* probs, const float* logits,
+                                                        const int* expert_index, const float* gates,
+                                                        const float* d_gates, const float* logsumexp,
+                                                        const int* expert_count, int N, int E, int k, int score,
+                                                        float routed_scale, float aux_alpha, float z_coef,
+                                                        float loss_scale) {
     const int token = blockIdx.x * blockDim.x + threadIdx.x;
     if (token >= N) return;
+    const bool sigmoid = score == MOE_SCORE_SIGMOID;
     const float* p = probs + (size_t)token * E;
+    const float* row = logits + (size_t)token * E;
     const int* picks = expert_index + (size_t)token * k;
     const float* d_gate = d_gates + (size_t)token * k;
     const float aux_per_count = loss_scale * aux_alpha * (float)E / ((float)N * (float)k * (float)N);
     float picked_sum = 0.0f, gate_dot = 0.0f;
     for (int j = 0; j < k; j++) {
-        picked_sum += p[picks[j]];
+        picked_sum += sigmoid ? moe_sigmoid(row[picks[j]]) : p[picks[j]];
         gate_dot += d_gate[j] * gates[(size_t)token * k + j];
     }
-    // dP_e is needed twice (the softmax dot, then the output): recomputed rather than stored, E is small
     const float z_scale = loss_scale * z_coef * 2.0f * logsumexp[token] / (float)N;
+    if (sigmoid) {  // the aux gradient through q = a / A, then the gates' on the picks, then the sigmoid
+        float affinity_sum = 0.0f, dot = 0.0f;
+        for (int e = 0; e < E; e++) {
+            affinity_sum += moe_sigmoid(row[e]);
+            dot += p[e] * aux_per_count * (float)expert_count[e];
+        }
+        for (int e = 0; e < E; e++) {
+            const float a = moe_sigmoid(row[e]);
+            float da = (aux_per_count * (float)expert_count[e] - dot) / affinity_sum;
+            for (int j = 0; j < k; j++) {
+                if (picks[j] == e) da += (routed_scale * d_gate[j] - gate_dot) / picked_sum;
+            }
+            d_logits[(size_t)token * E + e] = da * a * (1.0f - a) + z_scale * expf(row[e] - logsumexp[token]);
+        }
+        return;
+    }
+    // dP_e is needed twice (the softmax dot, then the output): recomputed rather than stored, E is small
     float dot = 0.0f;
     for (int pass = 0; pass < 2; pass++) {
         for (int e = 0; e < E; e++) {
             float dp = aux_per_count * (float)expert_count[e];
             for (int j = 0; j < k; j++) {
-                if (picks[j] == e) dp += k == 1 ? d_gate[0] : (d_gate[j] - gate_dot) / picked_sum;
+                if (picks[j] == e)
+                    dp += k == 1 ? routed_scale * d_gate[0] : (routed_scale * d_gate[j] - gate_dot) / picked_sum;
             }
             if (pass == 0) dot += p[e] * dp;
             else d_logits[(size_t)token * E + e] = p[e] * (dp - dot) + z_scale * p[e];
@@ -70,6 +96,7 @@ __global__ void losses_one_block_kernel(float* aux_and_z, const float* probs, co
 }
 
 struct RouterBackwardBuffers {
+    float* logits;
     float* probs;
     int* expert_index;
     float* gates;
@@ -84,17 +111,23 @@ struct RouterBackwardBuffers {
 struct LossCoefficients {
     float aux_alpha, z_coef, loss_scale;
 };
+// the router's score function and the gates' routed scale
+struct Scoring {
+    int score;
+    float rsf;
+};
 
 static void run_variant(int variant, const RouterBackwardBuffers* d, int N, int E, int k, LossCoefficients q,
-                        int block_size) {
+                        Scoring sc, int block_size) {
     if (variant == 1) {
         router_backward_thread_per_token_kernel<<<CEIL_DIV(N, block_size), block_size>>>(
-            d->d_logits, d->probs, d->expert_index, d->gates, d->d_gates, d->logsumexp, d->expert_count, N, E, k,
-            q.aux_alpha, q.z_coef, q.loss_scale);
+            d->d_logits, d->probs, d->logits, d->expert_index, d->gates, d->d_gates, d->logsumexp, d->expert_count, N,
+            E, k, sc.score, sc.rsf, q.aux_alpha, q.z_coef, q.loss_scale);
         cudaCheck(cudaGetLastError());
     } else if (variant == 2) {
-        moe_router_backward_launch(d->d_logits, d->probs, d->expert_index, d->gates, d->d_gates, d->logsumexp,
-                                   d->expert_count, N, E, k, q.aux_alpha, q.z_coef, q.loss_scale, block_size, 0);
+        moe_router_backward_launch(d->d_logits, d->probs, d->logits, d->expert_index, d->gates, d->d_gates,
+                                   d->logsumexp, d->expert_count, N, E, k, sc.score, sc.rsf, q.aux_alpha, q.z_coef,
+                                   q.loss_scale, block_size, 0);
     } else if (variant == 3) {
         losses_one_block_kernel<<<1, block_size>>>(d->aux_and_z, d->probs, d->logsumexp, d->expert_count, N, E, k,
                                                    q.aux_alpha, q.z_coef);
@@ -110,16 +143,25 @@ static void run_variant(int variant, const RouterBackwardBuffers* d, int N, int 
 
 // the scalar whose gradient the kernels compute, with the picks and counts fixed:
 // sum_t sum_j d_gates[t,j] * gate[t,j] + loss_scale * (alpha*E*sum_e f_e P_e + c_z * mean_t lse_t^2)
+// (sigmoid: the gates from the affinities a, P from a / sum a; lse from the logits either way)
 static double router_loss(const std::vector<double>& logits, const std::vector<int>& picks,
                           const std::vector<float>& d_gates, const std::vector<int>& expert_count, int N, int E, int k,
-                          LossCoefficients q) {
-    std::vector<double> p(E), mean_prob(E, 0.0);
+                          LossCoefficients q, Scoring sc) {
+    std::vector<double> p(E), a(E), mean_prob(E, 0.0);
     double gate_term = 0.0, z_sum = 0.0;
     for (int t = 0; t < N; t++) {
         double lse;
         moe_route_row(p.data(), &lse, nullptr, logits.data() + (size_t)t * E, E, k);
-        for (int j = 0; j < k; j++) gate_term += d_gates[(size_t)t * k + j] * moe_gate(p.data(), picks.data() + (size_t)t * k, j, k);
-        for (int e = 0; e < E; e++) mean_prob[e] += p[e] / N;
+        const double* s = p.data();
+        if (sc.score == MOE_SCORE_SIGMOID) {
+            moe_affinity_row(a.data(), logits.data() + (size_t)t * E, E);
+            s = a.data();
+        }
+        for (int j = 0; j < k; j++)
+            gate_term += d_gates[(size_t)t * k + j] * moe_gate(s, picks.data() + (size_t)t * k, j, k, sc.score, sc.rsf);
+        double score_sum = 0.0;
+        for (int e = 0; e < E; e++) score_sum += s[e];
+        for (int e = 0; e < E; e++) mean_prob[e] += s[e] / score_sum / N;
         z_sum += lse * lse;
     }
     double aux = 0.0;
@@ -131,18 +173,32 @@ static double router_loss(const std::vector<double>& logits, const std::vector<i
 // (the gates' part is moe_reference.h's moe_gate_backward_row; the aux and z-loss terms are this lab's own)
 static void router_backward_reference(std::vector<double>* d_logits, const std::vector<float>& logits,
                                       const std::vector<int>& picks, const std::vector<float>& d_gates,
-                                      const std::vector<int>& expert_count, int N, int E, int k, LossCoefficients q) {
-    std::vector<double> p(E), dp(E);
+                                      const std::vector<int>& expert_count, int N, int E, int k, LossCoefficients q,
+                                      Scoring sc) {
+    std::vector<double> p(E), dp(E), a(E);
     for (int t = 0; t < N; t++) {
         double lse;
-        moe_route_row(p.data(), &lse, nullptr, logits.data() + (size_t)t * E, E, k);
+        const float* row = logits.data() + (size_t)t * E;
+        moe_route_row(p.data(), &lse, nullptr, row, E, k);
         for (int e = 0; e < E; e++) dp[e] = q.loss_scale * q.aux_alpha * E * expert_count[e] / ((double)N * k) / N;
-        moe_gate_backward_row(dp.data(), p.data(), picks.data() + (size_t)t * k, d_gates.data() + (size_t)t * k, k);
+        const double z_scale = q.loss_scale * q.z_coef * 2.0 * lse / N;
+        if (sc.score == MOE_SCORE_SIGMOID) {
+            // dp is the aux loss's gradient by q = a / A: into da, then the gates', then the sigmoid
+            moe_affinity_row(a.data(), row, E);
+            double affinity_sum = 0.0, dot = 0.0;
+            for (int e = 0; e < E; e++) affinity_sum += a[e];
+            for (int e = 0; e < E; e++) dot += a[e] / affinity_sum * dp[e];
+            for (int e = 0; e < E; e++) dp[e] = (dp[e] - dot) / affinity_sum;
+            moe_gate_backward_row(dp.data(), a.data(), picks.data() + (size_t)t * k, d_gates.data() + (size_t)t * k, k,
+                                  sc.score, (double)sc.rsf);
+            for (int e = 0; e < E; e++) (*d_logits)[(size_t)t * E + e] = dp[e] * a[e] * (1.0 - a[e]) + z_scale * p[e];
+            continue;
+        }
+        moe_gate_backward_row(dp.data(), p.data(), picks.data() + (size_t)t * k, d_gates.data() + (size_t)t * k, k,
+                              sc.score, (double)sc.rsf);
         double dot = 0.0;
         for (int e = 0; e < E; e++) dot += p[e] * dp[e];
-        for (int e = 0; e < E; e++) {
-            (*d_logits)[(size_t)t * E + e] = p[e] * (dp[e] - dot) + q.loss_scale * q.z_coef * 2.0 * lse * p[e] / N;
-        }
+        for (int e = 0; e < E; e++) (*d_logits)[(size_t)t * E + e] = p[e] * (dp[e] - dot) + z_scale * p[e];
     }
 }
 
@@ -150,16 +206,16 @@ static void router_backward_reference(std::vector<double>* d_logits, const std::
 static void check_reference_by_finite_differences(const std::vector<double>& analytic, const std::vector<float>& logits,
                                                   const std::vector<int>& picks, const std::vector<float>& d_gates,
                                                   const std::vector<int>& expert_count, int N, int E, int k,
-                                                  LossCoefficients q) {
+                                                  LossCoefficients q, Scoring sc) {
     std::vector<double> x(logits.begin(), logits.end());
     const double h = 1e-5;  // truncation ~h^2 * |L'''| ~ 1e-10, cancellation ~1e-16 * |L| / h ~ 1e-9
     double worst = 0.0;
     for (size_t i = 0; i < x.size(); i++) {
         const double saved = x[i];
         x[i] = saved + h;
-        const double up = router_loss(x, picks, d_gates, expert_count, N, E, k, q);
+        const double up = router_loss(x, picks, d_gates, expert_count, N, E, k, q, sc);
         x[i] = saved - h;
-        const double down = router_loss(x, picks, d_gates, expert_count, N, E, k, q);
+        const double down = router_loss(x, picks, d_gates, expert_count, N, E, k, q, sc);
         x[i] = saved;
         const double err = fabs((up - down) / (2.0 * h) - analytic[i]);
         if (err > 1e-7) {
@@ -173,13 +229,21 @@ static void check_reference_by_finite_differences(const std::vector<double>& ana
 
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
-    struct Case { int N, E, k; bool gate_gradient, finite_differences; };
-    const Case full_cases[] = {{65536, 8, 1, true, false},  {65536, 8, 2, true, false},  {65536, 8, 8, true, false},
-                               {65536, 64, 1, true, false}, {65536, 64, 2, true, false}, {65536, 64, 8, true, false}};
+    struct Case { int N, E, k; bool gate_gradient, finite_differences; Scoring sc; };
+    const Scoring softmax = {MOE_SCORE_SOFTMAX, 1.0f}, sigmoid = {MOE_SCORE_SIGMOID, 2.5f};
+    const Case full_cases[] = {{65536, 8, 1, true, false, softmax},  {65536, 8, 2, true, false, softmax},
+                               {65536, 8, 8, true, false, softmax},  {65536, 64, 1, true, false, softmax},
+                               {65536, 64, 2, true, false, softmax}, {65536, 64, 8, true, false, softmax},
+                               {65536, 64, 6, true, false, sigmoid}};
     // N = 999, E = 5: N*E = 4995 probabilities, not a multiple of the 4-float vectors, rows that straddle vectors,
-    // and several blocks of partial sums at either validated block size (too many logits for finite differences)
-    const Case small_cases[] = {{69, 4, 1, true, true},  {69, 4, 2, true, true},    {69, 40, 2, true, true},
-                                {69, 4, 2, false, true}, {999, 5, 2, true, false}};
+    // and several blocks of partial sums at either validated block size (too many logits for finite differences).
+    // Sigmoid scores at 1, 2 and 8 logits per lane (top-1: its gate is the constant rsf, so only the losses reach
+    // the logits), and the routed scale on softmax gates.
+    const Case small_cases[] = {{69, 4, 1, true, true, softmax},    {69, 4, 2, true, true, softmax},
+                                {69, 40, 2, true, true, softmax},   {69, 4, 2, false, true, softmax},
+                                {999, 5, 2, true, false, softmax},  {69, 4, 1, true, true, sigmoid},
+                                {69, 40, 2, true, true, sigmoid},   {69, 200, 3, true, false, sigmoid},
+                                {69, 4, 2, true, true, {MOE_SCORE_SOFTMAX, 2.5f}}};
     const Case* cases = args.small ? small_cases : full_cases;
     const int num_cases = args.small ? (int)(sizeof(small_cases) / sizeof(small_cases[0]))
                                      : (int)(sizeof(full_cases) / sizeof(full_cases[0]));
@@ -192,12 +256,13 @@ int main(int argc, char** argv) {
     printf("moe_router_backward (%s build; the router is fp32)\n", PRECISION_NAME);
     for (int c = 0; c < num_cases; c++) {
         const int N = cases[c].N, E = cases[c].E, k = cases[c].k;
+        const Scoring sc = cases[c].sc;
         const size_t n = (size_t)N * E, num_choices = (size_t)N * k;
         // routing in double, then rounded to the fp32 values the forward kernel would hand over
         std::vector<float> logits = moe_router_logits(N, E);
         std::vector<float> probs(n), gates(num_choices), logsumexp(N);
         std::vector<int> picks(num_choices);
-        moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, N, E, k);
+        moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, N, E, k, sc.score, sc.rsf);
         // d_gates: random, 0 for the choices a capacity of CF 0.5 drops (what moe_combine_backward hands over)
         std::vector<float> d_gates = lab_random(num_choices);
         const MoeSlots slots = moe_slots_reference(picks, N, E, k, moe_capacity(N, E, k, 0.5), false);
@@ -211,7 +276,7 @@ int main(int argc, char** argv) {
         }
 
         std::vector<double> d_logits_double(n);
-        router_backward_reference(&d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q);
+        router_backward_reference(&d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q, sc);
         std::vector<float> d_logits_ref(d_logits_double.begin(), d_logits_double.end());
         double mean_prob_weighted = 0.0, z_sum = 0.0;
         for (int t = 0; t < N; t++) {
@@ -220,11 +285,13 @@ int main(int argc, char** argv) {
         }
         const float losses_ref[2] = {(float)(q.aux_alpha * E * mean_prob_weighted), (float)(q.z_coef * z_sum / N)};
 
-        printf("N=%d E=%d k=%d, d_gates %s (%d of %zu zero)\n", N, E, k,
+        const char* score_name = sc.score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax";
+        printf("N=%d E=%d k=%d %s rsf=%g, d_gates %s (%d of %zu zero)\n", N, E, k, score_name, sc.rsf,
                cases[c].gate_gradient ? "random, dropped at CF 0.5" : "all zero", dropped, num_choices);
-        if (args.small && cases[c].finite_differences) check_reference_by_finite_differences(d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q);
+        if (args.small && cases[c].finite_differences) check_reference_by_finite_differences(d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q, sc);
 
         RouterBackwardBuffers d;
+        d.logits = lab_to_device<float>(logits);
         d.probs = lab_to_device<float>(probs);
         d.expert_index = lab_ints_to_device(picks);
         d.gates = lab_to_device<float>(gates);
@@ -237,8 +304,10 @@ int main(int argc, char** argv) {
         // The kernels start from fp32 probs, gates and lse (each within 2^-24 relative of the double values) and
         // work in fp32: d_logits = p*(dP - sum p dP) + z, with |dP| <= |d_gate|/S + aux <= E (S >= 1/E), so
         // errors are a few ulp of E*p: atol 1e-6 * E, rtol 1e-5. With d_gates = 0, |dP| is the loss terms'
-        // (~1e-2 here): atol 1e-8. Loss sums of N*E fp32 terms: rtol 1e-5.
-        const float d_logits_atol = cases[c].gate_gradient ? 1e-6f * E : 1e-8f;
+        // (~1e-2 here): atol 1e-8. Loss sums of N*E fp32 terms: rtol 1e-5. Sigmoid: the affinities are recomputed
+        // in fp32 (exp's error, ~1e-6 relative with __expf), the gate part is rsf times the softmax one's
+        // and a(1 - a) <= 1/4 only shrinks it: atol 1e-6 * E * rsf.
+        const float d_logits_atol = cases[c].gate_gradient ? 1e-6f * E * sc.rsf : 1e-8f;
         // 256: the trainer's (MOE_WARP_KERNEL_BLOCK_SIZE, MOE_LOSSES_BLOCK_SIZE); 64: more blocks of partials at -s
         const int validation_block_sizes[] = {256, 64};
         for (int variant = 1; variant <= 4; variant++) {
@@ -249,7 +318,7 @@ int main(int argc, char** argv) {
                 cudaCheck(cudaMemset(d.aux_and_z, 0xff, 2 * sizeof(float)));
                 // fresh scratch, never written: a checked build reports any read of it before the kernels write it
                 cudaCheck(cudaMalloc(&d.partials, moe_router_losses_partials_size() * sizeof(float)));
-                run_variant(variant, &d, N, E, k, q, block_size);
+                run_variant(variant, &d, N, E, k, q, sc, block_size);
                 cudaCheck(cudaDeviceSynchronize());
                 cudaCheck(cudaFree(d.partials));
                 printf("variant %d, block %d\n", variant, block_size);
@@ -259,18 +328,20 @@ int main(int argc, char** argv) {
         }
 
         char sizes[64];
-        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d", N, E, k);
+        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d %s", N, E, k, score_name);
         lab_print_header("moe_router_backward", sizes);
-        const double backward_bytes = 8.0 * n + 12.0 * num_choices + 4.0 * N + 4.0 * E;
+        const double score_bytes = (sc.score == MOE_SCORE_SIGMOID ? 12.0 : 8.0) * n;  // sigmoid reads the logits
+        const double backward_bytes = score_bytes + 12.0 * num_choices + 4.0 * N + 4.0 * E;
         const double losses_bytes = 4.0 * n + 4.0 * N + 4.0 * E;
         cudaCheck(cudaMalloc(&d.partials, moe_router_losses_partials_size() * sizeof(float)));
         for (int variant = 1; variant <= 4; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
             for (int block_size : block_sizes) {
-                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, q, block_size); });
+                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, q, sc, block_size); });
                 lab_print_row(variant, block_size, ms, variant <= 2 ? backward_bytes : losses_bytes, 0.0);
             }
         }
+        cudaCheck(cudaFree(d.logits));
         cudaCheck(cudaFree(d.probs));
         cudaCheck(cudaFree(d.expert_index));
         cudaCheck(cudaFree(d.gates));

@@ -233,12 +233,24 @@ run_test moe-fp32-t1024-fa0 build/test_moe_fp32 build/ref/moe_t1024_k1_fp32 -cf 
 run_test moe-bf16-t1024 build/test_moe_bf16 build/ref/moe_t1024_k1_seed2_bf16 -cf 0.5
 run_test moe-bf16-t1024-fa0 build/test_moe_bf16 build/ref/moe_t1024_k1_seed2_bf16 -cf 0.5 -fa 0
 run_test moe-bf16-k2-me2-fa0 build/test_moe_bf16 build/ref/moe_k2_me2_cf0.5_bf16 -cf 0.5 -fa 0
+# issue 15's sigmoid scores with the routed scale 2.5 (Makefile, MOE_SIGMOID): top-2 of 8 dropless and with drops
+# in FP32 and BF16, top-1 every other layer; the routed scale on softmax top-2 gates
+run_test moe-fp32-k2-sigmoid-dropless build/test_moe_fp32 build/ref/moe_k2_sigmoid_dropless_fp32 -cf 0
+run_test moe-fp32-k2-sigmoid-cf1 build/test_moe_fp32 build/ref/moe_k2_sigmoid_cf1_fp32 -cf 1 -r 0
+run_test moe-bf16-k2-sigmoid-dropless build/test_moe_bf16 build/ref/moe_k2_sigmoid_dropless_bf16 -cf 0
+run_test moe-bf16-k2-sigmoid-cf1 build/test_moe_bf16 build/ref/moe_k2_sigmoid_cf1_bf16 -cf 1
+run_test moe-fp32-k1-sigmoid-me2 build/test_moe_fp32 build/ref/moe_k1_sigmoid_me2_fp32 -cf 0 -r 2
+run_test moe-fp32-k2-rsf build/test_moe_fp32 build/ref/moe_k2_rsf_cf0.5_fp32 -cf 0.5
 # expert parallelism against PyTorch (every process on the reference batch) and against -ep 1 (distinct batches):
 # 2 ranks in one expert group; 4 ranks in two groups (replicas, ZeRO-1); 4 ranks, one expert each, dropless
 run_test moe-fp32-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -ep 2
 run_test moe-bf16-ep2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2
 run_test moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -ep 2 -z 1
 run_test moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -ep 4
+# sigmoid scores: one expert group of 2, dropless and with drops
+run_test moe-fp32-sigmoid-ep2-np2-dropless $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_sigmoid_dropless_fp32 \
+    -cf 0 -ep 2
+run_test moe-bf16-sigmoid-ep2-np2-cf1 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k2_sigmoid_cf1_bf16 -cf 1 -ep 2
 # ZeRO-2 (router and expert gradients in buckets) against ZeRO-1 bit for bit, distinct batches: two groups of 2
 # (replicas), one group of 2 with offload, and every process with every expert, dropless
 run_test moe-fp32-ep2-np4-zero2 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -ep 2 -z 2
@@ -282,12 +294,16 @@ run_test check-moe-fp32-k1-noisy-jitter-dropless build/check/test_moe_fp32 build
     -rj 0.05 -r 2
 run_test check-moe-bf16-k1-cf0.5-w1 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -w 1
 run_test check-moe-bf16-k2-noisy build/check/test_moe_bf16 build/ref/moe_k2_noisy_bf16 -cf 0.5
+run_test check-moe-fp32-k2-sigmoid-cf1 build/check/test_moe_fp32 build/ref/moe_k2_sigmoid_cf1_fp32 -cf 1 -r 0
+run_test check-moe-bf16-k2-sigmoid-dropless build/check/test_moe_bf16 build/ref/moe_k2_sigmoid_dropless_bf16 -cf 0
 run_test check-moe-fp32-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -ep 2
 run_test check-moe-bf16-ep2-np2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2
 run_test check-moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/check/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 \
     -ep 2 -z 1
 run_test check-moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/check/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 \
     -ep 4
+run_test check-moe-fp32-sigmoid-ep2-np2-dropless $MPIRUN -np 2 build/check/test_moe_fp32 \
+    build/ref/moe_k2_sigmoid_dropless_fp32 -cf 0 -ep 2
 # ZeRO-2's buckets in both sets: reused across steps (2 MoE layers, bf16), and within a backward pass (4 MoE layers)
 run_test check-moe-bf16-ep2-np2-zero2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2 \
     -z 2

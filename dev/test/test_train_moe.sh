@@ -9,8 +9,11 @@
 #   - a checkpoint of -ep 2 resumes with -ep 1 and one of -ep 1 with -ep 2: identical weights, the same training;
 #   - an MoE model from a descriptor trains (the loss falls) and logs aux, z, drop and the expert loads;
 #   - with router jitter and noisy top-k gating, a resumed run continues bit-identically (the noise follows the step);
+#   - sigmoid scores with a routed scale from a descriptor: the checkpoint's model file records them (header words
+#     24, 27, 28) and a run resumed from it continues bit-identically;
 #   - bad inputs (top-k above E, a file of the wrong kind, tokens the model lacks,
-#     -ne/-tk/-me/-eh against the model file or checkpoint) get their one line; a corrupt expert state is named on -y 1.
+#     -ne/-tk/-me/-eh/-rs/-rsf against the model file or checkpoint, bad -rs and -rsf, the MoE header words 24..29
+#     this trainer does not build or a reader refuses) get their one line; a corrupt expert state is named on -y 1.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and
 # build/ref/moe_k1_cf0.5_fp32_model.bin (make test builds them). Run from anywhere: dev/test/test_train_moe.sh
 set -u
@@ -215,6 +218,25 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/noise_resumed.log")" ] &&
     cmp -s "$work/noise/model_00000006.bin" "$work/noise_resumed/model_00000006.bin"; then pass; else
     fail "a noisy-gating run with jitter does not resume bit-identically"; fi
 
+# --- sigmoid scores with the routed scale 2.5 (doc/moe.md, issue 15's routing 3 and 5): the checkpoint's model file
+# has header words 24 = 1, 27 = 1 (sigmoid), 28 = 2.5's fp32 bits, and resuming from it (the flags agreeing with the
+# file) continues bit-identically
+SIGMOID=(-e d2 -ev 263 -et 32 -ne 8 -tk 2 -me 1 -rs sigmoid -rsf 2.5 -cf 0 -i "$work/train.bin" -j "" -v 0 -s 0 -b 2
+         -t 16 -l 3e-3)
+"$TRAIN" "${SIGMOID[@]}" -x 6 -n 3 -o "$work/sigmoid" >"$work/sigmoid.log" 2>&1 ||
+    fail "sigmoid run: $(tail -3 "$work/sigmoid.log")"
+mkdir -p "$work/sigmoid_resumed"
+cp "$work/sigmoid"/*_00000003* "$work/sigmoid_resumed/"
+"$TRAIN" "${SIGMOID[@]}" -x 6 -n 3 -o "$work/sigmoid_resumed" -y 1 >"$work/sigmoid_resumed.log" 2>&1 ||
+    fail "sigmoid resumed run: $(tail -3 "$work/sigmoid_resumed.log")"
+want=$(step_fields "$work/sigmoid.log" | tail -n 3)
+words=$($PYTHON -c 'import struct, sys; h = struct.unpack("256i", open(sys.argv[1], "rb").read(1024)); print(*h[24:30])' \
+    "$work/sigmoid/model_00000006.bin")
+if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/sigmoid_resumed.log")" ] &&
+    cmp -s "$work/sigmoid/model_00000006.bin" "$work/sigmoid_resumed/model_00000006.bin" &&
+    [ "$words" = "1 0 0 1 1075838976 0" ]; then pass; else
+    fail "a sigmoid run does not resume bit-identically, or its model file's words 24..29 are [$words]"; fi
+
 # --- bad inputs
 expect_error "top-k above E" "-tk 9: top-k must be between 1 and the number of experts (8)" "$TRAIN" "${COMMON[@]}" -e d2 -tk 9
 expect_error "dense file to the MoE trainer" "not a MoE model file" "$TRAIN" "${COMMON[@]}" -b 2 -e "$DENSE_MODEL"
@@ -235,6 +257,10 @@ expect_error "noisy top-k with every expert chosen" "-rn 1: noisy top-k gating n
 expect_error "noisy top-k 2" "-rn 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -rn 2
 expect_error "jitter out of range" "-rj 1.5: the jitter must be in [0, 1)" "$TRAIN" "${COMMON[@]}" -rj 1.5
 expect_error "zero experts" "-ne 0: expected at least 1 expert" "$TRAIN" "${COMMON[@]}" -ne 0
+expect_error "unknown score" "-rs tanh: expected softmax or sigmoid" "$TRAIN" "${COMMON[@]}" -e d2 -rs tanh
+expect_error "routed scale 0" "-rsf 0: the routed scale must be finite and positive" "$TRAIN" "${COMMON[@]}" -e d2 -rsf 0
+expect_error "noisy top-k with sigmoid scores" "-rn 1 -rs sigmoid: noisy top-k gating is defined on softmax scores only" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -rn 1 -rs sigmoid
 
 # a shard of tokens the model has no row for (uint16 65535 on V=256) is refused before any step, naming shard,
 # position, token and V
@@ -266,6 +292,38 @@ open(sys.argv[2], "wb").write(struct.pack("256i", *h) + data[1024:])
 PY
 expect_error "llama family" "moe_llama.bin: model family 1 in header word 16 (1 = llama; doc/formats.md): this trainer reads only GPT-2-family files" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_llama.bin"
+# issue 15's MoE header words (doc/formats.md): what this trainer does not build yet, and what any reader refuses,
+# named by word. make_header FILE WORD=VALUE...: the MoE test model with those header words
+make_header() {
+    $PYTHON - "$MOE_MODEL" "$@" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+h = list(struct.unpack("256i", data[:1024]))
+for change in sys.argv[3:]:
+    word, value = change.split("=")
+    h[int(word)] = int(value)
+open(sys.argv[2], "wb").write(struct.pack("256i", *h) + data[1024:])
+PY
+}
+make_header "$work/moe_shared.bin" 24=1 25=1 26=64
+expect_error "shared experts in the file" "moe_shared.bin: header word 25 = 1: shared experts: not built by train_moe.cu yet" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_shared.bin"
+make_header "$work/moe_bias.bin" 24=1 27=1 29=1
+expect_error "balancing biases in the file" "moe_bias.bin: header word 29 = 1: aux-loss-free balancing biases: not built" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias.bin"
+make_header "$work/moe_bias_softmax.bin" 24=1 29=1
+expect_error "balancing biases with softmax" "header word 29 = 1: balancing biases need sigmoid scores (word 27 = 1)" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias_softmax.bin"
+make_header "$work/moe_rev0.bin" 27=1
+expect_error "word 27 without revision 1" "header word 27 = 1: words 25 to 29 must be 0 when word 24 is 0" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_rev0.bin"
+make_header "$work/moe_rsf.bin" 24=1 28=-1082130432
+expect_error "negative routed scale in the file" "header word 28 = -1082130432: the routed scale (fp32 bits) must be finite" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_rsf.bin"
+expect_error "-rs against the file" "-rs sigmoid: the model file $MOE_MODEL has softmax scores (header word 27" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -rs sigmoid
+expect_error "-rsf against the file" "-rsf 2: the model file $MOE_MODEL has the routed scale 1 (header word 28" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -rsf 2
 # and has no architecture flags
 expect_error "-arch" "unknown flag -arch" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -arch llama
 
