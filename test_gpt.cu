@@ -74,6 +74,7 @@ struct GPT2Test {
     int ep_degree;
     const TestExtension* extension;
     int offload;  // -oo, as the trainer's
+    float grad_clip;  // test_step's clipping threshold
 };
 
 static void read_reference_state(ReferenceState* r, const char* path, const GPT2* model, const TestExtension* x) {
@@ -229,16 +230,17 @@ static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T
 
 // One training step with the trainer's update path; returns the step's loss averaged over the processes.
 // Training steps on the same batch use the trainer's own update (gradient clipping, AdamW with weight decay on
-// the matrices): lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, and clipping at 0.5, below this model's
-// gradient norm (~0.8), so that the clipping path is exercised — the reference is written with the same values
-// (Makefile: REF_ARGS).
+// the matrices): lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, and clipping at grad_clip: 0.5, below this
+// model's gradient norm (~0.8), so that the clipping path is exercised — the reference is written with the same
+// values (Makefile: REF_ARGS).
 static float test_step(GPT2* model, const int* x, const int* y, int B, int T, int step, const MultiGpuConfig* mg,
-                       int zero_stage, cudaStream_t stream) {
-    AdamWConfig opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f};
+                       int zero_stage, float grad_clip, cudaStream_t stream) {
+    AdamWConfig opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, grad_clip};
     gpt2_zero_grad(model, stream);
     model->pass_number = (unsigned int)step;
     gpt2_forward(model, x, y, B, T, model->loss_scaler.scale / (float)(B * T), stream);
     gpt2_backward(model, B, T, optimizer_next_seed(&model->rng_state), mg, 1, zero_stage, stream);
+    gpt2_early_update(model, &opt, step + 1);
     float loss = gpt2_mean_loss(model);
     float norm = gpt2_gradient_norm(model, mg, zero_stage, stream);
     gpt2_update(model, &opt, norm, step + 1, mg, zero_stage, stream);
@@ -247,18 +249,22 @@ static float test_step(GPT2* model, const int* x, const int* y, int B, int T, in
 
 // The reference's training steps on a fresh model with t's ZeRO stage and offload, from the stochastic-rounding
 // generator's state `rng_state`: their losses into `losses` (ref->nsteps), and the parameters after them in model-file
-// order into `params` (as the trainer writes its model file: under ZeRO-3 gathered; NULL: not wanted)
-static void run_test_steps(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg,
-                           unsigned long long rng_state, float* losses, floatX* params, cudaStream_t stream) {
+// order into `params` (as the trainer writes its model file: under ZeRO-3 gathered; NULL: not wanted). Returns how many
+// steps kept -oo 2's early update.
+static int run_test_steps(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg,
+                          unsigned long long rng_state, float* losses, floatX* params, cudaStream_t stream) {
     GPT2 model;
     build_test_model(&model, t, mg, 1);
     gpt2_allocate_activations(&model, ref->B, ref->T);
     gpt2_allocate_optimizer(&model, t->zero_stage);
     model.rng_state = rng_state;
     for (int step = 0; step < ref->nsteps; step++)
-        losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, step, mg, t->zero_stage, stream);
+        losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, step, mg, t->zero_stage, t->grad_clip,
+                                 stream);
     if (params) gpt2_get_parameters(&model, params, stream);
+    int adopted = model.store.early_adopted;
     free_test_model(&model);
+    return adopted;
 }
 
 // The test's main, shared with test_moe.cu (x: its extension, which adds its flags, its part of the model file and
@@ -267,12 +273,12 @@ static void run_test_steps(const GPT2Test* t, const ReferenceState* ref, const M
 static int test_main(int argc, char** argv, const TestExtension* x) {
     const char* name = x ? x->name : "test_gpt";
     if (argc < 2) {
-        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-z 0|1|2|3] [-oo 0|1]%s\n", argv[0],
+        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-z 0|1|2|3] [-oo 0|1|2]%s\n", argv[0],
                 x ? x->usage_flags : "");
         return EXIT_FAILURE;
     }
     const char* prefix = argv[1];
-    GPT2Test t = {NULL, 1, 1, 1, 0, -1, 1, x};
+    GPT2Test t = {NULL, 1, 1, 1, 0, -1, 1, x, 0, 0.5f};
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-r")) t.recompute = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-w")) t.master = atoi(argv[i + 1]);
@@ -325,8 +331,8 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     char path[1024], state_path[1024];
     snprintf(path, sizeof(path), "%s_model.bin", prefix);
     t.path = path;
-    if (t.zero_stage < 0 || t.zero_stage > 3 || t.offload < 0 || t.offload > 1) {
-        fprintf(stderr, "-z %d -oo %d: expected -z 0, 1, 2 or 3 and -oo 0 or 1\n", t.zero_stage, t.offload);
+    if (t.zero_stage < 0 || t.zero_stage > 3 || t.offload < 0 || t.offload > 2) {
+        fprintf(stderr, "-z %d -oo %d: expected -z 0, 1, 2 or 3 and -oo 0, 1 or 2\n", t.zero_stage, t.offload);
         return EXIT_FAILURE;
     }
     // the reference checks read the whole gradient: ZeRO-0, no offload (test_moe.cu's own checks take -z)
@@ -364,7 +370,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     float* losses = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
     unsigned long long steps_rng_state = model.rng_state;  // the stochastic-rounding seeds of these steps
     for (int step = 0; step < ref.nsteps; step++) {
-        losses[step] = test_step(&model, ref.x, ref.y, B, T, step, &mg, 0, stream);
+        losses[step] = test_step(&model, ref.x, ref.y, B, T, step, &mg, 0, t.grad_clip, stream);
         if (printing) printf("     step %2d: loss %.6f (reference %.6f)\n", step, losses[step], ref.step_losses[step]);
     }
     double worst = 0.0;
@@ -420,6 +426,24 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
                     printf("%s %-10s %zu parameters after them, bit-identical to -z 1's\n",
                            same_params ? "OK  " : "FAIL", "staged", n);
             }
+        }
+        // -oo 2: the steps above clip, so each early update was undone and made again. Without clipping (the
+        // threshold far above the norm) each is kept: the steps' losses and parameters are -oo 0's at this stage
+        // bit for bit, and every step kept its early update.
+        if (t.offload == 2) {
+            GPT2Test unclipped = t;
+            unclipped.grad_clip = 1e30f;
+            unclipped.offload = 0;
+            run_test_steps(&unclipped, &ref, &mg, steps_rng_state, sharded, sharded_params, stream);
+            unclipped.offload = 2;
+            int adopted = run_test_steps(&unclipped, &ref, &mg, steps_rng_state, staged, staged_params, stream);
+            int same = memcmp(staged, sharded, (size_t)ref.nsteps * sizeof(float)) == 0 &&
+                       memcmp(staged_params, sharded_params, n * sizeof(floatX)) == 0;
+            int ok = same && adopted == ref.nsteps;
+            count_check(ok);
+            if (printing)
+                printf("%s %-10s %d unclipped steps with -z %d -oo 2, %d early updates kept, losses and parameters "
+                       "bit-identical to -oo 0's\n", ok ? "OK  " : "FAIL", "early", ref.nsteps, t.zero_stage, adopted);
         }
         free(sharded);
         free(staged);

@@ -126,7 +126,7 @@ static void moe_run_steps(const GPT2Test* t, int degree, const int* x, const int
     gpt2_allocate_activations(&model, ref->B, ref->T);
     gpt2_allocate_optimizer(&model, t->zero_stage);
     for (int step = 0; step < ref->nsteps; step++)
-        losses[step] = test_step(&model, x, y, ref->B, ref->T, step, mg, t->zero_stage, stream);
+        losses[step] = test_step(&model, x, y, ref->B, ref->T, step, mg, t->zero_stage, t->grad_clip, stream);
     if (params) {
         *count = gpt2_num_parameters(&model);
         *params = (floatX*)malloc_check(*count * sizeof(floatX));

@@ -1,13 +1,14 @@
 // train_gpt.cu: GPT-2 training in C/CUDA: hand-written kernels (llmc/), cuBLASLt GEMMs, bf16/fp16/fp32 mixed
-// precision, activation recompute, data parallelism over NCCL with ZeRO-1. -arch llama trains the Llama-style
-// model of doc/kernels.md (RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases) through the same code.
+// precision, activation recompute, data parallelism over NCCL with ZeRO stages 1 to 3 and ZeRO-Offload
+// (doc/zero.md). -arch llama trains the Llama-style model of doc/kernels.md (RMSNorm, RoPE, grouped-query attention,
+// SwiGLU, no biases) through the same code.
 // Build and run:
 //   make train_gpt [PRECISION=BF16|FP16|FP32]             GPU binary (nvcc), ./train_gpt -i "data/x/*train*.bin" ...
 //   make train_gpt_cpu [PRECISION=...]                     the same source on the CPU backend (cpu/cucc)
 //   mpirun -np 8 ./train_gpt ...                           data parallel, one process per GPU
 // Flags are listed by `./train_gpt -h` (the llm.c conventions, extended; see README.md).
-// This file is the GPT-2 model (and its Llama-style family) and the training loop. train_moe.cu (the Switch-MoE model) and test_gpt.cu include
-// it with OMIT_TRAIN_GPT_MAIN defined and bring their own main; the MoE model plugs its layers into the model and
+// This file is the GPT-2 model (and its Llama-style family) and the training loop. train_moe.cu (the Switch-MoE
+// model) and test_gpt.cu include it with OMIT_TRAIN_GPT_MAIN defined and bring their own main; the MoE model plugs its layers into the model and
 // the loop through the MlpExtension interface below.
 #include <ctype.h>
 #include <dirent.h>
@@ -287,7 +288,7 @@ struct GPT2 {
     LossScaler loss_scaler;   // FP16 loss scaling
     unsigned long long rng_state;  // host generator of stochastic-rounding seeds (identical on every process)
     int use_master_weights;
-    int offload_optimizer;  // -oo 1: ZeRO-Offload (the optimizer state and AdamW on the host)
+    int offload_optimizer;  // -oo 1: ZeRO-Offload (the optimizer state and AdamW on the host); 2: AdamW early
     int zero_stage;         // set before building: ZeRO-2 allocates gradient buckets instead of a gradient buffer,
                             // ZeRO-3 only this process's parameter shard and gather buffers
     const MultiGpuConfig* multi_gpu;  // set before building for ZeRO-3: the processes parameters are gathered over
@@ -1273,6 +1274,8 @@ static float gpt2_mean_loss(GPT2* model) {
     return model->mean_loss;
 }
 
+static ShardedParameters* gpt2_own_set(GPT2* model) { return model->mlp ? model->mlp->own_set(model) : NULL; }
+
 static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
 
@@ -1359,6 +1362,9 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
     ParameterTensors g = gpt2_rest_gradients(model, stream);
     ActivationTensors a = model->acts;
     floatX* dresidual = a.dresidual;  // gradient of the residual stream, (B, T, C)
+    // ZeRO-Offload copies the step's gradient to the host piece by piece on the last micro-step
+    model->store.last_micro_step = reduce;
+    if (gpt2_own_set(model)) gpt2_own_set(model)->last_micro_step = reduce;
     reduce = reduce || model->zero_stage >= 2;  // ZeRO-2/3 reduce on every micro-step
     cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)B * T * C * sizeof(floatX), stream));
     // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
@@ -1440,7 +1446,6 @@ static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_sta
 // ----------------------------------------------------------------------------------------------------
 // The optimizer step over the replicated parameter set and an extension's own (llmc/optimizer.cuh)
 
-static ShardedParameters* gpt2_own_set(GPT2* model) { return model->mlp ? model->mlp->own_set(model) : NULL; }
 
 // m, v and master weights for this process's shards of both parameter sets
 static void gpt2_allocate_optimizer(GPT2* model, int zero_stage) {
@@ -1472,6 +1477,23 @@ static float gpt2_gradient_norm(GPT2* model, const MultiGpuConfig* mg, int zero_
     return sqrtf(norm2) / model->loss_scaler.scale;
 }
 
+// -oo 2, right after queuing the last micro-step's backward pass: each set's early update of step t (from 1) on the host
+// (llmc/optimizer.cuh), with the seeds gpt2_update will draw
+static void gpt2_early_update(GPT2* model, const AdamWConfig* opt, int t) {
+    if (model->offload_optimizer != 2) return;
+    unsigned long long rng = model->rng_state;
+    unsigned int store_seed = optimizer_next_seed(&rng), own_seed = optimizer_next_seed(&rng);
+    sharded_parameters_early_update(&model->store, opt, model->loss_scaler.scale, store_seed, t);
+    ShardedParameters* own = gpt2_own_set(model);
+    if (own) sharded_parameters_early_update(own, opt, model->loss_scaler.scale, own_seed, t);
+}
+// ... and a step that is skipped undoes it
+static void gpt2_discard_early_update(GPT2* model) {
+    sharded_parameters_discard_early_update(&model->store);
+    ShardedParameters* own = gpt2_own_set(model);
+    if (own) sharded_parameters_discard_early_update(own);
+}
+
 // The AdamW step t (from 1) with gradient norm `norm`; a non-finite norm (FP16 overflow) skips it. Returns 1 if the
 // parameters were updated. The loss scale changes afterwards (LossScaler).
 static int gpt2_update(GPT2* model, const AdamWConfig* opt, float norm, int t, const MultiGpuConfig* mg,
@@ -1485,6 +1507,8 @@ static int gpt2_update(GPT2* model, const AdamWConfig* opt, float norm, int t, c
         if (own)
             sharded_parameters_apply_update(own, opt, norm, scale, optimizer_next_seed(&model->rng_state), t,
                                             model->mlp->own_group(model), zero_stage, stream);
+    } else {
+        gpt2_discard_early_update(model);
     }
     loss_scaler_update(&model->loss_scaler, norm);
     return finite;
@@ -1970,6 +1994,7 @@ typedef struct {
     int overfit_single_batch, use_master_weights, offload_optimizer, zero_stage, recompute, gelu_fusion, flash_attention;
     int plan_gib;  // -pm: print the memory plan for a device of this many GiB and exit
     float skip_update_lossz, skip_update_gradz;
+    float grad_clip;
     int num_processes, process_rank, gpus_per_node;
     int divergence_steps, watchdog_s;
     // the architecture of a descriptor (train_gpt only): -arch and the llama family's values (0: its default)
@@ -2005,6 +2030,7 @@ static int trainer_flags(Flag* f, TrainerSettings* s, int with_arch) {
     s->plan_gib = 0;
     s->flash_attention = -1;
     s->skip_update_lossz = 0.0f, s->skip_update_gradz = 0.0f;
+    s->grad_clip = 1.0f;
     s->num_processes = 1, s->process_rank = 0, s->gpus_per_node = 8;
     s->divergence_steps = 3, s->watchdog_s = 600;
     s->arch = "gpt2", s->kv_heads = 0, s->ffn_hidden = 0, s->tie_embeddings = 0;
@@ -2057,7 +2083,9 @@ static int trainer_flags(Flag* f, TrainerSettings* s, int with_arch) {
     f[n++] = flag("-pm", FLAG_INT, &s->plan_gib,
                   "print the memory plan of a descriptor's model on a device of this many GiB, and exit (default = 0)");
     f[n++] = flag("-oo", FLAG_INT, &s->offload_optimizer,
-                  "ZeRO-Offload: m, v and master weights in host memory, AdamW on the host CPU? 0/1 (default = 0)");
+                  "ZeRO-Offload: m, v and master weights in host memory, AdamW on the host CPU? 0/1, or 2: AdamW on\n"
+                  "each gradient piece as it reaches the host, during the backward pass, kept unless the step clips\n"
+                  "(12 more bytes of host memory per parameter) (default = 0)");
     f[n++] = flag("-z", FLAG_INT, &s->zero_stage,
                   "ZeRO stage: 0 (all-reduce), 1 (sharded optimizer state), 2 (and sharded gradients), 3 (and sharded\n"
                   "parameters, gathered layer by layer) (default = 0)");
@@ -2076,6 +2104,8 @@ static int trainer_flags(Flag* f, TrainerSettings* s, int with_arch) {
 #endif
     f[n++] = flag("-sl", FLAG_FLOAT, &s->skip_update_lossz,
                   "skip the update when the loss z-score exceeds this (default = 0 = off)");
+    f[n++] = flag("-gc", FLAG_FLOAT, &s->grad_clip,
+                  "clip the gradient to this global norm (default = 1.0, 0 = no clipping)");
     f[n++] = flag("-sg", FLAG_FLOAT, &s->skip_update_gradz,
                   "skip the update when the gradient-norm z-score exceeds this (default = 0 = off)");
     f[n++] = flag("-wt", FLAG_INT, &s->watchdog_s,
@@ -2107,8 +2137,12 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
         return 0;
     }
     if (s->plan_gib < 0) { fprintf(stderr, "-pm %d: expected a device size in GiB, or 0\n", s->plan_gib); return 0; }
-    if (s->offload_optimizer != 0 && s->offload_optimizer != 1) {
-        fprintf(stderr, "-oo %d: expected 0 or 1\n", s->offload_optimizer);
+    if (!(s->grad_clip >= 0.0f) || !isfinite(s->grad_clip)) {
+        fprintf(stderr, "-gc %g: expected a finite norm >= 0 (0: no clipping)\n", s->grad_clip);
+        return 0;
+    }
+    if (s->offload_optimizer < 0 || s->offload_optimizer > 2) {
+        fprintf(stderr, "-oo %d: expected 0, 1 or 2\n", s->offload_optimizer);
         return 0;
     }
     if (s->offload_optimizer && !s->use_master_weights && PRECISION_MODE != PRECISION_FP32) {
@@ -2271,7 +2305,8 @@ typedef struct {
                            // this process's shard of the replicated set)
     size_t gradients;      // floatX buffers, or ZeRO-2/3's fp32 shard
     size_t communication;  // ZeRO-2/3's gradient buckets and ZeRO-3's gather buffers (not NCCL's own buffers)
-    size_t optimizer;      // m, v and master weights of the shard: device memory, or pinned host memory with -oo 1
+    size_t optimizer;      // m, v and master weights of the shard: device memory, or host memory with -oo 1 (and
+                           // with -oo 2 their backups for the early update)
     size_t activations;
 } MemoryPlan;
 
@@ -2304,6 +2339,7 @@ static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
     }
     int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
     m.optimizer = shard * sizeof(float) * (master ? 3 : 2);
+    if (model->offload_optimizer == 2) m.optimizer += shard * sizeof(float) * 3;  // the early update's backups
     m.activations = activation_bytes(model, B, T, model->recompute);
     return m;
 }
@@ -2351,8 +2387,9 @@ static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size
     info_row(t, "memory: communication", "%10.1f MiB (%zu bytes%s)", m.communication / MiB, m.communication,
              bucket_note);
     if (model->offload_optimizer)
-        info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes) pinned host memory (m, v, master, ZeRO-%d shard; -oo 1)",
-                 m.optimizer / MiB, m.optimizer, stage);
+        info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes) host memory (m, v, master%s, ZeRO-%d shard; -oo %d)",
+                 m.optimizer / MiB, m.optimizer, model->offload_optimizer == 2 ? " and their backups" : "", stage,
+                 model->offload_optimizer);
     else
         info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes; m, v%s, ZeRO-%d shard)", m.optimizer / MiB,
                  m.optimizer, model->use_master_weights && PRECISION_MODE != PRECISION_FP32 ? ", master" : "", stage);
@@ -2520,6 +2557,7 @@ static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* 
     clock_gettime(CLOCK_MONOTONIC, &ts0);
     gpt2_zero_grad(model, stream);
     if (model->mlp) model->mlp->step_begin(model);
+    opt->learning_rate = lr_scheduler_get(scheduler, step);
     double step_loss = 0.0;
     for (int micro = 0; micro < grad_accum_steps; micro++) {
         watchdog_begin("the forward and backward passes with the gradient reduction", step + 1);
@@ -2531,6 +2569,7 @@ static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* 
         int last_micro_step = micro == grad_accum_steps - 1;
         gpt2_backward(model, s->B, s->T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, s->zero_stage,
                       stream);
+        if (last_micro_step) gpt2_early_update(model, opt, step + 1);  // -oo 2: while the device finishes the pass
         step_loss += gpt2_mean_loss(model);
         if (model->mlp) model->mlp->micro_step_done(model);
     }
@@ -2550,10 +2589,11 @@ static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* 
     r.norm_z = isfinite(r.norm) ? update_detector(&ts->norm_outlier, r.norm) : NAN;
     r.loss_spike = s->skip_update_lossz > 0.0f && isfinite(r.loss_z) && r.loss_z > s->skip_update_lossz;
     r.norm_spike = s->skip_update_gradz > 0.0f && isfinite(r.norm_z) && r.norm_z > s->skip_update_gradz;
-    opt->learning_rate = lr_scheduler_get(scheduler, step);
     watchdog_begin("the optimizer update", step + 1);
     if (!r.loss_spike && !r.norm_spike)
         gpt2_update(model, opt, loss_finite ? r.norm : NAN, step + 1, mg, s->zero_stage, stream);
+    else
+        gpt2_discard_early_update(model);
     cudaCheck(cudaStreamSynchronize(stream));
     watchdog_end();
     clock_gettime(CLOCK_MONOTONIC, &ts1);
@@ -2760,7 +2800,7 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     LearningRateScheduler scheduler;
     lr_scheduler_init(&scheduler, s.lr_scheduler_type, s.learning_rate, s.warmup_iterations, train_num_batches,
                       s.final_lr_frac);
-    AdamWConfig opt = {s.learning_rate, 0.9f, 0.95f, 1e-8f, s.weight_decay, 1.0f};
+    AdamWConfig opt = {s.learning_rate, 0.9f, 0.95f, 1e-8f, s.weight_decay, s.grad_clip > 0.0f ? s.grad_clip : INFINITY};
     float flops_promised = get_flops_promised(prop.name, PRECISION_MODE);
     // with an extension whose forward pass is collective, or under ZeRO-3 (whose forward pass gathers parameters),
     // every process samples (the same tokens)
@@ -2796,6 +2836,9 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
         }
     }
 
+    if (rank0 && s.offload_optimizer == 2 && train_num_batches > start_step)
+        printf("-oo 2: the early update was kept in %d of %d steps (a step that clips makes it again)\n",
+               model.store.early_adopted, train_num_batches - start_step);
     logger_free(&logger);
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);

@@ -15,7 +15,9 @@
 //   sharded_parameters_gradient_slices      where the backward pass accumulates a group of slices' gradients
 //   sharded_parameters_reduce_slices        average a set of slices over processes during the backward pass
 //   sharded_parameters_norm_squared  wait for that; the squared norm of the (still loss-scaled) gradient
-//   sharded_parameters_apply_update  clip, undo the loss scale, AdamW, all-gather (ZeRO-1/2)
+//   sharded_parameters_early_update  -oo 2: AdamW on the host on each gradient piece as it arrives, before the norm
+//   sharded_parameters_discard_early_update   -oo 2: a skipped step undoes it
+//   sharded_parameters_apply_update  clip, undo the loss scale, AdamW (or keep the early update), all-gather (ZeRO-1/2)
 //   sharded_parameters_gather_all    ZeRO-3: the whole set's parameters, for the model file
 //   sharded_parameters_write_state / read_state / gather_state   the optimizer state in checkpoints
 // A model may have several such sets over different process groups: the MoE trainer keeps its experts in a
@@ -96,13 +98,32 @@ typedef struct {
     float* v_memory;
     float* master_weights;  // fp32 copy of the shard, or NULL
     int has_master;         // the checkpoints' layout: 1 when the state holds master weights (bf16/fp16 with -w 1)
-    // ZeRO-Offload (-oo 1): m_memory, v_memory and master_weights (always, fp32 builds too) are pinned host memory and
-    // AdamW runs on the host; host_params (pinned) takes the reduced gradient shard in and the updated parameters out,
-    // host_grads holds that gradient widened to fp32
+    // ZeRO-Offload (-oo 1, 2): m_memory, v_memory and master_weights (always, fp32 builds too) are pinned host memory
+    // and AdamW runs on the host; host_params (pinned) takes the reduced floatX gradient shard in (stages 0, 1) and the
+    // updated parameters out, host_grads (pinned) the fp32 gradient shard (stages 2, 3; at 0, 1 widened on the host)
     int offload;
     int flush_subnormals;   // whether the device build flushes subnormals, which the host AdamW must match
     floatX* host_params;
     float* host_grads;
+    // the pieces of the shard in the order they reach the host on the step's last micro-step (shard-local [begin,
+    // end), each with the event that follows its copy on the NCCL stream); together they cover the shard's tensors
+    int last_micro_step;  // the trainer's: whether the backward pass in progress is the step's last micro-step
+    int num_pieces, max_pieces;
+    size_t* piece_begin;
+    size_t* piece_end;
+    cudaEvent_t* piece_copied;
+    // -oo 2, the early update (sharded_parameters_early_update): AdamW on each piece as soon as it is on the host,
+    // while the device goes on with the backward pass, assuming the step will not clip. backup_* keep m, v and the
+    // master weights as they were, for a step that clips or is skipped after all.
+    float* backup_m;
+    float* backup_v;
+    float* backup_master;
+    int early_done;  // the early update ran over every piece, with the settings below
+    AdamWConfig early_opt;
+    float early_loss_scale;
+    unsigned int early_seed;
+    int early_t;
+    int early_adopted;  // steps whose early update was kept (a count for tests)
     float* norm_partials;
     float* norm_result;
     // the reduced gradient times this is the gradient of the step's loss: 1, except for parameters whose gradient
@@ -226,7 +247,12 @@ static void sharded_parameters_allocate_optimizer(ShardedParameters* p, int use_
         cudaCheck(cudaMallocHost((void**)&p->v_memory, p->shard_size * sizeof(float)));
         cudaCheck(cudaMallocHost((void**)&p->master_weights, p->shard_size * sizeof(float)));
         cudaCheck(cudaMallocHost((void**)&p->host_params, p->shard_size * sizeof(floatX)));
-        p->host_grads = (float*)malloc_check(p->shard_size * sizeof(float));
+        cudaCheck(cudaMallocHost((void**)&p->host_grads, p->shard_size * sizeof(float)));
+        if (offload == 2) {
+            p->backup_m = (float*)malloc_check(p->shard_size * sizeof(float));
+            p->backup_v = (float*)malloc_check(p->shard_size * sizeof(float));
+            p->backup_master = (float*)malloc_check(p->shard_size * sizeof(float));
+        }
         memset(p->m_memory, 0, p->shard_size * sizeof(float));
         memset(p->v_memory, 0, p->shard_size * sizeof(float));
         cudaCheck(cudaMemcpy(p->host_params, p->params_memory + (p->shard_offset - p->params_first),
@@ -264,7 +290,14 @@ static void sharded_parameters_free(ShardedParameters* p) {
         cudaCheck(cudaFreeHost(p->v_memory));
         cudaCheck(cudaFreeHost(p->master_weights));
         cudaCheck(cudaFreeHost(p->host_params));
-        free(p->host_grads);
+        cudaCheck(cudaFreeHost(p->host_grads));
+        free(p->backup_m);
+        free(p->backup_v);
+        free(p->backup_master);
+        for (int i = 0; i < p->max_pieces; i++) cudaCheck(cudaEventDestroy(p->piece_copied[i]));
+        free(p->piece_begin);
+        free(p->piece_end);
+        free(p->piece_copied);
     } else {
         cudaCheck(cudaFree(p->m_memory));
         cudaCheck(cudaFree(p->v_memory));
@@ -292,6 +325,7 @@ static size_t sharded_parameters_offset(const ShardedParameters* p, int tensor) 
 }
 
 static void sharded_parameters_zero_grad(ShardedParameters* p, cudaStream_t stream) {
+    p->num_pieces = 0;
     if (p->zero_stage >= 2)
         cudaCheck(cudaMemsetAsync(p->shard_grads, 0, p->shard_size * sizeof(float), stream));
     else
@@ -337,6 +371,28 @@ static void sharded_parameters_gradient_slices(ShardedParameters* p, int bucket,
         b->used += n;
     }
     if (b->used > first) cudaCheck(cudaMemsetAsync(b->memory + first, 0, (b->used - first) * sizeof(floatX), stream));
+}
+
+// ZeRO-Offload: shard-local [begin, end) of the gradient shard is on its way to the host, behind the copy just queued
+// on `stream`
+static void sharded_parameters_add_piece(ShardedParameters* p, size_t begin, size_t end, cudaStream_t stream) {
+    if (p->num_pieces == p->max_pieces) {
+        int grown = p->max_pieces > 0 ? 2 * p->max_pieces : 64;
+        p->piece_begin = (size_t*)realloc(p->piece_begin, grown * sizeof(size_t));
+        p->piece_end = (size_t*)realloc(p->piece_end, grown * sizeof(size_t));
+        p->piece_copied = (cudaEvent_t*)realloc(p->piece_copied, grown * sizeof(cudaEvent_t));
+        if (!p->piece_begin || !p->piece_end || !p->piece_copied) {
+            fprintf(stderr, "sharded_parameters_add_piece: out of host memory\n");
+            exit(EXIT_FAILURE);
+        }
+        for (int i = p->max_pieces; i < grown; i++)
+            cudaCheck(cudaEventCreateWithFlags(&p->piece_copied[i], cudaEventDisableTiming));
+        p->max_pieces = grown;
+    }
+    p->piece_begin[p->num_pieces] = begin;
+    p->piece_end[p->num_pieces] = end;
+    cudaCheck(cudaEventRecord(p->piece_copied[p->num_pieces], stream));
+    p->num_pieces++;
 }
 
 // ZeRO-2: shard[i] += bucket[i] (fp32 sums of the micro-steps' reduced gradients). Element by element, since a
@@ -387,6 +443,11 @@ static void sharded_parameters_reduce_bucket(ShardedParameters* p, const int* te
                                                mg->nccl_stream>>>(p->shard_grads + (a - p->shard_offset),
                                                                   slice + (a - begin), e - a);
             cudaCheck(cudaGetLastError());
+            if (p->offload && p->last_micro_step) {  // the piece's step gradient is complete: to the host
+                cudaCheck(cudaMemcpyAsync(p->host_grads + (a - p->shard_offset), p->shard_grads + (a - p->shard_offset),
+                                          (e - a) * sizeof(float), cudaMemcpyDeviceToHost, mg->nccl_stream));
+                sharded_parameters_add_piece(p, a - p->shard_offset, e - p->shard_offset, mg->nccl_stream);
+            }
         }
         if (++b->num_reduced == b->num_slices) {
             cudaCheck(cudaEventRecord(b->reduced, mg->nccl_stream));
@@ -434,7 +495,8 @@ static void sharded_parameters_reduce_group(ShardedParameters* p, const int* ten
 // process's part of each reduced slice then goes to the host on the same stream, behind its reduction and beside
 // the backward pass (one process too), so that the update finds the gradient shard there. ZeRO-2 does this on every
 // micro-step, from the bucket the slices were put into (sharded_parameters_reduce_bucket): the micro-steps' reduced
-// gradients are summed in fp32 in shard_grads, and offload copies that sum at the update.
+// gradients are summed in fp32 in shard_grads, and on the last micro-step offload copies each piece of that sum to the
+// host as soon as it is complete. Every piece copied is recorded (sharded_parameters_add_piece) for the host's AdamW.
 static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* tensors, int count, int layer,
                                              int num_layers, const MultiGpuConfig* mg, int zero_stage,
                                              cudaStream_t stream) {
@@ -452,9 +514,11 @@ static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* te
         size_t begin = sharded_parameters_offset(p, tensors[j]) + (layer >= 0 ? (size_t)layer * n : 0);
         size_t a = begin > p->shard_offset ? begin : p->shard_offset;
         size_t b = begin + n < p->shard_offset + p->shard_size ? begin + n : p->shard_offset + p->shard_size;
-        if (a < b)
+        if (a < b) {
             cudaCheck(cudaMemcpyAsync(p->host_params + (a - p->shard_offset), p->grads_memory + a, (b - a) * sizeof(floatX),
                                       cudaMemcpyDeviceToHost, mg->nccl_stream));
+            sharded_parameters_add_piece(p, a - p->shard_offset, b - p->shard_offset, mg->nccl_stream);
+        }
     }
 }
 
@@ -596,9 +660,109 @@ static float sharded_parameters_clip_scale(float norm, float max_norm) {
     return coef < 1.0f ? coef : 1.0f;
 }
 
+// ZeRO-Offload's AdamW on the host over shard-local [begin, end), from host_grads, in place on m, v and the master
+// weights, the new parameters into host_params: per tensor piece, with the noise indexed from the tensor's start, the
+// same operations as adamw_update's kernel, bit for bit (llmc/adamw_host.h)
+static void sharded_parameters_host_adamw(ShardedParameters* p, const AdamWConfig* opt, float grad_scale,
+                                          unsigned int seed, int t, size_t begin, size_t end) {
+    float beta1_correction = 1.0f - powf(opt->beta1, (float)t);
+    float beta2_correction = 1.0f - powf(opt->beta2, (float)t);
+    size_t tensor_begin = 0;
+    for (int i = 0; i < p->num_tensors; i++) {
+        size_t tensor_end = tensor_begin + p->sizes[i];
+        size_t a = tensor_begin > p->shard_offset + begin ? tensor_begin : p->shard_offset + begin;
+        size_t e = tensor_end < p->shard_offset + end ? tensor_end : p->shard_offset + end;
+        if (a < e) {
+            size_t local = a - p->shard_offset;
+            adamw_host_update(p->host_params + local, p->master_weights + local, p->host_grads + local,
+                              p->m_memory + local, p->v_memory + local, e - a, opt->learning_rate, opt->beta1,
+                              opt->beta2, beta1_correction, beta2_correction, opt->eps,
+                              p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i,
+                              p->flush_subnormals, (unsigned int)(a - tensor_begin));
+        }
+        tensor_begin = tensor_end;
+    }
+}
+
+// ZeRO-Offload: waits for piece k of the gradient shard on the host; at stages 0 and 1 widens it to fp32 (exact) into
+// host_grads
+static void sharded_parameters_host_piece(ShardedParameters* p, int k) {
+    cudaCheck(cudaEventSynchronize(p->piece_copied[k]));
+    if (p->zero_stage >= 2) return;
+    size_t begin = p->piece_begin[k], end = p->piece_end[k];
+#pragma omp parallel for schedule(static)
+    for (size_t i = begin; i < end; i++) p->host_grads[i] = (float)p->host_params[i];
+}
+
+// -oo 2: the early update of step t, run by the trainer right after queuing the last micro-step's backward pass, before
+// the gradient norm. Each piece of the gradient shard is updated as soon as its copy is on the host, while the device
+// goes on with the layers below: the update a step without clipping makes (grad_scale 1 / loss_scale, times
+// grad_multiplier), with the settings and seed the update will be given (sharded_parameters_apply_update checks them).
+// m, v and the master weights are kept in backup_* first.
+static void sharded_parameters_early_update(ShardedParameters* p, const AdamWConfig* opt, float loss_scale,
+                                            unsigned int seed, int t) {
+    if (p->offload != 2) return;
+    float grad_scale = 1.0f / loss_scale * p->grad_multiplier;
+    for (int k = 0; k < p->num_pieces; k++) {
+        sharded_parameters_host_piece(p, k);
+        size_t begin = p->piece_begin[k], n = p->piece_end[k] - begin;
+        memcpy(p->backup_m + begin, p->m_memory + begin, n * sizeof(float));
+        memcpy(p->backup_v + begin, p->v_memory + begin, n * sizeof(float));
+        memcpy(p->backup_master + begin, p->master_weights + begin, n * sizeof(float));
+        sharded_parameters_host_adamw(p, opt, grad_scale, seed, t, begin, begin + n);
+    }
+    p->early_done = 1;
+    p->early_opt = *opt;
+    p->early_loss_scale = loss_scale;
+    p->early_seed = seed;
+    p->early_t = t;
+}
+
+// -oo 2: a step that is not taken after all (a skipped update) puts m, v and the master weights back
+static void sharded_parameters_discard_early_update(ShardedParameters* p) {
+    if (!p->early_done) return;
+    for (int k = 0; k < p->num_pieces; k++) {
+        size_t begin = p->piece_begin[k], n = p->piece_end[k] - begin;
+        memcpy(p->m_memory + begin, p->backup_m + begin, n * sizeof(float));
+        memcpy(p->v_memory + begin, p->backup_v + begin, n * sizeof(float));
+        memcpy(p->master_weights + begin, p->backup_master + begin, n * sizeof(float));
+    }
+    p->early_done = 0;
+}
+
+// ZeRO-Offload's update on the host: the gradient pieces (which must cover the shard's parameters: the trainer
+// reduced every tensor on the last micro-step) then AdamW over the shard, unless the early update made exactly this
+// update already (no clipping, the same settings), in which case it is kept.
+static void sharded_parameters_host_update(ShardedParameters* p, const AdamWConfig* opt, float grad_scale,
+                                           float loss_scale, unsigned int seed, int t, cudaStream_t stream) {
+    cudaCheck(cudaStreamSynchronize(stream));  // sharded_parameters_norm_squared made it wait for the copies
+    size_t last = p->num_parameters < p->shard_offset + p->shard_size ? p->num_parameters : p->shard_offset + p->shard_size;
+    size_t real = last > p->shard_offset ? last - p->shard_offset : 0, covered = 0;
+    for (int k = 0; k < p->num_pieces; k++) covered += p->piece_end[k] - p->piece_begin[k];
+    if (covered != real) {
+        fprintf(stderr, "sharded_parameters_host_update: the gradient pieces on the host cover %zu of the shard's %zu "
+                "parameters (was every tensor reduced on the last micro-step?)\n", covered, real);
+        exit(EXIT_FAILURE);
+    }
+    int same = p->early_done && grad_scale == 1.0f / loss_scale * p->grad_multiplier &&
+               memcmp(&p->early_opt, opt, sizeof(*opt)) == 0 && p->early_loss_scale == loss_scale &&
+               p->early_seed == seed && p->early_t == t;
+    if (same) {
+        p->early_done = 0;
+        p->early_adopted++;
+        return;
+    }
+    // an early update widened the pieces already (and wrote parameters over the floatX gradient in host_params)
+    int widened = p->early_done;
+    sharded_parameters_discard_early_update(p);
+    for (int k = 0; k < p->num_pieces && !widened; k++) sharded_parameters_host_piece(p, k);
+    sharded_parameters_host_adamw(p, opt, grad_scale, seed, t, 0, real);
+}
+
 // The update of step t (from 1) for a finite gradient norm `norm` (the norm of the step's whole gradient, all
 // sets together, with the loss scale undone): AdamW over this process's shard, one call per tensor piece (weight
-// decay on the matrices only), then the all-gather of the parameters under ZeRO-1. The stored gradient is
+// decay on the matrices only; with offload on the host, sharded_parameters_host_update), then the all-gather of the
+// parameters under ZeRO-1/2. The stored gradient is
 // divided by loss_scale and multiplied by grad_multiplier; `seed` drives bf16 stochastic rounding.
 static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWConfig* opt, float norm, float loss_scale,
                                             unsigned int seed, int t, const MultiGpuConfig* mg, int zero_stage,
@@ -607,34 +771,15 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
     float beta1_correction = 1.0f - powf(opt->beta1, (float)t);
     float beta2_correction = 1.0f - powf(opt->beta2, (float)t);
     size_t shard_begin = p->shard_offset, shard_end = p->shard_offset + p->shard_size;
-    if (p->offload && p->zero_stage >= 2) {
-        // the fp32 gradient shard (sharded_parameters_norm_squared made this stream wait for its last additions)
-        cudaCheck(cudaMemcpyAsync(p->host_grads, p->shard_grads, p->shard_size * sizeof(float), cudaMemcpyDeviceToHost,
-                                  stream));
-        cudaCheck(cudaStreamSynchronize(stream));
-    } else if (p->offload) {
-        // the reduced gradient shard, copied to the host during the backward pass (sharded_parameters_reduce_slices;
-        // sharded_parameters_norm_squared made this stream wait for those copies), widened to fp32 (exact)
-        cudaCheck(cudaStreamSynchronize(stream));
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < p->shard_size; i++) p->host_grads[i] = (float)p->host_params[i];
-    }
+    if (p->offload) sharded_parameters_host_update(p, opt, grad_scale, loss_scale, seed, t, stream);
     size_t tensor_begin = 0;
-    for (int i = 0; i < p->num_tensors; i++) {
+    for (int i = 0; i < p->num_tensors && !p->offload; i++) {
         size_t tensor_end = tensor_begin + p->sizes[i];
         size_t begin = tensor_begin > shard_begin ? tensor_begin : shard_begin;
         size_t end = tensor_end < shard_end ? tensor_end : shard_end;
         // the rounding noise is indexed from the tensor's start, so the bits do not depend on where shards split it
         unsigned int noise_index = (unsigned int)(begin - tensor_begin);
-        if (begin < end && p->offload) {
-            // the same operations as adamw_update's kernel, bit for bit (llmc/adamw_host.h)
-            size_t local = begin - shard_begin;
-            adamw_host_update(p->host_params + local, p->master_weights + local, p->host_grads + local,
-                              p->m_memory + local, p->v_memory + local, end - begin, opt->learning_rate, opt->beta1,
-                              opt->beta2, beta1_correction, beta2_correction, opt->eps,
-                              p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i,
-                              p->flush_subnormals, noise_index);
-        } else if (begin < end && p->zero_stage >= 2) {
+        if (begin < end && p->zero_stage >= 2) {
             size_t local = begin - shard_begin;
             adamw_update(p->params_memory + (begin - p->params_first), p->master_weights ? p->master_weights + local : nullptr,
                          p->shard_grads + local, p->m_memory + local, p->v_memory + local, end - begin,

@@ -6,7 +6,7 @@
 # synthetic data (bf16, B=8 T=1024, recompute 0 and 1, flash attention; and recompute 1 with -fa 0, the cuBLAS-
 # and-softmax attention) and the Switch-MoE model on the same backbone beside it
 # (8 experts, top-1, every other layer), GPT-2 124M at B=64 with flash attention, at recompute 1 with -z 2, -z 3 and
-# with -oo 1 (issue 16's targets), runs every kernel-lab file at
+# with -oo 1 and 2 (issue 16's targets), runs every kernel-lab file at
 # full size (the flash-attention labs first, and once more built with cuDNN for its variant 5), and prints one
 # summary table: test results, tokens/s, MFU, peak memory, each lab variant's best time against its floor, and flash
 # attention's forward+backward against cuDNN's and the cuBLAS path's at B=8..64, T=1024, HS=64 (issue targets:
@@ -119,10 +119,11 @@ summarize_trainers() {
         "peak mem" status
     for log in "$logdir"/train_gpt_r*.log "$logdir"/train_gpt_fa0_r*.log "$logdir"/train_gpt_b64_r*.log \
         "$logdir"/train_gpt_z2_r*.log "$logdir"/train_gpt_z3_r*.log "$logdir"/train_gpt_oo1_r*.log \
+        "$logdir"/train_gpt_oo2_r*.log \
         "$logdir"/train_moe_r*.log; do
         [ -e "$log" ] && trainer_row "$log"
     done
-    for variant in z2 z3 oo1; do  # against the same run without it (on one GPU -z 1 is -z 0)
+    for variant in z2 z3 oo1 oo2; do  # against the same run without it (on one GPU -z 1 is -z 0)
         [ -e "$logdir/train_gpt_${variant}_r1.log" ] && [ -e "$logdir/train_gpt_r1.log" ] || continue
         awk -v name="$variant" -v a="$(trainer_row "$logdir/train_gpt_${variant}_r1.log" tokens)" \
             -v b="$(trainer_row "$logdir/train_gpt_r1.log" tokens)" 'BEGIN {
@@ -476,6 +477,7 @@ TRAIN_BATCHES="64 32 16" train train_gpt_b64 "$BIN/train_gpt_bf16" "0"
 train train_gpt_z2 "$BIN/train_gpt_bf16" "1" -z 2
 train train_gpt_z3 "$BIN/train_gpt_bf16" "1" -z 3
 train train_gpt_oo1 "$BIN/train_gpt_bf16" "1" -oo 1
+train train_gpt_oo2 "$BIN/train_gpt_bf16" "1" -oo 2  # the host AdamW overlapped with the backward pass
 
 # every lab file at full size, all its variants; flash attention first, and its cuDNN build's variant 5
 for lab in flash_attention_forward flash_attention_backward; do

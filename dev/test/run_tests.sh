@@ -189,6 +189,11 @@ run_test gpt-fp32-z3 build/test_gpt_fp32 build/ref/tiny_fp32 -z 3 -r 2
 run_test gpt-bf16-z3-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/deep_bf16 -z 3
 run_test gpt-fp32-z3-oo1-np3 $MPIRUN -np 3 build/test_gpt_fp32 build/ref/tiny_fp32 -z 3 -oo 1 -r 0
 run_test gpt-bf16-z3-oo1-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/tiny_bf16 -z 3 -oo 1
+run_test gpt-fp32-z3-np4 $MPIRUN -np 4 build/test_gpt_fp32 build/ref/tiny_fp32 -z 3
+# -oo 2: the early update, undone and made again on the clipped steps, kept on the unclipped ones
+run_test gpt-fp32-oo2 build/test_gpt_fp32 build/ref/tiny_fp32 -oo 2
+run_test gpt-bf16-z1-oo2-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/deep_bf16 -z 1 -oo 2
+run_test gpt-fp32-z2-oo2-np2 $MPIRUN -np 2 build/test_gpt_fp32 build/ref/tiny_fp32 -z 2 -oo 2
 run_test gpt-bf16-z1-oo1-np2 $MPIRUN -np 2 build/test_gpt_bf16 build/ref/tiny_bf16 -z 1 -oo 1
 # the Llama-style model (-arch llama) against PyTorch: grouped-query attention with its own lm_head at every
 # recompute level, FP32 and BF16 with and without master weights; multi-head with the output embedding tied to wte
@@ -262,6 +267,8 @@ run_test moe-fp32-deep-ep2-np2-zero3 $MPIRUN -np 2 build/test_moe_fp32 build/ref
 run_test moe-bf16-ep2-np2-zero3-oo1 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2 -z 3 \
     -oo 1
 run_test moe-fp32-np2-zero3-dropless $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -z 3
+run_test moe-bf16-ep2-np2-zero2-oo2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2 -z 2 \
+    -oo 2
 run_test train-moe-cli dev/test/test_train_moe.sh
 
 # The checking build (cpu/cucc --check, README "Checking mode"): the backend's probes (each deliberate GPU bug is
@@ -284,6 +291,7 @@ run_test check-gpt-bf16-gelu-fused-backward build/check/test_gpt_bf16 build/ref/
 run_test check-gpt-bf16-z2-np2 $MPIRUN -np 2 build/check/test_gpt_bf16 build/ref/deep_bf16 -z 2
 run_test check-gpt-fp32-z2-oo1-np3 $MPIRUN -np 3 build/check/test_gpt_fp32 build/ref/tiny_fp32 -z 2 -oo 1
 run_test check-gpt-fp32-z3-np2 $MPIRUN -np 2 build/check/test_gpt_fp32 build/ref/deep_fp32 -z 3
+run_test check-gpt-bf16-z1-oo2-np2 $MPIRUN -np 2 build/check/test_gpt_bf16 build/ref/tiny_bf16 -z 1 -oo 2
 run_test check-llama-fp32-r0 build/check/test_gpt_fp32 build/ref/llama_gqa_fp32 -r 0
 run_test check-llama-bf16-r2-w0 build/check/test_gpt_bf16 build/ref/llama_gqa_bf16 -r 2 -w 0
 run_test check-llama-bf16-tied build/check/test_gpt_bf16 build/ref/llama_tied_bf16 -r 1

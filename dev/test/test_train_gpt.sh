@@ -98,7 +98,8 @@ $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -z 1 -oo 1 >"$work/zero1_of
     fail "2-rank ZeRO-1 -oo 1 run: $(tail -3 "$work/zero1_offload.log")"
 if [ -n "$(losses "$work/zero1.log")" ] && [ "$(losses "$work/zero1.log")" = "$(losses "$work/zero1_offload.log")" ]; then
     pass; else fail "ZeRO-1 with -oo 1 differs from ZeRO-1"; fi
-expect_error "bad -oo" "-oo 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -oo 2
+expect_error "bad -oo" "-oo 3: expected 0, 1 or 2" "$TRAIN" "${COMMON[@]}" -oo 3
+expect_error "bad -gc" "-gc -1: expected a finite norm >= 0 (0: no clipping)" "$TRAIN" "${COMMON[@]}" -gc -1
 
 # --- ZeRO-2 (-z 2): gradients reduced into each process's fp32 shard on every micro-step, layer by layer from two
 # reusable buckets. With one micro-step every piece is averaged as ZeRO-1 averages it and the shard holds the exact
@@ -159,6 +160,23 @@ $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -d 128 -x 3 -z 3 -r 2 >"$work/accum_z
     fail "2-rank ZeRO-3 -r 2 accumulation run: $(tail -3 "$work/accum_zero3.log")"
 if [ "$(losses "$work/accum_zero2.log")" = "$(losses "$work/accum_zero3.log")" ]; then pass; else
     fail "ZeRO-3 with two micro-steps differs from ZeRO-2 -oo 1"; fi
+# --- -oo 2: the host AdamW runs on each piece of the gradient shard as soon as it reaches the host, during the backward
+# pass, as if the step would not clip; a step that clips undoes it and updates again, one that is skipped undoes it.
+# Without clipping (-gc 0) every early update is kept, and the files are -oo 0's; with clipping at 0.1 none is, and
+# they are -oo 0's too; a diverging run skips its steps as without it (below, beside the divergence checks).
+for run in "1 0" "3 0" "2 0.1"; do
+    set -- $run
+    for oo in 0 2; do
+        $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -a 1 -x 4 -n 4 -z $1 -gc $2 -oo $oo -o "$work/early-z$1-oo$oo" \
+            >"$work/early-z$1-oo$oo.log" 2>&1 || fail "-z $1 -gc $2 -oo $oo run: $(tail -3 "$work/early-z$1-oo$oo.log")"
+    done
+    kept=$([ "$2" = 0 ] && echo 4 || echo 0)
+    if grep -q "^-oo 2: the early update was kept in $kept of 4 steps" "$work/early-z$1-oo2.log" &&
+        cmp -s "$work/early-z$1-oo0/model_00000004.bin" "$work/early-z$1-oo2/model_00000004.bin" &&
+        cmp -s "$work/early-z$1-oo0/state_00000004_00001.bin" "$work/early-z$1-oo2/state_00000004_00001.bin"; then
+        pass; else fail "-z $1 -gc $2 -oo 2 differs from -oo 0: $(grep '^-oo 2' "$work/early-z$1-oo2.log")"; fi
+done
+
 # validation and sampling gather too, on every process: the sample is -z 1's
 $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -b 2 -x 2 -z 3 -j "$work/train.bin" -v 2 -m 2 -s 2 -g 6 >"$work/zero3_sample.log" \
     2>&1 || fail "2-rank ZeRO-3 run with validation and sampling: $(tail -3 "$work/zero3_sample.log")"
@@ -197,7 +215,8 @@ expect_error "another global batch" \
 # --- the memory plan (-pm GIB: printed without allocating anything) against the formulas of doc/zero.md, written
 # here from GPT-2's shapes: n = 12 L C^2 + 13 L C + Vp C + maxT C + 2 C parameters, padded to a multiple of 8 P;
 # fp32 values (this build); parameters all, or ZeRO-3's shard; gradients a full buffer, or ZeRO-2/3's fp32 shard and
-# its buckets (two layers and the embeddings with the final LayerNorm; ZeRO-3 as many gather buffers); m and v (and master weights with -oo 1) of the shard. Activations: the
+# its buckets (two layers and the embeddings with the final LayerNorm; ZeRO-3 as many gather buffers); m and v (and
+# master weights with -oo 1; and their backups with -oo 2) of the shard. Activations: the
 # leading terms of gpt2_allocate_activations on the flash path, within 1% (the per-row statistics and the backward's
 # scratch that they leave out are 16 MB, 0.6%, at this shape).
 plan_check() {  # NP ZERO OFFLOAD RECOMPUTE
@@ -217,7 +236,7 @@ shard = padded // P if z >= 1 else padded
 want = {"parameters": 4 * padded // P if z == 3 else 4 * padded,
         "gradients": 4 * padded // P if z >= 2 else 4 * padded,
         "communication": 4 * (2 * layer + rest) * (2 if z == 3 else 1) if z >= 2 else 0,
-        "optimizer": 4 * shard * (3 if oo else 2)}
+        "optimizer": 4 * shard * (3 if oo else 2) + (4 * shard * 3 if oo == 2 else 0)}
 BTC = B * T * C
 act = 4 * (BTC * (10 * L + 2 * (1 if r >= 2 else L) + 4 * (1 if r >= 1 else L) + 9) + B * T * Vp)
 ok = all(rows.get(k) == v for k, v in want.items())
@@ -231,7 +250,7 @@ PY
     if [ $? = 0 ]; then pass; else fail "the memory plan for -np $1 -z $2 -oo $3 -r $4 differs from the formulas"; fi
 }
 plan_check 1 0 0 1
-plan_check 2 1 1 0
+plan_check 2 1 2 0
 plan_check 3 2 0 2
 plan_check 4 2 1 1
 plan_check 2 3 1 2
@@ -445,6 +464,11 @@ if [ "$(ls "$work/diverge" | grep -c '^DONE_')" = 1 ] && [ -e "$work/diverge/DON
 if grep -q "^step 2: loss -\?nan, gradient norm -\?nan: not finite, update skipped (1 of -ns 2 in a row)" "$work/diverge2.log" &&
     grep -q "^step 3: training diverged" "$work/diverge2.log" && ! grep -q "loss scale" "$work/diverge2.log"; then pass; else
     fail "-ns 2: $(grep -v '^[|+]' "$work/diverge2.log" | tail -4)"; fi
+# -oo 2's early updates undone on the skipped steps
+"$TRAIN" "${COMMON[@]}" -b 2 -x 10 -l 1e30 -ns 2 -oo 2 >"$work/diverge_early.log" 2>&1
+if [ "$(grep -E '^step [0-9]+:' "$work/diverge_early.log")" = "$(grep -E '^step [0-9]+:' "$work/diverge2.log")" ] &&
+    grep -q "^step 3: training diverged" "$work/diverge_early.log"; then pass; else
+    fail "-oo 2 diverging: $(grep -v '^[|+]' "$work/diverge_early.log" | tail -3)"; fi
 expect_error "-ns 0" "-ns 0: expected at least 1 step" "$TRAIN" "${COMMON[@]}" -ns 0
 
 # --- checkpoint writes do not follow symlinks: a link planted at a temporary name is replaced, its target untouched
