@@ -87,8 +87,7 @@ static void moe_check_forward(const GPT2* model, const ReferenceState* reference
 // the experts' stored gradients times their set's multiplier are the step's (moe_allocate_parameters)
 static float moe_gradient_multiplier(const GPT2* model, int i) {
     int slot = i - PARAM_EXTENSION;
-    return slot >= 0 && slot < MLP_EXTENSION_SLOTS && moe_is_expert_slot(slot) ? moe_of(model)->expert_store.grad_multiplier
-                                                                               : 1.0f;
+    return moe_is_expert_slot(slot) ? moe_of(model)->expert_store.grad_multiplier : 1.0f;
 }
 
 // the settings the reference was written with (Makefile: MOE_REF_ARGS and its configurations)

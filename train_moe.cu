@@ -42,7 +42,8 @@ typedef struct {
     float jitter;                 // router jitter EPS (0: off)
     float importance_coef;        // noisy gating's importance and load loss coefficients
     float load_coef;
-    float init_scale;             // a descriptor's router and (shared) expert weights: GPT-2's std times sqrt(init_scale)
+    float init_scale;             // a descriptor's router and (shared) expert weights: GPT-2's std times
+                                  // sqrt(init_scale)
 } MoESettings;
 
 // The extension's slots in the model file (train_gpt.cu's PARAM_EXTENSION + slot): the routers' and the shared
@@ -55,7 +56,9 @@ enum {
 };
 #define FIRST_EXPERT_SLOT MOE_EFCW
 #define NUM_EXPERT_TENSORS 4
-static int moe_is_expert_slot(int slot) { return slot >= FIRST_EXPERT_SLOT && slot < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; }
+static int moe_is_expert_slot(int slot) {
+    return slot >= FIRST_EXPERT_SLOT && slot < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS;
+}
 
 typedef struct {
     floatX* routerw;   // (Lm, E, C), Lm = the MoE layers
@@ -292,8 +295,8 @@ static void moe_configure(GPT2* model, const char* source) {
                 c->shared_hidden);
         exit(EXIT_FAILURE);
     }
-    double experts = (double)g->num_layers * g->channels *
-                     (c->num_experts * (c->expert_hidden * 2.0 + 2.0) + c->shared_experts * (c->shared_hidden * 2.0 + 2.0));
+    double experts = (double)g->num_layers * g->channels * (c->num_experts * (c->expert_hidden * 2.0 + 2.0) +
+                                                            c->shared_experts * (c->shared_hidden * 2.0 + 2.0));
     if (experts > 1e15) {
         fprintf(stderr, "%s: its header describes experts of about %.3g parameters (L=%d E=%d C=%d H=%d S=%d H_s=%d): "
                 "not a model file this trainer can load\n", source, experts, g->num_layers, c->num_experts,
@@ -863,7 +866,8 @@ static void moe_shared_backward(GPT2* model, int m, const MoEParameterTensors* l
         floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
         if (model->recompute >= 1) gelu_forward(act, pre, (size_t)N * Hs, stream);
         matmul_backward(d_hidden, lg->shared_fcprojw + s * C * Hs, lg->shared_fcprojb + s * C, dout, act,
-                        lp->shared_fcprojw + s * C * Hs, scratch, N, 1, (int)Hs, (int)C, stream, pre, model->gelu_fusion);
+                        lp->shared_fcprojw + s * C * Hs, scratch, N, 1, (int)Hs, (int)C, stream, pre,
+                        model->gelu_fusion);
         matmul_backward_bias(lg->shared_fcb + s * Hs, d_hidden, scratch, N, (int)Hs, stream);
         matmul_cublaslt(d_ln2, lp->shared_fcw + s * Hs * C, d_hidden, nullptr, (int)C, N, (int)Hs, stream, false, false,
                         true, nullptr, false);
@@ -935,8 +939,8 @@ static MoEParameterTensors moe_layer_gradients(GPT2* model, int l, cudaStream_t 
 }
 
 // dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten; the routed
-// experts', the router's and the shared experts'); the router's aux and z losses add their gradients scaled by moe->aux_grad_scale; the layer's parameter
-// gradients accumulate (+=) into lg (moe_layer_gradients).
+// experts', the router's and the shared experts'); the router's aux and z losses add their gradients scaled by
+// moe->aux_grad_scale; the layer's parameter gradients accumulate (+=) into lg (moe_layer_gradients).
 static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, floatX* d_ln2, const floatX* dout,
                                const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
@@ -1229,7 +1233,8 @@ typedef struct {
     float routed_scale;
     int shared_experts, shared_hidden;
 } MoEFlags;
-static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, "softmax", 1.0f, 0, 0};
+static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, "softmax", 1.0f,
+                             0, 0};
 static Flag moe_flag_table[] = {
     {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
     {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
@@ -1270,7 +1275,10 @@ static int moe_score_of(const char* name) {
 static int moe_check_flags(void) {
     const MoEFlags* f = &moe_flags;
     const Flag* seh = flag_find(moe_flag_table, sizeof(moe_flag_table) / sizeof(moe_flag_table[0]), "-seh");
-    if (f->shared_experts < 0) { fprintf(stderr, "-se %d: expected 0 or more shared experts\n", f->shared_experts); return 0; }
+    if (f->shared_experts < 0) {
+        fprintf(stderr, "-se %d: expected 0 or more shared experts\n", f->shared_experts);
+        return 0;
+    }
     if (seh->given && f->shared_experts == 0) {
         fprintf(stderr, "-seh %d: the shared experts' hidden size needs -se N > 0\n", f->shared_hidden);
         return 0;

@@ -349,7 +349,8 @@ open(sys.argv[2], "wb").write(struct.pack("256i", *h) + data[1024:])
 PY
 }
 make_header "$work/moe_shared.bin" 24=1 25=1 26=64
-expect_error "shared experts the file lacks" "moe_shared.bin" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_shared.bin"
+expect_error "shared experts the file lacks" "moe_shared.bin is truncated: its header describes 127040 parameters" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_shared.bin"
 make_header "$work/moe_shared_no_hidden.bin" 24=1 25=1
 expect_error "shared experts without a hidden size" "header words 25 and 26 (shared experts 1, their hidden size 0) must be both positive or both 0" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_shared_no_hidden.bin"
