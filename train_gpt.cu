@@ -104,9 +104,9 @@ static void gpt2_config_gpt2_family(GPT2Config* c) {
 // MLP extension's tensors (train_moe.cu: the routers', the experts' and the shared experts') have slots between
 // the dense MLP's and the final LayerNorm's, which GPT-2 leaves empty. (Raising the slot count from 6 to 10 for the
 // shared experts moved lnfw, lnfb and lm_head, and so their seeds: BF16 runs differ in the last bits from builds
-// before it.) A llama model uses the slots of the
-// tensors that play the same role (ln*w hold RMSNorm weights, fcw SwiGLU's [gate | up]); its empty slots (wpe, the
-// biases) have size 0, and its untied output embedding is the last slot, PARAM_LM_HEAD, after everything GPT-2 has.
+// before it.) A llama model uses the slots of the tensors that play the same role (ln*w hold RMSNorm weights, fcw
+// SwiGLU's [gate | up]); its empty slots (wpe, the biases) have size 0, and its untied output embedding is the last
+// slot, PARAM_LM_HEAD, after everything GPT-2 has.
 #define MLP_EXTENSION_SLOTS 10
 enum {
     PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W,

@@ -288,6 +288,8 @@ run_test moe-fp32-shared2-ep2-np2-zero3 $MPIRUN -np 2 build/test_moe_fp32 build/
     -ep 2 -z 3
 run_test moe-bf16-shared-np2-zero3-oo1 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_shared_me2_bf16 -cf 0.5 -z 3 \
     -oo 1
+run_test moe-bf16-shared-ep2-np2-zero2-oo2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_shared_me2_bf16 -cf 0.5 \
+    -ep 2 -z 2 -oo 2
 run_test train-moe-cli dev/test/test_train_moe.sh
 
 # The checking build (cpu/cucc --check, README "Checking mode"): the backend's probes (each deliberate GPU bug is
