@@ -149,6 +149,13 @@ MOE_REF_k2_sigmoid_dropless := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0
 MOE_REF_k2_sigmoid_cf1 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 1
 MOE_REF_k1_sigmoid_me2 := $(MOE_SIGMOID) --topk 1 --moe-every 2 --cf 0
 MOE_REF_k2_rsf_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --routed-scale 2.5
+# issue 15's shared experts (doc/moe.md, "Issue 15's routing options" 2): one of hidden size 64 in the MoE layer of
+# a dense-then-MoE model, top-1 with drops; two of hidden size 128 (their slices of a layer's gradient bucket
+# outgrow a dense MLP's) with sigmoid top-2 of 8 dropless in every layer, seed 5: in BF16 seed 1337 (smallest logit
+# margin 1.1e-4), 2, 3 and 4 route 4 to 6 of the 276 choices elsewhere (measured), seed 5 (margins 2.5e-4) none
+MOE_REF_k1_shared_me2 := --topk 1 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64
+MOE_REF_k2_sigmoid_shared2 := $(MOE_SIGMOID) --seed 5 --topk 2 --moe-every 1 --cf 0 --shared-experts 2 \
+    --shared-hidden 128
 $(BUILD)/ref/moe_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_$* $(MOE_REF_ARGS) $(MOE_REF_$(call ref_config,$*)) \
@@ -165,7 +172,10 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_k2_sigmoid_dropless_fp32_debug_state.bin \
              $(BUILD)/ref/moe_k2_sigmoid_dropless_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k2_sigmoid_cf1_fp32_debug_state.bin $(BUILD)/ref/moe_k2_sigmoid_cf1_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k1_sigmoid_me2_fp32_debug_state.bin $(BUILD)/ref/moe_k2_rsf_cf0.5_fp32_debug_state.bin
+             $(BUILD)/ref/moe_k1_sigmoid_me2_fp32_debug_state.bin $(BUILD)/ref/moe_k2_rsf_cf0.5_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k1_shared_me2_fp32_debug_state.bin $(BUILD)/ref/moe_k1_shared_me2_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k2_sigmoid_shared2_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k2_sigmoid_shared2_bf16_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
              $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \

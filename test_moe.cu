@@ -87,7 +87,7 @@ static void moe_check_forward(const GPT2* model, const ReferenceState* reference
 // the experts' stored gradients times their set's multiplier are the step's (moe_allocate_parameters)
 static float moe_gradient_multiplier(const GPT2* model, int i) {
     int slot = i - PARAM_EXTENSION;
-    return slot >= FIRST_EXPERT_SLOT && slot < MLP_EXTENSION_SLOTS ? moe_of(model)->expert_store.grad_multiplier : 1.0f;
+    return moe_is_expert_slot(slot) ? moe_of(model)->expert_store.grad_multiplier : 1.0f;
 }
 
 // the settings the reference was written with (Makefile: MOE_REF_ARGS and its configurations)
@@ -108,7 +108,7 @@ static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value)
 // the model file brings the shape; the settings are the test's; the experts shared out over `degree` processes
 static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree) {
     MoEModel* moe = (MoEModel*)malloc_check(sizeof(MoEModel));
-    MoEConfig none = {0, 0, 0, 0, 0, MOE_SCORE_SOFTMAX, 1.0f};
+    MoEConfig none = {0, 0, 0, 0, 0, MOE_SCORE_SOFTMAX, 1.0f, 0, 0};
     moe_model_init(moe, &none, &test_moe_settings);
     expert_parallel_init(&moe->ep, mg, degree);
     model->mlp = &moe_extension;

@@ -100,12 +100,14 @@ static void gpt2_config_gpt2_family(GPT2Config* c) {
     c->tied = 1;
 }
 
-// The tensors in model-file order. Their numbers also seed each tensor's stochastic rounding in the optimizer, so
-// they never move: an MLP extension's tensors (train_moe.cu: the routers' and the experts') have slots between
-// the dense MLP's and the final LayerNorm's, which GPT-2 leaves empty. A llama model uses the slots of the
-// tensors that play the same role (ln*w hold RMSNorm weights, fcw SwiGLU's [gate | up]); its empty slots (wpe, the
-// biases) have size 0, and its untied output embedding is the last slot, PARAM_LM_HEAD, after everything GPT-2 has.
-#define MLP_EXTENSION_SLOTS 6
+// The tensors in model-file order. Their numbers also seed each tensor's stochastic rounding in the optimizer: an
+// MLP extension's tensors (train_moe.cu: the routers', the experts' and the shared experts') have slots between
+// the dense MLP's and the final LayerNorm's, which GPT-2 leaves empty. (Raising the slot count from 6 to 10 for the
+// shared experts moved lnfw, lnfb and lm_head, and so their seeds: BF16 runs differ in the last bits from builds
+// before it.) A llama model uses the slots of the tensors that play the same role (ln*w hold RMSNorm weights, fcw
+// SwiGLU's [gate | up]); its empty slots (wpe, the biases) have size 0, and its untied output embedding is the last
+// slot, PARAM_LM_HEAD, after everything GPT-2 has.
+#define MLP_EXTENSION_SLOTS 10
 enum {
     PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W,
     PARAM_LN2B, PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB,
@@ -116,7 +118,7 @@ enum {
 };
 // weight decay applies to the matrices only (the embeddings and the Linear weights; train_gpt.py: the 2-D ones)
 static const int gpt2_parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0,
-                                                                  0, 0, 0, 0, 0, 0, 0, 0, 1};
+                                                                  0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
 
 // Pointers into the parameter set's buffer (and the same into the gradients'). Shapes for GPT-2; llama's: qkvw
 // (L, (NH + 2 NKV) HS, C), fcw (L, 2H, C), fcprojw (L, C, H), lm_head (Vp, C) when untied, the others empty (size 0:
@@ -376,8 +378,8 @@ static int gpt2_parameter_decay(const GPT2* model, int i) {
 static void point_parameters(ParameterTensors* p, floatX* memory, const size_t* sizes) {
     floatX** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
                                             &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw, &p->fcb,
-                                            &p->fcprojw, &p->fcprojb, NULL, NULL, NULL, NULL, NULL, NULL,
-                                            &p->lnfw, &p->lnfb, &p->lm_head};
+                                            &p->fcprojw, &p->fcprojb, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                            NULL, NULL, &p->lnfw, &p->lnfb, &p->lm_head};
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (ptrs[i]) *ptrs[i] = memory;
         memory += sizes[i];

@@ -19,7 +19,7 @@
 #define MOE_MODEL_MAGIC 20261129
 #define EXPERT_STATE_MAGIC 20261130
 
-// The MoE model's shape (model-file header words 8..12, 27 and 28): layer l's MLP is a Switch-MoE layer iff
+// The MoE model's shape (model-file header words 8..12 and 25..28): layer l's MLP is a Switch-MoE layer iff
 // (l + 1) % moe_every == 0 (doc/moe.md).
 typedef struct {
     int num_experts;   // E
@@ -29,6 +29,8 @@ typedef struct {
     int noisy_gating;  // noisy top-k gating: the MoE layers have routernw (doc/moe.md, "Router noise")
     int score;         // MOE_SCORE_SOFTMAX or MOE_SCORE_SIGMOID (doc/moe.md, "Issue 15's routing options" 3)
     float routed_scale;  // rsf: the gates' factor (ibid. 5), 1 for a Switch model
+    int shared_experts;  // S: dense experts every token of an MoE layer goes through (ibid. 2), 0: none
+    int shared_hidden;   // H_s: their hidden size (0 exactly when S = 0)
 } MoEConfig;
 
 // The MoE hyperparameters that are not part of the model file.
@@ -40,16 +42,23 @@ typedef struct {
     float jitter;                 // router jitter EPS (0: off)
     float importance_coef;        // noisy gating's importance and load loss coefficients
     float load_coef;
-    float init_scale;             // a descriptor's router and expert weights: GPT-2's std times sqrt(init_scale)
+    float init_scale;             // a descriptor's router and (shared) expert weights: GPT-2's std times
+                                  // sqrt(init_scale)
 } MoESettings;
 
-// The extension's slots in the model file (train_gpt.cu's PARAM_EXTENSION + slot): the routers' tensors live in
-// the model's replicated parameter set, the experts' (efcw .. efcprojb) in the MoE's own set, where each process
-// keeps those of its own experts (llmc/expert_parallel.cuh), reduced and sharded over the processes holding the
-// same experts.
-enum { MOE_ROUTERW, MOE_ROUTERNW, MOE_EFCW, MOE_EFCB, MOE_EFCPROJW, MOE_EFCPROJB };
+// The extension's slots in the model file (train_gpt.cu's PARAM_EXTENSION + slot): the routers' and the shared
+// experts' tensors live in the model's replicated parameter set, the routed experts' (efcw .. efcprojb) in the MoE's
+// own set, where each process keeps those of its own experts (llmc/expert_parallel.cuh), reduced and sharded over the
+// processes holding the same experts.
+enum {
+    MOE_ROUTERW, MOE_ROUTERNW, MOE_EFCW, MOE_EFCB, MOE_EFCPROJW, MOE_EFCPROJB,
+    MOE_SHARED_FCW, MOE_SHARED_FCB, MOE_SHARED_FCPROJW, MOE_SHARED_FCPROJB
+};
 #define FIRST_EXPERT_SLOT MOE_EFCW
 #define NUM_EXPERT_TENSORS 4
+static int moe_is_expert_slot(int slot) {
+    return slot >= FIRST_EXPERT_SLOT && slot < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS;
+}
 
 typedef struct {
     floatX* routerw;   // (Lm, E, C), Lm = the MoE layers
@@ -58,6 +67,10 @@ typedef struct {
     floatX* efcb;      // (Lm, E_l, H)
     floatX* efcprojw;  // (Lm, E_l, C, H)
     floatX* efcprojb;  // (Lm, E_l, C)
+    floatX* shared_fcw;      // (Lm, S, H_s, C) the shared experts (S = 0: empty)
+    floatX* shared_fcb;      // (Lm, S, H_s)
+    floatX* shared_fcprojw;  // (Lm, S, C, H_s)
+    floatX* shared_fcprojb;  // (Lm, S, C)
 } MoEParameterTensors;
 
 // The MoE layers' activations (N = B*T tokens), kept per MoE layer for the backward pass. Rsrc = the rows of
@@ -92,9 +105,12 @@ typedef struct {
     floatX* scratch_own;   // (Rown, C) the expert output, then the gradients of the experts' output and input
     floatX* d_expert_hidden;  // (Rown, H)
     floatX* scratch_src;   // (Rsrc, C) the same in the dispatch layout, with expert parallelism only
-    float* bias_scratch;   // the experts' bias-gradient scratch
+    float* bias_scratch;   // the (shared) experts' bias-gradient scratch
+    floatX* shared_pre;    // (Lm, S, N, H_s) the shared experts' pre-GELU
+    floatX* shared_act;    // (Lm or 1, S, N, H_s) their GELU output (recomputed with -r >= 1)
+    floatX* d_shared_hidden;  // (N, H_s)
 } MoEActivations;
-#define NUM_MOE_ACTIVATION_TENSORS 28
+#define NUM_MOE_ACTIVATION_TENSORS 31
 
 // The MoE extension's state (GPT2.mlp_state).
 typedef struct {
@@ -134,6 +150,7 @@ static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state;
 static MoEParameterTensors moe_layer_parameters(const GPT2* model, const MoEParameterTensors* p, int m) {
     const MoEModel* moe = moe_of(model);
     size_t E = moe->config.num_experts, E_l = moe->local_experts, H = moe->config.expert_hidden;
+    size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden;
     size_t C = model->config.channels, l = m;
     MoEParameterTensors lp;
     lp.routerw = p->routerw + l * E * C;
@@ -142,6 +159,10 @@ static MoEParameterTensors moe_layer_parameters(const GPT2* model, const MoEPara
     lp.efcb = p->efcb + l * E_l * H;
     lp.efcprojw = p->efcprojw + l * E_l * C * H;
     lp.efcprojb = p->efcprojb + l * E_l * C;
+    lp.shared_fcw = p->shared_fcw + l * S * Hs * C;
+    lp.shared_fcb = p->shared_fcb + l * S * Hs;
+    lp.shared_fcprojw = p->shared_fcprojw + l * S * C * Hs;
+    lp.shared_fcprojb = p->shared_fcprojb + l * S * C;
     return lp;
 }
 
@@ -163,7 +184,7 @@ static void moe_model_init(MoEModel* moe, const MoEConfig* config, const MoESett
 
 // Issue 15's header words (doc/formats.md, "MoE model file"): 24 the revision, 25 and 26 the shared experts, 27
 // the score, 28 rsf's fp32 bits (0: 1.0), 29 the balancing biases. Every check of a reader is made, and what this
-// trainer does not build yet (shared experts, the biases) is refused by name.
+// trainer does not build yet (the biases) is refused by name.
 #define MOE_REVISION_WORD 24
 #define MOE_SHARED_WORD 25
 #define MOE_SHARED_HIDDEN_WORD 26
@@ -204,7 +225,8 @@ static void moe_read_header(GPT2* model, const int* header, const char* path) {
                 "both 0 (doc/formats.md, \"MoE model file\")\n", path, shared, shared_hidden);
         exit(EXIT_FAILURE);
     }
-    if (shared > 0) moe_header_refuse(path, MOE_SHARED_WORD, shared, "shared experts: not built by train_moe.cu yet");
+    c->shared_experts = shared;
+    c->shared_hidden = shared_hidden;
     c->score = header[MOE_SCORE_WORD];
     if (c->score != MOE_SCORE_SOFTMAX && c->score != MOE_SCORE_SIGMOID)
         moe_header_refuse(path, MOE_SCORE_WORD, c->score, "the score must be 0 (softmax) or 1 (sigmoid)");
@@ -232,8 +254,10 @@ static void moe_write_header(const GPT2* model, int* header) {
     header[10] = c->moe_every;
     header[11] = c->expert_hidden;
     header[12] = c->noisy_gating;
-    if (c->score != MOE_SCORE_SOFTMAX || c->routed_scale != 1.0f) {
+    if (c->shared_experts > 0 || c->score != MOE_SCORE_SOFTMAX || c->routed_scale != 1.0f) {
         header[MOE_REVISION_WORD] = 1;
+        header[MOE_SHARED_WORD] = c->shared_experts;
+        header[MOE_SHARED_HIDDEN_WORD] = c->shared_hidden;
         header[MOE_SCORE_WORD] = c->score;
         memcpy(&header[MOE_ROUTED_SCALE_WORD], &c->routed_scale, sizeof(float));
     }
@@ -247,6 +271,8 @@ static void moe_configure(GPT2* model, const char* source) {
     const GPT2Config* g = &model->config;
     char why[256];
     if (!moe->config_from_file && c->expert_hidden <= 0) c->expert_hidden = 4 * g->channels;
+    if (!moe->config_from_file) c->shared_hidden = c->shared_experts > 0 && c->shared_hidden <= 0 ? c->expert_hidden
+                                                                                                  : c->shared_hidden;
     if (c->moe_every < 1 || c->moe_every > g->num_layers) {
         fprintf(stderr, "%s: MoE every %d layers: expected 1..%d\n", source, c->moe_every, g->num_layers);
         exit(EXIT_FAILURE);
@@ -264,11 +290,17 @@ static void moe_configure(GPT2* model, const char* source) {
                 "compares with the (k+1)-th logit\n", source, c->top_k, c->num_experts);
         exit(EXIT_FAILURE);
     }
-    double experts = (double)g->num_layers * c->num_experts * g->channels * (c->expert_hidden * 2.0 + 2.0);
+    if (c->shared_experts > 0 && c->shared_hidden % 8 != 0) {
+        fprintf(stderr, "%s: shared expert hidden size %d: their GEMMs need a positive multiple of 8\n", source,
+                c->shared_hidden);
+        exit(EXIT_FAILURE);
+    }
+    double experts = (double)g->num_layers * g->channels * (c->num_experts * (c->expert_hidden * 2.0 + 2.0) +
+                                                            c->shared_experts * (c->shared_hidden * 2.0 + 2.0));
     if (experts > 1e15) {
-        fprintf(stderr, "%s: its header describes experts of about %.3g parameters (L=%d E=%d C=%d H=%d): not a model "
-                "file this trainer can load\n", source, experts, g->num_layers, c->num_experts, g->channels,
-                c->expert_hidden);
+        fprintf(stderr, "%s: its header describes experts of about %.3g parameters (L=%d E=%d C=%d H=%d S=%d H_s=%d): "
+                "not a model file this trainer can load\n", source, experts, g->num_layers, c->num_experts,
+                g->channels, c->expert_hidden, c->shared_experts, c->shared_hidden);
         exit(EXIT_FAILURE);
     }
     if (c->num_experts % moe->ep.degree != 0) {
@@ -291,18 +323,24 @@ static void moe_slot_sizes(const GPT2* model, int experts, size_t* sizes) {
     sizes[MOE_EFCB] = Lm * E * H;
     sizes[MOE_EFCPROJW] = Lm * E * C * H;
     sizes[MOE_EFCPROJB] = Lm * E * C;
+    size_t S = c->shared_experts, Hs = c->shared_hidden;  // every process holds the shared experts
+    sizes[MOE_SHARED_FCW] = Lm * S * Hs * C;
+    sizes[MOE_SHARED_FCB] = Lm * S * Hs;
+    sizes[MOE_SHARED_FCPROJW] = Lm * S * C * Hs;
+    sizes[MOE_SHARED_FCPROJB] = Lm * S * C;
 }
 
 static void moe_tensor_sizes(const GPT2* model, size_t* in_file, size_t* in_replicated_set) {
     moe_slot_sizes(model, moe_of(model)->config.num_experts, in_file);
-    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_replicated_set[i] = i < FIRST_EXPERT_SLOT ? in_file[i] : 0;
+    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_replicated_set[i] = moe_is_expert_slot(i) ? 0 : in_file[i];
 }
 
-// Switch's reduced initialisation scale: router and expert weights drawn with GPT-2's std times sqrt(-ri);
-// routernw starts at 0 (Shazeer)
+// Switch's reduced initialisation scale: router and (shared) expert weights drawn with GPT-2's std times
+// sqrt(-ri), the projections into the residual with its residual scale; routernw starts at 0 (Shazeer)
 static float moe_init_std(const GPT2* model, int slot, float residual_scale) {
     if (slot == MOE_ROUTERNW) return 0.0f;
-    return (slot == MOE_EFCPROJW ? 0.02f * residual_scale : 0.02f) * sqrtf(moe_of(model)->settings.init_scale);
+    int projection = slot == MOE_EFCPROJW || slot == MOE_SHARED_FCPROJW;
+    return (projection ? 0.02f * residual_scale : 0.02f) * sqrtf(moe_of(model)->settings.init_scale);
 }
 
 static size_t moe_own_parameter_count(const GPT2* model) {
@@ -312,13 +350,15 @@ static size_t moe_own_parameter_count(const GPT2* model) {
     return n;
 }
 
-static void moe_point_parameters(MoEParameterTensors* p, floatX* routers, floatX* experts, const size_t* sizes) {
-    p->routerw = routers;
-    p->routernw = routers + sizes[MOE_ROUTERW];
-    floatX** ptrs[NUM_EXPERT_TENSORS] = {&p->efcw, &p->efcb, &p->efcprojw, &p->efcprojb};
-    for (int i = 0; i < NUM_EXPERT_TENSORS; i++) {
-        *ptrs[i] = experts;
-        experts += sizes[FIRST_EXPERT_SLOT + i];
+// the slots' pointers: the replicated ones one after another from `replicated` (the extension's part of the
+// model's set), the experts' from `experts` (the MoE's own set)
+static void moe_point_parameters(MoEParameterTensors* p, floatX* replicated, floatX* experts, const size_t* sizes) {
+    floatX** ptrs[MLP_EXTENSION_SLOTS] = {&p->routerw, &p->routernw, &p->efcw, &p->efcb, &p->efcprojw, &p->efcprojb,
+                                          &p->shared_fcw, &p->shared_fcb, &p->shared_fcprojw, &p->shared_fcprojb};
+    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) {
+        floatX** next = moe_is_expert_slot(i) ? &experts : &replicated;
+        *ptrs[i] = *next;
+        *next += sizes[i];
     }
 }
 
@@ -361,7 +401,7 @@ static void moe_set_parameters(GPT2* model, const floatX* file_block) {
     floatX* experts = (floatX*)malloc_check(moe->expert_store.num_parameters * sizeof(floatX) + 1);
     size_t from = 0, to = 0;
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) {
-        if (i >= FIRST_EXPERT_SLOT) {
+        if (moe_is_expert_slot(i)) {
             // per MoE layer, this process's experts are a contiguous run of the layer's E
             size_t per_expert = global[i] / Lm / moe->config.num_experts, run = local[i] / Lm;
             for (int m = 0; m < Lm; m++) {
@@ -446,14 +486,14 @@ static const MultiGpuConfig* moe_own_group(const GPT2* model) { return &moe_of(m
 static float moe_own_norm_sum(const GPT2* model, float norm2, cudaStream_t stream) {
     return expert_parallel_float_sum(&moe_of(model)->ep, norm2, stream);
 }
-// a token meets k of the E experts of an MoE layer: the routers whole, the experts' k/E
+// a token meets k of the E experts of an MoE layer: the routers and shared experts whole, the experts' k/E
 static double moe_active_parameters_per_token(const GPT2* model) {
     const MoEConfig* c = &moe_of(model)->config;
     size_t sizes[MLP_EXTENSION_SLOTS];
     moe_slot_sizes(model, c->num_experts, sizes);
     double active = 0.0;
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++)
-        active += i >= FIRST_EXPERT_SLOT ? (double)sizes[i] * c->top_k / c->num_experts : (double)sizes[i];
+        active += moe_is_expert_slot(i) ? (double)sizes[i] * c->top_k / c->num_experts : (double)sizes[i];
     return active;
 }
 
@@ -522,11 +562,18 @@ static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B,
     s[i++] = (rows_own * C) * sizeof(floatX);                  // scratch_own
     s[i++] = (rows_own * H) * sizeof(floatX);                  // d_expert_hidden
     s[i++] = (moe->ep.degree > 1 ? rows_src * C : 0) * sizeof(floatX);  // scratch_src
-    // the experts' bias gradients: E / ep_degree batches or groups of up to max(H, C) columns
+    // the experts' bias gradients: E / ep_degree batches or groups of up to max(H, C) columns; a shared expert's
+    // one matrix of up to max(H_s, C)
     int widest = (int)(H > C ? H : C);
     size_t batched = matmul_batched_dbias_buffer_floats(moe->local_experts, widest);
     size_t grouped = matmul_grouped_dbias_buffer_floats(moe->local_experts, widest);
-    s[i++] = (batched > grouped ? batched : grouped) * sizeof(float);  // bias_scratch
+    size_t S = c->shared_experts, Hs = c->shared_hidden;
+    size_t shared = matmul_dbias_buffer_floats((int)(Hs > C ? Hs : C));
+    size_t bias_scratch = batched > grouped ? batched : grouped;
+    s[i++] = (bias_scratch > shared ? bias_scratch : shared) * sizeof(float);  // bias_scratch
+    s[i++] = (Lm * S * N * Hs) * sizeof(floatX);                              // shared_pre
+    s[i++] = ((recompute >= 1 ? 1 : Lm) * S * N * Hs) * sizeof(floatX);       // shared_act
+    s[i++] = (N * Hs) * sizeof(floatX);                                         // d_shared_hidden
 }
 
 static size_t moe_activation_bytes(const GPT2* model, size_t B, size_t T, int recompute) {
@@ -549,7 +596,8 @@ static void moe_allocate_activations(GPT2* model, int B, int T) {
         (void**)&a->expert_input, (void**)&a->expert_pre, (void**)&a->expert_act, (void**)&a->expert_output,
         (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_noise, (void**)&a->d_logits_x,
         (void**)&a->noise_partials, (void**)&a->slot_scratch, (void**)&a->loss_partials, (void**)&a->router_input,
-        (void**)&a->scratch_own, (void**)&a->d_expert_hidden, (void**)&a->scratch_src, (void**)&a->bias_scratch};
+        (void**)&a->scratch_own, (void**)&a->d_expert_hidden, (void**)&a->scratch_src, (void**)&a->bias_scratch,
+        (void**)&a->shared_pre, (void**)&a->shared_act, (void**)&a->d_shared_hidden};
     char* p = (char*)moe->acts_memory;
     for (int i = 0; i < NUM_MOE_ACTIVATION_TENSORS; i++) {
         *ptrs[i] = p;
@@ -736,15 +784,19 @@ static const floatX* moe_router_input(const GPT2* model, int m, const floatX* ln
 }
 
 // The tensors of an MoE layer's slices, gathered (ZeRO-3), and reduced by moe_reduce_layer in the order they are put
-// into their buckets: the routers (in the replicated set; routernw may be empty) and the experts (in the MoE's own set)
-static const int moe_router_tensors[] = {PARAM_EXTENSION + MOE_ROUTERW, PARAM_EXTENSION + MOE_ROUTERNW};
+// into their buckets: the routers and the shared experts (in the replicated set; routernw and the shared experts may
+// be empty) and the experts (in the MoE's own set)
+static const int moe_router_tensors[] = {PARAM_EXTENSION + MOE_ROUTERW,        PARAM_EXTENSION + MOE_ROUTERNW,
+                                         PARAM_EXTENSION + MOE_SHARED_FCW,     PARAM_EXTENSION + MOE_SHARED_FCB,
+                                         PARAM_EXTENSION + MOE_SHARED_FCPROJW, PARAM_EXTENSION + MOE_SHARED_FCPROJB};
 static const int moe_expert_tensors[] = {0, 1, 2, 3};
-#define MOE_ROUTER_TENSORS 2
+#define MOE_ROUTER_TENSORS 6
 
-// An MoE layer's tensors from its slices of the routers (moe_router_tensors' order) and of the experts
+// An MoE layer's tensors from its slices of the replicated set (moe_router_tensors' order) and of the experts
 static MoEParameterTensors moe_tensors_from_slices(floatX* const* routers, floatX* const* experts) {
     MoEParameterTensors t;
     t.routerw = routers[0], t.routernw = routers[1];
+    t.shared_fcw = routers[2], t.shared_fcb = routers[3], t.shared_fcprojw = routers[4], t.shared_fcprojb = routers[5];
     t.efcw = experts[0], t.efcb = experts[1], t.efcprojw = experts[2], t.efcprojb = experts[3];
     return t;
 }
@@ -782,6 +834,48 @@ static MoEParameterTensors moe_layer_weights(GPT2* model, int m, cudaStream_t st
     return moe_tensors_from_slices(routers, experts);
 }
 
+// The shared experts of MoE layer m (doc/moe.md, "Issue 15's routing options" 2), GPT-2's dense MLP each, on every
+// token: out (N, C), the routed sum, += Shared_0(ln2) + ... + Shared_{S-1}(ln2) in that order. The projection's
+// GEMM accumulates into out (cuBLASLt's beta = 1, the bias in its epilogue), so each addition rounds once where the
+// reference rounds Shared_s(ln2) to floatX first; the same in fp32 up to the GEMM's own rounding.
+static void moe_shared_forward(GPT2* model, int m, const MoEParameterTensors* lp, floatX* out, const floatX* ln2, int N,
+                               cudaStream_t stream) {
+    const MoEModel* moe = moe_of(model);
+    size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden, C = model->config.channels;
+    for (size_t s = 0; s < S; s++) {
+        floatX* pre = moe->acts.shared_pre + (m * S + s) * N * Hs;
+        floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
+        matmul_forward(act, ln2, lp->shared_fcw + s * Hs * C, lp->shared_fcb + s * Hs, N, 1, (int)C, (int)Hs, stream,
+                       pre, gpt2_forward_gelu_fusion(model));
+        matmul_cublaslt(out, lp->shared_fcprojw + s * C * Hs, act, lp->shared_fcprojb + s * C, (int)C, N, (int)Hs,
+                        stream, true, false, true, nullptr, false);
+    }
+}
+
+// Their backward: the parameter gradients accumulate (+=) into lg's; every shared expert's input gradient adds into
+// d_ln2, which holds the routed path's. matmul_backward overwrites its input gradient, so fc's backward is its three
+// parts with the input gradient's GEMM accumulating.
+static void moe_shared_backward(GPT2* model, int m, const MoEParameterTensors* lp, const MoEParameterTensors* lg,
+                                floatX* d_ln2, const floatX* dout, const floatX* ln2, int N, cudaStream_t stream) {
+    const MoEModel* moe = moe_of(model);
+    size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden, C = model->config.channels;
+    floatX* d_hidden = moe->acts.d_shared_hidden;
+    float* scratch = moe->acts.bias_scratch;
+    for (size_t s = 0; s < S; s++) {
+        floatX* pre = moe->acts.shared_pre + (m * S + s) * N * Hs;
+        floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
+        if (model->recompute >= 1) gelu_forward(act, pre, (size_t)N * Hs, stream);
+        matmul_backward(d_hidden, lg->shared_fcprojw + s * C * Hs, lg->shared_fcprojb + s * C, dout, act,
+                        lp->shared_fcprojw + s * C * Hs, scratch, N, 1, (int)Hs, (int)C, stream, pre,
+                        model->gelu_fusion);
+        matmul_backward_bias(lg->shared_fcb + s * Hs, d_hidden, scratch, N, (int)Hs, stream);
+        matmul_cublaslt(d_ln2, lp->shared_fcw + s * Hs * C, d_hidden, nullptr, (int)C, N, (int)Hs, stream, false, false,
+                        true, nullptr, false);
+        matmul_cublaslt(lg->shared_fcw + s * Hs * C, ln2, d_hidden, nullptr, (int)C, (int)Hs, N, stream, false, true,
+                        true, nullptr, false);
+    }
+}
+
 static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
@@ -817,6 +911,7 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     if (exchange_rows)
         expert_parallel_exchange(&moe->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
     moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
+    moe_shared_forward(model, m, &lp, out, ln2, N, stream);
     moe_router_losses(l.losses, a->loss_partials, l.probs, l.lse, l.expert_count, N, E, K, moe->settings.aux_alpha,
                       moe->settings.z_coef, stream);
     if (c->noisy_gating) {
@@ -843,9 +938,9 @@ static MoEParameterTensors moe_layer_gradients(GPT2* model, int l, cudaStream_t 
     return moe_tensors_from_slices(routers, experts);
 }
 
-// dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten);
-// the router's aux and z losses add their gradients scaled by moe->aux_grad_scale; the layer's parameter
-// gradients accumulate (+=) into lg (moe_layer_gradients).
+// dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten; the routed
+// experts', the router's and the shared experts'); the router's aux and z losses add their gradients scaled by
+// moe->aux_grad_scale; the layer's parameter gradients accumulate (+=) into lg (moe_layer_gradients).
 static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, floatX* d_ln2, const floatX* dout,
                                const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
@@ -904,6 +999,7 @@ static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, float
     if (jitter)
         moe_jitter_backward(d_ln2, d_router_in, N, C, moe->settings.jitter, moe_layer_seed(model, m, MOE_NOISE_JITTER),
                             stream);
+    moe_shared_backward(model, m, &lp, &lg, d_ln2, dout, ln2, N, stream);
 }
 
 // Routing statistics of MoE layer m from the counts of the last forward pass (host): the fraction of
@@ -1135,8 +1231,10 @@ typedef struct {
         load_coef;
     const char* score;
     float routed_scale;
+    int shared_experts, shared_hidden;
 } MoEFlags;
-static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, "softmax", 1.0f};
+static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, "softmax", 1.0f,
+                             0, 0};
 static Flag moe_flag_table[] = {
     {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
     {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
@@ -1161,6 +1259,10 @@ static Flag moe_flag_table[] = {
      "softmax; a model file's are its own)", 0},
     {"-rsf", FLAG_FLOAT, &moe_flags.routed_scale,
      "routed scaling factor: the gates times it, with either score (default = 1; a model file's is its own)", 0},
+    {"-se", FLAG_INT, &moe_flags.shared_experts,
+     "shared experts per MoE layer: dense MLPs every token goes through, added to the routed output\n(default = 0; "
+     "a model file's are its own)", 0},
+    {"-seh", FLAG_INT, &moe_flags.shared_hidden, "the shared experts' hidden size, with -se (default = -eh's)", 0},
 };
 
 // -rs's name -> MOE_SCORE_*, -1 when it is neither
@@ -1172,6 +1274,19 @@ static int moe_score_of(const char* name) {
 
 static int moe_check_flags(void) {
     const MoEFlags* f = &moe_flags;
+    const Flag* seh = flag_find(moe_flag_table, sizeof(moe_flag_table) / sizeof(moe_flag_table[0]), "-seh");
+    if (f->shared_experts < 0) {
+        fprintf(stderr, "-se %d: expected 0 or more shared experts\n", f->shared_experts);
+        return 0;
+    }
+    if (seh->given && f->shared_experts == 0) {
+        fprintf(stderr, "-seh %d: the shared experts' hidden size needs -se N > 0\n", f->shared_hidden);
+        return 0;
+    }
+    if (seh->given && f->shared_hidden <= 0) {
+        fprintf(stderr, "-seh %d: the shared experts' hidden size must be positive\n", f->shared_hidden);
+        return 0;
+    }
     if (moe_score_of(f->score) < 0) { fprintf(stderr, "-rs %s: expected softmax or sigmoid\n", f->score); return 0; }
     if (!(isfinite(f->routed_scale) && f->routed_scale > 0.0f)) {
         fprintf(stderr, "-rsf %g: the routed scale must be finite and positive\n", f->routed_scale);
@@ -1218,7 +1333,7 @@ static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
         exit(EXIT_FAILURE);
     }
     MoEConfig config = {f->num_experts, f->top_k, f->moe_every, f->expert_hidden, f->noisy_topk,
-                        moe_score_of(f->score), f->routed_scale};
+                        moe_score_of(f->score), f->routed_scale, f->shared_experts, f->shared_hidden};
     MoESettings settings = {f->capacity_factor, f->capacity_factor_eval, f->aux_alpha, f->z_coef, f->router_jitter,
                             f->importance_coef, f->load_coef, f->init_scale};
     moe_model_init(&trainer_moe, &config, &settings);
@@ -1255,6 +1370,16 @@ static void moe_check_model(const GPT2* model, const char* source, int from_file
                 "from a descriptor)\n", moe_flags.routed_scale, source, c->routed_scale);
         exit(EXIT_FAILURE);
     }
+    // and so are the shared experts (header words 25 and 26)
+    const Flag* se_flag = flag_find(moe_flag_table, sizeof(moe_flag_table) / sizeof(moe_flag_table[0]), "-se");
+    const Flag* seh_flag = flag_find(moe_flag_table, sizeof(moe_flag_table) / sizeof(moe_flag_table[0]), "-seh");
+    if (from_file && ((se_flag->given && moe_flags.shared_experts != c->shared_experts) ||
+                      (seh_flag->given && moe_flags.shared_hidden != c->shared_hidden))) {
+        fprintf(stderr, "-se %d -seh %d: the model file %s has %d shared experts of hidden size %d (header words 25 "
+                "and 26; leave -se and -seh out, or start from a descriptor)\n", moe_flags.shared_experts,
+                moe_flags.shared_hidden, source, c->shared_experts, c->shared_hidden);
+        exit(EXIT_FAILURE);
+    }
     if (moe_flags.noisy_topk && !c->noisy_gating) {
         fprintf(stderr, "-rn 1: %s has no noise router (header[12] = 0); noisy gating is part of the model: start "
                 "from a descriptor with -rn 1\n", source);
@@ -1268,6 +1393,9 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
              moe->ep.degree);
     info_row(t, "router scores", "%s, gates times %g", moe->config.score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax",
              moe->config.routed_scale);
+    if (moe->config.shared_experts > 0)
+        info_row(t, "shared experts", "%d per MoE layer, hidden size %d", moe->config.shared_experts,
+                 moe->config.shared_hidden);
 }
 
 // with expert parallelism every process of the group takes part in each forward pass
@@ -1302,8 +1430,9 @@ static void moe_log_step(const GPT2* model, Logger* logger, int step, int micro_
 static const MlpExtension moe_extension = {
     MOE_MODEL_MAGIC, 1, 2, "MoE model",
     moe_read_header, moe_write_header, moe_configure, moe_replaces_mlp,
-    {"routerw", "routernw", "efcw", "efcb", "efcprojw", "efcprojb"},
-    {1, 1, 1, 0, 1, 0},
+    {"routerw", "routernw", "efcw", "efcb", "efcprojw", "efcprojb", "shared_fcw", "shared_fcb", "shared_fcprojw",
+     "shared_fcprojb"},
+    {1, 1, 1, 0, 1, 0, 1, 0, 1, 0},
     moe_tensor_sizes, moe_init_std, moe_own_parameter_count, moe_allocate_parameters,
     moe_set_parameters, moe_get_parameters, moe_get_gradients, moe_gathers_model_file,
     moe_own_set, moe_own_group, moe_own_norm_sum, moe_active_parameters_per_token,

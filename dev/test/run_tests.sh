@@ -246,6 +246,15 @@ run_test moe-bf16-k2-sigmoid-dropless build/test_moe_bf16 build/ref/moe_k2_sigmo
 run_test moe-bf16-k2-sigmoid-cf1 build/test_moe_bf16 build/ref/moe_k2_sigmoid_cf1_bf16 -cf 1
 run_test moe-fp32-k1-sigmoid-me2 build/test_moe_fp32 build/ref/moe_k1_sigmoid_me2_fp32 -cf 0 -r 2
 run_test moe-fp32-k2-rsf build/test_moe_fp32 build/ref/moe_k2_rsf_cf0.5_fp32 -cf 0.5
+# issue 15's shared experts (Makefile, MOE_REF_k1_shared_me2 and MOE_REF_k2_sigmoid_shared2): one beside top-1 with
+# drops every other layer, two beside sigmoid top-2 dropless in every layer; FP32 and BF16 at every recompute level,
+# the GELU fusions
+for r in 0 1 2; do
+    run_test "moe-fp32-k1-shared-me2-r$r" build/test_moe_fp32 build/ref/moe_k1_shared_me2_fp32 -cf 0.5 -r $r
+    run_test "moe-bf16-k2-sigmoid-shared2-r$r" build/test_moe_bf16 build/ref/moe_k2_sigmoid_shared2_bf16 -cf 0 -r $r
+done
+run_test moe-fp32-k2-sigmoid-shared2-ge0 build/test_moe_fp32 build/ref/moe_k2_sigmoid_shared2_fp32 -cf 0 -r 0 -ge 0
+run_test moe-bf16-k1-shared-me2-ge2 build/test_moe_bf16 build/ref/moe_k1_shared_me2_bf16 -cf 0.5 -r 0 -ge 2
 # expert parallelism against PyTorch (every process on the reference batch) and against -ep 1 (distinct batches):
 # 2 ranks in one expert group; 4 ranks in two groups (replicas, ZeRO-1); 4 ranks, one expert each, dropless
 run_test moe-fp32-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -ep 2
@@ -256,6 +265,9 @@ run_test moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/test_moe_fp32 build/ref/m
 run_test moe-fp32-sigmoid-ep2-np2-dropless $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_sigmoid_dropless_fp32 \
     -cf 0 -ep 2
 run_test moe-bf16-sigmoid-ep2-np2-cf1 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k2_sigmoid_cf1_bf16 -cf 1 -ep 2
+# shared experts (replicated, data-parallel) beside experts shared out over a group of 2
+run_test moe-fp32-shared2-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_sigmoid_shared2_fp32 -cf 0 -ep 2
+run_test moe-bf16-shared-ep2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_shared_me2_bf16 -cf 0.5 -ep 2
 # ZeRO-2 (router and expert gradients in buckets) against ZeRO-1 bit for bit, distinct batches: two groups of 2
 # (replicas), one group of 2 with offload, and every process with every expert, dropless
 run_test moe-fp32-ep2-np4-zero2 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 -ep 2 -z 2
@@ -269,6 +281,15 @@ run_test moe-bf16-ep2-np2-zero3-oo1 $MPIRUN -np 2 build/test_moe_bf16 build/ref/
 run_test moe-fp32-np2-zero3-dropless $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k1_dropless_fp32 -cf 0 -z 3
 run_test moe-bf16-ep2-np2-zero2-oo2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2 -z 2 \
     -oo 2
+# the shared experts' slices in the layers' buckets (ZeRO-2) and gather buffers (ZeRO-3), with expert parallelism
+run_test moe-fp32-shared2-ep2-np2-zero2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_sigmoid_shared2_fp32 -cf 0 \
+    -ep 2 -z 2
+run_test moe-fp32-shared2-ep2-np2-zero3 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_sigmoid_shared2_fp32 -cf 0 \
+    -ep 2 -z 3
+run_test moe-bf16-shared-np2-zero3-oo1 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_shared_me2_bf16 -cf 0.5 -z 3 \
+    -oo 1
+run_test moe-bf16-shared-ep2-np2-zero2-oo2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_shared_me2_bf16 -cf 0.5 \
+    -ep 2 -z 2 -oo 2
 run_test train-moe-cli dev/test/test_train_moe.sh
 
 # The checking build (cpu/cucc --check, README "Checking mode"): the backend's probes (each deliberate GPU bug is
@@ -304,6 +325,8 @@ run_test check-moe-bf16-k1-cf0.5-w1 build/check/test_moe_bf16 build/ref/moe_k1_c
 run_test check-moe-bf16-k2-noisy build/check/test_moe_bf16 build/ref/moe_k2_noisy_bf16 -cf 0.5
 run_test check-moe-fp32-k2-sigmoid-cf1 build/check/test_moe_fp32 build/ref/moe_k2_sigmoid_cf1_fp32 -cf 1 -r 0
 run_test check-moe-bf16-k2-sigmoid-dropless build/check/test_moe_bf16 build/ref/moe_k2_sigmoid_dropless_bf16 -cf 0
+run_test check-moe-fp32-k1-shared-me2-r1 build/check/test_moe_fp32 build/ref/moe_k1_shared_me2_fp32 -cf 0.5 -r 1
+run_test check-moe-bf16-k2-sigmoid-shared2-r0 build/check/test_moe_bf16 build/ref/moe_k2_sigmoid_shared2_bf16 -cf 0 -r 0
 run_test check-moe-fp32-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -ep 2
 run_test check-moe-bf16-ep2-np2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2
 run_test check-moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/check/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 \
@@ -312,6 +335,8 @@ run_test check-moe-fp32-ep4-np4-dropless $MPIRUN -np 4 build/check/test_moe_fp32
     -ep 4
 run_test check-moe-fp32-sigmoid-ep2-np2-dropless $MPIRUN -np 2 build/check/test_moe_fp32 \
     build/ref/moe_k2_sigmoid_dropless_fp32 -cf 0 -ep 2
+run_test check-moe-fp32-shared2-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k2_sigmoid_shared2_fp32 \
+    -cf 0 -ep 2
 # ZeRO-2's buckets in both sets: reused across steps (2 MoE layers, bf16), and within a backward pass (4 MoE layers)
 run_test check-moe-bf16-ep2-np2-zero2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2 \
     -z 2
@@ -319,6 +344,9 @@ run_test check-moe-fp32-deep-ep2-np2-zero2 $MPIRUN -np 2 build/check/test_moe_fp
     -ep 2 -z 2
 # ZeRO-3: the routers gathered with their layers, the experts over two replicas (-ep 1), 4 MoE layers
 run_test check-moe-fp32-deep-np2-zero3 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_deep_k1_fp32 -cf 0.5 -z 3
+# ... and the shared experts' slices with them, beside experts shared out over a group of 2
+run_test check-moe-fp32-shared2-ep2-np2-zero3 $MPIRUN -np 2 build/check/test_moe_fp32 \
+    build/ref/moe_k2_sigmoid_shared2_fp32 -cf 0 -ep 2 -z 3
 
 [ $list_only -eq 0 ] || exit 0
 for p in "${patterns[@]}"; do

@@ -11,9 +11,12 @@
 #   - with router jitter and noisy top-k gating, a resumed run continues bit-identically (the noise follows the step);
 #   - sigmoid scores with a routed scale from a descriptor: the checkpoint's model file records them (header words
 #     24, 27, 28) and a run resumed from it continues bit-identically;
+#   - shared experts from a descriptor (-se, -seh) on 2 ranks with -ep 2: the checkpoint's model file records them
+#     (header words 24, 25, 26; its size holds their tensors) and a run resumed from it continues bit-identically;
 #   - bad inputs (top-k above E, a file of the wrong kind, tokens the model lacks,
-#     -ne/-tk/-me/-eh/-rs/-rsf against the model file or checkpoint, bad -rs and -rsf, the MoE header words 24..29
-#     this trainer does not build or a reader refuses) get their one line; a corrupt expert state is named on -y 1.
+#     -ne/-tk/-me/-eh/-rs/-rsf/-se/-seh against the model file or checkpoint, bad -rs, -rsf, -se and -seh, the MoE
+#     header words 24..29 this trainer does not build or a reader refuses) get their one line; a corrupt expert state
+#     is named on -y 1.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and
 # build/ref/moe_k1_cf0.5_fp32_model.bin (make test builds them). Run from anywhere: dev/test/test_train_moe.sh
 set -u
@@ -238,6 +241,36 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/sigmoid_resumed.log")" ] 
     [ "$words" = "1 0 0 1 1075838976 0" ]; then pass; else
     fail "a sigmoid run does not resume bit-identically, or its model file's words 24..29 are [$words]"; fi
 
+# --- shared experts (doc/moe.md, issue 15's routing 2): two of hidden size 64 beside 4 experts shared out over 2
+# ranks, every other layer, from a descriptor; the checkpoint's model file has header words 24 = 1, 25 = 2, 26 = 64
+# (28: the routed scale 1's fp32 bits, as every revision-1 file writes) and its size counts the shared tensors
+# (Lm (S H_s C + S H_s + S C H_s + S C) values more than without them); resuming from it continues bit-identically
+SHARED=(-e d2 -ev 263 -et 32 -ne 4 -tk 1 -me 2 -se 2 -seh 64 -ep 2 -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16
+        -l 3e-3)
+$MPIRUN -np 2 "$TRAIN" "${SHARED[@]}" -x 6 -n 3 -o "$work/shared" >"$work/shared.log" 2>&1 ||
+    fail "shared-expert run: $(tail -3 "$work/shared.log")"
+mkdir -p "$work/shared_resumed"
+cp "$work/shared"/*_00000003* "$work/shared_resumed/"
+$MPIRUN -np 2 "$TRAIN" "${SHARED[@]}" -x 6 -n 3 -o "$work/shared_resumed" -y 1 >"$work/shared_resumed.log" 2>&1 ||
+    fail "shared-expert resumed run: $(tail -3 "$work/shared_resumed.log")"
+"$TRAIN" -e d2 -ev 263 -et 32 -ne 4 -tk 1 -me 2 -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16 -x 1 -n 1 -o "$work/unshared" \
+    >"$work/unshared.log" 2>&1 || fail "run without shared experts: $(tail -3 "$work/unshared.log")"
+want=$(step_fields "$work/shared.log" | tail -n 3)
+words=$($PYTHON -c 'import struct, sys; h = struct.unpack("256i", open(sys.argv[1], "rb").read(1024)); print(*h[24:30])' \
+    "$work/shared/model_00000006.bin")
+C=$($PYTHON -c 'import struct, sys; print(struct.unpack("256i", open(sys.argv[1], "rb").read(1024))[6])' \
+    "$work/shared/model_00000006.bin")
+L=$($PYTHON -c 'import struct, sys; print(struct.unpack("256i", open(sys.argv[1], "rb").read(1024))[4])' \
+    "$work/shared/model_00000006.bin")
+extra=$(( (L / 2) * (2 * 64 * C * 2 + 2 * 64 + 2 * C) * 4 ))  # fp32 values of the shared tensors
+size_with=$(stat -c %s "$work/shared/model_00000006.bin")
+size_without=$(stat -c %s "$work/unshared/model_00000001.bin")
+if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/shared_resumed.log")" ] &&
+    cmp -s "$work/shared/model_00000006.bin" "$work/shared_resumed/model_00000006.bin" &&
+    [ "$words" = "1 2 64 0 1065353216 0" ] && [ "$((size_with - size_without))" = "$extra" ]; then pass; else
+    fail "a shared-expert run does not resume bit-identically, or its model file's words 24..29 are [$words], or it"\
+" has $((size_with - size_without)) bytes more than without shared experts (want $extra)"; fi
+
 # --- bad inputs
 expect_error "top-k above E" "-tk 9: top-k must be between 1 and the number of experts (8)" "$TRAIN" "${COMMON[@]}" -e d2 -tk 9
 expect_error "dense file to the MoE trainer" "not a MoE model file" "$TRAIN" "${COMMON[@]}" -b 2 -e "$DENSE_MODEL"
@@ -262,6 +295,15 @@ expect_error "unknown score" "-rs tanh: expected softmax or sigmoid" "$TRAIN" "$
 expect_error "routed scale 0" "-rsf 0: the routed scale must be finite and positive" "$TRAIN" "${COMMON[@]}" -e d2 -rsf 0
 expect_error "noisy top-k with sigmoid scores" "-rn 1 -rs sigmoid: noisy top-k gating is defined on softmax scores only" \
     "$TRAIN" "${COMMON[@]}" -e d2 -rn 1 -rs sigmoid
+expect_error "-seh without -se" "-seh 64: the shared experts' hidden size needs -se N > 0" "$TRAIN" "${COMMON[@]}" -e d2 -seh 64
+expect_error "-se with -seh 0" "-seh 0: the shared experts' hidden size must be positive" "$TRAIN" "${COMMON[@]}" -e d2 -se 1 -seh 0
+expect_error "negative -se" "-se -1: expected 0 or more shared experts" "$TRAIN" "${COMMON[@]}" -e d2 -se -1
+expect_error "shared hidden size not a multiple of 8" "d2: shared expert hidden size 12: their GEMMs need a positive multiple of 8" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -et 32 -se 1 -seh 12
+expect_error "-se against the file" "-se 1 -seh 0: the model file $MOE_MODEL has 0 shared experts of hidden size 0 (header words 25" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -se 1
+expect_error "-se against a checkpoint" "the model file $work/shared/model_00000006.bin has 2 shared experts of hidden size 64" \
+    $MPIRUN -np 2 "$TRAIN" "${SHARED[@]}" -x 7 -o "$work/shared" -y 1 -se 1
 
 # a shard of tokens the model has no row for (uint16 65535 on V=256) is refused before any step, naming shard,
 # position, token and V
@@ -307,8 +349,11 @@ open(sys.argv[2], "wb").write(struct.pack("256i", *h) + data[1024:])
 PY
 }
 make_header "$work/moe_shared.bin" 24=1 25=1 26=64
-expect_error "shared experts in the file" "moe_shared.bin: header word 25 = 1: shared experts: not built by train_moe.cu yet" \
+expect_error "shared experts the file lacks" "moe_shared.bin is truncated: its header describes 127040 parameters" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_shared.bin"
+make_header "$work/moe_shared_no_hidden.bin" 24=1 25=1
+expect_error "shared experts without a hidden size" "header words 25 and 26 (shared experts 1, their hidden size 0) must be both positive or both 0" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_shared_no_hidden.bin"
 make_header "$work/moe_bias.bin" 24=1 27=1 29=1
 expect_error "balancing biases in the file" "moe_bias.bin: header word 29 = 1: aux-loss-free balancing biases: not built" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias.bin"
