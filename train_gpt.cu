@@ -100,13 +100,13 @@ static void gpt2_config_gpt2_family(GPT2Config* c) {
     c->tied = 1;
 }
 
-// The tensors in model-file order. Their numbers also seed each tensor's stochastic rounding in the optimizer: an
-// MLP extension's tensors (train_moe.cu: the routers', the experts' and the shared experts') have slots between
-// the dense MLP's and the final LayerNorm's, which GPT-2 leaves empty. (Raising the slot count from 6 to 10 for the
-// shared experts moved lnfw, lnfb and lm_head, and so their seeds: BF16 runs differ in the last bits from builds
-// before it.) A llama model uses the slots of the tensors that play the same role (ln*w hold RMSNorm weights, fcw
-// SwiGLU's [gate | up]); its empty slots (wpe, the biases) have size 0, and its untied output embedding is the last
-// slot, PARAM_LM_HEAD, after everything GPT-2 has.
+// The tensors in model-file order. An MLP extension's tensors (train_moe.cu: the routers', the experts' and the shared
+// experts') have slots between the dense MLP's and the final LayerNorm's, which GPT-2 leaves empty. Each tensor's
+// stochastic rounding in the optimizer is seeded by its number (gpt2_seed_id), except that slots 6..9 (the shared
+// experts', added after the others) take the numbers after lm_head: every tensor that existed before them keeps its
+// rounding, so BF16 runs without shared experts have the same bits as before. A llama model uses the slots of the
+// tensors that play the same role (ln*w hold RMSNorm weights, fcw SwiGLU's [gate | up]); its empty slots (wpe, the
+// biases) have size 0, and its untied output embedding is the last slot, PARAM_LM_HEAD, after everything GPT-2 has.
 #define MLP_EXTENSION_SLOTS 10
 enum {
     PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W,
@@ -116,6 +116,14 @@ enum {
     PARAM_LM_HEAD,
     NUM_PARAMETER_TENSORS
 };
+// the number that seeds tensor i's stochastic rounding (see above): GPT-2's 0..13, slots 0..5 of the extension
+// 14..19, lnfw 20, lnfb 21, lm_head 22, slots 6..9 23..26
+static unsigned int gpt2_seed_id(int i) {
+    const int late = PARAM_EXTENSION + 6, moved = PARAM_LNFW - late;  // the first late slot; the late slots' count
+    if (i < late) return (unsigned int)i;
+    if (i < PARAM_LNFW) return (unsigned int)(PARAM_LM_HEAD - moved + 1 + (i - late));  // after lm_head's number
+    return (unsigned int)(i - moved);
+}
 // weight decay applies to the matrices only (the embeddings and the Linear weights; train_gpt.py: the 2-D ones)
 static const int gpt2_parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0,
                                                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
@@ -466,6 +474,7 @@ static void gpt2_allocate_parameters(GPT2* model) {
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) decays[i] = gpt2_parameter_decay(model, i);
     sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->process_rank,
                                 model->num_processes, model->zero_stage);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) model->store.seed_ids[i] = gpt2_seed_id(i);
     if (model->zero_stage < 3) point_parameters(&model->params, model->store.params_memory, sizes);
     else memset(&model->params, 0, sizeof(model->params));  // gathered per layer (gpt2_layer_weights)
     if (model->zero_stage < 2) point_parameters(&model->grads, model->store.grads_memory, sizes);

@@ -77,6 +77,9 @@ typedef struct {
     int num_tensors;
     size_t sizes[MAX_PARAMETER_TENSORS];  // in buffer order
     int decays[MAX_PARAMETER_TENSORS];    // 1: weight decay applies (matrices), 0: not (biases, LayerNorms)
+    // tensor i's stochastic rounding uses the step's seed + seed_ids[i] (i unless the trainer renumbers them, so
+    // that inserting a tensor does not move the others' rounding)
+    unsigned int seed_ids[MAX_PARAMETER_TENSORS];
     size_t num_parameters;                // real parameters
     size_t num_parameters_padded;         // rounded up so that ZeRO shards are equal and 16-byte aligned
     // the parameters [params_first, params_first + params_count) of the flat buffer: all of them (params_first 0),
@@ -176,6 +179,7 @@ static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, c
     for (int i = 0; i < num_tensors; i++) {
         p->sizes[i] = sizes[i];
         p->decays[i] = decays[i];
+        p->seed_ids[i] = (unsigned int)i;
         p->num_parameters += sizes[i];
     }
     size_t quantum = (size_t)num_processes * 8;
@@ -677,7 +681,7 @@ static void sharded_parameters_host_adamw(ShardedParameters* p, const AdamWConfi
             adamw_host_update(p->host_params + local, p->master_weights + local, p->host_grads + local,
                               p->m_memory + local, p->v_memory + local, e - a, opt->learning_rate, opt->beta1,
                               opt->beta2, beta1_correction, beta2_correction, opt->eps,
-                              p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i,
+                              p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + p->seed_ids[i],
                               p->flush_subnormals, (unsigned int)(a - tensor_begin));
         }
         tensor_begin = tensor_end;
@@ -784,14 +788,14 @@ static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWCon
             adamw_update(p->params_memory + (begin - p->params_first), p->master_weights ? p->master_weights + local : nullptr,
                          p->shard_grads + local, p->m_memory + local, p->v_memory + local, end - begin,
                          opt->learning_rate, opt->beta1, opt->beta2, beta1_correction, beta2_correction, opt->eps,
-                         p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i, stream,
+                         p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + p->seed_ids[i], stream,
                          noise_index);
         } else if (begin < end) {
             size_t local = begin - shard_begin;
             adamw_update(p->params_memory + (begin - p->params_first), p->master_weights ? p->master_weights + local : nullptr,
                          p->grads_memory + begin, p->m_memory + local, p->v_memory + local, end - begin,
                          opt->learning_rate, opt->beta1, opt->beta2, beta1_correction, beta2_correction, opt->eps,
-                         p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + (unsigned int)i, stream,
+                         p->decays[i] ? opt->weight_decay : 0.0f, grad_scale, seed + p->seed_ids[i], stream,
                          noise_index);
         }
         tensor_begin = tensor_end;
