@@ -8,6 +8,9 @@
 #   dev/test/run_tests.sh NAME...         only the tests with these names (shell patterns: 'moe-fp32-*'); it first
 #                                         builds, through make, what they run (make test T="NAME..." does the same)
 #   dev/test/run_tests.sh --list          the names, one a line
+# TEST_JOBS=N runs N tests at a time (default: the number of cores). Their reports still come in this file's order,
+# each once its test and every test before it have ended; a test that needs most of the machine's memory
+# (run_test_alone) runs with no other.
 set -u
 cd "$(dirname "$0")/../.."
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
@@ -61,20 +64,38 @@ build_for() {
     log=$(make -s --no-print-directory "${targets[@]}" 2>&1) || { echo "$log"; return 1; }
 }
 
-run_test() {
-    local label=$1
-    shift
-    selected "$label" || return 0
-    local out rc summary
-    if ! build_for "$label" "$@"; then
-        echo "[$label] FAILED: cannot build what it runs"
-        total_failed=$((total_failed + 1))
+JOBS=${TEST_JOBS:-$(nproc)}
+[[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "TEST_JOBS=$JOBS: expected a positive number of tests at a time"; exit 2; }
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+# the tests started and not yet reported, oldest first: each a folder under $results with the test's kind, label,
+# output, exit status and wall time (the last two written when it ends)
+queue=()
+launched=0
+
+# report the oldest started test (it has ended): its summary line, its output when it failed, and the totals
+report() {
+    local dir=${queue[0]}
+    queue=("${queue[@]:1}")
+    local kind label out rc took
+    kind=$(<"$dir/kind")
+    label=$(<"$dir/label")
+    out=$(<"$dir/out")
+    rc=$(<"$dir/rc")
+    took=$(<"$dir/took")
+    if [ "$kind" = lab ]; then
+        # a lab binary prints no summary line: it passes when it exits 0 (validation failures exit non-zero)
+        if [ "$rc" -eq 0 ]; then
+            total_passed=$((total_passed + 1))
+            echo "[lab $label] validated ($took s)"
+        else
+            echo "$out" | tail -n 20
+            echo "[lab $label] FAILED (exit status $rc)"
+            total_failed=$((total_failed + 1))
+        fi
         return
     fi
-    local started=$SECONDS
-    out=$(timeout 900 "$@" 2>&1)
-    rc=$?
-    local took=$((SECONDS - started))
+    local summary
     summary=$(grep -E '^[A-Za-z0-9_]+: [0-9]+ passed, [0-9]+ failed$' <<<"$out" | tail -n 1)
     if [ -z "$summary" ]; then
         echo "$out"
@@ -94,28 +115,91 @@ run_test() {
     total_failed=$((total_failed + f))
 }
 
-# A lab binary prints no summary line: it passes when it exits 0 (validation failures exit non-zero).
+# report the oldest tests while they have ended; with `all`, wait for every started test
+report_ended() {
+    while [ ${#queue[@]} -gt 0 ]; do
+        if [ ! -e "${queue[0]}/rc" ]; then
+            [ "${1:-}" = all ] || return 0
+            wait_for_one
+            continue
+        fi
+        report
+    done
+}
+
+# wait until a started test ends; one whose shell ended without its exit status (killed) counts as exit status 137
+wait_for_one() {
+    wait -n 2>/dev/null
+    [ $? -eq 127 ] || return 0
+    local dir
+    for dir in "${queue[@]}"; do
+        [ -e "$dir/rc" ] || { echo 0 >"$dir/took"; echo 137 >"$dir/rc"; }
+    done
+}
+
+# the number of started tests still running
+running() {
+    local dir n=0
+    for dir in "${queue[@]}"; do [ -e "$dir/rc" ] || n=$((n + 1)); done
+    echo $n
+}
+
+# start KIND LABEL COMMAND...: runs the test in the background once fewer than JOBS run
+start() {
+    local kind=$1 label=$2
+    shift 2
+    while [ "$(running)" -ge "$JOBS" ]; do
+        wait_for_one
+        report_ended
+    done
+    launched=$((launched + 1))
+    local dir=$results/$launched
+    mkdir "$dir"
+    echo "$kind" >"$dir/kind"
+    echo "$label" >"$dir/label"
+    (
+        started=$SECONDS
+        timeout 900 "$@" >"$dir/out" 2>&1
+        rc=$?
+        echo $((SECONDS - started)) >"$dir/took"
+        echo $rc >"$dir/rc"
+    ) &
+    queue+=("$dir")
+    report_ended
+}
+
+run_test() {
+    local label=$1
+    shift
+    selected "$label" || return 0
+    if ! build_for "$label" "$@"; then
+        report_ended all
+        echo "[$label] FAILED: cannot build what it runs"
+        total_failed=$((total_failed + 1))
+        return
+    fi
+    start test "$label" "$@"
+}
+
+# run_test, with no other test running beside it
+run_test_alone() {
+    selected "$1" || return 0
+    report_ended all
+    run_test "$@"
+    report_ended all
+}
+
 run_lab() {
     local label=$1
     shift
     selected "lab-$label" || return 0
-    local out rc
     if ! build_for "lab-$label" "$@"; then
+        report_ended all
         echo "[lab $label] FAILED: cannot build it"
         total_failed=$((total_failed + 1))
         return
     fi
-    local started=$SECONDS
-    out=$(timeout 900 "$@" 2>&1)
-    rc=$?
-    if [ "$rc" -eq 0 ]; then
-        total_passed=$((total_passed + 1))
-        echo "[lab $label] validated ($((SECONDS - started)) s)"
-    else
-        echo "$out" | tail -n 20
-        echo "[lab $label] FAILED (exit status $rc)"
-        total_failed=$((total_failed + 1))
-    fi
+    start lab "$label" "$@"
 }
 
 run_test runtime build/test_runtime
@@ -139,9 +223,11 @@ done
 run_test production-sizes build/test_production_sizes
 run_test production-sizes-sanitize build/test_production_sizes_sanitize
 # the trainers at production shapes, in edge mode under --sanitize (minutes each)
-for run in gpt-124m gpt-1.5b moe-8x-ep2 moe-64x8-dropless; do
+# (alone: GPT-2 1.5B's buffers take most of the machine's memory)
+for run in gpt-124m moe-8x-ep2 moe-64x8-dropless; do
     run_test "production-$run" dev/test/test_production_runs.sh $run
 done
+run_test_alone production-gpt-1.5b dev/test/test_production_runs.sh gpt-1.5b
 run_test multi-gpu dev/test/test_multi_gpu.sh build/test_host_utils
 run_test reference /usr/bin/python3 dev/test/test_reference.py
 run_test reference-moe /usr/bin/python3 dev/test/test_reference_moe.py
@@ -349,6 +435,7 @@ run_test check-moe-fp32-shared2-ep2-np2-zero3 $MPIRUN -np 2 build/check/test_moe
     build/ref/moe_k2_sigmoid_shared2_fp32 -cf 0 -ep 2 -z 3
 
 [ $list_only -eq 0 ] || exit 0
+report_ended all
 for p in "${patterns[@]}"; do
     if [ -z "${matched[$p]:-}" ]; then
         echo "no test is named '$p' (dev/test/run_tests.sh --list prints the names)"
