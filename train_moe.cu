@@ -893,7 +893,8 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     } else {
         matmul_forward_fp32_output(l.logits, router_in, lp.routerw, N, C, E, stream);
     }
-    moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, c->score, c->routed_scale, stream);
+    moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, NULL, N, E, K, c->score, c->routed_scale,
+                       stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, a->slot_scratch, l.expert_index, N, E,
                      K, moe->capacity_used, moe->dropless, stream);
     moe_layer_row_counts_begin(model, &l, stream);
