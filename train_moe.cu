@@ -318,9 +318,9 @@ static void moe_configure(GPT2* model, const char* source) {
     }
     moe->local_experts = c->num_experts / moe->ep.degree;
     if (moe->settings.bias_gamma > 0.0f && c->score != MOE_SCORE_SIGMOID) {
-        fprintf(stderr, "-rb %g: aux-loss-free balancing needs sigmoid scores (-rs sigmoid; %s has softmax): the bias is "
-                "added to the affinities, and softmax's top-k is defined on the logits\n", moe->settings.bias_gamma,
-                source);
+        fprintf(stderr, "-rb %g: aux-loss-free balancing needs sigmoid scores (-rs sigmoid; %s has softmax): the "
+                "bias is added to the affinities, and softmax's top-k is defined on the logits\n",
+                moe->settings.bias_gamma, source);
         exit(EXIT_FAILURE);
     }
     if (moe->settings.bias_gamma > 0.0f) c->balance_bias = 1;  // a model without biases starts them at 0

@@ -291,7 +291,8 @@ $MPIRUN -np 2 "$TRAIN" "${BIAS[@]}" -rb 0.01 -x 4 -n 2 -o "$work/bias_resumed" -
 $MPIRUN -np 2 "$TRAIN" "${BIAS[@]}" -x 1 -n 1 -o "$work/unbiased" >"$work/unbiased.log" 2>&1 ||
     fail "run without -rb: $(tail -3 "$work/unbiased.log")"
 "$TRAIN" -e "$work/bias/model_00000004.bin" -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16 -l 3e-3 -cf 0 -rb 0 -x 1 \
-    -n 1 -o "$work/bias_fixed" >"$work/bias_fixed.log" 2>&1 || fail "-rb 0 from a biased model: $(tail -3 "$work/bias_fixed.log")"
+    -n 1 -o "$work/bias_fixed" >"$work/bias_fixed.log" 2>&1 ||
+    fail "-rb 0 from a biased model: $(tail -3 "$work/bias_fixed.log")"
 want=$(step_fields "$work/bias.log" | tail -n 2)
 if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/bias_resumed.log")" ] &&
     cmp -s "$work/bias/model_00000004.bin" "$work/bias_resumed/model_00000004.bin" &&
@@ -343,11 +344,13 @@ expect_error "noisy top-k with sigmoid scores" "-rn 1 -rs sigmoid: noisy top-k g
     "$TRAIN" "${COMMON[@]}" -e d2 -rn 1 -rs sigmoid
 expect_error "-seh without -se" "-seh 64: the shared experts' hidden size needs -se N > 0" "$TRAIN" "${COMMON[@]}" -e d2 -seh 64
 expect_error "-se with -seh 0" "-seh 0: the shared experts' hidden size must be positive" "$TRAIN" "${COMMON[@]}" -e d2 -se 1 -seh 0
-expect_error "negative -rb" "-rb -0.1: the balancing bias step must be finite and >= 0" "$TRAIN" "${COMMON[@]}" -e d2 -rb -0.1
+expect_error "negative -rb" "-rb -0.1: the balancing bias step must be finite and >= 0" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -rb -0.1
 expect_error "-rb nan" "flag -rb: expected a number, got 'nan'" "$TRAIN" "${COMMON[@]}" -e d2 -rb nan
 expect_error "-rb with softmax scores" "-rb 0.001: aux-loss-free balancing needs sigmoid scores" \
     "$TRAIN" "${COMMON[@]}" -e d2 -rb 0.001
-expect_error "-rb on a softmax model file" "-rb 0.001: aux-loss-free balancing needs sigmoid scores (-rs sigmoid; $MOE_MODEL has softmax)" \
+expect_error "-rb on a softmax model file" \
+    "-rb 0.001: aux-loss-free balancing needs sigmoid scores (-rs sigmoid; $MOE_MODEL has softmax)" \
     "$TRAIN" "${COMMON[@]}" -b 2 -e "$MOE_MODEL" -rb 0.001
 expect_error "negative -se" "-se -1: expected 0 or more shared experts" "$TRAIN" "${COMMON[@]}" -e d2 -se -1
 expect_error "shared hidden size not a multiple of 8" "d2: shared expert hidden size 12: their GEMMs need a positive multiple of 8" \
@@ -411,7 +414,8 @@ expect_error "balancing biases the file lacks" "moe_bias.bin is truncated: its h
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias.bin"
 $PYTHON -c 'import sys; d = open(sys.argv[1], "rb").read(); open(sys.argv[2], "wb").write(d[:-4] + b"\x00\x00\xc0\x7f")' \
     "$work/bias/model_00000004.bin" "$work/moe_bias_nan.bin"
-expect_error "a balancing bias that is not finite" "moe_bias_nan.bin: balancing bias 7 (MoE layer 1, expert 3) is not finite" \
+expect_error "a balancing bias that is not finite" \
+    "moe_bias_nan.bin: balancing bias 7 (MoE layer 1, expert 3) is not finite" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias_nan.bin"
 make_header "$work/moe_bias_softmax.bin" 24=1 29=1
 expect_error "balancing biases with softmax" "header word 29 = 1: balancing biases need sigmoid scores (word 27 = 1)" \
