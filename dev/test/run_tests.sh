@@ -344,6 +344,7 @@ run_test check-moe-fp32-k1-shared-me2-r1 build/check/test_moe_fp32 build/ref/moe
 run_test check-moe-bf16-k2-sigmoid-shared2-r0 build/check/test_moe_bf16 build/ref/moe_k2_sigmoid_shared2_bf16 -cf 0 -r 0
 run_test check-moe-fp32-bias-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k2_bias_dropless_fp32 -cf 0 \
     -rb 0.001 -ep 2
+run_test check-moe-bf16-bias-r0 build/check/test_moe_bf16 build/ref/moe_k2_bias_dropless_bf16 -cf 0 -rb 0.001 -r 0
 run_test check-moe-fp32-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -ep 2
 run_test check-moe-bf16-ep2-np2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2
 run_test check-moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/check/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 \
