@@ -156,6 +156,11 @@ MOE_REF_k2_rsf_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --routed-scale 2.5
 MOE_REF_k1_shared_me2 := --topk 1 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64
 MOE_REF_k2_sigmoid_shared2 := $(MOE_SIGMOID) --seed 5 --topk 2 --moe-every 1 --cf 0 --shared-experts 2 \
     --shared-hidden 128
+# issue 15's aux-loss-free balancing (doc/moe.md, "Issue 15's routing options" 4 and 6): sigmoid top-2 of 8
+# dropless and top-1 with a capacity that drops (cf 0.5), the bias moving by 0.001 per step from the reference's
+# N(0, 0.005) start, so that pass 0's choices already depend on it
+MOE_REF_k2_bias_dropless := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --bias-gamma 0.001
+MOE_REF_k1_bias_cf0.5 := $(MOE_SIGMOID) --topk 1 --moe-every 1 --cf 0.5 --bias-gamma 0.001
 $(BUILD)/ref/moe_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_$* $(MOE_REF_ARGS) $(MOE_REF_$(call ref_config,$*)) \
@@ -173,6 +178,9 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_k2_sigmoid_dropless_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k2_sigmoid_cf1_fp32_debug_state.bin $(BUILD)/ref/moe_k2_sigmoid_cf1_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k1_sigmoid_me2_fp32_debug_state.bin $(BUILD)/ref/moe_k2_rsf_cf0.5_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k2_bias_dropless_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k2_bias_dropless_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k1_bias_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_bias_cf0.5_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k1_shared_me2_fp32_debug_state.bin $(BUILD)/ref/moe_k1_shared_me2_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k2_sigmoid_shared2_fp32_debug_state.bin \
              $(BUILD)/ref/moe_k2_sigmoid_shared2_bf16_debug_state.bin

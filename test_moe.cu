@@ -15,13 +15,16 @@
 
 // The debug state's MoE part (after the loss): header[7] MoE layers, header[8] noisy gating; the aux and z losses
 // summed over the MoE layers, noisy gating's importance and load losses, then per layer the dropped choices and
-// the choices routed to each expert before dropping.
+// the choices routed to each expert before dropping. With header[11] = 1 the balancing biases after each step
+// close the file (after the step losses that test_gpt.cu reads).
 typedef struct {
     float aux_loss, z_loss;
     int noisy;
     float importance_loss, load_loss;
     int* dropped;        // (Lm)
     int* expert_counts;  // (Lm, E)
+    float* biases;       // (nsteps, Lm, E) after each step's update, with header[11] = 1; else NULL
+    size_t num_biases;   // nsteps * Lm * E
 } MoEReference;
 
 static void* moe_read_reference(FILE* f, const char* path, const int* header, const GPT2* model) {
@@ -48,6 +51,28 @@ static void* moe_read_reference(FILE* f, const char* path, const int* header, co
     for (int m = 0; m < Lm; m++) {
         fread_check(&r->dropped[m], sizeof(int), 1, f, path);
         fread_check(r->expert_counts + (size_t)m * E, sizeof(int), E, f, path);
+    }
+    float gamma = moe_of(model)->settings.bias_gamma;
+    int moving = gamma > 0.0f;
+    if (header[11] != moving) {
+        fprintf(stderr, "%s: header[11] = %d (balancing biases after each step), but the test runs with -rb %g: give "
+                "-rb the reference's --bias-gamma\n", path, header[11], gamma);
+        exit(EXIT_FAILURE);
+    }
+    if (moving) {  // the file's last nsteps * Lm * E floats
+        size_t n = (size_t)header[4] * Lm * E;
+        r->num_biases = n;
+        long here = ftell(f);
+        r->biases = (float*)malloc_check((n + 1) * sizeof(float));
+        if (fseek(f, -(long)(n * sizeof(float)), SEEK_END) != 0) {
+            fprintf(stderr, "%s: too short for its %zu balancing biases\n", path, n);
+            exit(EXIT_FAILURE);
+        }
+        fread_check(r->biases, sizeof(float), n, f, path);
+        if (fseek(f, here, SEEK_SET) != 0) {
+            fprintf(stderr, "%s: cannot seek back to its gradients\n", path);
+            exit(EXIT_FAILURE);
+        }
     }
     return r;
 }
@@ -91,7 +116,7 @@ static float moe_gradient_multiplier(const GPT2* model, int i) {
 }
 
 // the settings the reference was written with (Makefile: MOE_REF_ARGS and its configurations)
-static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f};
+static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, 0.0f};
 static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value) {
     MoESettings* s = &test_moe_settings;
     if (!strcmp(flag, "-cf")) s->capacity_factor = s->capacity_factor_eval = atof(value);
@@ -101,6 +126,7 @@ static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value)
     else if (!strcmp(flag, "-rni")) s->importance_coef = (float)atof(value);
     else if (!strcmp(flag, "-rnl")) s->load_coef = (float)atof(value);
     else if (!strcmp(flag, "-ep")) t->ep_degree = atoi(value);
+    else if (!strcmp(flag, "-rb")) s->bias_gamma = (float)atof(value);
     else return 0;
     return 1;
 }
@@ -108,7 +134,7 @@ static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value)
 // the model file brings the shape; the settings are the test's; the experts shared out over `degree` processes
 static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree) {
     MoEModel* moe = (MoEModel*)malloc_check(sizeof(MoEModel));
-    MoEConfig none = {0, 0, 0, 0, 0, MOE_SCORE_SOFTMAX, 1.0f, 0, 0};
+    MoEConfig none = {0, 0, 0, 0, 0, MOE_SCORE_SOFTMAX, 1.0f, 0, 0, 0};
     moe_model_init(moe, &none, &test_moe_settings);
     expert_parallel_init(&moe->ep, mg, degree);
     model->mlp = &moe_extension;
@@ -117,22 +143,52 @@ static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg,
 
 // The reference's steps on (x, y) for a fresh model with t's settings, expert-parallel degree `degree`: their losses,
 // and (when `params` is not NULL) the parameters after them in model-file order as the trainer writes its model file,
-// in a new buffer of *count values
+// in a new buffer of *count values; with `biases` (not NULL) the balancing biases after each step (nsteps, Lm, E)
 static void moe_run_steps(const GPT2Test* t, int degree, const int* x, const int* y, const ReferenceState* ref,
-                          const MultiGpuConfig* mg, float* losses, floatX** params, size_t* count,
+                          const MultiGpuConfig* mg, float* losses, floatX** params, size_t* count, float* biases,
                           cudaStream_t stream) {
     GPT2 model;
     build_test_model(&model, t, mg, degree);
     gpt2_allocate_activations(&model, ref->B, ref->T);
     gpt2_allocate_optimizer(&model, t->zero_stage);
-    for (int step = 0; step < ref->nsteps; step++)
+    size_t n_bias = (size_t)num_moe_layers(&model) * moe_of(&model)->config.num_experts;
+    for (int step = 0; step < ref->nsteps; step++) {
         losses[step] = test_step(&model, x, y, ref->B, ref->T, step, mg, t->zero_stage, t->grad_clip, stream);
+        if (biases)
+            cudaCheck(cudaMemcpy(biases + step * n_bias, moe_of(&model)->balance_bias, n_bias * sizeof(float),
+                                 cudaMemcpyDeviceToHost));
+    }
     if (params) {
         *count = gpt2_num_parameters(&model);
         *params = (floatX*)malloc_check(*count * sizeof(floatX));
         gpt2_get_parameters(&model, *params, stream);
     }
     free_test_model(&model);
+}
+
+// The balancing biases after each step against another run's. Each moves by +-gamma per step on integer loads, one
+// fp32 addition as the reference makes it, so where the routing is the same they are bit-identical: FP32 must match
+// exactly. In BF16 the parameters drift from the reference's by rounding over the steps, a load near its layer's
+// mean can land on the other side of it, and that bias then moves the other way (2 gamma apart from there on):
+// measured 25 of 160 values differ, by at most 2 gamma, with both references (Makefile MOE_REF_*_bias_*). Allowed:
+// a quarter of the values, by at most 4 gamma (two such steps); a reversed sign, a missing update or a wrong gamma
+// are off by up to 20 gamma in most values.
+static void compare_biases(const char* label, const char* whose, const float* got, const float* want, size_t n,
+                           float gamma) {
+    size_t differ = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        differ += got[i] != want[i];
+        worst = fmax(worst, fabs((double)got[i] - want[i]));
+    }
+    int fp32 = PRECISION_MODE == PRECISION_FP32;
+    size_t allowed = fp32 ? 0 : n / 4;
+    double allowed_diff = fp32 ? 0.0 : 4.0 * gamma * (1.0 + 1e-3);  // 1e-3: the fp32 roundings of the sums
+    int ok = n > 0 && differ <= allowed && worst <= allowed_diff;
+    count_check(ok);
+    if (printing)
+        printf("%s %-10s %zu balancing biases after the steps, %zu differ from %s (allowed %zu), max abs diff %.2e "
+               "(allowed %.2e)\n", ok ? "OK  " : "FAIL", label, n, differ, whose, allowed, worst, allowed_diff);
 }
 
 // The checks of -ep and -z, each process with its own batch (the reference batch with its tokens shifted by
@@ -155,6 +211,19 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
     int ep_degree = t->ep_degree;
     int B = ref->B, T = ref->T, V = ref->V;
     size_t BT = (size_t)B * T;
+    const MoEReference* moe_ref = (const MoEReference*)ref->extension;
+    float *biases_a = NULL, *biases_b = NULL;
+    size_t n_biases = 0;
+    if (moe_ref->biases != NULL) {
+        n_biases = moe_ref->num_biases;
+        biases_a = (float*)malloc_check((n_biases + 1) * sizeof(float));
+        biases_b = (float*)malloc_check((n_biases + 1) * sizeof(float));
+        float* losses = (float*)malloc_check(((size_t)ref->nsteps + 1) * sizeof(float));
+        moe_run_steps(t, 1, ref->x, ref->y, ref, mg, losses, NULL, NULL, biases_a, stream);
+        compare_biases("bias steps", "the reference's", biases_a, moe_ref->biases, n_biases,
+                       test_moe_settings.bias_gamma);
+        free(losses);
+    }
     int* x = (int*)malloc_check(BT * sizeof(int));
     int* y = (int*)malloc_check(BT * sizeof(int));
     for (size_t i = 0; i < BT; i++) {
@@ -190,8 +259,8 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
         free(g_spread);
         free_test_model(&spread);
         free_test_model(&one);
-        moe_run_steps(t, 1, x, y, ref, mg, losses_a, NULL, NULL, stream);
-        moe_run_steps(t, ep_degree, x, y, ref, mg, losses_b, NULL, NULL, stream);
+        moe_run_steps(t, 1, x, y, ref, mg, losses_a, NULL, NULL, biases_a, stream);
+        moe_run_steps(t, ep_degree, x, y, ref, mg, losses_b, NULL, NULL, biases_b, stream);
         double worst = 0.0;
         for (int step = 0; step < ref->nsteps; step++) {
             worst = fmax(worst, fabs(losses_b[step] - losses_a[step]) / fabs(losses_a[step]));
@@ -204,6 +273,20 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
         if (printing)
             printf("%s %-10s %d step losses, max rel err %.2e (tol %.0e)\n", steps_ok ? "OK  " : "FAIL", "ep steps",
                    ref->nsteps, worst, tol_steps);
+        if (biases_a != NULL) {
+            compare_biases("ep bias", "-ep 1's", biases_b, biases_a, n_biases, test_moe_settings.bias_gamma);
+            // the loads are summed over every process before the update, so every process (each on its own batch)
+            // holds the same biases: a 16-bit hash of their bits, summed over the processes, is P times this one's
+            unsigned int hash = 2166136261u;
+            const unsigned char* bytes = (const unsigned char*)biases_b;
+            for (size_t i = 0; i < n_biases * sizeof(float); i++) hash = (hash ^ bytes[i]) * 16777619u;
+            float mine = (float)(hash & 0xffffu), sum = multi_gpu_cpu_float_sum(mine, mg);
+            int same = sum == mine * (float)mg->num_processes;
+            count_check(same);
+            if (printing)
+                printf("%s %-10s the balancing biases are the same on all %d processes\n", same ? "OK  " : "FAIL",
+                       "ep bias", mg->num_processes);
+        }
     }
     if (t->zero_stage >= 2) {
         GPT2Test zero1 = *t;
@@ -211,8 +294,8 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
         zero1.offload = 0;
         floatX *params_a, *params_b;
         size_t n, n_b;
-        moe_run_steps(&zero1, ep_degree, x, y, ref, mg, losses_a, &params_a, &n, stream);
-        moe_run_steps(t, ep_degree, x, y, ref, mg, losses_b, &params_b, &n_b, stream);
+        moe_run_steps(&zero1, ep_degree, x, y, ref, mg, losses_a, &params_a, &n, NULL, stream);
+        moe_run_steps(t, ep_degree, x, y, ref, mg, losses_b, &params_b, &n_b, NULL, stream);
         int same = ref->nsteps > 0 && memcmp(losses_a, losses_b, (size_t)ref->nsteps * sizeof(float)) == 0;
         count_check(same);
         if (printing)
@@ -229,6 +312,8 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
     }
     free(losses_a);
     free(losses_b);
+    free(biases_a);
+    free(biases_b);
     free(x);
     free(y);
 }

@@ -285,6 +285,13 @@ typedef struct {
     void (*step_fields)(const GPT2* model, int micro_steps, char* out, size_t size);  // in the step line
     void (*log_step)(const GPT2* model, Logger* logger, int step, int micro_steps);
     void (*print_validation)(const GPT2* model, int N, Logger* logger, int step);
+    // after each optimizer update that changed the parameters, on every process (gpt2_update; NULL: none)
+    void (*after_update)(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream);
+    // the model file's tail after the parameters (NULL: none): its bytes (once configured from the header), read
+    // from the file positioned there, written after the parameters by process 0
+    size_t (*file_tail_bytes)(const GPT2* model);
+    void (*read_file_tail)(GPT2* model, FILE* f, const char* path);
+    void (*write_file_tail)(const GPT2* model, FILE* f, const char* path);
 } MlpExtension;
 
 struct GPT2 {
@@ -731,7 +738,8 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     }
     size_t n = gpt2_num_parameters(model);
     size_t file_elem = version == fp32_version ? sizeof(float) : sizeof(__nv_bfloat16);
-    size_t expected_bytes = 256 * sizeof(int) + n * file_elem;
+    size_t tail_bytes = x && x->file_tail_bytes ? x->file_tail_bytes(model) : 0;
+    size_t expected_bytes = 256 * sizeof(int) + n * file_elem + tail_bytes;
     if (fseek(f, 0, SEEK_END) != 0) {
         fprintf(stderr, "%s: cannot seek to the end to check its size\n", path);
         exit(EXIT_FAILURE);
@@ -755,6 +763,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     gpt2_allocate_parameters(model);
     void* raw = malloc_for(n * file_elem, "the parameters as stored", path);
     fread_check(raw, file_elem, n, f, path);
+    if (x && x->read_file_tail) x->read_file_tail(model, f, path);
     fclose_check(f, path);
     floatX* host = (floatX*)malloc_for(n * sizeof(floatX), "the parameters", path);
     for (size_t i = 0; i < n; i++) {
@@ -897,6 +906,7 @@ static void gpt2_write_model_file(GPT2* model, const char* path, cudaStream_t st
         fwrite_check(h32, sizeof(float), n, f, tmp);
         free(h32);
     }
+    if (model->mlp && model->mlp->write_file_tail) model->mlp->write_file_tail(model, f, tmp);
     commit_tmp(f, tmp, path);
     free(host);
 }
@@ -1518,6 +1528,7 @@ static int gpt2_update(GPT2* model, const AdamWConfig* opt, float norm, int t, c
         if (own)
             sharded_parameters_apply_update(own, opt, norm, scale, optimizer_next_seed(&model->rng_state), t,
                                             model->mlp->own_group(model), zero_stage, stream);
+        if (model->mlp && model->mlp->after_update) model->mlp->after_update(model, mg, stream);
     } else {
         gpt2_discard_early_update(model);
     }

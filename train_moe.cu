@@ -31,6 +31,7 @@ typedef struct {
     float routed_scale;  // rsf: the gates' factor (ibid. 5), 1 for a Switch model
     int shared_experts;  // S: dense experts every token of an MoE layer goes through (ibid. 2), 0: none
     int shared_hidden;   // H_s: their hidden size (0 exactly when S = 0)
+    int balance_bias;    // 1: every MoE layer has aux-loss-free balancing's bias (ibid. 4 and 6; header word 29)
 } MoEConfig;
 
 // The MoE hyperparameters that are not part of the model file.
@@ -44,6 +45,7 @@ typedef struct {
     float load_coef;
     float init_scale;             // a descriptor's router and (shared) expert weights: GPT-2's std times
                                   // sqrt(init_scale)
+    float bias_gamma;             // aux-loss-free balancing's step gamma (0: the bias, if any, stays fixed)
 } MoESettings;
 
 // The extension's slots in the model file (train_gpt.cu's PARAM_EXTENSION + slot): the routers' and the shared
@@ -142,6 +144,11 @@ typedef struct {
     int statistics_tokens;      // N of the forward pass they are of; 0 once moe_statistics has read them
     // the training step's sums over micro-steps (the step line)
     double step_aux, step_z, step_drop, step_load_cv;
+    // aux-loss-free balancing (doc/moe.md, "Issue 15's routing options" 6): routing state, not parameters
+    int file_has_bias;          // the model file read had the biases after its parameters (header word 29)
+    float* balance_bias;        // (Lm, E) device fp32, with config.balance_bias; else NULL
+    int* step_loads;            // (Lm, E) device: the step's choices per expert before dropping, this process's
+                                // training passes (bias_gamma > 0); all-reduced over the processes at the update
 } MoEModel;
 
 static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
@@ -183,8 +190,8 @@ static void moe_model_init(MoEModel* moe, const MoEConfig* config, const MoESett
 // The model file's MoE part: header words, checks, the parameters
 
 // Issue 15's header words (doc/formats.md, "MoE model file"): 24 the revision, 25 and 26 the shared experts, 27
-// the score, 28 rsf's fp32 bits (0: 1.0), 29 the balancing biases. Every check of a reader is made, and what this
-// trainer does not build yet (the biases) is refused by name.
+// the score, 28 rsf's fp32 bits (0: 1.0), 29 the balancing biases (fp32, after the parameters: moe_read_file_tail).
+// Every check of a reader is made.
 #define MOE_REVISION_WORD 24
 #define MOE_SHARED_WORD 25
 #define MOE_SHARED_HIDDEN_WORD 26
@@ -239,8 +246,8 @@ static void moe_read_header(GPT2* model, const int* header, const char* path) {
     if (bias != 0 && bias != 1) moe_header_refuse(path, MOE_BIAS_WORD, bias, "expected 0 or 1");
     if (bias && c->score != MOE_SCORE_SIGMOID)
         moe_header_refuse(path, MOE_BIAS_WORD, bias, "balancing biases need sigmoid scores (word 27 = 1)");
-    if (bias)
-        moe_header_refuse(path, MOE_BIAS_WORD, bias, "aux-loss-free balancing biases: not built by train_moe.cu yet");
+    c->balance_bias = bias;
+    moe_of(model)->file_has_bias = bias;
     if (c->noisy_gating && c->score != MOE_SCORE_SOFTMAX)
         moe_header_refuse(path, MOE_SCORE_WORD, c->score, "noisy top-k gating (word 12 = 1) needs softmax scores");
 }
@@ -260,6 +267,7 @@ static void moe_write_header(const GPT2* model, int* header) {
         header[MOE_SHARED_HIDDEN_WORD] = c->shared_hidden;
         header[MOE_SCORE_WORD] = c->score;
         memcpy(&header[MOE_ROUTED_SCALE_WORD], &c->routed_scale, sizeof(float));
+        header[MOE_BIAS_WORD] = c->balance_bias;  // implies sigmoid scores, so revision 1
     }
 }
 
@@ -309,6 +317,13 @@ static void moe_configure(GPT2* model, const char* source) {
         exit(EXIT_FAILURE);
     }
     moe->local_experts = c->num_experts / moe->ep.degree;
+    if (moe->settings.bias_gamma > 0.0f && c->score != MOE_SCORE_SIGMOID) {
+        fprintf(stderr, "-rb %g: aux-loss-free balancing needs sigmoid scores (-rs sigmoid; %s has softmax): the "
+                "bias is added to the affinities, and softmax's top-k is defined on the logits\n",
+                moe->settings.bias_gamma, source);
+        exit(EXIT_FAILURE);
+    }
+    if (moe->settings.bias_gamma > 0.0f) c->balance_bias = 1;  // a model without biases starts them at 0
 }
 
 static int moe_replaces_mlp(const GPT2* model, int l) { return is_moe_layer(&moe_of(model)->config, l); }
@@ -388,6 +403,17 @@ static void moe_allocate_parameters(GPT2* model) {
         for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&moe->expert_store, layer);
         if (model->zero_stage == 3)
             for (int b = 0; b < 2; b++) sharded_parameters_add_gather_buffer(&moe->expert_store, layer);
+    }
+    // the balancing biases start at 0 (a descriptor's, or -rb on a model file without them); a file's replace them
+    // (moe_read_file_tail). Replicated on every process: every process updates them from the same summed loads.
+    size_t biases = (size_t)num_moe_layers(model) * moe->config.num_experts;
+    if (moe->config.balance_bias) {
+        cudaCheck(cudaMalloc(&moe->balance_bias, biases * sizeof(float)));
+        cudaCheck(cudaMemset(moe->balance_bias, 0, biases * sizeof(float)));
+    }
+    if (moe->settings.bias_gamma > 0.0f) {
+        cudaCheck(cudaMalloc(&moe->step_loads, biases * sizeof(int)));
+        cudaCheck(cudaMemset(moe->step_loads, 0, biases * sizeof(int)));
     }
 }
 
@@ -622,6 +648,8 @@ static void moe_allocate_activations(GPT2* model, int B, int T) {
 static void moe_free(GPT2* model) {
     MoEModel* moe = moe_of(model);
     sharded_parameters_free(&moe->expert_store);
+    cudaCheck(cudaFree(moe->balance_bias));
+    cudaCheck(cudaFree(moe->step_loads));
     cudaCheck(cudaFree(moe->acts_memory));
     free(moe->rows_own);
     if (moe->acts_memory) {
@@ -893,7 +921,9 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     } else {
         matmul_forward_fp32_output(l.logits, router_in, lp.routerw, N, C, E, stream);
     }
-    moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, N, E, K, c->score, c->routed_scale, stream);
+    const float* bias = moe->balance_bias != NULL ? moe->balance_bias + (size_t)m * E : NULL;
+    moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, bias, N, E, K, c->score, c->routed_scale,
+                       stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, a->slot_scratch, l.expert_index, N, E,
                      K, moe->capacity_used, moe->dropless, stream);
     moe_layer_row_counts_begin(model, &l, stream);
@@ -1044,6 +1074,9 @@ static void moe_end_forward(GPT2* model, int N, cudaStream_t stream) {
     }
     cudaCheck(cudaEventRecord(moe->statistics_copied, stream));
     moe->statistics_tokens = N;
+    // the step's loads for the balancing bias: every training pass (micro-batch) of this process
+    for (int m = 0; m < Lm && moe->training && moe->step_loads != NULL; m++)
+        moe_add_counts(moe->step_loads + (size_t)m * E, moe_layer_activations(model, m, N).expert_count, E, stream);
 }
 
 static void moe_statistics(const GPT2* model) {
@@ -1171,6 +1204,28 @@ static void read_expert_state(const char* dir, int step, GPT2* model) {
 // Telemetry
 
 // Per MoE layer, after a validation pass: its aux and z losses, dropped choices and expert loads.
+// " bias v0 v1 ..." (E <= 16) or " bias min A max B" of MoE layer m's balancing bias, "" without one
+static void moe_bias_summary(const GPT2* model, int m, char* out, size_t size) {
+    const MoEModel* moe = moe_of(model);
+    out[0] = '\0';
+    if (moe->balance_bias == NULL) return;
+    int E = moe->config.num_experts;
+    float* b = (float*)malloc_check((size_t)E * sizeof(float));
+    cudaCheck(cudaMemcpy(b, moe->balance_bias + (size_t)m * E, (size_t)E * sizeof(float), cudaMemcpyDeviceToHost));
+    float lo = b[0], hi = b[0];
+    for (int e = 1; e < E; e++) {
+        lo = fminf(lo, b[e]);
+        hi = fmaxf(hi, b[e]);
+    }
+    if (E > 16) {
+        snprintf(out, size, " bias min %.5f max %.5f", lo, hi);
+    } else {
+        size_t used = (size_t)snprintf(out, size, " bias");
+        for (int e = 0; e < E && used < size; e++) used += (size_t)snprintf(out + used, size - used, " %.5f", b[e]);
+    }
+    free(b);
+}
+
 static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
     moe_statistics(model);
     for (int m = 0; m < num_moe_layers(model); m++) {
@@ -1178,8 +1233,10 @@ static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step)
         // aux: every balancing loss of the layer (Switch's, and noisy gating's importance and load losses)
         const float* losses = moe_of(model)->losses_cpu + 4 * m;
         float aux = losses[0] + losses[2] + losses[3], z = losses[1];
-        printf("val moe layer %d: aux %f z %f drop %f load min %.3f max %.3f cv %.3f\n", m, aux, z, st.drop_fraction,
-               st.load_min, st.load_max, st.load_cv);
+        char bias[16 * 12 + 32] = "";
+        moe_bias_summary(model, m, bias, sizeof(bias));
+        printf("val moe layer %d: aux %f z %f drop %f load min %.3f max %.3f cv %.3f%s\n", m, aux, z, st.drop_fraction,
+               st.load_min, st.load_max, st.load_cv, bias);
         char line[300];
         snprintf(line, sizeof(line), "s:%d layer:%d layer_aux:%f layer_z:%f layer_drop:%f layer_load_min:%.3f "
                  "layer_load_max:%.3f layer_load_cv:%.3f", step, m, aux, z, st.drop_fraction, st.load_min,
@@ -1232,9 +1289,10 @@ typedef struct {
     const char* score;
     float routed_scale;
     int shared_experts, shared_hidden;
+    float bias_gamma;
 } MoEFlags;
 static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, "softmax", 1.0f,
-                             0, 0};
+                             0, 0, 0.0f};
 static Flag moe_flag_table[] = {
     {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
     {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
@@ -1263,6 +1321,9 @@ static Flag moe_flag_table[] = {
      "shared experts per MoE layer: dense MLPs every token goes through, added to the routed output\n(default = 0; "
      "a model file's are its own)", 0},
     {"-seh", FLAG_INT, &moe_flags.shared_hidden, "the shared experts' hidden size, with -se (default = -eh's)", 0},
+    {"-rb", FLAG_FLOAT, &moe_flags.bias_gamma,
+     "aux-loss-free balancing: each step moves a per-expert selection bias by GAMMA towards the mean load\n(sigmoid "
+     "scores only; default = 0: off, a model file's bias stays fixed)", 0},
 };
 
 // -rs's name -> MOE_SCORE_*, -1 when it is neither
@@ -1288,6 +1349,10 @@ static int moe_check_flags(void) {
         return 0;
     }
     if (moe_score_of(f->score) < 0) { fprintf(stderr, "-rs %s: expected softmax or sigmoid\n", f->score); return 0; }
+    if (!(isfinite(f->bias_gamma) && f->bias_gamma >= 0.0f)) {
+        fprintf(stderr, "-rb %g: the balancing bias step must be finite and >= 0\n", f->bias_gamma);
+        return 0;
+    }
     if (!(isfinite(f->routed_scale) && f->routed_scale > 0.0f)) {
         fprintf(stderr, "-rsf %g: the routed scale must be finite and positive\n", f->routed_scale);
         return 0;
@@ -1333,9 +1398,9 @@ static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
         exit(EXIT_FAILURE);
     }
     MoEConfig config = {f->num_experts, f->top_k, f->moe_every, f->expert_hidden, f->noisy_topk,
-                        moe_score_of(f->score), f->routed_scale, f->shared_experts, f->shared_hidden};
+                        moe_score_of(f->score), f->routed_scale, f->shared_experts, f->shared_hidden, 0};
     MoESettings settings = {f->capacity_factor, f->capacity_factor_eval, f->aux_alpha, f->z_coef, f->router_jitter,
-                            f->importance_coef, f->load_coef, f->init_scale};
+                            f->importance_coef, f->load_coef, f->init_scale, f->bias_gamma};
     moe_model_init(&trainer_moe, &config, &settings);
     expert_parallel_init(&trainer_moe.ep, mg, f->expert_parallel);
     model->mlp_state = &trainer_moe;
@@ -1396,6 +1461,9 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
     if (moe->config.shared_experts > 0)
         info_row(t, "shared experts", "%d per MoE layer, hidden size %d", moe->config.shared_experts,
                  moe->config.shared_hidden);
+    if (moe->config.balance_bias)
+        info_row(t, "balancing bias", moe->settings.bias_gamma > 0.0f ? "moves by %g per step (-rb)" : "fixed (-rb %g)",
+                 moe->settings.bias_gamma);
 }
 
 // with expert parallelism every process of the group takes part in each forward pass
@@ -1404,6 +1472,9 @@ static int moe_collective_forward(const GPT2* model) { return moe_of(model)->ep.
 static void moe_step_begin(GPT2* model) {
     MoEModel* moe = moe_of(model);
     moe->step_aux = moe->step_z = moe->step_drop = moe->step_load_cv = 0.0;
+    // a step whose update was skipped (an outlier) leaves its loads behind: each step counts its own
+    size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
+    if (moe->step_loads != NULL) cudaCheck(cudaMemset(moe->step_loads, 0, n * sizeof(int)));
 }
 static void moe_micro_step_done(GPT2* model) {
     MoEModel* moe = moe_of(model);
@@ -1427,6 +1498,54 @@ static void moe_log_step(const GPT2* model, Logger* logger, int step, int micro_
     logger_log_text(logger, line);
 }
 
+// After each optimizer update (every process): aux-loss-free balancing's step. The loads of this process's training
+// passes since the last update, summed over every process (ints: exact, the same sum everywhere; under -ep each
+// process routed its own tokens), move every bias by gamma (llmc/moe.cuh moe_balance_bias_update), identically on
+// every process; then the loads start again from 0.
+static void moe_after_update(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    if (moe->step_loads == NULL) return;
+    int Lm = num_moe_layers(model), E = moe->config.num_experts;
+    if (mg->num_processes > 1)
+        ncclCheck(ncclAllReduce(moe->step_loads, moe->step_loads, (size_t)Lm * E, ncclInt32, ncclSum, mg->nccl_comm,
+                                stream));
+    moe_balance_bias_update(moe->balance_bias, moe->step_loads, Lm, E, moe->settings.bias_gamma, stream);
+    cudaCheck(cudaMemsetAsync(moe->step_loads, 0, (size_t)Lm * E * sizeof(int), stream));
+}
+
+// The model file's tail: the balancing biases, Lm * E fp32 values after the parameters whatever the payload's
+// precision (doc/formats.md, "MoE model file"), when the file's header word 29 says so (reading) or the model has
+// them (writing).
+static size_t moe_file_tail_bytes(const GPT2* model) {
+    const MoEModel* moe = moe_of(model);
+    return moe->file_has_bias ? (size_t)num_moe_layers(model) * moe->config.num_experts * sizeof(float) : 0;
+}
+static void moe_read_file_tail(GPT2* model, FILE* f, const char* path) {
+    MoEModel* moe = moe_of(model);
+    if (!moe->file_has_bias) return;
+    size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
+    float* host = (float*)malloc_check(n * sizeof(float));
+    fread_check(host, sizeof(float), n, f, path);
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(host[i])) {
+            fprintf(stderr, "%s: balancing bias %zu (MoE layer %zu, expert %zu) is not finite\n", path, i,
+                    i / moe->config.num_experts, i % moe->config.num_experts);
+            exit(EXIT_FAILURE);
+        }
+    }
+    cudaCheck(cudaMemcpy(moe->balance_bias, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    free(host);
+}
+static void moe_write_file_tail(const GPT2* model, FILE* f, const char* path) {
+    const MoEModel* moe = moe_of(model);
+    if (!moe->config.balance_bias) return;
+    size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
+    float* host = (float*)malloc_check(n * sizeof(float));
+    cudaCheck(cudaMemcpy(host, moe->balance_bias, n * sizeof(float), cudaMemcpyDeviceToHost));
+    fwrite_check(host, sizeof(float), n, f, path);
+    free(host);
+}
+
 static const MlpExtension moe_extension = {
     MOE_MODEL_MAGIC, 1, 2, "MoE model",
     moe_read_header, moe_write_header, moe_configure, moe_replaces_mlp,
@@ -1442,6 +1561,7 @@ static const MlpExtension moe_extension = {
     moe_check_flags, moe_setup, moe_check_model, moe_info_rows, moe_collective_forward,
     "expert_state", write_expert_state, read_expert_state,
     moe_step_begin, moe_micro_step_done, moe_step_fields, moe_log_step, print_moe_layers,
+    moe_after_update, moe_file_tail_bytes, moe_read_file_tail, moe_write_file_tail,
 };
 
 #ifndef OMIT_TRAIN_MOE_MAIN

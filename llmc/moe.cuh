@@ -56,6 +56,8 @@
 // of the logits is the order of the exact scores, and two different logits never tie just because their fp32
 // scores rounded to the same value. Ties (equal logits) go to the lower expert index. Each pick is a warp
 // argmax over (logit, index) pairs with xor shuffles: the order is total, so every lane ends with the same winner.
+// With a balancing bias (sigmoid only; ibid. 4 and 6) the picks compare the keys a + bias[e] instead, one fp32
+// rounding, ties to the lower index again; the gates still take the affinities a, never the keys.
 // Floor: read N*E*4, write N*E*4 + N*k*8 + N*4 bytes; ~E*(10 + 5k) flops per token (sigmoid: E more exps):
 // memory-bound.
 // The warp's best (value, expert) pair: the larger value, ties to the lower expert; INT_MAX marks a lane without a
@@ -85,7 +87,8 @@ __device__ inline float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); 
 template <int LOGITS_PER_LANE>
 __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __restrict__ expert_index,
                                           float* __restrict__ gates, float* __restrict__ logsumexp,
-                                          const float* __restrict__ logits, int N, int E, int k, int score,
+                                          const float* __restrict__ logits,
+                                          const float* __restrict__ balance_bias, int N, int E, int k, int score,
                                           float routed_scale) {
     const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (token >= N) return;  // the whole warp leaves together
@@ -126,6 +129,12 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
         }
     }
     if (lane == 0) logsumexp[token] = row_max + logf(sum);
+    // key[i]: what top-k compares (the logit, or with a balancing bias the affinity plus the bias)
+    float key[LOGITS_PER_LANE];
+    for (int i = 0; i < LOGITS_PER_LANE; i++) {
+        const int e = lane + 32 * i;
+        key[i] = balance_bias != nullptr && e < E ? prob[i] + balance_bias[e] : logit[i];
+    }
 
     unsigned int taken = 0;  // bit i: expert lane + 32*i already picked
     int my_pick = 0;          // lane j < k keeps the j-th pick and its prob
@@ -138,8 +147,8 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
         float candidate_prob = 0.0f;
         for (int i = 0; i < LOGITS_PER_LANE; i++) {
             const int e = lane + 32 * i;
-            if (e < E && !((taken >> i) & 1u) && (best_expert == INT_MAX || logit[i] > best)) {
-                best = logit[i];
+            if (e < E && !((taken >> i) & 1u) && (best_expert == INT_MAX || key[i] > best)) {
+                best = key[i];
                 best_expert = e;
                 candidate_prob = prob[i];
             }
@@ -588,6 +597,29 @@ __global__ void moe_router_losses_final_kernel(float* __restrict__ aux_and_z, co
 }
 
 // ----------------------------------------------------------------------------------------------------
+// Aux-loss-free balancing (doc/moe.md, "Issue 15's routing options" 6). The step's loads: counts (n) += the
+// expert_count of a forward pass (n = Lm * E ints), once per micro-batch. The update, after the optimizer step, on
+// the loads summed over the micro-batches and the processes: bias[m, e] += gamma * sign(sum_e' load[m, e'] -
+// E * load[m, e]), the sign decided on integers (int64: E * load cannot overflow), one fp32 rounding of the sum, so
+// every process that holds the same loads writes the same bits. One thread per (layer, expert), each summing its
+// layer's E loads itself: Lm * E <= a few thousand values, one launch either way. Floor: Lm*E*12 bytes (tiny).
+__global__ void moe_add_counts_kernel(int* __restrict__ counts, const int* __restrict__ add, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) counts[i] += add[i];
+}
+
+__global__ void moe_balance_bias_update_kernel(float* __restrict__ bias, const int* __restrict__ loads, int Lm, int E,
+                                               float gamma) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= Lm * E) return;
+    const int* layer = loads + (size_t)(i / E) * E;
+    long long total = 0;
+    for (int e = 0; e < E; e++) total += layer[e];
+    const long long excess = total - (long long)E * loads[i];  // sign(mean load - load) times E
+    bias[i] += excess > 0 ? gamma : (excess < 0 ? -gamma : 0.0f);
+}
+
+// ----------------------------------------------------------------------------------------------------
 // host side
 
 // Rows per expert buffer: ceil(k * CF * N / E), evaluated in double as ((k * CF) * N) / E so that the PyTorch
@@ -639,35 +671,38 @@ static void moe_require_aligned(const char* function, const void* a, const void*
 static int moe_warp_grid(size_t warps, int block_size) { return (int)CEIL_DIV(warps, (size_t)(block_size / 32)); }
 
 void moe_router_forward_launch(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits,
-                               int N, int E, int k, int score, float routed_scale, int block_size,
-                               cudaStream_t stream) {
+                               const float* balance_bias, int N, int E, int k, int score, float routed_scale,
+                               int block_size, cudaStream_t stream) {
     moe_require(E >= 1 && E <= MOE_MAX_EXPERTS && k >= 1 && k <= E && k <= MOE_MAX_TOP_K, "moe_router_forward",
                 "needs 1 <= k <= E <= 256 and k <= 32 (see moe_support)");
     moe_require(score == MOE_SCORE_SOFTMAX || score == MOE_SCORE_SIGMOID, "moe_router_forward",
                 "score must be MOE_SCORE_SOFTMAX or MOE_SCORE_SIGMOID");
+    moe_require(balance_bias == nullptr || score == MOE_SCORE_SIGMOID, "moe_router_forward",
+                "a balancing bias needs sigmoid scores");
     const int grid = moe_warp_grid(N, block_size);
     if (E <= 32) {
-        moe_router_forward_kernel<1><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N,
-                                                                      E, k, score, routed_scale);
+        moe_router_forward_kernel<1><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
+                                                                      balance_bias, N, E, k, score, routed_scale);
     } else if (E <= 64) {
-        moe_router_forward_kernel<2><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N,
-                                                                      E, k, score, routed_scale);
+        moe_router_forward_kernel<2><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
+                                                                      balance_bias, N, E, k, score, routed_scale);
     } else if (E <= 128) {
-        moe_router_forward_kernel<4><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N,
-                                                                      E, k, score, routed_scale);
+        moe_router_forward_kernel<4><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
+                                                                      balance_bias, N, E, k, score, routed_scale);
     } else {
-        moe_router_forward_kernel<8><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits, N,
-                                                                      E, k, score, routed_scale);
+        moe_router_forward_kernel<8><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
+                                                                      balance_bias, N, E, k, score, routed_scale);
     }
     cudaCheck(cudaGetLastError());
 }
 
-// logits (N, E) -> probs (N, E) (sigmoid: the normalised affinities), expert_index (N, k) in descending order,
-// gates (N, k) (times routed_scale), logsumexp (N)
-void moe_router_forward(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits, int N,
-                        int E, int k, int score, float routed_scale, cudaStream_t stream) {
-    moe_router_forward_launch(probs, expert_index, gates, logsumexp, logits, N, E, k, score, routed_scale,
-                              MOE_WARP_KERNEL_BLOCK_SIZE, stream);
+// logits (N, E) -> probs (N, E) (sigmoid: the normalised affinities), expert_index (N, k) in descending order of
+// the key, gates (N, k) (times routed_scale), logsumexp (N); balance_bias (E) or NULL (no bias: the key is the logit)
+void moe_router_forward(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits,
+                        const float* balance_bias, int N, int E, int k, int score, float routed_scale,
+                        cudaStream_t stream) {
+    moe_router_forward_launch(probs, expert_index, gates, logsumexp, logits, balance_bias, N, E, k, score,
+                              routed_scale, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
 }
 
 // the bits of the largest expert index E - 1 (0 for E = 1): what moe_warp_peers compares
@@ -868,4 +903,16 @@ void moe_router_losses(float* aux_and_z, float* partials, const float* probs, co
                        cudaStream_t stream) {
     moe_router_losses_launch(aux_and_z, partials, probs, logsumexp, expert_count, N, E, k, aux_alpha, z_coef,
                              MOE_LOSSES_BLOCK_SIZE, stream);
+}
+
+// counts (n) += add (n), ints
+void moe_add_counts(int* counts, const int* add, int n, cudaStream_t stream) {
+    moe_add_counts_kernel<<<CEIL_DIV(n, 256), 256, 0, stream>>>(counts, add, n);
+    cudaCheck(cudaGetLastError());
+}
+
+// bias (Lm, E) fp32 moved by gamma against the loads (Lm, E) (the step's choices per expert before dropping)
+void moe_balance_bias_update(float* bias, const int* loads, int Lm, int E, float gamma, cudaStream_t stream) {
+    moe_balance_bias_update_kernel<<<CEIL_DIV(Lm * E, 256), 256, 0, stream>>>(bias, loads, Lm, E, gamma);
+    cudaCheck(cudaGetLastError());
 }

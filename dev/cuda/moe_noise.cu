@@ -506,7 +506,7 @@ static void run_gating(const LabArgs& args, int N, int E, int k, Coefficients q,
     plant_ties(&H, N, E, k);
     std::vector<float> probs(n), gates(num_choices), logsumexp(N);
     std::vector<int> expert_index(num_choices);
-    moe_router_reference(&probs, &expert_index, &gates, &logsumexp, H, N, E, k, MOE_SCORE_SOFTMAX, 1.0f);
+    moe_router_reference(&probs, &expert_index, &gates, &logsumexp, H, nullptr, N, E, k, MOE_SCORE_SOFTMAX, 1.0f);
 
     const RefLosses L = ref_noisy_losses(clean.data(), noise_logits.data(), H.data(), expert_index.data(), gates.data(),
                                          N, E, k, q);

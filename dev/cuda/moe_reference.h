@@ -63,11 +63,29 @@ static void moe_gate_backward_row(double* ds, const double* s, const int* picks,
     for (int j = 0; j < k; j++) ds[picks[j]] += (rsf * d_gate[j] - gate_dot) / picked_sum;
 }
 
+// With a balancing bias (sigmoid only, doc/moe.md "Issue 15's routing options" 4): top-k on the keys
+// fp32(a) + bias[e] in fp32 (one rounding of the sum, as the kernel), ties to the lower index. The fp32 affinity is
+// the double one rounded, which a GPU's expf can miss by an ulp: a pick could then differ only where two keys are
+// within ~1e-7, which the random inputs of the labs do not produce (validated exactly).
+static void moe_pick_by_keys(int* picks, const double* a, const float* bias, int E, int k) {
+    std::vector<float> key(E);
+    for (int e = 0; e < E; e++) key[e] = (float)a[e] + bias[e];
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
+            if (!taken && (best < 0 || key[e] > key[best])) best = e;
+        }
+        picks[j] = best;
+    }
+}
+
 // the router forward over N tokens with either score and the routed scale rsf, rounded to the fp32 values
-// moe_router_forward writes (sigmoid: probs are the affinities over their sum)
+// moe_router_forward writes (sigmoid: probs are the affinities over their sum); bias (E) or nullptr
 static void moe_router_reference(std::vector<float>* probs, std::vector<int>* expert_index, std::vector<float>* gates,
-                                 std::vector<float>* logsumexp, const std::vector<float>& logits, int N, int E, int k,
-                                 int score, float rsf) {
+                                 std::vector<float>* logsumexp, const std::vector<float>& logits, const float* bias,
+                                 int N, int E, int k, int score, float rsf) {
     std::vector<double> p(E), a(E);
     for (int t = 0; t < N; t++) {
         int* picks = expert_index->data() + (size_t)t * k;
@@ -80,6 +98,7 @@ static void moe_router_reference(std::vector<float>* probs, std::vector<int>* ex
             for (int e = 0; e < E; e++) affinity_sum += a[e];
             for (int e = 0; e < E; e++) p[e] = a[e] / affinity_sum;
             s = a.data();
+            if (bias != nullptr) moe_pick_by_keys(picks, a.data(), bias, E, k);
         }
         for (int e = 0; e < E; e++) (*probs)[(size_t)t * E + e] = (float)p[e];
         for (int j = 0; j < k; j++) (*gates)[(size_t)t * k + j] = (float)moe_gate(s, picks, j, k, score, rsf);

@@ -2,7 +2,8 @@
 // experts (fp32), logsumexp (for the z-loss), the top-k experts (ties to the lower index, in descending order)
 // and their gates (the raw prob for k = 1, renormalised over the k picks for k >= 2); with sigmoid scores the
 // affinities sigmoid(logits), probs = the affinities over their sum, gates = the picked affinities renormalised
-// (k = 1 too); either way the gates times the routed scale rsf. doc/moe.md, "Routing" and "Issue 15's routing
+// (k = 1 too), and with a balancing bias b (E) the picks compare the keys fp32(a + b) instead of the logits; either
+// way the gates times the routed scale rsf. doc/moe.md, "Routing" and "Issue 15's routing
 // options" 3 and 5, is the definition; the reference (moe_reference.h) is a plain double-precision loop over it.
 // Build and run on the CPU backend (small sizes):
 //   make build/lab/moe_router_bf16   (build/lab/moe_router_fp32: the fp32 build)
@@ -11,7 +12,8 @@
 //   ./moe_router [variant] [-s]   (default: N = 8*1024 tokens, E = 8 with k = 1 and 2, E = 64 with k = 2, softmax;
 //                                  E = 64 with k = 6, sigmoid with rsf 2.5 (DeepSeek-V3's shape);
 //                                  -s: N = 69 with E = 4, k = 1 and 2, E = 40 k = 2, E = 200 k = 3, softmax; E = 4
-//                                  k = 1, E = 40 k = 2, E = 200 k = 3 sigmoid, and E = 4 k = 2 softmax, rsf 2.5)
+//                                  k = 1, E = 40 k = 2, E = 200 k = 3 sigmoid, and E = 4 k = 2 softmax, rsf 2.5;
+//                                  sigmoid with a balancing bias at E = 4 k = 1, E = 40 k = 2, E = 200 k = 3)
 // Variants:
 //   1  one thread per token: serial loops over the row (max, sum, probs, k scans for the picks)
 //   2  llmc/moe.cuh moe_router_forward: one warp per token, shuffle reductions, one warp argmax per pick.
@@ -24,9 +26,10 @@
 // One thread per token. The picks come out in the order (logit descending, index ascending), so a candidate is
 // still free exactly when it comes after the previous pick in that order: no list of taken experts is needed.
 // Sigmoid scores overwrite the softmax probs with the affinities, then normalise them once the gates are taken.
+// With a balancing bias the order is (key descending, index ascending) on the keys affinity + bias.
 __global__ void router_thread_per_token_kernel(float* probs, int* expert_index, float* gates, float* logsumexp,
-                                               const float* logits, int N, int E, int k, int score,
-                                               float routed_scale) {
+                                               const float* logits, const float* bias, int N, int E, int k,
+                                               int score, float routed_scale) {
     const int token = blockIdx.x * blockDim.x + threadIdx.x;
     if (token >= N) return;
     const float* row = logits + (size_t)token * E;
@@ -50,14 +53,19 @@ __global__ void router_thread_per_token_kernel(float* probs, int* expert_index, 
     float picked_sum = 0.0f;
     for (int j = 0; j < k; j++) {
         int best_expert = -1;
+        float best_key = 0.0f;
         for (int e = 0; e < E; e++) {
-            const bool free = row[e] < previous || (row[e] == previous && e > previous_expert);
-            if (free && (best_expert < 0 || row[e] > row[best_expert])) best_expert = e;
+            const float key = bias != nullptr ? prob[e] + bias[e] : row[e];
+            const bool free = key < previous || (key == previous && e > previous_expert);
+            if (free && (best_expert < 0 || key > best_key)) {
+                best_expert = e;
+                best_key = key;
+            }
         }
         expert_index[(size_t)token * k + j] = best_expert;
         gates[(size_t)token * k + j] = prob[best_expert];
         picked_sum += prob[best_expert];
-        previous = row[best_expert];
+        previous = best_key;
         previous_expert = best_expert;
     }
     for (int j = 0; j < k; j++) {
@@ -75,33 +83,76 @@ struct RouterBuffers {
     int* expert_index;
     float* gates;
     float* logsumexp;
+    float* bias;  // (E) or nullptr
 };
 
 static void run_variant(int variant, const RouterBuffers* d, int N, int E, int k, int score, float rsf,
                         int block_size) {
     if (variant == 1) {
         router_thread_per_token_kernel<<<CEIL_DIV(N, block_size), block_size>>>(d->probs, d->expert_index, d->gates,
-                                                                               d->logsumexp, d->logits, N, E, k,
-                                                                               score, rsf);
+                                                                               d->logsumexp, d->logits, d->bias, N, E,
+                                                                               k, score, rsf);
         cudaCheck(cudaGetLastError());
     } else {
-        moe_router_forward_launch(d->probs, d->expert_index, d->gates, d->logsumexp, d->logits, N, E, k, score, rsf,
-                                  block_size, 0);
+        moe_router_forward_launch(d->probs, d->expert_index, d->gates, d->logsumexp, d->logits, d->bias, N, E, k,
+                                  score, rsf, block_size, 0);
     }
+}
+
+// The balancing bias update (llmc/moe.cuh moe_add_counts, moe_balance_bias_update) against a host loop: two
+// micro-batches' counts added, then bias += gamma * sign(sum - E * load) per layer. Layer 0 random loads, layer 1
+// equal loads (nothing moves), layer 2 experts 0 and 39 exactly at the mean (7) with the others at 5 and 9.
+// Integers and one fp32 addition each: compared exactly.
+static void check_balance_bias_update() {
+    const int Lm = 3, E = 40;
+    const float gamma = 0.001f;
+    std::vector<int> first = lab_random_ints(Lm * E, 50), second = lab_random_ints(Lm * E, 50);
+    for (int e = 0; e < E; e++) {
+        first[E + e] = second[E + e] = 7;
+        first[2 * E + e] = e == 0 || e == E - 1 ? 7 : e < 20 ? 5 : 9;
+        second[2 * E + e] = 0;
+    }
+    std::vector<float> bias = lab_random(Lm * E, -0.01f, 0.01f), expected(Lm * E);
+    for (int m = 0; m < Lm; m++) {
+        long long total = 0;
+        for (int e = 0; e < E; e++) total += first[m * E + e] + second[m * E + e];
+        for (int e = 0; e < E; e++) {
+            const long long excess = total - (long long)E * (first[m * E + e] + second[m * E + e]);
+            expected[m * E + e] = bias[m * E + e] + (excess > 0 ? gamma : excess < 0 ? -gamma : 0.0f);
+        }
+    }
+    int* d_loads = lab_ints_to_device(std::vector<int>(Lm * E, 0));
+    int* d_first = lab_ints_to_device(first);
+    int* d_second = lab_ints_to_device(second);
+    float* d_bias = lab_to_device<float>(bias);
+    moe_add_counts(d_loads, d_first, Lm * E, 0);
+    moe_add_counts(d_loads, d_second, Lm * E, 0);
+    moe_balance_bias_update(d_bias, d_loads, Lm, E, gamma, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    printf("balance bias update, Lm=%d E=%d\n", Lm, E);
+    lab_validate("bias", d_bias, expected.data(), Lm * E, 0.0f, 0.0f);
+    cudaCheck(cudaFree(d_loads));
+    cudaCheck(cudaFree(d_first));
+    cudaCheck(cudaFree(d_second));
+    cudaCheck(cudaFree(d_bias));
 }
 
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
-    struct Case { int N, E, k, score; float rsf; };
+    struct Case { int N, E, k, score; float rsf; int bias; };
     const int SOFTMAX = MOE_SCORE_SOFTMAX, SIGMOID = MOE_SCORE_SIGMOID;
-    const Case full_cases[] = {{8 * 1024, 8, 1, SOFTMAX, 1.0f}, {8 * 1024, 8, 2, SOFTMAX, 1.0f},
-                               {8 * 1024, 64, 2, SOFTMAX, 1.0f}, {8 * 1024, 64, 6, SIGMOID, 2.5f}};
+    const Case full_cases[] = {{8 * 1024, 8, 1, SOFTMAX, 1.0f, 0}, {8 * 1024, 8, 2, SOFTMAX, 1.0f, 0},
+                               {8 * 1024, 64, 2, SOFTMAX, 1.0f, 0}, {8 * 1024, 64, 6, SIGMOID, 2.5f, 0},
+                               {8 * 1024, 64, 6, SIGMOID, 2.5f, 1}};
     // 69 = 3*23 tokens: warps of the warp variant's last block partly empty; E = 40 and 200 cover 2 and 8
     // logits per lane, with lanes that own fewer experts than others; sigmoid scores at each of those, top-1
-    // among them (its gate is rsf); the routed scale on softmax gates
-    const Case small_cases[] = {{69, 4, 1, SOFTMAX, 1.0f},   {69, 4, 2, SOFTMAX, 1.0f},   {69, 40, 2, SOFTMAX, 1.0f},
-                                {69, 200, 3, SOFTMAX, 1.0f}, {69, 4, 1, SIGMOID, 2.5f},   {69, 40, 2, SIGMOID, 2.5f},
-                                {69, 200, 3, SIGMOID, 2.5f}, {69, 4, 2, SOFTMAX, 2.5f}};
+    // among them (its gate is rsf); the routed scale on softmax gates; a balancing bias at each width
+    const Case small_cases[] = {{69, 4, 1, SOFTMAX, 1.0f, 0},   {69, 4, 2, SOFTMAX, 1.0f, 0},
+                                {69, 40, 2, SOFTMAX, 1.0f, 0},  {69, 200, 3, SOFTMAX, 1.0f, 0},
+                                {69, 4, 1, SIGMOID, 2.5f, 0},   {69, 40, 2, SIGMOID, 2.5f, 0},
+                                {69, 200, 3, SIGMOID, 2.5f, 0}, {69, 4, 2, SOFTMAX, 2.5f, 0},
+                                {69, 4, 1, SIGMOID, 1.0f, 1},   {69, 40, 2, SIGMOID, 2.5f, 1},
+                                {69, 200, 3, SIGMOID, 2.5f, 1}};
     const Case* cases = args.small ? small_cases : full_cases;
     const int num_cases = args.small ? (int)(sizeof(small_cases) / sizeof(small_cases[0]))
                                      : (int)(sizeof(full_cases) / sizeof(full_cases[0]));
@@ -116,7 +167,12 @@ int main(int argc, char** argv) {
         std::vector<float> logits = moe_router_logits(N, E);
         std::vector<float> probs(n), gates((size_t)N * k), logsumexp(N);
         std::vector<int> picks((size_t)N * k);
-        moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, N, E, k, score, rsf);
+        // biases of the order of the affinities' gaps, so that they change picks; pairs of equal biases keep some
+        // of the planted logit ties as key ties
+        std::vector<float> bias = lab_random(E, -0.1f, 0.1f);
+        for (int e = 1; e < E; e += 2) bias[e] = bias[e - 1];
+        const float* host_bias = cases[c].bias ? bias.data() : nullptr;
+        moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, host_bias, N, E, k, score, rsf);
         const std::vector<float> expert_index = lab_as_floats(picks);
 
         RouterBuffers d;
@@ -125,9 +181,10 @@ int main(int argc, char** argv) {
         d.expert_index = lab_poisoned<int>((size_t)N * k);
         d.gates = lab_poisoned<float>((size_t)N * k);
         d.logsumexp = lab_poisoned<float>(N);
+        d.bias = host_bias != nullptr ? lab_to_device<float>(bias) : nullptr;
 
         const char* score_name = score == SIGMOID ? "sigmoid" : "softmax";
-        printf("N=%d E=%d k=%d %s rsf=%g\n", N, E, k, score_name, rsf);
+        printf("N=%d E=%d k=%d %s rsf=%g%s\n", N, E, k, score_name, rsf, host_bias ? " bias" : "");
         for (int variant = 1; variant <= 2; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
             cudaCheck(cudaMemset(d.probs, 0xff, n * sizeof(float)));
@@ -150,7 +207,7 @@ int main(int argc, char** argv) {
         }
 
         char sizes[64];
-        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d %s", N, E, k, score_name);
+        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d %s%s", N, E, k, score_name, host_bias ? " bias" : "");
         lab_print_header("moe_router", sizes);
         const double bytes = 8.0 * n + 8.0 * N * k + 4.0 * N;
         for (int variant = 1; variant <= 2; variant++) {
@@ -165,6 +222,8 @@ int main(int argc, char** argv) {
         cudaCheck(cudaFree(d.expert_index));
         cudaCheck(cudaFree(d.gates));
         cudaCheck(cudaFree(d.logsumexp));
+        if (d.bias != nullptr) cudaCheck(cudaFree(d.bias));
     }
+    check_balance_bias_update();
     return 0;
 }

@@ -262,7 +262,7 @@ int main(int argc, char** argv) {
         std::vector<float> logits = moe_router_logits(N, E);
         std::vector<float> probs(n), gates(num_choices), logsumexp(N);
         std::vector<int> picks(num_choices);
-        moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, N, E, k, sc.score, sc.rsf);
+        moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, nullptr, N, E, k, sc.score, sc.rsf);
         // d_gates: random, 0 for the choices a capacity of CF 0.5 drops (what moe_combine_backward hands over)
         std::vector<float> d_gates = lab_random(num_choices);
         const MoeSlots slots = moe_slots_reference(picks, N, E, k, moe_capacity(N, E, k, 0.5), false);

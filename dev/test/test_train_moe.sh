@@ -13,10 +13,13 @@
 #     24, 27, 28) and a run resumed from it continues bit-identically;
 #   - shared experts from a descriptor (-se, -seh) on 2 ranks with -ep 2: the checkpoint's model file records them
 #     (header words 24, 25, 26; its size holds their tensors) and a run resumed from it continues bit-identically;
+#   - aux-loss-free balancing (-rb) from a descriptor on 2 ranks with -ep 2: the checkpoint's model file records the
+#     biases (header word 29, fp32 after the parameters), the validation lines print them, a run resumed from it
+#     continues bit-identically, and -rb 0 keeps a model file's biases;
 #   - bad inputs (top-k above E, a file of the wrong kind, tokens the model lacks,
-#     -ne/-tk/-me/-eh/-rs/-rsf/-se/-seh against the model file or checkpoint, bad -rs, -rsf, -se and -seh, the MoE
-#     header words 24..29 this trainer does not build or a reader refuses) get their one line; a corrupt expert state
-#     is named on -y 1.
+#     -ne/-tk/-me/-eh/-rs/-rsf/-se/-seh against the model file or checkpoint, bad -rs, -rsf, -se, -seh and -rb, -rb
+#     with softmax scores, the MoE header words 24..29 a reader refuses, biases the file lacks or that are not
+#     finite) get their one line; a corrupt expert state is named on -y 1.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and
 # build/ref/moe_k1_cf0.5_fp32_model.bin (make test builds them). Run from anywhere: dev/test/test_train_moe.sh
 set -u
@@ -271,6 +274,50 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/shared_resumed.log")" ] &
     fail "a shared-expert run does not resume bit-identically, or its model file's words 24..29 are [$words], or it"\
 " has $((size_with - size_without)) bytes more than without shared experts (want $extra)"; fi
 
+# --- aux-loss-free balancing (doc/moe.md, issue 15's routing 4 and 6): sigmoid top-2 of 4 experts shared out over 2
+# ranks, from a descriptor (the biases start at 0), -rb 0.01; 4 steps with checkpoints every 2. The checkpoint's
+# model file has header word 29 = 1 and Lm * E fp32 biases after the parameters (its size that much above the same
+# run's without -rb), the biases moved (each is a sum of +-0.01 steps), the validation lines print them, and the run
+# resumed from step 2 continues bit-identically (its step-4 model file, biases included, is the same). A run from
+# that model file with -rb 0 keeps the biases as they are.
+BIAS=(-e d2 -ev 263 -et 32 -ne 4 -tk 2 -me 1 -rs sigmoid -cf 0 -ep 2 -i "$work/train.bin" -j "$work/train.bin" -v 2
+      -m 1 -s 0 -b 2 -t 16 -l 3e-3)
+$MPIRUN -np 2 "$TRAIN" "${BIAS[@]}" -rb 0.01 -x 4 -n 2 -o "$work/bias" >"$work/bias.log" 2>&1 ||
+    fail "balancing-bias run: $(tail -3 "$work/bias.log")"
+mkdir -p "$work/bias_resumed"
+cp "$work/bias"/*_00000002* "$work/bias_resumed/"
+$MPIRUN -np 2 "$TRAIN" "${BIAS[@]}" -rb 0.01 -x 4 -n 2 -o "$work/bias_resumed" -y 1 >"$work/bias_resumed.log" 2>&1 ||
+    fail "balancing-bias resumed run: $(tail -3 "$work/bias_resumed.log")"
+$MPIRUN -np 2 "$TRAIN" "${BIAS[@]}" -x 1 -n 1 -o "$work/unbiased" >"$work/unbiased.log" 2>&1 ||
+    fail "run without -rb: $(tail -3 "$work/unbiased.log")"
+"$TRAIN" -e "$work/bias/model_00000004.bin" -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16 -l 3e-3 -cf 0 -rb 0 -x 1 \
+    -n 1 -o "$work/bias_fixed" >"$work/bias_fixed.log" 2>&1 ||
+    fail "-rb 0 from a biased model: $(tail -3 "$work/bias_fixed.log")"
+want=$(step_fields "$work/bias.log" | tail -n 2)
+if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/bias_resumed.log")" ] &&
+    cmp -s "$work/bias/model_00000004.bin" "$work/bias_resumed/model_00000004.bin" &&
+    $PYTHON - "$work/bias/model_00000004.bin" "$work/unbiased/model_00000001.bin" "$work/bias_fixed/model_00000001.bin" \
+        "$work/bias.log" <<'PY'
+import struct, sys
+import numpy as np
+biased, unbiased, fixed = (open(p, "rb").read() for p in sys.argv[1:4])
+h = struct.unpack("256i", biased[:1024])
+Lm, E = h[4] // h[10], h[8]
+tail = np.frombuffer(biased[-4 * Lm * E:], dtype="<f4")
+steps = np.round(tail / np.float32(0.01))
+ok = (list(h[24:30]) == [1, 0, 0, 1, 1065353216, 1] and len(biased) - len(unbiased) == 4 * Lm * E
+      and np.any(tail != 0) and np.all(np.abs(tail - steps * np.float32(0.01)) < 1e-6) and np.all(np.abs(steps) <= 4)
+      and fixed[-4 * Lm * E:] == biased[-4 * Lm * E:])
+text = open(sys.argv[4]).read()
+ok = ok and all(f"val moe layer {m}: aux" in text for m in range(Lm)) and all(
+    " bias " in line for line in text.splitlines() if line.startswith("val moe layer"))
+print("  balancing biases after 4 steps:", *tail)
+sys.exit(0 if ok else 1)
+PY
+then pass; else
+    fail "a balancing-bias run does not resume bit-identically, or its model file (words 24..29, the biases after the"\
+" parameters, kept by -rb 0) or its validation lines are not as they should be"; fi
+
 # --- bad inputs
 expect_error "top-k above E" "-tk 9: top-k must be between 1 and the number of experts (8)" "$TRAIN" "${COMMON[@]}" -e d2 -tk 9
 expect_error "dense file to the MoE trainer" "not a MoE model file" "$TRAIN" "${COMMON[@]}" -b 2 -e "$DENSE_MODEL"
@@ -297,6 +344,14 @@ expect_error "noisy top-k with sigmoid scores" "-rn 1 -rs sigmoid: noisy top-k g
     "$TRAIN" "${COMMON[@]}" -e d2 -rn 1 -rs sigmoid
 expect_error "-seh without -se" "-seh 64: the shared experts' hidden size needs -se N > 0" "$TRAIN" "${COMMON[@]}" -e d2 -seh 64
 expect_error "-se with -seh 0" "-seh 0: the shared experts' hidden size must be positive" "$TRAIN" "${COMMON[@]}" -e d2 -se 1 -seh 0
+expect_error "negative -rb" "-rb -0.1: the balancing bias step must be finite and >= 0" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -rb -0.1
+expect_error "-rb nan" "flag -rb: expected a number, got 'nan'" "$TRAIN" "${COMMON[@]}" -e d2 -rb nan
+expect_error "-rb with softmax scores" "-rb 0.001: aux-loss-free balancing needs sigmoid scores" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -rb 0.001
+expect_error "-rb on a softmax model file" \
+    "-rb 0.001: aux-loss-free balancing needs sigmoid scores (-rs sigmoid; $MOE_MODEL has softmax)" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -e "$MOE_MODEL" -rb 0.001
 expect_error "negative -se" "-se -1: expected 0 or more shared experts" "$TRAIN" "${COMMON[@]}" -e d2 -se -1
 expect_error "shared hidden size not a multiple of 8" "d2: shared expert hidden size 12: their GEMMs need a positive multiple of 8" \
     "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -et 32 -se 1 -seh 12
@@ -355,8 +410,13 @@ make_header "$work/moe_shared_no_hidden.bin" 24=1 25=1
 expect_error "shared experts without a hidden size" "header words 25 and 26 (shared experts 1, their hidden size 0) must be both positive or both 0" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_shared_no_hidden.bin"
 make_header "$work/moe_bias.bin" 24=1 27=1 29=1
-expect_error "balancing biases in the file" "moe_bias.bin: header word 29 = 1: aux-loss-free balancing biases: not built" \
+expect_error "balancing biases the file lacks" "moe_bias.bin is truncated: its header describes" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias.bin"
+$PYTHON -c 'import sys; d = open(sys.argv[1], "rb").read(); open(sys.argv[2], "wb").write(d[:-4] + b"\x00\x00\xc0\x7f")' \
+    "$work/bias/model_00000004.bin" "$work/moe_bias_nan.bin"
+expect_error "a balancing bias that is not finite" \
+    "moe_bias_nan.bin: balancing bias 7 (MoE layer 1, expert 3) is not finite" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias_nan.bin"
 make_header "$work/moe_bias_softmax.bin" 24=1 29=1
 expect_error "balancing biases with softmax" "header word 29 = 1: balancing biases need sigmoid scores (word 27 = 1)" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias_softmax.bin"
