@@ -42,7 +42,7 @@ declare -A NEEDS=(
     [production-moe-8x-ep2]="build/sanitize/train_moe_bf16 build/prod/train.bin"
     [production-moe-64x8-dropless]="build/sanitize/train_moe_bf16 build/prod/train.bin"
     [train-moe-cli]="build/train_moe_fp32 build/train_gpt_fp32 build/ref/tiny_fp32_debug_state.bin
-                     build/ref/moe_k1_cf0.5_fp32_debug_state.bin"
+                     build/ref/moe_k1_cf0.5_fp32_debug_state.bin build/ref/moe_llama_shared_fp32_debug_state.bin"
 )
 # build_for LABEL COMMAND...: with chosen names, make what the test uses (make test has built everything otherwise)
 build_for() {
