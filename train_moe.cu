@@ -269,8 +269,8 @@ static void moe_write_header(const GPT2* model, int* header) {
     }
 }
 
-// Once the GPT-2 sizes are known: a descriptor's default expert hidden size (4C), the checks of the MoE shape, and (for a
-// file's header) a size the file could hold at all, in double where nothing overflows.
+// Once the GPT-2 sizes are known: a descriptor's default expert hidden size (the dense MLP's), the checks of the MoE
+// shape, and (for a file's header) a size the file could hold at all, in double where nothing overflows.
 static void moe_configure(GPT2* model, const char* source) {
     MoEModel* moe = moe_of(model);
     MoEConfig* c = &moe->config;
@@ -1302,7 +1302,8 @@ static Flag moe_flag_table[] = {
     {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
     {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
     {"-me", FLAG_INT, &moe_flags.moe_every, "an MoE layer every N layers: 1 = all, 2 = every other (default = 2)", 0},
-    {"-eh", FLAG_INT, &moe_flags.expert_hidden, "expert hidden size (default = the dense MLP's: 4C; -arch llama -fh's)", 0},
+    {"-eh", FLAG_INT, &moe_flags.expert_hidden, "expert hidden size (default = the dense MLP's: 4C, llama -fh's)",
+     0},
     {"-cf", FLAG_FLOAT, &moe_flags.capacity_factor, "capacity factor in training; <= 0: dropless (default = 1.25)", 0},
     {"-cfe", FLAG_FLOAT, &moe_flags.capacity_factor_eval, "capacity factor in evaluation (default = 2.0)", 0},
     {"-ra", FLAG_FLOAT, &moe_flags.aux_alpha, "load-balancing loss coefficient (default = 0.01)", 0},
