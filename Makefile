@@ -161,6 +161,13 @@ MOE_REF_k2_sigmoid_shared2 := $(MOE_SIGMOID) --seed 5 --topk 2 --moe-every 1 --c
 # N(0, 0.005) start, so that pass 0's choices already depend on it
 MOE_REF_k2_bias_dropless := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --bias-gamma 0.001
 MOE_REF_k1_bias_cf0.5 := $(MOE_SIGMOID) --topk 1 --moe-every 1 --cf 0.5 --bias-gamma 0.001
+# the llama family (doc/moe.md, "Issue 15's routing options and the llama MoE"): SwiGLU experts without biases,
+# RMSNorm, RoPE and 2 key/value heads of 4 (head size 16, as LLAMA_REF_ARGS). The Mixtral shape (top-2 of 8 SwiGLU
+# experts dropless in every layer) and a SwiGLU shared expert beside sigmoid top-2 of 4 with drops every other layer
+MOE_LLAMA := --arch llama --NH 4 --C 64 --kv-heads 2
+MOE_REF_llama_mixtral := $(MOE_LLAMA) --E 8 --topk 2 --H 64 --moe-every 1 --cf 0
+MOE_REF_llama_shared := $(MOE_LLAMA) --topk 2 --H 64 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64 \
+    --score sigmoid
 $(BUILD)/ref/moe_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_$* $(MOE_REF_ARGS) $(MOE_REF_$(call ref_config,$*)) \
@@ -183,7 +190,9 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_k1_bias_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_bias_cf0.5_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k1_shared_me2_fp32_debug_state.bin $(BUILD)/ref/moe_k1_shared_me2_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k2_sigmoid_shared2_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k2_sigmoid_shared2_bf16_debug_state.bin
+             $(BUILD)/ref/moe_k2_sigmoid_shared2_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_llama_mixtral_fp32_debug_state.bin $(BUILD)/ref/moe_llama_mixtral_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_llama_shared_fp32_debug_state.bin $(BUILD)/ref/moe_llama_shared_bf16_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
              $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \

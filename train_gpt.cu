@@ -683,12 +683,11 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     FILE* f = fopen_check(path, "rb");
     int header[256];
     read_header_check(f, header, path, x ? x->model_magic : GPT2_MODEL_MAGIC, x ? x->model_name : "GPT-2 model");
-    // words 16..21 describe the model family (doc/formats.md): train_gpt.py --arch llama writes word 16 = 1, which
-    // an extension's model (MoE) does not build; its payload would otherwise fail the size check with a misleading
-    // message
-    if (header[16] != FAMILY_GPT2 && (x || header[16] != FAMILY_LLAMA)) {
+    // words 16..21 describe the model family (doc/formats.md): train_gpt.py and train_moe.py --arch llama write word
+    // 16 = 1; another family's payload would otherwise fail the size check with a misleading message
+    if (header[16] != FAMILY_GPT2 && header[16] != FAMILY_LLAMA) {
         fprintf(stderr, "%s: model family %d in header word 16 (1 = llama; doc/formats.md): this trainer reads only "
-                "%s\n", path, header[16], x ? "GPT-2-family files (word 16 = 0)" : "gpt2 (0) and llama (1) files");
+                "gpt2 (0) and llama (1) files\n", path, header[16]);
         exit(EXIT_FAILURE);
     }
     for (int i = 17; i <= 21 && header[16] == FAMILY_GPT2; i++) {
@@ -1232,9 +1231,13 @@ static void llama_forward_layers(GPT2* model, int B, int T, cudaStream_t stream)
         matmul_forward(a.scratch_btc, la.atty, lp.attprojw, nullptr, B, T, C, C, stream);
         fused_residual_rmsnorm_forward(la.residual2, la.ln2, la.ln2_rstd, la.residual, a.scratch_btc, lp.ln2w, N, C,
                                        eps, stream);
-        matmul_forward(la.fch, la.ln2, lp.fcw, nullptr, B, T, C, 2 * H, stream);  // (B, T, 2H) [gate | up]
-        swiglu_forward(la.fch_gelu, la.fch, N, H, stream);                          // (B, T, H)
-        matmul_forward(a.scratch_btc, la.fch_gelu, lp.fcprojw, nullptr, B, T, H, C, stream);
+        if (gpt2_is_dense_layer(model, l)) {
+            matmul_forward(la.fch, la.ln2, lp.fcw, nullptr, B, T, C, 2 * H, stream);  // (B, T, 2H) [gate | up]
+            swiglu_forward(la.fch_gelu, la.fch, N, H, stream);                          // (B, T, H)
+            matmul_forward(a.scratch_btc, la.fch_gelu, lp.fcprojw, nullptr, B, T, H, C, stream);
+        } else {
+            model->mlp->forward(model, l, a.scratch_btc, la.ln2, N, stream);
+        }
         if (l + 1 < L) {
             LayerParameters next_p = gpt2_layer_weights(model, l + 1, stream);
             LayerActivations next = gpt2_layer_activations(model, l + 1, B, T);
@@ -1351,12 +1354,16 @@ static void llama_backward_layers(GPT2* model, const ParameterTensors* rest_grad
         if (model->recompute >= 2) rmsnorm_forward(la.ln2, nullptr, la.residual2, lp.ln2w, B, T, C, eps, stream);
         // MLP: fcproj, SwiGLU, fc. fc's output gradient (B, T, 2H) overwrites fch in place: the forward's [gate | up]
         // is needed by nothing after the SwiGLU's backward
-        if (model->recompute >= 1) swiglu_forward(la.fch_gelu, la.fch, N, H, stream);
-        floatX* dswiglu = a.scratch_bt4c;  // (B, T, H)
-        matmul_backward(dswiglu, lg.fcprojw, nullptr, dresidual, la.fch_gelu, lp.fcprojw, a.scratch_f, B, T, H, C,
-                        stream);
-        swiglu_backward(la.fch, dswiglu, la.fch, N, H, stream);
-        matmul_backward(a.dbtc, lg.fcw, nullptr, la.fch, la.ln2, lp.fcw, a.scratch_f, B, T, C, 2 * H, stream);
+        if (gpt2_is_dense_layer(model, l)) {
+            if (model->recompute >= 1) swiglu_forward(la.fch_gelu, la.fch, N, H, stream);
+            floatX* dswiglu = a.scratch_bt4c;  // (B, T, H)
+            matmul_backward(dswiglu, lg.fcprojw, nullptr, dresidual, la.fch_gelu, lp.fcprojw, a.scratch_f, B, T, H, C,
+                            stream);
+            swiglu_backward(la.fch, dswiglu, la.fch, N, H, stream);
+            matmul_backward(a.dbtc, lg.fcw, nullptr, la.fch, la.ln2, lp.fcw, a.scratch_f, B, T, C, 2 * H, stream);
+        } else {
+            model->mlp->backward(model, l, a.dbtc, dresidual, la.ln2, N, stream);
+        }
         rmsnorm_backward(dresidual, lg.ln2w, a.scratch_f, a.dbtc, la.residual2, lp.ln2w, la.ln2_rstd, B, T, C, stream);
         // attention: projection, attention over the roped q and k, RoPE's transpose, qkv
         matmul_backward(a.dbtc, lg.attprojw, nullptr, dresidual, la.atty, lp.attprojw, a.scratch_f, B, T, C, C, stream);
@@ -2019,7 +2026,7 @@ typedef struct {
     float grad_clip;
     int num_processes, process_rank, gpus_per_node;
     int divergence_steps, watchdog_s;
-    // the architecture of a descriptor (train_gpt only): -arch and the llama family's values (0: its default)
+    // the architecture of a descriptor: -arch and the llama family's values (0: its default)
     const char* arch;
     int kv_heads, ffn_hidden, tie_embeddings;
     float rope_theta, norm_eps;
@@ -2030,10 +2037,9 @@ static Flag flag(const char* name, FlagType type, void* value, const char* help)
     return f;
 }
 
-// The settings' defaults and the trainer's flags, which write into `s`; returns the number of flags. with_arch: the
-// architecture flags (train_gpt; train_moe's model is GPT-2's with its MoE layers).
+// The settings' defaults and the trainer's flags, which write into `s`; returns the number of flags.
 #define MAX_TRAINER_FLAGS 56
-static int trainer_flags(Flag* f, TrainerSettings* s, int with_arch) {
+static int trainer_flags(Flag* f, TrainerSettings* s) {
     s->train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
     s->val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
     s->model_source = "gpt2_124M_bf16.bin";
@@ -2066,19 +2072,17 @@ static int trainer_flags(Flag* f, TrainerSettings* s, int with_arch) {
     f[n++] = flag("-ev", FLAG_INT, &s->descriptor_vocab, "vocabulary size for a descriptor (default = 50257)");
     f[n++] = flag("-et", FLAG_INT, &s->descriptor_maxT, "max sequence length for a descriptor (default = 1024)");
     f[n++] = flag("-sd", FLAG_INT, &s->descriptor_seed, "seed of a descriptor's initialisation (default = 42)");
-    if (with_arch) {
-        // a model file's header gives these; given with one, they must agree with it
-        f[n++] = flag("-arch", FLAG_STRING, &s->arch,
-                      "architecture of a descriptor: gpt2, or llama (RMSNorm, RoPE, grouped-query attention,\n"
-                      "SwiGLU, no biases: doc/kernels.md) (default = gpt2)");
-        f[n++] = flag("-kv", FLAG_INT, &s->kv_heads, "llama: key/value heads, dividing NH (default = NH)");
-        f[n++] = flag("-rt", FLAG_FLOAT, &s->rope_theta, "llama: RoPE theta (default = 10000)");
-        f[n++] = flag("-fh", FLAG_INT, &s->ffn_hidden,
-                      "llama: SwiGLU hidden size H (default = 8C/3 rounded up to a multiple of 64)");
-        f[n++] = flag("-eps", FLAG_FLOAT, &s->norm_eps, "llama: RMSNorm eps (default = 1e-5)");
-        f[n++] = flag("-tie", FLAG_INT, &s->tie_embeddings,
-                      "llama: 1 = the output embedding is wte, 0 = its own lm_head (default = 0)");
-    }
+    // a model file's header gives these; given with one, they must agree with it
+    f[n++] = flag("-arch", FLAG_STRING, &s->arch,
+                  "architecture of a descriptor: gpt2, or llama (RMSNorm, RoPE, grouped-query attention,\n"
+                  "SwiGLU, no biases: doc/kernels.md) (default = gpt2)");
+    f[n++] = flag("-kv", FLAG_INT, &s->kv_heads, "llama: key/value heads, dividing NH (default = NH)");
+    f[n++] = flag("-rt", FLAG_FLOAT, &s->rope_theta, "llama: RoPE theta (default = 10000)");
+    f[n++] = flag("-fh", FLAG_INT, &s->ffn_hidden,
+                  "llama: SwiGLU hidden size H (default = 8C/3 rounded up to a multiple of 64)");
+    f[n++] = flag("-eps", FLAG_FLOAT, &s->norm_eps, "llama: RMSNorm eps (default = 1e-5)");
+    f[n++] = flag("-tie", FLAG_INT, &s->tie_embeddings,
+                  "llama: 1 = the output embedding is wte, 0 = its own lm_head (default = 0)");
     f[n++] = flag("-o", FLAG_STRING, &s->output_dir, "output log dir and checkpoints (default = none)");
     f[n++] = flag("-tf", FLAG_STRING, &s->tokenizer_path, "tokenizer file for decoding samples (default = gpt2_tokenizer.bin)");
     f[n++] = flag("-n", FLAG_INT, &s->checkpoint_every, "write a checkpoint every how many steps (default 0 = never)");
@@ -2264,7 +2268,6 @@ static GPT2Config trainer_descriptor_arch(const TrainerSettings* s) {
 // A model file's header gives its architecture: an architecture flag given with one must say the same (a resumed
 // run repeats its command line), else 0 and one line naming the flag.
 static int trainer_check_arch_of_file(const TrainerSettings* s, const Flag* flags, int num_flags, const GPT2* model) {
-    if (!flag_find(flags, num_flags, "-arch")) return 1;  // train_moe: no architecture flags
     const GPT2Config* c = &model->config;
     GPT2Config want = trainer_descriptor_arch(s);
     if (flag_find(flags, num_flags, "-arch")->given && want.family != c->family) {
@@ -2666,7 +2669,7 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     TrainerSettings s;
     Flag flags[MAX_TRAINER_FLAGS];
-    int num_flags = trainer_flags(flags, &s, mlp == NULL);
+    int num_flags = trainer_flags(flags, &s);
     FlagTables tables = {{flags, mlp ? mlp->flags : NULL}, {num_flags, mlp ? mlp->num_flags : 0}, mlp ? 2 : 1};
     if (flags_parse(&tables, argc, argv)) {
         fprintf(stderr, "Usage:   ./%s [options]\n", mlp ? mlp->trainer : "train_gpt");

@@ -92,8 +92,8 @@ typedef struct {
     int* kept_count;       // (Lm, E) rows used
     float* moe_stats;      // (Lm, 4 + 2E) the load-balancing, z, importance and load losses; Importance, Load (E)
     floatX* expert_input;  // (Lm, Rown, C)
-    floatX* expert_pre;    // (Lm, Rown, H) pre-GELU
-    floatX* expert_act;    // (Lm or 1, Rown, H) GELU output (recomputed with -r >= 1)
+    floatX* expert_pre;    // (Lm, Rown, H) pre-GELU; llama (Lm, Rown, 2H) SwiGLU's [gate | up]
+    floatX* expert_act;    // (Lm or 1, Rown, H) GELU (SwiGLU) output (recomputed with -r >= 1)
     floatX* expert_output; // (Lm, Rsrc, C) back in the dispatch layout
     // backward scratch (one layer)
     float* d_gates;        // (N, k)
@@ -108,8 +108,8 @@ typedef struct {
     floatX* d_expert_hidden;  // (Rown, H)
     floatX* scratch_src;   // (Rsrc, C) the same in the dispatch layout, with expert parallelism only
     float* bias_scratch;   // the (shared) experts' bias-gradient scratch
-    floatX* shared_pre;    // (Lm, S, N, H_s) the shared experts' pre-GELU
-    floatX* shared_act;    // (Lm or 1, S, N, H_s) their GELU output (recomputed with -r >= 1)
+    floatX* shared_pre;    // (Lm, S, N, H_s) the shared experts' pre-GELU; llama (Lm, S, N, 2H_s) [gate | up]
+    floatX* shared_act;    // (Lm or 1, S, N, H_s) their GELU (SwiGLU) output (recomputed with -r >= 1)
     floatX* d_shared_hidden;  // (N, H_s)
 } MoEActivations;
 #define NUM_MOE_ACTIVATION_TENSORS 31
@@ -152,6 +152,11 @@ typedef struct {
 } MoEModel;
 
 static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
+// A llama MoE's experts, routed and shared, are SwiGLU MLPs without biases (doc/moe.md, "Issue 15's routing
+// options and the llama MoE"): fc has 2H outputs, each row [gate (H) | up (H)] as in llmc/swiglu.cuh; a bias slot
+// has size 0. gpt2's are GPT-2's MLP: fc has H outputs, and biases.
+static size_t moe_fc_width(const GPT2* model, size_t hidden) { return (is_llama(&model->config) ? 2 : 1) * hidden; }
+static size_t moe_bias_size(const GPT2* model, size_t n) { return is_llama(&model->config) ? 0 : n; }
 
 // MoE layer m's slices of the parameters: the same struct, each pointer at layer m
 static MoEParameterTensors moe_layer_parameters(const GPT2* model, const MoEParameterTensors* p, int m) {
@@ -162,14 +167,15 @@ static MoEParameterTensors moe_layer_parameters(const GPT2* model, const MoEPara
     MoEParameterTensors lp;
     lp.routerw = p->routerw + l * E * C;
     lp.routernw = p->routernw + l * E * C;
-    lp.efcw = p->efcw + l * E_l * H * C;
-    lp.efcb = p->efcb + l * E_l * H;
+    size_t FC = moe_fc_width(model, H), FCs = moe_fc_width(model, Hs);
+    lp.efcw = p->efcw + l * E_l * FC * C;
+    lp.efcb = p->efcb + l * moe_bias_size(model, E_l * H);
     lp.efcprojw = p->efcprojw + l * E_l * C * H;
-    lp.efcprojb = p->efcprojb + l * E_l * C;
-    lp.shared_fcw = p->shared_fcw + l * S * Hs * C;
-    lp.shared_fcb = p->shared_fcb + l * S * Hs;
+    lp.efcprojb = p->efcprojb + l * moe_bias_size(model, E_l * C);
+    lp.shared_fcw = p->shared_fcw + l * S * FCs * C;
+    lp.shared_fcb = p->shared_fcb + l * moe_bias_size(model, S * Hs);
     lp.shared_fcprojw = p->shared_fcprojw + l * S * C * Hs;
-    lp.shared_fcprojb = p->shared_fcprojb + l * S * C;
+    lp.shared_fcprojb = p->shared_fcprojb + l * moe_bias_size(model, S * C);
     return lp;
 }
 
@@ -271,14 +277,14 @@ static void moe_write_header(const GPT2* model, int* header) {
     }
 }
 
-// Once the GPT-2 sizes are known: a descriptor's default expert hidden size (4C), the checks of the MoE shape, and (for a
-// file's header) a size the file could hold at all, in double where nothing overflows.
+// Once the GPT-2 sizes are known: a descriptor's default expert hidden size (the dense MLP's), the checks of the MoE
+// shape, and (for a file's header) a size the file could hold at all, in double where nothing overflows.
 static void moe_configure(GPT2* model, const char* source) {
     MoEModel* moe = moe_of(model);
     MoEConfig* c = &moe->config;
     const GPT2Config* g = &model->config;
     char why[256];
-    if (!moe->config_from_file && c->expert_hidden <= 0) c->expert_hidden = 4 * g->channels;
+    if (!moe->config_from_file && c->expert_hidden <= 0) c->expert_hidden = g->ffn_hidden;  // gpt2 4C
     if (!moe->config_from_file) c->shared_hidden = c->shared_experts > 0 && c->shared_hidden <= 0 ? c->expert_hidden
                                                                                                   : c->shared_hidden;
     if (c->moe_every < 1 || c->moe_every > g->num_layers) {
@@ -303,8 +309,9 @@ static void moe_configure(GPT2* model, const char* source) {
                 c->shared_hidden);
         exit(EXIT_FAILURE);
     }
-    double experts = (double)g->num_layers * g->channels * (c->num_experts * (c->expert_hidden * 2.0 + 2.0) +
-                                                            c->shared_experts * (c->shared_hidden * 2.0 + 2.0));
+    double per_hidden = is_llama(g) ? 3.0 : 2.0;  // fc, fcproj: SwiGLU's fc has 2H rows
+    double experts = (double)g->num_layers * g->channels * (c->num_experts * (c->expert_hidden * per_hidden + 2.0) +
+                                                            c->shared_experts * (c->shared_hidden * per_hidden + 2.0));
     if (experts > 1e15) {
         fprintf(stderr, "%s: its header describes experts of about %.3g parameters (L=%d E=%d C=%d H=%d S=%d H_s=%d): "
                 "not a model file this trainer can load\n", source, experts, g->num_layers, c->num_experts,
@@ -334,15 +341,15 @@ static void moe_slot_sizes(const GPT2* model, int experts, size_t* sizes) {
     size_t Lm = num_moe_layers(model), C = model->config.channels, E = experts, H = c->expert_hidden;
     sizes[MOE_ROUTERW] = Lm * c->num_experts * C;  // the router scores every expert on every process
     sizes[MOE_ROUTERNW] = c->noisy_gating ? Lm * c->num_experts * C : 0;
-    sizes[MOE_EFCW] = Lm * E * H * C;
-    sizes[MOE_EFCB] = Lm * E * H;
+    sizes[MOE_EFCW] = Lm * E * moe_fc_width(model, H) * C;
+    sizes[MOE_EFCB] = Lm * moe_bias_size(model, E * H);
     sizes[MOE_EFCPROJW] = Lm * E * C * H;
-    sizes[MOE_EFCPROJB] = Lm * E * C;
+    sizes[MOE_EFCPROJB] = Lm * moe_bias_size(model, E * C);
     size_t S = c->shared_experts, Hs = c->shared_hidden;  // every process holds the shared experts
-    sizes[MOE_SHARED_FCW] = Lm * S * Hs * C;
-    sizes[MOE_SHARED_FCB] = Lm * S * Hs;
+    sizes[MOE_SHARED_FCW] = Lm * S * moe_fc_width(model, Hs) * C;
+    sizes[MOE_SHARED_FCB] = Lm * moe_bias_size(model, S * Hs);
     sizes[MOE_SHARED_FCPROJW] = Lm * S * C * Hs;
-    sizes[MOE_SHARED_FCPROJB] = Lm * S * C;
+    sizes[MOE_SHARED_FCPROJB] = Lm * moe_bias_size(model, S * C);
 }
 
 static void moe_tensor_sizes(const GPT2* model, size_t* in_file, size_t* in_replicated_set) {
@@ -457,6 +464,7 @@ static void moe_gather_experts(const GPT2* model, void* host, const void* local,
     const char* from = (const char*)local;
     char* to = (char*)host;
     for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) {
+        if (sizes[i] == 0) continue;  // a llama MoE's bias slots
         size_t layer_bytes = sizes[i] / Lm * elem;  // this process's experts of one layer
         for (int m = 0; m < Lm; m++) {
             // members in order hold consecutive experts: the gathered runs are the layer's E experts in order
@@ -574,7 +582,7 @@ static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B,
     s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // kept_count
     s[i++] = (Lm * layer_stride(4 + 2 * E)) * sizeof(float);   // moe_stats
     s[i++] = (Lm * rows_own * C) * sizeof(floatX);             // expert_input
-    s[i++] = (Lm * rows_own * H) * sizeof(floatX);             // expert_pre
+    s[i++] = (Lm * rows_own * moe_fc_width(model, H)) * sizeof(floatX);  // expert_pre
     s[i++] = ((recompute >= 1 ? 1 : Lm) * rows_own * H) * sizeof(floatX);  // expert_act
     s[i++] = (Lm * rows_src * C) * sizeof(floatX);             // expert_output
     s[i++] = (NK) * sizeof(float);                             // d_gates
@@ -595,9 +603,10 @@ static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B,
     size_t grouped = matmul_grouped_dbias_buffer_floats(moe->local_experts, widest);
     size_t S = c->shared_experts, Hs = c->shared_hidden;
     size_t shared = matmul_dbias_buffer_floats((int)(Hs > C ? Hs : C));
+    if (is_llama(&model->config)) batched = grouped = shared = 0;  // no biases
     size_t bias_scratch = batched > grouped ? batched : grouped;
     s[i++] = (bias_scratch > shared ? bias_scratch : shared) * sizeof(float);  // bias_scratch
-    s[i++] = (Lm * S * N * Hs) * sizeof(floatX);                              // shared_pre
+    s[i++] = (Lm * S * N * moe_fc_width(model, Hs)) * sizeof(floatX);         // shared_pre
     s[i++] = ((recompute >= 1 ? 1 : Lm) * S * N * Hs) * sizeof(floatX);       // shared_act
     s[i++] = (N * Hs) * sizeof(floatX);                                         // d_shared_hidden
 }
@@ -715,7 +724,7 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
     l.importance = l.losses + 4;
     l.load = l.losses + 4 + E;
     l.expert_input = a->expert_input + m * OWN * C;
-    l.expert_pre = a->expert_pre + m * OWN * H;
+    l.expert_pre = a->expert_pre + m * OWN * moe_fc_width(model, H);
     l.expert_act = a->expert_act + (model->recompute >= 1 ? 0 : m * OWN * H);
     l.expert_output = a->expert_output + m * SRC * C;
     l.rows_src = moe->rows_src + m * E;
@@ -796,6 +805,52 @@ static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivat
     matmul_backward_grouped(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, rows, IC, OC, stream, pre_gelu);
 }
 
+// The experts' MLP on their rows in the expert layout, inp (Rown, C) -> out (Rown, C): gpt2 fcproj(GELU(fc)) with the
+// GELU in fc's epilogue; llama fcproj(swiglu(fc)) without biases, fc's output (Rown, 2H) [gate | up] in expert_pre and
+// llmc/swiglu.cuh's pass over the rows in use (padded: all of them, the padding's zeros give zeros).
+static void moe_experts_mlp_forward(const GPT2* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
+                                    floatX* out, cudaStream_t stream) {
+    int C = model->config.channels, H = moe_of(model)->config.expert_hidden;
+    if (!is_llama(&model->config)) {
+        moe_experts_linear_forward(model, l, l->expert_act, l->expert_input, lp->efcw, lp->efcb, C, H, l->expert_pre,
+                                   stream);
+        moe_experts_linear_forward(model, l, out, l->expert_act, lp->efcprojw, lp->efcprojb, H, C, nullptr, stream);
+        return;
+    }
+    int rows[MOE_MAX_EXPERTS];
+    size_t own_rows = moe_local_expert_rows(model, l, rows);
+    moe_experts_linear_forward(model, l, l->expert_pre, l->expert_input, lp->efcw, nullptr, C, 2 * H, nullptr, stream);
+    if (own_rows > 0) swiglu_forward(l->expert_act, l->expert_pre, (int)own_rows, H, stream);
+    moe_experts_linear_forward(model, l, out, l->expert_act, lp->efcprojw, nullptr, H, C, nullptr, stream);
+}
+
+// Its backward: d_io (Rown, C) holds the output's gradient and is overwritten with the input's; the parameter
+// gradients accumulate (+=) into lg's. -r >= 1 recomputes the activation from expert_pre first. llama: SwiGLU's
+// gradient [dgate | dup] overwrites expert_pre in place (nothing reads the forward's [gate | up] after it), as the
+// dense llama MLP does with fch.
+static void moe_experts_mlp_backward(const GPT2* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
+                                     const MoEParameterTensors* lg, floatX* d_io, cudaStream_t stream) {
+    const MoEModel* moe = moe_of(model);
+    int C = model->config.channels, H = moe->config.expert_hidden;
+    floatX* d_hidden = moe->acts.d_expert_hidden;  // (Rown, H)
+    int rows[MOE_MAX_EXPERTS];
+    size_t own_rows = moe_local_expert_rows(model, l, rows);  // dropless, the experts may have received no row at all
+    if (!is_llama(&model->config)) {
+        if (model->recompute >= 1 && own_rows > 0) gelu_forward(l->expert_act, l->expert_pre, own_rows * H, stream);
+        moe_experts_linear_backward(model, l, d_hidden, lg->efcprojw, lg->efcprojb, d_io, l->expert_act, lp->efcprojw,
+                                    H, C, l->expert_pre, stream);
+        moe_experts_linear_backward(model, l, d_io, lg->efcw, lg->efcb, d_hidden, l->expert_input, lp->efcw, C, H,
+                                    nullptr, stream);
+        return;
+    }
+    if (model->recompute >= 1 && own_rows > 0) swiglu_forward(l->expert_act, l->expert_pre, (int)own_rows, H, stream);
+    moe_experts_linear_backward(model, l, d_hidden, lg->efcprojw, nullptr, d_io, l->expert_act, lp->efcprojw, H, C,
+                                nullptr, stream);
+    if (own_rows > 0) swiglu_backward(l->expert_pre, d_hidden, l->expert_pre, (int)own_rows, H, stream);
+    moe_experts_linear_backward(model, l, d_io, lg->efcw, nullptr, l->expert_pre, l->expert_input, lp->efcw, C, 2 * H,
+                                nullptr, stream);
+}
+
 // The seed of MoE layer m's jitter or gating noise in the current pass (doc/moe.md, "Router noise" 1)
 static unsigned int moe_layer_seed(const GPT2* model, int m, int kind) {
     return moe_noise_seed((unsigned int)model->process_rank, model->pass_number, m, kind);
@@ -870,13 +925,21 @@ static void moe_shared_forward(GPT2* model, int m, const MoEParameterTensors* lp
                                cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
     size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden, C = model->config.channels;
+    size_t FCs = moe_fc_width(model, Hs);
+    int llama = is_llama(&model->config);
     for (size_t s = 0; s < S; s++) {
-        floatX* pre = moe->acts.shared_pre + (m * S + s) * N * Hs;
+        floatX* pre = moe->acts.shared_pre + (m * S + s) * N * FCs;
         floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
-        matmul_forward(act, ln2, lp->shared_fcw + s * Hs * C, lp->shared_fcb + s * Hs, N, 1, (int)C, (int)Hs, stream,
-                       pre, gpt2_forward_gelu_fusion(model));
-        matmul_cublaslt(out, lp->shared_fcprojw + s * C * Hs, act, lp->shared_fcprojb + s * C, (int)C, N, (int)Hs,
-                        stream, true, false, true, nullptr, false);
+        if (llama) {  // SwiGLU without biases: pre (N, 2H_s) [gate | up]
+            matmul_forward(pre, ln2, lp->shared_fcw + s * FCs * C, nullptr, N, 1, (int)C, (int)FCs, stream);
+            swiglu_forward(act, pre, N, (int)Hs, stream);
+        } else {
+            matmul_forward(act, ln2, lp->shared_fcw + s * Hs * C, lp->shared_fcb + s * Hs, N, 1, (int)C, (int)Hs,
+                           stream, pre, gpt2_forward_gelu_fusion(model));
+        }
+        const floatX* fcprojb = llama ? nullptr : lp->shared_fcprojb + s * C;
+        matmul_cublaslt(out, lp->shared_fcprojw + s * C * Hs, act, fcprojb, (int)C, N, (int)Hs, stream, true, false,
+                        true, nullptr, false);
     }
 }
 
@@ -887,19 +950,31 @@ static void moe_shared_backward(GPT2* model, int m, const MoEParameterTensors* l
                                 floatX* d_ln2, const floatX* dout, const floatX* ln2, int N, cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
     size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden, C = model->config.channels;
+    size_t FCs = moe_fc_width(model, Hs);
+    int llama = is_llama(&model->config);
     floatX* d_hidden = moe->acts.d_shared_hidden;
     float* scratch = moe->acts.bias_scratch;
     for (size_t s = 0; s < S; s++) {
-        floatX* pre = moe->acts.shared_pre + (m * S + s) * N * Hs;
+        floatX* pre = moe->acts.shared_pre + (m * S + s) * N * FCs;
         floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
-        if (model->recompute >= 1) gelu_forward(act, pre, (size_t)N * Hs, stream);
-        matmul_backward(d_hidden, lg->shared_fcprojw + s * C * Hs, lg->shared_fcprojb + s * C, dout, act,
-                        lp->shared_fcprojw + s * C * Hs, scratch, N, 1, (int)Hs, (int)C, stream, pre,
-                        model->gelu_fusion);
-        matmul_backward_bias(lg->shared_fcb + s * Hs, d_hidden, scratch, N, (int)Hs, stream);
-        matmul_cublaslt(d_ln2, lp->shared_fcw + s * Hs * C, d_hidden, nullptr, (int)C, N, (int)Hs, stream, false, false,
+        // d_fc (N, FCs), fc's output gradient: gpt2 d_hidden through GELU in fcproj's backward; llama SwiGLU's
+        // [dgate | dup] over pre in place (as the routed experts)
+        floatX* d_fc = llama ? pre : d_hidden;
+        if (llama) {
+            if (model->recompute >= 1) swiglu_forward(act, pre, N, (int)Hs, stream);
+            matmul_backward(d_hidden, lg->shared_fcprojw + s * C * Hs, nullptr, dout, act,
+                            lp->shared_fcprojw + s * C * Hs, scratch, N, 1, (int)Hs, (int)C, stream);
+            swiglu_backward(pre, d_hidden, pre, N, (int)Hs, stream);
+        } else {
+            if (model->recompute >= 1) gelu_forward(act, pre, (size_t)N * Hs, stream);
+            matmul_backward(d_hidden, lg->shared_fcprojw + s * C * Hs, lg->shared_fcprojb + s * C, dout, act,
+                            lp->shared_fcprojw + s * C * Hs, scratch, N, 1, (int)Hs, (int)C, stream, pre,
+                            model->gelu_fusion);
+            matmul_backward_bias(lg->shared_fcb + s * Hs, d_hidden, scratch, N, (int)Hs, stream);
+        }
+        matmul_cublaslt(d_ln2, lp->shared_fcw + s * FCs * C, d_fc, nullptr, (int)C, N, (int)FCs, stream, false, false,
                         true, nullptr, false);
-        matmul_cublaslt(lg->shared_fcw + s * Hs * C, ln2, d_hidden, nullptr, (int)C, (int)Hs, N, stream, false, true,
+        matmul_cublaslt(lg->shared_fcw + s * FCs * C, ln2, d_fc, nullptr, (int)C, (int)FCs, N, stream, false, true,
                         true, nullptr, false);
     }
 }
@@ -909,7 +984,7 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     const MoEConfig* c = &moe->config;
     MoEParameterTensors lp = moe_layer_weights(model, m, stream);
     const MoEActivations* a = &moe->acts;
-    int E = c->num_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
+    int E = c->num_experts, K = c->top_k, C = model->config.channels;
     int exchange_rows = moe->ep.degree > 1;  // expert parallelism: rows go to and come back from the experts' owners
     MoELayerActivations l = moe_layer_activations(model, m, N);
     const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
@@ -933,11 +1008,8 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     moe_layer_row_counts_finish(model, &l, stream);
     if (exchange_rows)
         expert_parallel_exchange(&moe->ep, dispatched, l.expert_input, l.rows_src, l.rows_own, E, C, 1, stream);
-    moe_experts_linear_forward(model, &l, l.expert_act, l.expert_input, lp.efcw,
-                               lp.efcb, C, H, l.expert_pre, stream);
     floatX* expert_output = exchange_rows ? a->scratch_own : l.expert_output;
-    moe_experts_linear_forward(model, &l, expert_output, l.expert_act, lp.efcprojw,
-                               lp.efcprojb, H, C, nullptr, stream);
+    moe_experts_mlp_forward(model, &l, &lp, expert_output, stream);
     if (exchange_rows)
         expert_parallel_exchange(&moe->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
     moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
@@ -977,7 +1049,7 @@ static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, float
     const MoEConfig* c = &moe->config;
     MoEParameterTensors lp = moe_layer_weights(model, m, stream);
     const MoEActivations* a = &moe->acts;
-    int E = c->num_experts, K = c->top_k, C = model->config.channels, H = c->expert_hidden;
+    int E = c->num_experts, K = c->top_k, C = model->config.channels;
     int exchange_rows = moe->ep.degree > 1;
     MoELayerActivations l = moe_layer_activations(model, m, N);
     int rows_src = moe->dropless ? N * K : E * moe->capacity_used;
@@ -988,17 +1060,8 @@ static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, float
     moe_combine_backward(d_src, a->d_gates, dout, l.expert_output, l.choice_row, l.gates, l.row_choice, N, rows_src, K,
                          C, stream);
     if (exchange_rows) expert_parallel_exchange(&moe->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
-    // dropless, this process's experts may have received no row at all
-    int rows[MOE_MAX_EXPERTS];
-    size_t own_rows = moe_local_expert_rows(model, &l, rows);
-    if (model->recompute >= 1 && own_rows > 0) gelu_forward(l.expert_act, l.expert_pre, own_rows * H, stream);
-    moe_experts_linear_backward(model, &l, a->d_expert_hidden, lg.efcprojw,
-                                lg.efcprojb, d_own, l.expert_act,
-                                lp.efcprojw, H, C, l.expert_pre, stream);
     // the output gradient in d_own is consumed: the input gradient overwrites it
-    moe_experts_linear_backward(model, &l, d_own, lg.efcw, lg.efcb,
-                                a->d_expert_hidden, l.expert_input, lp.efcw, C, H, nullptr,
-                                stream);
+    moe_experts_mlp_backward(model, &l, &lp, &lg, d_own, stream);
     if (exchange_rows) expert_parallel_exchange(&moe->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 0, stream);
     cudaCheck(cudaMemsetAsync(d_ln2, 0, (size_t)N * C * sizeof(floatX), stream));
     moe_dispatch_backward(d_ln2, d_src, l.choice_row, N, K, C, stream);
@@ -1297,7 +1360,8 @@ static Flag moe_flag_table[] = {
     {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
     {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
     {"-me", FLAG_INT, &moe_flags.moe_every, "an MoE layer every N layers: 1 = all, 2 = every other (default = 2)", 0},
-    {"-eh", FLAG_INT, &moe_flags.expert_hidden, "expert hidden size (default = 4C)", 0},
+    {"-eh", FLAG_INT, &moe_flags.expert_hidden, "expert hidden size (default = the dense MLP's: 4C, llama -fh's)",
+     0},
     {"-cf", FLAG_FLOAT, &moe_flags.capacity_factor, "capacity factor in training; <= 0: dropless (default = 1.25)", 0},
     {"-cfe", FLAG_FLOAT, &moe_flags.capacity_factor_eval, "capacity factor in evaluation (default = 2.0)", 0},
     {"-ra", FLAG_FLOAT, &moe_flags.aux_alpha, "load-balancing loss coefficient (default = 0.01)", 0},

@@ -45,7 +45,7 @@ declare -A NEEDS=(
     [production-moe-8x-ep2]="build/sanitize/train_moe_bf16 build/prod/train.bin"
     [production-moe-64x8-dropless]="build/sanitize/train_moe_bf16 build/prod/train.bin"
     [train-moe-cli]="build/train_moe_fp32 build/train_gpt_fp32 build/ref/tiny_fp32_debug_state.bin
-                     build/ref/moe_k1_cf0.5_fp32_debug_state.bin"
+                     build/ref/moe_k1_cf0.5_fp32_debug_state.bin build/ref/moe_llama_shared_fp32_debug_state.bin"
 )
 # build_for LABEL COMMAND...: with chosen names, make what the test uses (make test has built everything otherwise)
 build_for() {
@@ -391,6 +391,20 @@ run_test moe-bf16-shared-np2-zero3-oo1 $MPIRUN -np 2 build/test_moe_bf16 build/r
     -oo 1
 run_test moe-bf16-shared-ep2-np2-zero2-oo2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_shared_me2_bf16 -cf 0.5 \
     -ep 2 -z 2 -oo 2
+# the llama family (Makefile, MOE_REF_llama_mixtral and MOE_REF_llama_shared): SwiGLU experts in the dropless
+# grouped path and in the padded batched path with a SwiGLU shared expert, FP32 and BF16 at every recompute level;
+# -ep 2 against -ep 1, ZeRO-3 against ZeRO-1
+for r in 0 1 2; do
+    run_test "moe-fp32-llama-mixtral-r$r" build/test_moe_fp32 build/ref/moe_llama_mixtral_fp32 -cf 0 -r $r
+    run_test "moe-bf16-llama-mixtral-r$r" build/test_moe_bf16 build/ref/moe_llama_mixtral_bf16 -cf 0 -r $r
+    run_test "moe-fp32-llama-shared-r$r" build/test_moe_fp32 build/ref/moe_llama_shared_fp32 -cf 0.5 -r $r
+    run_test "moe-bf16-llama-shared-r$r" build/test_moe_bf16 build/ref/moe_llama_shared_bf16 -cf 0.5 -r $r
+done
+run_test moe-fp32-llama-mixtral-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_llama_mixtral_fp32 -cf 0 -ep 2
+run_test moe-bf16-llama-shared-ep2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_llama_shared_bf16 -cf 0.5 -ep 2
+run_test moe-fp32-llama-mixtral-ep2-np2-zero3 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_llama_mixtral_fp32 -cf 0 \
+    -ep 2 -z 3
+run_test moe-fp32-llama-shared-np2-zero3 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_llama_shared_fp32 -cf 0.5 -z 3
 run_test train-moe-cli dev/test/test_train_moe.sh
 
 # The checking build (cpu/cucc --check, README "Checking mode"): the backend's probes (each deliberate GPU bug is
@@ -431,6 +445,10 @@ run_test check-moe-bf16-k2-sigmoid-shared2-r0 build/check/test_moe_bf16 build/re
 run_test check-moe-fp32-bias-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k2_bias_dropless_fp32 -cf 0 \
     -rb 0.001 -ep 2
 run_test check-moe-bf16-bias-r0 build/check/test_moe_bf16 build/ref/moe_k2_bias_dropless_bf16 -cf 0 -rb 0.001 -r 0
+run_test check-moe-fp32-llama-mixtral-r0 build/check/test_moe_fp32 build/ref/moe_llama_mixtral_fp32 -cf 0 -r 0
+run_test check-moe-bf16-llama-shared-r1 build/check/test_moe_bf16 build/ref/moe_llama_shared_bf16 -cf 0.5 -r 1
+run_test check-moe-fp32-llama-shared-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_llama_shared_fp32 \
+    -cf 0.5 -ep 2
 run_test check-moe-fp32-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k1_cf0.5_fp32 -cf 0.5 -ep 2
 run_test check-moe-bf16-ep2-np2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_cf0.5_bf16 -cf 0.5 -ep 2
 run_test check-moe-fp32-ep2-np4-zero1 $MPIRUN -np 4 build/check/test_moe_fp32 build/ref/moe_k2_me2_cf0.5_fp32 -cf 0.5 \

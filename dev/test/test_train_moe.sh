@@ -16,18 +16,24 @@
 #   - aux-loss-free balancing (-rb) from a descriptor on 2 ranks with -ep 2: the checkpoint's model file records the
 #     biases (header word 29, fp32 after the parameters), the validation lines print them, a run resumed from it
 #     continues bit-identically, and -rb 0 keeps a model file's biases;
-#   - bad inputs (top-k above E, a file of the wrong kind, tokens the model lacks,
-#     -ne/-tk/-me/-eh/-rs/-rsf/-se/-seh against the model file or checkpoint, bad -rs, -rsf, -se, -seh and -rb, -rb
-#     with softmax scores, the MoE header words 24..29 a reader refuses, biases the file lacks or that are not
-#     finite) get their one line; a corrupt expert state is named on -y 1.
-# Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and
-# build/ref/moe_k1_cf0.5_fp32_model.bin (make test builds them). Run from anywhere: dev/test/test_train_moe.sh
+#   - -arch llama with SwiGLU routed and shared experts from a descriptor on 2 ranks with -ep 2: the model file records
+#     the family (words 16..21) and holds SwiGLU tensors without biases, a resumed run continues bit-identically; a
+#     llama MoE reference file trains;
+#   - bad inputs (-kv not dividing NH, -kv or -arch against the model file, a family word neither gpt2 nor llama,
+#     top-k above E, a file of the wrong kind, tokens the model lacks, -ne/-tk/-me/-eh/-rs/-rsf/-se/-seh against the
+#     model file or checkpoint, bad -rs, -rsf, -se, -seh and -rb, -rb with softmax scores, the MoE header words 24..29
+#     a reader refuses, biases the file lacks or that are not finite) get their one line; a corrupt expert state is
+#     named on -y 1.
+# Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin,
+# build/ref/moe_k1_cf0.5_fp32_model.bin and build/ref/moe_llama_shared_fp32_model.bin (make test builds them).
+# Run from anywhere: dev/test/test_train_moe.sh
 set -u
 cd "$(dirname "$0")/../.."
 TRAIN=build/train_moe_fp32
 DENSE=build/train_gpt_fp32
 DENSE_MODEL=build/ref/tiny_fp32_model.bin
 MOE_MODEL=build/ref/moe_k1_cf0.5_fp32_model.bin
+LLAMA_MOE_MODEL=build/ref/moe_llama_shared_fp32_model.bin
 PYTHON=/usr/bin/python3
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 work=$(mktemp -d)
@@ -317,8 +323,44 @@ PY
 then pass; else
     fail "a balancing-bias run does not resume bit-identically, or its model file (words 24..29, the biases after the"\
 " parameters, kept by -rb 0) or its validation lines are not as they should be"; fi
+# --- -arch llama (doc/moe.md, issue 15's blocks): SwiGLU experts, 2 of 4 per token dropless, and a SwiGLU shared
+# expert on 2 ranks with -ep 2 and a resume from the step-3 checkpoint. The model file's header records the family
+# (words 16..21: 1, NKV 1, theta 10000's and eps 1e-5's fp32 bits, H 384, untied) and the MoE shape, its size counts
+# the SwiGLU tensors without biases (L (E (2H C + C H) + S (2H_s C + C H_s)) expert values: no efcb, efcprojb or shared
+# biases); the resumed run continues bit-identically. A llama MoE reference file (train_moe.py) trains.
+LLAMA=(-e d2 -arch llama -kv 1 -ev 263 -et 32 -ne 4 -tk 2 -me 1 -eh 64 -cf 0 -se 1 -seh 32 -rs sigmoid -ep 2
+       -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16 -l 3e-3)
+$MPIRUN -np 2 "$TRAIN" "${LLAMA[@]}" -x 6 -n 3 -o "$work/llama" >"$work/llama.log" 2>&1 ||
+    fail "llama MoE run: $(tail -3 "$work/llama.log")"
+mkdir -p "$work/llama_resumed"
+cp "$work/llama"/*_00000003* "$work/llama_resumed/"
+$MPIRUN -np 2 "$TRAIN" "${LLAMA[@]}" -x 6 -n 3 -o "$work/llama_resumed" -y 1 >"$work/llama_resumed.log" 2>&1 ||
+    fail "llama MoE resumed run: $(tail -3 "$work/llama_resumed.log")"
+want=$(step_fields "$work/llama.log" | tail -n 3)
+words=$($PYTHON -c 'import struct, sys; h = struct.unpack("256i", open(sys.argv[1], "rb").read(1024)); print(*h[8:13], *h[16:22], *h[24:27])' \
+    "$work/llama/model_00000006.bin")
+size=$(stat -c %s "$work/llama/model_00000006.bin")
+# V=263 Vp=384 maxT=32 L=2 C=128 NH=2 NKV=1 (HS 64), dense H 384 unused (every layer MoE): wte, lm_head, per layer
+# ln1w, qkvw (NH + 2 NKV) HS C, attprojw, ln2w, routerw E C, experts, the shared expert; lnfw
+llama_values=$(( 2 * 384 * 128 + 2 * (128 + 4 * 64 * 128 + 128 * 128 + 128 + 4 * 128 +
+                 4 * (2 * 64 * 128 + 128 * 64) + (2 * 32 * 128 + 128 * 32)) + 128 ))
+if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/llama_resumed.log")" ] &&
+    cmp -s "$work/llama/model_00000006.bin" "$work/llama_resumed/model_00000006.bin" &&
+    [ "$words" = "4 2 1 64 0 1 1 1176256512 384 925353388 0 1 1 32" ] &&
+    [ "$size" = "$(( 1024 + 4 * llama_values ))" ]; then pass; else
+    fail "a llama MoE run does not resume bit-identically, or its model file's words 8..12 16..21 24..26 are [$words],"\
+" or it has $size bytes (want $(( 1024 + 4 * llama_values )))"; fi
+if "$TRAIN" "${COMMON[@]}" -e "$LLAMA_MOE_MODEL" -b 2 -x 2 -cf 0.5 -arch llama -kv 2 >"$work/llama_file.log" 2>&1 &&
+    grep -q "| model  *| llama L=2 NH=4 NKV=2 C=64 " "$work/llama_file.log"; then pass; else
+    fail "the llama MoE reference file does not train: $(tail -2 "$work/llama_file.log")"; fi
 
 # --- bad inputs
+expect_error "-kv not dividing NH" "-kv 3: the key/value heads must divide the 2 heads" "$TRAIN" "${COMMON[@]}" \
+    -e d2 -arch llama -kv 3 -ev 263 -et 32 -x 1
+expect_error "-kv against the llama file" "-kv 1: the model file $LLAMA_MOE_MODEL has 2" "$TRAIN" "${COMMON[@]}" \
+    -e "$LLAMA_MOE_MODEL" -b 2 -x 1 -arch llama -kv 1
+expect_error "-arch llama against a gpt2 file" "-arch llama: $MOE_MODEL is a gpt2 model" "$TRAIN" "${COMMON[@]}" -b 2 \
+    -x 1 -e "$MOE_MODEL" -arch llama
 expect_error "top-k above E" "-tk 9: top-k must be between 1 and the number of experts (8)" "$TRAIN" "${COMMON[@]}" -e d2 -tk 9
 expect_error "dense file to the MoE trainer" "not a MoE model file" "$TRAIN" "${COMMON[@]}" -b 2 -e "$DENSE_MODEL"
 expect_error "MoE file to the dense trainer" "not a GPT-2 model file" "$DENSE" "${COMMON[@]}" -b 2 -e "$MOE_MODEL"
@@ -379,17 +421,16 @@ expect_error "-ne against a checkpoint" "-ne 2: the model file $work/full/model_
     "$TRAIN" "${COMMON[@]}" -e "$MOE_MODEL" -b 2 -x 7 -o "$work/full" -y 1 -ne 2
 if "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -ne 4 -tk 1 -me 1 -eh 96 >"$work/same_shape.log" 2>&1; then pass; else
     fail "the file's own -ne -tk -me -eh were refused: $(tail -2 "$work/same_shape.log")"; fi
-# the MoE trainer builds GPT-2-family models only (train_gpt reads llama files): a MoE file whose header word 16
-# says llama is refused naming the word
-$PYTHON - "$MOE_MODEL" "$work/moe_llama.bin" <<'PY'
+# a family word that is neither gpt2 (0) nor llama (1) is refused naming the word
+$PYTHON - "$MOE_MODEL" "$work/moe_family2.bin" <<'PY'
 import struct, sys
 data = open(sys.argv[1], "rb").read()
 h = list(struct.unpack("256i", data[:1024]))
-h[16] = 1
+h[16] = 2
 open(sys.argv[2], "wb").write(struct.pack("256i", *h) + data[1024:])
 PY
-expect_error "llama family" "moe_llama.bin: model family 1 in header word 16 (1 = llama; doc/formats.md): this trainer reads only GPT-2-family files" \
-    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_llama.bin"
+expect_error "unknown family" "moe_family2.bin: model family 2 in header word 16 (1 = llama; doc/formats.md): this trainer reads only gpt2 (0) and llama (1) files" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_family2.bin"
 # issue 15's MoE header words (doc/formats.md): what this trainer does not build yet, and what any reader refuses,
 # named by word. make_header FILE WORD=VALUE...: the MoE test model with those header words
 make_header() {
@@ -430,8 +471,6 @@ expect_error "-rs against the file" "-rs sigmoid: the model file $MOE_MODEL has 
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -rs sigmoid
 expect_error "-rsf against the file" "-rsf 2: the model file $MOE_MODEL has the routed scale 1 (header word 28" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -rsf 2
-# and has no architecture flags
-expect_error "-arch" "unknown flag -arch" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -arch llama
 
 echo "test_train_moe: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
