@@ -2216,38 +2216,36 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
         fprintf(stderr, "-l, -q, -c, -u and -nk must not be negative\n");
         return 0;
     }
-    // the architecture flags (train_gpt's); the values a model needs are checked with its sizes
+    // the architecture flags (both trainers'); the values a model needs are checked with its sizes
     // (check_config_supported), the flag's own range here
-    if (flag_find(flags, num_flags, "-arch")) {
-        int llama = !strcmp(s->arch, "llama");
-        if (!llama && strcmp(s->arch, "gpt2") != 0) {
-            fprintf(stderr, "-arch %s: expected gpt2 or llama\n", s->arch);
+    int llama = !strcmp(s->arch, "llama");
+    if (!llama && strcmp(s->arch, "gpt2") != 0) {
+        fprintf(stderr, "-arch %s: expected gpt2 or llama\n", s->arch);
+        return 0;
+    }
+    const char* llama_only[] = {"-kv", "-rt", "-fh", "-eps", "-tie"};
+    for (int i = 0; i < 5; i++) {
+        if (!llama && flag_find(flags, num_flags, llama_only[i])->given) {
+            fprintf(stderr, "%s applies to -arch llama only\n", llama_only[i]);
             return 0;
         }
-        const char* llama_only[] = {"-kv", "-rt", "-fh", "-eps", "-tie"};
-        for (int i = 0; i < 5; i++) {
-            if (!llama && flag_find(flags, num_flags, llama_only[i])->given) {
-                fprintf(stderr, "%s applies to -arch llama only\n", llama_only[i]);
-                return 0;
-            }
-        }
-        if (llama && s->flash_attention == 0) {
-            fprintf(stderr, "-fa 0: -arch llama runs on flash attention only (the cuBLAS-and-softmax and cuDNN paths "
-                    "have no grouped-query attention or RoPE)\n");
-            return 0;
-        }
-        if (flag_find(flags, num_flags, "-kv")->given && s->kv_heads < 1) {
-            fprintf(stderr, "-kv %d: expected a positive number of key/value heads\n", s->kv_heads);
-            return 0;
-        }
-        if (flag_find(flags, num_flags, "-fh")->given && s->ffn_hidden < 1) {
-            fprintf(stderr, "-fh %d: expected a positive hidden size\n", s->ffn_hidden);
-            return 0;
-        }
-        if (s->tie_embeddings != 0 && s->tie_embeddings != 1) {
-            fprintf(stderr, "-tie %d: expected 0 or 1\n", s->tie_embeddings);
-            return 0;
-        }
+    }
+    if (llama && s->flash_attention == 0) {
+        fprintf(stderr, "-fa 0: -arch llama runs on flash attention only (the cuBLAS-and-softmax and cuDNN paths "
+                "have no grouped-query attention or RoPE)\n");
+        return 0;
+    }
+    if (flag_find(flags, num_flags, "-kv")->given && s->kv_heads < 1) {
+        fprintf(stderr, "-kv %d: expected a positive number of key/value heads\n", s->kv_heads);
+        return 0;
+    }
+    if (flag_find(flags, num_flags, "-fh")->given && s->ffn_hidden < 1) {
+        fprintf(stderr, "-fh %d: expected a positive hidden size\n", s->ffn_hidden);
+        return 0;
+    }
+    if (s->tie_embeddings != 0 && s->tie_embeddings != 1) {
+        fprintf(stderr, "-tie %d: expected 0 or 1\n", s->tie_embeddings);
+        return 0;
     }
     return 1;
 }
