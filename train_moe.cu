@@ -148,7 +148,14 @@ typedef struct {
     int file_has_bias;          // the model file read had the biases after its parameters (header word 29)
     float* balance_bias;        // (Lm, E) device fp32, with config.balance_bias; else NULL
     int* step_loads;            // (Lm, E) device: the step's choices per expert before dropping, this process's
-                                // training passes (bias_gamma > 0); all-reduced over the processes at the update
+                                // training passes; all-reduced over the processes at the update
+    // the routed loads' telemetry (doc/moe.md, "Telemetry"): each update's summed loads come to the host
+    int* step_loads_cpu;            // (Lm, E) pinned host
+    cudaEvent_t step_loads_copied;  // they are there once this has completed
+    int step_loads_pending;         // a copy not yet taken in by moe_take_step_loads
+    long long* window_loads;        // (Lm, E) host: the loads since the last validation
+    int window_steps;               // the steps they are of
+    int* quiet_steps;               // (Lm, E) host: steps in a row in which the expert had no token
 } MoEModel;
 
 static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
@@ -418,10 +425,15 @@ static void moe_allocate_parameters(GPT2* model) {
         cudaCheck(cudaMalloc(&moe->balance_bias, biases * sizeof(float)));
         cudaCheck(cudaMemset(moe->balance_bias, 0, biases * sizeof(float)));
     }
-    if (moe->settings.bias_gamma > 0.0f) {
-        cudaCheck(cudaMalloc(&moe->step_loads, biases * sizeof(int)));
-        cudaCheck(cudaMemset(moe->step_loads, 0, biases * sizeof(int)));
-    }
+    // the step's loads move the biases (-rb) and feed the telemetry (moe_take_step_loads)
+    cudaCheck(cudaMalloc(&moe->step_loads, biases * sizeof(int)));
+    cudaCheck(cudaMemset(moe->step_loads, 0, biases * sizeof(int)));
+    cudaCheck(cudaMallocHost((void**)&moe->step_loads_cpu, biases * sizeof(int)));
+    cudaCheck(cudaEventCreateWithFlags(&moe->step_loads_copied, cudaEventDisableTiming));
+    moe->window_loads = (long long*)malloc_check(biases * sizeof(long long));
+    memset(moe->window_loads, 0, biases * sizeof(long long));
+    moe->quiet_steps = (int*)malloc_check(biases * sizeof(int));
+    memset(moe->quiet_steps, 0, biases * sizeof(int));
 }
 
 // The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts.
@@ -659,6 +671,12 @@ static void moe_free(GPT2* model) {
     sharded_parameters_free(&moe->expert_store);
     cudaCheck(cudaFree(moe->balance_bias));
     cudaCheck(cudaFree(moe->step_loads));
+    if (moe->step_loads_cpu) {
+        cudaCheck(cudaFreeHost(moe->step_loads_cpu));
+        cudaCheck(cudaEventDestroy(moe->step_loads_copied));
+    }
+    free(moe->window_loads);
+    free(moe->quiet_steps);
     cudaCheck(cudaFree(moe->acts_memory));
     free(moe->rows_own);
     if (moe->acts_memory) {
@@ -1138,7 +1156,7 @@ static void moe_end_forward(GPT2* model, int N, cudaStream_t stream) {
     cudaCheck(cudaEventRecord(moe->statistics_copied, stream));
     moe->statistics_tokens = N;
     // the step's loads for the balancing bias: every training pass (micro-batch) of this process
-    for (int m = 0; m < Lm && moe->training && moe->step_loads != NULL; m++)
+    for (int m = 0; m < Lm && moe->training; m++)
         moe_add_counts(moe->step_loads + (size_t)m * E, moe_layer_activations(model, m, N).expert_count, E, stream);
 }
 
@@ -1266,46 +1284,108 @@ static void read_expert_state(const char* dir, int step, GPT2* model) {
 // ----------------------------------------------------------------------------------------------------
 // Telemetry
 
-// Per MoE layer, after a validation pass: its aux and z losses, dropped choices and expert loads.
-// " bias v0 v1 ..." (E <= 16) or " bias min A max B" of MoE layer m's balancing bias, "" without one
-static void moe_bias_summary(const GPT2* model, int m, char* out, size_t size) {
-    const MoEModel* moe = moe_of(model);
-    out[0] = '\0';
-    if (moe->balance_bias == NULL) return;
-    int E = moe->config.num_experts;
-    float* b = (float*)malloc_check((size_t)E * sizeof(float));
-    cudaCheck(cudaMemcpy(b, moe->balance_bias + (size_t)m * E, (size_t)E * sizeof(float), cudaMemcpyDeviceToHost));
-    float lo = b[0], hi = b[0];
-    for (int e = 1; e < E; e++) {
-        lo = fminf(lo, b[e]);
-        hi = fmaxf(hi, b[e]);
+// An expert that has had no token in this many steps in a row is reported dead.
+#define MOE_DEAD_STEPS 100
+
+// Takes in the last update's loads (summed over every process, moe_after_update), if they have not been: into the
+// loads since the last validation, and each expert's run of steps without a token. Every process keeps them; process
+// 0 prints them. A resumed run starts both afresh.
+static void moe_take_step_loads(const GPT2* model) {
+    MoEModel* moe = moe_of(model);
+    if (!moe->step_loads_pending) return;
+    moe->step_loads_pending = 0;
+    cudaCheck(cudaEventSynchronize(moe->step_loads_copied));
+    size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
+    for (size_t i = 0; i < n; i++) {
+        moe->window_loads[i] += moe->step_loads_cpu[i];
+        moe->quiet_steps[i] = moe->step_loads_cpu[i] > 0 ? 0 : moe->quiet_steps[i] + 1;
     }
-    if (E > 16) {
-        snprintf(out, size, " bias min %.5f max %.5f", lo, hi);
-    } else {
-        size_t used = (size_t)snprintf(out, size, " bias");
-        for (int e = 0; e < E && used < size; e++) used += (size_t)snprintf(out + used, size - used, " %.5f", b[e]);
-    }
-    free(b);
+    moe->window_steps++;
 }
 
+// MoE layer m's balancing bias into `b` (E values); 0 without one
+static int moe_layer_bias(const GPT2* model, int m, float* b) {
+    const MoEModel* moe = moe_of(model);
+    if (moe->balance_bias == NULL) return 0;
+    int E = moe->config.num_experts;
+    cudaCheck(cudaMemcpy(b, moe->balance_bias + (size_t)m * E, (size_t)E * sizeof(float), cudaMemcpyDeviceToHost));
+    return 1;
+}
+
+// The load histogram's bins: an expert's load since the last validation over the mean load
+static const double moe_histogram_edges[] = {0.5, 0.8, 1.25, 2.0};
+#define MOE_HISTOGRAM_BINS 5
+
+// Per MoE layer, after a validation pass: its aux and z losses, dropped choices and expert loads of the validation
+// pass; the dead experts and, from the training steps since the last validation, the histogram of the experts'
+// loads; the balancing bias. The log line has the steps' choices (summed over the processes and micro-batches,
+// layer_choices), every expert's load (over the mean, layer_loads) and bias (layer_bias), comma-separated, for
+// scripts/plot_log.py.
 static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
+    MoEModel* moe = moe_of(model);
     moe_statistics(model);
+    moe_take_step_loads(model);
+    int E = moe->config.num_experts;
+    float* bias = (float*)malloc_check((size_t)E * sizeof(float));
+    size_t line_size = 512 + (size_t)E * 32;
+    char* line = (char*)malloc_check(line_size);
     for (int m = 0; m < num_moe_layers(model); m++) {
         MoELayerStatistics st = moe_layer_statistics(model, m, N);
         // aux: every balancing loss of the layer (Switch's, and noisy gating's importance and load losses)
-        const float* losses = moe_of(model)->losses_cpu + 4 * m;
+        const float* losses = moe->losses_cpu + 4 * m;
         float aux = losses[0] + losses[2] + losses[3], z = losses[1];
-        char bias[16 * 12 + 32] = "";
-        moe_bias_summary(model, m, bias, sizeof(bias));
-        printf("val moe layer %d: aux %f z %f drop %f load min %.3f max %.3f cv %.3f%s\n", m, aux, z, st.drop_fraction,
-               st.load_min, st.load_max, st.load_cv, bias);
-        char line[300];
-        snprintf(line, sizeof(line), "s:%d layer:%d layer_aux:%f layer_z:%f layer_drop:%f layer_load_min:%.3f "
-                 "layer_load_max:%.3f layer_load_cv:%.3f", step, m, aux, z, st.drop_fraction, st.load_min,
-                 st.load_max, st.load_cv);
+        const long long* loads = moe->window_loads + (size_t)m * E;
+        long long total = 0;
+        int dead = 0, histogram[MOE_HISTOGRAM_BINS] = {0};
+        for (int e = 0; e < E; e++) {
+            total += loads[e];
+            dead += moe->quiet_steps[(size_t)m * E + e] >= MOE_DEAD_STEPS;
+        }
+        double mean = (double)total / E;
+        for (int e = 0; e < E && total > 0; e++) {
+            int bin = 0;
+            while (bin < MOE_HISTOGRAM_BINS - 1 && loads[e] / mean >= moe_histogram_edges[bin]) bin++;
+            histogram[bin]++;
+        }
+        int has_bias = moe_layer_bias(model, m, bias);
+        printf("val moe layer %d: aux %f z %f drop %f load min %.3f max %.3f cv %.3f dead %d", m, aux, z,
+               st.drop_fraction, st.load_min, st.load_max, st.load_cv, dead);
+        if (total > 0)
+            printf(" loads <0.5:%d 0.5-0.8:%d 0.8-1.25:%d 1.25-2:%d >=2:%d", histogram[0], histogram[1], histogram[2],
+                   histogram[3], histogram[4]);
+        if (has_bias && E > 16) {
+            float lo = bias[0], hi = bias[0];
+            for (int e = 1; e < E; e++) {
+                lo = fminf(lo, bias[e]);
+                hi = fmaxf(hi, bias[e]);
+            }
+            printf(" bias min %.5f max %.5f", lo, hi);
+        } else if (has_bias) {
+            printf(" bias");
+            for (int e = 0; e < E; e++) printf(" %.5f", bias[e]);
+        }
+        printf("\n");
+        size_t used = (size_t)snprintf(line, line_size, "s:%d layer:%d layer_aux:%f layer_z:%f layer_drop:%f "
+                                       "layer_load_min:%.3f layer_load_max:%.3f layer_load_cv:%.3f layer_dead:%d",
+                                       step, m, aux, z, st.drop_fraction, st.load_min, st.load_max, st.load_cv, dead);
+        if (total > 0) {
+            used += (size_t)snprintf(line + used, line_size - used, " layer_steps:%d layer_choices:%lld layer_loads:",
+                                     moe->window_steps, total);
+            for (int e = 0; e < E; e++)
+                used += (size_t)snprintf(line + used, line_size - used, "%s%.3f", e ? "," : "", loads[e] / mean);
+        }
+        if (has_bias) {
+            used += (size_t)snprintf(line + used, line_size - used, " layer_bias:");
+            for (int e = 0; e < E; e++)
+                used += (size_t)snprintf(line + used, line_size - used, "%s%.6g", e ? "," : "", bias[e]);
+        }
         logger_log_text(logger, line);
     }
+    size_t n = (size_t)num_moe_layers(model) * E;
+    memset(moe->window_loads, 0, n * sizeof(long long));
+    moe->window_steps = 0;
+    free(line);
+    free(bias);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1538,7 +1618,8 @@ static void moe_step_begin(GPT2* model) {
     moe->step_aux = moe->step_z = moe->step_drop = moe->step_load_cv = 0.0;
     // a step whose update was skipped (an outlier) leaves its loads behind: each step counts its own
     size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
-    if (moe->step_loads != NULL) cudaCheck(cudaMemset(moe->step_loads, 0, n * sizeof(int)));
+    cudaCheck(cudaMemset(moe->step_loads, 0, n * sizeof(int)));
+    moe_take_step_loads(model);
 }
 static void moe_micro_step_done(GPT2* model) {
     MoEModel* moe = moe_of(model);
@@ -1568,12 +1649,16 @@ static void moe_log_step(const GPT2* model, Logger* logger, int step, int micro_
 // every process; then the loads start again from 0.
 static void moe_after_update(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    if (moe->step_loads == NULL) return;
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     if (mg->num_processes > 1)
         ncclCheck(ncclAllReduce(moe->step_loads, moe->step_loads, (size_t)Lm * E, ncclInt32, ncclSum, mg->nccl_comm,
                                 stream));
-    moe_balance_bias_update(moe->balance_bias, moe->step_loads, Lm, E, moe->settings.bias_gamma, stream);
+    if (moe->settings.bias_gamma > 0.0f)
+        moe_balance_bias_update(moe->balance_bias, moe->step_loads, Lm, E, moe->settings.bias_gamma, stream);
+    cudaCheck(cudaMemcpyAsync(moe->step_loads_cpu, moe->step_loads, (size_t)Lm * E * sizeof(int),
+                              cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaEventRecord(moe->step_loads_copied, stream));
+    moe->step_loads_pending = 1;
     cudaCheck(cudaMemsetAsync(moe->step_loads, 0, (size_t)Lm * E * sizeof(int), stream));
 }
 

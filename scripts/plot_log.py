@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """scripts/plot_log.py: plots training logs (the trainers' -o DIR/main.log) as a PNG: train and val loss
 against steps, one colour per log, and for MoE runs also the router's auxiliary (load-balancing) and z
-losses, the fraction of tokens dropped at capacity, and the expert load (min, max, coefficient of variation).
+losses, the fraction of tokens dropped at capacity, and the expert load (min, max, coefficient of variation);
+when the log has train_moe's per-layer telemetry, also the dead experts (summed over the MoE layers), the
+balancing bias (its spread over the experts, max - min, averaged over the layers) and the histogram of the
+experts' loads in the training steps before the last validation (every layer's experts, their load over the mean).
 
     /usr/bin/python3 scripts/plot_log.py [-o loss.png] [--ymax Y] [--title T] LOG_OR_DIR [LOG_OR_DIR ...]
 
@@ -9,6 +12,8 @@ A directory stands for DIR/main.log. Lines read (llmc/logger.h writes them):
     s:STEP trl:LOSS norm:N lr:LR ms:MS [mfu:PCT] tok/s:R                      a training step
     s:STEP tel:LOSS                                                           a validation loss
     s:STEP aux:A z:Z drop:D load_min:L load_max:L load_cv:C                   MoE router statistics
+    s:STEP layer:M ... layer_dead:D [layer_steps:S layer_choices:N layer_loads:L0,..] [layer_bias:B0,..]
+                                                                              one MoE layer at a validation
 Other lines (free text) are skipped. A resumed run appends to the log and may repeat steps after its
 checkpoint: the last value logged for a step wins. Needs matplotlib (apt-get install python3-matplotlib).
 """
@@ -22,6 +27,7 @@ KINDS = {
     "trl": ("train", ["trl"]),
     "tel": ("val", ["tel"]),
     "aux": ("moe", ["aux", "z", "drop", "load_min", "load_max", "load_cv"]),
+    "layer": ("layer", ["layer_dead"]),
 }
 
 
@@ -37,7 +43,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def parse_line(path, number, line):
-    """(kind, step, {key: value}) for a log line, None for a free-text or unknown line; exits on a malformed one."""
+    """(kind, step, {key: value}) for a log line, None for a free-text or unknown line; exits on a malformed one.
+    A value is a number, or a comma-separated list of numbers (a list)."""
     if not line.startswith("s:"):
         return None
     values = {}
@@ -46,11 +53,11 @@ def parse_line(path, number, line):
         try:
             if not sep:
                 raise ValueError
-            values[key] = float(text)
+            values[key] = [float(v) for v in text.split(",")] if "," in text else float(text)
         except ValueError:
             fail("%s:%d: cannot parse %r in %r (expected KEY:NUMBER fields)" % (path, number, field, line[:120]))
     step = values.pop("s")
-    if step != int(step) or step < 0:
+    if isinstance(step, list) or step != int(step) or step < 0:
         fail("%s:%d: step %r is not a whole number >= 0" % (path, number, step))
     for marker, (kind, needed) in KINDS.items():
         if marker in values:
@@ -70,11 +77,18 @@ def read_log(path):
         fail("%s: %s" % (path, e.strerror))
     if not any(line.strip() for line in lines):
         fail("%s is empty: no step has been logged yet" % path)
-    records = {"train": {}, "val": {}, "moe": {}}
+    records = {"train": {}, "val": {}, "moe": {}, "layer": {}}
     for number, line in enumerate(lines, 1):
         parsed = parse_line(path, number, line.strip())
-        if parsed:
-            kind, step, values = parsed
+        if not parsed:
+            continue
+        kind, step, values = parsed
+        if kind == "layer":  # {step: {layer: values}}; one expert's list is a single number
+            for key in ("layer_loads", "layer_bias"):
+                if key in values and not isinstance(values[key], list):
+                    values[key] = [values[key]]
+            records["layer"].setdefault(step, {})[int(values["layer"])] = values
+        else:
             records[kind][step] = values
     if not records["train"] and not records["val"]:
         fail("%s: no training or validation lines (expected 's:STEP trl:LOSS ...' or 's:STEP tel:LOSS')" % path)
@@ -84,6 +98,25 @@ def read_log(path):
 def series(records, kind, key):
     steps = sorted(records[kind])
     return steps, [records[kind][s][key] for s in steps]
+
+
+def plot_layers(layers, label, color, dead_ax, bias_ax, hist_ax):
+    """One run's per-layer telemetry: dead experts and the bias spread against the validation steps, and the
+    histogram of the last validation's expert loads that has them."""
+    steps = sorted(layers)
+    dead_ax.plot(steps, [sum(v["layer_dead"] for v in layers[s].values()) for s in steps], color=color,
+                 marker="o", markersize=3, linewidth=0.9, label=label)
+    biased = [s for s in steps if all("layer_bias" in v for v in layers[s].values())]
+    if biased:
+        spread = [sum(max(v["layer_bias"]) - min(v["layer_bias"]) for v in layers[s].values()) / len(layers[s])
+                  for s in biased]
+        bias_ax.plot(biased, spread, color=color, marker="o", markersize=3, linewidth=0.9, label=label)
+    loaded = [s for s in steps if all("layer_loads" in v for v in layers[s].values())]
+    if loaded:
+        # loads of 4 and more in the last bin, so that every run shares the bins
+        loads = [min(x, 3.99) for v in layers[loaded[-1]].values() for x in v["layer_loads"]]
+        hist_ax.hist(loads, bins=32, range=(0.0, 4.0), color=color, alpha=0.5,
+                     label="%s (step %d)" % (label, loaded[-1]))
 
 
 def label_of(path):
@@ -112,7 +145,11 @@ def main():
     paths = [os.path.join(p, "main.log") if os.path.isdir(p) else p for p in args.logs]
     logs = [(label_of(p), read_log(p)) for p in paths]
     has_moe = any(records["moe"] for _, records in logs)
-    if has_moe:
+    has_layers = any(records["layer"] for _, records in logs)
+    if has_moe and has_layers:
+        fig, axes = plt.subplots(3, 3, figsize=(18, 13.5))
+        loss_ax, aux_ax, z_ax, drop_ax, load_ax, cv_ax, dead_ax, bias_ax, hist_ax = axes.flat
+    elif has_moe:
         fig, axes = plt.subplots(2, 3, figsize=(18, 9))
         loss_ax, aux_ax, z_ax, drop_ax, load_ax, cv_ax = axes.flat
     else:
@@ -136,6 +173,8 @@ def main():
         load_ax.plot(*series(records, "moe", "load_min"), color=color, linewidth=0.9, linestyle="--",
                      label="%s min" % label)
         cv_ax.plot(*series(records, "moe", "load_cv"), color=color, linewidth=0.9, label=label)
+        if has_layers and records["layer"]:
+            plot_layers(records["layer"], label, color, dead_ax, bias_ax, hist_ax)
 
     loss_ax.set_title("loss")
     loss_ax.set_ylabel("cross-entropy (nats/token)")
@@ -148,6 +187,16 @@ def main():
                           (cv_ax, "expert load coefficient of variation")):
             ax.set_title(title)
         panels += [aux_ax, z_ax, drop_ax, load_ax, cv_ax]
+    if has_moe and has_layers:
+        dead_ax.set_title("dead experts (no token in 100 steps)")
+        bias_ax.set_title("balancing bias spread (max - min)")
+        hist_ax.set_title("expert loads before the last validation")
+        hist_ax.set_xlabel("load / mean")
+        hist_ax.set_ylabel("experts")
+        hist_ax.grid(alpha=0.3)
+        if hist_ax.patches:
+            hist_ax.legend(fontsize=8)
+        panels += [dead_ax, bias_ax]
     for ax in panels:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

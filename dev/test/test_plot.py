@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """dev/test/test_plot.py: tests scripts/plot_log.py on logs it writes in the trainers' format (llmc/logger.h):
-a GPT log with a resumed run's repeated steps and free-text lines, an MoE log with router statistics; checks
-that a PNG comes out with the expected size (one panel, or six with MoE), that repeated steps count once with
+a GPT log with a resumed run's repeated steps and free-text lines, an MoE log with router statistics, and one
+with train_moe's per-layer telemetry (dead experts, expert loads, balancing biases); checks that a PNG comes out
+with the expected size (one panel, six with MoE, nine with the telemetry), that repeated steps count once with
 the last value winning, and that a missing, empty or malformed log gets one line and a non-zero exit.
 
     /usr/bin/python3 dev/test/test_plot.py [--keep DIR]     (--keep: leave the PNGs in DIR to look at)
@@ -77,6 +78,23 @@ def moe_log(path):
         f.write("\n".join(lines) + "\n")
 
 
+def moe_layer_log(path):
+    """moe_log's lines, and at each validation two MoE layers' telemetry as train_moe writes it: 8 experts' loads
+    over the mean and their balancing biases (comma-separated), the dead experts."""
+    moe_log(path)
+    lines = []
+    for step in range(30, 151, 30):
+        for layer in range(2):
+            loads = [1.0 + 0.6 * math.exp(-step / 40) * math.sin(e + layer) for e in range(8)]
+            bias = [0.001 * round(10 * math.sin(e * step)) for e in range(8)]
+            lines.append("s:%d layer:%d layer_aux:0.010 layer_z:0.001 layer_drop:0.0 layer_load_min:0.5 "
+                         "layer_load_max:1.5 layer_load_cv:0.3 layer_dead:%d layer_steps:30 layer_loads:%s "
+                         "layer_bias:%s" % (step, layer, 1 if step < 90 else 0, ",".join("%.3f" % x for x in loads),
+                                            ",".join("%.6g" % b for b in bias)))
+    with open(path, "a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def run(args):
     result = subprocess.run([sys.executable, PLOT] + args, capture_output=True, text=True, timeout=120)
     return result.returncode, result.stdout, result.stderr
@@ -93,6 +111,9 @@ def main():
         os.makedirs(moe_dir)
         gpt_log(os.path.join(gpt_dir, "main.log"))
         moe_log(os.path.join(moe_dir, "main.log"))
+        layer_dir = os.path.join(tmp, "log_moe_layers")
+        os.makedirs(layer_dir)
+        moe_layer_log(os.path.join(layer_dir, "main.log"))
 
         png = os.path.join(out_dir, "gpt.png")
         rc, out, err = run(["-o", png, "--ymax", "8", gpt_dir])
@@ -109,12 +130,20 @@ def main():
               % (png_size(png) if os.path.exists(png) else None,))
         check("log_moe: 150 steps" in out, "the MoE log's steps are counted (%r)" % out.strip())
 
+        png = os.path.join(out_dir, "moe_layers.png")
+        rc, out, err = run(["-o", png, moe_dir, layer_dir])
+        check(rc == 0, "plot of MoE logs with and without per-layer telemetry (rc %d: %s)" % (rc, err.strip()[-300:]))
+        check(os.path.exists(png) and png_size(png) == (1800, 1350), "with the telemetry: nine panels, 1800x1350 (%r)"
+              % (png_size(png) if os.path.exists(png) else None,))
+
         bad = os.path.join(tmp, "bad")
         os.makedirs(bad)
         cases = [("missing.log", None, "No such file"), ("empty.log", "", "empty"),
                  ("text_only.log", "starting\nno steps here\n", "no training or validation lines"),
                  ("garbled.log", "s:1 trl:3.2 norm:1.0\ns:2 trl:three norm:1.0\n", "garbled.log:2"),
-                 ("moe_short.log", "s:1 trl:3.2\ns:1 aux:0.01 z:0.001\n", "without drop")]
+                 ("moe_short.log", "s:1 trl:3.2\ns:1 aux:0.01 z:0.001\n", "without drop"),
+                 ("layer_list.log", "s:1 trl:3.2\ns:1 layer:0 layer_dead:0 layer_loads:1.0,x,1.0\n", "layer_list.log:2"),
+                 ("layer_short.log", "s:1 trl:3.2\ns:1 layer:0 layer_loads:1.0,1.0\n", "without layer_dead")]
         for name, text, phrase in cases:
             path = os.path.join(bad, name)
             if text is not None:

@@ -15,7 +15,8 @@
 #     (header words 24, 25, 26; its size holds their tensors) and a run resumed from it continues bit-identically;
 #   - aux-loss-free balancing (-rb) from a descriptor on 2 ranks with -ep 2: the checkpoint's model file records the
 #     biases (header word 29, fp32 after the parameters), the validation lines print them, a run resumed from it
-#     continues bit-identically, and -rb 0 keeps a model file's biases;
+#     continues bit-identically, and -rb 0 keeps a model file's biases; its log's per-layer telemetry (the steps'
+#     choices over every process, the loads, the dead experts, the biases);
 #   - -arch llama with SwiGLU routed and shared experts from a descriptor on 2 ranks with -ep 2: the model file records
 #     the family (words 16..21) and holds SwiGLU tensors without biases, a resumed run continues bit-identically; a
 #     llama MoE reference file trains;
@@ -323,6 +324,33 @@ PY
 then pass; else
     fail "a balancing-bias run does not resume bit-identically, or its model file (words 24..29, the biases after the"\
 " parameters, kept by -rb 0) or its validation lines are not as they should be"; fi
+# The same run's routed-load telemetry (doc/moe.md, "Telemetry"): at the validations of steps 2 and 4 each layer's
+# log line counts the choices of the 2 steps before it over both processes (steps 2 x processes 2 x B 2 x T 16 x
+# top-k 2 = 256: a process's own counts would give 128, a count per micro-step or per pass other numbers), the
+# experts' loads over the mean add up to E, no expert is dead (fewer than 100 steps), and the biases logged are the
+# model file's (step 4).
+if $PYTHON - "$work/bias/main.log" "$work/bias/model_00000004.bin" <<'PY'
+import struct, sys
+import numpy as np
+lines = [dict(f.split(":", 1) for f in line.split()) for line in open(sys.argv[1]) if " layer:" in line]
+blob = open(sys.argv[2], "rb").read()
+h = struct.unpack("256i", blob[:1024])
+Lm, E = h[4] // h[10], h[8]
+final = np.frombuffer(blob[-4 * Lm * E:], dtype="<f4").reshape(Lm, E)
+ok = sorted((int(l["s"]), int(l["layer"])) for l in lines) == [(s, m) for s in (0, 2, 4) for m in range(Lm)]
+for l in lines:
+    if l["s"] == "0":
+        ok = ok and "layer_loads" not in l and l["layer_dead"] == "0"
+        continue
+    loads = [float(x) for x in l["layer_loads"].split(",")]
+    ok = ok and l["layer_steps"] == "2" and l["layer_choices"] == "256" and len(loads) == E
+    ok = ok and abs(sum(loads) - E) < 0.002 * E and l["layer_dead"] == "0"
+    if l["s"] == "4":
+        bias = np.array([float(x) for x in l["layer_bias"].split(",")], dtype=np.float32)
+        ok = ok and np.allclose(bias, final[int(l["layer"])], rtol=1e-5, atol=1e-9)
+sys.exit(0 if ok else 1)
+PY
+then pass; else fail "the balancing-bias run's telemetry lines (choices, loads, dead experts, biases) are not as they should be"; fi
 # --- -arch llama (doc/moe.md, issue 15's blocks): SwiGLU experts, 2 of 4 per token dropless, and a SwiGLU shared
 # expert on 2 ranks with -ep 2 and a resume from the step-3 checkpoint. The model file's header records the family
 # (words 16..21: 1, NKV 1, theta 10000's and eps 1e-5's fp32 bits, H 384, untied) and the MoE shape, its size counts
