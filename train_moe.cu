@@ -1713,6 +1713,48 @@ static const MlpExtension moe_extension = {
     moe_after_update, moe_file_tail_bytes, moe_read_file_tail, moe_write_file_tail,
 };
 
+// ----------------------------------------------------------------------------------------------------
+// The named descriptors (doc/moe.md, "Descriptors"): `-e mix8` (the Mixtral shape) and `-e ds64` (the DeepSeek-V3
+// shape, fine-grained and shared experts) are descriptor d8 (8 layers, C 512, 8 heads of 64) with these flags; the
+// command line's own flags come after them, so that they override them (a repeated flag takes its last value).
+typedef struct {
+    const char* name;
+    const char* flags[40];
+} MoEDescriptor;
+static const MoEDescriptor moe_descriptors[] = {
+    {"mix8", {"-arch", "llama", "-kv", "2", "-rt", "1000000", "-ne", "8", "-tk", "2", "-me", "1", "-eh", "1792",
+              "-cf", "0", "-ra", "0.01", "-rz", "0.001", NULL}},
+    {"ds64", {"-arch", "llama", "-kv", "8", "-rt", "10000", "-ne", "64", "-tk", "6", "-me", "1", "-eh", "128",
+              "-se", "2", "-seh", "128", "-rs", "sigmoid", "-rsf", "2.5", "-cf", "0", "-rb", "0.001", "-rsl", "0.0001",
+              "-ra", "0", "-rz", "0", NULL}},
+};
+
+// argv with a named descriptor's flags after argv[0] and `-e NAME` as `-e d8`; argv itself when -e names none
+static char** moe_expand_descriptor(int* argc, char* argv[]) {
+    const MoEDescriptor* d = NULL;
+    int at = -1;
+    for (int i = 1; i + 1 < *argc; i += 2) {
+        if (strcmp(argv[i], "-e") != 0) continue;
+        d = NULL;  // the last -e counts
+        at = i + 1;
+        for (size_t k = 0; k < sizeof(moe_descriptors) / sizeof(moe_descriptors[0]); k++)
+            if (!strcmp(argv[i + 1], moe_descriptors[k].name)) d = &moe_descriptors[k];
+    }
+    if (d == NULL) return argv;
+    int extra = 0;
+    while (d->flags[extra] != NULL) extra++;
+    char** out = (char**)malloc_check((size_t)(*argc + extra + 1) * sizeof(char*));
+    out[0] = argv[0];
+    for (int i = 0; i < extra; i++) out[1 + i] = (char*)d->flags[i];
+    for (int i = 1; i < *argc; i++) out[extra + i] = i == at ? (char*)"d8" : argv[i];
+    *argc += extra;
+    out[*argc] = NULL;
+    return out;
+}
+
 #ifndef OMIT_TRAIN_MOE_MAIN
-int main(int argc, char* argv[]) { return trainer_main(argc, argv, &moe_extension); }
+int main(int argc, char* argv[]) {
+    char** args = moe_expand_descriptor(&argc, argv);
+    return trainer_main(argc, args, &moe_extension);
+}
 #endif

@@ -7,20 +7,26 @@
 # sampling text before and after and validating with the expert loads, and plots the loss curve.
 #   scripts/quickstart.sh          the MoE model
 #   scripts/quickstart.sh gpt      the dense GPT of the same size
-# Log, checkpoint and loss.png go to build/quickstart_moe/ (or build/quickstart_gpt/).
+#   scripts/quickstart.sh deepseek a small DeepSeek-shape MoE (llama blocks; 16 fine-grained SwiGLU experts, top-4,
+#                                  and a shared expert; sigmoid scores with routed scale 2.5; dropless), trained
+#                                  twice: with aux-loss-free balancing (-rb, no balance loss), then with the Switch
+#                                  loss instead; one plot compares their expert loads (doc/moe.md, "Telemetry")
+# Log, checkpoint and loss.png go to build/quickstart_moe/ (or build/quickstart_gpt/, build/quickstart_deepseek/:
+# its runs in bias/ and switch/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-moe}
 case "$model" in
     moe) moe_flags=(-ne 4 -tk 1 -me 2 -cf 1.25 -cfe 2.0) ;;
     gpt) moe_flags=() ;;
-    *) echo "quickstart.sh: unknown model '$model' (expected moe or gpt)" >&2; exit 1 ;;
+    deepseek) ;;
+    *) echo "quickstart.sh: unknown model '$model' (expected moe, gpt or deepseek)" >&2; exit 1 ;;
 esac
 # the GPU build where a GPU answers, else the CPU backend's
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    trainer=./train_$model
+    trainer=./train_${model/deepseek/moe}
 else
-    trainer=build/train_${model}_fp32
+    trainer=build/train_${model/deepseek/moe}_fp32
 fi
 scripts/install_deps.sh
 /usr/bin/python3 data/tinyshakespeare.py --tokenizer bytes
@@ -33,6 +39,20 @@ fi
 make -s "$trainer"
 out=build/quickstart_$model
 rm -rf "$out"
+if [ "$model" = deepseek ]; then
+    # the shape of ds64 (doc/moe.md, "Descriptors") at a quick start's size: 4 layers of C=256, 2 key/value heads;
+    # the bias moves by 0.01 per step rather than ds64's 0.001, so that 150 steps show what it does
+    shape=(-e d4 -ev 257 -et 128 -sd 1 -arch llama -kv 2 -ne 16 -tk 4 -me 1 -eh 64 -se 1 -seh 128 -rs sigmoid
+           -rsf 2.5 -cf 0)
+    run=(-i "${data}_train.bin" -j "${data}_val.bin" -tf "$tokenizer" -b 8 -t 128 -x 150 -l 2e-3 -u 20 -q 0.1 -c 0.1
+         -v 50 -m 8 -s 0 -g 0 -n 0)
+    "$trainer" "${shape[@]}" "${run[@]}" -rb 0.01 -ra 0 -rz 0 -o "$out/bias"
+    "$trainer" "${shape[@]}" "${run[@]}" -rb 0 -ra 0.01 -rz 0.001 -o "$out/switch"
+    /usr/bin/python3 scripts/plot_log.py -o "$out/loss.png" --title "aux-loss-free balancing (bias) vs the Switch loss" \
+        "$out/bias" "$out/switch"
+    echo "quickstart: loss curves and expert loads in $out/loss.png"
+    exit 0
+fi
 "$trainer" -e d4 -ev 257 -et 128 -sd 1 "${moe_flags[@]}" -i "${data}_train.bin" -j "${data}_val.bin" -tf "$tokenizer" \
     -b 8 -t 128 -x 300 -l 2e-3 -u 20 -q 0.1 -c 0.1 -v 100 -m 8 -s 300 -g 200 -o "$out" -n 300 -nk 1
 /usr/bin/python3 scripts/plot_log.py -o "$out/loss.png" "$out"
