@@ -207,6 +207,12 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_k2_sigmoid_shared2_bf16_debug_state.bin \
              $(BUILD)/ref/moe_llama_mixtral_fp32_debug_state.bin $(BUILD)/ref/moe_llama_mixtral_bf16_debug_state.bin \
              $(BUILD)/ref/moe_llama_shared_fp32_debug_state.bin $(BUILD)/ref/moe_llama_shared_bf16_debug_state.bin
+# device-limited routing's references (MOE_REF_*_dl*)
+MOE_TESTS += $(BUILD)/ref/moe_k3_dl2_g4_dropless_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k3_dl2_g4_dropless_seed3_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k2_dl1_g2_cf0.5_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k2_dl1_g2_cf0.5_seed2_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k2_bias_dl1_g4_fp32_debug_state.bin $(BUILD)/ref/moe_k2_bias_dl1_g4_bf16_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
              $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \

@@ -366,6 +366,24 @@ run_test moe-bf16-bias-ep2-np2-dropless $MPIRUN -np 2 build/test_moe_bf16 build/
     -rb 0.001 -ep 2
 run_test moe-fp32-bias-ep2-np2-z3 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_bias_dropless_fp32 -cf 0 \
     -rb 0.001 -ep 2 -z 3
+# issue 15's device-limited routing (Makefile, MOE_REF_*_dl*): the groups are the -ep members, so each reference is
+# matched at -ep G on G processes (all on the reference batch) and never against -ep 1: top-3 in 2 of 4 groups
+# dropless, top-2 in 1 of 2 groups with drops (and with ZeRO-3 against ZeRO-1), sigmoid top-2 in 1 of 4 groups with
+# the balancing bias in the key; FP32 and BF16 (BF16 with the seeds whose groups have no near-ties)
+run_test moe-fp32-dl2-k3-ep4-np4-dropless $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k3_dl2_g4_dropless_fp32 -cf 0 \
+    -ep 4 -dl 2
+run_test moe-bf16-dl2-k3-ep4-np4-dropless $MPIRUN -np 4 build/test_moe_bf16 build/ref/moe_k3_dl2_g4_dropless_seed3_bf16 \
+    -cf 0 -ep 4 -dl 2
+run_test moe-fp32-dl1-k2-ep2-np2-cf0.5 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_dl1_g2_cf0.5_fp32 -cf 0.5 \
+    -ep 2 -dl 1
+run_test moe-bf16-dl1-k2-ep2-np2-cf0.5 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k2_dl1_g2_cf0.5_seed2_bf16 \
+    -cf 0.5 -ep 2 -dl 1
+run_test moe-fp32-dl1-k2-ep2-np2-z3 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_dl1_g2_cf0.5_fp32 -cf 0.5 \
+    -ep 2 -dl 1 -z 3
+run_test moe-fp32-dl1-bias-ep4-np4 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_k2_bias_dl1_g4_fp32 -cf 0 -ep 4 \
+    -dl 1 -rb 0.001
+run_test moe-bf16-dl1-bias-ep4-np4 $MPIRUN -np 4 build/test_moe_bf16 build/ref/moe_k2_bias_dl1_g4_bf16 -cf 0 -ep 4 \
+    -dl 1 -rb 0.001
 # shared experts (replicated, data-parallel) beside experts shared out over a group of 2
 run_test moe-fp32-shared2-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_sigmoid_shared2_fp32 -cf 0 -ep 2
 run_test moe-bf16-shared-ep2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_shared_me2_bf16 -cf 0.5 -ep 2
@@ -445,6 +463,8 @@ run_test check-moe-bf16-k2-sigmoid-shared2-r0 build/check/test_moe_bf16 build/re
 run_test check-moe-fp32-bias-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k2_bias_dropless_fp32 -cf 0 \
     -rb 0.001 -ep 2
 run_test check-moe-bf16-bias-r0 build/check/test_moe_bf16 build/ref/moe_k2_bias_dropless_bf16 -cf 0 -rb 0.001 -r 0
+run_test check-moe-fp32-dl1-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k2_dl1_g2_cf0.5_fp32 -cf 0.5 \
+    -ep 2 -dl 1
 run_test check-moe-fp32-llama-mixtral-r0 build/check/test_moe_fp32 build/ref/moe_llama_mixtral_fp32 -cf 0 -r 0
 run_test check-moe-bf16-llama-shared-r1 build/check/test_moe_bf16 build/ref/moe_llama_shared_bf16 -cf 0.5 -r 1
 run_test check-moe-fp32-llama-shared-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_llama_shared_fp32 \
