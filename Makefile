@@ -161,6 +161,20 @@ MOE_REF_k2_sigmoid_shared2 := $(MOE_SIGMOID) --seed 5 --topk 2 --moe-every 1 --c
 # N(0, 0.005) start, so that pass 0's choices already depend on it
 MOE_REF_k2_bias_dropless := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --bias-gamma 0.001
 MOE_REF_k1_bias_cf0.5 := $(MOE_SIGMOID) --topk 1 --moe-every 1 --cf 0.5 --bias-gamma 0.001
+# issue 15's device-limited routing (doc/moe.md, "Issue 15's routing options" 9), each tested at -ep G on G processes
+# (the groups are the expert-parallel members): always M < k, since with M >= k the k best experts lie in the M best
+# groups and the limit changes nothing. Top-3 of 8 in 2 of 4 groups dropless, top-2 of 8 in 1 of 2 groups with a
+# capacity that drops, and sigmoid top-2 of 8 in 1 of 4 groups (both experts of the group with the best key) with
+# the balancing bias in the key
+MOE_REF_k3_dl2_g4_dropless := --E 8 --topk 3 --moe-every 1 --cf 0 --device-limit 2 --ep-groups 4
+MOE_REF_k2_dl1_g2_cf0.5 := --E 8 --topk 2 --moe-every 1 --cf 0.5 --device-limit 1 --ep-groups 2
+# BF16 runs seeds whose routing has no choice or group within bf16 rounding of a tie: seed 1337's smallest gaps
+# between the M-th and (M+1)-th group score are 1.2e-4 (top-3, measured: 2 of 414 choices flip) and 9e-6 (top-2);
+# seed 3's (top-3) and seed 2's (top-2) are 1.0e-3 and 8.3e-4, their key margins 2.6e-4 and 3.6e-4, and none flips
+MOE_REF_k3_dl2_g4_dropless_seed3 := $(MOE_REF_k3_dl2_g4_dropless) --seed 3
+MOE_REF_k2_dl1_g2_cf0.5_seed2 := $(MOE_REF_k2_dl1_g2_cf0.5) --seed 2
+MOE_REF_k2_bias_dl1_g4 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --bias-gamma 0.001 --device-limit 1 \
+    --ep-groups 4
 # the llama family (doc/moe.md, "Issue 15's routing options and the llama MoE"): SwiGLU experts without biases,
 # RMSNorm, RoPE and 2 key/value heads of 4 (head size 16, as LLAMA_REF_ARGS). The Mixtral shape (top-2 of 8 SwiGLU
 # experts dropless in every layer) and a SwiGLU shared expert beside sigmoid top-2 of 4 with drops every other layer

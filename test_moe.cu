@@ -4,8 +4,9 @@
 // parameter gradient (router and experts included) and the losses of 10 AdamW steps on that batch; with -ep N under
 // mpirun, also expert parallelism against degree 1; with -z 2 (and -oo), ZeRO-2 against ZeRO-1 bit for bit.
 //   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-cf CF] [-ra A] [-rz Z] [-ep N]
-//   [-z 0|1|2] [-oo 0|1]
-// (-cf, -ra, -rz, -rj, -rni, -rnl: the values the reference was written with). The model is train_moe.cu's and the
+//   [-z 0|1|2] [-oo 0|1] [-rb GAMMA] [-dl M]
+// (-cf, -ra, -rz, -rj, -rni, -rnl, -rb: the values the reference was written with; -dl M -ep G: its --device-limit M
+// --ep-groups G, the groups being the expert-parallel members, so a device-limited run is compared at -ep G only). The model is train_moe.cu's and the
 // test test_gpt.cu's (both included without their main), with the MoE checks below plugged in as its
 // TestExtension; test_gpt.cu states the tolerances.
 #define OMIT_TRAIN_MOE_MAIN
@@ -116,7 +117,7 @@ static float moe_gradient_multiplier(const GPT2* model, int i) {
 }
 
 // the settings the reference was written with (Makefile: MOE_REF_ARGS and its configurations)
-static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, 0.0f};
+static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, 0.0f, 0};
 static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value) {
     MoESettings* s = &test_moe_settings;
     if (!strcmp(flag, "-cf")) s->capacity_factor = s->capacity_factor_eval = atof(value);
@@ -127,6 +128,7 @@ static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value)
     else if (!strcmp(flag, "-rnl")) s->load_coef = (float)atof(value);
     else if (!strcmp(flag, "-ep")) t->ep_degree = atoi(value);
     else if (!strcmp(flag, "-rb")) s->bias_gamma = (float)atof(value);
+    else if (!strcmp(flag, "-dl")) s->device_limit = atoi(value);
     else return 0;
     return 1;
 }
@@ -214,12 +216,14 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
     const MoEReference* moe_ref = (const MoEReference*)ref->extension;
     float *biases_a = NULL, *biases_b = NULL;
     size_t n_biases = 0;
+    // a device limit's groups are the -ep members: its reference is matched at -ep G, and -ep 1 has no groups
+    int limited = test_moe_settings.device_limit > 0;
     if (moe_ref->biases != NULL) {
         n_biases = moe_ref->num_biases;
         biases_a = (float*)malloc_check((n_biases + 1) * sizeof(float));
         biases_b = (float*)malloc_check((n_biases + 1) * sizeof(float));
         float* losses = (float*)malloc_check(((size_t)ref->nsteps + 1) * sizeof(float));
-        moe_run_steps(t, 1, ref->x, ref->y, ref, mg, losses, NULL, NULL, biases_a, stream);
+        moe_run_steps(t, limited ? ep_degree : 1, ref->x, ref->y, ref, mg, losses, NULL, NULL, biases_a, stream);
         compare_biases("bias steps", "the reference's", biases_a, moe_ref->biases, n_biases,
                        test_moe_settings.bias_gamma);
         free(losses);
@@ -232,7 +236,10 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
     }
     float* losses_a = (float*)malloc_check(((size_t)ref->nsteps + 1) * sizeof(float));
     float* losses_b = (float*)malloc_check(((size_t)ref->nsteps + 1) * sizeof(float));
-    if (ep_degree > 1) {
+    if (limited && printing)
+        printf("device limit: -dl %d over the -ep %d groups, compared with the reference only (-ep 1 has no groups)\n",
+               test_moe_settings.device_limit, ep_degree);
+    if (ep_degree > 1 && !limited) {
         // the gradients read whole: ZeRO-0, no offload
         GPT2Test unsharded = *t;
         unsharded.zero_stage = 0;
@@ -321,7 +328,7 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
 static const TestExtension moe_test_extension = {
     "test_moe",
     " [-cf capacity factor] [-ra aux coefficient] [-rz z coefficient] [-rj jitter] [-rni importance coefficient] "
-    "[-rnl load coefficient] [-ep N]",
+    "[-rnl load coefficient] [-ep N] [-rb bias step] [-dl device limit]",
     moe_parse_test_flag, moe_attach, moe_read_reference, moe_check_forward, moe_gradient_multiplier,
     moe_extra_checks,
 };

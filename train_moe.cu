@@ -46,6 +46,7 @@ typedef struct {
     float init_scale;             // a descriptor's router and (shared) expert weights: GPT-2's std times
                                   // sqrt(init_scale)
     float bias_gamma;             // aux-loss-free balancing's step gamma (0: the bias, if any, stays fixed)
+    int device_limit;             // M: each token's experts within M of the -ep groups (0: no limit)
 } MoESettings;
 
 // The extension's slots in the model file (train_gpt.cu's PARAM_EXTENSION + slot): the routers' and the shared
@@ -284,6 +285,27 @@ static void moe_write_header(const GPT2* model, int* header) {
     }
 }
 
+// Device-limited routing (doc/moe.md, "Issue 15's routing options" 9 and 10): the groups are the expert-parallel
+// members, G = -ep; refused without groups, with M > G, with fewer than k experts in M groups, with noisy gating.
+static void moe_check_device_limit(const MoEModel* moe, const char* source) {
+    const MoEConfig* c = &moe->config;
+    int M = moe->settings.device_limit, G = moe->ep.degree;
+    if (M == 0) return;
+    const char* why = NULL;
+    char text[160];
+    if (G == 1) why = "needs expert groups: the groups are the expert-parallel members (-ep G > 1)";
+    else if (M > G) why = "is more than the expert groups (-ep)";
+    else if (M * (c->num_experts / G) < c->top_k) {
+        snprintf(text, sizeof(text), "groups of %d experts hold fewer than the top-k %d", c->num_experts / G,
+                 c->top_k);
+        why = text;
+    } else if (c->noisy_gating) why = "is not defined with noisy top-k gating (its threshold is over all E experts)";
+    if (why != NULL) {
+        fprintf(stderr, "-dl %d -ep %d (%s): device-limited routing %s\n", M, G, source, why);
+        exit(EXIT_FAILURE);
+    }
+}
+
 // Once the GPT-2 sizes are known: a descriptor's default expert hidden size (the dense MLP's), the checks of the MoE
 // shape, and (for a file's header) a size the file could hold at all, in double where nothing overflows.
 static void moe_configure(GPT2* model, const char* source) {
@@ -338,6 +360,7 @@ static void moe_configure(GPT2* model, const char* source) {
         exit(EXIT_FAILURE);
     }
     if (moe->settings.bias_gamma > 0.0f) c->balance_bias = 1;  // a model without biases starts them at 0
+    moe_check_device_limit(moe, source);
 }
 
 static int moe_replaces_mlp(const GPT2* model, int l) { return is_moe_layer(&moe_of(model)->config, l); }
@@ -1016,7 +1039,7 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     }
     const float* bias = moe->balance_bias != NULL ? moe->balance_bias + (size_t)m * E : NULL;
     moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, bias, N, E, K, c->score, c->routed_scale,
-                       stream);
+                       moe->ep.degree, moe->settings.device_limit, stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, a->slot_scratch, l.expert_index, N, E,
                      K, moe->capacity_used, moe->dropless, stream);
     moe_layer_row_counts_begin(model, &l, stream);
@@ -1433,9 +1456,10 @@ typedef struct {
     float routed_scale;
     int shared_experts, shared_hidden;
     float bias_gamma;
+    int device_limit;
 } MoEFlags;
 static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, "softmax", 1.0f,
-                             0, 0, 0.0f};
+                             0, 0, 0.0f, 0};
 static Flag moe_flag_table[] = {
     {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
     {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
@@ -1468,6 +1492,9 @@ static Flag moe_flag_table[] = {
     {"-rb", FLAG_FLOAT, &moe_flags.bias_gamma,
      "aux-loss-free balancing: each step moves a per-expert selection bias by GAMMA towards the mean load\n(sigmoid "
      "scores only; default = 0: off, a model file's bias stays fixed)", 0},
+    {"-dl", FLAG_INT, &moe_flags.device_limit,
+     "device-limited routing: each token's experts within the M expert-parallel groups (-ep) of its\nlargest "
+     "keys (default = 0: off)", 0},
 };
 
 // -rs's name -> MOE_SCORE_*, -1 when it is neither
@@ -1495,6 +1522,10 @@ static int moe_check_flags(void) {
     if (moe_score_of(f->score) < 0) { fprintf(stderr, "-rs %s: expected softmax or sigmoid\n", f->score); return 0; }
     if (!(isfinite(f->bias_gamma) && f->bias_gamma >= 0.0f)) {
         fprintf(stderr, "-rb %g: the balancing bias step must be finite and >= 0\n", f->bias_gamma);
+        return 0;
+    }
+    if (f->device_limit < 0) {
+        fprintf(stderr, "-dl %d: the device limit must be >= 0 (0: off)\n", f->device_limit);
         return 0;
     }
     if (!(isfinite(f->routed_scale) && f->routed_scale > 0.0f)) {
@@ -1544,7 +1575,7 @@ static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
     MoEConfig config = {f->num_experts, f->top_k, f->moe_every, f->expert_hidden, f->noisy_topk,
                         moe_score_of(f->score), f->routed_scale, f->shared_experts, f->shared_hidden, 0};
     MoESettings settings = {f->capacity_factor, f->capacity_factor_eval, f->aux_alpha, f->z_coef, f->router_jitter,
-                            f->importance_coef, f->load_coef, f->init_scale, f->bias_gamma};
+                            f->importance_coef, f->load_coef, f->init_scale, f->bias_gamma, f->device_limit};
     moe_model_init(&trainer_moe, &config, &settings);
     expert_parallel_init(&trainer_moe.ep, mg, f->expert_parallel);
     model->mlp_state = &trainer_moe;
@@ -1608,6 +1639,9 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
     if (moe->config.balance_bias)
         info_row(t, "balancing bias", moe->settings.bias_gamma > 0.0f ? "moves by %g per step (-rb)" : "fixed (-rb %g)",
                  moe->settings.bias_gamma);
+    if (moe->settings.device_limit > 0)
+        info_row(t, "device limit", "each token's experts within %d of %d groups of %d (-dl)",
+                 moe->settings.device_limit, moe->ep.degree, moe->local_experts);
 }
 
 // with expert parallelism every process of the group takes part in each forward pass

@@ -58,8 +58,14 @@
 // argmax over (logit, index) pairs with xor shuffles: the order is total, so every lane ends with the same winner.
 // With a balancing bias (sigmoid only; ibid. 4 and 6) the picks compare the keys a + bias[e] instead, one fp32
 // rounding, ties to the lower index again; the gates still take the affinities a, never the keys.
+// Device-limited routing (ibid. 9; group_limit M > 0): the experts are G = `groups` groups of E/G consecutive
+// indices; a group's score is its largest key, the M groups of largest score are kept (ties to the lower group, the
+// same warp argmax over (score, group)) and the picks skip every expert outside them, which starts them as taken.
+// probs, logsumexp and the gates' denominators are unchanged: they read the picks' own scores.
 // Floor: read N*E*4, write N*E*4 + N*k*8 + N*4 bytes; ~E*(10 + 5k) flops per token (sigmoid: E more exps):
-// memory-bound.
+// memory-bound. The device limit reads and writes nothing more; per token it adds G group maxima (E compares
+// spread over the lanes, then G warp max reductions of 5 shuffles) and M group picks (G compares, 5 shuffle pairs
+// each): ~E + 5G + M(G + 10) operations, at E = 256, G = 64, M = 4 under a tenth of the (10 + 5k)E above for k = 8.
 // The warp's best (value, expert) pair: the larger value, ties to the lower expert; INT_MAX marks a lane without a
 // candidate. Xor shuffles over a total order, so every lane ends with the same winner. Shared with the noisy
 // gating's threshold search (llmc/moe_noise.cuh).
@@ -84,12 +90,53 @@ __device__ inline void moe_warp_argmax(float* best, int* best_expert) {
 // sigmoid(x) in fp32, one definition for the forward and backward passes (the backward recomputes the affinities)
 __device__ inline float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// Device-limited routing's kept groups for one token (a warp; lane owns experts and groups lane + 32*i, G <= E):
+// returns the lane's bits i set for its experts outside the `limit` groups of largest best key, which the picks
+// then treat as taken (bit i: expert lane + 32*i already picked).
+template <int LOGITS_PER_LANE>
+__device__ inline unsigned int moe_outside_kept_groups(const float* key, int E, int groups, int limit) {
+    const int lane = threadIdx.x % 32;
+    const int group_size = E / groups;
+    float group_score[LOGITS_PER_LANE];
+    for (int g = 0; g < groups; g++) {
+        float best = -INFINITY;
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            const int e = lane + 32 * i;
+            if (e < E && e / group_size == g) best = fmaxf(best, key[i]);
+        }
+        best = warp_reduce_max(best);
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            if (lane + 32 * i == g) group_score[i] = best;
+        }
+    }
+    unsigned int group_taken = 0;  // bit i: group lane + 32*i already kept
+    unsigned int inside = 0;       // bit i: expert lane + 32*i lies in a kept group
+    for (int j = 0; j < limit; j++) {
+        float best = -INFINITY;
+        int best_group = INT_MAX;  // INT_MAX: no candidate
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            const int g = lane + 32 * i;
+            if (g < groups && !((group_taken >> i) & 1u) && (best_group == INT_MAX || group_score[i] > best)) {
+                best = group_score[i];
+                best_group = g;
+            }
+        }
+        moe_warp_argmax(&best, &best_group);
+        if (best_group % 32 == lane) group_taken |= 1u << (best_group / 32);
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            const int e = lane + 32 * i;
+            if (e < E && e / group_size == best_group) inside |= 1u << i;
+        }
+    }
+    return ~inside;
+}
+
 template <int LOGITS_PER_LANE>
 __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __restrict__ expert_index,
                                           float* __restrict__ gates, float* __restrict__ logsumexp,
                                           const float* __restrict__ logits,
                                           const float* __restrict__ balance_bias, int N, int E, int k, int score,
-                                          float routed_scale) {
+                                          float routed_scale, int groups, int group_limit) {
     const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (token >= N) return;  // the whole warp leaves together
     const int lane = threadIdx.x % 32;
@@ -136,7 +183,8 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
         key[i] = balance_bias != nullptr && e < E ? prob[i] + balance_bias[e] : logit[i];
     }
 
-    unsigned int taken = 0;  // bit i: expert lane + 32*i already picked
+    // bit i: expert lane + 32*i already picked, or (device limit) outside the kept groups
+    unsigned int taken = group_limit > 0 ? moe_outside_kept_groups<LOGITS_PER_LANE>(key, E, groups, group_limit) : 0;
     int my_pick = 0;          // lane j < k keeps the j-th pick and its prob
     float my_pick_prob = 0.0f;
     float picked_sum = 0.0f;
@@ -672,37 +720,46 @@ static int moe_warp_grid(size_t warps, int block_size) { return (int)CEIL_DIV(wa
 
 void moe_router_forward_launch(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits,
                                const float* balance_bias, int N, int E, int k, int score, float routed_scale,
-                               int block_size, cudaStream_t stream) {
+                               int groups, int group_limit, int block_size, cudaStream_t stream) {
     moe_require(E >= 1 && E <= MOE_MAX_EXPERTS && k >= 1 && k <= E && k <= MOE_MAX_TOP_K, "moe_router_forward",
                 "needs 1 <= k <= E <= 256 and k <= 32 (see moe_support)");
     moe_require(score == MOE_SCORE_SOFTMAX || score == MOE_SCORE_SIGMOID, "moe_router_forward",
                 "score must be MOE_SCORE_SOFTMAX or MOE_SCORE_SIGMOID");
     moe_require(balance_bias == nullptr || score == MOE_SCORE_SIGMOID, "moe_router_forward",
                 "a balancing bias needs sigmoid scores");
+    moe_require(group_limit == 0 || (groups >= 1 && E % groups == 0 && group_limit <= groups &&
+                                     group_limit * (E / groups) >= k), "moe_router_forward",
+                "a device limit M needs groups G dividing E, M <= G and M * E / G >= k");
     const int grid = moe_warp_grid(N, block_size);
     if (E <= 32) {
         moe_router_forward_kernel<1><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
-                                                                      balance_bias, N, E, k, score, routed_scale);
+                                                                      balance_bias, N, E, k, score, routed_scale,
+                                                                      groups, group_limit);
     } else if (E <= 64) {
         moe_router_forward_kernel<2><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
-                                                                      balance_bias, N, E, k, score, routed_scale);
+                                                                      balance_bias, N, E, k, score, routed_scale,
+                                                                      groups, group_limit);
     } else if (E <= 128) {
         moe_router_forward_kernel<4><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
-                                                                      balance_bias, N, E, k, score, routed_scale);
+                                                                      balance_bias, N, E, k, score, routed_scale,
+                                                                      groups, group_limit);
     } else {
         moe_router_forward_kernel<8><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
-                                                                      balance_bias, N, E, k, score, routed_scale);
+                                                                      balance_bias, N, E, k, score, routed_scale,
+                                                                      groups, group_limit);
     }
     cudaCheck(cudaGetLastError());
 }
 
 // logits (N, E) -> probs (N, E) (sigmoid: the normalised affinities), expert_index (N, k) in descending order of
-// the key, gates (N, k) (times routed_scale), logsumexp (N); balance_bias (E) or NULL (no bias: the key is the logit)
+// the key, gates (N, k) (times routed_scale), logsumexp (N); balance_bias (E) or NULL (no bias: the key is the logit);
+// group_limit M > 0: the picks among the M of the `groups` expert groups with the largest keys (device-limited
+// routing), 0: among all E
 void moe_router_forward(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits,
-                        const float* balance_bias, int N, int E, int k, int score, float routed_scale,
-                        cudaStream_t stream) {
+                        const float* balance_bias, int N, int E, int k, int score, float routed_scale, int groups,
+                        int group_limit, cudaStream_t stream) {
     moe_router_forward_launch(probs, expert_index, gates, logsumexp, logits, balance_bias, N, E, k, score,
-                              routed_scale, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
+                              routed_scale, groups, group_limit, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
 }
 
 // the bits of the largest expert index E - 1 (0 for E = 1): what moe_warp_peers compares

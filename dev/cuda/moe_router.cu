@@ -3,8 +3,10 @@
 // and their gates (the raw prob for k = 1, renormalised over the k picks for k >= 2); with sigmoid scores the
 // affinities sigmoid(logits), probs = the affinities over their sum, gates = the picked affinities renormalised
 // (k = 1 too), and with a balancing bias b (E) the picks compare the keys fp32(a + b) instead of the logits; either
-// way the gates times the routed scale rsf. doc/moe.md, "Routing" and "Issue 15's routing
-// options" 3 and 5, is the definition; the reference (moe_reference.h) is a plain double-precision loop over it.
+// way the gates times the routed scale rsf. With a device limit M over G groups of E/G consecutive experts the picks
+// are among the M groups of largest best key only. doc/moe.md, "Routing" and "Issue 15's routing options" 3, 4, 5
+// and 9, is the definition; the reference (moe_reference.h, and here its device-limited picks) is a plain
+// double-precision loop over it.
 // Build and run on the CPU backend (small sizes):
 //   make build/lab/moe_router_bf16   (build/lab/moe_router_fp32: the fp32 build)
 //   build/lab/moe_router_bf16 -s          (the fp32 build is the same: the router is fp32 either way)
@@ -13,12 +15,18 @@
 //                                  E = 64 with k = 6, sigmoid with rsf 2.5 (DeepSeek-V3's shape);
 //                                  -s: N = 69 with E = 4, k = 1 and 2, E = 40 k = 2, E = 200 k = 3, softmax; E = 4
 //                                  k = 1, E = 40 k = 2, E = 200 k = 3 sigmoid, and E = 4 k = 2 softmax, rsf 2.5;
-//                                  sigmoid with a balancing bias at E = 4 k = 1, E = 40 k = 2, E = 200 k = 3)
+//                                  sigmoid with a balancing bias at E = 4 k = 1, E = 40 k = 2, E = 200 k = 3;
+//                                  device-limited: E = 8 G 4 M 1 k 2 softmax and sigmoid + bias, E = 40 G 8 M 2
+//                                  k 3, E = 64 G 32 M 3 k 6 and E = 128 G 64 M 3 k 6 sigmoid + bias, E = 200 G 40
+//                                  M 2 k 3 softmax, E = 200 G 8 M 1 k 3 sigmoid; the full sizes add E = 8 G 4 M 1
+//                                  k 2 softmax and E = 64 G 8 M 3 k 6 sigmoid + bias)
 // Variants:
 //   1  one thread per token: serial loops over the row (max, sum, probs, k scans for the picks)
 //   2  llmc/moe.cuh moe_router_forward: one warp per token, shuffle reductions, one warp argmax per pick.
 //      The trainer's.
-// Floor (see llmc/moe.cuh): read N*E*4, write N*E*4 + N*k*8 + N*4 bytes (either score).
+// Floor (see llmc/moe.cuh): read N*E*4, write N*E*4 + N*k*8 + N*4 bytes (either score, with or without a device
+// limit, whose group maxima and picks are ~E + 5G + M(G + 10) operations per token, compute within a warp's
+// registers: the floor is the same bytes).
 #include "common.h"
 #include "../../llmc/moe.cuh"
 #include "moe_reference.h"
@@ -26,10 +34,11 @@
 // One thread per token. The picks come out in the order (logit descending, index ascending), so a candidate is
 // still free exactly when it comes after the previous pick in that order: no list of taken experts is needed.
 // Sigmoid scores overwrite the softmax probs with the affinities, then normalise them once the gates are taken.
-// With a balancing bias the order is (key descending, index ascending) on the keys affinity + bias.
+// With a balancing bias the order is (key descending, index ascending) on the keys affinity + bias. With a device
+// limit the kept groups are M scans over the groups' best keys, and a candidate must lie in one of them.
 __global__ void router_thread_per_token_kernel(float* probs, int* expert_index, float* gates, float* logsumexp,
                                                const float* logits, const float* bias, int N, int E, int k,
-                                               int score, float routed_scale) {
+                                               int score, float routed_scale, int groups, int group_limit) {
     const int token = blockIdx.x * blockDim.x + threadIdx.x;
     if (token >= N) return;
     const float* row = logits + (size_t)token * E;
@@ -47,6 +56,25 @@ __global__ void router_thread_per_token_kernel(float* probs, int* expert_index, 
             affinity_sum += prob[e];
         }
     }
+    // bit g % 32 of word g / 32: group g is kept; without a limit all E experts are one kept group
+    unsigned int kept[MOE_MAX_EXPERTS / 32] = {};
+    const int group_size = group_limit > 0 ? E / groups : E;
+    if (group_limit == 0) kept[0] = 1u;
+    for (int j = 0; j < group_limit; j++) {
+        int best_group = -1;
+        float best_score = 0.0f;
+        for (int g = 0; g < groups; g++) {
+            if ((kept[g / 32] >> (g % 32)) & 1u) continue;
+            float group_score = -INFINITY;
+            for (int e = g * group_size; e < (g + 1) * group_size; e++)
+                group_score = fmaxf(group_score, bias != nullptr ? prob[e] + bias[e] : row[e]);
+            if (best_group < 0 || group_score > best_score) {
+                best_group = g;
+                best_score = group_score;
+            }
+        }
+        kept[best_group / 32] |= 1u << (best_group % 32);
+    }
 
     float previous = INFINITY;
     int previous_expert = -1;
@@ -57,7 +85,9 @@ __global__ void router_thread_per_token_kernel(float* probs, int* expert_index, 
         for (int e = 0; e < E; e++) {
             const float key = bias != nullptr ? prob[e] + bias[e] : row[e];
             const bool free = key < previous || (key == previous && e > previous_expert);
-            if (free && (best_expert < 0 || key > best_key)) {
+            const int group = e / group_size;
+            const bool allowed = (kept[group / 32] >> (group % 32)) & 1u;
+            if (free && allowed && (best_expert < 0 || key > best_key)) {
                 best_expert = e;
                 best_key = key;
             }
@@ -86,17 +116,69 @@ struct RouterBuffers {
     float* bias;  // (E) or nullptr
 };
 
-static void run_variant(int variant, const RouterBuffers* d, int N, int E, int k, int score, float rsf,
-                        int block_size) {
+static void run_variant(int variant, const RouterBuffers* d, int N, int E, int k, int score, float rsf, int groups,
+                        int group_limit, int block_size) {
     if (variant == 1) {
         router_thread_per_token_kernel<<<CEIL_DIV(N, block_size), block_size>>>(d->probs, d->expert_index, d->gates,
                                                                                d->logsumexp, d->logits, d->bias, N, E,
-                                                                               k, score, rsf);
+                                                                               k, score, rsf, groups, group_limit);
         cudaCheck(cudaGetLastError());
     } else {
         moe_router_forward_launch(d->probs, d->expert_index, d->gates, d->logsumexp, d->logits, d->bias, N, E, k,
-                                  score, rsf, block_size, 0);
+                                  score, rsf, groups, group_limit, block_size, 0);
     }
+}
+
+// Device-limited routing's picks and gates (doc/moe.md, "Issue 15's routing options" 9) over those of
+// moe_router_reference (whose probs and logsumexp the limit leaves alone): per token the keys as the kernel compares
+// them (the fp32 logits, or fp32(a) + bias with a balancing bias), each group's best key, the `limit` groups of
+// largest best key (ties to the lower group), then top-k among their experts (ties to the lower index); the gates
+// from the double scores. Returns how many tokens' picks differ from the unlimited ones in `expert_index`.
+static int limit_reference_picks(std::vector<int>* expert_index, std::vector<float>* gates,
+                                 const std::vector<float>& logits, const float* bias, int N, int E, int k, int score,
+                                 float rsf, int groups, int limit) {
+    const int group_size = E / groups;
+    std::vector<double> s(E);
+    std::vector<float> key(E), group_score(groups);
+    std::vector<int> picks(k);
+    std::vector<char> kept(groups);
+    int changed = 0;
+    for (int t = 0; t < N; t++) {
+        const float* row = logits.data() + (size_t)t * E;
+        double lse;
+        if (score == MOE_SCORE_SIGMOID) moe_affinity_row(s.data(), row, E);
+        else moe_route_row(s.data(), &lse, (int*)nullptr, row, E, k);
+        for (int e = 0; e < E; e++) key[e] = bias != nullptr ? (float)s[e] + bias[e] : row[e];
+        for (int g = 0; g < groups; g++) {
+            group_score[g] = -INFINITY;
+            for (int e = g * group_size; e < (g + 1) * group_size; e++) group_score[g] = fmaxf(group_score[g], key[e]);
+            kept[g] = 0;
+        }
+        for (int j = 0; j < limit; j++) {
+            int best = -1;
+            for (int g = 0; g < groups; g++)
+                if (!kept[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+            kept[best] = 1;
+        }
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = !kept[e / group_size];
+                for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
+                if (!taken && (best < 0 || key[e] > key[best])) best = e;
+            }
+            picks[j] = best;
+        }
+        int* out = expert_index->data() + (size_t)t * k;
+        bool differs = false;
+        for (int j = 0; j < k; j++) differs = differs || out[j] != picks[j];
+        changed += differs;
+        for (int j = 0; j < k; j++) {
+            out[j] = picks[j];
+            (*gates)[(size_t)t * k + j] = (float)moe_gate(s.data(), picks.data(), j, k, score, rsf);
+        }
+    }
+    return changed;
 }
 
 // The balancing bias update (llmc/moe.cuh moe_add_counts, moe_balance_bias_update) against a host loop: two
@@ -139,20 +221,28 @@ static void check_balance_bias_update() {
 
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
-    struct Case { int N, E, k, score; float rsf; int bias; };
+    struct Case { int N, E, k, score; float rsf; int bias, groups, group_limit; };  // group_limit 0: no device limit
     const int SOFTMAX = MOE_SCORE_SOFTMAX, SIGMOID = MOE_SCORE_SIGMOID;
-    const Case full_cases[] = {{8 * 1024, 8, 1, SOFTMAX, 1.0f, 0}, {8 * 1024, 8, 2, SOFTMAX, 1.0f, 0},
-                               {8 * 1024, 64, 2, SOFTMAX, 1.0f, 0}, {8 * 1024, 64, 6, SIGMOID, 2.5f, 0},
-                               {8 * 1024, 64, 6, SIGMOID, 2.5f, 1}};
+    const Case full_cases[] = {{8 * 1024, 8, 1, SOFTMAX, 1.0f, 0},        {8 * 1024, 8, 2, SOFTMAX, 1.0f, 0},
+                               {8 * 1024, 64, 2, SOFTMAX, 1.0f, 0},       {8 * 1024, 64, 6, SIGMOID, 2.5f, 0},
+                               {8 * 1024, 64, 6, SIGMOID, 2.5f, 1},       {8 * 1024, 8, 2, SOFTMAX, 1.0f, 0, 4, 1},
+                               {8 * 1024, 64, 6, SIGMOID, 2.5f, 1, 8, 3}};
     // 69 = 3*23 tokens: warps of the warp variant's last block partly empty; E = 40 and 200 cover 2 and 8
     // logits per lane, with lanes that own fewer experts than others; sigmoid scores at each of those, top-1
-    // among them (its gate is rsf); the routed scale on softmax gates; a balancing bias at each width
+    // among them (its gate is rsf); the routed scale on softmax gates; a balancing bias at each width; device limits,
+    // all with M < k (with M >= k the k best experts lie in at most k groups, which are among the M best: the limit
+    // changes nothing): groups inside one lane's experts (E = 8, 40, 64), 64 groups of 2 (two groups per lane),
+    // groups of 5 across lanes (E = 200, G = 40) and one group of 25 kept; the rows of equal logits tie the groups
+    // too, to the lower one
     const Case small_cases[] = {{69, 4, 1, SOFTMAX, 1.0f, 0},   {69, 4, 2, SOFTMAX, 1.0f, 0},
                                 {69, 40, 2, SOFTMAX, 1.0f, 0},  {69, 200, 3, SOFTMAX, 1.0f, 0},
                                 {69, 4, 1, SIGMOID, 2.5f, 0},   {69, 40, 2, SIGMOID, 2.5f, 0},
                                 {69, 200, 3, SIGMOID, 2.5f, 0}, {69, 4, 2, SOFTMAX, 2.5f, 0},
                                 {69, 4, 1, SIGMOID, 1.0f, 1},   {69, 40, 2, SIGMOID, 2.5f, 1},
-                                {69, 200, 3, SIGMOID, 2.5f, 1}};
+                                {69, 200, 3, SIGMOID, 2.5f, 1}, {69, 8, 2, SOFTMAX, 1.0f, 0, 4, 1},
+                                {69, 8, 2, SIGMOID, 2.5f, 1, 4, 1}, {69, 40, 3, SIGMOID, 2.5f, 1, 8, 2},
+                                {69, 64, 6, SIGMOID, 2.5f, 1, 32, 3}, {69, 128, 6, SIGMOID, 2.5f, 1, 64, 3},
+                                {69, 200, 3, SOFTMAX, 1.0f, 0, 40, 2}, {69, 200, 3, SIGMOID, 1.0f, 0, 8, 1}};
     const Case* cases = args.small ? small_cases : full_cases;
     const int num_cases = args.small ? (int)(sizeof(small_cases) / sizeof(small_cases[0]))
                                      : (int)(sizeof(full_cases) / sizeof(full_cases[0]));
@@ -163,6 +253,7 @@ int main(int argc, char** argv) {
     for (int c = 0; c < num_cases; c++) {
         const int N = cases[c].N, E = cases[c].E, k = cases[c].k, score = cases[c].score;
         const float rsf = cases[c].rsf;
+        const int groups = cases[c].groups, group_limit = cases[c].group_limit;
         const size_t n = (size_t)N * E;
         std::vector<float> logits = moe_router_logits(N, E);
         std::vector<float> probs(n), gates((size_t)N * k), logsumexp(N);
@@ -173,6 +264,14 @@ int main(int argc, char** argv) {
         for (int e = 1; e < E; e += 2) bias[e] = bias[e - 1];
         const float* host_bias = cases[c].bias ? bias.data() : nullptr;
         moe_router_reference(&probs, &picks, &gates, &logsumexp, logits, host_bias, N, E, k, score, rsf);
+        char limit_name[64] = "";
+        if (group_limit > 0) {
+            const int changed = limit_reference_picks(&picks, &gates, logits, host_bias, N, E, k, score, rsf, groups,
+                                                      group_limit);
+            snprintf(limit_name, sizeof(limit_name), " G=%d M=%d", groups, group_limit);
+            printf("device limit G=%d M=%d: %d of %d tokens pick otherwise than without it\n", groups, group_limit,
+                   changed, N);
+        }
         const std::vector<float> expert_index = lab_as_floats(picks);
 
         RouterBuffers d;
@@ -184,14 +283,14 @@ int main(int argc, char** argv) {
         d.bias = host_bias != nullptr ? lab_to_device<float>(bias) : nullptr;
 
         const char* score_name = score == SIGMOID ? "sigmoid" : "softmax";
-        printf("N=%d E=%d k=%d %s rsf=%g%s\n", N, E, k, score_name, rsf, host_bias ? " bias" : "");
+        printf("N=%d E=%d k=%d %s rsf=%g%s%s\n", N, E, k, score_name, rsf, host_bias ? " bias" : "", limit_name);
         for (int variant = 1; variant <= 2; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
             cudaCheck(cudaMemset(d.probs, 0xff, n * sizeof(float)));
             cudaCheck(cudaMemset(d.expert_index, 0xff, (size_t)N * k * sizeof(int)));
             cudaCheck(cudaMemset(d.gates, 0xff, (size_t)N * k * sizeof(float)));
             cudaCheck(cudaMemset(d.logsumexp, 0xff, N * sizeof(float)));
-            run_variant(variant, &d, N, E, k, score, rsf, 256);
+            run_variant(variant, &d, N, E, k, score, rsf, groups, group_limit, 256);
             cudaCheck(cudaDeviceSynchronize());
             printf("variant %d\n", variant);
             // fp32 softmax from exact fp32 logits: max and subtraction exact, exp correctly rounded on the CPU
@@ -207,13 +306,16 @@ int main(int argc, char** argv) {
         }
 
         char sizes[64];
-        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d %s%s", N, E, k, score_name, host_bias ? " bias" : "");
+        snprintf(sizes, sizeof(sizes), "N=%d E=%d k=%d %s%s%s", N, E, k, score_name, host_bias ? " bias" : "",
+                 limit_name);
         lab_print_header("moe_router", sizes);
         const double bytes = 8.0 * n + 8.0 * N * k + 4.0 * N;
         for (int variant = 1; variant <= 2; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
             for (int block_size : block_sizes) {
-                float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, score, rsf, block_size); });
+                float ms = lab_time_ms(repeats, [&]() {
+                    run_variant(variant, &d, N, E, k, score, rsf, groups, group_limit, block_size);
+                });
                 lab_print_row(variant, block_size, ms, bytes, 0.0);
             }
         }

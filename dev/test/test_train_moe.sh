@@ -22,9 +22,10 @@
 #     llama MoE reference file trains;
 #   - bad inputs (-kv not dividing NH, -kv or -arch against the model file, a family word neither gpt2 nor llama,
 #     top-k above E, a file of the wrong kind, tokens the model lacks, -ne/-tk/-me/-eh/-rs/-rsf/-se/-seh against the
-#     model file or checkpoint, bad -rs, -rsf, -se, -seh and -rb, -rb with softmax scores, the MoE header words 24..29
-#     a reader refuses, biases the file lacks or that are not finite) get their one line; a corrupt expert state is
-#     named on -y 1.
+#     model file or checkpoint, bad -rs, -rsf, -se, -seh and -rb, -rb with softmax scores, -dl negative, without
+#     expert groups (-ep 1), above them, with fewer than k experts in its groups or with noisy gating, the MoE
+#     header words 24..29 a reader refuses, biases the file lacks or that are not finite) get their one line; a
+#     corrupt expert state is named on -y 1.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin,
 # build/ref/moe_k1_cf0.5_fp32_model.bin and build/ref/moe_llama_shared_fp32_model.bin (make test builds them).
 # Run from anywhere: dev/test/test_train_moe.sh
@@ -423,6 +424,16 @@ expect_error "-rb on a softmax model file" \
     "-rb 0.001: aux-loss-free balancing needs sigmoid scores (-rs sigmoid; $MOE_MODEL has softmax)" \
     "$TRAIN" "${COMMON[@]}" -b 2 -e "$MOE_MODEL" -rb 0.001
 expect_error "negative -se" "-se -1: expected 0 or more shared experts" "$TRAIN" "${COMMON[@]}" -e d2 -se -1
+expect_error "negative -dl" "-dl -1: the device limit must be >= 0 (0: off)" "$TRAIN" "${COMMON[@]}" -e d2 -dl -1
+expect_error "-dl without expert groups" "-dl 1 -ep 1 (d2): device-limited routing needs expert groups" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -et 32 -ne 4 -tk 1 -dl 1
+expect_error "-dl above the groups" "-dl 3 -ep 2 (d2): device-limited routing is more than the expert groups" \
+    $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -et 32 -ne 4 -tk 2 -ep 2 -dl 3
+expect_error "-dl groups with fewer than k experts" \
+    "-dl 1 -ep 2 (d2): device-limited routing groups of 2 experts hold fewer than the top-k 3" \
+    $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -et 32 -ne 4 -tk 3 -ep 2 -dl 1
+expect_error "-dl with noisy gating" "-dl 1 -ep 2 (d2): device-limited routing is not defined with noisy top-k gating" \
+    $MPIRUN -np 2 "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -et 32 -ne 4 -tk 2 -rn 1 -ep 2 -dl 1
 expect_error "shared hidden size not a multiple of 8" "d2: shared expert hidden size 12: their GEMMs need a positive multiple of 8" \
     "$TRAIN" "${COMMON[@]}" -e d2 -ev 263 -et 32 -se 1 -seh 12
 expect_error "-se against the file" "-se 1 -seh 0: the model file $MOE_MODEL has 0 shared experts of hidden size 0 (header words 25" \
