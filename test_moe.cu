@@ -15,12 +15,15 @@
 
 // The debug state's MoE part (after the loss): header[7] MoE layers, header[8] noisy gating; the aux and z losses
 // summed over the MoE layers, noisy gating's importance and load losses, then per layer the dropped choices and
-// the choices routed to each expert before dropping. With header[11] = 1 the balancing biases after each step
+// the choices routed to each expert before dropping. With header[9] = 1 the sequence-wise loss (summed over the MoE
+// layers) follows the other losses. With header[11] = 1 the balancing biases after each step
 // close the file (after the step losses that test_gpt.cu reads).
 typedef struct {
     float aux_loss, z_loss;
     int noisy;
     float importance_loss, load_loss;
+    int seq;             // header[9]: the sequence-wise loss is there
+    float seq_loss;
     int* dropped;        // (Lm)
     int* expert_counts;  // (Lm, E)
     float* biases;       // (nsteps, Lm, E) after each step's update, with header[11] = 1; else NULL
@@ -48,6 +51,18 @@ static void* moe_read_reference(FILE* f, const char* path, const int* header, co
         fread_check(&r->importance_loss, sizeof(float), 1, f, path);
         fread_check(&r->load_loss, sizeof(float), 1, f, path);
     }
+    r->seq = header[9];
+    float seq_alpha = moe_of(model)->settings.seq_alpha;
+    if (r->seq != (seq_alpha > 0.0f)) {
+        fprintf(stderr, "%s: header[9] = %d (the sequence-wise loss), but the test runs with -rsl %g: give -rsl the "
+                "reference's --seq-aux-alpha\n", path, header[9], seq_alpha);
+        exit(EXIT_FAILURE);
+    }
+    if (header[10] != 0) {
+        fprintf(stderr, "%s: header[10] = %d micro-batches; test_moe runs one\n", path, header[10]);
+        exit(EXIT_FAILURE);
+    }
+    if (r->seq) fread_check(&r->seq_loss, sizeof(float), 1, f, path);
     for (int m = 0; m < Lm; m++) {
         fread_check(&r->dropped[m], sizeof(int), 1, f, path);
         fread_check(r->expert_counts + (size_t)m * E, sizeof(int), E, f, path);
@@ -91,6 +106,7 @@ static void moe_check_forward(const GPT2* model, const ReferenceState* reference
         compare_value("imp loss", moe->importance_loss, ref->importance_loss, tol);
         compare_value("load loss", moe->load_loss, ref->load_loss, tol);
     }
+    if (ref->seq) compare_value("seq loss", moe->seq_loss, ref->seq_loss, tol);
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     long moved = 0, dropped_diff = 0, choices = (long)Lm * reference->B * reference->T * moe->config.top_k;
     for (int m = 0; m < Lm; m++) {
@@ -116,7 +132,7 @@ static float moe_gradient_multiplier(const GPT2* model, int i) {
 }
 
 // the settings the reference was written with (Makefile: MOE_REF_ARGS and its configurations)
-static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, 0.0f};
+static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, 0.0f, 0.0f};
 static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value) {
     MoESettings* s = &test_moe_settings;
     if (!strcmp(flag, "-cf")) s->capacity_factor = s->capacity_factor_eval = atof(value);
@@ -127,6 +143,7 @@ static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value)
     else if (!strcmp(flag, "-rnl")) s->load_coef = (float)atof(value);
     else if (!strcmp(flag, "-ep")) t->ep_degree = atoi(value);
     else if (!strcmp(flag, "-rb")) s->bias_gamma = (float)atof(value);
+    else if (!strcmp(flag, "-rsl")) s->seq_alpha = (float)atof(value);
     else return 0;
     return 1;
 }
@@ -321,7 +338,7 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
 static const TestExtension moe_test_extension = {
     "test_moe",
     " [-cf capacity factor] [-ra aux coefficient] [-rz z coefficient] [-rj jitter] [-rni importance coefficient] "
-    "[-rnl load coefficient] [-ep N]",
+    "[-rnl load coefficient] [-rb gamma] [-rsl seq coefficient] [-ep N]",
     moe_parse_test_flag, moe_attach, moe_read_reference, moe_check_forward, moe_gradient_multiplier,
     moe_extra_checks,
 };
