@@ -642,7 +642,8 @@ static void moe_allocate_activations(GPT2* model, int B, int T) {
         (void**)&a->expert_input, (void**)&a->expert_pre, (void**)&a->expert_act, (void**)&a->expert_output,
         (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_noise, (void**)&a->d_logits_x,
         (void**)&a->noise_partials, (void**)&a->slot_scratch, (void**)&a->loss_partials,
-        (void**)&a->seq_count, (void**)&a->seq_partials, (void**)&a->router_input, (void**)&a->scratch_own, (void**)&a->d_expert_hidden, (void**)&a->scratch_src, (void**)&a->bias_scratch,
+        (void**)&a->seq_count, (void**)&a->seq_partials, (void**)&a->router_input, (void**)&a->scratch_own,
+        (void**)&a->d_expert_hidden, (void**)&a->scratch_src, (void**)&a->bias_scratch,
         (void**)&a->shared_pre, (void**)&a->shared_act, (void**)&a->d_shared_hidden};
     char* p = (char*)moe->acts_memory;
     for (int i = 0; i < NUM_MOE_ACTIVATION_TENSORS; i++) {
@@ -735,7 +736,8 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
     l.losses = a->moe_stats + m * layer_stride(MOE_LAYER_LOSSES + 2 * E);
     l.importance = l.losses + MOE_LAYER_LOSSES;
     l.load = l.losses + MOE_LAYER_LOSSES + E;
-    l.seq_count = a->seq_count != NULL ? a->seq_count + m * layer_stride((size_t)model->batch_size * E) : NULL;
+    size_t seq_stride = layer_stride((size_t)model->batch_size * E);
+    l.seq_count = moe->settings.seq_alpha > 0.0f ? a->seq_count + m * seq_stride : NULL;
     l.expert_input = a->expert_input + m * OWN * C;
     l.expert_pre = a->expert_pre + m * OWN * moe_fc_width(model, H);
     l.expert_act = a->expert_act + (model->recompute >= 1 ? 0 : m * OWN * H);

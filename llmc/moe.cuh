@@ -600,7 +600,8 @@ __global__ void moe_router_losses_final_kernel(float* __restrict__ aux_and_z, co
 // Sequence-wise balance loss (doc/moe.md, "Issue 15's routing options" 7). The group's N tokens are S = N / T
 // sequences of T consecutive tokens; c[s, e] = sequence s's choices routed to e before dropping, f = c / (T*k) a
 // constant, P[s, e] = the mean over its tokens of probs (softmax probs, or the sigmoid affinities over their sum):
-//   seq = alpha * E * mean_s sum_e f[s, e] P[s, e] = alpha * E / (S*T*k*T) * sum_s sum_{t in s} sum_e c[s, e] probs[t, e]
+//   seq = alpha * E * mean_s sum_e f[s, e] P[s, e]
+//       = alpha * E / (S*T*k*T) * sum_s sum_{t in s} sum_e c[s, e] probs[t, e]
 //   d seq / d probs[t, e] = alpha * E * c[s(t), e] / (S*T*k*T)
 // Forward, deterministic: one block per sequence counts its choices (shared-memory int atomics: exact in any order),
 // writes them (the backward reads them) and reduces its weighted probs to partials[s]; one warp adds the partials
