@@ -166,6 +166,9 @@ MOE_REF_k1_bias_cf0.5 := $(MOE_SIGMOID) --topk 1 --moe-every 1 --cf 0.5 --bias-g
 # gradient has no other balance term that could hide a wrong one)
 MOE_REF_k2_seq_sigmoid := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --seq-aux-alpha 0.01
 MOE_REF_k1_seq_cf0.5 := --topk 1 --moe-every 1 --cf 0.5 --aux-alpha 0 --seq-aux-alpha 0.05
+# issue 15's global-batch balance loss (doc/moe.md, "Issue 15's routing options" 8) with one micro-batch: the
+# Switch loss (test_moe -rg 1 on one process, and on several with the reference batch on each)
+MOE_REF_k2_global_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --global-aux 1
 # the llama family (doc/moe.md, "Issue 15's routing options and the llama MoE"): SwiGLU experts without biases,
 # RMSNorm, RoPE and 2 key/value heads of 4 (head size 16, as LLAMA_REF_ARGS). The Mixtral shape (top-2 of 8 SwiGLU
 # experts dropless in every layer) and a SwiGLU shared expert beside sigmoid top-2 of 4 with drops every other layer
@@ -199,7 +202,9 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_llama_mixtral_fp32_debug_state.bin $(BUILD)/ref/moe_llama_mixtral_bf16_debug_state.bin \
              $(BUILD)/ref/moe_llama_shared_fp32_debug_state.bin $(BUILD)/ref/moe_llama_shared_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k2_seq_sigmoid_fp32_debug_state.bin $(BUILD)/ref/moe_k2_seq_sigmoid_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k1_seq_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_seq_cf0.5_bf16_debug_state.bin
+             $(BUILD)/ref/moe_k1_seq_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_seq_cf0.5_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k2_global_cf0.5_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k2_global_cf0.5_bf16_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
              $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \

@@ -4,10 +4,11 @@
 // parameter gradient (router and experts included) and the losses of 10 AdamW steps on that batch; with -ep N under
 // mpirun, also expert parallelism against degree 1; with -z 2 (and -oo), ZeRO-2 against ZeRO-1 bit for bit.
 //   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-cf CF] [-ra A] [-rz Z] [-ep N]
-//   [-z 0|1|2] [-oo 0|1]
-// (-cf, -ra, -rz, -rj, -rni, -rnl: the values the reference was written with). The model is train_moe.cu's and the
-// test test_gpt.cu's (both included without their main), with the MoE checks below plugged in as its
-// TestExtension; test_gpt.cu states the tolerances.
+//   [-z 0|1|2] [-oo 0|1] [-rb G] [-rsl A] [-rg 0|1]
+// with -rg 1 on several processes, also the global-batch loss against a hand computation (check_global_aux).
+// (-cf, -ra, -rz, -rj, -rni, -rnl, -rb, -rsl: the values the reference was written with). The model is
+// train_moe.cu's and the test test_gpt.cu's (both included without their main), with the MoE checks below plugged
+// in as its TestExtension; test_gpt.cu states the tolerances.
 #define OMIT_TRAIN_MOE_MAIN
 #include "train_moe.cu"
 #define OMIT_TEST_GPT_MAIN
@@ -132,7 +133,7 @@ static float moe_gradient_multiplier(const GPT2* model, int i) {
 }
 
 // the settings the reference was written with (Makefile: MOE_REF_ARGS and its configurations)
-static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, 0.0f, 0.0f};
+static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, 0.0f, 0.0f, 0};
 static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value) {
     MoESettings* s = &test_moe_settings;
     if (!strcmp(flag, "-cf")) s->capacity_factor = s->capacity_factor_eval = atof(value);
@@ -144,6 +145,7 @@ static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value)
     else if (!strcmp(flag, "-ep")) t->ep_degree = atoi(value);
     else if (!strcmp(flag, "-rb")) s->bias_gamma = (float)atof(value);
     else if (!strcmp(flag, "-rsl")) s->seq_alpha = (float)atof(value);
+    else if (!strcmp(flag, "-rg")) s->global_aux = atoi(value);
     else return 0;
     return 1;
 }
@@ -208,6 +210,49 @@ static void compare_biases(const char* label, const char* whose, const float* go
                "(allowed %.2e)\n", ok ? "OK  " : "FAIL", label, n, differ, whose, allowed, worst, allowed_diff);
 }
 
+// The global-batch loss (-rg 1) on P > 1 processes, each on its own batch: the Switch loss of a training pass
+// against a double-precision loop over its inputs, sum_m alpha * E * sum_e f_e * P_e with f_e = (the choices
+// routed to e on every process, the host's sum of each process's counts) / (P * N * k) and P_e the mean of this
+// process's probs. A loss that read this process's counts alone is off by the processes' difference in routing:
+// measured 3.8e-4 relative at the start (moe_k2_global_cf0.5, rank 0), above FP32's tolerance (the reference
+// comparison's, 1e-5) but within BF16's (2e-2), so this check tells the two apart in FP32 only.
+static void check_global_aux(const GPT2Test* t, const int* x, const int* y, int B, int T, const MultiGpuConfig* mg,
+                             cudaStream_t stream) {
+    GPT2Test unsharded = *t;
+    unsharded.zero_stage = 0;
+    unsharded.offload = 0;
+    GPT2 model;
+    build_test_model(&model, &unsharded, mg, t->ep_degree);
+    gpt2_allocate_activations(&model, B, T);
+    gpt2_allocate_optimizer(&model, 0);
+    test_gradient(&model, x, y, B, T, mg, stream);
+    MoEModel* moe = moe_of(&model);
+    moe_statistics(&model);
+    int Lm = num_moe_layers(&model), E = moe->config.num_experts, k = moe->config.top_k, N = B * T;
+    float* probs = (float*)malloc_check((size_t)N * E * sizeof(float));
+    double want = 0.0, local = 0.0;  // local: the same with this process's counts alone
+    for (int m = 0; m < Lm; m++) {
+        cudaCheck(cudaMemcpy(probs, moe_layer_activations(&model, m, N).probs, (size_t)N * E * sizeof(float),
+                             cudaMemcpyDeviceToHost));
+        for (int e = 0; e < E; e++) {
+            double count = multi_gpu_cpu_float_sum((float)moe->expert_counts_cpu[m * E + e], mg);  // exact: < 2^24
+            double mean_prob = 0.0;
+            for (int i = 0; i < N; i++) mean_prob += probs[(size_t)i * E + e];
+            mean_prob /= N;
+            want += (double)moe->settings.aux_alpha * E * count / ((double)mg->num_processes * N * k) * mean_prob;
+            local += (double)moe->settings.aux_alpha * E * moe->expert_counts_cpu[m * E + e] / ((double)N * k) *
+                     mean_prob;
+        }
+    }
+    free(probs);
+    float tol = PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f;
+    compare_value("global aux", moe->aux_loss, (float)want, tol);
+    if (printing)
+        printf("     global aux %.7f from the counts of all %d processes, %.7f from this process's alone\n", want,
+               mg->num_processes, local);
+    free_test_model(&model);
+}
+
 // The checks of -ep and -z, each process with its own batch (the reference batch with its tokens shifted by
 // 37 * rank, so that the processes route differently, a row that travels to the wrong process or comes back to the
 // wrong token changes the results, and a gradient slice never reduced over the processes differs from one that is).
@@ -249,6 +294,7 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
     }
     float* losses_a = (float*)malloc_check(((size_t)ref->nsteps + 1) * sizeof(float));
     float* losses_b = (float*)malloc_check(((size_t)ref->nsteps + 1) * sizeof(float));
+    if (test_moe_settings.global_aux && mg->num_processes > 1) check_global_aux(t, x, y, B, T, mg, stream);
     if (ep_degree > 1) {
         // the gradients read whole: ZeRO-0, no offload
         GPT2Test unsharded = *t;
@@ -338,7 +384,7 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
 static const TestExtension moe_test_extension = {
     "test_moe",
     " [-cf capacity factor] [-ra aux coefficient] [-rz z coefficient] [-rj jitter] [-rni importance coefficient] "
-    "[-rnl load coefficient] [-rb gamma] [-rsl seq coefficient] [-ep N]",
+    "[-rnl load coefficient] [-rb gamma] [-rsl seq coefficient] [-rg 0|1] [-ep N]",
     moe_parse_test_flag, moe_attach, moe_read_reference, moe_check_forward, moe_gradient_multiplier,
     moe_extra_checks,
 };

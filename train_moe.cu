@@ -47,6 +47,7 @@ typedef struct {
                                   // sqrt(init_scale)
     float bias_gamma;             // aux-loss-free balancing's step gamma (0: the bias, if any, stays fixed)
     float seq_alpha;              // the sequence-wise balance loss's coefficient (0: off)
+    int global_aux;               // 1: the Switch loss's f from the step's micro-batches so far on every process
 } MoESettings;
 
 // The extension's slots in the model file (train_gpt.cu's PARAM_EXTENSION + slot): the routers' and the shared
@@ -157,6 +158,13 @@ typedef struct {
     float* balance_bias;        // (Lm, E) device fp32, with config.balance_bias; else NULL
     int* step_loads;            // (Lm, E) device: the step's choices per expert before dropping, this process's
                                 // training passes (bias_gamma > 0); all-reduced over the processes at the update
+    // the global-batch balance loss (doc/moe.md, "Issue 15's routing options" 8; global_aux): the step's training
+    // passes so far, each MoE layer's choices per expert before dropping over them (this process's), and their sum
+    // over every process (what the Switch loss's f reads); the pass's aux coefficient (moe_begin_forward)
+    int global_passes;
+    int* global_local;          // (Lm, E) device
+    int* global_counts;         // (Lm, E) device, with more than one process (else global_local is the sum)
+    float aux_alpha_pass;
 } MoEModel;
 
 static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
@@ -430,6 +438,11 @@ static void moe_allocate_parameters(GPT2* model) {
         cudaCheck(cudaMalloc(&moe->step_loads, biases * sizeof(int)));
         cudaCheck(cudaMemset(moe->step_loads, 0, biases * sizeof(int)));
     }
+    if (moe->settings.global_aux) {
+        cudaCheck(cudaMalloc(&moe->global_local, biases * sizeof(int)));
+        cudaCheck(cudaMemset(moe->global_local, 0, biases * sizeof(int)));
+        if (model->num_processes > 1) cudaCheck(cudaMalloc(&moe->global_counts, biases * sizeof(int)));
+    }
 }
 
 // The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts.
@@ -671,6 +684,8 @@ static void moe_free(GPT2* model) {
     sharded_parameters_free(&moe->expert_store);
     cudaCheck(cudaFree(moe->balance_bias));
     cudaCheck(cudaFree(moe->step_loads));
+    cudaCheck(cudaFree(moe->global_local));
+    cudaCheck(cudaFree(moe->global_counts));
     cudaCheck(cudaFree(moe->acts_memory));
     free(moe->rows_own);
     if (moe->acts_memory) {
@@ -994,6 +1009,30 @@ static void moe_shared_backward(GPT2* model, int m, const MoEParameterTensors* l
     }
 }
 
+// The global-batch loss (training passes with -rg 1) is the Switch loss whose f_e counts the choices of the step's
+// micro-batches 0..j on every process, over (j + 1) * P * N * k choices: moe_router_losses and moe_router_backward
+// compute it from those counts with the coefficient aux_alpha / ((j + 1) * P), as they divide by N * k.
+static int moe_global_aux(const MoEModel* moe) { return moe->settings.global_aux && moe->training; }
+static const int* moe_global_counts(const GPT2* model, int m) {
+    const MoEModel* moe = moe_of(model);
+    return (moe->global_counts != NULL ? moe->global_counts : moe->global_local) + (size_t)m * moe->config.num_experts;
+}
+
+// The counts the Switch loss reads for MoE layer m: the pass's own, or (global-batch loss) this pass's added to the
+// step's running ones and those summed over every process (an all-reduce of E ints on the compute stream: integers,
+// the same sum on every process in any order)
+static const int* moe_aux_counts(GPT2* model, int m, const MoELayerActivations* l, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    if (!moe_global_aux(moe)) return l->expert_count;
+    int E = moe->config.num_experts;
+    int* local = moe->global_local + (size_t)m * E;
+    moe_add_counts(local, l->expert_count, E, stream);
+    if (moe->global_counts != NULL)
+        ncclCheck(ncclAllReduce(local, moe->global_counts + (size_t)m * E, E, ncclInt32, ncclSum,
+                                model->multi_gpu->nccl_comm, stream));
+    return moe_global_counts(model, m);
+}
+
 static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
@@ -1029,8 +1068,8 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
         expert_parallel_exchange(&moe->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
     moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
     moe_shared_forward(model, m, &lp, out, ln2, N, stream);
-    moe_router_losses(l.losses, a->loss_partials, l.probs, l.lse, l.expert_count, N, E, K, moe->settings.aux_alpha,
-                      moe->settings.z_coef, stream);
+    moe_router_losses(l.losses, a->loss_partials, l.probs, l.lse, moe_aux_counts(model, m, &l, stream), N, E, K,
+                      moe->aux_alpha_pass, moe->settings.z_coef, stream);
     if (c->noisy_gating) {
         moe_noisy_losses_forward(l.importance, l.load, l.losses + 2, a->noise_partials, l.clean, l.noise, l.logits,
                                  l.expert_index, l.gates, N, E, K, moe->settings.importance_coef, moe->settings.load_coef,
@@ -1091,9 +1130,10 @@ static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, float
     if (c->noisy_gating)
         moe_importance_backward(a->d_gates, l.importance, l.expert_index, N, E, K, moe->settings.importance_coef,
                                 moe->aux_grad_scale, stream);
-    moe_router_backward(a->d_logits, l.probs, l.logits, l.expert_index, l.gates, a->d_gates, l.lse, l.expert_count, N,
-                        E, K, c->score, c->routed_scale, moe->settings.aux_alpha, moe->settings.z_coef,
-                        moe->aux_grad_scale, stream);
+    const int* aux_counts = moe_global_aux(moe) ? moe_global_counts(model, m) : l.expert_count;
+    moe_router_backward(a->d_logits, l.probs, l.logits, l.expert_index, l.gates, a->d_gates, l.lse, aux_counts, N, E,
+                        K, c->score, c->routed_scale, moe->aux_alpha_pass, moe->settings.z_coef, moe->aux_grad_scale,
+                        stream);
     if (moe->settings.seq_alpha > 0.0f)
         moe_seq_loss_backward(a->d_logits, l.probs, l.logits, l.seq_count, N, moe->seq_tokens, E, K, c->score,
                               moe->settings.seq_alpha, moe->aux_grad_scale, stream);
@@ -1163,6 +1203,7 @@ static void moe_end_forward(GPT2* model, int N, cudaStream_t stream) {
     // the step's loads for the balancing bias: every training pass (micro-batch) of this process
     for (int m = 0; m < Lm && moe->training && moe->step_loads != NULL; m++)
         moe_add_counts(moe->step_loads + (size_t)m * E, moe_layer_activations(model, m, N).expert_count, E, stream);
+    if (moe_global_aux(moe)) moe->global_passes++;
 }
 
 static void moe_statistics(const GPT2* model) {
@@ -1348,6 +1389,9 @@ static void moe_begin_forward(GPT2* model, int N, float dlogits_scale) {
     // the sequence-wise loss's sequences: the forward pass is over (B, T) tokens, and T is what the activations were
     // sized for except in sampling, whose passes are over one sequence of N tokens
     moe->seq_tokens = N < model->seq_len ? N : model->seq_len;
+    moe->aux_alpha_pass = moe->settings.aux_alpha;
+    if (moe_global_aux(moe))
+        moe->aux_alpha_pass /= (float)(moe->global_passes + 1) * (float)model->num_processes;
 }
 
 static void moe_forward(GPT2* model, int l, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
@@ -1382,9 +1426,10 @@ typedef struct {
     int shared_experts, shared_hidden;
     float bias_gamma;
     float seq_alpha;
+    int global_aux;
 } MoEFlags;
 static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, "softmax", 1.0f,
-                             0, 0, 0.0f, 0.0f};
+                             0, 0, 0.0f, 0.0f, 0};
 static Flag moe_flag_table[] = {
     {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
     {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
@@ -1420,6 +1465,9 @@ static Flag moe_flag_table[] = {
     {"-rsl", FLAG_FLOAT, &moe_flags.seq_alpha,
      "sequence-wise balance loss coefficient ALPHA: the Switch loss per sequence, averaged over the sequences\n"
      "(DeepSeek-V3; default = 0: off)", 0},
+    {"-rg", FLAG_INT, &moe_flags.global_aux,
+     "global-batch balance loss: 1 = the Switch loss's expert fractions from the step's micro-batches so far on\n"
+     "every process (Qwen; default = 0: each micro-batch's own)", 0},
 };
 
 // -rs's name -> MOE_SCORE_*, -1 when it is neither
@@ -1451,6 +1499,10 @@ static int moe_check_flags(void) {
     }
     if (!(isfinite(f->seq_alpha) && f->seq_alpha >= 0.0f)) {
         fprintf(stderr, "-rsl %g: the sequence-wise loss coefficient must be finite and >= 0\n", f->seq_alpha);
+        return 0;
+    }
+    if (f->global_aux != 0 && f->global_aux != 1) {
+        fprintf(stderr, "-rg %d: expected 0 or 1\n", f->global_aux);
         return 0;
     }
     if (!(isfinite(f->routed_scale) && f->routed_scale > 0.0f)) {
@@ -1501,7 +1553,7 @@ static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
                         moe_score_of(f->score), f->routed_scale, f->shared_experts, f->shared_hidden, 0};
     MoESettings settings = {f->capacity_factor, f->capacity_factor_eval, f->aux_alpha, f->z_coef, f->router_jitter,
                             f->importance_coef, f->load_coef, f->init_scale, f->bias_gamma,
-                            f->seq_alpha};
+                            f->seq_alpha, f->global_aux};
     moe_model_init(&trainer_moe, &config, &settings);
     expert_parallel_init(&trainer_moe.ep, mg, f->expert_parallel);
     model->mlp_state = &trainer_moe;
@@ -1564,6 +1616,8 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
                  moe->config.shared_hidden);
     if (moe->settings.seq_alpha > 0.0f)
         info_row(t, "sequence-wise loss", "alpha %g (-rsl), in the aux field", moe->settings.seq_alpha);
+    if (moe->settings.global_aux)
+        info_row(t, "global-batch loss", "on (-rg 1): f from the step's micro-batches so far on every process");
     if (moe->config.balance_bias)
         info_row(t, "balancing bias", moe->settings.bias_gamma > 0.0f ? "moves by %g per step (-rb)" : "fixed (-rb %g)",
                  moe->settings.bias_gamma);
@@ -1572,12 +1626,22 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
 // with expert parallelism every process of the group takes part in each forward pass
 static int moe_collective_forward(const GPT2* model) { return moe_of(model)->ep.degree > 1; }
 
+// the global-batch loss's counts start again with each step (and after each update: test_gpt.cu's steps have no
+// step_begin)
+static void moe_global_aux_restart(GPT2* model, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    moe->global_passes = 0;
+    size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
+    if (moe->global_local != NULL) cudaCheck(cudaMemsetAsync(moe->global_local, 0, n * sizeof(int), stream));
+}
+
 static void moe_step_begin(GPT2* model) {
     MoEModel* moe = moe_of(model);
     moe->step_aux = moe->step_z = moe->step_drop = moe->step_load_cv = 0.0;
     // a step whose update was skipped (an outlier) leaves its loads behind: each step counts its own
     size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
     if (moe->step_loads != NULL) cudaCheck(cudaMemset(moe->step_loads, 0, n * sizeof(int)));
+    moe_global_aux_restart(model, 0);
 }
 static void moe_micro_step_done(GPT2* model) {
     MoEModel* moe = moe_of(model);
@@ -1607,6 +1671,7 @@ static void moe_log_step(const GPT2* model, Logger* logger, int step, int micro_
 // every process; then the loads start again from 0.
 static void moe_after_update(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
+    moe_global_aux_restart(model, stream);
     if (moe->step_loads == NULL) return;
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     if (mg->num_processes > 1)

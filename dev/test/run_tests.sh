@@ -344,6 +344,10 @@ run_test moe-fp32-k2-seq-sigmoid build/test_moe_fp32 build/ref/moe_k2_seq_sigmoi
 run_test moe-fp32-k1-seq-cf0.5 build/test_moe_fp32 build/ref/moe_k1_seq_cf0.5_fp32 -cf 0.5 -ra 0 -rsl 0.05 -r 2
 run_test moe-bf16-k2-seq-sigmoid build/test_moe_bf16 build/ref/moe_k2_seq_sigmoid_bf16 -cf 0 -rsl 0.01
 run_test moe-bf16-k1-seq-cf0.5 build/test_moe_bf16 build/ref/moe_k1_seq_cf0.5_bf16 -cf 0.5 -ra 0 -rsl 0.05
+# issue 15's global-batch balance loss with one micro-batch on one process: the Switch loss (Makefile,
+# MOE_REF_k2_global_cf0.5)
+run_test moe-fp32-k2-global build/test_moe_fp32 build/ref/moe_k2_global_cf0.5_fp32 -cf 0.5 -rg 1
+run_test moe-bf16-k2-global build/test_moe_bf16 build/ref/moe_k2_global_cf0.5_bf16 -cf 0.5 -rg 1
 # issue 15's shared experts (Makefile, MOE_REF_k1_shared_me2 and MOE_REF_k2_sigmoid_shared2): one beside top-1 with
 # drops every other layer, two beside sigmoid top-2 dropless in every layer; FP32 and BF16 at every recompute level,
 # the GELU fusions
@@ -376,6 +380,13 @@ run_test moe-fp32-bias-ep2-np2-z3 $MPIRUN -np 2 build/test_moe_fp32 build/ref/mo
 run_test moe-fp32-seq-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_seq_sigmoid_fp32 -cf 0 -rsl 0.01 -ep 2
 run_test moe-bf16-seq-ep2-np2-cf0.5 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_seq_cf0.5_bf16 -cf 0.5 -ra 0 \
     -rsl 0.05 -ep 2
+# the global-batch loss on 2 processes: against the reference (the reference batch on each), against a hand
+# computation from every process's counts (distinct batches), and -ep 2 as -ep 1
+run_test moe-fp32-global-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_global_cf0.5_fp32 -cf 0.5 -rg 1
+run_test moe-fp32-global-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_global_cf0.5_fp32 -cf 0.5 -rg 1 \
+    -ep 2
+run_test moe-bf16-global-ep2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k2_global_cf0.5_bf16 -cf 0.5 -rg 1 \
+    -ep 2
 # shared experts (replicated, data-parallel) beside experts shared out over a group of 2
 run_test moe-fp32-shared2-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_sigmoid_shared2_fp32 -cf 0 -ep 2
 run_test moe-bf16-shared-ep2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_shared_me2_bf16 -cf 0.5 -ep 2
@@ -457,6 +468,8 @@ run_test check-moe-fp32-bias-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 bui
 run_test check-moe-fp32-seq-sigmoid build/check/test_moe_fp32 build/ref/moe_k2_seq_sigmoid_fp32 -cf 0 -rsl 0.01
 run_test check-moe-bf16-seq-cf0.5-ep2-np2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_seq_cf0.5_bf16 \
     -cf 0.5 -ra 0 -rsl 0.05 -ep 2
+run_test check-moe-fp32-global-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k2_global_cf0.5_fp32 \
+    -cf 0.5 -rg 1 -ep 2
 run_test check-moe-bf16-bias-r0 build/check/test_moe_bf16 build/ref/moe_k2_bias_dropless_bf16 -cf 0 -rb 0.001 -r 0
 run_test check-moe-fp32-llama-mixtral-r0 build/check/test_moe_fp32 build/ref/moe_llama_mixtral_fp32 -cf 0 -r 0
 run_test check-moe-bf16-llama-shared-r1 build/check/test_moe_bf16 build/ref/moe_llama_shared_bf16 -cf 0.5 -r 1

@@ -21,7 +21,7 @@
 #     llama MoE reference file trains;
 #   - bad inputs (-kv not dividing NH, -kv or -arch against the model file, a family word neither gpt2 nor llama,
 #     top-k above E, a file of the wrong kind, tokens the model lacks, -ne/-tk/-me/-eh/-rs/-rsf/-se/-seh against the
-#     model file or checkpoint, bad -rs, -rsf, -se, -seh, -rb and -rsl, -rb with softmax scores, the MoE header
+#     model file or checkpoint, bad -rs, -rsf, -se, -seh, -rb, -rsl and -rg, -rb with softmax scores, the MoE header
 #     words 24..29 a reader refuses, biases the file lacks or that are not finite) get their one line; a corrupt
 #     expert state is named on -y 1.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin,
@@ -391,6 +391,7 @@ expect_error "negative -rb" "-rb -0.1: the balancing bias step must be finite an
 expect_error "-rb nan" "flag -rb: expected a number, got 'nan'" "$TRAIN" "${COMMON[@]}" -e d2 -rb nan
 expect_error "negative -rsl" "-rsl -0.01: the sequence-wise loss coefficient must be finite and >= 0" \
     "$TRAIN" "${COMMON[@]}" -e d2 -rsl -0.01
+expect_error "-rg 2" "-rg 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -e d2 -rg 2
 expect_error "-rb with softmax scores" "-rb 0.001: aux-loss-free balancing needs sigmoid scores" \
     "$TRAIN" "${COMMON[@]}" -e d2 -rb 0.001
 expect_error "-rb on a softmax model file" \
