@@ -175,6 +175,14 @@ MOE_REF_k3_dl2_g4_dropless_seed3 := $(MOE_REF_k3_dl2_g4_dropless) --seed 3
 MOE_REF_k2_dl1_g2_cf0.5_seed2 := $(MOE_REF_k2_dl1_g2_cf0.5) --seed 2
 MOE_REF_k2_bias_dl1_g4 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --bias-gamma 0.001 --device-limit 1 \
     --ep-groups 4
+# issue 15's sequence-wise balance loss (doc/moe.md, "Issue 15's routing options" 7): sigmoid top-2 of 8 dropless
+# beside the Switch loss (both alpha 0.01), and softmax top-1 with drops alone (Switch alpha 0, seq 0.05: the router's
+# gradient has no other balance term that could hide a wrong one)
+MOE_REF_k2_seq_sigmoid := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --seq-aux-alpha 0.01
+MOE_REF_k1_seq_cf0.5 := --topk 1 --moe-every 1 --cf 0.5 --aux-alpha 0 --seq-aux-alpha 0.05
+# issue 15's global-batch balance loss (doc/moe.md, "Issue 15's routing options" 8) with one micro-batch: the
+# Switch loss (test_moe -rg 1 on one process, and on several with the reference batch on each)
+MOE_REF_k2_global_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --global-aux 1
 # the llama family (doc/moe.md, "Issue 15's routing options and the llama MoE"): SwiGLU experts without biases,
 # RMSNorm, RoPE and 2 key/value heads of 4 (head size 16, as LLAMA_REF_ARGS). The Mixtral shape (top-2 of 8 SwiGLU
 # experts dropless in every layer) and a SwiGLU shared expert beside sigmoid top-2 of 4 with drops every other layer
@@ -206,7 +214,11 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_k2_sigmoid_shared2_fp32_debug_state.bin \
              $(BUILD)/ref/moe_k2_sigmoid_shared2_bf16_debug_state.bin \
              $(BUILD)/ref/moe_llama_mixtral_fp32_debug_state.bin $(BUILD)/ref/moe_llama_mixtral_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_llama_shared_fp32_debug_state.bin $(BUILD)/ref/moe_llama_shared_bf16_debug_state.bin
+             $(BUILD)/ref/moe_llama_shared_fp32_debug_state.bin $(BUILD)/ref/moe_llama_shared_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k2_seq_sigmoid_fp32_debug_state.bin $(BUILD)/ref/moe_k2_seq_sigmoid_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k1_seq_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_seq_cf0.5_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_k2_global_cf0.5_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k2_global_cf0.5_bf16_debug_state.bin
 # device-limited routing's references (MOE_REF_*_dl*)
 MOE_TESTS += $(BUILD)/ref/moe_k3_dl2_g4_dropless_fp32_debug_state.bin \
              $(BUILD)/ref/moe_k3_dl2_g4_dropless_seed3_bf16_debug_state.bin \

@@ -4,11 +4,12 @@
 // parameter gradient (router and experts included) and the losses of 10 AdamW steps on that batch; with -ep N under
 // mpirun, also expert parallelism against degree 1; with -z 2 (and -oo), ZeRO-2 against ZeRO-1 bit for bit.
 //   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-cf CF] [-ra A] [-rz Z] [-ep N]
-//   [-z 0|1|2] [-oo 0|1] [-rb GAMMA] [-dl M]
-// (-cf, -ra, -rz, -rj, -rni, -rnl, -rb: the values the reference was written with; -dl M -ep G: its --device-limit M
-// --ep-groups G, the groups being the expert-parallel members, so a device-limited run is compared at -ep G only). The model is train_moe.cu's and the
-// test test_gpt.cu's (both included without their main), with the MoE checks below plugged in as its
-// TestExtension; test_gpt.cu states the tolerances.
+//   [-z 0|1|2] [-oo 0|1] [-rb G] [-rsl A] [-rg 0|1] [-dl M]
+// with -rg 1 on several processes, also the global-batch loss against a hand computation (check_global_aux).
+// (-cf, -ra, -rz, -rj, -rni, -rnl, -rb, -rsl: the values the reference was written with; -dl M -ep G: its
+// --device-limit M --ep-groups G, the groups being the expert-parallel members, so a device-limited run is compared
+// at -ep G only). The model is train_moe.cu's and the test test_gpt.cu's (both included without their main), with
+// the MoE checks below plugged in as its TestExtension; test_gpt.cu states the tolerances.
 #define OMIT_TRAIN_MOE_MAIN
 #include "train_moe.cu"
 #define OMIT_TEST_GPT_MAIN
@@ -16,12 +17,15 @@
 
 // The debug state's MoE part (after the loss): header[7] MoE layers, header[8] noisy gating; the aux and z losses
 // summed over the MoE layers, noisy gating's importance and load losses, then per layer the dropped choices and
-// the choices routed to each expert before dropping. With header[11] = 1 the balancing biases after each step
+// the choices routed to each expert before dropping. With header[9] = 1 the sequence-wise loss (summed over the MoE
+// layers) follows the other losses. With header[11] = 1 the balancing biases after each step
 // close the file (after the step losses that test_gpt.cu reads).
 typedef struct {
     float aux_loss, z_loss;
     int noisy;
     float importance_loss, load_loss;
+    int seq;             // header[9]: the sequence-wise loss is there
+    float seq_loss;
     int* dropped;        // (Lm)
     int* expert_counts;  // (Lm, E)
     float* biases;       // (nsteps, Lm, E) after each step's update, with header[11] = 1; else NULL
@@ -49,6 +53,18 @@ static void* moe_read_reference(FILE* f, const char* path, const int* header, co
         fread_check(&r->importance_loss, sizeof(float), 1, f, path);
         fread_check(&r->load_loss, sizeof(float), 1, f, path);
     }
+    r->seq = header[9];
+    float seq_alpha = moe_of(model)->settings.seq_alpha;
+    if (r->seq != (seq_alpha > 0.0f)) {
+        fprintf(stderr, "%s: header[9] = %d (the sequence-wise loss), but the test runs with -rsl %g: give -rsl the "
+                "reference's --seq-aux-alpha\n", path, header[9], seq_alpha);
+        exit(EXIT_FAILURE);
+    }
+    if (header[10] != 0) {
+        fprintf(stderr, "%s: header[10] = %d micro-batches; test_moe runs one\n", path, header[10]);
+        exit(EXIT_FAILURE);
+    }
+    if (r->seq) fread_check(&r->seq_loss, sizeof(float), 1, f, path);
     for (int m = 0; m < Lm; m++) {
         fread_check(&r->dropped[m], sizeof(int), 1, f, path);
         fread_check(r->expert_counts + (size_t)m * E, sizeof(int), E, f, path);
@@ -92,6 +108,7 @@ static void moe_check_forward(const GPT2* model, const ReferenceState* reference
         compare_value("imp loss", moe->importance_loss, ref->importance_loss, tol);
         compare_value("load loss", moe->load_loss, ref->load_loss, tol);
     }
+    if (ref->seq) compare_value("seq loss", moe->seq_loss, ref->seq_loss, tol);
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     long moved = 0, dropped_diff = 0, choices = (long)Lm * reference->B * reference->T * moe->config.top_k;
     for (int m = 0; m < Lm; m++) {
@@ -117,7 +134,7 @@ static float moe_gradient_multiplier(const GPT2* model, int i) {
 }
 
 // the settings the reference was written with (Makefile: MOE_REF_ARGS and its configurations)
-static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, 0.0f, 0};
+static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, 0.0f, 0, 0.0f, 0};
 static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value) {
     MoESettings* s = &test_moe_settings;
     if (!strcmp(flag, "-cf")) s->capacity_factor = s->capacity_factor_eval = atof(value);
@@ -129,6 +146,8 @@ static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value)
     else if (!strcmp(flag, "-ep")) t->ep_degree = atoi(value);
     else if (!strcmp(flag, "-rb")) s->bias_gamma = (float)atof(value);
     else if (!strcmp(flag, "-dl")) s->device_limit = atoi(value);
+    else if (!strcmp(flag, "-rsl")) s->seq_alpha = (float)atof(value);
+    else if (!strcmp(flag, "-rg")) s->global_aux = atoi(value);
     else return 0;
     return 1;
 }
@@ -193,6 +212,49 @@ static void compare_biases(const char* label, const char* whose, const float* go
                "(allowed %.2e)\n", ok ? "OK  " : "FAIL", label, n, differ, whose, allowed, worst, allowed_diff);
 }
 
+// The global-batch loss (-rg 1) on P > 1 processes, each on its own batch: the Switch loss of a training pass
+// against a double-precision loop over its inputs, sum_m alpha * E * sum_e f_e * P_e with f_e = (the choices
+// routed to e on every process, the host's sum of each process's counts) / (P * N * k) and P_e the mean of this
+// process's probs. A loss that read this process's counts alone is off by the processes' difference in routing:
+// measured 3.8e-4 relative at the start (moe_k2_global_cf0.5, rank 0), above FP32's tolerance (the reference
+// comparison's, 1e-5) but within BF16's (2e-2), so this check tells the two apart in FP32 only.
+static void check_global_aux(const GPT2Test* t, const int* x, const int* y, int B, int T, const MultiGpuConfig* mg,
+                             cudaStream_t stream) {
+    GPT2Test unsharded = *t;
+    unsharded.zero_stage = 0;
+    unsharded.offload = 0;
+    GPT2 model;
+    build_test_model(&model, &unsharded, mg, t->ep_degree);
+    gpt2_allocate_activations(&model, B, T);
+    gpt2_allocate_optimizer(&model, 0);
+    test_gradient(&model, x, y, B, T, mg, stream);
+    MoEModel* moe = moe_of(&model);
+    moe_statistics(&model);
+    int Lm = num_moe_layers(&model), E = moe->config.num_experts, k = moe->config.top_k, N = B * T;
+    float* probs = (float*)malloc_check((size_t)N * E * sizeof(float));
+    double want = 0.0, local = 0.0;  // local: the same with this process's counts alone
+    for (int m = 0; m < Lm; m++) {
+        cudaCheck(cudaMemcpy(probs, moe_layer_activations(&model, m, N).probs, (size_t)N * E * sizeof(float),
+                             cudaMemcpyDeviceToHost));
+        for (int e = 0; e < E; e++) {
+            double count = multi_gpu_cpu_float_sum((float)moe->expert_counts_cpu[m * E + e], mg);  // exact: < 2^24
+            double mean_prob = 0.0;
+            for (int i = 0; i < N; i++) mean_prob += probs[(size_t)i * E + e];
+            mean_prob /= N;
+            want += (double)moe->settings.aux_alpha * E * count / ((double)mg->num_processes * N * k) * mean_prob;
+            local += (double)moe->settings.aux_alpha * E * moe->expert_counts_cpu[m * E + e] / ((double)N * k) *
+                     mean_prob;
+        }
+    }
+    free(probs);
+    float tol = PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f;
+    compare_value("global aux", moe->aux_loss, (float)want, tol);
+    if (printing)
+        printf("     global aux %.7f from the counts of all %d processes, %.7f from this process's alone\n", want,
+               mg->num_processes, local);
+    free_test_model(&model);
+}
+
 // The checks of -ep and -z, each process with its own batch (the reference batch with its tokens shifted by
 // 37 * rank, so that the processes route differently, a row that travels to the wrong process or comes back to the
 // wrong token changes the results, and a gradient slice never reduced over the processes differs from one that is).
@@ -239,6 +301,7 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
     if (limited && printing)
         printf("device limit: -dl %d over the -ep %d groups, compared with the reference only (-ep 1 has no groups)\n",
                test_moe_settings.device_limit, ep_degree);
+    if (test_moe_settings.global_aux && mg->num_processes > 1) check_global_aux(t, x, y, B, T, mg, stream);
     if (ep_degree > 1 && !limited) {
         // the gradients read whole: ZeRO-0, no offload
         GPT2Test unsharded = *t;
@@ -328,7 +391,7 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
 static const TestExtension moe_test_extension = {
     "test_moe",
     " [-cf capacity factor] [-ra aux coefficient] [-rz z coefficient] [-rj jitter] [-rni importance coefficient] "
-    "[-rnl load coefficient] [-ep N] [-rb bias step] [-dl device limit]",
+    "[-rnl load coefficient] [-ep N] [-rb gamma] [-rsl seq coefficient] [-rg 0|1] [-dl device limit]",
     moe_parse_test_flag, moe_attach, moe_read_reference, moe_check_forward, moe_gradient_multiplier,
     moe_extra_checks,
 };

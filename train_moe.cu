@@ -47,6 +47,8 @@ typedef struct {
                                   // sqrt(init_scale)
     float bias_gamma;             // aux-loss-free balancing's step gamma (0: the bias, if any, stays fixed)
     int device_limit;             // M: each token's experts within M of the -ep groups (0: no limit)
+    float seq_alpha;              // the sequence-wise balance loss's coefficient (0: off)
+    int global_aux;               // 1: the Switch loss's f from the step's micro-batches so far on every process
 } MoESettings;
 
 // The extension's slots in the model file (train_gpt.cu's PARAM_EXTENSION + slot): the routers' and the shared
@@ -91,7 +93,8 @@ typedef struct {
     int* row_choice;       // (Lm, Rsrc) the choice filling each row, -1 padding
     int* expert_count;     // (Lm, E) choices routed to each expert before dropping
     int* kept_count;       // (Lm, E) rows used
-    float* moe_stats;      // (Lm, 4 + 2E) the load-balancing, z, importance and load losses; Importance, Load (E)
+    float* moe_stats;      // (Lm, MOE_LAYER_LOSSES + 2E) the layer's losses (MoELayerActivations.losses);
+                           // noisy gating's Importance, Load (E)
     floatX* expert_input;  // (Lm, Rown, C)
     floatX* expert_pre;    // (Lm, Rown, H) pre-GELU; llama (Lm, Rown, 2H) SwiGLU's [gate | up]
     floatX* expert_act;    // (Lm or 1, Rown, H) GELU (SwiGLU) output (recomputed with -r >= 1)
@@ -104,6 +107,8 @@ typedef struct {
     float* noise_partials; // noisy gating's loss scratch (moe_noisy_losses_partials_size)
     int* slot_scratch;     // the slot assignment's per-tile counts (moe_assign_slots_scratch_size)
     float* loss_partials;  // the aux and z losses' partial sums (moe_router_losses_partials_size)
+    int* seq_count;        // (Lm, B, E) the sequence-wise loss's choices per sequence and expert (seq_alpha > 0)
+    float* seq_partials;   // (B) its per-sequence partial sums (seq_alpha > 0)
     floatX* router_input;  // (2, N, C) with jitter: the router's jittered input and its gradient
     floatX* scratch_own;   // (Rown, C) the expert output, then the gradients of the experts' output and input
     floatX* d_expert_hidden;  // (Rown, H)
@@ -113,7 +118,9 @@ typedef struct {
     floatX* shared_act;    // (Lm or 1, S, N, H_s) their GELU (SwiGLU) output (recomputed with -r >= 1)
     floatX* d_shared_hidden;  // (N, H_s)
 } MoEActivations;
-#define NUM_MOE_ACTIVATION_TENSORS 31
+#define NUM_MOE_ACTIVATION_TENSORS 33
+// per MoE layer: the load-balancing, z, importance, load and sequence-wise losses
+#define MOE_LAYER_LOSSES 5
 
 // The MoE extension's state (GPT2.mlp_state).
 typedef struct {
@@ -136,11 +143,13 @@ typedef struct {
     int* rows_own;              // (Lm, E) host: rows per (group member, local expert) in the expert layout
     float aux_loss, z_loss;     // summed over MoE layers
     float importance_loss, load_loss;  // noisy gating's, summed over MoE layers
+    float seq_loss;             // the sequence-wise balance loss, summed over MoE layers
+    int seq_tokens;             // T: the tokens of one sequence in the last forward pass (moe_begin_forward)
     float drop_fraction;        // dropped choices / all choices, over MoE layers
     float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
     int* expert_counts_cpu;     // (Lm, E) pinned host
     int* kept_counts_cpu;       // (Lm, E) pinned host
-    float* losses_cpu;          // (Lm, 4) pinned host: aux, z, importance, load of each MoE layer
+    float* losses_cpu;          // (Lm, MOE_LAYER_LOSSES) pinned host: aux, z, importance, load, seq of each layer
     cudaEvent_t statistics_copied;  // those are there once this has completed (moe_statistics)
     int statistics_tokens;      // N of the forward pass they are of; 0 once moe_statistics has read them
     // the training step's sums over micro-steps (the step line)
@@ -157,6 +166,13 @@ typedef struct {
     long long* window_loads;        // (Lm, E) host: the loads since the last validation
     int window_steps;               // the steps they are of
     int* quiet_steps;               // (Lm, E) host: steps in a row in which the expert had no token
+    // the global-batch balance loss (doc/moe.md, "Issue 15's routing options" 8; global_aux): the step's training
+    // passes so far, each MoE layer's choices per expert before dropping over them (this process's), and their sum
+    // over every process (what the Switch loss's f reads); the pass's aux coefficient (moe_begin_forward)
+    int global_passes;
+    int* global_local;          // (Lm, E) device
+    int* global_counts;         // (Lm, E) device, with more than one process (else global_local is the sum)
+    float aux_alpha_pass;
 } MoEModel;
 
 static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
@@ -457,6 +473,11 @@ static void moe_allocate_parameters(GPT2* model) {
     memset(moe->window_loads, 0, biases * sizeof(long long));
     moe->quiet_steps = (int*)malloc_check(biases * sizeof(int));
     memset(moe->quiet_steps, 0, biases * sizeof(int));
+    if (moe->settings.global_aux) {
+        cudaCheck(cudaMalloc(&moe->global_local, biases * sizeof(int)));
+        cudaCheck(cudaMemset(moe->global_local, 0, biases * sizeof(int)));
+        if (model->num_processes > 1) cudaCheck(cudaMalloc(&moe->global_counts, biases * sizeof(int)));
+    }
 }
 
 // The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts.
@@ -615,7 +636,7 @@ static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B,
     s[i++] = (Lm * rows_src) * sizeof(int);                    // row_choice
     s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // expert_count
     s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // kept_count
-    s[i++] = (Lm * layer_stride(4 + 2 * E)) * sizeof(float);   // moe_stats
+    s[i++] = (Lm * layer_stride(MOE_LAYER_LOSSES + 2 * E)) * sizeof(float);  // moe_stats
     s[i++] = (Lm * rows_own * C) * sizeof(floatX);             // expert_input
     s[i++] = (Lm * rows_own * moe_fc_width(model, H)) * sizeof(floatX);  // expert_pre
     s[i++] = ((recompute >= 1 ? 1 : Lm) * rows_own * H) * sizeof(floatX);  // expert_act
@@ -627,6 +648,9 @@ static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B,
     s[i++] = (noisy ? moe_noisy_losses_partials_size((int)E) : 0) * sizeof(float);  // noise_partials
     s[i++] = moe_assign_slots_scratch_size((int)N, (int)E, (int)K) * sizeof(int);   // slot_scratch
     s[i++] = moe_router_losses_partials_size() * sizeof(float);                     // loss_partials
+    size_t seq = moe->settings.seq_alpha > 0.0f;
+    s[i++] = (seq * Lm * layer_stride(B * E)) * sizeof(int);   // seq_count
+    s[i++] = (seq * B) * sizeof(float);                        // seq_partials
     s[i++] = (jitter * 2 * BTC) * sizeof(floatX);              // router_input
     s[i++] = (rows_own * C) * sizeof(floatX);                  // scratch_own
     s[i++] = (rows_own * H) * sizeof(floatX);                  // d_expert_hidden
@@ -665,8 +689,9 @@ static void moe_allocate_activations(GPT2* model, int B, int T) {
         (void**)&a->row_choice, (void**)&a->expert_count, (void**)&a->kept_count, (void**)&a->moe_stats,
         (void**)&a->expert_input, (void**)&a->expert_pre, (void**)&a->expert_act, (void**)&a->expert_output,
         (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_noise, (void**)&a->d_logits_x,
-        (void**)&a->noise_partials, (void**)&a->slot_scratch, (void**)&a->loss_partials, (void**)&a->router_input,
-        (void**)&a->scratch_own, (void**)&a->d_expert_hidden, (void**)&a->scratch_src, (void**)&a->bias_scratch,
+        (void**)&a->noise_partials, (void**)&a->slot_scratch, (void**)&a->loss_partials,
+        (void**)&a->seq_count, (void**)&a->seq_partials, (void**)&a->router_input, (void**)&a->scratch_own,
+        (void**)&a->d_expert_hidden, (void**)&a->scratch_src, (void**)&a->bias_scratch,
         (void**)&a->shared_pre, (void**)&a->shared_act, (void**)&a->d_shared_hidden};
     char* p = (char*)moe->acts_memory;
     for (int i = 0; i < NUM_MOE_ACTIVATION_TENSORS; i++) {
@@ -676,7 +701,7 @@ static void moe_allocate_activations(GPT2* model, int B, int T) {
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     cudaCheck(cudaMallocHost((void**)&moe->expert_counts_cpu, (size_t)Lm * E * sizeof(int)));
     cudaCheck(cudaMallocHost((void**)&moe->kept_counts_cpu, (size_t)Lm * E * sizeof(int)));
-    cudaCheck(cudaMallocHost((void**)&moe->losses_cpu, (size_t)4 * Lm * sizeof(float)));
+    cudaCheck(cudaMallocHost((void**)&moe->losses_cpu, (size_t)MOE_LAYER_LOSSES * Lm * sizeof(float)));
     cudaCheck(cudaEventCreateWithFlags(&moe->statistics_copied, cudaEventDisableTiming));
     cudaCheck(cudaMallocHost((void**)&moe->rows_src, (size_t)Lm * E * sizeof(int)));
     moe->rows_own = (int*)malloc_check((size_t)Lm * E * sizeof(int));
@@ -700,6 +725,8 @@ static void moe_free(GPT2* model) {
     }
     free(moe->window_loads);
     free(moe->quiet_steps);
+    cudaCheck(cudaFree(moe->global_local));
+    cudaCheck(cudaFree(moe->global_counts));
     cudaCheck(cudaFree(moe->acts_memory));
     free(moe->rows_own);
     if (moe->acts_memory) {
@@ -731,7 +758,8 @@ typedef struct {
     int* row_choice;
     int* expert_count;
     int* kept_count;
-    float* losses;        // (4) aux, z, importance, load
+    float* losses;        // (MOE_LAYER_LOSSES) aux, z, importance, load, seq
+    int* seq_count;       // (N / T, E) the sequence-wise loss's
     float* importance;    // (E) noisy gating
     float* load;          // (E) noisy gating
     floatX* expert_input;
@@ -761,9 +789,11 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
     l.row_choice = a->row_choice + m * SRC;
     l.expert_count = a->expert_count + m * layer_stride(E);
     l.kept_count = a->kept_count + m * layer_stride(E);
-    l.losses = a->moe_stats + m * layer_stride(4 + 2 * E);
-    l.importance = l.losses + 4;
-    l.load = l.losses + 4 + E;
+    l.losses = a->moe_stats + m * layer_stride(MOE_LAYER_LOSSES + 2 * E);
+    l.importance = l.losses + MOE_LAYER_LOSSES;
+    l.load = l.losses + MOE_LAYER_LOSSES + E;
+    size_t seq_stride = layer_stride((size_t)model->batch_size * E);
+    l.seq_count = moe->settings.seq_alpha > 0.0f ? a->seq_count + m * seq_stride : NULL;
     l.expert_input = a->expert_input + m * OWN * C;
     l.expert_pre = a->expert_pre + m * OWN * moe_fc_width(model, H);
     l.expert_act = a->expert_act + (model->recompute >= 1 ? 0 : m * OWN * H);
@@ -1020,6 +1050,30 @@ static void moe_shared_backward(GPT2* model, int m, const MoEParameterTensors* l
     }
 }
 
+// The global-batch loss (training passes with -rg 1) is the Switch loss whose f_e counts the choices of the step's
+// micro-batches 0..j on every process, over (j + 1) * P * N * k choices: moe_router_losses and moe_router_backward
+// compute it from those counts with the coefficient aux_alpha / ((j + 1) * P), as they divide by N * k.
+static int moe_global_aux(const MoEModel* moe) { return moe->settings.global_aux && moe->training; }
+static const int* moe_global_counts(const GPT2* model, int m) {
+    const MoEModel* moe = moe_of(model);
+    return (moe->global_counts != NULL ? moe->global_counts : moe->global_local) + (size_t)m * moe->config.num_experts;
+}
+
+// The counts the Switch loss reads for MoE layer m: the pass's own, or (global-batch loss) this pass's added to the
+// step's running ones and those summed over every process (an all-reduce of E ints on the compute stream: integers,
+// the same sum on every process in any order)
+static const int* moe_aux_counts(GPT2* model, int m, const MoELayerActivations* l, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    if (!moe_global_aux(moe)) return l->expert_count;
+    int E = moe->config.num_experts;
+    int* local = moe->global_local + (size_t)m * E;
+    moe_add_counts(local, l->expert_count, E, stream);
+    if (moe->global_counts != NULL)
+        ncclCheck(ncclAllReduce(local, moe->global_counts + (size_t)m * E, E, ncclInt32, ncclSum,
+                                model->multi_gpu->nccl_comm, stream));
+    return moe_global_counts(model, m);
+}
+
 static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
@@ -1055,8 +1109,8 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
         expert_parallel_exchange(&moe->ep, l.expert_output, expert_output, l.rows_src, l.rows_own, E, C, 0, stream);
     moe_combine(out, l.expert_output, l.choice_row, l.gates, N, K, C, stream);
     moe_shared_forward(model, m, &lp, out, ln2, N, stream);
-    moe_router_losses(l.losses, a->loss_partials, l.probs, l.lse, l.expert_count, N, E, K, moe->settings.aux_alpha,
-                      moe->settings.z_coef, stream);
+    moe_router_losses(l.losses, a->loss_partials, l.probs, l.lse, moe_aux_counts(model, m, &l, stream), N, E, K,
+                      moe->aux_alpha_pass, moe->settings.z_coef, stream);
     if (c->noisy_gating) {
         moe_noisy_losses_forward(l.importance, l.load, l.losses + 2, a->noise_partials, l.clean, l.noise, l.logits,
                                  l.expert_index, l.gates, N, E, K, moe->settings.importance_coef, moe->settings.load_coef,
@@ -1064,6 +1118,11 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     } else {
         cudaCheck(cudaMemsetAsync(l.losses + 2, 0, 2 * sizeof(float), stream));
     }
+    if (moe->settings.seq_alpha > 0.0f)
+        moe_seq_losses(l.losses + 4, l.seq_count, a->seq_partials, l.probs, l.expert_index, N, moe->seq_tokens, E, K,
+                       moe->settings.seq_alpha, stream);
+    else
+        cudaCheck(cudaMemsetAsync(l.losses + 4, 0, sizeof(float), stream));
 }
 
 // Where the backward pass of model layer l (MoE layer m) accumulates its gradients: in the sets' gradient buffers,
@@ -1112,9 +1171,13 @@ static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, float
     if (c->noisy_gating)
         moe_importance_backward(a->d_gates, l.importance, l.expert_index, N, E, K, moe->settings.importance_coef,
                                 moe->aux_grad_scale, stream);
-    moe_router_backward(a->d_logits, l.probs, l.logits, l.expert_index, l.gates, a->d_gates, l.lse, l.expert_count, N,
-                        E, K, c->score, c->routed_scale, moe->settings.aux_alpha, moe->settings.z_coef,
-                        moe->aux_grad_scale, stream);
+    const int* aux_counts = moe_global_aux(moe) ? moe_global_counts(model, m) : l.expert_count;
+    moe_router_backward(a->d_logits, l.probs, l.logits, l.expert_index, l.gates, a->d_gates, l.lse, aux_counts, N, E,
+                        K, c->score, c->routed_scale, moe->aux_alpha_pass, moe->settings.z_coef, moe->aux_grad_scale,
+                        stream);
+    if (moe->settings.seq_alpha > 0.0f)
+        moe_seq_loss_backward(a->d_logits, l.probs, l.logits, l.seq_count, N, moe->seq_tokens, E, K, c->score,
+                              moe->settings.seq_alpha, moe->aux_grad_scale, stream);
     if (c->noisy_gating)
         moe_noisy_backward(a->d_logits, a->d_noise, a->d_logits, l.clean, l.noise, l.logits, l.expert_index, l.load, N,
                            E, K, moe->settings.load_coef, moe->aux_grad_scale,
@@ -1169,8 +1232,8 @@ static void moe_end_forward(GPT2* model, int N, cudaStream_t stream) {
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     for (int m = 0; m < Lm; m++) {
         MoELayerActivations l = moe_layer_activations(model, m, N);
-        cudaCheck(cudaMemcpyAsync(moe->losses_cpu + 4 * m, l.losses, 4 * sizeof(float), cudaMemcpyDeviceToHost,
-                                  stream));
+        cudaCheck(cudaMemcpyAsync(moe->losses_cpu + MOE_LAYER_LOSSES * m, l.losses, MOE_LAYER_LOSSES * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemcpyAsync(moe->expert_counts_cpu + m * E, l.expert_count, E * sizeof(int),
                                   cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemcpyAsync(moe->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int), cudaMemcpyDeviceToHost,
@@ -1181,6 +1244,7 @@ static void moe_end_forward(GPT2* model, int N, cudaStream_t stream) {
     // the step's loads for the balancing bias: every training pass (micro-batch) of this process
     for (int m = 0; m < Lm && moe->training; m++)
         moe_add_counts(moe->step_loads + (size_t)m * E, moe_layer_activations(model, m, N).expert_count, E, stream);
+    if (moe_global_aux(moe)) moe->global_passes++;
 }
 
 static void moe_statistics(const GPT2* model) {
@@ -1190,13 +1254,15 @@ static void moe_statistics(const GPT2* model) {
     moe->statistics_tokens = 0;
     cudaCheck(cudaEventSynchronize(moe->statistics_copied));
     int Lm = num_moe_layers(model);
-    moe->aux_loss = moe->z_loss = moe->importance_loss = moe->load_loss = 0.0f;
+    moe->aux_loss = moe->z_loss = moe->importance_loss = moe->load_loss = moe->seq_loss = 0.0f;
     double drop = 0.0, load_min = 1e30, load_max = 0.0, cv = 0.0;
     for (int m = 0; m < Lm; m++) {
-        moe->aux_loss += moe->losses_cpu[4 * m];
-        moe->z_loss += moe->losses_cpu[4 * m + 1];
-        moe->importance_loss += moe->losses_cpu[4 * m + 2];
-        moe->load_loss += moe->losses_cpu[4 * m + 3];
+        const float* losses = moe->losses_cpu + MOE_LAYER_LOSSES * m;
+        moe->aux_loss += losses[0];
+        moe->z_loss += losses[1];
+        moe->importance_loss += losses[2];
+        moe->load_loss += losses[3];
+        moe->seq_loss += losses[4];
         MoELayerStatistics st = moe_layer_statistics(model, m, N);
         drop += st.drop_fraction;
         load_min = fmin(load_min, st.load_min);
@@ -1354,9 +1420,9 @@ static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step)
     char* line = (char*)malloc_check(line_size);
     for (int m = 0; m < num_moe_layers(model); m++) {
         MoELayerStatistics st = moe_layer_statistics(model, m, N);
-        // aux: every balancing loss of the layer (Switch's, and noisy gating's importance and load losses)
-        const float* losses = moe->losses_cpu + 4 * m;
-        float aux = losses[0] + losses[2] + losses[3], z = losses[1];
+        // aux: every balancing loss of the layer (Switch's, noisy gating's importance and load, the sequence-wise)
+        const float* losses = moe->losses_cpu + MOE_LAYER_LOSSES * m;
+        float aux = losses[0] + losses[2] + losses[3] + losses[4], z = losses[1];
         const long long* loads = moe->window_loads + (size_t)m * E;
         long long total = 0;
         int dead = 0, histogram[MOE_HISTOGRAM_BINS] = {0};
@@ -1423,6 +1489,12 @@ static void moe_begin_forward(GPT2* model, int N, float dlogits_scale) {
     moe->dropless = cf <= 0.0;
     moe->training = dlogits_scale > 0.0f;
     moe->aux_grad_scale = dlogits_scale * N;
+    // the sequence-wise loss's sequences: the forward pass is over (B, T) tokens, and T is what the activations were
+    // sized for except in sampling, whose passes are over one sequence of N tokens
+    moe->seq_tokens = N < model->seq_len ? N : model->seq_len;
+    moe->aux_alpha_pass = moe->settings.aux_alpha;
+    if (moe_global_aux(moe))
+        moe->aux_alpha_pass /= (float)(moe->global_passes + 1) * (float)model->num_processes;
 }
 
 static void moe_forward(GPT2* model, int l, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
@@ -1457,9 +1529,11 @@ typedef struct {
     int shared_experts, shared_hidden;
     float bias_gamma;
     int device_limit;
+    float seq_alpha;
+    int global_aux;
 } MoEFlags;
 static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, "softmax", 1.0f,
-                             0, 0, 0.0f, 0};
+                             0, 0, 0.0f, 0, 0.0f, 0};
 static Flag moe_flag_table[] = {
     {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
     {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
@@ -1495,6 +1569,12 @@ static Flag moe_flag_table[] = {
     {"-dl", FLAG_INT, &moe_flags.device_limit,
      "device-limited routing: each token's experts within the M expert-parallel groups (-ep) of its\nlargest "
      "keys (default = 0: off)", 0},
+    {"-rsl", FLAG_FLOAT, &moe_flags.seq_alpha,
+     "sequence-wise balance loss coefficient ALPHA: the Switch loss per sequence, averaged over the sequences\n"
+     "(DeepSeek-V3; default = 0: off)", 0},
+    {"-rg", FLAG_INT, &moe_flags.global_aux,
+     "global-batch balance loss: 1 = the Switch loss's expert fractions from the step's micro-batches so far on\n"
+     "every process (Qwen; default = 0: each micro-batch's own)", 0},
 };
 
 // -rs's name -> MOE_SCORE_*, -1 when it is neither
@@ -1526,6 +1606,14 @@ static int moe_check_flags(void) {
     }
     if (f->device_limit < 0) {
         fprintf(stderr, "-dl %d: the device limit must be >= 0 (0: off)\n", f->device_limit);
+        return 0;
+    }
+    if (!(isfinite(f->seq_alpha) && f->seq_alpha >= 0.0f)) {
+        fprintf(stderr, "-rsl %g: the sequence-wise loss coefficient must be finite and >= 0\n", f->seq_alpha);
+        return 0;
+    }
+    if (f->global_aux != 0 && f->global_aux != 1) {
+        fprintf(stderr, "-rg %d: expected 0 or 1\n", f->global_aux);
         return 0;
     }
     if (!(isfinite(f->routed_scale) && f->routed_scale > 0.0f)) {
@@ -1575,7 +1663,8 @@ static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
     MoEConfig config = {f->num_experts, f->top_k, f->moe_every, f->expert_hidden, f->noisy_topk,
                         moe_score_of(f->score), f->routed_scale, f->shared_experts, f->shared_hidden, 0};
     MoESettings settings = {f->capacity_factor, f->capacity_factor_eval, f->aux_alpha, f->z_coef, f->router_jitter,
-                            f->importance_coef, f->load_coef, f->init_scale, f->bias_gamma, f->device_limit};
+                            f->importance_coef, f->load_coef, f->init_scale, f->bias_gamma, f->device_limit,
+                            f->seq_alpha, f->global_aux};
     moe_model_init(&trainer_moe, &config, &settings);
     expert_parallel_init(&trainer_moe.ep, mg, f->expert_parallel);
     model->mlp_state = &trainer_moe;
@@ -1636,6 +1725,10 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
     if (moe->config.shared_experts > 0)
         info_row(t, "shared experts", "%d per MoE layer, hidden size %d", moe->config.shared_experts,
                  moe->config.shared_hidden);
+    if (moe->settings.seq_alpha > 0.0f)
+        info_row(t, "sequence-wise loss", "alpha %g (-rsl), in the aux field", moe->settings.seq_alpha);
+    if (moe->settings.global_aux)
+        info_row(t, "global-batch loss", "on (-rg 1): f from the step's micro-batches so far on every process");
     if (moe->config.balance_bias)
         info_row(t, "balancing bias", moe->settings.bias_gamma > 0.0f ? "moves by %g per step (-rb)" : "fixed (-rb %g)",
                  moe->settings.bias_gamma);
@@ -1647,18 +1740,28 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
 // with expert parallelism every process of the group takes part in each forward pass
 static int moe_collective_forward(const GPT2* model) { return moe_of(model)->ep.degree > 1; }
 
+// the global-batch loss's counts start again with each step (and after each update: test_gpt.cu's steps have no
+// step_begin)
+static void moe_global_aux_restart(GPT2* model, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    moe->global_passes = 0;
+    size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
+    if (moe->global_local != NULL) cudaCheck(cudaMemsetAsync(moe->global_local, 0, n * sizeof(int), stream));
+}
+
 static void moe_step_begin(GPT2* model) {
     MoEModel* moe = moe_of(model);
     moe->step_aux = moe->step_z = moe->step_drop = moe->step_load_cv = 0.0;
     // a step whose update was skipped (an outlier) leaves its loads behind: each step counts its own
     size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
     cudaCheck(cudaMemset(moe->step_loads, 0, n * sizeof(int)));
+    moe_global_aux_restart(model, 0);
     moe_take_step_loads(model);
 }
 static void moe_micro_step_done(GPT2* model) {
     MoEModel* moe = moe_of(model);
     moe_statistics(model);
-    moe->step_aux += moe->aux_loss + moe->importance_loss + moe->load_loss;  // every balancing loss
+    moe->step_aux += moe->aux_loss + moe->importance_loss + moe->load_loss + moe->seq_loss;  // every balancing loss
     moe->step_z += moe->z_loss;
     moe->step_drop += moe->drop_fraction;
     moe->step_load_cv += moe->load_cv;
@@ -1683,6 +1786,7 @@ static void moe_log_step(const GPT2* model, Logger* logger, int step, int micro_
 // every process; then the loads start again from 0.
 static void moe_after_update(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
+    moe_global_aux_restart(model, stream);
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     if (mg->num_processes > 1)
         ncclCheck(ncclAllReduce(moe->step_loads, moe->step_loads, (size_t)Lm * E, ncclInt32, ncclSum, mg->nccl_comm,

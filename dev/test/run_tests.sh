@@ -334,6 +334,16 @@ run_test moe-fp32-k2-bias-dropless build/test_moe_fp32 build/ref/moe_k2_bias_dro
 run_test moe-fp32-k1-bias-cf0.5 build/test_moe_fp32 build/ref/moe_k1_bias_cf0.5_fp32 -cf 0.5 -rb 0.001 -r 2
 run_test moe-bf16-k2-bias-dropless build/test_moe_bf16 build/ref/moe_k2_bias_dropless_bf16 -cf 0 -rb 0.001
 run_test moe-bf16-k1-bias-cf0.5 build/test_moe_bf16 build/ref/moe_k1_bias_cf0.5_bf16 -cf 0.5 -rb 0.001
+# issue 15's sequence-wise balance loss (Makefile, MOE_REF_*_seq_*): sigmoid top-2 dropless beside the Switch loss,
+# softmax top-1 with drops alone, FP32 and BF16
+run_test moe-fp32-k2-seq-sigmoid build/test_moe_fp32 build/ref/moe_k2_seq_sigmoid_fp32 -cf 0 -rsl 0.01
+run_test moe-fp32-k1-seq-cf0.5 build/test_moe_fp32 build/ref/moe_k1_seq_cf0.5_fp32 -cf 0.5 -ra 0 -rsl 0.05 -r 2
+run_test moe-bf16-k2-seq-sigmoid build/test_moe_bf16 build/ref/moe_k2_seq_sigmoid_bf16 -cf 0 -rsl 0.01
+run_test moe-bf16-k1-seq-cf0.5 build/test_moe_bf16 build/ref/moe_k1_seq_cf0.5_bf16 -cf 0.5 -ra 0 -rsl 0.05
+# issue 15's global-batch balance loss with one micro-batch on one process: the Switch loss (Makefile,
+# MOE_REF_k2_global_cf0.5)
+run_test moe-fp32-k2-global build/test_moe_fp32 build/ref/moe_k2_global_cf0.5_fp32 -cf 0.5 -rg 1
+run_test moe-bf16-k2-global build/test_moe_bf16 build/ref/moe_k2_global_cf0.5_bf16 -cf 0.5 -rg 1
 # issue 15's shared experts (Makefile, MOE_REF_k1_shared_me2 and MOE_REF_k2_sigmoid_shared2): one beside top-1 with
 # drops every other layer, two beside sigmoid top-2 dropless in every layer; FP32 and BF16 at every recompute level,
 # the GELU fusions
@@ -380,6 +390,17 @@ run_test moe-fp32-dl1-bias-ep4-np4 $MPIRUN -np 4 build/test_moe_fp32 build/ref/m
     -dl 1 -rb 0.001
 run_test moe-bf16-dl1-bias-ep4-np4 $MPIRUN -np 4 build/test_moe_bf16 build/ref/moe_k2_bias_dl1_g4_bf16 -cf 0 -ep 4 \
     -dl 1 -rb 0.001
+# the sequence-wise loss: each process's sequences its own, -ep 2 as -ep 1 (distinct batches)
+run_test moe-fp32-seq-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_seq_sigmoid_fp32 -cf 0 -rsl 0.01 -ep 2
+run_test moe-bf16-seq-ep2-np2-cf0.5 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_seq_cf0.5_bf16 -cf 0.5 -ra 0 \
+    -rsl 0.05 -ep 2
+# the global-batch loss on 2 processes: against the reference (the reference batch on each), against a hand
+# computation from every process's counts (distinct batches), and -ep 2 as -ep 1
+run_test moe-fp32-global-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_global_cf0.5_fp32 -cf 0.5 -rg 1
+run_test moe-fp32-global-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_global_cf0.5_fp32 -cf 0.5 -rg 1 \
+    -ep 2
+run_test moe-bf16-global-ep2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k2_global_cf0.5_bf16 -cf 0.5 -rg 1 \
+    -ep 2
 # shared experts (replicated, data-parallel) beside experts shared out over a group of 2
 run_test moe-fp32-shared2-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_sigmoid_shared2_fp32 -cf 0 -ep 2
 run_test moe-bf16-shared-ep2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_shared_me2_bf16 -cf 0.5 -ep 2
@@ -458,6 +479,11 @@ run_test check-moe-fp32-k1-shared-me2-r1 build/check/test_moe_fp32 build/ref/moe
 run_test check-moe-bf16-k2-sigmoid-shared2-r0 build/check/test_moe_bf16 build/ref/moe_k2_sigmoid_shared2_bf16 -cf 0 -r 0
 run_test check-moe-fp32-bias-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k2_bias_dropless_fp32 -cf 0 \
     -rb 0.001 -ep 2
+run_test check-moe-fp32-seq-sigmoid build/check/test_moe_fp32 build/ref/moe_k2_seq_sigmoid_fp32 -cf 0 -rsl 0.01
+run_test check-moe-bf16-seq-cf0.5-ep2-np2 $MPIRUN -np 2 build/check/test_moe_bf16 build/ref/moe_k1_seq_cf0.5_bf16 \
+    -cf 0.5 -ra 0 -rsl 0.05 -ep 2
+run_test check-moe-fp32-global-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k2_global_cf0.5_fp32 \
+    -cf 0.5 -rg 1 -ep 2
 run_test check-moe-bf16-bias-r0 build/check/test_moe_bf16 build/ref/moe_k2_bias_dropless_bf16 -cf 0 -rb 0.001 -r 0
 run_test check-moe-fp32-dl1-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k2_dl1_g2_cf0.5_fp32 -cf 0.5 \
     -ep 2 -dl 1

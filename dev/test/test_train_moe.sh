@@ -22,9 +22,9 @@
 #     llama MoE reference file trains;
 #   - bad inputs (-kv not dividing NH, -kv or -arch against the model file, a family word neither gpt2 nor llama,
 #     top-k above E, a file of the wrong kind, tokens the model lacks, -ne/-tk/-me/-eh/-rs/-rsf/-se/-seh against the
-#     model file or checkpoint, bad -rs, -rsf, -se, -seh and -rb, -rb with softmax scores, -dl negative, without
-#     expert groups (-ep 1), above them, with fewer than k experts in its groups or with noisy gating, the MoE
-#     header words 24..29 a reader refuses, biases the file lacks or that are not finite) get their one line; a
+#     model file or checkpoint, bad -rs, -rsf, -se, -seh, -rb, -rsl and -rg, -rb with softmax scores, -dl negative,
+#     without expert groups (-ep 1), above them, with fewer than k experts in its groups or with noisy gating, the
+#     MoE header words 24..29 a reader refuses, biases the file lacks or that are not finite) get their one line; a
 #     corrupt expert state is named on -y 1.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin,
 # build/ref/moe_k1_cf0.5_fp32_model.bin and build/ref/moe_llama_shared_fp32_model.bin (make test builds them).
@@ -418,6 +418,9 @@ expect_error "-se with -seh 0" "-seh 0: the shared experts' hidden size must be 
 expect_error "negative -rb" "-rb -0.1: the balancing bias step must be finite and >= 0" \
     "$TRAIN" "${COMMON[@]}" -e d2 -rb -0.1
 expect_error "-rb nan" "flag -rb: expected a number, got 'nan'" "$TRAIN" "${COMMON[@]}" -e d2 -rb nan
+expect_error "negative -rsl" "-rsl -0.01: the sequence-wise loss coefficient must be finite and >= 0" \
+    "$TRAIN" "${COMMON[@]}" -e d2 -rsl -0.01
+expect_error "-rg 2" "-rg 2: expected 0 or 1" "$TRAIN" "${COMMON[@]}" -e d2 -rg 2
 expect_error "-rb with softmax scores" "-rb 0.001: aux-loss-free balancing needs sigmoid scores" \
     "$TRAIN" "${COMMON[@]}" -e d2 -rb 0.001
 expect_error "-rb on a softmax model file" \
