@@ -17,6 +17,7 @@
 #     biases (header word 29, fp32 after the parameters), the validation lines print them, a run resumed from it
 #     continues bit-identically, and -rb 0 keeps a model file's biases; its log's per-layer telemetry (the steps'
 #     choices over every process, the loads, the dead experts, the biases);
+#   - the descriptors mix8 and ds64: their parameter counts (an independent formula) and routing, a flag overriding;
 #   - -arch llama with SwiGLU routed and shared experts from a descriptor on 2 ranks with -ep 2: the model file records
 #     the family (words 16..21) and holds SwiGLU tensors without biases, a resumed run continues bit-identically; a
 #     llama MoE reference file trains;
@@ -352,6 +353,29 @@ for l in lines:
 sys.exit(0 if ok else 1)
 PY
 then pass; else fail "the balancing-bias run's telemetry lines (choices, loads, dead experts, biases) are not as they should be"; fi
+# --- the named descriptors (doc/moe.md, "Descriptors"): -e mix8 and -e ds64 at V = 50257, maxT = 1024 plan (-pm,
+# nothing allocated) the parameter counts of their shapes, here from an independent formula (padded vocabulary, untied
+# lm_head, per layer RMSNorm weights, GQA attention, router, SwiGLU experts and shared experts; the final RMSNorm),
+# and the start-up table shows their routing (ds64: sigmoid scores with the routed scale 2.5, 2 shared experts of
+# 128, -rsl 0.0001, -rb 0.001); a flag on the command line overrides the descriptor's (-ne 32).
+descriptor_params() {  # L C NH NKV E H S Hs
+    $PYTHON -c 'import sys; L, C, NH, NKV, E, H, S, Hs = map(int, sys.argv[1:]); Vp = 50304; HS = C // NH
+print(2 * Vp * C + L * (2 * C + (NH + 2 * NKV) * HS * C + C * C + E * C + E * 3 * H * C + S * 3 * Hs * C) + C)' "$@"
+}
+"$TRAIN" -e mix8 -ev 50257 -et 1024 -pm 80 >"$work/mix8.log" 2>&1
+"$TRAIN" -e ds64 -ev 50257 -et 1024 -pm 80 >"$work/ds64.log" 2>&1
+"$TRAIN" -e ds64 -ev 50257 -et 1024 -pm 80 -ne 32 >"$work/ds64_32.log" 2>&1
+if grep -q "| parameters  *| $(descriptor_params 8 512 8 2 8 1792 0 0) " "$work/mix8.log" &&
+    grep -q "| model  *| llama L=8 NH=8 NKV=2 C=512 " "$work/mix8.log" &&
+    grep -q "| router scores  *| softmax, gates times 1 " "$work/mix8.log" &&
+    grep -q "| parameters  *| $(descriptor_params 8 512 8 8 64 128 2 128) " "$work/ds64.log" &&
+    grep -q "| router scores  *| sigmoid, gates times 2.5 " "$work/ds64.log" &&
+    grep -q "| shared experts  *| 2 per MoE layer, hidden size 128 " "$work/ds64.log" &&
+    grep -q "| sequence-wise loss  *| alpha 0.0001 " "$work/ds64.log" &&
+    grep -q "| balancing bias  *| moves by 0.001 per step " "$work/ds64.log" &&
+    grep -q "| experts  *| 32 per MoE layer" "$work/ds64_32.log"; then pass; else
+    fail "the descriptors mix8 and ds64 do not plan their shapes and routing: $(grep -E 'parameters|model|router' \
+"$work/mix8.log" "$work/ds64.log" | head -6)"; fi
 # --- -arch llama (doc/moe.md, issue 15's blocks): SwiGLU experts, 2 of 4 per token dropless, and a SwiGLU shared
 # expert on 2 ranks with -ep 2 and a resume from the step-3 checkpoint. The model file's header records the family
 # (words 16..21: 1, NKV 1, theta 10000's and eps 1e-5's fp32 bits, H 384, untied) and the MoE shape, its size counts
