@@ -9,8 +9,9 @@
 #   scripts/quickstart.sh gpt      the dense GPT of the same size
 #   scripts/quickstart.sh deepseek a small DeepSeek-shape MoE (llama blocks; 16 fine-grained SwiGLU experts, top-4,
 #                                  and a shared expert; sigmoid scores with routed scale 2.5; dropless), trained
-#                                  twice: with aux-loss-free balancing (-rb, no balance loss), then with the Switch
-#                                  loss instead; one plot compares their expert loads (doc/moe.md, "Telemetry")
+#                                  twice (150 steps of 4x128 tokens each): with aux-loss-free balancing (-rb, no
+#                                  balance loss), then with the Switch loss instead; one plot compares their expert
+#                                  loads (doc/moe.md, "Telemetry"); 3 minutes here
 # Log, checkpoint and loss.png go to build/quickstart_moe/ (or build/quickstart_gpt/, build/quickstart_deepseek/:
 # its runs in bias/ and switch/).
 set -euo pipefail
@@ -40,12 +41,13 @@ make -s "$trainer"
 out=build/quickstart_$model
 rm -rf "$out"
 if [ "$model" = deepseek ]; then
+    mkdir -p "$out"
     # the shape of ds64 (doc/moe.md, "Descriptors") at a quick start's size: 4 layers of C=256, 2 key/value heads;
     # the bias moves by 0.01 per step rather than ds64's 0.001, so that 150 steps show what it does
     shape=(-e d4 -ev 257 -et 128 -sd 1 -arch llama -kv 2 -ne 16 -tk 4 -me 1 -eh 64 -se 1 -seh 128 -rs sigmoid
            -rsf 2.5 -cf 0)
-    run=(-i "${data}_train.bin" -j "${data}_val.bin" -tf "$tokenizer" -b 8 -t 128 -x 150 -l 2e-3 -u 20 -q 0.1 -c 0.1
-         -v 50 -m 8 -s 0 -g 0 -n 0)
+    run=(-i "${data}_train.bin" -j "${data}_val.bin" -tf "$tokenizer" -b 4 -t 128 -x 150 -l 2e-3 -u 20 -q 0.1 -c 0.1
+         -v 50 -m 4 -s 0 -g 0 -n 0)
     "$trainer" "${shape[@]}" "${run[@]}" -rb 0.01 -ra 0 -rz 0 -o "$out/bias"
     "$trainer" "${shape[@]}" "${run[@]}" -rb 0 -ra 0.01 -rz 0.001 -o "$out/switch"
     /usr/bin/python3 scripts/plot_log.py -o "$out/loss.png" --title "aux-loss-free balancing (bias) vs the Switch loss" \
