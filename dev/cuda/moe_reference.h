@@ -7,6 +7,20 @@
 #include <vector>
 #include "common.h"
 
+// the k largest of key[0..n) among the allowed ones (allowed nullptr: all), largest first, ties to the lower index:
+// the order of every top-k of doc/moe.md (experts, and device-limited routing's groups)
+static void moe_top_k(int* picks, const double* key, const char* allowed, int n, int k) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            bool taken = allowed != nullptr && !allowed[e];
+            for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
+            if (!taken && (best < 0 || key[e] > key[best])) best = e;
+        }
+        picks[j] = best;
+    }
+}
+
 // softmax p and logsumexp of one token's logits and, when picks is given, its top-k experts (prob descending,
 // ties to the lower index: the probs order exactly as the fp32 logits do, and equal logits give equal probs).
 // Real is float for the router's inputs, double for the finite differences of moe_router_backward.cu.
@@ -17,16 +31,7 @@ static void moe_route_row(double* p, double* lse, int* picks, const Real* row, i
     for (int e = 0; e < E; e++) sum += exp((double)row[e] - row_max);
     for (int e = 0; e < E; e++) p[e] = exp((double)row[e] - row_max) / sum;
     *lse = row_max + log(sum);
-    if (picks == nullptr) return;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = e;
-        }
-        picks[j] = best;
-    }
+    if (picks != nullptr) moe_top_k(picks, p, nullptr, E, k);
 }
 
 // sigmoid scores (doc/moe.md, "Issue 15's routing options" 3): a token's affinities a[e] = sigmoid(row[e])
@@ -68,17 +73,9 @@ static void moe_gate_backward_row(double* ds, const double* s, const int* picks,
 // the double one rounded, which a GPU's expf can miss by an ulp: a pick could then differ only where two keys are
 // within ~1e-7, which the random inputs of the labs do not produce (validated exactly).
 static void moe_pick_by_keys(int* picks, const double* a, const float* bias, int E, int k) {
-    std::vector<float> key(E);
+    std::vector<double> key(E);  // the fp32 sums, exact in double
     for (int e = 0; e < E; e++) key[e] = (float)a[e] + bias[e];
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
-            if (!taken && (best < 0 || key[e] > key[best])) best = e;
-        }
-        picks[j] = best;
-    }
+    moe_top_k(picks, key.data(), nullptr, E, k);
 }
 
 // the router forward over N tokens with either score and the routed scale rsf, rounded to the fp32 values

@@ -138,10 +138,9 @@ static int limit_reference_picks(std::vector<int>* expert_index, std::vector<flo
                                  const std::vector<float>& logits, const float* bias, int N, int E, int k, int score,
                                  float rsf, int groups, int limit) {
     const int group_size = E / groups;
-    std::vector<double> s(E);
-    std::vector<float> key(E), group_score(groups);
-    std::vector<int> picks(k);
-    std::vector<char> kept(groups);
+    std::vector<double> s(E), key(E), group_score(groups);  // the keys fp32 values, exact in double
+    std::vector<int> picks(k), kept_groups(limit);
+    std::vector<char> allowed(E);
     int changed = 0;
     for (int t = 0; t < N; t++) {
         const float* row = logits.data() + (size_t)t * E;
@@ -151,24 +150,13 @@ static int limit_reference_picks(std::vector<int>* expert_index, std::vector<flo
         for (int e = 0; e < E; e++) key[e] = bias != nullptr ? (float)s[e] + bias[e] : row[e];
         for (int g = 0; g < groups; g++) {
             group_score[g] = -INFINITY;
-            for (int e = g * group_size; e < (g + 1) * group_size; e++) group_score[g] = fmaxf(group_score[g], key[e]);
-            kept[g] = 0;
+            for (int e = g * group_size; e < (g + 1) * group_size; e++) group_score[g] = fmax(group_score[g], key[e]);
         }
-        for (int j = 0; j < limit; j++) {
-            int best = -1;
-            for (int g = 0; g < groups; g++)
-                if (!kept[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
-            kept[best] = 1;
-        }
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                bool taken = !kept[e / group_size];
-                for (int m = 0; m < j; m++) taken = taken || picks[m] == e;
-                if (!taken && (best < 0 || key[e] > key[best])) best = e;
-            }
-            picks[j] = best;
-        }
+        moe_top_k(kept_groups.data(), group_score.data(), nullptr, groups, limit);
+        for (int e = 0; e < E; e++) allowed[e] = 0;
+        for (int j = 0; j < limit; j++)
+            for (int e = kept_groups[j] * group_size; e < (kept_groups[j] + 1) * group_size; e++) allowed[e] = 1;
+        moe_top_k(picks.data(), key.data(), allowed.data(), E, k);
         int* out = expert_index->data() + (size_t)t * k;
         bool differs = false;
         for (int j = 0; j < k; j++) differs = differs || out[j] != picks[j];
