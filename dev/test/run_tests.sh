@@ -164,18 +164,23 @@ start() {
     report_ended
 }
 
-run_test() {
-    local label=$1
-    shift
-    selected "$label" || return 0
-    if ! build_for "$label" "$@"; then
+# queue_test KIND LABEL NAME COMMAND...: a test (KIND test) or a lab (KIND lab) selected by NAME, built (with chosen
+# names) and started
+queue_test() {
+    local kind=$1 label=$2 name=$3
+    shift 3
+    selected "$name" || return 0
+    if ! build_for "$name" "$@"; then
         report_ended all
-        echo "[$label] FAILED: cannot build what it runs"
+        echo "[$name] FAILED: cannot build what it runs"
         total_failed=$((total_failed + 1))
         return
     fi
-    start test "$label" "$@"
+    start "$kind" "$label" "$@"
 }
+
+run_test() { queue_test test "$1" "$@"; }
+run_lab() { queue_test lab "$1" "lab-$1" "${@:2}"; }
 
 # run_test, with no other test running beside it
 run_test_alone() {
@@ -183,19 +188,6 @@ run_test_alone() {
     report_ended all
     run_test "$@"
     report_ended all
-}
-
-run_lab() {
-    local label=$1
-    shift
-    selected "lab-$label" || return 0
-    if ! build_for "lab-$label" "$@"; then
-        report_ended all
-        echo "[lab $label] FAILED: cannot build it"
-        total_failed=$((total_failed + 1))
-        return
-    fi
-    start lab "$label" "$@"
 }
 
 run_test runtime build/test_runtime
