@@ -43,6 +43,18 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 . dev/test/cli_common.sh
 
+# run_and_resume NAME STEPS EVERY COMMAND...: the training COMMAND with -x STEPS and a checkpoint every EVERY steps into
+# $work/NAME (log $work/NAME.log), then again from its first checkpoint into $work/NAME_resumed (-y 1)
+run_and_resume() {
+    local name=$1 steps=$2 every=$3
+    shift 3
+    "$@" -x "$steps" -n "$every" -o "$work/$name" >"$work/$name.log" 2>&1 || fail "$name run: $(tail -3 "$work/$name.log")"
+    mkdir -p "$work/${name}_resumed"
+    cp "$work/$name"/*_"$(printf %08d "$every")"* "$work/${name}_resumed/"
+    "$@" -x "$steps" -n "$every" -o "$work/${name}_resumed" -y 1 >"$work/${name}_resumed.log" 2>&1 ||
+        fail "$name resumed run: $(tail -3 "$work/${name}_resumed.log")"
+}
+
 $PYTHON train_gpt.py --write-shard "$work/train.bin" --shard-tokens 8192 --V 263 --seed 7 >/dev/null ||
     { echo "cannot write a data shard"; exit 1; }
 COMMON=(-i "$work/train.bin" -j "" -t 16 -v 0 -s 0 -l 1e-3 -c 0.1)
@@ -224,11 +236,7 @@ then pass; else fail "a d2 MoE model did not learn, or its telemetry is missing"
 
 # --- router noise: a noisy-gating model with jitter, from a descriptor; a checkpoint of it resumes bit-identically
 NOISE=(-e d2 -ev 263 -et 32 -ne 4 -tk 1 -me 1 -rn 1 -rj 0.1 -cf 0.5 -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16 -l 3e-3)
-"$TRAIN" "${NOISE[@]}" -x 6 -n 3 -o "$work/noise" >"$work/noise.log" 2>&1 || fail "noisy run: $(tail -3 "$work/noise.log")"
-mkdir -p "$work/noise_resumed"
-cp "$work/noise"/*_00000003* "$work/noise_resumed/"
-"$TRAIN" "${NOISE[@]}" -x 6 -n 3 -o "$work/noise_resumed" -y 1 >"$work/noise_resumed.log" 2>&1 ||
-    fail "noisy resumed run: $(tail -3 "$work/noise_resumed.log")"
+run_and_resume noise 6 3 "$TRAIN" "${NOISE[@]}"
 want=$(step_fields "$work/noise.log" | tail -n 3)
 if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/noise_resumed.log")" ] &&
     cmp -s "$work/noise/model_00000006.bin" "$work/noise_resumed/model_00000006.bin"; then pass; else
@@ -239,12 +247,7 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/noise_resumed.log")" ] &&
 # file) continues bit-identically
 SIGMOID=(-e d2 -ev 263 -et 32 -ne 8 -tk 2 -me 1 -rs sigmoid -rsf 2.5 -cf 0 -i "$work/train.bin" -j "" -v 0 -s 0 -b 2
          -t 16 -l 3e-3)
-"$TRAIN" "${SIGMOID[@]}" -x 6 -n 3 -o "$work/sigmoid" >"$work/sigmoid.log" 2>&1 ||
-    fail "sigmoid run: $(tail -3 "$work/sigmoid.log")"
-mkdir -p "$work/sigmoid_resumed"
-cp "$work/sigmoid"/*_00000003* "$work/sigmoid_resumed/"
-"$TRAIN" "${SIGMOID[@]}" -x 6 -n 3 -o "$work/sigmoid_resumed" -y 1 >"$work/sigmoid_resumed.log" 2>&1 ||
-    fail "sigmoid resumed run: $(tail -3 "$work/sigmoid_resumed.log")"
+run_and_resume sigmoid 6 3 "$TRAIN" "${SIGMOID[@]}"
 want=$(step_fields "$work/sigmoid.log" | tail -n 3)
 words=$($PYTHON -c 'import struct, sys; h = struct.unpack("256i", open(sys.argv[1], "rb").read(1024)); print(*h[24:30])' \
     "$work/sigmoid/model_00000006.bin")
@@ -259,12 +262,7 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/sigmoid_resumed.log")" ] 
 # (Lm (S H_s C + S H_s + S C H_s + S C) values more than without them); resuming from it continues bit-identically
 SHARED=(-e d2 -ev 263 -et 32 -ne 4 -tk 1 -me 2 -se 2 -seh 64 -ep 2 -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16
         -l 3e-3)
-$MPIRUN -np 2 "$TRAIN" "${SHARED[@]}" -x 6 -n 3 -o "$work/shared" >"$work/shared.log" 2>&1 ||
-    fail "shared-expert run: $(tail -3 "$work/shared.log")"
-mkdir -p "$work/shared_resumed"
-cp "$work/shared"/*_00000003* "$work/shared_resumed/"
-$MPIRUN -np 2 "$TRAIN" "${SHARED[@]}" -x 6 -n 3 -o "$work/shared_resumed" -y 1 >"$work/shared_resumed.log" 2>&1 ||
-    fail "shared-expert resumed run: $(tail -3 "$work/shared_resumed.log")"
+run_and_resume shared 6 3 $MPIRUN -np 2 "$TRAIN" "${SHARED[@]}"
 "$TRAIN" -e d2 -ev 263 -et 32 -ne 4 -tk 1 -me 2 -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16 -x 1 -n 1 -o "$work/unshared" \
     >"$work/unshared.log" 2>&1 || fail "run without shared experts: $(tail -3 "$work/unshared.log")"
 want=$(step_fields "$work/shared.log" | tail -n 3)
@@ -291,12 +289,7 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/shared_resumed.log")" ] &
 # that model file with -rb 0 keeps the biases as they are.
 BIAS=(-e d2 -ev 263 -et 32 -ne 4 -tk 2 -me 1 -rs sigmoid -cf 0 -ep 2 -i "$work/train.bin" -j "$work/train.bin" -v 2
       -m 1 -s 0 -b 2 -t 16 -l 3e-3)
-$MPIRUN -np 2 "$TRAIN" "${BIAS[@]}" -rb 0.01 -x 4 -n 2 -o "$work/bias" >"$work/bias.log" 2>&1 ||
-    fail "balancing-bias run: $(tail -3 "$work/bias.log")"
-mkdir -p "$work/bias_resumed"
-cp "$work/bias"/*_00000002* "$work/bias_resumed/"
-$MPIRUN -np 2 "$TRAIN" "${BIAS[@]}" -rb 0.01 -x 4 -n 2 -o "$work/bias_resumed" -y 1 >"$work/bias_resumed.log" 2>&1 ||
-    fail "balancing-bias resumed run: $(tail -3 "$work/bias_resumed.log")"
+run_and_resume bias 4 2 $MPIRUN -np 2 "$TRAIN" "${BIAS[@]}" -rb 0.01
 $MPIRUN -np 2 "$TRAIN" "${BIAS[@]}" -x 1 -n 1 -o "$work/unbiased" >"$work/unbiased.log" 2>&1 ||
     fail "run without -rb: $(tail -3 "$work/unbiased.log")"
 "$TRAIN" -e "$work/bias/model_00000004.bin" -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16 -l 3e-3 -cf 0 -rb 0 -x 1 \
@@ -383,12 +376,7 @@ if grep -q "| parameters  *| $(descriptor_params 8 512 8 2 8 1792 0 0) " "$work/
 # biases); the resumed run continues bit-identically. A llama MoE reference file (train_moe.py) trains.
 LLAMA=(-e d2 -arch llama -kv 1 -ev 263 -et 32 -ne 4 -tk 2 -me 1 -eh 64 -cf 0 -se 1 -seh 32 -rs sigmoid -ep 2
        -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16 -l 3e-3)
-$MPIRUN -np 2 "$TRAIN" "${LLAMA[@]}" -x 6 -n 3 -o "$work/llama" >"$work/llama.log" 2>&1 ||
-    fail "llama MoE run: $(tail -3 "$work/llama.log")"
-mkdir -p "$work/llama_resumed"
-cp "$work/llama"/*_00000003* "$work/llama_resumed/"
-$MPIRUN -np 2 "$TRAIN" "${LLAMA[@]}" -x 6 -n 3 -o "$work/llama_resumed" -y 1 >"$work/llama_resumed.log" 2>&1 ||
-    fail "llama MoE resumed run: $(tail -3 "$work/llama_resumed.log")"
+run_and_resume llama 6 3 $MPIRUN -np 2 "$TRAIN" "${LLAMA[@]}"
 want=$(step_fields "$work/llama.log" | tail -n 3)
 words=$($PYTHON -c 'import struct, sys; h = struct.unpack("256i", open(sys.argv[1], "rb").read(1024)); print(*h[8:13], *h[16:22], *h[24:27])' \
     "$work/llama/model_00000006.bin")
