@@ -252,7 +252,7 @@ typedef struct {
     // activations and passes; N = B*T tokens; ln2 (N, C) is the MLP's input, out (N, C) its output
     size_t (*activation_bytes)(const GPT2* model, size_t B, size_t T, int recompute);
     void (*allocate_activations)(GPT2* model, int B, int T);
-    void (*begin_forward)(GPT2* model, int N, float dlogits_scale);
+    void (*begin_forward)(GPT2* model, int B, int T, float dlogits_scale);  // a pass over (B, T) tokens
     void (*forward)(GPT2* model, int layer, floatX* out, const floatX* ln2, int N, cudaStream_t stream);
     void (*end_forward)(GPT2* model, int N, cudaStream_t stream);  // after a forward pass with targets
     // d_ln2 (N, C) overwritten with the input's gradient, from dout (N, C)
@@ -1267,7 +1267,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
     if (targets) {
         cudaCheck(cudaMemcpyAsync(model->targets, targets, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
-    if (model->mlp) model->mlp->begin_forward(model, B * T, dlogits_scale);
+    if (model->mlp) model->mlp->begin_forward(model, B, T, dlogits_scale);
     if (is_llama(c)) llama_forward_layers(model, B, T, stream);
     else gpt2_forward_layers(model, B, T, stream);
     // the classifier: against wte (GPT-2, tied llama) or lm_head

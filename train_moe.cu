@@ -144,7 +144,7 @@ typedef struct {
     float aux_loss, z_loss;     // summed over MoE layers
     float importance_loss, load_loss;  // noisy gating's, summed over MoE layers
     float seq_loss;             // the sequence-wise balance loss, summed over MoE layers
-    int seq_tokens;             // T: the tokens of one sequence in the last forward pass (moe_begin_forward)
+    int seq_tokens;             // T of the last forward pass (moe_begin_forward)
     float drop_fraction;        // dropped choices / all choices, over MoE layers
     float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
     int* expert_counts_cpu;     // (Lm, E) pinned host
@@ -158,7 +158,8 @@ typedef struct {
     int file_has_bias;          // the model file read had the biases after its parameters (header word 29)
     float* balance_bias;        // (Lm, E) device fp32, with config.balance_bias; else NULL
     int* step_loads;            // (Lm, E) device: the step's choices per expert before dropping, this process's
-                                // training passes; all-reduced over the processes at the update
+                                // training passes so far (each layer's added as its router runs); all-reduced over
+                                // the processes at the update
     // the routed loads' telemetry (doc/moe.md, "Telemetry"): each update's summed loads come to the host
     int* step_loads_cpu;            // (Lm, E) pinned host
     cudaEvent_t step_loads_copied;  // they are there once this has completed
@@ -167,11 +168,10 @@ typedef struct {
     int window_steps;               // the steps they are of
     int* quiet_steps;               // (Lm, E) host: steps in a row in which the expert had no token
     // the global-batch balance loss (doc/moe.md, "Issue 15's routing options" 8; global_aux): the step's training
-    // passes so far, each MoE layer's choices per expert before dropping over them (this process's), and their sum
-    // over every process (what the Switch loss's f reads); the pass's aux coefficient (moe_begin_forward)
+    // passes so far, and step_loads summed over every process (what the Switch loss's f reads); the pass's aux
+    // coefficient (moe_begin_forward)
     int global_passes;
-    int* global_local;          // (Lm, E) device
-    int* global_counts;         // (Lm, E) device, with more than one process (else global_local is the sum)
+    int* global_counts;         // (Lm, E) device, with more than one process (else step_loads is the sum)
     float aux_alpha_pass;
 } MoEModel;
 
@@ -473,11 +473,8 @@ static void moe_allocate_parameters(GPT2* model) {
     memset(moe->window_loads, 0, biases * sizeof(long long));
     moe->quiet_steps = (int*)malloc_check(biases * sizeof(int));
     memset(moe->quiet_steps, 0, biases * sizeof(int));
-    if (moe->settings.global_aux) {
-        cudaCheck(cudaMalloc(&moe->global_local, biases * sizeof(int)));
-        cudaCheck(cudaMemset(moe->global_local, 0, biases * sizeof(int)));
-        if (model->num_processes > 1) cudaCheck(cudaMalloc(&moe->global_counts, biases * sizeof(int)));
-    }
+    if (moe->settings.global_aux && model->num_processes > 1)
+        cudaCheck(cudaMalloc(&moe->global_counts, biases * sizeof(int)));
 }
 
 // The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts.
@@ -725,7 +722,6 @@ static void moe_free(GPT2* model) {
     }
     free(moe->window_loads);
     free(moe->quiet_steps);
-    cudaCheck(cudaFree(moe->global_local));
     cudaCheck(cudaFree(moe->global_counts));
     cudaCheck(cudaFree(moe->acts_memory));
     free(moe->rows_own);
@@ -1056,18 +1052,18 @@ static void moe_shared_backward(GPT2* model, int m, const MoEParameterTensors* l
 static int moe_global_aux(const MoEModel* moe) { return moe->settings.global_aux && moe->training; }
 static const int* moe_global_counts(const GPT2* model, int m) {
     const MoEModel* moe = moe_of(model);
-    return (moe->global_counts != NULL ? moe->global_counts : moe->global_local) + (size_t)m * moe->config.num_experts;
+    return (moe->global_counts != NULL ? moe->global_counts : moe->step_loads) + (size_t)m * moe->config.num_experts;
 }
 
-// The counts the Switch loss reads for MoE layer m: the pass's own, or (global-batch loss) this pass's added to the
-// step's running ones and those summed over every process (an all-reduce of E ints on the compute stream: integers,
-// the same sum on every process in any order)
+// A training pass adds MoE layer m's choices to the step's loads. The counts the Switch loss reads: the pass's own,
+// or (global-batch loss) the step's loads so far summed over every process (an all-reduce of E ints on the compute
+// stream: integers, the same sum on every process in any order)
 static const int* moe_aux_counts(GPT2* model, int m, const MoELayerActivations* l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    if (!moe_global_aux(moe)) return l->expert_count;
     int E = moe->config.num_experts;
-    int* local = moe->global_local + (size_t)m * E;
-    moe_add_counts(local, l->expert_count, E, stream);
+    int* local = moe->step_loads + (size_t)m * E;
+    if (moe->training) moe_add_counts(local, l->expert_count, E, stream);
+    if (!moe_global_aux(moe)) return l->expert_count;
     if (moe->global_counts != NULL)
         ncclCheck(ncclAllReduce(local, moe->global_counts + (size_t)m * E, E, ncclInt32, ncclSum,
                                 model->multi_gpu->nccl_comm, stream));
@@ -1241,9 +1237,6 @@ static void moe_end_forward(GPT2* model, int N, cudaStream_t stream) {
     }
     cudaCheck(cudaEventRecord(moe->statistics_copied, stream));
     moe->statistics_tokens = N;
-    // the step's loads for the balancing bias: every training pass (micro-batch) of this process
-    for (int m = 0; m < Lm && moe->training; m++)
-        moe_add_counts(moe->step_loads + (size_t)m * E, moe_layer_activations(model, m, N).expert_count, E, stream);
     if (moe_global_aux(moe)) moe->global_passes++;
 }
 
@@ -1481,17 +1474,16 @@ static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step)
 // The passes' hooks
 
 // the capacity factor of training (a backward pass follows) or of evaluation
-static void moe_begin_forward(GPT2* model, int N, float dlogits_scale) {
+static void moe_begin_forward(GPT2* model, int B, int T, float dlogits_scale) {
     MoEModel* moe = moe_of(model);
+    int N = B * T;
     const MoEConfig* c = &moe->config;
     double cf = dlogits_scale > 0.0f ? moe->settings.capacity_factor : moe->settings.capacity_factor_eval;
     moe->capacity_used = moe_capacity(N, c->num_experts, c->top_k, cf);
     moe->dropless = cf <= 0.0;
     moe->training = dlogits_scale > 0.0f;
     moe->aux_grad_scale = dlogits_scale * N;
-    // the sequence-wise loss's sequences: the forward pass is over (B, T) tokens, and T is what the activations were
-    // sized for except in sampling, whose passes are over one sequence of N tokens
-    moe->seq_tokens = N < model->seq_len ? N : model->seq_len;
+    moe->seq_tokens = T;  // the sequence-wise loss's sequences
     moe->aux_alpha_pass = moe->settings.aux_alpha;
     if (moe_global_aux(moe))
         moe->aux_alpha_pass /= (float)(moe->global_passes + 1) * (float)model->num_processes;
@@ -1740,22 +1732,15 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
 // with expert parallelism every process of the group takes part in each forward pass
 static int moe_collective_forward(const GPT2* model) { return moe_of(model)->ep.degree > 1; }
 
-// the global-batch loss's counts start again with each step (and after each update: test_gpt.cu's steps have no
-// step_begin)
-static void moe_global_aux_restart(GPT2* model, cudaStream_t stream) {
-    MoEModel* moe = moe_of(model);
-    moe->global_passes = 0;
-    size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
-    if (moe->global_local != NULL) cudaCheck(cudaMemsetAsync(moe->global_local, 0, n * sizeof(int), stream));
-}
-
+// The step's loads (the balancing bias's, the telemetry's and the global-batch loss's counts) start again with each
+// step, and after each update (moe_after_update: test_gpt.cu's steps have no step_begin).
 static void moe_step_begin(GPT2* model) {
     MoEModel* moe = moe_of(model);
     moe->step_aux = moe->step_z = moe->step_drop = moe->step_load_cv = 0.0;
     // a step whose update was skipped (an outlier) leaves its loads behind: each step counts its own
     size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
     cudaCheck(cudaMemset(moe->step_loads, 0, n * sizeof(int)));
-    moe_global_aux_restart(model, 0);
+    moe->global_passes = 0;
     moe_take_step_loads(model);
 }
 static void moe_micro_step_done(GPT2* model) {
@@ -1780,13 +1765,13 @@ static void moe_log_step(const GPT2* model, Logger* logger, int step, int micro_
     logger_log_text(logger, line);
 }
 
-// After each optimizer update (every process): aux-loss-free balancing's step. The loads of this process's training
-// passes since the last update, summed over every process (ints: exact, the same sum everywhere; under -ep each
-// process routed its own tokens), move every bias by gamma (llmc/moe.cuh moe_balance_bias_update), identically on
-// every process; then the loads start again from 0.
+// After each optimizer update (every process): the loads of this process's training passes since the last update,
+// summed over every process (ints: exact, the same sum everywhere; under -ep each process routed its own tokens),
+// move every bias by gamma with -rb (llmc/moe.cuh moe_balance_bias_update), identically on every process, and go to
+// the host for the telemetry (moe_take_step_loads); then they start again from 0.
 static void moe_after_update(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    moe_global_aux_restart(model, stream);
+    moe->global_passes = 0;
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     if (mg->num_processes > 1)
         ncclCheck(ncclAllReduce(moe->step_loads, moe->step_loads, (size_t)Lm * E, ncclInt32, ncclSum, mg->nccl_comm,
