@@ -236,7 +236,8 @@ static void moe_run_steps(const GPT2Test* t, int degree, const int* x, const int
 // fp32 addition as the reference makes it, so where the routing is the same they are bit-identical: FP32 must match
 // exactly. In BF16 the parameters drift from the reference's by rounding over the steps, a load near its layer's
 // mean can land on the other side of it, and that bias then moves the other way (2 gamma apart from there on):
-// measured 25 of 160 values differ, by at most 2 gamma, with both references (Makefile MOE_REF_*_bias_*). Allowed:
+// measured 25 of 160 values differ, by at most 2 gamma, with both references (Makefile MOE_REF_*_bias_*); with
+// MOE_REF_ds_seed17 (16 experts, 3 micro-batches of 23 tokens: loads near the mean are common) 36 of 320 by 4 gamma. Allowed:
 // a quarter of the values, by at most 4 gamma (two such steps); a reversed sign, a missing update or a wrong gamma
 // are off by up to 20 gamma in most values.
 static void compare_biases(const char* label, const char* whose, const float* got, const float* want, size_t n,
