@@ -396,8 +396,8 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     floatX* logits_x = (floatX*)malloc_check(BT * Vp * sizeof(floatX));
     for (int micro = 0; micro < K; micro++) {
         gpt2_forward(&model, ref.x + micro * micro_tokens, nullptr, B / K, T, 0.0f, stream);
-        cudaCheck(cudaMemcpy(logits_x + micro * micro_tokens * Vp, model.acts.output, micro_tokens * Vp * sizeof(floatX),
-                             cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(logits_x + micro * micro_tokens * Vp, model.acts.output,
+                             micro_tokens * Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
     }
     float* logits = (float*)malloc_check(BT * V * sizeof(float));
     for (size_t bt = 0; bt < BT; bt++)
