@@ -183,6 +183,21 @@ MOE_REF_k1_seq_cf0.5 := --topk 1 --moe-every 1 --cf 0.5 --aux-alpha 0 --seq-aux-
 # issue 15's global-batch balance loss (doc/moe.md, "Issue 15's routing options" 8) with one micro-batch: the
 # Switch loss (test_moe -rg 1 on one process, and on several with the reference batch on each)
 MOE_REF_k2_global_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --global-aux 1
+# and with 2 micro-batches of 2 sequences per step (test_moe reads K from the debug state): top-2 of 8 with a
+# capacity that drops, micro-batch 1's Switch loss reading micro-batch 0's counts too. BF16 runs seed 3: seed 1337's
+# smallest logit margin is 1.2e-4 and 2 of its 368 choices flip (measured), seed 3's is 3.4e-4 and none flips
+MOE_REF_k2_global_mb2 := --B 4 --E 8 --topk 2 --moe-every 1 --cf 0.5 --global-aux 1 --micro-batches 2
+MOE_REF_k2_global_mb2_seed3 := $(MOE_REF_k2_global_mb2) --seed 3
+# issue 15's options together at a tiny DeepSeek shape (train_moe.py's header): a llama MoE with sigmoid top-4 of 16
+# experts in 2 of 4 groups, a shared expert, the balancing bias, the sequence-wise and global-batch losses, 3
+# micro-batches of one sequence per step, dropless; tested at -ep 4 on 4 processes (the groups are the -ep members).
+# BF16 runs seed 17: seed 5's (train_moe.py's header) smallest key margin is 1.1e-4 and 6 of its 552 choices flip
+# (measured), past the expert gradients' tolerance; of seeds 2-40, 17's smallest margin is the largest (2.1e-4) and
+# none flips
+MOE_REF_ds := --arch llama --NH 4 --C 64 --kv-heads 2 --E 16 --topk 4 --H 32 --shared-experts 1 --shared-hidden 64 \
+    --score sigmoid --routed-scale 2.5 --bias-gamma 0.001 --seq-aux-alpha 0.001 --global-aux 1 --micro-batches 3 \
+    --device-limit 2 --ep-groups 4 --cf 0
+MOE_REF_ds_seed17 := $(MOE_REF_ds) --seed 17
 # the llama family (doc/moe.md, "Issue 15's routing options and the llama MoE"): SwiGLU experts without biases,
 # RMSNorm, RoPE and 2 key/value heads of 4 (head size 16, as LLAMA_REF_ARGS). The Mixtral shape (top-2 of 8 SwiGLU
 # experts dropless in every layer) and a SwiGLU shared expert beside sigmoid top-2 of 4 with drops every other layer
@@ -225,6 +240,10 @@ MOE_TESTS += $(BUILD)/ref/moe_k3_dl2_g4_dropless_fp32_debug_state.bin \
              $(BUILD)/ref/moe_k2_dl1_g2_cf0.5_fp32_debug_state.bin \
              $(BUILD)/ref/moe_k2_dl1_g2_cf0.5_seed2_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k2_bias_dl1_g4_fp32_debug_state.bin $(BUILD)/ref/moe_k2_bias_dl1_g4_bf16_debug_state.bin
+# K > 1 micro-batches per step (header[10])
+MOE_TESTS += $(BUILD)/ref/moe_k2_global_mb2_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_k2_global_mb2_seed3_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_ds_fp32_debug_state.bin $(BUILD)/ref/moe_ds_seed17_bf16_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
              $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \

@@ -38,6 +38,7 @@
 
 typedef struct {
     int B, T, V, Vp, nsteps;
+    int micro_batches;  // K: each step is K micro-batches of B/K sequences (header[10], train_moe.py only; else 1)
     int* x;
     int* y;
     float* logits;  // (B, T, V)
@@ -57,6 +58,8 @@ typedef struct {
     void (*attach)(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree);
     // its part of the debug state (header: the file's), read from f after the loss
     void* (*read_reference)(FILE* f, const char* path, const int* header, const GPT2* model);
+    // after each micro-step `micro` of test_gradient's pass (its statistics: test_moe.cu sums the routing over them)
+    void (*micro_step_done)(const GPT2* model, int micro);
     // after the gradient pass on the reference batch: its own checks (losses, routing)
     void (*check_forward)(const GPT2* model, const ReferenceState* ref);
     // the stored gradient of tensor i times this is the step's (1 but for an extension's own set)
@@ -90,6 +93,12 @@ static void read_reference_state(ReferenceState* r, const char* path, const GPT2
     r->nsteps = header[4];
     r->V = header[5];
     r->Vp = header[6];
+    // train_moe.py --micro-batches K writes K > 1 here; train_gpt.py's debug state has 0 (one micro-batch)
+    r->micro_batches = header[10] > 1 ? header[10] : 1;
+    if (r->B % r->micro_batches != 0) {
+        fprintf(stderr, "%s: %d micro-batches do not divide B = %d\n", path, r->micro_batches, r->B);
+        exit(EXIT_FAILURE);
+    }
     if (r->V != model->config.vocab_size || r->Vp != model->config.padded_vocab_size) {
         fprintf(stderr, "%s: vocabulary %d/%d does not match the model's %d/%d\n", path, r->V, r->Vp,
                 model->config.vocab_size, model->config.padded_vocab_size);
@@ -216,32 +225,60 @@ static void free_test_model(GPT2* model) {
     free(state);
 }
 
-// One step's gradient on (x, y), reduced over the processes (ZeRO-0), and the forward's mean loss.
-static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T, const MultiGpuConfig* mg,
-                           cudaStream_t stream) {
+// One step's gradient on the B sequences (x, y) as `micro_batches` micro-steps of B/K sequences each, in order
+// (train_moe.py splits the batch along B the same way), accumulated as train_gpt.cu's train_step accumulates them
+// and reduced over the processes (ZeRO-0) after the last; returns the mean over the micro-steps of their mean losses.
+// The micro-steps are the reference's training passes 0 .. K-1 (doc/moe.md, "Router noise" 4); `x` (NULL or an
+// extension) sees each one's statistics.
+static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T, int micro_batches,
+                           const MultiGpuConfig* mg, const TestExtension* ext, cudaStream_t stream) {
+    int micro_B = B / micro_batches;
+    size_t micro_tokens = (size_t)micro_B * T;
     gpt2_zero_grad(model, stream);
-    model->pass_number = 0;  // the reference's gradient check (doc/moe.md, "Router noise" 4)
-    gpt2_forward(model, x, y, B, T, 1.0f / (float)(B * T), stream);
-    gpt2_backward(model, B, T, optimizer_next_seed(&model->rng_state), mg, 1, 0, stream);
+    if (model->mlp) model->mlp->step_begin(model);
+    double loss = 0.0;
+    for (int micro = 0; micro < micro_batches; micro++) {
+        model->pass_number = (unsigned int)micro;
+        gpt2_forward(model, x + micro * micro_tokens, y + micro * micro_tokens, micro_B, T,
+                     1.0f / (float)(B * T), stream);
+        int last_micro_step = micro == micro_batches - 1;
+        gpt2_backward(model, micro_B, T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, 0, stream);
+        loss += gpt2_mean_loss(model);
+        if (ext && ext->micro_step_done) ext->micro_step_done(model, micro);
+    }
     cudaCheck(cudaStreamSynchronize(stream));
     cudaCheck(cudaStreamSynchronize(mg->nccl_stream));  // the overlapped reduction
-    return gpt2_mean_loss(model);
+    return (float)(loss / micro_batches);
 }
 
-// One training step with the trainer's update path; returns the step's loss averaged over the processes.
+// One training step with the trainer's update path (train_gpt.cu's train_step: the extension's step_begin, then
+// `micro_batches` micro-steps of B/K sequences, each one's logit gradient scaled by 1/(B T) so that the accumulated
+// gradient is the mean loss's, the reduction and -oo 2's early update on the last, the update); returns the step's
+// loss (the mean over the micro-steps) averaged over the processes.
 // Training steps on the same batch use the trainer's own update (gradient clipping, AdamW with weight decay on
 // the matrices): lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, and clipping at grad_clip: 0.5, below this
 // model's gradient norm (~0.8), so that the clipping path is exercised — the reference is written with the same
 // values (Makefile: REF_ARGS).
-static float test_step(GPT2* model, const int* x, const int* y, int B, int T, int step, const MultiGpuConfig* mg,
-                       int zero_stage, float grad_clip, cudaStream_t stream) {
+static float test_step(GPT2* model, const int* x, const int* y, int B, int T, int micro_batches, int step,
+                       const MultiGpuConfig* mg, int zero_stage, float grad_clip, cudaStream_t stream) {
     AdamWConfig opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, grad_clip};
+    int micro_B = B / micro_batches;
+    size_t micro_tokens = (size_t)micro_B * T;
     gpt2_zero_grad(model, stream);
-    model->pass_number = (unsigned int)step;
-    gpt2_forward(model, x, y, B, T, model->loss_scaler.scale / (float)(B * T), stream);
-    gpt2_backward(model, B, T, optimizer_next_seed(&model->rng_state), mg, 1, zero_stage, stream);
-    gpt2_early_update(model, &opt, step + 1);
-    float loss = gpt2_mean_loss(model);
+    if (model->mlp) model->mlp->step_begin(model);
+    double step_loss = 0.0;
+    for (int micro = 0; micro < micro_batches; micro++) {
+        model->pass_number = (unsigned int)(step * micro_batches + micro);
+        gpt2_forward(model, x + micro * micro_tokens, y + micro * micro_tokens, micro_B, T,
+                     model->loss_scaler.scale / (float)(B * T), stream);
+        int last_micro_step = micro == micro_batches - 1;
+        gpt2_backward(model, micro_B, T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, zero_stage,
+                      stream);
+        if (last_micro_step) gpt2_early_update(model, &opt, step + 1);
+        step_loss += gpt2_mean_loss(model);
+        if (model->mlp) model->mlp->micro_step_done(model);
+    }
+    float loss = (float)(step_loss / micro_batches);
     float norm = gpt2_gradient_norm(model, mg, zero_stage, stream);
     gpt2_update(model, &opt, norm, step + 1, mg, zero_stage, stream);
     return multi_gpu_cpu_float_sum(loss, mg) / mg->num_processes;
@@ -255,12 +292,12 @@ static int run_test_steps(const GPT2Test* t, const ReferenceState* ref, const Mu
                           unsigned long long rng_state, float* losses, floatX* params, cudaStream_t stream) {
     GPT2 model;
     build_test_model(&model, t, mg, 1);
-    gpt2_allocate_activations(&model, ref->B, ref->T);
+    gpt2_allocate_activations(&model, ref->B / ref->micro_batches, ref->T);  // a micro-batch's, as the trainer's
     gpt2_allocate_optimizer(&model, t->zero_stage);
     model.rng_state = rng_state;
     for (int step = 0; step < ref->nsteps; step++)
-        losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, step, mg, t->zero_stage, t->grad_clip,
-                                 stream);
+        losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, ref->micro_batches, step, mg, t->zero_stage,
+                                 t->grad_clip, stream);
     if (params) gpt2_get_parameters(&model, params, stream);
     int adopted = model.store.early_adopted;
     free_test_model(&model);
@@ -346,21 +383,29 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     snprintf(state_path, sizeof(state_path), "%s_debug_state.bin", prefix);
     read_reference_state(&ref, state_path, &model, x);
     int B = ref.B, T = ref.T, V = ref.V, Vp = ref.Vp;
-    gpt2_allocate_activations(&model, B, T);
+    if (printing && ref.micro_batches > 1)
+        printf("micro-batches: each step %d of %d sequences, as the reference's\n", ref.micro_batches,
+               B / ref.micro_batches);
+    gpt2_allocate_activations(&model, B / ref.micro_batches, T);
     gpt2_allocate_optimizer(&model, 0);
 
-    // logits
+    // logits: an evaluation pass over each micro-batch (an MoE layer routes each as its own group)
     size_t BT = (size_t)B * T;
-    gpt2_forward(&model, ref.x, nullptr, B, T, 0.0f, stream);
+    int K = ref.micro_batches;
+    size_t micro_tokens = BT / K;
     floatX* logits_x = (floatX*)malloc_check(BT * Vp * sizeof(floatX));
-    cudaCheck(cudaMemcpy(logits_x, model.acts.output, BT * Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (int micro = 0; micro < K; micro++) {
+        gpt2_forward(&model, ref.x + micro * micro_tokens, nullptr, B / K, T, 0.0f, stream);
+        cudaCheck(cudaMemcpy(logits_x + micro * micro_tokens * Vp, model.acts.output,
+                             micro_tokens * Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+    }
     float* logits = (float*)malloc_check(BT * V * sizeof(float));
     for (size_t bt = 0; bt < BT; bt++)
         for (int v = 0; v < V; v++) logits[bt * V + v] = (float)logits_x[bt * Vp + v];
     compare_scaled("logits", logits, ref.logits, BT * V, tol_tensor);
 
     // loss and gradients
-    float loss = test_gradient(&model, ref.x, ref.y, B, T, &mg, stream);
+    float loss = test_gradient(&model, ref.x, ref.y, B, T, K, &mg, x, stream);
     compare_value("loss", loss, ref.loss, tol_loss);
     if (x) x->check_forward(&model, &ref);
     float* grads = gathered_gradients(&model, x, stream);
@@ -370,7 +415,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     float* losses = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
     unsigned long long steps_rng_state = model.rng_state;  // the stochastic-rounding seeds of these steps
     for (int step = 0; step < ref.nsteps; step++) {
-        losses[step] = test_step(&model, ref.x, ref.y, B, T, step, &mg, 0, t.grad_clip, stream);
+        losses[step] = test_step(&model, ref.x, ref.y, B, T, K, step, &mg, 0, t.grad_clip, stream);
         if (printing) printf("     step %2d: loss %.6f (reference %.6f)\n", step, losses[step], ref.step_losses[step]);
     }
     double worst = 0.0;

@@ -1733,7 +1733,7 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
 static int moe_collective_forward(const GPT2* model) { return moe_of(model)->ep.degree > 1; }
 
 // The step's loads (the balancing bias's, the telemetry's and the global-batch loss's counts) start again with each
-// step, and after each update (moe_after_update: test_gpt.cu's steps have no step_begin).
+// step, train_gpt.cu's and test_gpt.cu's alike.
 static void moe_step_begin(GPT2* model) {
     MoEModel* moe = moe_of(model);
     moe->step_aux = moe->step_z = moe->step_drop = moe->step_load_cv = 0.0;
@@ -1768,10 +1768,10 @@ static void moe_log_step(const GPT2* model, Logger* logger, int step, int micro_
 // After each optimizer update (every process): the loads of this process's training passes since the last update,
 // summed over every process (ints: exact, the same sum everywhere; under -ep each process routed its own tokens),
 // move every bias by gamma with -rb (llmc/moe.cuh moe_balance_bias_update), identically on every process, and go to
-// the host for the telemetry (moe_take_step_loads); then they start again from 0.
+// the host for the telemetry (moe_take_step_loads); the next step_begin sets them to 0 (a blocking stream's memset:
+// after this copy).
 static void moe_after_update(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    moe->global_passes = 0;
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     if (mg->num_processes > 1)
         ncclCheck(ncclAllReduce(moe->step_loads, moe->step_loads, (size_t)Lm * E, ncclInt32, ncclSum, mg->nccl_comm,
@@ -1782,7 +1782,6 @@ static void moe_after_update(GPT2* model, const MultiGpuConfig* mg, cudaStream_t
                               cudaMemcpyDeviceToHost, stream));
     cudaCheck(cudaEventRecord(moe->step_loads_copied, stream));
     moe->step_loads_pending = 1;
-    cudaCheck(cudaMemsetAsync(moe->step_loads, 0, (size_t)Lm * E * sizeof(int), stream));
 }
 
 // The model file's tail: the balancing biases, Lm * E fp32 values after the parameters whatever the payload's

@@ -336,6 +336,14 @@ run_test moe-bf16-k1-seq-cf0.5 build/test_moe_bf16 build/ref/moe_k1_seq_cf0.5_bf
 # MOE_REF_k2_global_cf0.5)
 run_test moe-fp32-k2-global build/test_moe_fp32 build/ref/moe_k2_global_cf0.5_fp32 -cf 0.5 -rg 1
 run_test moe-bf16-k2-global build/test_moe_bf16 build/ref/moe_k2_global_cf0.5_bf16 -cf 0.5 -rg 1
+# and with 2 micro-batches per step (Makefile, MOE_REF_k2_global_mb2; test_moe takes K from the debug state): one
+# process, and two with the reference batch on each (-ep 2: expert parallelism against -ep 1 and the hand computation
+# of the global-batch loss with K micro-steps, distinct batches)
+run_test moe-fp32-global-mb2 build/test_moe_fp32 build/ref/moe_k2_global_mb2_fp32 -cf 0.5 -rg 1
+run_test moe-bf16-global-mb2 build/test_moe_bf16 build/ref/moe_k2_global_mb2_seed3_bf16 -cf 0.5 -rg 1
+run_test moe-fp32-global-mb2-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_global_mb2_fp32 -cf 0.5 -rg 1 \
+    -ep 2
+run_test moe-bf16-global-mb2-np2 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k2_global_mb2_seed3_bf16 -cf 0.5 -rg 1
 # issue 15's shared experts (Makefile, MOE_REF_k1_shared_me2 and MOE_REF_k2_sigmoid_shared2): one beside top-1 with
 # drops every other layer, two beside sigmoid top-2 dropless in every layer; FP32 and BF16 at every recompute level,
 # the GELU fusions
@@ -382,6 +390,12 @@ run_test moe-fp32-dl1-bias-ep4-np4 $MPIRUN -np 4 build/test_moe_fp32 build/ref/m
     -dl 1 -rb 0.001
 run_test moe-bf16-dl1-bias-ep4-np4 $MPIRUN -np 4 build/test_moe_bf16 build/ref/moe_k2_bias_dl1_g4_bf16 -cf 0 -ep 4 \
     -dl 1 -rb 0.001
+# every issue-15 option together at a tiny DeepSeek shape (Makefile, MOE_REF_ds): llama, sigmoid top-4 of 16 in 2 of 4
+# groups, a shared expert, the balancing bias, the sequence-wise and global-batch losses, 3 micro-batches per step
+run_test moe-fp32-ds-ep4-np4 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_ds_fp32 -cf 0 -ep 4 -rb 0.001 -rsl 0.001 \
+    -rg 1 -dl 2
+run_test moe-bf16-ds-ep4-np4 $MPIRUN -np 4 build/test_moe_bf16 build/ref/moe_ds_seed17_bf16 -cf 0 -ep 4 -rb 0.001 \
+    -rsl 0.001 -rg 1 -dl 2
 # the sequence-wise loss: each process's sequences its own, -ep 2 as -ep 1 (distinct batches)
 run_test moe-fp32-seq-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_seq_sigmoid_fp32 -cf 0 -rsl 0.01 -ep 2
 run_test moe-bf16-seq-ep2-np2-cf0.5 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_seq_cf0.5_bf16 -cf 0.5 -ra 0 \
