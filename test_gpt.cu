@@ -228,7 +228,7 @@ static void free_test_model(GPT2* model) {
 // One step's gradient on the B sequences (x, y) as `micro_batches` micro-steps of B/K sequences each, in order
 // (train_moe.py splits the batch along B the same way), accumulated as train_gpt.cu's train_step accumulates them
 // and reduced over the processes (ZeRO-0) after the last; returns the mean over the micro-steps of their mean losses.
-// The micro-steps are the reference's training passes 0 .. K-1 (doc/moe.md, "Router noise" 4); `x` (NULL or an
+// The micro-steps are the reference's training passes 0 .. K-1 (doc/moe.md, "Router noise" 4); `ext` (NULL or an
 // extension) sees each one's statistics.
 static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T, int micro_batches,
                            const MultiGpuConfig* mg, const TestExtension* ext, cudaStream_t stream) {
