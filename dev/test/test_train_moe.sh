@@ -17,6 +17,7 @@
 #     biases (header word 29, fp32 after the parameters), the validation lines print them, a run resumed from it
 #     continues bit-identically, and -rb 0 keeps a model file's biases; its log's per-layer telemetry (the steps'
 #     choices over every process, the loads, the dead experts, the biases);
+#   - experts that get no token are reported dead after 100 steps, not before;
 #   - the descriptors mix8 and ds64: their parameter counts (an independent formula) and routing, a flag overriding;
 #   - -arch llama with SwiGLU routed and shared experts from a descriptor on 2 ranks with -ep 2: the model file records
 #     the family (words 16..21) and holds SwiGLU tensors without biases, a resumed run continues bit-identically; a
@@ -346,6 +347,40 @@ for l in lines:
 sys.exit(0 if ok else 1)
 PY
 then pass; else fail "the balancing-bias run's telemetry lines (choices, loads, dead experts, biases) are not as they should be"; fi
+# Dead experts (doc/moe.md, "Telemetry"): a copy of the top-1-of-4 reference model whose MoE layers route every token
+# to expert 3 (ln_2's weight 0 and its bias a unit vector u, so that every token's router input is u; router rows
+# -10u, -10u, -10u, 10u), trained at learning rate 0 so that it stays so. Experts 0..2 have no token from the first
+# step on: at the validation of step 99 they have been quiet 99 steps (not dead), at step 100 they are dead (3 a
+# layer), and the loads since the last validation are 0, 0, 0, 4 times the mean.
+$PYTHON - "$MOE_MODEL" "$work/starved.bin" <<'PY' || fail "cannot write the starved-expert model"
+import sys
+import torch
+sys.path.insert(0, ".")
+import train_moe
+model = train_moe.read_model_file(sys.argv[1])
+assert model.config.E == 4 and model.config.topk == 1
+g = torch.Generator().manual_seed(11)
+with torch.no_grad():
+    for block in model.moe_blocks():
+        u = torch.randn(model.config.C, generator=g)
+        u /= u.norm()
+        block.ln_2.weight.zero_()
+        block.ln_2.bias.copy_(u)
+        block.moe.router.weight.copy_(torch.outer(torch.tensor([-10.0, -10.0, -10.0, 10.0]), u))
+train_moe.write_model_file(sys.argv[2], model, train_moe.MOE_VERSION_FP32)
+PY
+"$TRAIN" -i "$work/train.bin" -j "$work/train.bin" -t 16 -b 2 -s 0 -l 0 -e "$work/starved.bin" -cf 0.5 -x 100 -v 99 \
+    -m 1 -o "$work/starved" >"$work/starved.log" 2>&1 || fail "starved-expert run: $(tail -3 "$work/starved.log")"
+if $PYTHON - "$work/starved/main.log" <<'PY'
+import sys
+lines = [dict(f.split(":", 1) for f in line.split()) for line in open(sys.argv[1]) if " layer:" in line]
+dead = sorted((int(l["s"]), int(l["layer"]), int(l["layer_dead"])) for l in lines)
+loads = [[float(x) for x in l["layer_loads"].split(",")] for l in lines if l["s"] != "0"]
+print("  (step, layer, dead experts):", *dead)
+ok = dead == [(s, m, 3 if s == 100 else 0) for s in (0, 99, 100) for m in range(2)]
+sys.exit(0 if ok and len(loads) == 4 and all(l == [0.0, 0.0, 0.0, 4.0] for l in loads) else 1)
+PY
+then pass; else fail "the starved experts are not reported dead after 100 steps (and only then): see $work/starved/main.log"; fi
 # --- the named descriptors (doc/moe.md, "Descriptors"): -e mix8 and -e ds64 at V = 50257, maxT = 1024 plan (-pm,
 # nothing allocated) the parameter counts of their shapes, here from an independent formula (padded vocabulary, untied
 # lm_head, per layer RMSNorm weights, GQA attention, router, SwiGLU experts and shared experts; the final RMSNorm),
