@@ -194,10 +194,13 @@ MOE_REF_k2_global_mb2_seed3 := $(MOE_REF_k2_global_mb2) --seed 3
 # BF16 runs seed 17: seed 5's (train_moe.py's header) smallest key margin is 1.1e-4 and 6 of its 552 choices flip
 # (measured), past the expert gradients' tolerance; of seeds 2-40, 17's smallest margin is the largest (2.1e-4) and
 # none flips
-MOE_REF_ds := --arch llama --NH 4 --C 64 --kv-heads 2 --E 16 --topk 4 --H 32 --shared-experts 1 --shared-hidden 64 \
-    --score sigmoid --routed-scale 2.5 --bias-gamma 0.001 --seq-aux-alpha 0.001 --global-aux 1 --micro-batches 3 \
-    --device-limit 2 --ep-groups 4 --cf 0
+MOE_DS := --arch llama --NH 4 --C 64 --kv-heads 2 --E 16 --topk 4 --H 32 --shared-experts 1 --shared-hidden 64 \
+    --score sigmoid --routed-scale 2.5 --bias-gamma 0.001 --seq-aux-alpha 0.001 --global-aux 1 --micro-batches 3 --cf 0
+MOE_REF_ds := $(MOE_DS) --device-limit 2 --ep-groups 4
 MOE_REF_ds_seed17 := $(MOE_REF_ds) --seed 17
+# and without the device limit, which has no -ep 1 to compare with: -ep 4 against -ep 1 with the bias, the three
+# balance losses and 3 micro-batches per step
+MOE_REF_ds_nodl := $(MOE_DS)
 # the llama family (doc/moe.md, "Issue 15's routing options and the llama MoE"): SwiGLU experts without biases,
 # RMSNorm, RoPE and 2 key/value heads of 4 (head size 16, as LLAMA_REF_ARGS). The Mixtral shape (top-2 of 8 SwiGLU
 # experts dropless in every layer) and a SwiGLU shared expert beside sigmoid top-2 of 4 with drops every other layer
@@ -243,7 +246,8 @@ MOE_TESTS += $(BUILD)/ref/moe_k3_dl2_g4_dropless_fp32_debug_state.bin \
 # K > 1 micro-batches per step (header[10])
 MOE_TESTS += $(BUILD)/ref/moe_k2_global_mb2_fp32_debug_state.bin \
              $(BUILD)/ref/moe_k2_global_mb2_seed3_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_ds_fp32_debug_state.bin $(BUILD)/ref/moe_ds_seed17_bf16_debug_state.bin
+             $(BUILD)/ref/moe_ds_fp32_debug_state.bin $(BUILD)/ref/moe_ds_seed17_bf16_debug_state.bin \
+             $(BUILD)/ref/moe_ds_nodl_fp32_debug_state.bin
 GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
              $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
              $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \

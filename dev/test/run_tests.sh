@@ -396,6 +396,10 @@ run_test moe-fp32-ds-ep4-np4 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_ds_
     -rg 1 -dl 2
 run_test moe-bf16-ds-ep4-np4 $MPIRUN -np 4 build/test_moe_bf16 build/ref/moe_ds_seed17_bf16 -cf 0 -ep 4 -rb 0.001 \
     -rsl 0.001 -rg 1 -dl 2
+# the same without the device limit: also -ep 4 against -ep 1 (distinct batches; the gradients, the balancing biases
+# after the steps, the global-batch loss against the hand computation)
+run_test moe-fp32-ds-nodl-ep4-np4 $MPIRUN -np 4 build/test_moe_fp32 build/ref/moe_ds_nodl_fp32 -cf 0 -ep 4 -rb 0.001 \
+    -rsl 0.001 -rg 1
 # the sequence-wise loss: each process's sequences its own, -ep 2 as -ep 1 (distinct batches)
 run_test moe-fp32-seq-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_k2_seq_sigmoid_fp32 -cf 0 -rsl 0.01 -ep 2
 run_test moe-bf16-seq-ep2-np2-cf0.5 $MPIRUN -np 2 build/test_moe_bf16 build/ref/moe_k1_seq_cf0.5_bf16 -cf 0.5 -ra 0 \
