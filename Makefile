@@ -149,6 +149,12 @@ MOE_REF_k2_sigmoid_dropless := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0
 MOE_REF_k2_sigmoid_cf1 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 1
 MOE_REF_k1_sigmoid_me2 := $(MOE_SIGMOID) --topk 1 --moe-every 2 --cf 0
 MOE_REF_k2_rsf_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --routed-scale 2.5
+# the most experts the trainer takes (llmc/moe.cuh MOE_MAX_EXPERTS) with top-8 (issue 15's fine-grained experts): 256
+# experts of hidden size 16, sigmoid dropless and softmax with capacity factor 1 (capacity 3: about half the choices
+# dropped). FP32 only: among 256 scores the 8th and 9th of a token are often within bf16 rounding (seed 1337's
+# smallest margins 1.7e-5 and 3.0e-6), and a BF16 run routes enough choices elsewhere to fail 10 of its 23 checks
+MOE_REF_e256_k8_sigmoid := --E 256 --H 16 --topk 8 --moe-every 1 --cf 0 --score sigmoid --routed-scale 2.5
+MOE_REF_e256_k8_cf1 := --E 256 --H 16 --topk 8 --moe-every 1 --cf 1
 # issue 15's shared experts (doc/moe.md, "Issue 15's routing options" 2): one of hidden size 64 in the MoE layer of
 # a dense-then-MoE model, top-1 with drops; two of hidden size 128 (their slices of a layer's gradient bucket
 # outgrow a dense MLP's) with sigmoid top-2 of 8 dropless in every layer, seed 5: in BF16 seed 1337 (smallest logit
@@ -225,6 +231,7 @@ MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp
              $(BUILD)/ref/moe_k2_sigmoid_dropless_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k2_sigmoid_cf1_fp32_debug_state.bin $(BUILD)/ref/moe_k2_sigmoid_cf1_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k1_sigmoid_me2_fp32_debug_state.bin $(BUILD)/ref/moe_k2_rsf_cf0.5_fp32_debug_state.bin \
+             $(BUILD)/ref/moe_e256_k8_sigmoid_fp32_debug_state.bin $(BUILD)/ref/moe_e256_k8_cf1_fp32_debug_state.bin \
              $(BUILD)/ref/moe_k2_bias_dropless_fp32_debug_state.bin \
              $(BUILD)/ref/moe_k2_bias_dropless_bf16_debug_state.bin \
              $(BUILD)/ref/moe_k1_bias_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_bias_cf0.5_bf16_debug_state.bin \

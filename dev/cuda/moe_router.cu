@@ -221,7 +221,7 @@ int main(int argc, char** argv) {
     // all with M < k (with M >= k the k best experts lie in at most k groups, which are among the M best: the limit
     // changes nothing): groups inside one lane's experts (E = 8, 40, 64), 64 groups of 2 (two groups per lane),
     // groups of 5 across lanes (E = 200, G = 40) and one group of 25 kept; the rows of equal logits tie the groups
-    // too, to the lower one
+    // too, to the lower one; the most experts the trainer takes (MOE_MAX_EXPERTS 256: 8 logits per lane) with top-8
     const Case small_cases[] = {{69, 4, 1, SOFTMAX, 1.0f, 0},   {69, 4, 2, SOFTMAX, 1.0f, 0},
                                 {69, 40, 2, SOFTMAX, 1.0f, 0},  {69, 200, 3, SOFTMAX, 1.0f, 0},
                                 {69, 4, 1, SIGMOID, 2.5f, 0},   {69, 40, 2, SIGMOID, 2.5f, 0},
@@ -230,7 +230,8 @@ int main(int argc, char** argv) {
                                 {69, 200, 3, SIGMOID, 2.5f, 1}, {69, 8, 2, SOFTMAX, 1.0f, 0, 4, 1},
                                 {69, 8, 2, SIGMOID, 2.5f, 1, 4, 1}, {69, 40, 3, SIGMOID, 2.5f, 1, 8, 2},
                                 {69, 64, 6, SIGMOID, 2.5f, 1, 32, 3}, {69, 128, 6, SIGMOID, 2.5f, 1, 64, 3},
-                                {69, 200, 3, SOFTMAX, 1.0f, 0, 40, 2}, {69, 200, 3, SIGMOID, 1.0f, 0, 8, 1}};
+                                {69, 200, 3, SOFTMAX, 1.0f, 0, 40, 2}, {69, 200, 3, SIGMOID, 1.0f, 0, 8, 1},
+                                {69, 256, 8, SOFTMAX, 1.0f, 0},   {69, 256, 8, SIGMOID, 2.5f, 1}};
     const Case* cases = args.small ? small_cases : full_cases;
     const int num_cases = args.small ? (int)(sizeof(small_cases) / sizeof(small_cases[0]))
                                      : (int)(sizeof(full_cases) / sizeof(full_cases[0]));

@@ -320,6 +320,11 @@ run_test moe-bf16-k2-sigmoid-dropless build/test_moe_bf16 build/ref/moe_k2_sigmo
 run_test moe-bf16-k2-sigmoid-cf1 build/test_moe_bf16 build/ref/moe_k2_sigmoid_cf1_bf16 -cf 1
 run_test moe-fp32-k1-sigmoid-me2 build/test_moe_fp32 build/ref/moe_k1_sigmoid_me2_fp32 -cf 0 -r 2
 run_test moe-fp32-k2-rsf build/test_moe_fp32 build/ref/moe_k2_rsf_cf0.5_fp32 -cf 0.5
+# top-8 of 256 experts (Makefile, MOE_REF_e256_k8_*; FP32): sigmoid dropless, softmax with drops, and with drops at
+# -ep 2 against -ep 1 (128 experts a member)
+run_test moe-fp32-e256-k8-sigmoid-dropless build/test_moe_fp32 build/ref/moe_e256_k8_sigmoid_fp32 -cf 0
+run_test moe-fp32-e256-k8-cf1 build/test_moe_fp32 build/ref/moe_e256_k8_cf1_fp32 -cf 1
+run_test moe-fp32-e256-k8-cf1-ep2-np2 $MPIRUN -np 2 build/test_moe_fp32 build/ref/moe_e256_k8_cf1_fp32 -cf 1 -ep 2
 # issue 15's aux-loss-free balancing (Makefile, MOE_REF_*_bias_*): sigmoid top-2 dropless and top-1 with drops, the
 # bias in every pass and its update after every step, FP32 and BF16
 run_test moe-fp32-k2-bias-dropless build/test_moe_fp32 build/ref/moe_k2_bias_dropless_fp32 -cf 0 -rb 0.001
@@ -485,6 +490,7 @@ run_test check-moe-bf16-k1-cf0.5-w1 build/check/test_moe_bf16 build/ref/moe_k1_c
 run_test check-moe-bf16-k2-noisy build/check/test_moe_bf16 build/ref/moe_k2_noisy_bf16 -cf 0.5
 run_test check-moe-fp32-k2-sigmoid-cf1 build/check/test_moe_fp32 build/ref/moe_k2_sigmoid_cf1_fp32 -cf 1 -r 0
 run_test check-moe-bf16-k2-sigmoid-dropless build/check/test_moe_bf16 build/ref/moe_k2_sigmoid_dropless_bf16 -cf 0
+run_test check-moe-fp32-e256-k8-sigmoid-dropless build/check/test_moe_fp32 build/ref/moe_e256_k8_sigmoid_fp32 -cf 0
 run_test check-moe-fp32-k1-shared-me2-r1 build/check/test_moe_fp32 build/ref/moe_k1_shared_me2_fp32 -cf 0.5 -r 1
 run_test check-moe-bf16-k2-sigmoid-shared2-r0 build/check/test_moe_bf16 build/ref/moe_k2_sigmoid_shared2_bf16 -cf 0 -r 0
 run_test check-moe-fp32-bias-ep2-np2 $MPIRUN -np 2 build/check/test_moe_fp32 build/ref/moe_k2_bias_dropless_fp32 -cf 0 \
