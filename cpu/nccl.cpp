@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 #include <deque>
 #include <type_traits>
@@ -62,6 +63,58 @@ static ncclResult_t fail(ncclResult_t res, const char* fmt, ...) {
     va_end(ap);
     fprintf(stderr, "NCCL (cpu backend) error: %s\n", last_error);
     return res;
+}
+
+// ----------------------------------------------------------------------------
+// waiting (doc/backend.md, "Threads and waits")
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+extern "C" long __cucc_spin_ns(void);  // runtime.cpp: how long a wait spins before it sleeps; -1: it never sleeps
+
+// A poll loop calls backoff_pause after each poll that found nothing: it returns at once while the wait is younger
+// than __cucc_spin_ns(), then sleeps 10 us, doubling to 160 us. A peer process that shares this core so gets to
+// run (MPI's own waits spin, at best yielding), and a long wait ends at most about 160 us late.
+typedef struct {
+    double start;
+    long nap_ns;
+} Backoff;
+
+static Backoff backoff_start(void) {
+    static int slack_set;
+    if (!slack_set) {
+        prctl(PR_SET_TIMERSLACK, 1000UL);  // sleeps of a few us, not Linux's default 50 us of slack
+        slack_set = 1;
+    }
+    Backoff b = {now_s(), 5000};
+    return b;
+}
+
+static void backoff_pause(Backoff* b) {
+    long spin = __cucc_spin_ns();
+    if (spin < 0 || (now_s() - b->start) * 1e9 < (double)spin) return;
+    struct timespec t = {0, b->nap_ns};
+    nanosleep(&t, NULL);
+    if (b->nap_ns < 80000) b->nap_ns *= 2;
+}
+
+// Waits for every request (MPI_Waitall, with backoff_pause between tests; CUCC_SPIN_US=-1: MPI_Waitall itself).
+static void wait_requests(int n, MPI_Request* reqs) {
+    if (__cucc_spin_ns() < 0) {
+        MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE);
+        return;
+    }
+    Backoff b = backoff_start();
+    for (;;) {
+        int done = 0;
+        MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        if (done) return;
+        backoff_pause(&b);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -310,33 +363,25 @@ static double chk_timeout(void) {
     return t;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
 // Waits for every request, polling; after CUCC_NCCL_TIMEOUT seconds without one completing, reports what
 // `what` says is pending (completed requests are MPI_REQUEST_NULL in reqs by then).
 static void check_wait(std::vector<MPI_Request>* reqs, const std::function<std::string(const std::vector<MPI_Request>&)>& what) {
     if (reqs->empty()) return;
     std::vector<int> idx(reqs->size());
-    double last = now_s();
-    int naps = 0;
+    Backoff b = backoff_start();
     for (;;) {
         int done = 0;
         MPI_Testsome((int)reqs->size(), reqs->data(), &done, idx.data(), MPI_STATUSES_IGNORE);
         if (done == MPI_UNDEFINED) break;
         if (done > 0) {
-            last = now_s();
-            naps = 0;
+            b = backoff_start();
             continue;
         }
-        if (now_s() - last > chk_timeout()) {
+        if (now_s() - b.start > chk_timeout()) {
             cucc_check_report(CUCC_CHECK_NCCL, "%s; no progress for %g s (CUCC_NCCL_TIMEOUT): the peer never made the "
                               "matching call", what(*reqs).c_str(), chk_timeout());
         }
-        usleep(naps++ < 200 ? 20 : 1000);
+        backoff_pause(&b);
     }
     reqs->clear();
 }
@@ -591,8 +636,7 @@ static void chk_group_p2p(std::vector<Op>& ops) {
                   TAG_CHECK_GROUP, mans[i].comm->mpi, &sends[i]);
     }
     size_t left = mans.size();
-    double last = now_s();
-    int naps = 0;
+    Backoff b = backoff_start();
     while (left > 0) {
         int progress = 0;
         for (Manifest& m : mans) {
@@ -608,8 +652,11 @@ static void chk_group_p2p(std::vector<Op>& ops) {
             left--;
             progress = 1;
         }
-        if (progress) { last = now_s(); naps = 0; continue; }
-        if (now_s() - last > chk_timeout()) {
+        if (progress) {
+            b = backoff_start();
+            continue;
+        }
+        if (now_s() - b.start > chk_timeout()) {
             std::string s;
             for (const Manifest& m : mans) {
                 if (m.got) continue;
@@ -623,7 +670,7 @@ static void chk_group_p2p(std::vector<Op>& ops) {
             cucc_check_report(CUCC_CHECK_NCCL, "ncclGroupEnd: %s; no progress for %g s (CUCC_NCCL_TIMEOUT)", s.c_str(),
                               chk_timeout());
         }
-        usleep(naps++ < 200 ? 20 : 1000);
+        backoff_pause(&b);
     }
     for (const Manifest& m : mans) {
         chk_pair(m, OP_SEND);
@@ -945,7 +992,7 @@ static void wait_all(std::vector<MPI_Request>* reqs) {
         return;
     }
 #endif
-    MPI_Waitall((int)reqs->size(), reqs->data(), MPI_STATUSES_IGNORE);
+    wait_requests((int)reqs->size(), reqs->data());
     reqs->clear();
 }
 
@@ -964,7 +1011,7 @@ static void finish_sends(ncclComm_t c, int wait) {
             });
         } else
 #endif
-        if (wait) MPI_Waitall((int)s.reqs.size(), s.reqs.data(), MPI_STATUSES_IGNORE);
+        if (wait) wait_requests((int)s.reqs.size(), s.reqs.data());
         else MPI_Testall((int)s.reqs.size(), s.reqs.data(), &done, MPI_STATUSES_IGNORE);
         if (done) free(s.data);
         else c->sends[kept++] = s;

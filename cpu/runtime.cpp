@@ -17,8 +17,10 @@
 // disagree on the mask or read an exited lane.
 #include "cucc.h"
 
+#include <alloca.h>
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -882,6 +884,114 @@ static int profiling_enabled(void) {
     }
     return enabled;
 }
+
+// ----------------------------------------------------------------------------------------------
+// Threads and waits (doc/backend.md, "Threads and waits"). A process's cores are its own only when it does not share
+// them: every process of a node starting a thread per core, and every idle thread spinning, turns a machine with
+// more threads than cores into one that spends its time spinning (measured on 2 cores: two processes of 2 threads
+// each ran a step 5-15x slower than one alone). libgomp and OpenBLAS read their settings from the environment in
+// their constructors, which run after this .preinit_array function and after libc's, and libc's discards changes
+// made to the environment before it. So this function, the first code of the process, computes the defaults from
+// its envp and, when one of them is missing, executes the program again (/proc/self/exe, the same pid, arguments
+// and environment) with them added:
+//  - OMP_NUM_THREADS, when unset: max(1, the cores this process may run on / the processes of its node,
+//    OMPI_COMM_WORLD_LOCAL_SIZE). The kernels' blocks and OpenBLAS's GEMMs run on that one OpenMP team.
+//  - GOMP_SPINCOUNT, when neither it nor OMP_WAIT_POLICY is set: CUCC_SPIN_US microseconds of libgomp's spin loop
+//    (one `pause` per iteration, timed here). An idle OpenMP thread spins that long, then sleeps on a futex;
+//    libgomp's own default spins 300000 iterations (8 ms at this machine's 27 ns per pause).
+//  - OMPI_MCA_mpi_yield_when_idle=1, when unset and the node's processes hold more threads than it has cores: what
+//    Open MPI sets itself on a node it knows to be oversubscribed (mpirun knows only of its own processes).
+// Setting OMP_NUM_THREADS and GOMP_SPINCOUNT (or OMP_WAIT_POLICY) by hand starts a program without the second
+// execution (under valgrind, say, which would not follow it). The NCCL waits (nccl.cpp) spin for CUCC_SPIN_US too,
+// then sleep: __cucc_spin_ns. CUCC_SPIN_US=-1 keeps libgomp's and Open MPI's spinning waits
+// (cpu/bench_oversubscription.sh measures both).
+static const long DEFAULT_SPIN_US = 50;
+
+// NAME's value in envp, or NULL (getenv reads libc's environment, which is not set up yet in a .preinit_array function)
+static const char* env_value(char** envp, const char* name) {
+    size_t n = strlen(name);
+    for (char** e = envp; e && *e; e++)
+        if (strncmp(*e, name, n) == 0 && (*e)[n] == '=') return *e + n + 1;
+    return nullptr;
+}
+
+static long spin_us_of(const char* text) {
+    if (!text || !*text) return DEFAULT_SPIN_US;
+    char* end;
+    long us = strtol(text, &end, 10);
+    if (*end != '\0' || us < -1) {
+        fprintf(stderr, "cucc: CUCC_SPIN_US=%s: expected microseconds (0 or more), or -1 for spinning waits\n", text);
+        _exit(2);
+    }
+    return us;
+}
+
+extern "C" long __cucc_spin_ns(void) {
+    static long ns = -2;
+    if (ns == -2) {
+        long us = spin_us_of(getenv("CUCC_SPIN_US"));
+        ns = us < 0 ? -1 : us * 1000;
+    }
+    return ns;
+}
+
+// nanoseconds per iteration of a `pause` loop like libgomp's (the fastest of 3 rounds of 256)
+static double pause_ns(void) {
+    double best = 1e9;
+    for (int round = 0; round < 3; round++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (int i = 0; i < 256; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#else
+            __asm__ __volatile__("" ::: "memory");
+#endif
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double ns = ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / 256.0;
+        if (ns < best) best = ns;
+    }
+    return best > 0.1 ? best : 0.1;
+}
+
+static void default_threads_and_waits(int, char** argv, char** envp) {
+    cpu_set_t allowed;
+    long node_cores = sysconf(_SC_NPROCESSORS_ONLN), cores = node_cores;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) cores = CPU_COUNT(&allowed);
+    if (cores < 1) cores = 1;
+    if (node_cores < cores) node_cores = cores;
+    const char* local = env_value(envp, "OMPI_COMM_WORLD_LOCAL_SIZE");
+    long processes = local && atol(local) > 0 ? atol(local) : 1;
+    const char* given = env_value(envp, "OMP_NUM_THREADS");
+    long threads = given && atol(given) > 0 ? atol(given) : (cores / processes > 1 ? cores / processes : 1);
+    long spin_us = spin_us_of(env_value(envp, "CUCC_SPIN_US"));
+
+    static char threads_var[48], spin_var[48], yield_var[] = "OMPI_MCA_mpi_yield_when_idle=1";
+    const char* added[3];
+    int n_added = 0;
+    if (!given || !*given) {
+        snprintf(threads_var, sizeof(threads_var), "OMP_NUM_THREADS=%ld", threads);
+        added[n_added++] = threads_var;
+    }
+    if (spin_us >= 0 && !env_value(envp, "GOMP_SPINCOUNT") && !env_value(envp, "OMP_WAIT_POLICY")) {
+        snprintf(spin_var, sizeof(spin_var), "GOMP_SPINCOUNT=%ld", (long)(spin_us * 1000.0 / pause_ns()));
+        added[n_added++] = spin_var;
+    }
+    if (spin_us >= 0 && processes * threads > node_cores && !env_value(envp, "OMPI_MCA_mpi_yield_when_idle"))
+        added[n_added++] = yield_var;
+    if (n_added == 0) return;
+    size_t count = 0;
+    while (envp && envp[count]) count++;
+    char** env = (char**)alloca((count + n_added + 1) * sizeof(char*));
+    for (size_t i = 0; i < count; i++) env[i] = envp[i];
+    for (int i = 0; i < n_added; i++) env[count + i] = (char*)added[i];
+    env[count + n_added] = nullptr;
+    execve("/proc/self/exe", argv, env);
+    // no /proc: run on with the libraries' own defaults
+}
+__attribute__((section(".preinit_array"), used)) static void (*const cucc_preinit)(int, char**, char**) =
+    default_threads_and_waits;
 
 // ----------------------------------------------------------------------------------------------
 // Production sizes on a CPU: CUCC_EDGE_BLOCKS=K (doc/backend.md, "Edge mode"). Only the first and last K blocks of
