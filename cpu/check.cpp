@@ -1021,7 +1021,18 @@ static void access(uintptr_t a, size_t n, int mode, const void* pc) {
             if (cucc_check_block_state.clock > clock) clock = cucc_check_block_state.clock;
         }
     }
-    for (size_t i = 0; i < n; i++) kernel_byte(&cells[off + i], a + i, mode, r, op, pc);
+    // A byte's new shadow state depends only on its old one and on the access, so a byte whose cell equals the first
+    // byte's old cell (a value written whole, the common case) takes the first byte's new cell without the checks:
+    // they would find what the first byte's found, and that would have been reported already.
+    if (n == 0) return;
+    cell* first = &cells[off];
+    const cell old_first = *first;
+    kernel_byte(first, a, mode, r, op, pc);
+    for (size_t i = 1; i < n; i++) {
+        cell* c = &cells[off + i];
+        if (memcmp(c, &old_first, sizeof(cell)) == 0) *c = *first;
+        else kernel_byte(c, a + i, mode, r, op, pc);
+    }
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -112,15 +112,19 @@ inline size_t __cucc_wmma_offset(int r, int c, unsigned ldm, bool row_major_memo
 template <typename Use, int M, int N, int K, typename T, typename Layout>
 inline void __cucc_wmma_load(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned ldm, bool row_major_memory) {
     typedef __cucc_dims<Use, M, N, K> dims;
+    int lane = (int)__cucc_lane_id();
 #ifdef CUCC_CHECK
-    // which lane reads which element is unspecified, so in the checking mode every lane reads every element: a
-    // race with any lane's earlier write, or an unwritten element, is seen whatever mapping a GPU has
-    for (int e = 0; e < dims::rows * dims::cols; e++) {
-        T v = p[__cucc_wmma_offset(e / dims::cols, e % dims::cols, ldm, row_major_memory)];
-        asm volatile("" : : "m"(v));  // keeps the read
+    // which lane reads which element is unspecified, so in the checking mode lanes 0 and 1 read every element: a
+    // race with an earlier write of any thread but the reader (another warp's, or any lane's: it is not both of these
+    // two), or an unwritten element, is seen whatever mapping a GPU has. (The other lanes add nothing for a write
+    // that a rendezvous orders before the whole warp's load or before none of it; they read their own elements.)
+    if (lane < 2) {
+        for (int e = 0; e < dims::rows * dims::cols; e++) {
+            T v = p[__cucc_wmma_offset(e / dims::cols, e % dims::cols, ldm, row_major_memory)];
+            asm volatile("" : : "m"(v));  // keeps the read
+        }
     }
 #endif
-    int lane = (int)__cucc_lane_id();
     for (int i = 0; i < f.num_elements; i++) {
         int e = (32 * i + lane) % (dims::rows * dims::cols);
         f.x[i] = p[__cucc_wmma_offset(e / dims::cols, e % dims::cols, ldm, row_major_memory)];
