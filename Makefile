@@ -10,7 +10,7 @@
 #   make test          build and run the whole test suite on the CPU backend (what CI runs), including the
 #                      checking build (cpu/cucc --check) of the trainers' tests, of every lab and of the probes
 #   make check-cuda    compile every .cu in the project with nvcc for sm_80 and sm_90 (compile only)
-#   make bench         the CPU backend benchmark (fiber switch, launch, kernels, GEMM)
+#   make bench         the CPU backend benchmark (fiber switch, launch, kernels, GEMM; what sharing the cores costs)
 #   make clean
 NVCC ?= nvcc
 CUCC := cpu/cucc
@@ -88,7 +88,6 @@ $(SANITIZED): $(BUILD)/sanitize/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC) $
 $(BUILD)/prod/train.bin: train_gpt.py
 	@mkdir -p $(dir $@)
 	$(PYTHON) train_gpt.py --write-shard $@ --shard-tokens 262144 --V 263 --seed 7 >/dev/null
-PRODUCTION := $(SANITIZED) $(BUILD)/prod/train.bin
 
 # The PyTorch reference states (doc/formats.md, "Debug state"): build/ref/NAME_{fp32,bf16}_debug_state.bin and
 # its model file. GPT: tiny; MoE: one line per configuration, MOE_REF_<configuration> its flags
@@ -117,6 +116,7 @@ LLAMA_REF_ARGS := --B 3 --T 23 --V 263 --L 2 --NH 4 --C 64 --maxT 32 --seed 1337
 LLAMA_REF_gqa := --kv-heads 2
 LLAMA_REF_tied := --tie-embeddings 1 --ffn-hidden 96 --rope-theta 500000 --norm-eps 1e-6
 $(BUILD)/ref/llama_%_debug_state.bin: train_gpt.py | $(BUILD)
+	$(call ref_defined,LLAMA_REF_$(call ref_config,$*))
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/llama_$* $(LLAMA_REF_ARGS) $(LLAMA_REF_$(call ref_config,$*)) \
 	    --dtype $(call ref_dtype,$*)
@@ -214,53 +214,20 @@ MOE_LLAMA := --arch llama --NH 4 --C 64 --kv-heads 2
 MOE_REF_llama_mixtral := $(MOE_LLAMA) --E 8 --topk 2 --H 64 --moe-every 1 --cf 0
 MOE_REF_llama_shared := $(MOE_LLAMA) --topk 2 --H 64 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64 \
     --score sigmoid
+# a configuration is a variable of its own: a name without one is refused rather than built with the defaults
+ref_defined = $(if $(filter undefined,$(origin $1)),$(error $@: the Makefile defines no $1))
 $(BUILD)/ref/moe_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
+	$(call ref_defined,MOE_REF_$(call ref_config,$*))
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_$* $(MOE_REF_ARGS) $(MOE_REF_$(call ref_config,$*)) \
 	    --dtype $(call ref_dtype,$*)
-MOE_TESTS := $(BUILD)/test_moe_fp32 $(BUILD)/test_moe_bf16 $(BUILD)/train_moe_fp32 \
-             $(BUILD)/ref/moe_k1_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_cf0.5_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k1_dropless_fp32_debug_state.bin $(BUILD)/ref/moe_k1_dropless_seed2_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k2_me2_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k2_me2_cf0.5_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k1_jitter_fp32_debug_state.bin $(BUILD)/ref/moe_k1_jitter_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k2_noisy_fp32_debug_state.bin $(BUILD)/ref/moe_k2_noisy_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k1_noisy_jitter_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_t1024_k1_fp32_debug_state.bin $(BUILD)/ref/moe_t1024_k1_seed2_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_deep_k1_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k2_sigmoid_dropless_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k2_sigmoid_dropless_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k2_sigmoid_cf1_fp32_debug_state.bin $(BUILD)/ref/moe_k2_sigmoid_cf1_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k1_sigmoid_me2_fp32_debug_state.bin $(BUILD)/ref/moe_k2_rsf_cf0.5_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_e256_k8_sigmoid_fp32_debug_state.bin $(BUILD)/ref/moe_e256_k8_cf1_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k2_bias_dropless_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k2_bias_dropless_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k1_bias_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_bias_cf0.5_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k1_shared_me2_fp32_debug_state.bin $(BUILD)/ref/moe_k1_shared_me2_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k2_sigmoid_shared2_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k2_sigmoid_shared2_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_llama_mixtral_fp32_debug_state.bin $(BUILD)/ref/moe_llama_mixtral_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_llama_shared_fp32_debug_state.bin $(BUILD)/ref/moe_llama_shared_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k2_seq_sigmoid_fp32_debug_state.bin $(BUILD)/ref/moe_k2_seq_sigmoid_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k1_seq_cf0.5_fp32_debug_state.bin $(BUILD)/ref/moe_k1_seq_cf0.5_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k2_global_cf0.5_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k2_global_cf0.5_bf16_debug_state.bin
-# device-limited routing's references (MOE_REF_*_dl*)
-MOE_TESTS += $(BUILD)/ref/moe_k3_dl2_g4_dropless_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k3_dl2_g4_dropless_seed3_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k2_dl1_g2_cf0.5_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k2_dl1_g2_cf0.5_seed2_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_k2_bias_dl1_g4_fp32_debug_state.bin $(BUILD)/ref/moe_k2_bias_dl1_g4_bf16_debug_state.bin
-# K > 1 micro-batches per step (header[10])
-MOE_TESTS += $(BUILD)/ref/moe_k2_global_mb2_fp32_debug_state.bin \
-             $(BUILD)/ref/moe_k2_global_mb2_seed3_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_ds_fp32_debug_state.bin $(BUILD)/ref/moe_ds_seed17_bf16_debug_state.bin \
-             $(BUILD)/ref/moe_ds_nodl_fp32_debug_state.bin
-GPT_TESTS := $(BUILD)/test_gpt_fp32 $(BUILD)/test_gpt_bf16 $(BUILD)/test_gpt_fp16 $(BUILD)/train_gpt_fp32 \
-             $(BUILD)/ref/tiny_fp32_debug_state.bin $(BUILD)/ref/tiny_bf16_debug_state.bin \
-             $(BUILD)/ref/long_fp32_debug_state.bin $(BUILD)/ref/long_bf16_debug_state.bin \
-             $(BUILD)/ref/deep_fp32_debug_state.bin $(BUILD)/ref/deep_bf16_debug_state.bin \
-             $(BUILD)/ref/llama_gqa_fp32_debug_state.bin $(BUILD)/ref/llama_gqa_bf16_debug_state.bin \
-             $(BUILD)/ref/llama_tied_fp32_debug_state.bin $(BUILD)/ref/llama_tied_bf16_debug_state.bin
+# What the tests of dev/test/tests.txt use: every build/ path on a row or its "needs" line (a row with {lab} is the
+# labs: LAB_BINS and CHECKED below), build/ref/NAME standing for that reference's debug state
+TEST_TABLE := dev/test/tests.txt
+TABLE_PATHS := $(sort $(shell awk '{ sub(/\#.*/, ""); for (i = 1; i <= NF; i++) \
+    if ($$i ~ /^build\// && $$i !~ /[{]/) print $$i }' $(TEST_TABLE)))
+TABLE_INPUTS := $(foreach f,$(TABLE_PATHS),$(if $(and $(filter $(BUILD)/ref/%,$(f)),$(filter-out %.bin,$(f))), \
+    $(f)_debug_state.bin,$(f)))
 
 # The CPU backend's own tests (cpu/test/), and the host utilities' test (dev/test/); both use dev/test/test_common.h
 BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \
@@ -281,7 +248,7 @@ TEST_LIBS_test_host_utils := -lnccl -lmpi
 TEST_LIBS_test_edge_blocks := -lcublas -lcublasLt
 test_mode = $(or $(TEST_MODE_$1),-O2)
 
-.PHONY: all test run-tests check-cuda bench clean labs checked
+.PHONY: all test test-inputs run-tests check-cuda bench clean labs checked
 all: $(CPU_TESTS) $(BUILD)/bench
 
 $(BUILD):
@@ -317,10 +284,15 @@ $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 # make test works on a fresh machine: the dependencies first (scripts/install_deps.sh does nothing when they
 # are present), then the build and the suite in a second make that sees them. make test T="NAME..." runs only
 # the named tests (dev/test/run_tests.sh --list prints the names; shell patterns work), building what they use.
+# It ends with the wall time of each phase: the dependencies, the builds, the tests.
 test:
-	scripts/install_deps.sh
-	$(if $(T),dev/test/run_tests.sh $(T),$(MAKE) run-tests)
-run-tests: $(CPU_TESTS) $(GPT_TESTS) $(MOE_TESTS) $(PRODUCTION) labs checked
+	@t0=$$(date +%s); scripts/install_deps.sh || exit $$?; t1=$$(date +%s); \
+	$(if $(T),true,$(MAKE) --no-print-directory test-inputs) || exit $$?; t2=$$(date +%s); \
+	dev/test/run_tests.sh $(T); rc=$$?; t3=$$(date +%s); \
+	echo "make test: deps $$((t1 - t0)) s, builds $$((t2 - t1)) s, tests $$((t3 - t2)) s, in all $$((t3 - t0)) s"; \
+	exit $$rc
+test-inputs: $(CPU_TESTS) $(TABLE_INPUTS) labs checked
+run-tests: test-inputs
 	dev/test/run_tests.sh
 
 
@@ -346,8 +318,9 @@ $(LAB_BINS:$(BUILD)/lab/%=$(BUILD)/lab_check/%): $(BUILD)/lab_check/%: dev/cuda/
 	$(CUCC) --check -O2 $(CPU_NUMERICS) $(LAB_FLAGS_$(call program_of,$*)) $(call precision_flag,$*) $< -o $@ \
 	    -lcublas -lcublasLt
 
-bench: $(BUILD)/bench
+bench: $(BUILD)/bench $(BUILD)/train_gpt_fp32 $(BUILD)/prod/train.bin
 	$(BUILD)/bench
+	cpu/bench_oversubscription.sh
 
 # Compile-only GPU build of every .cu the project has (tracked or new), for both architectures.
 # A checking-mode probe whose bug ptxas itself refuses says so on a line "// nvcc: refused ..." and is left out.
@@ -358,11 +331,11 @@ CUDNN_SOURCES := train_gpt.cu test_gpt.cu train_moe.cu test_moe.cu dev/cuda/flas
 check-cuda: $(CUDA_SOURCES:%=$(BUILD)/check-cuda/%.ok) $(CUDNN_SOURCES:%=$(BUILD)/check-cuda/cudnn/%.ok) \
             $(BUILD)/check-cuda/no-device.ok
 	@echo "check-cuda: $(words $(CUDA_SOURCES)) files compile with nvcc for: $(GPU_ARCH); $(CUDNN_SOURCES) also with USE_CUDNN=1"
-# the linked GPU binaries, run where there is no GPU, must say so in one line and exit non-zero
-$(BUILD)/check-cuda/no-device.ok: train_gpt.cu test_gpt.cu $(LLMC)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(MPI_INC) train_gpt.cu -o $(BUILD)/check-cuda/train_gpt $(GPU_LIBS)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(MPI_INC) test_gpt.cu -o $(BUILD)/check-cuda/test_gpt $(GPU_LIBS)
+# the linked GPU binaries (the objects compiled above, linked as make train_gpt / test_gpt would), run where there is
+# no GPU, must say so in one line and exit non-zero
+$(BUILD)/check-cuda/no-device.ok: $(BUILD)/check-cuda/train_gpt.cu.ok $(BUILD)/check-cuda/test_gpt.cu.ok
+	$(NVCC) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(BUILD)/check-cuda/train_gpt.cu.o -o $(BUILD)/check-cuda/train_gpt $(GPU_LIBS)
+	$(NVCC) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(BUILD)/check-cuda/test_gpt.cu.o -o $(BUILD)/check-cuda/test_gpt $(GPU_LIBS)
 	! $(BUILD)/check-cuda/train_gpt -e d2 > $(BUILD)/check-cuda/no-device.log 2>&1
 	! $(BUILD)/check-cuda/test_gpt $(BUILD)/none >> $(BUILD)/check-cuda/no-device.log 2>&1
 	test "$$(grep -c '^no CUDA device' $(BUILD)/check-cuda/no-device.log)" = 2
@@ -373,7 +346,7 @@ $(BUILD)/check-cuda/cudnn/%.ok: % $(LLMC)
 	@touch $@
 $(BUILD)/check-cuda/%.ok: % $(LLMC)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -I dev/test -I . $(MPI_INC) -c $< -o $(@:.ok=.o)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) -I dev/test -I . $(MPI_INC) -c $< -o $(@:.ok=.o)
 	@touch $@
 
 clean:
