@@ -6,17 +6,27 @@
 // micro-batch only). A reference written with --micro-batches K (header[10]) runs each step as K micro-steps of B/K
 // sequences, as train_moe's step does (test_gpt.cu's test_step): the losses are means over them, the routing counts
 // and drops sums, the gradients the accumulated ones.
-//   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-cf CF] [-ra A] [-rz Z] [-ep N]
-//   [-z 0|1|2] [-oo 0|1] [-rb G] [-rsl A] [-rg 0|1] [-dl M]
+//   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-ep N] [-z 0|1|2|3]
+//   [-oo 0|1|2]
 // with -rg 1 on several processes, also the global-batch loss against a hand computation (check_global_aux).
-// (-cf, -ra, -rz, -rj, -rni, -rnl, -rb, -rsl: the values the reference was written with; -dl M -ep G: its
-// --device-limit M --ep-groups G, the groups being the expert-parallel members, so a device-limited run is compared
-// at -ep G only). The model is train_moe.cu's and the test test_gpt.cu's (both included without their main), with
-// the MoE checks below plugged in as its TestExtension; test_gpt.cu states the tolerances.
+// The MoE settings are the reference's: the debug state's words 20..32 (doc/formats.md) give the capacity factor, the
+// loss coefficients, the jitter, the balancing bias's step, the global-batch loss and the device limit, as the
+// optimizer's come from words 12..17 (test_gpt.cu). Their flags (-cf, -ra, -rz, -rj, -rni, -rnl, -rb, -rsl, -rg, -dl)
+// are accepted when they agree and refused when they do not. A device limit's groups are the expert-parallel members,
+// so a reference written with --device-limit M --ep-groups G runs at -ep G only. The model is train_moe.cu's and the
+// test test_gpt.cu's (both included without their main), with the MoE checks below plugged in as its TestExtension;
+// test_gpt.cu states the tolerances.
 #define OMIT_TRAIN_MOE_MAIN
 #include "train_moe.cu"
 #define OMIT_TEST_GPT_MAIN
 #include "test_gpt.cu"
+
+// The debug state's MoE settings (doc/formats.md, "Debug state"): the capacity factor an fp64 in words 20 (low) and
+// 21, the coefficients fp32 bits, the global-batch loss and the device limit M and its groups G integers
+enum {
+    STATE_CF_WORD = 20, STATE_AUX_WORD = 22, STATE_Z_WORD, STATE_JITTER_WORD, STATE_IMPORTANCE_WORD, STATE_LOAD_WORD,
+    STATE_INIT_SCALE_WORD, STATE_GAMMA_WORD, STATE_SEQ_WORD, STATE_GLOBAL_WORD, STATE_LIMIT_WORD, STATE_GROUPS_WORD
+};
 
 // The debug state's MoE part (after the loss): header[7] MoE layers, header[8] noisy gating; the aux and z losses
 // summed over the MoE layers, noisy gating's importance and load losses, then per layer the dropped choices and
@@ -59,8 +69,8 @@ static void* moe_read_reference(FILE* f, const char* path, const int* header, co
     r->seq = header[9];
     float seq_alpha = moe_of(model)->settings.seq_alpha;
     if (r->seq != (seq_alpha > 0.0f)) {
-        fprintf(stderr, "%s: header[9] = %d (the sequence-wise loss), but the test runs with -rsl %g: give -rsl the "
-                "reference's --seq-aux-alpha\n", path, header[9], seq_alpha);
+        fprintf(stderr, "%s: word 9 = %d (the sequence-wise loss) disagrees with its coefficient %g in word %d\n", path,
+                header[9], seq_alpha, STATE_SEQ_WORD);
         exit(EXIT_FAILURE);
     }
     if (r->seq) fread_check(&r->seq_loss, sizeof(float), 1, f, path);
@@ -71,8 +81,8 @@ static void* moe_read_reference(FILE* f, const char* path, const int* header, co
     float gamma = moe_of(model)->settings.bias_gamma;
     int moving = gamma > 0.0f;
     if (header[11] != moving) {
-        fprintf(stderr, "%s: header[11] = %d (balancing biases after each step), but the test runs with -rb %g: give "
-                "-rb the reference's --bias-gamma\n", path, header[11], gamma);
+        fprintf(stderr, "%s: word 11 = %d (balancing biases after each step) disagrees with the bias step %g in word "
+                "%d\n", path, header[11], gamma, STATE_GAMMA_WORD);
         exit(EXIT_FAILURE);
     }
     if (moving) {  // the file's last nsteps * Lm * E floats
@@ -177,23 +187,123 @@ static float moe_gradient_multiplier(const GPT2* model, int i) {
     return moe_is_expert_slot(slot) ? moe_of(model)->expert_store.grad_multiplier : 1.0f;
 }
 
-// the settings the reference was written with (Makefile: MOE_REF_ARGS and its configurations)
-static MoESettings test_moe_settings = {1.25, 1.25, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, 0.0f, 0, 0.0f, 0};
+// the MoE settings of every model the test builds: the reference's (moe_take_settings)
+static MoESettings test_moe_settings;
+
+// The flags of those settings: train_moe's names, each with its word. A flag may repeat the reference's value (the
+// command lines that name them still run) but never change it: a test of other settings than the reference's would
+// compare two different models.
+typedef enum { SETTING_FP64, SETTING_FP32, SETTING_INT } SettingKind;
+typedef struct {
+    const char* flag;
+    int word;
+    SettingKind kind;
+    const char* given;  // the flag's value on the command line, or NULL
+} MoESettingFlag;
+static MoESettingFlag moe_setting_flags[] = {
+    {"-cf", STATE_CF_WORD, SETTING_FP64, NULL},          {"-ra", STATE_AUX_WORD, SETTING_FP32, NULL},
+    {"-rz", STATE_Z_WORD, SETTING_FP32, NULL},           {"-rj", STATE_JITTER_WORD, SETTING_FP32, NULL},
+    {"-rni", STATE_IMPORTANCE_WORD, SETTING_FP32, NULL}, {"-rnl", STATE_LOAD_WORD, SETTING_FP32, NULL},
+    {"-rb", STATE_GAMMA_WORD, SETTING_FP32, NULL},       {"-rsl", STATE_SEQ_WORD, SETTING_FP32, NULL},
+    {"-rg", STATE_GLOBAL_WORD, SETTING_INT, NULL},       {"-dl", STATE_LIMIT_WORD, SETTING_INT, NULL},
+};
+#define NUM_MOE_SETTING_FLAGS ((int)(sizeof(moe_setting_flags) / sizeof(moe_setting_flags[0])))
+
+static double setting_in_file(const MoESettingFlag* f, const int* header) {
+    if (f->kind == SETTING_FP32) return header_float(header, f->word);
+    if (f->kind == SETTING_INT) return header[f->word];
+    double value;
+    memcpy(&value, header + f->word, sizeof(value));
+    return value;
+}
+
+// the flag's value as the setting holds it (an fp32 setting rounded as the file's was); a value that is not a number
+// of the setting's kind is refused
+static double setting_given(const MoESettingFlag* f) {
+    char* end;
+    double value = f->kind == SETTING_INT ? (double)strtol(f->given, &end, 10) : strtod(f->given, &end);
+    if (end == f->given || *end != '\0') {
+        fprintf(stderr, "%s %s: expected %s\n", f->flag, f->given, f->kind == SETTING_INT ? "an integer" : "a number");
+        exit(EXIT_FAILURE);
+    }
+    return f->kind == SETTING_FP32 ? (double)(float)value : value;
+}
+
+// a setting's value in text: %g when that reads back as the same value, else every digit
+static void setting_text(char* text, size_t size, const MoESettingFlag* f, double value) {
+    snprintf(text, size, "%g", value);
+    double back = strtod(text, NULL);
+    if ((f->kind == SETTING_FP32 ? (double)(float)back : back) != value)
+        snprintf(text, size, f->kind == SETTING_FP32 ? "%.9g" : "%.17g", value);
+}
+
 static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value) {
+    if (!strcmp(flag, "-ep")) {
+        t->ep_degree = atoi(value);
+        return 1;
+    }
+    for (int i = 0; i < NUM_MOE_SETTING_FLAGS; i++) {
+        if (strcmp(flag, moe_setting_flags[i].flag) != 0) continue;
+        moe_setting_flags[i].given = value;
+        return 1;
+    }
+    return 0;
+}
+
+// The reference's MoE settings from its debug state's header (words 20..32), each flag given checked against its
+// word, and a device limit's groups against -ep. Every process checks; process 0 says why it stops.
+static void moe_take_settings(GPT2Test* t, const int* header, const char* path) {
     MoESettings* s = &test_moe_settings;
-    if (!strcmp(flag, "-cf")) s->capacity_factor = s->capacity_factor_eval = atof(value);
-    else if (!strcmp(flag, "-ra")) s->aux_alpha = (float)atof(value);
-    else if (!strcmp(flag, "-rz")) s->z_coef = (float)atof(value);
-    else if (!strcmp(flag, "-rj")) s->jitter = (float)atof(value);
-    else if (!strcmp(flag, "-rni")) s->importance_coef = (float)atof(value);
-    else if (!strcmp(flag, "-rnl")) s->load_coef = (float)atof(value);
-    else if (!strcmp(flag, "-ep")) t->ep_degree = atoi(value);
-    else if (!strcmp(flag, "-rb")) s->bias_gamma = (float)atof(value);
-    else if (!strcmp(flag, "-dl")) s->device_limit = atoi(value);
-    else if (!strcmp(flag, "-rsl")) s->seq_alpha = (float)atof(value);
-    else if (!strcmp(flag, "-rg")) s->global_aux = atoi(value);
-    else return 0;
-    return 1;
+    memset(s, 0, sizeof(*s));
+    memcpy(&s->capacity_factor, header + STATE_CF_WORD, sizeof(double));
+    s->capacity_factor_eval = s->capacity_factor;  // the reference's one factor in every pass
+    s->aux_alpha = header_float(header, STATE_AUX_WORD);
+    s->z_coef = header_float(header, STATE_Z_WORD);
+    s->jitter = header_float(header, STATE_JITTER_WORD);
+    s->importance_coef = header_float(header, STATE_IMPORTANCE_WORD);
+    s->load_coef = header_float(header, STATE_LOAD_WORD);
+    s->init_scale = header_float(header, STATE_INIT_SCALE_WORD);
+    s->bias_gamma = header_float(header, STATE_GAMMA_WORD);
+    s->seq_alpha = header_float(header, STATE_SEQ_WORD);
+    s->global_aux = header[STATE_GLOBAL_WORD];
+    s->device_limit = header[STATE_LIMIT_WORD];
+    int groups = header[STATE_GROUPS_WORD];
+    if (s->global_aux != 0 && s->global_aux != 1) {
+        if (printing) fprintf(stderr, "%s: word %d = %d: expected 0 or 1\n", path, STATE_GLOBAL_WORD, s->global_aux);
+        exit(EXIT_FAILURE);
+    }
+    if (s->device_limit < 0 || groups < 0 || (s->device_limit > 0) != (groups > 0)) {
+        if (printing)
+            fprintf(stderr, "%s: words %d and %d (device limit %d, groups %d): expected both positive or both 0\n",
+                    path, STATE_LIMIT_WORD, STATE_GROUPS_WORD, s->device_limit, groups);
+        exit(EXIT_FAILURE);
+    }
+    for (int i = 0; i < NUM_MOE_SETTING_FLAGS; i++) {
+        const MoESettingFlag* f = &moe_setting_flags[i];
+        if (f->given == NULL) continue;
+        double want = setting_in_file(f, header);
+        if (setting_given(f) == want) continue;
+        char text[64];
+        setting_text(text, sizeof(text), f, want);
+        if (printing)
+            fprintf(stderr, "%s %s: %s was written with %s %s (word %d): leave %s out, or give the reference's value\n",
+                    f->flag, f->given, path, f->flag, text, f->word, f->flag);
+        exit(EXIT_FAILURE);
+    }
+    if (s->device_limit > 0 && t->ep_degree != groups) {
+        if (printing)
+            fprintf(stderr, "-ep %d: %s routes within %d of %d expert groups (words %d, %d), the expert-parallel "
+                    "members: run it at -ep %d\n", t->ep_degree, path, s->device_limit, groups, STATE_LIMIT_WORD,
+                    STATE_GROUPS_WORD, groups);
+        exit(EXIT_FAILURE);
+    }
+    if (printing) {
+        printf("MoE settings: the reference's: cf %g, aux %g, z %g, jitter %g, importance %g, load %g, bias step %g, "
+               "seq %g, global %d", s->capacity_factor, s->aux_alpha, s->z_coef, s->jitter, s->importance_coef,
+               s->load_coef, s->bias_gamma, s->seq_alpha, s->global_aux);
+        if (s->device_limit > 0) printf(", device limit %d of %d groups", s->device_limit, groups);
+        printf("\n");
+    }
 }
 
 // the model file brings the shape; the settings are the test's; the experts shared out over `degree` processes
@@ -219,7 +329,7 @@ static void moe_run_steps(const GPT2Test* t, int degree, const int* x, const int
     size_t n_bias = (size_t)num_moe_layers(&model) * moe_of(&model)->config.num_experts;
     for (int step = 0; step < ref->nsteps; step++) {
         losses[step] = test_step(&model, x, y, ref->B, ref->T, ref->micro_batches, step, mg, t->zero_stage,
-                                 t->grad_clip, stream);
+                                 &t->opt, stream);
         if (biases)
             cudaCheck(cudaMemcpy(biases + step * n_bias, moe_of(&model)->balance_bias, n_bias * sizeof(float),
                                  cudaMemcpyDeviceToHost));
@@ -441,9 +551,9 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
 
 static const TestExtension moe_test_extension = {
     "test_moe",
-    " [-cf capacity factor] [-ra aux coefficient] [-rz z coefficient] [-rj jitter] [-rni importance coefficient] "
-    "[-rnl load coefficient] [-ep N] [-rb gamma] [-rsl seq coefficient] [-rg 0|1] [-dl device limit]",
-    moe_parse_test_flag, moe_attach, moe_read_reference, moe_micro_step_sums, moe_check_forward,
+    " [-ep N] [-cf CF] [-ra A] [-rz Z] [-rj EPS] [-rni W] [-rnl W] [-rb GAMMA] [-rsl A] [-rg 0|1] [-dl M] (the "
+    "settings' flags must agree with the debug state)",
+    moe_parse_test_flag, moe_take_settings, moe_attach, moe_read_reference, moe_micro_step_sums, moe_check_forward,
     moe_gradient_multiplier, moe_extra_checks,
 };
 

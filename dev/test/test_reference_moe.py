@@ -123,6 +123,19 @@ def torch_names(name, shape):
     return [{"wte": "wte.weight", "wpe": "wpe.weight", "lnfw": "ln_f.weight", "lnfb": "ln_f.bias"}[name]]
 
 
+def moe_state_header(Lm, cf, noisy=0, seq_alpha=0.0, K=0, biases=0, alpha=ALPHA, z_coef=Z_COEF, jitter=0.0,
+                     importance=0.1, load=0.1, init_scale=0.1, gamma=0.0, global_aux=0, limit=0, groups=0,
+                     shape=(B, T, STEPS, V, VP)):
+    """The 256 header words of an MoE debug state of reference_args' optimizer (doc/formats.md's table): the MoE words
+    7..11 and, from word 20, the settings (the capacity factor as an fp64's two words, low first)."""
+    cf_low, cf_high = (int(w) for w in np.array([cf], dtype="<f8").view("<i4"))
+    coefficients = [test_reference.fp32_word(c) for c in (alpha, z_coef, jitter, importance, load, init_scale, gamma,
+                                                          seq_alpha)]
+    words = [(7, Lm), (8, noisy), (9, int(seq_alpha > 0)), (10, K), (11, biases), (20, cf_low), (21, cf_high),
+             *zip(range(22, 30), coefficients), (30, global_aux), (31, limit), (32, groups)]
+    return test_reference.debug_state_header(grad_clip=0.5, words=words, shape=shape)
+
+
 def read_debug_state(data, shape):
     """The MoE debug state, field by field as the brief and noise_spec §6 lay it out."""
     h = read_header(data)
@@ -379,7 +392,8 @@ def test_files(tmp):
                                                                          "--cf", "0.5"]))
     check(message is None, f"--L 3 --topk 2 --moe-every 2 --cf 0.5 runs: {message}")
 
-    for suffix, shape, version, item in (("", DEFAULT, 1, 4), ("_bf16", DEFAULT, 2, 2), ("_mixed", mixed, 1, 4)):
+    for suffix, shape, version, item, cf in (("", DEFAULT, 1, 4, 1.25), ("_bf16", DEFAULT, 2, 2, 1.25),
+                                             ("_mixed", mixed, 1, 4, 0.5)):
         model_data = open(prefix + suffix + "_model.bin", "rb").read()
         check(len(model_data) == HEADER_BYTES + item * shape.nparams(), f"{suffix} model file size {len(model_data)}")
         check(list(read_header(model_data)[:13]) == shape.header(version), f"{suffix} model header")
@@ -388,8 +402,7 @@ def test_files(tmp):
         Lm = len(shape.moe_layers)
         expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 3 + Lm * (1 + E) + shape.nparams() + STEPS)
         check(len(state_data) == expected, f"{suffix} debug state size {len(state_data)}, expected {expected}")
-        check(list(read_header(state_data)[:9]) == [20240327, 2, B, T, STEPS, V, VP, Lm, 0], f"{suffix} state header")
-        check(not read_header(state_data)[9:].any(), f"{suffix} debug state header: unused fields are zero")
+        check(np.array_equal(read_header(state_data), moe_state_header(Lm, cf)), f"{suffix} debug state header")
 
     for suffix, shape, extra in (("", DEFAULT, []), ("_mixed", mixed, ["--L", "3", "--topk", "2", "--moe-every", "2"])):
         flat = np.frombuffer(open(prefix + suffix + "_model.bin", "rb").read()[HEADER_BYTES:], dtype="<f4")
@@ -1053,8 +1066,8 @@ def test_noise_files(tmp):
         extra = 2 if shape.noisy else 0  # importance and load
         expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 3 + extra + Lm * (1 + E) + shape.nparams() + STEPS)
         check(len(state_data) == expected, f"{name}: debug state size {len(state_data)}, expected {expected}")
-        check(list(read_header(state_data)[:9]) == [20240327, 2, B, T, STEPS, V, VP, Lm, int(shape.noisy)]
-              and not read_header(state_data)[9:].any(), f"{name}: debug state header")
+        check(np.array_equal(read_header(state_data), moe_state_header(Lm, cf, int(shape.noisy), jitter=noise.jitter)),
+              f"{name}: debug state header")
         flat = np.frombuffer(model_data[HEADER_BYTES:], dtype="<f4")
         check_layout(prefix, flat, shape, flags)
         flat, s = check_debug_state(prefix, shape, cf, fd_entries=2, noise=noise)
@@ -1414,8 +1427,10 @@ def test_issue15_files(tmp):
 
     state = open(prefix + "_debug_state.bin", "rb").read()
     sh = read_header(state)
-    check(list(sh[7:12]) == [2, 0, 1, 2, 1], f"debug state words 7..11: {list(sh[7:12])}")
     B_, T_, V_, steps = 4, 9, 263, 3
+    want = moe_state_header(2, 0.0, seq_alpha=0.001, K=2, biases=1, gamma=0.001, global_aux=1, limit=2, groups=4,
+                            shape=(B_, T_, steps, V_, VP))
+    check(np.array_equal(sh, want), f"debug state words 0..32: {list(sh[:33])}, expected {list(want[:33])}")
     n_losses = 4  # CE, aux, z, seq
     ints = 2 * (1 + 8)
     size = HEADER_BYTES + 4 * (2 * B_ * T_ + B_ * T_ * V_ + n_losses + ints + count + steps + steps * 2 * 8)
