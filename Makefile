@@ -90,7 +90,10 @@ $(BUILD)/prod/train.bin: train_gpt.py
 	$(PYTHON) train_gpt.py --write-shard $@ --shard-tokens 262144 --V 263 --seed 7 >/dev/null
 
 # The PyTorch reference states (doc/formats.md, "Debug state"): build/ref/NAME_{fp32,bf16}_debug_state.bin and
-# its model file. GPT: tiny; MoE: one line per configuration, MOE_REF_<configuration> its flags
+# its model file. GPT: tiny; MoE: one line per configuration, MOE_REF_<configuration> its flags. The tests take their
+# settings from the state's header (the flags below). Both precisions of a configuration run the same seed: a BF16
+# test routes by the bf16 reference's expert choices (teacher-forced routing, doc/moe.md), so near-ties that bf16
+# rounding flips need no seed picked around them
 PYTHON := /usr/bin/python3
 REF_ARGS := --B 3 --T 23 --V 263 --L 2 --NH 3 --C 48 --maxT 32 --seed 1337 --steps 10 --grad-clip 0.5
 MOE_REF_ARGS := $(REF_ARGS) --E 4 --H 96
@@ -123,24 +126,16 @@ $(BUILD)/ref/llama_%_debug_state.bin: train_gpt.py | $(BUILD)
 # top-1 with a capacity factor that drops, dropless, top-2 every other layer
 MOE_REF_k1_cf0.5 := --topk 1 --moe-every 1 --cf 0.5
 MOE_REF_k1_dropless := --topk 1 --moe-every 1 --cf 0
-# 4 MoE layers: ZeRO-2's buckets (two per parameter set) are reused within a backward pass (fp32 only: in bf16 this
-# seed routes one token within 1.1e-6 of a tie)
+# 4 MoE layers: ZeRO-2's buckets (two per parameter set) are reused within a backward pass (its tests are FP32's)
 MOE_REF_deep_k1 := --L 4 --topk 1 --moe-every 1 --cf 0.5
 MOE_REF_k2_me2_cf0.5 := --topk 2 --moe-every 2 --cf 0.5
-# dropless in BF16 with seed 2: seed 1337's dropless routing has choices within bf16 rounding of a tie (logit
-# margin 2e-4), which flip; seed 2's margins are 5e-4 and none flips
-MOE_REF_k1_dropless_seed2 := --seed 2 --topk 1 --moe-every 1 --cf 0
 # router noise (doc/moe.md, "Router noise"): jitter with drops, noisy top-2 with drops, noisy top-1 with jitter
 # dropless every other layer
 MOE_REF_k1_jitter := --topk 1 --moe-every 1 --cf 0.5 --jitter 0.1
 MOE_REF_k2_noisy := --topk 2 --moe-every 1 --cf 0.5 --noisy-topk 1
 MOE_REF_k1_noisy_jitter := --topk 1 --moe-every 2 --cf 0 --noisy-topk 1 --jitter 0.05
-# T = 1024 with a head size of 64, top-1 with drops (attention at a real sequence length). In BF16 with seed 1337
-# a few of its 2048 choices are within rounding of a tie and flip (measured: 2; seed 3: 4), which moves a token to
-# another expert and its logits by O(1), past any whole-tensor tolerance; seed 2's choices do not flip (0 of 2048
-# on both attention paths), so BF16 runs that seed
+# T = 1024 with a head size of 64, top-1 with drops (attention at a real sequence length)
 MOE_REF_t1024_k1 := --B 1 --T 1024 --NH 2 --C 128 --maxT 1024 --topk 1 --moe-every 1 --cf 0.5
-MOE_REF_t1024_k1_seed2 := $(MOE_REF_t1024_k1) --seed 2
 # issue 15's sigmoid scores with a routed scale (doc/moe.md, "Issue 15's routing options" 3 and 5): top-2 of 8
 # experts dropless and with a capacity that drops; top-1 (its gate is the constant rsf: the router learns only
 # through the balance losses) every other layer; and the routed scale on softmax gates
@@ -151,17 +146,15 @@ MOE_REF_k1_sigmoid_me2 := $(MOE_SIGMOID) --topk 1 --moe-every 2 --cf 0
 MOE_REF_k2_rsf_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --routed-scale 2.5
 # the most experts the trainer takes (llmc/moe.cuh MOE_MAX_EXPERTS) with top-8 (issue 15's fine-grained experts): 256
 # experts of hidden size 16, sigmoid dropless and softmax with capacity factor 1 (capacity 3: about half the choices
-# dropped). FP32 only: among 256 scores the 8th and 9th of a token are often within bf16 rounding (seed 1337's
-# smallest margins 1.7e-5 and 3.0e-6), and a BF16 run routes enough choices elsewhere to fail 10 of its 23 checks
+# dropped). Among 256 scores the 8th and 9th of a token are often within bf16 rounding (seed 1337's smallest margins
+# 1.7e-5 and 3.0e-6): a BF16 run routing by itself fails 10 of its 23 checks, and passes teacher-forced
 MOE_REF_e256_k8_sigmoid := --E 256 --H 16 --topk 8 --moe-every 1 --cf 0 --score sigmoid --routed-scale 2.5
 MOE_REF_e256_k8_cf1 := --E 256 --H 16 --topk 8 --moe-every 1 --cf 1
 # issue 15's shared experts (doc/moe.md, "Issue 15's routing options" 2): one of hidden size 64 in the MoE layer of
 # a dense-then-MoE model, top-1 with drops; two of hidden size 128 (their slices of a layer's gradient bucket
-# outgrow a dense MLP's) with sigmoid top-2 of 8 dropless in every layer, seed 5: in BF16 seed 1337 (smallest logit
-# margin 1.1e-4), 2, 3 and 4 route 4 to 6 of the 276 choices elsewhere (measured), seed 5 (margins 2.5e-4) none
+# outgrow a dense MLP's) with sigmoid top-2 of 8 dropless in every layer
 MOE_REF_k1_shared_me2 := --topk 1 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64
-MOE_REF_k2_sigmoid_shared2 := $(MOE_SIGMOID) --seed 5 --topk 2 --moe-every 1 --cf 0 --shared-experts 2 \
-    --shared-hidden 128
+MOE_REF_k2_sigmoid_shared2 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --shared-experts 2 --shared-hidden 128
 # issue 15's aux-loss-free balancing (doc/moe.md, "Issue 15's routing options" 4 and 6): sigmoid top-2 of 8
 # dropless and top-1 with a capacity that drops (cf 0.5), the bias moving by 0.001 per step from the reference's
 # N(0, 0.005) start, so that pass 0's choices already depend on it
@@ -174,11 +167,6 @@ MOE_REF_k1_bias_cf0.5 := $(MOE_SIGMOID) --topk 1 --moe-every 1 --cf 0.5 --bias-g
 # the balancing bias in the key
 MOE_REF_k3_dl2_g4_dropless := --E 8 --topk 3 --moe-every 1 --cf 0 --device-limit 2 --ep-groups 4
 MOE_REF_k2_dl1_g2_cf0.5 := --E 8 --topk 2 --moe-every 1 --cf 0.5 --device-limit 1 --ep-groups 2
-# BF16 runs seeds whose routing has no choice or group within bf16 rounding of a tie: seed 1337's smallest gaps
-# between the M-th and (M+1)-th group score are 1.2e-4 (top-3, measured: 2 of 414 choices flip) and 9e-6 (top-2);
-# seed 3's (top-3) and seed 2's (top-2) are 1.0e-3 and 8.3e-4, their key margins 2.6e-4 and 3.6e-4, and none flips
-MOE_REF_k3_dl2_g4_dropless_seed3 := $(MOE_REF_k3_dl2_g4_dropless) --seed 3
-MOE_REF_k2_dl1_g2_cf0.5_seed2 := $(MOE_REF_k2_dl1_g2_cf0.5) --seed 2
 MOE_REF_k2_bias_dl1_g4 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --bias-gamma 0.001 --device-limit 1 \
     --ep-groups 4
 # issue 15's sequence-wise balance loss (doc/moe.md, "Issue 15's routing options" 7): sigmoid top-2 of 8 dropless
@@ -190,20 +178,14 @@ MOE_REF_k1_seq_cf0.5 := --topk 1 --moe-every 1 --cf 0.5 --aux-alpha 0 --seq-aux-
 # Switch loss (test_moe -rg 1 on one process, and on several with the reference batch on each)
 MOE_REF_k2_global_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --global-aux 1
 # and with 2 micro-batches of 2 sequences per step (test_moe reads K from the debug state): top-2 of 8 with a
-# capacity that drops, micro-batch 1's Switch loss reading micro-batch 0's counts too. BF16 runs seed 3: seed 1337's
-# smallest logit margin is 1.2e-4 and 2 of its 368 choices flip (measured), seed 3's is 3.4e-4 and none flips
+# capacity that drops, micro-batch 1's Switch loss reading micro-batch 0's counts too
 MOE_REF_k2_global_mb2 := --B 4 --E 8 --topk 2 --moe-every 1 --cf 0.5 --global-aux 1 --micro-batches 2
-MOE_REF_k2_global_mb2_seed3 := $(MOE_REF_k2_global_mb2) --seed 3
 # issue 15's options together at a tiny DeepSeek shape (train_moe.py's header): a llama MoE with sigmoid top-4 of 16
 # experts in 2 of 4 groups, a shared expert, the balancing bias, the sequence-wise and global-batch losses, 3
-# micro-batches of one sequence per step, dropless; tested at -ep 4 on 4 processes (the groups are the -ep members).
-# BF16 runs seed 17: seed 5's (train_moe.py's header) smallest key margin is 1.1e-4 and 6 of its 552 choices flip
-# (measured), past the expert gradients' tolerance; of seeds 2-40, 17's smallest margin is the largest (2.1e-4) and
-# none flips
+# micro-batches of one sequence per step, dropless; tested at -ep 4 on 4 processes (the groups are the -ep members)
 MOE_DS := --arch llama --NH 4 --C 64 --kv-heads 2 --E 16 --topk 4 --H 32 --shared-experts 1 --shared-hidden 64 \
     --score sigmoid --routed-scale 2.5 --bias-gamma 0.001 --seq-aux-alpha 0.001 --global-aux 1 --micro-batches 3 --cf 0
 MOE_REF_ds := $(MOE_DS) --device-limit 2 --ep-groups 4
-MOE_REF_ds_seed17 := $(MOE_REF_ds) --seed 17
 # and without the device limit, which has no -ep 1 to compare with: -ep 4 against -ep 1 with the bias, the three
 # balance losses and 3 micro-batches per step
 MOE_REF_ds_nodl := $(MOE_DS)

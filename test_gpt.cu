@@ -1,9 +1,10 @@
 // test_gpt.cu: the GPT trainer against the PyTorch reference (train_gpt.py). It includes train_gpt.cu (without
 // its main) and checks, for one model and batch written by
 //   /usr/bin/python3 train_gpt.py --write-reference PREFIX ...
-// the logits, the loss, every parameter gradient, and the losses of 10 AdamW steps on that batch. The model file's
-// header says which model: GPT-2, or the Llama-style model of -arch llama (train_gpt.py --arch llama; `make test`
-// runs build/ref/llama_gqa_* and llama_tied_*, Makefile LLAMA_REF_*).
+// the logits, the loss, every parameter gradient, and the losses of 10 AdamW steps on that batch, with the optimizer
+// the reference's steps ran with (the debug state's words 12..17, doc/formats.md). The model file's header says which
+// model: GPT-2, or the Llama-style model of -arch llama (train_gpt.py --arch llama; `make test` runs
+// build/ref/llama_gqa_* and llama_tied_*, Makefile LLAMA_REF_*).
 //   make test_gpt_cpu [PRECISION=FP32|BF16]; ./test_gpt_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1]
 //   (also under mpirun: every process takes the reference batch; test_moe.cu adds its MoE checks and -ep N through
 //   TestExtension, and includes this file with OMIT_TEST_GPT_MAIN defined)
@@ -54,6 +55,8 @@ typedef struct {
     const char* name;         // "test_moe"
     const char* usage_flags;  // its flags, for the usage line
     int (*parse_flag)(GPT2Test* t, const char* flag, const char* value);  // 1: its flag, taken
+    // its settings from the debug state's header (path), refusing a flag that disagrees; before any model is built
+    void (*take_settings)(GPT2Test* t, const int* header, const char* path);
     // gives a model its extension, with expert-parallel degree `degree` (collective); the harness frees mlp_state
     void (*attach)(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree);
     // its part of the debug state (header: the file's), read from f after the loss
@@ -77,17 +80,43 @@ struct GPT2Test {
     int ep_degree;
     const TestExtension* extension;
     int offload;  // -oo, as the trainer's
-    float grad_clip;  // test_step's clipping threshold
+    AdamWConfig opt;  // test_step's: the reference's (take_reference_optimizer)
 };
 
-static void read_reference_state(ReferenceState* r, const char* path, const GPT2* model, const TestExtension* x) {
+// The debug state's words 12..17 (doc/formats.md, "Debug state"): the reference steps' AdamW, fp32 bits
+#define STATE_OPTIMIZER_WORD 12
+
+static float header_float(const int* header, int word) {
+    float value;
+    memcpy(&value, header + word, sizeof(value));
+    return value;
+}
+
+// A debug state's header (magic, version 3); the file is left at its payload for read_reference_state
+static FILE* open_reference_state(const char* path, int* header) {
     FILE* f = fopen_check(path, "rb");
-    int header[256];
     read_header_check(f, header, path, 20240327, "debug state");
-    if (header[1] != 2) {
-        fprintf(stderr, "%s: debug state version %d, expected 2\n", path, header[1]);
+    if (header[1] != 3) {
+        fprintf(stderr, "%s: debug state version %d, expected 3 (written before its settings were: write it again)\n",
+                path, header[1]);
         exit(EXIT_FAILURE);
     }
+    return f;
+}
+
+// The steps' optimizer is the reference's: lr, betas, eps, weight decay and the clipping norm (<= 0: none) as
+// train_gpt.py --write-reference ran them
+static void take_reference_optimizer(AdamWConfig* opt, const int* header) {
+    const int w = STATE_OPTIMIZER_WORD;
+    float clip = header_float(header, w + 5);
+    AdamWConfig o = {header_float(header, w), header_float(header, w + 1), header_float(header, w + 2),
+                     header_float(header, w + 3), header_float(header, w + 4), clip > 0.0f ? clip : INFINITY};
+    *opt = o;
+}
+
+// the payload of the debug state at path, after its header (open_reference_state)
+static void read_reference_state(ReferenceState* r, FILE* f, const char* path, const int* header, const GPT2* model,
+                                 const TestExtension* x) {
     r->B = header[2];
     r->T = header[3];
     r->nsteps = header[4];
@@ -256,12 +285,10 @@ static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T
 // gradient is the mean loss's, the reduction and -oo 2's early update on the last, the update); returns the step's
 // loss (the mean over the micro-steps) averaged over the processes.
 // Training steps on the same batch use the trainer's own update (gradient clipping, AdamW with weight decay on
-// the matrices): lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, and clipping at grad_clip: 0.5, below this
-// model's gradient norm (~0.8), so that the clipping path is exercised — the reference is written with the same
-// values (Makefile: REF_ARGS).
+// the matrices) with the reference's optimizer `opt` (the debug state's; the Makefile's REF_ARGS clip at 0.5, below
+// these models' gradient norm of ~0.8, so that the clipping path is exercised).
 static float test_step(GPT2* model, const int* x, const int* y, int B, int T, int micro_batches, int step,
-                       const MultiGpuConfig* mg, int zero_stage, float grad_clip, cudaStream_t stream) {
-    AdamWConfig opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, grad_clip};
+                       const MultiGpuConfig* mg, int zero_stage, const AdamWConfig* opt, cudaStream_t stream) {
     int micro_B = B / micro_batches;
     size_t micro_tokens = (size_t)micro_B * T;
     gpt2_zero_grad(model, stream);
@@ -274,13 +301,13 @@ static float test_step(GPT2* model, const int* x, const int* y, int B, int T, in
         int last_micro_step = micro == micro_batches - 1;
         gpt2_backward(model, micro_B, T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, zero_stage,
                       stream);
-        if (last_micro_step) gpt2_early_update(model, &opt, step + 1);
+        if (last_micro_step) gpt2_early_update(model, opt, step + 1);
         step_loss += gpt2_mean_loss(model);
         if (model->mlp) model->mlp->micro_step_done(model);
     }
     float loss = (float)(step_loss / micro_batches);
     float norm = gpt2_gradient_norm(model, mg, zero_stage, stream);
-    gpt2_update(model, &opt, norm, step + 1, mg, zero_stage, stream);
+    gpt2_update(model, opt, norm, step + 1, mg, zero_stage, stream);
     return multi_gpu_cpu_float_sum(loss, mg) / mg->num_processes;
 }
 
@@ -297,7 +324,7 @@ static int run_test_steps(const GPT2Test* t, const ReferenceState* ref, const Mu
     model.rng_state = rng_state;
     for (int step = 0; step < ref->nsteps; step++)
         losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, ref->micro_batches, step, mg, t->zero_stage,
-                                 t->grad_clip, stream);
+                                 &t->opt, stream);
     if (params) gpt2_get_parameters(&model, params, stream);
     int adopted = model.store.early_adopted;
     free_test_model(&model);
@@ -315,7 +342,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         return EXIT_FAILURE;
     }
     const char* prefix = argv[1];
-    GPT2Test t = {NULL, 1, 1, 1, 0, -1, 1, x, 0, 0.5f};
+    GPT2Test t = {NULL, 1, 1, 1, 0, -1, 1, x, 0, {0}};
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-r")) t.recompute = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-w")) t.master = atoi(argv[i + 1]);
@@ -367,11 +394,20 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
 
     char path[1024], state_path[1024];
     snprintf(path, sizeof(path), "%s_model.bin", prefix);
+    snprintf(state_path, sizeof(state_path), "%s_debug_state.bin", prefix);
     t.path = path;
     if (t.zero_stage < 0 || t.zero_stage > 3 || t.offload < 0 || t.offload > 2) {
         fprintf(stderr, "-z %d -oo %d: expected -z 0, 1, 2 or 3 and -oo 0, 1 or 2\n", t.zero_stage, t.offload);
         return EXIT_FAILURE;
     }
+    // the settings are the reference's, from its debug state's header
+    int header[256];
+    FILE* state = open_reference_state(state_path, header);
+    take_reference_optimizer(&t.opt, header);
+    if (x) x->take_settings(&t, header, state_path);
+    if (printing)
+        printf("optimizer: the reference's: lr %g, betas (%g, %g), eps %g, weight decay %g, clipping at %g\n",
+               t.opt.learning_rate, t.opt.beta1, t.opt.beta2, t.opt.eps, t.opt.weight_decay, t.opt.grad_clip);
     // the reference checks read the whole gradient: ZeRO-0, no offload (test_moe.cu's own checks take -z)
     GPT2Test unsharded = t;
     unsharded.zero_stage = 0;
@@ -380,8 +416,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     build_test_model(&model, &unsharded, &mg, t.ep_degree);
     if (printing) printf("attention: %s\n", gpt2_attention_name(&model));
     ReferenceState ref;
-    snprintf(state_path, sizeof(state_path), "%s_debug_state.bin", prefix);
-    read_reference_state(&ref, state_path, &model, x);
+    read_reference_state(&ref, state, state_path, header, &model, x);
     int B = ref.B, T = ref.T, V = ref.V, Vp = ref.Vp;
     if (printing && ref.micro_batches > 1)
         printf("micro-batches: each step %d of %d sequences, as the reference's\n", ref.micro_batches,
@@ -415,7 +450,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     float* losses = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
     unsigned long long steps_rng_state = model.rng_state;  // the stochastic-rounding seeds of these steps
     for (int step = 0; step < ref.nsteps; step++) {
-        losses[step] = test_step(&model, ref.x, ref.y, B, T, K, step, &mg, 0, t.grad_clip, stream);
+        losses[step] = test_step(&model, ref.x, ref.y, B, T, K, step, &mg, 0, &t.opt, stream);
         if (printing) printf("     step %2d: loss %.6f (reference %.6f)\n", step, losses[step], ref.step_losses[step]);
     }
     double worst = 0.0;
@@ -477,7 +512,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         // bit for bit, and every step kept its early update.
         if (t.offload == 2) {
             GPT2Test unclipped = t;
-            unclipped.grad_clip = 1e30f;
+            unclipped.opt.grad_clip = 1e30f;
             unclipped.offload = 0;
             run_test_steps(&unclipped, &ref, &mg, steps_rng_state, sharded, sharded_params, stream);
             unclipped.offload = 2;

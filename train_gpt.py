@@ -20,7 +20,8 @@ Run from the repository root with a Python that has torch (here Debian's: /usr/b
   any mode can start from a model file instead of a fresh init: --model-from-file PATH (fp32 or bf16 file).
 Its own test: /usr/bin/python3 dev/test/test_reference.py
 
-The debug state extends the llm.c one: header [4] = number of step losses, [5] = V, [6] = Vp; payload x, y
+The debug state extends the llm.c one (version 3): header [4] = number of step losses, [5] = V, [6] = Vp, [12..17] =
+the steps' lr, beta1, beta2, eps, weight decay and grad clip (fp32 bits), [18] = the seed; payload x, y
 (B*T int32), logits (B*T*V fp32, the V real columns), loss, every parameter gradient in model-file order
 and layout (fp32; wte's has Vp rows, the padded ones zero), then the loss of each training step on the same
 batch (step k's loss is its forward loss before its update: step 0's equals the loss above).
@@ -51,7 +52,11 @@ MODEL_MAGIC = 20240326
 MODEL_VERSION_FP32 = 3
 MODEL_VERSION_BF16 = 5
 STATE_MAGIC = 20240327
-STATE_VERSION = 2
+STATE_VERSION = 3
+# The debug state's words 12..18 (doc/formats.md, "Debug state"): the steps' optimizer as fp32 bits (lr, beta1,
+# beta2, eps, weight decay, grad clip) and the seed, so that a test takes its settings from the file it compares with
+STATE_OPTIMIZER_WORD = 12
+STATE_SEED_WORD = 18
 SHARD_MAGIC = 20240520
 TOKENIZER_MAGIC = 20240328
 TOKENIZER_VERSION = 2
@@ -449,6 +454,18 @@ def fp32(value):
         return float(np.float32(value))
 
 
+def debug_state_header(args, config, words=None):
+    """The debug state's header: B, T, the steps, V and Vp, the steps' optimizer and the seed, then `words`
+    ({index: value}: train_moe.py's own)."""
+    h = header(STATE_MAGIC, STATE_VERSION, args.B, args.T, args.steps, config.V, config.Vp)
+    optimizer = (args.lr, args.beta1, args.beta2, args.eps, args.weight_decay, args.grad_clip)
+    h[STATE_OPTIMIZER_WORD : STATE_OPTIMIZER_WORD + len(optimizer)] = [fp32_bits(value) for value in optimizer]
+    h[STATE_SEED_WORD] = args.seed
+    for index, value in (words or {}).items():
+        h[index] = value
+    return h
+
+
 def write_model_file(path, model, version):
     c = model.config
     fields = [MODEL_MAGIC, version, c.maxT, c.V, c.L, c.NH, c.C, c.Vp]
@@ -730,8 +747,7 @@ def write_reference(args):
 
     state_path = args.write_reference + "_debug_state.bin"
     write_file(
-        state_path,
-        header(STATE_MAGIC, STATE_VERSION, args.B, args.T, args.steps, config.V, config.Vp),
+        state_path, debug_state_header(args, config),
         x.cpu().numpy().astype("<i4"), y.cpu().numpy().astype("<i4"),
         first_logits, first_loss, first_grads, np.array(step_losses, dtype="<f4"),
     )
@@ -865,6 +881,8 @@ def add_run_flags(p, dtype_help, grad_clip):
 def check_run_flags(args):
     if args.steps < 0:
         fail(f"--steps must be >= 0 (got {args.steps})")
+    if not 0 <= args.seed < 2**31:  # the debug state keeps it in an int32 word
+        fail(f"--seed must be in 0..2147483647 (got {args.seed})")
     if args.train and not args.input_bin:
         fail("--train needs --input-bin PATTERN")
 

@@ -173,6 +173,12 @@ typedef struct {
     int global_passes;
     int* global_counts;         // (Lm, E) device, with more than one process (else step_loads is the sum)
     float aux_alpha_pass;
+    // test_moe.cu's teacher-forced routing (doc/moe.md, "Teacher-forced routing"): called after each MoE layer's
+    // top-k, it may replace the choices (expert_index, (N, k)) and their gates, which it computes from this pass's
+    // probs and logits, before the slots, the dispatch and the losses read them. NULL in the trainer, where no flag
+    // or file sets it.
+    void (*route_hook)(GPT2* model, int m, int* expert_index, float* gates, const float* probs, const float* logits,
+                       int N, cudaStream_t stream);
 } MoEModel;
 
 static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
@@ -1090,6 +1096,7 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
     const float* bias = moe->balance_bias != NULL ? moe->balance_bias + (size_t)m * E : NULL;
     moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, bias, N, E, K, c->score, c->routed_scale,
                        moe->ep.degree, moe->settings.device_limit, stream);
+    if (moe->route_hook != NULL) moe->route_hook(model, m, l.expert_index, l.gates, l.probs, l.logits, N, stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, a->slot_scratch, l.expert_index, N, E,
                      K, moe->capacity_used, moe->dropless, stream);
     moe_layer_row_counts_begin(model, &l, stream);

@@ -39,7 +39,7 @@ layers' H, eps, tied); [24]=1 when [25]=shared experts, [26]=their H, [27]=score
 [28]=routed scale (fp32 bits), [29]=1 when the balancing biases (Lm, E) end the payload in fp32 (all 0 for today's
 Switch models); payload in doc/formats.md's order (see FILE ORDER below).
 
-Debug state: header [0]=20240327, [1]=2, [2]=B, [3]=T, [4]=steps, [5]=V, [6]=Vp, [7]=Lm (MoE layers), [8]=1
+Debug state: header [0]=20240327, [1]=3, [2]=B, [3]=T, [4]=steps, [5]=V, [6]=Vp, [7]=Lm (MoE layers), [8]=1
 when noisy gating is on, else 0; payload x, y (B*T int32 each), logits (B*T*V fp32, the V real columns), CE
 loss (fp32), aux loss summed over the MoE layers (fp32), z loss summed over the MoE layers (fp32), with
 header[8] = 1 the importance loss and the load loss, each summed over the MoE layers (fp32), then per MoE
@@ -53,7 +53,14 @@ counts, gradients) from training pass 0, the pass step 0 repeats (see the choice
 header [9]=1 when the sequence-wise loss follows the other losses; [10]=K with --micro-batches K > 1 (the batch is
 K micro-batches of B/K sequences: losses are means over them, counts sums, gradients those of the mean total loss,
 and micro-batch j of step s is training pass s*K + j); [11]=1 when steps x Lm x E fp32 balancing biases, each
-step's after its update, end the file (doc/formats.md, "Debug state").
+step's after its update, end the file. The run's settings (doc/formats.md, "Debug state", which test_moe takes as
+its own): [12..17] the optimizer (fp32 bits: lr, beta1, beta2, eps, weight decay, grad clip), [18] the seed, [20, 21]
+--cf as the bits of an fp64, [22..29] --aux-alpha, --z-coef, --jitter, --importance-coef, --load-coef, --init-scale,
+--bias-gamma, --seq-aux-alpha (fp32 bits), [30] --global-aux, [31] --device-limit, [32] --ep-groups. A bf16
+reference also keeps every pass's expert choices, which test_moe's BF16 build routes by (teacher-forced routing,
+doc/moe.md): [33] = P, the passes, and after the routing counts P blocks of Lm x (B/K)*T x k int32, per MoE layer per
+token its k choices in routing order: the K evaluation passes (the logits'), the K training passes of the gradient,
+then the K of each step (P = K * (steps + 2)).
 
 Choices this reference makes (the C side must make the same ones):
 - Capacity = ceil(k * CF * N / E) evaluated in IEEE double left to right, CF held as a double:
@@ -122,10 +129,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import train_gpt
-from train_gpt import (FAMILY_LLAMA, FAMILY_WORD, INIT_STD, LN_EPS, PERTURB_STD, STATE_MAGIC, STATE_VERSION,
-                       CausalSelfAttention, GPTConfig, GroupedQueryAttention, LlamaConfig, MLP, OneLineParser, RMSNorm,
-                       SwiGLUMLP, add_arch_flags, add_run_flags, add_shape_flags, backward, bf16_bits, bf16_to_float,
-                       check_arch_flags, check_llama_shape, check_run_flags, fp32, fp32_bits, fp32_from_bits, header,
+from train_gpt import (FAMILY_LLAMA, FAMILY_WORD, INIT_STD, LN_EPS, PERTURB_STD, CausalSelfAttention, GPTConfig,
+                       GroupedQueryAttention, LlamaConfig, MLP, OneLineParser, RMSNorm, SwiGLUMLP, add_arch_flags,
+                       add_run_flags, add_shape_flags, backward, bf16_bits, bf16_to_float, check_arch_flags,
+                       check_llama_shape, check_run_flags, debug_state_header, fp32, fp32_bits, fp32_from_bits, header,
                        make_deterministic, pick_device, read_file, reference_batch, reference_step_losses,
                        rope_cos_sin, train_loop, write_file)
 
@@ -148,6 +155,11 @@ BIAS_INIT_STD = 0.005
 MOE_REVISION_WORD = 24  # 0: today's Switch file, words 25..31 zero; 1: the words below are defined
 SHARED_WORD, SHARED_HIDDEN_WORD, SCORE_WORD, ROUTED_SCALE_WORD, BIAS_WORD = 25, 26, 27, 28, 29
 SCORES = ("softmax", "sigmoid")  # word 27: the index
+# The debug state's words from 20 on (doc/formats.md, "Debug state"): every routing and loss setting the C trainer
+# takes as a flag, in state_words' order, then the number of passes whose expert choices follow the routing counts.
+# The capacity factor is the bits of an fp64 (low word first): both sides compute the capacity in double, and an fp32
+# capacity factor can change it (CF 0.1, N 50, E 5: 1 slot in double, 2 from the fp32 0.1).
+STATE_SETTINGS_WORD = 20
 
 
 def fail(message):
@@ -990,15 +1002,18 @@ class MoESteps:
     dropped choices. Every call is the next step; its micro-batches are the next training passes, numbered from
     0. after_step moves the balancing biases by the step's loads and records them."""
 
-    def __init__(self, settings, micro_batches=1, bias_gamma=0.0):
+    def __init__(self, settings, micro_batches=1, bias_gamma=0.0, record_choices=False):
         self.settings, self.micro_batches, self.bias_gamma = settings, micro_batches, bias_gamma
         self.passes = itertools.count()
         self.last = None  # the latest step's MoEOutputs
         self.biases = []  # (Lm, E) balancing biases after each step's update
+        self.choices = [] if record_choices else None  # each training pass's expert choices (pass_choices)
 
     def __call__(self, model, x, y):
         outputs = micro_batch_outputs(model, x, y, self.micro_batches, self.settings, self.passes)
         self.last = outputs
+        if self.choices is not None:
+            self.choices += [pass_choices(o) for o in outputs]
         choices = sum(r.kept.numel() for o in outputs for r in o.routings)  # MoE layers x B*T tokens x top-k
         fields = lambda: (f"aux {mean_over(outputs, 'balancing_loss').item():f} | "
                           f"z {mean_over(outputs, 'z_loss').item():f} | "
@@ -1009,6 +1024,26 @@ class MoESteps:
         if self.bias_gamma > 0:
             model.update_balance_biases(layer_counts(self.last), self.bias_gamma)
             self.biases.append(model.balance_biases())
+
+
+def pass_choices(output):
+    """One pass's expert choices: per MoE layer, per token, its k choices in routing order. (Lm, N, k) int32"""
+    return np.stack([r.choices.cpu().numpy() for r in output.routings]).astype("<i4")
+
+
+def state_words(args, config, choice_passes):
+    """The debug state's MoE words: 7..11 and, from STATE_SETTINGS_WORD, the run's routing and loss settings and the
+    number of passes whose expert choices the file holds."""
+    K = args.micro_batches
+    words = {7: config.Lm, 8: int(config.noisy), 9: int(args.seq_aux_alpha > 0), 10: K if K > 1 else 0,
+             11: int(config.balance_bias)}
+    cf_bits = [int(w) for w in np.array([args.cf], dtype="<f8").view("<i4")]
+    coefficients = (args.aux_alpha, args.z_coef, args.jitter, args.importance_coef, args.load_coef, args.init_scale,
+                    args.bias_gamma, args.seq_aux_alpha)
+    settings_words = [*cf_bits, *(fp32_bits(c) for c in coefficients), args.global_aux, args.device_limit,
+                      args.ep_groups, choice_passes]
+    words.update(enumerate(settings_words, STATE_SETTINGS_WORD))
+    return words
 
 
 def describe_routing(output, label=""):
@@ -1079,18 +1114,22 @@ def write_reference(args):
     fields += ["seq_loss"] if settings.seq_alpha > 0 else []
     losses = {field: mean_over(first, field).item() for field in fields}
     first_grads = flat_gradients(model)
-    steps = MoESteps(settings, K, args.bias_gamma)
+    # a bf16 reference keeps every pass's expert choices: test_moe's BF16 build routes as they say (teacher-forced
+    # routing, doc/moe.md), where its rounding would flip a near-tie and send a token to another expert
+    bf16 = args.dtype == "bfloat16"
+    steps = MoESteps(settings, K, args.bias_gamma, record_choices=bf16)
     step_losses = reference_step_losses(model, args, device, x, y, steps, steps.after_step)
 
     state_path = args.write_reference + "_debug_state.bin"
+    # the evaluation passes' (the logits), the gradient check's, then each step's, K passes each
+    choices = [pass_choices(o) for o in evaluation + first] + steps.choices if bf16 else []
+    choice_rows = [np.stack(choices).reshape(-1)] if choices else []
     bias_rows = [np.stack(steps.biases).reshape(-1)] if config.balance_bias and steps.biases else []
     write_file(
-        state_path,
-        header(STATE_MAGIC, STATE_VERSION, args.B, args.T, args.steps, config.V, config.Vp, config.Lm,
-               int(config.noisy), int(settings.seq_alpha > 0), K if K > 1 else 0, int(config.balance_bias)),
+        state_path, debug_state_header(args, config, state_words(args, config, len(choices))),
         x.cpu().numpy().astype("<i4"), y.cpu().numpy().astype("<i4"),
         torch.cat([o.logits for o in evaluation]).detach().float().cpu().numpy().astype("<f4"),
-        np.array(list(losses.values()), dtype="<f4"), np.array(routing_ints, dtype="<i4"), first_grads,
+        np.array(list(losses.values()), dtype="<f4"), np.array(routing_ints, dtype="<i4"), *choice_rows, first_grads,
         np.array(step_losses, dtype="<f4"), *bias_rows,
     )
     named = " | ".join(f"{'loss' if field == 'ce_loss' else field[: -len('_loss')]} {value:.6f}"

@@ -395,9 +395,10 @@ else
             "${MOE_REF_ARGS[@]}" --topk 1 --moe-every 1 --cf 0.5 --dtype $dtype
         run_stage "$LOGDIR/reference_moe2_$p.log" 120 "$PYTHON" train_moe.py --write-reference "$BIN/ref/moe_k2_$p" \
             "${MOE_REF_ARGS[@]}" --topk 2 --moe-every 2 --cf 0.5 --dtype $dtype
-        # dropless (the grouped GEMMs; seed 2 has no bf16 near-ties) and noisy top-2 gating with jitter
+        # dropless (the grouped GEMMs; BF16 routes by the reference's choices, as every BF16 test_moe) and noisy
+        # top-2 gating with jitter
         run_stage "$LOGDIR/reference_moe_dropless_$p.log" 120 "$PYTHON" train_moe.py --write-reference \
-            "$BIN/ref/moe_dropless_$p" "${MOE_REF_ARGS[@]}" --seed 2 --topk 1 --moe-every 1 --cf 0 --dtype $dtype
+            "$BIN/ref/moe_dropless_$p" "${MOE_REF_ARGS[@]}" --topk 1 --moe-every 1 --cf 0 --dtype $dtype
         run_stage "$LOGDIR/reference_moe_noisy_$p.log" 120 "$PYTHON" train_moe.py --write-reference \
             "$BIN/ref/moe_noisy_$p" "${MOE_REF_ARGS[@]}" --topk 2 --moe-every 1 --cf 0.5 --noisy-topk 1 --dtype $dtype
         if [ ! -x "$BIN/test_moe_$p" ]; then skip_stage "$LOGDIR/test_moe_${p}.log" "not built (build_test_moe_$p.log)"

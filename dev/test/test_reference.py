@@ -104,6 +104,19 @@ def read_header(data):
     return np.frombuffer(data[:HEADER_BYTES], dtype="<i4")
 
 
+def debug_state_header(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0, seed=1337,
+                       words=(), shape=(B, T, STEPS, V, VP)):
+    """The 256 header words doc/formats.md's table gives a debug state of these settings; words: (index, value)
+    pairs of the MoE words; shape: B, T, the steps, V, Vp."""
+    h = np.zeros(256, dtype="<i4")
+    h[:7] = [20240327, 3, *shape]
+    h[12:18] = [fp32_word(value) for value in (lr, beta1, beta2, eps, weight_decay, grad_clip)]
+    h[18] = seed
+    for index, value in words:
+        h[index] = value
+    return h
+
+
 def read_debug_state(data, nparams):
     h = read_header(data)
     b, t, v = int(h[2]), int(h[3]), int(h[5])
@@ -187,7 +200,7 @@ def test_files(tmp):
     state_data = open(prefix + "_debug_state.bin", "rb").read()
     expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 1 + NPARAMS + STEPS)
     check(len(state_data) == expected, f"debug state size {len(state_data)}, expected {expected}")
-    check(list(read_header(state_data)[:7]) == [20240327, 2, B, T, STEPS, V, VP], "debug state header")
+    check(np.array_equal(read_header(state_data), debug_state_header()), "debug state header")
 
     # the file's tensors are the model's, in the documented order and (out, in) layout
     flat = np.frombuffer(model_data[HEADER_BYTES:], dtype="<f4")
@@ -417,7 +430,9 @@ def test_training(prefix, flat, x, y, loss, step_losses, tmp):
     check(err < 1e-5, f"losses match the written-out AdamW (max error {err:.2e}, tolerance 1e-5)")
     # the default clip (1.0) is above this model's gradient norm (~0.9): rerun where clipping is active
     message, _ = run_main(train_gpt, ["--write-reference", os.path.join(tmp, "clip"), "--grad-clip", "0.3"])
-    clipped = read_debug_state(open(os.path.join(tmp, "clip_debug_state.bin"), "rb").read(), NPARAMS)[5]
+    clip_state = open(os.path.join(tmp, "clip_debug_state.bin"), "rb").read()
+    check(np.array_equal(read_header(clip_state), debug_state_header(grad_clip=0.3)), "--grad-clip 0.3: header word 17")
+    clipped = read_debug_state(clip_state, NPARAMS)[5]
     err = np.abs(adamw_losses(flat, x, y, STEPS, 0.3) - clipped).max()
     check(message is None and err < 1e-5, f"--grad-clip 0.3 losses match the written-out AdamW (max error {err:.2e})")
     unclipped_err = np.abs(adamw_losses(flat, x, y, STEPS, 0.0) - clipped).max()
@@ -490,6 +505,7 @@ def test_bad_input(prefix, tmp):
     fails_with(["--write-reference", os.path.join(tmp, "x"), "--bogus"], "--bogus", "unknown flag")
     fails_with(["--write-reference", os.path.join(tmp, "x"), "--C", "50"], "--NH", "C not a multiple of NH")
     fails_with(["--write-reference", os.path.join(tmp, "x"), "--T", "40"], "maxT", "T over maxT")
+    fails_with(["--write-reference", os.path.join(tmp, "x"), "--seed", "-1"], "--seed", "a seed no int32 word holds")
     fails_with(["--write-tokenizer", os.path.join(tmp, "t.bin"), "--V", "300"], "257", "tokenizer V other than 257")
     fails_with(["--train"], "--input-bin", "--train without --input-bin")
     fails_with(["--train", "--input-bin", os.path.join(tmp, "nothing_*.bin")], "no data shard", "no shard matches")
@@ -629,7 +645,7 @@ def test_llama_files(tmp):
         state_data = open(prefix + label + "_debug_state.bin", "rb").read()
         expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 1 + nparams + STEPS)
         check(len(state_data) == expected, f"{what} debug state size {len(state_data)}, expected {expected}")
-        check(list(read_header(state_data)[:7]) == [20240327, 2, B, T, STEPS, V, VP], f"{what} debug state header")
+        check(np.array_equal(read_header(state_data), debug_state_header()), f"{what} debug state header")
 
         # the file's tensors are a fresh model's of the same flags, in the documented order and (out, in) layout
         flat = np.frombuffer(model_data[HEADER_BYTES:], dtype="<f4")

@@ -123,10 +123,25 @@ def torch_names(name, shape):
     return [{"wte": "wte.weight", "wpe": "wpe.weight", "lnfw": "ln_f.weight", "lnfb": "ln_f.bias"}[name]]
 
 
+def moe_state_header(Lm, cf, noisy=0, seq_alpha=0.0, K=0, biases=0, alpha=ALPHA, z_coef=Z_COEF, jitter=0.0,
+                     importance=0.1, load=0.1, init_scale=0.1, gamma=0.0, global_aux=0, limit=0, groups=0, passes=0,
+                     shape=(B, T, STEPS, V, VP)):
+    """The 256 header words of an MoE debug state of reference_args' optimizer (doc/formats.md's table): the MoE words
+    7..11 and, from word 20, the settings (the capacity factor as an fp64's two words, low first) and the passes of
+    expert choices."""
+    cf_low, cf_high = (int(w) for w in np.array([cf], dtype="<f8").view("<i4"))
+    coefficients = [test_reference.fp32_word(c) for c in (alpha, z_coef, jitter, importance, load, init_scale, gamma,
+                                                          seq_alpha)]
+    words = [(7, Lm), (8, noisy), (9, int(seq_alpha > 0)), (10, K), (11, biases), (20, cf_low), (21, cf_high),
+             *zip(range(22, 30), coefficients), (30, global_aux), (31, limit), (32, groups), (33, passes)]
+    return test_reference.debug_state_header(grad_clip=0.5, words=words, shape=shape)
+
+
 def read_debug_state(data, shape):
-    """The MoE debug state, field by field as the brief and noise_spec §6 lay it out."""
+    """The MoE debug state, field by field as the brief, noise_spec §6 and doc/formats.md lay it out (a bf16
+    reference's expert choices: (passes, Lm, tokens of a micro-batch, k))."""
     h = read_header(data)
-    b, t, v, lm, noisy = int(h[2]), int(h[3]), int(h[5]), int(h[7]), int(h[8])
+    b, t, v, lm, noisy, passes = int(h[2]), int(h[3]), int(h[5]), int(h[7]), int(h[8]), int(h[33])
     ints = np.frombuffer(data, dtype="<i4", offset=HEADER_BYTES)
     floats = np.frombuffer(data, dtype="<f4", offset=HEADER_BYTES)
     offset = 2 * b * t
@@ -144,6 +159,9 @@ def read_debug_state(data, shape):
         state["dropped"].append(int(ints[offset]))
         state["counts"].append(ints[offset + 1 : offset + 1 + shape.E].copy())
         offset += 1 + shape.E
+    n = b // max(int(h[10]), 1) * t
+    state["choices"] = ints[offset : offset + passes * lm * n * shape.topk].reshape(passes, lm, n, shape.topk)
+    offset += state["choices"].size
     state["grads"] = floats[offset : offset + shape.nparams()]
     offset += shape.nparams()
     state["steps"] = floats[offset:]
@@ -379,17 +397,20 @@ def test_files(tmp):
                                                                          "--cf", "0.5"]))
     check(message is None, f"--L 3 --topk 2 --moe-every 2 --cf 0.5 runs: {message}")
 
-    for suffix, shape, version, item in (("", DEFAULT, 1, 4), ("_bf16", DEFAULT, 2, 2), ("_mixed", mixed, 1, 4)):
+    for suffix, shape, version, item, cf in (("", DEFAULT, 1, 4, 1.25), ("_bf16", DEFAULT, 2, 2, 1.25),
+                                             ("_mixed", mixed, 1, 4, 0.5)):
         model_data = open(prefix + suffix + "_model.bin", "rb").read()
         check(len(model_data) == HEADER_BYTES + item * shape.nparams(), f"{suffix} model file size {len(model_data)}")
         check(list(read_header(model_data)[:13]) == shape.header(version), f"{suffix} model header")
         check(not read_header(model_data)[13:].any(), f"{suffix} model header: unused fields are zero")
         state_data = open(prefix + suffix + "_debug_state.bin", "rb").read()
         Lm = len(shape.moe_layers)
-        expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 3 + Lm * (1 + E) + shape.nparams() + STEPS)
+        passes = STEPS + 2 if version == 2 else 0  # a bf16 reference's expert choices: K = 1 pass of each kind
+        choices = passes * Lm * B * T * shape.topk
+        expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 3 + Lm * (1 + E) + choices + shape.nparams() + STEPS)
         check(len(state_data) == expected, f"{suffix} debug state size {len(state_data)}, expected {expected}")
-        check(list(read_header(state_data)[:9]) == [20240327, 2, B, T, STEPS, V, VP, Lm, 0], f"{suffix} state header")
-        check(not read_header(state_data)[9:].any(), f"{suffix} debug state header: unused fields are zero")
+        check(np.array_equal(read_header(state_data), moe_state_header(Lm, cf, passes=passes)),
+              f"{suffix} debug state header")
 
     for suffix, shape, extra in (("", DEFAULT, []), ("_mixed", mixed, ["--L", "3", "--topk", "2", "--moe-every", "2"])):
         flat = np.frombuffer(open(prefix + suffix + "_model.bin", "rb").read()[HEADER_BYTES:], dtype="<f4")
@@ -771,9 +792,17 @@ def test_bf16_and_model_from_file(prefix, tmp):
     check(np.array_equal(bf16_payload, torch_bits), "bf16 model file = torch's bf16 cast of the fp32 parameters")
     widened = (bf16_payload.astype("<u4") << 16).view("<f4")
     s = read_debug_state(open(prefix + "_bf16_debug_state.bin", "rb").read(), DEFAULT)
-    logits, ce, aux, z, *_ = np_forward(widened, s["x"], s["y"], DEFAULT, 1.25)
+    logits, ce, aux, z, routings, *_ = np_forward(widened, s["x"], s["y"], DEFAULT, 1.25)
     check(np.abs(logits - s["logits"]).max() < 1e-5 and abs(ce - s["ce"]) < 1e-5 and abs(aux - s["aux"]) < 1e-7,
           "bf16 debug state = fp32 forward of the rounded parameters")
+    # its expert choices: the evaluation pass's, the gradient's and step 0's are the forward's routing (no noise: the
+    # same parameters route the same), every step's experts valid
+    choices = s["choices"]
+    forward = np.stack([c for c, *_ in routings])  # (Lm, N, k)
+    check(choices.shape == (STEPS + 2, len(DEFAULT.moe_layers), B * T, 1), f"bf16 choices of shape {choices.shape}")
+    check(all(np.array_equal(choices[p], forward) for p in (0, 1, 2)),
+          "bf16 choices of the evaluation, gradient and first step passes = the forward's routing")
+    check(choices.min() >= 0 and choices.max() < E, "bf16 choices: experts in [0, E)")
     for suffix, dtype in (("", "float32"), ("_bf16", "bfloat16")):
         again = os.path.join(tmp, "again" + suffix)
         argv = reference_args(again, ["--dtype", dtype, "--model-from-file", prefix + suffix + "_model.bin",
@@ -1053,8 +1082,8 @@ def test_noise_files(tmp):
         extra = 2 if shape.noisy else 0  # importance and load
         expected = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 3 + extra + Lm * (1 + E) + shape.nparams() + STEPS)
         check(len(state_data) == expected, f"{name}: debug state size {len(state_data)}, expected {expected}")
-        check(list(read_header(state_data)[:9]) == [20240327, 2, B, T, STEPS, V, VP, Lm, int(shape.noisy)]
-              and not read_header(state_data)[9:].any(), f"{name}: debug state header")
+        check(np.array_equal(read_header(state_data), moe_state_header(Lm, cf, int(shape.noisy), jitter=noise.jitter)),
+              f"{name}: debug state header")
         flat = np.frombuffer(model_data[HEADER_BYTES:], dtype="<f4")
         check_layout(prefix, flat, shape, flags)
         flat, s = check_debug_state(prefix, shape, cf, fd_entries=2, noise=noise)
@@ -1414,8 +1443,10 @@ def test_issue15_files(tmp):
 
     state = open(prefix + "_debug_state.bin", "rb").read()
     sh = read_header(state)
-    check(list(sh[7:12]) == [2, 0, 1, 2, 1], f"debug state words 7..11: {list(sh[7:12])}")
     B_, T_, V_, steps = 4, 9, 263, 3
+    want = moe_state_header(2, 0.0, seq_alpha=0.001, K=2, biases=1, gamma=0.001, global_aux=1, limit=2, groups=4,
+                            shape=(B_, T_, steps, V_, VP))
+    check(np.array_equal(sh, want), f"debug state words 0..32: {list(sh[:33])}, expected {list(want[:33])}")
     n_losses = 4  # CE, aux, z, seq
     ints = 2 * (1 + 8)
     size = HEADER_BYTES + 4 * (2 * B_ * T_ + B_ * T_ * V_ + n_losses + ints + count + steps + steps * 2 * 8)
