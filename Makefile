@@ -266,10 +266,12 @@ $(BUILD)/bench: cpu/bench.cu $(BACKEND) | $(BUILD)
 # make test works on a fresh machine: the dependencies first (scripts/install_deps.sh does nothing when they
 # are present), then the build and the suite in a second make that sees them. make test T="NAME..." runs only
 # the named tests (dev/test/run_tests.sh --list prints the names; shell patterns work), building what they use.
-# It ends with the wall time of each phase: the dependencies, the builds, the tests.
+# It ends with the wall time of each phase: the dependencies, the builds, the tests. The builds run a job per core
+# unless make was given -j itself.
+TEST_BUILD_JOBS = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(shell nproc))
 test:
 	@t0=$$(date +%s); scripts/install_deps.sh || exit $$?; t1=$$(date +%s); \
-	$(if $(T),true,$(MAKE) --no-print-directory test-inputs) || exit $$?; t2=$$(date +%s); \
+	$(if $(T),true,$(MAKE) --no-print-directory $(TEST_BUILD_JOBS) test-inputs) || exit $$?; t2=$$(date +%s); \
 	dev/test/run_tests.sh $(T); rc=$$?; t3=$$(date +%s); \
 	echo "make test: deps $$((t1 - t0)) s, builds $$((t2 - t1)) s, tests $$((t3 - t2)) s, in all $$((t3 - t0)) s"; \
 	exit $$rc
