@@ -176,6 +176,7 @@ __global__ void __launch_bounds__(FLASH_ROWS)
         flash_load_rows<HS, FLASH_TILE>(nullptr, k_t, k_head, row_stride, k0, T, 1.0f);
         flash_load_rows<HS, FLASH_TILE>(v_tile, nullptr, v_head, row_stride, k0, T, 1.0f);
         __syncthreads();
+        if (query >= T) continue;  // a row past T (the last block's) only helps load the tiles
         float s[FLASH_TILE];
 #pragma unroll
         for (int j = 0; j < FLASH_TILE; j++) s[j] = 0.0f;
@@ -273,6 +274,7 @@ __global__ void __launch_bounds__(FLASH_ROWS)
         flash_load_rows<HS, FLASH_TILE>(k_tile, k_t, k_head, row_stride, k0, T, 1.0f);
         flash_load_rows<HS, FLASH_TILE>(nullptr, v_t, v_head, row_stride, k0, T, 1.0f);
         __syncthreads();
+        if (query >= T) continue;  // a row past T (the last block's) only helps load the tiles
         float s[FLASH_TILE], dp[FLASH_TILE];
         flash_scores_and_dp<HS>(s, dp, q_t, k_t, dout_t, v_t);
 #pragma unroll
@@ -338,6 +340,7 @@ __global__ void __launch_bounds__(FLASH_ROWS)
                 tile_delta[i] = q0 + i < T ? head_delta[q0 + i] : 0.0f;
             }
             __syncthreads();
+            if (key >= T) continue;  // a key past T (the last block's) only helps load the tiles
             float s[FLASH_TILE], dp[FLASH_TILE];
             flash_scores_and_dp<HS>(s, dp, k_t, q_t, v_t, dout_t);
 #pragma unroll
@@ -385,7 +388,8 @@ __global__ void __launch_bounds__(FLASH_ROWS)
 // Numerics, as in FlashAttention-2 and cuDNN: the probabilities and ds are rounded to floatX before the second
 // product of each pair; every sum is fp32 (tensor-core products of floatX values are exact in fp32). The row sum
 // l adds the rounded probabilities, the weights that p v uses, so out stays a convex combination of v's rows.
-// Masked work skipped: tiles above the diagonal, and on the diagonal tile each warp's columns past its last row.
+// Masked work skipped: tiles above the diagonal, on the diagonal tile each warp's columns past its last row, in the
+// last block the warps whose rows all lie past T, and in the last tile the 16-column fragments past T.
 // Floors as the fp32-core kernels' above; at GPT-2 124M sizes (B=8, T=1024, bf16) the forward's 12.9 GFLOP need
 // 13 us at an H100's dense bf16 tensor peak against 190 us on its fp32 cores.
 #if !defined(ENABLE_FP32)
@@ -400,6 +404,10 @@ constexpr int FLASH_PAD_X = 16 / sizeof(floatX);
 constexpr int FLASH_PAD_F = 4;
 constexpr int FLASH_LDS = FLASH_WMMA_TILE + FLASH_PAD_F;  // a warp's fp32 strip of a product with a tile
 constexpr int FLASH_LDP = FLASH_WMMA_TILE + FLASH_PAD_X;  // a warp's floatX strip of p or ds
+
+// the columns of a tile that hold the rows before T (n of them from the tile's start, n > 0), in whole 16-column
+// fragments: the products skip the fragments past T, which are zero rows
+__device__ inline int flash_columns_before(int n) { return min(FLASH_WMMA_TILE, (n + 15) / 16 * 16); }
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, floatX, nvcuda::wmma::row_major> FlashFragA;
 typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, floatX, nvcuda::wmma::row_major> FlashFragB;
@@ -533,8 +541,10 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
         flash_copy_rows<HS, TILE>(k, LDX, k_head, row_stride, k0, T);
         flash_copy_rows<HS, TILE>(v, LDX, v_head, row_stride, k0, T);
         __syncthreads();
-        // on the diagonal tile (k0 == q0) the keys past this warp's last query are masked for all its rows
-        const int columns = k0 == q0 ? 16 * (warp + 1) : TILE;
+        if (q0 + 16 * warp >= T) continue;  // a warp of rows past T (the last block's) only helps load the tiles
+        // on the diagonal tile (k0 == q0) the keys past this warp's last query are masked for all its rows, and on
+        // the last one the keys past T
+        const int columns = min(k0 == q0 ? 16 * (warp + 1) : TILE, flash_columns_before(T - k0));
         flash_warp_product_abt<HS>(s, FLASH_LDS, q + 16 * warp * LDX, LDX, k, LDX, 0, columns);
         __syncwarp();
         // k0 <= q0 <= query, so key k0 is attended and the max is finite from the first tile on
@@ -630,7 +640,8 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
         flash_copy_rows<HS, TILE>(k, LDX, k_head, row_stride, k0, T);
         flash_copy_rows<HS, TILE>(v, LDX, v_head, row_stride, k0, T);
         __syncthreads();
-        const int columns = k0 == q0 ? 16 * (warp + 1) : TILE;
+        if (q0 + 16 * warp >= T) continue;  // a warp of rows past T (the last block's) only helps load the tiles
+        const int columns = min(k0 == q0 ? 16 * (warp + 1) : TILE, flash_columns_before(T - k0));
         flash_warp_product_abt<HS>(s, FLASH_LDS, q + 16 * warp * LDX, LDX, k, LDX, 0, columns);
         flash_warp_product_abt<HS>(dp, FLASH_LDS, dout_rows + 16 * warp * LDX, LDX, v, LDX, 0, columns);
         __syncwarp();
@@ -699,10 +710,12 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
                 tile_delta[i] = q0 + i < T ? head_delta[q0 + i] : 0.0f;
             }
             __syncthreads();
-            // on the diagonal tile the queries before this warp's first key attend none of its keys
-            const int first = q0 == k0 ? 16 * warp : 0;
-            flash_warp_product_abt<HS>(s_t, FLASH_LDS, k + 16 * warp * LDX, LDX, q, LDX, first, TILE);
-            flash_warp_product_abt<HS>(dp_t, FLASH_LDS, v + 16 * warp * LDX, LDX, dout_tile, LDX, first, TILE);
+            if (k0 + 16 * warp >= T) continue;  // a warp of keys past T (the last block's) only helps load the tiles
+            // on the diagonal tile the queries before this warp's first key attend none of its keys, and on the last
+            // one the queries past T none
+            const int first = q0 == k0 ? 16 * warp : 0, end = flash_columns_before(T - q0);
+            flash_warp_product_abt<HS>(s_t, FLASH_LDS, k + 16 * warp * LDX, LDX, q, LDX, first, end);
+            flash_warp_product_abt<HS>(dp_t, FLASH_LDS, v + 16 * warp * LDX, LDX, dout_tile, LDX, first, end);
             __syncwarp();
             for (int i = half * TILE / 2; i < (half + 1) * TILE / 2; i++) {
                 // query q0 + i attends this key when it is not before it; queries past T are zero rows, masked too
@@ -713,8 +726,8 @@ __global__ void __launch_bounds__(FLASH_WMMA_THREADS)
                 ds_t[r * FLASH_LDP + i] = (floatX)(attended ? pi * (dp_t[e] - tile_delta[i]) : 0.0f);
             }
             __syncwarp();
-            flash_warp_product_ab<HS>(dv, p_t, FLASH_LDP, dout_tile, LDX, first, TILE);
-            flash_warp_product_ab<HS>(dk, ds_t, FLASH_LDP, q, LDX, first, TILE);
+            flash_warp_product_ab<HS>(dv, p_t, FLASH_LDP, dout_tile, LDX, first, end);
+            flash_warp_product_ab<HS>(dk, ds_t, FLASH_LDP, q, LDX, first, end);
         }
     }
     floatX* dk_rows = dinp + (size_t)b * T * row_stride + (NH + kv) * HS;
