@@ -5,8 +5,9 @@
 #pragma once
 #include "common.cuh"
 
-// 128 blocks of 256 threads; block p owns a contiguous segment of the 16-byte chunks and walks it in tiles
-// of 256 x 8 chunks, thread j reading the 8 consecutive chunks j*8 .. j*8+7 of each tile (128 bytes). On a
+// Up to 128 blocks of 256 threads, one per tile when there are fewer tiles (a block with no tile would add only a
+// zero partial, and the sum is the same without it); block p owns a contiguous segment of the 16-byte chunks and
+// walks it in tiles of 256 x 8 chunks, thread j reading the 8 consecutive chunks j*8 .. j*8+7 of each tile (128 bytes). On a
 // GPU a warp's 8 loads then cover its 4 KiB of the tile, half of each 32-byte sector per load and the other
 // half from L1 on the next; on the CPU backend, where the threads of a block run one after another, the
 // tile is read front to back, which the hardware prefetcher streams. (A grid-stride loop, the usual GPU
@@ -17,8 +18,8 @@
 #define GLOBAL_NORM_CHUNKS_PER_THREAD 8
 
 size_t global_norm_num_partials(size_t count) {
-    (void)count;
-    return GLOBAL_NORM_PARTIALS;
+    const size_t tiles = CEIL_DIV(count / x128::size, (size_t)GLOBAL_NORM_BLOCK_SIZE * GLOBAL_NORM_CHUNKS_PER_THREAD);
+    return tiles < 1 ? 1 : tiles < GLOBAL_NORM_PARTIALS ? tiles : GLOBAL_NORM_PARTIALS;
 }
 
 // partials[p] = sum of squares of segment p; the count % x128::size elements past the last whole chunk go
@@ -69,7 +70,8 @@ void global_norm_squared(float* partials, const T* values, size_t count, cudaStr
         fprintf(stderr, "global_norm_squared: values must be 16-byte aligned\n");
         exit(EXIT_FAILURE);
     }
-    global_norm_squared_kernel<T><<<GLOBAL_NORM_PARTIALS, GLOBAL_NORM_BLOCK_SIZE, 0, stream>>>(partials, values, count);
+    global_norm_squared_kernel<T><<<(unsigned)global_norm_num_partials(count), GLOBAL_NORM_BLOCK_SIZE, 0, stream>>>(
+        partials, values, count);
     cudaCheck(cudaGetLastError());
 }
 
