@@ -312,9 +312,13 @@ CUDA_SOURCES := $(sort $(filter-out $(shell grep -l '^// nvcc: refused' cpu/test
                 $(shell git ls-files --cached --others --exclude-standard '*.cu' 2>/dev/null)))
 CUDNN_SOURCES := train_gpt.cu test_gpt.cu train_moe.cu test_moe.cu dev/cuda/flash_attention_forward.cu \
                  dev/cuda/flash_attention_backward.cu
-check-cuda: $(CUDA_SOURCES:%=$(BUILD)/check-cuda/%.ok) $(CUDNN_SOURCES:%=$(BUILD)/check-cuda/cudnn/%.ok) \
-            $(BUILD)/check-cuda/no-device.ok
-	@echo "check-cuda: $(words $(CUDA_SOURCES)) files compile with nvcc for: $(GPU_ARCH); $(CUDNN_SOURCES) also with USE_CUDNN=1"
+# The checking mode's probes (cpu/test/check/, small programs) pass through nvcc as one translation unit
+# (cpu/test/check/nvcc_unity.sh): one at a time, nearly all of nvcc's time went to parsing the CUDA headers again.
+CUDA_PROBES := $(filter cpu/test/check/%,$(CUDA_SOURCES))
+CUDA_UNITS := $(filter-out $(CUDA_PROBES),$(CUDA_SOURCES))
+check-cuda: $(CUDA_UNITS:%=$(BUILD)/check-cuda/%.ok) $(BUILD)/check-cuda/probes.cu.ok \
+            $(CUDNN_SOURCES:%=$(BUILD)/check-cuda/cudnn/%.ok) $(BUILD)/check-cuda/no-device.ok
+	@echo "check-cuda: $(words $(CUDA_SOURCES)) files compile with nvcc for: $(GPU_ARCH); $(CUDNN_SOURCES) also with USE_CUDNN=1 ($(CUDNN_ARCH))"
 # the linked GPU binaries (the objects compiled above, linked as make train_gpt / test_gpt would), run where there is
 # no GPU, must say so in one line and exit non-zero
 $(BUILD)/check-cuda/no-device.ok: $(BUILD)/check-cuda/train_gpt.cu.ok $(BUILD)/check-cuda/test_gpt.cu.ok
@@ -324,9 +328,19 @@ $(BUILD)/check-cuda/no-device.ok: $(BUILD)/check-cuda/train_gpt.cu.ok $(BUILD)/c
 	! $(BUILD)/check-cuda/test_gpt $(BUILD)/none >> $(BUILD)/check-cuda/no-device.log 2>&1
 	test "$$(grep -c '^no CUDA device' $(BUILD)/check-cuda/no-device.log)" = 2
 	@touch $@
+# USE_CUDNN=1 adds host code only (cuDNN's graph API; no kernel), so its builds compile their device code, the plain
+# builds' own, for the architecture of cuDNN's deterministic attention backward (Hopper) alone
+CUDNN_ARCH := -gencode arch=compute_90,code=sm_90
 $(BUILD)/check-cuda/cudnn/%.ok: % $(LLMC)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -DENABLE_CUDNN $(MPI_INC) -c $< -o $(@:.ok=.o)
+	$(NVCC) $(NVCC_FLAGS) $(CUDNN_ARCH) -DENABLE_CUDNN $(MPI_INC) -c $< -o $(@:.ok=.o)
+	@touch $@
+$(BUILD)/check-cuda/probes.cu: $(CUDA_PROBES) cpu/test/check/nvcc_unity.sh
+	@mkdir -p $(dir $@)
+	@echo "cpu/test/check/nvcc_unity.sh: the $(words $(CUDA_PROBES)) probes > $@"
+	@cpu/test/check/nvcc_unity.sh $(CUDA_PROBES) > $@
+$(BUILD)/check-cuda/probes.cu.ok: $(BUILD)/check-cuda/probes.cu
+	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) -I . $(MPI_INC) -c $< -o $(@:.ok=.o)
 	@touch $@
 $(BUILD)/check-cuda/%.ok: % $(LLMC)
 	@mkdir -p $(dir $@)
