@@ -6,6 +6,8 @@
 // model: GPT-2, or the Llama-style model of -arch llama (train_gpt.py --arch llama; `make test` runs
 // build/ref/llama_gqa_* and llama_tied_*, Makefile LLAMA_REF_*).
 //   make test_gpt_cpu [PRECISION=FP32|BF16]; ./test_gpt_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1]
+//   [-st N] (the first N steps only: the checking build's runs, whose plain twins run all 10, take 3; the later steps
+//   launch the same kernels in the same order as the third)
 //   (also under mpirun: every process takes the reference batch; test_moe.cu adds its MoE checks and -ep N through
 //   TestExtension, and includes this file with OMIT_TEST_GPT_MAIN defined)
 // `make test` runs it in FP32, BF16 (and FP16) over the recompute and master-weight settings; the same binary
@@ -81,6 +83,7 @@ struct GPT2Test {
     const TestExtension* extension;
     int offload;  // -oo, as the trainer's
     AdamWConfig opt;  // test_step's: the reference's (take_reference_optimizer)
+    int steps;  // -st: the reference's first this many steps are run and compared (0: all of them)
 };
 
 // The debug state's words 12..17 (doc/formats.md, "Debug state"): the reference steps' AdamW, fp32 bits
@@ -337,7 +340,8 @@ static int run_test_steps(const GPT2Test* t, const ReferenceState* ref, const Mu
 static int test_main(int argc, char** argv, const TestExtension* x) {
     const char* name = x ? x->name : "test_gpt";
     if (argc < 2) {
-        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-z 0|1|2|3] [-oo 0|1|2]%s\n", argv[0],
+        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-z 0|1|2|3] [-oo 0|1|2] [-st N]%s\n",
+                argv[0],
                 x ? x->usage_flags : "");
         return EXIT_FAILURE;
     }
@@ -350,6 +354,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         else if (!strcmp(argv[i], "-fa")) t.flash_attention = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-z")) t.zero_stage = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-oo")) t.offload = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-st")) t.steps = atoi(argv[i + 1]);
 #ifdef ENABLE_CUDNN
         else if (!strcmp(argv[i], "-cd")) cudnn_attention_deterministic = atoi(argv[i + 1]);
 #endif
@@ -417,6 +422,12 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     if (printing) printf("attention: %s\n", gpt2_attention_name(&model));
     ReferenceState ref;
     read_reference_state(&ref, state, state_path, header, &model, x);
+    // -st N: the first N steps (each compared value is a step's, so a prefix of the reference's is its own reference)
+    if (t.steps < 0 || t.steps > ref.nsteps) {
+        fprintf(stderr, "-st %d: expected 0 (all) to the reference's %d steps\n", t.steps, ref.nsteps);
+        return EXIT_FAILURE;
+    }
+    if (t.steps > 0) ref.nsteps = t.steps;
     int B = ref.B, T = ref.T, V = ref.V, Vp = ref.Vp;
     if (printing && ref.micro_batches > 1)
         printf("micro-batches: each step %d of %d sequences, as the reference's\n", ref.micro_batches,

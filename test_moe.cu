@@ -138,7 +138,7 @@ typedef struct {
     int* dropped;        // (Lm)
     int* expert_counts;  // (Lm, E)
     float* biases;       // (nsteps, Lm, E) after each step's update, with header[11] = 1; else NULL
-    size_t num_biases;   // nsteps * Lm * E
+    size_t step_biases;  // Lm * E
 } MoEReference;
 
 // The reference's expert choices (word 33's passes of (Lm, N, k)) to the device: each an expert, a token's k distinct
@@ -219,7 +219,7 @@ static void* moe_read_reference(FILE* f, const char* path, const int* header, co
     }
     if (moving) {  // the file's last nsteps * Lm * E floats
         size_t n = (size_t)header[4] * Lm * E;
-        r->num_biases = n;
+        r->step_biases = (size_t)Lm * E;
         long here = ftell(f);
         r->biases = (float*)malloc_check((n + 1) * sizeof(float));
         if (fseek(f, -(long)(n * sizeof(float)), SEEK_END) != 0) {
@@ -591,7 +591,7 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
         reset_forced(FORCED_STEPS);
     }
     if (moe_ref->biases != NULL) {
-        n_biases = moe_ref->num_biases;
+        n_biases = (size_t)ref->nsteps * moe_ref->step_biases;  // the steps run (-st): a prefix of the file's
         biases_a = (float*)malloc_check((n_biases + 1) * sizeof(float));
         biases_b = (float*)malloc_check((n_biases + 1) * sizeof(float));
         float* losses = (float*)malloc_check(((size_t)ref->nsteps + 1) * sizeof(float));
