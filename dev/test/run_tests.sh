@@ -10,8 +10,9 @@
 #   dev/test/run_tests.sh --list          the names, one a line
 # The machine's cores are shared out, never oversubscribed by the runner: a test takes as many cores as it runs
 # processes (tests.txt's second column), every process of it runs one OpenMP thread (OMP_NUM_THREADS=1), and tests
-# start, in the table's order, while the cores they take are free; one that needs more cores than there are (an
-# mpirun -np 4 on 2 cores) runs with no other. mpirun binds no process to a core
+# start in the table's order while the cores they take are free, except that a test waiting for more cores than are
+# free lets later ones that fit go first (so that no core idles behind it); one that needs more cores than there are
+# (an mpirun -np 4 on 2 cores) takes them all. mpirun binds no process to a core
 # (OMPI_MCA_hwloc_base_binding_policy=none), since two runs at once would bind theirs to the same cores.
 # TEST_CORES=N shares out N cores (default: nproc). Reports still come in the table's order, each once its test and
 # every test before it have ended.
@@ -111,11 +112,12 @@ report() {
     total_failed=$((total_failed + f))
 }
 
-# report the oldest tests while they have ended; with `all`, wait for every started test
+# report the oldest tests while they have ended; with `all`, start and wait for every queued test
 report_ended() {
     while [ ${#queue[@]} -gt 0 ]; do
         if [ ! -e "${queue[0]}/rc" ]; then
             [ "${1:-}" = all ] || return 0
+            start_waiting
             wait_for_one
             continue
         fi
@@ -129,36 +131,59 @@ wait_for_one() {
     [ $? -eq 127 ] || return 0
     local dir
     for dir in "${queue[@]}"; do
-        [ -e "$dir/rc" ] || { echo 0 >"$dir/took"; echo 137 >"$dir/rc"; }
+        [ -e "$dir/started" ] && [ ! -e "$dir/rc" ] && { echo 0 >"$dir/took"; echo 137 >"$dir/rc"; }
     done
 }
 
 # the cores that the started tests still running take
 cores_in_use() {
     local dir n=0
-    for dir in "${queue[@]}"; do [ -e "$dir/rc" ] || n=$((n + $(<"$dir/cores"))); done
+    for dir in "${queue[@]}"; do
+        [ -e "$dir/started" ] && [ ! -e "$dir/rc" ] && n=$((n + $(<"$dir/cores")))
+    done
     echo $n
 }
 
-# start NAME CORES COMMAND...: runs the test in the background once CORES cores are free
-start() {
+# start the waiting tests that fit in the free cores, in the table's order: one that needs more cores than are free
+# lets the tests after it that fit go first (it starts once enough cores are free at once; at the latest, when the
+# tests after it have all started and ended)
+start_waiting() {
+    local dir free
+    free=$((CORES - $(cores_in_use)))
+    for dir in "${queue[@]}"; do
+        [ "$free" -gt 0 ] || return 0
+        [ -e "$dir/started" ] && continue
+        [ "$(<"$dir/cores")" -le "$free" ] || continue
+        touch "$dir/started"
+        free=$((free - $(<"$dir/cores")))
+        local cmd=()
+        mapfile -d '' -t cmd <"$dir/cmd"
+        # a simple command, so that the forked shell execs at once: a subshell of this script's shell that outlived
+        # the script's next lines would, as it exits, seek the script file (shared with this shell) back to where it
+        # forked
+        bash -c 'OMP_NUM_THREADS=1 timeout 900 "${@:2}" >"$1/out" 2>&1; rc=$?; echo $SECONDS >"$1/took"; echo $rc >"$1/rc"' \
+            test "$dir" "${cmd[@]}" &
+    done
+}
+
+# queue_one NAME CORES COMMAND...: the test waits for CORES free cores; tests are reported in the order queued
+queue_one() {
     local name=$1 cores=$2
     shift 2
-    while [ $(($(cores_in_use) + cores)) -gt "$CORES" ]; do
-        wait_for_one
-        report_ended
-    done
     launched=$((launched + 1))
     local dir=$results/$launched
     mkdir "$dir"
     echo "$name" >"$dir/name"
     echo "$cores" >"$dir/cores"
-    # a simple command, so that the forked shell execs at once: a subshell of this script's shell that outlived the
-    # script's next lines would, as it exits, seek the script file (shared with this shell) back to where it forked
-    bash -c 'OMP_NUM_THREADS=1 timeout 900 "${@:2}" >"$1/out" 2>&1; rc=$?; echo $SECONDS >"$1/took"; echo $rc >"$1/rc"' \
-        test "$dir" "$@" &
+    printf '%s\0' "$@" >"$dir/cmd"
     queue+=("$dir")
-    report_ended
+    start_waiting
+    # while the tests started so far take every core, wait for one to end and report what has ended
+    while [ "$(cores_in_use)" -ge "$CORES" ]; do
+        wait_for_one
+        report_ended
+        start_waiting
+    done
 }
 
 # queue_test NAME PROCS NEEDS COMMAND...: a row of the table, selected by NAME, built (with chosen names) and started.
@@ -181,7 +206,7 @@ queue_test() {
         *) echo "$TABLE: test $name: processes '$procs': expected 1, npN or N"; exit 2 ;;
     esac
     [ "$cores" -le "$CORES" ] || cores=$CORES
-    start "$name" "$cores" "${cmd[@]}"
+    queue_one "$name" "$cores" "${cmd[@]}"
 }
 
 # the table: NAME PROCS COMMAND..., an indented "needs PATH..." line after a row naming what its command uses beyond
