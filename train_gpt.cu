@@ -826,18 +826,23 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     // padded vocabulary rows stay zero. Llama the same (train_gpt.py's init_weights, without its test perturbation
     // of the norm weights): its matrices, lm_head among them, N(0, 0.02), attprojw and fcprojw scaled, RMSNorm 1. Drawn tensor by tensor from one seeded mt19937, in model-file order (with
     // an extension's tensors whole, as in the file, so that the weights do not depend on the process layout).
-    size_t num_parameters = gpt2_num_parameters(model), sizes[NUM_PARAMETER_TENSORS];
+    // Each tensor is drawn in fp32 into `draw` (the largest tensor's size, not the model's: GPT-2 1.5B's host memory
+    // for this is 5 GB instead of 9) and rounded into the model's precision.
+    size_t num_parameters = gpt2_num_parameters(model), sizes[NUM_PARAMETER_TENSORS], largest = 0;
     file_tensor_sizes(sizes, model);
-    float* host = (float*)calloc(num_parameters, sizeof(float));
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) largest = sizes[i] > largest ? sizes[i] : largest;
+    floatX* hx = (floatX*)malloc_check(num_parameters * sizeof(floatX));
+    float* draw = (float*)malloc_check((largest + 1) * sizeof(float));
     mt19937_state rng;
     manual_seed(&rng, seed);
     size_t offset = 0;
     float residual_scale = 1.0f / sqrtf(2.0f * c->num_layers);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t n = sizes[i];
+        size_t n = sizes[i], drawn = 0;  // draw[0, drawn) are set, the rest zeros
         int slot = i - PARAM_EXTENSION;
         if (i == PARAM_LN1W || i == PARAM_LN2W || i == PARAM_LNFW) {
-            for (size_t j = 0; j < n; j++) host[offset + j] = 1.0f;
+            for (size_t j = 0; j < n; j++) draw[j] = 1.0f;
+            drawn = n;
         } else if (gpt2_parameter_decay(model, i)) {
             float std;
             if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) std = model->mlp->init_std(model, slot, residual_scale);
@@ -845,15 +850,18 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
             size_t rows_used = n;
             if ((i == PARAM_WTE || i == PARAM_LM_HEAD) && n > 0)  // the padded vocabulary rows stay zero
                 rows_used = (size_t)c->vocab_size * c->channels;
-            if (std > 0.0f) normal_(host + offset, rows_used, 0.0f, std, &rng);
+            if (std > 0.0f) {
+                normal_(draw, rows_used, 0.0f, std, &rng);
+                drawn = rows_used;
+            }
         }
+        for (size_t j = 0; j < drawn; j++) hx[offset + j] = (floatX)draw[j];
+        for (size_t j = drawn; j < n; j++) hx[offset + j] = (floatX)0.0f;
         offset += n;
     }
-    floatX* hx = (floatX*)malloc_check(num_parameters * sizeof(floatX));
-    for (size_t i = 0; i < num_parameters; i++) hx[i] = (floatX)host[i];
+    free(draw);
     gpt2_set_parameters(model, hx);
     free(hx);
-    free(host);
 }
 
 // The model file's header (256 words) as this build writes them: llm.c's format for GPT-2 (version 5 bf16 from a
