@@ -99,30 +99,16 @@ REF_ARGS := --B 3 --T 23 --V 263 --L 2 --NH 3 --C 48 --maxT 32 --seed 1337 --ste
 MOE_REF_ARGS := $(REF_ARGS) --E 4 --H 96
 ref_dtype = $(if $(filter %_fp32,$1),float32,bfloat16)
 ref_config = $(patsubst %_fp32,%,$(patsubst %_bf16,%,$1))
-$(BUILD)/ref/tiny_%_debug_state.bin: train_gpt.py | $(BUILD)
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/tiny_$* $(REF_ARGS) --dtype $(call ref_dtype,_$*)
 # GPT at T = 1024 with a head size of 64 (attention at a real sequence length)
 LONG_REF_ARGS := --B 1 --T 1024 --V 263 --L 2 --NH 2 --C 128 --maxT 1024 --seed 1337 --steps 10 --grad-clip 0.5
-$(BUILD)/ref/long_%_debug_state.bin: train_gpt.py | $(BUILD)
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/long_$* $(LONG_REF_ARGS) --dtype $(call ref_dtype,_$*)
 # GPT with 5 layers: ZeRO-2's gradient buckets (two, alternating between layers) are reused within a backward pass
 DEEP_REF_ARGS := $(REF_ARGS) --L 5
-$(BUILD)/ref/deep_%_debug_state.bin: train_gpt.py | $(BUILD)
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/deep_$* $(DEEP_REF_ARGS) --dtype $(call ref_dtype,_$*)
 # the Llama-style model (-arch llama, doc/kernels.md) at the tiny shape with 4 heads of 16 (RoPE and flash attention
 # want a head size of 16 to 128): gqa, 2 key/value heads and an own lm_head (the other values the defaults); tied,
 # multi-head, the output embedding tied to wte, and theta, eps and H not the defaults
 LLAMA_REF_ARGS := --B 3 --T 23 --V 263 --L 2 --NH 4 --C 64 --maxT 32 --seed 1337 --steps 10 --grad-clip 0.5 --arch llama
 LLAMA_REF_gqa := --kv-heads 2
 LLAMA_REF_tied := --tie-embeddings 1 --ffn-hidden 96 --rope-theta 500000 --norm-eps 1e-6
-$(BUILD)/ref/llama_%_debug_state.bin: train_gpt.py | $(BUILD)
-	$(call ref_defined,LLAMA_REF_$(call ref_config,$*))
-	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_gpt.py --write-reference $(BUILD)/ref/llama_$* $(LLAMA_REF_ARGS) $(LLAMA_REF_$(call ref_config,$*)) \
-	    --dtype $(call ref_dtype,$*)
 # top-1 with a capacity factor that drops, dropless, top-2 every other layer
 MOE_REF_k1_cf0.5 := --topk 1 --moe-every 1 --cf 0.5
 MOE_REF_k1_dropless := --topk 1 --moe-every 1 --cf 0
@@ -196,13 +182,28 @@ MOE_LLAMA := --arch llama --NH 4 --C 64 --kv-heads 2
 MOE_REF_llama_mixtral := $(MOE_LLAMA) --E 8 --topk 2 --H 64 --moe-every 1 --cf 0
 MOE_REF_llama_shared := $(MOE_LLAMA) --topk 2 --H 64 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64 \
     --score sigmoid
-# a configuration is a variable of its own: a name without one is refused rather than built with the defaults
-ref_defined = $(if $(filter undefined,$(origin $1)),$(error $@: the Makefile defines no $1))
-$(BUILD)/ref/moe_%_debug_state.bin: train_moe.py train_gpt.py | $(BUILD)
-	$(call ref_defined,MOE_REF_$(call ref_config,$*))
+# ref_command NAME: the script and flags that write build/ref/NAME (NAME_debug_state.bin and NAME_model.bin): the
+# family (the name's first word) gives the shape, a llama or MoE name's middle words its configuration (a variable of
+# its own: a name without one is refused rather than built with the defaults), the last word the precision
+ref_family = $(firstword $(subst _, ,$1))
+ref_configured = $(if $(filter undefined,$(origin $1)),$(error build/ref/$2: the Makefile defines no $1),$($1))
+REF_SCRIPTS_tiny := train_gpt.py
+REF_SCRIPTS_long := train_gpt.py
+REF_SCRIPTS_deep := train_gpt.py
+REF_SCRIPTS_llama := train_gpt.py
+REF_SCRIPTS_moe := train_moe.py train_gpt.py
+REF_FLAGS_tiny = $(REF_ARGS)
+REF_FLAGS_long = $(LONG_REF_ARGS)
+REF_FLAGS_deep = $(DEEP_REF_ARGS)
+REF_FLAGS_llama = $(LLAMA_REF_ARGS) $(call ref_configured,LLAMA_REF_$(call ref_config,$(1:llama_%=%)),$1)
+REF_FLAGS_moe = $(MOE_REF_ARGS) $(call ref_configured,MOE_REF_$(call ref_config,$(1:moe_%=%)),$1)
+ref_scripts = $(or $(REF_SCRIPTS_$(call ref_family,$1)),$(error build/ref/$1: no reference family \
+    '$(call ref_family,$1)' (expected tiny, long, deep, llama or moe)))
+ref_command = $(firstword $(call ref_scripts,$1)) --write-reference $(BUILD)/ref/$1 \
+    $(call REF_FLAGS_$(call ref_family,$1),$1) --dtype $(call ref_dtype,$1)
+$(BUILD)/ref/%_debug_state.bin: $$(call ref_scripts,$$*) | $(BUILD)
 	@mkdir -p $(BUILD)/ref
-	$(PYTHON) train_moe.py --write-reference $(BUILD)/ref/moe_$* $(MOE_REF_ARGS) $(MOE_REF_$(call ref_config,$*)) \
-	    --dtype $(call ref_dtype,$*)
+	$(PYTHON) $(call ref_command,$*)
 # What the tests of dev/test/tests.txt use: every build/ path on a row or its "needs" line (a row with {lab} is the
 # labs: LAB_BINS and CHECKED below), build/ref/NAME standing for that reference's debug state
 TEST_TABLE := dev/test/tests.txt
@@ -210,6 +211,17 @@ TABLE_PATHS := $(sort $(shell awk '{ sub(/\#.*/, ""); for (i = 1; i <= NF; i++) 
     if ($$i ~ /^build\// && $$i !~ /[{]/) print $$i }' $(TEST_TABLE)))
 TABLE_INPUTS := $(foreach f,$(TABLE_PATHS),$(if $(and $(filter $(BUILD)/ref/%,$(f)),$(filter-out %.bin,$(f))), \
     $(f)_debug_state.bin,$(f)))
+# The table's references are written together, by one process that imports torch once
+# (dev/test/write_references.py; one by one, importing torch was most of each one's 1.4 s)
+TABLE_REFS := $(patsubst $(BUILD)/ref/%_debug_state.bin,%,$(filter $(BUILD)/ref/%_debug_state.bin,$(TABLE_INPUTS)))
+define newline
+
+
+endef
+$(TABLE_REFS:%=$(BUILD)/ref/%_debug_state.bin) &: train_gpt.py train_moe.py dev/test/write_references.py | $(BUILD)
+	@mkdir -p $(BUILD)/ref
+	$(file >$(BUILD)/table_references.txt,$(foreach r,$(TABLE_REFS),$(call ref_command,$r)$(newline)))
+	$(PYTHON) dev/test/write_references.py $(BUILD)/table_references.txt
 
 # The CPU backend's own tests (cpu/test/), and the host utilities' test (dev/test/); both use dev/test/test_common.h
 BACKEND_TESTS := $(BUILD)/test_runtime $(BUILD)/test_faults $(BUILD)/test_sanitize $(BUILD)/test_cublas \
