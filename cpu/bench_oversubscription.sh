@@ -3,7 +3,7 @@
 # asserts none). `make bench` runs it after build/bench; alone: cpu/bench_oversubscription.sh [REPS] (3).
 # The run is GPT d2 (C=768, 2 layers, a 263-token vocabulary) at B=4, T=32 in FP32 (build/train_gpt_fp32 on
 # build/prod/train.bin); a cell is the median over REPS runs of each run's median step time (steps 6..STEPS), so
-# that a machine shared with other work moves it less.
+# that a machine shared with other work moves it less, and a row's runs alternate between before and after.
 #   before: a thread per core and libgomp's and Open MPI's spinning waits (OMP_NUM_THREADS=cores, CUCC_SPIN_US=-1)
 #   after:  the backend's defaults (doc/backend.md, "Threads and waits")
 # Rows: one process alone; two processes started at once (neither knows of the other); 4 ranks of mpirun -np 4 on
@@ -43,29 +43,26 @@ median_of() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[i
 BEFORE=(OMP_NUM_THREADS=$CORES CUCC_SPIN_US=-1)
 AFTER=(CUCC_BENCH=1)  # a no-op variable: the defaults
 
-# cell ROW SETTINGS...: the median step time of REPS runs of ROW (alone, pair, np4) with those settings
-cell() {
-    local row=$1 i
+# one_run ROW SETTINGS...: the step times of one run of ROW (alone, pair, np4) with those settings
+one_run() {
+    local row=$1
     shift
-    local values=()
-    for ((i = 0; i < REPS; i++)); do
-        case $row in
-            alone)
-                run_log "$tmp/a" 45 "$@" --
-                values+=("$(median_step "$tmp/a")") ;;
-            pair)
-                run_log "$tmp/a" 45 "$@" -- &
-                run_log "$tmp/b" 45 "$@" --
-                wait
-                values+=("$(median_step "$tmp/a")" "$(median_step "$tmp/b")") ;;
-            np4)
-                local mpienv=() e
-                for e in "$@"; do mpienv+=(-x "$e"); done
-                run_log "$tmp/a" 25 -- $MPIRUN -np 4 "${mpienv[@]}"
-                values+=("$(median_step "$tmp/a")") ;;
-        esac
-    done
-    median_of "${values[@]}"
+    case $row in
+        alone)
+            run_log "$tmp/a" 45 "$@" --
+            median_step "$tmp/a" ;;
+        pair)
+            run_log "$tmp/a" 45 "$@" -- &
+            run_log "$tmp/b" 45 "$@" --
+            wait
+            median_step "$tmp/a"
+            median_step "$tmp/b" ;;
+        np4)
+            local mpienv=() e
+            for e in "$@"; do mpienv+=(-x "$e"); done
+            run_log "$tmp/a" 25 -- $MPIRUN -np 4 "${mpienv[@]}"
+            median_step "$tmp/a" ;;
+    esac
 }
 
 echo "GPT d2, B=4 T=32, FP32, step time (median of $REPS runs; $CORES cores)"
@@ -77,7 +74,14 @@ for row in alone pair np4; do
         pair) label="two processes at once (each)" ;;
         np4) label="4 ranks, mpirun -np 4" ;;
     esac
-    before=$(cell $row "${BEFORE[@]}")
-    after=$(cell $row "${AFTER[@]}")
+    # before and after alternate, run by run, so that a machine whose speed drifts moves both alike
+    befores=()
+    afters=()
+    for ((i = 0; i < REPS; i++)); do
+        mapfile -t -O ${#befores[@]} befores < <(one_run $row "${BEFORE[@]}")
+        mapfile -t -O ${#afters[@]} afters < <(one_run $row "${AFTER[@]}")
+    done
+    before=$(median_of "${befores[@]}")
+    after=$(median_of "${afters[@]}")
     printf '| %-34s | %35s ms | %19s ms |\n' "$label" "$before" "$after"
 done
