@@ -974,7 +974,8 @@ static void default_threads_and_waits(int, char** argv, char** envp) {
         snprintf(threads_var, sizeof(threads_var), "OMP_NUM_THREADS=%ld", threads);
         added[n_added++] = threads_var;
     }
-    if (spin_us >= 0 && !env_value(envp, "GOMP_SPINCOUNT") && !env_value(envp, "OMP_WAIT_POLICY")) {
+    // one thread has no team to wait for: its spin count is moot (and the program need not run again for it)
+    if (spin_us >= 0 && threads > 1 && !env_value(envp, "GOMP_SPINCOUNT") && !env_value(envp, "OMP_WAIT_POLICY")) {
         snprintf(spin_var, sizeof(spin_var), "GOMP_SPINCOUNT=%ld", (long)(spin_us * 1000.0 / pause_ns()));
         added[n_added++] = spin_var;
     }
