@@ -122,7 +122,7 @@ MOE_REF_k2_noisy := --topk 2 --moe-every 1 --cf 0.5 --noisy-topk 1
 MOE_REF_k1_noisy_jitter := --topk 1 --moe-every 2 --cf 0 --noisy-topk 1 --jitter 0.05
 # T = 1024 with a head size of 64, top-1 with drops (attention at a real sequence length)
 MOE_REF_t1024_k1 := --B 1 --T 1024 --NH 2 --C 128 --maxT 1024 --topk 1 --moe-every 1 --cf 0.5
-# issue 15's sigmoid scores with a routed scale (doc/moe.md, "Issue 15's routing options" 3 and 5): top-2 of 8
+# sigmoid scores with a routed scale (doc/moe.md, "Routing options" 3 and 5): top-2 of 8
 # experts dropless and with a capacity that drops; top-1 (its gate is the constant rsf: the router learns only
 # through the balance losses) every other layer; and the routed scale on softmax gates
 MOE_SIGMOID := --E 8 --score sigmoid --routed-scale 2.5
@@ -130,23 +130,23 @@ MOE_REF_k2_sigmoid_dropless := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0
 MOE_REF_k2_sigmoid_cf1 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 1
 MOE_REF_k1_sigmoid_me2 := $(MOE_SIGMOID) --topk 1 --moe-every 2 --cf 0
 MOE_REF_k2_rsf_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --routed-scale 2.5
-# the most experts the trainer takes (llmc/moe.cuh MOE_MAX_EXPERTS) with top-8 (issue 15's fine-grained experts): 256
+# the most experts the trainer takes (llmc/moe.cuh MOE_MAX_EXPERTS) with top-8 (fine-grained experts): 256
 # experts of hidden size 16, sigmoid dropless and softmax with capacity factor 1 (capacity 3: about half the choices
 # dropped). Among 256 scores the 8th and 9th of a token are often within bf16 rounding (seed 1337's smallest margins
 # 1.7e-5 and 3.0e-6): a BF16 run routing by itself fails 10 of its 23 checks, and passes teacher-forced
 MOE_REF_e256_k8_sigmoid := --E 256 --H 16 --topk 8 --moe-every 1 --cf 0 --score sigmoid --routed-scale 2.5
 MOE_REF_e256_k8_cf1 := --E 256 --H 16 --topk 8 --moe-every 1 --cf 1
-# issue 15's shared experts (doc/moe.md, "Issue 15's routing options" 2): one of hidden size 64 in the MoE layer of
+# shared experts (doc/moe.md, "Routing options" 2): one of hidden size 64 in the MoE layer of
 # a dense-then-MoE model, top-1 with drops; two of hidden size 128 (their slices of a layer's gradient bucket
 # outgrow a dense MLP's) with sigmoid top-2 of 8 dropless in every layer
 MOE_REF_k1_shared_me2 := --topk 1 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64
 MOE_REF_k2_sigmoid_shared2 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --shared-experts 2 --shared-hidden 128
-# issue 15's aux-loss-free balancing (doc/moe.md, "Issue 15's routing options" 4 and 6): sigmoid top-2 of 8
+# aux-loss-free balancing (doc/moe.md, "Routing options" 4 and 6): sigmoid top-2 of 8
 # dropless and top-1 with a capacity that drops (cf 0.5), the bias moving by 0.001 per step from the reference's
 # N(0, 0.005) start, so that pass 0's choices already depend on it
 MOE_REF_k2_bias_dropless := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --bias-gamma 0.001
 MOE_REF_k1_bias_cf0.5 := $(MOE_SIGMOID) --topk 1 --moe-every 1 --cf 0.5 --bias-gamma 0.001
-# issue 15's device-limited routing (doc/moe.md, "Issue 15's routing options" 9), each tested at -ep G on G processes
+# device-limited routing (doc/moe.md, "Routing options" 9), each tested at -ep G on G processes
 # (the groups are the expert-parallel members): always M < k, since with M >= k the k best experts lie in the M best
 # groups and the limit changes nothing. Top-3 of 8 in 2 of 4 groups dropless, top-2 of 8 in 1 of 2 groups with a
 # capacity that drops, and sigmoid top-2 of 8 in 1 of 4 groups (both experts of the group with the best key) with
@@ -155,18 +155,18 @@ MOE_REF_k3_dl2_g4_dropless := --E 8 --topk 3 --moe-every 1 --cf 0 --device-limit
 MOE_REF_k2_dl1_g2_cf0.5 := --E 8 --topk 2 --moe-every 1 --cf 0.5 --device-limit 1 --ep-groups 2
 MOE_REF_k2_bias_dl1_g4 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --bias-gamma 0.001 --device-limit 1 \
     --ep-groups 4
-# issue 15's sequence-wise balance loss (doc/moe.md, "Issue 15's routing options" 7): sigmoid top-2 of 8 dropless
+# the sequence-wise balance loss (doc/moe.md, "Routing options" 7): sigmoid top-2 of 8 dropless
 # beside the Switch loss (both alpha 0.01), and softmax top-1 with drops alone (Switch alpha 0, seq 0.05: the router's
 # gradient has no other balance term that could hide a wrong one)
 MOE_REF_k2_seq_sigmoid := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0 --seq-aux-alpha 0.01
 MOE_REF_k1_seq_cf0.5 := --topk 1 --moe-every 1 --cf 0.5 --aux-alpha 0 --seq-aux-alpha 0.05
-# issue 15's global-batch balance loss (doc/moe.md, "Issue 15's routing options" 8) with one micro-batch: the
+# the global-batch balance loss (doc/moe.md, "Routing options" 8) with one micro-batch: the
 # Switch loss (test_moe -rg 1 on one process, and on several with the reference batch on each)
 MOE_REF_k2_global_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --global-aux 1
 # and with 2 micro-batches of 2 sequences per step (test_moe reads K from the debug state): top-2 of 8 with a
 # capacity that drops, micro-batch 1's Switch loss reading micro-batch 0's counts too
 MOE_REF_k2_global_mb2 := --B 4 --E 8 --topk 2 --moe-every 1 --cf 0.5 --global-aux 1 --micro-batches 2
-# issue 15's options together at a tiny DeepSeek shape (train_moe.py's header): a llama MoE with sigmoid top-4 of 16
+# the routing options together at a tiny DeepSeek shape (train_moe.py's header): a llama MoE with sigmoid top-4 of 16
 # experts in 2 of 4 groups, a shared expert, the balancing bias, the sequence-wise and global-batch losses, 3
 # micro-batches of one sequence per step, dropless; tested at -ep 4 on 4 processes (the groups are the -ep members)
 MOE_DS := --arch llama --NH 4 --C 64 --kv-heads 2 --E 16 --topk 4 --H 32 --shared-experts 1 --shared-hidden 64 \
@@ -175,7 +175,7 @@ MOE_REF_ds := $(MOE_DS) --device-limit 2 --ep-groups 4
 # and without the device limit, which has no -ep 1 to compare with: -ep 4 against -ep 1 with the bias, the three
 # balance losses and 3 micro-batches per step
 MOE_REF_ds_nodl := $(MOE_DS)
-# the llama family (doc/moe.md, "Issue 15's routing options and the llama MoE"): SwiGLU experts without biases,
+# the llama family (doc/moe.md, "Routing options and the llama MoE"): SwiGLU experts without biases,
 # RMSNorm, RoPE and 2 key/value heads of 4 (head size 16, as LLAMA_REF_ARGS). The Mixtral shape (top-2 of 8 SwiGLU
 # experts dropless in every layer) and a SwiGLU shared expert beside sigmoid top-2 of 4 with drops every other layer
 MOE_LLAMA := --arch llama --NH 4 --C 64 --kv-heads 2

@@ -520,7 +520,7 @@ static void compare_biases(const char* label, const char* whose, const float* go
 // against a double-precision loop over its inputs, sum_m alpha * E * sum_e f_e * P_e with f_e = (the choices
 // routed to e on every process, the host's sum of each process's counts) / (P * N * k) and P_e the mean of this
 // process's probs. With K micro-batches of N tokens the pass is the step's last, and f_e counts the choices of all
-// K micro-batches on every process / (K * P * N * k) (doc/moe.md, "Issue 15's routing options" 8). A loss that
+// K micro-batches on every process / (K * P * N * k) (doc/moe.md, "Routing options" 8). A loss that
 // read this process's counts alone is off by the processes' difference in routing: measured 3.8e-4 relative at the
 // start (moe_k2_global_cf0.5, rank 0; moe_k2_global_mb2: 2.2e-3), above FP32's tolerance (the reference comparison's,
 // 1e-5) but within BF16's (2e-2), so this check tells the two apart in FP32 only.

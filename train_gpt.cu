@@ -2048,12 +2048,13 @@ static Flag flag(const char* name, FlagType type, void* value, const char* help)
 // The settings' defaults and the trainer's flags, which write into `s`; returns the number of flags.
 #define MAX_TRAINER_FLAGS 56
 static int trainer_flags(Flag* f, TrainerSettings* s) {
-    s->train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
-    s->val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
+    // what data/tinyshakespeare.py writes with its defaults
+    s->train_pattern = "data/tinyshakespeare/tinyshakespeare_gpt2_train.bin";
+    s->val_pattern = "data/tinyshakespeare/tinyshakespeare_gpt2_val.bin";
     s->model_source = "gpt2_124M_bf16.bin";
     s->output_dir = NULL;
     s->lr_scheduler_type = "cosine";
-    s->tokenizer_path = "gpt2_tokenizer.bin";
+    s->tokenizer_path = "data/tinyshakespeare/gpt2_tokenizer.bin";
     s->init_method = "mpi";
     s->fs_path = "";
     s->server_ip = "";
@@ -2073,9 +2074,9 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     s->rope_theta = 10000.0f, s->norm_eps = 1e-5f;  // train_gpt.py's ROPE_THETA, NORM_EPS (RMSNORM_DEFAULT_EPS)
     int n = 0;
     f[n++] = flag("-i", FLAG_STRING, &s->train_pattern,
-                  "train data filename pattern (default = dev/data/tinyshakespeare/tiny_shakespeare_train.bin)");
+                  "train data filename pattern (default = data/tinyshakespeare/tinyshakespeare_gpt2_train.bin)");
     f[n++] = flag("-j", FLAG_STRING, &s->val_pattern,
-                  "val data filename pattern (default = dev/data/tinyshakespeare/tiny_shakespeare_val.bin)");
+                  "val data filename pattern (default = data/tinyshakespeare/tinyshakespeare_gpt2_val.bin)");
     f[n++] = flag("-e", FLAG_STRING, &s->model_source, "input model file or descriptor dN (default = gpt2_124M_bf16.bin)");
     f[n++] = flag("-ev", FLAG_INT, &s->descriptor_vocab, "vocabulary size for a descriptor (default = 50257)");
     f[n++] = flag("-et", FLAG_INT, &s->descriptor_maxT, "max sequence length for a descriptor (default = 1024)");
@@ -2092,7 +2093,8 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     f[n++] = flag("-tie", FLAG_INT, &s->tie_embeddings,
                   "llama: 1 = the output embedding is wte, 0 = its own lm_head (default = 0)");
     f[n++] = flag("-o", FLAG_STRING, &s->output_dir, "output log dir and checkpoints (default = none)");
-    f[n++] = flag("-tf", FLAG_STRING, &s->tokenizer_path, "tokenizer file for decoding samples (default = gpt2_tokenizer.bin)");
+    f[n++] = flag("-tf", FLAG_STRING, &s->tokenizer_path,
+                  "tokenizer file for decoding samples (default = data/tinyshakespeare/gpt2_tokenizer.bin)");
     f[n++] = flag("-n", FLAG_INT, &s->checkpoint_every, "write a checkpoint every how many steps (default 0 = never)");
     f[n++] = flag("-nk", FLAG_INT, &s->checkpoints_keep, "keep the last how many checkpoints (default 0 = all)");
     f[n++] = flag("-y", FLAG_INT, &s->resume, "resume from the latest complete checkpoint in -o (default 0)");

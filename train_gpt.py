@@ -1,6 +1,6 @@
 """
 train_gpt.py: the PyTorch reference GPT-2 for switch.cu. It builds GPT-2 exactly as train_gpt.cu does and
-writes the files the C side tests against (formats: doc/formats.md). --arch llama builds issue 15's Llama-style
+writes the files the C side tests against (formats: doc/formats.md). --arch llama builds the Llama-style
 model instead (RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases; definition: doc/kernels.md, "The
 Llama-style model"), written in the same model-file format with its header words 16-21.
 

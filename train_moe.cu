@@ -27,7 +27,7 @@ typedef struct {
     int moe_every;     // MoE every N layers
     int expert_hidden; // H
     int noisy_gating;  // noisy top-k gating: the MoE layers have routernw (doc/moe.md, "Router noise")
-    int score;         // MOE_SCORE_SOFTMAX or MOE_SCORE_SIGMOID (doc/moe.md, "Issue 15's routing options" 3)
+    int score;         // MOE_SCORE_SOFTMAX or MOE_SCORE_SIGMOID (doc/moe.md, "Routing options" 3)
     float routed_scale;  // rsf: the gates' factor (ibid. 5), 1 for a Switch model
     int shared_experts;  // S: dense experts every token of an MoE layer goes through (ibid. 2), 0: none
     int shared_hidden;   // H_s: their hidden size (0 exactly when S = 0)
@@ -154,7 +154,7 @@ typedef struct {
     int statistics_tokens;      // N of the forward pass they are of; 0 once moe_statistics has read them
     // the training step's sums over micro-steps (the step line)
     double step_aux, step_z, step_drop, step_load_cv;
-    // aux-loss-free balancing (doc/moe.md, "Issue 15's routing options" 6): routing state, not parameters
+    // aux-loss-free balancing (doc/moe.md, "Routing options" 6): routing state, not parameters
     int file_has_bias;          // the model file read had the biases after its parameters (header word 29)
     float* balance_bias;        // (Lm, E) device fp32, with config.balance_bias; else NULL
     int* step_loads;            // (Lm, E) device: the step's choices per expert before dropping, this process's
@@ -167,7 +167,7 @@ typedef struct {
     long long* window_loads;        // (Lm, E) host: the loads since the last validation
     int window_steps;               // the steps they are of
     int* quiet_steps;               // (Lm, E) host: steps in a row in which the expert had no token
-    // the global-batch balance loss (doc/moe.md, "Issue 15's routing options" 8; global_aux): the step's training
+    // the global-batch balance loss (doc/moe.md, "Routing options" 8; global_aux): the step's training
     // passes so far, and step_loads summed over every process (what the Switch loss's f reads); the pass's aux
     // coefficient (moe_begin_forward)
     int global_passes;
@@ -182,7 +182,7 @@ typedef struct {
 } MoEModel;
 
 static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
-// A llama MoE's experts, routed and shared, are SwiGLU MLPs without biases (doc/moe.md, "Issue 15's routing
+// A llama MoE's experts, routed and shared, are SwiGLU MLPs without biases (doc/moe.md, "Routing
 // options and the llama MoE"): fc has 2H outputs, each row [gate (H) | up (H)] as in llmc/swiglu.cuh; a bias slot
 // has size 0. gpt2's are GPT-2's MLP: fc has H outputs, and biases.
 static size_t moe_fc_width(const GPT2* model, size_t hidden) { return (is_llama(&model->config) ? 2 : 1) * hidden; }
@@ -225,8 +225,9 @@ static void moe_model_init(MoEModel* moe, const MoEConfig* config, const MoESett
 // ----------------------------------------------------------------------------------------------------
 // The model file's MoE part: header words, checks, the parameters
 
-// Issue 15's header words (doc/formats.md, "MoE model file"): 24 the revision, 25 and 26 the shared experts, 27
-// the score, 28 rsf's fp32 bits (0: 1.0), 29 the balancing biases (fp32, after the parameters: moe_read_file_tail).
+// The routing options' header words (doc/formats.md, "MoE model file"): 24 the revision, 25 and 26 the shared
+// experts, 27 the score, 28 rsf's fp32 bits (0: 1.0), 29 the balancing biases (fp32, after the parameters:
+// moe_read_file_tail).
 // Every check of a reader is made.
 #define MOE_REVISION_WORD 24
 #define MOE_SHARED_WORD 25
@@ -288,7 +289,7 @@ static void moe_read_header(GPT2* model, const int* header, const char* path) {
         moe_header_refuse(path, MOE_SCORE_WORD, c->score, "noisy top-k gating (word 12 = 1) needs softmax scores");
 }
 
-// Today's Switch model keeps words 24..29 at 0 (a file an older reader loads); any issue-15 option writes
+// Today's Switch model keeps words 24..29 at 0 (a file an older reader loads); any routing option writes
 // revision 1 with every word.
 static void moe_write_header(const GPT2* model, int* header) {
     const MoEConfig* c = &moe_of(model)->config;
@@ -307,7 +308,7 @@ static void moe_write_header(const GPT2* model, int* header) {
     }
 }
 
-// Device-limited routing (doc/moe.md, "Issue 15's routing options" 9 and 10): the groups are the expert-parallel
+// Device-limited routing (doc/moe.md, "Routing options" 9 and 10): the groups are the expert-parallel
 // members, G = -ep; refused without groups, with M > G, with fewer than k experts in M groups, with noisy gating.
 static void moe_check_device_limit(const MoEModel* moe, const char* source) {
     const MoEConfig* c = &moe->config;
@@ -990,7 +991,7 @@ static MoEParameterTensors moe_layer_weights(GPT2* model, int m, cudaStream_t st
     return moe_tensors_from_slices(routers, experts);
 }
 
-// The shared experts of MoE layer m (doc/moe.md, "Issue 15's routing options" 2), GPT-2's dense MLP each, on every
+// The shared experts of MoE layer m (doc/moe.md, "Routing options" 2), GPT-2's dense MLP each, on every
 // token: out (N, C), the routed sum, += Shared_0(ln2) + ... + Shared_{S-1}(ln2) in that order. The projection's
 // GEMM accumulates into out (cuBLASLt's beta = 1, the bias in its epilogue), so each addition rounds once where the
 // reference rounds Shared_s(ln2) to floatX first; the same in fp32 up to the GEMM's own rounding.

@@ -2,9 +2,9 @@
 train_moe.py: the PyTorch reference Switch-Transformer Mixture-of-Experts GPT for switch.cu. It is the GPT-2 of
 train_gpt.py (or, with --arch llama, its Llama: RMSNorm, RoPE, GQA, SwiGLU dense layers and SwiGLU experts, no
 biases) in which layer l (from 0) has an MoE FFN iff (l + 1) % moe_every == 0, with the routing, capacity,
-dropping and balancing losses exactly as doc/moe.md defines them (issue 15's options: shared experts, sigmoid
+dropping and balancing losses exactly as doc/moe.md defines them (the routing options: shared experts, sigmoid
 scores with a routed scale, the aux-loss-free balancing bias, the sequence-wise and global-batch losses,
-device-limited routing; doc/moe.md, "Issue 15's routing options and the llama MoE"), router
+device-limited routing; doc/moe.md, "Routing options and the llama MoE"), router
 jitter and noisy top-k gating exactly as the router-noise spec (doc/moe.md, "Router noise", shared with the CUDA
 side; its sections are cited as "noise_spec §N") defines them, and it writes the files the C test (test_moe) compares
 against.
@@ -15,7 +15,7 @@ Run from the repository root with a Python that has torch (here Debian's: /usr/b
     /usr/bin/python3 train_moe.py --write-reference build/ref/moe_k1 --dtype float32 --cf 0.5
     /usr/bin/python3 train_moe.py --write-reference build/ref/moe_k2_me2 --topk 2 --moe-every 2 --cf 0
     /usr/bin/python3 train_moe.py --write-reference build/ref/moe_k2_noisy --topk 2 --noisy-topk 1 --jitter 0.05
-    a tiny DeepSeek-shape llama MoE with every issue-15 option on (3 micro-batches of one sequence):
+    a tiny DeepSeek-shape llama MoE with every routing option on (3 micro-batches of one sequence):
     /usr/bin/python3 train_moe.py --write-reference build/ref/moe_ds --arch llama --NH 4 --C 64 --kv-heads 2 --E 16
         --topk 4 --H 32 --shared-experts 1 --shared-hidden 64 --score sigmoid --routed-scale 2.5 --bias-gamma 0.001
         --seq-aux-alpha 0.001 --global-aux 1 --micro-batches 3 --device-limit 2 --ep-groups 4 --cf 0
@@ -49,7 +49,7 @@ noisy gating) of every parameter in model-file order and layout (fp32; wte's has
 zero; routernw's after routerw's); then the CE loss of each of `steps` AdamW steps on the same batch (step k's
 loss is its forward loss before its update: step 0's equals the CE loss above). With router noise the logits
 come from an evaluation pass (no jitter, no noise) and everything else (CE, aux, z, importance, load, drops,
-counts, gradients) from training pass 0, the pass step 0 repeats (see the choices below). Issue 15's fields:
+counts, gradients) from training pass 0, the pass step 0 repeats (see the choices below). The routing options' fields:
 header [9]=1 when the sequence-wise loss follows the other losses; [10]=K with --micro-batches K > 1 (the batch is
 K micro-batches of B/K sequences: losses are means over them, counts sums, gradients those of the mean total loss,
 and micro-batch j of step s is training pass s*K + j); [11]=1 when steps x Lm x E fp32 balancing biases, each
@@ -151,7 +151,7 @@ MOE_PERTURB_STD = 0.02
 # changes the results. The sigmoid affinities of the test models spread by about 0.01 around 0.5; a bias of
 # this size moves some choices and leaves the rest (the write-up line counts the choices it moves).
 BIAS_INIT_STD = 0.005
-# The MoE model file's issue-15 words (doc/formats.md, "MoE model file"); words 16..21 are the GPT-2 file's
+# The MoE model file's routing-option words (doc/formats.md, "MoE model file"); words 16..21 are the GPT-2 file's
 MOE_REVISION_WORD = 24  # 0: today's Switch file, words 25..31 zero; 1: the words below are defined
 SHARED_WORD, SHARED_HIDDEN_WORD, SCORE_WORD, ROUTED_SCALE_WORD, BIAS_WORD = 25, 26, 27, 28, 29
 SCORES = ("softmax", "sigmoid")  # word 27: the index
@@ -199,7 +199,7 @@ class MoEConfig(GPTConfig):
     dense_H: int = 0
     norm_eps: float = 0.0
     tied: bool = True
-    # issue 15's routing (header words 24..29)
+    # the routing options (header words 24..29)
     shared: int = 0  # shared experts per MoE layer, which every token goes through
     shared_H: int = 0  # their hidden size
     score: str = "softmax"  # softmax or sigmoid
@@ -805,7 +805,7 @@ def init_weights(model, generator, init_scale):
 
 
 def write_model_file(path, model, version):
-    """The MoE model file (doc/formats.md): words 16..21 for a llama model, 24..29 when an issue-15 option is on
+    """The MoE model file (doc/formats.md): words 16..21 for a llama model, 24..29 when a routing option is on
     (all zero otherwise, so that a Switch model's file is today's), and the balancing biases in fp32 after the
     parameters when the model has them."""
     c = model.config

@@ -3,7 +3,7 @@
 // It is an ordinary CUDA program, so `nvcc -arch=sm_80 cpu/bench.cu -lcublas -lcublasLt` measures a GPU
 // with the same table. Rows:
 //   rendezvous     per-thread cost of a warp rendezvous (__syncwarp in a 1x32 block): one fiber switch
-//                  plus the bookkeeping; the issue's target is <= 30 ns on 2 cores
+//                  plus the bookkeeping; the target is <= 30 ns on 2 cores
 //   launch         an empty kernel on 1x32 and 1x1024 threads (every thread is a fiber started and ended)
 //   layernorm      256 x 768, warp per row (dev/test/sample_kernels.cuh), against a plain host loop
 //   softmax        256 rows of 1024, block per row with shared memory, against a plain host loop

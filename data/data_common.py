@@ -269,7 +269,7 @@ def write_tokenizer_file(path, tokenizer):
 
 
 def tokenizer_file_path(out_dir, tokenizer):
-    """gpt2_tokenizer.bin is also the trainers' default -tf name."""
+    """TinyShakespeare's gpt2_tokenizer.bin (data/tinyshakespeare/) is the trainers' default -tf file."""
     return os.path.join(out_dir, "%s_tokenizer.bin" % tokenizer.name)
 
 

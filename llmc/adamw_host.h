@@ -1,4 +1,4 @@
-// llmc/adamw_host.h: the AdamW step of llmc/adamw.cuh on the host CPU, for ZeRO-Offload (issue 16, `-oo 1`): the fp32
+// llmc/adamw_host.h: the AdamW step of llmc/adamw.cuh on the host CPU, for ZeRO-Offload (`-oo 1`): the fp32
 // master weights, m and v and an fp32 gradient shard live in (pinned) host memory, and the updated parameters are
 // written in the working precision (floatX) into a host buffer that the trainer copies back to the device.
 // Bit for bit what adamw_update with master weights computes from the same inputs, so that -oo 1 trains as -oo 0 does:

@@ -47,7 +47,7 @@
 // Router forward: one warp per token; lane owns experts lane, lane + 32, ... (LOGITS_PER_LANE of them, the
 // smallest of 1, 2, 4, 8 that covers E, so E = 8 keeps one register per lane).
 // logsumexp = max + log(sum exp(logit - max)) with either score (the z-loss reads it).
-// Scores (doc/moe.md, "Issue 15's routing options" 3 and 5), the gates times routed_scale (rsf) in both:
+// Scores (doc/moe.md, "Routing options" 3 and 5), the gates times routed_scale (rsf) in both:
 //   MOE_SCORE_SOFTMAX: probs = softmax(logits); gates = the pick's prob when k == 1, else prob / (sum of the k
 //     picked probs, added in pick order);
 //   MOE_SCORE_SIGMOID: the affinity a = sigmoid(logit); probs = a / (sum of the E affinities), what the balance
@@ -645,7 +645,7 @@ __global__ void moe_router_losses_final_kernel(float* __restrict__ aux_and_z, co
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Sequence-wise balance loss (doc/moe.md, "Issue 15's routing options" 7). The group's N tokens are S = N / T
+// Sequence-wise balance loss (doc/moe.md, "Routing options" 7). The group's N tokens are S = N / T
 // sequences of T consecutive tokens; c[s, e] = sequence s's choices routed to e before dropping, f = c / (T*k) a
 // constant, P[s, e] = the mean over its tokens of probs (softmax probs, or the sigmoid affinities over their sum):
 //   seq = alpha * E * mean_s sum_e f[s, e] P[s, e]
@@ -725,7 +725,7 @@ __global__ void moe_seq_loss_backward_kernel(float* __restrict__ d_logits, const
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Aux-loss-free balancing (doc/moe.md, "Issue 15's routing options" 6). The step's loads: counts (n) += the
+// Aux-loss-free balancing (doc/moe.md, "Routing options" 6). The step's loads: counts (n) += the
 // expert_count of a forward pass (n = Lm * E ints), once per micro-batch. The update, after the optimizer step, on
 // the loads summed over the micro-batches and the processes: bias[m, e] += gamma * sign(sum_e' load[m, e'] -
 // E * load[m, e]), the sign decided on integers (int64: E * load cannot overflow), one fp32 rounding of the sum, so

@@ -6,10 +6,10 @@
 # synthetic data (bf16, B=8 T=1024, recompute 0 and 1, flash attention; and recompute 1 with -fa 0, the cuBLAS-
 # and-softmax attention) and the Switch-MoE model on the same backbone beside it
 # (8 experts, top-1, every other layer), GPT-2 124M at B=64 with flash attention, at recompute 1 with -z 2, -z 3 and
-# with -oo 1 and 2 (issue 16's targets), runs every kernel-lab file at
+# with -oo 1 and 2 (their targets), runs every kernel-lab file at
 # full size (the flash-attention labs first, and once more built with cuDNN for its variant 5), and prints one
 # summary table: test results, tokens/s, MFU, peak memory, each lab variant's best time against its floor, and flash
-# attention's forward+backward against cuDNN's and the cuBLAS path's at B=8..64, T=1024, HS=64 (issue targets:
+# attention's forward+backward against cuDNN's and the cuBLAS path's at B=8..64, T=1024, HS=64 (targets:
 # >= 90% of cuDNN's speed, >= 4x the cuBLAS path).
 #   scripts/gpu_check.sh LOGDIR                the whole check, one log per stage in LOGDIR (under 8 minutes
 #                                              on an H100-class GPU)
@@ -472,7 +472,7 @@ train train_gpt_fa0 "$BIN/train_gpt_bf16" "1" -fa 0
 train train_moe "$BIN/train_moe_bf16" "0 1" -ne 8 -tk 1 -me 2
 # GPT-2 124M at the batch of the flash-attention targets
 TRAIN_BATCHES="64 32 16" train train_gpt_b64 "$BIN/train_gpt_bf16" "0"
-# issue 16's 1-GPU targets: ZeRO-2's code path (buckets, fp32 shard), ZeRO-3's (and gather buffers; target: within
+# the 1-GPU targets: ZeRO-2's code path (buckets, fp32 shard), ZeRO-3's (and gather buffers; target: within
 # 1.1x of ZeRO-1's step, which on one GPU is train_gpt_r1's) and ZeRO-Offload (AdamW on the host) beside
 # train_gpt_r1; the summary prints their tokens/s against it
 train train_gpt_z2 "$BIN/train_gpt_bf16" "1" -z 2

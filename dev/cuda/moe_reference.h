@@ -34,7 +34,7 @@ static void moe_route_row(double* p, double* lse, int* picks, const Real* row, i
     if (picks != nullptr) moe_top_k(picks, p, nullptr, E, k);
 }
 
-// sigmoid scores (doc/moe.md, "Issue 15's routing options" 3): a token's affinities a[e] = sigmoid(row[e])
+// sigmoid scores (doc/moe.md, "Routing options" 3): a token's affinities a[e] = sigmoid(row[e])
 template <class Real>
 static void moe_affinity_row(double* a, const Real* row, int E) {
     for (int e = 0; e < E; e++) a[e] = 1.0 / (1.0 + exp(-(double)row[e]));
@@ -68,7 +68,7 @@ static void moe_gate_backward_row(double* ds, const double* s, const int* picks,
     for (int j = 0; j < k; j++) ds[picks[j]] += (rsf * d_gate[j] - gate_dot) / picked_sum;
 }
 
-// With a balancing bias (sigmoid only, doc/moe.md "Issue 15's routing options" 4): top-k on the keys
+// With a balancing bias (sigmoid only, doc/moe.md "Routing options" 4): top-k on the keys
 // fp32(a) + bias[e] in fp32 (one rounding of the sum, as the kernel), ties to the lower index. The fp32 affinity is
 // the double one rounded, which a GPU's expf can miss by an ulp: a pick could then differ only where two keys are
 // within ~1e-7, which the random inputs of the labs do not produce (validated exactly).

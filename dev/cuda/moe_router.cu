@@ -4,7 +4,7 @@
 // affinities sigmoid(logits), probs = the affinities over their sum, gates = the picked affinities renormalised
 // (k = 1 too), and with a balancing bias b (E) the picks compare the keys fp32(a + b) instead of the logits; either
 // way the gates times the routed scale rsf. With a device limit M over G groups of E/G consecutive experts the picks
-// are among the M groups of largest best key only. doc/moe.md, "Routing" and "Issue 15's routing options" 3, 4, 5
+// are among the M groups of largest best key only. doc/moe.md, "Routing" and "Routing options" 3, 4, 5
 // and 9, is the definition; the reference (moe_reference.h, and here its device-limited picks) is a plain
 // double-precision loop over it.
 // Build and run on the CPU backend (small sizes):
@@ -129,7 +129,7 @@ static void run_variant(int variant, const RouterBuffers* d, int N, int E, int k
     }
 }
 
-// Device-limited routing's picks and gates (doc/moe.md, "Issue 15's routing options" 9) over those of
+// Device-limited routing's picks and gates (doc/moe.md, "Routing options" 9) over those of
 // moe_router_reference (whose probs and logsumexp the limit leaves alone): per token the keys as the kernel compares
 // them (the fp32 logits, or fp32(a) + bias with a balancing bias), each group's best key, the `limit` groups of
 // largest best key (ties to the lower group), then top-k among their experts (ties to the lower index); the gates

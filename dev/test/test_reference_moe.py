@@ -1166,7 +1166,7 @@ def test_noise_bad_input(noisy_prefix, tmp):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Issue 15's routing (doc/moe.md, "Issue 15's routing options"): sigmoid scores with the balancing bias, the routed
+# The routing options (doc/moe.md, "Routing options"): sigmoid scores with the balancing bias, the routed
 # scale, device-limited routing, shared experts, the sequence-wise and global-batch losses, the bias update, llama
 # experts; and the file fields (doc/formats.md). The numpy code below is written from those pages.
 
@@ -1286,7 +1286,7 @@ def np_layer_weights(layer, llama):
     return layer.router.weight.detach().numpy(), [get(m) for m in layer.experts], shared
 
 
-def test_issue15_routing():
+def test_routing_options():
     """SwitchFFN in float64 against np_moe_layer: the output, choices, gates, drops, counts, the Switch loss (with
     the earlier micro-batches' counts) and the sequence-wise loss. Tolerance 1e-12 relative: both sides are float64
     and differ only in summation order (~1e-15). Then the autograd gradients of out·R + aux + seq loss against
@@ -1303,7 +1303,7 @@ def test_issue15_routing():
                 case.prior)
         np_out, choices, gates, kept, counts, aux, seq = np_moe_layer(h.detach().numpy(), routerw, experts, shared,
                                                                        *args)
-        label = f"issue 15 routing, {case.label}"
+        label = f"routing options, {case.label}"
         check(np.array_equal(routing.choices.numpy(), choices), f"{label}: choices")
         check(np.array_equal(routing.kept.numpy(), kept), f"{label}: kept")
         check(np.array_equal(routing.counts.numpy(), counts), f"{label}: counts")
@@ -1367,7 +1367,7 @@ def test_bias_update():
     check(np.array_equal(model.balance_biases(), expected.astype(np.float32)), "bias update: b + gamma*sign(mean-load)")
 
 
-def issue15_file_tensors(shape):
+def routing_options_file_tensors(shape):
     """[(name, shape)] of a llama MoE file's payload (doc/formats.md, "MoE model file"), shared experts included."""
     C_, L_, Lm, E_, H_, S, Hs, HS = shape["C"], shape["L"], shape["Lm"], shape["E"], shape["H"], shape["S"], \
         shape["Hs"], shape["C"] // shape["NH"]
@@ -1385,7 +1385,7 @@ DEEPSEEK_ARGS = ["--B", "4", "--T", "9", "--V", "263", "--L", "2", "--NH", "4", 
                  "--ep-groups", "4", "--cf", "0", "--steps", "3"]
 
 
-def test_issue15_files(tmp):
+def test_routing_options_files(tmp):
     """A DeepSeek-shape llama reference: the header words, the payload laid out from doc/formats.md against the
     model's modules, the fp32 biases after the payload, the debug state's size and words 9..11, and its first bias
     row recomputed from the file's biases and the debug state's counts (bit for bit)."""
@@ -1401,7 +1401,7 @@ def test_issue15_files(tmp):
     check(list(h[24:28]) == [1, 2, 24, 1] and as_float(h[28]) == 2.5 and h[29] == 1, f"words 24..29: {list(h[24:30])}")
     check(not h[13:16].any() and not h[22:24].any() and not h[30:].any(), "every other word is 0")
     shape = dict(C=32, L=2, Lm=2, E=8, H=16, S=2, Hs=24, NH=4, NKV=2, Vp=384)
-    tensors = issue15_file_tensors(shape)
+    tensors = routing_options_file_tensors(shape)
     count = sum(int(np.prod(s)) for _, s in tensors)
     check(len(data) == HEADER_BYTES + 4 * count + 4 * 2 * 8, f"model file size {len(data)}")
     flat = np.frombuffer(data[HEADER_BYTES : HEADER_BYTES + 4 * count], dtype="<f4")
@@ -1465,7 +1465,7 @@ def test_issue15_files(tmp):
 
 def test_global_aux_micro_batches():
     """--global-aux 1 over K = 3 micro-batches: micro-batch j's Switch loss is α·E·Σ_e f_e·P_e with f_e from the
-    counts of micro-batches 0..j over (j + 1)·N·k choices (doc/moe.md, issue 15's routing 8), recomputed in float64
+    counts of micro-batches 0..j over (j + 1)·N·k choices (doc/moe.md, "Routing options" 8), recomputed in float64
     from each micro-batch's own probs and counts; tolerance 1e-6 relative (fp32 sums of 8 terms). Without it, f is
     the micro-batch's own, and the two differ."""
     args = train_moe.parse_args(["--write-reference", "unused", "--B", "6", "--topk", "2", "--E", "8", "--cf", "0",
@@ -1560,15 +1560,15 @@ def np_llama_moe_forward(P, biases, x, y, cfg, micro_batches):
 
 
 def test_deepseek_forward_and_gradients(tmp):
-    """The DeepSeek-shape reference (test_issue15_files) against np_llama_moe_forward: logits within 1e-5 and the CE,
-    aux, z and sequence-wise losses within 1e-5 relative (fp32 against float64, as the llama GPT test), the counts
-    exactly, and the gradients (the mean over the micro-batches of the total loss) against float64 central
+    """The DeepSeek-shape reference (test_routing_options_files) against np_llama_moe_forward: logits within 1e-5 and
+    the CE, aux, z and sequence-wise losses within 1e-5 relative (fp32 against float64, as the llama GPT test), the
+    counts exactly, and the gradients (the mean over the micro-batches of the total loss) against float64 central
     differences at the largest and two random entries of each MoE tensor and qkvw (tolerance 1e-3 relative plus
     1e-4 of the tensor's largest gradient, check_gradients_against_numpy's; step 1e-5, no choice may flip)."""
     prefix = os.path.join(tmp, "ds")
     cfg = dict(C=32, NH=4, NKV=2, eps=float(np.float32(1e-5)), theta=10000.0, E=8, k=3, L=2, S=2, V=263, Vp=384,
                seq_alpha=0.001, scale=2.5, groups=4, limit=2)
-    shapes = issue15_file_tensors(dict(C=32, L=2, Lm=2, E=8, H=16, S=2, Hs=24, NH=4, NKV=2, Vp=384))
+    shapes = routing_options_file_tensors(dict(C=32, L=2, Lm=2, E=8, H=16, S=2, Hs=24, NH=4, NKV=2, Vp=384))
     data = open(prefix + "_model.bin", "rb").read()
     count = sum(int(np.prod(s)) for _, s in shapes)
     flat = np.frombuffer(data[HEADER_BYTES : HEADER_BYTES + 4 * count], dtype="<f4").astype(np.float64)
@@ -1611,7 +1611,7 @@ def test_deepseek_forward_and_gradients(tmp):
                   f"DeepSeek-shape d{name}[{i}]: {g[i]} vs central difference {fd}")
 
 
-def test_issue15_bad_input(tmp):
+def test_routing_options_bad_input(tmp):
     out = os.path.join(tmp, "bad15")
     base = ["--write-reference", out]
     fails_with(base + ["--bias-gamma", "0.001"], "sigmoid", "--bias-gamma with softmax")
@@ -1632,7 +1632,7 @@ def test_issue15_bad_input(tmp):
         bad[4 * word : 4 * word + 4] = value.to_bytes(4, "little", signed=True)
         path = os.path.join(tmp, "bad15_model.bin")
         open(path, "wb").write(bad)
-        fails_with(base + ["--model-from-file", path], needle, f"issue 15 file: {label}")
+        fails_with(base + ["--model-from-file", path], needle, f"routing options file: {label}")
     message, _ = run_main(train_moe, ["--write-reference", out, "--steps", "0"])
     plain = bytearray(open(out + "_model.bin", "rb").read())
     plain[4 * 25 : 4 * 26] = (1).to_bytes(4, "little")
@@ -1658,13 +1658,13 @@ def main():
         noisy_prefix = test_noise_files(tmp)
         test_train_mode_noisy(noisy_prefix, tmp)
         test_noise_bad_input(noisy_prefix, tmp)
-        test_issue15_routing()
+        test_routing_options()
         test_bias_update()
         test_global_aux_micro_batches()
         test_llama_moe_is_llama()
-        test_issue15_files(tmp)
+        test_routing_options_files(tmp)
         test_deepseek_forward_and_gradients(tmp)
-        test_issue15_bad_input(tmp)
+        test_routing_options_bad_input(tmp)
     print(f"test_reference_moe: {test_reference.passed} passed, {test_reference.failed} failed")
     sys.exit(1 if test_reference.failed else 0)
 

@@ -243,7 +243,7 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/noise_resumed.log")" ] &&
     cmp -s "$work/noise/model_00000006.bin" "$work/noise_resumed/model_00000006.bin"; then pass; else
     fail "a noisy-gating run with jitter does not resume bit-identically"; fi
 
-# --- sigmoid scores with the routed scale 2.5 (doc/moe.md, issue 15's routing 3 and 5): the checkpoint's model file
+# --- sigmoid scores with the routed scale 2.5 (doc/moe.md, "Routing options" 3 and 5): the checkpoint's model file
 # has header words 24 = 1, 27 = 1 (sigmoid), 28 = 2.5's fp32 bits, and resuming from it (the flags agreeing with the
 # file) continues bit-identically
 SIGMOID=(-e d2 -ev 263 -et 32 -ne 8 -tk 2 -me 1 -rs sigmoid -rsf 2.5 -cf 0 -i "$work/train.bin" -j "" -v 0 -s 0 -b 2
@@ -257,7 +257,7 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/sigmoid_resumed.log")" ] 
     [ "$words" = "1 0 0 1 1075838976 0" ]; then pass; else
     fail "a sigmoid run does not resume bit-identically, or its model file's words 24..29 are [$words]"; fi
 
-# --- shared experts (doc/moe.md, issue 15's routing 2): two of hidden size 64 beside 4 experts shared out over 2
+# --- shared experts (doc/moe.md, "Routing options" 2): two of hidden size 64 beside 4 experts shared out over 2
 # ranks, every other layer, from a descriptor; the checkpoint's model file has header words 24 = 1, 25 = 2, 26 = 64
 # (28: the routed scale 1's fp32 bits, as every revision-1 file writes) and its size counts the shared tensors
 # (Lm (S H_s C + S H_s + S C H_s + S C) values more than without them); resuming from it continues bit-identically
@@ -282,7 +282,7 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/shared_resumed.log")" ] &
     fail "a shared-expert run does not resume bit-identically, or its model file's words 24..29 are [$words], or it"\
 " has $((size_with - size_without)) bytes more than without shared experts (want $extra)"; fi
 
-# --- aux-loss-free balancing (doc/moe.md, issue 15's routing 4 and 6): sigmoid top-2 of 4 experts shared out over 2
+# --- aux-loss-free balancing (doc/moe.md, "Routing options" 4 and 6): sigmoid top-2 of 4 experts shared out over 2
 # ranks, from a descriptor (the biases start at 0), -rb 0.01; 4 steps with checkpoints every 2. The checkpoint's
 # model file has header word 29 = 1 and Lm * E fp32 biases after the parameters (its size that much above the same
 # run's without -rb), the biases moved (each is a sum of +-0.01 steps), the validation lines print them, and the run
@@ -404,11 +404,11 @@ if grep -q "| parameters  *| $(descriptor_params 8 512 8 2 8 1792 0 0) " "$work/
     grep -q "| experts  *| 32 per MoE layer" "$work/ds64_32.log"; then pass; else
     fail "the descriptors mix8 and ds64 do not plan their shapes and routing: $(grep -E 'parameters|model|router' \
 "$work/mix8.log" "$work/ds64.log" | head -6)"; fi
-# --- -arch llama (doc/moe.md, issue 15's blocks): SwiGLU experts, 2 of 4 per token dropless, and a SwiGLU shared
-# expert on 2 ranks with -ep 2 and a resume from the step-3 checkpoint. The model file's header records the family
-# (words 16..21: 1, NKV 1, theta 10000's and eps 1e-5's fp32 bits, H 384, untied) and the MoE shape, its size counts
-# the SwiGLU tensors without biases (L (E (2H C + C H) + S (2H_s C + C H_s)) expert values: no efcb, efcprojb or shared
-# biases); the resumed run continues bit-identically. A llama MoE reference file (train_moe.py) trains.
+# --- -arch llama (doc/moe.md, "Routing options and the llama MoE"): SwiGLU experts, 2 of 4 per token dropless, and a
+# SwiGLU shared expert on 2 ranks with -ep 2 and a resume from the step-3 checkpoint. The model file's header records
+# the family (words 16..21: 1, NKV 1, theta 10000's and eps 1e-5's fp32 bits, H 384, untied) and the MoE shape, its size
+# counts the SwiGLU tensors without biases (L (E (2H C + C H) + S (2H_s C + C H_s)) expert values: no efcb, efcprojb or
+# shared biases); the resumed run continues bit-identically. A llama MoE reference file (train_moe.py) trains.
 LLAMA=(-e d2 -arch llama -kv 1 -ev 263 -et 32 -ne 4 -tk 2 -me 1 -eh 64 -cf 0 -se 1 -seh 32 -rs sigmoid -ep 2
        -i "$work/train.bin" -j "" -v 0 -s 0 -b 2 -t 16 -l 3e-3)
 run_and_resume llama 6 3 $MPIRUN -np 2 "$TRAIN" "${LLAMA[@]}"
@@ -520,8 +520,8 @@ open(sys.argv[2], "wb").write(struct.pack("256i", *h) + data[1024:])
 PY
 expect_error "unknown family" "moe_family2.bin: model family 2 in header word 16 (1 = llama; doc/formats.md): this trainer reads only gpt2 (0) and llama (1) files" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_family2.bin"
-# issue 15's MoE header words (doc/formats.md): what this trainer does not build yet, and what any reader refuses,
-# named by word. make_header FILE WORD=VALUE...: the MoE test model with those header words
+# the MoE header words of the routing options (doc/formats.md): what this trainer does not build yet, and what any
+# reader refuses, named by word. make_header FILE WORD=VALUE...: the MoE test model with those header words
 make_header() {
     $PYTHON - "$MOE_MODEL" "$@" <<'PY'
 import struct, sys
