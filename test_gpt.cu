@@ -83,7 +83,7 @@ struct GPT2Test {
     const TestExtension* extension;
     int offload;  // -oo, as the trainer's
     AdamWConfig opt;  // test_step's: the reference's (take_reference_optimizer)
-    int steps;  // -st: the reference's first this many steps are run and compared (0: all of them)
+    int steps;  // -st: the reference's first this many steps are run and compared (0, without -st: all of them)
 };
 
 // The debug state's words 12..17 (doc/formats.md, "Debug state"): the reference steps' AdamW, fp32 bits
@@ -354,7 +354,14 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         else if (!strcmp(argv[i], "-fa")) t.flash_attention = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-z")) t.zero_stage = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-oo")) t.offload = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-st")) t.steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-st")) {
+            char* end;
+            t.steps = (int)strtol(argv[i + 1], &end, 10);
+            if (*end != '\0' || end == argv[i + 1] || t.steps < 1) {
+                fprintf(stderr, "-st %s: expected a number of steps, 1 or more\n", argv[i + 1]);
+                return EXIT_FAILURE;
+            }
+        }
 #ifdef ENABLE_CUDNN
         else if (!strcmp(argv[i], "-cd")) cudnn_attention_deterministic = atoi(argv[i + 1]);
 #endif
@@ -423,8 +430,8 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     ReferenceState ref;
     read_reference_state(&ref, state, state_path, header, &model, x);
     // -st N: the first N steps (each compared value is a step's, so a prefix of the reference's is its own reference)
-    if (t.steps < 0 || t.steps > ref.nsteps) {
-        fprintf(stderr, "-st %d: expected 0 (all) to the reference's %d steps\n", t.steps, ref.nsteps);
+    if (t.steps > ref.nsteps) {
+        fprintf(stderr, "-st %d: the reference has %d steps\n", t.steps, ref.nsteps);
         return EXIT_FAILURE;
     }
     if (t.steps > 0) ref.nsteps = t.steps;

@@ -77,8 +77,8 @@ static double now_s(void) {
 extern "C" long __cucc_spin_ns(void);  // runtime.cpp: how long a wait spins before it sleeps; -1: it never sleeps
 
 // A poll loop calls backoff_pause after each poll that found nothing: it returns at once while the wait is younger
-// than __cucc_spin_ns(), then sleeps 10 us, doubling to 160 us. A peer process that shares this core so gets to
-// run (MPI's own waits spin, at best yielding), and a long wait ends at most about 160 us late.
+// than __cucc_spin_ns(), then sleeps 5 us, doubling to 80 us. A peer process that shares this core so gets to
+// run (MPI's own waits spin, at best yielding), and a long wait ends at most about 80 us late.
 typedef struct {
     double start;
     long nap_ns;

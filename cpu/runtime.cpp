@@ -896,12 +896,13 @@ static int profiling_enabled(void) {
 // and environment) with them added:
 //  - OMP_NUM_THREADS, when unset: max(1, the cores this process may run on / the processes of its node,
 //    OMPI_COMM_WORLD_LOCAL_SIZE). The kernels' blocks and OpenBLAS's GEMMs run on that one OpenMP team.
-//  - GOMP_SPINCOUNT, when neither it nor OMP_WAIT_POLICY is set: CUCC_SPIN_US microseconds of libgomp's spin loop
+//  - GOMP_SPINCOUNT, when neither it nor OMP_WAIT_POLICY is set and the process runs more than one thread (one has
+//    no team to wait for): CUCC_SPIN_US microseconds of libgomp's spin loop
 //    (one `pause` per iteration, timed here). An idle OpenMP thread spins that long, then sleeps on a futex;
 //    libgomp's own default spins 300000 iterations (8 ms at this machine's 27 ns per pause).
 //  - OMPI_MCA_mpi_yield_when_idle=1, when unset and the node's processes hold more threads than it has cores: what
 //    Open MPI sets itself on a node it knows to be oversubscribed (mpirun knows only of its own processes).
-// Setting OMP_NUM_THREADS and GOMP_SPINCOUNT (or OMP_WAIT_POLICY) by hand starts a program without the second
+// Setting OMP_NUM_THREADS (to 1, or with GOMP_SPINCOUNT or OMP_WAIT_POLICY) by hand starts a program without the second
 // execution (under valgrind, say, which would not follow it). The NCCL waits (nccl.cpp) spin for CUCC_SPIN_US too,
 // then sleep: __cucc_spin_ns. CUCC_SPIN_US=-1 keeps libgomp's and Open MPI's spinning waits
 // (cpu/bench_oversubscription.sh measures both).
