@@ -193,12 +193,28 @@ void __cucc_mma_complete(void* const* lane_args) {
     __cucc_wmma_gather(A, M * K, a);
     __cucc_wmma_gather(B, K * N, b);
     __cucc_wmma_gather(D, M * N, c);
-    for (int m = 0; m < M; m++)
+    // Two rows of D in registers, k outside n: each D[m][n] still adds its products in k order, so the bits are
+    // those of a dot product per element; the loop over n vectorises and each B row loaded serves both rows
+    // (16x16x16 on the host: 0.55 us, against 1.7-2.5 us as one dot product per element).
+    static_assert(M % 2 == 0, "wmma shapes have an even M");
+    for (int m = 0; m < M; m += 2) {
+        float row0[N], row1[N];
         for (int n = 0; n < N; n++) {
-            float acc = D[m * N + n];
-            for (int k = 0; k < K; k++) acc += A[m * K + k] * B[k * N + n];
-            D[m * N + n] = acc;
+            row0[n] = D[m * N + n];
+            row1[n] = D[(m + 1) * N + n];
         }
+        for (int k = 0; k < K; k++) {
+            const float a0 = A[m * K + k], a1 = A[(m + 1) * K + k];
+            for (int n = 0; n < N; n++) {
+                row0[n] += a0 * B[k * N + n];
+                row1[n] += a1 * B[k * N + n];
+            }
+        }
+        for (int n = 0; n < N; n++) {
+            D[m * N + n] = row0[n];
+            D[(m + 1) * N + n] = row1[n];
+        }
+    }
     // written only now: d may be c
     for (int l = 0; l < 32; l++) {
         fragment<accumulator, M, N, K, float>* d = ((const operands*)lane_args[l])->d;
