@@ -12,10 +12,6 @@
 // the loop through the MlpExtension interface below.
 #include <ctype.h>
 #include <dirent.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <sys/file.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +51,9 @@
 #include "llmc/optimizer.cuh"
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
+#include "llmc/info_table.h"
+#include "llmc/output_lock.h"
+#include "llmc/watchdog.h"
 
 // ----------------------------------------------------------------------------------------------------
 // Model description and parameters
@@ -211,7 +210,6 @@ typedef struct {
 } LayerActivations;
 
 typedef struct GPT2 GPT2;
-typedef struct InfoTable InfoTable;
 
 // ----------------------------------------------------------------------------------------------------
 // The MLP extension: how a model replaces the MLP of some layers with its own and brings what comes with it.
@@ -516,15 +514,23 @@ static size_t gpt2_extension_offset(const GPT2* model) {
 static void gpt2_set_parameters(GPT2* model, const floatX* file_order) {
     size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, in_file, in_set);
-    floatX* replicated = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX) + 1);
-    size_t from = 0, to = 0;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        memcpy(replicated + to, file_order + from, in_set[i] * sizeof(floatX));
-        to += in_set[i];
-        from += in_file[i];
+    // When the set holds every tensor of the file whole, the file order is the set's order and needs no host copy
+    // (GPT-2 1.5B's is 3 GB of fresh pages)
+    int same_order = 1;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) same_order &= in_set[i] == in_file[i];
+    if (same_order) {
+        sharded_parameters_set(&model->store, file_order);
+    } else {
+        floatX* replicated = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX) + 1);
+        size_t from = 0, to = 0;
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            memcpy(replicated + to, file_order + from, in_set[i] * sizeof(floatX));
+            to += in_set[i];
+            from += in_file[i];
+        }
+        sharded_parameters_set(&model->store, replicated);
+        free(replicated);
     }
-    sharded_parameters_set(&model->store, replicated);
-    free(replicated);
     if (model->mlp) model->mlp->set_parameters(model, file_order + gpt2_extension_offset(model));
 }
 
@@ -1870,151 +1876,6 @@ static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int seed_t
     free(tokens);
     free(logits_x);
     free(logits);
-}
-
-// ----------------------------------------------------------------------------------------------------
-// The trainer's helpers: the collective watchdog, the output directory's lock, a test hook, the start-up table
-
-// The collective watchdog (-wt SECONDS): with several processes, a process that stops (a hung GPU, a stopped or
-// lost node) leaves the others waiting forever inside an NCCL call. The training loop marks each phase that waits
-// on the others (watchdog_begin: what and at which step; watchdog_end), and a thread checks every 100 ms that no
-// phase has lasted longer than the limit; if one has, it names it and ends the whole job: ncclCommAbort on a GPU,
-// then MPI_Abort (the CPU backend's NCCL is MPI, which MPI_Abort ends with every process of the job).
-typedef struct {
-    double limit_s;
-    MultiGpuConfig* mg;
-    const char* op;      // the phase in progress, NULL between phases (written by the loop, read by the thread)
-    int step;
-    long long start_ns;  // when it began
-} Watchdog;
-static Watchdog watchdog = {0.0, NULL, NULL, 0, 0};
-
-static long long watchdog_now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (long long)t.tv_sec * 1000000000ll + t.tv_nsec;
-}
-
-static void watchdog_begin(const char* op, int step) {
-    // start before op: a thread that sees the new op also sees its start
-    __atomic_store_n(&watchdog.step, step, __ATOMIC_RELAXED);
-    __atomic_store_n(&watchdog.start_ns, watchdog_now_ns(), __ATOMIC_RELAXED);
-    __atomic_store_n(&watchdog.op, op, __ATOMIC_RELEASE);
-}
-
-static void watchdog_end(void) { __atomic_store_n(&watchdog.op, (const char*)NULL, __ATOMIC_RELEASE); }
-
-static void* watchdog_thread(void*) {
-    for (;;) {
-        usleep(100000);
-        const char* op = __atomic_load_n(&watchdog.op, __ATOMIC_ACQUIRE);
-        if (op == NULL) continue;
-        long long start = __atomic_load_n(&watchdog.start_ns, __ATOMIC_RELAXED);
-        if ((watchdog_now_ns() - start) * 1e-9 <= watchdog.limit_s) continue;
-        if (op != __atomic_load_n(&watchdog.op, __ATOMIC_ACQUIRE)) continue;  // it has just ended
-        fprintf(stderr, "watchdog: process %d, step %d: %s did not complete within %.0f s (-wt): another process is "
-                "stuck or gone; aborting the job\n", watchdog.mg->process_rank, __atomic_load_n(&watchdog.step,
-                __ATOMIC_RELAXED), op, watchdog.limit_s);
-        fflush(stdout);
-#ifndef __CUCC__
-        ncclCommAbort(watchdog.mg->nccl_comm);  // frees the GPU's NCCL kernels (the CPU backend's NCCL is MPI)
-        if (!watchdog.mg->used_mpi) _exit(EXIT_FAILURE);
-#endif
-        MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
-        _exit(EXIT_FAILURE);
-    }
-    return NULL;
-}
-
-static void watchdog_start(MultiGpuConfig* mg, int limit_s) {
-    if (limit_s <= 0 || mg->num_processes == 1) return;  // alone, nothing can stall a collective
-    watchdog.limit_s = limit_s;
-    watchdog.mg = mg;
-    pthread_t thread;
-    if (pthread_create(&thread, NULL, watchdog_thread, NULL) != 0) {
-        fprintf(stderr, "-wt %d: cannot start the watchdog thread\n", limit_s);
-        exit(EXIT_FAILURE);
-    }
-    pthread_detach(thread);
-}
-
-// One run at a time writes into an output directory: process 0 holds an exclusive flock on <dir>/train.lock (with
-// its pid in it) for as long as it lives, and a second run is refused naming the holder. The kernel drops the lock
-// when the process ends, however it ends, so a crashed run leaves no stale lock behind.
-static void lock_output_dir(const char* dir) {
-    create_dir_if_not_exists(dir);
-    char path[1100];
-    snprintf(path, sizeof(path), "%s/train.lock", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        fprintf(stderr, "-o %s: cannot open the lock file %s: %s\n", dir, path, strerror(errno));
-        exit(EXIT_FAILURE);
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        char holder[32] = "";
-        ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
-        holder[got > 0 ? got : 0] = '\0';
-        holder[strcspn(holder, "\n")] = '\0';
-        fprintf(stderr, "-o %s: in use by another run (pid %s holds %s)\n", dir, holder[0] ? holder : "unknown", path);
-        exit(EXIT_FAILURE);
-    }
-    char pid[32];
-    int n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, n, 0) != n) {
-        fprintf(stderr, "-o %s: cannot write %s: %s\n", dir, path, strerror(errno));
-        exit(EXIT_FAILURE);
-    }
-    // fd stays open (and locked) until the process exits
-}
-
-// A test hook (dev/test/test_train_gpt.sh): TRAIN_TEST_STOP_AT_STEP=N stops (SIGSTOP) the process of rank
-// TRAIN_TEST_STOP_RANK (default 0) before training step N, as a hung or crashed process would stand still.
-static void test_hook_stop(int step, int rank) {
-    const char* at = getenv("TRAIN_TEST_STOP_AT_STEP");
-    const char* who = getenv("TRAIN_TEST_STOP_RANK");
-    if (at == NULL || atoi(at) != step || (who != NULL ? atoi(who) : 0) != rank) return;
-    fprintf(stderr, "TRAIN_TEST_STOP_AT_STEP: process %d stops before step %d\n", rank, step);
-    raise(SIGSTOP);
-}
-
-// The start-up table: rows of a name and a value, printed with each column as wide as its widest entry.
-#define INFO_TABLE_ROWS 32
-struct InfoTable {
-    char name[INFO_TABLE_ROWS][32];
-    char value[INFO_TABLE_ROWS][128];
-    int rows;
-};
-
-static void info_row(InfoTable* t, const char* name, const char* fmt, ...) {
-    if (t->rows == INFO_TABLE_ROWS) {
-        fprintf(stderr, "info_row: more than %d rows (%s)\n", INFO_TABLE_ROWS, name);
-        exit(EXIT_FAILURE);
-    }
-    snprintf(t->name[t->rows], sizeof(t->name[0]), "%s", name);
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(t->value[t->rows], sizeof(t->value[0]), fmt, args);
-    va_end(args);
-    t->rows++;
-}
-
-static void info_table_print(const InfoTable* t) {
-    int wn = 0, wv = 0;
-    for (int i = 0; i < t->rows; i++) {
-        if ((int)strlen(t->name[i]) > wn) wn = (int)strlen(t->name[i]);
-        if ((int)strlen(t->value[i]) > wv) wv = (int)strlen(t->value[i]);
-    }
-    char rule[200];
-    int n = 0;
-    rule[n++] = '+';
-    for (int i = 0; i < wn + 2; i++) rule[n++] = '-';
-    rule[n++] = '+';
-    for (int i = 0; i < wv + 2; i++) rule[n++] = '-';
-    rule[n++] = '+';
-    rule[n] = '\0';
-    printf("%s\n", rule);
-    for (int i = 0; i < t->rows; i++) printf("| %-*s | %-*s |\n", wn, t->name[i], wv, t->value[i]);
-    printf("%s\n", rule);
 }
 
 // ----------------------------------------------------------------------------------------------------
