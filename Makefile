@@ -64,7 +64,7 @@ $(PROGRAMS:%=%_cpu): %_cpu: $$(SOURCES_$$*) $(LLMC) $(BACKEND)
 	$(CUCC) -O2 $(CPU_NUMERICS) $(PFLAGS) $< -o $@ $(CPU_LIBS)
 
 # what make test builds: every precision side by side, build/train_gpt_fp32 ... build/test_moe_fp16; the same
-# through the checking build under build/check/ (README "Checking mode"); and GPU builds under $(GPU_BUILD)/
+# through the checking build under build/check/ (cpu/README.md, "Checking mode"); and GPU builds under $(GPU_BUILD)/
 # (what scripts/gpu_check.sh builds)
 PRECISIONS := fp32 bf16 fp16
 BUILT := $(foreach p,$(PROGRAMS),$(foreach q,$(PRECISIONS),$(BUILD)/$(p)_$(q)))
@@ -302,7 +302,7 @@ $(LAB_BINS): $(BUILD)/lab/%: dev/cuda/$$(call program_of,$$*).cu $(wildcard dev/
 	@mkdir -p $(dir $@)
 	$(CUCC) -O2 $(CPU_NUMERICS) $(LAB_FLAGS_$(call program_of,$*)) $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
 
-# The checking build (cpu/cucc --check; README "Checking mode") of the trainers' tests and of every lab, which
+# The checking build (cpu/cucc --check; cpu/README.md, "Checking mode") of the trainers' tests and of every lab, which
 # dev/test/run_tests.sh runs beside the plain ones; cpu/test/check/run_probes.sh builds its probes itself.
 CHECKED := $(BUILD)/check/test_gpt_fp32 $(BUILD)/check/test_gpt_bf16 $(BUILD)/check/test_moe_fp32 \
            $(BUILD)/check/test_moe_bf16 $(BUILD)/check/test_wmma $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab_check/%_bf16) \

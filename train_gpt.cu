@@ -6,7 +6,7 @@
 //   make train_gpt [PRECISION=BF16|FP16|FP32]             GPU binary (nvcc), ./train_gpt -i "data/x/*train*.bin" ...
 //   make train_gpt_cpu [PRECISION=...]                     the same source on the CPU backend (cpu/cucc)
 //   mpirun -np 8 ./train_gpt ...                           data parallel, one process per GPU
-// Flags are listed by `./train_gpt -h` (the llm.c conventions, extended; see README.md).
+// Flags are listed by `./train_gpt -h` (the llm.c conventions, extended; doc/training.md describes each).
 // This file is the GPT-2 model (and its Llama-style family) and the training loop. train_moe.cu (the Switch-MoE
 // model) and test_gpt.cu include it with OMIT_TRAIN_GPT_MAIN defined and bring their own main; the MoE model plugs its layers into the model and
 // the loop through the MlpExtension interface below.

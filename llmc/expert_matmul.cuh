@@ -3,7 +3,7 @@
 // over the experts' exact row ranges of one packed buffer (matmul_forward_grouped / matmul_backward_grouped), with
 // the bias and the GELU as in the dense Linear layer of llmc/matmul.cuh, whose strided cuBLASLt call and
 // deterministic bias-gradient kernels they share. Included by the trainers; needs cublas_setup() first and links
-// with -lcublas -lcublasLt (nvcc or cpu/cucc). Lab: dev/cuda/matmul_batched.cu.
+// with -lcublas -lcublasLt (nvcc or cpu/cucc). Lab: dev/cuda/expert_matmul.cu.
 //
 // Size rules (checked on every call, refused with one line): as llmc/matmul.cuh's (C and OC multiples of 8, all
 // pointers 16-byte aligned); the grouped versions also refuse groups outside [1, CUBLAS_GROUPED_MAX_GROUPS] and

@@ -1,7 +1,7 @@
 // llmc/router_matmul.cuh: the MoE router's GEMMs: logits in fp32 (the router runs in fp32 from its logits on),
 // inputs in floatX (matmul_forward_fp32_output / matmul_backward_fp32_dout), through llmc/matmul.cuh's strided
 // cuBLASLt call. Included by the trainers; needs cublas_setup() first and links with -lcublas -lcublasLt (nvcc or
-// cpu/cucc). Lab: dev/cuda/matmul_batched.cu.
+// cpu/cucc). Lab: dev/cuda/expert_matmul.cu.
 // C must be a multiple of 8 (the operands' leading dimension); OC (the expert count) may be any size >= 1.
 #pragma once
 #include "common.cuh"

@@ -1,12 +1,12 @@
-// dev/cuda/matmul_batched.cu: kernel lab for the MoE layer's GEMMs in llmc/expert_matmul.cuh and
+// dev/cuda/expert_matmul.cu: kernel lab for the MoE layer's GEMMs in llmc/expert_matmul.cuh and
 // llmc/router_matmul.cuh: the expert FFN as one
 // batched cuBLASLt call over E experts (matmul_forward_batched, matmul_backward_batched) or, dropless, as one
 // grouped cuBLAS GEMM over the experts' unequal row ranges (matmul_forward_grouped, matmul_backward_grouped), and
 // the router's GEMM with fp32 logits (matmul_forward_fp32_output, matmul_backward_fp32_dout).
 // Build and run (CPU backend; -DENABLE_FP32 for fp32):
-//   make build/lab/matmul_batched_bf16   (build/lab/matmul_batched_fp32: the fp32 build)
-//   build/lab/matmul_batched_bf16 [variant] [-s]
-// GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/matmul_batched.cu -lcublas -lcublasLt
+//   make build/lab/expert_matmul_bf16   (build/lab/expert_matmul_fp32: the fp32 build)
+//   build/lab/expert_matmul_bf16 [variant] [-s]
+// GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/expert_matmul.cu -lcublas -lcublasLt
 // Variants (each validated, then timed):
 //   1  matmul_forward_batched: out[e] = gelu(inp[e] @ weight[e]^T + bias[e]) with pre_gelu kept (GELU_AUX_BIAS
 //      epilogue, gelu_fusion 1), the unfused GELU (gelu_fusion 0), the plain batched Linear with and without bias
@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
     char sizes[160];
     snprintf(sizes, sizeof(sizes), "E=%d capacity=%d (%d used) C=%d OC=%d, router N=%d %s", E, rows, used, C, OC, N,
              PRECISION_NAME);
-    printf("matmul_batched: %s\n", sizes);
+    printf("expert_matmul: %s\n", sizes);
     printf("grouped: %d experts, rows {", G);
     for (int g = 0; g < G; g++) printf("%s%d", g ? ", " : "", group_rows[g]);
     printf("} (total %d)\n", total);
@@ -368,7 +368,7 @@ int main(int argc, char** argv) {
         }
     }
 
-    lab_print_header("matmul_batched", sizes);
+    lab_print_header("expert_matmul", sizes);
     const int repeats = args.small ? 3 : 20;
     const double expert_flops = 2.0 * E * rows * C * OC, router_flops = 2.0 * N * C * E;
     const double grouped_flops = 2.0 * total * C * OC;
