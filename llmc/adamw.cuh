@@ -2,6 +2,8 @@
 // parameters, with optional fp32 master weights and stochastic rounding into floatX. Included by the trainers;
 // builds with nvcc or cpu/cucc, nothing to link. Lab file: dev/cuda/adamw.cu. Its host twin for ZeRO-Offload, bit for
 // bit the same step: llmc/adamw_host.h.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-adamw_{bf16,fp32} and their lab-check- twins; adamw-host-*
+// (the host AdamW against this kernel), gpt-* and moe-* (10 AdamW steps against PyTorch).
 #pragma once
 #include "common.cuh"
 

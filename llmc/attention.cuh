@@ -4,6 +4,9 @@
 // backward pass. Also attention_support(), its start-up size check.
 // Included by the trainers; needs cublas_setup() first; links with -lcublas -lcublasLt (nvcc or cpu/cucc).
 // Lab files: dev/cuda/attention_forward.cu, dev/cuda/attention_backward.cu, dev/cuda/softmax_forward.cu.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-attention_forward_{bf16,fp32},
+// lab-attention_backward_{bf16,fp32}, lab-softmax_forward_{bf16,fp32} and their lab-check- twins; gpt-*-fa0 and
+// moe-*-fa0 (the cuBLAS-and-softmax path against PyTorch).
 #pragma once
 #include <math.h>
 #include "common.cuh"

@@ -1,6 +1,8 @@
 // llmc/copy_cast.cuh: element-wise copy with a change of precision (fp32 master weights to floatX, model files
 // in one precision loaded into another, ...), rounding to nearest. Included by the trainers; builds with nvcc
 // or cpu/cucc, nothing to link.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-copy_cast_{bf16,fp32} and their lab-check- twins; gpt-* and
+// moe-* (the master weights' casts).
 #pragma once
 #include "common.cuh"
 

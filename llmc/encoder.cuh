@@ -4,6 +4,9 @@
 // dev/cuda/encoder_backward.cu (the kernel lab: `make build/lab/encoder_forward_bf16 && build/lab/encoder_forward_bf16 -s`).
 // Size constraint: C % 8 == 0 (every thread moves 8 channels with one 16-byte vector); the trainer checks
 // it at start-up through encoder_support.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-encoder_forward_{bf16,fp32},
+// lab-encoder_backward_{bf16,fp32} and their lab-check- twins; production-sizes (past 2^31 elements), gpt-* and
+// moe-*.
 #pragma once
 #include "common.cuh"
 

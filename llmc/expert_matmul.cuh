@@ -8,6 +8,8 @@
 // Size rules (checked on every call, refused with one line): as llmc/matmul.cuh's (C and OC multiples of 8, all
 // pointers 16-byte aligned); the grouped versions also refuse groups outside [1, CUBLAS_GROUPED_MAX_GROUPS] and
 // negative row counts.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-expert_matmul_{bf16,fp32} and their lab-check- twins; moe-*
+// (padded and dropless experts against PyTorch), production-sizes.
 #pragma once
 #include <limits.h>
 #include <algorithm>

@@ -28,6 +28,8 @@
 // operation first waits for what the NCCL stream has been given (expert_parallel_after_reductions); the
 // reductions issued later wait for the compute stream anyway. cpu/cucc --check reports the unordered case.
 // On the CPU backend NCCL runs over MPI (cpu/nccl.cpp), so the groups need all processes in one mpirun.
+// Tests (dev/test/run_tests.sh NAME, patterns work): moe-*-ep* and check-moe-*-ep* (-ep against PyTorch and against
+// -ep 1), train-moe-cli.
 #pragma once
 #include "common.cuh"
 #include "moe.cuh"

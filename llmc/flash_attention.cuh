@@ -48,6 +48,9 @@
 //
 // Registers of the fp32-core kernels (nvcc 13, sm_80 and sm_90): at most 255 per thread and no spills, except dk/dv
 // at HS = 128, whose two accumulators (256 floats) cannot fit and live in local memory.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-flash_attention_forward_{bf16,fp32},
+// lab-flash_attention_backward_{bf16,fp32} and their lab-check- twins; gpt-*, llama-* and moe-* (the trainers'
+// default attention against PyTorch).
 #pragma once
 #include <math.h>
 #include "common.cuh"

@@ -2,6 +2,8 @@
 // never materialises the probabilities; also fused_classifier_support, its start-up size check.
 // Included by the trainers and by
 // dev/cuda/fused_classifier.cu (the kernel lab: `make build/lab/fused_classifier_bf16 && build/lab/fused_classifier_bf16 -s`).
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-fused_classifier_{bf16,fp32} and their lab-check- twins;
+// gpt-* and moe-* (logits, loss and their gradient against PyTorch).
 #pragma once
 #include "common.cuh"
 

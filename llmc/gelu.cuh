@@ -8,6 +8,8 @@
 // Included by the trainers and by dev/cuda/gelu.cu (the kernel lab: `make build/lab/gelu_bf16 && build/lab/gelu_bf16 -s`).
 // Any N (a size_t count): each thread moves 8 elements with 16-byte vectors, the last thread handles a tail of N % 8 one by
 // one. Pointers must be 16-byte aligned (cudaMalloc'd buffers at offsets that are multiples of 8 elements).
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-gelu_{bf16,fp32} and their lab-check- twins;
+// production-sizes, gpt-* (-ge 0/1/2, -r 0/1/2).
 #pragma once
 #include "common.cuh"
 

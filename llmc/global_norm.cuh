@@ -2,6 +2,8 @@
 // deterministic: partial sums over segments fixed by the element count alone (not by the GPU), then added in
 // a fixed order. Per tensor: global_norm_squared, then global_norm_aggregate (accumulating after the first). Included by the trainers; builds with nvcc or cpu/cucc.
 // Lab file: dev/cuda/global_norm.cu.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-global_norm_{bf16,fp32} and their lab-check- twins; gpt-*
+// and moe-* (clipping at 0.5 against PyTorch).
 #pragma once
 #include "common.cuh"
 

@@ -4,6 +4,8 @@
 // build/lab/layernorm_forward_bf16 -s`).
 // Size constraint: C % 8 == 0 (rows are moved as 16-byte vectors); the trainer checks it at start-up
 // through layernorm_support. Any number of rows, any C otherwise.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-layernorm_forward_{bf16,fp32},
+// lab-layernorm_backward_{bf16,fp32} and their lab-check- twins; gpt-* and moe-*.
 #pragma once
 #include "common.cuh"
 

@@ -9,6 +9,8 @@
 // Size rules (checked on every call, refused with one line): C and OC multiples of 8, all pointers 16-byte
 // aligned, because the bias and GELU kernels move whole 16-byte vectors of a row and cuBLASLt's auxiliary
 // GELU buffer needs a leading dimension that is a multiple of 8.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-matmul_forward_{bf16,fp32},
+// lab-matmul_backward_bias_{bf16,fp32} and their lab-check- twins; gpt-*, llama-* and moe-*.
 #pragma once
 #include <limits.h>
 #include <algorithm>

@@ -29,6 +29,9 @@
 // production sizes: R = N*k rows dropless, times C); choice and row indices are int, which moe_assign_slots_launch
 // bounds (N*k < 2^30 choices, E*capacity < 2^30 rows) for every kernel after it: at N = 65536 tokens, k = 32 and
 // E = 256 they are 2^21 and at most 2^24. Grids are at most max(R, N*k) / 8 blocks of warps.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-moe_router_{bf16,fp32}, lab-moe_slots_{bf16,fp32},
+// lab-moe_dispatch_combine_{bf16,fp32}, lab-moe_router_backward_{bf16,fp32} and their lab-check- twins; moe-* and
+// check-moe-* (routing, losses and gradients against PyTorch).
 #pragma once
 #include <limits.h>
 #include <math.h>

@@ -26,6 +26,8 @@
 // Sizes (moe_noise_support, on top of llmc/moe.cuh's moe_support): noisy gating needs k < E (thr is the (k+1)-th
 // logit), E <= 256 (a warp holds a token's logits, 8 per lane at most), N*E < 2^31 and N*C < 2^32 (the noise
 // positions are uint32), 0 <= EPS < 1 (a positive multiplier).
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-moe_noise_{bf16,fp32} and their lab-check- twins;
+// moe-*noisy* and moe-*jitter* (the same noise as PyTorch).
 #pragma once
 #include <limits.h>
 #include <math.h>

@@ -12,6 +12,7 @@
 // needs them in one MPI world: tcp and fs work only under mpirun there, and say so instead of hanging.
 // Header-only: #include it from a .cu and link with -lnccl -lmpi (nvcc or cpu/cucc).
 // Tested by dev/test/test_host_utils.cu and dev/test/test_multi_gpu.sh.
+// Tests (dev/test/run_tests.sh NAME, patterns work): host-utils, multi-gpu, and every *-np* row.
 #pragma once
 #define OMPI_SKIP_MPICXX 1  // the C API only, so linking needs -lmpi and not -lmpi_cxx
 #include <mpi.h>

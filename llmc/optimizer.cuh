@@ -26,6 +26,8 @@
 // (optimizer_next_seed) belong to the trainer, which hands them to every set.
 // Deterministic: the global norm is a fixed-order reduction, the stochastic-rounding seeds come from a host
 // generator that is identical on every process, and every process updates identical values.
+// Tests (dev/test/run_tests.sh NAME, patterns work): gpt-*-z* and moe-*-z* (ZeRO stages and offload against PyTorch),
+// adamw-host-*, train-gpt-cli.
 #pragma once
 #include "common.cuh"
 #include "adamw.cuh"

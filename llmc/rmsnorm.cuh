@@ -7,6 +7,8 @@
 // `make build/lab/rmsnorm_forward_bf16 && build/lab/rmsnorm_forward_bf16 -s`).
 // Size constraint: C % 8 == 0 (rows are moved as 16-byte vectors), eps > 0; a trainer checks both at start-up
 // through rmsnorm_support. Any number of rows, any C otherwise.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-rmsnorm_forward_{bf16,fp32},
+// lab-rmsnorm_backward_{bf16,fp32} and their lab-check- twins; llama-* and moe-*llama*.
 #pragma once
 #include <math.h>
 #include "common.cuh"

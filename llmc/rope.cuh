@@ -34,6 +34,8 @@
 //
 // Floor: 2 * B * T * (NH + NKV) * HS * X bytes (q and k read and written once) + T * HS * 4 (the table, once from
 // DRAM); 6 flops per pair: memory-bound. GPT-2 124M, B = 8, T = 1024, bf16: 50.3 MB, ~10 us at 4.8 TB/s (H200).
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-rope_{bf16,fp32} and their lab-check- twins; llama-* and
+// moe-*llama*.
 #pragma once
 #include <math.h>
 #include "common.cuh"

@@ -3,6 +3,7 @@
 // cuBLASLt call. Included by the trainers; needs cublas_setup() first and links with -lcublas -lcublasLt (nvcc or
 // cpu/cucc). Lab: dev/cuda/expert_matmul.cu.
 // C must be a multiple of 8 (the operands' leading dimension); OC (the expert count) may be any size >= 1.
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-expert_matmul_{bf16,fp32} and their lab-check- twins; moe-*.
 #pragma once
 #include "common.cuh"
 #include "cublas_common.cuh"

@@ -8,6 +8,8 @@
 // straddles gate and up); a trainer checks it at start-up through swiglu_support. Element counts are size_t: N*2H
 // passes 2^31 at production sizes. Pointers must be 16-byte aligned (cudaMalloc'd buffers at offsets that are
 // multiples of 8 elements).
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-swiglu_{bf16,fp32} and their lab-check- twins; llama-* and
+// moe-*llama*.
 #pragma once
 #include "common.cuh"
 
