@@ -153,9 +153,6 @@ static void read_reference_state(ReferenceState* r, FILE* f, const char* path, c
 }
 
 // the tensors' names in model-file order, for the checks' lines (an extension names its own slots)
-static const char* gpt2_parameter_names[NUM_PARAMETER_TENSORS] = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
-    "fcprojb", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "lnfw", "lnfb", "lm_head"};
 static const char* gpt2_parameter_name(const GPT2* model, int i) {
     int slot = i - PARAM_EXTENSION;
     return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->mlp->tensor_names[slot] : gpt2_parameter_names[i];

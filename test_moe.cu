@@ -455,7 +455,9 @@ static void moe_take_settings(GPT2Test* t, const int* header, const char* path) 
 // the model file brings the shape; the settings are the test's; the experts shared out over `degree` processes
 static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree) {
     MoEModel* moe = (MoEModel*)malloc_check(sizeof(MoEModel));
-    MoEConfig none = {0, 0, 0, 0, 0, MOE_SCORE_SOFTMAX, 1.0f, 0, 0, 0};
+    MoEConfig none = {};  // the model file's header fills it in
+    none.score = MOE_SCORE_SOFTMAX;
+    none.routed_scale = 1.0f;
     moe_model_init(moe, &none, &test_moe_settings);
     moe->route_hook = forcing.on ? forced_routing_hook : NULL;
     expert_parallel_init(&moe->ep, mg, degree);

@@ -99,33 +99,54 @@ static void gpt2_config_gpt2_family(GPT2Config* c) {
     c->tied = 1;
 }
 
-// The tensors in model-file order. An MLP extension's tensors (train_moe.cu: the routers', the experts' and the shared
-// experts') have slots between the dense MLP's and the final LayerNorm's, which GPT-2 leaves empty. Each tensor's
-// stochastic rounding in the optimizer is seeded by its number (gpt2_seed_id), except that slots 6..9 (the shared
-// experts', added after the others) take the numbers after lm_head: every tensor that existed before them keeps its
-// rounding, so BF16 runs without shared experts have the same bits as before. A llama model uses the slots of the
-// tensors that play the same role (ln*w hold RMSNorm weights, fcw SwiGLU's [gate | up]); its empty slots (wpe, the
-// biases) have size 0, and its untied output embedding is the last slot, PARAM_LM_HEAD, after everything GPT-2 has.
+// The tensors in model-file order, each once: X(id, name, weight decay, seed), PARAM_<id> its index. An MLP
+// extension's tensors (train_moe.cu: the routers', the experts' and the shared experts') have slots between the dense
+// MLP's and the final LayerNorm's, which GPT-2 leaves empty. Weight decay applies to the matrices only (the
+// embeddings and the Linear weights; train_gpt.py: the 2-D ones). The seed numbers each tensor's stochastic rounding
+// in the optimizer: in file order, except that slots 6..9 (the shared experts', added after the others) take the
+// numbers after lm_head, so that every tensor that existed before them keeps its rounding and BF16 runs without
+// shared experts have the same bits as before. A llama model uses the slots of the tensors that play the same role
+// (ln*w hold RMSNorm weights, fcw SwiGLU's [gate | up]); its empty slots (wpe, the biases) have size 0, and its untied
+// output embedding is the last slot, PARAM_LM_HEAD, after everything GPT-2 has.
 #define MLP_EXTENSION_SLOTS 10
-enum {
-    PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W,
-    PARAM_LN2B, PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB,
-    PARAM_EXTENSION,
-    PARAM_LNFW = PARAM_EXTENSION + MLP_EXTENSION_SLOTS, PARAM_LNFB,
-    PARAM_LM_HEAD,
-    NUM_PARAMETER_TENSORS
-};
-// the number that seeds tensor i's stochastic rounding (see above): GPT-2's 0..13, slots 0..5 of the extension
-// 14..19, lnfw 20, lnfb 21, lm_head 22, slots 6..9 23..26
-static unsigned int gpt2_seed_id(int i) {
-    const int late = PARAM_EXTENSION + 6, moved = PARAM_LNFW - late;  // the first late slot; the late slots' count
-    if (i < late) return (unsigned int)i;
-    if (i < PARAM_LNFW) return (unsigned int)(PARAM_LM_HEAD - moved + 1 + (i - late));  // after lm_head's number
-    return (unsigned int)(i - moved);
-}
-// weight decay applies to the matrices only (the embeddings and the Linear weights; train_gpt.py: the 2-D ones)
-static const int gpt2_parameter_decays[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0,
-                                                                  0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+#define PARAMETER_TENSORS(X)                                                                                           \
+    X(WTE, "wte", 1, 0)                                                                                                \
+    X(WPE, "wpe", 1, 1)                                                                                                \
+    X(LN1W, "ln1w", 0, 2)                                                                                              \
+    X(LN1B, "ln1b", 0, 3)                                                                                              \
+    X(QKVW, "qkvw", 1, 4)                                                                                              \
+    X(QKVB, "qkvb", 0, 5)                                                                                              \
+    X(ATTPROJW, "attprojw", 1, 6)                                                                                      \
+    X(ATTPROJB, "attprojb", 0, 7)                                                                                      \
+    X(LN2W, "ln2w", 0, 8)                                                                                              \
+    X(LN2B, "ln2b", 0, 9)                                                                                              \
+    X(FCW, "fcw", 1, 10)                                                                                               \
+    X(FCB, "fcb", 0, 11)                                                                                               \
+    X(FCPROJW, "fcprojw", 1, 12)                                                                                       \
+    X(FCPROJB, "fcprojb", 0, 13)                                                                                       \
+    /* the extension's slots: its names and weight decays are its own (MlpExtension) */                                \
+    X(EXTENSION, NULL, 0, 14)                                                                                          \
+    X(EXTENSION_1, NULL, 0, 15)                                                                                        \
+    X(EXTENSION_2, NULL, 0, 16)                                                                                        \
+    X(EXTENSION_3, NULL, 0, 17)                                                                                        \
+    X(EXTENSION_4, NULL, 0, 18)                                                                                        \
+    X(EXTENSION_5, NULL, 0, 19)                                                                                        \
+    X(EXTENSION_6, NULL, 0, 23)                                                                                        \
+    X(EXTENSION_7, NULL, 0, 24)                                                                                        \
+    X(EXTENSION_8, NULL, 0, 25)                                                                                        \
+    X(EXTENSION_9, NULL, 0, 26)                                                                                        \
+    X(LNFW, "lnfw", 0, 20)                                                                                             \
+    X(LNFB, "lnfb", 0, 21)                                                                                             \
+    X(LM_HEAD, "lm_head", 1, 22)
+#define PARAMETER_INDEX(id, name, decay, seed) PARAM_##id,
+enum { PARAMETER_TENSORS(PARAMETER_INDEX) NUM_PARAMETER_TENSORS };
+static_assert(PARAM_LNFW - PARAM_EXTENSION == MLP_EXTENSION_SLOTS, "PARAMETER_TENSORS: one row per extension slot");
+#define PARAMETER_DECAY(id, name, decay, seed) decay,
+static const int gpt2_parameter_decays[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_DECAY)};
+#define PARAMETER_SEED(id, name, decay, seed) seed,
+static const unsigned int gpt2_parameter_seeds[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_SEED)};
+#define PARAMETER_NAME(id, name, decay, seed) name,
+static const char* const gpt2_parameter_names[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_NAME)};
 
 // Pointers into the parameter set's buffer (and the same into the gradients'). Shapes for GPT-2; llama's: qkvw
 // (L, (NH + 2 NKV) HS, C), fcw (L, 2H, C), fcprojw (L, C, H), lm_head (Vp, C) when untied, the others empty (size 0:
@@ -163,38 +184,50 @@ typedef struct {
 // are RMSNorm outputs (no means: ln*_mean are empty), qkvr is (L, B, T, (NH + 2 NKV) HS) with q and k roped,
 // fch (Ld, B, T, 2H) is fc's [gate | up] and fch_gelu (Ld or 1, B, T, H) the SwiGLU output; scratch_bt4c
 // holds (B, T, max((NH + 2 NKV) HS, H)).
+// Every activation tensor once, in the order they are laid out in one allocation: X(type, name, elements), the
+// elements an expression over fill_in_activation_sizes' locals. The struct, the indices, the sizes and the pointers
+// come from it.
+#define ACTIVATION_TENSORS(X)                                                                                          \
+    X(floatX, encoded, BTC)                          /* (B, T, C) */                                                   \
+    X(floatX, ln1, ln_layers * BTC)                  /* (L or 1, B, T, C) */                                           \
+    X(float, ln1_mean, L * means)                    /* (L, B, T) */                                                   \
+    X(float, ln1_rstd, L * BT)                       /* (L, B, T) */                                                   \
+    X(floatX, atty, L * BTC)                         /* (L, B, T, C) attention output before the projection */         \
+    /* att: (L, B, NH, T, T) attention probabilities (cuBLAS-and-softmax path only) */                                 \
+    X(floatX, att, L * att_probs)                                                                                      \
+    /* att_stats: (L, B, NH, T) softmax statistics: log-sum-exp (flash and cuDNN paths) */                             \
+    X(float, att_stats, L * att_stats)                                                                                 \
+    /* qkvr: (L, B, T, 3C) q, k, v kept for the backward pass (permuted by the cuBLAS-and-softmax path) */             \
+    X(floatX, qkvr, L * QKV)                                                                                           \
+    X(floatX, residual2, L * BTC)                    /* (L, B, T, C) */                                                \
+    X(floatX, ln2, ln_layers * BTC)                  /* (L or 1, B, T, C) */                                           \
+    X(float, ln2_mean, L * means)                    /* (L, B, T) */                                                   \
+    X(float, ln2_rstd, L * BT)                       /* (L, B, T) */                                                   \
+    X(floatX, fch, dense_layers * FC)                /* (Ld, B, T, 4C) pre-GELU, dense MLPs only */                    \
+    X(floatX, fch_gelu, gelu_layers * HID)           /* (Ld or 1, B, T, 4C) */                                         \
+    X(floatX, residual3, L * BTC)                    /* (L, B, T, C) */                                                \
+    X(floatX, lnf, BTC)                              /* (B, T, C) */                                                   \
+    X(float, lnf_mean, means)                        /* (B, T) */                                                      \
+    X(float, lnf_rstd, BT)                           /* (B, T) */                                                      \
+    X(float, losses, BT)                             /* (B, T) */                                                      \
+    X(floatX, output, B * T * Vp)                    /* (B, T, Vp) logits, overwritten by their gradient */            \
+    /* scratch shared by the forward and backward passes */                                                            \
+    X(floatX, scratch_btc, BTC)                      /* (B, T, C) */                                                   \
+    X(floatX, scratch_bt4c, BT4C)                    /* (B, T, 4C) */                                                  \
+    X(floatX, dresidual, BTC)                        /* (B, T, C) */                                                   \
+    X(floatX, dbtc, BTC)                             /* (B, T, C) */                                                   \
+    X(floatX, dqkvr, probabilities * 3 * BTC)        /* (B, T, 3C) (cuBLAS-and-softmax path only) */                   \
+    X(floatX, datt, att_probs)                       /* (B, NH, T, T) (cuBLAS-and-softmax path only) */                \
+    /* att_delta: (B, NH, T) rowsum(dout * out) (flash path only) */                                                   \
+    X(float, att_delta, model->attention == ATTENTION_FLASH ? BT * NH : 0)                                             \
+    /* scratch_f: layernorm backward and bias-gradient scratch */                                                      \
+    X(float, scratch_f, ln_scratch > bias_scratch ? ln_scratch : bias_scratch)
+#define ACTIVATION_FIELD(type, name, elements) type* name;
 typedef struct {
-    floatX* encoded;    // (B, T, C)
-    floatX* ln1;        // (L or 1, B, T, C)
-    float* ln1_mean;    // (L, B, T)
-    float* ln1_rstd;    // (L, B, T)
-    floatX* atty;       // (L, B, T, C) attention output before the projection
-    floatX* att;        // (L, B, NH, T, T) attention probabilities (cuBLAS-and-softmax path only)
-    float* att_stats;   // (L, B, NH, T) softmax statistics: log-sum-exp (flash and cuDNN paths)
-    floatX* qkvr;       // (L, B, T, 3C) q, k, v kept for the backward pass (permuted by the cuBLAS-and-softmax path)
-    floatX* residual2;  // (L, B, T, C)
-    floatX* ln2;        // (L or 1, B, T, C)
-    float* ln2_mean;    // (L, B, T)
-    float* ln2_rstd;    // (L, B, T)
-    floatX* fch;        // (Ld, B, T, 4C) pre-GELU, dense MLPs only
-    floatX* fch_gelu;   // (Ld or 1, B, T, 4C)
-    floatX* residual3;  // (L, B, T, C)
-    floatX* lnf;        // (B, T, C)
-    float* lnf_mean;    // (B, T)
-    float* lnf_rstd;    // (B, T)
-    float* losses;      // (B, T)
-    floatX* output;     // (B, T, Vp) logits, overwritten by their gradient
-    // scratch shared by the forward and backward passes
-    floatX* scratch_btc;   // (B, T, C)
-    floatX* scratch_bt4c;  // (B, T, 4C)
-    floatX* dresidual;     // (B, T, C)
-    floatX* dbtc;          // (B, T, C)
-    floatX* dqkvr;         // (B, T, 3C) (cuBLAS-and-softmax path only)
-    floatX* datt;          // (B, NH, T, T) (cuBLAS-and-softmax path only)
-    float* att_delta;      // (B, NH, T) rowsum(dout * out) (flash path only)
-    float* scratch_f;      // layernorm backward and bias-gradient scratch
+    ACTIVATION_TENSORS(ACTIVATION_FIELD)
 } ActivationTensors;
-#define NUM_ACTIVATION_TENSORS 28
+#define ACTIVATION_INDEX(type, name, elements) ACT_##name,
+enum { ACTIVATION_TENSORS(ACTIVATION_INDEX) NUM_ACTIVATION_TENSORS };
 
 // How attention runs: cuBLAS batched GEMMs around a softmax kernel, materialising the (B, NH, T, T) scores (llm.c's
 // path, llmc/attention.cuh); the hand-written flash attention, which keeps only a log-sum-exp per row
@@ -479,7 +512,7 @@ static void gpt2_allocate_parameters(GPT2* model) {
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) decays[i] = gpt2_parameter_decay(model, i);
     sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->process_rank,
                                 model->num_processes, model->zero_stage);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) model->store.seed_ids[i] = gpt2_seed_id(i);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) model->store.seed_ids[i] = gpt2_parameter_seeds[i];
     if (model->zero_stage < 3) point_parameters(&model->params, model->store.params_memory, sizes);
     else memset(&model->params, 0, sizeof(model->params));  // gathered per layer (gpt2_layer_weights)
     if (model->zero_stage < 2) point_parameters(&model->grads, model->store.grads_memory, sizes);
@@ -948,7 +981,7 @@ static LayerStrides layer_strides(const GPT2Config* c, size_t B, size_t T) {
     return s;
 }
 
-// The activation tensors' sizes in bytes, in the order of ActivationTensors.
+// The activation tensors' sizes in bytes, indexed by ACT_<name>.
 static void fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, size_t T, int recompute) {
     const GPT2Config* c = &model->config;
     size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size;
@@ -963,38 +996,12 @@ static void fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, siz
     // flash attention and cuDNN keep softmax statistics, not probabilities, and read q, k, v in place
     int probabilities = model->attention == ATTENTION_MATMUL_SOFTMAX;
     size_t att_probs = probabilities ? ATT : 0, att_stats = probabilities ? 0 : layer_stride(B * NH * T);
-    size_t i = 0;
-    s[i++] = (BTC) * sizeof(floatX);                           // encoded
-    s[i++] = (ln_layers * BTC) * sizeof(floatX);               // ln1
-    s[i++] = (L * means) * sizeof(float);                      // ln1_mean
-    s[i++] = (L * BT) * sizeof(float);                         // ln1_rstd
-    s[i++] = (L * BTC) * sizeof(floatX);                       // atty
-    s[i++] = (L * att_probs) * sizeof(floatX);                 // att
-    s[i++] = (L * att_stats) * sizeof(float);                  // att_stats
-    s[i++] = (L * QKV) * sizeof(floatX);                       // qkvr
-    s[i++] = (L * BTC) * sizeof(floatX);                       // residual2
-    s[i++] = (ln_layers * BTC) * sizeof(floatX);               // ln2
-    s[i++] = (L * means) * sizeof(float);                      // ln2_mean
-    s[i++] = (L * BT) * sizeof(float);                         // ln2_rstd
-    s[i++] = (dense_layers * FC) * sizeof(floatX);             // fch
-    s[i++] = (gelu_layers * HID) * sizeof(floatX);             // fch_gelu
-    s[i++] = (L * BTC) * sizeof(floatX);                       // residual3
-    s[i++] = (BTC) * sizeof(floatX);                           // lnf
-    s[i++] = (means) * sizeof(float);                          // lnf_mean
-    s[i++] = (BT) * sizeof(float);                             // lnf_rstd
-    s[i++] = (BT) * sizeof(float);                             // losses
-    s[i++] = (B * T * Vp) * sizeof(floatX);                    // output
-    s[i++] = (BTC) * sizeof(floatX);                           // scratch_btc
-    s[i++] = (BT4C) * sizeof(floatX);                          // scratch_bt4c
-    s[i++] = (BTC) * sizeof(floatX);                           // dresidual
-    s[i++] = (BTC) * sizeof(floatX);                           // dbtc
-    s[i++] = (probabilities * 3 * BTC) * sizeof(floatX);       // dqkvr
-    s[i++] = (att_probs) * sizeof(floatX);                     // datt
-    s[i++] = (model->attention == ATTENTION_FLASH ? BT * NH : 0) * sizeof(float);  // att_delta
     size_t ln_scratch = llama ? rmsnorm_backward_scratch_floats((int)B, (int)T, (int)C)
                               : layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
     size_t bias_scratch = llama ? 0 : matmul_dbias_buffer_floats((int)(Vp > 4 * C ? Vp : 4 * C));  // no biases
-    s[i++] = (ln_scratch > bias_scratch ? ln_scratch : bias_scratch) * sizeof(float);  // scratch_f
+#define ACTIVATION_BYTES(type, name, elements) s[ACT_##name] = (elements) * sizeof(type);
+    ACTIVATION_TENSORS(ACTIVATION_BYTES)
+#undef ACTIVATION_BYTES
 }
 
 // the activations' bytes at (B, T) with recompute level `recompute`, an extension's included
@@ -1013,13 +1020,10 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;
     cudaCheck(cudaMalloc(&model->acts_memory, bytes));
     ActivationTensors* a = &model->acts;
-    void** ptrs[NUM_ACTIVATION_TENSORS] = {
-        (void**)&a->encoded, (void**)&a->ln1, (void**)&a->ln1_mean, (void**)&a->ln1_rstd, (void**)&a->atty,
-        (void**)&a->att, (void**)&a->att_stats, (void**)&a->qkvr, (void**)&a->residual2, (void**)&a->ln2,
-        (void**)&a->ln2_mean, (void**)&a->ln2_rstd, (void**)&a->fch, (void**)&a->fch_gelu, (void**)&a->residual3,
-        (void**)&a->lnf, (void**)&a->lnf_mean, (void**)&a->lnf_rstd, (void**)&a->losses, (void**)&a->output,
-        (void**)&a->scratch_btc, (void**)&a->scratch_bt4c, (void**)&a->dresidual, (void**)&a->dbtc,
-        (void**)&a->dqkvr, (void**)&a->datt, (void**)&a->att_delta, (void**)&a->scratch_f};
+    void** ptrs[NUM_ACTIVATION_TENSORS];
+#define ACTIVATION_POINTER(type, name, elements) ptrs[ACT_##name] = (void**)&a->name;
+    ACTIVATION_TENSORS(ACTIVATION_POINTER)
+#undef ACTIVATION_POINTER
     char* p = (char*)model->acts_memory;
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
         *ptrs[i] = p;
@@ -1881,24 +1885,88 @@ static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int seed_t
 // ----------------------------------------------------------------------------------------------------
 // The trainer: its settings and flags, the memory plan, evaluation, the training step, checkpoints, and main
 
+// The trainer's flags, each once (llmc/cli.h): X(name, type, TrainerSettings member, default, help line(s) ending
+// with the default in words). TrainerSettings, its defaults, the parsed table, the usage text (-h) and doc/flags.md
+// all come from it.
+// -arch and the llama flags describe a descriptor; given with a model file, they must agree with its header.
+#define TRAINER_FLAGS(X)                                                                                               \
+    X("-i", STRING, train_pattern, "data/tinyshakespeare/tinyshakespeare_gpt2_train.bin",                              \
+      "train data filename pattern (default = data/tinyshakespeare/tinyshakespeare_gpt2_train.bin)")                   \
+    X("-j", STRING, val_pattern, "data/tinyshakespeare/tinyshakespeare_gpt2_val.bin",                                  \
+      "val data filename pattern (default = data/tinyshakespeare/tinyshakespeare_gpt2_val.bin)")                       \
+    X("-e", STRING, model_source, "gpt2_124M_bf16.bin",                                                                \
+      "input model file or descriptor dN (default = gpt2_124M_bf16.bin)")                                              \
+    X("-ev", INT, descriptor_vocab, 50257, "vocabulary size for a descriptor (default = 50257)")                       \
+    X("-et", INT, descriptor_maxT, 1024, "max sequence length for a descriptor (default = 1024)")                      \
+    X("-sd", INT, descriptor_seed, 42, "seed of a descriptor's initialisation (default = 42)")                         \
+    X("-arch", STRING, arch, "gpt2",                                                                                   \
+      "architecture of a descriptor: gpt2, or llama (RMSNorm, RoPE, grouped-query attention,\n"                        \
+      "SwiGLU, no biases: doc/kernels.md) (default = gpt2)")                                                           \
+    X("-kv", INT, kv_heads, 0, "llama: key/value heads, dividing NH (default = NH)")                                   \
+    X("-rt", FLOAT, rope_theta, 10000.0f, "llama: RoPE theta (default = 10000)")                                       \
+    X("-fh", INT, ffn_hidden, 0, "llama: SwiGLU hidden size H (default = 8C/3 rounded up to a multiple of 64)")        \
+    X("-eps", FLOAT, norm_eps, 1e-5f, "llama: RMSNorm eps (default = 1e-5)")                                           \
+    X("-tie", INT, tie_embeddings, 0, "llama: 1 = the output embedding is wte, 0 = its own lm_head (default = 0)")     \
+    X("-o", STRING, output_dir, NULL, "output log dir and checkpoints (default = none)")                               \
+    X("-tf", STRING, tokenizer_path, "data/tinyshakespeare/gpt2_tokenizer.bin",                                        \
+      "tokenizer file for decoding samples (default = data/tinyshakespeare/gpt2_tokenizer.bin)")                       \
+    X("-n", INT, checkpoint_every, 0, "write a checkpoint every how many steps (default 0 = never)")                   \
+    X("-nk", INT, checkpoints_keep, 0, "keep the last how many checkpoints (default 0 = all)")                         \
+    X("-y", INT, resume, 0, "resume from the latest complete checkpoint in -o (default 0)")                            \
+    X("-b", INT, B, 4, "(per-GPU, micro) batch size B (default = 4)")                                                  \
+    X("-t", INT, T, 1024, "sequence length T (default = 1024)")                                                        \
+    X("-d", INT, total_batch_size, -1,                                                                                 \
+      "total desired batch size in tokens (default = B*T*processes: no accumulation)")                                 \
+    X("-x", INT, max_steps, -1, "max steps (default = -1 = one epoch)")                                                \
+    X("-l", FLOAT, learning_rate, 3e-4f, "learning rate (default = 3e-4)")                                             \
+    X("-u", INT, warmup_iterations, 0, "learning rate warmup iterations (default = 0)")                                \
+    X("-q", FLOAT, final_lr_frac, 1.0f,                                                                                \
+      "learning rate decay: final fraction, at end of training (default = 1.0 = no decay)")                            \
+    X("-k", STRING, lr_scheduler_type, "cosine",                                                                       \
+      "learning rate scheduler: cosine, linear, constant, wsd (default = cosine)")                                     \
+    X("-c", FLOAT, weight_decay, 0.0f, "weight decay (default = 0.0)")                                                 \
+    X("-v", INT, val_every, 20, "val loss every how many steps (default = 20, 0 = never)")                             \
+    X("-m", INT, val_max_steps, 20, "val batches (default = 20)")                                                      \
+    X("-s", INT, sample_every, 20, "sample every how many steps (default = 20, 0 = never)")                            \
+    X("-g", INT, gen_tokens, 64, "generated tokens per sample (default = 64)")                                         \
+    X("-a", INT, overfit_single_batch, 0, "overfit a single batch? 0/1 (default = 0)")                                 \
+    X("-w", INT, use_master_weights, 1, "keep fp32 master weights? 0/1 (default = 1)")                                 \
+    X("-pm", INT, plan_gib, 0,                                                                                         \
+      "print the memory plan of a descriptor's model on a device of this many GiB, and exit (default = 0)")            \
+    X("-oo", INT, offload_optimizer, 0,                                                                                \
+      "ZeRO-Offload: m, v and master weights in host memory, AdamW on the host CPU? 0/1, or 2: AdamW on\n"             \
+      "each gradient piece as it reaches the host, during the backward pass, kept unless the step clips\n"             \
+      "(12 more bytes of host memory per parameter) (default = 0)")                                                    \
+    X("-z", INT, zero_stage, 0,                                                                                        \
+      "ZeRO stage: 0 (all-reduce), 1 (sharded optimizer state), 2 (and sharded gradients), 3 (and sharded\n"           \
+      "parameters, gathered layer by layer) (default = 0)")                                                            \
+    X("-r", INT, recompute, 1, "recompute: 0 none, 1 GELU, 2 GELU and LayerNorms (default = 1)")                       \
+    X("-ge", INT, gelu_fusion, 1,                                                                                      \
+      "GELU fusion into cuBLASLt epilogues: 0 off, 1 forward (only with -r 0: a recomputed GELU is\n"                  \
+      "llmc/gelu.cuh's in the forward too), 2 forward and backward (default = 1)")                                     \
+    X("-fa", INT, flash_attention, -1,                                                                                 \
+      "attention: 1 flash attention (llmc/flash_attention.cuh), 0 cuBLAS GEMMs around a softmax, or\n"                 \
+      "cuDNN in a USE_CUDNN=1 build (default: flash attention when the build has no cuDNN and the head\n"              \
+      "size is 16, 32, 64 or 128, else the other)")                                                                    \
+    X("-sl", FLOAT, skip_update_lossz, 0.0f,                                                                           \
+      "skip the update when the loss z-score exceeds this (default = 0 = off)")                                        \
+    X("-gc", FLOAT, grad_clip, 1.0f, "clip the gradient to this global norm (default = 1.0, 0 = no clipping)")         \
+    X("-sg", FLOAT, skip_update_gradz, 0.0f,                                                                           \
+      "skip the update when the gradient-norm z-score exceeds this (default = 0 = off)")                               \
+    X("-wt", INT, watchdog_s, 600,                                                                                     \
+      "collective watchdog: end the job when processes wait on each other this many seconds\n"                         \
+      "(default = 600, 0 = off)")                                                                                      \
+    X("-ns", INT, divergence_steps, 3,                                                                                 \
+      "stop when the loss or gradient norm is not finite for this many steps in a row (default = 3)")                  \
+    X("-pi", STRING, init_method, "mpi", "process init: mpi, tcp or fs (default = mpi)")                               \
+    X("-pf", STRING, fs_path, "", "shared directory for -pi fs")                                                       \
+    X("-ps", STRING, server_ip, "", "server ip for -pi tcp")                                                           \
+    X("-pn", INT, num_processes, 1, "number of processes (-pi tcp/fs)")                                                \
+    X("-pr", INT, process_rank, 0, "this process's rank (-pi tcp/fs)")                                                 \
+    X("-pg", INT, gpus_per_node, 8, "GPUs per node (-pi tcp/fs, default = 8)")
+
 typedef struct {
-    const char *train_pattern, *val_pattern, *model_source, *output_dir, *lr_scheduler_type, *tokenizer_path;
-    const char *init_method, *fs_path, *server_ip;
-    int descriptor_vocab, descriptor_maxT, descriptor_seed;
-    int checkpoint_every, checkpoints_keep, resume;
-    int B, T, total_batch_size, max_steps, warmup_iterations;
-    float learning_rate, final_lr_frac, weight_decay;
-    int val_every, val_max_steps, sample_every, gen_tokens;
-    int overfit_single_batch, use_master_weights, offload_optimizer, zero_stage, recompute, gelu_fusion, flash_attention;
-    int plan_gib;  // -pm: print the memory plan for a device of this many GiB and exit
-    float skip_update_lossz, skip_update_gradz;
-    float grad_clip;
-    int num_processes, process_rank, gpus_per_node;
-    int divergence_steps, watchdog_s;
-    // the architecture of a descriptor: -arch and the llama family's values (0: its default)
-    const char* arch;
-    int kv_heads, ffn_hidden, tie_embeddings;
-    float rope_theta, norm_eps;
+    TRAINER_FLAGS(FLAG_FIELD)
 } TrainerSettings;
 
 static Flag flag(const char* name, FlagType type, void* value, const char* help) {
@@ -1909,113 +1977,19 @@ static Flag flag(const char* name, FlagType type, void* value, const char* help)
 // The settings' defaults and the trainer's flags, which write into `s`; returns the number of flags.
 #define MAX_TRAINER_FLAGS 56
 static int trainer_flags(Flag* f, TrainerSettings* s) {
-    // what data/tinyshakespeare.py writes with its defaults
-    s->train_pattern = "data/tinyshakespeare/tinyshakespeare_gpt2_train.bin";
-    s->val_pattern = "data/tinyshakespeare/tinyshakespeare_gpt2_val.bin";
-    s->model_source = "gpt2_124M_bf16.bin";
-    s->output_dir = NULL;
-    s->lr_scheduler_type = "cosine";
-    s->tokenizer_path = "data/tinyshakespeare/gpt2_tokenizer.bin";
-    s->init_method = "mpi";
-    s->fs_path = "";
-    s->server_ip = "";
-    s->descriptor_vocab = 50257, s->descriptor_maxT = 1024, s->descriptor_seed = 42;
-    s->checkpoint_every = 0, s->checkpoints_keep = 0, s->resume = 0;
-    s->B = 4, s->T = 1024, s->total_batch_size = -1, s->max_steps = -1, s->warmup_iterations = 0;
-    s->learning_rate = 3e-4f, s->final_lr_frac = 1.0f, s->weight_decay = 0.0f;
-    s->val_every = 20, s->val_max_steps = 20, s->sample_every = 20, s->gen_tokens = 64;
-    s->overfit_single_batch = 0, s->use_master_weights = 1, s->offload_optimizer = 0, s->zero_stage = 0, s->recompute = 1, s->gelu_fusion = 1;
-    s->plan_gib = 0;
-    s->flash_attention = -1;
-    s->skip_update_lossz = 0.0f, s->skip_update_gradz = 0.0f;
-    s->grad_clip = 1.0f;
-    s->num_processes = 1, s->process_rank = 0, s->gpus_per_node = 8;
-    s->divergence_steps = 3, s->watchdog_s = 600;
-    s->arch = "gpt2", s->kv_heads = 0, s->ffn_hidden = 0, s->tie_embeddings = 0;
-    s->rope_theta = 10000.0f, s->norm_eps = 1e-5f;  // train_gpt.py's ROPE_THETA, NORM_EPS (RMSNORM_DEFAULT_EPS)
+    const TrainerSettings defaults = {TRAINER_FLAGS(FLAG_DEFAULT_VALUE)};
+    *s = defaults;
+#define FLAG_TARGET (*s)
+    const Flag rows[] = {TRAINER_FLAGS(FLAG_ROW)};
+#undef FLAG_TARGET
     int n = 0;
-    f[n++] = flag("-i", FLAG_STRING, &s->train_pattern,
-                  "train data filename pattern (default = data/tinyshakespeare/tinyshakespeare_gpt2_train.bin)");
-    f[n++] = flag("-j", FLAG_STRING, &s->val_pattern,
-                  "val data filename pattern (default = data/tinyshakespeare/tinyshakespeare_gpt2_val.bin)");
-    f[n++] = flag("-e", FLAG_STRING, &s->model_source, "input model file or descriptor dN (default = gpt2_124M_bf16.bin)");
-    f[n++] = flag("-ev", FLAG_INT, &s->descriptor_vocab, "vocabulary size for a descriptor (default = 50257)");
-    f[n++] = flag("-et", FLAG_INT, &s->descriptor_maxT, "max sequence length for a descriptor (default = 1024)");
-    f[n++] = flag("-sd", FLAG_INT, &s->descriptor_seed, "seed of a descriptor's initialisation (default = 42)");
-    // a model file's header gives these; given with one, they must agree with it
-    f[n++] = flag("-arch", FLAG_STRING, &s->arch,
-                  "architecture of a descriptor: gpt2, or llama (RMSNorm, RoPE, grouped-query attention,\n"
-                  "SwiGLU, no biases: doc/kernels.md) (default = gpt2)");
-    f[n++] = flag("-kv", FLAG_INT, &s->kv_heads, "llama: key/value heads, dividing NH (default = NH)");
-    f[n++] = flag("-rt", FLAG_FLOAT, &s->rope_theta, "llama: RoPE theta (default = 10000)");
-    f[n++] = flag("-fh", FLAG_INT, &s->ffn_hidden,
-                  "llama: SwiGLU hidden size H (default = 8C/3 rounded up to a multiple of 64)");
-    f[n++] = flag("-eps", FLAG_FLOAT, &s->norm_eps, "llama: RMSNorm eps (default = 1e-5)");
-    f[n++] = flag("-tie", FLAG_INT, &s->tie_embeddings,
-                  "llama: 1 = the output embedding is wte, 0 = its own lm_head (default = 0)");
-    f[n++] = flag("-o", FLAG_STRING, &s->output_dir, "output log dir and checkpoints (default = none)");
-    f[n++] = flag("-tf", FLAG_STRING, &s->tokenizer_path,
-                  "tokenizer file for decoding samples (default = data/tinyshakespeare/gpt2_tokenizer.bin)");
-    f[n++] = flag("-n", FLAG_INT, &s->checkpoint_every, "write a checkpoint every how many steps (default 0 = never)");
-    f[n++] = flag("-nk", FLAG_INT, &s->checkpoints_keep, "keep the last how many checkpoints (default 0 = all)");
-    f[n++] = flag("-y", FLAG_INT, &s->resume, "resume from the latest complete checkpoint in -o (default 0)");
-    f[n++] = flag("-b", FLAG_INT, &s->B, "(per-GPU, micro) batch size B (default = 4)");
-    f[n++] = flag("-t", FLAG_INT, &s->T, "sequence length T (default = 1024)");
-    f[n++] = flag("-d", FLAG_INT, &s->total_batch_size,
-                  "total desired batch size in tokens (default = B*T*processes: no accumulation)");
-    f[n++] = flag("-x", FLAG_INT, &s->max_steps, "max steps (default = -1 = one epoch)");
-    f[n++] = flag("-l", FLAG_FLOAT, &s->learning_rate, "learning rate (default = 3e-4)");
-    f[n++] = flag("-u", FLAG_INT, &s->warmup_iterations, "learning rate warmup iterations (default = 0)");
-    f[n++] = flag("-q", FLAG_FLOAT, &s->final_lr_frac,
-                  "learning rate decay: final fraction, at end of training (default = 1.0 = no decay)");
-    f[n++] = flag("-k", FLAG_STRING, &s->lr_scheduler_type,
-                  "learning rate scheduler: cosine, linear, constant, wsd (default = cosine)");
-    f[n++] = flag("-c", FLAG_FLOAT, &s->weight_decay, "weight decay (default = 0.0)");
-    f[n++] = flag("-v", FLAG_INT, &s->val_every, "val loss every how many steps (default = 20, 0 = never)");
-    f[n++] = flag("-m", FLAG_INT, &s->val_max_steps, "val batches (default = 20)");
-    f[n++] = flag("-s", FLAG_INT, &s->sample_every, "sample every how many steps (default = 20, 0 = never)");
-    f[n++] = flag("-g", FLAG_INT, &s->gen_tokens, "generated tokens per sample (default = 64)");
-    f[n++] = flag("-a", FLAG_INT, &s->overfit_single_batch, "overfit a single batch? 0/1 (default = 0)");
-    f[n++] = flag("-w", FLAG_INT, &s->use_master_weights, "keep fp32 master weights? 0/1 (default = 1)");
-    f[n++] = flag("-pm", FLAG_INT, &s->plan_gib,
-                  "print the memory plan of a descriptor's model on a device of this many GiB, and exit (default = 0)");
-    f[n++] = flag("-oo", FLAG_INT, &s->offload_optimizer,
-                  "ZeRO-Offload: m, v and master weights in host memory, AdamW on the host CPU? 0/1, or 2: AdamW on\n"
-                  "each gradient piece as it reaches the host, during the backward pass, kept unless the step clips\n"
-                  "(12 more bytes of host memory per parameter) (default = 0)");
-    f[n++] = flag("-z", FLAG_INT, &s->zero_stage,
-                  "ZeRO stage: 0 (all-reduce), 1 (sharded optimizer state), 2 (and sharded gradients), 3 (and sharded\n"
-                  "parameters, gathered layer by layer) (default = 0)");
-    f[n++] = flag("-r", FLAG_INT, &s->recompute, "recompute: 0 none, 1 GELU, 2 GELU and LayerNorms (default = 1)");
-    f[n++] = flag("-ge", FLAG_INT, &s->gelu_fusion,
-                  "GELU fusion into cuBLASLt epilogues: 0 off, 1 forward (only with -r 0: a recomputed GELU is\n"
-                  "llmc/gelu.cuh's in the forward too), 2 forward and backward (default = 1)");
-    f[n++] = flag("-fa", FLAG_INT, &s->flash_attention,
-                  "attention: 1 flash attention (llmc/flash_attention.cuh), 0 cuBLAS GEMMs around a softmax, or\n"
-                  "cuDNN in a USE_CUDNN=1 build (default: flash attention when the build has no cuDNN and the head\n"
-                  "size is 16, 32, 64 or 128, else the other)");
+    static_assert(sizeof(rows) / sizeof(rows[0]) + 2 <= MAX_TRAINER_FLAGS, "MAX_TRAINER_FLAGS: room for -cd and -h");
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) f[n++] = rows[i];
 #ifdef ENABLE_CUDNN
     f[n++] = flag("-cd", FLAG_INT, &cudnn_attention_deterministic,
                   "cuDNN attention backward: 1 deterministic (Hopper only), 0 faster, dQ summed with float\n"
                   "atomics (default = 1; doc/cudnn.md)");
 #endif
-    f[n++] = flag("-sl", FLAG_FLOAT, &s->skip_update_lossz,
-                  "skip the update when the loss z-score exceeds this (default = 0 = off)");
-    f[n++] = flag("-gc", FLAG_FLOAT, &s->grad_clip,
-                  "clip the gradient to this global norm (default = 1.0, 0 = no clipping)");
-    f[n++] = flag("-sg", FLAG_FLOAT, &s->skip_update_gradz,
-                  "skip the update when the gradient-norm z-score exceeds this (default = 0 = off)");
-    f[n++] = flag("-wt", FLAG_INT, &s->watchdog_s,
-                  "collective watchdog: end the job when processes wait on each other this many seconds\n"
-                  "(default = 600, 0 = off)");
-    f[n++] = flag("-ns", FLAG_INT, &s->divergence_steps,
-                  "stop when the loss or gradient norm is not finite for this many steps in a row (default = 3)");
-    f[n++] = flag("-pi", FLAG_STRING, &s->init_method, "process init: mpi, tcp or fs (default = mpi)");
-    f[n++] = flag("-pf", FLAG_STRING, &s->fs_path, "shared directory for -pi fs");
-    f[n++] = flag("-ps", FLAG_STRING, &s->server_ip, "server ip for -pi tcp");
-    f[n++] = flag("-pn", FLAG_INT, &s->num_processes, "number of processes (-pi tcp/fs)");
-    f[n++] = flag("-pr", FLAG_INT, &s->process_rank, "this process's rank (-pi tcp/fs)");
-    f[n++] = flag("-pg", FLAG_INT, &s->gpus_per_node, "GPUs per node (-pi tcp/fs, default = 8)");
     f[n++] = flag("-h", FLAG_INT, NULL, "this help");
     return n;
 }
@@ -2540,10 +2514,18 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     Flag flags[MAX_TRAINER_FLAGS];
     int num_flags = trainer_flags(flags, &s);
     FlagTables tables = {{flags, mlp ? mlp->flags : NULL}, {num_flags, mlp ? mlp->num_flags : 0}, mlp ? 2 : 1};
-    if (flags_parse(&tables, argc, argv)) {
+    int help = flags_parse(&tables, argc, argv);
+    if (help == 1) {
         fprintf(stderr, "Usage:   ./%s [options]\n", mlp ? mlp->trainer : "train_gpt");
         const char* titles[2] = {"Options:", mlp ? mlp->flags_title : NULL};
         flags_usage(&tables, titles);
+        return 0;
+    }
+    if (help == 2) {  // doc/flags.md (dev/test/test_flags_doc.sh)
+        char own[64] = "";
+        if (mlp) snprintf(own, sizeof(own), "%s only", mlp->trainer);
+        const char* titles[2] = {"every trainer", own};
+        flags_markdown(&tables, titles);
         return 0;
     }
     if (!trainer_check_settings(&s, flags, num_flags) || (mlp && !mlp->check_flags())) return EXIT_FAILURE;

@@ -81,44 +81,66 @@ typedef struct {
 // The MoE layers' activations (N = B*T tokens), kept per MoE layer for the backward pass. Rsrc = the rows of
 // this process's dispatch layout, Rown = those of its experts' layout (llmc/expert_parallel.cuh; the same with one
 // process per expert group): E*cap each when padded to a capacity, N*k and up to ep.degree*N*k when dropless.
+// Every tensor once, in the order they are laid out in one allocation: X(type, name, elements), the elements an
+// expression over moe_fill_in_activation_sizes' locals. The struct, the indices, the sizes and the pointers come
+// from it.
+#define MOE_ACTIVATION_TENSORS(X)                                                                                      \
+    /* router_logits: (Lm, N, E) the logits routing uses (H, with noisy gating) */                                     \
+    X(float, router_logits, Lm * NE)                                                                                   \
+    X(float, router_clean, noisy * Lm * NE)              /* (Lm, N, E) noisy gating: the clean logits */               \
+    /* router_noise: (Lm, N, E) noisy gating: the noise logits (softplus of them: the noise's std) */                  \
+    X(float, router_noise, noisy * Lm * NE)                                                                            \
+    X(float, router_probs, Lm * NE)                      /* (Lm, N, E) */                                              \
+    X(float, router_lse, Lm * layer_stride(N))           /* (Lm, N) logsumexp, for the z-loss */                       \
+    X(int, expert_index, Lm * NK)                        /* (Lm, N, k) */                                              \
+    X(float, gates, Lm * NK)                             /* (Lm, N, k) */                                              \
+    X(int, choice_row, Lm * NK)                          /* (Lm, N, k) row in the dispatch layout, -1 dropped */       \
+    X(int, row_choice, Lm * rows_src)                    /* (Lm, Rsrc) the choice filling each row, -1 padding */      \
+    X(int, expert_count, Lm * layer_stride(E))           /* (Lm, E) choices routed to each expert before dropping */   \
+    X(int, kept_count, Lm * layer_stride(E))             /* (Lm, E) rows used */                                       \
+    /* moe_stats: (Lm, MOE_LAYER_LOSSES + 2E) the layer's losses (MoELayerActivations.losses); noisy gating's */       \
+    /*     Importance, Load (E) */                                                                                     \
+    X(float, moe_stats, Lm * layer_stride(MOE_LAYER_LOSSES + 2 * E))                                                   \
+    X(floatX, expert_input, Lm * rows_own * C)           /* (Lm, Rown, C) */                                           \
+    /* expert_pre: (Lm, Rown, H) pre-GELU; llama (Lm, Rown, 2H) SwiGLU's [gate | up] */                                \
+    X(floatX, expert_pre, Lm * rows_own * moe_fc_width(model, H))                                                      \
+    /* expert_act: (Lm or 1, Rown, H) GELU (SwiGLU) output (recomputed with -r >= 1) */                                \
+    X(floatX, expert_act, (recompute >= 1 ? 1 : Lm) * rows_own * H)                                                    \
+    X(floatX, expert_output, Lm * rows_src * C)          /* (Lm, Rsrc, C) back in the dispatch layout */               \
+    /* backward scratch (one layer) */                                                                                 \
+    X(float, d_gates, NK)                                /* (N, k) */                                                  \
+    /* d_logits: (N, E) of the routing's logits, then (noisy gating) of the clean ones */                              \
+    X(float, d_logits, NE)                                                                                             \
+    X(float, d_noise, noisy * NE)                        /* (N, E) noisy gating: of the noise logits */                \
+    X(floatX, d_logits_x, NE)                            /* (N, E) */                                                  \
+    /* noise_partials: noisy gating's loss scratch (moe_noisy_losses_partials_size) */                                 \
+    X(float, noise_partials, noisy ? moe_noisy_losses_partials_size((int)E) : 0)                                       \
+    /* slot_scratch: the slot assignment's per-tile counts (moe_assign_slots_scratch_size) */                          \
+    X(int, slot_scratch, moe_assign_slots_scratch_size((int)N, (int)E, (int)K))                                        \
+    /* loss_partials: the aux and z losses' partial sums (moe_router_losses_partials_size) */                          \
+    X(float, loss_partials, moe_router_losses_partials_size())                                                         \
+    /* seq_count: (Lm, B, E) the sequence-wise loss's choices per sequence and expert (seq_alpha > 0) */               \
+    X(int, seq_count, seq * Lm * layer_stride(B * E))                                                                  \
+    X(float, seq_partials, seq * B)                      /* (B) its per-sequence partial sums (seq_alpha > 0) */       \
+    /* router_input: (2, N, C) with jitter: the router's jittered input and its gradient */                            \
+    X(floatX, router_input, jitter * 2 * BTC)                                                                          \
+    /* scratch_own: (Rown, C) the expert output, then the gradients of the experts' output and input */                \
+    X(floatX, scratch_own, rows_own * C)                                                                               \
+    X(floatX, d_expert_hidden, rows_own * H)             /* (Rown, H) */                                               \
+    /* scratch_src: (Rsrc, C) the same in the dispatch layout, with expert parallelism only */                         \
+    X(floatX, scratch_src, moe->ep.degree > 1 ? rows_src * C : 0)                                                      \
+    /* bias_scratch: the (shared) experts' bias-gradient scratch */                                                    \
+    X(float, bias_scratch, bias_scratch > shared ? bias_scratch : shared)                                              \
+    /* shared_pre: (Lm, S, N, H_s) the shared experts' pre-GELU; llama (Lm, S, N, 2H_s) [gate | up] */                 \
+    X(floatX, shared_pre, Lm * S * N * moe_fc_width(model, Hs))                                                        \
+    /* shared_act: (Lm or 1, S, N, H_s) their GELU (SwiGLU) output (recomputed with -r >= 1) */                        \
+    X(floatX, shared_act, (recompute >= 1 ? 1 : Lm) * S * N * Hs)                                                      \
+    X(floatX, d_shared_hidden, N * Hs)                   /* (N, H_s) */
 typedef struct {
-    float* router_logits;  // (Lm, N, E) the logits routing uses (H, with noisy gating)
-    float* router_clean;   // (Lm, N, E) noisy gating: the clean logits
-    float* router_noise;   // (Lm, N, E) noisy gating: the noise logits (softplus of them: the noise's std)
-    float* router_probs;   // (Lm, N, E)
-    float* router_lse;     // (Lm, N) logsumexp, for the z-loss
-    int* expert_index;     // (Lm, N, k)
-    float* gates;          // (Lm, N, k)
-    int* choice_row;       // (Lm, N, k) row in the dispatch layout, -1 dropped
-    int* row_choice;       // (Lm, Rsrc) the choice filling each row, -1 padding
-    int* expert_count;     // (Lm, E) choices routed to each expert before dropping
-    int* kept_count;       // (Lm, E) rows used
-    float* moe_stats;      // (Lm, MOE_LAYER_LOSSES + 2E) the layer's losses (MoELayerActivations.losses);
-                           // noisy gating's Importance, Load (E)
-    floatX* expert_input;  // (Lm, Rown, C)
-    floatX* expert_pre;    // (Lm, Rown, H) pre-GELU; llama (Lm, Rown, 2H) SwiGLU's [gate | up]
-    floatX* expert_act;    // (Lm or 1, Rown, H) GELU (SwiGLU) output (recomputed with -r >= 1)
-    floatX* expert_output; // (Lm, Rsrc, C) back in the dispatch layout
-    // backward scratch (one layer)
-    float* d_gates;        // (N, k)
-    float* d_logits;       // (N, E) of the routing's logits, then (noisy gating) of the clean ones
-    float* d_noise;        // (N, E) noisy gating: of the noise logits
-    floatX* d_logits_x;    // (N, E)
-    float* noise_partials; // noisy gating's loss scratch (moe_noisy_losses_partials_size)
-    int* slot_scratch;     // the slot assignment's per-tile counts (moe_assign_slots_scratch_size)
-    float* loss_partials;  // the aux and z losses' partial sums (moe_router_losses_partials_size)
-    int* seq_count;        // (Lm, B, E) the sequence-wise loss's choices per sequence and expert (seq_alpha > 0)
-    float* seq_partials;   // (B) its per-sequence partial sums (seq_alpha > 0)
-    floatX* router_input;  // (2, N, C) with jitter: the router's jittered input and its gradient
-    floatX* scratch_own;   // (Rown, C) the expert output, then the gradients of the experts' output and input
-    floatX* d_expert_hidden;  // (Rown, H)
-    floatX* scratch_src;   // (Rsrc, C) the same in the dispatch layout, with expert parallelism only
-    float* bias_scratch;   // the (shared) experts' bias-gradient scratch
-    floatX* shared_pre;    // (Lm, S, N, H_s) the shared experts' pre-GELU; llama (Lm, S, N, 2H_s) [gate | up]
-    floatX* shared_act;    // (Lm or 1, S, N, H_s) their GELU (SwiGLU) output (recomputed with -r >= 1)
-    floatX* d_shared_hidden;  // (N, H_s)
+    MOE_ACTIVATION_TENSORS(ACTIVATION_FIELD)
 } MoEActivations;
-#define NUM_MOE_ACTIVATION_TENSORS 33
+#define MOE_ACTIVATION_INDEX(type, name, elements) MOE_ACT_##name,
+enum { MOE_ACTIVATION_TENSORS(MOE_ACTIVATION_INDEX) NUM_MOE_ACTIVATION_TENSORS };
 // per MoE layer: the load-balancing, z, importance, load and sequence-wise losses
 #define MOE_LAYER_LOSSES 5
 
@@ -618,7 +640,7 @@ static void moe_allocated_rows(const MoEModel* moe, int N, size_t* src, size_t* 
     }
 }
 
-// The activation tensors' sizes in bytes, in the order of MoEActivations.
+// The activation tensors' sizes in bytes, indexed by MOE_ACT_<name>.
 static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, size_t T, int recompute) {
     const MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
@@ -628,37 +650,7 @@ static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B,
     moe_allocated_rows(moe, (int)N, &rows_src, &rows_own);
     size_t NE = layer_stride(N * E), NK = layer_stride(N * K);
     size_t noisy = c->noisy_gating, jitter = moe->settings.jitter > 0.0f;
-    size_t i = 0;
-    s[i++] = (Lm * NE) * sizeof(float);                        // router_logits
-    s[i++] = (noisy * Lm * NE) * sizeof(float);                // router_clean
-    s[i++] = (noisy * Lm * NE) * sizeof(float);                // router_noise
-    s[i++] = (Lm * NE) * sizeof(float);                        // router_probs
-    s[i++] = (Lm * layer_stride(N)) * sizeof(float);           // router_lse
-    s[i++] = (Lm * NK) * sizeof(int);                          // expert_index
-    s[i++] = (Lm * NK) * sizeof(float);                        // gates
-    s[i++] = (Lm * NK) * sizeof(int);                          // choice_row
-    s[i++] = (Lm * rows_src) * sizeof(int);                    // row_choice
-    s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // expert_count
-    s[i++] = (Lm * layer_stride(E)) * sizeof(int);             // kept_count
-    s[i++] = (Lm * layer_stride(MOE_LAYER_LOSSES + 2 * E)) * sizeof(float);  // moe_stats
-    s[i++] = (Lm * rows_own * C) * sizeof(floatX);             // expert_input
-    s[i++] = (Lm * rows_own * moe_fc_width(model, H)) * sizeof(floatX);  // expert_pre
-    s[i++] = ((recompute >= 1 ? 1 : Lm) * rows_own * H) * sizeof(floatX);  // expert_act
-    s[i++] = (Lm * rows_src * C) * sizeof(floatX);             // expert_output
-    s[i++] = (NK) * sizeof(float);                             // d_gates
-    s[i++] = (NE) * sizeof(float);                             // d_logits
-    s[i++] = (noisy * NE) * sizeof(float);                     // d_noise
-    s[i++] = (NE) * sizeof(floatX);                            // d_logits_x
-    s[i++] = (noisy ? moe_noisy_losses_partials_size((int)E) : 0) * sizeof(float);  // noise_partials
-    s[i++] = moe_assign_slots_scratch_size((int)N, (int)E, (int)K) * sizeof(int);   // slot_scratch
-    s[i++] = moe_router_losses_partials_size() * sizeof(float);                     // loss_partials
     size_t seq = moe->settings.seq_alpha > 0.0f;
-    s[i++] = (seq * Lm * layer_stride(B * E)) * sizeof(int);   // seq_count
-    s[i++] = (seq * B) * sizeof(float);                        // seq_partials
-    s[i++] = (jitter * 2 * BTC) * sizeof(floatX);              // router_input
-    s[i++] = (rows_own * C) * sizeof(floatX);                  // scratch_own
-    s[i++] = (rows_own * H) * sizeof(floatX);                  // d_expert_hidden
-    s[i++] = (moe->ep.degree > 1 ? rows_src * C : 0) * sizeof(floatX);  // scratch_src
     // the experts' bias gradients: E / ep_degree batches or groups of up to max(H, C) columns; a shared expert's
     // one matrix of up to max(H_s, C)
     int widest = (int)(H > C ? H : C);
@@ -668,10 +660,9 @@ static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B,
     size_t shared = matmul_dbias_buffer_floats((int)(Hs > C ? Hs : C));
     if (is_llama(&model->config)) batched = grouped = shared = 0;  // no biases
     size_t bias_scratch = batched > grouped ? batched : grouped;
-    s[i++] = (bias_scratch > shared ? bias_scratch : shared) * sizeof(float);  // bias_scratch
-    s[i++] = (Lm * S * N * moe_fc_width(model, Hs)) * sizeof(floatX);         // shared_pre
-    s[i++] = ((recompute >= 1 ? 1 : Lm) * S * N * Hs) * sizeof(floatX);       // shared_act
-    s[i++] = (N * Hs) * sizeof(floatX);                                         // d_shared_hidden
+#define MOE_ACTIVATION_BYTES(type, name, elements) s[MOE_ACT_##name] = (elements) * sizeof(type);
+    MOE_ACTIVATION_TENSORS(MOE_ACTIVATION_BYTES)
+#undef MOE_ACTIVATION_BYTES
 }
 
 static size_t moe_activation_bytes(const GPT2* model, size_t B, size_t T, int recompute) {
@@ -687,16 +678,10 @@ static void moe_allocate_activations(GPT2* model, int B, int T) {
     moe_fill_in_activation_sizes(sizes, model, B, T, model->recompute);
     cudaCheck(cudaMalloc(&moe->acts_memory, moe_activation_bytes(model, B, T, model->recompute)));
     MoEActivations* a = &moe->acts;
-    void** ptrs[NUM_MOE_ACTIVATION_TENSORS] = {
-        (void**)&a->router_logits, (void**)&a->router_clean, (void**)&a->router_noise, (void**)&a->router_probs,
-        (void**)&a->router_lse, (void**)&a->expert_index, (void**)&a->gates, (void**)&a->choice_row,
-        (void**)&a->row_choice, (void**)&a->expert_count, (void**)&a->kept_count, (void**)&a->moe_stats,
-        (void**)&a->expert_input, (void**)&a->expert_pre, (void**)&a->expert_act, (void**)&a->expert_output,
-        (void**)&a->d_gates, (void**)&a->d_logits, (void**)&a->d_noise, (void**)&a->d_logits_x,
-        (void**)&a->noise_partials, (void**)&a->slot_scratch, (void**)&a->loss_partials,
-        (void**)&a->seq_count, (void**)&a->seq_partials, (void**)&a->router_input, (void**)&a->scratch_own,
-        (void**)&a->d_expert_hidden, (void**)&a->scratch_src, (void**)&a->bias_scratch,
-        (void**)&a->shared_pre, (void**)&a->shared_act, (void**)&a->d_shared_hidden};
+    void** ptrs[NUM_MOE_ACTIVATION_TENSORS];
+#define MOE_ACTIVATION_POINTER(type, name, elements) ptrs[MOE_ACT_##name] = (void**)&a->name;
+    MOE_ACTIVATION_TENSORS(MOE_ACTIVATION_POINTER)
+#undef MOE_ACTIVATION_POINTER
     char* p = (char*)moe->acts_memory;
     for (int i = 0; i < NUM_MOE_ACTIVATION_TENSORS; i++) {
         *ptrs[i] = p;
@@ -1520,62 +1505,55 @@ static void moe_reduce_layer(GPT2* model, int l, const MultiGpuConfig* mg, int z
 // ----------------------------------------------------------------------------------------------------
 // The trainer's hooks: flags, process layout, start-up table, telemetry
 
+// The MoE trainer's own flags, each once (llmc/cli.h): X(name, type, MoEFlags member, default, help line(s) ending
+// with the default in words). MoEFlags, its defaults and the parsed table come from it.
+#define MOE_FLAGS(X)                                                                                                   \
+    X("-ne", INT, num_experts, 8, "experts per MoE layer (default = 8)")                                               \
+    X("-tk", INT, top_k, 1, "experts per token: 1 = Switch, 2 = GShard (default = 1)")                                 \
+    X("-me", INT, moe_every, 2, "an MoE layer every N layers: 1 = all, 2 = every other (default = 2)")                 \
+    X("-eh", INT, expert_hidden, 0, "expert hidden size (default = the dense MLP's: 4C, llama -fh's)")                 \
+    X("-cf", FLOAT, capacity_factor, 1.25f, "capacity factor in training; <= 0: dropless (default = 1.25)")            \
+    X("-cfe", FLOAT, capacity_factor_eval, 2.0f, "capacity factor in evaluation (default = 2.0)")                      \
+    X("-ra", FLOAT, aux_alpha, 0.01f, "load-balancing loss coefficient (default = 0.01)")                              \
+    X("-rz", FLOAT, z_coef, 0.001f, "router z-loss coefficient (default = 0.001)")                                     \
+    X("-ri", FLOAT, init_scale, 0.1f, "initialisation scale of router and expert weights (default = 0.1)")             \
+    X("-ep", INT, expert_parallel, 1,                                                                                  \
+      "expert-parallel degree N: groups of N processes share out the experts (default = 1)")                           \
+    X("-rj", FLOAT, router_jitter, 0.0f,                                                                               \
+      "router jitter: the router's input times U(1-rj, 1+rj) in training (default = 0)")                               \
+    X("-rn", INT, noisy_topk, 0,                                                                                       \
+      "noisy top-k gating (Shazeer 2017), importance and load losses: 0/1 (default = 0;\na model file with a noise "   \
+      "router has it on)")                                                                                             \
+    X("-rni", FLOAT, importance_coef, 0.1f, "importance loss coefficient with -rn 1 (default = 0.1)")                  \
+    X("-rnl", FLOAT, load_coef, 0.1f, "load loss coefficient with -rn 1 (default = 0.1)")                              \
+    X("-rs", STRING, score, "softmax",                                                                                 \
+      "router scores: softmax, or sigmoid affinities whose chosen k are renormalised (DeepSeek-V3)\n(default = "       \
+      "softmax; a model file's are its own)")                                                                          \
+    X("-rsf", FLOAT, routed_scale, 1.0f,                                                                               \
+      "routed scaling factor: the gates times it, with either score (default = 1; a model file's is its own)")         \
+    X("-se", INT, shared_experts, 0,                                                                                   \
+      "shared experts per MoE layer: dense MLPs every token goes through, added to the routed output\n(default = 0; "  \
+      "a model file's are its own)")                                                                                   \
+    X("-seh", INT, shared_hidden, 0, "the shared experts' hidden size, with -se (default = -eh's)")                    \
+    X("-rb", FLOAT, bias_gamma, 0.0f,                                                                                  \
+      "aux-loss-free balancing: each step moves a per-expert selection bias by GAMMA towards the mean load\n(sigmoid " \
+      "scores only; default = 0: off, a model file's bias stays fixed)")                                               \
+    X("-dl", INT, device_limit, 0,                                                                                     \
+      "device-limited routing: each token's experts within the M expert-parallel groups (-ep) of its\nlargest "        \
+      "keys (default = 0: off)")                                                                                       \
+    X("-rsl", FLOAT, seq_alpha, 0.0f,                                                                                  \
+      "sequence-wise balance loss coefficient ALPHA: the Switch loss per sequence, averaged over the sequences\n"      \
+      "(DeepSeek-V3; default = 0: off)")                                                                               \
+    X("-rg", INT, global_aux, 0,                                                                                       \
+      "global-batch balance loss: 1 = the Switch loss's expert fractions from the step's micro-batches so far on\n"    \
+      "every process (Qwen; default = 0: each micro-batch's own)")
 typedef struct {
-    int num_experts, top_k, moe_every, expert_hidden, expert_parallel, noisy_topk;
-    float capacity_factor, capacity_factor_eval, aux_alpha, z_coef, router_jitter, init_scale, importance_coef,
-        load_coef;
-    const char* score;
-    float routed_scale;
-    int shared_experts, shared_hidden;
-    float bias_gamma;
-    int device_limit;
-    float seq_alpha;
-    int global_aux;
+    MOE_FLAGS(FLAG_FIELD)
 } MoEFlags;
-static MoEFlags moe_flags = {8, 1, 2, 0, 1, 0, 1.25f, 2.0f, 0.01f, 0.001f, 0.0f, 0.1f, 0.1f, 0.1f, "softmax", 1.0f,
-                             0, 0, 0.0f, 0, 0.0f, 0};
-static Flag moe_flag_table[] = {
-    {"-ne", FLAG_INT, &moe_flags.num_experts, "experts per MoE layer (default = 8)", 0},
-    {"-tk", FLAG_INT, &moe_flags.top_k, "experts per token: 1 = Switch, 2 = GShard (default = 1)", 0},
-    {"-me", FLAG_INT, &moe_flags.moe_every, "an MoE layer every N layers: 1 = all, 2 = every other (default = 2)", 0},
-    {"-eh", FLAG_INT, &moe_flags.expert_hidden, "expert hidden size (default = the dense MLP's: 4C, llama -fh's)",
-     0},
-    {"-cf", FLAG_FLOAT, &moe_flags.capacity_factor, "capacity factor in training; <= 0: dropless (default = 1.25)", 0},
-    {"-cfe", FLAG_FLOAT, &moe_flags.capacity_factor_eval, "capacity factor in evaluation (default = 2.0)", 0},
-    {"-ra", FLAG_FLOAT, &moe_flags.aux_alpha, "load-balancing loss coefficient (default = 0.01)", 0},
-    {"-rz", FLAG_FLOAT, &moe_flags.z_coef, "router z-loss coefficient (default = 0.001)", 0},
-    {"-ri", FLAG_FLOAT, &moe_flags.init_scale, "initialisation scale of router and expert weights (default = 0.1)", 0},
-    {"-ep", FLAG_INT, &moe_flags.expert_parallel,
-     "expert-parallel degree N: groups of N processes share out the experts (default = 1)", 0},
-    {"-rj", FLAG_FLOAT, &moe_flags.router_jitter,
-     "router jitter: the router's input times U(1-rj, 1+rj) in training (default = 0)", 0},
-    {"-rn", FLAG_INT, &moe_flags.noisy_topk,
-     "noisy top-k gating (Shazeer 2017), importance and load losses: 0/1 (default = 0;\na model file with a noise "
-     "router has it on)", 0},
-    {"-rni", FLAG_FLOAT, &moe_flags.importance_coef, "importance loss coefficient with -rn 1 (default = 0.1)", 0},
-    {"-rnl", FLAG_FLOAT, &moe_flags.load_coef, "load loss coefficient with -rn 1 (default = 0.1)", 0},
-    {"-rs", FLAG_STRING, &moe_flags.score,
-     "router scores: softmax, or sigmoid affinities whose chosen k are renormalised (DeepSeek-V3)\n(default = "
-     "softmax; a model file's are its own)", 0},
-    {"-rsf", FLAG_FLOAT, &moe_flags.routed_scale,
-     "routed scaling factor: the gates times it, with either score (default = 1; a model file's is its own)", 0},
-    {"-se", FLAG_INT, &moe_flags.shared_experts,
-     "shared experts per MoE layer: dense MLPs every token goes through, added to the routed output\n(default = 0; "
-     "a model file's are its own)", 0},
-    {"-seh", FLAG_INT, &moe_flags.shared_hidden, "the shared experts' hidden size, with -se (default = -eh's)", 0},
-    {"-rb", FLAG_FLOAT, &moe_flags.bias_gamma,
-     "aux-loss-free balancing: each step moves a per-expert selection bias by GAMMA towards the mean load\n(sigmoid "
-     "scores only; default = 0: off, a model file's bias stays fixed)", 0},
-    {"-dl", FLAG_INT, &moe_flags.device_limit,
-     "device-limited routing: each token's experts within the M expert-parallel groups (-ep) of its\nlargest "
-     "keys (default = 0: off)", 0},
-    {"-rsl", FLAG_FLOAT, &moe_flags.seq_alpha,
-     "sequence-wise balance loss coefficient ALPHA: the Switch loss per sequence, averaged over the sequences\n"
-     "(DeepSeek-V3; default = 0: off)", 0},
-    {"-rg", FLAG_INT, &moe_flags.global_aux,
-     "global-batch balance loss: 1 = the Switch loss's expert fractions from the step's micro-batches so far on\n"
-     "every process (Qwen; default = 0: each micro-batch's own)", 0},
-};
+static MoEFlags moe_flags = {MOE_FLAGS(FLAG_DEFAULT_VALUE)};
+#define FLAG_TARGET moe_flags
+static Flag moe_flag_table[] = {MOE_FLAGS(FLAG_ROW)};
+#undef FLAG_TARGET
 
 // -rs's name -> MOE_SCORE_*, -1 when it is neither
 static int moe_score_of(const char* name) {
@@ -1660,11 +1638,30 @@ static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
                 f->expert_parallel, mg->num_processes);
         exit(EXIT_FAILURE);
     }
-    MoEConfig config = {f->num_experts, f->top_k, f->moe_every, f->expert_hidden, f->noisy_topk,
-                        moe_score_of(f->score), f->routed_scale, f->shared_experts, f->shared_hidden, 0};
-    MoESettings settings = {f->capacity_factor, f->capacity_factor_eval, f->aux_alpha, f->z_coef, f->router_jitter,
-                            f->importance_coef, f->load_coef, f->init_scale, f->bias_gamma, f->device_limit,
-                            f->seq_alpha, f->global_aux};
+    MoEConfig config = {};
+    config.num_experts = f->num_experts;
+    config.top_k = f->top_k;
+    config.moe_every = f->moe_every;
+    config.expert_hidden = f->expert_hidden;
+    config.noisy_gating = f->noisy_topk;
+    config.score = moe_score_of(f->score);
+    config.routed_scale = f->routed_scale;
+    config.shared_experts = f->shared_experts;
+    config.shared_hidden = f->shared_hidden;
+    config.balance_bias = 0;
+    MoESettings settings = {};
+    settings.capacity_factor = f->capacity_factor;
+    settings.capacity_factor_eval = f->capacity_factor_eval;
+    settings.aux_alpha = f->aux_alpha;
+    settings.z_coef = f->z_coef;
+    settings.jitter = f->router_jitter;
+    settings.importance_coef = f->importance_coef;
+    settings.load_coef = f->load_coef;
+    settings.init_scale = f->init_scale;
+    settings.bias_gamma = f->bias_gamma;
+    settings.device_limit = f->device_limit;
+    settings.seq_alpha = f->seq_alpha;
+    settings.global_aux = f->global_aux;
     moe_model_init(&trainer_moe, &config, &settings);
     expert_parallel_init(&trainer_moe.ep, mg, f->expert_parallel);
     model->mlp_state = &trainer_moe;

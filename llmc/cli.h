@@ -45,6 +45,18 @@ typedef struct {
     int given;
 } Flag;
 
+// A program's flags are written once, as an X-macro table whose rows read X(name, type, member, default, help):
+// type INT, FLOAT or STRING, member the settings struct's field that takes the value, help ending with the default
+// in words. From that one table come the settings struct (FLAG_FIELD), its defaults (FLAG_DEFAULT_VALUE, in a
+// braced initialiser of that struct), the Flag rows that flags_parse fills (FLAG_ROW, given FLAG_TARGET: the
+// struct the values go to), and so the usage text and doc/flags.md.
+#define FLAG_CTYPE_INT int
+#define FLAG_CTYPE_FLOAT float
+#define FLAG_CTYPE_STRING const char*
+#define FLAG_FIELD(name, type, member, value, help) FLAG_CTYPE_##type member;
+#define FLAG_DEFAULT_VALUE(name, type, member, value, help) value,
+#define FLAG_ROW(name, type, member, value, help) {name, FLAG_##type, &(FLAG_TARGET).member, help, 0},
+
 // A list of flag tables: the trainer's, and a model's own (train_moe.cu's MoE flags).
 typedef struct {
     Flag* flags[2];
@@ -72,12 +84,34 @@ static void flags_usage(const FlagTables* t, const char* const* titles) {
     }
 }
 
-// Parses "-flag value" pairs into the tables' values. Returns 1 for -h / --help, 0 when all were parsed; a flag
-// that no table has, a missing value or a value of the wrong type gets one line and exit(EXIT_FAILURE).
+// The same tables as Markdown on stdout, what doc/flags.md holds: under each title a table of the flags, their
+// types and their help (its lines joined).
+static void flags_markdown(const FlagTables* t, const char* const* titles) {
+    static const char* type_names[3] = {"int", "float", "string"};
+    for (int k = 0; k < t->num_tables; k++) {
+        printf("%s## %s\n\n| flag | type | meaning (default) |\n|---|---|---|\n", k ? "\n" : "", titles[k]);
+        for (int i = 0; i < t->counts[k]; i++) {
+            const Flag* f = &t->flags[k][i];
+            if (f->value == NULL) continue;  // -h
+            printf("| `%s` | %s | ", f->name, type_names[f->type]);
+            for (const char* c = f->help; *c; c++) {
+                if (*c == '\n') putchar(' ');
+                else if (*c == '|') fputs("\\|", stdout);
+                else putchar(*c);
+            }
+            printf(" |\n");
+        }
+    }
+}
+
+// Parses "-flag value" pairs into the tables' values. Returns 1 for -h / --help, 2 for --help-markdown, 0 when all
+// were parsed; a flag that no table has, a missing value or a value of the wrong type gets one line and
+// exit(EXIT_FAILURE).
 static int flags_parse(FlagTables* t, int argc, char* argv[]) {
     for (int i = 1; i < argc; i += 2) {
         const char* name = argv[i];
         if (!strcmp(name, "-h") || !strcmp(name, "--help")) return 1;
+        if (!strcmp(name, "--help-markdown")) return 2;
         if (name[0] != '-' || i + 1 >= argc) {
             fprintf(stderr, "argument %s: expected '-flag value' pairs (see -h)\n", name);
             exit(EXIT_FAILURE);
