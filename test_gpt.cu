@@ -153,6 +153,7 @@ static void read_reference_state(ReferenceState* r, FILE* f, const char* path, c
 }
 
 // the tensors' names in model-file order, for the checks' lines (an extension names its own slots)
+static const char* const gpt2_parameter_names[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_NAME)};
 static const char* gpt2_parameter_name(const GPT2* model, int i) {
     int slot = i - PARAM_EXTENSION;
     return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->mlp->tensor_names[slot] : gpt2_parameter_names[i];

@@ -146,7 +146,6 @@ static const int gpt2_parameter_decays[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSO
 #define PARAMETER_SEED(id, name, decay, seed) seed,
 static const unsigned int gpt2_parameter_seeds[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_SEED)};
 #define PARAMETER_NAME(id, name, decay, seed) name,
-static const char* const gpt2_parameter_names[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_NAME)};
 
 // Pointers into the parameter set's buffer (and the same into the gradients'). Shapes for GPT-2; llama's: qkvw
 // (L, (NH + 2 NKV) HS, C), fcw (L, 2H, C), fcprojw (L, C, H), lm_head (Vp, C) when untied, the others empty (size 0:
