@@ -6,7 +6,7 @@
 # Run it before and after a refactoring and compare: the two files must be identical.
 #   dev/test/behaviour_snapshot.sh /tmp/before.txt; (change); dev/test/behaviour_snapshot.sh /tmp/after.txt
 #   diff /tmp/before.txt /tmp/after.txt
-# It builds (through make) the four trainers it runs. About 2 minutes on 2 cores.
+# It builds (through make) the four trainers it runs; the runs take under a minute on 2 cores.
 set -u
 cd "$(dirname "$0")/../.."
 [ $# -eq 1 ] || { echo "usage: $0 OUT" >&2; exit 2; }
