@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # dev/test/behaviour_snapshot.sh OUT: what a change that should not change behaviour must leave alone, written to
 # OUT (a file): the step losses and the checkpoint files' SHA-256 of short training runs on the CPU backend, for
-#   GPT-2 in FP32 and BF16; llama with grouped-query attention; the MoE in FP32 and BF16, on 2 processes with -ep 2,
-#   with ZeRO-3, and with ZeRO-Offload's early update (-oo 2).
+#   GPT-2 in FP32 and BF16 (and with the matmul-and-softmax attention and -r 2); llama with grouped-query attention
+#   (in BF16 with -r 2); the MoE in FP32 and BF16, on 2 processes with -ep 2,
+#   with ZeRO-3, and with ZeRO-Offload's early update (-oo 2); a llama MoE with a dense layer and a shared expert.
 # Run it before and after a refactoring and compare: the two files must be identical.
 #   dev/test/behaviour_snapshot.sh /tmp/before.txt; (change); dev/test/behaviour_snapshot.sh /tmp/after.txt
 #   diff /tmp/before.txt /tmp/after.txt
@@ -42,10 +43,13 @@ snapshot() {
 
 snapshot gpt-fp32 build/train_gpt_fp32 "${COMMON[@]}" -e d2
 snapshot gpt-bf16 build/train_gpt_bf16 "${COMMON[@]}" -e d2
+snapshot gpt-fp32-matmul-attention-r2 build/train_gpt_fp32 "${COMMON[@]}" -e d2 -fa 0 -r 2
 snapshot llama-gqa-fp32 build/train_gpt_fp32 "${COMMON[@]}" -e d2 -arch llama -kv 1
+snapshot llama-gqa-bf16-r2 build/train_gpt_bf16 "${COMMON[@]}" -e d2 -arch llama -kv 1 -r 2
 snapshot moe-fp32 build/train_moe_fp32 "${COMMON[@]}" -e d2 -ne 4 -tk 2 -me 1
 snapshot moe-bf16 build/train_moe_bf16 "${COMMON[@]}" -e d2 -ne 4 -tk 2 -me 1
 snapshot moe-fp32-ep2 $MPIRUN -np 2 build/train_moe_fp32 "${COMMON[@]}" -e d2 -ne 4 -tk 2 -me 1 -ep 2
 snapshot moe-fp32-z3 $MPIRUN -np 2 build/train_moe_fp32 "${COMMON[@]}" -e d2 -ne 4 -tk 2 -me 1 -z 3
+snapshot moe-llama-shared-fp32-r1 build/train_moe_fp32 "${COMMON[@]}" -e d2 -arch llama -kv 1 -ne 4 -tk 2 -me 2 -se 1 -seh 32 -r 1
 snapshot moe-fp32-oo2 build/train_moe_fp32 "${COMMON[@]}" -e d2 -ne 4 -tk 2 -me 1 -oo 2
 echo "behaviour_snapshot: $(grep -c '^== ' "$out") runs written to $out"
