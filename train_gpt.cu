@@ -61,8 +61,15 @@
 #define GPT2_MODEL_MAGIC 20240326
 #define GPT2_STATE_MAGIC 20240527
 
-// The model family (header word 16, doc/formats.md): GPT-2, or the Llama-style model of doc/kernels.md
+// The model family (header word 16, doc/formats.md): GPT-2, or the Llama-style model of doc/kernels.md. A family is
+// a file format and a choice of layer kinds (config_set_family); the passes see only the kinds.
 typedef enum { FAMILY_GPT2 = 0, FAMILY_LLAMA = 1 } ModelFamily;
+
+// The kinds a layer is made of (doc/architecture.md): its norm, how its attention sees positions, and its dense FFN's
+// activation (an extension's FFN, in the layers it replaces, is a kind of its own: FfnKind below).
+typedef enum { NORM_LAYERNORM, NORM_RMSNORM } NormKind;          // LayerNorm keeps means and has a bias
+typedef enum { POSITIONS_LEARNED, POSITIONS_ROPE } PositionKind;  // wpe added by the encoder, or q and k roped
+typedef enum { ACTIVATION_GELU, ACTIVATION_SWIGLU } FfnActivation;  // SwiGLU: fc holds [gate | up], 2H rows
 
 typedef struct {
     int max_seq_len;        // maxT
@@ -75,23 +82,38 @@ typedef struct {
     // tied, no RoPE, LayerNorm's eps)
     int family;             // ModelFamily
     int num_kv_heads;       // NKV: key/value heads, dividing NH
-    float rope_theta;       // llama: RoPE base
+    float rope_theta;       // RoPE: its base
     int ffn_hidden;         // H: the MLP's hidden size (GPT-2 4C; llama the SwiGLU's, fc has 2H outputs)
-    float norm_eps;         // llama: RMSNorm eps
+    float norm_eps;         // RMSNorm: its eps
     int tied;               // the output embedding is wte (GPT-2 always; llama 0: lm_head)
+    // the layer kinds, from the family
+    NormKind norm;
+    PositionKind positions;
+    FfnActivation activation;
+    int biases;             // the linear layers and the norms have biases (GPT-2)
 } GPT2Config;
 
-static int is_llama(const GPT2Config* c) { return c->family == FAMILY_LLAMA; }
-// the packed qkv's channels, (NH + 2 NKV) HS (3C for GPT-2), and fc's outputs ([gate | up] for llama's SwiGLU)
+static void config_set_family(GPT2Config* c, ModelFamily family) {
+    c->family = family;
+    int llama = family == FAMILY_LLAMA;
+    c->norm = llama ? NORM_RMSNORM : NORM_LAYERNORM;
+    c->positions = llama ? POSITIONS_ROPE : POSITIONS_LEARNED;
+    c->activation = llama ? ACTIVATION_SWIGLU : ACTIVATION_GELU;
+    c->biases = !llama;
+}
+static const char* family_name(int family) { return family == FAMILY_LLAMA ? "llama" : "gpt2"; }
+// the packed qkv's channels, (NH + 2 NKV) HS (3C for GPT-2), and fc's outputs ([gate | up] for SwiGLU)
 static size_t qkv_channels(const GPT2Config* c) {
     return (size_t)(c->num_heads + 2 * c->num_kv_heads) * (c->channels / c->num_heads);
 }
-static size_t fc_channels(const GPT2Config* c) { return (size_t)(is_llama(c) ? 2 : 1) * c->ffn_hidden; }
+static size_t fc_channels(const GPT2Config* c) {
+    return (size_t)(c->activation == ACTIVATION_SWIGLU ? 2 : 1) * c->ffn_hidden;
+}
 // Llama's SwiGLU hidden size when not given (train_gpt.py's default_ffn_hidden): floor(8C/3) rounded up to 64
 static int llama_default_ffn_hidden(int C) { return (8 * C / 3 + 63) / 64 * 64; }
 // GPT-2's values of the family words, once its sizes are known (a GPT-2 file leaves words 16..21 zero)
 static void gpt2_config_gpt2_family(GPT2Config* c) {
-    c->family = FAMILY_GPT2;
+    config_set_family(c, FAMILY_GPT2);
     c->num_kv_heads = c->num_heads;
     c->rope_theta = 0.0f;
     c->ffn_hidden = 4 * c->channels;
@@ -171,7 +193,7 @@ typedef struct {
 } ParameterTensors;
 
 // One layer's slices of them. The fc* are the dense MLP's (NULL in a layer whose MLP an extension replaces); the
-// biases are NULL in a llama model.
+// tensors the layer kinds lack (biases, RMSNorm's bias) are NULL.
 typedef struct {
     floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b;
     floatX *fcw, *fcb, *fcprojw, *fcprojb;
@@ -379,18 +401,18 @@ static void fill_in_parameter_sizes(const GPT2* model, size_t* in_file, size_t* 
     size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
     size_t Ld = gpt2_dense_layers(model);
     size_t QKV = qkv_channels(cfg), FC = fc_channels(cfg), H = cfg->ffn_hidden;
-    size_t bias = is_llama(cfg) ? 0 : 1;  // llama has no biases and no learned positions
+    size_t bias = cfg->biases, norm_bias = cfg->norm == NORM_LAYERNORM;
     size_t* sizes = in_file;
     sizes[PARAM_WTE] = Vp * C;
-    sizes[PARAM_WPE] = bias * maxT * C;
+    sizes[PARAM_WPE] = (cfg->positions == POSITIONS_LEARNED) * maxT * C;
     sizes[PARAM_LN1W] = L * C;
-    sizes[PARAM_LN1B] = bias * L * C;
+    sizes[PARAM_LN1B] = norm_bias * L * C;
     sizes[PARAM_QKVW] = L * QKV * C;
     sizes[PARAM_QKVB] = bias * L * QKV;
     sizes[PARAM_ATTPROJW] = L * C * C;
     sizes[PARAM_ATTPROJB] = bias * L * C;
     sizes[PARAM_LN2W] = L * C;
-    sizes[PARAM_LN2B] = bias * L * C;
+    sizes[PARAM_LN2B] = norm_bias * L * C;
     sizes[PARAM_FCW] = Ld * FC * C;
     sizes[PARAM_FCB] = bias * Ld * FC;
     sizes[PARAM_FCPROJW] = Ld * C * H;
@@ -399,7 +421,7 @@ static void fill_in_parameter_sizes(const GPT2* model, size_t* in_file, size_t* 
     if (model->mlp) model->mlp->tensor_sizes(model, file, replicated);
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) sizes[PARAM_EXTENSION + i] = file[i];
     sizes[PARAM_LNFW] = C;
-    sizes[PARAM_LNFB] = bias * C;
+    sizes[PARAM_LNFB] = norm_bias * C;
     sizes[PARAM_LM_HEAD] = cfg->tied ? 0 : Vp * C;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) in_set[i] = in_file[i];
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_set[PARAM_EXTENSION + i] = replicated[i];
@@ -435,16 +457,16 @@ static void point_parameters(ParameterTensors* p, floatX* memory, const size_t* 
 static LayerParameters gpt2_layer_parameters(const GPT2* model, const ParameterTensors* p, int l) {
     const GPT2Config* c = &model->config;
     size_t C = c->channels, QKV = qkv_channels(c), FC = fc_channels(c), H = c->ffn_hidden;
-    int bias = !is_llama(c);
+    int bias = c->biases, norm_bias = c->norm == NORM_LAYERNORM;
     LayerParameters lp;
     lp.ln1w = p->ln1w + l * C;
-    lp.ln1b = bias ? p->ln1b + l * C : NULL;
+    lp.ln1b = norm_bias ? p->ln1b + l * C : NULL;
     lp.qkvw = p->qkvw + l * QKV * C;
     lp.qkvb = bias ? p->qkvb + l * QKV : NULL;
     lp.attprojw = p->attprojw + l * C * C;
     lp.attprojb = bias ? p->attprojb + l * C : NULL;
     lp.ln2w = p->ln2w + l * C;
-    lp.ln2b = bias ? p->ln2b + l * C : NULL;
+    lp.ln2b = norm_bias ? p->ln2b + l * C : NULL;
     lp.fcw = lp.fcb = lp.fcprojw = lp.fcprojb = NULL;
     if (gpt2_is_dense_layer(model, l)) {
         size_t d = gpt2_dense_index(model, l);
@@ -518,7 +540,7 @@ static void gpt2_allocate_parameters(GPT2* model) {
     else gpt2_allocate_gradient_buckets(model, sizes);
     if (model->mlp) model->mlp->allocate_parameters(model);
     const GPT2Config* c = &model->config;
-    if (is_llama(c)) {  // RoPE's cos and sin for positions 0 .. maxT-1 (llmc/rope.cuh)
+    if (c->positions == POSITIONS_ROPE) {  // cos and sin for positions 0 .. maxT-1 (llmc/rope.cuh)
         int HS = c->channels / c->num_heads;
         cudaCheck(cudaMalloc((void**)&model->rope_table, (size_t)c->max_seq_len * HS * sizeof(float)));
         rope_table_init(model->rope_table, c->max_seq_len, HS, c->rope_theta);
@@ -642,7 +664,7 @@ static void check_config_supported(const GPT2Config* c, const char* source, int 
         fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
         exit(EXIT_FAILURE);
     }
-    if (is_llama(c) && !llama_config_check(c, from_file, why, sizeof(why))) {
+    if (c->family == FAMILY_LLAMA && !llama_config_check(c, from_file, why, sizeof(why))) {
         fprintf(stderr, "%s: %s\n", source, why);
         exit(EXIT_FAILURE);
     }
@@ -650,14 +672,14 @@ static void check_config_supported(const GPT2Config* c, const char* source, int 
 
 // The attention path (-fa): 1 flash attention, 0 the other one (cuDNN in a USE_CUDNN=1 build, else cuBLAS GEMMs
 // around a softmax), -1 (not given) flash attention when the build has no cuDNN and the model's head size has a
-// flash kernel, else the other one. A llama model has flash attention only: the other paths take neither
-// grouped-query attention nor q and k roped after the qkv matmul. 0 and one line naming `source` when the chosen
-// path cannot run the model.
+// flash kernel, else the other one. Grouped-query attention and RoPE run on flash attention only: the other paths
+// take neither fewer key/value heads nor q and k roped after the qkv matmul. 0 and one line naming `source` when the
+// chosen path cannot run the model.
 static int gpt2_set_attention(GPT2* model, int flash, const char* source) {
     char why[256];
     const GPT2Config* c = &model->config;
     int supported = flash_attention_support(c->channels, c->num_heads, c->num_kv_heads, why, sizeof(why));
-    if (is_llama(c)) {
+    if (c->positions == POSITIONS_ROPE || c->num_kv_heads != c->num_heads) {
         if (flash == 0) {
             fprintf(stderr, "-fa 0: %s: a llama model runs on flash attention only (-fa 1; the cuBLAS-and-softmax "
                     "and cuDNN paths have no grouped-query attention or RoPE)\n", source);
@@ -751,7 +773,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     c->padded_vocab_size = header[7];
     gpt2_config_gpt2_family(c);
     if (header[16] == FAMILY_LLAMA) {
-        c->family = FAMILY_LLAMA;
+        config_set_family(c, FAMILY_LLAMA);
         c->num_kv_heads = header[17];
         memcpy(&c->rope_theta, &header[18], sizeof(float));  // fp32 bits
         c->ffn_hidden = header[19];
@@ -765,7 +787,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     // header must fail fast with "truncated", not ask for terabytes. In double first, where no product overflows.
     double HS = (double)c->channels / c->num_heads, embeddings = c->tied ? 1.0 : 2.0;
     double per_layer = (c->num_heads + 2.0 * c->num_kv_heads) * HS + c->channels +
-                       (is_llama(c) ? 3.0 : 2.0) * c->ffn_hidden;  // qkvw, attprojw, fcw, fcprojw: GPT-2 12C
+                       (double)fc_channels(c) + c->ffn_hidden;  // qkvw, attprojw, fcw, fcprojw: GPT-2 12C
     double estimate = (double)c->padded_vocab_size * c->channels * embeddings +
                       (double)c->max_seq_len * c->channels + (double)c->num_layers * c->channels * per_layer;
     if (estimate > 1e15) {
@@ -848,7 +870,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     GPT2Config* c = &model->config;
     gpt2_descriptor_shape(c, (int)depth, vocab_size, max_seq_len);
     if (arch && arch->family == FAMILY_LLAMA) {
-        c->family = FAMILY_LLAMA;
+        config_set_family(c, FAMILY_LLAMA);
         c->num_kv_heads = arch->num_kv_heads > 0 ? arch->num_kv_heads : c->num_heads;
         c->rope_theta = arch->rope_theta;
         c->ffn_hidden = arch->ffn_hidden > 0 ? arch->ffn_hidden : llama_default_ffn_hidden(c->channels);
@@ -908,7 +930,7 @@ static void gpt2_model_header(const GPT2* model, int* header) {
     const GPT2Config* c = &model->config;
     const MlpExtension* x = model->mlp;
     for (int i = 8; i < 256; i++) header[i] = 0;
-    if (is_llama(c)) {
+    if (c->family == FAMILY_LLAMA) {
         header[16] = FAMILY_LLAMA;
         header[17] = c->num_kv_heads;
         memcpy(&header[18], &c->rope_theta, sizeof(float));
@@ -963,20 +985,17 @@ static void gpt2_write_model_file(GPT2* model, const char* path, cudaStream_t st
 // loads whatever B and T are.
 static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 
-// Per-layer strides (elements) of the activations whose width depends on the family: qkvr, fch, fch_gelu (GPT-2:
-// 3, 4 and 4 times the (B, T, C) stride) and the norms' means (none in RMSNorm)
+// Per-layer strides (elements) of the activations whose width depends on the layer kinds: qkvr, fch, fch_gelu and
+// the norms' means (none in RMSNorm)
 typedef struct {
     size_t qkv, fc, hidden, means;
 } LayerStrides;
 static LayerStrides layer_strides(const GPT2Config* c, size_t B, size_t T) {
-    size_t BTC = layer_stride(B * T * c->channels);
-    LayerStrides s = {3 * BTC, 4 * BTC, 4 * BTC, layer_stride(B * T)};
-    if (is_llama(c)) {
-        s.qkv = layer_stride(B * T * qkv_channels(c));
-        s.fc = layer_stride(B * T * fc_channels(c));
-        s.hidden = layer_stride(B * T * c->ffn_hidden);
-        s.means = 0;
-    }
+    LayerStrides s;
+    s.qkv = layer_stride(B * T * qkv_channels(c));
+    s.fc = layer_stride(B * T * fc_channels(c));
+    s.hidden = layer_stride(B * T * c->ffn_hidden);
+    s.means = c->norm == NORM_LAYERNORM ? layer_stride(B * T) : 0;
     return s;
 }
 
@@ -990,14 +1009,14 @@ static void fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, siz
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T), ATT = layer_stride(B * NH * T * T);
     LayerStrides st = layer_strides(c, B, T);
     size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means;
-    int llama = is_llama(c);
-    size_t BT4C = llama ? (QKV > HID ? QKV : HID) : 4 * BTC;  // the qkv and MLP gradients' scratch
+    size_t BT4C = QKV > HID ? QKV : HID;  // the qkv and MLP gradients' scratch
     // flash attention and cuDNN keep softmax statistics, not probabilities, and read q, k, v in place
     int probabilities = model->attention == ATTENTION_MATMUL_SOFTMAX;
     size_t att_probs = probabilities ? ATT : 0, att_stats = probabilities ? 0 : layer_stride(B * NH * T);
-    size_t ln_scratch = llama ? rmsnorm_backward_scratch_floats((int)B, (int)T, (int)C)
-                              : layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
-    size_t bias_scratch = llama ? 0 : matmul_dbias_buffer_floats((int)(Vp > 4 * C ? Vp : 4 * C));  // no biases
+    size_t ln_scratch = c->norm == NORM_RMSNORM ? rmsnorm_backward_scratch_floats((int)B, (int)T, (int)C)
+                                                : layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
+    size_t FC_C = fc_channels(c), widest = Vp > FC_C ? Vp : FC_C;
+    size_t bias_scratch = c->biases ? matmul_dbias_buffer_floats((int)widest) : 0;
 #define ACTIVATION_BYTES(type, name, elements) s[ACT_##name] = (elements) * sizeof(type);
     ACTIVATION_TENSORS(ACTIVATION_BYTES)
 #undef ACTIVATION_BYTES
@@ -1095,7 +1114,98 @@ static void gpt2_free(GPT2* model) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Forward and backward passes
+// The layer kinds (doc/architecture.md). A layer is a norm, an attention and an FFN, each of a kind the config names:
+//   norm: LayerNorm (with a bias, its means kept for the backward pass) or RMSNorm;
+//   attention: NH query heads over NKV key/value heads, with learned positions (the encoder adds wpe) or RoPE on q
+//     and k, on the path -fa chose (model->attention);
+//   FFN: the dense MLP with GELU or SwiGLU, or an extension's FFN in the layers it replaces (train_moe.cu's MoE).
+// The passes call the functions below; nothing else looks at a kind.
+
+// out (B, T, C) = norm(inp), with its statistics (mean: LayerNorm only; both NULL when recomputed)
+static void norm_forward(const GPT2* model, floatX* out, float* mean, float* rstd, const floatX* inp,
+                         const floatX* weight, const floatX* bias, int B, int T, cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    if (c->norm == NORM_RMSNORM) rmsnorm_forward(out, rstd, inp, weight, B, T, c->channels, c->norm_eps, stream);
+    else layernorm_forward(out, mean, rstd, inp, weight, bias, B, T, c->channels, stream);
+}
+// residual = inp1 + inp2, then out = norm(residual): the residual stream's add fused with the next norm (N tokens)
+static void residual_norm_forward(const GPT2* model, floatX* residual, floatX* out, float* mean, float* rstd,
+                                  const floatX* inp1, const floatX* inp2, const floatX* weight, const floatX* bias,
+                                  int N, cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    if (c->norm == NORM_RMSNORM)
+        fused_residual_rmsnorm_forward(residual, out, rstd, inp1, inp2, weight, N, c->channels, c->norm_eps, stream);
+    else
+        fused_residual_layernorm_forward(residual, out, mean, rstd, inp1, inp2, weight, bias, N, c->channels, stream);
+}
+// dinp (B, T, C) += the gradient through the norm of inp from dout; dweight (and LayerNorm's dbias) +=
+static void norm_backward(const GPT2* model, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
+                          const floatX* dout, const floatX* inp, const floatX* weight, const float* mean,
+                          const float* rstd, int B, int T, cudaStream_t stream) {
+    int C = model->config.channels;
+    if (model->config.norm == NORM_RMSNORM) rmsnorm_backward(dinp, dweight, scratch, dout, inp, weight, rstd, B, T, C, stream);
+    else layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, B, T, C, stream);
+}
+
+// The attention block from la->ln1 (B, T, C): the qkv projection, q and k roped (RoPE), attention on the chosen path
+// into la->atty, and the output projection into out (B, T, C).
+static void attention_block_forward(GPT2* model, const LayerParameters* lp, const LayerActivations* la, floatX* out,
+                                    int B, int T, cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    int C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, QKV = (int)qkv_channels(c);
+    ActivationTensors a = model->acts;
+    if (model->attention == ATTENTION_MATMUL_SOFTMAX) {
+        floatX* qkv = a.scratch_bt4c;  // (B, T, 3C), consumed by attention_forward, which keeps q, k, v permuted
+        matmul_forward(qkv, la->ln1, lp->qkvw, lp->qkvb, B, T, C, QKV, stream);
+        attention_forward(la->atty, la->qkvr, la->att, qkv, B, T, C, NH, stream);
+    } else {
+        // flash attention and cuDNN read q, k, v in place from the qkv projection's output, kept for the backward
+        // pass (with q and k roped: the backward pass needs them so)
+        floatX* qkv = la->qkvr;  // (B, T, QKV)
+        matmul_forward(qkv, la->ln1, lp->qkvw, lp->qkvb, B, T, C, QKV, stream);
+        if (c->positions == POSITIONS_ROPE) rope_forward(qkv, model->rope_table, B, T, NH, NKV, C / NH, stream);
+#ifdef ENABLE_CUDNN
+        if (model->attention == ATTENTION_CUDNN)
+            attention_forward_cudnn(la->atty, la->att_stats, qkv, B, T, NH, C, stream);
+        else
+#endif
+            flash_attention_forward(la->atty, la->att_stats, qkv, B, T, NH, NKV, C, stream);
+    }
+    matmul_forward(out, la->atty, lp->attprojw, lp->attprojb, B, T, C, C, stream);
+}
+// Its transpose: a.dbtc (B, T, C) = the gradient of la->ln1 from dout (B, T, C), the gradients into lg. Under -r 2 the
+// caller has recomputed la->ln1.
+static void attention_block_backward(GPT2* model, const LayerParameters* lp, const LayerParameters* lg,
+                                     const LayerActivations* la, const floatX* dout, int B, int T,
+                                     cudaStream_t stream) {
+    const GPT2Config* c = &model->config;
+    int C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, QKV = (int)qkv_channels(c);
+    ActivationTensors a = model->acts;
+    matmul_backward(a.dbtc, lg->attprojw, lg->attprojb, dout, la->atty, lp->attprojw, a.scratch_f, B, T, C, C, stream);
+    floatX* dqkv = a.scratch_bt4c;  // (B, T, QKV)
+    if (model->attention == ATTENTION_MATMUL_SOFTMAX)
+        attention_backward(dqkv, a.dqkvr, a.datt, a.scratch_btc, a.dbtc, la->qkvr, la->att, B, T, C, NH, stream);
+#ifdef ENABLE_CUDNN
+    else if (model->attention == ATTENTION_CUDNN)
+        attention_backward_cudnn(dqkv, a.dbtc, la->qkvr, la->atty, la->att_stats, B, T, NH, C, stream);
+#endif
+    else
+        flash_attention_backward(dqkv, a.att_delta, a.dbtc, la->qkvr, la->atty, la->att_stats, B, T, NH, NKV, C,
+                                 stream);
+    if (c->positions == POSITIONS_ROPE) rope_backward(dqkv, model->rope_table, B, T, NH, NKV, C / NH, stream);
+    matmul_backward(a.dbtc, lg->qkvw, lg->qkvb, dqkv, la->ln1, lp->qkvw, a.scratch_f, B, T, C, QKV, stream);
+}
+
+// An FFN kind: out (B, T, C) from the layer's la->ln2 (B, T, C), and its transpose, d_ln2 (B, T, C) = the gradient of
+// la->ln2 from dout (B, T, C) with the gradients into lg (lp, lg: the layer's dense-MLP slices, NULL in a layer whose
+// FFN is an extension's, which holds its own).
+typedef struct {
+    const char* name;
+    void (*forward)(GPT2* model, int layer, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
+                    int T, cudaStream_t stream);
+    void (*backward)(GPT2* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
+                     const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T, cudaStream_t stream);
+} FfnKind;
 
 // The forward's GELU fusion (-ge): into cuBLASLt's epilogue only when nothing recomputes the GELU (-r 0). With
 // recompute the forward evaluates llmc/gelu.cuh, as the recompute does, so that the backward sees the forward's bits.
@@ -1103,14 +1213,83 @@ static int gpt2_forward_gelu_fusion(const GPT2* model) {
     return model->recompute >= 1 ? 0 : model->gelu_fusion;
 }
 
+// GPT-2's MLP: fc, GELU (into cuBLASLt's epilogue with -ge), fcproj. la->fch holds fc's output, la->fch_gelu the
+// GELU's (recomputed from fch with -r 1).
+static void gelu_mlp_forward(GPT2* model, int layer, const LayerParameters* lp, const LayerActivations* la,
+                             floatX* out, int B, int T, cudaStream_t stream) {
+    int C = model->config.channels, H = model->config.ffn_hidden;
+    matmul_forward(la->fch_gelu, la->ln2, lp->fcw, lp->fcb, B, T, C, H, stream, la->fch,
+                   gpt2_forward_gelu_fusion(model));
+    matmul_forward(out, la->fch_gelu, lp->fcprojw, lp->fcprojb, B, T, H, C, stream);
+}
+static void gelu_mlp_backward(GPT2* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
+                              const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
+                              cudaStream_t stream) {
+    int C = model->config.channels, H = model->config.ffn_hidden;
+    ActivationTensors a = model->acts;
+    floatX* dfch = a.scratch_bt4c;  // (B, T, H)
+    if (model->recompute >= 1) gelu_forward(la->fch_gelu, la->fch, (size_t)B * T * H, stream);
+    matmul_backward(dfch, lg->fcprojw, lg->fcprojb, dout, la->fch_gelu, lp->fcprojw, a.scratch_f, B, T, H, C, stream,
+                    la->fch, model->gelu_fusion);
+    matmul_backward(d_ln2, lg->fcw, lg->fcb, dfch, la->ln2, lp->fcw, a.scratch_f, B, T, C, H, stream);
+}
+// The llama MLP: fc into la->fch = [gate | up] (B, T, 2H), SwiGLU into la->fch_gelu (B, T, H; recomputed with -r 1),
+// fcproj. In the backward pass fc's output gradient overwrites fch in place: nothing after the SwiGLU's backward
+// needs the forward's [gate | up].
+static void swiglu_mlp_forward(GPT2* model, int layer, const LayerParameters* lp, const LayerActivations* la,
+                               floatX* out, int B, int T, cudaStream_t stream) {
+    int C = model->config.channels, H = model->config.ffn_hidden;
+    matmul_forward(la->fch, la->ln2, lp->fcw, lp->fcb, B, T, C, 2 * H, stream);
+    swiglu_forward(la->fch_gelu, la->fch, B * T, H, stream);
+    matmul_forward(out, la->fch_gelu, lp->fcprojw, lp->fcprojb, B, T, H, C, stream);
+}
+static void swiglu_mlp_backward(GPT2* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
+                                const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
+                                cudaStream_t stream) {
+    int C = model->config.channels, H = model->config.ffn_hidden;
+    ActivationTensors a = model->acts;
+    if (model->recompute >= 1) swiglu_forward(la->fch_gelu, la->fch, B * T, H, stream);
+    floatX* dswiglu = a.scratch_bt4c;  // (B, T, H)
+    matmul_backward(dswiglu, lg->fcprojw, lg->fcprojb, dout, la->fch_gelu, lp->fcprojw, a.scratch_f, B, T, H, C,
+                    stream);
+    swiglu_backward(la->fch, dswiglu, la->fch, B * T, H, stream);
+    matmul_backward(d_ln2, lg->fcw, lg->fcb, la->fch, la->ln2, lp->fcw, a.scratch_f, B, T, C, 2 * H, stream);
+}
+static const FfnKind gelu_mlp = {"GELU MLP", gelu_mlp_forward, gelu_mlp_backward};
+static const FfnKind swiglu_mlp = {"SwiGLU MLP", swiglu_mlp_forward, swiglu_mlp_backward};
+
+// An extension's FFN, in the layers it replaces (MlpExtension's forward and backward)
+static void extension_ffn_forward(GPT2* model, int layer, const LayerParameters* lp, const LayerActivations* la,
+                                  floatX* out, int B, int T, cudaStream_t stream) {
+    model->mlp->forward(model, layer, out, la->ln2, B * T, stream);
+}
+static void extension_ffn_backward(GPT2* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
+                                   const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
+                                   cudaStream_t stream) {
+    model->mlp->backward(model, layer, d_ln2, dout, la->ln2, B * T, stream);
+}
+static const FfnKind extension_ffn = {"extension", extension_ffn_forward, extension_ffn_backward};
+
+static const FfnKind* layer_ffn(const GPT2* model, int l) {
+    if (!gpt2_is_dense_layer(model, l)) return &extension_ffn;
+    return model->config.activation == ACTIVATION_SWIGLU ? &swiglu_mlp : &gelu_mlp;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Forward and backward passes
+
 // A layer's tensors from its slices: those of the tensors stacked over every layer (gpt2_every_layer_tensors' order)
-// and, in a dense layer, over the dense layers (gpt2_dense_tensors'; NULL: an extension's layer)
-static LayerParameters layer_parameters_from_slices(floatX* const* every, floatX* const* dense) {
+// and, in a dense layer, over the dense layers (gpt2_dense_tensors'; NULL: an extension's layer). The biases the
+// layer kinds lack are NULL, as in gpt2_layer_parameters (a gradient slice of size 0 points anywhere).
+static LayerParameters layer_parameters_from_slices(const GPT2* model, floatX* const* every, floatX* const* dense) {
+    int bias = model->config.biases, norm_bias = model->config.norm == NORM_LAYERNORM;
     LayerParameters lp;
-    lp.ln1w = every[0], lp.ln1b = every[1], lp.qkvw = every[2], lp.qkvb = every[3];
-    lp.attprojw = every[4], lp.attprojb = every[5], lp.ln2w = every[6], lp.ln2b = every[7];
+    lp.ln1w = every[0], lp.ln1b = norm_bias ? every[1] : NULL, lp.qkvw = every[2], lp.qkvb = bias ? every[3] : NULL;
+    lp.attprojw = every[4], lp.attprojb = bias ? every[5] : NULL, lp.ln2w = every[6];
+    lp.ln2b = norm_bias ? every[7] : NULL;
     lp.fcw = lp.fcb = lp.fcprojw = lp.fcprojb = NULL;
-    if (dense) lp.fcw = dense[0], lp.fcb = dense[1], lp.fcprojw = dense[2], lp.fcprojb = dense[3];
+    if (dense) lp.fcw = dense[0], lp.fcb = bias ? dense[1] : NULL, lp.fcprojw = dense[2];
+    if (dense) lp.fcprojb = bias ? dense[3] : NULL;
     return lp;
 }
 
@@ -1148,7 +1327,7 @@ static LayerParameters gpt2_layer_weights(GPT2* model, int l, cudaStream_t strea
     if (is_dense)
         sharded_parameters_gathered_slices(&model->store, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
                                            gpt2_dense_index(model, l), gpt2_dense_layers(model), dense, stream);
-    return layer_parameters_from_slices(every, is_dense ? dense : NULL);
+    return layer_parameters_from_slices(model, every, is_dense ? dense : NULL);
 }
 
 // The tensors outside the layers (wte, wpe, the final norm, lm_head; the rest NULL under ZeRO-3): under ZeRO-3 gathered
@@ -1173,96 +1352,35 @@ static ParameterTensors gpt2_rest_weights(GPT2* model, cudaStream_t stream) {
     return w;
 }
 
-// GPT-2's forward pass from the tokens to a.lnf (an extension's MLP in the layers it replaces)
+// The forward pass from the tokens to a.lnf: the embeddings, then each layer's norm, attention, residual add, norm,
+// FFN and residual add (the add fused with the next layer's first norm, or the final one).
 static void gpt2_forward_layers(GPT2* model, int B, int T, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
-    int L = c->num_layers, C = c->channels;
+    int L = c->num_layers, C = c->channels, N = B * T;
     ParameterTensors p = gpt2_rest_weights(model, stream);
     ActivationTensors a = model->acts;
-    encoder_forward(a.encoded, model->inputs, p.wte, p.wpe, B, T, C, stream);
+    const floatX* wpe = c->positions == POSITIONS_LEARNED ? p.wpe : nullptr;
+    encoder_forward(a.encoded, model->inputs, p.wte, wpe, B, T, C, stream);
     LayerParameters first = gpt2_layer_weights(model, 0, stream);
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, B, T, C, stream);
+    LayerActivations first_a = gpt2_layer_activations(model, 0, B, T);
+    norm_forward(model, first_a.ln1, first_a.ln1_mean, first_a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, B, T,
+                 stream);
     for (int l = 0; l < L; l++) {
         if (l + 1 < L) gpt2_prefetch_layer(model, l + 1, stream);
         LayerParameters lp = gpt2_layer_weights(model, l, stream);
         LayerActivations la = gpt2_layer_activations(model, l, B, T);
-        if (model->attention == ATTENTION_MATMUL_SOFTMAX) {
-            floatX* qkv = a.scratch_bt4c;  // (B, T, 3C), consumed by attention_forward
-            matmul_forward(qkv, la.ln1, lp.qkvw, lp.qkvb, B, T, C, 3 * C, stream);
-            attention_forward(la.atty, la.qkvr, la.att, qkv, B, T, C, c->num_heads, stream);
-        } else {
-            // flash attention and cuDNN read q, k, v in place from the qkv projection's output, kept for backward
-            floatX* qkv = la.qkvr;  // (B, T, 3C)
-            matmul_forward(qkv, la.ln1, lp.qkvw, lp.qkvb, B, T, C, 3 * C, stream);
-#ifdef ENABLE_CUDNN
-            if (model->attention == ATTENTION_CUDNN)
-                attention_forward_cudnn(la.atty, la.att_stats, qkv, B, T, c->num_heads, C, stream);
-            else
-#endif
-                flash_attention_forward(la.atty, la.att_stats, qkv, B, T, c->num_heads, c->num_heads, C, stream);
-        }
-        matmul_forward(a.scratch_btc, la.atty, lp.attprojw, lp.attprojb, B, T, C, C, stream);
-        fused_residual_layernorm_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual, a.scratch_btc,
-                                         lp.ln2w, lp.ln2b, B * T, C, stream);
-        if (gpt2_is_dense_layer(model, l)) {
-            matmul_forward(la.fch_gelu, la.ln2, lp.fcw, lp.fcb, B, T, C, 4 * C, stream, la.fch,
-                           gpt2_forward_gelu_fusion(model));
-            matmul_forward(a.scratch_btc, la.fch_gelu, lp.fcprojw, lp.fcprojb, B, T, 4 * C, C, stream);
-        } else {
-            model->mlp->forward(model, l, a.scratch_btc, la.ln2, B * T, stream);
-        }
+        attention_block_forward(model, &lp, &la, a.scratch_btc, B, T, stream);
+        residual_norm_forward(model, la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual, a.scratch_btc,
+                              lp.ln2w, lp.ln2b, N, stream);
+        layer_ffn(model, l)->forward(model, l, &lp, &la, a.scratch_btc, B, T, stream);
         if (l + 1 < L) {
             LayerParameters next_p = gpt2_layer_weights(model, l + 1, stream);
             LayerActivations next = gpt2_layer_activations(model, l + 1, B, T);
-            fused_residual_layernorm_forward(la.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, la.residual2,
-                                             a.scratch_btc, next_p.ln1w, next_p.ln1b, B * T, C, stream);
+            residual_norm_forward(model, la.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, la.residual2,
+                                  a.scratch_btc, next_p.ln1w, next_p.ln1b, N, stream);
         } else {
-            fused_residual_layernorm_forward(la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2, a.scratch_btc,
-                                             p.lnfw, p.lnfb, B * T, C, stream);
-        }
-    }
-}
-
-// The llama model's forward pass from the tokens to a.lnf (doc/kernels.md, "The Llama-style model"): the layers of
-// GPT-2's forward pass with RMSNorm for LayerNorm, no biases and no positions, q and k roped in place in the qkv
-// activation (the backward pass needs them roped), flash attention over NKV key/value heads, and the SwiGLU MLP.
-static void llama_forward_layers(GPT2* model, int B, int T, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
-    int L = c->num_layers, C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, H = c->ffn_hidden;
-    int QKV = (int)qkv_channels(c), N = B * T;
-    float eps = c->norm_eps;
-    ParameterTensors p = gpt2_rest_weights(model, stream);
-    ActivationTensors a = model->acts;
-    encoder_forward(a.encoded, model->inputs, p.wte, nullptr, B, T, C, stream);
-    LayerActivations first = gpt2_layer_activations(model, 0, B, T);
-    rmsnorm_forward(first.ln1, first.ln1_rstd, a.encoded, gpt2_layer_weights(model, 0, stream).ln1w, B, T, C, eps,
-                    stream);
-    for (int l = 0; l < L; l++) {
-        if (l + 1 < L) gpt2_prefetch_layer(model, l + 1, stream);
-        LayerParameters lp = gpt2_layer_weights(model, l, stream);
-        LayerActivations la = gpt2_layer_activations(model, l, B, T);
-        floatX* qkv = la.qkvr;  // (B, T, QKV)
-        matmul_forward(qkv, la.ln1, lp.qkvw, nullptr, B, T, C, QKV, stream);
-        rope_forward(qkv, model->rope_table, B, T, NH, NKV, C / NH, stream);
-        flash_attention_forward(la.atty, la.att_stats, qkv, B, T, NH, NKV, C, stream);
-        matmul_forward(a.scratch_btc, la.atty, lp.attprojw, nullptr, B, T, C, C, stream);
-        fused_residual_rmsnorm_forward(la.residual2, la.ln2, la.ln2_rstd, la.residual, a.scratch_btc, lp.ln2w, N, C,
-                                       eps, stream);
-        if (gpt2_is_dense_layer(model, l)) {
-            matmul_forward(la.fch, la.ln2, lp.fcw, nullptr, B, T, C, 2 * H, stream);  // (B, T, 2H) [gate | up]
-            swiglu_forward(la.fch_gelu, la.fch, N, H, stream);                          // (B, T, H)
-            matmul_forward(a.scratch_btc, la.fch_gelu, lp.fcprojw, nullptr, B, T, H, C, stream);
-        } else {
-            model->mlp->forward(model, l, a.scratch_btc, la.ln2, N, stream);
-        }
-        if (l + 1 < L) {
-            LayerParameters next_p = gpt2_layer_weights(model, l + 1, stream);
-            LayerActivations next = gpt2_layer_activations(model, l + 1, B, T);
-            fused_residual_rmsnorm_forward(la.residual3, next.ln1, next.ln1_rstd, la.residual2, a.scratch_btc,
-                                           next_p.ln1w, N, C, eps, stream);
-        } else {
-            fused_residual_rmsnorm_forward(la.residual3, a.lnf, a.lnf_rstd, la.residual2, a.scratch_btc, p.lnfw, N, C,
-                                           eps, stream);
+            residual_norm_forward(model, la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2, a.scratch_btc,
+                                  p.lnfw, p.lnfb, N, stream);
         }
     }
 }
@@ -1285,8 +1403,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
         cudaCheck(cudaMemcpyAsync(model->targets, targets, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
     if (model->mlp) model->mlp->begin_forward(model, B, T, dlogits_scale);
-    if (is_llama(c)) llama_forward_layers(model, B, T, stream);
-    else gpt2_forward_layers(model, B, T, stream);
+    gpt2_forward_layers(model, B, T, stream);
     // the classifier: against wte (GPT-2, tied llama) or lm_head
     ParameterTensors p = gpt2_rest_weights(model, stream);
     matmul_forward(a.output, a.lnf, c->tied ? p.wte : p.lm_head, nullptr, B, T, C, Vp, stream);
@@ -1331,7 +1448,7 @@ static LayerParameters gpt2_layer_gradients(GPT2* model, int l, cudaStream_t str
     if (is_dense)
         sharded_parameters_gradient_slices(&model->store, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
                                            gpt2_dense_index(model, l), gpt2_dense_layers(model), dense, stream);
-    return layer_parameters_from_slices(every, is_dense ? dense : NULL);
+    return layer_parameters_from_slices(model, every, is_dense ? dense : NULL);
 }
 // ... and the gradients of an untied lm_head (reduced as soon as the classifier's backward is done), of wte, wpe and
 // the final norm (the other fields NULL)
@@ -1348,57 +1465,13 @@ static ParameterTensors gpt2_rest_gradients(GPT2* model, cudaStream_t stream) {
     return g;
 }
 
-// The llama model's backward pass from a.dbtc, the gradient of a.lnf, to dresidual, the embeddings' gradient (the
-// transpose of llama_forward_layers), with each layer's gradient reduction as in gpt2_backward. The recompute
-// levels are GPT-2's: r >= 1 recomputes the SwiGLU output from fch, r >= 2 the RMSNorm outputs (bit for bit the
-// forward's: llmc/rmsnorm.cuh's fused kernel rounds the residual first, as a separate add would).
-static void llama_backward_layers(GPT2* model, const ParameterTensors* rest_grads, int B, int T,
-                                  const MultiGpuConfig* mg, int reduce, int zero_stage, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
-    int L = c->num_layers, C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, H = c->ffn_hidden;
-    int QKV = (int)qkv_channels(c), N = B * T;
-    float eps = c->norm_eps;
-    ParameterTensors p = gpt2_rest_weights(model, stream);
-    ActivationTensors a = model->acts;
-    floatX* dresidual = a.dresidual;  // (B, T, C), zeroed by gpt2_backward
-    LayerActivations last = gpt2_layer_activations(model, L - 1, B, T);
-    rmsnorm_backward(dresidual, rest_grads->lnfw, a.scratch_f, a.dbtc, last.residual3, p.lnfw, a.lnf_rstd, B, T, C, stream);
-    for (int l = L - 1; l >= 0; l--) {
-        if (l > 0) gpt2_prefetch_layer(model, l - 1, stream);
-        LayerParameters lp = gpt2_layer_weights(model, l, stream);
-        LayerParameters lg = gpt2_layer_gradients(model, l, stream);
-        LayerActivations la = gpt2_layer_activations(model, l, B, T);
-        if (model->recompute >= 2) rmsnorm_forward(la.ln2, nullptr, la.residual2, lp.ln2w, B, T, C, eps, stream);
-        // MLP: fcproj, SwiGLU, fc. fc's output gradient (B, T, 2H) overwrites fch in place: the forward's [gate | up]
-        // is needed by nothing after the SwiGLU's backward
-        if (gpt2_is_dense_layer(model, l)) {
-            if (model->recompute >= 1) swiglu_forward(la.fch_gelu, la.fch, N, H, stream);
-            floatX* dswiglu = a.scratch_bt4c;  // (B, T, H)
-            matmul_backward(dswiglu, lg.fcprojw, nullptr, dresidual, la.fch_gelu, lp.fcprojw, a.scratch_f, B, T, H, C,
-                            stream);
-            swiglu_backward(la.fch, dswiglu, la.fch, N, H, stream);
-            matmul_backward(a.dbtc, lg.fcw, nullptr, la.fch, la.ln2, lp.fcw, a.scratch_f, B, T, C, 2 * H, stream);
-        } else {
-            model->mlp->backward(model, l, a.dbtc, dresidual, la.ln2, N, stream);
-        }
-        rmsnorm_backward(dresidual, lg.ln2w, a.scratch_f, a.dbtc, la.residual2, lp.ln2w, la.ln2_rstd, B, T, C, stream);
-        // attention: projection, attention over the roped q and k, RoPE's transpose, qkv
-        matmul_backward(a.dbtc, lg.attprojw, nullptr, dresidual, la.atty, lp.attprojw, a.scratch_f, B, T, C, C, stream);
-        floatX* dqkv = a.scratch_bt4c;  // (B, T, QKV)
-        flash_attention_backward(dqkv, a.att_delta, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, NH, NKV, C, stream);
-        rope_backward(dqkv, model->rope_table, B, T, NH, NKV, C / NH, stream);
-        if (model->recompute >= 2) rmsnorm_forward(la.ln1, nullptr, la.residual, lp.ln1w, B, T, C, eps, stream);
-        matmul_backward(a.dbtc, lg.qkvw, nullptr, dqkv, la.ln1, lp.qkvw, a.scratch_f, B, T, C, QKV, stream);
-        rmsnorm_backward(dresidual, lg.ln1w, a.scratch_f, a.dbtc, la.residual, lp.ln1w, la.ln1_rstd, B, T, C, stream);
-        if (reduce) gpt2_reduce_layer(model, l, mg, zero_stage, stream);
-    }
-}
-
 // Backward pass for the batch of the last gpt2_forward (which must have been given targets and a
 // dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with gpt2_zero_grad. With
 // `reduce` (the last micro-step of a step), each layer's gradients are averaged over the processes (ZeRO-0:
 // all-reduce; ZeRO-1: reduced to the owner of each shard) on the NCCL stream as soon as that layer's backward
-// pass is done, while the next layer's runs.
+// pass is done, while the next layer's runs. The recompute levels: r >= 1 recomputes the FFN's activation output
+// (its kind does), r >= 2 also the norms' outputs (bit for bit the forward's: the fused residual-and-norm kernels
+// round the residual first, as a separate add would).
 static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const MultiGpuConfig* mg, int reduce,
                           int zero_stage, cudaStream_t stream) {
     const GPT2Config* c = &model->config;
@@ -1417,56 +1490,28 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
                     a.scratch_f, B, T, C, Vp, stream);
     if (reduce)  // an untied lm_head's gradient is complete: reduced while the layers' backward runs
         sharded_parameters_reduce_slices(&model->store, gpt2_lm_head_tensor, 1, -1, L, mg, zero_stage, stream);
-    if (is_llama(c)) {
-        llama_backward_layers(model, &g, B, T, mg, reduce, zero_stage, stream);
-        encoder_backward(g.wte, nullptr, dresidual, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
-        if (reduce) gpt2_reduce_rest(model, mg, zero_stage, stream);
-        return;
-    }
     LayerActivations last = gpt2_layer_activations(model, L - 1, B, T);
-    layernorm_backward(dresidual, g.lnfw, g.lnfb, a.scratch_f, a.dbtc, last.residual3, p.lnfw, a.lnf_mean, a.lnf_rstd,
-                       B, T, C, stream);
+    norm_backward(model, dresidual, g.lnfw, g.lnfb, a.scratch_f, a.dbtc, last.residual3, p.lnfw, a.lnf_mean,
+                  a.lnf_rstd, B, T, stream);
     for (int l = L - 1; l >= 0; l--) {
         if (l > 0) gpt2_prefetch_layer(model, l - 1, stream);
         LayerParameters lp = gpt2_layer_weights(model, l, stream);
         LayerParameters lg = gpt2_layer_gradients(model, l, stream);
         LayerActivations la = gpt2_layer_activations(model, l, B, T);
-        floatX* dbt4c = a.scratch_bt4c;
-        if (model->recompute >= 2) layernorm_forward(la.ln2, nullptr, nullptr, la.residual2, lp.ln2w, lp.ln2b, B, T, C,
-                                                     stream);
-        if (gpt2_is_dense_layer(model, l)) {
-            // MLP: fcproj, GELU, fc
-            if (model->recompute >= 1) gelu_forward(la.fch_gelu, la.fch, (size_t)B * T * 4 * C, stream);
-            matmul_backward(dbt4c, lg.fcprojw, lg.fcprojb, dresidual, la.fch_gelu, lp.fcprojw, a.scratch_f, B, T, 4 * C,
-                            C, stream, la.fch, model->gelu_fusion);
-            matmul_backward(a.dbtc, lg.fcw, lg.fcb, dbt4c, la.ln2, lp.fcw, a.scratch_f, B, T, C, 4 * C, stream);
-        } else {
-            model->mlp->backward(model, l, a.dbtc, dresidual, la.ln2, B * T, stream);
+        if (model->recompute >= 2) {  // the norms' outputs, kept for one layer only
+            norm_forward(model, la.ln2, nullptr, nullptr, la.residual2, lp.ln2w, lp.ln2b, B, T, stream);
+            norm_forward(model, la.ln1, nullptr, nullptr, la.residual, lp.ln1w, lp.ln1b, B, T, stream);
         }
-        layernorm_backward(dresidual, lg.ln2w, lg.ln2b, a.scratch_f, a.dbtc, la.residual2, lp.ln2w, la.ln2_mean,
-                           la.ln2_rstd, B, T, C, stream);
-        // attention: projection, attention, qkv
-        matmul_backward(a.dbtc, lg.attprojw, lg.attprojb, dresidual, la.atty, lp.attprojw, a.scratch_f, B, T, C, C,
-                        stream);
-        floatX* dqkv = a.scratch_bt4c;  // (B, T, 3C)
-        if (model->attention == ATTENTION_MATMUL_SOFTMAX)
-            attention_backward(dqkv, a.dqkvr, a.datt, a.scratch_btc, a.dbtc, la.qkvr, la.att, B, T, C, c->num_heads,
-                               stream);
-#ifdef ENABLE_CUDNN
-        else if (model->attention == ATTENTION_CUDNN)
-            attention_backward_cudnn(dqkv, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, c->num_heads, C, stream);
-#endif
-        else
-            flash_attention_backward(dqkv, a.att_delta, a.dbtc, la.qkvr, la.atty, la.att_stats, B, T, c->num_heads,
-                                     c->num_heads, C, stream);
-        if (model->recompute >= 2) layernorm_forward(la.ln1, nullptr, nullptr, la.residual, lp.ln1w, lp.ln1b, B, T, C,
-                                                     stream);
-        matmul_backward(a.dbtc, lg.qkvw, lg.qkvb, dqkv, la.ln1, lp.qkvw, a.scratch_f, B, T, C, 3 * C, stream);
-        layernorm_backward(dresidual, lg.ln1w, lg.ln1b, a.scratch_f, a.dbtc, la.residual, lp.ln1w, la.ln1_mean,
-                           la.ln1_rstd, B, T, C, stream);
+        layer_ffn(model, l)->backward(model, l, &lp, &lg, &la, a.dbtc, dresidual, B, T, stream);
+        norm_backward(model, dresidual, lg.ln2w, lg.ln2b, a.scratch_f, a.dbtc, la.residual2, lp.ln2w, la.ln2_mean,
+                      la.ln2_rstd, B, T, stream);
+        attention_block_backward(model, &lp, &lg, &la, dresidual, B, T, stream);
+        norm_backward(model, dresidual, lg.ln1w, lg.ln1b, a.scratch_f, a.dbtc, la.residual, lp.ln1w, la.ln1_mean,
+                      la.ln1_rstd, B, T, stream);
         if (reduce) gpt2_reduce_layer(model, l, mg, zero_stage, stream);
     }
-    encoder_backward(g.wte, g.wpe, dresidual, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
+    floatX* dwpe = c->positions == POSITIONS_LEARNED ? g.wpe : nullptr;
+    encoder_backward(g.wte, dwpe, dresidual, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
     if (reduce) gpt2_reduce_rest(model, mg, zero_stage, stream);
 }
 
@@ -2113,7 +2158,7 @@ static int trainer_check_arch_of_file(const TrainerSettings* s, const Flag* flag
     const GPT2Config* c = &model->config;
     GPT2Config want = trainer_descriptor_arch(s);
     if (flag_find(flags, num_flags, "-arch")->given && want.family != c->family) {
-        fprintf(stderr, "-arch %s: %s is a %s model\n", s->arch, s->model_source, is_llama(c) ? "llama" : "gpt2");
+        fprintf(stderr, "-arch %s: %s is a %s model\n", s->arch, s->model_source, family_name(c->family));
         return 0;
     }
     const char* names[5] = {"-kv", "-fh", "-tie", "-rt", "-eps"};
@@ -2295,7 +2340,7 @@ static int check_training_memory(GPT2* model, const TrainerSettings* s) {
 
 static void model_rows(InfoTable* t, const GPT2* model) {
     const GPT2Config* cfg = &model->config;
-    if (is_llama(cfg)) {
+    if (cfg->family == FAMILY_LLAMA) {
         info_row(t, "model", "llama L=%d NH=%d NKV=%d C=%d H=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads,
                  cfg->num_kv_heads, cfg->channels, cfg->ffn_hidden, cfg->vocab_size, cfg->padded_vocab_size,
                  cfg->max_seq_len);

@@ -207,8 +207,9 @@ static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state;
 // A llama MoE's experts, routed and shared, are SwiGLU MLPs without biases (doc/moe.md, "Routing
 // options and the llama MoE"): fc has 2H outputs, each row [gate (H) | up (H)] as in llmc/swiglu.cuh; a bias slot
 // has size 0. gpt2's are GPT-2's MLP: fc has H outputs, and biases.
-static size_t moe_fc_width(const GPT2* model, size_t hidden) { return (is_llama(&model->config) ? 2 : 1) * hidden; }
-static size_t moe_bias_size(const GPT2* model, size_t n) { return is_llama(&model->config) ? 0 : n; }
+static int moe_swiglu(const GPT2* model) { return model->config.activation == ACTIVATION_SWIGLU; }
+static size_t moe_fc_width(const GPT2* model, size_t hidden) { return (moe_swiglu(model) ? 2 : 1) * hidden; }
+static size_t moe_bias_size(const GPT2* model, size_t n) { return model->config.biases ? n : 0; }
 
 // MoE layer m's slices of the parameters: the same struct, each pointer at layer m
 static MoEParameterTensors moe_layer_parameters(const GPT2* model, const MoEParameterTensors* p, int m) {
@@ -383,7 +384,7 @@ static void moe_configure(GPT2* model, const char* source) {
                 c->shared_hidden);
         exit(EXIT_FAILURE);
     }
-    double per_hidden = is_llama(g) ? 3.0 : 2.0;  // fc, fcproj: SwiGLU's fc has 2H rows
+    double per_hidden = g->activation == ACTIVATION_SWIGLU ? 3.0 : 2.0;  // fc, fcproj: SwiGLU's fc has 2H rows
     double experts = (double)g->num_layers * g->channels * (c->num_experts * (c->expert_hidden * per_hidden + 2.0) +
                                                             c->shared_experts * (c->shared_hidden * per_hidden + 2.0));
     if (experts > 1e15) {
@@ -658,7 +659,7 @@ static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B,
     size_t grouped = matmul_grouped_dbias_buffer_floats(moe->local_experts, widest);
     size_t S = c->shared_experts, Hs = c->shared_hidden;
     size_t shared = matmul_dbias_buffer_floats((int)(Hs > C ? Hs : C));
-    if (is_llama(&model->config)) batched = grouped = shared = 0;  // no biases
+    if (!model->config.biases) batched = grouped = shared = 0;
     size_t bias_scratch = batched > grouped ? batched : grouped;
 #define MOE_ACTIVATION_BYTES(type, name, elements) s[MOE_ACT_##name] = (elements) * sizeof(type);
     MOE_ACTIVATION_TENSORS(MOE_ACTIVATION_BYTES)
@@ -870,7 +871,7 @@ static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivat
 static void moe_experts_mlp_forward(const GPT2* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
                                     floatX* out, cudaStream_t stream) {
     int C = model->config.channels, H = moe_of(model)->config.expert_hidden;
-    if (!is_llama(&model->config)) {
+    if (!moe_swiglu(model)) {
         moe_experts_linear_forward(model, l, l->expert_act, l->expert_input, lp->efcw, lp->efcb, C, H, l->expert_pre,
                                    stream);
         moe_experts_linear_forward(model, l, out, l->expert_act, lp->efcprojw, lp->efcprojb, H, C, nullptr, stream);
@@ -894,7 +895,7 @@ static void moe_experts_mlp_backward(const GPT2* model, const MoELayerActivation
     floatX* d_hidden = moe->acts.d_expert_hidden;  // (Rown, H)
     int rows[MOE_MAX_EXPERTS];
     size_t own_rows = moe_local_expert_rows(model, l, rows);  // dropless, the experts may have received no row at all
-    if (!is_llama(&model->config)) {
+    if (!moe_swiglu(model)) {
         if (model->recompute >= 1 && own_rows > 0) gelu_forward(l->expert_act, l->expert_pre, own_rows * H, stream);
         moe_experts_linear_backward(model, l, d_hidden, lg->efcprojw, lg->efcprojb, d_io, l->expert_act, lp->efcprojw,
                                     H, C, l->expert_pre, stream);
@@ -985,18 +986,18 @@ static void moe_shared_forward(GPT2* model, int m, const MoEParameterTensors* lp
     const MoEModel* moe = moe_of(model);
     size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden, C = model->config.channels;
     size_t FCs = moe_fc_width(model, Hs);
-    int llama = is_llama(&model->config);
+    int swiglu = moe_swiglu(model);
     for (size_t s = 0; s < S; s++) {
         floatX* pre = moe->acts.shared_pre + (m * S + s) * N * FCs;
         floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
-        if (llama) {  // SwiGLU without biases: pre (N, 2H_s) [gate | up]
+        if (swiglu) {  // SwiGLU without biases: pre (N, 2H_s) [gate | up]
             matmul_forward(pre, ln2, lp->shared_fcw + s * FCs * C, nullptr, N, 1, (int)C, (int)FCs, stream);
             swiglu_forward(act, pre, N, (int)Hs, stream);
         } else {
             matmul_forward(act, ln2, lp->shared_fcw + s * Hs * C, lp->shared_fcb + s * Hs, N, 1, (int)C, (int)Hs,
                            stream, pre, gpt2_forward_gelu_fusion(model));
         }
-        const floatX* fcprojb = llama ? nullptr : lp->shared_fcprojb + s * C;
+        const floatX* fcprojb = swiglu ? nullptr : lp->shared_fcprojb + s * C;
         matmul_cublaslt(out, lp->shared_fcprojw + s * C * Hs, act, fcprojb, (int)C, N, (int)Hs, stream, true, false,
                         true, nullptr, false);
     }
@@ -1010,7 +1011,7 @@ static void moe_shared_backward(GPT2* model, int m, const MoEParameterTensors* l
     const MoEModel* moe = moe_of(model);
     size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden, C = model->config.channels;
     size_t FCs = moe_fc_width(model, Hs);
-    int llama = is_llama(&model->config);
+    int swiglu = moe_swiglu(model);
     floatX* d_hidden = moe->acts.d_shared_hidden;
     float* scratch = moe->acts.bias_scratch;
     for (size_t s = 0; s < S; s++) {
@@ -1018,8 +1019,8 @@ static void moe_shared_backward(GPT2* model, int m, const MoEParameterTensors* l
         floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
         // d_fc (N, FCs), fc's output gradient: gpt2 d_hidden through GELU in fcproj's backward; llama SwiGLU's
         // [dgate | dup] over pre in place (as the routed experts)
-        floatX* d_fc = llama ? pre : d_hidden;
-        if (llama) {
+        floatX* d_fc = swiglu ? pre : d_hidden;
+        if (swiglu) {
             if (model->recompute >= 1) swiglu_forward(act, pre, N, (int)Hs, stream);
             matmul_backward(d_hidden, lg->shared_fcprojw + s * C * Hs, nullptr, dout, act,
                             lp->shared_fcprojw + s * C * Hs, scratch, N, 1, (int)Hs, (int)C, stream);
