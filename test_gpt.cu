@@ -59,7 +59,7 @@ typedef struct {
     int (*parse_flag)(GPT2Test* t, const char* flag, const char* value);  // 1: its flag, taken
     // its settings from the debug state's header (path), refusing a flag that disagrees; before any model is built
     void (*take_settings)(GPT2Test* t, const int* header, const char* path);
-    // gives a model its extension, with expert-parallel degree `degree` (collective); the harness frees mlp_state
+    // gives a model its extension, with expert-parallel degree `degree` (collective); the harness frees extension_state
     void (*attach)(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree);
     // its part of the debug state (header: the file's), read from f after the loss
     void* (*read_reference)(FILE* f, const char* path, const int* header, const GPT2* model);
@@ -156,12 +156,13 @@ static void read_reference_state(ReferenceState* r, FILE* f, const char* path, c
 static const char* const gpt2_parameter_names[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_NAME)};
 static const char* gpt2_parameter_name(const GPT2* model, int i) {
     int slot = i - PARAM_EXTENSION;
-    return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->mlp->tensor_names[slot] : gpt2_parameter_names[i];
+    return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->extension.ffn->tensor_names[slot] : gpt2_parameter_names[i];
 }
 // the gradients as stored, in model-file order (host)
 static void gpt2_get_gradients(const GPT2* model, floatX* file_order, cudaStream_t stream) {
     gpt2_get_replicated(model, file_order, model->store.grads_memory, cudaMemcpyDeviceToHost);
-    if (model->mlp) model->mlp->get_gradients(model, file_order + gpt2_extension_offset(model), stream);
+    const FfnExtension* x = model->extension.ffn;
+    if (x->get_gradients) x->get_gradients(model, file_order + gpt2_extension_offset(model), stream);
 }
 
 static int checks_passed = 0, checks_failed = 0;
@@ -250,7 +251,7 @@ static void build_test_model(GPT2* model, const GPT2Test* t, const MultiGpuConfi
 
 // the extension's state is the test's (attach allocated it)
 static void free_test_model(GPT2* model) {
-    void* state = model->mlp_state;
+    void* state = model->extension_state;
     gpt2_free(model);
     free(state);
 }
@@ -265,7 +266,7 @@ static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T
     int micro_B = B / micro_batches;
     size_t micro_tokens = (size_t)micro_B * T;
     gpt2_zero_grad(model, stream);
-    if (model->mlp) model->mlp->step_begin(model);
+    if (model->extension.ffn->step_begin) model->extension.ffn->step_begin(model);
     double loss = 0.0;
     for (int micro = 0; micro < micro_batches; micro++) {
         model->pass_number = (unsigned int)micro;
@@ -293,7 +294,7 @@ static float test_step(GPT2* model, const int* x, const int* y, int B, int T, in
     int micro_B = B / micro_batches;
     size_t micro_tokens = (size_t)micro_B * T;
     gpt2_zero_grad(model, stream);
-    if (model->mlp) model->mlp->step_begin(model);
+    if (model->extension.ffn->step_begin) model->extension.ffn->step_begin(model);
     double step_loss = 0.0;
     for (int micro = 0; micro < micro_batches; micro++) {
         model->pass_number = (unsigned int)(step * micro_batches + micro);
@@ -304,7 +305,7 @@ static float test_step(GPT2* model, const int* x, const int* y, int B, int T, in
                       stream);
         if (last_micro_step) gpt2_early_update(model, opt, step + 1);
         step_loss += gpt2_mean_loss(model);
-        if (model->mlp) model->mlp->micro_step_done(model);
+        if (model->extension.ffn->micro_step_done) model->extension.ffn->micro_step_done(model);
     }
     float loss = (float)(step_loss / micro_batches);
     float norm = gpt2_gradient_norm(model, mg, zero_stage, stream);

@@ -461,8 +461,8 @@ static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg,
     moe_model_init(moe, &none, &test_moe_settings);
     moe->route_hook = forcing.on ? forced_routing_hook : NULL;
     expert_parallel_init(&moe->ep, mg, degree);
-    model->mlp = &moe_extension;
-    model->mlp_state = moe;
+    model->extension = model_extension(&moe_extension);
+    model->extension_state = moe;
 }
 
 // The reference's steps on (x, y) for a fresh model with t's settings, expert-parallel degree `degree`: their losses,

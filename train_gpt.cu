@@ -9,7 +9,7 @@
 // Flags are listed by `./train_gpt -h` (the llm.c conventions, extended; doc/training.md describes each).
 // This file is the GPT-2 model (and its Llama-style family) and the training loop. train_moe.cu (the Switch-MoE
 // model) and test_gpt.cu include it with OMIT_TRAIN_GPT_MAIN defined and bring their own main; the MoE model plugs its layers into the model and
-// the loop through the MlpExtension interface below.
+// the loop through the extension's interfaces (ModelExtension) below.
 #include <ctype.h>
 #include <dirent.h>
 #include <math.h>
@@ -146,7 +146,7 @@ static void gpt2_config_gpt2_family(GPT2Config* c) {
     X(FCB, "fcb", 0, 11)                                                                                               \
     X(FCPROJW, "fcprojw", 1, 12)                                                                                       \
     X(FCPROJB, "fcprojb", 0, 13)                                                                                       \
-    /* the extension's slots: its names and weight decays are its own (MlpExtension) */                                \
+    /* the extension's slots: its names and weight decays are its own (FfnExtension)  */                                \
     X(EXTENSION, NULL, 0, 14)                                                                                          \
     X(EXTENSION_1, NULL, 0, 15)                                                                                        \
     X(EXTENSION_2, NULL, 0, 16)                                                                                        \
@@ -266,23 +266,31 @@ typedef struct {
 typedef struct GPT2 GPT2;
 
 // ----------------------------------------------------------------------------------------------------
-// The MLP extension: how a model replaces the MLP of some layers with its own and brings what comes with it.
-// GPT-2 has none (model->mlp == NULL); train_moe.cu's Switch-MoE layers are one. The model and the training loop
-// call these at fixed points; `model->mlp_state` is the extension's own data (settings, process layout, its own
-// parameter set, activations, telemetry). The extension's tensors sit in slots PARAM_EXTENSION.. of the model file;
-// the part of them that every process holds (e.g. a router) lives in the model's replicated parameter set, the rest
-// (e.g. experts shared out over processes) in a set of the extension's own (own_set), which is reduced and sharded
-// over own_group.
+// An FFN kind (doc/architecture.md): out (B, T, C) from the layer's la->ln2 (B, T, C), and its transpose, d_ln2
+// (B, T, C) = the gradient of la->ln2 from dout (B, T, C) with the gradients into lg (lp, lg: the layer's dense-MLP
+// slices, NULL in a layer whose FFN is an extension's, which holds its own).
 typedef struct {
-    // the model file: magic and versions (fp32, bf16); header words 8.. are the extension's
-    int model_magic, fp32_version, bf16_version;
-    const char* model_name;  // in messages: "MoE model"
-    void (*read_header)(GPT2* model, const int* header, const char* path);
-    void (*write_header)(const GPT2* model, int* header);
-    // after the GPT-2 sizes are set (file or descriptor), before anything is allocated: defaults and checks
-    void (*configure)(GPT2* model, const char* source);
-    int (*replaces_mlp)(const GPT2* model, int layer);
+    const char* name;
+    void (*forward)(GPT2* model, int layer, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
+                    int T, cudaStream_t stream);
+    void (*backward)(GPT2* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
+                     const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T, cudaStream_t stream);
+} FfnKind;
 
+// ----------------------------------------------------------------------------------------------------
+// An extension: a model whose FFN in some layers is a kind with parameters, activations and a process layout of its
+// own (train_moe.cu's Switch-MoE layers), and what comes with it. Its parts are small tables, each filled in by member
+// name; a NULL member has nothing to do, and GPT-2's parts are empty (no_extension). `model->extension_state` is the
+// extension's own data.
+
+// The FFN kind and what the model asks of it. Its tensors sit in slots PARAM_EXTENSION.. of the model file: the part
+// that every process holds (e.g. a router) in the model's replicated parameter set, the rest (e.g. experts shared out
+// over processes) in a set of its own (own_set), reduced and sharded over own_group.
+typedef struct {
+    FfnKind kind;
+    int (*replaces_mlp)(const GPT2* model, int layer);  // NULL: no layer
+    // after the model's sizes are set (file or descriptor), before anything is allocated: defaults and checks
+    void (*configure)(GPT2* model, const char* source);
     // parameters: names and weight decay per slot; sizes in the file and in the replicated set (0: unused slot)
     const char* tensor_names[MLP_EXTENSION_SLOTS];
     int tensor_decays[MLP_EXTENSION_SLOTS];
@@ -295,21 +303,12 @@ typedef struct {
     void (*set_parameters)(GPT2* model, const floatX* file_block);
     void (*get_parameters)(const GPT2* model, floatX* file_block, cudaStream_t stream);
     void (*get_gradients)(const GPT2* model, floatX* file_block, cudaStream_t stream);
-    int (*gathers_model_file)(const GPT2* model);  // whether this process takes part in get_parameters for it
+    double (*active_parameters_per_token)(const GPT2* model);  // of its tensors (for the flops count)
+    // how its parameters are sharded
+    int (*gathers_model_file)(const GPT2* model);  // whether this process takes part in get_parameters
     ShardedParameters* (*own_set)(GPT2* model);                 // NULL: none
     const MultiGpuConfig* (*own_group)(const GPT2* model);      // the processes that hold the same own tensors
     float (*own_norm_sum)(const GPT2* model, float norm2, cudaStream_t stream);  // over those holding others
-    double (*active_parameters_per_token)(const GPT2* model);   // of its tensors (for the flops count)
-
-    // activations and passes; N = B*T tokens; ln2 (N, C) is the MLP's input, out (N, C) its output
-    size_t (*activation_bytes)(const GPT2* model, size_t B, size_t T, int recompute);
-    void (*allocate_activations)(GPT2* model, int B, int T);
-    void (*begin_forward)(GPT2* model, int B, int T, float dlogits_scale);  // a pass over (B, T) tokens
-    void (*forward)(GPT2* model, int layer, floatX* out, const floatX* ln2, int N, cudaStream_t stream);
-    void (*end_forward)(GPT2* model, int N, cudaStream_t stream);  // after a forward pass with targets
-    // d_ln2 (N, C) overwritten with the input's gradient, from dout (N, C)
-    void (*backward)(GPT2* model, int layer, floatX* d_ln2, const floatX* dout, const floatX* ln2, int N,
-                     cudaStream_t stream);
     // the gradient reduction of its slices of `layer` (after the layer's backward pass, on the last micro-step)
     void (*reduce_layer)(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
     // ZeRO-3's gathers of `layer`: its slices of the replicated set into the model's gather buffer layer % 2 (called
@@ -317,34 +316,87 @@ typedef struct {
     // buffers of its own (unless they hold them already)
     void (*gather_replicated_slices)(GPT2* model, int layer);
     void (*prefetch_own)(GPT2* model, int layer, cudaStream_t stream);
+    int (*collective_forward)(const GPT2* model);  // every process of a group takes part in each forward pass
+    // activations and passes
+    size_t (*activation_bytes)(const GPT2* model, size_t B, size_t T, int recompute);
+    void (*allocate_activations)(GPT2* model, int B, int T);
+    void (*begin_forward)(GPT2* model, int B, int T, float dlogits_scale);  // a pass over (B, T) tokens
+    void (*end_forward)(GPT2* model, int N, cudaStream_t stream);  // after a forward pass with targets
+    // the training step's boundaries: before its first micro-step, after each micro-step's forward pass, and after
+    // each optimizer update that changed the parameters, on every process (gpt2_update)
+    void (*step_begin)(GPT2* model);
+    void (*micro_step_done)(GPT2* model);
+    void (*after_update)(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream);
     void (*free)(GPT2* model);
+} FfnExtension;
 
-    // the trainer: flags, process layout, start-up table, checkpoints, telemetry
+// The model file: magic and versions (fp32, bf16), header words 8.. and a tail after the parameters (GPT-2's format,
+// llm.c's, when the extension has none)
+typedef struct {
+    int model_magic, fp32_version, bf16_version;
+    const char* model_name;  // in messages: "MoE model"
+    void (*read_header)(GPT2* model, const int* header, const char* path);
+    void (*write_header)(const GPT2* model, int* header);
+    // the tail's bytes (once configured from the header), read from the file positioned there, written after the
+    // parameters by process 0
+    size_t (*file_tail_bytes)(const GPT2* model);
+    void (*read_file_tail)(GPT2* model, FILE* f, const char* path);
+    void (*write_file_tail)(const GPT2* model, FILE* f, const char* path);
+} ModelFileExtension;
+
+// Its checkpoint file ("expert_state"), listed in DONE markers, written and read beside the model's
+typedef struct {
+    const char* state_file;
+    void (*write_state)(const char* dir, int step, GPT2* model, int zero_stage, cudaStream_t stream);
+    void (*read_state)(const char* dir, int step, GPT2* model);
+} CheckpointExtension;
+
+// What it shows: rows of the start-up table, fields of the step line, the log, and a report at each validation
+typedef struct {
+    void (*info_rows)(const GPT2* model, InfoTable* table);
+    void (*step_fields)(const GPT2* model, int micro_steps, char* out, size_t size);
+    void (*log_step)(const GPT2* model, Logger* logger, int step, int micro_steps);
+    void (*print_validation)(const GPT2* model, int N, Logger* logger, int step);
+} TelemetryExtension;
+
+// The trainer's flags and process layout
+typedef struct {
     const char* trainer;  // "train_moe"
-    Flag* flags;
+    Flag* flags;  // parsed with the trainer's
     int num_flags;
     const char* flags_title;
     int (*check_flags)(void);  // after parsing: 0 (with a message) when a value is unusable
     void (*setup)(GPT2* model, const MultiGpuConfig* mg);  // before the model is built, from the flags
     void (*check_model)(const GPT2* model, const char* source, int from_file);  // once built
-    void (*info_rows)(const GPT2* model, InfoTable* table);
-    int (*collective_forward)(const GPT2* model);  // every process of a group takes part in each forward pass
-    const char* state_file;  // its checkpoint file ("expert_state"), listed in DONE markers
-    void (*write_state)(const char* dir, int step, GPT2* model, int zero_stage, cudaStream_t stream);
-    void (*read_state)(const char* dir, int step, GPT2* model);
-    void (*step_begin)(GPT2* model);
-    void (*micro_step_done)(GPT2* model);  // after each micro-step's forward pass
-    void (*step_fields)(const GPT2* model, int micro_steps, char* out, size_t size);  // in the step line
-    void (*log_step)(const GPT2* model, Logger* logger, int step, int micro_steps);
-    void (*print_validation)(const GPT2* model, int N, Logger* logger, int step);
-    // after each optimizer update that changed the parameters, on every process (gpt2_update; NULL: none)
-    void (*after_update)(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream);
-    // the model file's tail after the parameters (NULL: none): its bytes (once configured from the header), read
-    // from the file positioned there, written after the parameters by process 0
-    size_t (*file_tail_bytes)(const GPT2* model);
-    void (*read_file_tail)(GPT2* model, FILE* f, const char* path);
-    void (*write_file_tail)(const GPT2* model, FILE* f, const char* path);
-} MlpExtension;
+} TrainerExtension;
+
+typedef struct {
+    const FfnExtension* ffn;
+    const ModelFileExtension* file;
+    const CheckpointExtension* checkpoint;
+    const TelemetryExtension* telemetry;
+    const TrainerExtension* trainer;
+} ModelExtension;
+
+static const FfnExtension no_ffn_extension = {};
+static const ModelFileExtension gpt2_model_file = {.model_magic = GPT2_MODEL_MAGIC, .fp32_version = 3,
+                                                   .bf16_version = 5, .model_name = "GPT-2 model"};
+static const CheckpointExtension no_checkpoint_extension = {};
+static const TelemetryExtension no_telemetry_extension = {};
+static const TrainerExtension no_trainer_extension = {};
+// GPT-2's: the dense MLP in every layer, nothing else
+static const ModelExtension no_extension = {&no_ffn_extension, &gpt2_model_file, &no_checkpoint_extension,
+                                            &no_telemetry_extension, &no_trainer_extension};
+// an extension with its missing parts empty
+static ModelExtension model_extension(const ModelExtension* x) {
+    ModelExtension e = no_extension;
+    if (x && x->ffn) e.ffn = x->ffn;
+    if (x && x->file) e.file = x->file;
+    if (x && x->checkpoint) e.checkpoint = x->checkpoint;
+    if (x && x->telemetry) e.telemetry = x->telemetry;
+    if (x && x->trainer) e.trainer = x->trainer;
+    return e;
+}
 
 struct GPT2 {
     GPT2Config config;
@@ -377,12 +429,15 @@ struct GPT2 {
     float mean_loss;    // their mean (gpt2_mean_loss)
     unsigned int pass_number;  // the training pass (micro-step) number, set by the caller: random layers' seeds
     float* rope_table;         // llama: (maxT, HS) RoPE cos and sin (llmc/rope.cuh); NULL for GPT-2
-    const MlpExtension* mlp;   // NULL: GPT-2's dense MLP in every layer
-    void* mlp_state;
+    ModelExtension extension;  // its parts, never NULL (no_extension: GPT-2's dense MLP in every layer)
+    void* extension_state;
 };
 
 // the layers whose MLP is GPT-2's dense one, and layer l's index among them
-static int gpt2_is_dense_layer(const GPT2* model, int l) { return !model->mlp || !model->mlp->replaces_mlp(model, l); }
+static int gpt2_is_dense_layer(const GPT2* model, int l) {
+    const FfnExtension* x = model->extension.ffn;
+    return !x->replaces_mlp || !x->replaces_mlp(model, l);
+}
 static int gpt2_dense_layers(const GPT2* model) {
     int n = 0;
     for (int l = 0; l < model->config.num_layers; l++) n += gpt2_is_dense_layer(model, l);
@@ -418,7 +473,7 @@ static void fill_in_parameter_sizes(const GPT2* model, size_t* in_file, size_t* 
     sizes[PARAM_FCPROJW] = Ld * C * H;
     sizes[PARAM_FCPROJB] = bias * Ld * C;
     size_t file[MLP_EXTENSION_SLOTS] = {0}, replicated[MLP_EXTENSION_SLOTS] = {0};
-    if (model->mlp) model->mlp->tensor_sizes(model, file, replicated);
+    if (model->extension.ffn->tensor_sizes) model->extension.ffn->tensor_sizes(model, file, replicated);
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) sizes[PARAM_EXTENSION + i] = file[i];
     sizes[PARAM_LNFW] = C;
     sizes[PARAM_LNFB] = norm_bias * C;
@@ -437,7 +492,7 @@ static void replicated_tensor_sizes(size_t* sizes, const GPT2* model) {
 
 static int gpt2_parameter_decay(const GPT2* model, int i) {
     int slot = i - PARAM_EXTENSION;
-    if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) return model->mlp ? model->mlp->tensor_decays[slot] : 0;
+    if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) return model->extension.ffn->tensor_decays[slot];
     return gpt2_parameter_decays[i];
 }
 
@@ -538,7 +593,7 @@ static void gpt2_allocate_parameters(GPT2* model) {
     else memset(&model->params, 0, sizeof(model->params));  // gathered per layer (gpt2_layer_weights)
     if (model->zero_stage < 2) point_parameters(&model->grads, model->store.grads_memory, sizes);
     else gpt2_allocate_gradient_buckets(model, sizes);
-    if (model->mlp) model->mlp->allocate_parameters(model);
+    if (model->extension.ffn->allocate_parameters) model->extension.ffn->allocate_parameters(model);
     const GPT2Config* c = &model->config;
     if (c->positions == POSITIONS_ROPE) {  // cos and sin for positions 0 .. maxT-1 (llmc/rope.cuh)
         int HS = c->channels / c->num_heads;
@@ -585,7 +640,8 @@ static void gpt2_set_parameters(GPT2* model, const floatX* file_order) {
         sharded_parameters_set(&model->store, replicated);
         free(replicated);
     }
-    if (model->mlp) model->mlp->set_parameters(model, file_order + gpt2_extension_offset(model));
+    const FfnExtension* x = model->extension.ffn;
+    if (x->set_parameters) x->set_parameters(model, file_order + gpt2_extension_offset(model));
 }
 
 // The inverse, collective over an extension's groups: the whole model in model-file order from the replicated set
@@ -612,7 +668,8 @@ static void gpt2_get_parameters(GPT2* model, floatX* file_order, cudaStream_t st
     } else {
         gpt2_get_replicated(model, file_order, model->store.params_memory, cudaMemcpyDeviceToHost);
     }
-    if (model->mlp) model->mlp->get_parameters(model, file_order + gpt2_extension_offset(model), stream);
+    const FfnExtension* x = model->extension.ffn;
+    if (x->get_parameters) x->get_parameters(model, file_order + gpt2_extension_offset(model), stream);
 }
 
 // A llama model's family values (doc/formats.md: what a reader refuses; the kernels' own limits on top): 0 and `why`
@@ -721,10 +778,11 @@ static void check_parameter_memory(const GPT2* model, const char* source) {
     replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
     size_t params = model->zero_stage == 3 ? CEIL_DIV(n, (size_t)model->num_processes) : n;
-    if (model->mlp) {
-        size_t own = model->mlp->own_parameter_count(model);
+    const FfnExtension* x = model->extension.ffn;
+    if (x->own_parameter_count) {
+        size_t own = x->own_parameter_count(model);
         n += own;
-        params += model->zero_stage == 3 ? CEIL_DIV(own, (size_t)model->mlp->own_group(model)->num_processes) : own;
+        params += model->zero_stage == 3 ? CEIL_DIV(own, (size_t)x->own_group(model)->num_processes) : own;
     }
     // parameters (ZeRO-3: the shards), and gradients unless ZeRO-2/3 (whose buckets and gather buffers are smaller,
     // and whose gradient shard comes with the optimizer)
@@ -739,10 +797,10 @@ static void check_parameter_memory(const GPT2* model, const char* source) {
 // Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16; header word
 // 16 = 1: the llama family), or with an extension its format (train_moe.cu: doc/formats.md).
 static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
-    const MlpExtension* x = model->mlp;
+    const ModelFileExtension* x = model->extension.file;
     FILE* f = fopen_check(path, "rb");
     int header[256];
-    read_header_check(f, header, path, x ? x->model_magic : GPT2_MODEL_MAGIC, x ? x->model_name : "GPT-2 model");
+    read_header_check(f, header, path, x->model_magic, x->model_name);
     // words 16..21 describe the model family (doc/formats.md): train_gpt.py and train_moe.py --arch llama write word
     // 16 = 1; another family's payload would otherwise fail the size check with a misleading message
     if (header[16] != FAMILY_GPT2 && header[16] != FAMILY_LLAMA) {
@@ -758,7 +816,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
         }
     }
     int version = header[1];
-    int fp32_version = x ? x->fp32_version : 3, bf16_version = x ? x->bf16_version : 5;
+    int fp32_version = x->fp32_version, bf16_version = x->bf16_version;
     if (version != fp32_version && version != bf16_version) {
         fprintf(stderr, "%s: unsupported model file version %d (expected %d for fp32 or %d for bf16)\n", path, version,
                 fp32_version, bf16_version);
@@ -780,9 +838,9 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
         memcpy(&c->norm_eps, &header[20], sizeof(float));
         c->tied = header[21];
     }
-    if (x) x->read_header(model, header, path);
+    if (x->read_header) x->read_header(model, header, path);
     check_config_supported(c, path, 1);
-    if (x) x->configure(model, path);
+    if (model->extension.ffn->configure) model->extension.ffn->configure(model, path);
     // The header's sizes are checked against the file's length before anything is allocated for them: a corrupt
     // header must fail fast with "truncated", not ask for terabytes. In double first, where no product overflows.
     double HS = (double)c->channels / c->num_heads, embeddings = c->tied ? 1.0 : 2.0;
@@ -797,7 +855,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     }
     size_t n = gpt2_num_parameters(model);
     size_t file_elem = version == fp32_version ? sizeof(float) : sizeof(__nv_bfloat16);
-    size_t tail_bytes = x && x->file_tail_bytes ? x->file_tail_bytes(model) : 0;
+    size_t tail_bytes = x->file_tail_bytes ? x->file_tail_bytes(model) : 0;
     size_t expected_bytes = 256 * sizeof(int) + n * file_elem + tail_bytes;
     if (fseek(f, 0, SEEK_END) != 0) {
         fprintf(stderr, "%s: cannot seek to the end to check its size\n", path);
@@ -822,7 +880,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
     gpt2_allocate_parameters(model);
     void* raw = malloc_for(n * file_elem, "the parameters as stored", path);
     fread_check(raw, file_elem, n, f, path);
-    if (x && x->read_file_tail) x->read_file_tail(model, f, path);
+    if (x->read_file_tail) x->read_file_tail(model, f, path);
     fclose_check(f, path);
     floatX* host = (floatX*)malloc_for(n * sizeof(floatX), "the parameters", path);
     for (size_t i = 0; i < n; i++) {
@@ -878,7 +936,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
         c->tied = arch->tied;
     }
     check_config_supported(c, descriptor, 0);
-    if (model->mlp) model->mlp->configure(model, descriptor);
+    if (model->extension.ffn->configure) model->extension.ffn->configure(model, descriptor);
     if (!allocate) return;
     check_parameter_memory(model, descriptor);
     gpt2_allocate_parameters(model);
@@ -905,7 +963,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
             drawn = n;
         } else if (gpt2_parameter_decay(model, i)) {
             float std;
-            if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) std = model->mlp->init_std(model, slot, residual_scale);
+            if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) std = model->extension.ffn->init_std(model, slot, residual_scale);
             else std = i == PARAM_ATTPROJW || i == PARAM_FCPROJW ? 0.02f * residual_scale : 0.02f;
             size_t rows_used = n;
             if ((i == PARAM_WTE || i == PARAM_LM_HEAD) && n > 0)  // the padded vocabulary rows stay zero
@@ -928,7 +986,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
 // BF16 build, 3 fp32 otherwise) with a llama model's family in words 16..21, an extension's own otherwise.
 static void gpt2_model_header(const GPT2* model, int* header) {
     const GPT2Config* c = &model->config;
-    const MlpExtension* x = model->mlp;
+    const ModelFileExtension* x = model->extension.file;
     for (int i = 8; i < 256; i++) header[i] = 0;
     if (c->family == FAMILY_LLAMA) {
         header[16] = FAMILY_LLAMA;
@@ -938,21 +996,22 @@ static void gpt2_model_header(const GPT2* model, int* header) {
         memcpy(&header[20], &c->norm_eps, sizeof(float));
         header[21] = c->tied;
     }
-    header[0] = x ? x->model_magic : GPT2_MODEL_MAGIC;
-    header[1] = PRECISION_MODE == PRECISION_BF16 ? (x ? x->bf16_version : 5) : (x ? x->fp32_version : 3);
+    header[0] = x->model_magic;
+    header[1] = PRECISION_MODE == PRECISION_BF16 ? x->bf16_version : x->fp32_version;
     header[2] = c->max_seq_len;
     header[3] = c->vocab_size;
     header[4] = c->num_layers;
     header[5] = c->num_heads;
     header[6] = c->channels;
     header[7] = c->padded_vocab_size;
-    if (x) x->write_header(model, header);
+    if (x->write_header) x->write_header(model, header);
 }
 
 // Writes the model file. Process 0 writes, after an extension gathered its own part (collective over its groups;
 // processes that take no part return at once).
 static void gpt2_write_model_file(GPT2* model, const char* path, cudaStream_t stream) {
-    if (model->mlp && !model->mlp->gathers_model_file(model)) return;
+    const FfnExtension* x = model->extension.ffn;
+    if (x->gathers_model_file && !x->gathers_model_file(model)) return;
     int header[256] = {0};
     gpt2_model_header(model, header);
     size_t n = gpt2_num_parameters(model);
@@ -973,7 +1032,7 @@ static void gpt2_write_model_file(GPT2* model, const char* path, cudaStream_t st
         fwrite_check(h32, sizeof(float), n, f, tmp);
         free(h32);
     }
-    if (model->mlp && model->mlp->write_file_tail) model->mlp->write_file_tail(model, f, tmp);
+    if (model->extension.file->write_file_tail) model->extension.file->write_file_tail(model, f, tmp);
     commit_tmp(f, tmp, path);
     free(host);
 }
@@ -1028,7 +1087,7 @@ static size_t activation_bytes(const GPT2* model, size_t B, size_t T, int recomp
     fill_in_activation_sizes(sizes, model, B, T, recompute);
     size_t bytes = 0;
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;  // as allocated
-    if (model->mlp) bytes += model->mlp->activation_bytes(model, B, T, recompute);
+    if (model->extension.ffn->activation_bytes) bytes += model->extension.ffn->activation_bytes(model, B, T, recompute);
     return bytes;
 }
 
@@ -1054,7 +1113,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     model->inputs_cpu = (int*)malloc_check((size_t)B * T * sizeof(int));
     cudaCheck(cudaMallocHost((void**)&model->losses_cpu, (size_t)B * T * sizeof(float)));
     cudaCheck(cudaEventCreateWithFlags(&model->losses_copied, cudaEventDisableTiming));
-    if (model->mlp) model->mlp->allocate_activations(model, B, T);
+    if (model->extension.ffn->allocate_activations) model->extension.ffn->allocate_activations(model, B, T);
 }
 
 // Layer l's slices of the activations of a (B, T) batch (B, T at most what they were sized for)
@@ -1092,6 +1151,7 @@ static LayerActivations gpt2_layer_activations(const GPT2* model, int l, size_t 
 // A single process, until the caller sets num_processes and process_rank.
 static void gpt2_init_common(GPT2* model) {
     memset(model, 0, sizeof(*model));
+    model->extension = no_extension;
     model->use_master_weights = 1;
     model->recompute = 1;
     model->gelu_fusion = 1;
@@ -1102,7 +1162,7 @@ static void gpt2_init_common(GPT2* model) {
 }
 
 static void gpt2_free(GPT2* model) {
-    if (model->mlp) model->mlp->free(model);
+    if (model->extension.ffn->free) model->extension.ffn->free(model);
     sharded_parameters_free(&model->store);
     cudaCheck(cudaFree(model->rope_table));
     cudaCheck(cudaFree(model->acts_memory));
@@ -1196,17 +1256,6 @@ static void attention_block_backward(GPT2* model, const LayerParameters* lp, con
     matmul_backward(a.dbtc, lg->qkvw, lg->qkvb, dqkv, la->ln1, lp->qkvw, a.scratch_f, B, T, C, QKV, stream);
 }
 
-// An FFN kind: out (B, T, C) from the layer's la->ln2 (B, T, C), and its transpose, d_ln2 (B, T, C) = the gradient of
-// la->ln2 from dout (B, T, C) with the gradients into lg (lp, lg: the layer's dense-MLP slices, NULL in a layer whose
-// FFN is an extension's, which holds its own).
-typedef struct {
-    const char* name;
-    void (*forward)(GPT2* model, int layer, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
-                    int T, cudaStream_t stream);
-    void (*backward)(GPT2* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
-                     const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T, cudaStream_t stream);
-} FfnKind;
-
 // The forward's GELU fusion (-ge): into cuBLASLt's epilogue only when nothing recomputes the GELU (-r 0). With
 // recompute the forward evaluates llmc/gelu.cuh, as the recompute does, so that the backward sees the forward's bits.
 static int gpt2_forward_gelu_fusion(const GPT2* model) {
@@ -1258,20 +1307,8 @@ static void swiglu_mlp_backward(GPT2* model, int layer, const LayerParameters* l
 static const FfnKind gelu_mlp = {"GELU MLP", gelu_mlp_forward, gelu_mlp_backward};
 static const FfnKind swiglu_mlp = {"SwiGLU MLP", swiglu_mlp_forward, swiglu_mlp_backward};
 
-// An extension's FFN, in the layers it replaces (MlpExtension's forward and backward)
-static void extension_ffn_forward(GPT2* model, int layer, const LayerParameters* lp, const LayerActivations* la,
-                                  floatX* out, int B, int T, cudaStream_t stream) {
-    model->mlp->forward(model, layer, out, la->ln2, B * T, stream);
-}
-static void extension_ffn_backward(GPT2* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
-                                   const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
-                                   cudaStream_t stream) {
-    model->mlp->backward(model, layer, d_ln2, dout, la->ln2, B * T, stream);
-}
-static const FfnKind extension_ffn = {"extension", extension_ffn_forward, extension_ffn_backward};
-
 static const FfnKind* layer_ffn(const GPT2* model, int l) {
-    if (!gpt2_is_dense_layer(model, l)) return &extension_ffn;
+    if (!gpt2_is_dense_layer(model, l)) return &model->extension.ffn->kind;
     return model->config.activation == ACTIVATION_SWIGLU ? &swiglu_mlp : &gelu_mlp;
 }
 
@@ -1308,10 +1345,10 @@ static void gpt2_prefetch_layer(GPT2* model, int l, cudaStream_t stream) {
             sharded_parameters_gather_slices(p, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
                                              gpt2_dense_index(model, l), gpt2_dense_layers(model), mg);
         else
-            model->mlp->gather_replicated_slices(model, l);
+            model->extension.ffn->gather_replicated_slices(model, l);
         sharded_parameters_gather_end(p, l % 2, mg);
     }
-    if (!is_dense) model->mlp->prefetch_own(model, l, stream);
+    if (!is_dense) model->extension.ffn->prefetch_own(model, l, stream);
 }
 
 // Layer l's parameters for kernels on `stream`: in the parameter buffer, or under ZeRO-3 in its gather buffer (gathered
@@ -1402,7 +1439,8 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
     if (targets) {
         cudaCheck(cudaMemcpyAsync(model->targets, targets, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
-    if (model->mlp) model->mlp->begin_forward(model, B, T, dlogits_scale);
+    const FfnExtension* x = model->extension.ffn;
+    if (x->begin_forward) x->begin_forward(model, B, T, dlogits_scale);
     gpt2_forward_layers(model, B, T, stream);
     // the classifier: against wte (GPT-2, tied llama) or lm_head
     ParameterTensors p = gpt2_rest_weights(model, stream);
@@ -1415,7 +1453,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
                                   stream));
         cudaCheck(cudaEventRecord(model->losses_copied, stream));
         model->loss_tokens = B * T;
-        if (model->mlp) model->mlp->end_forward(model, B * T, stream);
+        if (x->end_forward) x->end_forward(model, B * T, stream);
     }
 }
 
@@ -1432,7 +1470,9 @@ static float gpt2_mean_loss(GPT2* model) {
     return model->mean_loss;
 }
 
-static ShardedParameters* gpt2_own_set(GPT2* model) { return model->mlp ? model->mlp->own_set(model) : NULL; }
+static ShardedParameters* gpt2_own_set(GPT2* model) {
+    return model->extension.ffn->own_set ? model->extension.ffn->own_set(model) : NULL;
+}
 
 static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
@@ -1526,7 +1566,7 @@ static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, 
                                          gpt2_dense_index(model, layer), gpt2_dense_layers(model), mg, zero_stage,
                                          stream);
     else
-        model->mlp->reduce_layer(model, layer, mg, zero_stage, stream);
+        model->extension.ffn->reduce_layer(model, layer, mg, zero_stage, stream);
 }
 static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     sharded_parameters_reduce_slices(&model->store, gpt2_rest_tensors, GPT2_REST_TENSORS, -1, model->config.num_layers,
@@ -1543,7 +1583,7 @@ static void gpt2_allocate_optimizer(GPT2* model, int zero_stage) {
                                           model->num_processes, zero_stage, model->offload_optimizer);
     ShardedParameters* own = gpt2_own_set(model);
     if (own) {
-        const MultiGpuConfig* group = model->mlp->own_group(model);
+        const MultiGpuConfig* group = model->extension.ffn->own_group(model);
         sharded_parameters_allocate_optimizer(own, model->use_master_weights, group->process_rank,
                                               group->num_processes, zero_stage, model->offload_optimizer);
     }
@@ -1561,8 +1601,9 @@ static float gpt2_gradient_norm(GPT2* model, const MultiGpuConfig* mg, int zero_
     float norm2 = sharded_parameters_norm_squared(&model->store, mg, zero_stage, stream);
     ShardedParameters* own = gpt2_own_set(model);
     if (own) {
-        float own2 = sharded_parameters_norm_squared(own, model->mlp->own_group(model), zero_stage, stream);
-        norm2 += model->mlp->own_norm_sum(model, own2, stream);
+        const FfnExtension* x = model->extension.ffn;
+        float own2 = sharded_parameters_norm_squared(own, x->own_group(model), zero_stage, stream);
+        norm2 += x->own_norm_sum(model, own2, stream);
     }
     return sqrtf(norm2) / model->loss_scaler.scale;
 }
@@ -1596,8 +1637,8 @@ static int gpt2_update(GPT2* model, const AdamWConfig* opt, float norm, int t, c
         ShardedParameters* own = gpt2_own_set(model);
         if (own)
             sharded_parameters_apply_update(own, opt, norm, scale, optimizer_next_seed(&model->rng_state), t,
-                                            model->mlp->own_group(model), zero_stage, stream);
-        if (model->mlp && model->mlp->after_update) model->mlp->after_update(model, mg, stream);
+                                            model->extension.ffn->own_group(model), zero_stage, stream);
+        if (model->extension.ffn->after_update) model->extension.ffn->after_update(model, mg, stream);
     } else {
         gpt2_discard_early_update(model);
     }
@@ -1617,7 +1658,8 @@ static double gpt2_flops_per_token(const GPT2* model, int T) {
     double active = 0.0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++)
         if (i < PARAM_EXTENSION || i >= PARAM_EXTENSION + MLP_EXTENSION_SLOTS) active += (double)sizes[i];
-    if (model->mlp) active += model->mlp->active_parameters_per_token(model);
+    const FfnExtension* x = model->extension.ffn;
+    if (x->active_parameters_per_token) active += x->active_parameters_per_token(model);
     return 6.0 * active + 12.0 * c->num_layers * c->channels * (double)T;
 }
 
@@ -1657,7 +1699,8 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
     char path[1024], tmp[1100];
     checkpoint_paths(path, sizeof(path), dir, "model", ts->step, -1);
     gpt2_write_model_file(model, path, stream);
-    if (model->mlp && model->mlp->write_state) model->mlp->write_state(dir, ts->step, model, zero_stage, stream);
+    const CheckpointExtension* x = model->extension.checkpoint;
+    if (x->write_state) x->write_state(dir, ts->step, model, zero_stage, stream);
     checkpoint_paths(path, sizeof(path), dir, "state", ts->step, mg->process_rank);
     FILE* f = fopen_tmp_for(path, tmp, sizeof(tmp));
     int header[256] = {0};
@@ -1703,7 +1746,7 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
         fprintf(d, "checkpoint 1\nstep %d\nprocesses %d\nmodel", ts->step, mg->num_processes);
         for (int i = 1; i <= 12; i++) fprintf(d, " %d", header[i]);
         fprintf(d, "\n");
-        const char* kinds[2] = {"model", model->mlp ? model->mlp->state_file : NULL};
+        const char* kinds[2] = {"model", model->extension.checkpoint->state_file};
         for (int k = 0; k < 2 && kinds[k]; k++) {
             char file[1024];
             uint64_t size, hash;
@@ -1891,7 +1934,7 @@ static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLo
         exit(EXIT_FAILURE);
     }
     fclose_check(f, path);
-    if (model->mlp && model->mlp->read_state) model->mlp->read_state(dir, step, model);
+    if (model->extension.checkpoint->read_state) model->extension.checkpoint->read_state(dir, step, model);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -2230,9 +2273,10 @@ static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
     int P = model->num_processes, stage = model->zero_stage, own_P = 1;
     size_t padded = shard_padded_count(n, P), own = 0;
-    if (model->mlp && model->mlp->own_parameter_count(model) > 0) {
-        own_P = model->mlp->own_group(model)->num_processes;
-        own = shard_padded_count(model->mlp->own_parameter_count(model), own_P);
+    const FfnExtension* x = model->extension.ffn;
+    if (x->own_parameter_count && x->own_parameter_count(model) > 0) {
+        own_P = x->own_group(model)->num_processes;
+        own = shard_padded_count(x->own_parameter_count(model), own_P);
     }
     size_t shard = stage >= 1 ? padded / P + own / own_P : padded + own;
     MemoryPlan m;
@@ -2246,7 +2290,7 @@ static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
         // an extension's own set, stacked over the layers it replaces (the MoE experts): two buckets of one layer's
         int replaced = model->config.num_layers - gpt2_dense_layers(model);
         if (own > 0 && replaced > 0)
-            m.communication += (stage == 3 ? 2 : 1) * 2 * (model->mlp->own_parameter_count(model) / replaced) *
+            m.communication += (stage == 3 ? 2 : 1) * 2 * (x->own_parameter_count(model) / replaced) *
                                sizeof(floatX);
     }
     int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
@@ -2273,7 +2317,7 @@ static int memory_plan_largest_batch(const GPT2* model, int T, size_t budget) {
 }
 static int memory_plan_largest_depth(const GPT2* model, int B, int T, size_t budget) {
     GPT2 probe = *model;
-    probe.mlp = NULL;
+    probe.extension = no_extension;
     int best = 0;
     for (int depth = 1; depth <= 200; depth++) {
         gpt2_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
@@ -2291,7 +2335,8 @@ static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size
     info_row(t, "memory: parameters", "%10.1f MiB (%zu bytes)", m.parameters / MiB, m.parameters);
     info_row(t, "memory: gradients", "%10.1f MiB (%zu bytes%s)", m.gradients / MiB, m.gradients,
              stage >= 2 ? (stage == 3 ? ", fp32 ZeRO-3 shard" : ", fp32 ZeRO-2 shard") : "");
-    int buckets = 3 + (model->mlp && model->mlp->own_parameter_count(model) > 0 ? 2 : 0);
+    const FfnExtension* x = model->extension.ffn;
+    int buckets = 3 + (x->own_parameter_count && x->own_parameter_count(model) > 0 ? 2 : 0);
     char bucket_note[64] = "";
     if (stage == 2) snprintf(bucket_note, sizeof(bucket_note), ", %d ZeRO-2 buckets", buckets);
     if (stage == 3)
@@ -2313,7 +2358,7 @@ static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size
     int depth = memory_plan_largest_depth(model, B, T, budget);
     if (depth > 0) {
         GPT2 probe = *model;
-        probe.mlp = NULL;
+        probe.extension = no_extension;
         gpt2_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
         info_row(t, "largest GPT-2 at this B", "d%d (%zu parameters)", depth, gpt2_num_parameters(&probe));
     } else {
@@ -2351,7 +2396,7 @@ static void model_rows(InfoTable* t, const GPT2* model) {
                  cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
     }
     info_row(t, "parameters", "%zu", gpt2_num_parameters(model));
-    if (model->mlp) model->mlp->info_rows(model, t);
+    if (model->extension.telemetry->info_rows) model->extension.telemetry->info_rows(model, t);
 }
 
 // The start-up table (process 0), once everything is allocated: the model, the batch, the memory plan per device, and
@@ -2409,7 +2454,8 @@ static void evaluate(GPT2* model, DataLoader* val_loader, const TrainerSettings*
     watchdog_end();
     if (mg->process_rank == 0) printf("val loss %f\n", val_loss);
     logger_log_val(logger, step, (float)val_loss);
-    if (mg->process_rank == 0 && model->mlp) model->mlp->print_validation(model, s->B * s->T, logger, step);
+    const TelemetryExtension* x = model->extension.telemetry;
+    if (mg->process_rank == 0 && x->print_validation) x->print_validation(model, s->B * s->T, logger, step);
 }
 
 // Writes the checkpoint of `step` if one is due (collective): never one of non-finite state, neither after a step
@@ -2468,7 +2514,7 @@ static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* 
     struct timespec ts0, ts1;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
     gpt2_zero_grad(model, stream);
-    if (model->mlp) model->mlp->step_begin(model);
+    if (model->extension.ffn->step_begin) model->extension.ffn->step_begin(model);
     opt->learning_rate = lr_scheduler_get(scheduler, step);
     double step_loss = 0.0;
     for (int micro = 0; micro < grad_accum_steps; micro++) {
@@ -2483,7 +2529,7 @@ static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* 
                       stream);
         if (last_micro_step) gpt2_early_update(model, opt, step + 1);  // -oo 2: while the device finishes the pass
         step_loss += gpt2_mean_loss(model);
-        if (model->mlp) model->mlp->micro_step_done(model);
+        if (model->extension.ffn->micro_step_done) model->extension.ffn->micro_step_done(model);
     }
     r.loss = (float)(step_loss / grad_accum_steps);
     watchdog_begin("the loss all-reduce", step + 1);
@@ -2537,7 +2583,8 @@ static void report_step(const GPT2* model, const TrainerSettings* s, const StepR
             printf("step %d: gradient overflow, update skipped, loss scale now %.0f\n", step + 1,
                    model->loss_scaler.scale);
         char fields[128] = "";  // an extension's, after the loss
-        if (model->mlp) model->mlp->step_fields(model, grad_accum_steps, fields, sizeof(fields));
+        const TelemetryExtension* x = model->extension.telemetry;
+        if (x->step_fields) x->step_fields(model, grad_accum_steps, fields, sizeof(fields));
         if (mfu >= 0.0f)
             printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.1f%% MFU | %.0f tok/s\n", step + 1,
                    train_num_batches, r->loss, fields, r->norm, opt->learning_rate, r->ms, mfu, tokens_per_second);
@@ -2547,32 +2594,34 @@ static void report_step(const GPT2* model, const TrainerSettings* s, const StepR
         fflush(stdout);
     }
     logger_log_train(logger, step + 1, r->loss, r->norm, opt->learning_rate, r->ms, mfu, tokens_per_second);
-    if (model->mlp) model->mlp->log_step(model, logger, step + 1, grad_accum_steps);
+    if (model->extension.telemetry->log_step) model->extension.telemetry->log_step(model, logger, step + 1, grad_accum_steps);
 }
 
-// The trainer's main: train_gpt.cu's for GPT-2 (mlp NULL), train_moe.cu's with its extension.
-static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
+// The trainer's main: train_gpt.cu's for GPT-2 (no extension: NULL), train_moe.cu's with its extension.
+static int trainer_main(int argc, char* argv[], const ModelExtension* model_extension_parts) {
+    ModelExtension extension = model_extension(model_extension_parts);
+    const TrainerExtension* x = extension.trainer;
     // line-buffered even into a pipe or a file: the memory plan and every step line are out before a crash
     setvbuf(stdout, NULL, _IOLBF, 0);
     TrainerSettings s;
     Flag flags[MAX_TRAINER_FLAGS];
     int num_flags = trainer_flags(flags, &s);
-    FlagTables tables = {{flags, mlp ? mlp->flags : NULL}, {num_flags, mlp ? mlp->num_flags : 0}, mlp ? 2 : 1};
+    FlagTables tables = {{flags, x->flags}, {num_flags, x->num_flags}, x->flags ? 2 : 1};
     int help = flags_parse(&tables, argc, argv);
     if (help == 1) {
-        fprintf(stderr, "Usage:   ./%s [options]\n", mlp ? mlp->trainer : "train_gpt");
-        const char* titles[2] = {"Options:", mlp ? mlp->flags_title : NULL};
+        fprintf(stderr, "Usage:   ./%s [options]\n", x->trainer ? x->trainer : "train_gpt");
+        const char* titles[2] = {"Options:", x->flags_title};
         flags_usage(&tables, titles);
         return 0;
     }
     if (help == 2) {  // doc/flags.md (dev/test/test_flags_doc.sh)
         char own[64] = "";
-        if (mlp) snprintf(own, sizeof(own), "%s only", mlp->trainer);
+        if (x->trainer) snprintf(own, sizeof(own), "%s only", x->trainer);
         const char* titles[2] = {"every trainer", own};
         flags_markdown(&tables, titles);
         return 0;
     }
-    if (!trainer_check_settings(&s, flags, num_flags) || (mlp && !mlp->check_flags())) return EXIT_FAILURE;
+    if (!trainer_check_settings(&s, flags, num_flags) || (x->check_flags && !x->check_flags())) return EXIT_FAILURE;
 
     int device_count = 0;
     cudaError_t device_error = cudaGetDeviceCount(&device_count);
@@ -2605,8 +2654,8 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     model.gelu_fusion = s.gelu_fusion;
     model.num_processes = mg.num_processes;
     model.process_rank = mg.process_rank;
-    model.mlp = mlp;
-    if (mlp) mlp->setup(&model, &mg);
+    model.extension = extension;
+    if (x->setup) x->setup(&model, &mg);
     char resume_model[1024] = "";
     int resume_step = s.resume ? trainer_resume_step(&s, &mg) : -1;
     if (resume_step >= 0) {
@@ -2637,7 +2686,7 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
         return EXIT_FAILURE;
     }
     if (from_file && !trainer_check_arch_of_file(&s, flags, num_flags, &model)) return EXIT_FAILURE;
-    if (mlp) mlp->check_model(&model, s.model_source, from_file);
+    if (x->check_model) x->check_model(&model, s.model_source, from_file);
     if (!gpt2_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
     const GPT2Config* cfg = &model.config;
     if (s.T > cfg->max_seq_len) {
@@ -2724,7 +2773,8 @@ static int trainer_main(int argc, char* argv[], const MlpExtension* mlp) {
     float flops_promised = get_flops_promised(prop.name, PRECISION_MODE);
     // with an extension whose forward pass is collective, or under ZeRO-3 (whose forward pass gathers parameters),
     // every process samples (the same tokens)
-    int samples = rank0 || (mlp && mlp->collective_forward(&model)) || s.zero_stage == 3;
+    const FfnExtension* ffn = model.extension.ffn;
+    int samples = rank0 || (ffn->collective_forward && ffn->collective_forward(&model)) || s.zero_stage == 3;
 
     for (int step = start_step; step <= train_num_batches; step++) {
         int last_step = step == train_num_batches;

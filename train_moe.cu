@@ -3,7 +3,7 @@
 // as batched or grouped GEMMs, combine; load-balancing and z losses, router jitter and noisy top-k gating), with
 // expert parallelism over processes. Everything else — the model around it, the kernels, precision, recompute,
 // ZeRO, checkpoints and the training loop — is train_gpt.cu's, which this file includes; the MoE layers plug in
-// through train_gpt.cu's MlpExtension. Semantics, the model file and the expert state file: doc/moe.md and
+// through train_gpt.cu's ModelExtension. Semantics, the model file and the expert state file: doc/moe.md and
 // doc/formats.md. Build and run:
 //   make train_moe [PRECISION=...]      GPU; make train_moe_cpu: the CPU backend
 //   ./train_moe -e d12 -ne 8 -tk 1 -me 2 -i "data/x/*train*.bin" ...     (./train_moe -h lists the flags)
@@ -144,7 +144,7 @@ enum { MOE_ACTIVATION_TENSORS(MOE_ACTIVATION_INDEX) NUM_MOE_ACTIVATION_TENSORS }
 // per MoE layer: the load-balancing, z, importance, load and sequence-wise losses
 #define MOE_LAYER_LOSSES 5
 
-// The MoE extension's state (GPT2.mlp_state).
+// The MoE extension's state (GPT2.extension_state).
 typedef struct {
     MoEConfig config;
     int config_from_file;     // the shape came from a model file's header (else from the flags: a descriptor's)
@@ -203,7 +203,7 @@ typedef struct {
                        int N, cudaStream_t stream);
 } MoEModel;
 
-static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->mlp_state; }
+static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->extension_state; }
 // A llama MoE's experts, routed and shared, are SwiGLU MLPs without biases (doc/moe.md, "Routing
 // options and the llama MoE"): fc has 2H outputs, each row [gate (H) | up (H)] as in llmc/swiglu.cuh; a bias slot
 // has size 0. gpt2's are GPT-2's MLP: fc has H outputs, and biases.
@@ -1483,13 +1483,16 @@ static void moe_begin_forward(GPT2* model, int B, int T, float dlogits_scale) {
         moe->aux_alpha_pass /= (float)(moe->global_passes + 1) * (float)model->num_processes;
 }
 
-static void moe_forward(GPT2* model, int l, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
-    moe_layer_forward(model, moe_index(moe_of(model), l), out, ln2, N, stream);
+// The MoE layer as an FFN kind (train_gpt.cu's FfnKind): its parameters are its own, not the dense MLP's lp and lg
+static void moe_forward(GPT2* model, int l, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
+                        int T, cudaStream_t stream) {
+    moe_layer_forward(model, moe_index(moe_of(model), l), out, la->ln2, B * T, stream);
 }
-static void moe_backward(GPT2* model, int l, floatX* d_ln2, const floatX* dout, const floatX* ln2, int N,
+static void moe_backward(GPT2* model, int l, const LayerParameters* lp, const LayerParameters* lg,
+                         const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
                          cudaStream_t stream) {
-    moe_layer_backward(model, moe_index(moe_of(model), l), moe_layer_gradients(model, l, stream), d_ln2, dout, ln2, N,
-                       stream);
+    moe_layer_backward(model, moe_index(moe_of(model), l), moe_layer_gradients(model, l, stream), d_ln2, dout,
+                       la->ln2, B * T, stream);
 }
 
 // the routers' slices (in the replicated set) over all processes, the experts' over exactly the processes that
@@ -1665,7 +1668,7 @@ static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
     settings.global_aux = f->global_aux;
     moe_model_init(&trainer_moe, &config, &settings);
     expert_parallel_init(&trainer_moe.ep, mg, f->expert_parallel);
-    model->mlp_state = &trainer_moe;
+    model->extension_state = &trainer_moe;
 }
 
 // Once built: a model file's experts are its own; a flag that says otherwise is a mistake, not a request.
@@ -1823,22 +1826,76 @@ static void moe_write_file_tail(const GPT2* model, FILE* f, const char* path) {
     free(host);
 }
 
-static const MlpExtension moe_extension = {
-    MOE_MODEL_MAGIC, 1, 2, "MoE model",
-    moe_read_header, moe_write_header, moe_configure, moe_replaces_mlp,
-    {"routerw", "routernw", "efcw", "efcb", "efcprojw", "efcprojb", "shared_fcw", "shared_fcb", "shared_fcprojw",
-     "shared_fcprojb"},
-    {1, 1, 1, 0, 1, 0, 1, 0, 1, 0},
-    moe_tensor_sizes, moe_init_std, moe_own_parameter_count, moe_allocate_parameters,
-    moe_set_parameters, moe_get_parameters, moe_get_gradients, moe_gathers_model_file,
-    moe_own_set, moe_own_group, moe_own_norm_sum, moe_active_parameters_per_token,
-    moe_activation_bytes, moe_allocate_activations, moe_begin_forward, moe_forward, moe_end_forward,
-    moe_backward, moe_reduce_layer, moe_gather_router_slices, moe_prefetch_experts, moe_free,
-    "train_moe", moe_flag_table, (int)(sizeof(moe_flag_table) / sizeof(moe_flag_table[0])), "MoE options (train_moe):",
-    moe_check_flags, moe_setup, moe_check_model, moe_info_rows, moe_collective_forward,
-    "expert_state", write_expert_state, read_expert_state,
-    moe_step_begin, moe_micro_step_done, moe_step_fields, moe_log_step, print_moe_layers,
-    moe_after_update, moe_file_tail_bytes, moe_read_file_tail, moe_write_file_tail,
+// The MoE model's parts of train_gpt.cu's ModelExtension
+static const FfnExtension moe_ffn = {
+    .kind = {.name = "MoE", .forward = moe_forward, .backward = moe_backward},
+    .replaces_mlp = moe_replaces_mlp,
+    .configure = moe_configure,
+    .tensor_names = {"routerw", "routernw", "efcw", "efcb", "efcprojw", "efcprojb", "shared_fcw", "shared_fcb",
+                     "shared_fcprojw", "shared_fcprojb"},
+    .tensor_decays = {1, 1, 1, 0, 1, 0, 1, 0, 1, 0},
+    .tensor_sizes = moe_tensor_sizes,
+    .init_std = moe_init_std,
+    .own_parameter_count = moe_own_parameter_count,
+    .allocate_parameters = moe_allocate_parameters,
+    .set_parameters = moe_set_parameters,
+    .get_parameters = moe_get_parameters,
+    .get_gradients = moe_get_gradients,
+    .active_parameters_per_token = moe_active_parameters_per_token,
+    .gathers_model_file = moe_gathers_model_file,
+    .own_set = moe_own_set,
+    .own_group = moe_own_group,
+    .own_norm_sum = moe_own_norm_sum,
+    .reduce_layer = moe_reduce_layer,
+    .gather_replicated_slices = moe_gather_router_slices,
+    .prefetch_own = moe_prefetch_experts,
+    .collective_forward = moe_collective_forward,
+    .activation_bytes = moe_activation_bytes,
+    .allocate_activations = moe_allocate_activations,
+    .begin_forward = moe_begin_forward,
+    .end_forward = moe_end_forward,
+    .step_begin = moe_step_begin,
+    .micro_step_done = moe_micro_step_done,
+    .after_update = moe_after_update,
+    .free = moe_free,
+};
+static const ModelFileExtension moe_model_file = {
+    .model_magic = MOE_MODEL_MAGIC,
+    .fp32_version = 1,
+    .bf16_version = 2,
+    .model_name = "MoE model",
+    .read_header = moe_read_header,
+    .write_header = moe_write_header,
+    .file_tail_bytes = moe_file_tail_bytes,
+    .read_file_tail = moe_read_file_tail,
+    .write_file_tail = moe_write_file_tail,
+};
+static const CheckpointExtension moe_checkpoint = {
+    .state_file = "expert_state",
+    .write_state = write_expert_state,
+    .read_state = read_expert_state,
+};
+static const TelemetryExtension moe_telemetry = {
+    .info_rows = moe_info_rows,
+    .step_fields = moe_step_fields,
+    .log_step = moe_log_step,
+    .print_validation = print_moe_layers,
+};
+static const TrainerExtension moe_trainer = {
+    .trainer = "train_moe",
+    .flags = moe_flag_table,
+    .num_flags = (int)(sizeof(moe_flag_table) / sizeof(moe_flag_table[0])),
+    .flags_title = "MoE options (train_moe):",
+    .check_flags = moe_check_flags,
+    .setup = moe_setup,
+    .check_model = moe_check_model,
+};
+static const ModelExtension moe_extension = {
+    .ffn = &moe_ffn,
+    .file = &moe_model_file,
+    .checkpoint = &moe_checkpoint,
+    .telemetry = &moe_telemetry,
+    .trainer = &moe_trainer,
 };
 
 // ----------------------------------------------------------------------------------------------------
