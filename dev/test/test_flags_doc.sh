@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # dev/test/test_flags_doc.sh [--write]: doc/flags.md is what the trainers' flag tables say (TRAINER_FLAGS in
-# train_gpt.cu, MOE_FLAGS in train_moe.cu, printed by --help-markdown). Without arguments it regenerates the page
+# llmc/train_settings.h, MOE_FLAGS in train_moe.cu, printed by --help-markdown). Without arguments it regenerates the page
 # and compares: any difference is printed and fails; the usage text (-h) must also name every flag of the page.
 # --write rewrites doc/flags.md after a change to a table. Needs build/train_moe_fp32 (make test builds it).
 #   dev/test/test_flags_doc.sh            check
@@ -17,7 +17,7 @@ trap 'rm -rf "$work"' EXIT
 {
     echo "# The trainers' flags"
     echo
-    echo "Generated from the flag tables of \`train_gpt.cu\` (\`TRAINER_FLAGS\`) and \`train_moe.cu\` (\`MOE_FLAGS\`) by"
+    echo "Generated from the flag tables of \`llmc/train_settings.h\` (\`TRAINER_FLAGS\`) and \`train_moe.cu\` (\`MOE_FLAGS\`) by"
     echo "\`dev/test/test_flags_doc.sh --write\`; a test keeps it current. What the flags do in a run: \`doc/training.md\`."
     echo "A \`USE_CUDNN=1\` build adds \`-cd\` (cuDNN's attention backward: 1 deterministic, 0 with float atomics)."
     echo

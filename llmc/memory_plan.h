@@ -1,0 +1,193 @@
+// llmc/memory_plan.h: the memory plan and the start-up table: what each device holds at the run's ZeRO stage and
+// offload, computed from the model's shape alone (doc/zero.md), the refusal of a run that does not fit, the largest
+// batch and model that would, and the table every run prints before it trains (the model, the batch, the memory per
+// device). train_gpt.cu includes it after the settings (llmc/train_settings.h); it needs the model's sizes
+// (replicated_tensor_sizes, activation_bytes) and llmc/info_table.h. Tests: train-gpt-cli and train-moe-cli check
+// the printed bytes against their own formulas.
+#pragma once
+
+// The memory plan: what each device holds at the run's ZeRO stage and offload, from the model's shape alone (the
+// layouts of llmc/optimizer.cuh and gpt2_allocate_activations; formulas in doc/zero.md), before anything is allocated.
+// dev/test/test_train_gpt.sh checks the printed bytes against its own formulas.
+typedef struct {
+    size_t parameters;     // floatX: the replicated set and an extension's own, each padded for its shards (ZeRO-3:
+                           // this process's shard of the replicated set)
+    size_t gradients;      // floatX buffers, or ZeRO-2/3's fp32 shard
+    size_t communication;  // ZeRO-2/3's gradient buckets and ZeRO-3's gather buffers (not NCCL's own buffers)
+    size_t optimizer;      // m, v and master weights of the shard: device memory, or host memory with -oo 1 (and
+                           // with -oo 2 their backups for the early update)
+    size_t activations;
+} MemoryPlan;
+
+static size_t shard_padded_count(size_t n, int processes) { return CEIL_DIV(n, (size_t)processes * 8) * processes * 8; }
+
+static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    replicated_tensor_sizes(sizes, model);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
+    int P = model->num_processes, stage = model->zero_stage, own_P = 1;
+    size_t padded = shard_padded_count(n, P), own = 0;
+    const FfnExtension* x = model->extension.ffn;
+    if (x->own_parameter_count && x->own_parameter_count(model) > 0) {
+        own_P = x->own_group(model)->num_processes;
+        own = shard_padded_count(x->own_parameter_count(model), own_P);
+    }
+    size_t shard = stage >= 1 ? padded / P + own / own_P : padded + own;
+    MemoryPlan m;
+    m.parameters = (stage == 3 ? padded / P + own / own_P : padded + own) * sizeof(floatX);
+    m.gradients = stage >= 2 ? shard * sizeof(float) : (padded + own) * sizeof(floatX);
+    m.communication = 0;
+    if (stage >= 2) {
+        size_t layer, rest;
+        gpt2_gradient_bucket_sizes(model, sizes, &layer, &rest);
+        m.communication = (stage == 3 ? 2 : 1) * (2 * layer + rest) * sizeof(floatX);  // ZeRO-3: gather buffers alike
+        // an extension's own set, stacked over the layers it replaces (the MoE experts): two buckets of one layer's
+        int replaced = model->config.num_layers - gpt2_dense_layers(model);
+        if (own > 0 && replaced > 0)
+            m.communication += (stage == 3 ? 2 : 1) * 2 * (x->own_parameter_count(model) / replaced) *
+                               sizeof(floatX);
+    }
+    int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
+    m.optimizer = shard * sizeof(float) * (master ? 3 : 2);
+    if (model->offload_optimizer == 2) m.optimizer += shard * sizeof(float) * 3;  // the early update's backups
+    m.activations = activation_bytes(model, B, T, model->recompute);
+    return m;
+}
+static size_t memory_plan_device_bytes(const GPT2* model, const MemoryPlan* m) {
+    return m->parameters + m->gradients + m->communication + (model->offload_optimizer ? 0 : m->optimizer) +
+           m->activations;
+}
+
+// The largest micro-batch, and the largest GPT-2 (descriptor dN, this model's V and maxT, dense) whose plan at this
+// micro-batch, fits in `budget` bytes of device memory (0: none)
+static int memory_plan_largest_batch(const GPT2* model, int T, size_t budget) {
+    int B = 0;
+    while (B < 65536) {
+        MemoryPlan m = gpt2_memory_plan(model, B + 1, T);
+        if (memory_plan_device_bytes(model, &m) > budget) break;
+        B++;
+    }
+    return B;
+}
+static int memory_plan_largest_depth(const GPT2* model, int B, int T, size_t budget) {
+    GPT2 probe = *model;
+    probe.extension = no_extension;
+    int best = 0;
+    for (int depth = 1; depth <= 200; depth++) {
+        gpt2_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
+        MemoryPlan m = gpt2_memory_plan(&probe, B, T);
+        if (memory_plan_device_bytes(&probe, &m) <= budget) best = depth;
+    }
+    return best;
+}
+
+// the plan's rows for a device of `budget` bytes
+static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size_t budget) {
+    MemoryPlan m = gpt2_memory_plan(model, B, T);
+    const double MiB = 1048576.0;
+    int stage = model->zero_stage;
+    info_row(t, "memory: parameters", "%10.1f MiB (%zu bytes)", m.parameters / MiB, m.parameters);
+    info_row(t, "memory: gradients", "%10.1f MiB (%zu bytes%s)", m.gradients / MiB, m.gradients,
+             stage >= 2 ? (stage == 3 ? ", fp32 ZeRO-3 shard" : ", fp32 ZeRO-2 shard") : "");
+    const FfnExtension* x = model->extension.ffn;
+    int buckets = 3 + (x->own_parameter_count && x->own_parameter_count(model) > 0 ? 2 : 0);
+    char bucket_note[64] = "";
+    if (stage == 2) snprintf(bucket_note, sizeof(bucket_note), ", %d ZeRO-2 buckets", buckets);
+    if (stage == 3)
+        snprintf(bucket_note, sizeof(bucket_note), ", %d ZeRO-3 buckets and %d gather buffers", buckets, buckets);
+    info_row(t, "memory: communication", "%10.1f MiB (%zu bytes%s)", m.communication / MiB, m.communication,
+             bucket_note);
+    if (model->offload_optimizer)
+        info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes) host memory (m, v, master%s, ZeRO-%d shard; -oo %d)",
+                 m.optimizer / MiB, m.optimizer, model->offload_optimizer == 2 ? " and their backups" : "", stage,
+                 model->offload_optimizer);
+    else
+        info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes; m, v%s, ZeRO-%d shard)", m.optimizer / MiB,
+                 m.optimizer, model->use_master_weights && PRECISION_MODE != PRECISION_FP32 ? ", master" : "", stage);
+    info_row(t, "memory: activations", "%10.1f MiB (%zu bytes, recompute %d)", m.activations / MiB, m.activations,
+             model->recompute);
+    size_t device = memory_plan_device_bytes(model, &m);
+    info_row(t, "memory: device total", "%10.1f MiB (%zu bytes) of %.1f MiB", device / MiB, device, budget / MiB);
+    info_row(t, "largest B that fits", "%d", memory_plan_largest_batch(model, T, budget));
+    int depth = memory_plan_largest_depth(model, B, T, budget);
+    if (depth > 0) {
+        GPT2 probe = *model;
+        probe.extension = no_extension;
+        gpt2_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
+        info_row(t, "largest GPT-2 at this B", "d%d (%zu parameters)", depth, gpt2_num_parameters(&probe));
+    } else {
+        info_row(t, "largest GPT-2 at this B", "none fits");
+    }
+}
+
+// Before anything for training is allocated: the activations, the optimizer state and ZeRO-2's gradient shard fit
+// in the free device memory, or one line says what and how much (not a bare out-of-memory error from the middle of
+// the allocations).
+static int check_training_memory(GPT2* model, const TrainerSettings* s) {
+    MemoryPlan m = gpt2_memory_plan(model, s->B, s->T);
+    size_t act = m.activations, opt = model->offload_optimizer ? 0 : m.optimizer;  // offloaded: in host memory
+    size_t shard = model->zero_stage >= 2 ? m.gradients : 0;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && act + opt + shard > free_bytes) {
+        fprintf(stderr, "%s: out of device memory: the activations (B=%d T=%d, recompute %d: %zu bytes), the optimizer "
+                "state (%zu bytes) and the gradient shard (%zu bytes) need %zu bytes, %zu are free\n", s->model_source,
+                s->B, s->T, s->recompute, act, opt, shard, act + opt + shard, free_bytes);
+        return 0;
+    }
+    return 1;
+}
+
+static void model_rows(InfoTable* t, const GPT2* model) {
+    const GPT2Config* cfg = &model->config;
+    if (cfg->family == FAMILY_LLAMA) {
+        info_row(t, "model", "llama L=%d NH=%d NKV=%d C=%d H=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads,
+                 cfg->num_kv_heads, cfg->channels, cfg->ffn_hidden, cfg->vocab_size, cfg->padded_vocab_size,
+                 cfg->max_seq_len);
+        info_row(t, "llama", "RoPE theta %g, RMSNorm eps %g, %s", cfg->rope_theta, cfg->norm_eps,
+                 cfg->tied ? "output embedding tied to wte" : "own lm_head");
+    } else {
+        info_row(t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
+                 cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
+    }
+    info_row(t, "parameters", "%zu", gpt2_num_parameters(model));
+    if (model->extension.telemetry->info_rows) model->extension.telemetry->info_rows(model, t);
+}
+
+// The start-up table (process 0), once everything is allocated: the model, the batch, the memory plan per device, and
+// what would fit in the memory this process uses plus what is free.
+static void print_startup_table(GPT2* model, const TrainerSettings* s, const cudaDeviceProp* prop,
+                                const MultiGpuConfig* mg, int grad_accum_steps) {
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    MemoryPlan m = gpt2_memory_plan(model, s->B, s->T);
+    size_t budget = free_bytes + memory_plan_device_bytes(model, &m);  // everything planned is allocated now
+    if (mg->process_rank != 0) return;
+    InfoTable t = {};
+    info_row(&t, "device", "%s", prop->name);
+    info_row(&t, "precision", "%s", PRECISION_NAME);
+#ifdef ENABLE_CUDNN
+    if (model->attention == ATTENTION_CUDNN)
+        info_row(&t, "attention", "cuDNN, %s backward (-cd %d)",
+                 cudnn_attention_deterministic ? "deterministic" : "non-deterministic", cudnn_attention_deterministic);
+    else
+#endif
+        info_row(&t, "attention", "%s", gpt2_attention_name(model));
+    model_rows(&t, model);
+    info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", s->B, s->T, mg->num_processes, grad_accum_steps);
+    memory_plan_rows(&t, model, s->B, s->T, budget);
+    info_table_print(&t);
+}
+
+// -pm GIB: the plan of a descriptor's model on a device of GIB GiB, without allocating anything (process 0 prints)
+static void print_memory_plan(const GPT2* model, const TrainerSettings* s, const MultiGpuConfig* mg) {
+    if (mg->process_rank != 0) return;
+    InfoTable t = {};
+    info_row(&t, "memory plan", "a device of %d GiB (-pm), nothing allocated", s->plan_gib);
+    info_row(&t, "precision", "%s", PRECISION_NAME);
+    info_row(&t, "attention", "%s", gpt2_attention_name(model));
+    model_rows(&t, model);
+    info_row(&t, "batch", "B=%d T=%d processes=%d, ZeRO-%d, offload %d", s->B, s->T, mg->num_processes,
+             model->zero_stage, model->offload_optimizer);
+    memory_plan_rows(&t, model, s->B, s->T, (size_t)s->plan_gib << 30);
+    info_table_print(&t);
+}

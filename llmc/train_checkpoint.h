@@ -1,0 +1,265 @@
+// llmc/train_checkpoint.h: the trainer's checkpoints: the training state (TrainerState), writing a checkpoint
+// (collective: the model file, each process's state file, an extension's, then the DONE marker), verifying one, and
+// reading a state back, also into a different number of processes (resharding). The files' names and life cycle
+// are llmc/checkpoint.h's, their layouts doc/formats.md's. train_gpt.cu includes it after the model and its
+// optimizer step; it needs gpt2_write_model_file (llmc/model_file.h), the parameter sets (llmc/optimizer.cuh) and
+// the data loader. Tests: train-gpt-cli and train-moe-cli (resume bit-identity, corrupted and partial checkpoints,
+// resharded resumes).
+#pragma once
+
+// Checkpoints: <dir>/model_%08d.bin (rank 0), <dir>/state_%08d_%05d.bin (each rank), <dir>/DONE_%08d
+// once every rank has written. Each file is written under a temporary name and renamed.
+
+typedef struct {
+    int step;
+    int good_steps;
+    float loss_scale;
+    unsigned long long rng_state;
+    unsigned long long sample_rng_state;
+    OutlierDetector loss_outlier, norm_outlier;
+} TrainerState;
+
+
+// Collective over all processes.
+static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loader, const TrainerState* ts,
+                             const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
+    char path[1024], tmp[1100];
+    checkpoint_paths(path, sizeof(path), dir, "model", ts->step, -1);
+    gpt2_write_model_file(model, path, stream);
+    const CheckpointExtension* x = model->extension.checkpoint;
+    if (x->write_state) x->write_state(dir, ts->step, model, zero_stage, stream);
+    checkpoint_paths(path, sizeof(path), dir, "state", ts->step, mg->process_rank);
+    FILE* f = fopen_tmp_for(path, tmp, sizeof(tmp));
+    int header[256] = {0};
+    header[0] = GPT2_STATE_MAGIC;
+    header[1] = 1;
+    header[2] = mg->num_processes;
+    header[3] = mg->process_rank;
+    header[4] = model->store.has_master;
+    header[5] = ts->step;
+    header[6] = PRECISION_MODE;
+    header[7] = (int)sizeof(TrainerState);
+    header[8] = (int)(model->store.shard_size >> 31);
+    header[9] = (int)(model->store.shard_size & 0x7fffffff);
+    size_t loader_bytes = dataloader_state_bytes(loader);
+    header[10] = (int)loader_bytes;
+    fwrite_check(header, sizeof(int), 256, f, tmp);
+    sharded_parameters_write_state(&model->store, f, tmp);
+    void* lstate = malloc_check(loader_bytes);
+    dataloader_save_state(loader, lstate);
+    fwrite_check(lstate, 1, loader_bytes, f, tmp);
+    free(lstate);
+    fwrite_check(ts, sizeof(TrainerState), 1, f, tmp);
+    commit_tmp(f, tmp, path);
+    // every process checksums its own state file (in parallel, from the page cache); process 0 gathers them, which
+    // is also the barrier before the DONE marker
+    uint64_t mine[2], *all = (uint64_t*)malloc_check(2 * (size_t)mg->num_processes * sizeof(uint64_t));
+    if (!checkpoint_checksum(path, &mine[0], &mine[1])) {
+        fprintf(stderr, "%s: cannot read back the file just written\n", path);
+        exit(EXIT_FAILURE);
+    }
+    uint64_t* device;
+    cudaCheck(cudaMalloc((void**)&device, 2 * (size_t)(mg->num_processes + 1) * sizeof(uint64_t)));
+    cudaCheck(cudaMemcpy(device, mine, sizeof(mine), cudaMemcpyHostToDevice));
+    ncclCheck(ncclAllGather(device, device + 2, 2, ncclUint64, mg->nccl_comm, mg->nccl_stream));
+    cudaCheck(cudaStreamSynchronize(mg->nccl_stream));
+    cudaCheck(cudaMemcpy(all, device + 2, 2 * (size_t)mg->num_processes * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(device));
+    if (mg->process_rank == 0) {
+        checkpoint_paths(path, sizeof(path), dir, "DONE", ts->step, -1);
+        FILE* d = fopen_tmp_for(path, tmp, sizeof(tmp));
+        int header[256];
+        gpt2_model_header(model, header);
+        fprintf(d, "checkpoint 1\nstep %d\nprocesses %d\nmodel", ts->step, mg->num_processes);
+        for (int i = 1; i <= 12; i++) fprintf(d, " %d", header[i]);
+        fprintf(d, "\n");
+        const char* kinds[2] = {"model", model->extension.checkpoint->state_file};
+        for (int k = 0; k < 2 && kinds[k]; k++) {
+            char file[1024];
+            uint64_t size, hash;
+            checkpoint_paths(file, sizeof(file), dir, kinds[k], ts->step, -1);
+            if (!checkpoint_checksum(file, &size, &hash)) {
+                fprintf(stderr, "%s: cannot read back the file just written\n", file);
+                exit(EXIT_FAILURE);
+            }
+            fprintf(d, "file %s %llu %016llx\n", strrchr(file, '/') + 1, (unsigned long long)size,
+                    (unsigned long long)hash);
+        }
+        for (int r = 0; r < mg->num_processes; r++) {
+            char file[1024];
+            checkpoint_paths(file, sizeof(file), dir, "state", ts->step, r);
+            fprintf(d, "file %s %llu %016llx\n", strrchr(file, '/') + 1, (unsigned long long)all[2 * r],
+                    (unsigned long long)all[2 * r + 1]);
+        }
+        commit_tmp(d, tmp, path);
+    }
+    free(all);
+}
+
+// Whether the checkpoint of `step` in dir is sound for this process: its DONE marker's step and model header agree
+// with the files, and the checksums of the model, an extension's state file and this process's state match (all the
+// states, when the checkpoint was written by another number of processes: read_checkpoint_state reads them all).
+// An empty DONE marker (an older trainer's) has no checksums: only the step and process count of the state and
+// the model header's readability are checked, and *legacy is set. On failure `why` says what, naming the file.
+static int verify_checkpoint(const char* dir, int step, int rank, int num_processes, int* legacy, char* why,
+                             size_t why_size) {
+    char done[1024], path[1024];
+    checkpoint_paths(done, sizeof(done), dir, "DONE", step, -1);
+    *legacy = 0;
+    FILE* f = fopen(done, "r");
+    if (f == NULL) { snprintf(why, why_size, "%s: cannot open", done); return 0; }
+    char line[2048];
+    int version = -1, done_step = -1, processes = -1, have_model = 0, model_header[13] = {0}, lines = 0;
+    // the files the DONE lists, checked as they come; this process's state must be among them
+    int checked_state = 0, ok = 1;
+    while (ok && fgets(line, sizeof(line), f) != NULL) {
+        lines++;
+        char name[1024];
+        unsigned long long size, hash;
+        if (sscanf(line, "checkpoint %d", &version) == 1) continue;
+        if (sscanf(line, "step %d", &done_step) == 1) continue;
+        if (sscanf(line, "processes %d", &processes) == 1) continue;
+        if (strncmp(line, "model ", 6) == 0) {
+            char* at = line + 6;
+            have_model = 1;
+            for (int i = 1; i <= 12; i++) model_header[i] = (int)strtol(at, &at, 10);
+            continue;
+        }
+        if (sscanf(line, "file %1023s %llu %llx", name, &size, &hash) == 3) {
+            int r, s2;
+            char rest;
+            int is_state = sscanf(name, "state_%8d_%5d.bin%c", &s2, &r, &rest) == 2;
+            if (is_state && r != rank && processes == num_processes) continue;  // every process checks its own
+            snprintf(path, sizeof(path), "%s/%s", dir, name);
+            uint64_t got_size, got_hash;
+            if (!checkpoint_checksum(path, &got_size, &got_hash)) {
+                snprintf(why, why_size, "%s: cannot read it", path);
+                ok = 0;
+            } else if (got_size != size || got_hash != hash) {
+                snprintf(why, why_size, "%s: %llu bytes, checksum %016llx; %s lists %llu bytes, checksum %016llx", path,
+                         (unsigned long long)got_size, (unsigned long long)got_hash, done, size, hash);
+                ok = 0;
+            }
+            checked_state |= is_state;
+            continue;
+        }
+        snprintf(why, why_size, "%s: unexpected line '%.60s'", done, line);
+        ok = 0;
+    }
+    fclose(f);
+    if (!ok) return 0;
+    if (lines == 0) {
+        *legacy = 1;
+    } else if (version != 1 || done_step != step || processes < 1 || !have_model || !checked_state) {
+        snprintf(why, why_size, "%s: says checkpoint %d, step %d, %d processes%s; expected version 1, step %d and the "
+                 "states", done, version, done_step, processes, have_model ? "" : ", no model header", step);
+        return 0;
+    }
+    // an older trainer's checkpoint resumes only on its own process count
+    int saved_processes = *legacy ? num_processes : processes;
+    // the files' own headers: the model's configuration as the DONE lists it, the state's step and process count
+    checkpoint_paths(path, sizeof(path), dir, "model", step, -1);
+    int header[256];
+    FILE* m = fopen(path, "rb");
+    if (m == NULL || fread(header, sizeof(int), 256, m) != 256) {
+        if (m) fclose(m);
+        snprintf(why, why_size, "%s: cannot read its header", path);
+        return 0;
+    }
+    fclose(m);
+    for (int i = 1; i <= 12 && !*legacy; i++) {
+        if (header[i] != model_header[i]) {
+            snprintf(why, why_size, "%s: header[%d] = %d, but %s says %d", path, i, header[i], done, model_header[i]);
+            return 0;
+        }
+    }
+    checkpoint_paths(path, sizeof(path), dir, "state", step, saved_processes == num_processes ? rank : 0);
+    FILE* st = fopen(path, "rb");
+    if (st == NULL || fread(header, sizeof(int), 256, st) != 256) {
+        if (st) fclose(st);
+        snprintf(why, why_size, "%s: cannot read its header", path);
+        return 0;
+    }
+    fclose(st);
+    if (header[0] != GPT2_STATE_MAGIC || header[5] != step || header[2] != saved_processes) {
+        snprintf(why, why_size, "%s: a state of step %d for %d processes (magic %d), not of step %d for %d", path,
+                 header[5], header[2], header[0], step, saved_processes);
+        return 0;
+    }
+    return 1;
+}
+
+
+
+// The optimizer state of the replicated set from a checkpoint written by `saved_processes` processes with shards of
+// `saved_shard` values (the whole padded set at ZeRO-0), at another stage or process count: each buffer (m, v, master)
+// put together whole from the state files, then this process's shard of it. The parameters past the real ones are
+// padding, zero in every layout.
+static void read_resharded_state(const char* dir, int step, GPT2* model, int saved_processes, size_t saved_shard) {
+    ShardedParameters* p = &model->store;
+    size_t n = p->num_parameters, saved_files = saved_shard >= n ? 1 : (size_t)saved_processes;
+    float* full = (float*)malloc_check(p->num_parameters_padded * sizeof(float));
+    for (int buffer = 0; buffer < (p->has_master ? 3 : 2); buffer++) {
+        memset(full, 0, p->num_parameters_padded * sizeof(float));
+        for (size_t r = 0; r < saved_files; r++) {
+            char path[1024];
+            checkpoint_paths(path, sizeof(path), dir, "state", step, (int)r);
+            FILE* f = fopen_check(path, "rb");
+            fseek_check(f, 256 * sizeof(int) + buffer * saved_shard * sizeof(float), path);
+            size_t begin = r * saved_shard, count = begin < n ? (n - begin < saved_shard ? n - begin : saved_shard) : 0;
+            fread_check(full + begin, sizeof(float), count, f, path);
+            fclose_check(f, path);
+        }
+        sharded_parameters_scatter_state(p, buffer, full);
+    }
+    free(full);
+}
+
+static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLoader* loader, TrainerState* ts,
+                                  const MultiGpuConfig* mg) {
+    char path[1024];
+    checkpoint_paths(path, sizeof(path), dir, "state", step, mg->process_rank);
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) {  // written by fewer processes: rank 0's file has the state that all of them share
+        checkpoint_paths(path, sizeof(path), dir, "state", step, 0);
+        f = fopen_check(path, "rb");
+    }
+    int header[256];
+    read_header_check(f, header, path, GPT2_STATE_MAGIC, "GPT-2 training state");
+    size_t shard_size = ((size_t)header[8] << 31) | (size_t)header[9];
+    if (header[1] != 1 || header[2] < 1 || header[4] != model->store.has_master || header[6] != PRECISION_MODE ||
+        header[7] != (int)sizeof(TrainerState)) {
+        fprintf(stderr, "%s: state written by a different run setup (master weights %d, precision %d) than this one (%d, "
+                "%d)\n", path, header[4], header[6], model->store.has_master, PRECISION_MODE);
+        exit(EXIT_FAILURE);
+    }
+    int saved_processes = header[2];
+    if (saved_processes == mg->num_processes && header[3] == mg->process_rank && shard_size == model->store.shard_size) {
+        sharded_parameters_read_state(&model->store, f, path);
+    } else {  // another ZeRO stage or process count: the shards are cut anew
+        if (shard_size * (size_t)saved_processes < model->store.num_parameters) {
+            fprintf(stderr, "%s: optimizer shards of %zu values on %d processes do not hold this model's %zu parameters\n",
+                    path, shard_size, saved_processes, model->store.num_parameters);
+            exit(EXIT_FAILURE);
+        }
+        read_resharded_state(dir, step, model, saved_processes, shard_size);
+        fseek_check(f, 256 * sizeof(int) + (model->store.has_master ? 3 : 2) * shard_size * sizeof(float), path);
+    }
+    size_t loader_bytes = (size_t)header[10];
+    if (loader_bytes != dataloader_state_bytes(loader)) {
+        fprintf(stderr, "%s: data loader state of %zu bytes does not fit this data loader (%zu bytes)\n", path,
+                loader_bytes, dataloader_state_bytes(loader));
+        exit(EXIT_FAILURE);
+    }
+    void* lstate = malloc_check(loader_bytes);
+    fread_check(lstate, 1, loader_bytes, f, path);
+    dataloader_load_state(loader, lstate);
+    free(lstate);
+    fread_check(ts, sizeof(TrainerState), 1, f, path);
+    if (fgetc(f) != EOF) {
+        fprintf(stderr, "%s: file is longer than a training state\n", path);
+        exit(EXIT_FAILURE);
+    }
+    fclose_check(f, path);
+    if (model->extension.checkpoint->read_state) model->extension.checkpoint->read_state(dir, step, model);
+}
