@@ -130,7 +130,7 @@ MOE_REF_k2_sigmoid_dropless := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0
 MOE_REF_k2_sigmoid_cf1 := $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 1
 MOE_REF_k1_sigmoid_me2 := $(MOE_SIGMOID) --topk 1 --moe-every 2 --cf 0
 MOE_REF_k2_rsf_cf0.5 := --topk 2 --moe-every 1 --cf 0.5 --routed-scale 2.5
-# the most experts the trainer takes (llmc/moe.cuh MOE_MAX_EXPERTS) with top-8 (fine-grained experts): 256
+# the most experts the trainer takes (llmc/moe_common.cuh MOE_MAX_EXPERTS) with top-8 (fine-grained experts): 256
 # experts of hidden size 16, sigmoid dropless and softmax with capacity factor 1 (capacity 3: about half the choices
 # dropped). Among 256 scores the 8th and 9th of a token are often within bf16 rounding (seed 1337's smallest margins
 # 1.7e-5 and 3.0e-6): a BF16 run routing by itself fails 10 of its 23 checks, and passes teacher-forced

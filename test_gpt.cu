@@ -51,34 +51,34 @@ typedef struct {
     void* extension;  // what a TestExtension reads between the loss and the gradients (test_moe.cu: the routing)
 } ReferenceState;
 
-typedef struct GPT2Test GPT2Test;
+typedef struct ModelTest ModelTest;
 // What a model with an MLP extension adds to the test (test_moe.cu); test_gpt.cu's GPT-2 has none.
 typedef struct {
     const char* name;         // "test_moe"
     const char* usage_flags;  // its flags, for the usage line
-    int (*parse_flag)(GPT2Test* t, const char* flag, const char* value);  // 1: its flag, taken
+    int (*parse_flag)(ModelTest* t, const char* flag, const char* value);  // 1: its flag, taken
     // its settings from the debug state's header (path), refusing a flag that disagrees; before any model is built
-    void (*take_settings)(GPT2Test* t, const int* header, const char* path);
+    void (*take_settings)(ModelTest* t, const int* header, const char* path);
     // gives a model its extension, with expert-parallel degree `degree` (collective); the harness frees extension_state
-    void (*attach)(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree);
+    void (*attach)(Model* model, const ModelTest* t, const MultiGpuConfig* mg, int degree);
     // its part of the debug state (header: the file's), read from f after the loss
-    void* (*read_reference)(FILE* f, const char* path, const int* header, const GPT2* model);
+    void* (*read_reference)(FILE* f, const char* path, const int* header, const Model* model);
     // after each micro-step `micro` of test_gradient's pass (its statistics: test_moe.cu sums the routing over them)
-    void (*micro_step_done)(const GPT2* model, int micro);
+    void (*micro_step_done)(const Model* model, int micro);
     // after the gradient pass on the reference batch: its own checks (losses, routing)
-    void (*check_forward)(const GPT2* model, const ReferenceState* ref);
+    void (*check_forward)(const Model* model, const ReferenceState* ref);
     // the stored gradient of tensor i times this is the step's (1 but for an extension's own set)
-    float (*gradient_multiplier)(const GPT2* model, int i);
+    float (*gradient_multiplier)(const Model* model, int i);
     // after the reference checks: its own comparisons (expert parallelism against degree 1)
-    void (*extra_checks)(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg, float tol_tensor,
+    void (*extra_checks)(const ModelTest* t, const ReferenceState* ref, const MultiGpuConfig* mg, float tol_tensor,
                          float tol_steps, cudaStream_t stream);
 } TestExtension;
 
 // One test's setup: the model file and the trainer's settings (an extension keeps its own: test_moe.cu's MoESettings)
-struct GPT2Test {
+struct ModelTest {
     const char* path;
     int recompute, master, gelu_fusion, zero_stage;
-    int flash_attention;  // -fa, as the trainer's (gpt2_set_attention)
+    int flash_attention;  // -fa, as the trainer's (model_set_attention)
     int ep_degree;
     const TestExtension* extension;
     int offload;  // -oo, as the trainer's
@@ -118,7 +118,7 @@ static void take_reference_optimizer(AdamWConfig* opt, const int* header) {
 }
 
 // the payload of the debug state at path, after its header (open_reference_state)
-static void read_reference_state(ReferenceState* r, FILE* f, const char* path, const int* header, const GPT2* model,
+static void read_reference_state(ReferenceState* r, FILE* f, const char* path, const int* header, const Model* model,
                                  const TestExtension* x) {
     r->B = header[2];
     r->T = header[3];
@@ -140,29 +140,29 @@ static void read_reference_state(ReferenceState* r, FILE* f, const char* path, c
     r->x = (int*)malloc_check(BT * sizeof(int));
     r->y = (int*)malloc_check(BT * sizeof(int));
     r->logits = (float*)malloc_check(BT * r->V * sizeof(float));
-    r->grads = (float*)malloc_check(gpt2_num_parameters(model) * sizeof(float));
+    r->grads = (float*)malloc_check(model_num_parameters(model) * sizeof(float));
     r->step_losses = (float*)malloc_check((size_t)r->nsteps * sizeof(float));
     fread_check(r->x, sizeof(int), BT, f, path);
     fread_check(r->y, sizeof(int), BT, f, path);
     fread_check(r->logits, sizeof(float), BT * r->V, f, path);
     fread_check(&r->loss, sizeof(float), 1, f, path);
     r->extension = x ? x->read_reference(f, path, header, model) : NULL;
-    fread_check(r->grads, sizeof(float), gpt2_num_parameters(model), f, path);
+    fread_check(r->grads, sizeof(float), model_num_parameters(model), f, path);
     fread_check(r->step_losses, sizeof(float), r->nsteps, f, path);
     fclose_check(f, path);
 }
 
 // the tensors' names in model-file order, for the checks' lines (an extension names its own slots)
-static const char* const gpt2_parameter_names[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_NAME)};
-static const char* gpt2_parameter_name(const GPT2* model, int i) {
+static const char* const parameter_names[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_NAME)};
+static const char* parameter_name(const Model* model, int i) {
     int slot = i - PARAM_EXTENSION;
-    return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->extension.ffn->tensor_names[slot] : gpt2_parameter_names[i];
+    return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->extension.ffn->tensor_names[slot] : parameter_names[i];
 }
 // the gradients as stored, in model-file order (host)
-static void gpt2_get_gradients(const GPT2* model, floatX* file_order, cudaStream_t stream) {
-    gpt2_get_replicated(model, file_order, model->store.grads_memory, cudaMemcpyDeviceToHost);
+static void model_get_gradients(const Model* model, floatX* file_order, cudaStream_t stream) {
+    model_get_replicated(model, file_order, model->store.grads_memory, cudaMemcpyDeviceToHost);
     const FfnExtension* x = model->extension.ffn;
-    if (x->get_gradients) x->get_gradients(model, file_order + gpt2_extension_offset(model), stream);
+    if (x->get_gradients) x->get_gradients(model, file_order + model_extension_offset(model), stream);
 }
 
 static int checks_passed = 0, checks_failed = 0;
@@ -202,13 +202,13 @@ static void compare_value(const char* what, float got, float want, float rtol) {
 }
 
 // every tensor of two model-file-order buffers (fp32), one check each
-static void compare_tensors(const char* prefix, const GPT2* model, const float* got, const float* want, float tol) {
+static void compare_tensors(const char* prefix, const Model* model, const float* got, const float* want, float tol) {
     size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
     file_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (sizes[i] == 0) continue;  // an unused slot
         char what[64];
-        snprintf(what, sizeof(what), "%s%s", prefix, gpt2_parameter_name(model, i));
+        snprintf(what, sizeof(what), "%s%s", prefix, parameter_name(model, i));
         compare_scaled(what, got + offset, want + offset, sizes[i], tol);
         offset += sizes[i];
     }
@@ -216,11 +216,11 @@ static void compare_tensors(const char* prefix, const GPT2* model, const float* 
 
 // The step's gradient in model-file order as fp32, on every process (collective over an extension's groups; the
 // gradient must have been reduced with ZeRO-0).
-static float* gathered_gradients(const GPT2* model, const TestExtension* x, cudaStream_t stream) {
-    size_t n = gpt2_num_parameters(model), sizes[NUM_PARAMETER_TENSORS];
+static float* gathered_gradients(const Model* model, const TestExtension* x, cudaStream_t stream) {
+    size_t n = model_num_parameters(model), sizes[NUM_PARAMETER_TENSORS];
     file_tensor_sizes(sizes, model);
     floatX* g = (floatX*)malloc_check(n * sizeof(floatX));
-    gpt2_get_gradients(model, g, stream);
+    model_get_gradients(model, g, stream);
     float* out = (float*)malloc_check(n * sizeof(float));
     size_t offset = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
@@ -234,8 +234,8 @@ static float* gathered_gradients(const GPT2* model, const TestExtension* x, cuda
 
 // A model from the test's model file, with the run's process layout (and an extension's, of expert-parallel degree
 // `degree`; collective); the caller allocates its activations and optimizer state.
-static void build_test_model(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree) {
-    gpt2_init_common(model);
+static void build_test_model(Model* model, const ModelTest* t, const MultiGpuConfig* mg, int degree) {
+    model_init_common(model);
     model->recompute = t->recompute;
     model->use_master_weights = t->master;
     model->gelu_fusion = t->gelu_fusion;
@@ -245,14 +245,14 @@ static void build_test_model(GPT2* model, const GPT2Test* t, const MultiGpuConfi
     model->multi_gpu = mg;
     model->offload_optimizer = t->offload;
     if (t->extension) t->extension->attach(model, t, mg, degree);
-    gpt2_build_from_checkpoint(model, t->path);
-    if (!gpt2_set_attention(model, t->flash_attention, t->path)) exit(EXIT_FAILURE);
+    model_build_from_checkpoint(model, t->path);
+    if (!model_set_attention(model, t->flash_attention, t->path)) exit(EXIT_FAILURE);
 }
 
 // the extension's state is the test's (attach allocated it)
-static void free_test_model(GPT2* model) {
+static void free_test_model(Model* model) {
     void* state = model->extension_state;
-    gpt2_free(model);
+    model_free(model);
     free(state);
 }
 
@@ -261,20 +261,20 @@ static void free_test_model(GPT2* model) {
 // and reduced over the processes (ZeRO-0) after the last; returns the mean over the micro-steps of their mean losses.
 // The micro-steps are the reference's training passes 0 .. K-1 (doc/moe.md, "Router noise" 4); `ext` (NULL or an
 // extension) sees each one's statistics.
-static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T, int micro_batches,
+static float test_gradient(Model* model, const int* x, const int* y, int B, int T, int micro_batches,
                            const MultiGpuConfig* mg, const TestExtension* ext, cudaStream_t stream) {
     int micro_B = B / micro_batches;
     size_t micro_tokens = (size_t)micro_B * T;
-    gpt2_zero_grad(model, stream);
+    model_zero_grad(model, stream);
     if (model->extension.ffn->step_begin) model->extension.ffn->step_begin(model);
     double loss = 0.0;
     for (int micro = 0; micro < micro_batches; micro++) {
         model->pass_number = (unsigned int)micro;
-        gpt2_forward(model, x + micro * micro_tokens, y + micro * micro_tokens, micro_B, T,
+        model_forward(model, x + micro * micro_tokens, y + micro * micro_tokens, micro_B, T,
                      1.0f / (float)(B * T), stream);
         int last_micro_step = micro == micro_batches - 1;
-        gpt2_backward(model, micro_B, T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, 0, stream);
-        loss += gpt2_mean_loss(model);
+        model_backward(model, micro_B, T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, 0, stream);
+        loss += model_mean_loss(model);
         if (ext && ext->micro_step_done) ext->micro_step_done(model, micro);
     }
     cudaCheck(cudaStreamSynchronize(stream));
@@ -289,27 +289,27 @@ static float test_gradient(GPT2* model, const int* x, const int* y, int B, int T
 // Training steps on the same batch use the trainer's own update (gradient clipping, AdamW with weight decay on
 // the matrices) with the reference's optimizer `opt` (the debug state's; the Makefile's REF_ARGS clip at 0.5, below
 // these models' gradient norm of ~0.8, so that the clipping path is exercised).
-static float test_step(GPT2* model, const int* x, const int* y, int B, int T, int micro_batches, int step,
+static float test_step(Model* model, const int* x, const int* y, int B, int T, int micro_batches, int step,
                        const MultiGpuConfig* mg, int zero_stage, const AdamWConfig* opt, cudaStream_t stream) {
     int micro_B = B / micro_batches;
     size_t micro_tokens = (size_t)micro_B * T;
-    gpt2_zero_grad(model, stream);
+    model_zero_grad(model, stream);
     if (model->extension.ffn->step_begin) model->extension.ffn->step_begin(model);
     double step_loss = 0.0;
     for (int micro = 0; micro < micro_batches; micro++) {
         model->pass_number = (unsigned int)(step * micro_batches + micro);
-        gpt2_forward(model, x + micro * micro_tokens, y + micro * micro_tokens, micro_B, T,
+        model_forward(model, x + micro * micro_tokens, y + micro * micro_tokens, micro_B, T,
                      model->loss_scaler.scale / (float)(B * T), stream);
         int last_micro_step = micro == micro_batches - 1;
-        gpt2_backward(model, micro_B, T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, zero_stage,
+        model_backward(model, micro_B, T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, zero_stage,
                       stream);
-        if (last_micro_step) gpt2_early_update(model, opt, step + 1);
-        step_loss += gpt2_mean_loss(model);
+        if (last_micro_step) model_early_update(model, opt, step + 1);
+        step_loss += model_mean_loss(model);
         if (model->extension.ffn->micro_step_done) model->extension.ffn->micro_step_done(model);
     }
     float loss = (float)(step_loss / micro_batches);
-    float norm = gpt2_gradient_norm(model, mg, zero_stage, stream);
-    gpt2_update(model, opt, norm, step + 1, mg, zero_stage, stream);
+    float norm = model_gradient_norm(model, mg, zero_stage, stream);
+    model_update(model, opt, norm, step + 1, mg, zero_stage, stream);
     return multi_gpu_cpu_float_sum(loss, mg) / mg->num_processes;
 }
 
@@ -317,17 +317,17 @@ static float test_step(GPT2* model, const int* x, const int* y, int B, int T, in
 // generator's state `rng_state`: their losses into `losses` (ref->nsteps), and the parameters after them in model-file
 // order into `params` (as the trainer writes its model file: under ZeRO-3 gathered; NULL: not wanted). Returns how many
 // steps kept -oo 2's early update.
-static int run_test_steps(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg,
+static int run_test_steps(const ModelTest* t, const ReferenceState* ref, const MultiGpuConfig* mg,
                           unsigned long long rng_state, float* losses, floatX* params, cudaStream_t stream) {
-    GPT2 model;
+    Model model;
     build_test_model(&model, t, mg, 1);
-    gpt2_allocate_activations(&model, ref->B / ref->micro_batches, ref->T);  // a micro-batch's, as the trainer's
-    gpt2_allocate_optimizer(&model, t->zero_stage);
+    model_allocate_activations(&model, ref->B / ref->micro_batches, ref->T);  // a micro-batch's, as the trainer's
+    model_allocate_optimizer(&model, t->zero_stage);
     model.rng_state = rng_state;
     for (int step = 0; step < ref->nsteps; step++)
         losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, ref->micro_batches, step, mg, t->zero_stage,
                                  &t->opt, stream);
-    if (params) gpt2_get_parameters(&model, params, stream);
+    if (params) model_get_parameters(&model, params, stream);
     int adopted = model.store.early_adopted;
     free_test_model(&model);
     return adopted;
@@ -345,7 +345,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         return EXIT_FAILURE;
     }
     const char* prefix = argv[1];
-    GPT2Test t = {NULL, 1, 1, 1, 0, -1, 1, x, 0, {0}};
+    ModelTest t = {NULL, 1, 1, 1, 0, -1, 1, x, 0, {0}};
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-r")) t.recompute = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-w")) t.master = atoi(argv[i + 1]);
@@ -420,12 +420,12 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         printf("optimizer: the reference's: lr %g, betas (%g, %g), eps %g, weight decay %g, clipping at %g\n",
                t.opt.learning_rate, t.opt.beta1, t.opt.beta2, t.opt.eps, t.opt.weight_decay, t.opt.grad_clip);
     // the reference checks read the whole gradient: ZeRO-0, no offload (test_moe.cu's own checks take -z)
-    GPT2Test unsharded = t;
+    ModelTest unsharded = t;
     unsharded.zero_stage = 0;
     unsharded.offload = 0;
-    GPT2 model;
+    Model model;
     build_test_model(&model, &unsharded, &mg, t.ep_degree);
-    if (printing) printf("attention: %s\n", gpt2_attention_name(&model));
+    if (printing) printf("attention: %s\n", model_attention_name(&model));
     ReferenceState ref;
     read_reference_state(&ref, state, state_path, header, &model, x);
     // -st N: the first N steps (each compared value is a step's, so a prefix of the reference's is its own reference)
@@ -438,8 +438,8 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     if (printing && ref.micro_batches > 1)
         printf("micro-batches: each step %d of %d sequences, as the reference's\n", ref.micro_batches,
                B / ref.micro_batches);
-    gpt2_allocate_activations(&model, B / ref.micro_batches, T);
-    gpt2_allocate_optimizer(&model, 0);
+    model_allocate_activations(&model, B / ref.micro_batches, T);
+    model_allocate_optimizer(&model, 0);
 
     // logits: an evaluation pass over each micro-batch (an MoE layer routes each as its own group)
     size_t BT = (size_t)B * T;
@@ -447,7 +447,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     size_t micro_tokens = BT / K;
     floatX* logits_x = (floatX*)malloc_check(BT * Vp * sizeof(floatX));
     for (int micro = 0; micro < K; micro++) {
-        gpt2_forward(&model, ref.x + micro * micro_tokens, nullptr, B / K, T, 0.0f, stream);
+        model_forward(&model, ref.x + micro * micro_tokens, nullptr, B / K, T, 0.0f, stream);
         cudaCheck(cudaMemcpy(logits_x + micro * micro_tokens * Vp, model.acts.output,
                              micro_tokens * Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
     }
@@ -490,12 +490,12 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     if (!x && (t.zero_stage > 0 || t.offload)) {
         float* sharded = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
         float* staged = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
-        size_t n = gpt2_num_parameters(&model);
+        size_t n = model_num_parameters(&model);
         floatX* sharded_params = (floatX*)malloc_check(n * sizeof(floatX));
         floatX* staged_params = (floatX*)malloc_check(n * sizeof(floatX));
         const float* baseline = losses;
         if (t.zero_stage > 0) {
-            GPT2Test zero1 = t;
+            ModelTest zero1 = t;
             zero1.zero_stage = 1;
             zero1.offload = 0;
             run_test_steps(&zero1, &ref, &mg, steps_rng_state, sharded, sharded_params, stream);
@@ -528,7 +528,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         // threshold far above the norm) each is kept: the steps' losses and parameters are -oo 0's at this stage
         // bit for bit, and every step kept its early update.
         if (t.offload == 2) {
-            GPT2Test unclipped = t;
+            ModelTest unclipped = t;
             unclipped.opt.grad_clip = 1e30f;
             unclipped.offload = 0;
             run_test_steps(&unclipped, &ref, &mg, steps_rng_state, sharded, sharded_params, stream);

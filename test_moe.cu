@@ -54,7 +54,7 @@ typedef struct {
 static ForcedRouting forcing;
 
 // One thread per token: counts the forced experts the C router did not pick, then writes the forced choices and
-// their gates as llmc/moe.cuh's router computes them from its scores (softmax's probs or the sigmoid affinities of
+// their gates as llmc/moe_router.cuh's router computes them from its scores (softmax's probs or the sigmoid affinities of
 // the picks; k = 1 softmax the prob itself, else over their sum in pick order; times rsf).
 __global__ void forced_routing_kernel(int* expert_index, float* gates, int* differ, const int* forced,
                                       const float* probs, const float* logits, int N, int E, int k, int score,
@@ -83,7 +83,7 @@ __global__ void forced_routing_kernel(int* expert_index, float* gates, int* diff
 }
 
 // MoEModel.route_hook of the test's models: MoE layer m's choices of the pass it runs, the reference's
-static void forced_routing_hook(GPT2* model, int m, int* expert_index, float* gates, const float* probs,
+static void forced_routing_hook(Model* model, int m, int* expert_index, float* gates, const float* probs,
                                 const float* logits, int N, cudaStream_t stream) {
     ForcedRouting* f = &forcing;
     if (!f->on) return;
@@ -142,7 +142,7 @@ typedef struct {
 } MoEReference;
 
 // The reference's expert choices (word 33's passes of (Lm, N, k)) to the device: each an expert, a token's k distinct
-static void moe_read_choices(FILE* f, const char* path, const int* header, const GPT2* model) {
+static void moe_read_choices(FILE* f, const char* path, const int* header, const Model* model) {
     ForcedRouting* r = &forcing;
     r->K = header[10] > 1 ? header[10] : 1;
     r->Lm = num_moe_layers(model);
@@ -176,7 +176,7 @@ static void moe_read_choices(FILE* f, const char* path, const int* header, const
     free(host);
 }
 
-static void* moe_read_reference(FILE* f, const char* path, const int* header, const GPT2* model) {
+static void* moe_read_reference(FILE* f, const char* path, const int* header, const Model* model) {
     MoEReference* r = (MoEReference*)calloc(1, sizeof(MoEReference));
     int Lm = num_moe_layers(model), E = moe_of(model)->config.num_experts;
     r->dropped = (int*)malloc_check((size_t)(Lm + 1) * sizeof(int));
@@ -247,7 +247,7 @@ typedef struct {
 } MoEPassSums;
 static MoEPassSums pass_sums = {0.0, 0.0, 0.0, 0.0, 0.0, NULL, NULL, 0, 0};
 
-static void moe_micro_step_sums(const GPT2* model, int micro) {
+static void moe_micro_step_sums(const Model* model, int micro) {
     const MoEModel* moe = moe_of(model);
     moe_statistics(model);
     size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
@@ -283,7 +283,7 @@ static void moe_micro_step_sums(const GPT2* model, int micro) {
 // summed counts). Routing is discrete: in FP32 every count and drop must match. A BF16 or FP16 test routes by the
 // reference's choices (ForcedRouting), which makes its counts and drops equal by construction: it says instead how
 // many choices its own router would have put elsewhere, and from here on its training passes are the steps'.
-static void moe_check_forward(const GPT2* model, const ReferenceState* reference) {
+static void moe_check_forward(const Model* model, const ReferenceState* reference) {
     const MoEModel* moe = moe_of(model);
     const MoEReference* ref = (const MoEReference*)reference->extension;
     double K = pass_sums.micro_steps;
@@ -319,7 +319,7 @@ static void moe_check_forward(const GPT2* model, const ReferenceState* reference
 }
 
 // the experts' stored gradients times their set's multiplier are the step's (moe_allocate_parameters)
-static float moe_gradient_multiplier(const GPT2* model, int i) {
+static float moe_gradient_multiplier(const Model* model, int i) {
     int slot = i - PARAM_EXTENSION;
     return moe_is_expert_slot(slot) ? moe_of(model)->expert_store.grad_multiplier : 1.0f;
 }
@@ -374,7 +374,7 @@ static void setting_text(char* text, size_t size, const MoESettingFlag* f, doubl
         snprintf(text, size, f->kind == SETTING_FP32 ? "%.9g" : "%.17g", value);
 }
 
-static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value) {
+static int moe_parse_test_flag(ModelTest* t, const char* flag, const char* value) {
     if (!strcmp(flag, "-ep")) {
         t->ep_degree = atoi(value);
         return 1;
@@ -389,7 +389,7 @@ static int moe_parse_test_flag(GPT2Test* t, const char* flag, const char* value)
 
 // The reference's MoE settings from its debug state's header (words 20..32), each flag given checked against its
 // word, and a device limit's groups against -ep. Every process checks; process 0 says why it stops.
-static void moe_take_settings(GPT2Test* t, const int* header, const char* path) {
+static void moe_take_settings(ModelTest* t, const int* header, const char* path) {
     MoESettings* s = &test_moe_settings;
     memset(s, 0, sizeof(*s));
     memcpy(&s->capacity_factor, header + STATE_CF_WORD, sizeof(double));
@@ -453,7 +453,7 @@ static void moe_take_settings(GPT2Test* t, const int* header, const char* path) 
 }
 
 // the model file brings the shape; the settings are the test's; the experts shared out over `degree` processes
-static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg, int degree) {
+static void moe_attach(Model* model, const ModelTest* t, const MultiGpuConfig* mg, int degree) {
     MoEModel* moe = (MoEModel*)malloc_check(sizeof(MoEModel));
     MoEConfig none = {};  // the model file's header fills it in
     none.score = MOE_SCORE_SOFTMAX;
@@ -468,13 +468,13 @@ static void moe_attach(GPT2* model, const GPT2Test* t, const MultiGpuConfig* mg,
 // The reference's steps on (x, y) for a fresh model with t's settings, expert-parallel degree `degree`: their losses,
 // and (when `params` is not NULL) the parameters after them in model-file order as the trainer writes its model file,
 // in a new buffer of *count values; with `biases` (not NULL) the balancing biases after each step (nsteps, Lm, E)
-static void moe_run_steps(const GPT2Test* t, int degree, const int* x, const int* y, const ReferenceState* ref,
+static void moe_run_steps(const ModelTest* t, int degree, const int* x, const int* y, const ReferenceState* ref,
                           const MultiGpuConfig* mg, float* losses, floatX** params, size_t* count, float* biases,
                           cudaStream_t stream) {
-    GPT2 model;
+    Model model;
     build_test_model(&model, t, mg, degree);
-    gpt2_allocate_activations(&model, ref->B / ref->micro_batches, ref->T);
-    gpt2_allocate_optimizer(&model, t->zero_stage);
+    model_allocate_activations(&model, ref->B / ref->micro_batches, ref->T);
+    model_allocate_optimizer(&model, t->zero_stage);
     size_t n_bias = (size_t)num_moe_layers(&model) * moe_of(&model)->config.num_experts;
     for (int step = 0; step < ref->nsteps; step++) {
         losses[step] = test_step(&model, x, y, ref->B, ref->T, ref->micro_batches, step, mg, t->zero_stage,
@@ -484,9 +484,9 @@ static void moe_run_steps(const GPT2Test* t, int degree, const int* x, const int
                                  cudaMemcpyDeviceToHost));
     }
     if (params) {
-        *count = gpt2_num_parameters(&model);
+        *count = model_num_parameters(&model);
         *params = (floatX*)malloc_check(*count * sizeof(floatX));
-        gpt2_get_parameters(&model, *params, stream);
+        model_get_parameters(&model, *params, stream);
     }
     free_test_model(&model);
 }
@@ -526,15 +526,15 @@ static void compare_biases(const char* label, const char* whose, const float* go
 // read this process's counts alone is off by the processes' difference in routing: measured 3.8e-4 relative at the
 // start (moe_k2_global_cf0.5, rank 0; moe_k2_global_mb2: 2.2e-3), above FP32's tolerance (the reference comparison's,
 // 1e-5) but within BF16's (2e-2), so this check tells the two apart in FP32 only.
-static void check_global_aux(const GPT2Test* t, const int* x, const int* y, int B, int T, int K,
+static void check_global_aux(const ModelTest* t, const int* x, const int* y, int B, int T, int K,
                              const MultiGpuConfig* mg, cudaStream_t stream) {
-    GPT2Test unsharded = *t;
+    ModelTest unsharded = *t;
     unsharded.zero_stage = 0;
     unsharded.offload = 0;
-    GPT2 model;
+    Model model;
     build_test_model(&model, &unsharded, mg, t->ep_degree);
-    gpt2_allocate_activations(&model, B / K, T);
-    gpt2_allocate_optimizer(&model, 0);
+    model_allocate_activations(&model, B / K, T);
+    model_allocate_optimizer(&model, 0);
     test_gradient(&model, x, y, B, T, K, mg, t->extension, stream);
     MoEModel* moe = moe_of(&model);
     int Lm = num_moe_layers(&model), E = moe->config.num_experts, k = moe->config.top_k, N = B / K * T;
@@ -578,7 +578,7 @@ static void check_global_aux(const GPT2Test* t, const int* x, const int* y, int 
 // experts' gradients is averaged as ZeRO-1 averages it and the fp32 shard holds that value exactly, and ZeRO-3's
 // gathered parameters are copies (doc/zero.md), so the 10 steps' losses and the parameters after them (ZeRO-3's
 // gathered for the model file) are bit-identical.
-static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const MultiGpuConfig* mg,
+static void moe_extra_checks(const ModelTest* t, const ReferenceState* ref, const MultiGpuConfig* mg,
                              float tol_tensor, float tol_steps, cudaStream_t stream) {
     int ep_degree = t->ep_degree;
     int B = ref->B, T = ref->T, V = ref->V, K = ref->micro_batches;
@@ -618,16 +618,16 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
     if (test_moe_settings.global_aux && mg->num_processes > 1) check_global_aux(t, x, y, B, T, K, mg, stream);
     if (ep_degree > 1 && !limited) {
         // the gradients read whole: ZeRO-0, no offload
-        GPT2Test unsharded = *t;
+        ModelTest unsharded = *t;
         unsharded.zero_stage = 0;
         unsharded.offload = 0;
-        GPT2 one, spread;
+        Model one, spread;
         build_test_model(&one, &unsharded, mg, 1);
         build_test_model(&spread, &unsharded, mg, ep_degree);
-        GPT2* both[2] = {&one, &spread};
+        Model* both[2] = {&one, &spread};
         for (int i = 0; i < 2; i++) {
-            gpt2_allocate_activations(both[i], B / K, T);
-            gpt2_allocate_optimizer(both[i], 0);
+            model_allocate_activations(both[i], B / K, T);
+            model_allocate_optimizer(both[i], 0);
         }
         if (printing)
             printf("expert parallelism: -ep %d against -ep 1 on %d processes, distinct batches, ZeRO-%d steps\n",
@@ -676,7 +676,7 @@ static void moe_extra_checks(const GPT2Test* t, const ReferenceState* ref, const
         printf("zero: skipped with %d micro-batches (ZeRO-2 reduces each micro-step's gradient into its fp32 shard, "
                "ZeRO-1 the accumulated one: other roundings, not bit-identical)\n", K);
     if (t->zero_stage >= 2 && K == 1) {
-        GPT2Test zero1 = *t;
+        ModelTest zero1 = *t;
         zero1.zero_stage = 1;
         zero1.offload = 0;
         floatX *params_a, *params_b;

@@ -61,7 +61,7 @@
 // Model description and parameters
 
 #define GPT2_MODEL_MAGIC 20240326
-#define GPT2_STATE_MAGIC 20240527
+#define STATE_FILE_MAGIC 20240527
 
 // The model family (header word 16, doc/formats.md): GPT-2, or the Llama-style model of doc/kernels.md. A family is
 // a file format and a choice of layer kinds (config_set_family); the passes see only the kinds.
@@ -93,9 +93,9 @@ typedef struct {
     PositionKind positions;
     FfnActivation activation;
     int biases;             // the linear layers and the norms have biases (GPT-2)
-} GPT2Config;
+} ModelConfig;
 
-static void config_set_family(GPT2Config* c, ModelFamily family) {
+static void config_set_family(ModelConfig* c, ModelFamily family) {
     c->family = family;
     int llama = family == FAMILY_LLAMA;
     c->norm = llama ? NORM_RMSNORM : NORM_LAYERNORM;
@@ -105,16 +105,16 @@ static void config_set_family(GPT2Config* c, ModelFamily family) {
 }
 static const char* family_name(int family) { return family == FAMILY_LLAMA ? "llama" : "gpt2"; }
 // the packed qkv's channels, (NH + 2 NKV) HS (3C for GPT-2), and fc's outputs ([gate | up] for SwiGLU)
-static size_t qkv_channels(const GPT2Config* c) {
+static size_t qkv_channels(const ModelConfig* c) {
     return (size_t)(c->num_heads + 2 * c->num_kv_heads) * (c->channels / c->num_heads);
 }
-static size_t fc_channels(const GPT2Config* c) {
+static size_t fc_channels(const ModelConfig* c) {
     return (size_t)(c->activation == ACTIVATION_SWIGLU ? 2 : 1) * c->ffn_hidden;
 }
 // Llama's SwiGLU hidden size when not given (train_gpt.py's default_ffn_hidden): floor(8C/3) rounded up to 64
 static int llama_default_ffn_hidden(int C) { return (8 * C / 3 + 63) / 64 * 64; }
 // GPT-2's values of the family words, once its sizes are known (a GPT-2 file leaves words 16..21 zero)
-static void gpt2_config_gpt2_family(GPT2Config* c) {
+static void config_gpt2_family(ModelConfig* c) {
     config_set_family(c, FAMILY_GPT2);
     c->num_kv_heads = c->num_heads;
     c->rope_theta = 0.0f;
@@ -166,9 +166,9 @@ static void gpt2_config_gpt2_family(GPT2Config* c) {
 enum { PARAMETER_TENSORS(PARAMETER_INDEX) NUM_PARAMETER_TENSORS };
 static_assert(PARAM_LNFW - PARAM_EXTENSION == MLP_EXTENSION_SLOTS, "PARAMETER_TENSORS: one row per extension slot");
 #define PARAMETER_DECAY(id, name, decay, seed) decay,
-static const int gpt2_parameter_decays[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_DECAY)};
+static const int parameter_decays[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_DECAY)};
 #define PARAMETER_SEED(id, name, decay, seed) seed,
-static const unsigned int gpt2_parameter_seeds[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_SEED)};
+static const unsigned int parameter_seeds[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_SEED)};
 #define PARAMETER_NAME(id, name, decay, seed) name,
 
 // Pointers into the parameter set's buffer (and the same into the gradients'). Shapes for GPT-2; llama's: qkvw
@@ -205,7 +205,7 @@ typedef struct {
 // Activations. With recompute level r, the per-layer GELU output (r >= 1) and LayerNorm outputs (r >= 2)
 // are kept for one layer only and recomputed in the backward pass. Shapes for GPT-2; in a llama model the ln*
 // are RMSNorm outputs (no means: ln*_mean are empty), qkvr is (L, B, T, (NH + 2 NKV) HS) with q and k roped,
-// fch (Ld, B, T, 2H) is fc's [gate | up] and fch_gelu (Ld or 1, B, T, H) the SwiGLU output; scratch_bt4c
+// fch (Ld, B, T, 2H) is fc's [gate | up] and ffn_act (Ld or 1, B, T, H) the SwiGLU output; scratch_bt4c
 // holds (B, T, max((NH + 2 NKV) HS, H)).
 // Every activation tensor once, in the order they are laid out in one allocation: X(type, name, elements), the
 // elements an expression over fill_in_activation_sizes' locals. The struct, the indices, the sizes and the pointers
@@ -227,7 +227,7 @@ typedef struct {
     X(float, ln2_mean, L * means)                    /* (L, B, T) */                                                   \
     X(float, ln2_rstd, L * BT)                       /* (L, B, T) */                                                   \
     X(floatX, fch, dense_layers * FC)                /* (Ld, B, T, 4C) pre-GELU, dense MLPs only */                    \
-    X(floatX, fch_gelu, gelu_layers * HID)           /* (Ld or 1, B, T, 4C) */                                         \
+    X(floatX, ffn_act, act_layers * HID)            /* (Ld or 1, B, T, 4C) the activation's output */                 \
     X(floatX, residual3, L * BTC)                    /* (L, B, T, C) */                                                \
     X(floatX, lnf, BTC)                              /* (B, T, C) */                                                   \
     X(float, lnf_mean, means)                        /* (B, T) */                                                      \
@@ -257,21 +257,21 @@ enum { ACTIVATION_TENSORS(ACTIVATION_INDEX) NUM_ACTIVATION_TENSORS };
 // (llmc/flash_attention.cuh); or cuDNN's fused attention (USE_CUDNN=1 builds, llmc/cudnn_att.cuh). -fa chooses.
 typedef enum { ATTENTION_MATMUL_SOFTMAX, ATTENTION_FLASH, ATTENTION_CUDNN } AttentionPath;
 
-// One layer's slices of them (for the batch the activations were sized for). ln1, ln2 and fch_gelu are the
+// One layer's slices of them (for the batch the activations were sized for). ln1, ln2 and ffn_act are the
 // shared single-layer buffers when recomputed; the mlp_* are NULL in a layer whose MLP an extension replaces.
 typedef struct {
     const floatX* residual;  // the layer's input: the embeddings or the previous layer's residual3
-    floatX *ln1, *atty, *att, *qkvr, *residual2, *ln2, *residual3, *fch, *fch_gelu;
+    floatX *ln1, *atty, *att, *qkvr, *residual2, *ln2, *residual3, *fch, *ffn_act;
     float *ln1_mean, *ln1_rstd, *att_stats, *ln2_mean, *ln2_rstd;
 } LayerActivations;
 
-typedef struct GPT2 GPT2;
+typedef struct Model Model;
 
 #include "llmc/model_extension.h"
 
-struct GPT2 {
-    GPT2Config config;
-    ParameterTensors params;  // pointers into store.params_memory (all NULL under ZeRO-3: gpt2_layer_weights)
+struct Model {
+    ModelConfig config;
+    ParameterTensors params;  // pointers into store.params_memory (all NULL under ZeRO-3: model_layer_weights)
     ParameterTensors grads;   // the same into store.grads_memory
     // the flat parameter, gradient and optimizer buffers (llmc/optimizer.cuh), replicated over all processes
     ShardedParameters store;
@@ -295,9 +295,9 @@ struct GPT2 {
     int* targets;      // (B, T) device
     int* inputs_cpu;   // (B, T) host copy for the encoder's backward pass
     float* losses_cpu;  // (B, T) pinned host: the per-token losses of the last forward pass with targets
-    cudaEvent_t losses_copied;  // ... are there once this event has completed (gpt2_mean_loss waits for it)
-    int loss_tokens;    // B*T of that pass; 0 once gpt2_mean_loss has summed them
-    float mean_loss;    // their mean (gpt2_mean_loss)
+    cudaEvent_t losses_copied;  // ... are there once this event has completed (model_mean_loss waits for it)
+    int loss_tokens;    // B*T of that pass; 0 once model_mean_loss has summed them
+    float mean_loss;    // their mean (model_mean_loss)
     unsigned int pass_number;  // the training pass (micro-step) number, set by the caller: random layers' seeds
     float* rope_table;         // llama: (maxT, HS) RoPE cos and sin (llmc/rope.cuh); NULL for GPT-2
     ModelExtension extension;  // its parts, never NULL (no_extension: GPT-2's dense MLP in every layer)
@@ -305,27 +305,27 @@ struct GPT2 {
 };
 
 // the layers whose MLP is GPT-2's dense one, and layer l's index among them
-static int gpt2_is_dense_layer(const GPT2* model, int l) {
+static int model_is_dense_layer(const Model* model, int l) {
     const FfnExtension* x = model->extension.ffn;
     return !x->replaces_mlp || !x->replaces_mlp(model, l);
 }
-static int gpt2_dense_layers(const GPT2* model) {
+static int model_dense_layers(const Model* model) {
     int n = 0;
-    for (int l = 0; l < model->config.num_layers; l++) n += gpt2_is_dense_layer(model, l);
+    for (int l = 0; l < model->config.num_layers; l++) n += model_is_dense_layer(model, l);
     return n;
 }
-static int gpt2_dense_index(const GPT2* model, int l) {
+static int model_dense_index(const Model* model, int l) {
     int d = 0;
-    for (int i = 0; i < l; i++) d += gpt2_is_dense_layer(model, i);
+    for (int i = 0; i < l; i++) d += model_is_dense_layer(model, i);
     return d;
 }
 
 // The tensors' sizes in model-file order: as in the file, and as held in the replicated set (the same but for an
 // extension's own part)
-static void fill_in_parameter_sizes(const GPT2* model, size_t* in_file, size_t* in_set) {
-    const GPT2Config* cfg = &model->config;
+static void fill_in_parameter_sizes(const Model* model, size_t* in_file, size_t* in_set) {
+    const ModelConfig* cfg = &model->config;
     size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
-    size_t Ld = gpt2_dense_layers(model);
+    size_t Ld = model_dense_layers(model);
     size_t QKV = qkv_channels(cfg), FC = fc_channels(cfg), H = cfg->ffn_hidden;
     size_t bias = cfg->biases, norm_bias = cfg->norm == NORM_LAYERNORM;
     size_t* sizes = in_file;
@@ -352,19 +352,19 @@ static void fill_in_parameter_sizes(const GPT2* model, size_t* in_file, size_t* 
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) in_set[i] = in_file[i];
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_set[PARAM_EXTENSION + i] = replicated[i];
 }
-static void file_tensor_sizes(size_t* sizes, const GPT2* model) {
+static void file_tensor_sizes(size_t* sizes, const Model* model) {
     size_t in_set[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, sizes, in_set);
 }
-static void replicated_tensor_sizes(size_t* sizes, const GPT2* model) {
+static void replicated_tensor_sizes(size_t* sizes, const Model* model) {
     size_t in_file[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, in_file, sizes);
 }
 
-static int gpt2_parameter_decay(const GPT2* model, int i) {
+static int parameter_decay(const Model* model, int i) {
     int slot = i - PARAM_EXTENSION;
     if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) return model->extension.ffn->tensor_decays[slot];
-    return gpt2_parameter_decays[i];
+    return parameter_decays[i];
 }
 
 // GPT-2's tensors' pointers into a buffer laid out by `sizes` (the extension's slots are skipped)
@@ -380,8 +380,8 @@ static void point_parameters(ParameterTensors* p, floatX* memory, const size_t* 
 }
 
 // Layer l's slices of the parameters (or of the gradients)
-static LayerParameters gpt2_layer_parameters(const GPT2* model, const ParameterTensors* p, int l) {
-    const GPT2Config* c = &model->config;
+static LayerParameters model_layer_parameters(const Model* model, const ParameterTensors* p, int l) {
+    const ModelConfig* c = &model->config;
     size_t C = c->channels, QKV = qkv_channels(c), FC = fc_channels(c), H = c->ffn_hidden;
     int bias = c->biases, norm_bias = c->norm == NORM_LAYERNORM;
     LayerParameters lp;
@@ -394,8 +394,8 @@ static LayerParameters gpt2_layer_parameters(const GPT2* model, const ParameterT
     lp.ln2w = p->ln2w + l * C;
     lp.ln2b = norm_bias ? p->ln2b + l * C : NULL;
     lp.fcw = lp.fcb = lp.fcprojw = lp.fcprojb = NULL;
-    if (gpt2_is_dense_layer(model, l)) {
-        size_t d = gpt2_dense_index(model, l);
+    if (model_is_dense_layer(model, l)) {
+        size_t d = model_dense_index(model, l);
         lp.fcw = p->fcw + d * FC * C;
         lp.fcb = bias ? p->fcb + d * FC : NULL;
         lp.fcprojw = p->fcprojw + d * H * C;
@@ -408,41 +408,41 @@ static LayerParameters gpt2_layer_parameters(const GPT2* model, const ParameterT
 // Building the model: from a file or a descriptor
 
 // The groups of gradient slices that the backward pass completes together, and reduces over processes as it goes
-// (gpt2_reduce_layer, gpt2_reduce_rest): a layer's slices of the tensors stacked over all layers, of those stacked
+// (model_reduce_layer, model_reduce_rest): a layer's slices of the tensors stacked over all layers, of those stacked
 // over the dense MLP's layers, an untied lm_head (complete after the classifier), and the rest, complete only after
 // the encoder's backward.
-static const int gpt2_every_layer_tensors[] = {PARAM_LN1W,     PARAM_LN1B,     PARAM_QKVW, PARAM_QKVB,
+static const int every_layer_tensors[] = {PARAM_LN1W,     PARAM_LN1B,     PARAM_QKVW, PARAM_QKVB,
                                                PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W, PARAM_LN2B};
-static const int gpt2_dense_tensors[] = {PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB};
-static const int gpt2_rest_tensors[] = {PARAM_WTE, PARAM_WPE, PARAM_LNFW, PARAM_LNFB};
-static const int gpt2_lm_head_tensor[] = {PARAM_LM_HEAD};
-#define GPT2_EVERY_LAYER_TENSORS 8
-#define GPT2_DENSE_TENSORS 4
-#define GPT2_REST_TENSORS 4
+static const int dense_tensors[] = {PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB};
+static const int rest_tensors[] = {PARAM_WTE, PARAM_WPE, PARAM_LNFW, PARAM_LNFB};
+static const int lm_head_tensor[] = {PARAM_LM_HEAD};
+#define EVERY_LAYER_TENSORS 8
+#define DENSE_TENSORS 4
+#define REST_TENSORS 4
 // ZeRO-2's buckets: layers alternate between buckets 0 and 1, so that one layer's gradients are computed while the
 // previous one's are reduced; bucket 2 holds the rest (wte's gradient is written first by the classifier, last by
 // the encoder). A layer whose MLP an extension replaces puts the extension's slices of the replicated set (stacked
 // over those layers: train_moe.cu's routers) into its bucket in place of the dense MLP's.
-#define GPT2_REST_BUCKET 2
+#define REST_BUCKET 2
 // their capacities (values) for the replicated set's tensor sizes `sizes`
-static void gpt2_gradient_bucket_sizes(const GPT2* model, const size_t* sizes, size_t* layer, size_t* rest) {
-    size_t L = model->config.num_layers, Ld = gpt2_dense_layers(model), Lx = L - Ld, dense = 0, extension = 0;
+static void model_gradient_bucket_sizes(const Model* model, const size_t* sizes, size_t* layer, size_t* rest) {
+    size_t L = model->config.num_layers, Ld = model_dense_layers(model), Lx = L - Ld, dense = 0, extension = 0;
     *layer = *rest = 0;
-    for (int j = 0; j < GPT2_EVERY_LAYER_TENSORS; j++) *layer += sizes[gpt2_every_layer_tensors[j]] / L;
+    for (int j = 0; j < EVERY_LAYER_TENSORS; j++) *layer += sizes[every_layer_tensors[j]] / L;
     if (Ld > 0)
-        for (int j = 0; j < GPT2_DENSE_TENSORS; j++) dense += sizes[gpt2_dense_tensors[j]] / Ld;
+        for (int j = 0; j < DENSE_TENSORS; j++) dense += sizes[dense_tensors[j]] / Ld;
     if (Lx > 0)
         for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) extension += sizes[PARAM_EXTENSION + i] / Lx;
     *layer += dense > extension ? dense : extension;
-    for (int j = 0; j < GPT2_REST_TENSORS; j++) *rest += sizes[gpt2_rest_tensors[j]];
+    for (int j = 0; j < REST_TENSORS; j++) *rest += sizes[rest_tensors[j]];
     *rest += sizes[PARAM_LM_HEAD];
 }
-static void gpt2_allocate_gradient_buckets(GPT2* model, const size_t* sizes) {
+static void model_allocate_gradient_buckets(Model* model, const size_t* sizes) {
     size_t layer, rest;
-    gpt2_gradient_bucket_sizes(model, sizes, &layer, &rest);
+    model_gradient_bucket_sizes(model, sizes, &layer, &rest);
     for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&model->store, layer);
     sharded_parameters_add_bucket(&model->store, rest);
-    memset(&model->grads, 0, sizeof(model->grads));  // no gradient buffer: gpt2_layer_gradients gives the pointers
+    memset(&model->grads, 0, sizeof(model->grads));  // no gradient buffer: model_layer_gradients gives the pointers
     if (model->zero_stage < 3) return;
     // ZeRO-3's gather buffers, the same shapes: layers alternate between 0 and 1, so that the next layer's gather
     // overlaps this layer's compute; 2 holds the rest from the forward pass's start to the backward pass's end
@@ -452,20 +452,20 @@ static void gpt2_allocate_gradient_buckets(GPT2* model, const size_t* sizes) {
 
 // Before building a model the caller sets num_processes, process_rank and zero_stage (and an extension its process
 // layout).
-static void gpt2_allocate_parameters(GPT2* model) {
+static void model_allocate_parameters(Model* model) {
     size_t sizes[NUM_PARAMETER_TENSORS];
     int decays[NUM_PARAMETER_TENSORS];
     replicated_tensor_sizes(sizes, model);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) decays[i] = gpt2_parameter_decay(model, i);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) decays[i] = parameter_decay(model, i);
     sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->process_rank,
                                 model->num_processes, model->zero_stage);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) model->store.seed_ids[i] = gpt2_parameter_seeds[i];
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) model->store.seed_ids[i] = parameter_seeds[i];
     if (model->zero_stage < 3) point_parameters(&model->params, model->store.params_memory, sizes);
-    else memset(&model->params, 0, sizeof(model->params));  // gathered per layer (gpt2_layer_weights)
+    else memset(&model->params, 0, sizeof(model->params));  // gathered per layer (model_layer_weights)
     if (model->zero_stage < 2) point_parameters(&model->grads, model->store.grads_memory, sizes);
-    else gpt2_allocate_gradient_buckets(model, sizes);
+    else model_allocate_gradient_buckets(model, sizes);
     if (model->extension.ffn->allocate_parameters) model->extension.ffn->allocate_parameters(model);
-    const GPT2Config* c = &model->config;
+    const ModelConfig* c = &model->config;
     if (c->positions == POSITIONS_ROPE) {  // cos and sin for positions 0 .. maxT-1 (llmc/rope.cuh)
         int HS = c->channels / c->num_heads;
         cudaCheck(cudaMalloc((void**)&model->rope_table, (size_t)c->max_seq_len * HS * sizeof(float)));
@@ -474,7 +474,7 @@ static void gpt2_allocate_parameters(GPT2* model) {
 }
 
 // parameters in the model file
-static size_t gpt2_num_parameters(const GPT2* model) {
+static size_t model_num_parameters(const Model* model) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
     file_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
@@ -482,7 +482,7 @@ static size_t gpt2_num_parameters(const GPT2* model) {
 }
 
 // where the extension's block starts in the model file (in values)
-static size_t gpt2_extension_offset(const GPT2* model) {
+static size_t model_extension_offset(const Model* model) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
     file_tensor_sizes(sizes, model);
     for (int i = 0; i < PARAM_EXTENSION; i++) n += sizes[i];
@@ -491,7 +491,7 @@ static size_t gpt2_extension_offset(const GPT2* model) {
 
 // The whole model's parameters in model-file order (host) -> this process's tensors on the device: the replicated
 // set's part of every tensor, and the extension's own part.
-static void gpt2_set_parameters(GPT2* model, const floatX* file_order) {
+static void model_set_parameters(Model* model, const floatX* file_order) {
     size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, in_file, in_set);
     // When the set holds every tensor of the file whole, the file order is the set's order and needs no host copy
@@ -512,13 +512,13 @@ static void gpt2_set_parameters(GPT2* model, const floatX* file_order) {
         free(replicated);
     }
     const FfnExtension* x = model->extension.ffn;
-    if (x->set_parameters) x->set_parameters(model, file_order + gpt2_extension_offset(model));
+    if (x->set_parameters) x->set_parameters(model, file_order + model_extension_offset(model));
 }
 
 // The inverse, collective over an extension's groups: the whole model in model-file order from the replicated set
 // (its parameters, or in test_gpt.cu its gradients as stored: device memory, or host memory with `kind`
 // cudaMemcpyHostToHost), the extension filling in its own part.
-static void gpt2_get_replicated(const GPT2* model, floatX* file_order, const floatX* replicated, cudaMemcpyKind kind) {
+static void model_get_replicated(const Model* model, floatX* file_order, const floatX* replicated, cudaMemcpyKind kind) {
     size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, in_file, in_set);
     size_t from = 0, to = 0;
@@ -530,22 +530,22 @@ static void gpt2_get_replicated(const GPT2* model, floatX* file_order, const flo
     }
 }
 // (Under ZeRO-3 collective over the model's processes, which gather the set on the host.)
-static void gpt2_get_parameters(GPT2* model, floatX* file_order, cudaStream_t stream) {
+static void model_get_parameters(Model* model, floatX* file_order, cudaStream_t stream) {
     if (model->zero_stage == 3) {
         floatX* replicated = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX) + 1);
         sharded_parameters_gather_all(&model->store, replicated, model->multi_gpu, stream);
-        gpt2_get_replicated(model, file_order, replicated, cudaMemcpyHostToHost);
+        model_get_replicated(model, file_order, replicated, cudaMemcpyHostToHost);
         free(replicated);
     } else {
-        gpt2_get_replicated(model, file_order, model->store.params_memory, cudaMemcpyDeviceToHost);
+        model_get_replicated(model, file_order, model->store.params_memory, cudaMemcpyDeviceToHost);
     }
     const FfnExtension* x = model->extension.ffn;
-    if (x->get_parameters) x->get_parameters(model, file_order + gpt2_extension_offset(model), stream);
+    if (x->get_parameters) x->get_parameters(model, file_order + model_extension_offset(model), stream);
 }
 
 // A llama model's family values (doc/formats.md: what a reader refuses; the kernels' own limits on top): 0 and `why`
 // naming the value, as a model file's header word (from_file) or as the trainer's flag.
-static int llama_config_check(const GPT2Config* c, int from_file, char* why, size_t size) {
+static int llama_config_check(const ModelConfig* c, int from_file, char* why, size_t size) {
     const char* kv = from_file ? "header word 17 (NKV)" : "-kv";
     const char* theta = from_file ? "header word 18 (RoPE theta)" : "-rt";
     const char* hidden = from_file ? "header word 19 (H)" : "-fh";
@@ -572,7 +572,7 @@ static int llama_config_check(const GPT2Config* c, int from_file, char* why, siz
     return 0;
 }
 
-static void check_config_supported(const GPT2Config* c, const char* source, int from_file) {
+static void check_config_supported(const ModelConfig* c, const char* source, int from_file) {
     char why[256];
     if (c->channels <= 0 || c->num_layers <= 0 || c->num_heads <= 0 || c->vocab_size <= 0 || c->max_seq_len <= 0 ||
         c->padded_vocab_size < c->vocab_size) {
@@ -603,9 +603,9 @@ static void check_config_supported(const GPT2Config* c, const char* source, int 
 // flash kernel, else the other one. Grouped-query attention and RoPE run on flash attention only: the other paths
 // take neither fewer key/value heads nor q and k roped after the qkv matmul. 0 and one line naming `source` when the
 // chosen path cannot run the model.
-static int gpt2_set_attention(GPT2* model, int flash, const char* source) {
+static int model_set_attention(Model* model, int flash, const char* source) {
     char why[256];
-    const GPT2Config* c = &model->config;
+    const ModelConfig* c = &model->config;
     int supported = flash_attention_support(c->channels, c->num_heads, c->num_kv_heads, why, sizeof(why));
     if (c->positions == POSITIONS_ROPE || c->num_kv_heads != c->num_heads) {
         if (flash == 0) {
@@ -636,7 +636,7 @@ static int gpt2_set_attention(GPT2* model, int flash, const char* source) {
     }
     return 1;
 }
-static const char* gpt2_attention_name(const GPT2* model) {
+static const char* model_attention_name(const Model* model) {
     static const char* names[3] = {"cuBLAS GEMMs and softmax", "flash attention", "cuDNN"};
     return names[model->attention];
 }
@@ -644,7 +644,7 @@ static const char* gpt2_attention_name(const GPT2* model) {
 // Before the parameters and their gradients are allocated for a model from `source`: they fit in the device's free
 // memory, or one line says what they need (a GPU out of memory would otherwise name neither, and the CPU backend,
 // which fills new device memory, would drive the host into swap).
-static void check_parameter_memory(const GPT2* model, const char* source) {
+static void check_parameter_memory(const Model* model, const char* source) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
     replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
@@ -674,12 +674,12 @@ static void check_parameter_memory(const GPT2* model, const char* source) {
 // loads whatever B and T are.
 static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 
-// Per-layer strides (elements) of the activations whose width depends on the layer kinds: qkvr, fch, fch_gelu and
+// Per-layer strides (elements) of the activations whose width depends on the layer kinds: qkvr, fch, ffn_act and
 // the norms' means (none in RMSNorm)
 typedef struct {
     size_t qkv, fc, hidden, means;
 } LayerStrides;
-static LayerStrides layer_strides(const GPT2Config* c, size_t B, size_t T) {
+static LayerStrides layer_strides(const ModelConfig* c, size_t B, size_t T) {
     LayerStrides s;
     s.qkv = layer_stride(B * T * qkv_channels(c));
     s.fc = layer_stride(B * T * fc_channels(c));
@@ -689,12 +689,12 @@ static LayerStrides layer_strides(const GPT2Config* c, size_t B, size_t T) {
 }
 
 // The activation tensors' sizes in bytes, indexed by ACT_<name>.
-static void fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, size_t T, int recompute) {
-    const GPT2Config* c = &model->config;
+static void fill_in_activation_sizes(size_t* s, const Model* model, size_t B, size_t T, int recompute) {
+    const ModelConfig* c = &model->config;
     size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size;
     size_t ln_layers = recompute >= 2 ? 1 : L;
-    size_t dense_layers = gpt2_dense_layers(model);
-    size_t gelu_layers = recompute >= 1 ? (dense_layers ? 1 : 0) : dense_layers;
+    size_t dense_layers = model_dense_layers(model);
+    size_t act_layers = recompute >= 1 ? (dense_layers ? 1 : 0) : dense_layers;
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T), ATT = layer_stride(B * NH * T * T);
     LayerStrides st = layer_strides(c, B, T);
     size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means;
@@ -712,7 +712,7 @@ static void fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, siz
 }
 
 // the activations' bytes at (B, T) with recompute level `recompute`, an extension's included
-static size_t activation_bytes(const GPT2* model, size_t B, size_t T, int recompute) {
+static size_t activation_bytes(const Model* model, size_t B, size_t T, int recompute) {
     size_t sizes[NUM_ACTIVATION_TENSORS];
     fill_in_activation_sizes(sizes, model, B, T, recompute);
     size_t bytes = 0;
@@ -721,7 +721,7 @@ static size_t activation_bytes(const GPT2* model, size_t B, size_t T, int recomp
     return bytes;
 }
 
-static void gpt2_allocate_activations(GPT2* model, int B, int T) {
+static void model_allocate_activations(Model* model, int B, int T) {
     size_t sizes[NUM_ACTIVATION_TENSORS], bytes = 0;
     fill_in_activation_sizes(sizes, model, B, T, model->recompute);
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;
@@ -747,9 +747,9 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
 }
 
 // Layer l's slices of the activations of a (B, T) batch (B, T at most what they were sized for)
-static LayerActivations gpt2_layer_activations(const GPT2* model, int l, size_t B, size_t T) {
+static LayerActivations model_layer_activations(const Model* model, int l, size_t B, size_t T) {
     const ActivationTensors* a = &model->acts;
-    const GPT2Config* c = &model->config;
+    const ModelConfig* c = &model->config;
     size_t C = c->channels, NH = c->num_heads;
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T);
     LayerStrides st = layer_strides(c, B, T);
@@ -769,17 +769,17 @@ static LayerActivations gpt2_layer_activations(const GPT2* model, int l, size_t 
     la.ln2_mean = a->ln2_mean + l * means;
     la.ln2_rstd = a->ln2_rstd + l * BT;
     la.residual3 = a->residual3 + l * BTC;
-    la.fch = la.fch_gelu = NULL;
-    if (gpt2_is_dense_layer(model, l)) {
-        size_t d = gpt2_dense_index(model, l);
+    la.fch = la.ffn_act = NULL;
+    if (model_is_dense_layer(model, l)) {
+        size_t d = model_dense_index(model, l);
         la.fch = a->fch + d * FC;
-        la.fch_gelu = model->recompute >= 1 ? a->fch_gelu : a->fch_gelu + d * HID;
+        la.ffn_act = model->recompute >= 1 ? a->ffn_act : a->ffn_act + d * HID;
     }
     return la;
 }
 
 // A single process, until the caller sets num_processes and process_rank.
-static void gpt2_init_common(GPT2* model) {
+static void model_init_common(Model* model) {
     memset(model, 0, sizeof(*model));
     model->extension = no_extension;
     model->use_master_weights = 1;
@@ -791,7 +791,7 @@ static void gpt2_init_common(GPT2* model) {
     model->rng_state = 13371337ull;
 }
 
-static void gpt2_free(GPT2* model) {
+static void model_free(Model* model) {
     if (model->extension.ffn->free) model->extension.ffn->free(model);
     sharded_parameters_free(&model->store);
     cudaCheck(cudaFree(model->rope_table));
@@ -812,24 +812,24 @@ static void gpt2_free(GPT2* model) {
 // The passes call the functions below; nothing else looks at a kind.
 
 // out (B, T, C) = norm(inp), with its statistics (mean: LayerNorm only; both NULL when recomputed)
-static void norm_forward(const GPT2* model, floatX* out, float* mean, float* rstd, const floatX* inp,
+static void norm_forward(const Model* model, floatX* out, float* mean, float* rstd, const floatX* inp,
                          const floatX* weight, const floatX* bias, int B, int T, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
+    const ModelConfig* c = &model->config;
     if (c->norm == NORM_RMSNORM) rmsnorm_forward(out, rstd, inp, weight, B, T, c->channels, c->norm_eps, stream);
     else layernorm_forward(out, mean, rstd, inp, weight, bias, B, T, c->channels, stream);
 }
 // residual = inp1 + inp2, then out = norm(residual): the residual stream's add fused with the next norm (N tokens)
-static void residual_norm_forward(const GPT2* model, floatX* residual, floatX* out, float* mean, float* rstd,
+static void residual_norm_forward(const Model* model, floatX* residual, floatX* out, float* mean, float* rstd,
                                   const floatX* inp1, const floatX* inp2, const floatX* weight, const floatX* bias,
                                   int N, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
+    const ModelConfig* c = &model->config;
     if (c->norm == NORM_RMSNORM)
         fused_residual_rmsnorm_forward(residual, out, rstd, inp1, inp2, weight, N, c->channels, c->norm_eps, stream);
     else
         fused_residual_layernorm_forward(residual, out, mean, rstd, inp1, inp2, weight, bias, N, c->channels, stream);
 }
 // dinp (B, T, C) += the gradient through the norm of inp from dout; dweight (and LayerNorm's dbias) +=
-static void norm_backward(const GPT2* model, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
+static void norm_backward(const Model* model, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
                           const floatX* dout, const floatX* inp, const floatX* weight, const float* mean,
                           const float* rstd, int B, int T, cudaStream_t stream) {
     int C = model->config.channels;
@@ -839,9 +839,9 @@ static void norm_backward(const GPT2* model, floatX* dinp, floatX* dweight, floa
 
 // The attention block from la->ln1 (B, T, C): the qkv projection, q and k roped (RoPE), attention on the chosen path
 // into la->atty, and the output projection into out (B, T, C).
-static void attention_block_forward(GPT2* model, const LayerParameters* lp, const LayerActivations* la, floatX* out,
+static void attention_block_forward(Model* model, const LayerParameters* lp, const LayerActivations* la, floatX* out,
                                     int B, int T, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
+    const ModelConfig* c = &model->config;
     int C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, QKV = (int)qkv_channels(c);
     ActivationTensors a = model->acts;
     if (model->attention == ATTENTION_MATMUL_SOFTMAX) {
@@ -865,10 +865,10 @@ static void attention_block_forward(GPT2* model, const LayerParameters* lp, cons
 }
 // Its transpose: a.dbtc (B, T, C) = the gradient of la->ln1 from dout (B, T, C), the gradients into lg. Under -r 2 the
 // caller has recomputed la->ln1.
-static void attention_block_backward(GPT2* model, const LayerParameters* lp, const LayerParameters* lg,
+static void attention_block_backward(Model* model, const LayerParameters* lp, const LayerParameters* lg,
                                      const LayerActivations* la, const floatX* dout, int B, int T,
                                      cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
+    const ModelConfig* c = &model->config;
     int C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, QKV = (int)qkv_channels(c);
     ActivationTensors a = model->acts;
     matmul_backward(a.dbtc, lg->attprojw, lg->attprojb, dout, la->atty, lp->attprojw, a.scratch_f, B, T, C, C, stream);
@@ -888,48 +888,49 @@ static void attention_block_backward(GPT2* model, const LayerParameters* lp, con
 
 // The forward's GELU fusion (-ge): into cuBLASLt's epilogue only when nothing recomputes the GELU (-r 0). With
 // recompute the forward evaluates llmc/gelu.cuh, as the recompute does, so that the backward sees the forward's bits.
-static int gpt2_forward_gelu_fusion(const GPT2* model) {
+static int model_forward_gelu_fusion(const Model* model) {
     return model->recompute >= 1 ? 0 : model->gelu_fusion;
 }
 
-// GPT-2's MLP: fc, GELU (into cuBLASLt's epilogue with -ge), fcproj. la->fch holds fc's output, la->fch_gelu the
+// GPT-2's MLP: fc, GELU (into cuBLASLt's epilogue with -ge), fcproj. la->fch holds fc's output, la->ffn_act the
 // GELU's (recomputed from fch with -r 1).
-static void gelu_mlp_forward(GPT2* model, int layer, const LayerParameters* lp, const LayerActivations* la,
+static void gelu_mlp_forward(Model* model, int layer, const LayerParameters* lp, const LayerActivations* la,
                              floatX* out, int B, int T, cudaStream_t stream) {
     int C = model->config.channels, H = model->config.ffn_hidden;
-    matmul_forward(la->fch_gelu, la->ln2, lp->fcw, lp->fcb, B, T, C, H, stream, la->fch,
-                   gpt2_forward_gelu_fusion(model));
-    matmul_forward(out, la->fch_gelu, lp->fcprojw, lp->fcprojb, B, T, H, C, stream);
+    matmul_forward(la->ffn_act, la->ln2, lp->fcw, lp->fcb, B, T, C, H, stream, la->fch,
+                   model_forward_gelu_fusion(model));
+    matmul_forward(out, la->ffn_act, lp->fcprojw, lp->fcprojb, B, T, H, C, stream);
 }
-static void gelu_mlp_backward(GPT2* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
+static void gelu_mlp_backward(Model* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
                               const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
                               cudaStream_t stream) {
     int C = model->config.channels, H = model->config.ffn_hidden;
     ActivationTensors a = model->acts;
     floatX* dfch = a.scratch_bt4c;  // (B, T, H)
-    if (model->recompute >= 1) gelu_forward(la->fch_gelu, la->fch, (size_t)B * T * H, stream);
-    matmul_backward(dfch, lg->fcprojw, lg->fcprojb, dout, la->fch_gelu, lp->fcprojw, a.scratch_f, B, T, H, C, stream,
+    if (model->recompute >= 1) gelu_forward(la->ffn_act, la->fch, (size_t)B * T * H, stream);
+    matmul_backward(dfch, lg->fcprojw, lg->fcprojb, dout, la->ffn_act, lp->fcprojw, a.scratch_f, B, T, H, C, stream,
                     la->fch, model->gelu_fusion);
     matmul_backward(d_ln2, lg->fcw, lg->fcb, dfch, la->ln2, lp->fcw, a.scratch_f, B, T, C, H, stream);
 }
-// The llama MLP: fc into la->fch = [gate | up] (B, T, 2H), SwiGLU into la->fch_gelu (B, T, H; recomputed with -r 1),
+// The llama MLP: fc into la->fch = [gate | up] (B, T, 2H), SwiGLU into la->ffn_act (B, T, H; recomputed with -r 1),
 // fcproj. In the backward pass fc's output gradient overwrites fch in place: nothing after the SwiGLU's backward
 // needs the forward's [gate | up].
-static void swiglu_mlp_forward(GPT2* model, int layer, const LayerParameters* lp, const LayerActivations* la,
+static void swiglu_mlp_forward(Model* model, int layer, const LayerParameters* lp, const LayerActivations* la,
                                floatX* out, int B, int T, cudaStream_t stream) {
     int C = model->config.channels, H = model->config.ffn_hidden;
-    matmul_forward(la->fch, la->ln2, lp->fcw, lp->fcb, B, T, C, 2 * H, stream);
-    swiglu_forward(la->fch_gelu, la->fch, B * T, H, stream);
-    matmul_forward(out, la->fch_gelu, lp->fcprojw, lp->fcprojb, B, T, H, C, stream);
+    const floatX* fc_gate_up = lp->fcw;  // (2H, C): the gate's rows, then the up projection's
+    matmul_forward(la->fch, la->ln2, fc_gate_up, lp->fcb, B, T, C, 2 * H, stream);
+    swiglu_forward(la->ffn_act, la->fch, B * T, H, stream);
+    matmul_forward(out, la->ffn_act, lp->fcprojw, lp->fcprojb, B, T, H, C, stream);
 }
-static void swiglu_mlp_backward(GPT2* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
+static void swiglu_mlp_backward(Model* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
                                 const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
                                 cudaStream_t stream) {
     int C = model->config.channels, H = model->config.ffn_hidden;
     ActivationTensors a = model->acts;
-    if (model->recompute >= 1) swiglu_forward(la->fch_gelu, la->fch, B * T, H, stream);
+    if (model->recompute >= 1) swiglu_forward(la->ffn_act, la->fch, B * T, H, stream);
     floatX* dswiglu = a.scratch_bt4c;  // (B, T, H)
-    matmul_backward(dswiglu, lg->fcprojw, lg->fcprojb, dout, la->fch_gelu, lp->fcprojw, a.scratch_f, B, T, H, C,
+    matmul_backward(dswiglu, lg->fcprojw, lg->fcprojb, dout, la->ffn_act, lp->fcprojw, a.scratch_f, B, T, H, C,
                     stream);
     swiglu_backward(la->fch, dswiglu, la->fch, B * T, H, stream);
     matmul_backward(d_ln2, lg->fcw, lg->fcb, la->fch, la->ln2, lp->fcw, a.scratch_f, B, T, C, 2 * H, stream);
@@ -937,18 +938,18 @@ static void swiglu_mlp_backward(GPT2* model, int layer, const LayerParameters* l
 static const FfnKind gelu_mlp = {"GELU MLP", gelu_mlp_forward, gelu_mlp_backward};
 static const FfnKind swiglu_mlp = {"SwiGLU MLP", swiglu_mlp_forward, swiglu_mlp_backward};
 
-static const FfnKind* layer_ffn(const GPT2* model, int l) {
-    if (!gpt2_is_dense_layer(model, l)) return &model->extension.ffn->kind;
+static const FfnKind* layer_ffn(const Model* model, int l) {
+    if (!model_is_dense_layer(model, l)) return &model->extension.ffn->kind;
     return model->config.activation == ACTIVATION_SWIGLU ? &swiglu_mlp : &gelu_mlp;
 }
 
 // ----------------------------------------------------------------------------------------------------
 // Forward and backward passes
 
-// A layer's tensors from its slices: those of the tensors stacked over every layer (gpt2_every_layer_tensors' order)
-// and, in a dense layer, over the dense layers (gpt2_dense_tensors'; NULL: an extension's layer). The biases the
-// layer kinds lack are NULL, as in gpt2_layer_parameters (a gradient slice of size 0 points anywhere).
-static LayerParameters layer_parameters_from_slices(const GPT2* model, floatX* const* every, floatX* const* dense) {
+// A layer's tensors from its slices: those of the tensors stacked over every layer (every_layer_tensors' order)
+// and, in a dense layer, over the dense layers (dense_tensors'; NULL: an extension's layer). The biases the
+// layer kinds lack are NULL, as in model_layer_parameters (a gradient slice of size 0 points anywhere).
+static LayerParameters layer_parameters_from_slices(const Model* model, floatX* const* every, floatX* const* dense) {
     int bias = model->config.biases, norm_bias = model->config.norm == NORM_LAYERNORM;
     LayerParameters lp;
     lp.ln1w = every[0], lp.ln1b = norm_bias ? every[1] : NULL, lp.qkvw = every[2], lp.qkvb = bias ? every[3] : NULL;
@@ -963,17 +964,17 @@ static LayerParameters layer_parameters_from_slices(const GPT2* model, floatX* c
 // ZeRO-3: starts gathering layer l's parameters into gather buffer l % 2 (llmc/optimizer.cuh), unless it holds them
 // already, and an extension's layer its own; the forward pass prefetches layer l + 1 as layer l begins, the backward
 // pass layer l - 1. Without ZeRO-3, nothing to do.
-static void gpt2_prefetch_layer(GPT2* model, int l, cudaStream_t stream) {
+static void model_prefetch_layer(Model* model, int l, cudaStream_t stream) {
     if (model->zero_stage < 3) return;
     ShardedParameters* p = &model->store;
     const MultiGpuConfig* mg = model->multi_gpu;
-    int is_dense = gpt2_is_dense_layer(model, l);
+    int is_dense = model_is_dense_layer(model, l);
     if (sharded_parameters_gather_begin(p, l % 2, l, mg, stream)) {
-        sharded_parameters_gather_slices(p, l % 2, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, l,
+        sharded_parameters_gather_slices(p, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS, l,
                                          model->config.num_layers, mg);
         if (is_dense)
-            sharded_parameters_gather_slices(p, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
-                                             gpt2_dense_index(model, l), gpt2_dense_layers(model), mg);
+            sharded_parameters_gather_slices(p, l % 2, dense_tensors, DENSE_TENSORS,
+                                             model_dense_index(model, l), model_dense_layers(model), mg);
         else
             model->extension.ffn->gather_replicated_slices(model, l);
         sharded_parameters_gather_end(p, l % 2, mg);
@@ -983,66 +984,66 @@ static void gpt2_prefetch_layer(GPT2* model, int l, cudaStream_t stream) {
 
 // Layer l's parameters for kernels on `stream`: in the parameter buffer, or under ZeRO-3 in its gather buffer (gathered
 // now if no prefetch did; the stream waits for the gather). Valid until the gather two layers on.
-static LayerParameters gpt2_layer_weights(GPT2* model, int l, cudaStream_t stream) {
-    if (model->zero_stage < 3) return gpt2_layer_parameters(model, &model->params, l);
-    gpt2_prefetch_layer(model, l, stream);
-    floatX* every[GPT2_EVERY_LAYER_TENSORS];
-    floatX* dense[GPT2_DENSE_TENSORS];
-    int L = model->config.num_layers, is_dense = gpt2_is_dense_layer(model, l);
-    sharded_parameters_gathered_slices(&model->store, l % 2, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, l, L,
+static LayerParameters model_layer_weights(Model* model, int l, cudaStream_t stream) {
+    if (model->zero_stage < 3) return model_layer_parameters(model, &model->params, l);
+    model_prefetch_layer(model, l, stream);
+    floatX* every[EVERY_LAYER_TENSORS];
+    floatX* dense[DENSE_TENSORS];
+    int L = model->config.num_layers, is_dense = model_is_dense_layer(model, l);
+    sharded_parameters_gathered_slices(&model->store, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS, l, L,
                                        every, stream);
     if (is_dense)
-        sharded_parameters_gathered_slices(&model->store, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
-                                           gpt2_dense_index(model, l), gpt2_dense_layers(model), dense, stream);
+        sharded_parameters_gathered_slices(&model->store, l % 2, dense_tensors, DENSE_TENSORS,
+                                           model_dense_index(model, l), model_dense_layers(model), dense, stream);
     return layer_parameters_from_slices(model, every, is_dense ? dense : NULL);
 }
 
 // The tensors outside the layers (wte, wpe, the final norm, lm_head; the rest NULL under ZeRO-3): under ZeRO-3 gathered
 // into gather buffer 2 before the forward pass's first use and kept until the parameters change.
-static ParameterTensors gpt2_rest_weights(GPT2* model, cudaStream_t stream) {
+static ParameterTensors model_rest_weights(Model* model, cudaStream_t stream) {
     if (model->zero_stage < 3) return model->params;
     ShardedParameters* p = &model->store;
     const MultiGpuConfig* mg = model->multi_gpu;
     int L = model->config.num_layers;
-    if (sharded_parameters_gather_begin(p, GPT2_REST_BUCKET, -1, mg, stream)) {
-        sharded_parameters_gather_slices(p, GPT2_REST_BUCKET, gpt2_rest_tensors, GPT2_REST_TENSORS, -1, L, mg);
-        sharded_parameters_gather_slices(p, GPT2_REST_BUCKET, gpt2_lm_head_tensor, 1, -1, L, mg);
-        sharded_parameters_gather_end(p, GPT2_REST_BUCKET, mg);
+    if (sharded_parameters_gather_begin(p, REST_BUCKET, -1, mg, stream)) {
+        sharded_parameters_gather_slices(p, REST_BUCKET, rest_tensors, REST_TENSORS, -1, L, mg);
+        sharded_parameters_gather_slices(p, REST_BUCKET, lm_head_tensor, 1, -1, L, mg);
+        sharded_parameters_gather_end(p, REST_BUCKET, mg);
     }
     ParameterTensors w;
     memset(&w, 0, sizeof(w));
-    floatX* s[GPT2_REST_TENSORS];
-    sharded_parameters_gathered_slices(p, GPT2_REST_BUCKET, gpt2_rest_tensors, GPT2_REST_TENSORS, -1, L, s, stream);
+    floatX* s[REST_TENSORS];
+    sharded_parameters_gathered_slices(p, REST_BUCKET, rest_tensors, REST_TENSORS, -1, L, s, stream);
     w.wte = s[0], w.wpe = s[1], w.lnfw = s[2], w.lnfb = s[3];
-    sharded_parameters_gathered_slices(p, GPT2_REST_BUCKET, gpt2_lm_head_tensor, 1, -1, L, s, stream);
+    sharded_parameters_gathered_slices(p, REST_BUCKET, lm_head_tensor, 1, -1, L, s, stream);
     w.lm_head = s[0];
     return w;
 }
 
 // The forward pass from the tokens to a.lnf: the embeddings, then each layer's norm, attention, residual add, norm,
 // FFN and residual add (the add fused with the next layer's first norm, or the final one).
-static void gpt2_forward_layers(GPT2* model, int B, int T, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
+static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream) {
+    const ModelConfig* c = &model->config;
     int L = c->num_layers, C = c->channels, N = B * T;
-    ParameterTensors p = gpt2_rest_weights(model, stream);
+    ParameterTensors p = model_rest_weights(model, stream);
     ActivationTensors a = model->acts;
     const floatX* wpe = c->positions == POSITIONS_LEARNED ? p.wpe : nullptr;
     encoder_forward(a.encoded, model->inputs, p.wte, wpe, B, T, C, stream);
-    LayerParameters first = gpt2_layer_weights(model, 0, stream);
-    LayerActivations first_a = gpt2_layer_activations(model, 0, B, T);
+    LayerParameters first = model_layer_weights(model, 0, stream);
+    LayerActivations first_a = model_layer_activations(model, 0, B, T);
     norm_forward(model, first_a.ln1, first_a.ln1_mean, first_a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, B, T,
                  stream);
     for (int l = 0; l < L; l++) {
-        if (l + 1 < L) gpt2_prefetch_layer(model, l + 1, stream);
-        LayerParameters lp = gpt2_layer_weights(model, l, stream);
-        LayerActivations la = gpt2_layer_activations(model, l, B, T);
+        if (l + 1 < L) model_prefetch_layer(model, l + 1, stream);
+        LayerParameters lp = model_layer_weights(model, l, stream);
+        LayerActivations la = model_layer_activations(model, l, B, T);
         attention_block_forward(model, &lp, &la, a.scratch_btc, B, T, stream);
         residual_norm_forward(model, la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual, a.scratch_btc,
                               lp.ln2w, lp.ln2b, N, stream);
         layer_ffn(model, l)->forward(model, l, &lp, &la, a.scratch_btc, B, T, stream);
         if (l + 1 < L) {
-            LayerParameters next_p = gpt2_layer_weights(model, l + 1, stream);
-            LayerActivations next = gpt2_layer_activations(model, l + 1, B, T);
+            LayerParameters next_p = model_layer_weights(model, l + 1, stream);
+            LayerActivations next = model_layer_activations(model, l + 1, B, T);
             residual_norm_forward(model, la.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, la.residual2,
                                   a.scratch_btc, next_p.ln1w, next_p.ln1b, N, stream);
         } else {
@@ -1052,13 +1053,13 @@ static void gpt2_forward_layers(GPT2* model, int B, int T, cudaStream_t stream) 
     }
 }
 
-// Forward pass over (B, T) tokens. With targets, also the losses, whose mean gpt2_mean_loss returns; with
+// Forward pass over (B, T) tokens. With targets, also the losses, whose mean model_mean_loss returns; with
 // dlogits_scale > 0, the logits are replaced by their gradient (scaled by dlogits_scale) for backward.
-static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dlogits_scale,
+static void model_forward(Model* model, const int* inputs, const int* targets, int B, int T, float dlogits_scale,
                          cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
+    const ModelConfig* c = &model->config;
     if (B > model->batch_size || T > model->seq_len || T > c->max_seq_len || B < 1 || T < 1) {
-        fprintf(stderr, "gpt2_forward: batch (%d, %d) exceeds the allocated (%d, %d) or maxT %d\n", B, T,
+        fprintf(stderr, "model_forward: batch (%d, %d) exceeds the allocated (%d, %d) or maxT %d\n", B, T,
                 model->batch_size, model->seq_len, c->max_seq_len);
         exit(EXIT_FAILURE);
     }
@@ -1071,14 +1072,14 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
     }
     const FfnExtension* x = model->extension.ffn;
     if (x->begin_forward) x->begin_forward(model, B, T, dlogits_scale);
-    gpt2_forward_layers(model, B, T, stream);
+    model_forward_layers(model, B, T, stream);
     // the classifier: against wte (GPT-2, tied llama) or lm_head
-    ParameterTensors p = gpt2_rest_weights(model, stream);
+    ParameterTensors p = model_rest_weights(model, stream);
     matmul_forward(a.output, a.lnf, c->tied ? p.wte : p.lm_head, nullptr, B, T, C, Vp, stream);
     if (targets) {
         fused_classifier(a.output, a.losses, dlogits_scale, model->targets, B, T, V, Vp, dlogits_scale > 0.0f, stream);
         // the losses come back without a host synchronisation: the host queues the backward pass (and what else it
-        // can) before gpt2_mean_loss waits for them, so that the GPU never waits for the host between the passes
+        // can) before model_mean_loss waits for them, so that the GPU never waits for the host between the passes
         cudaCheck(cudaMemcpyAsync(model->losses_cpu, a.losses, (size_t)B * T * sizeof(float), cudaMemcpyDeviceToHost,
                                   stream));
         cudaCheck(cudaEventRecord(model->losses_copied, stream));
@@ -1089,7 +1090,7 @@ static void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int
 
 // The mean language-model cross-entropy of the last forward pass with targets: waits for its losses (host, in
 // double, in token order).
-static float gpt2_mean_loss(GPT2* model) {
+static float model_mean_loss(Model* model) {
     if (model->loss_tokens > 0) {
         cudaCheck(cudaEventSynchronize(model->losses_copied));
         double sum = 0.0;
@@ -1100,74 +1101,74 @@ static float gpt2_mean_loss(GPT2* model) {
     return model->mean_loss;
 }
 
-static ShardedParameters* gpt2_own_set(GPT2* model) {
+static ShardedParameters* model_own_set(Model* model) {
     return model->extension.ffn->own_set ? model->extension.ffn->own_set(model) : NULL;
 }
 
-static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
-static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
+static void model_reduce_layer(Model* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
+static void model_reduce_rest(Model* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
 
 // Where the backward pass accumulates layer l's gradients: in the gradient buffer, or under ZeRO-2 in a bucket
-// (zeroed) that gpt2_reduce_layer then reduces (llmc/optimizer.cuh).
-static LayerParameters gpt2_layer_gradients(GPT2* model, int l, cudaStream_t stream) {
-    floatX* every[GPT2_EVERY_LAYER_TENSORS];
-    floatX* dense[GPT2_DENSE_TENSORS];
-    int is_dense = gpt2_is_dense_layer(model, l);
-    sharded_parameters_gradient_slices(&model->store, l % 2, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, l,
+// (zeroed) that model_reduce_layer then reduces (llmc/optimizer.cuh).
+static LayerParameters model_layer_gradients(Model* model, int l, cudaStream_t stream) {
+    floatX* every[EVERY_LAYER_TENSORS];
+    floatX* dense[DENSE_TENSORS];
+    int is_dense = model_is_dense_layer(model, l);
+    sharded_parameters_gradient_slices(&model->store, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS, l,
                                        model->config.num_layers, every, stream);
     if (is_dense)
-        sharded_parameters_gradient_slices(&model->store, l % 2, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
-                                           gpt2_dense_index(model, l), gpt2_dense_layers(model), dense, stream);
+        sharded_parameters_gradient_slices(&model->store, l % 2, dense_tensors, DENSE_TENSORS,
+                                           model_dense_index(model, l), model_dense_layers(model), dense, stream);
     return layer_parameters_from_slices(model, every, is_dense ? dense : NULL);
 }
 // ... and the gradients of an untied lm_head (reduced as soon as the classifier's backward is done), of wte, wpe and
 // the final norm (the other fields NULL)
-static ParameterTensors gpt2_rest_gradients(GPT2* model, cudaStream_t stream) {
+static ParameterTensors model_rest_gradients(Model* model, cudaStream_t stream) {
     ParameterTensors g;
     memset(&g, 0, sizeof(g));
-    floatX* s[GPT2_REST_TENSORS];
-    sharded_parameters_gradient_slices(&model->store, GPT2_REST_BUCKET, gpt2_lm_head_tensor, 1, -1,
+    floatX* s[REST_TENSORS];
+    sharded_parameters_gradient_slices(&model->store, REST_BUCKET, lm_head_tensor, 1, -1,
                                        model->config.num_layers, s, stream);
     g.lm_head = s[0];
-    sharded_parameters_gradient_slices(&model->store, GPT2_REST_BUCKET, gpt2_rest_tensors, GPT2_REST_TENSORS, -1,
+    sharded_parameters_gradient_slices(&model->store, REST_BUCKET, rest_tensors, REST_TENSORS, -1,
                                        model->config.num_layers, s, stream);
     g.wte = s[0], g.wpe = s[1], g.lnfw = s[2], g.lnfb = s[3];
     return g;
 }
 
-// Backward pass for the batch of the last gpt2_forward (which must have been given targets and a
-// dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with gpt2_zero_grad. With
+// Backward pass for the batch of the last model_forward (which must have been given targets and a
+// dlogits_scale). Gradients accumulate (+=) into model->grads; zero them with model_zero_grad. With
 // `reduce` (the last micro-step of a step), each layer's gradients are averaged over the processes (ZeRO-0:
 // all-reduce; ZeRO-1: reduced to the owner of each shard) on the NCCL stream as soon as that layer's backward
 // pass is done, while the next layer's runs. The recompute levels: r >= 1 recomputes the FFN's activation output
 // (its kind does), r >= 2 also the norms' outputs (bit for bit the forward's: the fused residual-and-norm kernels
 // round the residual first, as a separate add would).
-static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const MultiGpuConfig* mg, int reduce,
+static void model_backward(Model* model, int B, int T, unsigned int seed, const MultiGpuConfig* mg, int reduce,
                           int zero_stage, cudaStream_t stream) {
-    const GPT2Config* c = &model->config;
+    const ModelConfig* c = &model->config;
     int L = c->num_layers, C = c->channels, Vp = c->padded_vocab_size;
-    ParameterTensors p = gpt2_rest_weights(model, stream);
-    ParameterTensors g = gpt2_rest_gradients(model, stream);
+    ParameterTensors p = model_rest_weights(model, stream);
+    ParameterTensors g = model_rest_gradients(model, stream);
     ActivationTensors a = model->acts;
     floatX* dresidual = a.dresidual;  // gradient of the residual stream, (B, T, C)
     // ZeRO-Offload copies the step's gradient to the host piece by piece on the last micro-step
     model->store.last_micro_step = reduce;
-    if (gpt2_own_set(model)) gpt2_own_set(model)->last_micro_step = reduce;
+    if (model_own_set(model)) model_own_set(model)->last_micro_step = reduce;
     reduce = reduce || model->zero_stage >= 2;  // ZeRO-2/3 reduce on every micro-step
     cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)B * T * C * sizeof(floatX), stream));
     // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
     matmul_backward(a.dbtc, c->tied ? g.wte : g.lm_head, nullptr, a.output, a.lnf, c->tied ? p.wte : p.lm_head,
                     a.scratch_f, B, T, C, Vp, stream);
     if (reduce)  // an untied lm_head's gradient is complete: reduced while the layers' backward runs
-        sharded_parameters_reduce_slices(&model->store, gpt2_lm_head_tensor, 1, -1, L, mg, zero_stage, stream);
-    LayerActivations last = gpt2_layer_activations(model, L - 1, B, T);
+        sharded_parameters_reduce_slices(&model->store, lm_head_tensor, 1, -1, L, mg, zero_stage, stream);
+    LayerActivations last = model_layer_activations(model, L - 1, B, T);
     norm_backward(model, dresidual, g.lnfw, g.lnfb, a.scratch_f, a.dbtc, last.residual3, p.lnfw, a.lnf_mean,
                   a.lnf_rstd, B, T, stream);
     for (int l = L - 1; l >= 0; l--) {
-        if (l > 0) gpt2_prefetch_layer(model, l - 1, stream);
-        LayerParameters lp = gpt2_layer_weights(model, l, stream);
-        LayerParameters lg = gpt2_layer_gradients(model, l, stream);
-        LayerActivations la = gpt2_layer_activations(model, l, B, T);
+        if (l > 0) model_prefetch_layer(model, l - 1, stream);
+        LayerParameters lp = model_layer_weights(model, l, stream);
+        LayerParameters lg = model_layer_gradients(model, l, stream);
+        LayerActivations la = model_layer_activations(model, l, B, T);
         if (model->recompute >= 2) {  // the norms' outputs, kept for one layer only
             norm_forward(model, la.ln2, nullptr, nullptr, la.residual2, lp.ln2w, lp.ln2b, B, T, stream);
             norm_forward(model, la.ln1, nullptr, nullptr, la.residual, lp.ln1w, lp.ln1b, B, T, stream);
@@ -1178,28 +1179,28 @@ static void gpt2_backward(GPT2* model, int B, int T, unsigned int seed, const Mu
         attention_block_backward(model, &lp, &lg, &la, dresidual, B, T, stream);
         norm_backward(model, dresidual, lg.ln1w, lg.ln1b, a.scratch_f, a.dbtc, la.residual, lp.ln1w, la.ln1_mean,
                       la.ln1_rstd, B, T, stream);
-        if (reduce) gpt2_reduce_layer(model, l, mg, zero_stage, stream);
+        if (reduce) model_reduce_layer(model, l, mg, zero_stage, stream);
     }
     floatX* dwpe = c->positions == POSITIONS_LEARNED ? g.wpe : nullptr;
     encoder_backward(g.wte, dwpe, dresidual, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
-    if (reduce) gpt2_reduce_rest(model, mg, zero_stage, stream);
+    if (reduce) model_reduce_rest(model, mg, zero_stage, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------
 // Gradient averaging over processes during the backward pass (llmc/optimizer.cuh does the rest of the step)
 
-static void gpt2_reduce_layer(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    sharded_parameters_reduce_slices(&model->store, gpt2_every_layer_tensors, GPT2_EVERY_LAYER_TENSORS, layer,
+static void model_reduce_layer(Model* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
+    sharded_parameters_reduce_slices(&model->store, every_layer_tensors, EVERY_LAYER_TENSORS, layer,
                                      model->config.num_layers, mg, zero_stage, stream);
-    if (gpt2_is_dense_layer(model, layer))
-        sharded_parameters_reduce_slices(&model->store, gpt2_dense_tensors, GPT2_DENSE_TENSORS,
-                                         gpt2_dense_index(model, layer), gpt2_dense_layers(model), mg, zero_stage,
+    if (model_is_dense_layer(model, layer))
+        sharded_parameters_reduce_slices(&model->store, dense_tensors, DENSE_TENSORS,
+                                         model_dense_index(model, layer), model_dense_layers(model), mg, zero_stage,
                                          stream);
     else
         model->extension.ffn->reduce_layer(model, layer, mg, zero_stage, stream);
 }
-static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    sharded_parameters_reduce_slices(&model->store, gpt2_rest_tensors, GPT2_REST_TENSORS, -1, model->config.num_layers,
+static void model_reduce_rest(Model* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
+    sharded_parameters_reduce_slices(&model->store, rest_tensors, REST_TENSORS, -1, model->config.num_layers,
                                      mg, zero_stage, stream);
 }
 
@@ -1208,10 +1209,10 @@ static void gpt2_reduce_rest(GPT2* model, const MultiGpuConfig* mg, int zero_sta
 
 
 // m, v and master weights for this process's shards of both parameter sets
-static void gpt2_allocate_optimizer(GPT2* model, int zero_stage) {
+static void model_allocate_optimizer(Model* model, int zero_stage) {
     sharded_parameters_allocate_optimizer(&model->store, model->use_master_weights, model->process_rank,
                                           model->num_processes, zero_stage, model->offload_optimizer);
-    ShardedParameters* own = gpt2_own_set(model);
+    ShardedParameters* own = model_own_set(model);
     if (own) {
         const MultiGpuConfig* group = model->extension.ffn->own_group(model);
         sharded_parameters_allocate_optimizer(own, model->use_master_weights, group->process_rank,
@@ -1219,17 +1220,17 @@ static void gpt2_allocate_optimizer(GPT2* model, int zero_stage) {
     }
 }
 
-static void gpt2_zero_grad(GPT2* model, cudaStream_t stream) {
+static void model_zero_grad(Model* model, cudaStream_t stream) {
     sharded_parameters_zero_grad(&model->store, stream);
-    ShardedParameters* own = gpt2_own_set(model);
+    ShardedParameters* own = model_own_set(model);
     if (own) sharded_parameters_zero_grad(own, stream);
 }
 
 // After the last micro-step's backward pass: the global norm of the step's gradient (the loss scale undone),
 // identical on every process: the replicated set's part, plus the extension's own, summed over its processes.
-static float gpt2_gradient_norm(GPT2* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
+static float model_gradient_norm(Model* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     float norm2 = sharded_parameters_norm_squared(&model->store, mg, zero_stage, stream);
-    ShardedParameters* own = gpt2_own_set(model);
+    ShardedParameters* own = model_own_set(model);
     if (own) {
         const FfnExtension* x = model->extension.ffn;
         float own2 = sharded_parameters_norm_squared(own, x->own_group(model), zero_stage, stream);
@@ -1239,38 +1240,38 @@ static float gpt2_gradient_norm(GPT2* model, const MultiGpuConfig* mg, int zero_
 }
 
 // -oo 2, right after queuing the last micro-step's backward pass: each set's early update of step t (from 1) on the host
-// (llmc/optimizer.cuh), with the seeds gpt2_update will draw
-static void gpt2_early_update(GPT2* model, const AdamWConfig* opt, int t) {
+// (llmc/optimizer.cuh), with the seeds model_update will draw
+static void model_early_update(Model* model, const AdamWConfig* opt, int t) {
     if (model->offload_optimizer != 2) return;
     unsigned long long rng = model->rng_state;
     unsigned int store_seed = optimizer_next_seed(&rng), own_seed = optimizer_next_seed(&rng);
     sharded_parameters_early_update(&model->store, opt, model->loss_scaler.scale, store_seed, t);
-    ShardedParameters* own = gpt2_own_set(model);
+    ShardedParameters* own = model_own_set(model);
     if (own) sharded_parameters_early_update(own, opt, model->loss_scaler.scale, own_seed, t);
 }
 // ... and a step that is skipped undoes it
-static void gpt2_discard_early_update(GPT2* model) {
+static void model_discard_early_update(Model* model) {
     sharded_parameters_discard_early_update(&model->store);
-    ShardedParameters* own = gpt2_own_set(model);
+    ShardedParameters* own = model_own_set(model);
     if (own) sharded_parameters_discard_early_update(own);
 }
 
 // The AdamW step t (from 1) with gradient norm `norm`; a non-finite norm (FP16 overflow) skips it. Returns 1 if the
 // parameters were updated. The loss scale changes afterwards (LossScaler).
-static int gpt2_update(GPT2* model, const AdamWConfig* opt, float norm, int t, const MultiGpuConfig* mg,
+static int model_update(Model* model, const AdamWConfig* opt, float norm, int t, const MultiGpuConfig* mg,
                        int zero_stage, cudaStream_t stream) {
     int finite = isfinite(norm);
     if (finite) {
         float scale = model->loss_scaler.scale;
         sharded_parameters_apply_update(&model->store, opt, norm, scale, optimizer_next_seed(&model->rng_state), t, mg,
                                         zero_stage, stream);
-        ShardedParameters* own = gpt2_own_set(model);
+        ShardedParameters* own = model_own_set(model);
         if (own)
             sharded_parameters_apply_update(own, opt, norm, scale, optimizer_next_seed(&model->rng_state), t,
                                             model->extension.ffn->own_group(model), zero_stage, stream);
         if (model->extension.ffn->after_update) model->extension.ffn->after_update(model, mg, stream);
     } else {
-        gpt2_discard_early_update(model);
+        model_discard_early_update(model);
     }
     loss_scaler_update(&model->loss_scaler, norm);
     return finite;
@@ -1281,8 +1282,8 @@ static int gpt2_update(GPT2* model, const AdamWConfig* opt, float norm, int t, c
 // (untied) is a matmul's weight like the rest, the embeddings count as in llm.c's GPT-2 formula, and attention's
 // score and value products are those of NH query heads of HS, C = NH HS, whatever NKV (grouped-query attention
 // shares k and v, not their products); the RMSNorm, RoPE and SwiGLU elementwise flops are left out, as GPT-2's are.
-static double gpt2_flops_per_token(const GPT2* model, int T) {
-    const GPT2Config* c = &model->config;
+static double model_flops_per_token(const Model* model, int T) {
+    const ModelConfig* c = &model->config;
     size_t sizes[NUM_PARAMETER_TENSORS];
     file_tensor_sizes(sizes, model);
     double active = 0.0;
@@ -1294,8 +1295,8 @@ static double gpt2_flops_per_token(const GPT2* model, int T) {
 }
 
 // Whether every parameter of every process is finite (collective: the same answer on every process).
-static int gpt2_parameters_finite(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
-    ShardedParameters* sets[2] = {&model->store, gpt2_own_set(model)};
+static int model_parameters_finite(Model* model, const MultiGpuConfig* mg, cudaStream_t stream) {
+    ShardedParameters* sets[2] = {&model->store, model_own_set(model)};
     int bad = 0;
     for (int k = 0; k < 2 && sets[k]; k++) {
         // this process's parameters: all of them, or under ZeRO-3 its shard (the padding past the tensors is zero)
@@ -1315,7 +1316,7 @@ static int gpt2_parameters_finite(GPT2* model, const MultiGpuConfig* mg, cudaStr
 // Sampling: autoregressive from the EOT token, printed through the tokenizer
 
 // Every process that calls this computes the same tokens (the same weights and generator); only `print` prints.
-static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int seed_token, int gen_tokens,
+static void sample_and_print(Model* model, const Tokenizer* tokenizer, int seed_token, int gen_tokens,
                              unsigned long long* sample_rng, int print, cudaStream_t stream) {
     int T = model->seq_len < gen_tokens + 1 ? model->seq_len : gen_tokens + 1;
     int Vp = model->config.padded_vocab_size, V = model->config.vocab_size;
@@ -1325,7 +1326,7 @@ static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int seed_t
     tokens[0] = seed_token;  // checked by the caller to be a token of the model
     if (print) printf("generating:\n---\n");
     for (int t = 1; t < T; t++) {
-        gpt2_forward(model, tokens, nullptr, 1, t, 0.0f, stream);
+        model_forward(model, tokens, nullptr, 1, t, 0.0f, stream);
         cudaCheck(cudaMemcpy(logits_x, model->acts.output + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
                              cudaMemcpyDeviceToHost));
         for (int v = 0; v < V; v++) logits[v] = (float)logits_x[v];
@@ -1350,15 +1351,15 @@ static void sample_and_print(GPT2* model, const Tokenizer* tokenizer, int seed_t
 #include "llmc/memory_plan.h"
 
 // The validation loss over -m batches, averaged over the processes (collective), printed and logged.
-static void evaluate(GPT2* model, DataLoader* val_loader, const TrainerSettings* s, const MultiGpuConfig* mg,
+static void evaluate(Model* model, DataLoader* val_loader, const TrainerSettings* s, const MultiGpuConfig* mg,
                      Logger* logger, int step, cudaStream_t stream) {
     dataloader_reset(val_loader);
     double val_loss = 0.0;
     for (int i = 0; i < s->val_max_steps; i++) {
         watchdog_begin("validation", step);
         dataloader_next_batch(val_loader);
-        gpt2_forward(model, val_loader->inputs, val_loader->targets, s->B, s->T, 0.0f, stream);
-        val_loss += gpt2_mean_loss(model);
+        model_forward(model, val_loader->inputs, val_loader->targets, s->B, s->T, 0.0f, stream);
+        val_loss += model_mean_loss(model);
     }
     watchdog_begin("the validation loss all-reduce", step);
     val_loss = multi_gpu_cpu_float_sum((float)(val_loss / s->val_max_steps), mg) / mg->num_processes;
@@ -1372,7 +1373,7 @@ static void evaluate(GPT2* model, DataLoader* val_loader, const TrainerSettings*
 // Writes the checkpoint of `step` if one is due (collective): never one of non-finite state, neither after a step
 // whose loss or norm was not finite nor of parameters that are not (every process checks its own, so that all
 // decide alike).
-static void checkpoint_if_due(GPT2* model, const TrainerSettings* s, const DataLoader* train_loader, TrainerState* ts,
+static void checkpoint_if_due(Model* model, const TrainerSettings* s, const DataLoader* train_loader, TrainerState* ts,
                               const MultiGpuConfig* mg, int step, int start_step, int last_step, int bad_steps,
                               cudaStream_t stream) {
     int rank0 = mg->process_rank == 0;
@@ -1385,7 +1386,7 @@ static void checkpoint_if_due(GPT2* model, const TrainerSettings* s, const DataL
         return;
     }
     watchdog_begin("the checkpoint's parameter check", step);
-    int finite = gpt2_parameters_finite(model, mg, stream);
+    int finite = model_parameters_finite(model, mg, stream);
     watchdog_end();
     if (!finite) {
         if (rank0) printf("step %d: parameters not finite: checkpoint not written\n", step);
@@ -1418,13 +1419,13 @@ typedef struct {
 // Training step `step` (from 0): the micro-steps' forward and backward passes with the gradient reduction, the
 // norm, the outlier and divergence checks, and the update. *bad_steps counts the steps in a row whose loss or
 // gradient norm was not finite (those update nothing).
-static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* train_loader, TrainerState* ts,
+static StepResult train_step(Model* model, const TrainerSettings* s, DataLoader* train_loader, TrainerState* ts,
                              const MultiGpuConfig* mg, AdamWConfig* opt, LearningRateScheduler* scheduler, int step,
                              int grad_accum_steps, int* bad_steps, cudaStream_t stream) {
     StepResult r;
     struct timespec ts0, ts1;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
-    gpt2_zero_grad(model, stream);
+    model_zero_grad(model, stream);
     if (model->extension.ffn->step_begin) model->extension.ffn->step_begin(model);
     opt->learning_rate = lr_scheduler_get(scheduler, step);
     double step_loss = 0.0;
@@ -1434,19 +1435,19 @@ static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* 
         dataloader_next_batch(train_loader);
         float dlogits_scale = model->loss_scaler.scale / (float)(s->B * s->T * grad_accum_steps);
         model->pass_number = (unsigned int)(step * grad_accum_steps + micro);
-        gpt2_forward(model, train_loader->inputs, train_loader->targets, s->B, s->T, dlogits_scale, stream);
+        model_forward(model, train_loader->inputs, train_loader->targets, s->B, s->T, dlogits_scale, stream);
         int last_micro_step = micro == grad_accum_steps - 1;
-        gpt2_backward(model, s->B, s->T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, s->zero_stage,
+        model_backward(model, s->B, s->T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, s->zero_stage,
                       stream);
-        if (last_micro_step) gpt2_early_update(model, opt, step + 1);  // -oo 2: while the device finishes the pass
-        step_loss += gpt2_mean_loss(model);
+        if (last_micro_step) model_early_update(model, opt, step + 1);  // -oo 2: while the device finishes the pass
+        step_loss += model_mean_loss(model);
         if (model->extension.ffn->micro_step_done) model->extension.ffn->micro_step_done(model);
     }
     r.loss = (float)(step_loss / grad_accum_steps);
     watchdog_begin("the loss all-reduce", step + 1);
     if (mg->num_processes > 1) r.loss = multi_gpu_cpu_float_sum(r.loss, mg) / mg->num_processes;
     watchdog_begin("the gradient norm all-reduce", step + 1);
-    r.norm = gpt2_gradient_norm(model, mg, s->zero_stage, stream);
+    r.norm = model_gradient_norm(model, mg, s->zero_stage, stream);
     watchdog_end();
     // outliers: a spike in the loss or the gradient norm against the last 128 steps skips the update
     // divergence: a step whose loss or gradient norm is not finite updates nothing; -ns such steps in a row stop
@@ -1460,9 +1461,9 @@ static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* 
     r.norm_spike = s->skip_update_gradz > 0.0f && isfinite(r.norm_z) && r.norm_z > s->skip_update_gradz;
     watchdog_begin("the optimizer update", step + 1);
     if (!r.loss_spike && !r.norm_spike)
-        gpt2_update(model, opt, loss_finite ? r.norm : NAN, step + 1, mg, s->zero_stage, stream);
+        model_update(model, opt, loss_finite ? r.norm : NAN, step + 1, mg, s->zero_stage, stream);
     else
-        gpt2_discard_early_update(model);
+        model_discard_early_update(model);
     cudaCheck(cudaStreamSynchronize(stream));
     watchdog_end();
     clock_gettime(CLOCK_MONOTONIC, &ts1);
@@ -1471,13 +1472,13 @@ static StepResult train_step(GPT2* model, const TrainerSettings* s, DataLoader* 
 }
 
 // The step's line (process 0) and log entries.
-static void report_step(const GPT2* model, const TrainerSettings* s, const StepResult* r, const MultiGpuConfig* mg,
+static void report_step(const Model* model, const TrainerSettings* s, const StepResult* r, const MultiGpuConfig* mg,
                         Logger* logger, const AdamWConfig* opt, float flops_promised, int step, int train_num_batches,
                         int grad_accum_steps, int total_batch_size, int bad_steps) {
     float tokens_per_second = total_batch_size / (r->ms * 1e-3f);
     float mfu = -1.0f;
     if (flops_promised > 0) {
-        double achieved = gpt2_flops_per_token(model, s->T) * total_batch_size / (r->ms * 1e-3) / mg->num_processes;
+        double achieved = model_flops_per_token(model, s->T) * total_batch_size / (r->ms * 1e-3) / mg->num_processes;
         mfu = (float)(100.0 * achieved / (flops_promised * 1e12));
     }
     if (mg->process_rank == 0) {
@@ -1555,8 +1556,8 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     cudaCheck(cudaGetDeviceProperties(&prop, mg.local_device_idx));
 
     // the model
-    GPT2 model;
-    gpt2_init_common(&model);
+    Model model;
+    model_init_common(&model);
     model.use_master_weights = s.use_master_weights;
     model.offload_optimizer = s.offload_optimizer;
     model.zero_stage = s.zero_stage;
@@ -1579,18 +1580,18 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
             fprintf(stderr, "-pm %d: needs a descriptor (-e dN), not a model file\n", s.plan_gib);
             return EXIT_FAILURE;
         }
-        GPT2Config arch = trainer_descriptor_arch(&s);
-        gpt2_build_from_descriptor(&model, s.model_source, s.descriptor_vocab, s.descriptor_maxT, s.descriptor_seed,
+        ModelConfig arch = trainer_descriptor_arch(&s);
+        model_build_from_descriptor(&model, s.model_source, s.descriptor_vocab, s.descriptor_maxT, s.descriptor_seed,
                                    &arch, 0);
-        if (!gpt2_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
+        if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
         print_memory_plan(&model, &s, &mg);
         multi_gpu_config_free(&mg);
         return EXIT_SUCCESS;
     }
-    if (from_file) gpt2_build_from_checkpoint(&model, s.model_source);
+    if (from_file) model_build_from_checkpoint(&model, s.model_source);
     else if (s.model_source[0] == 'd' && isdigit((unsigned char)s.model_source[1])) {
-        GPT2Config arch = trainer_descriptor_arch(&s);
-        gpt2_build_from_descriptor(&model, s.model_source, s.descriptor_vocab, s.descriptor_maxT, s.descriptor_seed,
+        ModelConfig arch = trainer_descriptor_arch(&s);
+        model_build_from_descriptor(&model, s.model_source, s.descriptor_vocab, s.descriptor_maxT, s.descriptor_seed,
                                    &arch);
     } else {
         fprintf(stderr, "-e %s: no such model file (and not a descriptor such as d12)\n", s.model_source);
@@ -1598,8 +1599,8 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     }
     if (from_file && !trainer_check_arch_of_file(&s, flags, num_flags, &model)) return EXIT_FAILURE;
     if (x->check_model) x->check_model(&model, s.model_source, from_file);
-    if (!gpt2_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
-    const GPT2Config* cfg = &model.config;
+    if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
+    const ModelConfig* cfg = &model.config;
     if (s.T > cfg->max_seq_len) {
         fprintf(stderr, "-t %d: longer than the model's maximum sequence length %d\n", s.T, cfg->max_seq_len);
         return EXIT_FAILURE;
@@ -1650,8 +1651,8 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (!tokenizer.init_ok && rank0 && s.sample_every > 0)
         printf("note: no tokenizer: samples start from token %d and print token ids\n", sample_seed_token);
 
-    gpt2_allocate_activations(&model, s.B, s.T);
-    gpt2_allocate_optimizer(&model, s.zero_stage);
+    model_allocate_activations(&model, s.B, s.T);
+    model_allocate_optimizer(&model, s.zero_stage);
     print_startup_table(&model, &s, &prop, &mg, grad_accum_steps);
 
     TrainerState ts;
@@ -1724,7 +1725,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);
     if (run_val) dataloader_free(&val_loader);
-    gpt2_free(&model);
+    model_free(&model);
 #ifdef ENABLE_CUDNN
     cudnn_attention_teardown();
 #endif

@@ -12,7 +12,11 @@
 #include "train_gpt.cu"
 #include "llmc/expert_matmul.cuh"
 #include "llmc/router_matmul.cuh"
-#include "llmc/moe.cuh"
+#include "llmc/moe_router.cuh"
+#include "llmc/moe_slots.cuh"
+#include "llmc/moe_dispatch_combine.cuh"
+#include "llmc/moe_losses.cuh"
+#include "llmc/moe_balance.cuh"
 #include "llmc/moe_noise.cuh"
 #include "llmc/expert_parallel.cuh"
 
@@ -144,7 +148,7 @@ enum { MOE_ACTIVATION_TENSORS(MOE_ACTIVATION_INDEX) NUM_MOE_ACTIVATION_TENSORS }
 // per MoE layer: the load-balancing, z, importance, load and sequence-wise losses
 #define MOE_LAYER_LOSSES 5
 
-// The MoE extension's state (GPT2.extension_state).
+// The MoE extension's state (Model.extension_state).
 typedef struct {
     MoEConfig config;
     int config_from_file;     // the shape came from a model file's header (else from the flags: a descriptor's)
@@ -199,20 +203,20 @@ typedef struct {
     // top-k, it may replace the choices (expert_index, (N, k)) and their gates, which it computes from this pass's
     // probs and logits, before the slots, the dispatch and the losses read them. NULL in the trainer, where no flag
     // or file sets it.
-    void (*route_hook)(GPT2* model, int m, int* expert_index, float* gates, const float* probs, const float* logits,
+    void (*route_hook)(Model* model, int m, int* expert_index, float* gates, const float* probs, const float* logits,
                        int N, cudaStream_t stream);
 } MoEModel;
 
-static MoEModel* moe_of(const GPT2* model) { return (MoEModel*)model->extension_state; }
+static MoEModel* moe_of(const Model* model) { return (MoEModel*)model->extension_state; }
 // A llama MoE's experts, routed and shared, are SwiGLU MLPs without biases (doc/moe.md, "Routing
 // options and the llama MoE"): fc has 2H outputs, each row [gate (H) | up (H)] as in llmc/swiglu.cuh; a bias slot
 // has size 0. gpt2's are GPT-2's MLP: fc has H outputs, and biases.
-static int moe_swiglu(const GPT2* model) { return model->config.activation == ACTIVATION_SWIGLU; }
-static size_t moe_fc_width(const GPT2* model, size_t hidden) { return (moe_swiglu(model) ? 2 : 1) * hidden; }
-static size_t moe_bias_size(const GPT2* model, size_t n) { return model->config.biases ? n : 0; }
+static int moe_swiglu(const Model* model) { return model->config.activation == ACTIVATION_SWIGLU; }
+static size_t moe_fc_width(const Model* model, size_t hidden) { return (moe_swiglu(model) ? 2 : 1) * hidden; }
+static size_t moe_bias_size(const Model* model, size_t n) { return model->config.biases ? n : 0; }
 
 // MoE layer m's slices of the parameters: the same struct, each pointer at layer m
-static MoEParameterTensors moe_layer_parameters(const GPT2* model, const MoEParameterTensors* p, int m) {
+static MoEParameterTensors moe_layer_parameters(const Model* model, const MoEParameterTensors* p, int m) {
     const MoEModel* moe = moe_of(model);
     size_t E = moe->config.num_experts, E_l = moe->local_experts, H = moe->config.expert_hidden;
     size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden;
@@ -233,7 +237,7 @@ static MoEParameterTensors moe_layer_parameters(const GPT2* model, const MoEPara
 }
 
 static int is_moe_layer(const MoEConfig* c, int l) { return (l + 1) % c->moe_every == 0; }
-static int num_moe_layers(const GPT2* model) { return model->config.num_layers / moe_of(model)->config.moe_every; }
+static int num_moe_layers(const Model* model) { return model->config.num_layers / moe_of(model)->config.moe_every; }
 static int moe_index(const MoEModel* moe, int l) { return (l + 1) / moe->config.moe_every - 1; }
 
 // The model starts as one process holding every expert; moe_model_set_processes shares them out.
@@ -264,7 +268,7 @@ static void moe_header_refuse(const char* path, int word, int value, const char*
     exit(EXIT_FAILURE);
 }
 
-static void moe_read_header(GPT2* model, const int* header, const char* path) {
+static void moe_read_header(Model* model, const int* header, const char* path) {
     MoEConfig* c = &moe_of(model)->config;
     moe_of(model)->config_from_file = 1;
     c->num_experts = header[8];
@@ -314,7 +318,7 @@ static void moe_read_header(GPT2* model, const int* header, const char* path) {
 
 // Today's Switch model keeps words 24..29 at 0 (a file an older reader loads); any routing option writes
 // revision 1 with every word.
-static void moe_write_header(const GPT2* model, int* header) {
+static void moe_write_header(const Model* model, int* header) {
     const MoEConfig* c = &moe_of(model)->config;
     header[8] = c->num_experts;
     header[9] = c->top_k;
@@ -354,10 +358,10 @@ static void moe_check_device_limit(const MoEModel* moe, const char* source) {
 
 // Once the GPT-2 sizes are known: a descriptor's default expert hidden size (the dense MLP's), the checks of the MoE
 // shape, and (for a file's header) a size the file could hold at all, in double where nothing overflows.
-static void moe_configure(GPT2* model, const char* source) {
+static void moe_configure(Model* model, const char* source) {
     MoEModel* moe = moe_of(model);
     MoEConfig* c = &moe->config;
-    const GPT2Config* g = &model->config;
+    const ModelConfig* g = &model->config;
     char why[256];
     if (!moe->config_from_file && c->expert_hidden <= 0) c->expert_hidden = g->ffn_hidden;  // gpt2 4C
     if (!moe->config_from_file) c->shared_hidden = c->shared_experts > 0 && c->shared_hidden <= 0 ? c->expert_hidden
@@ -409,10 +413,10 @@ static void moe_configure(GPT2* model, const char* source) {
     moe_check_device_limit(moe, source);
 }
 
-static int moe_replaces_mlp(const GPT2* model, int l) { return is_moe_layer(&moe_of(model)->config, l); }
+static int moe_replaces_mlp(const Model* model, int l) { return is_moe_layer(&moe_of(model)->config, l); }
 
 // the slots' sizes with E experts per MoE layer: the file's (all experts) or a process's (its own)
-static void moe_slot_sizes(const GPT2* model, int experts, size_t* sizes) {
+static void moe_slot_sizes(const Model* model, int experts, size_t* sizes) {
     const MoEConfig* c = &moe_of(model)->config;
     size_t Lm = num_moe_layers(model), C = model->config.channels, E = experts, H = c->expert_hidden;
     sizes[MOE_ROUTERW] = Lm * c->num_experts * C;  // the router scores every expert on every process
@@ -428,20 +432,20 @@ static void moe_slot_sizes(const GPT2* model, int experts, size_t* sizes) {
     sizes[MOE_SHARED_FCPROJB] = Lm * moe_bias_size(model, S * C);
 }
 
-static void moe_tensor_sizes(const GPT2* model, size_t* in_file, size_t* in_replicated_set) {
+static void moe_tensor_sizes(const Model* model, size_t* in_file, size_t* in_replicated_set) {
     moe_slot_sizes(model, moe_of(model)->config.num_experts, in_file);
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_replicated_set[i] = moe_is_expert_slot(i) ? 0 : in_file[i];
 }
 
 // Switch's reduced initialisation scale: router and (shared) expert weights drawn with GPT-2's std times
 // sqrt(-ri), the projections into the residual with its residual scale; routernw starts at 0 (Shazeer)
-static float moe_init_std(const GPT2* model, int slot, float residual_scale) {
+static float moe_init_std(const Model* model, int slot, float residual_scale) {
     if (slot == MOE_ROUTERNW) return 0.0f;
     int projection = slot == MOE_EFCPROJW || slot == MOE_SHARED_FCPROJW;
     return (projection ? 0.02f * residual_scale : 0.02f) * sqrtf(moe_of(model)->settings.init_scale);
 }
 
-static size_t moe_own_parameter_count(const GPT2* model) {
+static size_t moe_own_parameter_count(const Model* model) {
     size_t sizes[MLP_EXTENSION_SLOTS], n = 0;
     moe_slot_sizes(model, moe_of(model)->local_experts, sizes);
     for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) n += sizes[i];
@@ -462,7 +466,7 @@ static void moe_point_parameters(MoEParameterTensors* p, floatX* replicated, flo
 
 static const int moe_expert_decays[NUM_EXPERT_TENSORS] = {1, 0, 1, 0};
 
-static void moe_allocate_parameters(GPT2* model) {
+static void moe_allocate_parameters(Model* model) {
     MoEModel* moe = moe_of(model);
     size_t sizes[MLP_EXTENSION_SLOTS];
     moe_slot_sizes(model, moe->local_experts, sizes);
@@ -478,7 +482,7 @@ static void moe_allocate_parameters(GPT2* model) {
     else
         memset(&moe->params, 0, sizeof(moe->params));  // gathered per layer (moe_layer_weights)
     // ZeRO-2/3: MoE layers alternate between two buckets of one layer's expert slices, as the model's layers do
-    // between theirs (gpt2_allocate_gradient_buckets sizes those for the routers' slices too); ZeRO-3 between two
+    // between theirs (model_allocate_gradient_buckets sizes those for the routers' slices too); ZeRO-3 between two
     // gather buffers alike (the model's hold the routers' slices)
     if (model->zero_stage >= 2) {
         size_t layer = 0, Lm = num_moe_layers(model);
@@ -508,7 +512,7 @@ static void moe_allocate_parameters(GPT2* model) {
 }
 
 // The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts.
-static void moe_set_parameters(GPT2* model, const floatX* file_block) {
+static void moe_set_parameters(Model* model, const floatX* file_block) {
     MoEModel* moe = moe_of(model);
     size_t global[MLP_EXTENSION_SLOTS], local[MLP_EXTENSION_SLOTS];
     moe_slot_sizes(model, moe->config.num_experts, global);
@@ -535,7 +539,7 @@ static void moe_set_parameters(GPT2* model, const floatX* file_block) {
 // The experts of every process of the group, in the global layout of the model file's expert tensors (efcw ..
 // efcprojb, each (Lm, E, ...)), from this process's `local` (device, laid out as expert_store, elem bytes per
 // value: parameters, gradients or optimizer state) into `host`. Collective over the expert group.
-static void moe_gather_experts(const GPT2* model, void* host, const void* local, size_t elem, cudaStream_t stream) {
+static void moe_gather_experts(const Model* model, void* host, const void* local, size_t elem, cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
     int Lm = num_moe_layers(model), N = moe->ep.degree;
     size_t sizes[MLP_EXTENSION_SLOTS], largest = 0;
@@ -561,7 +565,7 @@ static void moe_gather_experts(const GPT2* model, void* host, const void* local,
 }
 
 // where the expert tensors start in the extension block of the file
-static size_t moe_experts_in_block(const GPT2* model) {
+static size_t moe_experts_in_block(const Model* model) {
     size_t global[MLP_EXTENSION_SLOTS];
     moe_slot_sizes(model, moe_of(model)->config.num_experts, global);
     return global[MOE_ROUTERW] + global[MOE_ROUTERNW];
@@ -570,7 +574,7 @@ static size_t moe_experts_in_block(const GPT2* model) {
 // the step's; see moe_allocate_parameters), into the file's extension block. Collective over the expert group.
 // Under ZeRO-3 the process's experts are first put together from their shards (over the processes that hold the same
 // experts) in a temporary device buffer: the model file costs their memory while it is written.
-static void moe_get_parameters(const GPT2* model, floatX* file_block, cudaStream_t stream) {
+static void moe_get_parameters(const Model* model, floatX* file_block, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     ShardedParameters* experts = &moe->expert_store;
     if (model->zero_stage < 3) {
@@ -587,24 +591,24 @@ static void moe_get_parameters(const GPT2* model, floatX* file_block, cudaStream
     cudaCheck(cudaFree(local));
     free(host);
 }
-static void moe_get_gradients(const GPT2* model, floatX* file_block, cudaStream_t stream) {  // ZeRO-0/1 only
+static void moe_get_gradients(const Model* model, floatX* file_block, cudaStream_t stream) {  // ZeRO-0/1 only
     moe_gather_experts(model, file_block + moe_experts_in_block(model), moe_of(model)->expert_store.grads_memory,
                        sizeof(floatX), stream);
 }
 // process 0's expert group gathers the experts for the model file (process 0 writes it); under ZeRO-3 every process
 // (the replicated set's shards, and the experts' over their replicas, are put together by all)
-static int moe_gathers_model_file(const GPT2* model) {
+static int moe_gathers_model_file(const Model* model) {
     return moe_of(model)->ep.group == 0 || model->zero_stage == 3;
 }
 
-static ShardedParameters* moe_own_set(GPT2* model) { return &moe_of(model)->expert_store; }
-static const MultiGpuConfig* moe_own_group(const GPT2* model) { return &moe_of(model)->ep.replicas; }
+static ShardedParameters* moe_own_set(Model* model) { return &moe_of(model)->expert_store; }
+static const MultiGpuConfig* moe_own_group(const Model* model) { return &moe_of(model)->ep.replicas; }
 // the squared norm of this process's experts, summed over its expert group (every expert once)
-static float moe_own_norm_sum(const GPT2* model, float norm2, cudaStream_t stream) {
+static float moe_own_norm_sum(const Model* model, float norm2, cudaStream_t stream) {
     return expert_parallel_float_sum(&moe_of(model)->ep, norm2, stream);
 }
 // a token meets k of the E experts of an MoE layer: the routers and shared experts whole, the experts' k/E
-static double moe_active_parameters_per_token(const GPT2* model) {
+static double moe_active_parameters_per_token(const Model* model) {
     const MoEConfig* c = &moe_of(model)->config;
     size_t sizes[MLP_EXTENSION_SLOTS];
     moe_slot_sizes(model, c->num_experts, sizes);
@@ -642,7 +646,7 @@ static void moe_allocated_rows(const MoEModel* moe, int N, size_t* src, size_t* 
 }
 
 // The activation tensors' sizes in bytes, indexed by MOE_ACT_<name>.
-static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B, size_t T, int recompute) {
+static void moe_fill_in_activation_sizes(size_t* s, const Model* model, size_t B, size_t T, int recompute) {
     const MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     size_t C = model->config.channels, E = c->num_experts, K = c->top_k, H = c->expert_hidden;
@@ -666,14 +670,14 @@ static void moe_fill_in_activation_sizes(size_t* s, const GPT2* model, size_t B,
 #undef MOE_ACTIVATION_BYTES
 }
 
-static size_t moe_activation_bytes(const GPT2* model, size_t B, size_t T, int recompute) {
+static size_t moe_activation_bytes(const Model* model, size_t B, size_t T, int recompute) {
     size_t sizes[NUM_MOE_ACTIVATION_TENSORS], bytes = 0;
     moe_fill_in_activation_sizes(sizes, model, B, T, recompute);
     for (int i = 0; i < NUM_MOE_ACTIVATION_TENSORS; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;  // as allocated
     return bytes;
 }
 
-static void moe_allocate_activations(GPT2* model, int B, int T) {
+static void moe_allocate_activations(Model* model, int B, int T) {
     MoEModel* moe = moe_of(model);
     size_t sizes[NUM_MOE_ACTIVATION_TENSORS];
     moe_fill_in_activation_sizes(sizes, model, B, T, model->recompute);
@@ -704,7 +708,7 @@ static void moe_allocate_activations(GPT2* model, int B, int T) {
     }
 }
 
-static void moe_free(GPT2* model) {
+static void moe_free(Model* model) {
     MoEModel* moe = moe_of(model);
     sharded_parameters_free(&moe->expert_store);
     cudaCheck(cudaFree(moe->balance_bias));
@@ -730,10 +734,10 @@ static void moe_free(GPT2* model) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// The MoE layer (llmc/moe.cuh): router in fp32, top-k, slots, dispatch to the expert buffer, with expert
-// parallelism the all-to-all to the experts' owners and back (llmc/expert_parallel.cuh), the experts as batched
-// GEMMs over buffers padded to the capacity or as grouped GEMMs over their exact rows (dropless), combine weighted
-// by the gates. Its output (N, C) goes to `out`, like the dense MLP's.
+// The MoE layer (llmc/moe_router.cuh, moe_slots.cuh, moe_dispatch_combine.cuh, moe_losses.cuh): router in fp32,
+// top-k, slots, dispatch to the expert buffer, with expert parallelism the all-to-all to the experts' owners and
+// back (llmc/expert_parallel.cuh), the experts as batched GEMMs over buffers padded to the capacity or as grouped
+// GEMMs over their exact rows (dropless), combine weighted by the gates. Its output (N, C) goes to `out`, like the dense MLP's.
 
 typedef struct {
     float* logits;        // what routing uses: H with noisy gating
@@ -759,7 +763,7 @@ typedef struct {
     int* rows_own;  // (ep.degree, E / ep.degree) host: rows per (group member, local expert) in the expert layout
 } MoELayerActivations;
 
-static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N) {
+static MoELayerActivations moe_layer_activations(const Model* model, int m, int N) {
     const MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     const MoEActivations* a = &moe->acts;
@@ -797,7 +801,7 @@ static MoELayerActivations moe_layer_activations(const GPT2* model, int m, int N
 // process's experts. The grouped GEMMs take their shapes from the host, so dropless the host must wait for the
 // counts: moe_layer_row_counts_begin starts their copy, the caller queues the dispatch, which does not need them,
 // and moe_layer_row_counts_finish waits, so that the dispatch runs while the host waits.
-static void moe_layer_row_counts_begin(GPT2* model, const MoELayerActivations* l, cudaStream_t stream) {
+static void moe_layer_row_counts_begin(Model* model, const MoELayerActivations* l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     int E = moe->config.num_experts;
     if (!moe->dropless) {
@@ -807,7 +811,7 @@ static void moe_layer_row_counts_begin(GPT2* model, const MoELayerActivations* l
     cudaCheck(cudaMemcpyAsync(l->rows_src, l->kept_count, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
     cudaCheck(cudaEventRecord(moe->counts_copied, stream));
 }
-static void moe_layer_row_counts_finish(GPT2* model, const MoELayerActivations* l, cudaStream_t stream) {
+static void moe_layer_row_counts_finish(Model* model, const MoELayerActivations* l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     if (!moe->dropless) return;
     cudaCheck(cudaEventSynchronize(moe->counts_copied));
@@ -816,7 +820,7 @@ static void moe_layer_row_counts_finish(GPT2* model, const MoELayerActivations* 
 
 // Packed layout: the rows of each of this process's experts (E_l, host), what every group member sent it; returns
 // their sum, the rows of the expert layout in use (padded: E * capacity, all rows).
-static size_t moe_local_expert_rows(const GPT2* model, const MoELayerActivations* l, int* rows) {
+static size_t moe_local_expert_rows(const Model* model, const MoELayerActivations* l, int* rows) {
     MoEModel* moe = moe_of(model);
     int E_l = moe->local_experts, N = moe->ep.degree;
     if (!moe->dropless) return (size_t)moe->config.num_experts * moe->capacity_used;
@@ -832,24 +836,24 @@ static size_t moe_local_expert_rows(const GPT2* model, const MoELayerActivations
 // One Linear layer of this process's experts on their rows in the expert layout: weight (E_l, OC, IC), bias
 // (E_l, OC), inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu)]. Padded: E_l buffers of
 // ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one grouped GEMM.
-static void moe_experts_linear_forward(const GPT2* model, const MoELayerActivations* l, floatX* out, const floatX* inp,
+static void moe_experts_linear_forward(const Model* model, const MoELayerActivations* l, floatX* out, const floatX* inp,
                                        const floatX* weight, const floatX* bias, int IC, int OC, floatX* pre_gelu,
                                        cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     int E_l = moe->local_experts, N = moe->ep.degree;
     if (!moe->dropless) {
         matmul_forward_batched(out, inp, weight, bias, E_l, N * moe->capacity_used, IC, OC, stream, pre_gelu,
-                               gpt2_forward_gelu_fusion(model));
+                               model_forward_gelu_fusion(model));
         return;
     }
     int rows[MOE_MAX_EXPERTS];
     moe_local_expert_rows(model, l, rows);
     matmul_forward_grouped(out, inp, weight, bias, E_l, rows, IC, OC, stream, pre_gelu,
-                           gpt2_forward_gelu_fusion(model));
+                           model_forward_gelu_fusion(model));
 }
 
 // Its backward: dinp (Rown, IC) overwritten, dweight and dbias accumulated (+=); pre_gelu as in the forward.
-static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivations* l, floatX* dinp, floatX* dweight,
+static void moe_experts_linear_backward(const Model* model, const MoELayerActivations* l, floatX* dinp, floatX* dweight,
                                         floatX* dbias, const floatX* dout, const floatX* inp, const floatX* weight,
                                         int IC, int OC, const floatX* pre_gelu, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
@@ -868,7 +872,7 @@ static void moe_experts_linear_backward(const GPT2* model, const MoELayerActivat
 // The experts' MLP on their rows in the expert layout, inp (Rown, C) -> out (Rown, C): gpt2 fcproj(GELU(fc)) with the
 // GELU in fc's epilogue; llama fcproj(swiglu(fc)) without biases, fc's output (Rown, 2H) [gate | up] in expert_pre and
 // llmc/swiglu.cuh's pass over the rows in use (padded: all of them, the padding's zeros give zeros).
-static void moe_experts_mlp_forward(const GPT2* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
+static void moe_experts_mlp_forward(const Model* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
                                     floatX* out, cudaStream_t stream) {
     int C = model->config.channels, H = moe_of(model)->config.expert_hidden;
     if (!moe_swiglu(model)) {
@@ -888,7 +892,7 @@ static void moe_experts_mlp_forward(const GPT2* model, const MoELayerActivations
 // gradients accumulate (+=) into lg's. -r >= 1 recomputes the activation from expert_pre first. llama: SwiGLU's
 // gradient [dgate | dup] overwrites expert_pre in place (nothing reads the forward's [gate | up] after it), as the
 // dense llama MLP does with fch.
-static void moe_experts_mlp_backward(const GPT2* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
+static void moe_experts_mlp_backward(const Model* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
                                      const MoEParameterTensors* lg, floatX* d_io, cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
     int C = model->config.channels, H = moe->config.expert_hidden;
@@ -912,12 +916,12 @@ static void moe_experts_mlp_backward(const GPT2* model, const MoELayerActivation
 }
 
 // The seed of MoE layer m's jitter or gating noise in the current pass (doc/moe.md, "Router noise" 1)
-static unsigned int moe_layer_seed(const GPT2* model, int m, int kind) {
+static unsigned int moe_layer_seed(const Model* model, int m, int kind) {
     return moe_noise_seed((unsigned int)model->process_rank, model->pass_number, m, kind);
 }
 
 // What the router reads: ln2, or in a training pass with jitter ln2 times its multipliers (in router_input)
-static const floatX* moe_router_input(const GPT2* model, int m, const floatX* ln2, int N, cudaStream_t stream) {
+static const floatX* moe_router_input(const Model* model, int m, const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     if (!moe->training || moe->settings.jitter <= 0.0f) return ln2;
     floatX* jittered = moe->acts.router_input;
@@ -945,13 +949,13 @@ static MoEParameterTensors moe_tensors_from_slices(floatX* const* routers, float
 }
 
 // ZeRO-3: model layer l's router slices into the model's gather buffer l % 2, behind the layer's other slices
-// (gpt2_prefetch_layer)
-static void moe_gather_router_slices(GPT2* model, int l) {
+// (model_prefetch_layer)
+static void moe_gather_router_slices(Model* model, int l) {
     sharded_parameters_gather_slices(&model->store, l % 2, moe_router_tensors, MOE_ROUTER_TENSORS,
                                      moe_index(moe_of(model), l), num_moe_layers(model), model->multi_gpu);
 }
 // ... and its experts into the expert set's gather buffer m % 2, from the processes that hold the same experts
-static void moe_prefetch_experts(GPT2* model, int l, cudaStream_t stream) {
+static void moe_prefetch_experts(Model* model, int l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     int m = moe_index(moe, l);
     const MultiGpuConfig* replicas = &moe->ep.replicas;
@@ -963,7 +967,7 @@ static void moe_prefetch_experts(GPT2* model, int l, cudaStream_t stream) {
 
 // MoE layer m's parameters for kernels on `stream`: in the parameter buffers, or under ZeRO-3 in the gather buffers
 // (the stream waits for their gathers)
-static MoEParameterTensors moe_layer_weights(GPT2* model, int m, cudaStream_t stream) {
+static MoEParameterTensors moe_layer_weights(Model* model, int m, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     if (model->zero_stage < 3) return moe_layer_parameters(model, &moe->params, m);
     int l = (m + 1) * moe->config.moe_every - 1, Lm = num_moe_layers(model);
@@ -981,7 +985,7 @@ static MoEParameterTensors moe_layer_weights(GPT2* model, int m, cudaStream_t st
 // token: out (N, C), the routed sum, += Shared_0(ln2) + ... + Shared_{S-1}(ln2) in that order. The projection's
 // GEMM accumulates into out (cuBLASLt's beta = 1, the bias in its epilogue), so each addition rounds once where the
 // reference rounds Shared_s(ln2) to floatX first; the same in fp32 up to the GEMM's own rounding.
-static void moe_shared_forward(GPT2* model, int m, const MoEParameterTensors* lp, floatX* out, const floatX* ln2, int N,
+static void moe_shared_forward(Model* model, int m, const MoEParameterTensors* lp, floatX* out, const floatX* ln2, int N,
                                cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
     size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden, C = model->config.channels;
@@ -995,7 +999,7 @@ static void moe_shared_forward(GPT2* model, int m, const MoEParameterTensors* lp
             swiglu_forward(act, pre, N, (int)Hs, stream);
         } else {
             matmul_forward(act, ln2, lp->shared_fcw + s * Hs * C, lp->shared_fcb + s * Hs, N, 1, (int)C, (int)Hs,
-                           stream, pre, gpt2_forward_gelu_fusion(model));
+                           stream, pre, model_forward_gelu_fusion(model));
         }
         const floatX* fcprojb = swiglu ? nullptr : lp->shared_fcprojb + s * C;
         matmul_cublaslt(out, lp->shared_fcprojw + s * C * Hs, act, fcprojb, (int)C, N, (int)Hs, stream, true, false,
@@ -1006,7 +1010,7 @@ static void moe_shared_forward(GPT2* model, int m, const MoEParameterTensors* lp
 // Their backward: the parameter gradients accumulate (+=) into lg's; every shared expert's input gradient adds into
 // d_ln2, which holds the routed path's. matmul_backward overwrites its input gradient, so fc's backward is its three
 // parts with the input gradient's GEMM accumulating.
-static void moe_shared_backward(GPT2* model, int m, const MoEParameterTensors* lp, const MoEParameterTensors* lg,
+static void moe_shared_backward(Model* model, int m, const MoEParameterTensors* lp, const MoEParameterTensors* lg,
                                 floatX* d_ln2, const floatX* dout, const floatX* ln2, int N, cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
     size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden, C = model->config.channels;
@@ -1043,7 +1047,7 @@ static void moe_shared_backward(GPT2* model, int m, const MoEParameterTensors* l
 // micro-batches 0..j on every process, over (j + 1) * P * N * k choices: moe_router_losses and moe_router_backward
 // compute it from those counts with the coefficient aux_alpha / ((j + 1) * P), as they divide by N * k.
 static int moe_global_aux(const MoEModel* moe) { return moe->settings.global_aux && moe->training; }
-static const int* moe_global_counts(const GPT2* model, int m) {
+static const int* moe_global_counts(const Model* model, int m) {
     const MoEModel* moe = moe_of(model);
     return (moe->global_counts != NULL ? moe->global_counts : moe->step_loads) + (size_t)m * moe->config.num_experts;
 }
@@ -1051,7 +1055,7 @@ static const int* moe_global_counts(const GPT2* model, int m) {
 // A training pass adds MoE layer m's choices to the step's loads. The counts the Switch loss reads: the pass's own,
 // or (global-batch loss) the step's loads so far summed over every process (an all-reduce of E ints on the compute
 // stream: integers, the same sum on every process in any order)
-static const int* moe_aux_counts(GPT2* model, int m, const MoELayerActivations* l, cudaStream_t stream) {
+static const int* moe_aux_counts(Model* model, int m, const MoELayerActivations* l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     int E = moe->config.num_experts;
     int* local = moe->step_loads + (size_t)m * E;
@@ -1063,7 +1067,7 @@ static const int* moe_aux_counts(GPT2* model, int m, const MoELayerActivations* 
     return moe_global_counts(model, m);
 }
 
-static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
+static void moe_layer_forward(Model* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     MoEParameterTensors lp = moe_layer_weights(model, m, stream);
@@ -1117,8 +1121,8 @@ static void moe_layer_forward(GPT2* model, int m, floatX* out, const floatX* ln2
 
 // Where the backward pass of model layer l (MoE layer m) accumulates its gradients: in the sets' gradient buffers,
 // or under ZeRO-2 (zeroed) in the replicated set's bucket l % 2, behind the layer's every-layer slices
-// (gpt2_layer_gradients), and in the expert set's bucket m % 2 (llmc/optimizer.cuh).
-static MoEParameterTensors moe_layer_gradients(GPT2* model, int l, cudaStream_t stream) {
+// (model_layer_gradients), and in the expert set's bucket m % 2 (llmc/optimizer.cuh).
+static MoEParameterTensors moe_layer_gradients(Model* model, int l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     int m = moe_index(moe, l), Lm = num_moe_layers(model);
     floatX* routers[MOE_ROUTER_TENSORS];
@@ -1133,7 +1137,7 @@ static MoEParameterTensors moe_layer_gradients(GPT2* model, int l, cudaStream_t 
 // dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten; the routed
 // experts', the router's and the shared experts'); the router's aux and z losses add their gradients scaled by
 // moe->aux_grad_scale; the layer's parameter gradients accumulate (+=) into lg (moe_layer_gradients).
-static void moe_layer_backward(GPT2* model, int m, MoEParameterTensors lg, floatX* d_ln2, const floatX* dout,
+static void moe_layer_backward(Model* model, int m, MoEParameterTensors lg, floatX* d_ln2, const floatX* dout,
                                const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
@@ -1195,7 +1199,7 @@ typedef struct {
     double drop_fraction, load_min, load_max, load_cv;
 } MoELayerStatistics;
 
-static MoELayerStatistics moe_layer_statistics(const GPT2* model, int m, int N) {
+static MoELayerStatistics moe_layer_statistics(const Model* model, int m, int N) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     int E = c->num_experts, K = c->top_k;
@@ -1214,10 +1218,10 @@ static MoELayerStatistics moe_layer_statistics(const GPT2* model, int m, int N) 
 }
 
 // Telemetry of the last forward pass's MoE layers: its losses and counts come back to the host without a
-// synchronisation (pinned buffers and an event, like the loss: gpt2_forward), and moe_statistics turns them into
+// synchronisation (pinned buffers and an event, like the loss: model_forward), and moe_statistics turns them into
 // the aux and z losses and the routing statistics (drop fraction averaged, load min and max over layers, CV
 // averaged) when they are first needed.
-static void moe_end_forward(GPT2* model, int N, cudaStream_t stream) {
+static void moe_end_forward(Model* model, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     for (int m = 0; m < Lm; m++) {
@@ -1234,7 +1238,7 @@ static void moe_end_forward(GPT2* model, int N, cudaStream_t stream) {
     if (moe_global_aux(moe)) moe->global_passes++;
 }
 
-static void moe_statistics(const GPT2* model) {
+static void moe_statistics(const Model* model) {
     MoEModel* moe = moe_of(model);
     int N = moe->statistics_tokens;
     if (N == 0) return;  // already done
@@ -1272,7 +1276,7 @@ static void moe_statistics(const GPT2* model) {
 // [5] precision, [6] and [7] the values per buffer (every expert's; high and low 31 bits); then each buffer in
 // turn (fp32). Collective: the shards are gathered over the replicas, then process 0's group gathers the experts,
 // and process 0 writes.
-static void write_expert_state(const char* dir, int step, GPT2* model, int zero_stage, cudaStream_t stream) {
+static void write_expert_state(const char* dir, int step, Model* model, int zero_stage, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     ShardedParameters* x = &moe->expert_store;
@@ -1308,7 +1312,7 @@ static void write_expert_state(const char* dir, int step, GPT2* model, int zero_
 }
 
 // Each process reads its own experts' runs of every buffer and keeps its shard.
-static void read_expert_state(const char* dir, int step, GPT2* model) {
+static void read_expert_state(const char* dir, int step, Model* model) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     ShardedParameters* x = &moe->expert_store;
@@ -1366,7 +1370,7 @@ static void read_expert_state(const char* dir, int step, GPT2* model) {
 // Takes in the last update's loads (summed over every process, moe_after_update), if they have not been: into the
 // loads since the last validation, and each expert's run of steps without a token. Every process keeps them; process
 // 0 prints them. A resumed run starts both afresh.
-static void moe_take_step_loads(const GPT2* model) {
+static void moe_take_step_loads(const Model* model) {
     MoEModel* moe = moe_of(model);
     if (!moe->step_loads_pending) return;
     moe->step_loads_pending = 0;
@@ -1380,7 +1384,7 @@ static void moe_take_step_loads(const GPT2* model) {
 }
 
 // MoE layer m's balancing bias into `b` (E values); 0 without one
-static int moe_layer_bias(const GPT2* model, int m, float* b) {
+static int moe_layer_bias(const Model* model, int m, float* b) {
     const MoEModel* moe = moe_of(model);
     if (moe->balance_bias == NULL) return 0;
     int E = moe->config.num_experts;
@@ -1397,7 +1401,7 @@ static const double moe_histogram_edges[] = {0.5, 0.8, 1.25, 2.0};
 // loads; the balancing bias. The log line has the steps' choices (summed over the processes and micro-batches,
 // layer_choices), every expert's load (over the mean, layer_loads) and bias (layer_bias), comma-separated, for
 // scripts/plot_log.py.
-static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step) {
+static void print_moe_layers(const Model* model, int N, Logger* logger, int step) {
     MoEModel* moe = moe_of(model);
     moe_statistics(model);
     moe_take_step_loads(model);
@@ -1468,7 +1472,7 @@ static void print_moe_layers(const GPT2* model, int N, Logger* logger, int step)
 // The passes' hooks
 
 // the capacity factor of training (a backward pass follows) or of evaluation
-static void moe_begin_forward(GPT2* model, int B, int T, float dlogits_scale) {
+static void moe_begin_forward(Model* model, int B, int T, float dlogits_scale) {
     MoEModel* moe = moe_of(model);
     int N = B * T;
     const MoEConfig* c = &moe->config;
@@ -1484,11 +1488,11 @@ static void moe_begin_forward(GPT2* model, int B, int T, float dlogits_scale) {
 }
 
 // The MoE layer as an FFN kind (train_gpt.cu's FfnKind): its parameters are its own, not the dense MLP's lp and lg
-static void moe_forward(GPT2* model, int l, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
+static void moe_forward(Model* model, int l, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
                         int T, cudaStream_t stream) {
     moe_layer_forward(model, moe_index(moe_of(model), l), out, la->ln2, B * T, stream);
 }
-static void moe_backward(GPT2* model, int l, const LayerParameters* lp, const LayerParameters* lg,
+static void moe_backward(Model* model, int l, const LayerParameters* lp, const LayerParameters* lg,
                          const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
                          cudaStream_t stream) {
     moe_layer_backward(model, moe_index(moe_of(model), l), moe_layer_gradients(model, l, stream), d_ln2, dout,
@@ -1497,7 +1501,7 @@ static void moe_backward(GPT2* model, int l, const LayerParameters* lp, const La
 
 // the routers' slices (in the replicated set) over all processes, the experts' over exactly the processes that
 // hold the same experts
-static void moe_reduce_layer(GPT2* model, int l, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
+static void moe_reduce_layer(Model* model, int l, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     int m = moe_index(moe, l), Lm = num_moe_layers(model);
     sharded_parameters_reduce_slices(&model->store, moe_router_tensors, MOE_ROUTER_TENSORS, m, Lm, mg, zero_stage,
@@ -1635,7 +1639,7 @@ static int moe_check_flags(void) {
 // The trainer's model state: its settings from the flags, a descriptor's shape, and the experts shared out over
 // the processes (collective).
 static MoEModel trainer_moe;
-static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
+static void moe_setup(Model* model, const MultiGpuConfig* mg) {
     const MoEFlags* f = &moe_flags;
     if (mg->num_processes % f->expert_parallel != 0) {
         fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of processes (%d)\n",
@@ -1672,7 +1676,7 @@ static void moe_setup(GPT2* model, const MultiGpuConfig* mg) {
 }
 
 // Once built: a model file's experts are its own; a flag that says otherwise is a mistake, not a request.
-static void moe_check_model(const GPT2* model, const char* source, int from_file) {
+static void moe_check_model(const Model* model, const char* source, int from_file) {
     const MoEConfig* c = &moe_of(model)->config;
     const char* names[4] = {"-ne", "-tk", "-me", "-eh"};
     const char* what[4] = {"experts per MoE layer", "experts per token", "layers per MoE layer",
@@ -1717,7 +1721,7 @@ static void moe_check_model(const GPT2* model, const char* source, int from_file
     }
 }
 
-static void moe_info_rows(const GPT2* model, InfoTable* t) {
+static void moe_info_rows(const Model* model, InfoTable* t) {
     const MoEModel* moe = moe_of(model);
     info_row(t, "experts", "%d per MoE layer, %d per process (-ep %d)", moe->config.num_experts, moe->local_experts,
              moe->ep.degree);
@@ -1739,11 +1743,11 @@ static void moe_info_rows(const GPT2* model, InfoTable* t) {
 }
 
 // with expert parallelism every process of the group takes part in each forward pass
-static int moe_collective_forward(const GPT2* model) { return moe_of(model)->ep.degree > 1; }
+static int moe_collective_forward(const Model* model) { return moe_of(model)->ep.degree > 1; }
 
 // The step's loads (the balancing bias's, the telemetry's and the global-batch loss's counts) start again with each
 // step, train_gpt.cu's and test_gpt.cu's alike.
-static void moe_step_begin(GPT2* model) {
+static void moe_step_begin(Model* model) {
     MoEModel* moe = moe_of(model);
     moe->step_aux = moe->step_z = moe->step_drop = moe->step_load_cv = 0.0;
     // a step whose update was skipped (an outlier) leaves its loads behind: each step counts its own
@@ -1752,7 +1756,7 @@ static void moe_step_begin(GPT2* model) {
     moe->global_passes = 0;
     moe_take_step_loads(model);
 }
-static void moe_micro_step_done(GPT2* model) {
+static void moe_micro_step_done(Model* model) {
     MoEModel* moe = moe_of(model);
     moe_statistics(model);
     moe->step_aux += moe->aux_loss + moe->importance_loss + moe->load_loss + moe->seq_loss;  // every balancing loss
@@ -1760,12 +1764,12 @@ static void moe_micro_step_done(GPT2* model) {
     moe->step_drop += moe->drop_fraction;
     moe->step_load_cv += moe->load_cv;
 }
-static void moe_step_fields(const GPT2* model, int micro_steps, char* out, size_t size) {
+static void moe_step_fields(const Model* model, int micro_steps, char* out, size_t size) {
     const MoEModel* moe = moe_of(model);
     snprintf(out, size, " | aux %f | z %f | drop %.4f", moe->step_aux / micro_steps, moe->step_z / micro_steps,
              moe->step_drop / micro_steps);
 }
-static void moe_log_step(const GPT2* model, Logger* logger, int step, int micro_steps) {
+static void moe_log_step(const Model* model, Logger* logger, int step, int micro_steps) {
     const MoEModel* moe = moe_of(model);
     char line[256];
     snprintf(line, sizeof(line), "s:%d aux:%f z:%f drop:%f load_min:%f load_max:%f load_cv:%f", step,
@@ -1776,10 +1780,10 @@ static void moe_log_step(const GPT2* model, Logger* logger, int step, int micro_
 
 // After each optimizer update (every process): the loads of this process's training passes since the last update,
 // summed over every process (ints: exact, the same sum everywhere; under -ep each process routed its own tokens),
-// move every bias by gamma with -rb (llmc/moe.cuh moe_balance_bias_update), identically on every process, and go to
+// move every bias by gamma with -rb (llmc/moe_balance.cuh moe_balance_bias_update), identically on every process, and go to
 // the host for the telemetry (moe_take_step_loads); the next step_begin sets them to 0 (a blocking stream's memset:
 // after this copy).
-static void moe_after_update(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream) {
+static void moe_after_update(Model* model, const MultiGpuConfig* mg, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
     if (mg->num_processes > 1)
@@ -1796,11 +1800,11 @@ static void moe_after_update(GPT2* model, const MultiGpuConfig* mg, cudaStream_t
 // The model file's tail: the balancing biases, Lm * E fp32 values after the parameters whatever the payload's
 // precision (doc/formats.md, "MoE model file"), when the file's header word 29 says so (reading) or the model has
 // them (writing).
-static size_t moe_file_tail_bytes(const GPT2* model) {
+static size_t moe_file_tail_bytes(const Model* model) {
     const MoEModel* moe = moe_of(model);
     return moe->file_has_bias ? (size_t)num_moe_layers(model) * moe->config.num_experts * sizeof(float) : 0;
 }
-static void moe_read_file_tail(GPT2* model, FILE* f, const char* path) {
+static void moe_read_file_tail(Model* model, FILE* f, const char* path) {
     MoEModel* moe = moe_of(model);
     if (!moe->file_has_bias) return;
     size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
@@ -1816,7 +1820,7 @@ static void moe_read_file_tail(GPT2* model, FILE* f, const char* path) {
     cudaCheck(cudaMemcpy(moe->balance_bias, host, n * sizeof(float), cudaMemcpyHostToDevice));
     free(host);
 }
-static void moe_write_file_tail(const GPT2* model, FILE* f, const char* path) {
+static void moe_write_file_tail(const Model* model, FILE* f, const char* path) {
     const MoEModel* moe = moe_of(model);
     if (!moe->config.balance_bias) return;
     size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;

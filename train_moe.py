@@ -68,7 +68,7 @@ Choices this reference makes (the C side must make the same ones):
   the double result is 11.000000000000002 and the capacity is 12, not 11. CF <= 0: no limit.
 - Top-k picks "the k largest probs" by comparing the logits: softmax is strictly increasing, so the order of
   the logits is the order of the exact probabilities, and two different logits never tie just because their
-  rounded probs are equal. Equal logits go to the lower expert index. (llmc/moe.cuh's router does the same.)
+  rounded probs are equal. Equal logits go to the lower expert index. (llmc/moe_router.cuh's router does the same.)
 - For k >= 2 the gate renormalises over all k chosen experts, dropped choices included: a dropped choice
   removes its term but does not raise the gates of the kept ones.
 - Init: GPT-2's (std 0.02; the projections into the residual, expert ones included, 0.02/sqrt(2L)); the router

@@ -32,7 +32,7 @@
 // -ep 1), train-moe-cli.
 #pragma once
 #include "common.cuh"
-#include "moe.cuh"
+#include "moe_common.cuh"
 #include "multi_gpu.cuh"
 
 typedef struct {

@@ -7,7 +7,7 @@
 #pragma once
 
 // The memory plan: what each device holds at the run's ZeRO stage and offload, from the model's shape alone (the
-// layouts of llmc/optimizer.cuh and gpt2_allocate_activations; formulas in doc/zero.md), before anything is allocated.
+// layouts of llmc/optimizer.cuh and model_allocate_activations; formulas in doc/zero.md), before anything is allocated.
 // dev/test/test_train_gpt.sh checks the printed bytes against its own formulas.
 typedef struct {
     size_t parameters;     // floatX: the replicated set and an extension's own, each padded for its shards (ZeRO-3:
@@ -21,7 +21,7 @@ typedef struct {
 
 static size_t shard_padded_count(size_t n, int processes) { return CEIL_DIV(n, (size_t)processes * 8) * processes * 8; }
 
-static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
+static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
     replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
@@ -39,10 +39,10 @@ static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
     m.communication = 0;
     if (stage >= 2) {
         size_t layer, rest;
-        gpt2_gradient_bucket_sizes(model, sizes, &layer, &rest);
+        model_gradient_bucket_sizes(model, sizes, &layer, &rest);
         m.communication = (stage == 3 ? 2 : 1) * (2 * layer + rest) * sizeof(floatX);  // ZeRO-3: gather buffers alike
         // an extension's own set, stacked over the layers it replaces (the MoE experts): two buckets of one layer's
-        int replaced = model->config.num_layers - gpt2_dense_layers(model);
+        int replaced = model->config.num_layers - model_dense_layers(model);
         if (own > 0 && replaced > 0)
             m.communication += (stage == 3 ? 2 : 1) * 2 * (x->own_parameter_count(model) / replaced) *
                                sizeof(floatX);
@@ -53,37 +53,37 @@ static MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T) {
     m.activations = activation_bytes(model, B, T, model->recompute);
     return m;
 }
-static size_t memory_plan_device_bytes(const GPT2* model, const MemoryPlan* m) {
+static size_t memory_plan_device_bytes(const Model* model, const MemoryPlan* m) {
     return m->parameters + m->gradients + m->communication + (model->offload_optimizer ? 0 : m->optimizer) +
            m->activations;
 }
 
 // The largest micro-batch, and the largest GPT-2 (descriptor dN, this model's V and maxT, dense) whose plan at this
 // micro-batch, fits in `budget` bytes of device memory (0: none)
-static int memory_plan_largest_batch(const GPT2* model, int T, size_t budget) {
+static int memory_plan_largest_batch(const Model* model, int T, size_t budget) {
     int B = 0;
     while (B < 65536) {
-        MemoryPlan m = gpt2_memory_plan(model, B + 1, T);
+        MemoryPlan m = model_memory_plan(model, B + 1, T);
         if (memory_plan_device_bytes(model, &m) > budget) break;
         B++;
     }
     return B;
 }
-static int memory_plan_largest_depth(const GPT2* model, int B, int T, size_t budget) {
-    GPT2 probe = *model;
+static int memory_plan_largest_depth(const Model* model, int B, int T, size_t budget) {
+    Model probe = *model;
     probe.extension = no_extension;
     int best = 0;
     for (int depth = 1; depth <= 200; depth++) {
-        gpt2_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
-        MemoryPlan m = gpt2_memory_plan(&probe, B, T);
+        model_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
+        MemoryPlan m = model_memory_plan(&probe, B, T);
         if (memory_plan_device_bytes(&probe, &m) <= budget) best = depth;
     }
     return best;
 }
 
 // the plan's rows for a device of `budget` bytes
-static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size_t budget) {
-    MemoryPlan m = gpt2_memory_plan(model, B, T);
+static void memory_plan_rows(InfoTable* t, const Model* model, int B, int T, size_t budget) {
+    MemoryPlan m = model_memory_plan(model, B, T);
     const double MiB = 1048576.0;
     int stage = model->zero_stage;
     info_row(t, "memory: parameters", "%10.1f MiB (%zu bytes)", m.parameters / MiB, m.parameters);
@@ -111,10 +111,10 @@ static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size
     info_row(t, "largest B that fits", "%d", memory_plan_largest_batch(model, T, budget));
     int depth = memory_plan_largest_depth(model, B, T, budget);
     if (depth > 0) {
-        GPT2 probe = *model;
+        Model probe = *model;
         probe.extension = no_extension;
-        gpt2_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
-        info_row(t, "largest GPT-2 at this B", "d%d (%zu parameters)", depth, gpt2_num_parameters(&probe));
+        model_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
+        info_row(t, "largest GPT-2 at this B", "d%d (%zu parameters)", depth, model_num_parameters(&probe));
     } else {
         info_row(t, "largest GPT-2 at this B", "none fits");
     }
@@ -123,8 +123,8 @@ static void memory_plan_rows(InfoTable* t, const GPT2* model, int B, int T, size
 // Before anything for training is allocated: the activations, the optimizer state and ZeRO-2's gradient shard fit
 // in the free device memory, or one line says what and how much (not a bare out-of-memory error from the middle of
 // the allocations).
-static int check_training_memory(GPT2* model, const TrainerSettings* s) {
-    MemoryPlan m = gpt2_memory_plan(model, s->B, s->T);
+static int check_training_memory(Model* model, const TrainerSettings* s) {
+    MemoryPlan m = model_memory_plan(model, s->B, s->T);
     size_t act = m.activations, opt = model->offload_optimizer ? 0 : m.optimizer;  // offloaded: in host memory
     size_t shard = model->zero_stage >= 2 ? m.gradients : 0;
     size_t free_bytes = 0, total_bytes = 0;
@@ -137,8 +137,8 @@ static int check_training_memory(GPT2* model, const TrainerSettings* s) {
     return 1;
 }
 
-static void model_rows(InfoTable* t, const GPT2* model) {
-    const GPT2Config* cfg = &model->config;
+static void model_rows(InfoTable* t, const Model* model) {
+    const ModelConfig* cfg = &model->config;
     if (cfg->family == FAMILY_LLAMA) {
         info_row(t, "model", "llama L=%d NH=%d NKV=%d C=%d H=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads,
                  cfg->num_kv_heads, cfg->channels, cfg->ffn_hidden, cfg->vocab_size, cfg->padded_vocab_size,
@@ -149,17 +149,17 @@ static void model_rows(InfoTable* t, const GPT2* model) {
         info_row(t, "model", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", cfg->num_layers, cfg->num_heads, cfg->channels,
                  cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len);
     }
-    info_row(t, "parameters", "%zu", gpt2_num_parameters(model));
+    info_row(t, "parameters", "%zu", model_num_parameters(model));
     if (model->extension.telemetry->info_rows) model->extension.telemetry->info_rows(model, t);
 }
 
 // The start-up table (process 0), once everything is allocated: the model, the batch, the memory plan per device, and
 // what would fit in the memory this process uses plus what is free.
-static void print_startup_table(GPT2* model, const TrainerSettings* s, const cudaDeviceProp* prop,
+static void print_startup_table(Model* model, const TrainerSettings* s, const cudaDeviceProp* prop,
                                 const MultiGpuConfig* mg, int grad_accum_steps) {
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    MemoryPlan m = gpt2_memory_plan(model, s->B, s->T);
+    MemoryPlan m = model_memory_plan(model, s->B, s->T);
     size_t budget = free_bytes + memory_plan_device_bytes(model, &m);  // everything planned is allocated now
     if (mg->process_rank != 0) return;
     InfoTable t = {};
@@ -171,7 +171,7 @@ static void print_startup_table(GPT2* model, const TrainerSettings* s, const cud
                  cudnn_attention_deterministic ? "deterministic" : "non-deterministic", cudnn_attention_deterministic);
     else
 #endif
-        info_row(&t, "attention", "%s", gpt2_attention_name(model));
+        info_row(&t, "attention", "%s", model_attention_name(model));
     model_rows(&t, model);
     info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", s->B, s->T, mg->num_processes, grad_accum_steps);
     memory_plan_rows(&t, model, s->B, s->T, budget);
@@ -179,12 +179,12 @@ static void print_startup_table(GPT2* model, const TrainerSettings* s, const cud
 }
 
 // -pm GIB: the plan of a descriptor's model on a device of GIB GiB, without allocating anything (process 0 prints)
-static void print_memory_plan(const GPT2* model, const TrainerSettings* s, const MultiGpuConfig* mg) {
+static void print_memory_plan(const Model* model, const TrainerSettings* s, const MultiGpuConfig* mg) {
     if (mg->process_rank != 0) return;
     InfoTable t = {};
     info_row(&t, "memory plan", "a device of %d GiB (-pm), nothing allocated", s->plan_gib);
     info_row(&t, "precision", "%s", PRECISION_NAME);
-    info_row(&t, "attention", "%s", gpt2_attention_name(model));
+    info_row(&t, "attention", "%s", model_attention_name(model));
     model_rows(&t, model);
     info_row(&t, "batch", "B=%d T=%d processes=%d, ZeRO-%d, offload %d", s->B, s->T, mg->num_processes,
              model->zero_stage, model->offload_optimizer);

@@ -1,7 +1,7 @@
 // llmc/model_extension.h: what a model adds to the layer kinds of train_gpt.cu (doc/architecture.md,
 // "Extensions"): the FFN kind's interface (FfnKind), and an extension's five parts as tables filled in by member
 // name (FfnExtension, ModelFileExtension, CheckpointExtension, TelemetryExtension, TrainerExtension), with GPT-2's
-// empty ones. train_gpt.cu includes it before its model struct: it needs the model's forward declaration (GPT2) and
+// empty ones. train_gpt.cu includes it before its model struct: it needs the model's forward declaration (Model) and
 // its LayerParameters, LayerActivations and MLP_EXTENSION_SLOTS, and llmc/optimizer.cuh, multi_gpu.cuh, logger.h,
 // info_table.h and cli.h. train_moe.cu fills it in for the MoE layer.
 #pragma once
@@ -11,9 +11,9 @@
 // slices, NULL in a layer whose FFN is an extension's, which holds its own).
 typedef struct {
     const char* name;
-    void (*forward)(GPT2* model, int layer, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
+    void (*forward)(Model* model, int layer, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
                     int T, cudaStream_t stream);
-    void (*backward)(GPT2* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
+    void (*backward)(Model* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
                      const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T, cudaStream_t stream);
 } FfnKind;
 
@@ -28,46 +28,46 @@ typedef struct {
 // over processes) in a set of its own (own_set), reduced and sharded over own_group.
 typedef struct {
     FfnKind kind;
-    int (*replaces_mlp)(const GPT2* model, int layer);  // NULL: no layer
+    int (*replaces_mlp)(const Model* model, int layer);  // NULL: no layer
     // after the model's sizes are set (file or descriptor), before anything is allocated: defaults and checks
-    void (*configure)(GPT2* model, const char* source);
+    void (*configure)(Model* model, const char* source);
     // parameters: names and weight decay per slot; sizes in the file and in the replicated set (0: unused slot)
     const char* tensor_names[MLP_EXTENSION_SLOTS];
     int tensor_decays[MLP_EXTENSION_SLOTS];
-    void (*tensor_sizes)(const GPT2* model, size_t* in_file, size_t* in_replicated_set);
+    void (*tensor_sizes)(const Model* model, size_t* in_file, size_t* in_replicated_set);
     // a descriptor's initialisation of a weight (decay) slot: the std of its normal draw, 0 for zeros
-    float (*init_std)(const GPT2* model, int slot, float residual_scale);
-    size_t (*own_parameter_count)(const GPT2* model);  // before the own set exists
-    void (*allocate_parameters)(GPT2* model);  // its own set, once the replicated set is allocated
+    float (*init_std)(const Model* model, int slot, float residual_scale);
+    size_t (*own_parameter_count)(const Model* model);  // before the own set exists
+    void (*allocate_parameters)(Model* model);  // its own set, once the replicated set is allocated
     // its own tensors from / into the model file's extension block (host, slots in file order); get is collective
-    void (*set_parameters)(GPT2* model, const floatX* file_block);
-    void (*get_parameters)(const GPT2* model, floatX* file_block, cudaStream_t stream);
-    void (*get_gradients)(const GPT2* model, floatX* file_block, cudaStream_t stream);
-    double (*active_parameters_per_token)(const GPT2* model);  // of its tensors (for the flops count)
+    void (*set_parameters)(Model* model, const floatX* file_block);
+    void (*get_parameters)(const Model* model, floatX* file_block, cudaStream_t stream);
+    void (*get_gradients)(const Model* model, floatX* file_block, cudaStream_t stream);
+    double (*active_parameters_per_token)(const Model* model);  // of its tensors (for the flops count)
     // how its parameters are sharded
-    int (*gathers_model_file)(const GPT2* model);  // whether this process takes part in get_parameters
-    ShardedParameters* (*own_set)(GPT2* model);                 // NULL: none
-    const MultiGpuConfig* (*own_group)(const GPT2* model);      // the processes that hold the same own tensors
-    float (*own_norm_sum)(const GPT2* model, float norm2, cudaStream_t stream);  // over those holding others
+    int (*gathers_model_file)(const Model* model);  // whether this process takes part in get_parameters
+    ShardedParameters* (*own_set)(Model* model);                 // NULL: none
+    const MultiGpuConfig* (*own_group)(const Model* model);      // the processes that hold the same own tensors
+    float (*own_norm_sum)(const Model* model, float norm2, cudaStream_t stream);  // over those holding others
     // the gradient reduction of its slices of `layer` (after the layer's backward pass, on the last micro-step)
-    void (*reduce_layer)(GPT2* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
+    void (*reduce_layer)(Model* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
     // ZeRO-3's gathers of `layer`: its slices of the replicated set into the model's gather buffer layer % 2 (called
-    // between the model's gather_begin and gather_end, which gpt2_prefetch_layer does), and its own set's into
+    // between the model's gather_begin and gather_end, which model_prefetch_layer does), and its own set's into
     // buffers of its own (unless they hold them already)
-    void (*gather_replicated_slices)(GPT2* model, int layer);
-    void (*prefetch_own)(GPT2* model, int layer, cudaStream_t stream);
-    int (*collective_forward)(const GPT2* model);  // every process of a group takes part in each forward pass
+    void (*gather_replicated_slices)(Model* model, int layer);
+    void (*prefetch_own)(Model* model, int layer, cudaStream_t stream);
+    int (*collective_forward)(const Model* model);  // every process of a group takes part in each forward pass
     // activations and passes
-    size_t (*activation_bytes)(const GPT2* model, size_t B, size_t T, int recompute);
-    void (*allocate_activations)(GPT2* model, int B, int T);
-    void (*begin_forward)(GPT2* model, int B, int T, float dlogits_scale);  // a pass over (B, T) tokens
-    void (*end_forward)(GPT2* model, int N, cudaStream_t stream);  // after a forward pass with targets
+    size_t (*activation_bytes)(const Model* model, size_t B, size_t T, int recompute);
+    void (*allocate_activations)(Model* model, int B, int T);
+    void (*begin_forward)(Model* model, int B, int T, float dlogits_scale);  // a pass over (B, T) tokens
+    void (*end_forward)(Model* model, int N, cudaStream_t stream);  // after a forward pass with targets
     // the training step's boundaries: before its first micro-step, after each micro-step's forward pass, and after
-    // each optimizer update that changed the parameters, on every process (gpt2_update)
-    void (*step_begin)(GPT2* model);
-    void (*micro_step_done)(GPT2* model);
-    void (*after_update)(GPT2* model, const MultiGpuConfig* mg, cudaStream_t stream);
-    void (*free)(GPT2* model);
+    // each optimizer update that changed the parameters, on every process (model_update)
+    void (*step_begin)(Model* model);
+    void (*micro_step_done)(Model* model);
+    void (*after_update)(Model* model, const MultiGpuConfig* mg, cudaStream_t stream);
+    void (*free)(Model* model);
 } FfnExtension;
 
 // The model file: magic and versions (fp32, bf16), header words 8.. and a tail after the parameters (GPT-2's format,
@@ -75,28 +75,28 @@ typedef struct {
 typedef struct {
     int model_magic, fp32_version, bf16_version;
     const char* model_name;  // in messages: "MoE model"
-    void (*read_header)(GPT2* model, const int* header, const char* path);
-    void (*write_header)(const GPT2* model, int* header);
+    void (*read_header)(Model* model, const int* header, const char* path);
+    void (*write_header)(const Model* model, int* header);
     // the tail's bytes (once configured from the header), read from the file positioned there, written after the
     // parameters by process 0
-    size_t (*file_tail_bytes)(const GPT2* model);
-    void (*read_file_tail)(GPT2* model, FILE* f, const char* path);
-    void (*write_file_tail)(const GPT2* model, FILE* f, const char* path);
+    size_t (*file_tail_bytes)(const Model* model);
+    void (*read_file_tail)(Model* model, FILE* f, const char* path);
+    void (*write_file_tail)(const Model* model, FILE* f, const char* path);
 } ModelFileExtension;
 
 // Its checkpoint file ("expert_state"), listed in DONE markers, written and read beside the model's
 typedef struct {
     const char* state_file;
-    void (*write_state)(const char* dir, int step, GPT2* model, int zero_stage, cudaStream_t stream);
-    void (*read_state)(const char* dir, int step, GPT2* model);
+    void (*write_state)(const char* dir, int step, Model* model, int zero_stage, cudaStream_t stream);
+    void (*read_state)(const char* dir, int step, Model* model);
 } CheckpointExtension;
 
 // What it shows: rows of the start-up table, fields of the step line, the log, and a report at each validation
 typedef struct {
-    void (*info_rows)(const GPT2* model, InfoTable* table);
-    void (*step_fields)(const GPT2* model, int micro_steps, char* out, size_t size);
-    void (*log_step)(const GPT2* model, Logger* logger, int step, int micro_steps);
-    void (*print_validation)(const GPT2* model, int N, Logger* logger, int step);
+    void (*info_rows)(const Model* model, InfoTable* table);
+    void (*step_fields)(const Model* model, int micro_steps, char* out, size_t size);
+    void (*log_step)(const Model* model, Logger* logger, int step, int micro_steps);
+    void (*print_validation)(const Model* model, int N, Logger* logger, int step);
 } TelemetryExtension;
 
 // The trainer's flags and process layout
@@ -106,8 +106,8 @@ typedef struct {
     int num_flags;
     const char* flags_title;
     int (*check_flags)(void);  // after parsing: 0 (with a message) when a value is unusable
-    void (*setup)(GPT2* model, const MultiGpuConfig* mg);  // before the model is built, from the flags
-    void (*check_model)(const GPT2* model, const char* source, int from_file);  // once built
+    void (*setup)(Model* model, const MultiGpuConfig* mg);  // before the model is built, from the flags
+    void (*check_model)(const Model* model, const char* source, int from_file);  // once built
 } TrainerExtension;
 
 typedef struct {

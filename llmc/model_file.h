@@ -1,15 +1,15 @@
 // llmc/model_file.h: the model file (doc/formats.md, "GPT-2 model file" and "MoE model file") and the descriptors:
-// building a model from a file (gpt2_build_from_checkpoint), from a descriptor's shape and seeded initialisation
-// (gpt2_build_from_descriptor, -e dN), and writing its file (gpt2_write_model_file, collective). train_gpt.cu includes
-// it after the model's sizes, allocation and parameter copies (gpt2_allocate_parameters, gpt2_set_parameters,
-// gpt2_get_parameters, check_config_supported), which it uses; an extension's format comes through its
+// building a model from a file (model_build_from_checkpoint), from a descriptor's shape and seeded initialisation
+// (model_build_from_descriptor, -e dN), and writing its file (model_write_model_file, collective). train_gpt.cu includes
+// it after the model's sizes, allocation and parameter copies (model_allocate_parameters, model_set_parameters,
+// model_get_parameters, check_config_supported), which it uses; an extension's format comes through its
 // ModelFileExtension (llmc/model_extension.h). Tests: train-gpt-cli and train-moe-cli (malformed files, resumes),
 // and every gpt-*, llama-* and moe-* row, whose models are read from the reference's files.
 #pragma once
 
 // Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16; header word
 // 16 = 1: the llama family), or with an extension its format (train_moe.cu: doc/formats.md).
-static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
+static void model_build_from_checkpoint(Model* model, const char* path) {
     const ModelFileExtension* x = model->extension.file;
     FILE* f = fopen_check(path, "rb");
     int header[256];
@@ -35,14 +35,14 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
                 fp32_version, bf16_version);
         exit(EXIT_FAILURE);
     }
-    GPT2Config* c = &model->config;
+    ModelConfig* c = &model->config;
     c->max_seq_len = header[2];
     c->vocab_size = header[3];
     c->num_layers = header[4];
     c->num_heads = header[5];
     c->channels = header[6];
     c->padded_vocab_size = header[7];
-    gpt2_config_gpt2_family(c);
+    config_gpt2_family(c);
     if (header[16] == FAMILY_LLAMA) {
         config_set_family(c, FAMILY_LLAMA);
         c->num_kv_heads = header[17];
@@ -66,7 +66,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
                 "file this trainer can load\n", path, estimate, c->num_layers, c->channels, c->vocab_size, c->max_seq_len);
         exit(EXIT_FAILURE);
     }
-    size_t n = gpt2_num_parameters(model);
+    size_t n = model_num_parameters(model);
     size_t file_elem = version == fp32_version ? sizeof(float) : sizeof(__nv_bfloat16);
     size_t tail_bytes = x->file_tail_bytes ? x->file_tail_bytes(model) : 0;
     size_t expected_bytes = 256 * sizeof(int) + n * file_elem + tail_bytes;
@@ -90,7 +90,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
         exit(EXIT_FAILURE);
     }
     check_parameter_memory(model, path);
-    gpt2_allocate_parameters(model);
+    model_allocate_parameters(model);
     void* raw = malloc_for(n * file_elem, "the parameters as stored", path);
     fread_check(raw, file_elem, n, f, path);
     if (x->read_file_tail) x->read_file_tail(model, f, path);
@@ -100,7 +100,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
         float v = version == fp32_version ? ((float*)raw)[i] : __bfloat162float(((__nv_bfloat16*)raw)[i]);
         host[i] = (floatX)v;
     }
-    gpt2_set_parameters(model, host);
+    model_set_parameters(model, host);
     free(host);
     free(raw);
 }
@@ -111,7 +111,7 @@ static void gpt2_build_from_checkpoint(GPT2* model, const char* path) {
 // NULL: GPT-2.
 // The GPT-2 of descriptor dN: GPT-2's own sizes at depths 12, 24, 36 and 48 (124M, 350M, 774M, 1558M), else C = 64 N
 // with N heads of 64
-static void gpt2_descriptor_shape(GPT2Config* c, int depth, int vocab_size, int max_seq_len) {
+static void model_descriptor_shape(ModelConfig* c, int depth, int vocab_size, int max_seq_len) {
     c->num_layers = depth;
     if (depth == 12) { c->channels = 768; c->num_heads = 12; }
     else if (depth == 24) { c->channels = 1024; c->num_heads = 16; }
@@ -121,13 +121,13 @@ static void gpt2_descriptor_shape(GPT2Config* c, int depth, int vocab_size, int 
     c->vocab_size = vocab_size;
     c->padded_vocab_size = CEIL_DIV(vocab_size, 128) * 128;
     c->max_seq_len = max_seq_len;
-    gpt2_config_gpt2_family(c);
+    config_gpt2_family(c);
 }
 
 // A model's shape from descriptor dN (the llama family's fields from `arch`), checked, before anything is allocated.
 // With `allocate`, its parameters too, initialised from `seed`.
-static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int vocab_size, int max_seq_len,
-                                       unsigned int seed, const GPT2Config* arch, int allocate = 1) {
+static void model_build_from_descriptor(Model* model, const char* descriptor, int vocab_size, int max_seq_len,
+                                       unsigned int seed, const ModelConfig* arch, int allocate = 1) {
     if (descriptor[0] != 'd' || !isdigit((unsigned char)descriptor[1])) {
         fprintf(stderr, "-e %s: expected a model file or a descriptor such as d12\n", descriptor);
         exit(EXIT_FAILURE);
@@ -138,8 +138,8 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
         fprintf(stderr, "-e %s: bad descriptor (expected dN with N in 1..200)\n", descriptor);
         exit(EXIT_FAILURE);
     }
-    GPT2Config* c = &model->config;
-    gpt2_descriptor_shape(c, (int)depth, vocab_size, max_seq_len);
+    ModelConfig* c = &model->config;
+    model_descriptor_shape(c, (int)depth, vocab_size, max_seq_len);
     if (arch && arch->family == FAMILY_LLAMA) {
         config_set_family(c, FAMILY_LLAMA);
         c->num_kv_heads = arch->num_kv_heads > 0 ? arch->num_kv_heads : c->num_heads;
@@ -152,14 +152,14 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
     if (model->extension.ffn->configure) model->extension.ffn->configure(model, descriptor);
     if (!allocate) return;
     check_parameter_memory(model, descriptor);
-    gpt2_allocate_parameters(model);
+    model_allocate_parameters(model);
     // GPT-2 init: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm 1/0;
     // padded vocabulary rows stay zero. Llama the same (train_gpt.py's init_weights, without its test perturbation
     // of the norm weights): its matrices, lm_head among them, N(0, 0.02), attprojw and fcprojw scaled, RMSNorm 1. Drawn tensor by tensor from one seeded mt19937, in model-file order (with
     // an extension's tensors whole, as in the file, so that the weights do not depend on the process layout).
     // Each tensor is drawn in fp32 into `draw` (the largest tensor's size, not the model's: GPT-2 1.5B's host memory
     // for this is 5 GB instead of 9) and rounded into the model's precision.
-    size_t num_parameters = gpt2_num_parameters(model), sizes[NUM_PARAMETER_TENSORS], largest = 0;
+    size_t num_parameters = model_num_parameters(model), sizes[NUM_PARAMETER_TENSORS], largest = 0;
     file_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) largest = sizes[i] > largest ? sizes[i] : largest;
     floatX* hx = (floatX*)malloc_check(num_parameters * sizeof(floatX));
@@ -174,7 +174,7 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
         if (i == PARAM_LN1W || i == PARAM_LN2W || i == PARAM_LNFW) {
             for (size_t j = 0; j < n; j++) draw[j] = 1.0f;
             drawn = n;
-        } else if (gpt2_parameter_decay(model, i)) {
+        } else if (parameter_decay(model, i)) {
             float std;
             if (slot >= 0 && slot < MLP_EXTENSION_SLOTS) std = model->extension.ffn->init_std(model, slot, residual_scale);
             else std = i == PARAM_ATTPROJW || i == PARAM_FCPROJW ? 0.02f * residual_scale : 0.02f;
@@ -191,14 +191,14 @@ static void gpt2_build_from_descriptor(GPT2* model, const char* descriptor, int 
         offset += n;
     }
     free(draw);
-    gpt2_set_parameters(model, hx);
+    model_set_parameters(model, hx);
     free(hx);
 }
 
 // The model file's header (256 words) as this build writes them: llm.c's format for GPT-2 (version 5 bf16 from a
 // BF16 build, 3 fp32 otherwise) with a llama model's family in words 16..21, an extension's own otherwise.
-static void gpt2_model_header(const GPT2* model, int* header) {
-    const GPT2Config* c = &model->config;
+static void model_file_header(const Model* model, int* header) {
+    const ModelConfig* c = &model->config;
     const ModelFileExtension* x = model->extension.file;
     for (int i = 8; i < 256; i++) header[i] = 0;
     if (c->family == FAMILY_LLAMA) {
@@ -222,14 +222,14 @@ static void gpt2_model_header(const GPT2* model, int* header) {
 
 // Writes the model file. Process 0 writes, after an extension gathered its own part (collective over its groups;
 // processes that take no part return at once).
-static void gpt2_write_model_file(GPT2* model, const char* path, cudaStream_t stream) {
+static void model_write_model_file(Model* model, const char* path, cudaStream_t stream) {
     const FfnExtension* x = model->extension.ffn;
     if (x->gathers_model_file && !x->gathers_model_file(model)) return;
     int header[256] = {0};
-    gpt2_model_header(model, header);
-    size_t n = gpt2_num_parameters(model);
+    model_file_header(model, header);
+    size_t n = model_num_parameters(model);
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
-    gpt2_get_parameters(model, host, stream);
+    model_get_parameters(model, host, stream);
     if (model->process_rank != 0) {
         free(host);
         return;

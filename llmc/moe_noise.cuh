@@ -2,7 +2,7 @@
 // per-element multiplier in U(1-EPS, 1+EPS)) and noisy top-k gating (-rn 1, Shazeer et al. 2017: the router's
 // logits H = clean + N(0,1) * softplus(noise_logits), with the importance and load losses). The definition is the
 // router-noise spec (doc/moe.md, "Router noise": seeds, generator, thr, the losses and their gradient); the rest of the MoE layer
-// is doc/moe.md and llmc/moe.cuh. The noise is counter-based (squirrel_noise5 of a position
+// is doc/moe.md and llmc/moe_router.cuh. The noise is counter-based (squirrel_noise5 of a position
 // and a per-pass seed), so the backward regenerates it instead of storing it, and C and PyTorch draw the same numbers.
 // Included by the MoE trainer and by the kernel lab dev/cuda/moe_noise.cu (`make build/lab/moe_noise_bf16 && build/lab/moe_noise_bf16 -s`).
 //
@@ -21,9 +21,9 @@
 // Shapes (N = B*T tokens of the group, C channels, E experts, k = top-k):
 //   x, router_in, dx, d_router_in (N, C) floatX
 //   clean, noise_logits, H, d_H, d_clean, d_noise_logits (N, E) fp32
-//   expert_index (N, k) int, gates, d_gates (N, k) fp32 (as llmc/moe.cuh)
+//   expert_index (N, k) int, gates, d_gates (N, k) fp32 (as llmc/moe_common.cuh)
 //   importance, load (E) fp32;  losses (2) fp32 = {L_imp, L_load} of this layer;  partials: scratch (see below)
-// Sizes (moe_noise_support, on top of llmc/moe.cuh's moe_support): noisy gating needs k < E (thr is the (k+1)-th
+// Sizes (moe_noise_support, on top of llmc/moe_common.cuh's moe_support): noisy gating needs k < E (thr is the (k+1)-th
 // logit), E <= 256 (a warp holds a token's logits, 8 per lane at most), N*E < 2^31 and N*C < 2^32 (the noise
 // positions are uint32), 0 <= EPS < 1 (a positive multiplier).
 // Tests (dev/test/run_tests.sh NAME, patterns work): lab-moe_noise_{bf16,fp32} and their lab-check- twins;
@@ -32,7 +32,7 @@
 #include <limits.h>
 #include <math.h>
 #include "common.cuh"
-#include "moe.cuh"  // the router the noise feeds, and its size limits and refusals
+#include "moe_router.cuh"  // the router the noise feeds, and its size limits and refusals
 
 #define MOE_NOISE_BLOCK_SIZE 256          // elementwise and warp-per-token kernels
 #define MOE_NOISE_LOSSES_BLOCK_SIZE 512   // losses: 16 warps per block share one set of per-expert sums
@@ -360,7 +360,7 @@ __global__ void moe_noisy_backward_kernel(float* d_clean, float* __restrict__ d_
 // ----------------------------------------------------------------------------------------------------
 // host side
 
-// The sizes these kernels support beyond moe_support (llmc/moe.cuh); false with a one-line reason otherwise.
+// The sizes these kernels support beyond moe_support (llmc/moe_common.cuh); false with a one-line reason otherwise.
 // Called by the trainer at start-up with its group size N = B*T.
 bool moe_noise_support(int N, int C, int E, int k, bool noisy_gating, float jitter_eps, char* why, size_t why_size) {
     if (!(jitter_eps >= 0.0f && jitter_eps < 1.0f)) {

@@ -2,7 +2,7 @@
 // (collective: the model file, each process's state file, an extension's, then the DONE marker), verifying one, and
 // reading a state back, also into a different number of processes (resharding). The files' names and life cycle
 // are llmc/checkpoint.h's, their layouts doc/formats.md's. train_gpt.cu includes it after the model and its
-// optimizer step; it needs gpt2_write_model_file (llmc/model_file.h), the parameter sets (llmc/optimizer.cuh) and
+// optimizer step; it needs model_write_model_file (llmc/model_file.h), the parameter sets (llmc/optimizer.cuh) and
 // the data loader. Tests: train-gpt-cli and train-moe-cli (resume bit-identity, corrupted and partial checkpoints,
 // resharded resumes).
 #pragma once
@@ -21,17 +21,17 @@ typedef struct {
 
 
 // Collective over all processes.
-static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loader, const TrainerState* ts,
+static void write_checkpoint(const char* dir, Model* model, const DataLoader* loader, const TrainerState* ts,
                              const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     char path[1024], tmp[1100];
     checkpoint_paths(path, sizeof(path), dir, "model", ts->step, -1);
-    gpt2_write_model_file(model, path, stream);
+    model_write_model_file(model, path, stream);
     const CheckpointExtension* x = model->extension.checkpoint;
     if (x->write_state) x->write_state(dir, ts->step, model, zero_stage, stream);
     checkpoint_paths(path, sizeof(path), dir, "state", ts->step, mg->process_rank);
     FILE* f = fopen_tmp_for(path, tmp, sizeof(tmp));
     int header[256] = {0};
-    header[0] = GPT2_STATE_MAGIC;
+    header[0] = STATE_FILE_MAGIC;
     header[1] = 1;
     header[2] = mg->num_processes;
     header[3] = mg->process_rank;
@@ -69,7 +69,7 @@ static void write_checkpoint(const char* dir, GPT2* model, const DataLoader* loa
         checkpoint_paths(path, sizeof(path), dir, "DONE", ts->step, -1);
         FILE* d = fopen_tmp_for(path, tmp, sizeof(tmp));
         int header[256];
-        gpt2_model_header(model, header);
+        model_file_header(model, header);
         fprintf(d, "checkpoint 1\nstep %d\nprocesses %d\nmodel", ts->step, mg->num_processes);
         for (int i = 1; i <= 12; i++) fprintf(d, " %d", header[i]);
         fprintf(d, "\n");
@@ -181,7 +181,7 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
         return 0;
     }
     fclose(st);
-    if (header[0] != GPT2_STATE_MAGIC || header[5] != step || header[2] != saved_processes) {
+    if (header[0] != STATE_FILE_MAGIC || header[5] != step || header[2] != saved_processes) {
         snprintf(why, why_size, "%s: a state of step %d for %d processes (magic %d), not of step %d for %d", path,
                  header[5], header[2], header[0], step, saved_processes);
         return 0;
@@ -195,7 +195,7 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
 // `saved_shard` values (the whole padded set at ZeRO-0), at another stage or process count: each buffer (m, v, master)
 // put together whole from the state files, then this process's shard of it. The parameters past the real ones are
 // padding, zero in every layout.
-static void read_resharded_state(const char* dir, int step, GPT2* model, int saved_processes, size_t saved_shard) {
+static void read_resharded_state(const char* dir, int step, Model* model, int saved_processes, size_t saved_shard) {
     ShardedParameters* p = &model->store;
     size_t n = p->num_parameters, saved_files = saved_shard >= n ? 1 : (size_t)saved_processes;
     float* full = (float*)malloc_check(p->num_parameters_padded * sizeof(float));
@@ -215,7 +215,7 @@ static void read_resharded_state(const char* dir, int step, GPT2* model, int sav
     free(full);
 }
 
-static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLoader* loader, TrainerState* ts,
+static void read_checkpoint_state(const char* dir, int step, Model* model, DataLoader* loader, TrainerState* ts,
                                   const MultiGpuConfig* mg) {
     char path[1024];
     checkpoint_paths(path, sizeof(path), dir, "state", step, mg->process_rank);
@@ -225,7 +225,7 @@ static void read_checkpoint_state(const char* dir, int step, GPT2* model, DataLo
         f = fopen_check(path, "rb");
     }
     int header[256];
-    read_header_check(f, header, path, GPT2_STATE_MAGIC, "GPT-2 training state");
+    read_header_check(f, header, path, STATE_FILE_MAGIC, "GPT-2 training state");
     size_t shard_size = ((size_t)header[8] << 31) | (size_t)header[9];
     if (header[1] != 1 || header[2] < 1 || header[4] != model->store.has_master || header[6] != PRECISION_MODE ||
         header[7] != (int)sizeof(TrainerState)) {

@@ -1,7 +1,7 @@
 // llmc/train_settings.h: the trainer's settings: the flag table (TRAINER_FLAGS: name, type, member, default, help),
 // the TrainerSettings it generates, their checks (one line naming the flag and what it expected), the descriptor's
 // architecture from the flags, the agreement of the flags with a model file's header, and which checkpoint -y 1
-// resumes. train_gpt.cu includes it before its loop; it needs the model's config (GPT2Config, config_set_family) and
+// resumes. train_gpt.cu includes it before its loop; it needs the model's config (ModelConfig, config_set_family) and
 // llmc/cli.h. doc/flags.md is generated from the table (--help-markdown). Tests: train-gpt-cli, train-moe-cli and
 // flags-doc.
 #pragma once
@@ -217,8 +217,8 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
 }
 
 // The architecture of a descriptor from the flags (only the family fields of the config are set)
-static GPT2Config trainer_descriptor_arch(const TrainerSettings* s) {
-    GPT2Config arch;
+static ModelConfig trainer_descriptor_arch(const TrainerSettings* s) {
+    ModelConfig arch;
     memset(&arch, 0, sizeof(arch));
     arch.family = !strcmp(s->arch, "llama") ? FAMILY_LLAMA : FAMILY_GPT2;
     arch.num_kv_heads = s->kv_heads;
@@ -231,9 +231,9 @@ static GPT2Config trainer_descriptor_arch(const TrainerSettings* s) {
 
 // A model file's header gives its architecture: an architecture flag given with one must say the same (a resumed
 // run repeats its command line), else 0 and one line naming the flag.
-static int trainer_check_arch_of_file(const TrainerSettings* s, const Flag* flags, int num_flags, const GPT2* model) {
-    const GPT2Config* c = &model->config;
-    GPT2Config want = trainer_descriptor_arch(s);
+static int trainer_check_arch_of_file(const TrainerSettings* s, const Flag* flags, int num_flags, const Model* model) {
+    const ModelConfig* c = &model->config;
+    ModelConfig want = trainer_descriptor_arch(s);
     if (flag_find(flags, num_flags, "-arch")->given && want.family != c->family) {
         fprintf(stderr, "-arch %s: %s is a %s model\n", s->arch, s->model_source, family_name(c->family));
         return 0;

@@ -2,7 +2,7 @@
 // backward: dispatch (token rows into the expert buffer, padded (E, capacity, C) with zeros in padding rows, or
 // packed dropless (N*k, C)), combine (each token's kept expert outputs weighted by its gates), combine backward
 // (d_expert_output and d_gates) and dispatch backward (dx += the token's rows of d_expert_input).
-// doc/moe.md; the layouts: llmc/moe.cuh.
+// doc/moe.md; the layouts: llmc/moe_common.cuh.
 // Build and run on the CPU backend (small sizes):
 //   make build/lab/moe_dispatch_combine_bf16   (build/lab/moe_dispatch_combine_fp32: the fp32 build)
 //   build/lab/moe_dispatch_combine_bf16 -s
@@ -11,20 +11,20 @@
 //                                            -s: N = 69, E = 4, C = 48, k = 1 and 2 at CF 0.5, k = 2 dropless
 //                                            packed)
 // Variants:
-//   1  llmc/moe.cuh moe_dispatch: one warp per destination row, its source found through row_choice. The trainer's.
+//   1  llmc/moe_dispatch_combine.cuh moe_dispatch: one warp per destination row, its source found through row_choice. The trainer's.
 //   2  dispatch scattered: one warp per (token, choice) copies to its row, a second kernel zeroes padding rows
-//   3  llmc/moe.cuh moe_combine: one warp per token gathers its kept rows. The trainer's (a scatter-add is the
+//   3  llmc/moe_dispatch_combine.cuh moe_combine: one warp per token gathers its kept rows. The trainer's (a scatter-add is the
 //      only other form, and it would need float atomics).
-//   4  llmc/moe.cuh moe_combine_backward: one warp per expert row (d_expert_output row and its d_gate), dropped
+//   4  llmc/moe_dispatch_combine.cuh moe_combine_backward: one warp per expert row (d_expert_output row and its d_gate), dropped
 //      choices' d_gates zeroed by the first N*k warps. The trainer's.
 //   5  combine backward per token: one warp per token writes its k rows and d_gates, a second kernel zeroes
 //      padding rows
-//   6  llmc/moe.cuh moe_dispatch_backward: one warp per token gathers its kept rows into dx. The trainer's.
-// Floors (see llmc/moe.cuh; kept = rows used, R = the buffer's rows, s = sizeof(floatX)):
+//   6  llmc/moe_dispatch_combine.cuh moe_dispatch_backward: one warp per token gathers its kept rows into dx. The trainer's.
+// Floors (see llmc/moe_dispatch_combine.cuh; kept = rows used, R = the buffer's rows, s = sizeof(floatX)):
 //   dispatch         (kept + R)*C*s + 4*R        combine            (kept + N)*C*s + 8*N*k
 //   combine backward (2*kept + R)*C*s + 8*N*k + 4*R                 dispatch backward  (kept + 2*N)*C*s + 4*N*k
 #include "common.h"
-#include "../../llmc/moe.cuh"
+#include "../../llmc/moe_dispatch_combine.cuh"
 #include "moe_reference.h"
 
 __global__ void dispatch_scatter_kernel(floatX* expert_input, const floatX* x, const int* choice_row,

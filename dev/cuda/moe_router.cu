@@ -22,13 +22,14 @@
 //                                  k 2 softmax and E = 64 G 8 M 3 k 6 sigmoid + bias)
 // Variants:
 //   1  one thread per token: serial loops over the row (max, sum, probs, k scans for the picks)
-//   2  llmc/moe.cuh moe_router_forward: one warp per token, shuffle reductions, one warp argmax per pick.
+//   2  llmc/moe_router.cuh moe_router_forward: one warp per token, shuffle reductions, one warp argmax per pick.
 //      The trainer's.
-// Floor (see llmc/moe.cuh): read N*E*4, write N*E*4 + N*k*8 + N*4 bytes (either score, with or without a device
+// Floor (see llmc/moe_router.cuh): read N*E*4, write N*E*4 + N*k*8 + N*4 bytes (either score, with or without a device
 // limit, whose group maxima and picks are ~E + 5G + M(G + 10) operations per token, compute within a warp's
 // registers: the floor is the same bytes).
 #include "common.h"
-#include "../../llmc/moe.cuh"
+#include "../../llmc/moe_router.cuh"
+#include "../../llmc/moe_balance.cuh"
 #include "moe_reference.h"
 
 // One thread per token. The picks come out in the order (logit descending, index ascending), so a candidate is
@@ -169,7 +170,7 @@ static int limit_reference_picks(std::vector<int>* expert_index, std::vector<flo
     return changed;
 }
 
-// The balancing bias update (llmc/moe.cuh moe_add_counts, moe_balance_bias_update) against a host loop: two
+// The balancing bias update (llmc/moe_balance.cuh moe_add_counts, moe_balance_bias_update) against a host loop: two
 // micro-batches' counts added, then bias += gamma * sign(sum - E * load) per layer. Layer 0 random loads, layer 1
 // equal loads (nothing moves), layer 2 experts 0 and 39 exactly at the mean (7) with the others at 5 and 9.
 // Integers and one fp32 addition each: compared exactly.

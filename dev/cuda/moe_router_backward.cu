@@ -18,14 +18,15 @@
 //                                          k = 2; the default sizes add E = 64 k = 6 sigmoid)
 // Variants:
 //   1  router backward, one thread per token: serial loops over the row
-//   2  llmc/moe.cuh moe_router_backward: one warp per token, lanes own experts, one warp reduction. The trainer's.
+//   2  llmc/moe_router.cuh moe_router_backward: one warp per token, lanes own experts, one warp reduction. The trainer's.
 //   3  losses in one block, block_reduce: the trainer's before, kept for comparison (one SM streams N*E floats)
-//   4  llmc/moe.cuh moe_router_losses: a grid of up to 512 blocks writes partial sums, one warp adds them in block
+//   4  llmc/moe_losses.cuh moe_router_losses: a grid of up to 512 blocks writes partial sums, one warp adds them in block
 //      order. The trainer's.
-// Floors (see llmc/moe.cuh): backward N*E*8 + N*k*12 + N*4 + E*4 bytes (sigmoid: N*E*4 more, the logits);
+// Floors (see llmc/moe_router.cuh and moe_losses.cuh): backward N*E*8 + N*k*12 + N*4 + E*4 bytes (sigmoid: N*E*4 more, the logits);
 // losses N*E*4 + N*4 + E*4 bytes.
 #include "common.h"
-#include "../../llmc/moe.cuh"
+#include "../../llmc/moe_router.cuh"
+#include "../../llmc/moe_losses.cuh"
 #include "moe_reference.h"
 
 __global__ void router_backward_thread_per_token_kernel(float* d_logits, const float* probs, const float* logits,
@@ -79,7 +80,7 @@ __global__ void router_backward_thread_per_token_kernel(float* d_logits, const f
     }
 }
 
-// The losses in one block (a fixed thread layout and block_reduce, deterministic): llmc/moe.cuh's before its grid.
+// The losses in one block (a fixed thread layout and block_reduce, deterministic): llmc/moe_losses.cuh's before its grid.
 __global__ void losses_one_block_kernel(float* aux_and_z, const float* probs, const float* logsumexp,
                                         const int* expert_count, int N, int E, int k, float aux_alpha, float z_coef) {
     float weighted = 0.0f;

@@ -4,7 +4,7 @@
 // (choice_row) in the padded layout (expert e's rows from e*capacity) or the packed dropless one (expert e's rows
 // after the choices of the experts below e); the inverse map row_choice (-1 for padding rows); expert_count
 // (choices routed to e before dropping) and kept_count (rows used). Also checks moe_capacity against values the
-// PyTorch formula gives. doc/moe.md; the layouts: llmc/moe.cuh.
+// PyTorch formula gives. doc/moe.md; the layouts: llmc/moe_common.cuh.
 // Build and run on the CPU backend (small sizes):
 //   make build/lab/moe_slots_bf16   (build/lab/moe_slots_fp32: the fp32 build)
 //   build/lab/moe_slots_bf16 -s          (the kernels move ints: the fp32 build is the same)
@@ -21,16 +21,16 @@
 //   2  one block, two passes: each thread counts, per expert, the choices of its contiguous segment of the
 //      priority order; thread e scans expert e's counts over the threads; each thread then walks its segment
 //      again handing out rows from its offsets. Shared memory (E, threads) ints: small E only; padded layout only.
-//   3  llmc/moe.cuh moe_assign_slots: tiles of the priority order, one block each: per-tile counts, one block
+//   3  llmc/moe_slots.cuh moe_assign_slots: tiles of the priority order, one block each: per-tile counts, one block
 //      scans them over the tiles, then each tile hands out its slots (warp peer masks, a scan over the warps).
 //      N*k / 512 blocks. The trainer's.
-// Floor (see llmc/moe.cuh): DRAM bytes = N*k*4 (read) + N*k*4 + R*4 + 8*E (written), R = the buffer's rows;
+// Floor (see llmc/moe_slots.cuh): DRAM bytes = N*k*4 (read) + N*k*4 + R*4 + 8*E (written), R = the buffer's rows;
 // variant 1 also reads expert_index E times (2E packed) from L2, variant 3 twice.
 #include "common.h"
-#include "../../llmc/moe.cuh"
+#include "../../llmc/moe_slots.cuh"
 #include "moe_reference.h"
 
-// The trainer's kernel before the tiled one (llmc/moe.cuh), kept for comparison: one block per expert e walks the
+// The trainer's kernel before the tiled one (llmc/moe_slots.cuh), kept for comparison: one block per expert e walks the
 // N*k choices in priority order, SLOTS_ITEMS * blockDim.x at a time (thread x takes base + i*blockDim.x + x);
 // a ballot per warp and item, and the warps' counts in shared memory, give each choice of e its exclusive prefix
 // count = its slot. Only block e writes the choices and rows of e. Packed layout: first_row = the choices routed

@@ -222,7 +222,7 @@ expect_error "another global batch" \
 # fp32 values (this build); parameters all, or ZeRO-3's shard; gradients a full buffer, or ZeRO-2/3's fp32 shard and
 # its buckets (two layers and the embeddings with the final LayerNorm; ZeRO-3 as many gather buffers); m and v (and
 # master weights with -oo 1; and their backups with -oo 2) of the shard. Activations: the
-# leading terms of gpt2_allocate_activations on the flash path, within 1% (the per-row statistics and the backward's
+# leading terms of model_allocate_activations on the flash path, within 1% (the per-row statistics and the backward's
 # scratch that they leave out are 16 MB, 0.6%, at this shape).
 plan_check() {  # NP ZERO OFFLOAD RECOMPUTE
     $MPIRUN -np "$1" "$TRAIN" -pm 80 -e d12 -b 4 -t 1024 -fa 1 -z "$2" -oo "$3" -r "$4" >"$work/plan.log" 2>&1 ||
