@@ -935,8 +935,8 @@ static void swiglu_mlp_backward(Model* model, int layer, const LayerParameters* 
     swiglu_backward(la->fch, dswiglu, la->fch, B * T, H, stream);
     matmul_backward(d_ln2, lg->fcw, lg->fcb, la->fch, la->ln2, lp->fcw, a.scratch_f, B, T, C, 2 * H, stream);
 }
-static const FfnKind gelu_mlp = {"GELU MLP", gelu_mlp_forward, gelu_mlp_backward};
-static const FfnKind swiglu_mlp = {"SwiGLU MLP", swiglu_mlp_forward, swiglu_mlp_backward};
+static const FfnKind gelu_mlp = {gelu_mlp_forward, gelu_mlp_backward};
+static const FfnKind swiglu_mlp = {swiglu_mlp_forward, swiglu_mlp_backward};
 
 static const FfnKind* layer_ffn(const Model* model, int l) {
     if (!model_is_dense_layer(model, l)) return &model->extension.ffn->kind;

@@ -1832,7 +1832,7 @@ static void moe_write_file_tail(const Model* model, FILE* f, const char* path) {
 
 // The MoE model's parts of train_gpt.cu's ModelExtension
 static const FfnExtension moe_ffn = {
-    .kind = {.name = "MoE", .forward = moe_forward, .backward = moe_backward},
+    .kind = {.forward = moe_forward, .backward = moe_backward},
     .replaces_mlp = moe_replaces_mlp,
     .configure = moe_configure,
     .tensor_names = {"routerw", "routernw", "efcw", "efcb", "efcprojw", "efcprojb", "shared_fcw", "shared_fcb",

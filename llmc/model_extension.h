@@ -10,7 +10,6 @@
 // (B, T, C) = the gradient of la->ln2 from dout (B, T, C) with the gradients into lg (lp, lg: the layer's dense-MLP
 // slices, NULL in a layer whose FFN is an extension's, which holds its own).
 typedef struct {
-    const char* name;
     void (*forward)(Model* model, int layer, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
                     int T, cudaStream_t stream);
     void (*backward)(Model* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
