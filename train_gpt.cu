@@ -8,8 +8,9 @@
 //   mpirun -np 8 ./train_gpt ...                           data parallel, one process per GPU
 // Flags are listed by `./train_gpt -h` (the llm.c conventions, extended; doc/training.md describes each).
 // This file is the model (GPT-2 and the Llama-style family, as layers of kinds: doc/architecture.md), the training
-// step and main. The model file, the checkpoints, the settings and the memory plan are llmc/model_file.h,
-// train_checkpoint.h, train_settings.h and memory_plan.h, included where they are used. train_moe.cu (the Switch-MoE
+// step and main. The configuration and its checks, the activations' layout, the model file, the checkpoints, the
+// settings and the memory plan are llmc/model_config.h, activation_memory.h, model_file.h, train_checkpoint.h,
+// train_settings.h and memory_plan.h, included where they are used. train_moe.cu (the Switch-MoE
 // model) and test_gpt.cu include this file with OMIT_TRAIN_GPT_MAIN defined and bring their own main; the MoE model
 // plugs its layers into the model and the loop through an extension's interfaces (llmc/model_extension.h).
 #include <ctype.h>
@@ -63,65 +64,8 @@
 #define GPT2_MODEL_MAGIC 20240326
 #define STATE_FILE_MAGIC 20240527
 
-// The model family (header word 16, doc/formats.md): GPT-2, or the Llama-style model of doc/kernels.md. A family is
-// a file format and a choice of layer kinds (config_set_family); the passes see only the kinds.
-typedef enum { FAMILY_GPT2 = 0, FAMILY_LLAMA = 1 } ModelFamily;
+#include "llmc/model_config.h"
 
-// The kinds a layer is made of (doc/architecture.md): its norm, how its attention sees positions, and its dense FFN's
-// activation (an extension's FFN, in the layers it replaces, is a kind of its own: FfnKind below).
-typedef enum { NORM_LAYERNORM, NORM_RMSNORM } NormKind;          // LayerNorm keeps means and has a bias
-typedef enum { POSITIONS_LEARNED, POSITIONS_ROPE } PositionKind;  // wpe added by the encoder, or q and k roped
-typedef enum { ACTIVATION_GELU, ACTIVATION_SWIGLU } FfnActivation;  // SwiGLU: fc holds [gate | up], 2H rows
-
-typedef struct {
-    int max_seq_len;        // maxT
-    int vocab_size;         // V
-    int padded_vocab_size;  // Vp, V rounded up to a multiple of 128
-    int num_layers;         // L
-    int num_heads;          // NH
-    int channels;           // C
-    // the family and what it decides (header words 16..21 for llama; GPT-2's values are implied: NKV = NH, H = 4C,
-    // tied, no RoPE, LayerNorm's eps)
-    int family;             // ModelFamily
-    int num_kv_heads;       // NKV: key/value heads, dividing NH
-    float rope_theta;       // RoPE: its base
-    int ffn_hidden;         // H: the MLP's hidden size (GPT-2 4C; llama the SwiGLU's, fc has 2H outputs)
-    float norm_eps;         // RMSNorm: its eps
-    int tied;               // the output embedding is wte (GPT-2 always; llama 0: lm_head)
-    // the layer kinds, from the family
-    NormKind norm;
-    PositionKind positions;
-    FfnActivation activation;
-    int biases;             // the linear layers and the norms have biases (GPT-2)
-} ModelConfig;
-
-static void config_set_family(ModelConfig* c, ModelFamily family) {
-    c->family = family;
-    int llama = family == FAMILY_LLAMA;
-    c->norm = llama ? NORM_RMSNORM : NORM_LAYERNORM;
-    c->positions = llama ? POSITIONS_ROPE : POSITIONS_LEARNED;
-    c->activation = llama ? ACTIVATION_SWIGLU : ACTIVATION_GELU;
-    c->biases = !llama;
-}
-static const char* family_name(int family) { return family == FAMILY_LLAMA ? "llama" : "gpt2"; }
-// the packed qkv's channels, (NH + 2 NKV) HS (3C for GPT-2), and fc's outputs ([gate | up] for SwiGLU)
-static size_t qkv_channels(const ModelConfig* c) {
-    return (size_t)(c->num_heads + 2 * c->num_kv_heads) * (c->channels / c->num_heads);
-}
-static size_t fc_channels(const ModelConfig* c) {
-    return (size_t)(c->activation == ACTIVATION_SWIGLU ? 2 : 1) * c->ffn_hidden;
-}
-// Llama's SwiGLU hidden size when not given (train_gpt.py's default_ffn_hidden): floor(8C/3) rounded up to 64
-static int llama_default_ffn_hidden(int C) { return (8 * C / 3 + 63) / 64 * 64; }
-// GPT-2's values of the family words, once its sizes are known (a GPT-2 file leaves words 16..21 zero)
-static void config_gpt2_family(ModelConfig* c) {
-    config_set_family(c, FAMILY_GPT2);
-    c->num_kv_heads = c->num_heads;
-    c->rope_theta = 0.0f;
-    c->ffn_hidden = 4 * c->channels;
-    c->norm_eps = 0.0f;
-    c->tied = 1;
-}
 
 // The tensors in model-file order, each once: X(id, name, weight decay, seed), PARAM_<id> its index. An MLP
 // extension's tensors (train_moe.cu: the routers', the experts' and the shared experts') have slots between the dense
@@ -543,60 +487,6 @@ static void model_get_parameters(Model* model, floatX* file_order, cudaStream_t 
     if (x->get_parameters) x->get_parameters(model, file_order + model_extension_offset(model), stream);
 }
 
-// A llama model's family values (doc/formats.md: what a reader refuses; the kernels' own limits on top): 0 and `why`
-// naming the value, as a model file's header word (from_file) or as the trainer's flag.
-static int llama_config_check(const ModelConfig* c, int from_file, char* why, size_t size) {
-    const char* kv = from_file ? "header word 17 (NKV)" : "-kv";
-    const char* theta = from_file ? "header word 18 (RoPE theta)" : "-rt";
-    const char* hidden = from_file ? "header word 19 (H)" : "-fh";
-    const char* eps = from_file ? "header word 20 (RMSNorm eps)" : "-eps";
-    const char* tied = from_file ? "header word 21 (tied)" : "-tie";
-    char kernel[200];
-    if (c->num_kv_heads < 1 || c->num_heads % c->num_kv_heads != 0)
-        snprintf(why, size, "%s %d: the key/value heads must divide the %d heads", kv, c->num_kv_heads, c->num_heads);
-    else if ((c->channels / c->num_heads) % 2 != 0)
-        snprintf(why, size, "-arch llama: RoPE needs an even head size (C=%d / NH=%d = %d)", c->channels, c->num_heads,
-                 c->channels / c->num_heads);
-    else if (!flash_attention_support(c->channels, c->num_heads, c->num_kv_heads, kernel, sizeof(kernel)))
-        snprintf(why, size, "-arch llama runs on flash attention: %s", kernel);  // its head sizes suit RoPE's kernels
-    else if (!isfinite(c->rope_theta) || !(c->rope_theta > 1.0f))  // a base <= 1 would not decay with i
-        snprintf(why, size, "%s %g: RoPE theta must be finite and greater than 1", theta, c->rope_theta);
-    else if (!swiglu_support(c->ffn_hidden, kernel, sizeof(kernel)))
-        snprintf(why, size, "%s %d: %s", hidden, c->ffn_hidden, kernel);
-    else if (!rmsnorm_support(c->channels, c->norm_eps, kernel, sizeof(kernel)))
-        snprintf(why, size, "%s %g: %s", eps, c->norm_eps, kernel);
-    else if (c->tied != 0 && c->tied != 1)
-        snprintf(why, size, "%s %d: expected 0 (own lm_head) or 1 (tied to wte)", tied, c->tied);
-    else
-        return 1;
-    return 0;
-}
-
-static void check_config_supported(const ModelConfig* c, const char* source, int from_file) {
-    char why[256];
-    if (c->channels <= 0 || c->num_layers <= 0 || c->num_heads <= 0 || c->vocab_size <= 0 || c->max_seq_len <= 0 ||
-        c->padded_vocab_size < c->vocab_size) {
-        fprintf(stderr, "%s: invalid model sizes (L=%d NH=%d C=%d V=%d Vp=%d maxT=%d)\n", source, c->num_layers,
-                c->num_heads, c->channels, c->vocab_size, c->padded_vocab_size, c->max_seq_len);
-        exit(EXIT_FAILURE);
-    }
-    if (c->channels % c->num_heads != 0) {
-        fprintf(stderr, "%s: channels (%d) must be a multiple of the number of heads (%d)\n", source, c->channels,
-                c->num_heads);
-        exit(EXIT_FAILURE);
-    }
-    // each kernel header's own size check
-    if (!encoder_support(c->channels, why, sizeof(why)) || !layernorm_support(c->channels, why, sizeof(why)) ||
-        !fused_classifier_support(c->vocab_size, c->padded_vocab_size, why, sizeof(why)) ||
-        !matmul_support(c->channels, why, sizeof(why))) {
-        fprintf(stderr, "%s: unsupported model size: %s\n", source, why);
-        exit(EXIT_FAILURE);
-    }
-    if (c->family == FAMILY_LLAMA && !llama_config_check(c, from_file, why, sizeof(why))) {
-        fprintf(stderr, "%s: %s\n", source, why);
-        exit(EXIT_FAILURE);
-    }
-}
 
 // The attention path (-fa): 1 flash attention, 0 the other one (cuDNN in a USE_CUDNN=1 build, else cuBLAS GEMMs
 // around a softmax), -1 (not given) flash attention when the build has no cuDNN and the model's head size has a
@@ -667,116 +557,8 @@ static void check_parameter_memory(const Model* model, const char* source) {
 
 #include "llmc/model_file.h"
 
-// ----------------------------------------------------------------------------------------------------
-// Activation memory
+#include "llmc/activation_memory.h"
 
-// Per-layer slices start at multiples of 64 elements, so every slice is 16-byte aligned for vector
-// loads whatever B and T are.
-static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
-
-// Per-layer strides (elements) of the activations whose width depends on the layer kinds: qkvr, fch, ffn_act and
-// the norms' means (none in RMSNorm)
-typedef struct {
-    size_t qkv, fc, hidden, means;
-} LayerStrides;
-static LayerStrides layer_strides(const ModelConfig* c, size_t B, size_t T) {
-    LayerStrides s;
-    s.qkv = layer_stride(B * T * qkv_channels(c));
-    s.fc = layer_stride(B * T * fc_channels(c));
-    s.hidden = layer_stride(B * T * c->ffn_hidden);
-    s.means = c->norm == NORM_LAYERNORM ? layer_stride(B * T) : 0;
-    return s;
-}
-
-// The activation tensors' sizes in bytes, indexed by ACT_<name>.
-static void fill_in_activation_sizes(size_t* s, const Model* model, size_t B, size_t T, int recompute) {
-    const ModelConfig* c = &model->config;
-    size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size;
-    size_t ln_layers = recompute >= 2 ? 1 : L;
-    size_t dense_layers = model_dense_layers(model);
-    size_t act_layers = recompute >= 1 ? (dense_layers ? 1 : 0) : dense_layers;
-    size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T), ATT = layer_stride(B * NH * T * T);
-    LayerStrides st = layer_strides(c, B, T);
-    size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means;
-    size_t BT4C = QKV > HID ? QKV : HID;  // the qkv and MLP gradients' scratch
-    // flash attention and cuDNN keep softmax statistics, not probabilities, and read q, k, v in place
-    int probabilities = model->attention == ATTENTION_MATMUL_SOFTMAX;
-    size_t att_probs = probabilities ? ATT : 0, att_stats = probabilities ? 0 : layer_stride(B * NH * T);
-    size_t ln_scratch = c->norm == NORM_RMSNORM ? rmsnorm_backward_scratch_floats((int)B, (int)T, (int)C)
-                                                : layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
-    size_t FC_C = fc_channels(c), widest = Vp > FC_C ? Vp : FC_C;
-    size_t bias_scratch = c->biases ? matmul_dbias_buffer_floats((int)widest) : 0;
-#define ACTIVATION_BYTES(type, name, elements) s[ACT_##name] = (elements) * sizeof(type);
-    ACTIVATION_TENSORS(ACTIVATION_BYTES)
-#undef ACTIVATION_BYTES
-}
-
-// the activations' bytes at (B, T) with recompute level `recompute`, an extension's included
-static size_t activation_bytes(const Model* model, size_t B, size_t T, int recompute) {
-    size_t sizes[NUM_ACTIVATION_TENSORS];
-    fill_in_activation_sizes(sizes, model, B, T, recompute);
-    size_t bytes = 0;
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;  // as allocated
-    if (model->extension.ffn->activation_bytes) bytes += model->extension.ffn->activation_bytes(model, B, T, recompute);
-    return bytes;
-}
-
-static void model_allocate_activations(Model* model, int B, int T) {
-    size_t sizes[NUM_ACTIVATION_TENSORS], bytes = 0;
-    fill_in_activation_sizes(sizes, model, B, T, model->recompute);
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) bytes += CEIL_DIV(sizes[i], 256) * 256;
-    cudaCheck(cudaMalloc(&model->acts_memory, bytes));
-    ActivationTensors* a = &model->acts;
-    void** ptrs[NUM_ACTIVATION_TENSORS];
-#define ACTIVATION_POINTER(type, name, elements) ptrs[ACT_##name] = (void**)&a->name;
-    ACTIVATION_TENSORS(ACTIVATION_POINTER)
-#undef ACTIVATION_POINTER
-    char* p = (char*)model->acts_memory;
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
-        *ptrs[i] = p;
-        p += CEIL_DIV(sizes[i], 256) * 256;  // 256-byte alignment for vector loads and cuBLASLt
-    }
-    model->batch_size = B;
-    model->seq_len = T;
-    cudaCheck(cudaMalloc((void**)&model->inputs, (size_t)B * T * sizeof(int)));
-    cudaCheck(cudaMalloc((void**)&model->targets, (size_t)B * T * sizeof(int)));
-    model->inputs_cpu = (int*)malloc_check((size_t)B * T * sizeof(int));
-    cudaCheck(cudaMallocHost((void**)&model->losses_cpu, (size_t)B * T * sizeof(float)));
-    cudaCheck(cudaEventCreateWithFlags(&model->losses_copied, cudaEventDisableTiming));
-    if (model->extension.ffn->allocate_activations) model->extension.ffn->allocate_activations(model, B, T);
-}
-
-// Layer l's slices of the activations of a (B, T) batch (B, T at most what they were sized for)
-static LayerActivations model_layer_activations(const Model* model, int l, size_t B, size_t T) {
-    const ActivationTensors* a = &model->acts;
-    const ModelConfig* c = &model->config;
-    size_t C = c->channels, NH = c->num_heads;
-    size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T);
-    LayerStrides st = layer_strides(c, B, T);
-    size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means;
-    LayerActivations la;
-    la.residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BTC;
-    la.ln1 = model->recompute >= 2 ? a->ln1 : a->ln1 + l * BTC;
-    la.ln1_mean = a->ln1_mean + l * means;
-    la.ln1_rstd = a->ln1_rstd + l * BT;
-    la.atty = a->atty + l * BTC;
-    int probabilities = model->attention == ATTENTION_MATMUL_SOFTMAX;
-    la.att = probabilities ? a->att + l * layer_stride(B * NH * T * T) : NULL;
-    la.att_stats = probabilities ? NULL : a->att_stats + l * layer_stride(B * NH * T);
-    la.qkvr = a->qkvr + l * QKV;
-    la.residual2 = a->residual2 + l * BTC;
-    la.ln2 = model->recompute >= 2 ? a->ln2 : a->ln2 + l * BTC;
-    la.ln2_mean = a->ln2_mean + l * means;
-    la.ln2_rstd = a->ln2_rstd + l * BT;
-    la.residual3 = a->residual3 + l * BTC;
-    la.fch = la.ffn_act = NULL;
-    if (model_is_dense_layer(model, l)) {
-        size_t d = model_dense_index(model, l);
-        la.fch = a->fch + d * FC;
-        la.ffn_act = model->recompute >= 1 ? a->ffn_act : a->ffn_act + d * HID;
-    }
-    return la;
-}
 
 // A single process, until the caller sets num_processes and process_rank.
 static void model_init_common(Model* model) {

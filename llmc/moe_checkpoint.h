@@ -1,0 +1,102 @@
+// llmc/moe_checkpoint.h: the experts' optimizer state file beside the model's checkpoint
+// (<dir>/expert_state_%08d.bin, doc/formats.md), in the global layout of the model file's expert tensors so that a
+// run resumes into another expert-parallel degree or ZeRO stage. train_moe.cu includes it after llmc/moe_ffn.h and
+// fills train_gpt.cu's CheckpointExtension table with it.
+// Tests: train-moe-cli (resumes across -ep and -z, bit for bit; truncated and mismatched state files).
+#pragma once
+
+#define EXPERT_STATE_MAGIC 20261130
+
+// ----------------------------------------------------------------------------------------------------
+// Checkpoints: the experts' optimizer state file
+
+// The experts' optimizer state (m, v, and the master weights if any) of every expert, in the global layout of the
+// model file's expert tensors, so that a run may resume with another expert-parallel degree or ZeRO stage:
+// <dir>/expert_state_%08d.bin, header [0] magic, [1] version 1, [2] E, [3] Lm, [4] master weights 0/1,
+// [5] precision, [6] and [7] the values per buffer (every expert's; high and low 31 bits); then each buffer in
+// turn (fp32). Collective: the shards are gathered over the replicas, then process 0's group gathers the experts,
+// and process 0 writes.
+static void write_expert_state(const char* dir, int step, Model* model, int zero_stage, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    ShardedParameters* x = &moe->expert_store;
+    size_t all_experts = x->num_parameters * moe->ep.degree;
+    float* full;
+    cudaCheck(cudaMalloc((void**)&full, x->num_parameters_padded * sizeof(float)));
+    int gathers = moe->ep.group == 0;  // process 0's group, the one that writes
+    float* host = gathers ? (float*)malloc_check(all_experts * sizeof(float)) : NULL;
+    char path[1024], tmp[1100];
+    FILE* f = NULL;
+    if (model->process_rank == 0) {
+        checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
+        f = fopen_tmp_for(path, tmp, sizeof(tmp));
+        int header[256] = {0};
+        header[0] = EXPERT_STATE_MAGIC;
+        header[1] = 1;
+        header[2] = c->num_experts;
+        header[3] = num_moe_layers(model);
+        header[4] = x->has_master;
+        header[5] = PRECISION_MODE;
+        header[6] = (int)(all_experts >> 31);
+        header[7] = (int)(all_experts & 0x7fffffff);
+        fwrite_check(header, sizeof(int), 256, f, tmp);
+    }
+    for (int buffer = 0; buffer < (x->has_master ? 3 : 2); buffer++) {
+        sharded_parameters_gather_state(x, buffer, full, &moe->ep.replicas, zero_stage, stream);
+        if (gathers) moe_gather_experts(model, host, full, sizeof(float), stream);
+        if (f) fwrite_check(host, sizeof(float), all_experts, f, tmp);
+    }
+    if (f) commit_tmp(f, tmp, path);
+    free(host);
+    cudaCheck(cudaFree(full));
+}
+
+// Each process reads its own experts' runs of every buffer and keeps its shard.
+static void read_expert_state(const char* dir, int step, Model* model) {
+    MoEModel* moe = moe_of(model);
+    const MoEConfig* c = &moe->config;
+    ShardedParameters* x = &moe->expert_store;
+    size_t all_experts = x->num_parameters * moe->ep.degree;
+    char path[1024];
+    checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
+    FILE* f = fopen_check(path, "rb");
+    int header[256];
+    read_header_check(f, header, path, EXPERT_STATE_MAGIC, "MoE expert optimizer state");
+    int Lm = num_moe_layers(model);
+    size_t values = ((size_t)header[6] << 31) | (size_t)header[7];
+    if (header[1] != 1 || header[2] != c->num_experts || header[3] != Lm || header[4] != x->has_master ||
+        header[5] != PRECISION_MODE || values != all_experts) {
+        fprintf(stderr, "%s: expert state of another setup (E %d, MoE layers %d, master weights %d, precision %d, %zu "
+                "values) than this run's (%d, %d, %d, %d, %zu)\n", path, header[2], header[3], header[4], header[5],
+                values, c->num_experts, Lm, x->has_master, PRECISION_MODE, all_experts);
+        exit(EXIT_FAILURE);
+    }
+    size_t local[MLP_EXTENSION_SLOTS];
+    moe_slot_sizes(model, moe->local_experts, local);
+    float* full = (float*)calloc(x->num_parameters_padded, sizeof(float));
+    for (int buffer = 0; buffer < (x->has_master ? 3 : 2); buffer++) {
+        // in the file: per tensor and MoE layer, the layer's E experts; ours are a contiguous run of them
+        size_t file_offset = 1024 + (size_t)buffer * all_experts * sizeof(float), at = 0;
+        for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) {
+            size_t run = local[i] / Lm;
+            for (int m = 0; m < Lm; m++) {
+                size_t position = file_offset + ((size_t)m * moe->ep.degree + moe->ep.member) * run * sizeof(float);
+                if (fseek(f, (long)position, SEEK_SET) != 0) {
+                    fprintf(stderr, "%s: cannot seek to byte %zu\n", path, position);
+                    exit(EXIT_FAILURE);
+                }
+                fread_check(full + at, sizeof(float), run, f, path);
+                at += run;
+            }
+            file_offset += local[i] * moe->ep.degree * sizeof(float);
+        }
+        sharded_parameters_scatter_state(x, buffer, full);
+    }
+    long end = 1024 + (long)((x->has_master ? 3 : 2) * all_experts * sizeof(float));
+    if (fseek(f, 0, SEEK_END) != 0 || ftell(f) != end) {
+        fprintf(stderr, "%s: expected %ld bytes, the file has another size\n", path, end);
+        exit(EXIT_FAILURE);
+    }
+    free(full);
+    fclose_check(f, path);
+}
