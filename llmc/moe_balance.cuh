@@ -1,8 +1,9 @@
 // llmc/moe_balance.cuh: aux-loss-free balancing (doc/moe.md, "Routing options" 6): the step's expert loads and the
 // balancing bias's update after each optimizer step, identical on every process that holds the same loads. The
 // router adds the bias in its picks (llmc/moe_router.cuh).
-// Lab: dev/cuda/moe_router.cu, whose bias section holds the update to a host loop.
-// Tests (dev/test/run_tests.sh NAME, patterns work): lab-moe_router_{bf16,fp32} and their lab-check- twins;
+// Lab: dev/cuda/moe_balance.cu, which holds the loads and the update to an exact integer host loop (e.g. `make
+// build/lab/moe_balance_bf16 && build/lab/moe_balance_bf16 -s`).
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-moe_balance_{bf16,fp32} and their lab-check- twins;
 // moe-*-bias-* and check-moe-*-bias-* (the biases after each step against PyTorch).
 #pragma once
 #include "moe_common.cuh"

@@ -2,9 +2,10 @@
 // load-balancing (Switch) loss and the z-loss, and the sequence-wise balance loss with its gradient. The gradients
 // of the first two are the router backward's (llmc/moe_router.cuh). Shapes: llmc/moe_common.cuh; semantics:
 // doc/moe.md, "Routing options" 7 and the Switch losses.
-// Lab: dev/cuda/moe_router_backward.cu, which holds them to a double-precision loop beside the router's gradient.
-// Tests (dev/test/run_tests.sh NAME, patterns work): lab-moe_router_backward_{bf16,fp32} and their lab-check-
-// twins; moe-*-seq-*, moe-* and check-moe-* (aux and z losses against PyTorch).
+// Lab: dev/cuda/moe_losses.cu, which holds the three losses and the sequence-wise loss's gradient to
+// double-precision loops (e.g. `make build/lab/moe_losses_bf16 && build/lab/moe_losses_bf16 -s`).
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-moe_losses_{bf16,fp32} and their lab-check- twins;
+// moe-*-seq-*, moe-* and check-moe-* (the aux, z and sequence-wise losses against PyTorch).
 #pragma once
 #include "moe_router.cuh"  // the scores the losses average (moe_sigmoid)
 
@@ -16,8 +17,8 @@
 // partials[b] (weighted probs) and partials[G + b] (squared lse). Second pass: one warp adds the partials, lane l
 // taking b = l, l + 32, ... in order, then a warp reduction.
 // Floor: read N*E*4 + N*4 + E*4 bytes (the partials, 8*G bytes, stay in L2). At N = 65536: 16.8 MB with E = 64
-// (3.5 us at ~4.8 TB/s), 2.4 MB with E = 8 (0.5 us, below the two launches). One block streaming them, as this
-// kernel did before, reaches a single SM's bandwidth, a small fraction of the GPU's.
+// (3.5 us at ~4.8 TB/s), 2.4 MB with E = 8 (0.5 us, below the two launches). One block streaming them (the lab's
+// variant 1) reaches a single SM's bandwidth, a small fraction of the GPU's.
 __global__ void moe_router_losses_partials_kernel(float* __restrict__ partials, const float* __restrict__ probs,
                                                   const float* __restrict__ logsumexp,
                                                   const int* __restrict__ expert_count, int N, int E) {

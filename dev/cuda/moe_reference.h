@@ -1,7 +1,7 @@
 // dev/cuda/moe_reference.h: the MoE routing of doc/moe.md (softmax or sigmoid scores) and the gate path of its
 // backward as plain double-precision loops, and the routing inputs, shared by the MoE labs (moe_router.cu,
-// moe_router_backward.cu, moe_slots.cu, moe_dispatch_combine.cu, moe_noise.cu): each lab's kernels start from
-// what the previous stage hands over, so every lab must derive those inputs by the same definition.
+// moe_router_backward.cu, moe_losses.cu, moe_slots.cu, moe_dispatch_combine.cu, moe_noise.cu): each lab's kernels
+// start from what the previous stage hands over, so every lab must derive those inputs by the same definition.
 #pragma once
 #include <math.h>
 #include <vector>
@@ -23,7 +23,8 @@ static void moe_top_k(int* picks, const double* key, const char* allowed, int n,
 
 // softmax p and logsumexp of one token's logits and, when picks is given, its top-k experts (prob descending,
 // ties to the lower index: the probs order exactly as the fp32 logits do, and equal logits give equal probs).
-// Real is float for the router's inputs, double for the finite differences of moe_router_backward.cu.
+// Real is float for the router's inputs, double for the finite differences of moe_router_backward.cu and
+// moe_losses.cu.
 template <class Real>
 static void moe_route_row(double* p, double* lse, int* picks, const Real* row, int E, int k) {
     double row_max = -INFINITY, sum = 0.0;

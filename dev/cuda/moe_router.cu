@@ -29,7 +29,6 @@
 // registers: the floor is the same bytes).
 #include "common.h"
 #include "../../llmc/moe_router.cuh"
-#include "../../llmc/moe_balance.cuh"
 #include "moe_reference.h"
 
 // One thread per token. The picks come out in the order (logit descending, index ascending), so a candidate is
@@ -170,44 +169,6 @@ static int limit_reference_picks(std::vector<int>* expert_index, std::vector<flo
     return changed;
 }
 
-// The balancing bias update (llmc/moe_balance.cuh moe_add_counts, moe_balance_bias_update) against a host loop: two
-// micro-batches' counts added, then bias += gamma * sign(sum - E * load) per layer. Layer 0 random loads, layer 1
-// equal loads (nothing moves), layer 2 experts 0 and 39 exactly at the mean (7) with the others at 5 and 9.
-// Integers and one fp32 addition each: compared exactly.
-static void check_balance_bias_update() {
-    const int Lm = 3, E = 40;
-    const float gamma = 0.001f;
-    std::vector<int> first = lab_random_ints(Lm * E, 50), second = lab_random_ints(Lm * E, 50);
-    for (int e = 0; e < E; e++) {
-        first[E + e] = second[E + e] = 7;
-        first[2 * E + e] = e == 0 || e == E - 1 ? 7 : e < 20 ? 5 : 9;
-        second[2 * E + e] = 0;
-    }
-    std::vector<float> bias = lab_random(Lm * E, -0.01f, 0.01f), expected(Lm * E);
-    for (int m = 0; m < Lm; m++) {
-        long long total = 0;
-        for (int e = 0; e < E; e++) total += first[m * E + e] + second[m * E + e];
-        for (int e = 0; e < E; e++) {
-            const long long excess = total - (long long)E * (first[m * E + e] + second[m * E + e]);
-            expected[m * E + e] = bias[m * E + e] + (excess > 0 ? gamma : excess < 0 ? -gamma : 0.0f);
-        }
-    }
-    int* d_loads = lab_ints_to_device(std::vector<int>(Lm * E, 0));
-    int* d_first = lab_ints_to_device(first);
-    int* d_second = lab_ints_to_device(second);
-    float* d_bias = lab_to_device<float>(bias);
-    moe_add_counts(d_loads, d_first, Lm * E, 0);
-    moe_add_counts(d_loads, d_second, Lm * E, 0);
-    moe_balance_bias_update(d_bias, d_loads, Lm, E, gamma, 0);
-    cudaCheck(cudaDeviceSynchronize());
-    printf("balance bias update, Lm=%d E=%d\n", Lm, E);
-    lab_validate("bias", d_bias, expected.data(), Lm * E, 0.0f, 0.0f);
-    cudaCheck(cudaFree(d_loads));
-    cudaCheck(cudaFree(d_first));
-    cudaCheck(cudaFree(d_second));
-    cudaCheck(cudaFree(d_bias));
-}
-
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
     struct Case { int N, E, k, score; float rsf; int bias, groups, group_limit; };  // group_limit 0: no device limit
@@ -316,6 +277,5 @@ int main(int argc, char** argv) {
         cudaCheck(cudaFree(d.logsumexp));
         if (d.bias != nullptr) cudaCheck(cudaFree(d.bias));
     }
-    check_balance_bias_update();
     return 0;
 }

@@ -1,9 +1,10 @@
-// dev/cuda/moe_router_backward.cu: kernel lab for the MoE router's backward pass and losses: d_logits (N, E)
-// of the gates' gradient d_gates (k = 1: the raw prob; k >= 2: through the renormalisation over the k picks)
-// and of the load-balancing loss aux = alpha*E*sum_e f_e P_e and the z-loss c_z*mean_t lse_t^2 (these two times
-// loss_scale), through the softmax; with sigmoid scores through the affinities a = sigmoid(logits) (gates: the
-// picked affinities renormalised, k = 1 too; P: the affinities over their sum; the z-loss still on the logits);
-// either way the gates times the routed scale rsf; and the two loss values. doc/moe.md.
+// dev/cuda/moe_router_backward.cu: kernel lab for the MoE router's backward pass: d_logits (N, E) of the gates'
+// gradient d_gates (k = 1: the raw prob; k >= 2: through the renormalisation over the k picks) and of the
+// load-balancing loss aux = alpha*E*sum_e f_e P_e and the z-loss c_z*mean_t lse_t^2 (these two times loss_scale),
+// through the softmax; with sigmoid scores through the affinities a = sigmoid(logits) (gates: the picked affinities
+// renormalised, k = 1 too; P: the affinities over their sum; the z-loss still on the logits); either way the gates
+// times the routed scale rsf. doc/moe.md. The losses' values, and the sequence-wise loss with its gradient, are
+// dev/cuda/moe_losses.cu's.
 // The double-precision reference gradient is itself checked against central finite differences of the
 // double-precision loss (picks and f_e held fixed, as the definition does) at small sizes.
 // Build and run on the CPU backend (small sizes):
@@ -12,21 +13,17 @@
 // On a GPU: nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I. dev/cuda/moe_router_backward.cu -o moe_router_backward
 //   ./moe_router_backward [variant] [-s]  (default: production sizes N = 65536 tokens, E = 8 and 64 with k = 1, 2
 //                                          and 8; -s: N = 69, E = 4 with k = 1 and 2, E = 40 with k = 2, and E = 4
-//                                          k = 2 with d_gates = 0 (the loss terms alone); N = 999, E = 5 (N*E not a
-//                                          multiple of 4, several blocks of partial sums); sigmoid scores with rsf 2.5
+//                                          k = 2 with d_gates = 0 (the loss terms alone); N = 999, E = 5 (125 blocks,
+//                                          the last with 7 of its 8 warps); sigmoid scores with rsf 2.5
 //                                          at E = 4 k = 1, E = 40 k = 2, E = 200 k = 3, softmax with rsf 2.5 at E = 4
 //                                          k = 2; the default sizes add E = 64 k = 6 sigmoid)
 // Variants:
 //   1  router backward, one thread per token: serial loops over the row
-//   2  llmc/moe_router.cuh moe_router_backward: one warp per token, lanes own experts, one warp reduction. The trainer's.
-//   3  losses in one block, block_reduce: the trainer's before, kept for comparison (one SM streams N*E floats)
-//   4  llmc/moe_losses.cuh moe_router_losses: a grid of up to 512 blocks writes partial sums, one warp adds them in block
-//      order. The trainer's.
-// Floors (see llmc/moe_router.cuh and moe_losses.cuh): backward N*E*8 + N*k*12 + N*4 + E*4 bytes (sigmoid: N*E*4 more, the logits);
-// losses N*E*4 + N*4 + E*4 bytes.
+//   2  llmc/moe_router.cuh moe_router_backward: one warp per token, lanes own experts, one warp reduction. The
+//      trainer's.
+// Floor (see llmc/moe_router.cuh): N*E*8 + N*k*12 + N*4 + E*4 bytes (sigmoid: N*E*4 more, the logits).
 #include "common.h"
 #include "../../llmc/moe_router.cuh"
-#include "../../llmc/moe_losses.cuh"
 #include "moe_reference.h"
 
 __global__ void router_backward_thread_per_token_kernel(float* d_logits, const float* probs, const float* logits,
@@ -80,22 +77,6 @@ __global__ void router_backward_thread_per_token_kernel(float* d_logits, const f
     }
 }
 
-// The losses in one block (a fixed thread layout and block_reduce, deterministic): llmc/moe_losses.cuh's before its grid.
-__global__ void losses_one_block_kernel(float* aux_and_z, const float* probs, const float* logsumexp,
-                                        const int* expert_count, int N, int E, int k, float aux_alpha, float z_coef) {
-    float weighted = 0.0f;
-    const size_t num_probs = (size_t)N * E;
-    for (size_t i = threadIdx.x; i < num_probs; i += blockDim.x) weighted += (float)expert_count[i % E] * probs[i];
-    float squares = 0.0f;
-    for (int t = threadIdx.x; t < N; t += blockDim.x) squares += logsumexp[t] * logsumexp[t];
-    weighted = block_reduce<warp_reduce_sum>(weighted, true);
-    squares = block_reduce<warp_reduce_sum>(squares);
-    if (threadIdx.x == 0) {
-        aux_and_z[0] = aux_alpha * (float)E * (weighted / ((float)N * (float)k * (float)N));
-        aux_and_z[1] = z_coef * squares / (float)N;
-    }
-}
-
 struct RouterBackwardBuffers {
     float* logits;
     float* probs;
@@ -105,8 +86,6 @@ struct RouterBackwardBuffers {
     float* logsumexp;
     int* expert_count;
     float* d_logits;
-    float* aux_and_z;
-    float* partials;  // variant 4: moe_router_losses_partials_size() floats
 };
 
 struct LossCoefficients {
@@ -125,17 +104,10 @@ static void run_variant(int variant, const RouterBackwardBuffers* d, int N, int 
             d->d_logits, d->probs, d->logits, d->expert_index, d->gates, d->d_gates, d->logsumexp, d->expert_count, N,
             E, k, sc.score, sc.rsf, q.aux_alpha, q.z_coef, q.loss_scale);
         cudaCheck(cudaGetLastError());
-    } else if (variant == 2) {
+    } else {
         moe_router_backward_launch(d->d_logits, d->probs, d->logits, d->expert_index, d->gates, d->d_gates,
                                    d->logsumexp, d->expert_count, N, E, k, sc.score, sc.rsf, q.aux_alpha, q.z_coef,
                                    q.loss_scale, block_size, 0);
-    } else if (variant == 3) {
-        losses_one_block_kernel<<<1, block_size>>>(d->aux_and_z, d->probs, d->logsumexp, d->expert_count, N, E, k,
-                                                   q.aux_alpha, q.z_coef);
-        cudaCheck(cudaGetLastError());
-    } else {
-        moe_router_losses_launch(d->aux_and_z, d->partials, d->probs, d->logsumexp, d->expert_count, N, E, k,
-                                 q.aux_alpha, q.z_coef, block_size, 0);
     }
 }
 
@@ -220,7 +192,8 @@ static void check_reference_by_finite_differences(const std::vector<double>& ana
         x[i] = saved;
         const double err = fabs((up - down) / (2.0 * h) - analytic[i]);
         if (err > 1e-7) {
-            printf("FAIL reference d_logits[%zu] = %.10g, finite difference %.10g\n", i, analytic[i], (up - down) / (2 * h));
+            printf("FAIL reference d_logits[%zu] = %.10g, finite difference %.10g\n", i, analytic[i],
+                   (up - down) / (2 * h));
             exit(EXIT_FAILURE);
         }
         worst = fmax(worst, err);
@@ -236,8 +209,7 @@ int main(int argc, char** argv) {
                                {65536, 8, 8, true, false, softmax},  {65536, 64, 1, true, false, softmax},
                                {65536, 64, 2, true, false, softmax}, {65536, 64, 8, true, false, softmax},
                                {65536, 64, 6, true, false, sigmoid}};
-    // N = 999, E = 5: N*E = 4995 probabilities, not a multiple of the 4-float vectors, rows that straddle vectors,
-    // and several blocks of partial sums at either validated block size (too many logits for finite differences).
+    // N = 999, E = 5: 125 blocks of 8 warps, the last with 7, and an odd E (too many logits for finite differences).
     // Sigmoid scores at 1, 2 and 8 logits per lane (top-1: its gate is the constant rsf, so only the losses reach
     // the logits), and the routed scale on softmax gates.
     const Case small_cases[] = {{69, 4, 1, true, true, softmax},    {69, 4, 2, true, true, softmax},
@@ -279,17 +251,13 @@ int main(int argc, char** argv) {
         std::vector<double> d_logits_double(n);
         router_backward_reference(&d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q, sc);
         std::vector<float> d_logits_ref(d_logits_double.begin(), d_logits_double.end());
-        double mean_prob_weighted = 0.0, z_sum = 0.0;
-        for (int t = 0; t < N; t++) {
-            for (int e = 0; e < E; e++) mean_prob_weighted += (double)expert_count[e] / ((double)N * k) * probs[(size_t)t * E + e] / N;
-            z_sum += (double)logsumexp[t] * logsumexp[t];
-        }
-        const float losses_ref[2] = {(float)(q.aux_alpha * E * mean_prob_weighted), (float)(q.z_coef * z_sum / N)};
 
         const char* score_name = sc.score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax";
         printf("N=%d E=%d k=%d %s rsf=%g, d_gates %s (%d of %zu zero)\n", N, E, k, score_name, sc.rsf,
                cases[c].gate_gradient ? "random, dropped at CF 0.5" : "all zero", dropped, num_choices);
-        if (args.small && cases[c].finite_differences) check_reference_by_finite_differences(d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q, sc);
+        if (args.small && cases[c].finite_differences)
+            check_reference_by_finite_differences(d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q,
+                                                  sc);
 
         RouterBackwardBuffers d;
         d.logits = lab_to_device<float>(logits);
@@ -300,32 +268,21 @@ int main(int argc, char** argv) {
         d.logsumexp = lab_to_device<float>(logsumexp);
         d.expert_count = lab_ints_to_device(expert_count);
         d.d_logits = lab_poisoned<float>(n);
-        d.aux_and_z = lab_poisoned<float>(2);
 
         // The kernels start from fp32 probs, gates and lse (each within 2^-24 relative of the double values) and
         // work in fp32: d_logits = p*(dP - sum p dP) + z, with |dP| <= |d_gate|/S + aux <= E (S >= 1/E), so
         // errors are a few ulp of E*p: atol 1e-6 * E, rtol 1e-5. With d_gates = 0, |dP| is the loss terms'
-        // (~1e-2 here): atol 1e-8. Loss sums of N*E fp32 terms: rtol 1e-5. Sigmoid: the affinities are recomputed
-        // in fp32 (exp's error, ~1e-6 relative with __expf), the gate part is rsf times the softmax one's
-        // and a(1 - a) <= 1/4 only shrinks it: atol 1e-6 * E * rsf.
+        // (~1e-2 here): atol 1e-8. Sigmoid: the affinities are recomputed in fp32 (exp's error, ~1e-6 relative
+        // with __expf), the gate part is rsf times the softmax one's and a(1 - a) <= 1/4 only shrinks it:
+        // atol 1e-6 * E * rsf.
         const float d_logits_atol = cases[c].gate_gradient ? 1e-6f * E * sc.rsf : 1e-8f;
-        // 256: the trainer's (MOE_WARP_KERNEL_BLOCK_SIZE, MOE_LOSSES_BLOCK_SIZE); 64: more blocks of partials at -s
-        const int validation_block_sizes[] = {256, 64};
-        for (int variant = 1; variant <= 4; variant++) {
+        for (int variant = 1; variant <= 2; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
-            for (int block_size : validation_block_sizes) {
-                if (variant != 4 && block_size != validation_block_sizes[0]) continue;
-                cudaCheck(cudaMemset(d.d_logits, 0xff, n * sizeof(float)));
-                cudaCheck(cudaMemset(d.aux_and_z, 0xff, 2 * sizeof(float)));
-                // fresh scratch, never written: a checked build reports any read of it before the kernels write it
-                cudaCheck(cudaMalloc(&d.partials, moe_router_losses_partials_size() * sizeof(float)));
-                run_variant(variant, &d, N, E, k, q, sc, block_size);
-                cudaCheck(cudaDeviceSynchronize());
-                cudaCheck(cudaFree(d.partials));
-                printf("variant %d, block %d\n", variant, block_size);
-                if (variant <= 2) lab_validate("d_logits", d.d_logits, d_logits_ref.data(), n, d_logits_atol, 1e-5f);
-                else lab_validate("aux_and_z", d.aux_and_z, losses_ref, 2, 0.0f, 1e-5f);
-            }
+            cudaCheck(cudaMemset(d.d_logits, 0xff, n * sizeof(float)));
+            run_variant(variant, &d, N, E, k, q, sc, MOE_WARP_KERNEL_BLOCK_SIZE);  // the trainer's block size
+            cudaCheck(cudaDeviceSynchronize());
+            printf("variant %d\n", variant);
+            lab_validate("d_logits", d.d_logits, d_logits_ref.data(), n, d_logits_atol, 1e-5f);
         }
 
         char sizes[64];
@@ -333,13 +290,11 @@ int main(int argc, char** argv) {
         lab_print_header("moe_router_backward", sizes);
         const double score_bytes = (sc.score == MOE_SCORE_SIGMOID ? 12.0 : 8.0) * n;  // sigmoid reads the logits
         const double backward_bytes = score_bytes + 12.0 * num_choices + 4.0 * N + 4.0 * E;
-        const double losses_bytes = 4.0 * n + 4.0 * N + 4.0 * E;
-        cudaCheck(cudaMalloc(&d.partials, moe_router_losses_partials_size() * sizeof(float)));
-        for (int variant = 1; variant <= 4; variant++) {
+        for (int variant = 1; variant <= 2; variant++) {
             if (args.variant != 0 && args.variant != variant) continue;
             for (int block_size : block_sizes) {
                 float ms = lab_time_ms(repeats, [&]() { run_variant(variant, &d, N, E, k, q, sc, block_size); });
-                lab_print_row(variant, block_size, ms, variant <= 2 ? backward_bytes : losses_bytes, 0.0);
+                lab_print_row(variant, block_size, ms, backward_bytes, 0.0);
             }
         }
         cudaCheck(cudaFree(d.logits));
@@ -350,8 +305,6 @@ int main(int argc, char** argv) {
         cudaCheck(cudaFree(d.logsumexp));
         cudaCheck(cudaFree(d.expert_count));
         cudaCheck(cudaFree(d.d_logits));
-        cudaCheck(cudaFree(d.aux_and_z));
-        cudaCheck(cudaFree(d.partials));
     }
     return 0;
 }
