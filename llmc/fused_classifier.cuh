@@ -1,9 +1,14 @@
 // llmc/fused_classifier.cuh: softmax + cross-entropy loss + its gradient over the logits, in one kernel that
-// never materialises the probabilities; also fused_classifier_support, its start-up size check.
-// Included by the trainers and by
-// dev/cuda/fused_classifier.cu (the kernel lab: `make build/lab/fused_classifier_bf16 && build/lab/fused_classifier_bf16 -s`).
-// Tests (dev/test/run_tests.sh NAME, patterns work): lab-fused_classifier_{bf16,fp32} and their lab-check- twins;
-// gpt-* and moe-* (logits, loss and their gradient against PyTorch).
+// never materialises the probabilities; also fused_classifier_support, its start-up size check. Then the
+// vocabulary-parallel classifier (tensor parallelism: each process holds a slice of every row's columns): three
+// kernels around the caller's two all-reduces of per-row statistics, and vocab_parallel_classifier_support.
+// Included by the trainers. Labs:
+//   dev/cuda/fused_classifier.cu           `make build/lab/fused_classifier_bf16 && build/lab/fused_classifier_bf16 -s`
+//   dev/cuda/vocab_parallel_classifier.cu  `make build/lab/vocab_parallel_classifier_bf16 &&
+//                                           build/lab/vocab_parallel_classifier_bf16 -s`
+// Tests (dev/test/run_tests.sh NAME, patterns work): lab-fused_classifier_{bf16,fp32},
+// lab-vocab_parallel_classifier_{bf16,fp32} and their lab-check- twins; gpt-* and moe-* (logits, loss and their
+// gradient against PyTorch).
 #pragma once
 #include "common.cuh"
 
@@ -67,13 +72,18 @@ void fused_classifier_launch(floatX* logits, float* losses, float dloss, const i
     cudaCheck(cudaGetLastError());
 }
 
+// The block of a one-block-per-row classifier kernel over rows of `columns` floatX: 1024 threads hide the latency of a
+// 50k-column row; a small vocabulary gets one thread per vector.
+static int classifier_block_size(int columns) {
+    const int warps_for_row = CEIL_DIV(CEIL_DIV(columns, x128::size), 32);
+    return warps_for_row < 32 ? 32 * warps_for_row : 1024;
+}
+
 // logits (B,T,Vp), first V columns real; losses (B,T) = -log softmax(logits[b,t,:V])[targets[b,t]];
 // with write_dlogits, logits become dloss * (softmax - onehot(target)), 0 in the padding columns
 void fused_classifier(floatX* logits, float* losses, float dloss, const int* targets, int B, int T, int V, int Vp,
                       bool write_dlogits, cudaStream_t stream) {
-    // 1024 threads hide the latency of a 50k-column row; a small vocabulary gets one thread per vector
-    const int warps_for_row = CEIL_DIV(CEIL_DIV(Vp, x128::size), 32);
-    const int block_size = warps_for_row < 32 ? 32 * warps_for_row : 1024;
+    const int block_size = classifier_block_size(Vp);
     fused_classifier_launch(logits, losses, dloss, targets, B, T, V, Vp, write_dlogits, block_size, stream);
 }
 
@@ -86,6 +96,157 @@ bool fused_classifier_support(int V, int Vp, char* why, size_t why_size) {
     }
     if (Vp % 8 != 0) {
         snprintf(why, why_size, "Vp = %d: the classifier needs Vp a multiple of 8 (16-byte aligned rows)", Vp);
+        return false;
+    }
+    return true;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The vocabulary-parallel classifier (tensor parallelism over N processes). Each process holds a slice of the logits,
+// (rows, Vs) with Vs = Vp / N, whose local column j is global column v0 + j (v0 = rank * Vs); global columns >= V are
+// padding. The row's softmax needs the maximum and the sum of exponentials over all slices, so the two passes of
+// fused_classifier_kernel become three kernels with the caller's all-reduces between them:
+//   vocab_parallel_classifier_stats     per row: the slice's max, its sum of exp(logit - its max), the target's logit
+//   (caller: ncclMax over stats[0, rows))
+//   vocab_parallel_classifier_rescale   the slice's sum rescaled to the row max
+//   (caller: ncclSum over stats[2 rows, 4 rows): the sums and the target logits, one all-reduce)
+//   vocab_parallel_classifier_finish    the loss (the same on every process) and, in place, the slice's gradient
+// stats (4, rows) floats, four arrays of `rows`: [0] the row max (the slice's until the ncclMax), [1] the slice's own
+// max, [2] the slice's sum of exponentials over its real columns, [3] the target's logit if the slice holds it, else 0.
+// A slice without a real column has own max -inf and sum 0, and keeps sum 0 through the rescale.
+// Floor, per process, with R = rows: the all-reduces between the passes evict the slice from L2 (a slice at GPT-2
+// 124M sizes, R = 8192 and Vs = 25152, is 412 MB in bf16), so the slice is read from DRAM twice, not once as in
+// fused_classifier_kernel, and written once:
+//   stats   R*Vs*sizeof(floatX) + 20*R bytes (targets in, four stats out), ~6 flops per element
+//   rescale 16*R bytes
+//   finish  2*R*Vs*sizeof(floatX) + 20*R bytes (three stats and targets in, losses out), ~6 flops per element;
+//           16*R without the gradient
+// 3*R*Vs*sizeof(floatX) + 56*R bytes in all: memory-bound, 1.5 times fused_classifier_kernel's bytes per element, on
+// 1/N of the columns. Targets must lie in [0, V).
+
+// the slice's real columns are [0, real): none past V
+__device__ inline int vocab_parallel_real_columns(int Vs, int v0, int V) { return max(0, min(Vs, V - v0)); }
+
+__global__ void vocab_parallel_classifier_stats_kernel(float* __restrict__ stats, const floatX* __restrict__ logits,
+                                                       const int* __restrict__ targets, int rows, int Vs, int v0,
+                                                       int V) {
+    const int row = blockIdx.x;
+    const floatX* x = logits + (size_t)row * Vs;
+    const int real = vocab_parallel_real_columns(Vs, v0, V);
+    const int stride = blockDim.x * x128::size;
+
+    float thread_max = -INFINITY, thread_sum = 0.0f;
+    for (int c = threadIdx.x * x128::size; c < real; c += stride) {
+        x128 v = load128cs(x + c);  // the finish kernel reads it again only after the all-reduces: streaming
+        float chunk_max = -INFINITY;
+        for (int k = 0; k < x128::size; k++) {
+            if (c + k < real) chunk_max = fmaxf(chunk_max, (float)v[k]);
+        }
+        const float new_max = fmaxf(thread_max, chunk_max);
+        thread_sum *= __expf(thread_max - new_max);
+        for (int k = 0; k < x128::size; k++) {
+            if (c + k < real) thread_sum += __expf((float)v[k] - new_max);
+        }
+        thread_max = new_max;
+    }
+    const float slice_max = block_reduce<warp_reduce_max>(thread_max, true, -INFINITY);
+    // a thread that saw an element has a sum >= 1; one that saw none has max -inf and sum 0, and so has every thread
+    // of a slice without a real column, where exp(-inf - -inf) would be NaN: it adds 0
+    const float slice_sum =
+        block_reduce<warp_reduce_sum>(thread_sum > 0.0f ? thread_sum * __expf(thread_max - slice_max) : 0.0f);
+    if (threadIdx.x != 0) return;
+    const int target = targets[row] - v0;  // local column, outside [0, real) when another slice holds it
+    stats[row] = slice_max;
+    stats[rows + row] = slice_max;
+    stats[2 * rows + row] = slice_sum;
+    stats[3 * rows + row] = target >= 0 && target < real ? (float)x[target] : 0.0f;
+}
+
+// one thread per row
+__global__ void vocab_parallel_classifier_rescale_kernel(float* __restrict__ stats, int rows) {
+    const int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    const float sum = stats[2 * rows + row];
+    // a slice without a real column (sum 0, own max -inf) stays 0 whatever the row max
+    stats[2 * rows + row] = sum > 0.0f ? sum * __expf(stats[rows + row] - stats[row]) : 0.0f;
+}
+
+__global__ void vocab_parallel_classifier_finish_kernel(floatX* __restrict__ logits, float* __restrict__ losses,
+                                                        const float* __restrict__ stats, float dloss,
+                                                        const int* __restrict__ targets, int rows, int Vs, int v0,
+                                                        int V, bool write_dlogits) {
+    const int row = blockIdx.x;
+    const float row_max = stats[row], row_sum = stats[2 * rows + row];
+    // the target logit comes from the stats (read before any process overwrote its slice), not from the row
+    if (threadIdx.x == 0) losses[row] = row_max + logf(row_sum) - stats[3 * rows + row];
+    if (!write_dlogits) return;
+
+    floatX* x = logits + (size_t)row * Vs;
+    const int real = vocab_parallel_real_columns(Vs, v0, V);
+    const int target = targets[row] - v0;
+    const int stride = blockDim.x * x128::size;
+    const float inverse_sum = 1.0f / row_sum;
+    for (int c = threadIdx.x * x128::size; c < Vs; c += stride) {
+        x128 v = load128cs(x + c);
+        x128 gradient;
+        for (int k = 0; k < x128::size; k++) {
+            const int column = c + k;
+            const float probability = __expf((float)v[k] - row_max) * inverse_sum;
+            const float indicator = column == target ? 1.0f : 0.0f;
+            gradient[k] = (floatX)(column < real ? dloss * (probability - indicator) : 0.0f);
+        }
+        store128(x + c, gradient);
+    }
+}
+
+void vocab_parallel_classifier_stats_launch(float* stats, const floatX* logits, const int* targets, int rows, int Vs,
+                                            int v0, int V, int block_size, cudaStream_t stream) {
+    vocab_parallel_classifier_stats_kernel<<<rows, block_size, 0, stream>>>(stats, logits, targets, rows, Vs, v0, V);
+    cudaCheck(cudaGetLastError());
+}
+
+void vocab_parallel_classifier_finish_launch(floatX* logits, float* losses, const float* stats, float dloss,
+                                             const int* targets, int rows, int Vs, int v0, int V, bool write_dlogits,
+                                             int block_size, cudaStream_t stream) {
+    vocab_parallel_classifier_finish_kernel<<<rows, block_size, 0, stream>>>(logits, losses, stats, dloss, targets,
+                                                                             rows, Vs, v0, V, write_dlogits);
+    cudaCheck(cudaGetLastError());
+}
+
+// stats (4, rows) from the slice logits (rows, Vs) and targets (rows) (global ids); the caller then all-reduces
+// stats[0, rows) with ncclMax, in place
+void vocab_parallel_classifier_stats(float* stats, const floatX* logits, const int* targets, int rows, int Vs, int v0,
+                                     int V, cudaStream_t stream) {
+    vocab_parallel_classifier_stats_launch(stats, logits, targets, rows, Vs, v0, V, classifier_block_size(Vs),
+                                           stream);
+}
+
+// after the ncclMax: stats[2 rows + row] *= exp(own max - row max); the caller then all-reduces stats[2 rows, 4 rows)
+// with ncclSum, in place
+void vocab_parallel_classifier_rescale(float* stats, int rows, cudaStream_t stream) {
+    const int block_size = 256;
+    vocab_parallel_classifier_rescale_kernel<<<CEIL_DIV(rows, block_size), block_size, 0, stream>>>(stats, rows);
+    cudaCheck(cudaGetLastError());
+}
+
+// after the ncclSum: losses (rows) = row max + log(sum) - target logit; with write_dlogits the slice logits (rows, Vs)
+// become dloss * (softmax - onehot(target)) over their columns, 0 in the padding columns
+void vocab_parallel_classifier_finish(floatX* logits, float* losses, const float* stats, float dloss,
+                                      const int* targets, int rows, int Vs, int v0, int V, bool write_dlogits,
+                                      cudaStream_t stream) {
+    // without the gradient a block only writes its loss
+    const int block_size = write_dlogits ? classifier_block_size(Vs) : 32;
+    vocab_parallel_classifier_finish_launch(logits, losses, stats, dloss, targets, rows, Vs, v0, V, write_dlogits,
+                                            block_size, stream);
+}
+
+// The sizes the vocabulary-parallel classifier supports over N processes; false with a one-line reason otherwise.
+bool vocab_parallel_classifier_support(int V, int Vp, int N, char* why, size_t why_size) {
+    if (!fused_classifier_support(V, Vp, why, why_size)) return false;
+    if (N <= 0 || Vp % N != 0 || (Vp / N) % 8 != 0) {
+        snprintf(why, why_size,
+                 "Vp = %d over %d processes: the vocabulary-parallel classifier needs Vp / N a whole multiple of 8 "
+                 "(16-byte aligned slice rows)", Vp, N);
         return false;
     }
     return true;

@@ -11,6 +11,8 @@
 //      serialises)
 //   2  llmc/encoder.cuh encoder_backward: 8 warps per (bucket, 32 vectors of channels) split the bucket's
 //      rows and add their partial sums in warp order. The trainer's.
+// With variant 2, encoder_backward_vocab_range (tensor parallelism: dwte rows [v0, v0 + Vs) per process) is
+// validated over three ranges, one holding none of the batch's ids, and against encoder_backward's rows bit for bit.
 // Times include the host bucketing and its copy. Every variant is run twice from the same state to check
 // that the results are bitwise identical.
 // Floor (see llmc/encoder.cuh): bytes = (B*T*C + 2*buckets*C + 2*T*C) * sizeof(floatX) + 20*B*T at most.
@@ -64,6 +66,67 @@ static void run_variant(int variant, floatX* dwte, floatX* dwpe, const floatX* d
                         const int* inp, int B, int T, int C, unsigned int seed, int block_size) {
     if (variant == 1) encoder_backward_sequential(dwte, dwpe, dout, inp, B, T, C, seed, block_size);
     else encoder_backward(dwte, dwpe, dout, d_inp, inp, B, T, C, seed, 0);
+}
+
+// encoder_backward_vocab_range, as tensor parallelism calls it: each process holds the dwte rows [v0, v0 + Vs) (here
+// in a buffer of its own, so that a write outside them is one the checking build sees) and one process sums dwpe.
+// Three ranges: the two halves of the vocabulary (the frequent token in the first) and the padding rows [V, Vp),
+// which hold none of the batch's ids and must come out unchanged. Each range's rows must also equal the rows of
+// encoder_backward's result from the same state bit for bit, and its dwpe encoder_backward's dwpe.
+static void validate_vocab_ranges(const std::vector<int>& inp, const std::vector<float>& dout,
+                                  const std::vector<float>& dwte_initial, const std::vector<float>& dwpe_initial,
+                                  const floatX* d_dout, const int* d_inp, int B, int T, int C, int V,
+                                  unsigned int seed, float atol, float rtol) {
+    const int Vp = (int)(dwte_initial.size() / C);
+    const size_t dwpe_n = dwpe_initial.size();
+    floatX* d_dwte = lab_to_device<floatX>(dwte_initial);
+    floatX* d_dwpe = lab_to_device<floatX>(dwpe_initial);
+    encoder_backward(d_dwte, d_dwpe, d_dout, d_inp, inp.data(), B, T, C, seed, 0);
+    std::vector<floatX> whole_dwte(dwte_initial.size()), whole_dwpe(dwpe_n);
+    cudaCheck(cudaMemcpy(whole_dwte.data(), d_dwte, whole_dwte.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(whole_dwpe.data(), d_dwpe, dwpe_n * sizeof(floatX), cudaMemcpyDeviceToHost));
+
+    struct { int v0, Vs; bool with_dwpe; } ranges[] = {
+        {0, Vp / 2, true}, {Vp / 2, Vp - Vp / 2, false}, {V, Vp - V, true}};
+    for (int r = 0; r < 3; r++) {
+        const int v0 = ranges[r].v0, Vs = ranges[r].Vs;
+        const size_t slice_n = (size_t)Vs * C;
+        std::vector<double> sum(dwte_initial.begin() + (size_t)v0 * C, dwte_initial.begin() + (size_t)v0 * C + slice_n);
+        int held = 0;  // positions whose id the range holds
+        for (int bt = 0; bt < B * T; bt++) {
+            if (inp[bt] < v0 || inp[bt] >= v0 + Vs) continue;
+            held++;
+            for (int c = 0; c < C; c++) sum[(size_t)(inp[bt] - v0) * C + c] += dout[(size_t)bt * C + c];
+        }
+        const std::vector<float> reference(sum.begin(), sum.end());
+        floatX* d_slice = lab_to_device<floatX>(std::vector<float>(
+            dwte_initial.begin() + (size_t)v0 * C, dwte_initial.begin() + (size_t)v0 * C + slice_n));
+        floatX* d_range_dwpe = ranges[r].with_dwpe ? lab_to_device<floatX>(dwpe_initial) : nullptr;
+        encoder_backward_vocab_range(d_slice, d_range_dwpe, d_dout, d_inp, inp.data(), B, T, C, v0, Vs, seed, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        printf("vocabulary range [%d, %d)%s, %d positions hold its ids\n", v0, v0 + Vs,
+               ranges[r].with_dwpe ? " with dwpe" : "", held);
+        lab_validate("dwte (range)", d_slice, reference.data(), slice_n, atol, rtol);
+        std::vector<floatX> slice(slice_n), range_dwpe(dwpe_n);
+        cudaCheck(cudaMemcpy(slice.data(), d_slice, slice_n * sizeof(floatX), cudaMemcpyDeviceToHost));
+        if (memcmp(slice.data(), whole_dwte.data() + (size_t)v0 * C, slice_n * sizeof(floatX)) != 0) {
+            printf("FAIL: the range's dwte rows differ from encoder_backward's\n");
+            exit(EXIT_FAILURE);
+        }
+        printf("  %-28s ok (bit-identical to encoder_backward's rows)\n", "dwte rows");
+        if (d_range_dwpe != nullptr) {
+            cudaCheck(cudaMemcpy(range_dwpe.data(), d_range_dwpe, dwpe_n * sizeof(floatX), cudaMemcpyDeviceToHost));
+            if (memcmp(range_dwpe.data(), whole_dwpe.data(), dwpe_n * sizeof(floatX)) != 0) {
+                printf("FAIL: the range's dwpe differs from encoder_backward's\n");
+                exit(EXIT_FAILURE);
+            }
+            printf("  %-28s ok (bit-identical to encoder_backward's)\n", "dwpe");
+            cudaCheck(cudaFree(d_range_dwpe));
+        }
+        cudaCheck(cudaFree(d_slice));
+    }
+    cudaCheck(cudaFree(d_dwte));
+    cudaCheck(cudaFree(d_dwpe));
 }
 
 int main(int argc, char** argv) {
@@ -147,6 +210,8 @@ int main(int argc, char** argv) {
         }
         printf("  %-28s ok (two runs bitwise identical)\n", "determinism");
     }
+    if (args.variant == 0 || args.variant == 2)
+        validate_vocab_ranges(inp, dout, dwte_initial, dwpe_initial, d_dout, d_inp, B, T, C, V, seed, atol, rtol);
     lab_print_header("encoder_backward", args.small ? "small sizes" : "GPT-2 124M sizes");
     for (int variant = 1; variant <= 2; variant++) {
         if (args.variant != 0 && args.variant != variant) continue;

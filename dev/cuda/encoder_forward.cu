@@ -7,6 +7,8 @@
 // Variants:
 //   1  one thread per element, scalar loads (the baseline the vectorised kernel is measured against)
 //   2  llmc/encoder.cuh encoder_forward: one thread per 8 channels, 16-byte loads and stores. The trainer's.
+// With variant 2, encoder_forward_vocab_range (tensor parallelism: wte rows [v0, v0 + Vs) per process) is validated
+// over three ranges, one holding none of the batch's ids, and the two halves summed against encoder_forward.
 // Floor (see llmc/encoder.cuh): bytes = (2*B*T*C + T*C) * sizeof(floatX) + 4*B*T.
 #include "common.h"
 #include "../../llmc/encoder.cuh"
@@ -33,6 +35,63 @@ static void encoder_forward_scalar(floatX* out, const int* inp, const floatX* wt
 static std::vector<float> rounded_to_floatX(std::vector<float> values) {
     for (float& v : values) v = (float)(floatX)v;
     return values;
+}
+
+// encoder_forward_vocab_range, as tensor parallelism calls it: each process holds the wte rows [v0, v0 + Vs) (here in
+// a buffer of its own, so that a read outside them is one the checking build sees) and one process adds wpe. Three
+// ranges: the two halves of the vocabulary, which summed give encoder_forward's output bit for bit (an id outside a
+// range adds an exact 0), and the padding rows [V, Vp), which hold none of the batch's ids.
+static void validate_vocab_ranges(const std::vector<float>& wte, const std::vector<float>& wpe,
+                                  const std::vector<int>& inp, const int* d_inp, const floatX* d_wpe, int B, int T,
+                                  int C, int V, float atol, float rtol) {
+    const int Vp = (int)(wte.size() / C);
+    const size_t n = (size_t)B * T * C;
+    struct { int v0, Vs; bool with_wpe; } ranges[] = {
+        {0, Vp / 2, true}, {Vp / 2, Vp - Vp / 2, false}, {V, Vp - V, true}};
+    std::vector<floatX> halves_sum(n);  // the two halves' outputs summed as an all-reduce in floatX would
+    for (int r = 0; r < 3; r++) {
+        const int v0 = ranges[r].v0, Vs = ranges[r].Vs;
+        std::vector<float> reference(n);
+        int held = 0;  // positions whose id the range holds
+        for (int bt = 0; bt < B * T; bt++) {
+            const bool in_range = inp[bt] >= v0 && inp[bt] < v0 + Vs;
+            held += in_range;
+            for (int c = 0; c < C; c++) {
+                double sum = in_range ? (double)wte[(size_t)inp[bt] * C + c] : 0.0;
+                if (ranges[r].with_wpe) sum += (double)wpe[(size_t)(bt % T) * C + c];
+                reference[(size_t)bt * C + c] = (float)sum;
+            }
+        }
+        floatX* d_wte_slice = lab_to_device<floatX>(
+            std::vector<float>(wte.begin() + (size_t)v0 * C, wte.begin() + (size_t)(v0 + Vs) * C));
+        floatX* d_out = lab_poisoned<floatX>(n);
+        encoder_forward_vocab_range(d_out, d_inp, d_wte_slice, ranges[r].with_wpe ? d_wpe : nullptr, B, T, C, v0, Vs,
+                                    0);
+        cudaCheck(cudaDeviceSynchronize());
+        printf("vocabulary range [%d, %d)%s, %d positions hold its ids\n", v0, v0 + Vs,
+               ranges[r].with_wpe ? " with wpe" : "", held);
+        lab_validate("out (range)", d_out, reference.data(), n, atol, rtol);
+        if (r < 2) {
+            std::vector<floatX> out(n);
+            cudaCheck(cudaMemcpy(out.data(), d_out, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < n; i++)
+                halves_sum[i] = r == 0 ? out[i] : (floatX)((float)halves_sum[i] + (float)out[i]);
+        }
+        cudaCheck(cudaFree(d_wte_slice));
+        cudaCheck(cudaFree(d_out));
+    }
+    floatX* d_wte = lab_to_device<floatX>(wte);
+    floatX* d_whole = lab_poisoned<floatX>(n);
+    encoder_forward(d_whole, d_inp, d_wte, d_wpe, B, T, C, 0);
+    std::vector<floatX> whole(n);
+    cudaCheck(cudaMemcpy(whole.data(), d_whole, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    if (memcmp(whole.data(), halves_sum.data(), n * sizeof(floatX)) != 0) {
+        printf("FAIL: the two halves' outputs summed differ from encoder_forward's output\n");
+        exit(EXIT_FAILURE);
+    }
+    printf("  %-28s ok (bit-identical to the whole vocabulary's)\n", "halves summed");
+    cudaCheck(cudaFree(d_wte));
+    cudaCheck(cudaFree(d_whole));
 }
 
 int main(int argc, char** argv) {
@@ -77,6 +136,8 @@ int main(int argc, char** argv) {
         printf("variant %d\n", variant);
         lab_validate("out", d_out, reference.data(), n, atol, rtol);
     }
+    if (args.variant == 0 || args.variant == 2)
+        validate_vocab_ranges(wte, wpe, inp, d_inp, d_wpe, B, T, C, V, atol, rtol);
     lab_print_header("encoder_forward", args.small ? "small sizes" : "GPT-2 124M sizes");
     for (int variant = 1; variant <= 2; variant++) {
         if (args.variant != 0 && args.variant != variant) continue;
