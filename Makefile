@@ -182,6 +182,11 @@ MOE_LLAMA := --arch llama --NH 4 --C 64 --kv-heads 2
 MOE_REF_llama_mixtral := $(MOE_LLAMA) --E 8 --topk 2 --H 64 --moe-every 1 --cf 0
 MOE_REF_llama_shared := $(MOE_LLAMA) --topk 2 --H 64 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64 \
     --score sigmoid
+# tensor parallelism (doc/parallelism.md): GPT-2 and llama with 4 heads of 16 (2 key/value heads), H and the padded
+# vocabulary 384 dividing by 4, and B*T = 96 tokens, which -sp 1 cuts into 2 or 4 equal parts
+TP_REF_ARGS := --B 4 --T 24 --V 263 --L 2 --NH 4 --C 64 --maxT 32 --seed 1337 --steps 10 --grad-clip 0.5
+TP_REF_gpt2 :=
+TP_REF_llama := --arch llama --kv-heads 2
 # ref_command NAME: the script and flags that write build/ref/NAME (NAME_debug_state.bin and NAME_model.bin): the
 # family (the name's first word) gives the shape, a llama or MoE name's middle words its configuration (a variable of
 # its own: a name without one is refused rather than built with the defaults), the last word the precision
@@ -191,14 +196,16 @@ REF_SCRIPTS_tiny := train_gpt.py
 REF_SCRIPTS_long := train_gpt.py
 REF_SCRIPTS_deep := train_gpt.py
 REF_SCRIPTS_llama := train_gpt.py
+REF_SCRIPTS_tp := train_gpt.py
 REF_SCRIPTS_moe := train_moe.py train_gpt.py
 REF_FLAGS_tiny = $(REF_ARGS)
 REF_FLAGS_long = $(LONG_REF_ARGS)
 REF_FLAGS_deep = $(DEEP_REF_ARGS)
 REF_FLAGS_llama = $(LLAMA_REF_ARGS) $(call ref_configured,LLAMA_REF_$(call ref_config,$(1:llama_%=%)),$1)
+REF_FLAGS_tp = $(TP_REF_ARGS) $(call ref_configured,TP_REF_$(call ref_config,$(1:tp_%=%)),$1)
 REF_FLAGS_moe = $(MOE_REF_ARGS) $(call ref_configured,MOE_REF_$(call ref_config,$(1:moe_%=%)),$1)
 ref_scripts = $(or $(REF_SCRIPTS_$(call ref_family,$1)),$(error build/ref/$1: no reference family \
-    '$(call ref_family,$1)' (expected tiny, long, deep, llama or moe)))
+    '$(call ref_family,$1)' (expected tiny, long, deep, llama, tp or moe)))
 ref_command = $(firstword $(call ref_scripts,$1)) --write-reference $(BUILD)/ref/$1 \
     $(call REF_FLAGS_$(call ref_family,$1),$1) --dtype $(call ref_dtype,$1)
 $(BUILD)/ref/%_debug_state.bin: $$(call ref_scripts,$$*) | $(BUILD)

@@ -84,6 +84,7 @@ struct ModelTest {
     int offload;  // -oo, as the trainer's
     AdamWConfig opt;  // test_step's: the reference's (take_reference_optimizer)
     int steps;  // -st: the reference's first this many steps are run and compared (0, without -st: all of them)
+    const TensorParallel* tp;  // -tp N -sp S: the tensor-parallel layout (degree 1: every layer whole)
 };
 
 // The debug state's words 12..17 (doc/formats.md, "Debug state"): the reference steps' AdamW, fp32 bits
@@ -243,6 +244,7 @@ static void build_test_model(Model* model, const ModelTest* t, const MultiGpuCon
     model->process_rank = mg->process_rank;
     model->zero_stage = t->zero_stage;
     model->multi_gpu = mg;
+    model->tp = t->tp;
     model->offload_optimizer = t->offload;
     if (t->extension) t->extension->attach(model, t, mg, degree);
     model_build_from_checkpoint(model, t->path);
@@ -339,13 +341,15 @@ static int run_test_steps(const ModelTest* t, const ReferenceState* ref, const M
 static int test_main(int argc, char** argv, const TestExtension* x) {
     const char* name = x ? x->name : "test_gpt";
     if (argc < 2) {
-        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-z 0|1|2|3] [-oo 0|1|2] [-st N]%s\n",
+        fprintf(stderr, "usage: %s PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-z 0|1|2|3] [-oo 0|1|2] [-st N] "
+                "[-tp N] [-sp 0|1]%s\n",
                 argv[0],
                 x ? x->usage_flags : "");
         return EXIT_FAILURE;
     }
     const char* prefix = argv[1];
-    ModelTest t = {NULL, 1, 1, 1, 0, -1, 1, x, 0, {0}};
+    ModelTest t = {NULL, 1, 1, 1, 0, -1, 1, x, 0, {0}, 0, NULL};
+    int tp_degree = 1, sequence_parallel = 1;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-r")) t.recompute = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-w")) t.master = atoi(argv[i + 1]);
@@ -353,6 +357,8 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         else if (!strcmp(argv[i], "-fa")) t.flash_attention = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-z")) t.zero_stage = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-oo")) t.offload = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-tp")) tp_degree = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-sp")) sequence_parallel = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-st")) {
             char* end;
             t.steps = (int)strtol(argv[i + 1], &end, 10);
@@ -386,16 +392,28 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         fprintf(stderr, "no CUDA device (cudaGetDeviceCount: %s)\n", cudaGetErrorString(device_error));
         return EXIT_FAILURE;
     }
-    MultiGpuConfig mg = multi_gpu_config_init("mpi", 1, 0, 8, "", "");
-    printing = mg.process_rank == 0;
-    if (t.ep_degree < 1 || mg.num_processes % t.ep_degree != 0) {
-        fprintf(stderr, "-ep %d: must divide the number of processes (%d)\n", t.ep_degree, mg.num_processes);
+    MultiGpuConfig world = multi_gpu_config_init("mpi", 1, 0, 8, "", "");
+    printing = world.process_rank == 0;
+    if (t.ep_degree < 1 || world.num_processes % t.ep_degree != 0) {
+        fprintf(stderr, "-ep %d: must divide the number of processes (%d)\n", t.ep_degree, world.num_processes);
         return EXIT_FAILURE;
     }
+    if (tp_degree < 1 || world.num_processes % tp_degree != 0 || (sequence_parallel != 0 && sequence_parallel != 1) ||
+        (x && tp_degree > 1) || (tp_degree > 1 && (t.zero_stage >= 2 || t.offload))) {
+        fprintf(stderr, "-tp %d -sp %d: expected a degree dividing the %d processes, -sp 0 or 1, the dense model, "
+                "ZeRO-0 or 1 without offload\n", tp_degree, sequence_parallel, world.num_processes);
+        return EXIT_FAILURE;
+    }
+    // the tensor-parallel groups; mg, the data-parallel group (the world at -tp 1), is what the model averages over
+    TensorParallel tp;
+    tensor_parallel_init(&tp, &world, tp_degree, sequence_parallel);
+    t.tp = &tp;
+    MultiGpuConfig mg = tp_degree > 1 ? tp.dp : world;
     if (printing)
-        printf("%s: %s, %s, recompute %d, master weights %d, gelu fusion %d, %d process%s, -ep %d\n", name, prefix,
-               PRECISION_NAME, t.recompute, t.master, t.gelu_fusion, mg.num_processes,
-               mg.num_processes > 1 ? "es" : "", t.ep_degree);
+        printf("%s: %s, %s, recompute %d, master weights %d, gelu fusion %d, %d process%s, -ep %d, -tp %d%s\n", name,
+               prefix, PRECISION_NAME, t.recompute, t.master, t.gelu_fusion, world.num_processes,
+               world.num_processes > 1 ? "es" : "", t.ep_degree, tp_degree,
+               tp_degree > 1 ? (sequence_parallel ? " -sp 1" : " -sp 0") : "");
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     cublas_setup();
@@ -448,8 +466,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     floatX* logits_x = (floatX*)malloc_check(BT * Vp * sizeof(floatX));
     for (int micro = 0; micro < K; micro++) {
         model_forward(&model, ref.x + micro * micro_tokens, nullptr, B / K, T, 0.0f, stream);
-        cudaCheck(cudaMemcpy(logits_x + micro * micro_tokens * Vp, model.acts.output,
-                             micro_tokens * Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+        model_copy_logits(&model, logits_x + micro * micro_tokens * Vp, 0, micro_tokens, stream);
     }
     float* logits = (float*)malloc_check(BT * V * sizeof(float));
     for (size_t bt = 0; bt < BT; bt++)
@@ -478,6 +495,32 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     if (printing)
         printf("%s %-10s %d step losses, max rel err %.2e (tol %.0e)\n", steps_ok ? "OK  " : "FAIL", "steps",
                ref.nsteps, worst, tol_steps);
+
+    // -tp N against -tp 1: the same steps with every layer whole, each process on its own (a communicator of one
+    // process), from the same parameters and stochastic-rounding seeds. The split changes only summation orders (the
+    // members' partial sums are added by the all-reduce), so the two agree within the reference's step tolerance.
+    if (tp_degree > 1) {
+        MultiGpuConfig alone = world;
+        alone.num_processes = 1;
+        alone.process_rank = 0;
+        alone.used_mpi = 0;
+        ncclUniqueId id;
+        ncclCheck(ncclGetUniqueId(&id));
+        ncclCheck(ncclCommInitRank(&alone.nccl_comm, 1, id, 0));
+        ModelTest whole = unsharded;
+        whole.tp = NULL;
+        float* whole_losses = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
+        run_test_steps(&whole, &ref, &alone, steps_rng_state, whole_losses, NULL, stream);
+        double worst_whole = 0.0;
+        for (int step = 0; step < ref.nsteps; step++)
+            worst_whole = fmax(worst_whole, fabs(losses[step] - whole_losses[step]) / fabs(whole_losses[step]));
+        count_check(worst_whole <= tol_steps);
+        if (printing)
+            printf("%s %-10s %d step losses against -tp 1's, max rel err %.2e (tol %.0e)\n",
+                   worst_whole <= tol_steps ? "OK  " : "FAIL", "tp1", ref.nsteps, worst_whole, tol_steps);
+        free(whole_losses);
+        ncclCheck(ncclCommDestroy(alone.nccl_comm));
+    }
 
     // -z / -oo: the steps with the gradient and optimizer state sharded (ZeRO-1/2), the parameters too (ZeRO-3), and
     // the update offloaded.
@@ -562,7 +605,8 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     cudaCheck(cudaStreamDestroy(stream));
     // every process checked the same values; the counts agree everywhere
     if (printing) printf("%s: %d passed, %d failed\n", name, checks_passed, checks_failed);
-    multi_gpu_config_free(&mg);
+    tensor_parallel_free(&tp);
+    multi_gpu_config_free(&world);
     return checks_failed == 0 ? 0 : 1;
 }
 

@@ -51,6 +51,7 @@
 #include "llmc/global_norm.cuh"
 #include "llmc/copy_cast.cuh"
 #include "llmc/multi_gpu.cuh"
+#include "llmc/tensor_parallel.cuh"
 #include "llmc/optimizer.cuh"
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
@@ -188,7 +189,15 @@ typedef struct {
     /* att_delta: (B, NH, T) rowsum(dout * out) (flash path only) */                                                   \
     X(float, att_delta, model->attention == ATTENTION_FLASH ? BT * NH : 0)                                             \
     /* scratch_f: layernorm backward and bias-gradient scratch */                                                      \
-    X(float, scratch_f, ln_scratch > bias_scratch ? ln_scratch : bias_scratch)
+    X(float, scratch_f, ln_scratch > bias_scratch ? ln_scratch : bias_scratch)                                          \
+    /* tensor parallelism (llmc/tensor_parallel.cuh): (4, B, T) the classifier's row statistics; with sequence */      \
+    /* parallelism (B*T/N, C) a row-parallel block's output reduce-scattered onto this member's tokens (in the */      \
+    /* backward pass a norm's input gradient), (B*T/N, C) a norm's output before its all-gather, (B, T, C) the */     \
+    /* residual stream's gradient all-gathered */                                                                      \
+    X(float, classifier_stats, classifier_stats)                                                                       \
+    X(floatX, member_stream, member_tokens)                                                                            \
+    X(floatX, member_norm, member_tokens)                                                                              \
+    X(floatX, gathered_dout, gathered)
 #define ACTIVATION_FIELD(type, name, elements) type* name;
 typedef struct {
     ACTIVATION_TENSORS(ACTIVATION_FIELD)
@@ -228,6 +237,7 @@ struct Model {
     int zero_stage;         // set before building: ZeRO-2 allocates gradient buckets instead of a gradient buffer,
                             // ZeRO-3 only this process's parameter shard and gather buffers
     const MultiGpuConfig* multi_gpu;  // set before building for ZeRO-3: the processes parameters are gathered over
+    const TensorParallel* tp;  // set before building: the tensor-parallel layout (NULL: every layer whole)
     // activations
     ActivationTensors acts;
     void* acts_memory;
@@ -264,8 +274,10 @@ static int model_dense_index(const Model* model, int l) {
     return d;
 }
 
+#include "llmc/model_tensor_parallel.h"
+
 // The tensors' sizes in model-file order: as in the file, and as held in the replicated set (the same but for an
-// extension's own part)
+// extension's own part, and under tensor parallelism this process's slices of the split tensors)
 static void fill_in_parameter_sizes(const Model* model, size_t* in_file, size_t* in_set) {
     const ModelConfig* cfg = &model->config;
     size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
@@ -293,9 +305,13 @@ static void fill_in_parameter_sizes(const Model* model, size_t* in_file, size_t*
     sizes[PARAM_LNFW] = C;
     sizes[PARAM_LNFB] = norm_bias * C;
     sizes[PARAM_LM_HEAD] = cfg->tied ? 0 : Vp * C;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) in_set[i] = in_file[i];
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        TensorSplit s = model_tensor_split(model, i, in_file);
+        in_set[i] = tensor_split_slice_size(&s, model_tp_degree(model));
+    }
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_set[PARAM_EXTENSION + i] = replicated[i];
 }
+
 static void file_tensor_sizes(size_t* sizes, const Model* model) {
     size_t in_set[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, sizes, in_set);
@@ -323,17 +339,18 @@ static void point_parameters(ParameterTensors* p, floatX* memory, const size_t* 
     }
 }
 
-// Layer l's slices of the parameters (or of the gradients)
+// Layer l's slices of the parameters (or of the gradients); under tensor parallelism of this member's slices
 static LayerParameters model_layer_parameters(const Model* model, const ParameterTensors* p, int l) {
     const ModelConfig* c = &model->config;
-    size_t C = c->channels, QKV = qkv_channels(c), FC = fc_channels(c), H = c->ffn_hidden;
+    size_t C = c->channels, QKV = local_qkv_channels(model), FC = local_fc_channels(model), H = local_hidden(model);
+    size_t Ca = local_channels(model);
     int bias = c->biases, norm_bias = c->norm == NORM_LAYERNORM;
     LayerParameters lp;
     lp.ln1w = p->ln1w + l * C;
     lp.ln1b = norm_bias ? p->ln1b + l * C : NULL;
     lp.qkvw = p->qkvw + l * QKV * C;
     lp.qkvb = bias ? p->qkvb + l * QKV : NULL;
-    lp.attprojw = p->attprojw + l * C * C;
+    lp.attprojw = p->attprojw + l * C * Ca;
     lp.attprojb = bias ? p->attprojb + l * C : NULL;
     lp.ln2w = p->ln2w + l * C;
     lp.ln2b = norm_bias ? p->ln2b + l * C : NULL;
@@ -448,7 +465,12 @@ static void model_set_parameters(Model* model, const floatX* file_order) {
         floatX* replicated = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX) + 1);
         size_t from = 0, to = 0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            memcpy(replicated + to, file_order + from, in_set[i] * sizeof(floatX));
+            TensorSplit s = model_tensor_split(model, i, in_file);
+            if (s.kind != SPLIT_NONE)  // this member's slice
+                tensor_split_copy(&s, model_tp_member(model), model_tp_degree(model), (floatX*)file_order + from,
+                                  replicated + to, 0);
+            else  // whole, or an extension's part in the replicated set
+                memcpy(replicated + to, file_order + from, in_set[i] * sizeof(floatX));
             to += in_set[i];
             from += in_file[i];
         }
@@ -459,10 +481,14 @@ static void model_set_parameters(Model* model, const floatX* file_order) {
     if (x->set_parameters) x->set_parameters(model, file_order + model_extension_offset(model));
 }
 
-// The inverse, collective over an extension's groups: the whole model in model-file order from the replicated set
-// (its parameters, or in test_gpt.cu its gradients as stored: device memory, or host memory with `kind`
-// cudaMemcpyHostToHost), the extension filling in its own part.
+// The inverse, collective over an extension's groups (and the tensor-parallel group): the whole model in model-file
+// order from the replicated set (its parameters, or in test_gpt.cu its gradients as stored: device memory, or host
+// memory with `kind` cudaMemcpyHostToHost), the extension filling in its own part.
 static void model_get_replicated(const Model* model, floatX* file_order, const floatX* replicated, cudaMemcpyKind kind) {
+    if (model_tp_degree(model) > 1) {
+        model_join_slices(model, file_order, replicated, kind);
+        return;
+    }
     size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, in_file, in_set);
     size_t from = 0, to = 0;
@@ -620,51 +646,57 @@ static void norm_backward(const Model* model, floatX* dinp, floatX* dweight, flo
 }
 
 // The attention block from la->ln1 (B, T, C): the qkv projection, q and k roped (RoPE), attention on the chosen path
-// into la->atty, and the output projection into out (B, T, C).
+// into la->atty, and the output projection into out (B, T, C). Under tensor parallelism on this member's heads (NH/N
+// query heads over NKV/N key/value heads, atty (B, T, C/N)), and out is the member's part of the row-parallel
+// projection (the bias on member 0), summed over the members by the caller.
 static void attention_block_forward(Model* model, const LayerParameters* lp, const LayerActivations* la, floatX* out,
                                     int B, int T, cudaStream_t stream) {
     const ModelConfig* c = &model->config;
-    int C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, QKV = (int)qkv_channels(c);
+    int C = c->channels, NH = local_heads(model), NKV = local_kv_heads(model), Ca = local_channels(model);
+    int QKV = (int)local_qkv_channels(model), HS = C / c->num_heads;
     ActivationTensors a = model->acts;
     if (model->attention == ATTENTION_MATMUL_SOFTMAX) {
         floatX* qkv = a.scratch_bt4c;  // (B, T, 3C), consumed by attention_forward, which keeps q, k, v permuted
         matmul_forward(qkv, la->ln1, lp->qkvw, lp->qkvb, B, T, C, QKV, stream);
-        attention_forward(la->atty, la->qkvr, la->att, qkv, B, T, C, NH, stream);
+        attention_forward(la->atty, la->qkvr, la->att, qkv, B, T, Ca, NH, stream);
     } else {
         // flash attention and cuDNN read q, k, v in place from the qkv projection's output, kept for the backward
         // pass (with q and k roped: the backward pass needs them so)
         floatX* qkv = la->qkvr;  // (B, T, QKV)
         matmul_forward(qkv, la->ln1, lp->qkvw, lp->qkvb, B, T, C, QKV, stream);
-        if (c->positions == POSITIONS_ROPE) rope_forward(qkv, model->rope_table, B, T, NH, NKV, C / NH, stream);
+        if (c->positions == POSITIONS_ROPE) rope_forward(qkv, model->rope_table, B, T, NH, NKV, HS, stream);
 #ifdef ENABLE_CUDNN
         if (model->attention == ATTENTION_CUDNN)
-            attention_forward_cudnn(la->atty, la->att_stats, qkv, B, T, NH, C, stream);
+            attention_forward_cudnn(la->atty, la->att_stats, qkv, B, T, NH, Ca, stream);
         else
 #endif
-            flash_attention_forward(la->atty, la->att_stats, qkv, B, T, NH, NKV, C, stream);
+            flash_attention_forward(la->atty, la->att_stats, qkv, B, T, NH, NKV, Ca, stream);
     }
-    matmul_forward(out, la->atty, lp->attprojw, lp->attprojb, B, T, C, C, stream);
+    matmul_forward(out, la->atty, lp->attprojw, row_parallel_bias(model, lp->attprojb), B, T, Ca, C, stream);
 }
-// Its transpose: a.dbtc (B, T, C) = the gradient of la->ln1 from dout (B, T, C), the gradients into lg. Under -r 2 the
-// caller has recomputed la->ln1.
+// Its transpose: a.dbtc (B, T, C) = the gradient of la->ln1 from dout (B, T, C), the gradients into lg (under tensor
+// parallelism the member's part of it, summed over the members by the caller; every member computes the projection's
+// whole bias gradient from the whole dout). Under -r 2 the caller has recomputed la->ln1.
 static void attention_block_backward(Model* model, const LayerParameters* lp, const LayerParameters* lg,
                                      const LayerActivations* la, const floatX* dout, int B, int T,
                                      cudaStream_t stream) {
     const ModelConfig* c = &model->config;
-    int C = c->channels, NH = c->num_heads, NKV = c->num_kv_heads, QKV = (int)qkv_channels(c);
+    int C = c->channels, NH = local_heads(model), NKV = local_kv_heads(model), Ca = local_channels(model);
+    int QKV = (int)local_qkv_channels(model), HS = C / c->num_heads;
     ActivationTensors a = model->acts;
-    matmul_backward(a.dbtc, lg->attprojw, lg->attprojb, dout, la->atty, lp->attprojw, a.scratch_f, B, T, C, C, stream);
+    matmul_backward(a.dbtc, lg->attprojw, lg->attprojb, dout, la->atty, lp->attprojw, a.scratch_f, B, T, Ca, C,
+                    stream);
     floatX* dqkv = a.scratch_bt4c;  // (B, T, QKV)
     if (model->attention == ATTENTION_MATMUL_SOFTMAX)
-        attention_backward(dqkv, a.dqkvr, a.datt, a.scratch_btc, a.dbtc, la->qkvr, la->att, B, T, C, NH, stream);
+        attention_backward(dqkv, a.dqkvr, a.datt, a.scratch_btc, a.dbtc, la->qkvr, la->att, B, T, Ca, NH, stream);
 #ifdef ENABLE_CUDNN
     else if (model->attention == ATTENTION_CUDNN)
-        attention_backward_cudnn(dqkv, a.dbtc, la->qkvr, la->atty, la->att_stats, B, T, NH, C, stream);
+        attention_backward_cudnn(dqkv, a.dbtc, la->qkvr, la->atty, la->att_stats, B, T, NH, Ca, stream);
 #endif
     else
-        flash_attention_backward(dqkv, a.att_delta, a.dbtc, la->qkvr, la->atty, la->att_stats, B, T, NH, NKV, C,
+        flash_attention_backward(dqkv, a.att_delta, a.dbtc, la->qkvr, la->atty, la->att_stats, B, T, NH, NKV, Ca,
                                  stream);
-    if (c->positions == POSITIONS_ROPE) rope_backward(dqkv, model->rope_table, B, T, NH, NKV, C / NH, stream);
+    if (c->positions == POSITIONS_ROPE) rope_backward(dqkv, model->rope_table, B, T, NH, NKV, HS, stream);
     matmul_backward(a.dbtc, lg->qkvw, lg->qkvb, dqkv, la->ln1, lp->qkvw, a.scratch_f, B, T, C, QKV, stream);
 }
 
@@ -675,18 +707,19 @@ static int model_forward_gelu_fusion(const Model* model) {
 }
 
 // GPT-2's MLP: fc, GELU (into cuBLASLt's epilogue with -ge), fcproj. la->fch holds fc's output, la->ffn_act the
-// GELU's (recomputed from fch with -r 1).
+// GELU's (recomputed from fch with -r 1). Under tensor parallelism, as for attention: fc column-parallel on this
+// member's H/N hidden units, fcproj row-parallel (the bias on member 0), out summed over the members by the caller.
 static void gelu_mlp_forward(Model* model, int layer, const LayerParameters* lp, const LayerActivations* la,
                              floatX* out, int B, int T, cudaStream_t stream) {
-    int C = model->config.channels, H = model->config.ffn_hidden;
+    int C = model->config.channels, H = local_hidden(model);
     matmul_forward(la->ffn_act, la->ln2, lp->fcw, lp->fcb, B, T, C, H, stream, la->fch,
                    model_forward_gelu_fusion(model));
-    matmul_forward(out, la->ffn_act, lp->fcprojw, lp->fcprojb, B, T, H, C, stream);
+    matmul_forward(out, la->ffn_act, lp->fcprojw, row_parallel_bias(model, lp->fcprojb), B, T, H, C, stream);
 }
 static void gelu_mlp_backward(Model* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
                               const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
                               cudaStream_t stream) {
-    int C = model->config.channels, H = model->config.ffn_hidden;
+    int C = model->config.channels, H = local_hidden(model);
     ActivationTensors a = model->acts;
     floatX* dfch = a.scratch_bt4c;  // (B, T, H)
     if (model->recompute >= 1) gelu_forward(la->ffn_act, la->fch, (size_t)B * T * H, stream);
@@ -699,16 +732,16 @@ static void gelu_mlp_backward(Model* model, int layer, const LayerParameters* lp
 // needs the forward's [gate | up].
 static void swiglu_mlp_forward(Model* model, int layer, const LayerParameters* lp, const LayerActivations* la,
                                floatX* out, int B, int T, cudaStream_t stream) {
-    int C = model->config.channels, H = model->config.ffn_hidden;
-    const floatX* fc_gate_up = lp->fcw;  // (2H, C): the gate's rows, then the up projection's
+    int C = model->config.channels, H = local_hidden(model);
+    const floatX* fc_gate_up = lp->fcw;  // (2H, C): the gate's rows, then the up projection's (this member's)
     matmul_forward(la->fch, la->ln2, fc_gate_up, lp->fcb, B, T, C, 2 * H, stream);
     swiglu_forward(la->ffn_act, la->fch, B * T, H, stream);
-    matmul_forward(out, la->ffn_act, lp->fcprojw, lp->fcprojb, B, T, H, C, stream);
+    matmul_forward(out, la->ffn_act, lp->fcprojw, row_parallel_bias(model, lp->fcprojb), B, T, H, C, stream);
 }
 static void swiglu_mlp_backward(Model* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
                                 const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
                                 cudaStream_t stream) {
-    int C = model->config.channels, H = model->config.ffn_hidden;
+    int C = model->config.channels, H = local_hidden(model);
     ActivationTensors a = model->acts;
     if (model->recompute >= 1) swiglu_forward(la->ffn_act, la->fch, B * T, H, stream);
     floatX* dswiglu = a.scratch_bt4c;  // (B, T, H)
@@ -803,40 +836,48 @@ static ParameterTensors model_rest_weights(Model* model, cudaStream_t stream) {
 }
 
 // The forward pass from the tokens to a.lnf: the embeddings, then each layer's norm, attention, residual add, norm,
-// FFN and residual add (the add fused with the next layer's first norm, or the final one).
+// FFN and residual add (the add fused with the next layer's first norm, or the final one). The norms and adds run on
+// the stream's tokens (SB, ST): the batch, or with sequence parallelism (1, B*T/N).
 static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream) {
     const ModelConfig* c = &model->config;
-    int L = c->num_layers, C = c->channels, N = B * T;
+    int L = c->num_layers, N = B * T, Nt = model_stream_tokens(model, N);
+    int SB = Nt == N ? B : 1, ST = Nt == N ? T : Nt;
     ParameterTensors p = model_rest_weights(model, stream);
     ActivationTensors a = model->acts;
-    const floatX* wpe = c->positions == POSITIONS_LEARNED ? p.wpe : nullptr;
-    encoder_forward(a.encoded, model->inputs, p.wte, wpe, B, T, C, stream);
+    model_embed(model, &p, B, T, stream);
     LayerParameters first = model_layer_weights(model, 0, stream);
     LayerActivations first_a = model_layer_activations(model, 0, B, T);
-    norm_forward(model, first_a.ln1, first_a.ln1_mean, first_a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, B, T,
-                 stream);
+    norm_forward(model, tp_norm_output(model, first_a.ln1), first_a.ln1_mean, first_a.ln1_rstd, a.encoded, first.ln1w,
+                 first.ln1b, SB, ST, stream);
+    tp_gather_norm(model, first_a.ln1, N, stream);
     for (int l = 0; l < L; l++) {
         if (l + 1 < L) model_prefetch_layer(model, l + 1, stream);
         LayerParameters lp = model_layer_weights(model, l, stream);
         LayerActivations la = model_layer_activations(model, l, B, T);
         attention_block_forward(model, &lp, &la, a.scratch_btc, B, T, stream);
-        residual_norm_forward(model, la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual, a.scratch_btc,
-                              lp.ln2w, lp.ln2b, N, stream);
+        const floatX* attention = tp_sum_over_members(model, a.scratch_btc, a.member_stream, N, stream);
+        residual_norm_forward(model, la.residual2, tp_norm_output(model, la.ln2), la.ln2_mean, la.ln2_rstd,
+                              la.residual, attention, lp.ln2w, lp.ln2b, Nt, stream);
+        tp_gather_norm(model, la.ln2, N, stream);
         layer_ffn(model, l)->forward(model, l, &lp, &la, a.scratch_btc, B, T, stream);
+        const floatX* ffn = tp_sum_over_members(model, a.scratch_btc, a.member_stream, N, stream);
         if (l + 1 < L) {
             LayerParameters next_p = model_layer_weights(model, l + 1, stream);
             LayerActivations next = model_layer_activations(model, l + 1, B, T);
-            residual_norm_forward(model, la.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, la.residual2,
-                                  a.scratch_btc, next_p.ln1w, next_p.ln1b, N, stream);
+            residual_norm_forward(model, la.residual3, tp_norm_output(model, next.ln1), next.ln1_mean, next.ln1_rstd,
+                                  la.residual2, ffn, next_p.ln1w, next_p.ln1b, Nt, stream);
+            tp_gather_norm(model, next.ln1, N, stream);
         } else {
-            residual_norm_forward(model, la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2, a.scratch_btc,
-                                  p.lnfw, p.lnfb, N, stream);
+            residual_norm_forward(model, la.residual3, tp_norm_output(model, a.lnf), a.lnf_mean, a.lnf_rstd,
+                                  la.residual2, ffn, p.lnfw, p.lnfb, Nt, stream);
+            tp_gather_norm(model, a.lnf, N, stream);
         }
     }
 }
 
 // Forward pass over (B, T) tokens. With targets, also the losses, whose mean model_mean_loss returns; with
-// dlogits_scale > 0, the logits are replaced by their gradient (scaled by dlogits_scale) for backward.
+// dlogits_scale > 0, the logits are replaced by their gradient (scaled by dlogits_scale) for backward. Under tensor
+// parallelism a.output holds this member's Vp/N columns of the logits (model_copy_logits puts rows together).
 static void model_forward(Model* model, const int* inputs, const int* targets, int B, int T, float dlogits_scale,
                          cudaStream_t stream) {
     const ModelConfig* c = &model->config;
@@ -845,7 +886,12 @@ static void model_forward(Model* model, const int* inputs, const int* targets, i
                 model->batch_size, model->seq_len, c->max_seq_len);
         exit(EXIT_FAILURE);
     }
-    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    if (model_sequence_parallel(model) && (B * T) % model_tp_degree(model) != 0) {
+        fprintf(stderr, "model_forward: sequence parallelism cuts B*T = %d tokens into %d equal parts\n", B * T,
+                model_tp_degree(model));
+        exit(EXIT_FAILURE);
+    }
+    int C = c->channels, V = c->vocab_size, Vp = local_vocab(model);
     ActivationTensors a = model->acts;
     memcpy(model->inputs_cpu, inputs, (size_t)B * T * sizeof(int));
     cudaCheck(cudaMemcpyAsync(model->inputs, inputs, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -859,7 +905,11 @@ static void model_forward(Model* model, const int* inputs, const int* targets, i
     ParameterTensors p = model_rest_weights(model, stream);
     matmul_forward(a.output, a.lnf, c->tied ? p.wte : p.lm_head, nullptr, B, T, C, Vp, stream);
     if (targets) {
-        fused_classifier(a.output, a.losses, dlogits_scale, model->targets, B, T, V, Vp, dlogits_scale > 0.0f, stream);
+        if (model_tp_degree(model) > 1)
+            vocab_parallel_loss(model, dlogits_scale, B * T, dlogits_scale > 0.0f, stream);
+        else
+            fused_classifier(a.output, a.losses, dlogits_scale, model->targets, B, T, V, Vp, dlogits_scale > 0.0f,
+                             stream);
         // the losses come back without a host synchronisation: the host queues the backward pass (and what else it
         // can) before model_mean_loss waits for them, so that the GPU never waits for the host between the passes
         cudaCheck(cudaMemcpyAsync(model->losses_cpu, a.losses, (size_t)B * T * sizeof(float), cudaMemcpyDeviceToHost,
@@ -928,11 +978,12 @@ static ParameterTensors model_rest_gradients(Model* model, cudaStream_t stream) 
 static void model_backward(Model* model, int B, int T, unsigned int seed, const MultiGpuConfig* mg, int reduce,
                           int zero_stage, cudaStream_t stream) {
     const ModelConfig* c = &model->config;
-    int L = c->num_layers, C = c->channels, Vp = c->padded_vocab_size;
+    int L = c->num_layers, C = c->channels, Vp = local_vocab(model), N = B * T, Nt = model_stream_tokens(model, N);
+    int SB = Nt == N ? B : 1, ST = Nt == N ? T : Nt;  // the stream's tokens (model_forward_layers)
     ParameterTensors p = model_rest_weights(model, stream);
     ParameterTensors g = model_rest_gradients(model, stream);
     ActivationTensors a = model->acts;
-    floatX* dresidual = a.dresidual;  // gradient of the residual stream, (B, T, C)
+    floatX* dresidual = a.dresidual;  // gradient of the residual stream, (B, T, C): the stream's tokens
     // ZeRO-Offload copies the step's gradient to the host piece by piece on the last micro-step
     model->store.last_micro_step = reduce;
     if (model_own_set(model)) model_own_set(model)->last_micro_step = reduce;
@@ -944,28 +995,52 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     if (reduce)  // an untied lm_head's gradient is complete: reduced while the layers' backward runs
         sharded_parameters_reduce_slices(&model->store, lm_head_tensor, 1, -1, L, mg, zero_stage, stream);
     LayerActivations last = model_layer_activations(model, L - 1, B, T);
-    norm_backward(model, dresidual, g.lnfw, g.lnfb, a.scratch_f, a.dbtc, last.residual3, p.lnfw, a.lnf_mean,
-                  a.lnf_rstd, B, T, stream);
+    const floatX* dlnf = tp_sum_over_members(model, a.dbtc, a.member_stream, N, stream);
+    norm_backward(model, dresidual, g.lnfw, g.lnfb, a.scratch_f, dlnf, last.residual3, p.lnfw, a.lnf_mean, a.lnf_rstd,
+                  SB, ST, stream);
     for (int l = L - 1; l >= 0; l--) {
         if (l > 0) model_prefetch_layer(model, l - 1, stream);
         LayerParameters lp = model_layer_weights(model, l, stream);
         LayerParameters lg = model_layer_gradients(model, l, stream);
         LayerActivations la = model_layer_activations(model, l, B, T);
         if (model->recompute >= 2) {  // the norms' outputs, kept for one layer only
-            norm_forward(model, la.ln2, nullptr, nullptr, la.residual2, lp.ln2w, lp.ln2b, B, T, stream);
-            norm_forward(model, la.ln1, nullptr, nullptr, la.residual, lp.ln1w, lp.ln1b, B, T, stream);
+            norm_forward(model, tp_norm_output(model, la.ln2), nullptr, nullptr, la.residual2, lp.ln2w, lp.ln2b, SB,
+                         ST, stream);
+            tp_gather_norm(model, la.ln2, N, stream);
+            norm_forward(model, tp_norm_output(model, la.ln1), nullptr, nullptr, la.residual, lp.ln1w, lp.ln1b, SB, ST,
+                         stream);
+            tp_gather_norm(model, la.ln1, N, stream);
         }
-        layer_ffn(model, l)->backward(model, l, &lp, &lg, &la, a.dbtc, dresidual, B, T, stream);
-        norm_backward(model, dresidual, lg.ln2w, lg.ln2b, a.scratch_f, a.dbtc, la.residual2, lp.ln2w, la.ln2_mean,
-                      la.ln2_rstd, B, T, stream);
-        attention_block_backward(model, &lp, &lg, &la, dresidual, B, T, stream);
-        norm_backward(model, dresidual, lg.ln1w, lg.ln1b, a.scratch_f, a.dbtc, la.residual, lp.ln1w, la.ln1_mean,
-                      la.ln1_rstd, B, T, stream);
-        if (reduce) model_reduce_layer(model, l, mg, zero_stage, stream);
+        const floatX* dout = tp_whole_gradient(model, dresidual, N, stream);
+        layer_ffn(model, l)->backward(model, l, &lp, &lg, &la, a.dbtc, dout, B, T, stream);
+        const floatX* dln2 = tp_sum_over_members(model, a.dbtc, a.member_stream, N, stream);
+        norm_backward(model, dresidual, lg.ln2w, lg.ln2b, a.scratch_f, dln2, la.residual2, lp.ln2w, la.ln2_mean,
+                      la.ln2_rstd, SB, ST, stream);
+        dout = tp_whole_gradient(model, dresidual, N, stream);
+        attention_block_backward(model, &lp, &lg, &la, dout, B, T, stream);
+        const floatX* dln1 = tp_sum_over_members(model, a.dbtc, a.member_stream, N, stream);
+        norm_backward(model, dresidual, lg.ln1w, lg.ln1b, a.scratch_f, dln1, la.residual, lp.ln1w, la.ln1_mean,
+                      la.ln1_rstd, SB, ST, stream);
+        if (reduce) {
+            tp_sum_norm_gradients(model, lg.ln1w, lg.ln1b, stream);
+            tp_sum_norm_gradients(model, lg.ln2w, lg.ln2b, stream);
+            model_reduce_layer(model, l, mg, zero_stage, stream);
+        }
     }
     floatX* dwpe = c->positions == POSITIONS_LEARNED ? g.wpe : nullptr;
-    encoder_backward(g.wte, dwpe, dresidual, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
-    if (reduce) model_reduce_rest(model, mg, zero_stage, stream);
+    const floatX* dembedded = tp_whole_gradient(model, dresidual, N, stream);
+    if (model_tp_degree(model) == 1) {
+        encoder_backward(g.wte, dwpe, dembedded, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
+    } else {  // this member's vocabulary rows; every member the whole wpe gradient
+        int Vs = local_vocab(model);
+        encoder_backward_vocab_range(g.wte, dwpe, dembedded, model->inputs, model->inputs_cpu, B, T, C,
+                                     model_tp_member(model) * Vs, Vs, seed, stream);
+    }
+    if (reduce) {
+        // (a slice of size 0, RMSNorm's bias, points at the next tensor: NULL)
+        tp_sum_norm_gradients(model, g.lnfw, c->norm == NORM_LAYERNORM ? g.lnfb : nullptr, stream);
+        model_reduce_rest(model, mg, zero_stage, stream);
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1011,7 +1086,16 @@ static void model_zero_grad(Model* model, cudaStream_t stream) {
 // After the last micro-step's backward pass: the global norm of the step's gradient (the loss scale undone),
 // identical on every process: the replicated set's part, plus the extension's own, summed over its processes.
 static float model_gradient_norm(Model* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    float norm2 = sharded_parameters_norm_squared(&model->store, mg, zero_stage, stream);
+    float norm2;
+    if (model_tp_degree(model) > 1) {  // the split tensors' slices of every member, the whole ones once
+        int include[NUM_PARAMETER_TENSORS];
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++)
+            include[i] = model_tensor_is_split(model, i) || model_tp_member(model) == 0;
+        norm2 = sharded_parameters_norm_squared_of(&model->store, include, mg, zero_stage, stream);
+        norm2 = tensor_parallel_float_sum(model->tp, norm2, stream);
+    } else {
+        norm2 = sharded_parameters_norm_squared(&model->store, mg, zero_stage, stream);
+    }
     ShardedParameters* own = model_own_set(model);
     if (own) {
         const FfnExtension* x = model->extension.ffn;
@@ -1098,19 +1182,21 @@ static int model_parameters_finite(Model* model, const MultiGpuConfig* mg, cudaS
 // Sampling: autoregressive from the EOT token, printed through the tokenizer
 
 // Every process that calls this computes the same tokens (the same weights and generator); only `print` prints.
+// With sequence parallelism each pass runs over a multiple of N positions (the causal mask keeps the positions past t
+// out of row t - 1; the trainer's T is such a multiple).
 static void sample_and_print(Model* model, const Tokenizer* tokenizer, int seed_token, int gen_tokens,
                              unsigned long long* sample_rng, int print, cudaStream_t stream) {
     int T = model->seq_len < gen_tokens + 1 ? model->seq_len : gen_tokens + 1;
     int Vp = model->config.padded_vocab_size, V = model->config.vocab_size;
-    int* tokens = (int*)malloc_check((size_t)T * sizeof(int));
+    int parts = model_sequence_parallel(model) ? model_tp_degree(model) : 1;
+    int* tokens = (int*)malloc_check((size_t)CEIL_DIV(T, parts) * parts * sizeof(int));
     floatX* logits_x = (floatX*)malloc_check((size_t)Vp * sizeof(floatX));
     float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));
-    tokens[0] = seed_token;  // checked by the caller to be a token of the model
+    for (int t = 0; t < CEIL_DIV(T, parts) * parts; t++) tokens[t] = seed_token;  // checked by the caller: a token
     if (print) printf("generating:\n---\n");
     for (int t = 1; t < T; t++) {
-        model_forward(model, tokens, nullptr, 1, t, 0.0f, stream);
-        cudaCheck(cudaMemcpy(logits_x, model->acts.output + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
-                             cudaMemcpyDeviceToHost));
+        model_forward(model, tokens, nullptr, 1, CEIL_DIV(t, parts) * parts, 0.0f, stream);
+        model_copy_logits(model, logits_x, (size_t)(t - 1), 1, stream);
         for (int v = 0; v < V; v++) logits[v] = (float)logits_x[v];
         int next = sample_softmax(logits, V, random_f32_host((uint64_t*)sample_rng));
         tokens[t] = next;
@@ -1132,9 +1218,10 @@ static void sample_and_print(Model* model, const Tokenizer* tokenizer, int seed_
 #include "llmc/train_settings.h"
 #include "llmc/memory_plan.h"
 
-// The validation loss over -m batches, averaged over the processes (collective), printed and logged.
+// The validation loss over -m batches, averaged over the data-parallel processes `mg` (collective), printed (`print`:
+// process 0) and logged.
 static void evaluate(Model* model, DataLoader* val_loader, const TrainerSettings* s, const MultiGpuConfig* mg,
-                     Logger* logger, int step, cudaStream_t stream) {
+                     int print, Logger* logger, int step, cudaStream_t stream) {
     dataloader_reset(val_loader);
     double val_loss = 0.0;
     for (int i = 0; i < s->val_max_steps; i++) {
@@ -1146,10 +1233,10 @@ static void evaluate(Model* model, DataLoader* val_loader, const TrainerSettings
     watchdog_begin("the validation loss all-reduce", step);
     val_loss = multi_gpu_cpu_float_sum((float)(val_loss / s->val_max_steps), mg) / mg->num_processes;
     watchdog_end();
-    if (mg->process_rank == 0) printf("val loss %f\n", val_loss);
+    if (print) printf("val loss %f\n", val_loss);
     logger_log_val(logger, step, (float)val_loss);
     const TelemetryExtension* x = model->extension.telemetry;
-    if (mg->process_rank == 0 && x->print_validation) x->print_validation(model, s->B * s->T, logger, step);
+    if (print && x->print_validation) x->print_validation(model, s->B * s->T, logger, step);
 }
 
 // Writes the checkpoint of `step` if one is due (collective): never one of non-finite state, neither after a step
@@ -1323,9 +1410,23 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         fprintf(stderr, "no CUDA device (cudaGetDeviceCount: %s)\n", cudaGetErrorString(device_error));
         return EXIT_FAILURE;
     }
+    if (s.tensor_parallel > 1 && x->trainer) {
+        fprintf(stderr, "-tp %d: %s's MoE layers are not split; tensor parallelism runs in train_gpt\n",
+                s.tensor_parallel, x->trainer);
+        return EXIT_FAILURE;
+    }
     MultiGpuConfig mg = multi_gpu_config_init(s.init_method, s.num_processes, s.process_rank, s.gpus_per_node,
                                               s.server_ip, s.fs_path);
     int rank0 = mg.process_rank == 0;
+    if (mg.num_processes % s.tensor_parallel != 0) {
+        if (rank0) fprintf(stderr, "-tp %d: must divide the number of processes (%d)\n", s.tensor_parallel,
+                           mg.num_processes);
+        return EXIT_FAILURE;
+    }
+    // the tensor-parallel groups, and the data-parallel group that gradients are averaged over (the world at -tp 1)
+    TensorParallel tp;
+    tensor_parallel_init(&tp, &mg, s.tensor_parallel, s.sequence_parallel);
+    const MultiGpuConfig* dp = &tp.dp;
     if (s.output_dir && rank0) lock_output_dir(s.output_dir);
     watchdog_start(&mg, s.watchdog_s);
     cudaStream_t stream;
@@ -1343,11 +1444,12 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     model.use_master_weights = s.use_master_weights;
     model.offload_optimizer = s.offload_optimizer;
     model.zero_stage = s.zero_stage;
-    model.multi_gpu = &mg;
+    model.multi_gpu = dp;
+    model.tp = &tp;
     model.recompute = s.recompute;
     model.gelu_fusion = s.gelu_fusion;
-    model.num_processes = mg.num_processes;
-    model.process_rank = mg.process_rank;
+    model.num_processes = dp->num_processes;
+    model.process_rank = dp->process_rank;
     model.extension = extension;
     if (x->setup) x->setup(&model, &mg);
     char resume_model[1024] = "";
@@ -1382,15 +1484,18 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (from_file && !trainer_check_arch_of_file(&s, flags, num_flags, &model)) return EXIT_FAILURE;
     if (x->check_model) x->check_model(&model, s.model_source, from_file);
     if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
+    if (!model_check_tensor_parallel(&model, s.T, s.model_source)) return EXIT_FAILURE;
     const ModelConfig* cfg = &model.config;
     if (s.T > cfg->max_seq_len) {
         fprintf(stderr, "-t %d: longer than the model's maximum sequence length %d\n", s.T, cfg->max_seq_len);
         return EXIT_FAILURE;
     }
-    int tokens_per_micro_step = s.B * s.T * mg.num_processes;
+    // the processes of a tensor-parallel group share a batch: the data-parallel ones take distinct batches
+    int tokens_per_micro_step = s.B * s.T * dp->num_processes;
     int total_batch_size = s.total_batch_size < 0 ? tokens_per_micro_step : s.total_batch_size;
     if (total_batch_size % tokens_per_micro_step != 0) {
-        fprintf(stderr, "-d %d: must be a multiple of B*T*processes = %d\n", total_batch_size, tokens_per_micro_step);
+        fprintf(stderr, "-d %d: must be a multiple of B*T*(data-parallel processes) = %d\n", total_batch_size,
+                tokens_per_micro_step);
         return EXIT_FAILURE;
     }
     int grad_accum_steps = total_batch_size / tokens_per_micro_step;
@@ -1404,10 +1509,10 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
 
     // data
     DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, s.train_pattern, s.B, s.T, mg.process_rank, mg.num_processes,
+    dataloader_init(&train_loader, s.train_pattern, s.B, s.T, dp->process_rank, dp->num_processes,
                     !s.overfit_single_batch, 1337);
     int run_val = s.val_every > 0 && s.val_max_steps > 0 && strlen(s.val_pattern) > 0;
-    if (run_val) dataloader_init(&val_loader, s.val_pattern, s.B, s.T, mg.process_rank, mg.num_processes, 0, 0);
+    if (run_val) dataloader_init(&val_loader, s.val_pattern, s.B, s.T, dp->process_rank, dp->num_processes, 0, 0);
     dataloader_set_vocab_size(&train_loader, cfg->vocab_size);
     if (run_val) dataloader_set_vocab_size(&val_loader, cfg->vocab_size);
     int train_num_batches =
@@ -1468,11 +1573,12 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     // with an extension whose forward pass is collective, or under ZeRO-3 (whose forward pass gathers parameters),
     // every process samples (the same tokens)
     const FfnExtension* ffn = model.extension.ffn;
-    int samples = rank0 || (ffn->collective_forward && ffn->collective_forward(&model)) || s.zero_stage == 3;
+    int samples = rank0 || (ffn->collective_forward && ffn->collective_forward(&model)) || s.zero_stage == 3 ||
+                  tp.degree > 1;
 
     for (int step = start_step; step <= train_num_batches; step++) {
         int last_step = step == train_num_batches;
-        if (run_val && (step % s.val_every == 0 || last_step)) evaluate(&model, &val_loader, &s, &mg, &logger, step, stream);
+        if (run_val && (step % s.val_every == 0 || last_step)) evaluate(&model, &val_loader, &s, dp, rank0, &logger, step, stream);
         if (samples && s.sample_every > 0 && (step % s.sample_every == 0 || last_step) && s.gen_tokens > 0) {
             watchdog_begin("sampling", step);
             sample_and_print(&model, &tokenizer, sample_seed_token, s.gen_tokens, &ts.sample_rng_state, rank0, stream);
@@ -1482,7 +1588,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         if (last_step) break;
 
         test_hook_stop(step + 1, mg.process_rank);
-        StepResult r = train_step(&model, &s, &train_loader, &ts, &mg, &opt, &scheduler, step, grad_accum_steps,
+        StepResult r = train_step(&model, &s, &train_loader, &ts, dp, &opt, &scheduler, step, grad_accum_steps,
                                   &bad_steps, stream);
         report_step(&model, &s, &r, &mg, &logger, &opt, flops_promised, step, train_num_batches, grad_accum_steps,
                     total_batch_size, bad_steps);
@@ -1513,6 +1619,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
 #endif
     cublas_teardown();
     cudaCheck(cudaStreamDestroy(stream));
+    tensor_parallel_free(&tp);
     multi_gpu_config_free(&mg);
     return 0;
 }

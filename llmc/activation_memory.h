@@ -11,15 +11,16 @@
 static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 
 // Per-layer strides (elements) of the activations whose width depends on the layer kinds: qkvr, fch, ffn_act and
-// the norms' means (none in RMSNorm)
+// the norms' means (none in RMSNorm); under tensor parallelism this process's slices' widths
 typedef struct {
     size_t qkv, fc, hidden, means;
 } LayerStrides;
-static LayerStrides layer_strides(const ModelConfig* c, size_t B, size_t T) {
+static LayerStrides layer_strides(const Model* model, size_t B, size_t T) {
+    const ModelConfig* c = &model->config;
     LayerStrides s;
-    s.qkv = layer_stride(B * T * qkv_channels(c));
-    s.fc = layer_stride(B * T * fc_channels(c));
-    s.hidden = layer_stride(B * T * c->ffn_hidden);
+    s.qkv = layer_stride(B * T * local_qkv_channels(model));
+    s.fc = layer_stride(B * T * local_fc_channels(model));
+    s.hidden = layer_stride(B * T * local_hidden(model));
     s.means = c->norm == NORM_LAYERNORM ? layer_stride(B * T) : 0;
     return s;
 }
@@ -27,12 +28,12 @@ static LayerStrides layer_strides(const ModelConfig* c, size_t B, size_t T) {
 // The activation tensors' sizes in bytes, indexed by ACT_<name>.
 static void fill_in_activation_sizes(size_t* s, const Model* model, size_t B, size_t T, int recompute) {
     const ModelConfig* c = &model->config;
-    size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size;
+    size_t C = c->channels, L = c->num_layers, NH = local_heads(model), Vp = local_vocab(model);
     size_t ln_layers = recompute >= 2 ? 1 : L;
     size_t dense_layers = model_dense_layers(model);
     size_t act_layers = recompute >= 1 ? (dense_layers ? 1 : 0) : dense_layers;
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T), ATT = layer_stride(B * NH * T * T);
-    LayerStrides st = layer_strides(c, B, T);
+    LayerStrides st = layer_strides(model, B, T);
     size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means;
     size_t BT4C = QKV > HID ? QKV : HID;  // the qkv and MLP gradients' scratch
     // flash attention and cuDNN keep softmax statistics, not probabilities, and read q, k, v in place
@@ -40,8 +41,15 @@ static void fill_in_activation_sizes(size_t* s, const Model* model, size_t B, si
     size_t att_probs = probabilities ? ATT : 0, att_stats = probabilities ? 0 : layer_stride(B * NH * T);
     size_t ln_scratch = c->norm == NORM_RMSNORM ? rmsnorm_backward_scratch_floats((int)B, (int)T, (int)C)
                                                 : layernorm_backward_scratch_floats((int)B, (int)T, (int)C);
-    size_t FC_C = fc_channels(c), widest = Vp > FC_C ? Vp : FC_C;
+    size_t FC_C = local_fc_channels(model), widest = Vp > FC_C ? Vp : FC_C;
+    if (widest < C) widest = C;  // a row-parallel layer's bias gradient is C wide
     size_t bias_scratch = c->biases ? matmul_dbias_buffer_floats((int)widest) : 0;
+    // tensor parallelism: the vocabulary-parallel classifier's row statistics; with sequence parallelism this
+    // member's tokens of the residual stream (B*T/N rows of C) and the stream put together (B*T rows)
+    int split = model_tp_degree(model) > 1, sp = model_sequence_parallel(model);
+    size_t classifier_stats = split ? 4 * BT : 0;
+    size_t member_tokens = sp ? layer_stride(model_stream_tokens(model, (int)(B * T)) * C) : 0;
+    size_t gathered = sp ? BTC : 0;
 #define ACTIVATION_BYTES(type, name, elements) s[ACT_##name] = (elements) * sizeof(type);
     ACTIVATION_TENSORS(ACTIVATION_BYTES)
 #undef ACTIVATION_BYTES
@@ -86,9 +94,9 @@ static void model_allocate_activations(Model* model, int B, int T) {
 static LayerActivations model_layer_activations(const Model* model, int l, size_t B, size_t T) {
     const ActivationTensors* a = &model->acts;
     const ModelConfig* c = &model->config;
-    size_t C = c->channels, NH = c->num_heads;
+    size_t C = c->channels, NH = local_heads(model);
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T);
-    LayerStrides st = layer_strides(c, B, T);
+    LayerStrides st = layer_strides(model, B, T);
     size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means;
     LayerActivations la;
     la.residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BTC;

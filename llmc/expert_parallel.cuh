@@ -59,34 +59,10 @@ static void expert_parallel_none(ExpertParallel* ep, const MultiGpuConfig* world
 static void expert_parallel_init(ExpertParallel* ep, const MultiGpuConfig* world, int degree) {
     expert_parallel_none(ep, world);
     if (degree == 1) return;
-    int P = world->num_processes;
     ep->degree = degree;
     ep->member = world->process_rank % degree;
     ep->group = world->process_rank / degree;
-    // the first member of each group makes its group's id, the processes of group 0 their replicas' ids; all ids
-    // travel to everyone through one all-gather over the world
-    ncclUniqueId mine[2];
-    memset(mine, 0, sizeof(mine));
-    if (ep->member == 0) ncclCheck(ncclGetUniqueId(&mine[0]));
-    if (ep->group == 0 && P / degree > 1) ncclCheck(ncclGetUniqueId(&mine[1]));
-    char* device_ids;
-    cudaCheck(cudaMalloc((void**)&device_ids, (size_t)P * sizeof(mine)));
-    cudaCheck(cudaMemcpy(device_ids + (size_t)world->process_rank * sizeof(mine), mine, sizeof(mine),
-                         cudaMemcpyHostToDevice));
-    ncclCheck(ncclAllGather(device_ids + (size_t)world->process_rank * sizeof(mine), device_ids, sizeof(mine),
-                            ncclChar, world->nccl_comm, world->nccl_stream));
-    cudaCheck(cudaStreamSynchronize(world->nccl_stream));
-    ncclUniqueId* all = (ncclUniqueId*)malloc_check((size_t)P * sizeof(mine));
-    cudaCheck(cudaMemcpy(all, device_ids, (size_t)P * sizeof(mine), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaFree(device_ids));
-    // every process joins its group first, then its replicas, so no process waits on one that waits on it
-    ncclCheck(ncclCommInitRank(&ep->group_comm, degree, all[2 * (ep->group * degree) + 0], ep->member));
-    ep->replicas.process_rank = ep->group;
-    ep->replicas.num_processes = P / degree;
-    ep->replicas.nccl_comm = NULL;
-    if (P / degree > 1)
-        ncclCheck(ncclCommInitRank(&ep->replicas.nccl_comm, P / degree, all[2 * ep->member + 1], ep->group));
-    free(all);
+    multi_gpu_split_groups(world, degree, &ep->group_comm, &ep->replicas);
     cudaCheck(cudaMalloc((void**)&ep->device_counts, 2 * MOE_MAX_EXPERTS * sizeof(int)));
     cudaCheck(cudaMalloc((void**)&ep->device_scalar, sizeof(float)));
     cudaCheck(cudaEventCreateWithFlags(&ep->reductions_issued, cudaEventDisableTiming));

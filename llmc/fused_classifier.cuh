@@ -21,48 +21,64 @@
 // (targets, losses), N*Vp*sizeof(floatX) + 8*N without the gradient; ~10 flops per element: memory-bound.
 // Targets must lie in [0, V).
 
-__global__ void fused_classifier_kernel(floatX* __restrict__ logits, float* __restrict__ losses, float dloss,
-                                        const int* __restrict__ targets, int V, int Vp, bool write_dlogits) {
-    floatX* x = logits + (size_t)blockIdx.x * Vp;
-    const int target = targets[blockIdx.x];
+// This thread's running maximum and sum of exponentials over its 16-byte vectors of the row's first `real` values
+// (online softmax: the sum rescaled whenever the maximum grows); `keep_cached`: a second pass reads the row soon.
+__device__ inline void thread_online_softmax(const floatX* x, int real, bool keep_cached, float* thread_max,
+                                             float* thread_sum) {
     const int stride = blockDim.x * x128::size;
-
-    // read before any thread of the block can overwrite the row (the reductions below are barriers)
-    float target_logit = 0.0f;
-    if (threadIdx.x == 0) target_logit = (float)x[target];
-
-    float thread_max = -INFINITY, thread_sum = 0.0f;
-    for (int c = threadIdx.x * x128::size; c < V; c += stride) {
-        x128 v = load128(x + c);  // cached: pass 2 reads it again
+    float running_max = -INFINITY, running_sum = 0.0f;
+    for (int c = threadIdx.x * x128::size; c < real; c += stride) {
+        x128 v = keep_cached ? load128(x + c) : load128cs(x + c);
         float chunk_max = -INFINITY;
         for (int k = 0; k < x128::size; k++) {
-            if (c + k < V) chunk_max = fmaxf(chunk_max, (float)v[k]);
+            if (c + k < real) chunk_max = fmaxf(chunk_max, (float)v[k]);
         }
-        const float new_max = fmaxf(thread_max, chunk_max);
-        thread_sum *= __expf(thread_max - new_max);
+        const float new_max = fmaxf(running_max, chunk_max);
+        running_sum *= __expf(running_max - new_max);
         for (int k = 0; k < x128::size; k++) {
-            if (c + k < V) thread_sum += __expf((float)v[k] - new_max);
+            if (c + k < real) running_sum += __expf((float)v[k] - new_max);
         }
-        thread_max = new_max;
+        running_max = new_max;
     }
-    const float row_max = block_reduce<warp_reduce_max>(thread_max, true, -INFINITY);
-    // a thread that saw no element has max -inf and sum 0: exp(-inf) = 0 keeps it at 0
-    const float row_sum = block_reduce<warp_reduce_sum>(thread_sum * __expf(thread_max - row_max));
-    if (threadIdx.x == 0) losses[blockIdx.x] = row_max + logf(row_sum) - target_logit;
-    if (!write_dlogits) return;
+    *thread_max = running_max;
+    *thread_sum = running_sum;
+}
 
-    const float inverse_sum = 1.0f / row_sum;
-    for (int c = threadIdx.x * x128::size; c < Vp; c += stride) {
+// Overwrites the row's `columns` values with dloss * (softmax - onehot(target)) from its maximum and the inverse of its
+// sum of exponentials; 0 from column `real` on (padding).
+__device__ inline void write_softmax_gradient(floatX* x, int columns, int real, int target, float row_max,
+                                              float inverse_sum, float dloss) {
+    const int stride = blockDim.x * x128::size;
+    for (int c = threadIdx.x * x128::size; c < columns; c += stride) {
         x128 v = load128cs(x + c);
         x128 gradient;
         for (int k = 0; k < x128::size; k++) {
             const int column = c + k;
             const float probability = __expf((float)v[k] - row_max) * inverse_sum;
             const float indicator = column == target ? 1.0f : 0.0f;
-            gradient[k] = (floatX)(column < V ? dloss * (probability - indicator) : 0.0f);
+            gradient[k] = (floatX)(column < real ? dloss * (probability - indicator) : 0.0f);
         }
         store128(x + c, gradient);
     }
+}
+
+__global__ void fused_classifier_kernel(floatX* __restrict__ logits, float* __restrict__ losses, float dloss,
+                                        const int* __restrict__ targets, int V, int Vp, bool write_dlogits) {
+    floatX* x = logits + (size_t)blockIdx.x * Vp;
+    const int target = targets[blockIdx.x];
+
+    // read before any thread of the block can overwrite the row (the reductions below are barriers)
+    float target_logit = 0.0f;
+    if (threadIdx.x == 0) target_logit = (float)x[target];
+
+    float thread_max, thread_sum;
+    thread_online_softmax(x, V, true, &thread_max, &thread_sum);  // cached: pass 2 reads the row again
+    const float row_max = block_reduce<warp_reduce_max>(thread_max, true, -INFINITY);
+    // a thread that saw no element has max -inf and sum 0: exp(-inf) = 0 keeps it at 0
+    const float row_sum = block_reduce<warp_reduce_sum>(thread_sum * __expf(thread_max - row_max));
+    if (threadIdx.x == 0) losses[blockIdx.x] = row_max + logf(row_sum) - target_logit;
+    if (!write_dlogits) return;
+    write_softmax_gradient(x, Vp, V, target, row_max, 1.0f / row_sum, dloss);
 }
 
 void fused_classifier_launch(floatX* logits, float* losses, float dloss, const int* targets, int B, int T, int V,
@@ -133,22 +149,9 @@ __global__ void vocab_parallel_classifier_stats_kernel(float* __restrict__ stats
     const int row = blockIdx.x;
     const floatX* x = logits + (size_t)row * Vs;
     const int real = vocab_parallel_real_columns(Vs, v0, V);
-    const int stride = blockDim.x * x128::size;
-
-    float thread_max = -INFINITY, thread_sum = 0.0f;
-    for (int c = threadIdx.x * x128::size; c < real; c += stride) {
-        x128 v = load128cs(x + c);  // the finish kernel reads it again only after the all-reduces: streaming
-        float chunk_max = -INFINITY;
-        for (int k = 0; k < x128::size; k++) {
-            if (c + k < real) chunk_max = fmaxf(chunk_max, (float)v[k]);
-        }
-        const float new_max = fmaxf(thread_max, chunk_max);
-        thread_sum *= __expf(thread_max - new_max);
-        for (int k = 0; k < x128::size; k++) {
-            if (c + k < real) thread_sum += __expf((float)v[k] - new_max);
-        }
-        thread_max = new_max;
-    }
+    // the finish kernel reads the row again only after the all-reduces: streaming
+    float thread_max, thread_sum;
+    thread_online_softmax(x, real, false, &thread_max, &thread_sum);
     const float slice_max = block_reduce<warp_reduce_max>(thread_max, true, -INFINITY);
     // a thread that saw an element has a sum >= 1; one that saw none has max -inf and sum 0, and so has every thread
     // of a slice without a real column, where exp(-inf - -inf) would be NaN: it adds 0
@@ -182,21 +185,8 @@ __global__ void vocab_parallel_classifier_finish_kernel(floatX* __restrict__ log
     if (!write_dlogits) return;
 
     floatX* x = logits + (size_t)row * Vs;
-    const int real = vocab_parallel_real_columns(Vs, v0, V);
-    const int target = targets[row] - v0;
-    const int stride = blockDim.x * x128::size;
-    const float inverse_sum = 1.0f / row_sum;
-    for (int c = threadIdx.x * x128::size; c < Vs; c += stride) {
-        x128 v = load128cs(x + c);
-        x128 gradient;
-        for (int k = 0; k < x128::size; k++) {
-            const int column = c + k;
-            const float probability = __expf((float)v[k] - row_max) * inverse_sum;
-            const float indicator = column == target ? 1.0f : 0.0f;
-            gradient[k] = (floatX)(column < real ? dloss * (probability - indicator) : 0.0f);
-        }
-        store128(x + c, gradient);
-    }
+    write_softmax_gradient(x, Vs, vocab_parallel_real_columns(Vs, v0, V), targets[row] - v0, row_max, 1.0f / row_sum,
+                           dloss);
 }
 
 void vocab_parallel_classifier_stats_launch(float* stats, const floatX* logits, const int* targets, int rows, int Vs,

@@ -174,6 +174,9 @@ static void print_startup_table(Model* model, const TrainerSettings* s, const cu
         info_row(&t, "attention", "%s", model_attention_name(model));
     model_rows(&t, model);
     info_row(&t, "batch", "B=%d T=%d processes=%d accumulation=%d", s->B, s->T, mg->num_processes, grad_accum_steps);
+    if (model_tp_degree(model) > 1)
+        info_row(&t, "tensor parallel", "every layer over %d processes (-tp), sequence parallel %s (-sp), %d data-parallel",
+                 model_tp_degree(model), model_sequence_parallel(model) ? "on" : "off", model->num_processes);
     memory_plan_rows(&t, model, s->B, s->T, budget);
     info_table_print(&t);
 }

@@ -230,7 +230,7 @@ static void model_write_model_file(Model* model, const char* path, cudaStream_t 
     size_t n = model_num_parameters(model);
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
     model_get_parameters(model, host, stream);
-    if (model->process_rank != 0) {
+    if (model->process_rank != 0 || model_tp_member(model) != 0) {  // the first data-parallel group's first member
         free(host);
         return;
     }

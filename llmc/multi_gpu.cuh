@@ -306,6 +306,38 @@ static inline void multi_gpu_config_free(MultiGpuConfig* c) {
     c->used_mpi = 0;
 }
 
+// Groups of `degree` consecutive processes of `world` (process r is member r % degree of group r / degree), and across
+// them the processes with the same member index, one per group (expert and tensor parallelism). Collective over the
+// world, degree > 1 dividing its process count: *group_comm over this process's group; *across, a copy of the world's
+// config (its NCCL stream and events), becomes the config over this process's peers in the other groups (its rank: the
+// group; its communicator NULL when there is one group). The first member of each group makes its group's id, the
+// processes of group 0 their peers' ids, all travel through one all-gather over the world; each process joins its group
+// first, then its peers, so no process waits on one that waits on it.
+static void multi_gpu_split_groups(const MultiGpuConfig* world, int degree, ncclComm_t* group_comm,
+                                   MultiGpuConfig* across) {
+    int P = world->num_processes, member = world->process_rank % degree, group = world->process_rank / degree;
+    ncclUniqueId mine[2];
+    memset(mine, 0, sizeof(mine));
+    if (member == 0) ncclCheck(ncclGetUniqueId(&mine[0]));
+    if (group == 0 && P / degree > 1) ncclCheck(ncclGetUniqueId(&mine[1]));
+    char* device_ids;
+    cudaCheck(cudaMalloc((void**)&device_ids, (size_t)P * sizeof(mine)));
+    cudaCheck(cudaMemcpy(device_ids + (size_t)world->process_rank * sizeof(mine), mine, sizeof(mine),
+                         cudaMemcpyHostToDevice));
+    ncclCheck(ncclAllGather(device_ids + (size_t)world->process_rank * sizeof(mine), device_ids, sizeof(mine),
+                            ncclChar, world->nccl_comm, world->nccl_stream));
+    cudaCheck(cudaStreamSynchronize(world->nccl_stream));
+    ncclUniqueId* all = (ncclUniqueId*)malloc_check((size_t)P * sizeof(mine));
+    cudaCheck(cudaMemcpy(all, device_ids, (size_t)P * sizeof(mine), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(device_ids));
+    ncclCheck(ncclCommInitRank(group_comm, degree, all[2 * (group * degree) + 0], member));
+    across->process_rank = group;
+    across->num_processes = P / degree;
+    across->nccl_comm = NULL;
+    if (P / degree > 1) ncclCheck(ncclCommInitRank(&across->nccl_comm, P / degree, all[2 * member + 1], group));
+    free(all);
+}
+
 // Returns once every process has called it: an all-reduce completes only when all ranks took part.
 static inline void multi_gpu_barrier(const MultiGpuConfig* c) {
     if (c->num_processes == 1) return;

@@ -660,6 +660,41 @@ static float sharded_parameters_norm_squared(ShardedParameters* p, const MultiGp
     return norm2 * p->grad_multiplier * p->grad_multiplier;
 }
 
+// The same over some of the set's tensors (include[i] nonzero: tensor i counts), for ZeRO-0 and 1: tensor parallelism
+// counts a tensor that every member holds whole on one member only (llmc/tensor_parallel.cuh). Each tensor's part of
+// this process's gradient is summed as its own segment, in tensor order.
+static float sharded_parameters_norm_squared_of(ShardedParameters* p, const int* include, const MultiGpuConfig* mg,
+                                                int zero_stage, cudaStream_t stream) {
+    if (p->zero_stage >= 2 || p->offload) {
+        fprintf(stderr, "sharded_parameters_norm_squared_of: ZeRO-0 and 1 without offload only\n");
+        exit(EXIT_FAILURE);
+    }
+    if (mg->num_processes > 1) {
+        cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
+        cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
+    }
+    size_t lo = zero_stage >= 1 ? p->shard_offset : 0;
+    size_t hi = zero_stage >= 1 ? p->shard_offset + p->shard_size : p->num_parameters_padded;
+    size_t offset = 0;
+    int segments = 0;
+    for (int i = 0; i < p->num_tensors; i++) {
+        size_t begin = offset > lo ? offset : lo, end = offset + p->sizes[i] < hi ? offset + p->sizes[i] : hi;
+        offset += p->sizes[i];
+        if (!include[i] || begin >= end) continue;
+        global_norm_squared(p->norm_partials, p->grads_memory + begin, end - begin, stream);
+        global_norm_aggregate(p->norm_result, p->norm_partials, global_norm_num_partials(end - begin), segments > 0,
+                              stream);
+        segments++;
+    }
+    float norm2 = 0.0f;
+    if (segments > 0) {
+        cudaCheck(cudaMemcpyAsync(&norm2, p->norm_result, sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+    }
+    if (zero_stage >= 1 && mg->num_processes > 1) norm2 = multi_gpu_cpu_float_sum(norm2, mg);
+    return norm2 * p->grad_multiplier * p->grad_multiplier;
+}
+
 // Gradient clipping as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
 static float sharded_parameters_clip_scale(float norm, float max_norm) {
     float coef = max_norm / (norm + 1e-6f);

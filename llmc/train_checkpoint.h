@@ -43,6 +43,8 @@ static void write_checkpoint(const char* dir, Model* model, const DataLoader* lo
     header[9] = (int)(model->store.shard_size & 0x7fffffff);
     size_t loader_bytes = dataloader_state_bytes(loader);
     header[10] = (int)loader_bytes;
+    // the tensor-parallel degree of the state's slices, with -tp 2 or more (0: layers whole, -tp 1)
+    header[11] = model_tp_degree(model) > 1 ? model_tp_degree(model) : 0;
     fwrite_check(header, sizeof(int), 256, f, tmp);
     sharded_parameters_write_state(&model->store, f, tmp);
     void* lstate = malloc_check(loader_bytes);
@@ -233,7 +235,12 @@ static void read_checkpoint_state(const char* dir, int step, Model* model, DataL
                 "%d)\n", path, header[4], header[6], model->store.has_master, PRECISION_MODE);
         exit(EXIT_FAILURE);
     }
-    int saved_processes = header[2];
+    int saved_processes = header[2], saved_tp = header[11] > 0 ? header[11] : 1, tp = model_tp_degree(model);
+    if (saved_tp != tp || (tp > 1 && saved_processes != mg->num_processes)) {
+        fprintf(stderr, "%s: state of %d processes at -tp %d; this run has %d at -tp %d: a tensor-parallel run resumes "
+                "with the same processes and -tp\n", path, saved_processes, saved_tp, mg->num_processes, tp);
+        exit(EXIT_FAILURE);
+    }
     if (saved_processes == mg->num_processes && header[3] == mg->process_rank && shard_size == model->store.shard_size) {
         sharded_parameters_read_state(&model->store, f, path);
     } else {  // another ZeRO stage or process count: the shards are cut anew

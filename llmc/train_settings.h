@@ -58,6 +58,12 @@
       "ZeRO-Offload: m, v and master weights in host memory, AdamW on the host CPU? 0/1, or 2: AdamW on\n"             \
       "each gradient piece as it reaches the host, during the backward pass, kept unless the step clips\n"             \
       "(12 more bytes of host memory per parameter) (default = 0)")                                                    \
+    X("-tp", INT, tensor_parallel, 1,                                                                                  \
+      "tensor parallelism: every layer split over this many consecutive processes (Megatron-style:\n"                   \
+      "heads, hidden units and vocabulary rows; doc/parallelism.md) (default = 1)")                                    \
+    X("-sp", INT, sequence_parallel, 1,                                                                                \
+      "with -tp N > 1, sequence parallelism: the norms and the residual stream on B*T/N tokens per\n"                  \
+      "process? 0/1 (default = 1)")                                                                                    \
     X("-z", INT, zero_stage, 0,                                                                                        \
       "ZeRO stage: 0 (all-reduce), 1 (sharded optimizer state), 2 (and sharded gradients), 3 (and sharded\n"           \
       "parameters, gathered layer by layer) (default = 0)")                                                            \
@@ -207,6 +213,31 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
     }
     if (flag_find(flags, num_flags, "-fh")->given && s->ffn_hidden < 1) {
         fprintf(stderr, "-fh %d: expected a positive hidden size\n", s->ffn_hidden);
+        return 0;
+    }
+    if (s->tensor_parallel < 1) { fprintf(stderr, "-tp %d: expected 1 or more processes\n", s->tensor_parallel); return 0; }
+    if (s->sequence_parallel != 0 && s->sequence_parallel != 1) {
+        fprintf(stderr, "-sp %d: expected 0 or 1\n", s->sequence_parallel);
+        return 0;
+    }
+    if (s->tensor_parallel == 1 && flag_find(flags, num_flags, "-sp")->given) {
+        fprintf(stderr, "-sp %d: sequence parallelism cuts the tokens between tensor-parallel processes: it needs -tp 2 "
+                "or more\n", s->sequence_parallel);
+        return 0;
+    }
+    if (s->tensor_parallel > 1 && s->zero_stage >= 2) {
+        fprintf(stderr, "-z %d with -tp %d: tensor parallelism runs with ZeRO-0 and ZeRO-1\n", s->zero_stage,
+                s->tensor_parallel);
+        return 0;
+    }
+    if (s->tensor_parallel > 1 && s->offload_optimizer) {
+        fprintf(stderr, "-oo %d with -tp %d: tensor parallelism keeps the optimizer on the device (-oo 0)\n",
+                s->offload_optimizer, s->tensor_parallel);
+        return 0;
+    }
+    if (s->tensor_parallel > 1 && s->plan_gib > 0) {
+        fprintf(stderr, "-pm %d with -tp %d: the memory plan is of layers whole (-tp 1)\n", s->plan_gib,
+                s->tensor_parallel);
         return 0;
     }
     if (s->tie_embeddings != 0 && s->tie_embeddings != 1) {

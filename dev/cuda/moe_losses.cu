@@ -219,30 +219,15 @@ static void seq_backward_reference(std::vector<double>* d_logits, const std::vec
     }
 }
 
-// central differences of seq_loss_of_logits at every logit; fails the run if the analytic reference disagrees
-static void check_seq_reference_by_finite_differences(const std::vector<double>& analytic,
-                                                      const std::vector<float>& logits, const std::vector<int>& count,
-                                                      int N, int T, int E, int k, int score, double alpha,
-                                                      double loss_scale) {
-    std::vector<double> x(logits.begin(), logits.end());
-    const double h = 1e-5;  // truncation ~h^2 * |L'''| ~ 1e-11, cancellation ~1e-16 * |L| / h ~ 1e-11
-    double worst = 0.0;
-    for (size_t i = 0; i < x.size(); i++) {
-        const double saved = x[i];
-        x[i] = saved + h;
-        const double up = seq_loss_of_logits(x, count, N, T, E, k, score, alpha, loss_scale);
-        x[i] = saved - h;
-        const double down = seq_loss_of_logits(x, count, N, T, E, k, score, alpha, loss_scale);
-        x[i] = saved;
-        const double err = fabs((up - down) / (2.0 * h) - analytic[i]);
-        if (err > 1e-9) {
-            printf("FAIL reference d_logits[%zu] = %.10g, finite difference %.10g\n", i, analytic[i],
-                   (up - down) / (2.0 * h));
-            exit(EXIT_FAILURE);
-        }
-        worst = fmax(worst, err);
-    }
-    printf("  %-28s ok (max abs err %.3g over %zu logits)\n", "seq reference vs finite diff", worst, x.size());
+// seq_loss_of_logits at the case's counts, for moe_check_finite_differences
+typedef struct {
+    const std::vector<int>* count;
+    int N, T, E, k, score;
+    double alpha, loss_scale;
+} SeqLossPoint;
+static double seq_loss_at(const std::vector<double>& x, const void* context) {
+    const SeqLossPoint* p = (const SeqLossPoint*)context;
+    return seq_loss_of_logits(x, *p->count, p->N, p->T, p->E, p->k, p->score, p->alpha, p->loss_scale);
 }
 
 int main(int argc, char** argv) {
@@ -319,9 +304,10 @@ int main(int argc, char** argv) {
         const char* score_name = score == SIGMOID ? "sigmoid" : "softmax";
         printf("N=%d T=%d (S=%d) E=%d k=%d %s: aux %.6g, z %.6g, seq %.6g, seq gradient up to %.3g\n", N, T, S, E, k,
                score_name, losses_ref[0], losses_ref[1], seq_ref, d_scale);
-        if (args.small && cases[c].finite_differences)
-            check_seq_reference_by_finite_differences(d_seq, logits, seq_count, N, T, E, k, score, q.seq_alpha,
-                                                      q.loss_scale);
+        if (args.small && cases[c].finite_differences) {
+            SeqLossPoint point = {&seq_count, N, T, E, k, score, q.seq_alpha, q.loss_scale};
+            moe_check_finite_differences("seq reference vs finite diff", d_seq, logits, seq_loss_at, &point, 1e-9);
+        }
 
         LossBuffers d;
         d.logits = lab_to_device<float>(logits);

@@ -175,30 +175,18 @@ static void router_backward_reference(std::vector<double>* d_logits, const std::
     }
 }
 
-// central differences of router_loss at every logit; fails the run if the analytic reference disagrees
-static void check_reference_by_finite_differences(const std::vector<double>& analytic, const std::vector<float>& logits,
-                                                  const std::vector<int>& picks, const std::vector<float>& d_gates,
-                                                  const std::vector<int>& expert_count, int N, int E, int k,
-                                                  LossCoefficients q, Scoring sc) {
-    std::vector<double> x(logits.begin(), logits.end());
-    const double h = 1e-5;  // truncation ~h^2 * |L'''| ~ 1e-10, cancellation ~1e-16 * |L| / h ~ 1e-9
-    double worst = 0.0;
-    for (size_t i = 0; i < x.size(); i++) {
-        const double saved = x[i];
-        x[i] = saved + h;
-        const double up = router_loss(x, picks, d_gates, expert_count, N, E, k, q, sc);
-        x[i] = saved - h;
-        const double down = router_loss(x, picks, d_gates, expert_count, N, E, k, q, sc);
-        x[i] = saved;
-        const double err = fabs((up - down) / (2.0 * h) - analytic[i]);
-        if (err > 1e-7) {
-            printf("FAIL reference d_logits[%zu] = %.10g, finite difference %.10g\n", i, analytic[i],
-                   (up - down) / (2 * h));
-            exit(EXIT_FAILURE);
-        }
-        worst = fmax(worst, err);
-    }
-    printf("  %-28s ok (max abs err %.3g over %zu logits)\n", "reference vs finite diff", worst, x.size());
+// router_loss at the case's picks and gate gradients, for moe_check_finite_differences
+typedef struct {
+    const std::vector<int>* picks;
+    const std::vector<float>* d_gates;
+    const std::vector<int>* expert_count;
+    int N, E, k;
+    LossCoefficients q;
+    Scoring sc;
+} RouterLossPoint;
+static double router_loss_at(const std::vector<double>& x, const void* context) {
+    const RouterLossPoint* p = (const RouterLossPoint*)context;
+    return router_loss(x, *p->picks, *p->d_gates, *p->expert_count, p->N, p->E, p->k, p->q, p->sc);
 }
 
 int main(int argc, char** argv) {
@@ -255,9 +243,11 @@ int main(int argc, char** argv) {
         const char* score_name = sc.score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax";
         printf("N=%d E=%d k=%d %s rsf=%g, d_gates %s (%d of %zu zero)\n", N, E, k, score_name, sc.rsf,
                cases[c].gate_gradient ? "random, dropped at CF 0.5" : "all zero", dropped, num_choices);
-        if (args.small && cases[c].finite_differences)
-            check_reference_by_finite_differences(d_logits_double, logits, picks, d_gates, expert_count, N, E, k, q,
-                                                  sc);
+        if (args.small && cases[c].finite_differences) {
+            RouterLossPoint point = {&picks, &d_gates, &expert_count, N, E, k, q, sc};
+            moe_check_finite_differences("reference vs finite diff", d_logits_double, logits, router_loss_at, &point,
+                                         1e-7);
+        }
 
         RouterBackwardBuffers d;
         d.logits = lab_to_device<float>(logits);

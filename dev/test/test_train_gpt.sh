@@ -381,7 +381,7 @@ expect_error "bad scheduler" "unknown learning rate scheduler 'cosin'" "$TRAIN" 
 expect_error "recompute 3" "-r 3: expected 0, 1 or 2" "$TRAIN" "${COMMON[@]}" -r 3
 expect_error "missing data" "no files match" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -i "$work/none_*.bin"
 expect_error "truncated shard" "truncated_shard.bin" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -i "$work/truncated_shard.bin"
-expect_error "batch not a multiple" "-d 100: must be a multiple of B*T*processes = 32" "$TRAIN" "${COMMON[@]}" -b 2 -d 100
+expect_error "batch not a multiple" "-d 100: must be a multiple of B*T*(data-parallel processes) = 32" "$TRAIN" "${COMMON[@]}" -b 2 -d 100
 expect_error "resume without -o" "-y 1 needs -o" "$TRAIN" "${COMMON[@]}" -y 1
 expect_error "bad descriptor" "-e d0x: bad descriptor" "$TRAIN" "${COMMON[@]}" -e d0x
 # an unknown family in header word 16, a stray word 19 in a gpt2 file, and a llama header (word 16 = 1) with NKV = 0,

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# dev/test/test_tensor_parallel.sh: command-line tests of tensor parallelism (-tp, -sp; doc/parallelism.md) in the GPT
+# trainer on the CPU backend (FP32 build), on distinct batches from a data shard:
+#   - -tp 2 with and without sequence parallelism, GPT-2 and llama, gives the losses and gradient norms of -tp 1 on
+#     the same batches (each step a new batch), within fp32 rounding (the members' partial sums are added in another
+#     order); so does -tp 2 with 2 data-parallel processes (ZeRO-1) against one process with both micro-batches;
+#   - its model file is the whole model: the header and the parameters of -tp 1's after the same steps;
+#   - a -tp 2 run resumed from its checkpoint continues bit-identically;
+#   - every layout that does not fit is refused with one line naming the flag.
+# Needs build/train_gpt_fp32, build/train_moe_fp32, build/ref/tp_gpt2_fp32_model.bin, build/ref/tp_llama_fp32_model.bin
+# and build/ref/tiny_fp32_model.bin (make test builds them). Runs up to 4 processes at once. Run from anywhere:
+#   dev/test/test_tensor_parallel.sh
+set -u
+cd "$(dirname "$0")/../.."
+TRAIN=build/train_gpt_fp32
+MODEL=build/ref/tp_gpt2_fp32_model.bin
+LLAMA_MODEL=build/ref/tp_llama_fp32_model.bin
+PYTHON=/usr/bin/python3
+MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+. dev/test/cli_common.sh
+
+$PYTHON train_gpt.py --write-shard "$work/train.bin" --shard-tokens 8192 --V 263 --seed 7 >/dev/null ||
+    { echo "cannot write a data shard"; exit 1; }
+COMMON=(-i "$work/train.bin" -j "" -t 16 -v 0 -s 0 -l 1e-3 -c 0.1)
+
+# --- -tp 2 against -tp 1 on 4 distinct batches: GPT-2 with -sp 1 and -sp 0, llama (2 key/value heads of 4) with -sp 1
+"$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 2 -x 4 -n 2 -o "$work/whole" >"$work/whole.log" 2>&1 ||
+    fail "-tp 1 run: $(tail -3 "$work/whole.log")"
+for sp in 1 0; do
+    $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 2 -x 4 -tp 2 -sp $sp -n 2 -o "$work/tp2_sp$sp" \
+        >"$work/tp2_sp$sp.log" 2>&1 || fail "-tp 2 -sp $sp run: $(tail -3 "$work/tp2_sp$sp.log")"
+    if close_losses "$work/whole.log" "$work/tp2_sp$sp.log" 4; then pass; else
+        fail "-tp 2 -sp $sp differs from -tp 1 on the same batches"; fi
+done
+"$TRAIN" -e "$LLAMA_MODEL" "${COMMON[@]}" -b 2 -x 3 >"$work/llama.log" 2>&1 || fail "llama -tp 1 run: $(tail -3 "$work/llama.log")"
+$MPIRUN -np 2 "$TRAIN" -e "$LLAMA_MODEL" "${COMMON[@]}" -b 2 -x 3 -tp 2 -r 2 >"$work/llama_tp2.log" 2>&1 ||
+    fail "llama -tp 2 run: $(tail -3 "$work/llama_tp2.log")"
+if close_losses "$work/llama.log" "$work/llama_tp2.log" 3; then pass; else fail "llama -tp 2 differs from -tp 1"; fi
+
+# --- -tp 2 on 4 processes (2 data-parallel, ZeRO-1) against 1 process with both micro-batches (-a 1: the same tokens)
+"$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 4 -a 1 -x 3 >"$work/single4.log" 2>&1 || fail "B=4 run: $(tail -3 "$work/single4.log")"
+$MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 2 -a 1 -x 3 -tp 2 -z 1 >"$work/tp2_dp2.log" 2>&1 ||
+    fail "-tp 2 -z 1 on 4 processes: $(tail -3 "$work/tp2_dp2.log")"
+if close_losses "$work/single4.log" "$work/tp2_dp2.log" 3; then pass; else
+    fail "-tp 2 with 2 data-parallel processes differs from 1 process with their batches"; fi
+
+# --- the model file is the whole model, put together from the members' slices: -tp 1's header, and a -tp 1 run
+# started from it has the first loss and gradient norm of one started from -tp 1's file after the same 2 steps (the
+# parameters themselves may differ by more than fp32 rounding where AdamW normalises a near-zero gradient)
+if cmp -s <(head -c 1024 "$work/whole/model_00000002.bin") <(head -c 1024 "$work/tp2_sp1/model_00000002.bin"); then
+    pass; else fail "the -tp 2 model file's header differs from -tp 1's"; fi
+"$TRAIN" -e "$work/whole/model_00000002.bin" "${COMMON[@]}" -b 2 -x 1 >"$work/from_whole.log" 2>&1 ||
+    fail "-tp 1 run from -tp 1's model file: $(tail -3 "$work/from_whole.log")"
+"$TRAIN" -e "$work/tp2_sp1/model_00000002.bin" "${COMMON[@]}" -b 2 -x 1 >"$work/from_tp2.log" 2>&1 ||
+    fail "-tp 1 run from -tp 2's model file: $(tail -3 "$work/from_tp2.log")"
+if close_losses "$work/from_whole.log" "$work/from_tp2.log" 1; then pass; else
+    fail "the -tp 2 model file is not -tp 1's model"; fi
+
+# --- a -tp 2 run resumed from its step-2 checkpoint continues bit-identically
+mkdir -p "$work/tp2_resumed"
+cp "$work/tp2_sp1/"*_00000002* "$work/tp2_resumed/"
+$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 2 -x 4 -tp 2 -n 2 -o "$work/tp2_resumed" -y 1 \
+    >"$work/tp2_resumed.log" 2>&1 || fail "resumed -tp 2 run: $(tail -3 "$work/tp2_resumed.log")"
+want=$(step_fields "$work/tp2_sp1.log" | tail -n 2)
+if [ -n "$want" ] && [ "$(step_fields "$work/tp2_resumed.log")" = "$want" ] &&
+    cmp -s "$work/tp2_sp1/model_00000004.bin" "$work/tp2_resumed/model_00000004.bin"; then pass; else
+    fail "the resumed -tp 2 run differs from the uninterrupted one"; fi
+
+# --- layouts that do not fit: one line naming the flag
+TINY=build/ref/tiny_fp32_model.bin
+expect_error "-tp not dividing the processes" "-tp 3: must divide the number of processes (2)" \
+    $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 2 -x 1 -tp 3
+expect_error "-tp not dividing the heads" "3 heads, which 2 processes cannot share equally" \
+    $MPIRUN -np 2 "$TRAIN" -e "$TINY" "${COMMON[@]}" -b 2 -x 1 -tp 2
+expect_error "-sp with -tp 1" "-sp 1: sequence parallelism cuts the tokens" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -sp 1
+expect_error "-sp 1 with T not a multiple" "the sequence length -t 15 must be a multiple of 2" \
+    $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -t 15 -b 2 -x 1 -tp 2
+expect_error "-sp out of range" "-sp 2: expected 0 or 1" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 2 -sp 2
+expect_error "-tp 0" "-tp 0: expected 1 or more" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 0
+expect_error "-tp with ZeRO-2" "-z 2 with -tp 2" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 2 -z 2
+expect_error "-tp with offload" "-oo 1 with -tp 2" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 2 -oo 1
+expect_error "-tp with -pm" "-pm 80 with -tp 2" "$TRAIN" -e d12 -pm 80 -tp 2
+expect_error "-tp in the MoE trainer" "-tp 2: train_moe's MoE layers are not split" \
+    build/train_moe_fp32 -e "$MODEL" "${COMMON[@]}" -tp 2
+expect_error "resume at another -tp" "a tensor-parallel run resumes with the same processes and -tp" \
+    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 2 -x 4 -o "$work/tp2_sp1" -y 1
+
+echo "tensor_parallel: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,168 @@
+// llmc/tensor_parallel.cuh: tensor parallelism (Megatron-style, -tp N; doc/parallelism.md): the process groups,
+// how a tensor of the model file is cut into the N slices the processes hold, and the collectives that join a layer
+// split over N processes.
+//
+// With P processes and degree N (N divides P), consecutive processes form tensor-parallel groups of N: process r is
+// member r % N of group r / N. The members of a group hold different slices of every split layer and compute on the
+// same batch; the P/N processes with the same member index (one per group) hold the same slices and form the
+// data-parallel group `dp`, over which gradients are averaged and ZeRO shards. Consecutive ranks keep the group's
+// collectives, which sit on the critical path of every layer, inside a node.
+//   comm   the N members: the activations' all-reduce, reduce-scatter and all-gather (on the compute stream), the
+//          classifier's row statistics, the gradient norm's sum, putting the model file together
+//   dp     a MultiGpuConfig over the processes that hold the same slices, sharing the world's NCCL stream: the
+//          gradients are averaged over it (overlapping the backward pass on that stream) and its ZeRO shards span it
+// Two communicators are in use at once, comm on the compute stream and dp's on the NCCL stream. NCCL operations of
+// two communicators in flight at the same time can deadlock (each GPU may start them in a different order), so
+// every group collective first waits for what the NCCL stream has been given (the reductions issued later wait for
+// the compute stream anyway); cpu/cucc --check reports the unordered case. With sequence parallelism (-sp 1) the
+// residual stream and the norms run on this member's B*T/N tokens: rows [member * B*T/N, (member + 1) * B*T/N) of the
+// (B, T) batch in row-major order, which is what ncclReduceScatter and ncclAllGather cut and join.
+// On the CPU backend NCCL runs over MPI (cpu/nccl.cpp), so the groups need all processes in one mpirun.
+// Tests (dev/test/run_tests.sh NAME, patterns work): gpt-*-tp* and check-gpt-*-tp* (-tp against PyTorch),
+// llama-*-tp*, train-gpt-cli (-tp against -tp 1 on distinct batches, refusals).
+#pragma once
+#include "common.cuh"
+#include "multi_gpu.cuh"
+
+typedef struct {
+    int degree;             // N; 1: every layer whole, and nothing below is used
+    int member;             // r % N: which slice of every split tensor this process holds
+    int group;              // r / N (with N == 1 each process is a group of its own: r)
+    int sequence_parallel;  // -sp 1: the residual stream and the norms on B*T/N tokens per member
+    ncclComm_t comm;        // the N members of this process's group (NULL when N == 1)
+    MultiGpuConfig dp;      // the processes holding the same slices (the world itself when N == 1)
+    float* device_scalar;   // for tensor_parallel_float_sum
+    cudaEvent_t reductions_issued;  // recorded on the NCCL stream before each group collective (see the top)
+} TensorParallel;
+
+// Degree 1: every process is a group of its own, and the data-parallel group is the world.
+static void tensor_parallel_none(TensorParallel* tp, const MultiGpuConfig* world) {
+    memset(tp, 0, sizeof(*tp));
+    tp->degree = 1;
+    tp->group = world->process_rank;
+    tp->dp = *world;
+    tp->dp.used_mpi = 0;  // MPI belongs to the world's config
+}
+
+// Collective over all processes of `world`. The caller has checked that degree divides world->num_processes.
+static void tensor_parallel_init(TensorParallel* tp, const MultiGpuConfig* world, int degree, int sequence_parallel) {
+    tensor_parallel_none(tp, world);
+    if (degree == 1) return;
+    tp->degree = degree;
+    tp->sequence_parallel = sequence_parallel;
+    tp->member = world->process_rank % degree;
+    tp->group = world->process_rank / degree;
+    multi_gpu_split_groups(world, degree, &tp->comm, &tp->dp);
+    cudaCheck(cudaMalloc((void**)&tp->device_scalar, sizeof(float)));
+    cudaCheck(cudaEventCreateWithFlags(&tp->reductions_issued, cudaEventDisableTiming));
+}
+
+static void tensor_parallel_free(TensorParallel* tp) {
+    if (tp->degree == 1) return;
+    ncclCheck(ncclCommDestroy(tp->comm));
+    if (tp->dp.nccl_comm != NULL) ncclCheck(ncclCommDestroy(tp->dp.nccl_comm));
+    cudaCheck(cudaFree(tp->device_scalar));
+    cudaCheck(cudaEventDestroy(tp->reductions_issued));
+}
+
+// Orders a group collective on `stream` after everything issued so far on the NCCL stream (see the top).
+static void tensor_parallel_after_reductions(const TensorParallel* tp, cudaStream_t stream) {
+    cudaCheck(cudaEventRecord(tp->reductions_issued, tp->dp.nccl_stream));
+    cudaCheck(cudaStreamWaitEvent(stream, tp->reductions_issued, 0));
+}
+
+// x (n) = its sum over the members, in place (Megatron's g in the forward pass, f in the backward pass)
+static void tensor_parallel_all_reduce(const TensorParallel* tp, floatX* x, size_t n, cudaStream_t stream) {
+    tensor_parallel_after_reductions(tp, stream);
+    ncclCheck(ncclAllReduce(x, x, n, nccl_floatX(), ncclSum, tp->comm, stream));
+}
+// out (n) = member's chunk of the sum over the members of in (N * n): a row-parallel layer's output onto this
+// member's tokens under sequence parallelism
+static void tensor_parallel_reduce_scatter(const TensorParallel* tp, floatX* out, const floatX* in, size_t n,
+                                           cudaStream_t stream) {
+    tensor_parallel_after_reductions(tp, stream);
+    ncclCheck(ncclReduceScatter(in, out, n, nccl_floatX(), ncclSum, tp->comm, stream));
+}
+// out (N * n) = every member's in (n), in member order: the tokens of a sequence-parallel stream put together
+static void tensor_parallel_all_gather(const TensorParallel* tp, floatX* out, const floatX* in, size_t n,
+                                       cudaStream_t stream) {
+    tensor_parallel_after_reductions(tp, stream);
+    ncclCheck(ncclAllGather(in, out, n, nccl_floatX(), tp->comm, stream));
+}
+// the same for float values (the classifier's row statistics) with `op`
+static void tensor_parallel_all_reduce_float(const TensorParallel* tp, float* x, size_t n, ncclRedOp_t op,
+                                             cudaStream_t stream) {
+    tensor_parallel_after_reductions(tp, stream);
+    ncclCheck(ncclAllReduce(x, x, n, ncclFloat, op, tp->comm, stream));
+}
+// bytes * N = every member's `bytes`, in member order (device buffers)
+static void tensor_parallel_all_gather_bytes(const TensorParallel* tp, void* out, const void* in, size_t bytes,
+                                             cudaStream_t stream) {
+    tensor_parallel_after_reductions(tp, stream);
+    ncclCheck(ncclAllGather(in, out, bytes, ncclChar, tp->comm, stream));
+}
+// The sum of a host float over the members (the gradient norm's split part), the same on every member.
+static float tensor_parallel_float_sum(const TensorParallel* tp, float value, cudaStream_t stream) {
+    if (tp->degree == 1) return value;
+    float sum;
+    tensor_parallel_after_reductions(tp, stream);
+    cudaCheck(cudaMemcpyAsync(tp->device_scalar, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
+    ncclCheck(ncclAllReduce(tp->device_scalar, tp->device_scalar, 1, ncclFloat, ncclSum, tp->comm, stream));
+    cudaCheck(cudaMemcpyAsync(&sum, tp->device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    return sum;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// How a tensor of the model file is cut. A tensor is `layers` matrices of (rows, cols), one after another. A split
+// by rows cuts each of its row parts (qkv's q, k and v heads; SwiGLU's gate and up halves; one part otherwise) into N
+// equal runs of rows, member m taking run m of every part, in part order (a column-parallel layer's weight and bias,
+// and the vocabulary-parallel embedding); a split by columns gives member m columns [m cols/N, (m+1) cols/N) of
+// every row (a row-parallel layer's weight). A tensor that is not split is replicated: every member holds it whole.
+#define TENSOR_SPLIT_MAX_PARTS 3
+typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLUMNS } TensorSplitKind;
+typedef struct {
+    TensorSplitKind kind;
+    size_t layers, rows, cols;
+    int num_parts;                              // SPLIT_ROWS: the row parts
+    size_t part_rows[TENSOR_SPLIT_MAX_PARTS];   // their sizes, adding up to rows
+} TensorSplit;
+
+// elements of one member's slice
+static size_t tensor_split_slice_size(const TensorSplit* s, int degree) {
+    return s->kind == SPLIT_NONE ? s->layers * s->rows * s->cols : s->layers * s->rows * s->cols / degree;
+}
+
+// Member `member`'s slice of the whole tensor, or the inverse (to_whole: the slice written into its place in the
+// whole tensor). Host memory on both sides.
+static void tensor_split_copy(const TensorSplit* s, int member, int degree, floatX* whole, floatX* slice,
+                              int to_whole) {
+    size_t n = s->layers * s->rows * s->cols;
+    if (s->kind == SPLIT_NONE) {
+        if (to_whole) memcpy(whole, slice, n * sizeof(floatX));
+        else memcpy(slice, whole, n * sizeof(floatX));
+        return;
+    }
+    size_t at = 0;  // in the slice
+    for (size_t l = 0; l < s->layers; l++) {
+        floatX* matrix = whole + l * s->rows * s->cols;
+        if (s->kind == SPLIT_COLUMNS) {
+            size_t width = s->cols / degree;
+            for (size_t r = 0; r < s->rows; r++, at += width) {
+                floatX* row = matrix + r * s->cols + (size_t)member * width;
+                if (to_whole) memcpy(row, slice + at, width * sizeof(floatX));
+                else memcpy(slice + at, row, width * sizeof(floatX));
+            }
+            continue;
+        }
+        size_t first = 0;  // the part's first row
+        for (int p = 0; p < s->num_parts; p++) {
+            size_t run = s->part_rows[p] / degree * s->cols;
+            floatX* rows = matrix + (first + (size_t)member * (s->part_rows[p] / degree)) * s->cols;
+            if (to_whole) memcpy(rows, slice + at, run * sizeof(floatX));
+            else memcpy(slice + at, rows, run * sizeof(floatX));
+            at += run;
+            first += s->part_rows[p];
+        }
+    }
+}
