@@ -399,9 +399,9 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         return EXIT_FAILURE;
     }
     if (tp_degree < 1 || world.num_processes % tp_degree != 0 || (sequence_parallel != 0 && sequence_parallel != 1) ||
-        (x && tp_degree > 1) || (tp_degree > 1 && (t.zero_stage >= 2 || t.offload))) {
-        fprintf(stderr, "-tp %d -sp %d: expected a degree dividing the %d processes, -sp 0 or 1, the dense model, "
-                "ZeRO-0 or 1 without offload\n", tp_degree, sequence_parallel, world.num_processes);
+        (x && tp_degree > 1)) {
+        fprintf(stderr, "-tp %d -sp %d: expected a degree dividing the %d processes, -sp 0 or 1, the dense model\n",
+                tp_degree, sequence_parallel, world.num_processes);
         return EXIT_FAILURE;
     }
     // the tensor-parallel groups; mg, the data-parallel group (the world at -tp 1), is what the model averages over

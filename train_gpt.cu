@@ -151,38 +151,40 @@ typedef struct {
 // are kept for one layer only and recomputed in the backward pass. Shapes for GPT-2; in a llama model the ln*
 // are RMSNorm outputs (no means: ln*_mean are empty), qkvr is (L, B, T, (NH + 2 NKV) HS) with q and k roped,
 // fch (Ld, B, T, 2H) is fc's [gate | up] and ffn_act (Ld or 1, B, T, H) the SwiGLU output; scratch_bt4c
-// holds (B, T, max((NH + 2 NKV) HS, H)).
+// holds (B, T, max((NH + 2 NKV) HS, H)). Under tensor parallelism (-tp N) qkvr, atty, fch, ffn_act and the logits hold
+// this process's heads, hidden units and vocabulary rows (a width over N), and with sequence parallelism the
+// residual stream (encoded, residual2, residual3, dresidual) and the norms' statistics B*T/N tokens.
 // Every activation tensor once, in the order they are laid out in one allocation: X(type, name, elements), the
 // elements an expression over fill_in_activation_sizes' locals. The struct, the indices, the sizes and the pointers
 // come from it.
 #define ACTIVATION_TENSORS(X)                                                                                          \
-    X(floatX, encoded, BTC)                          /* (B, T, C) */                                                   \
+    X(floatX, encoded, STC)                          /* (B, T, C): the stream's tokens (-sp: B*T/N of them) */        \
     X(floatX, ln1, ln_layers * BTC)                  /* (L or 1, B, T, C) */                                           \
     X(float, ln1_mean, L * means)                    /* (L, B, T) */                                                   \
-    X(float, ln1_rstd, L * BT)                       /* (L, B, T) */                                                   \
-    X(floatX, atty, L * BTC)                         /* (L, B, T, C) attention output before the projection */         \
+    X(float, ln1_rstd, L * ST)                       /* (L, B, T) */                                                   \
+    X(floatX, atty, L * ATY)                         /* (L, B, T, C) attention output before the projection */         \
     /* att: (L, B, NH, T, T) attention probabilities (cuBLAS-and-softmax path only) */                                 \
     X(floatX, att, L * att_probs)                                                                                      \
     /* att_stats: (L, B, NH, T) softmax statistics: log-sum-exp (flash and cuDNN paths) */                             \
     X(float, att_stats, L * att_stats)                                                                                 \
     /* qkvr: (L, B, T, 3C) q, k, v kept for the backward pass (permuted by the cuBLAS-and-softmax path) */             \
     X(floatX, qkvr, L * QKV)                                                                                           \
-    X(floatX, residual2, L * BTC)                    /* (L, B, T, C) */                                                \
+    X(floatX, residual2, L * STC)                    /* (L, B, T, C) */                                                \
     X(floatX, ln2, ln_layers * BTC)                  /* (L or 1, B, T, C) */                                           \
     X(float, ln2_mean, L * means)                    /* (L, B, T) */                                                   \
-    X(float, ln2_rstd, L * BT)                       /* (L, B, T) */                                                   \
+    X(float, ln2_rstd, L * ST)                       /* (L, B, T) */                                                   \
     X(floatX, fch, dense_layers * FC)                /* (Ld, B, T, 4C) pre-GELU, dense MLPs only */                    \
     X(floatX, ffn_act, act_layers * HID)            /* (Ld or 1, B, T, 4C) the activation's output */                 \
-    X(floatX, residual3, L * BTC)                    /* (L, B, T, C) */                                                \
+    X(floatX, residual3, L * STC)                    /* (L, B, T, C) */                                                \
     X(floatX, lnf, BTC)                              /* (B, T, C) */                                                   \
     X(float, lnf_mean, means)                        /* (B, T) */                                                      \
-    X(float, lnf_rstd, BT)                           /* (B, T) */                                                      \
+    X(float, lnf_rstd, ST)                           /* (B, T) */                                                      \
     X(float, losses, BT)                             /* (B, T) */                                                      \
     X(floatX, output, B * T * Vp)                    /* (B, T, Vp) logits, overwritten by their gradient */            \
     /* scratch shared by the forward and backward passes */                                                            \
     X(floatX, scratch_btc, BTC)                      /* (B, T, C) */                                                   \
     X(floatX, scratch_bt4c, BT4C)                    /* (B, T, 4C) */                                                  \
-    X(floatX, dresidual, BTC)                        /* (B, T, C) */                                                   \
+    X(floatX, dresidual, STC)                        /* (B, T, C) */                                                   \
     X(floatX, dbtc, BTC)                             /* (B, T, C) */                                                   \
     X(floatX, dqkvr, probabilities * 3 * BTC)        /* (B, T, 3C) (cuBLAS-and-softmax path only) */                   \
     X(floatX, datt, att_probs)                       /* (B, NH, T, T) (cuBLAS-and-softmax path only) */                \
@@ -468,7 +470,7 @@ static void model_set_parameters(Model* model, const floatX* file_order) {
             TensorSplit s = model_tensor_split(model, i, in_file);
             if (s.kind != SPLIT_NONE)  // this member's slice
                 tensor_split_copy(&s, model_tp_member(model), model_tp_degree(model), (floatX*)file_order + from,
-                                  replicated + to, 0);
+                                  replicated + to, sizeof(floatX), 0);
             else  // whole, or an extension's part in the replicated set
                 memcpy(replicated + to, file_order + from, in_set[i] * sizeof(floatX));
             to += in_set[i];
@@ -988,7 +990,7 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     model->store.last_micro_step = reduce;
     if (model_own_set(model)) model_own_set(model)->last_micro_step = reduce;
     reduce = reduce || model->zero_stage >= 2;  // ZeRO-2/3 reduce on every micro-step
-    cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)B * T * C * sizeof(floatX), stream));
+    cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)Nt * C * sizeof(floatX), stream));
     // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
     matmul_backward(a.dbtc, c->tied ? g.wte : g.lm_head, nullptr, a.output, a.lnf, c->tied ? p.wte : p.lm_head,
                     a.scratch_f, B, T, C, Vp, stream);
@@ -1468,6 +1470,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         model_build_from_descriptor(&model, s.model_source, s.descriptor_vocab, s.descriptor_maxT, s.descriptor_seed,
                                    &arch, 0);
         if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
+        if (!model_check_tensor_parallel(&model, s.T, s.model_source)) return EXIT_FAILURE;
         print_memory_plan(&model, &s, &mg);
         multi_gpu_config_free(&mg);
         return EXIT_SUCCESS;

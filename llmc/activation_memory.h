@@ -10,18 +10,23 @@
 // loads whatever B and T are.
 static size_t layer_stride(size_t n) { return CEIL_DIV(n, 64) * 64; }
 
-// Per-layer strides (elements) of the activations whose width depends on the layer kinds: qkvr, fch, ffn_act and
-// the norms' means (none in RMSNorm); under tensor parallelism this process's slices' widths
+// Per-layer strides (elements) of the activations whose width depends on the layer kinds or the split: qkvr, fch,
+// ffn_act and atty (under tensor parallelism this process's slices' widths), the residual stream's tokens and the
+// norms' statistics over them (with sequence parallelism B*T/N tokens; no means in RMSNorm)
 typedef struct {
-    size_t qkv, fc, hidden, means;
+    size_t qkv, fc, hidden, attention, stream, stream_tokens, means;
 } LayerStrides;
 static LayerStrides layer_strides(const Model* model, size_t B, size_t T) {
     const ModelConfig* c = &model->config;
+    size_t tokens = model_stream_tokens(model, (int)(B * T));
     LayerStrides s;
     s.qkv = layer_stride(B * T * local_qkv_channels(model));
     s.fc = layer_stride(B * T * local_fc_channels(model));
     s.hidden = layer_stride(B * T * local_hidden(model));
-    s.means = c->norm == NORM_LAYERNORM ? layer_stride(B * T) : 0;
+    s.attention = layer_stride(B * T * local_channels(model));
+    s.stream = layer_stride(tokens * c->channels);
+    s.stream_tokens = layer_stride(tokens);
+    s.means = c->norm == NORM_LAYERNORM ? layer_stride(tokens) : 0;
     return s;
 }
 
@@ -35,6 +40,7 @@ static void fill_in_activation_sizes(size_t* s, const Model* model, size_t B, si
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T), ATT = layer_stride(B * NH * T * T);
     LayerStrides st = layer_strides(model, B, T);
     size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means;
+    size_t ATY = st.attention, STC = st.stream, ST = st.stream_tokens;
     size_t BT4C = QKV > HID ? QKV : HID;  // the qkv and MLP gradients' scratch
     // flash attention and cuDNN keep softmax statistics, not probabilities, and read q, k, v in place
     int probabilities = model->attention == ATTENTION_MATMUL_SOFTMAX;
@@ -97,22 +103,22 @@ static LayerActivations model_layer_activations(const Model* model, int l, size_
     size_t C = c->channels, NH = local_heads(model);
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T);
     LayerStrides st = layer_strides(model, B, T);
-    size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means;
+    size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means, STC = st.stream, ST = st.stream_tokens;
     LayerActivations la;
-    la.residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BTC;
+    la.residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * STC;
     la.ln1 = model->recompute >= 2 ? a->ln1 : a->ln1 + l * BTC;
     la.ln1_mean = a->ln1_mean + l * means;
-    la.ln1_rstd = a->ln1_rstd + l * BT;
-    la.atty = a->atty + l * BTC;
+    la.ln1_rstd = a->ln1_rstd + l * ST;
+    la.atty = a->atty + l * st.attention;
     int probabilities = model->attention == ATTENTION_MATMUL_SOFTMAX;
     la.att = probabilities ? a->att + l * layer_stride(B * NH * T * T) : NULL;
     la.att_stats = probabilities ? NULL : a->att_stats + l * layer_stride(B * NH * T);
     la.qkvr = a->qkvr + l * QKV;
-    la.residual2 = a->residual2 + l * BTC;
+    la.residual2 = a->residual2 + l * STC;
     la.ln2 = model->recompute >= 2 ? a->ln2 : a->ln2 + l * BTC;
     la.ln2_mean = a->ln2_mean + l * means;
-    la.ln2_rstd = a->ln2_rstd + l * BT;
-    la.residual3 = a->residual3 + l * BTC;
+    la.ln2_rstd = a->ln2_rstd + l * ST;
+    la.residual3 = a->residual3 + l * STC;
     la.fch = la.ffn_act = NULL;
     if (model_is_dense_layer(model, l)) {
         size_t d = model_dense_index(model, l);

@@ -81,6 +81,34 @@ static int memory_plan_largest_depth(const Model* model, int B, int T, size_t bu
     return best;
 }
 
+// Under tensor parallelism: one layer's activations (the plan's with one layer more, less the plan's) beside Korthikanti
+// et al.'s formula for 16-bit activations with TP and SP, s b h (34/t + 5 a s / (h t)) bytes (which counts the dropout
+// masks and, without flash attention, the attention scores: a cross-check of the order, not of the bytes); and what
+// each process sends per micro-step in its tensor-parallel group (4L + 2 joins of B*T*C values, each an all-reduce or a
+// reduce-scatter with its all-gather: 2(N-1)/N of the values) and per step in its data-parallel group (the gradient's
+// reduction and ZeRO's all-gather: 2(D-1)/D of the set, as a ring sends it).
+static void tensor_parallel_plan_rows(InfoTable* t, const Model* model, int B, int T) {
+    const ModelConfig* c = &model->config;
+    Model one_more = *model;
+    one_more.config.num_layers += 1;
+    double layer = (double)activation_bytes(&one_more, B, T, model->recompute) -
+                   (double)activation_bytes(model, B, T, model->recompute);
+    double s = T, b = B, h = c->channels, a = c->num_heads, N = model_tp_degree(model);
+    double formula = model_sequence_parallel(model) ? s * b * h * (34.0 / N + 5.0 * a * s / (h * N))
+                                                    : s * b * h * (10.0 + 24.0 / N + 5.0 * a * s / (h * N));
+    const double MiB = 1048576.0;
+    info_row(t, "activations per layer", "%10.1f MiB (%.0f bytes; Korthikanti et al.'s %s formula: %.1f MiB)",
+             layer / MiB, layer, model_sequence_parallel(model) ? "TP+SP" : "TP", formula / MiB);
+    double joins = 4.0 * c->num_layers + 2.0;
+    double tp_bytes = joins * 2.0 * (N - 1.0) / N * (double)B * T * c->channels * sizeof(floatX);
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    replicated_tensor_sizes(sizes, model);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
+    double D = model->num_processes, dp_bytes = 2.0 * (D - 1.0) / D * (double)n * sizeof(floatX);
+    info_row(t, "sent per process", "%10.1f MiB per micro-step in the tensor-parallel group, %.1f MiB per step in the "
+             "data-parallel group", tp_bytes / MiB, dp_bytes / MiB);
+}
+
 // the plan's rows for a device of `budget` bytes
 static void memory_plan_rows(InfoTable* t, const Model* model, int B, int T, size_t budget) {
     MemoryPlan m = model_memory_plan(model, B, T);
@@ -106,6 +134,7 @@ static void memory_plan_rows(InfoTable* t, const Model* model, int B, int T, siz
                  m.optimizer, model->use_master_weights && PRECISION_MODE != PRECISION_FP32 ? ", master" : "", stage);
     info_row(t, "memory: activations", "%10.1f MiB (%zu bytes, recompute %d)", m.activations / MiB, m.activations,
              model->recompute);
+    if (model_tp_degree(model) > 1) tensor_parallel_plan_rows(t, model, B, T);
     size_t device = memory_plan_device_bytes(model, &m);
     info_row(t, "memory: device total", "%10.1f MiB (%zu bytes) of %.1f MiB", device / MiB, device, budget / MiB);
     info_row(t, "largest B that fits", "%d", memory_plan_largest_batch(model, T, budget));
@@ -191,6 +220,9 @@ static void print_memory_plan(const Model* model, const TrainerSettings* s, cons
     model_rows(&t, model);
     info_row(&t, "batch", "B=%d T=%d processes=%d, ZeRO-%d, offload %d", s->B, s->T, mg->num_processes,
              model->zero_stage, model->offload_optimizer);
+    if (model_tp_degree(model) > 1)
+        info_row(&t, "tensor parallel", "every layer over %d processes (-tp), sequence parallel %s (-sp), %d data-parallel",
+                 model_tp_degree(model), model_sequence_parallel(model) ? "on" : "off", model->num_processes);
     memory_plan_rows(&t, model, s->B, s->T, (size_t)s->plan_gib << 30);
     info_table_print(&t);
 }

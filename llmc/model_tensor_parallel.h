@@ -31,12 +31,13 @@ static const floatX* row_parallel_bias(const Model* m, const floatX* bias) {
 // How tensor i (of in_file[i] values in the file) is cut over the tensor-parallel members (llmc/tensor_parallel.cuh):
 // qkv column-parallel by head (each member NH/N query heads and NKV/N key/value heads), fc column-parallel (SwiGLU's
 // gate and up halves alike), the attention's and the MLP's output projections row-parallel (their biases replicated,
-// added by member 0), wte and lm_head by vocabulary rows; the norms and wpe replicated. Without tensor parallelism
-// every tensor is one whole matrix.
+// added by member 0), wte and lm_head by vocabulary rows; the norms and wpe replicated (and an extension's tensors).
+// The cut is the same at every degree (at degree 1 the one slice is the whole tensor), so that a checkpoint's
+// optimizer state is re-cut for another one.
 static TensorSplit model_tensor_split(const Model* model, int i, const size_t* in_file) {
     const ModelConfig* c = &model->config;
     TensorSplit s = {SPLIT_NONE, 1, in_file[i], 1, 0, {0, 0, 0}};
-    if (model_tp_degree(model) == 1 || in_file[i] == 0) return s;
+    if (in_file[i] == 0) return s;
     size_t C = c->channels, HS = C / c->num_heads, L = c->num_layers, Ld = model_dense_layers(model);
     size_t q = c->num_heads * HS, kv = c->num_kv_heads * HS, H = c->ffn_hidden, Vp = c->padded_vocab_size;
     int swiglu = c->activation == ACTIVATION_SWIGLU;
@@ -58,7 +59,7 @@ static TensorSplit model_tensor_split(const Model* model, int i, const size_t* i
 static int model_tensor_is_split(const Model* model, int i) {
     size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, in_file, in_set);
-    return model_tensor_split(model, i, in_file).kind != SPLIT_NONE;
+    return model_tp_degree(model) > 1 && model_tensor_split(model, i, in_file).kind != SPLIT_NONE;
 }
 
 // Under tensor parallelism, the members' sets put together (collective over the tensor-parallel group): each member's
@@ -83,7 +84,7 @@ static void model_join_slices(const Model* model, floatX* file_order, const floa
         size_t from = 0, to = 0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
             TensorSplit s = model_tensor_split(model, i, in_file);
-            tensor_split_copy(&s, m, N, file_order + to, host + m * n + from, 1);
+            tensor_split_copy(&s, m, N, file_order + to, host + m * n + from, sizeof(floatX), 1);
             from += in_set[i];
             to += in_file[i];
         }

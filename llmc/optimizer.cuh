@@ -660,16 +660,12 @@ static float sharded_parameters_norm_squared(ShardedParameters* p, const MultiGp
     return norm2 * p->grad_multiplier * p->grad_multiplier;
 }
 
-// The same over some of the set's tensors (include[i] nonzero: tensor i counts), for ZeRO-0 and 1: tensor parallelism
-// counts a tensor that every member holds whole on one member only (llmc/tensor_parallel.cuh). Each tensor's part of
-// this process's gradient is summed as its own segment, in tensor order.
+// The same over some of the set's tensors (include[i] nonzero: tensor i counts): tensor parallelism counts a tensor
+// that every member holds whole on one member only (llmc/tensor_parallel.cuh). Each tensor's part of this process's
+// gradient (ZeRO-2/3: of its fp32 shard) is summed as its own segment, in tensor order.
 static float sharded_parameters_norm_squared_of(ShardedParameters* p, const int* include, const MultiGpuConfig* mg,
                                                 int zero_stage, cudaStream_t stream) {
-    if (p->zero_stage >= 2 || p->offload) {
-        fprintf(stderr, "sharded_parameters_norm_squared_of: ZeRO-0 and 1 without offload only\n");
-        exit(EXIT_FAILURE);
-    }
-    if (mg->num_processes > 1) {
+    if (mg->num_processes > 1 || p->offload || p->zero_stage >= 2) {
         cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
         cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
     }
@@ -681,7 +677,8 @@ static float sharded_parameters_norm_squared_of(ShardedParameters* p, const int*
         size_t begin = offset > lo ? offset : lo, end = offset + p->sizes[i] < hi ? offset + p->sizes[i] : hi;
         offset += p->sizes[i];
         if (!include[i] || begin >= end) continue;
-        global_norm_squared(p->norm_partials, p->grads_memory + begin, end - begin, stream);
+        if (p->zero_stage >= 2) global_norm_squared(p->norm_partials, p->shard_grads + (begin - lo), end - begin, stream);
+        else global_norm_squared(p->norm_partials, p->grads_memory + begin, end - begin, stream);
         global_norm_aggregate(p->norm_result, p->norm_partials, global_norm_num_partials(end - begin), segments > 0,
                               stream);
         segments++;

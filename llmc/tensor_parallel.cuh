@@ -134,33 +134,36 @@ static size_t tensor_split_slice_size(const TensorSplit* s, int degree) {
 }
 
 // Member `member`'s slice of the whole tensor, or the inverse (to_whole: the slice written into its place in the
-// whole tensor). Host memory on both sides.
-static void tensor_split_copy(const TensorSplit* s, int member, int degree, floatX* whole, floatX* slice,
-                              int to_whole) {
+// whole tensor), of values of `elem` bytes (the parameters, or the optimizer state's fp32). Host memory on both sides.
+// At degree 1 the one slice is the whole tensor.
+static void tensor_split_copy(const TensorSplit* s, int member, int degree, void* whole_values, void* slice_values,
+                              size_t elem, int to_whole) {
+    char* whole = (char*)whole_values;
+    char* slice = (char*)slice_values;
     size_t n = s->layers * s->rows * s->cols;
     if (s->kind == SPLIT_NONE) {
-        if (to_whole) memcpy(whole, slice, n * sizeof(floatX));
-        else memcpy(slice, whole, n * sizeof(floatX));
+        if (to_whole) memcpy(whole, slice, n * elem);
+        else memcpy(slice, whole, n * elem);
         return;
     }
-    size_t at = 0;  // in the slice
+    size_t at = 0;  // in the slice, in values
     for (size_t l = 0; l < s->layers; l++) {
-        floatX* matrix = whole + l * s->rows * s->cols;
+        char* matrix = whole + l * s->rows * s->cols * elem;
         if (s->kind == SPLIT_COLUMNS) {
             size_t width = s->cols / degree;
             for (size_t r = 0; r < s->rows; r++, at += width) {
-                floatX* row = matrix + r * s->cols + (size_t)member * width;
-                if (to_whole) memcpy(row, slice + at, width * sizeof(floatX));
-                else memcpy(slice + at, row, width * sizeof(floatX));
+                char* row = matrix + (r * s->cols + (size_t)member * width) * elem;
+                if (to_whole) memcpy(row, slice + at * elem, width * elem);
+                else memcpy(slice + at * elem, row, width * elem);
             }
             continue;
         }
         size_t first = 0;  // the part's first row
         for (int p = 0; p < s->num_parts; p++) {
             size_t run = s->part_rows[p] / degree * s->cols;
-            floatX* rows = matrix + (first + (size_t)member * (s->part_rows[p] / degree)) * s->cols;
-            if (to_whole) memcpy(rows, slice + at, run * sizeof(floatX));
-            else memcpy(slice + at, rows, run * sizeof(floatX));
+            char* rows = matrix + (first + (size_t)member * (s->part_rows[p] / degree)) * s->cols * elem;
+            if (to_whole) memcpy(rows, slice + at * elem, run * elem);
+            else memcpy(slice + at * elem, rows, run * elem);
             at += run;
             first += s->part_rows[p];
         }

@@ -217,6 +217,69 @@ static void read_resharded_state(const char* dir, int step, Model* model, int sa
     free(full);
 }
 
+// The same from a checkpoint written at tensor-parallel degree `saved_tp` (each member's set sharded in `saved_shard`
+// values over its saved_processes / saved_tp data-parallel processes: file d * saved_tp + m holds member m's shard d)
+// into this run's degree and process count. Per buffer: each saved member's set put together from its shards, its
+// slices put into the whole tensors in model-file order (model_tensor_split's cuts, the same at every degree), and this
+// process's member's slices cut out of those, of which it keeps its shard.
+static void read_resliced_state(const char* dir, int step, Model* model, int saved_processes, int saved_tp,
+                                size_t saved_shard) {
+    ShardedParameters* p = &model->store;
+    size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS], saved_set[NUM_PARAMETER_TENSORS];
+    fill_in_parameter_sizes(model, in_file, in_set);
+    size_t whole_n = 0, saved_n = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        TensorSplit s = model_tensor_split(model, i, in_file);
+        saved_set[i] = tensor_split_slice_size(&s, saved_tp);
+        saved_n += saved_set[i];
+        whole_n += in_file[i];
+    }
+    size_t files_per_member = saved_shard >= saved_n ? 1 : (size_t)(saved_processes / saved_tp);
+    if (files_per_member * saved_shard < saved_n) {
+        fprintf(stderr, "%s: optimizer shards of %zu values on %d processes at -tp %d do not hold this model's %zu "
+                "parameters per member\n", dir, saved_shard, saved_processes, saved_tp, saved_n);
+        exit(EXIT_FAILURE);
+    }
+    float* member_set = (float*)malloc_check((files_per_member * saved_shard > saved_n ? files_per_member * saved_shard
+                                                                                       : saved_n) * sizeof(float));
+    float* whole = (float*)malloc_check(whole_n * sizeof(float));
+    float* mine = (float*)malloc_check(p->num_parameters_padded * sizeof(float));
+    for (int buffer = 0; buffer < (p->has_master ? 3 : 2); buffer++) {
+        for (int m = 0; m < saved_tp; m++) {
+            for (size_t d = 0; d < files_per_member; d++) {
+                char path[1024];
+                checkpoint_paths(path, sizeof(path), dir, "state", step, (int)(d * saved_tp + m));
+                FILE* f = fopen_check(path, "rb");
+                fseek_check(f, 256 * sizeof(int) + buffer * saved_shard * sizeof(float), path);
+                size_t begin = d * saved_shard;
+                size_t count = begin < saved_n ? (saved_n - begin < saved_shard ? saved_n - begin : saved_shard) : 0;
+                fread_check(member_set + begin, sizeof(float), count, f, path);
+                fclose_check(f, path);
+            }
+            size_t from = 0, to = 0;
+            for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+                TensorSplit s = model_tensor_split(model, i, in_file);
+                tensor_split_copy(&s, m, saved_tp, whole + to, member_set + from, sizeof(float), 1);
+                from += saved_set[i];
+                to += in_file[i];
+            }
+        }
+        memset(mine, 0, p->num_parameters_padded * sizeof(float));  // the padding past the parameters is zero
+        size_t from = 0, to = 0;
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            TensorSplit s = model_tensor_split(model, i, in_file);
+            tensor_split_copy(&s, model_tp_member(model), model_tp_degree(model), whole + to, mine + from,
+                              sizeof(float), 0);
+            from += in_set[i];
+            to += in_file[i];
+        }
+        sharded_parameters_scatter_state(p, buffer, mine);
+    }
+    free(member_set);
+    free(whole);
+    free(mine);
+}
+
 static void read_checkpoint_state(const char* dir, int step, Model* model, DataLoader* loader, TrainerState* ts,
                                   const MultiGpuConfig* mg) {
     char path[1024];
@@ -236,13 +299,17 @@ static void read_checkpoint_state(const char* dir, int step, Model* model, DataL
         exit(EXIT_FAILURE);
     }
     int saved_processes = header[2], saved_tp = header[11] > 0 ? header[11] : 1, tp = model_tp_degree(model);
-    if (saved_tp != tp || (tp > 1 && saved_processes != mg->num_processes)) {
-        fprintf(stderr, "%s: state of %d processes at -tp %d; this run has %d at -tp %d: a tensor-parallel run resumes "
-                "with the same processes and -tp\n", path, saved_processes, saved_tp, mg->num_processes, tp);
-        exit(EXIT_FAILURE);
-    }
-    if (saved_processes == mg->num_processes && header[3] == mg->process_rank && shard_size == model->store.shard_size) {
+    if (saved_tp == tp && saved_processes == mg->num_processes && header[3] == mg->process_rank &&
+        shard_size == model->store.shard_size) {
         sharded_parameters_read_state(&model->store, f, path);
+    } else if (saved_tp > 1 || tp > 1) {  // another tensor-parallel layout: the slices and shards are cut anew
+        if (saved_processes % saved_tp != 0 || shard_size == 0) {
+            fprintf(stderr, "%s: a state of %d processes at -tp %d with shards of %zu values is no layout\n", path,
+                    saved_processes, saved_tp, shard_size);
+            exit(EXIT_FAILURE);
+        }
+        read_resliced_state(dir, step, model, saved_processes, saved_tp, shard_size);
+        fseek_check(f, 256 * sizeof(int) + (model->store.has_master ? 3 : 2) * shard_size * sizeof(float), path);
     } else {  // another ZeRO stage or process count: the shards are cut anew
         if (shard_size * (size_t)saved_processes < model->store.num_parameters) {
             fprintf(stderr, "%s: optimizer shards of %zu values on %d processes do not hold this model's %zu parameters\n",

@@ -225,21 +225,6 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
                 "or more\n", s->sequence_parallel);
         return 0;
     }
-    if (s->tensor_parallel > 1 && s->zero_stage >= 2) {
-        fprintf(stderr, "-z %d with -tp %d: tensor parallelism runs with ZeRO-0 and ZeRO-1\n", s->zero_stage,
-                s->tensor_parallel);
-        return 0;
-    }
-    if (s->tensor_parallel > 1 && s->offload_optimizer) {
-        fprintf(stderr, "-oo %d with -tp %d: tensor parallelism keeps the optimizer on the device (-oo 0)\n",
-                s->offload_optimizer, s->tensor_parallel);
-        return 0;
-    }
-    if (s->tensor_parallel > 1 && s->plan_gib > 0) {
-        fprintf(stderr, "-pm %d with -tp %d: the memory plan is of layers whole (-tp 1)\n", s->plan_gib,
-                s->tensor_parallel);
-        return 0;
-    }
     if (s->tie_embeddings != 0 && s->tie_embeddings != 1) {
         fprintf(stderr, "-tie %d: expected 0 or 1\n", s->tie_embeddings);
         return 0;

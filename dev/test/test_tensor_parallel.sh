@@ -5,7 +5,10 @@
 #     the same batches (each step a new batch), within fp32 rounding (the members' partial sums are added in another
 #     order); so does -tp 2 with 2 data-parallel processes (ZeRO-1) against one process with both micro-batches;
 #   - its model file is the whole model: the header and the parameters of -tp 1's after the same steps;
-#   - a -tp 2 run resumed from its checkpoint continues bit-identically;
+#   - a -tp 2 run resumed from its checkpoint continues bit-identically; resumed at -tp 1, or on 4 processes (2
+#     data-parallel), and a -tp 1 checkpoint resumed at -tp 2, each continues the same losses within fp32 rounding
+#     (the optimizer state re-cut for the new layout);
+#   - the memory plan (-pm) counts this process's slices, and the activations shrink with -tp and -sp;
 #   - every layout that does not fit is refused with one line naming the flag.
 # Needs build/train_gpt_fp32, build/train_moe_fp32, build/ref/tp_gpt2_fp32_model.bin, build/ref/tp_llama_fp32_model.bin
 # and build/ref/tiny_fp32_model.bin (make test builds them). Runs up to 4 processes at once. Run from anywhere:
@@ -68,6 +71,59 @@ if [ -n "$want" ] && [ "$(step_fields "$work/tp2_resumed.log")" = "$want" ] &&
     cmp -s "$work/tp2_sp1/model_00000004.bin" "$work/tp2_resumed/model_00000004.bin"; then pass; else
     fail "the resumed -tp 2 run differs from the uninterrupted one"; fi
 
+# --- resumed into another layout (doc/formats.md: the optimizer state's slices and shards cut anew): the -tp 2 run's
+# step-2 checkpoint at -tp 1 on 1 process, and at -tp 2 on 4 processes with half the micro-batch each (the same global
+# batch); -tp 1's checkpoint at -tp 2. Each goes on with its source run's steps 3 and 4.
+grep -E '^step [34]/' "$work/tp2_sp1.log" >"$work/tp2_tail.log"
+grep -E '^step [34]/' "$work/whole.log" >"$work/whole_tail.log"
+resume_into() {  # NAME SOURCE-DIR PROCESSES FLAGS...
+    local name=$1 source=$2 np=$3
+    shift 3
+    mkdir -p "$work/$name"
+    cp "$source/"*_00000002* "$work/$name/"
+    $MPIRUN -np "$np" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 4 -n 2 -o "$work/$name" -y 1 "$@" >"$work/$name.log" 2>&1 ||
+        fail "resume $name: $(tail -3 "$work/$name.log")"
+}
+resume_into tp2_to_tp1 "$work/tp2_sp1" 1 -b 2
+if close_losses "$work/tp2_tail.log" "$work/tp2_to_tp1.log" 2; then pass; else fail "-tp 2 resumed at -tp 1 differs"; fi
+resume_into tp2_to_np4 "$work/tp2_sp1" 4 -b 1 -tp 2 -z 1
+if close_losses "$work/tp2_tail.log" "$work/tp2_to_np4.log" 2; then pass; else
+    fail "-tp 2 resumed on 4 processes differs"; fi
+resume_into tp1_to_tp2 "$work/whole" 2 -b 2 -tp 2
+if close_losses "$work/whole_tail.log" "$work/tp1_to_tp2.log" 2; then pass; else fail "-tp 1 resumed at -tp 2 differs"; fi
+
+# --- the memory plan (-pm) of a GPT-2 d12 at -tp 2 on 2 processes: the parameters are this process's slices (the split
+# tensors halved, the others whole: doc/parallelism.md's table, counted here on its own), and the activations shrink
+# from -tp 1 to -tp 2 -sp 0 (the heads' and hidden units' slices) to -tp 2 -sp 1 (the stream's tokens too)
+plan() {  # NAME PROCESSES FLAGS...
+    local name=$1 np=$2
+    shift 2
+    $MPIRUN -np "$np" "$TRAIN" -pm 80 -e d12 -b 4 -t 1024 -fa 1 "$@" >"$work/plan_$name.log" 2>&1 ||
+        fail "-pm $name: $(tail -2 "$work/plan_$name.log")"
+}
+plan whole 1
+plan tp2_sp0 2 -tp 2 -sp 0
+plan tp2_sp1 2 -tp 2
+$PYTHON - "$work/plan_whole.log" "$work/plan_tp2_sp0.log" "$work/plan_tp2_sp1.log" <<'PY' && pass || fail "the -tp 2 memory plan differs from the slices' sizes"
+import re, sys
+def rows(path):
+    text = open(path).read()
+    return {m.group(1).strip(): int(m.group(2)) for m in re.finditer(r"^\| memory: ([a-z ]+?)\s*\|[^(]*\((\d+) bytes", text, re.M)}, text
+(whole, _), (sp0, _), (sp1, text) = (rows(p) for p in sys.argv[1:])
+L, C, V, maxT, N = 12, 768, 50257, 1024, 2
+Vp = (V + 127) // 128 * 128
+split = Vp * C + L * (3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C)  # wte, qkv, attproj, fc, fcproj
+whole_tensors = maxT * C + L * 6 * C + 2 * C  # wpe, ln1, attprojb, ln2, fcprojb, lnf
+n = split // N + whole_tensors
+want = 4 * (-(-n // 8) * 8)
+print("  parameters at -tp 2: %d bytes, want %d; activations %d > %d > %d" %
+      (sp1.get("parameters", 0), want, whole.get("activations", 0), sp0.get("activations", 0), sp1.get("activations", 0)))
+ok = sp1.get("parameters") == want and sp0.get("parameters") == want
+ok = ok and whole["activations"] > sp0["activations"] > sp1["activations"] > 0
+ok = ok and "Korthikanti" in text and "sent per process" in text
+sys.exit(0 if ok else 1)
+PY
+
 # --- layouts that do not fit: one line naming the flag
 TINY=build/ref/tiny_fp32_model.bin
 expect_error "-tp not dividing the processes" "-tp 3: must divide the number of processes (2)" \
@@ -79,13 +135,8 @@ expect_error "-sp 1 with T not a multiple" "the sequence length -t 15 must be a 
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -t 15 -b 2 -x 1 -tp 2
 expect_error "-sp out of range" "-sp 2: expected 0 or 1" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 2 -sp 2
 expect_error "-tp 0" "-tp 0: expected 1 or more" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 0
-expect_error "-tp with ZeRO-2" "-z 2 with -tp 2" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 2 -z 2
-expect_error "-tp with offload" "-oo 1 with -tp 2" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 2 -oo 1
-expect_error "-tp with -pm" "-pm 80 with -tp 2" "$TRAIN" -e d12 -pm 80 -tp 2
 expect_error "-tp in the MoE trainer" "-tp 2: train_moe's MoE layers are not split" \
     build/train_moe_fp32 -e "$MODEL" "${COMMON[@]}" -tp 2
-expect_error "resume at another -tp" "a tensor-parallel run resumes with the same processes and -tp" \
-    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 2 -x 4 -o "$work/tp2_sp1" -y 1
 
 echo "tensor_parallel: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
