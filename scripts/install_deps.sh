@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/install_deps.sh: installs what a fresh Debian machine lacks to build and test switch.cu on the
-# CPU backend: Open MPI (mpirun, mpicxx), OpenBLAS (its OpenMP build), and PyTorch for the reference
-# model (Debian's python3-torch, CPU). The CUDA toolkit is expected under /usr/local/cuda.
+# CPU backend: Open MPI (mpirun, mpicxx), OpenBLAS (its OpenMP build), PyTorch for the reference
+# model (Debian's python3-torch, CPU), and .venv/hf with transformers and safetensors for Hugging Face
+# interop. The CUDA toolkit is expected under /usr/local/cuda.
 # Run as root (or with sudo available); does nothing when everything is present. .ci/run calls it.
 set -euo pipefail
 need=()
@@ -14,6 +15,7 @@ compgen -G "/usr/lib/*/openblas-openmp/libopenblas.so" >/dev/null || need+=(libo
 /usr/bin/python3 -c "import tqdm, matplotlib" >/dev/null 2>&1 || need+=(python3-tqdm python3-matplotlib)
 /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 command -v bible >/dev/null 2>&1 || need+=(bible-kjv)
+/usr/bin/python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -25,6 +27,15 @@ fi
 if ! /usr/bin/python3 -c "import tiktoken, pyarrow.parquet" >/dev/null 2>&1; then
     echo "install_deps: installing tiktoken and pyarrow for /usr/bin/python3"
     /usr/bin/python3 -m pip install -q --break-system-packages tiktoken "pyarrow<18"
+fi
+# Hugging Face interop (scripts/hf_import.py, scripts/hf_export.py, dev/test/test_hf.sh): transformers and safetensors,
+# pinned, in a venv over Debian's python, PyTorch and NumPy (transformers 4.45.2 runs on Debian's PyTorch 1.13)
+hf_venv="$(dirname "$0")/../.venv/hf"
+if ! "$hf_venv/bin/python" -c "from importlib.metadata import version as v
+assert (v('transformers'), v('safetensors')) == ('4.45.2', '0.4.5')" >/dev/null 2>&1; then
+    echo "install_deps: making .venv/hf with transformers 4.45.2 and safetensors 0.4.5"
+    /usr/bin/python3 -m venv --system-site-packages "$hf_venv"
+    "$hf_venv/bin/python" -m pip install -q --disable-pip-version-check transformers==4.45.2 safetensors==0.4.5
 fi
 if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
     echo "install_deps: the CUDA toolkit (nvcc, headers) is missing; install it under /usr/local/cuda" >&2

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# dev/test/test_hf.sh: Hugging Face interop (scripts/hf_import.py, scripts/hf_export.py; doc/formats.md) against
+# transformers, on the CPU backend (FP32 build), nothing downloaded. For GPT-2 and llama (2 key/value heads of 4, own
+# lm_head), each a small random model that transformers builds and saves (dev/test/hf_reference.py):
+#   - imported, the C trainer's logits, loss, every gradient and 10 AdamW steps are transformers' (test_gpt against a
+#     debug state that transformers wrote; FP32 tolerances of test_gpt.cu);
+#   - trained 10 steps by the trainer on a data shard and exported, transformers loads it with its class and its
+#     logits, gradients and steps are again the trainer's;
+#   - imported, exported and imported again: bit-identical model files;
+#   - a feature the trainers lack, a missing tensor and a shape that contradicts the config are refused with one line.
+# Needs build/train_gpt_fp32, build/test_gpt_fp32 and .venv/hf (scripts/install_deps.sh). Run from anywhere:
+#   dev/test/test_hf.sh
+set -u
+cd "$(dirname "$0")/../.."
+HF=.venv/hf/bin/python
+TRAIN=build/train_gpt_fp32
+TEST=build/test_gpt_fp32
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+. dev/test/cli_common.sh
+export TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
+
+/usr/bin/python3 train_gpt.py --write-shard "$work/train.bin" --shard-tokens 4096 --V 263 --seed 7 >/dev/null ||
+    { echo "cannot write a data shard"; exit 1; }
+# against_transformers NAME HF-DIR MODEL.bin: test_gpt holds the trainer on MODEL.bin to transformers' model in HF-DIR
+against_transformers() {
+    if ! $HF dev/test/hf_reference.py state "$2" "$3" "$work/$1" >"$work/$1.ref.log" 2>&1; then
+        fail "$1: transformers' reference: $(tail -2 "$work/$1.ref.log")"
+        return
+    fi
+    if "$TEST" "$work/$1" >"$work/$1.log" 2>&1; then pass; else
+        fail "$1: the trainer differs from transformers: $(grep -E 'FAIL' "$work/$1.log" | head -3)"; fi
+    grep -E "^OK   (logits|steps)" "$work/$1.log" | sed "s/^/  $1: /"
+}
+
+for family in gpt2 llama; do
+    $HF dev/test/hf_reference.py random $family "$work/$family" >/dev/null 2>&1 || fail "$family: random model"
+    $HF scripts/hf_import.py "$work/$family" "$work/$family.bin" >/dev/null 2>&1 || fail "$family: import"
+    against_transformers "${family}_imported" "$work/$family" "$work/$family.bin"
+    # import, export, import again
+    $HF scripts/hf_export.py "$work/$family.bin" "$work/${family}_exported" >/dev/null 2>&1 || fail "$family: export"
+    $HF scripts/hf_import.py "$work/${family}_exported" "$work/${family}_again.bin" >/dev/null 2>&1 ||
+        fail "$family: import of the export"
+    if cmp -s "$work/$family.bin" "$work/${family}_again.bin"; then pass; else
+        fail "$family: import, export and import again changed the model file"; fi
+    # trained by the trainer, exported, and held to transformers again
+    "$TRAIN" -e "$work/$family.bin" -i "$work/train.bin" -j "" -t 16 -b 2 -x 10 -n 10 -v 0 -s 0 -l 1e-3 \
+        -o "$work/${family}_run" >"$work/${family}_run.log" 2>&1 || fail "$family: training: $(tail -2 "$work/${family}_run.log")"
+    $HF scripts/hf_export.py "$work/${family}_run/model_00000010.bin" "$work/${family}_trained" >/dev/null 2>&1 ||
+        fail "$family: export of the trained model"
+    against_transformers "${family}_trained" "$work/${family}_trained" "$work/${family}_run/model_00000010.bin"
+done
+
+# --- refusals: one line naming what
+cp -r "$work/gpt2" "$work/bad"
+$HF - "$work/bad/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["activation_function"] = "relu"; json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error "an activation the trainers lack" "activation 'relu': the GPT-2 kind's MLP is GELU (tanh)" \
+    $HF scripts/hf_import.py "$work/bad" "$work/bad.bin"
+cp -r "$work/llama" "$work/sliding"
+$HF - "$work/sliding/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["model_type"] = "mistral"; c["sliding_window"] = 16; json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error "sliding-window attention" "sliding-window attention (sliding_window 16) is not a kind the trainers have" \
+    $HF scripts/hf_import.py "$work/sliding" "$work/bad.bin"
+cp -r "$work/llama" "$work/mla"
+$HF - "$work/mla/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["model_type"] = "deepseek_v3"; c["kv_lora_rank"] = 32; json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error "MLA" "multi-head latent attention (MLA" $HF scripts/hf_import.py "$work/mla" "$work/bad.bin"
+rm -rf "$work/missing" && mkdir -p "$work/missing" && cp "$work/llama/config.json" "$work/missing/"
+$HF - "$work/llama/model.safetensors" "$work/missing/model.safetensors" <<'PY'
+import sys
+from safetensors.torch import load_file, save_file
+t = load_file(sys.argv[1]); del t["model.layers.1.mlp.up_proj.weight"]; save_file(t, sys.argv[2])
+PY
+expect_error "a missing tensor" "tensor model.layers.1.mlp.up_proj.weight is missing" \
+    $HF scripts/hf_import.py "$work/missing" "$work/bad.bin"
+cp -r "$work/llama" "$work/shape"
+$HF - "$work/shape/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["intermediate_size"] = 128; json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error "a shape against the config" "tensor model.layers.0.mlp.gate_proj.weight has shape (96, 64), the config says (128, 64)" \
+    $HF scripts/hf_import.py "$work/shape" "$work/bad.bin"
+expect_error "no model directory" "cannot read $work/none/config.json" $HF scripts/hf_import.py "$work/none" "$work/bad.bin"
+expect_error "export of no model file" "cannot read model file $work/none.bin" \
+    $HF scripts/hf_export.py "$work/none.bin" "$work/none_exported"
+
+echo "hf_interop: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
