@@ -1,7 +1,7 @@
-// llmc/moe_losses.cuh: the MoE router's losses, deterministic (fixed grids and reduction orders, no atomics): the
-// load-balancing (Switch) loss and the z-loss, and the sequence-wise balance loss with its gradient. The gradients
-// of the first two are the router backward's (llmc/moe_router.cuh). Shapes: llmc/moe_common.cuh; semantics:
-// doc/moe.md, "Routing options" 7 and the Switch losses.
+// llmc/moe_losses.cuh: the MoE router's losses, deterministic (fixed grids and reduction orders; the sequence-wise
+// counts' shared-memory int atomics are exact in any order): the load-balancing (Switch) loss and the z-loss, and the
+// sequence-wise balance loss with its gradient. The gradients of the first two are the router backward's
+// (llmc/moe_router.cuh). Shapes: llmc/moe_common.cuh; semantics: doc/moe.md, "Routing options" 7 and the Switch losses.
 // Lab: dev/cuda/moe_losses.cu, which holds the three losses and the sequence-wise loss's gradient to
 // double-precision loops (e.g. `make build/lab/moe_losses_bf16 && build/lab/moe_losses_bf16 -s`).
 // Tests (dev/test/run_tests.sh NAME, patterns work): lab-moe_losses_{bf16,fp32} and their lab-check- twins;

@@ -17,7 +17,8 @@
 // Variants:
 //   1  one block per expert scans the N*k choices in priority order, a ballot per warp and the warps' counts in
 //      shared memory giving each choice its prefix count (packed: a first pass counts the choices of the lower
-//      experts). The trainer's before: E blocks (8 of an H100's 132 SMs at E = 8), each reading all N*k choices.
+//      experts). The baseline for the tiled kernel: E blocks (8 of an H100's 132 SMs at E = 8), each reading all N*k
+//      choices.
 //   2  one block, two passes: each thread counts, per expert, the choices of its contiguous segment of the
 //      priority order; thread e scans expert e's counts over the threads; each thread then walks its segment
 //      again handing out rows from its offsets. Shared memory (E, threads) ints: small E only; padded layout only.
@@ -30,7 +31,7 @@
 #include "../../llmc/moe_slots.cuh"
 #include "moe_reference.h"
 
-// The trainer's kernel before the tiled one (llmc/moe_slots.cuh), kept for comparison: one block per expert e walks the
+// The per-expert baseline for the tiled kernel of llmc/moe_slots.cuh: one block per expert e walks the
 // N*k choices in priority order, SLOTS_ITEMS * blockDim.x at a time (thread x takes base + i*blockDim.x + x);
 // a ballot per warp and item, and the warps' counts in shared memory, give each choice of e its exclusive prefix
 // count = its slot. Only block e writes the choices and rows of e. Packed layout: first_row = the choices routed
