@@ -4,6 +4,7 @@
 #   - -tp 2 with and without sequence parallelism, GPT-2 and llama, gives the losses and gradient norms of -tp 1 on
 #     the same batches (each step a new batch), within fp32 rounding (the members' partial sums are added in another
 #     order); so does -tp 2 with 2 data-parallel processes (ZeRO-1) against one process with both micro-batches;
+#   - with gradient accumulation, validation and sampling: -tp 1's losses, validation losses and sampled tokens;
 #   - its model file is the whole model: the header and the parameters of -tp 1's after the same steps;
 #   - a -tp 2 run resumed from its checkpoint continues bit-identically; resumed at -tp 1, or on 4 processes (2
 #     data-parallel), and a -tp 1 checkpoint resumed at -tp 2, each continues the same losses within fp32 rounding
@@ -41,6 +42,26 @@ done
 $MPIRUN -np 2 "$TRAIN" -e "$LLAMA_MODEL" "${COMMON[@]}" -b 2 -x 3 -tp 2 -r 2 >"$work/llama_tp2.log" 2>&1 ||
     fail "llama -tp 2 run: $(tail -3 "$work/llama_tp2.log")"
 if close_losses "$work/llama.log" "$work/llama_tp2.log" 3; then pass; else fail "llama -tp 2 differs from -tp 1"; fi
+
+# --- -tp 2 with 2 micro-steps per step (-d), validation and sampling (each member takes part in every pass, and the
+# sample reads the logits put together from the members' vocabulary rows): -tp 1's losses, validation losses and
+# sampled tokens (no tokenizer: the samples print token ids)
+EXTRA=(-e "$MODEL" -i "$work/train.bin" -j "$work/train.bin" -t 16 -b 2 -d 64 -x 4 -v 2 -m 2 -s 2 -g 8 -l 1e-3 -c 0.1
+       -tf "$work/none")
+"$TRAIN" "${EXTRA[@]}" >"$work/sampled.log" 2>&1 || fail "-tp 1 sampling run: $(tail -3 "$work/sampled.log")"
+$MPIRUN -np 2 "$TRAIN" "${EXTRA[@]}" -tp 2 >"$work/sampled_tp2.log" 2>&1 ||
+    fail "-tp 2 sampling run: $(tail -3 "$work/sampled_tp2.log")"
+if close_losses "$work/sampled.log" "$work/sampled_tp2.log" 4; then pass; else
+    fail "-tp 2 with accumulation differs from -tp 1"; fi
+samples() { grep -E '^(<[0-9]+>)+$' "$1"; }
+if [ -n "$(samples "$work/sampled.log")" ] && [ "$(samples "$work/sampled.log")" = "$(samples "$work/sampled_tp2.log")" ]
+then pass; else fail "-tp 2's samples differ from -tp 1's"; fi
+$PYTHON - "$work/sampled.log" "$work/sampled_tp2.log" <<'PY' && pass || fail "-tp 2's validation losses differ from -tp 1's"
+import re, sys
+a, b = ([float(v) for v in re.findall(r"^val loss ([-\d.e+]+)", open(p).read(), re.M)] for p in sys.argv[1:])
+print("  validation losses: %s and %s" % (a, b))
+sys.exit(0 if len(a) == 3 and len(a) == len(b) and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)) else 1)
+PY
 
 # --- -tp 2 on 4 processes (2 data-parallel, ZeRO-1) against 1 process with both micro-batches (-a 1: the same tokens)
 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 4 -a 1 -x 3 >"$work/single4.log" 2>&1 || fail "B=4 run: $(tail -3 "$work/single4.log")"
