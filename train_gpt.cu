@@ -1091,8 +1091,7 @@ static float model_gradient_norm(Model* model, const MultiGpuConfig* mg, int zer
     float norm2;
     if (model_tp_degree(model) > 1) {  // the split tensors' slices of every member, the whole ones once
         int include[NUM_PARAMETER_TENSORS];
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++)
-            include[i] = model_tensor_is_split(model, i) || model_tp_member(model) == 0;
+        model_norm_tensors(model, include);
         norm2 = sharded_parameters_norm_squared_of(&model->store, include, mg, zero_stage, stream);
         norm2 = tensor_parallel_float_sum(model->tp, norm2, stream);
     } else {

@@ -55,11 +55,13 @@ static TensorSplit model_tensor_split(const Model* model, int i, const size_t* i
     default: return s;
     }
 }
-// whether tensor i is cut over the tensor-parallel members (else each holds it whole)
-static int model_tensor_is_split(const Model* model, int i) {
+// Which tensors this member counts in the gradient norm: its slices of the split tensors, and the whole ones on member
+// 0 only (every member holds them, with the same gradient)
+static void model_norm_tensors(const Model* model, int* include) {
     size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, in_file, in_set);
-    return model_tp_degree(model) > 1 && model_tensor_split(model, i, in_file).kind != SPLIT_NONE;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++)
+        include[i] = model_tensor_split(model, i, in_file).kind != SPLIT_NONE || model_tp_member(model) == 0;
 }
 
 // Under tensor parallelism, the members' sets put together (collective over the tensor-parallel group): each member's
