@@ -182,6 +182,12 @@ MOE_LLAMA := --arch llama --NH 4 --C 64 --kv-heads 2
 MOE_REF_llama_mixtral := $(MOE_LLAMA) --E 8 --topk 2 --H 64 --moe-every 1 --cf 0
 MOE_REF_llama_shared := $(MOE_LLAMA) --topk 2 --H 64 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64 \
     --score sigmoid
+# tensor parallelism with the MoE layers folded (doc/parallelism.md): the TP shape below with 2 micro-batches of 2
+# sequences per step, which -tp 2 routes as its members' groups: GPT-2's top-2 of 4 with a capacity that drops, and
+# a llama MoE with a SwiGLU shared expert beside sigmoid top-2 every other layer
+MOE_REF_tp_k2_mb2 := --B 4 --T 24 --NH 4 --C 64 --topk 2 --moe-every 1 --cf 1 --micro-batches 2
+MOE_REF_tp_llama_shared := $(MOE_LLAMA) --B 4 --T 24 --topk 2 --H 64 --moe-every 2 --cf 0.5 --shared-experts 1 \
+    --shared-hidden 64 --score sigmoid --micro-batches 2
 # tensor parallelism (doc/parallelism.md): GPT-2 and llama with 4 heads of 16 (2 key/value heads), H and the padded
 # vocabulary 384 dividing by 4, and B*T = 96 tokens, which -sp 1 cuts into 2 or 4 equal parts
 TP_REF_ARGS := --B 4 --T 24 --V 263 --L 2 --NH 4 --C 64 --maxT 32 --seed 1337 --steps 10 --grad-clip 0.5

@@ -72,6 +72,9 @@ typedef struct {
     // after the reference checks: its own comparisons (expert parallelism against degree 1)
     void (*extra_checks)(const ModelTest* t, const ReferenceState* ref, const MultiGpuConfig* mg, float tol_tensor,
                          float tol_steps, cudaStream_t stream);
+    // how many of the reference's micro-batches one forward pass routes as groups of their own (test_moe.cu: the
+    // tensor-parallel members of a folded MoE layer); NULL: one
+    int (*groups_per_pass)(const Model* model);
 } TestExtension;
 
 // One test's setup: the model file and the trainer's settings (an extension keeps its own: test_moe.cu's MoESettings)
@@ -85,6 +88,7 @@ struct ModelTest {
     AdamWConfig opt;  // test_step's: the reference's (take_reference_optimizer)
     int steps;  // -st: the reference's first this many steps are run and compared (0, without -st: all of them)
     const TensorParallel* tp;  // -tp N -sp S: the tensor-parallel layout (degree 1: every layer whole)
+    const MultiGpuConfig* world;  // every process (an extension's groups may span the tensor-parallel ones)
 };
 
 // The debug state's words 12..17 (doc/formats.md, "Debug state"): the reference steps' AdamW, fp32 bits
@@ -263,6 +267,19 @@ static void free_test_model(Model* model) {
 // and reduced over the processes (ZeRO-0) after the last; returns the mean over the micro-steps of their mean losses.
 // The micro-steps are the reference's training passes 0 .. K-1 (doc/moe.md, "Router noise" 4); `ext` (NULL or an
 // extension) sees each one's statistics.
+// The passes of a step of the reference's K micro-batches: K, or K/N when each pass routes N of them (a folded MoE
+// layer's members each route B/K sequences of a pass's B N/K); 0 and one line when N does not divide K.
+static int test_passes(const Model* model, const ReferenceState* ref, const TestExtension* x) {
+    int groups = x && x->groups_per_pass ? x->groups_per_pass(model) : 1;
+    if (ref->micro_batches % groups != 0) {
+        fprintf(stderr, "the reference's %d micro-batches per step: each pass routes %d of them (a routing group per "
+                "tensor-parallel member); write it with --micro-batches a multiple of %d\n", ref->micro_batches,
+                groups, groups);
+        return 0;
+    }
+    return ref->micro_batches / groups;
+}
+
 static float test_gradient(Model* model, const int* x, const int* y, int B, int T, int micro_batches,
                            const MultiGpuConfig* mg, const TestExtension* ext, cudaStream_t stream) {
     int micro_B = B / micro_batches;
@@ -323,12 +340,14 @@ static int run_test_steps(const ModelTest* t, const ReferenceState* ref, const M
                           unsigned long long rng_state, float* losses, floatX* params, cudaStream_t stream) {
     Model model;
     build_test_model(&model, t, mg, 1);
-    model_allocate_activations(&model, ref->B / ref->micro_batches, ref->T);  // a micro-batch's, as the trainer's
+    int passes = test_passes(&model, ref, t->extension);
+    if (passes == 0) exit(EXIT_FAILURE);
+    model_allocate_activations(&model, ref->B / passes, ref->T);  // a micro-batch's, as the trainer's
     model_allocate_optimizer(&model, t->zero_stage);
     model.rng_state = rng_state;
     for (int step = 0; step < ref->nsteps; step++)
-        losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, ref->micro_batches, step, mg, t->zero_stage,
-                                 &t->opt, stream);
+        losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, passes, step, mg, t->zero_stage, &t->opt,
+                                 stream);
     if (params) model_get_parameters(&model, params, stream);
     int adopted = model.store.early_adopted;
     free_test_model(&model);
@@ -348,7 +367,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         return EXIT_FAILURE;
     }
     const char* prefix = argv[1];
-    ModelTest t = {NULL, 1, 1, 1, 0, -1, 1, x, 0, {0}, 0, NULL};
+    ModelTest t = {NULL, 1, 1, 1, 0, -1, 1, x, 0, {0}, 0, NULL, NULL};
     int tp_degree = 1, sequence_parallel = 1;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-r")) t.recompute = atoi(argv[i + 1]);
@@ -398,12 +417,12 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         fprintf(stderr, "-ep %d: must divide the number of processes (%d)\n", t.ep_degree, world.num_processes);
         return EXIT_FAILURE;
     }
-    if (tp_degree < 1 || world.num_processes % tp_degree != 0 || (sequence_parallel != 0 && sequence_parallel != 1) ||
-        (x && tp_degree > 1)) {
-        fprintf(stderr, "-tp %d -sp %d: expected a degree dividing the %d processes, -sp 0 or 1, the dense model\n",
-                tp_degree, sequence_parallel, world.num_processes);
+    if (tp_degree < 1 || world.num_processes % tp_degree != 0 || (sequence_parallel != 0 && sequence_parallel != 1)) {
+        fprintf(stderr, "-tp %d -sp %d: expected a degree dividing the %d processes, and -sp 0 or 1\n", tp_degree,
+                sequence_parallel, world.num_processes);
         return EXIT_FAILURE;
     }
+    t.world = &world;
     // the tensor-parallel groups; mg, the data-parallel group (the world at -tp 1), is what the model averages over
     TensorParallel tp;
     tensor_parallel_init(&tp, &world, tp_degree, sequence_parallel);
@@ -453,15 +472,16 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     }
     if (t.steps > 0) ref.nsteps = t.steps;
     int B = ref.B, T = ref.T, V = ref.V, Vp = ref.Vp;
+    int K = test_passes(&model, &ref, x);  // the passes per step
+    if (K == 0) return EXIT_FAILURE;
     if (printing && ref.micro_batches > 1)
-        printf("micro-batches: each step %d of %d sequences, as the reference's\n", ref.micro_batches,
-               B / ref.micro_batches);
-    model_allocate_activations(&model, B / ref.micro_batches, T);
+        printf("micro-batches: each step %d of %d sequences, as the reference's%s\n", ref.micro_batches,
+               B / ref.micro_batches, K < ref.micro_batches ? ", routed by the tensor-parallel members" : "");
+    model_allocate_activations(&model, B / K, T);
     model_allocate_optimizer(&model, 0);
 
     // logits: an evaluation pass over each micro-batch (an MoE layer routes each as its own group)
     size_t BT = (size_t)B * T;
-    int K = ref.micro_batches;
     size_t micro_tokens = BT / K;
     floatX* logits_x = (floatX*)malloc_check(BT * Vp * sizeof(floatX));
     for (int micro = 0; micro < K; micro++) {

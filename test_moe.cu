@@ -88,11 +88,13 @@ static void forced_routing_hook(Model* model, int m, int* expert_index, float* g
     ForcedRouting* f = &forcing;
     if (!f->on) return;
     const MoEModel* moe = moe_of(model);
-    if (m == 0) {  // a pass begins: which of the reference's it is
-        int pass = (int)model->pass_number;
+    if (m == 0) {  // a pass begins: which of the reference's it is (folded, this member's micro-batch of it)
+        int groups = moe_routing_groups(model), member = model_tp_member(model);
+        int pass = (int)model->pass_number * groups + member;
         f->kind = !moe->training ? FORCED_EVALUATION : f->steps_phase ? FORCED_STEPS : FORCED_GRADIENT;
-        f->block = f->kind == FORCED_EVALUATION ? f->evaluations++ : f->kind == FORCED_GRADIENT ? f->K + pass
-                                                                                                 : 2 * f->K + pass;
+        f->block = f->kind == FORCED_EVALUATION ? f->evaluations++ * groups + member
+                   : f->kind == FORCED_GRADIENT ? f->K + pass
+                                                : 2 * f->K + pass;
         int end = f->kind == FORCED_STEPS ? f->passes : (f->kind + 1) * f->K;
         if (f->block >= end || N != f->N) {
             fprintf(stderr, "teacher-forced routing: the reference has no choices for this pass (kind %d, pass %u, %d "
@@ -279,6 +281,33 @@ static void moe_micro_step_sums(const Model* model, int micro) {
     pass_sums.micro_steps++;
 }
 
+// Folded under tensor parallelism, each member routed its own micro-batches: the pass sums over the members (ints in
+// floats below 2^24: exact), and K the micro-batches they are of
+static void sum_over_members(const Model* model, double* K) {
+    size_t n = 5 + 2 * pass_sums.n;
+    float* host = (float*)malloc_check(n * sizeof(float));
+    double* losses[5] = {&pass_sums.aux_loss, &pass_sums.z_loss, &pass_sums.importance_loss, &pass_sums.load_loss,
+                         &pass_sums.seq_loss};
+    for (int i = 0; i < 5; i++) host[i] = (float)*losses[i];
+    for (size_t i = 0; i < pass_sums.n; i++) {
+        host[5 + i] = (float)pass_sums.expert_counts[i];
+        host[5 + pass_sums.n + i] = (float)pass_sums.kept_counts[i];
+    }
+    float* device;
+    cudaCheck(cudaMalloc((void**)&device, n * sizeof(float)));
+    cudaCheck(cudaMemcpy(device, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    tensor_parallel_all_reduce_float(model->tp, device, n, ncclSum, 0);
+    cudaCheck(cudaMemcpy(host, device, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(device));
+    for (int i = 0; i < 5; i++) *losses[i] = host[i];
+    for (size_t i = 0; i < pass_sums.n; i++) {
+        pass_sums.expert_counts[i] = (long)host[5 + i];
+        pass_sums.kept_counts[i] = (long)host[5 + pass_sums.n + i];
+    }
+    free(host);
+    *K *= moe_routing_groups(model);
+}
+
 // The losses and the routing of the gradient pass on the reference batch (over its micro-batches: mean losses,
 // summed counts). Routing is discrete: in FP32 every count and drop must match. A BF16 or FP16 test routes by the
 // reference's choices (ForcedRouting), which makes its counts and drops equal by construction: it says instead how
@@ -287,6 +316,7 @@ static void moe_check_forward(const Model* model, const ReferenceState* referenc
     const MoEModel* moe = moe_of(model);
     const MoEReference* ref = (const MoEReference*)reference->extension;
     double K = pass_sums.micro_steps;
+    if (moe_routing_groups(model) > 1) sum_over_members(model, &K);
     float tol = PRECISION_MODE == PRECISION_FP32 ? 1e-5f : 2e-2f;
     compare_value("aux loss", (float)(pass_sums.aux_loss / K), ref->aux_loss, tol);
     compare_value("z loss", (float)(pass_sums.z_loss / K), ref->z_loss, tol);
@@ -460,7 +490,8 @@ static void moe_attach(Model* model, const ModelTest* t, const MultiGpuConfig* m
     none.routed_scale = 1.0f;
     moe_model_init(moe, &none, &test_moe_settings);
     moe->route_hook = forcing.on ? forced_routing_hook : NULL;
-    expert_parallel_init(&moe->ep, mg, degree);
+    // folded under tensor parallelism the -ep groups span the members: formed over every process
+    expert_parallel_init(&moe->ep, t->tp != NULL && t->tp->degree > 1 ? t->world : mg, degree);
     model->extension = model_extension(&moe_extension);
     model->extension_state = moe;
 }
@@ -473,11 +504,13 @@ static void moe_run_steps(const ModelTest* t, int degree, const int* x, const in
                           cudaStream_t stream) {
     Model model;
     build_test_model(&model, t, mg, degree);
-    model_allocate_activations(&model, ref->B / ref->micro_batches, ref->T);
+    int passes = test_passes(&model, ref, t->extension);
+    if (passes == 0) exit(EXIT_FAILURE);
+    model_allocate_activations(&model, ref->B / passes, ref->T);
     model_allocate_optimizer(&model, t->zero_stage);
     size_t n_bias = (size_t)num_moe_layers(&model) * moe_of(&model)->config.num_experts;
     for (int step = 0; step < ref->nsteps; step++) {
-        losses[step] = test_step(&model, x, y, ref->B, ref->T, ref->micro_batches, step, mg, t->zero_stage,
+        losses[step] = test_step(&model, x, y, ref->B, ref->T, passes, step, mg, t->zero_stage,
                                  &t->opt, stream);
         if (biases)
             cudaCheck(cudaMemcpy(biases + step * n_bias, moe_of(&model)->balance_bias, n_bias * sizeof(float),
@@ -581,7 +614,8 @@ static void check_global_aux(const ModelTest* t, const int* x, const int* y, int
 static void moe_extra_checks(const ModelTest* t, const ReferenceState* ref, const MultiGpuConfig* mg,
                              float tol_tensor, float tol_steps, cudaStream_t stream) {
     int ep_degree = t->ep_degree;
-    int B = ref->B, T = ref->T, V = ref->V, K = ref->micro_batches;
+    int B = ref->B, T = ref->T, V = ref->V, tp = t->tp != NULL ? t->tp->degree : 1;
+    int K = ref->micro_batches / tp;  // the passes per step (folded, each member routes its micro-batch of a pass)
     size_t BT = (size_t)B * T;
     const MoEReference* moe_ref = (const MoEReference*)ref->extension;
     float *biases_a = NULL, *biases_b = NULL;
@@ -615,7 +649,8 @@ static void moe_extra_checks(const ModelTest* t, const ReferenceState* ref, cons
     if (limited && printing)
         printf("device limit: -dl %d over the -ep %d groups, compared with the reference only (-ep 1 has no groups)\n",
                test_moe_settings.device_limit, ep_degree);
-    if (test_moe_settings.global_aux && mg->num_processes > 1) check_global_aux(t, x, y, B, T, K, mg, stream);
+    if (test_moe_settings.global_aux && mg->num_processes > 1 && tp == 1)
+        check_global_aux(t, x, y, B, T, K, mg, stream);
     if (ep_degree > 1 && !limited) {
         // the gradients read whole: ZeRO-0, no offload
         ModelTest unsharded = *t;
@@ -710,7 +745,7 @@ static const TestExtension moe_test_extension = {
     " [-ep N] [-cf CF] [-ra A] [-rz Z] [-rj EPS] [-rni W] [-rnl W] [-rb GAMMA] [-rsl A] [-rg 0|1] [-dl M] (the "
     "settings' flags must agree with the debug state)",
     moe_parse_test_flag, moe_take_settings, moe_attach, moe_read_reference, moe_micro_step_sums, moe_check_forward,
-    moe_gradient_multiplier, moe_extra_checks,
+    moe_gradient_multiplier, moe_extra_checks, moe_routing_groups,
 };
 
 int main(int argc, char** argv) { return test_main(argc, argv, &moe_test_extension); }

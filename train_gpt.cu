@@ -1411,22 +1411,19 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         fprintf(stderr, "no CUDA device (cudaGetDeviceCount: %s)\n", cudaGetErrorString(device_error));
         return EXIT_FAILURE;
     }
-    if (s.tensor_parallel > 1 && x->trainer) {
-        fprintf(stderr, "-tp %d: %s's MoE layers are not split; tensor parallelism runs in train_gpt\n",
-                s.tensor_parallel, x->trainer);
-        return EXIT_FAILURE;
-    }
     MultiGpuConfig mg = multi_gpu_config_init(s.init_method, s.num_processes, s.process_rank, s.gpus_per_node,
                                               s.server_ip, s.fs_path);
     int rank0 = mg.process_rank == 0;
-    if (mg.num_processes % s.tensor_parallel != 0) {
+    if (mg.num_processes % s.tensor_parallel != 0 && s.plan_gib == 0) {
         if (rank0) fprintf(stderr, "-tp %d: must divide the number of processes (%d)\n", s.tensor_parallel,
                            mg.num_processes);
         return EXIT_FAILURE;
     }
-    // the tensor-parallel groups, and the data-parallel group that gradients are averaged over (the world at -tp 1)
+    // the tensor-parallel groups, and the data-parallel group that gradients are averaged over (the world at -tp 1);
+    // the memory plan (-pm) takes the layout's sizes only, on any number of processes
     TensorParallel tp;
-    tensor_parallel_init(&tp, &mg, s.tensor_parallel, s.sequence_parallel);
+    if (s.plan_gib > 0) tensor_parallel_plan(&tp, &mg, s.tensor_parallel, s.sequence_parallel);
+    else tensor_parallel_init(&tp, &mg, s.tensor_parallel, s.sequence_parallel);
     const MultiGpuConfig* dp = &tp.dp;
     if (s.output_dir && rank0) lock_output_dir(s.output_dir);
     watchdog_start(&mg, s.watchdog_s);

@@ -34,6 +34,9 @@
     X("-ri", FLOAT, init_scale, 0.1f, "initialisation scale of router and expert weights (default = 0.1)")             \
     X("-ep", INT, expert_parallel, 1,                                                                                  \
       "expert-parallel degree N: groups of N processes share out the experts (default = 1)")                           \
+    X("-etp", INT, expert_tensor_parallel, 1,                                                                          \
+      "with -tp N: 1 = the experts whole, expert parallelism (-ep) over all processes and each tensor-parallel\n"      \
+      "member routing its own B*T/N tokens (MoE parallel folding; default = 1)")                                      \
     X("-rj", FLOAT, router_jitter, 0.0f,                                                                               \
       "router jitter: the router's input times U(1-rj, 1+rj) in training (default = 0)")                               \
     X("-rn", INT, noisy_topk, 0,                                                                                       \
@@ -151,6 +154,15 @@ static void moe_setup(Model* model, const MultiGpuConfig* mg) {
     if (mg->num_processes % f->expert_parallel != 0) {
         fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of processes (%d)\n",
                 f->expert_parallel, mg->num_processes);
+        exit(EXIT_FAILURE);
+    }
+    int tp = model_tp_degree(model);
+    if (f->expert_tensor_parallel != 1) {
+        if (f->expert_tensor_parallel == tp)
+            fprintf(stderr, "-etp %d: experts split over the tensor-parallel members are not built; -etp 1 keeps each "
+                    "expert whole and folds expert parallelism over the -tp x data-parallel processes\n", tp);
+        else
+            fprintf(stderr, "-etp %d: expected 1 (the experts whole) with -tp %d\n", f->expert_tensor_parallel, tp);
         exit(EXIT_FAILURE);
     }
     MoEConfig config = {};

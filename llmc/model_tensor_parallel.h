@@ -31,13 +31,21 @@ static const floatX* row_parallel_bias(const Model* m, const floatX* bias) {
 // How tensor i (of in_file[i] values in the file) is cut over the tensor-parallel members (llmc/tensor_parallel.cuh):
 // qkv column-parallel by head (each member NH/N query heads and NKV/N key/value heads), fc column-parallel (SwiGLU's
 // gate and up halves alike), the attention's and the MLP's output projections row-parallel (their biases replicated,
-// added by member 0), wte and lm_head by vocabulary rows; the norms and wpe replicated (and an extension's tensors).
+// added by member 0), wte and lm_head by vocabulary rows; the norms and wpe replicated, and so are an extension's
+// tensors in the replicated set (those in its own set are none of this set's: no rows).
 // The cut is the same at every degree (at degree 1 the one slice is the whole tensor), so that a checkpoint's
 // optimizer state is re-cut for another one.
 static TensorSplit model_tensor_split(const Model* model, int i, const size_t* in_file) {
     const ModelConfig* c = &model->config;
     TensorSplit s = {SPLIT_NONE, 1, in_file[i], 1, 0, {0, 0, 0}};
     if (in_file[i] == 0) return s;
+    const FfnExtension* x = model->extension.ffn;
+    if (i >= PARAM_EXTENSION && i < PARAM_EXTENSION + MLP_EXTENSION_SLOTS && x->tensor_sizes) {
+        size_t file[MLP_EXTENSION_SLOTS] = {0}, replicated[MLP_EXTENSION_SLOTS] = {0};
+        x->tensor_sizes(model, file, replicated);
+        if (replicated[i - PARAM_EXTENSION] == 0) s.rows = 0;
+        return s;
+    }
     size_t C = c->channels, HS = C / c->num_heads, L = c->num_layers, Ld = model_dense_layers(model);
     size_t q = c->num_heads * HS, kv = c->num_kv_heads * HS, H = c->ffn_hidden, Vp = c->padded_vocab_size;
     int swiglu = c->activation == ACTIVATION_SWIGLU;

@@ -27,7 +27,7 @@ static void write_expert_state(const char* dir, int step, Model* model, int zero
     float* host = gathers ? (float*)malloc_check(all_experts * sizeof(float)) : NULL;
     char path[1024], tmp[1100];
     FILE* f = NULL;
-    if (model->process_rank == 0) {
+    if (model->process_rank == 0 && model_tp_member(model) == 0) {  // the world's process 0
         checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
         f = fopen_tmp_for(path, tmp, sizeof(tmp));
         int header[256] = {0};

@@ -236,6 +236,17 @@ static int is_moe_layer(const MoEConfig* c, int l) { return (l + 1) % c->moe_eve
 static int num_moe_layers(const Model* model) { return model->config.num_layers / moe_of(model)->config.moe_every; }
 static int moe_index(const MoEModel* moe, int l) { return (l + 1) / moe->config.moe_every - 1; }
 
+// Under tensor parallelism (-tp N, llmc/model_tensor_parallel.h) the MoE layers fold expert parallelism over the
+// TP x DP processes (-etp 1, Megatron's "MoE parallel folding"; doc/parallelism.md): the experts stay whole, the -ep
+// groups are formed over all processes, and each member routes its own contiguous B*T/N tokens of the micro-batch,
+// rows [member B*T/N, (member + 1) B*T/N), as a routing group of its own (N groups per micro-batch, each with its
+// own capacity and balance losses, as N data-parallel processes of B/N sequences would route them). The layer reads
+// those rows of the gathered ln2 and writes those rows of its output, the others zero, so that the model's sum over
+// the members puts the members' rows together; the routers' and shared experts' gradients, each member's tokens'
+// part, are summed over the members before the data-parallel reduction, as the norms' are with -sp 1.
+static int moe_routing_groups(const Model* model) { return model_tp_degree(model); }
+static int moe_routed_tokens(const Model* model, int BT) { return BT / moe_routing_groups(model); }
+
 // The model starts as one process holding every expert; moe_model_set_processes shares them out.
 static void moe_model_init(MoEModel* moe, const MoEConfig* config, const MoESettings* settings) {
     memset(moe, 0, sizeof(*moe));
@@ -307,9 +318,10 @@ static void moe_allocate_parameters(Model* model) {
     moe_slot_sizes(model, moe->local_experts, sizes);
     sharded_parameters_allocate(&moe->expert_store, NUM_EXPERT_TENSORS, sizes + FIRST_EXPERT_SLOT, moe_expert_decays,
                                 moe->ep.replicas.process_rank, moe->ep.replicas.num_processes, model->zero_stage);
-    // an owner's expert gradient sums its group's ep.degree micro-batches, which the replicas then average:
-    // the step's gradient (the mean over all processes) is that over ep.degree
-    moe->expert_store.grad_multiplier = 1.0f / (float)moe->ep.degree;
+    // an owner's expert gradient sums the routing groups of its -ep group's ep.degree processes, which the replicas
+    // then average: the step's gradient (the mean over the data-parallel groups, each of moe_routing_groups routing
+    // groups whose tokens' gradients are already the data-parallel group's part) is that times groups / ep.degree
+    moe->expert_store.grad_multiplier = (float)moe_routing_groups(model) / (float)moe->ep.degree;
     size_t routers = sharded_parameters_offset(&model->store, PARAM_EXTENSION);
     if (model->zero_stage < 3)
         moe_point_parameters(&moe->params, model->store.params_memory + routers, moe->expert_store.params_memory,
@@ -342,7 +354,7 @@ static void moe_allocate_parameters(Model* model) {
     memset(moe->window_loads, 0, biases * sizeof(long long));
     moe->quiet_steps = (int*)malloc_check(biases * sizeof(int));
     memset(moe->quiet_steps, 0, biases * sizeof(int));
-    if (moe->settings.global_aux && model->num_processes > 1)
+    if (moe->settings.global_aux && model->num_processes * moe_routing_groups(model) > 1)
         cudaCheck(cudaMalloc(&moe->global_counts, biases * sizeof(int)));
 }
 
@@ -433,7 +445,7 @@ static void moe_get_gradients(const Model* model, floatX* file_block, cudaStream
 // process 0's expert group gathers the experts for the model file (process 0 writes it); under ZeRO-3 every process
 // (the replicated set's shards, and the experts' over their replicas, are put together by all)
 static int moe_gathers_model_file(const Model* model) {
-    return moe_of(model)->ep.group == 0 || model->zero_stage == 3;
+    return moe_of(model)->ep.group == 0 || model->zero_stage == 3 || model_tp_degree(model) > 1;
 }
 
 static ShardedParameters* moe_own_set(Model* model) { return &moe_of(model)->expert_store; }
@@ -485,7 +497,7 @@ static void moe_fill_in_activation_sizes(size_t* s, const Model* model, size_t B
     const MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     size_t C = model->config.channels, E = c->num_experts, K = c->top_k, H = c->expert_hidden;
-    size_t Lm = num_moe_layers(model), N = B * T, BTC = layer_stride(B * T * C);
+    size_t Lm = num_moe_layers(model), N = moe_routed_tokens(model, (int)(B * T)), BTC = layer_stride(N * C);
     size_t rows_src, rows_own;
     moe_allocated_rows(moe, (int)N, &rows_src, &rows_own);
     size_t NE = layer_stride(N * E), NK = layer_stride(N * K);
@@ -536,7 +548,7 @@ static void moe_allocate_activations(Model* model, int B, int T) {
     moe->rows_own = (int*)malloc_check((size_t)Lm * E * sizeof(int));
     cudaCheck(cudaEventCreateWithFlags(&moe->counts_copied, cudaEventDisableTiming));
     char why[256];
-    if (!moe_noise_support(B * T, model->config.channels, E, moe->config.top_k, moe->config.noisy_gating,
+    if (!moe_noise_support(moe_routed_tokens(model, B * T), model->config.channels, E, moe->config.top_k, moe->config.noisy_gating,
                            moe->settings.jitter, why, sizeof(why))) {
         fprintf(stderr, "router noise: %s\n", why);
         exit(EXIT_FAILURE);
@@ -751,8 +763,11 @@ static void moe_experts_mlp_backward(const Model* model, const MoELayerActivatio
 }
 
 // The seed of MoE layer m's jitter or gating noise in the current pass (doc/moe.md, "Router noise" 1)
+// (folded under tensor parallelism, member j's routing group of pass p is pass p N + j: the passes of N micro-batches)
 static unsigned int moe_layer_seed(const Model* model, int m, int kind) {
-    return moe_noise_seed((unsigned int)model->process_rank, model->pass_number, m, kind);
+    unsigned int groups = (unsigned int)moe_routing_groups(model);
+    unsigned int pass = model->pass_number * groups + (unsigned int)model_tp_member(model);
+    return moe_noise_seed((unsigned int)model->process_rank, pass, m, kind);
 }
 
 // What the router reads: ln2, or in a training pass with jitter ln2 times its multipliers (in router_input)
@@ -896,9 +911,14 @@ static const int* moe_aux_counts(Model* model, int m, const MoELayerActivations*
     int* local = moe->step_loads + (size_t)m * E;
     if (moe->training) moe_add_counts(local, l->expert_count, E, stream);
     if (!moe_global_aux(moe)) return l->expert_count;
-    if (moe->global_counts != NULL)
-        ncclCheck(ncclAllReduce(local, moe->global_counts + (size_t)m * E, E, ncclInt32, ncclSum,
-                                model->multi_gpu->nccl_comm, stream));
+    if (moe->global_counts != NULL) {
+        int* global = moe->global_counts + (size_t)m * E;
+        if (model->num_processes > 1)
+            ncclCheck(ncclAllReduce(local, global, E, ncclInt32, ncclSum, model->multi_gpu->nccl_comm, stream));
+        else
+            cudaCheck(cudaMemcpyAsync(global, local, E * sizeof(int), cudaMemcpyDeviceToDevice, stream));
+        if (moe_routing_groups(model) > 1) tensor_parallel_all_reduce_int(model->tp, global, E, stream);
+    }
     return moe_global_counts(model, m);
 }
 
@@ -1108,29 +1128,56 @@ static void moe_statistics(const Model* model) {
 // the capacity factor of training (a backward pass follows) or of evaluation
 static void moe_begin_forward(Model* model, int B, int T, float dlogits_scale) {
     MoEModel* moe = moe_of(model);
-    int N = B * T;
+    int groups = moe_routing_groups(model), N = moe_routed_tokens(model, B * T);
     const MoEConfig* c = &moe->config;
+    // folded, the members' routing groups are equal runs of tokens; with the sequence-wise loss, whole sequences
+    if ((B * T) % groups != 0 || (dlogits_scale > 0.0f && moe->settings.seq_alpha > 0.0f && B % groups != 0)) {
+        fprintf(stderr, "-tp %d -etp 1: each member routes an equal part of the B*T = %d*%d tokens%s: B*T%s must be a "
+                "multiple of %d\n", groups, B, T, moe->settings.seq_alpha > 0.0f ? ", whole sequences with -rsl" : "",
+                moe->settings.seq_alpha > 0.0f ? " and B" : "", groups);
+        exit(EXIT_FAILURE);
+    }
     double cf = dlogits_scale > 0.0f ? moe->settings.capacity_factor : moe->settings.capacity_factor_eval;
     moe->capacity_used = moe_capacity(N, c->num_experts, c->top_k, cf);
     moe->dropless = cf <= 0.0;
     moe->training = dlogits_scale > 0.0f;
-    moe->aux_grad_scale = dlogits_scale * N;
+    moe->aux_grad_scale = dlogits_scale * N;  // folded, 1/N of the micro-batch's: the members' gradients add up
     moe->seq_tokens = T;  // the sequence-wise loss's sequences
     moe->aux_alpha_pass = moe->settings.aux_alpha;
     if (moe_global_aux(moe))
-        moe->aux_alpha_pass /= (float)(moe->global_passes + 1) * (float)model->num_processes;
+        moe->aux_alpha_pass /= (float)(moe->global_passes + 1) * (float)(model->num_processes * groups);
 }
 
 // The MoE layer as an FFN kind (train_gpt.cu's FfnKind): its parameters are its own, not the dense MLP's lp and lg
+// (B, T, C) in and out; folded under tensor parallelism, this member's rows (moe_routing_groups)
 static void moe_forward(Model* model, int l, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
                         int T, cudaStream_t stream) {
-    moe_layer_forward(model, moe_index(moe_of(model), l), out, la->ln2, B * T, stream);
+    size_t BT = (size_t)B * T, C = model->config.channels, rows = moe_routed_tokens(model, B * T);
+    size_t first = (size_t)model_tp_member(model) * rows;
+    if (rows < BT) cudaCheck(cudaMemsetAsync(out, 0, BT * C * sizeof(floatX), stream));
+    moe_layer_forward(model, moe_index(moe_of(model), l), out + first * C, la->ln2 + first * C, (int)rows, stream);
+}
+// Folded, the replicated tensors' gradients of MoE layer m (the routers' and the shared experts') summed over the
+// members once they are reduced (the step's last micro-step; every micro-step under ZeRO-2/3)
+static void moe_sum_replicated_gradients(Model* model, const MoEParameterTensors* lg, cudaStream_t stream) {
+    if (moe_routing_groups(model) == 1 || !(model->store.last_micro_step || model->zero_stage >= 2)) return;
+    size_t sizes[MLP_EXTENSION_SLOTS], Lm = num_moe_layers(model);
+    moe_slot_sizes(model, moe_of(model)->local_experts, sizes);
+    floatX* grads[MLP_EXTENSION_SLOTS] = {lg->routerw, lg->routernw, NULL, NULL, NULL, NULL, lg->shared_fcw,
+                                          lg->shared_fcb, lg->shared_fcprojw, lg->shared_fcprojb};
+    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++)
+        if (grads[i] != NULL && sizes[i] > 0) tensor_parallel_all_reduce(model->tp, grads[i], sizes[i] / Lm, stream);
 }
 static void moe_backward(Model* model, int l, const LayerParameters* lp, const LayerParameters* lg,
                          const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
                          cudaStream_t stream) {
-    moe_layer_backward(model, moe_index(moe_of(model), l), moe_layer_gradients(model, l, stream), d_ln2, dout,
-                       la->ln2, B * T, stream);
+    size_t BT = (size_t)B * T, C = model->config.channels, rows = moe_routed_tokens(model, B * T);
+    size_t first = (size_t)model_tp_member(model) * rows;
+    MoEParameterTensors grads = moe_layer_gradients(model, l, stream);
+    if (rows < BT) cudaCheck(cudaMemsetAsync(d_ln2, 0, BT * C * sizeof(floatX), stream));
+    moe_layer_backward(model, moe_index(moe_of(model), l), grads, d_ln2 + first * C, dout + first * C,
+                       la->ln2 + first * C, (int)rows, stream);
+    moe_sum_replicated_gradients(model, &grads, stream);
 }
 
 // the routers' slices (in the replicated set) over all processes, the experts' over exactly the processes that
@@ -1180,6 +1227,8 @@ static void moe_after_update(Model* model, const MultiGpuConfig* mg, cudaStream_
     if (mg->num_processes > 1)
         ncclCheck(ncclAllReduce(moe->step_loads, moe->step_loads, (size_t)Lm * E, ncclInt32, ncclSum, mg->nccl_comm,
                                 stream));
+    if (moe_routing_groups(model) > 1)  // folded: the members routed other tokens
+        tensor_parallel_all_reduce_int(model->tp, moe->step_loads, (size_t)Lm * E, stream);
     if (moe->settings.bias_gamma > 0.0f)
         moe_balance_bias_update(moe->balance_bias, moe->step_loads, Lm, E, moe->settings.bias_gamma, stream);
     cudaCheck(cudaMemcpyAsync(moe->step_loads_cpu, moe->step_loads, (size_t)Lm * E * sizeof(int),

@@ -57,6 +57,19 @@ static void tensor_parallel_init(TensorParallel* tp, const MultiGpuConfig* world
     cudaCheck(cudaEventCreateWithFlags(&tp->reductions_issued, cudaEventDisableTiming));
 }
 
+// The memory plan's layout (-pm): the degree's slices without communicators, for any process count: this process as
+// member r % N of a data-parallel group of max(P / N, 1) processes. Nothing is sent or allocated.
+static void tensor_parallel_plan(TensorParallel* tp, const MultiGpuConfig* world, int degree, int sequence_parallel) {
+    tensor_parallel_none(tp, world);
+    if (degree == 1) return;
+    tp->degree = degree;
+    tp->sequence_parallel = sequence_parallel;
+    tp->member = world->process_rank % degree;
+    tp->group = world->process_rank / degree;
+    tp->dp.num_processes = world->num_processes / degree > 0 ? world->num_processes / degree : 1;
+    tp->dp.process_rank = tp->group % tp->dp.num_processes;
+}
+
 static void tensor_parallel_free(TensorParallel* tp) {
     if (tp->degree == 1) return;
     ncclCheck(ncclCommDestroy(tp->comm));
@@ -94,6 +107,11 @@ static void tensor_parallel_all_reduce_float(const TensorParallel* tp, float* x,
                                              cudaStream_t stream) {
     tensor_parallel_after_reductions(tp, stream);
     ncclCheck(ncclAllReduce(x, x, n, ncclFloat, op, tp->comm, stream));
+}
+// ... and for ints (an MoE layer's expert counts; exact in any order)
+static void tensor_parallel_all_reduce_int(const TensorParallel* tp, int* x, size_t n, cudaStream_t stream) {
+    tensor_parallel_after_reductions(tp, stream);
+    ncclCheck(ncclAllReduce(x, x, n, ncclInt32, ncclSum, tp->comm, stream));
 }
 // bytes * N = every member's `bytes`, in member order (device buffers)
 static void tensor_parallel_all_gather_bytes(const TensorParallel* tp, void* out, const void* in, size_t bytes,

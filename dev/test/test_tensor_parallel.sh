@@ -9,10 +9,14 @@
 #   - a -tp 2 run resumed from its checkpoint continues bit-identically; resumed at -tp 1, or on 4 processes (2
 #     data-parallel), and a -tp 1 checkpoint resumed at -tp 2, each continues the same losses within fp32 rounding
 #     (the optimizer state re-cut for the new layout);
+#   - the MoE trainer folds its MoE layers (-etp 1): -tp 2 with the experts shared out over both processes (-ep 2)
+#     gives the losses of -tp 1 routing each member's sequence as a micro-step of its own (-d: the same routing
+#     groups), its model file is the whole model, and its checkpoint resumed at -tp 1 (2 data-parallel processes)
+#     continues those losses;
 #   - the memory plan (-pm) counts this process's slices, and the activations shrink with -tp and -sp;
 #   - every layout that does not fit is refused with one line naming the flag.
-# Needs build/train_gpt_fp32, build/train_moe_fp32, build/ref/tp_gpt2_fp32_model.bin, build/ref/tp_llama_fp32_model.bin
-# and build/ref/tiny_fp32_model.bin (make test builds them). Runs up to 4 processes at once. Run from anywhere:
+# Needs build/train_gpt_fp32, build/train_moe_fp32, build/ref/tp_gpt2_fp32_model.bin, build/ref/tp_llama_fp32_model.bin,
+# build/ref/moe_tp_k2_mb2_fp32_model.bin and build/ref/tiny_fp32_model.bin (make test builds them). Runs up to 4 processes at once. Run from anywhere:
 #   dev/test/test_tensor_parallel.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -113,8 +117,35 @@ if close_losses "$work/tp2_tail.log" "$work/tp2_to_np4.log" 2; then pass; else
 resume_into tp1_to_tp2 "$work/whole" 2 -b 2 -tp 2
 if close_losses "$work/whole_tail.log" "$work/tp1_to_tp2.log" 2; then pass; else fail "-tp 1 resumed at -tp 2 differs"; fi
 
-# --- the memory plan (-pm) of a GPT-2 d12 at -tp 2 on 2 processes: the parameters are this process's slices (the split
-# tensors halved, the others whole: doc/parallelism.md's table, counted here on its own), and the activations shrink
+# --- the MoE trainer at -tp 2 -ep 2 (each member routes its own sequence, its experts 2 of the 4) against -tp 1 with
+# each step's 2 sequences as 2 micro-steps of one (the same routing groups); its model file is the whole model, and
+# its step-2 checkpoint resumed at -tp 1 on 2 data-parallel processes of one sequence each (the same routing groups
+# again; the experts' state in the file's global layout) continues its losses
+MOE=build/train_moe_fp32
+MOE_MODEL=build/ref/moe_tp_k2_mb2_fp32_model.bin
+"$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 1 -d 32 -x 4 -n 2 -o "$work/moe_whole" >"$work/moe_whole.log" 2>&1 ||
+    fail "MoE -tp 1 run: $(tail -3 "$work/moe_whole.log")"
+$MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 4 -tp 2 -ep 2 -n 2 -o "$work/moe_tp2" \
+    >"$work/moe_tp2.log" 2>&1 || fail "MoE -tp 2 -ep 2 run: $(tail -3 "$work/moe_tp2.log")"
+if close_losses "$work/moe_whole.log" "$work/moe_tp2.log" 4; then pass; else
+    fail "MoE -tp 2 -ep 2 differs from -tp 1 with the members' sequences as micro-steps"; fi
+for run in moe_whole moe_tp2; do
+    "$MOE" -e "$work/$run/model_00000002.bin" "${COMMON[@]}" -b 1 -d 32 -x 1 >"$work/from_$run.log" 2>&1 ||
+        fail "MoE -tp 1 run from $run's model file: $(tail -3 "$work/from_$run.log")"
+done
+if close_losses "$work/from_moe_whole.log" "$work/from_moe_tp2.log" 1; then pass; else
+    fail "the MoE -tp 2 -ep 2 model file is not -tp 1's model"; fi
+mkdir -p "$work/moe_tp2_to_dp2"
+cp "$work/moe_tp2/"*_00000002* "$work/moe_tp2_to_dp2/"
+$MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 1 -x 4 -ep 2 -n 2 -o "$work/moe_tp2_to_dp2" -y 1 \
+    >"$work/moe_tp2_to_dp2.log" 2>&1 || fail "MoE -tp 2 resumed at -tp 1: $(tail -3 "$work/moe_tp2_to_dp2.log")"
+grep -E '^step [34]/' "$work/moe_tp2.log" >"$work/moe_tp2_tail.log"
+if close_losses "$work/moe_tp2_tail.log" "$work/moe_tp2_to_dp2.log" 2; then pass; else
+    fail "MoE -tp 2 resumed at -tp 1 (2 data-parallel processes of one sequence) differs"; fi
+
+# --- the memory plan (-pm) of a GPT-2 d12 at -tp 2, on one process (the plan takes the layout's sizes only): the
+# parameters are this process's slices (the split tensors halved, the others whole: doc/parallelism.md's table,
+# counted here on its own), and the activations shrink
 # from -tp 1 to -tp 2 -sp 0 (the heads' and hidden units' slices) to -tp 2 -sp 1 (the stream's tokens too)
 plan() {  # NAME PROCESSES FLAGS...
     local name=$1 np=$2
@@ -123,8 +154,8 @@ plan() {  # NAME PROCESSES FLAGS...
         fail "-pm $name: $(tail -2 "$work/plan_$name.log")"
 }
 plan whole 1
-plan tp2_sp0 2 -tp 2 -sp 0
-plan tp2_sp1 2 -tp 2
+plan tp2_sp0 1 -tp 2 -sp 0
+plan tp2_sp1 1 -tp 2
 $PYTHON - "$work/plan_whole.log" "$work/plan_tp2_sp0.log" "$work/plan_tp2_sp1.log" <<'PY' && pass || fail "the -tp 2 memory plan differs from the slices' sizes"
 import re, sys
 def rows(path):
@@ -156,8 +187,10 @@ expect_error "-sp 1 with T not a multiple" "the sequence length -t 15 must be a 
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -t 15 -b 2 -x 1 -tp 2
 expect_error "-sp out of range" "-sp 2: expected 0 or 1" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 2 -sp 2
 expect_error "-tp 0" "-tp 0: expected 1 or more" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 0
-expect_error "-tp in the MoE trainer" "-tp 2: train_moe's MoE layers are not split" \
-    build/train_moe_fp32 -e "$MODEL" "${COMMON[@]}" -tp 2
+expect_error "-etp other than 1 or -tp" "-etp 3: expected 1 (the experts whole) with -tp 2" \
+    $MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 1 -tp 2 -etp 3
+expect_error "-tp 2 -etp 1 with B*T not dividing" "-tp 2 -etp 1: each member routes an equal part" \
+    $MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -t 15 -b 1 -x 1 -tp 2 -sp 0
 
 echo "tensor_parallel: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
