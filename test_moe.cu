@@ -7,7 +7,10 @@
 // sequences, as train_moe's step does (test_gpt.cu's test_step): the losses are means over them, the routing counts
 // and drops sums, the gradients the accumulated ones.
 //   make test_moe_cpu; ./test_moe_cpu PREFIX [-r 0|1|2] [-w 0|1] [-ge 0|1|2] [-fa 0|1] [-ep N] [-z 0|1|2|3]
-//   [-oo 0|1|2]
+//   [-oo 0|1|2] [-tp N [-sp 0|1] [-etp 1|N]]
+// with -tp N under mpirun, tensor parallelism against PyTorch and -tp 1 (test_gpt.cu's "tp1" check): folded (-etp 1)
+// each member routes its own micro-batch of the reference's (written with --micro-batches a multiple of N), with
+// -etp N every member routes each micro-batch whole.
 // with -rg 1 on several processes, also the global-batch loss against a hand computation (check_global_aux).
 // The MoE settings are the reference's: the debug state's words 20..32 (doc/formats.md) give the capacity factor, the
 // loss coefficients, the jitter, the balancing bias's step, the global-batch loss and the device limit, as the
@@ -89,7 +92,7 @@ static void forced_routing_hook(Model* model, int m, int* expert_index, float* g
     if (!f->on) return;
     const MoEModel* moe = moe_of(model);
     if (m == 0) {  // a pass begins: which of the reference's it is (folded, this member's micro-batch of it)
-        int groups = moe_routing_groups(model), member = model_tp_member(model);
+        int groups = moe_routing_groups(model), member = groups > 1 ? model_tp_member(model) : 0;
         int pass = (int)model->pass_number * groups + member;
         f->kind = !moe->training ? FORCED_EVALUATION : f->steps_phase ? FORCED_STEPS : FORCED_GRADIENT;
         f->block = f->kind == FORCED_EVALUATION ? f->evaluations++ * groups + member
@@ -404,9 +407,16 @@ static void setting_text(char* text, size_t size, const MoESettingFlag* f, doubl
         snprintf(text, size, f->kind == SETTING_FP32 ? "%.9g" : "%.17g", value);
 }
 
+// -etp: the MoE layers under -tp N, folded (1) or with each expert's hidden units split over the members (N)
+static int test_expert_tp = 1;
+
 static int moe_parse_test_flag(ModelTest* t, const char* flag, const char* value) {
     if (!strcmp(flag, "-ep")) {
         t->ep_degree = atoi(value);
+        return 1;
+    }
+    if (!strcmp(flag, "-etp")) {
+        test_expert_tp = atoi(value);
         return 1;
     }
     for (int i = 0; i < NUM_MOE_SETTING_FLAGS; i++) {
@@ -490,8 +500,15 @@ static void moe_attach(Model* model, const ModelTest* t, const MultiGpuConfig* m
     none.routed_scale = 1.0f;
     moe_model_init(moe, &none, &test_moe_settings);
     moe->route_hook = forcing.on ? forced_routing_hook : NULL;
-    // folded under tensor parallelism the -ep groups span the members: formed over every process
-    expert_parallel_init(&moe->ep, t->tp != NULL && t->tp->degree > 1 ? t->world : mg, degree);
+    // folded under tensor parallelism the -ep groups span the members: formed over every process; at -etp N over the
+    // data-parallel group, mg (a model without tensor parallelism: -etp 1)
+    int tp = t->tp != NULL ? t->tp->degree : 1;
+    moe->expert_tp = tp > 1 ? test_expert_tp : 1;
+    if (moe->expert_tp != 1 && moe->expert_tp != tp) {
+        fprintf(stderr, "-etp %d: expected 1 or -tp's %d\n", moe->expert_tp, tp);
+        exit(EXIT_FAILURE);
+    }
+    expert_parallel_init(&moe->ep, tp > 1 && moe->expert_tp == 1 ? t->world : mg, degree);
     model->extension = model_extension(&moe_extension);
     model->extension_state = moe;
 }
@@ -615,7 +632,8 @@ static void moe_extra_checks(const ModelTest* t, const ReferenceState* ref, cons
                              float tol_tensor, float tol_steps, cudaStream_t stream) {
     int ep_degree = t->ep_degree;
     int B = ref->B, T = ref->T, V = ref->V, tp = t->tp != NULL ? t->tp->degree : 1;
-    int K = ref->micro_batches / tp;  // the passes per step (folded, each member routes its micro-batch of a pass)
+    int K = ref->micro_batches / (test_expert_tp == 1 ? tp : 1);  // the passes per step (folded, each member routes
+                                                                   // its micro-batch of a pass)
     size_t BT = (size_t)B * T;
     const MoEReference* moe_ref = (const MoEReference*)ref->extension;
     float *biases_a = NULL, *biases_b = NULL;
@@ -742,8 +760,8 @@ static void moe_extra_checks(const ModelTest* t, const ReferenceState* ref, cons
 
 static const TestExtension moe_test_extension = {
     "test_moe",
-    " [-ep N] [-cf CF] [-ra A] [-rz Z] [-rj EPS] [-rni W] [-rnl W] [-rb GAMMA] [-rsl A] [-rg 0|1] [-dl M] (the "
-    "settings' flags must agree with the debug state)",
+    " [-ep N] [-etp 1|N] [-cf CF] [-ra A] [-rz Z] [-rj EPS] [-rni W] [-rnl W] [-rb GAMMA] [-rsl A] [-rg 0|1] [-dl M] "
+    "(the settings' flags must agree with the debug state)",
     moe_parse_test_flag, moe_take_settings, moe_attach, moe_read_reference, moe_micro_step_sums, moe_check_forward,
     moe_gradient_multiplier, moe_extra_checks, moe_routing_groups,
 };

@@ -1097,12 +1097,7 @@ static float model_gradient_norm(Model* model, const MultiGpuConfig* mg, int zer
     } else {
         norm2 = sharded_parameters_norm_squared(&model->store, mg, zero_stage, stream);
     }
-    ShardedParameters* own = model_own_set(model);
-    if (own) {
-        const FfnExtension* x = model->extension.ffn;
-        float own2 = sharded_parameters_norm_squared(own, x->own_group(model), zero_stage, stream);
-        norm2 += x->own_norm_sum(model, own2, stream);
-    }
+    if (model_own_set(model)) norm2 += model->extension.ffn->own_norm_squared(model, zero_stage, stream);
     return sqrtf(norm2) / model->loss_scaler.scale;
 }
 

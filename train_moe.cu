@@ -36,7 +36,8 @@
       "expert-parallel degree N: groups of N processes share out the experts (default = 1)")                           \
     X("-etp", INT, expert_tensor_parallel, 1,                                                                          \
       "with -tp N: 1 = the experts whole, expert parallelism (-ep) over all processes and each tensor-parallel\n"      \
-      "member routing its own B*T/N tokens (MoE parallel folding; default = 1)")                                      \
+      "member routing its own B*T/N tokens (MoE parallel folding); N = each expert's hidden units split over the\n"  \
+      "members, -ep over the data-parallel processes (default = 1)")                                                  \
     X("-rj", FLOAT, router_jitter, 0.0f,                                                                               \
       "router jitter: the router's input times U(1-rj, 1+rj) in training (default = 0)")                               \
     X("-rn", INT, noisy_topk, 0,                                                                                       \
@@ -151,18 +152,16 @@ static int moe_check_flags(void) {
 static MoEModel trainer_moe;
 static void moe_setup(Model* model, const MultiGpuConfig* mg) {
     const MoEFlags* f = &moe_flags;
-    if (mg->num_processes % f->expert_parallel != 0) {
-        fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of processes (%d)\n",
-                f->expert_parallel, mg->num_processes);
+    int tp = model_tp_degree(model), etp = f->expert_tensor_parallel;
+    if (etp != 1 && etp != tp) {
+        fprintf(stderr, "-etp %d: expected 1 (the experts whole) or -tp's %d (their hidden units split)\n", etp, tp);
         exit(EXIT_FAILURE);
     }
-    int tp = model_tp_degree(model);
-    if (f->expert_tensor_parallel != 1) {
-        if (f->expert_tensor_parallel == tp)
-            fprintf(stderr, "-etp %d: experts split over the tensor-parallel members are not built; -etp 1 keeps each "
-                    "expert whole and folds expert parallelism over the -tp x data-parallel processes\n", tp);
-        else
-            fprintf(stderr, "-etp %d: expected 1 (the experts whole) with -tp %d\n", f->expert_tensor_parallel, tp);
+    // the -ep groups: over every process, or at -etp N over the data-parallel processes that hold the same slices
+    const MultiGpuConfig* over = etp > 1 ? &model->tp->dp : mg;
+    if (over->num_processes % f->expert_parallel != 0) {
+        fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of %sprocesses (%d)\n",
+                f->expert_parallel, etp > 1 ? "data-parallel " : "", over->num_processes);
         exit(EXIT_FAILURE);
     }
     MoEConfig config = {};
@@ -190,7 +189,8 @@ static void moe_setup(Model* model, const MultiGpuConfig* mg) {
     settings.seq_alpha = f->seq_alpha;
     settings.global_aux = f->global_aux;
     moe_model_init(&trainer_moe, &config, &settings);
-    expert_parallel_init(&trainer_moe.ep, mg, f->expert_parallel);
+    trainer_moe.expert_tp = etp;
+    expert_parallel_init(&trainer_moe.ep, over, f->expert_parallel);
     model->extension_state = &trainer_moe;
 }
 
@@ -259,7 +259,7 @@ static const FfnExtension moe_ffn = {
     .gathers_model_file = moe_gathers_model_file,
     .own_set = moe_own_set,
     .own_group = moe_own_group,
-    .own_norm_sum = moe_own_norm_sum,
+    .own_norm_squared = moe_own_norm_squared,
     .reduce_layer = moe_reduce_layer,
     .gather_replicated_slices = moe_gather_router_slices,
     .prefetch_own = moe_prefetch_experts,

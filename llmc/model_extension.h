@@ -47,7 +47,8 @@ typedef struct {
     int (*gathers_model_file)(const Model* model);  // whether this process takes part in get_parameters
     ShardedParameters* (*own_set)(Model* model);                 // NULL: none
     const MultiGpuConfig* (*own_group)(const Model* model);      // the processes that hold the same own tensors
-    float (*own_norm_sum)(const Model* model, float norm2, cudaStream_t stream);  // over those holding others
+    // the squared norm of the own set's gradient, every value of it once over all processes (collective)
+    float (*own_norm_squared)(Model* model, int zero_stage, cudaStream_t stream);
     // the gradient reduction of its slices of `layer` (after the layer's backward pass, on the last micro-step)
     void (*reduce_layer)(Model* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
     // ZeRO-3's gathers of `layer`: its slices of the replicated set into the model's gather buffer layer % 2 (called

@@ -20,10 +20,10 @@ static void write_expert_state(const char* dir, int step, Model* model, int zero
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     ShardedParameters* x = &moe->expert_store;
-    size_t all_experts = x->num_parameters * moe->ep.degree;
+    size_t all_experts = moe_file_expert_values(model);
     float* full;
     cudaCheck(cudaMalloc((void**)&full, x->num_parameters_padded * sizeof(float)));
-    int gathers = moe->ep.group == 0;  // process 0's group, the one that writes
+    int gathers = moe->ep.group == 0;  // process 0's group (at -etp N, with every member's), the one that writes
     float* host = gathers ? (float*)malloc_check(all_experts * sizeof(float)) : NULL;
     char path[1024], tmp[1100];
     FILE* f = NULL;
@@ -51,12 +51,13 @@ static void write_expert_state(const char* dir, int step, Model* model, int zero
     cudaCheck(cudaFree(full));
 }
 
-// Each process reads its own experts' runs of every buffer and keeps its shard.
+// Each process reads its own experts' runs of every buffer (at -etp N cuts its member's slices of them) and keeps its
+// shard.
 static void read_expert_state(const char* dir, int step, Model* model) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     ShardedParameters* x = &moe->expert_store;
-    size_t all_experts = x->num_parameters * moe->ep.degree;
+    size_t all_experts = moe_file_expert_values(model);
     char path[1024];
     checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
     FILE* f = fopen_check(path, "rb");
@@ -71,8 +72,10 @@ static void read_expert_state(const char* dir, int step, Model* model) {
                 values, c->num_experts, Lm, x->has_master, PRECISION_MODE, all_experts);
         exit(EXIT_FAILURE);
     }
-    size_t local[MLP_EXTENSION_SLOTS];
-    moe_slot_sizes(model, moe->local_experts, local);
+    size_t local[MLP_EXTENSION_SLOTS], whole = 0;  // this process's experts, whole
+    moe_slot_sizes(model, moe->local_experts, 1, local);
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) whole += local[i];
+    float* own = (float*)malloc_check(whole * sizeof(float) + 1);
     float* full = (float*)calloc(x->num_parameters_padded, sizeof(float));
     for (int buffer = 0; buffer < (x->has_master ? 3 : 2); buffer++) {
         // in the file: per tensor and MoE layer, the layer's E experts; ours are a contiguous run of them
@@ -85,11 +88,12 @@ static void read_expert_state(const char* dir, int step, Model* model) {
                     fprintf(stderr, "%s: cannot seek to byte %zu\n", path, position);
                     exit(EXIT_FAILURE);
                 }
-                fread_check(full + at, sizeof(float), run, f, path);
+                fread_check(own + at, sizeof(float), run, f, path);
                 at += run;
             }
             file_offset += local[i] * moe->ep.degree * sizeof(float);
         }
+        moe_cut_experts(model, moe->local_experts, moe_expert_member(model), own, full, sizeof(float), 0);
         sharded_parameters_scatter_state(x, buffer, full);
     }
     long end = 1024 + (long)((x->has_master ? 3 : 2) * all_experts * sizeof(float));
@@ -97,6 +101,7 @@ static void read_expert_state(const char* dir, int step, Model* model) {
         fprintf(stderr, "%s: expected %ld bytes, the file has another size\n", path, end);
         exit(EXIT_FAILURE);
     }
+    free(own);
     free(full);
     fclose_check(f, path);
 }

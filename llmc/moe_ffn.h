@@ -151,6 +151,8 @@ typedef struct {
     MoESettings settings;
     ExpertParallel ep;        // which process holds which experts (degree 1: every process all of them)
     int local_experts;        // experts per MoE layer on this process: E / ep.degree
+    int expert_tp;            // -etp: 1, each expert whole (folded under -tp N), or N, each expert's hidden units
+                              // split over the N tensor-parallel members (moe_routing_groups)
     MoEParameterTensors params;
     ShardedParameters expert_store;  // this process's experts, replicated over ep.replicas
     MoEActivations acts;
@@ -214,7 +216,7 @@ static size_t moe_bias_size(const Model* model, size_t n) { return model->config
 // MoE layer m's slices of the parameters: the same struct, each pointer at layer m
 static MoEParameterTensors moe_layer_parameters(const Model* model, const MoEParameterTensors* p, int m) {
     const MoEModel* moe = moe_of(model);
-    size_t E = moe->config.num_experts, E_l = moe->local_experts, H = moe->config.expert_hidden;
+    size_t E = moe->config.num_experts, E_l = moe->local_experts, H = moe->config.expert_hidden / moe->expert_tp;
     size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden;
     size_t C = model->config.channels, l = m;
     MoEParameterTensors lp;
@@ -244,8 +246,20 @@ static int moe_index(const MoEModel* moe, int l) { return (l + 1) / moe->config.
 // those rows of the gathered ln2 and writes those rows of its output, the others zero, so that the model's sum over
 // the members puts the members' rows together; the routers' and shared experts' gradients, each member's tokens'
 // part, are summed over the members before the data-parallel reduction, as the norms' are with -sp 1.
-static int moe_routing_groups(const Model* model) { return model_tp_degree(model); }
+// With -etp N instead each expert's hidden units are split over the members like the dense MLP's (fc by rows, fcproj
+// by columns, its bias added by member 0): every member routes the whole micro-batch (identically: the same input,
+// weights and kernels), dispatches it over its -ep group (formed over the data-parallel processes), and its part of
+// the output is summed by the model's join; the gates' gradient, each member's part, is summed over the members
+// before the router's backward, whose input gradient member 0 adds. The shared experts run whole on member 0 (the
+// others' gradients of them zero, summed over the members as above).
+static int moe_expert_split(const Model* model) { return moe_of(model)->expert_tp; }
+static int moe_routing_groups(const Model* model) { return moe_expert_split(model) > 1 ? 1 : model_tp_degree(model); }
 static int moe_routed_tokens(const Model* model, int BT) { return BT / moe_routing_groups(model); }
+// which slice of each expert this process holds: its member index at -etp N, else 0 (the one slice, whole)
+static int moe_expert_member(const Model* model) { return moe_expert_split(model) > 1 ? model_tp_member(model) : 0; }
+// whether this process runs the parts that the members share at -etp N: the shared experts, fcproj's bias, the
+// router's input gradient
+static int moe_member_zero(const Model* model) { return moe_expert_split(model) == 1 || model_tp_member(model) == 0; }
 
 // The model starts as one process holding every expert; moe_model_set_processes shares them out.
 static void moe_model_init(MoEModel* moe, const MoEConfig* config, const MoESettings* settings) {
@@ -254,6 +268,7 @@ static void moe_model_init(MoEModel* moe, const MoEConfig* config, const MoESett
     moe->settings = *settings;
     moe->ep.degree = 1;
     moe->ep.replicas.num_processes = 1;
+    moe->expert_tp = 1;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -261,10 +276,11 @@ static void moe_model_init(MoEModel* moe, const MoEConfig* config, const MoESett
 
 static int moe_replaces_mlp(const Model* model, int l) { return is_moe_layer(&moe_of(model)->config, l); }
 
-// the slots' sizes with E experts per MoE layer: the file's (all experts) or a process's (its own)
-static void moe_slot_sizes(const Model* model, int experts, size_t* sizes) {
+// the slots' sizes with E experts per MoE layer, each with 1/hidden_split of its hidden units: the file's (all experts,
+// whole) or a process's (its own experts, its slices of them at -etp N: moe_own_slot_sizes)
+static void moe_slot_sizes(const Model* model, int experts, int hidden_split, size_t* sizes) {
     const MoEConfig* c = &moe_of(model)->config;
-    size_t Lm = num_moe_layers(model), C = model->config.channels, E = experts, H = c->expert_hidden;
+    size_t Lm = num_moe_layers(model), C = model->config.channels, E = experts, H = c->expert_hidden / hidden_split;
     sizes[MOE_ROUTERW] = Lm * c->num_experts * C;  // the router scores every expert on every process
     sizes[MOE_ROUTERNW] = c->noisy_gating ? Lm * c->num_experts * C : 0;
     sizes[MOE_EFCW] = Lm * E * moe_fc_width(model, H) * C;
@@ -278,8 +294,15 @@ static void moe_slot_sizes(const Model* model, int experts, size_t* sizes) {
     sizes[MOE_SHARED_FCPROJB] = Lm * moe_bias_size(model, S * C);
 }
 
+static void moe_file_slot_sizes(const Model* model, size_t* sizes) {
+    moe_slot_sizes(model, moe_of(model)->config.num_experts, 1, sizes);
+}
+static void moe_own_slot_sizes(const Model* model, size_t* sizes) {
+    moe_slot_sizes(model, moe_of(model)->local_experts, moe_expert_split(model), sizes);
+}
+
 static void moe_tensor_sizes(const Model* model, size_t* in_file, size_t* in_replicated_set) {
-    moe_slot_sizes(model, moe_of(model)->config.num_experts, in_file);
+    moe_file_slot_sizes(model, in_file);
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_replicated_set[i] = moe_is_expert_slot(i) ? 0 : in_file[i];
 }
 
@@ -293,7 +316,7 @@ static float moe_init_std(const Model* model, int slot, float residual_scale) {
 
 static size_t moe_own_parameter_count(const Model* model) {
     size_t sizes[MLP_EXTENSION_SLOTS], n = 0;
-    moe_slot_sizes(model, moe_of(model)->local_experts, sizes);
+    moe_own_slot_sizes(model, sizes);
     for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) n += sizes[i];
     return n;
 }
@@ -315,7 +338,7 @@ static const int moe_expert_decays[NUM_EXPERT_TENSORS] = {1, 0, 1, 0};
 static void moe_allocate_parameters(Model* model) {
     MoEModel* moe = moe_of(model);
     size_t sizes[MLP_EXTENSION_SLOTS];
-    moe_slot_sizes(model, moe->local_experts, sizes);
+    moe_own_slot_sizes(model, sizes);
     sharded_parameters_allocate(&moe->expert_store, NUM_EXPERT_TENSORS, sizes + FIRST_EXPERT_SLOT, moe_expert_decays,
                                 moe->ep.replicas.process_rank, moe->ep.replicas.num_processes, model->zero_stage);
     // an owner's expert gradient sums the routing groups of its -ep group's ep.degree processes, which the replicas
@@ -358,14 +381,47 @@ static void moe_allocate_parameters(Model* model) {
         cudaCheck(cudaMalloc(&moe->global_counts, biases * sizeof(int)));
 }
 
-// The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts.
+// How expert tensor `slot` of `experts` experts per MoE layer (each expert's matrices one after another, layer by
+// layer) is cut over the -etp N members: fc by rows (SwiGLU's gate and up halves alike) and its bias likewise, fcproj
+// by columns, its bias whole (added by member 0)
+static TensorSplit moe_expert_tensor_split(const Model* model, int slot, size_t experts) {
+    size_t C = model->config.channels, H = moe_of(model)->config.expert_hidden;
+    size_t layers = (size_t)num_moe_layers(model) * experts;
+    int swiglu = moe_swiglu(model);
+    TensorSplit fc = {SPLIT_ROWS, layers, moe_fc_width(model, H), C, swiglu ? 2 : 1, {H, H, 0}};
+    TensorSplit fcb = {SPLIT_ROWS, layers, H, 1, 1, {H, 0, 0}};
+    TensorSplit proj = {SPLIT_COLUMNS, layers, C, H, 0, {0, 0, 0}};
+    TensorSplit projb = {SPLIT_NONE, layers, C, 1, 0, {0, 0, 0}};
+    return slot == MOE_EFCW ? fc : slot == MOE_EFCB ? fcb : slot == MOE_EFCPROJW ? proj : projb;
+}
+// Member `member`'s slices of every expert tensor of `experts` experts (host, laid out as the expert set: tensor by
+// tensor, each (Lm, experts, ...)) from the whole experts, or the inverse (to_whole), elem bytes per value. At -etp 1
+// the one slice is the whole expert.
+static void moe_cut_experts(const Model* model, size_t experts, int member, void* whole, void* slices, size_t elem,
+                            int to_whole) {
+    size_t sizes[MLP_EXTENSION_SLOTS], at_whole = 0, at_slice = 0;
+    int N = moe_expert_split(model);
+    moe_slot_sizes(model, (int)experts, 1, sizes);
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) {
+        if (sizes[i] == 0) continue;  // a llama MoE's bias slots
+        TensorSplit s = moe_expert_tensor_split(model, i, experts);
+        tensor_split_copy(&s, member, N, (char*)whole + at_whole * elem, (char*)slices + at_slice * elem, elem,
+                          to_whole);
+        at_whole += sizes[i];
+        at_slice += tensor_split_slice_size(&s, N);
+    }
+}
+
+// The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts (at -etp N
+// its member's slices of them).
 static void moe_set_parameters(Model* model, const floatX* file_block) {
     MoEModel* moe = moe_of(model);
-    size_t global[MLP_EXTENSION_SLOTS], local[MLP_EXTENSION_SLOTS];
-    moe_slot_sizes(model, moe->config.num_experts, global);
-    moe_slot_sizes(model, moe->local_experts, local);
+    size_t global[MLP_EXTENSION_SLOTS], local[MLP_EXTENSION_SLOTS], whole = 0;
+    moe_file_slot_sizes(model, global);
+    moe_slot_sizes(model, moe->local_experts, 1, local);
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) whole += local[i];
     int Lm = num_moe_layers(model), first_expert = moe->ep.member * moe->local_experts;
-    floatX* experts = (floatX*)malloc_check(moe->expert_store.num_parameters * sizeof(floatX) + 1);
+    floatX* experts = (floatX*)malloc_check(whole * sizeof(floatX) + 1);
     size_t from = 0, to = 0;
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) {
         if (moe_is_expert_slot(i)) {
@@ -379,18 +435,23 @@ static void moe_set_parameters(Model* model, const floatX* file_block) {
         }
         from += global[i];
     }
-    sharded_parameters_set(&moe->expert_store, experts);
+    floatX* slices = (floatX*)malloc_check(moe->expert_store.num_parameters * sizeof(floatX) + 1);
+    moe_cut_experts(model, moe->local_experts, moe_expert_member(model), experts, slices, sizeof(floatX), 0);
+    sharded_parameters_set(&moe->expert_store, slices);
+    free(slices);
     free(experts);
 }
 
 // The experts of every process of the group, in the global layout of the model file's expert tensors (efcw ..
 // efcprojb, each (Lm, E, ...)), from this process's `local` (device, laid out as expert_store, elem bytes per
-// value: parameters, gradients or optimizer state) into `host`. Collective over the expert group.
-static void moe_gather_experts(const Model* model, void* host, const void* local, size_t elem, cudaStream_t stream) {
+// value: parameters, gradients or optimizer state) into `host`: at -etp N its member's slices of them (see
+// moe_gather_experts). Collective over the expert group.
+static void moe_gather_expert_group(const Model* model, void* host, const void* local, size_t elem,
+                                    cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
     int Lm = num_moe_layers(model), N = moe->ep.degree;
     size_t sizes[MLP_EXTENSION_SLOTS], largest = 0;
-    moe_slot_sizes(model, moe->local_experts, sizes);
+    moe_own_slot_sizes(model, sizes);
     for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++)
         largest = sizes[i] / Lm > largest ? sizes[i] / Lm : largest;
     char* gathered;
@@ -411,10 +472,44 @@ static void moe_gather_experts(const Model* model, void* host, const void* local
     cudaCheck(cudaFree(gathered));
 }
 
+// ... and at -etp N the members' slices put together into the whole experts (collective over the expert group and the
+// tensor-parallel members)
+static void moe_gather_experts(const Model* model, void* host, const void* local, size_t elem, cudaStream_t stream) {
+    int N = moe_expert_split(model);
+    if (N == 1) {
+        moe_gather_expert_group(model, host, local, elem, stream);
+        return;
+    }
+    size_t sizes[MLP_EXTENSION_SLOTS], n = 0, E = moe_of(model)->config.num_experts;
+    moe_slot_sizes(model, (int)E, N, sizes);
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) n += sizes[i];
+    char* slices = (char*)malloc_check(N * n * elem);
+    moe_gather_expert_group(model, slices, local, elem, stream);
+    char *mine, *all;
+    cudaCheck(cudaMalloc((void**)&mine, n * elem));
+    cudaCheck(cudaMalloc((void**)&all, N * n * elem));
+    cudaCheck(cudaMemcpy(mine, slices, n * elem, cudaMemcpyHostToDevice));
+    tensor_parallel_all_gather_bytes(model->tp, all, mine, n * elem, stream);
+    cudaCheck(cudaMemcpyAsync(slices, all, N * n * elem, cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    for (int m = 0; m < N; m++) moe_cut_experts(model, E, m, host, slices + m * n * elem, elem, 1);
+    cudaCheck(cudaFree(mine));
+    cudaCheck(cudaFree(all));
+    free(slices);
+}
+
+// the values of every expert, whole: the model file's expert tensors
+static size_t moe_file_expert_values(const Model* model) {
+    size_t sizes[MLP_EXTENSION_SLOTS], n = 0;
+    moe_file_slot_sizes(model, sizes);
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) n += sizes[i];
+    return n;
+}
+
 // where the expert tensors start in the extension block of the file
 static size_t moe_experts_in_block(const Model* model) {
     size_t global[MLP_EXTENSION_SLOTS];
-    moe_slot_sizes(model, moe_of(model)->config.num_experts, global);
+    moe_file_slot_sizes(model, global);
     return global[MOE_ROUTERW] + global[MOE_ROUTERNW];
 }
 // the experts' parameters, or their gradients as stored (times expert_store.grad_multiplier once reduced they are
@@ -450,15 +545,21 @@ static int moe_gathers_model_file(const Model* model) {
 
 static ShardedParameters* moe_own_set(Model* model) { return &moe_of(model)->expert_store; }
 static const MultiGpuConfig* moe_own_group(const Model* model) { return &moe_of(model)->ep.replicas; }
-// the squared norm of this process's experts, summed over its expert group (every expert once)
-static float moe_own_norm_sum(const Model* model, float norm2, cudaStream_t stream) {
-    return expert_parallel_float_sum(&moe_of(model)->ep, norm2, stream);
+// the squared norm of the experts' gradient: this process's, summed over its expert group (every expert once) and at
+// -etp N over the members (every slice once; fcproj's bias, which each member holds whole, member 0's)
+static float moe_own_norm_squared(Model* model, int zero_stage, cudaStream_t stream) {
+    MoEModel* moe = moe_of(model);
+    int include[NUM_EXPERT_TENSORS] = {1, 1, 1, moe_member_zero(model)};
+    float norm2 = sharded_parameters_norm_squared_of(&moe->expert_store, include, &moe->ep.replicas, zero_stage,
+                                                     stream);
+    norm2 = expert_parallel_float_sum(&moe->ep, norm2, stream);
+    return moe->expert_tp > 1 ? tensor_parallel_float_sum(model->tp, norm2, stream) : norm2;
 }
 // a token meets k of the E experts of an MoE layer: the routers and shared experts whole, the experts' k/E
 static double moe_active_parameters_per_token(const Model* model) {
     const MoEConfig* c = &moe_of(model)->config;
     size_t sizes[MLP_EXTENSION_SLOTS];
-    moe_slot_sizes(model, c->num_experts, sizes);
+    moe_file_slot_sizes(model, sizes);
     double active = 0.0;
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++)
         active += moe_is_expert_slot(i) ? (double)sizes[i] * c->top_k / c->num_experts : (double)sizes[i];
@@ -496,7 +597,7 @@ static void moe_allocated_rows(const MoEModel* moe, int N, size_t* src, size_t* 
 static void moe_fill_in_activation_sizes(size_t* s, const Model* model, size_t B, size_t T, int recompute) {
     const MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
-    size_t C = model->config.channels, E = c->num_experts, K = c->top_k, H = c->expert_hidden;
+    size_t C = model->config.channels, E = c->num_experts, K = c->top_k, H = c->expert_hidden / moe->expert_tp;
     size_t Lm = num_moe_layers(model), N = moe_routed_tokens(model, (int)(B * T)), BTC = layer_stride(N * C);
     size_t rows_src, rows_own;
     moe_allocated_rows(moe, (int)N, &rows_src, &rows_own);
@@ -548,8 +649,8 @@ static void moe_allocate_activations(Model* model, int B, int T) {
     moe->rows_own = (int*)malloc_check((size_t)Lm * E * sizeof(int));
     cudaCheck(cudaEventCreateWithFlags(&moe->counts_copied, cudaEventDisableTiming));
     char why[256];
-    if (!moe_noise_support(moe_routed_tokens(model, B * T), model->config.channels, E, moe->config.top_k, moe->config.noisy_gating,
-                           moe->settings.jitter, why, sizeof(why))) {
+    if (!moe_noise_support(moe_routed_tokens(model, B * T), model->config.channels, E, moe->config.top_k,
+                           moe->config.noisy_gating, moe->settings.jitter, why, sizeof(why))) {
         fprintf(stderr, "router noise: %s\n", why);
         exit(EXIT_FAILURE);
     }
@@ -614,7 +715,7 @@ static MoELayerActivations moe_layer_activations(const Model* model, int m, int 
     const MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     const MoEActivations* a = &moe->acts;
-    size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden, C = model->config.channels;
+    size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden / moe->expert_tp, C = model->config.channels;
     size_t NE = layer_stride(N * E), NK = layer_stride(N * K), SRC, OWN;
     moe_layer_rows(c, moe->capacity_used, moe->dropless, N, moe->ep.degree, &SRC, &OWN);
     MoELayerActivations l;
@@ -721,11 +822,13 @@ static void moe_experts_linear_backward(const Model* model, const MoELayerActiva
 // llmc/swiglu.cuh's pass over the rows in use (padded: all of them, the padding's zeros give zeros).
 static void moe_experts_mlp_forward(const Model* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
                                     floatX* out, cudaStream_t stream) {
-    int C = model->config.channels, H = moe_of(model)->config.expert_hidden;
+    const MoEModel* moe = moe_of(model);
+    int C = model->config.channels, H = moe->config.expert_hidden / moe->expert_tp;  // at -etp N its slice
     if (!moe_swiglu(model)) {
         moe_experts_linear_forward(model, l, l->expert_act, l->expert_input, lp->efcw, lp->efcb, C, H, l->expert_pre,
                                    stream);
-        moe_experts_linear_forward(model, l, out, l->expert_act, lp->efcprojw, lp->efcprojb, H, C, nullptr, stream);
+        const floatX* fcprojb = moe_member_zero(model) ? lp->efcprojb : nullptr;  // at -etp N added once
+        moe_experts_linear_forward(model, l, out, l->expert_act, lp->efcprojw, fcprojb, H, C, nullptr, stream);
         return;
     }
     int rows[MOE_MAX_EXPERTS];
@@ -742,7 +845,7 @@ static void moe_experts_mlp_forward(const Model* model, const MoELayerActivation
 static void moe_experts_mlp_backward(const Model* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
                                      const MoEParameterTensors* lg, floatX* d_io, cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
-    int C = model->config.channels, H = moe->config.expert_hidden;
+    int C = model->config.channels, H = moe->config.expert_hidden / moe->expert_tp;  // at -etp N its slice
     floatX* d_hidden = moe->acts.d_expert_hidden;  // (Rown, H)
     int rows[MOE_MAX_EXPERTS];
     size_t own_rows = moe_local_expert_rows(model, l, rows);  // dropless, the experts may have received no row at all
@@ -766,7 +869,7 @@ static void moe_experts_mlp_backward(const Model* model, const MoELayerActivatio
 // (folded under tensor parallelism, member j's routing group of pass p is pass p N + j: the passes of N micro-batches)
 static unsigned int moe_layer_seed(const Model* model, int m, int kind) {
     unsigned int groups = (unsigned int)moe_routing_groups(model);
-    unsigned int pass = model->pass_number * groups + (unsigned int)model_tp_member(model);
+    unsigned int pass = model->pass_number * groups + (groups > 1 ? (unsigned int)model_tp_member(model) : 0u);
     return moe_noise_seed((unsigned int)model->process_rank, pass, m, kind);
 }
 
@@ -841,6 +944,7 @@ static void moe_shared_forward(Model* model, int m, const MoEParameterTensors* l
     size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden, C = model->config.channels;
     size_t FCs = moe_fc_width(model, Hs);
     int swiglu = moe_swiglu(model);
+    if (!moe_member_zero(model)) return;  // at -etp N member 0's
     for (size_t s = 0; s < S; s++) {
         floatX* pre = moe->acts.shared_pre + (m * S + s) * N * FCs;
         floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
@@ -868,6 +972,7 @@ static void moe_shared_backward(Model* model, int m, const MoEParameterTensors* 
     int swiglu = moe_swiglu(model);
     floatX* d_hidden = moe->acts.d_shared_hidden;
     float* scratch = moe->acts.bias_scratch;
+    if (!moe_member_zero(model)) return;  // at -etp N member 0's
     for (size_t s = 0; s < S; s++) {
         floatX* pre = moe->acts.shared_pre + (m * S + s) * N * FCs;
         floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
@@ -1008,6 +1113,8 @@ static void moe_layer_backward(Model* model, int m, MoEParameterTensors lg, floa
     floatX* d_src = exchange_rows ? a->scratch_src : d_own;
     moe_combine_backward(d_src, a->d_gates, dout, l.expert_output, l.choice_row, l.gates, l.row_choice, N, rows_src, K,
                          C, stream);
+    // at -etp N each member's expert output, and so its gates' gradient, is its hidden units' part
+    if (moe->expert_tp > 1) tensor_parallel_all_reduce_float(model->tp, a->d_gates, (size_t)N * K, ncclSum, stream);
     if (exchange_rows) expert_parallel_exchange(&moe->ep, d_src, d_own, l.rows_src, l.rows_own, E, C, 1, stream);
     // the output gradient in d_own is consumed: the input gradient overwrites it
     moe_experts_mlp_backward(model, &l, &lp, &lg, d_own, stream);
@@ -1033,9 +1140,10 @@ static void moe_layer_backward(Model* model, int m, MoEParameterTensors lg, floa
                            moe_layer_seed(model, m, MOE_NOISE_GATING), stream);
     // with jitter the router read its jittered input: recomputed here, its gradient then scaled by the same
     // multipliers into d_ln2; without, the router's input gradient adds into d_ln2 directly
-    int jitter = moe->settings.jitter > 0.0f;
+    // (at -etp N every member computes the router's same gradients; its input gradient is added by member 0)
+    int jitter = moe->settings.jitter > 0.0f && moe_member_zero(model);
     const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
-    floatX* d_router_in = jitter ? a->router_input + (size_t)N * C : d_ln2;
+    floatX* d_router_in = !moe_member_zero(model) ? nullptr : jitter ? a->router_input + (size_t)N * C : d_ln2;
     if (jitter) cudaCheck(cudaMemsetAsync(d_router_in, 0, (size_t)N * C * sizeof(floatX), stream));
     matmul_backward_fp32_dout(d_router_in, lg.routerw, a->d_logits, router_in,
                               lp.routerw, a->d_logits_x, N, C, E, stream);
@@ -1153,18 +1261,22 @@ static void moe_begin_forward(Model* model, int B, int T, float dlogits_scale) {
 static void moe_forward(Model* model, int l, const LayerParameters* lp, const LayerActivations* la, floatX* out, int B,
                         int T, cudaStream_t stream) {
     size_t BT = (size_t)B * T, C = model->config.channels, rows = moe_routed_tokens(model, B * T);
-    size_t first = (size_t)model_tp_member(model) * rows;
+    size_t first = rows < BT ? (size_t)model_tp_member(model) * rows : 0;
     if (rows < BT) cudaCheck(cudaMemsetAsync(out, 0, BT * C * sizeof(floatX), stream));
     moe_layer_forward(model, moe_index(moe_of(model), l), out + first * C, la->ln2 + first * C, (int)rows, stream);
 }
-// Folded, the replicated tensors' gradients of MoE layer m (the routers' and the shared experts') summed over the
-// members once they are reduced (the step's last micro-step; every micro-step under ZeRO-2/3)
+// Under tensor parallelism the replicated tensors' gradients of MoE layer m that are each member's part, summed over
+// the members once they are complete (the step's last micro-step; every micro-step under ZeRO-2/3): folded, the
+// routers' and the shared experts' (each member's tokens); at -etp N the shared experts' (member 0's, the others'
+// zero); the routers' are then every member's the same.
 static void moe_sum_replicated_gradients(Model* model, const MoEParameterTensors* lg, cudaStream_t stream) {
-    if (moe_routing_groups(model) == 1 || !(model->store.last_micro_step || model->zero_stage >= 2)) return;
+    if (model_tp_degree(model) == 1 || !(model->store.last_micro_step || model->zero_stage >= 2)) return;
     size_t sizes[MLP_EXTENSION_SLOTS], Lm = num_moe_layers(model);
-    moe_slot_sizes(model, moe_of(model)->local_experts, sizes);
-    floatX* grads[MLP_EXTENSION_SLOTS] = {lg->routerw, lg->routernw, NULL, NULL, NULL, NULL, lg->shared_fcw,
-                                          lg->shared_fcb, lg->shared_fcprojw, lg->shared_fcprojb};
+    moe_own_slot_sizes(model, sizes);
+    int folded = moe_routing_groups(model) > 1;
+    floatX* grads[MLP_EXTENSION_SLOTS] = {folded ? lg->routerw : NULL, folded ? lg->routernw : NULL, NULL, NULL, NULL,
+                                          NULL, lg->shared_fcw, lg->shared_fcb, lg->shared_fcprojw,
+                                          lg->shared_fcprojb};
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++)
         if (grads[i] != NULL && sizes[i] > 0) tensor_parallel_all_reduce(model->tp, grads[i], sizes[i] / Lm, stream);
 }
@@ -1172,7 +1284,7 @@ static void moe_backward(Model* model, int l, const LayerParameters* lp, const L
                          const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
                          cudaStream_t stream) {
     size_t BT = (size_t)B * T, C = model->config.channels, rows = moe_routed_tokens(model, B * T);
-    size_t first = (size_t)model_tp_member(model) * rows;
+    size_t first = rows < BT ? (size_t)model_tp_member(model) * rows : 0;
     MoEParameterTensors grads = moe_layer_gradients(model, l, stream);
     if (rows < BT) cudaCheck(cudaMemsetAsync(d_ln2, 0, BT * C * sizeof(floatX), stream));
     moe_layer_backward(model, moe_index(moe_of(model), l), grads, d_ln2 + first * C, dout + first * C,

@@ -163,6 +163,12 @@ static void moe_configure(Model* model, const char* source) {
         exit(EXIT_FAILURE);
     }
     moe->local_experts = c->num_experts / moe->ep.degree;
+    if (moe->expert_tp > 1 && c->expert_hidden % (8 * moe->expert_tp) != 0) {
+        fprintf(stderr, "-etp %d: %s: the experts' hidden size %d must be a multiple of %d (each member's %d-th "
+                "of it a multiple of 8 for its GEMMs)\n", moe->expert_tp, source, c->expert_hidden, 8 * moe->expert_tp,
+                moe->expert_tp);
+        exit(EXIT_FAILURE);
+    }
     if (moe->settings.bias_gamma > 0.0f && c->score != MOE_SCORE_SIGMOID) {
         fprintf(stderr, "-rb %g: aux-loss-free balancing needs sigmoid scores (-rs sigmoid; %s has softmax): the "
                 "bias is added to the affinities, and softmax's top-k is defined on the logits\n",

@@ -24,8 +24,8 @@ void matmul_forward_fp32_output(float* out, const floatX* inp, const floatX* wei
                             false, 1, 0, 0, 0, 0);
 }
 
-// dinp (N, C) += dout @ weight (accumulates: the router's input also receives the experts' gradient);
-// dweight (OC, C) += dout^T @ inp. dout (N, OC) is fp32, but a GEMM's A and B share one type, so it is first
+// dinp (N, C) += dout @ weight (accumulates: the router's input also receives the experts' gradient; NULL: not
+// wanted); dweight (OC, C) += dout^T @ inp. dout (N, OC) is fp32, but a GEMM's A and B share one type, so it is first
 // rounded to floatX into dout_scratch (N * OC elements); the GEMMs then accumulate in fp32 as everywhere.
 void matmul_backward_fp32_dout(floatX* dinp, floatX* dweight, const float* dout, const floatX* inp,
                                const floatX* weight, floatX* dout_scratch, int N, int C, int OC, cudaStream_t stream) {
@@ -35,8 +35,9 @@ void matmul_backward_fp32_dout(floatX* dinp, floatX* dweight, const float* dout,
     matmul_cast_to_floatX_kernel<<<CEIL_DIV(count, (size_t)block_size), block_size, 0, stream>>>(dout_scratch, dout,
                                                                                                   count);
     cudaCheck(cudaGetLastError());
-    matmul_cublaslt_strided(dinp, CUBLAS_LOWP, weight, dout_scratch, nullptr, C, N, OC, stream, false, false, true,
-                            nullptr, false, 1, 0, 0, 0, 0);
+    if (dinp != nullptr)
+        matmul_cublaslt_strided(dinp, CUBLAS_LOWP, weight, dout_scratch, nullptr, C, N, OC, stream, false, false, true,
+                                nullptr, false, 1, 0, 0, 0, 0);
     matmul_cublaslt_strided(dweight, CUBLAS_LOWP, inp, dout_scratch, nullptr, C, OC, N, stream, false, true, true,
                             nullptr, false, 1, 0, 0, 0, 0);
 }

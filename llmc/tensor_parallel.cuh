@@ -44,14 +44,20 @@ static void tensor_parallel_none(TensorParallel* tp, const MultiGpuConfig* world
     tp->dp.used_mpi = 0;  // MPI belongs to the world's config
 }
 
-// Collective over all processes of `world`. The caller has checked that degree divides world->num_processes.
-static void tensor_parallel_init(TensorParallel* tp, const MultiGpuConfig* world, int degree, int sequence_parallel) {
+// This process's place in groups of `degree`: member r % N of group r / N
+static void tensor_parallel_place(TensorParallel* tp, const MultiGpuConfig* world, int degree, int sequence_parallel) {
     tensor_parallel_none(tp, world);
     if (degree == 1) return;
     tp->degree = degree;
     tp->sequence_parallel = sequence_parallel;
     tp->member = world->process_rank % degree;
     tp->group = world->process_rank / degree;
+}
+
+// Collective over all processes of `world`. The caller has checked that degree divides world->num_processes.
+static void tensor_parallel_init(TensorParallel* tp, const MultiGpuConfig* world, int degree, int sequence_parallel) {
+    tensor_parallel_place(tp, world, degree, sequence_parallel);
+    if (degree == 1) return;
     multi_gpu_split_groups(world, degree, &tp->comm, &tp->dp);
     cudaCheck(cudaMalloc((void**)&tp->device_scalar, sizeof(float)));
     cudaCheck(cudaEventCreateWithFlags(&tp->reductions_issued, cudaEventDisableTiming));
@@ -60,12 +66,8 @@ static void tensor_parallel_init(TensorParallel* tp, const MultiGpuConfig* world
 // The memory plan's layout (-pm): the degree's slices without communicators, for any process count: this process as
 // member r % N of a data-parallel group of max(P / N, 1) processes. Nothing is sent or allocated.
 static void tensor_parallel_plan(TensorParallel* tp, const MultiGpuConfig* world, int degree, int sequence_parallel) {
-    tensor_parallel_none(tp, world);
+    tensor_parallel_place(tp, world, degree, sequence_parallel);
     if (degree == 1) return;
-    tp->degree = degree;
-    tp->sequence_parallel = sequence_parallel;
-    tp->member = world->process_rank % degree;
-    tp->group = world->process_rank / degree;
     tp->dp.num_processes = world->num_processes / degree > 0 ? world->num_processes / degree : 1;
     tp->dp.process_rank = tp->group % tp->dp.num_processes;
 }

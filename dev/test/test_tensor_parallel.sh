@@ -12,11 +12,13 @@
 #   - the MoE trainer folds its MoE layers (-etp 1): -tp 2 with the experts shared out over both processes (-ep 2)
 #     gives the losses of -tp 1 routing each member's sequence as a micro-step of its own (-d: the same routing
 #     groups), its model file is the whole model, and its checkpoint resumed at -tp 1 (2 data-parallel processes)
-#     continues those losses;
+#     continues those losses; with -etp 2 (each expert's hidden units split) it gives -tp 1's losses on the same
+#     batches, and its checkpoint resumed at -tp 1 continues them;
 #   - the memory plan (-pm) counts this process's slices, and the activations shrink with -tp and -sp;
 #   - every layout that does not fit is refused with one line naming the flag.
 # Needs build/train_gpt_fp32, build/train_moe_fp32, build/ref/tp_gpt2_fp32_model.bin, build/ref/tp_llama_fp32_model.bin,
-# build/ref/moe_tp_k2_mb2_fp32_model.bin and build/ref/tiny_fp32_model.bin (make test builds them). Runs up to 4 processes at once. Run from anywhere:
+# build/ref/moe_tp_k2_mb2_fp32_model.bin and build/ref/tiny_fp32_model.bin (make test builds them). Runs up to 4
+# processes at once. Run from anywhere:
 #   dev/test/test_tensor_parallel.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -143,6 +145,24 @@ grep -E '^step [34]/' "$work/moe_tp2.log" >"$work/moe_tp2_tail.log"
 if close_losses "$work/moe_tp2_tail.log" "$work/moe_tp2_to_dp2.log" 2; then pass; else
     fail "MoE -tp 2 resumed at -tp 1 (2 data-parallel processes of one sequence) differs"; fi
 
+# --- -etp 2: each expert's hidden units split over the members, every member routing the whole batch: -tp 1's losses
+# on the same 2 sequences per step, and its step-2 checkpoint (the experts' slices put together in the state file)
+# resumed at -tp 1 continues them
+"$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 4 >"$work/moe_b2.log" 2>&1 ||
+    fail "MoE -b 2 run: $(tail -3 "$work/moe_b2.log")"
+$MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 4 -tp 2 -etp 2 -n 2 -o "$work/moe_etp2" \
+    >"$work/moe_etp2.log" 2>&1 || fail "MoE -tp 2 -etp 2 run: $(tail -3 "$work/moe_etp2.log")"
+if close_losses "$work/moe_b2.log" "$work/moe_etp2.log" 4; then pass; else
+    fail "MoE -tp 2 -etp 2 differs from -tp 1"; fi
+mkdir -p "$work/moe_etp2_to_tp1"
+cp "$work/moe_etp2/"*_00000002* "$work/moe_etp2_to_tp1/"
+"$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 4 -n 2 -o "$work/moe_etp2_to_tp1" -y 1 \
+    >"$work/moe_etp2_to_tp1.log" 2>&1 ||
+    fail "MoE -etp 2 resumed at -tp 1: $(tail -3 "$work/moe_etp2_to_tp1.log")"
+grep -E '^step [34]/' "$work/moe_etp2.log" >"$work/moe_etp2_tail.log"
+if close_losses "$work/moe_etp2_tail.log" "$work/moe_etp2_to_tp1.log" 2; then pass; else
+    fail "MoE -tp 2 -etp 2 resumed at -tp 1 differs"; fi
+
 # --- the memory plan (-pm) of a GPT-2 d12 at -tp 2, on one process (the plan takes the layout's sizes only): the
 # parameters are this process's slices (the split tensors halved, the others whole: doc/parallelism.md's table,
 # counted here on its own), and the activations shrink
@@ -187,7 +207,7 @@ expect_error "-sp 1 with T not a multiple" "the sequence length -t 15 must be a 
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -t 15 -b 2 -x 1 -tp 2
 expect_error "-sp out of range" "-sp 2: expected 0 or 1" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 2 -sp 2
 expect_error "-tp 0" "-tp 0: expected 1 or more" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 0
-expect_error "-etp other than 1 or -tp" "-etp 3: expected 1 (the experts whole) with -tp 2" \
+expect_error "-etp other than 1 or -tp" "-etp 3: expected 1 (the experts whole) or -tp's 2" \
     $MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 1 -tp 2 -etp 3
 expect_error "-tp 2 -etp 1 with B*T not dividing" "-tp 2 -etp 1: each member routes an equal part" \
     $MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -t 15 -b 1 -x 1 -tp 2 -sp 0
