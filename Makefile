@@ -188,6 +188,12 @@ MOE_REF_llama_shared := $(MOE_LLAMA) --topk 2 --H 64 --moe-every 2 --cf 0.5 --sh
 MOE_REF_tp_k2_mb2 := --B 4 --T 24 --NH 4 --C 64 --topk 2 --moe-every 1 --cf 1 --micro-batches 2
 MOE_REF_tp_llama_shared := $(MOE_LLAMA) --B 4 --T 24 --topk 2 --H 64 --moe-every 2 --cf 0.5 --shared-experts 1 \
     --shared-hidden 64 --score sigmoid --micro-batches 2
+# and the routing options at that shape: noisy top-2 with jitter, dropless, with the sequence-wise loss; sigmoid top-2
+# with the balancing bias and drops
+MOE_REF_tp_noisy_jitter := --B 4 --T 24 --NH 4 --C 64 --topk 2 --moe-every 1 --cf 0 --noisy-topk 1 --jitter 0.05 \
+    --seq-aux-alpha 0.01 --micro-batches 2
+MOE_REF_tp_bias := --B 4 --T 24 --NH 4 --C 64 $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0.5 --bias-gamma 0.001 \
+    --micro-batches 2
 # tensor parallelism (doc/parallelism.md): GPT-2 and llama with 4 heads of 16 (2 key/value heads), H and the padded
 # vocabulary 384 dividing by 4, and B*T = 96 tokens, which -sp 1 cuts into 2 or 4 equal parts
 TP_REF_ARGS := --B 4 --T 24 --V 263 --L 2 --NH 4 --C 64 --maxT 32 --seed 1337 --steps 10 --grad-clip 0.5
