@@ -157,12 +157,6 @@ static void read_reference_state(ReferenceState* r, FILE* f, const char* path, c
     fclose_check(f, path);
 }
 
-// the tensors' names in model-file order, for the checks' lines (an extension names its own slots)
-static const char* const parameter_names[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_NAME)};
-static const char* parameter_name(const Model* model, int i) {
-    int slot = i - PARAM_EXTENSION;
-    return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->extension.ffn->tensor_names[slot] : parameter_names[i];
-}
 // the gradients as stored, in model-file order (host)
 static void model_get_gradients(const Model* model, floatX* file_order, cudaStream_t stream) {
     model_get_replicated(model, file_order, model->store.grads_memory, cudaMemcpyDeviceToHost);
@@ -440,9 +434,8 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     cudnn_attention_setup();
 #endif
 
-    char path[1024], state_path[1024];
-    snprintf(path, sizeof(path), "%s_model.bin", prefix);
-    snprintf(state_path, sizeof(state_path), "%s_debug_state.bin", prefix);
+    char* path = string_format("%s_model.bin", prefix);
+    char* state_path = string_format("%s_debug_state.bin", prefix);
     t.path = path;
     if (t.zero_stage < 0 || t.zero_stage > 3 || t.offload < 0 || t.offload > 2) {
         fprintf(stderr, "-z %d -oo %d: expected -z 0, 1, 2 or 3 and -oo 0, 1 or 2\n", t.zero_stage, t.offload);
@@ -617,6 +610,8 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     free(grads);
     free(logits);
     free(logits_x);
+    free(path);
+    free(state_path);
     free_test_model(&model);
 #ifdef ENABLE_CUDNN
     cudnn_attention_teardown();

@@ -57,6 +57,7 @@
 #include "llmc/cli.h"
 #include "llmc/info_table.h"
 #include "llmc/output_lock.h"
+#include "llmc/preemption.h"
 #include "llmc/watchdog.h"
 
 // ----------------------------------------------------------------------------------------------------
@@ -318,6 +319,14 @@ static void file_tensor_sizes(size_t* sizes, const Model* model) {
     size_t in_set[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, sizes, in_set);
 }
+
+// the tensors' names in model-file order (an extension names its own slots)
+static const char* const parameter_names[NUM_PARAMETER_TENSORS] = {PARAMETER_TENSORS(PARAMETER_NAME)};
+static const char* parameter_name(const Model* model, int i) {
+    int slot = i - PARAM_EXTENSION;
+    return slot >= 0 && slot < MLP_EXTENSION_SLOTS ? model->extension.ffn->tensor_names[slot] : parameter_names[i];
+}
+
 static void replicated_tensor_sizes(size_t* sizes, const Model* model) {
     size_t in_file[NUM_PARAMETER_TENSORS];
     fill_in_parameter_sizes(model, in_file, sizes);
@@ -1235,27 +1244,26 @@ static void evaluate(Model* model, DataLoader* val_loader, const TrainerSettings
     if (print && x->print_validation) x->print_validation(model, s->B * s->T, logger, step);
 }
 
-// Writes the checkpoint of `step` if one is due (collective): never one of non-finite state, neither after a step
-// whose loss or norm was not finite nor of parameters that are not (every process checks its own, so that all
-// decide alike).
-static void checkpoint_if_due(Model* model, const TrainerSettings* s, const DataLoader* train_loader, TrainerState* ts,
-                              const MultiGpuConfig* mg, int step, int start_step, int last_step, int bad_steps,
-                              cudaStream_t stream) {
+// Writes the checkpoint of `step` if one is due (collective; `preempted`: due with -o, whatever -n), and returns
+// whether it did: never one of non-finite state, neither after a step whose loss or norm was not finite nor of
+// parameters that are not (every process checks its own, so that all decide alike).
+static int checkpoint_if_due(Model* model, const TrainerSettings* s, const DataLoader* train_loader, TrainerState* ts,
+                             const MultiGpuConfig* mg, int step, int start_step, int last_step, int preempted,
+                             int bad_steps, cudaStream_t stream) {
     int rank0 = mg->process_rank == 0;
-    if (!s->output_dir || s->checkpoint_every <= 0 || step <= start_step ||
-        !(step % s->checkpoint_every == 0 || last_step))
-        return;
+    int due = preempted || (s->checkpoint_every > 0 && (step % s->checkpoint_every == 0 || last_step));
+    if (!s->output_dir || step <= start_step || !due) return 0;
     if (bad_steps > 0) {
         if (rank0) printf("step %d: not finite for the last %d step%s: checkpoint not written\n", step, bad_steps,
                           bad_steps == 1 ? "" : "s");
-        return;
+        return 0;
     }
     watchdog_begin("the checkpoint's parameter check", step);
     int finite = model_parameters_finite(model, mg, stream);
     watchdog_end();
     if (!finite) {
         if (rank0) printf("step %d: parameters not finite: checkpoint not written\n", step);
-        return;
+        return 0;
     }
     ts->step = step;
     ts->rng_state = model->rng_state;
@@ -1267,9 +1275,10 @@ static void checkpoint_if_due(Model* model, const TrainerSettings* s, const Data
     if (rank0) {
         printf("checkpoint written: step %d\n", step);
         // the newest -nk complete ones stay, whatever steps they are: so the last checkpoint written
-        // before a run got into trouble is never the one deleted
-        if (s->checkpoints_keep > 0) prune_checkpoints(s->output_dir, s->checkpoints_keep, mg->num_processes);
+        // before a run got into trouble is never the one deleted; files of no complete checkpoint go
+        prune_checkpoints(s->output_dir, s->checkpoints_keep > 0 ? s->checkpoints_keep : INT_MAX, mg->num_processes);
     }
+    return 1;
 }
 
 // What one training step measured.
@@ -1420,7 +1429,11 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (s.plan_gib > 0) tensor_parallel_plan(&tp, &mg, s.tensor_parallel, s.sequence_parallel);
     else tensor_parallel_init(&tp, &mg, s.tensor_parallel, s.sequence_parallel);
     const MultiGpuConfig* dp = &tp.dp;
-    if (s.output_dir && rank0) lock_output_dir(s.output_dir);
+    if (s.output_dir && rank0) {  // one run at a time, one run per directory, and names it can hold
+        lock_output_dir(s.output_dir);
+        check_output_names(s.output_dir);
+        if (!s.resume) refuse_used_output_dir(s.output_dir);
+    }
     watchdog_start(&mg, s.watchdog_s);
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
@@ -1445,10 +1458,10 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     model.process_rank = dp->process_rank;
     model.extension = extension;
     if (x->setup) x->setup(&model, &mg);
-    char resume_model[1024] = "";
+    char* resume_model = NULL;
     int resume_step = s.resume ? trainer_resume_step(&s, &mg) : -1;
     if (resume_step >= 0) {
-        checkpoint_paths(resume_model, sizeof(resume_model), s.output_dir, "model", resume_step, -1);
+        resume_model = checkpoint_path(s.output_dir, "model", resume_step, -1);
         s.model_source = resume_model;
     }
     int from_file = file_exists(s.model_source);
@@ -1570,15 +1583,31 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     int samples = rank0 || (ffn->collective_forward && ffn->collective_forward(&model)) || s.zero_stage == 3 ||
                   tp.degree > 1;
 
+    int checkpoints_written = 0;
+    preemption_install();
     for (int step = start_step; step <= train_num_batches; step++) {
         int last_step = step == train_num_batches;
+        // pre-emption (llmc/preemption.h): at this step boundary every process agrees whether any was signalled
+        int signal_number = step > start_step ? preemption_agreed(&mg) : 0;
+        if (signal_number) {
+            int written = checkpoint_if_due(&model, &s, &train_loader, &ts, &mg, step, start_step, last_step, 1,
+                                            bad_steps, stream);
+            if (rank0)
+                printf("step %d: %s received: %s; exiting with status %d\n", step,
+                       signal_number == SIGTERM ? "SIGTERM" : "SIGUSR1",
+                       written ? "checkpoint written" : !s.output_dir ? "no -o, nothing saved" : "nothing saved",
+                       128 + signal_number);
+            fflush(stdout);
+            exit(128 + signal_number);
+        }
         if (run_val && (step % s.val_every == 0 || last_step)) evaluate(&model, &val_loader, &s, dp, rank0, &logger, step, stream);
         if (samples && s.sample_every > 0 && (step % s.sample_every == 0 || last_step) && s.gen_tokens > 0) {
             watchdog_begin("sampling", step);
             sample_and_print(&model, &tokenizer, sample_seed_token, s.gen_tokens, &ts.sample_rng_state, rank0, stream);
             watchdog_end();
         }
-        checkpoint_if_due(&model, &s, &train_loader, &ts, &mg, step, start_step, last_step, bad_steps, stream);
+        checkpoints_written += checkpoint_if_due(&model, &s, &train_loader, &ts, &mg, step, start_step, last_step, 0,
+                                                 bad_steps, stream);
         if (last_step) break;
 
         test_hook_stop(step + 1, mg.process_rank);
@@ -1590,10 +1619,10 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
             // every process saw the same loss and norm (both reduced over all of them): all stop here
             if (rank0) {
                 int latest = s.output_dir ? find_latest_checkpoint(s.output_dir) : -1;
-                char where[1100] = "no checkpoint to resume from";
-                if (latest >= 0) snprintf(where, sizeof(where), "the last checkpoint is step %d in %s", latest, s.output_dir);
                 fprintf(stderr, "step %d: training diverged: the loss or the gradient norm was not finite for %d steps "
-                        "in a row (-ns %d); %s\n", step + 1, bad_steps, s.divergence_steps, where);
+                        "in a row (-ns %d); ", step + 1, bad_steps, s.divergence_steps);
+                if (latest >= 0) fprintf(stderr, "the last checkpoint is step %d in %s\n", latest, s.output_dir);
+                else fprintf(stderr, "no checkpoint to resume from\n");
             }
             fflush(stdout);
             exit(EXIT_FAILURE);
@@ -1603,7 +1632,16 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (rank0 && s.offload_optimizer == 2 && train_num_batches > start_step)
         printf("-oo 2: the early update was kept in %d of %d steps (a step that clips makes it again)\n",
                model.store.early_adopted, train_num_batches - start_step);
+    // a run that was to keep checkpoints and kept none has lost its training: not a success
+    int exit_status = EXIT_SUCCESS;
+    if (s.output_dir && s.checkpoint_every > 0 && train_num_batches > start_step && checkpoints_written == 0) {
+        if (rank0)
+            fprintf(stderr, "-o %s -n %d: no checkpoint was written (each one due followed a non-finite loss or "
+                    "gradient norm, or found parameters that are not finite)\n", s.output_dir, s.checkpoint_every);
+        exit_status = EXIT_FAILURE;
+    }
     logger_free(&logger);
+    free(resume_model);
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);
     if (run_val) dataloader_free(&val_loader);
@@ -1615,7 +1653,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     cudaCheck(cudaStreamDestroy(stream));
     tensor_parallel_free(&tp);
     multi_gpu_config_free(&mg);
-    return 0;
+    return exit_status;
 }
 
 #ifndef OMIT_TRAIN_GPT_MAIN

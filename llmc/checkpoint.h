@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "utils.h"
 
 // Integrity: the DONE marker lists the checkpoint's step, process count, model header and, for every file, its
 // size and a 64-bit checksum (checkpoint_checksum):
@@ -19,27 +20,58 @@
 // A resumed run verifies them (train_gpt.cu) and falls back to the previous complete checkpoint if they do not
 // match. An empty DONE marker is an older trainer's: its checkpoint loads unverified, with a note.
 
-// kind: "model", "expert_state", "state" (with rank >= 0) or "DONE"
-static void checkpoint_paths(char* buf, size_t n, const char* dir, const char* kind, int step, int rank) {
-    if (rank >= 0) snprintf(buf, n, "%s/%s_%08d_%05d.bin", dir, kind, step, rank);
-    else snprintf(buf, n, "%s/%s_%08d%s", dir, kind, step, strcmp(kind, "DONE") ? ".bin" : "");
+// A checkpoint file's name in dir (the caller frees it); kind: "model", "expert_state", "state" (with rank >= 0) or
+// "DONE"
+static char* checkpoint_path(const char* dir, const char* kind, int step, int rank) {
+    if (rank >= 0) return string_format("%s/%s_%08d_%05d.bin", dir, kind, step, rank);
+    return string_format("%s/%s_%08d%s", dir, kind, step, strcmp(kind, "DONE") ? ".bin" : "");
+}
+
+static void remove_checkpoint_file(const char* dir, const char* kind, int step, int rank) {
+    char* path = checkpoint_path(dir, kind, step, rank);
+    remove(path);
+    free(path);
 }
 
 static void delete_checkpoint(const char* dir, int step, int num_processes) {
-    char path[1024];
-    checkpoint_paths(path, sizeof(path), dir, "DONE", step, -1);  // first: the checkpoint is incomplete from now on
-    remove(path);
-    checkpoint_paths(path, sizeof(path), dir, "model", step, -1);
-    remove(path);
-    checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
-    remove(path);  // absent for a dense model
-    for (int r = 0; r < num_processes; r++) {
-        checkpoint_paths(path, sizeof(path), dir, "state", step, r);
-        remove(path);
-    }
+    remove_checkpoint_file(dir, "DONE", step, -1);  // first: the checkpoint is incomplete from now on
+    remove_checkpoint_file(dir, "model", step, -1);
+    remove_checkpoint_file(dir, "expert_state", step, -1);  // absent for a dense model
+    for (int r = 0; r < num_processes; r++) remove_checkpoint_file(dir, "state", step, r);
 }
 
-// Deletes every complete checkpoint (one with a DONE marker) of dir but the newest `keep`.
+// The step of a checkpoint file's name (model_S.bin, state_S_R.bin, expert_state_S.bin, DONE_S, and their
+// temporaries S... .tmp), or -1 for any other name
+static int checkpoint_file_step(const char* name) {
+    const char* kinds[] = {"model_", "state_", "expert_state_", "DONE_"};
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+        size_t len = strlen(kinds[k]);
+        int step, used = 0;
+        if (strncmp(name, kinds[k], len) == 0 && sscanf(name + len, "%8d%n", &step, &used) == 1 && used == 8)
+            return step;
+    }
+    return -1;
+}
+
+// Removes the checkpoint files of dir that belong to none of the `n` complete checkpoints in `steps`: what a crash
+// left of a checkpoint being written or deleted (deletion removes the DONE marker first, so such files never look
+// complete), and the temporaries of an interrupted write. Process 0, once its own checkpoint is complete.
+static void remove_incomplete_checkpoint_files(const char* dir, const int* steps, int n) {
+    DIR* d = opendir(dir);
+    if (!d) return;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step = checkpoint_file_step(e->d_name), kept = 0;
+        for (int i = 0; i < n && step >= 0; i++) kept |= steps[i] == step && strstr(e->d_name, ".tmp") == NULL;
+        if (step < 0 || kept) continue;
+        char* path = string_format("%s/%s", dir, e->d_name);
+        remove(path);
+        free(path);
+    }
+    closedir(d);
+}
+
+// Deletes every complete checkpoint (one with a DONE marker) of dir but the newest `keep`, and the files of none.
 static void prune_checkpoints(const char* dir, int keep, int num_processes) {
     DIR* d = opendir(dir);
     if (!d) return;
@@ -67,6 +99,7 @@ static void prune_checkpoints(const char* dir, int keep, int num_processes) {
             steps[j - 1] = t;
         }
     for (int i = keep; i < n; i++) delete_checkpoint(dir, steps[i], num_processes);
+    remove_incomplete_checkpoint_files(dir, steps, n < keep ? n : keep);
     free(steps);
 }
 

@@ -11,21 +11,17 @@
 
 typedef struct {
     int active;
-    char path[4096];
+    char* path;  // <log_dir>/main.log (NULL when not active)
     FILE* file;
 } Logger;
 
 static inline void logger_init(Logger* l, const char* log_dir, int process_rank, int resume) {
     l->active = log_dir != NULL && process_rank == 0;
-    l->path[0] = '\0';
+    l->path = NULL;
     l->file = NULL;
     if (!l->active) return;
     create_dir_if_not_exists(log_dir);
-    int n = snprintf(l->path, sizeof(l->path), "%s/main.log", log_dir);
-    if (n < 0 || (size_t)n >= sizeof(l->path)) {
-        fprintf(stderr, "log directory %s: path too long (limit %zu characters)\n", log_dir, sizeof(l->path) - 10);
-        exit(EXIT_FAILURE);
-    }
+    l->path = string_format("%s/main.log", log_dir);
     l->file = fopen_check(l->path, resume ? "a" : "w");
 }
 
@@ -37,8 +33,8 @@ static inline void logger_resume(Logger* l, int step, int eval_redone) {
     fclose_check(l->file, l->path);
     l->file = NULL;
     FILE* in = fopen(l->path, "r");
-    char tmp[4200];
-    FILE* out = fopen_tmp_for(l->path, tmp, sizeof(tmp));
+    char* tmp;
+    FILE* out = fopen_tmp_for(l->path, &tmp);
     if (in != NULL) {
         char line[4096];
         int dropped = 0;
@@ -57,6 +53,7 @@ static inline void logger_resume(Logger* l, int step, int eval_redone) {
         fprintf(out, "resumed from step %d (%d later lines dropped)\n", step, dropped);
     }
     commit_tmp(out, tmp, l->path);
+    free(tmp);
     l->file = fopen_check(l->path, "a");
 }
 
@@ -92,4 +89,6 @@ static inline void logger_free(Logger* l) {
     if (l->file != NULL) fclose_check(l->file, l->path);
     l->file = NULL;
     l->active = 0;
+    free(l->path);
+    l->path = NULL;
 }

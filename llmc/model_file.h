@@ -7,6 +7,18 @@
 // and every gpt-*, llama-* and moe-* row, whose models are read from the reference's files.
 #pragma once
 
+// A model file's parameter that is not finite is refused, named by its tensor and index: one that no batch reaches (a
+// wpe row past -t) would otherwise train on while every checkpoint's parameter check fails.
+static void model_refuse_non_finite(const Model* model, const char* path, size_t at, float value) {
+    size_t sizes[NUM_PARAMETER_TENSORS], first = 0;
+    file_tensor_sizes(sizes, model);
+    int i = 0;
+    while (i < NUM_PARAMETER_TENSORS - 1 && at >= first + sizes[i]) first += sizes[i++];
+    fprintf(stderr, "%s: parameter %s, element %zu (value %g; the file's parameter %zu), is not finite\n", path,
+            parameter_name(model, i), at - first, value, at);
+    exit(EXIT_FAILURE);
+}
+
 // Loads a model file, converted to floatX: a GPT-2 file in llm.c's format (version 3 fp32, 5 bf16; header word
 // 16 = 1: the llama family), or with an extension its format (train_moe.cu: doc/formats.md).
 static void model_build_from_checkpoint(Model* model, const char* path) {
@@ -98,6 +110,7 @@ static void model_build_from_checkpoint(Model* model, const char* path) {
     floatX* host = (floatX*)malloc_for(n * sizeof(floatX), "the parameters", path);
     for (size_t i = 0; i < n; i++) {
         float v = version == fp32_version ? ((float*)raw)[i] : __bfloat162float(((__nv_bfloat16*)raw)[i]);
+        if (!isfinite(v)) model_refuse_non_finite(model, path, i, v);
         host[i] = (floatX)v;
     }
     model_set_parameters(model, host);
@@ -234,8 +247,8 @@ static void model_write_model_file(Model* model, const char* path, cudaStream_t 
         free(host);
         return;
     }
-    char tmp[1024];
-    FILE* f = fopen_tmp_for(path, tmp, sizeof(tmp));
+    char* tmp;
+    FILE* f = fopen_tmp_for(path, &tmp);
     fwrite_check(header, sizeof(int), 256, f, tmp);
     if (PRECISION_MODE == PRECISION_BF16) {
         fwrite_check(host, sizeof(floatX), n, f, tmp);
@@ -247,5 +260,6 @@ static void model_write_model_file(Model* model, const char* path, cudaStream_t 
     }
     if (model->extension.file->write_file_tail) model->extension.file->write_file_tail(model, f, tmp);
     commit_tmp(f, tmp, path);
+    free(tmp);
     free(host);
 }

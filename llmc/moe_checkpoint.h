@@ -25,11 +25,11 @@ static void write_expert_state(const char* dir, int step, Model* model, int zero
     cudaCheck(cudaMalloc((void**)&full, x->num_parameters_padded * sizeof(float)));
     int gathers = moe->ep.group == 0;  // process 0's group (at -etp N, with every member's), the one that writes
     float* host = gathers ? (float*)malloc_check(all_experts * sizeof(float)) : NULL;
-    char path[1024], tmp[1100];
+    char* path = checkpoint_path(dir, "expert_state", step, -1);
+    char* tmp = NULL;
     FILE* f = NULL;
     if (model->process_rank == 0 && model_tp_member(model) == 0) {  // the world's process 0
-        checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
-        f = fopen_tmp_for(path, tmp, sizeof(tmp));
+        f = fopen_tmp_for(path, &tmp);
         int header[256] = {0};
         header[0] = EXPERT_STATE_MAGIC;
         header[1] = 1;
@@ -47,6 +47,8 @@ static void write_expert_state(const char* dir, int step, Model* model, int zero
         if (f) fwrite_check(host, sizeof(float), all_experts, f, tmp);
     }
     if (f) commit_tmp(f, tmp, path);
+    free(tmp);
+    free(path);
     free(host);
     cudaCheck(cudaFree(full));
 }
@@ -58,8 +60,7 @@ static void read_expert_state(const char* dir, int step, Model* model) {
     const MoEConfig* c = &moe->config;
     ShardedParameters* x = &moe->expert_store;
     size_t all_experts = moe_file_expert_values(model);
-    char path[1024];
-    checkpoint_paths(path, sizeof(path), dir, "expert_state", step, -1);
+    char* path = checkpoint_path(dir, "expert_state", step, -1);
     FILE* f = fopen_check(path, "rb");
     int header[256];
     read_header_check(f, header, path, EXPERT_STATE_MAGIC, "MoE expert optimizer state");
@@ -104,4 +105,5 @@ static void read_expert_state(const char* dir, int step, Model* model) {
     free(own);
     free(full);
     fclose_check(f, path);
+    free(path);
 }

@@ -142,28 +142,24 @@ static inline void multi_gpu_share_id_tcp(ncclUniqueId* id, int process_rank, in
     }
 }
 
-static inline void multi_gpu_fs_path(char* out, size_t size, const char* fs_path, const char* name, int rank) {
-    int n = rank < 0 ? snprintf(out, size, "%s/%s", fs_path, name) : snprintf(out, size, "%s/%s%d", fs_path, name, rank);
-    if (n < 0 || (size_t)n >= size) {
-        fprintf(stderr, "-pf %s: path too long (limit %zu characters)\n", fs_path, size - 32);
-        exit(EXIT_FAILURE);
-    }
+static inline char* multi_gpu_fs_path(const char* fs_path, const char* name, int rank) {  // the caller frees it
+    return rank < 0 ? string_format("%s/%s", fs_path, name) : string_format("%s/%s%d", fs_path, name, rank);
 }
 
 // Rank 0 publishes `id` in <fs_path>/ncclUniqueId.sync, every other rank reads it and leaves an
 // acknowledgement ncclUniqueId.sync.ack<rank>; rank 0 then removes all of them.
 static inline void multi_gpu_share_id_fs(ncclUniqueId* id, int process_rank, int num_processes, const char* fs_path,
                                          int timeout_s) {
-    char sync_path[4096], ack_path[4096];
-    multi_gpu_fs_path(sync_path, sizeof(sync_path), fs_path, "ncclUniqueId.sync", -1);
+    char* sync_path = multi_gpu_fs_path(fs_path, "ncclUniqueId.sync", -1);
     double deadline = multi_gpu_now_s() + timeout_s;
     if (process_rank == 0) {
-        char tmp_path[4096 + 8];
-        FILE* f = fopen_tmp_for(sync_path, tmp_path, sizeof(tmp_path));
+        char* tmp_path;
+        FILE* f = fopen_tmp_for(sync_path, &tmp_path);
         fwrite_check(id->internal, 1, sizeof(id->internal), f, tmp_path);
         commit_tmp(f, tmp_path, sync_path);
+        free(tmp_path);
         for (int rank = 1; rank < num_processes; rank++) {
-            multi_gpu_fs_path(ack_path, sizeof(ack_path), fs_path, "ncclUniqueId.sync.ack", rank);
+            char* ack_path = multi_gpu_fs_path(fs_path, "ncclUniqueId.sync.ack", rank);
             while (access(ack_path, F_OK) != 0) {
                 if (multi_gpu_now_s() > deadline) {
                     fprintf(stderr, "-pi fs: rank %d did not read %s within %d s (is it running, with the same -pf?)\n",
@@ -172,12 +168,15 @@ static inline void multi_gpu_share_id_fs(ncclUniqueId* id, int process_rank, int
                 }
                 usleep(50 * 1000);
             }
+            free(ack_path);
         }
         for (int rank = 1; rank < num_processes; rank++) {
-            multi_gpu_fs_path(ack_path, sizeof(ack_path), fs_path, "ncclUniqueId.sync.ack", rank);
+            char* ack_path = multi_gpu_fs_path(fs_path, "ncclUniqueId.sync.ack", rank);
             remove(ack_path);
+            free(ack_path);
         }
         remove(sync_path);
+        free(sync_path);
         return;
     }
     while (access(sync_path, F_OK) != 0) {
@@ -195,9 +194,11 @@ static inline void multi_gpu_share_id_fs(ncclUniqueId* id, int process_rank, int
         exit(EXIT_FAILURE);
     }
     fclose_check(f, sync_path);
-    multi_gpu_fs_path(ack_path, sizeof(ack_path), fs_path, "ncclUniqueId.sync.ack", process_rank);
+    char* ack_path = multi_gpu_fs_path(fs_path, "ncclUniqueId.sync.ack", process_rank);
     FILE* ack = fopen_check(ack_path, "wb");
     fclose_check(ack, ack_path);
+    free(ack_path);
+    free(sync_path);
 }
 
 // Whether this process was started by an MPI launcher (Open MPI's mpirun, or a PMI/PMIx one such as srun).

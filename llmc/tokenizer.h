@@ -18,7 +18,7 @@ typedef struct {
     int eot_token;
     uint32_t vocab_size;
     char** token_table;  // vocab_size NUL-terminated pieces
-    char path[4096];  // for error messages
+    char* path;  // for error messages
 } Tokenizer;
 
 static inline void tokenizer_init(Tokenizer* t, const char* path) {
@@ -26,7 +26,7 @@ static inline void tokenizer_init(Tokenizer* t, const char* path) {
     t->eot_token = -1;
     t->vocab_size = 0;
     t->token_table = NULL;
-    snprintf(t->path, sizeof(t->path), "%s", path);
+    t->path = string_format("%s", path);
     if (access(path, F_OK) != 0) {
         printf("tokenizer file %s not found: samples will not be decoded\n", path);
         return;
@@ -101,4 +101,6 @@ static inline void tokenizer_free(Tokenizer* t) {
     }
     t->token_table = NULL;
     t->init_ok = 0;
+    free(t->path);
+    t->path = NULL;
 }

@@ -23,13 +23,14 @@ typedef struct {
 // Collective over all processes.
 static void write_checkpoint(const char* dir, Model* model, const DataLoader* loader, const TrainerState* ts,
                              const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    char path[1024], tmp[1100];
-    checkpoint_paths(path, sizeof(path), dir, "model", ts->step, -1);
+    char* tmp;
+    char* path = checkpoint_path(dir, "model", ts->step, -1);
     model_write_model_file(model, path, stream);
+    free(path);
     const CheckpointExtension* x = model->extension.checkpoint;
     if (x->write_state) x->write_state(dir, ts->step, model, zero_stage, stream);
-    checkpoint_paths(path, sizeof(path), dir, "state", ts->step, mg->process_rank);
-    FILE* f = fopen_tmp_for(path, tmp, sizeof(tmp));
+    path = checkpoint_path(dir, "state", ts->step, mg->process_rank);
+    FILE* f = fopen_tmp_for(path, &tmp);
     int header[256] = {0};
     header[0] = STATE_FILE_MAGIC;
     header[1] = 1;
@@ -53,6 +54,7 @@ static void write_checkpoint(const char* dir, Model* model, const DataLoader* lo
     free(lstate);
     fwrite_check(ts, sizeof(TrainerState), 1, f, tmp);
     commit_tmp(f, tmp, path);
+    free(tmp);
     // every process checksums its own state file (in parallel, from the page cache); process 0 gathers them, which
     // is also the barrier before the DONE marker
     uint64_t mine[2], *all = (uint64_t*)malloc_check(2 * (size_t)mg->num_processes * sizeof(uint64_t));
@@ -67,9 +69,10 @@ static void write_checkpoint(const char* dir, Model* model, const DataLoader* lo
     cudaCheck(cudaStreamSynchronize(mg->nccl_stream));
     cudaCheck(cudaMemcpy(all, device + 2, 2 * (size_t)mg->num_processes * sizeof(uint64_t), cudaMemcpyDeviceToHost));
     cudaCheck(cudaFree(device));
+    free(path);
     if (mg->process_rank == 0) {
-        checkpoint_paths(path, sizeof(path), dir, "DONE", ts->step, -1);
-        FILE* d = fopen_tmp_for(path, tmp, sizeof(tmp));
+        path = checkpoint_path(dir, "DONE", ts->step, -1);
+        FILE* d = fopen_tmp_for(path, &tmp);
         int header[256];
         model_file_header(model, header);
         fprintf(d, "checkpoint 1\nstep %d\nprocesses %d\nmodel", ts->step, mg->num_processes);
@@ -77,23 +80,25 @@ static void write_checkpoint(const char* dir, Model* model, const DataLoader* lo
         fprintf(d, "\n");
         const char* kinds[2] = {"model", model->extension.checkpoint->state_file};
         for (int k = 0; k < 2 && kinds[k]; k++) {
-            char file[1024];
             uint64_t size, hash;
-            checkpoint_paths(file, sizeof(file), dir, kinds[k], ts->step, -1);
+            char* file = checkpoint_path(dir, kinds[k], ts->step, -1);
             if (!checkpoint_checksum(file, &size, &hash)) {
                 fprintf(stderr, "%s: cannot read back the file just written\n", file);
                 exit(EXIT_FAILURE);
             }
             fprintf(d, "file %s %llu %016llx\n", strrchr(file, '/') + 1, (unsigned long long)size,
                     (unsigned long long)hash);
+            free(file);
         }
         for (int r = 0; r < mg->num_processes; r++) {
-            char file[1024];
-            checkpoint_paths(file, sizeof(file), dir, "state", ts->step, r);
+            char* file = checkpoint_path(dir, "state", ts->step, r);
             fprintf(d, "file %s %llu %016llx\n", strrchr(file, '/') + 1, (unsigned long long)all[2 * r],
                     (unsigned long long)all[2 * r + 1]);
+            free(file);
         }
         commit_tmp(d, tmp, path);
+        free(tmp);
+        free(path);
     }
     free(all);
 }
@@ -102,19 +107,23 @@ static void write_checkpoint(const char* dir, Model* model, const DataLoader* lo
 // with the files, and the checksums of the model, an extension's state file and this process's state match (all the
 // states, when the checkpoint was written by another number of processes: read_checkpoint_state reads them all).
 // An empty DONE marker (an older trainer's) has no checksums: only the step and process count of the state and
-// the model header's readability are checked, and *legacy is set. On failure `why` says what, naming the file.
-static int verify_checkpoint(const char* dir, int step, int rank, int num_processes, int* legacy, char* why,
-                             size_t why_size) {
-    char done[1024], path[1024];
-    checkpoint_paths(done, sizeof(done), dir, "DONE", step, -1);
+// the model header's readability are checked, and *legacy is set. On failure *why (the caller frees it) says what,
+// naming the file.
+static int verify_checkpoint(const char* dir, int step, int rank, int num_processes, int* legacy, char** why) {
+    char* done = checkpoint_path(dir, "DONE", step, -1);
     *legacy = 0;
+    *why = NULL;
     FILE* f = fopen(done, "r");
-    if (f == NULL) { snprintf(why, why_size, "%s: cannot open", done); return 0; }
+    if (f == NULL) {
+        *why = string_format("%s: cannot open", done);
+        free(done);
+        return 0;
+    }
     char line[2048];
     int version = -1, done_step = -1, processes = -1, have_model = 0, model_header[13] = {0}, lines = 0;
     // the files the DONE lists, checked as they come; this process's state must be among them
-    int checked_state = 0, ok = 1;
-    while (ok && fgets(line, sizeof(line), f) != NULL) {
+    int checked_state = 0;
+    while (*why == NULL && fgets(line, sizeof(line), f) != NULL) {
         lines++;
         char name[1024];
         unsigned long long size, hash;
@@ -132,63 +141,52 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
             char rest;
             int is_state = sscanf(name, "state_%8d_%5d.bin%c", &s2, &r, &rest) == 2;
             if (is_state && r != rank && processes == num_processes) continue;  // every process checks its own
-            snprintf(path, sizeof(path), "%s/%s", dir, name);
+            char* path = string_format("%s/%s", dir, name);
             uint64_t got_size, got_hash;
-            if (!checkpoint_checksum(path, &got_size, &got_hash)) {
-                snprintf(why, why_size, "%s: cannot read it", path);
-                ok = 0;
-            } else if (got_size != size || got_hash != hash) {
-                snprintf(why, why_size, "%s: %llu bytes, checksum %016llx; %s lists %llu bytes, checksum %016llx", path,
-                         (unsigned long long)got_size, (unsigned long long)got_hash, done, size, hash);
-                ok = 0;
-            }
+            if (!checkpoint_checksum(path, &got_size, &got_hash))
+                *why = string_format("%s: cannot read it", path);
+            else if (got_size != size || got_hash != hash)
+                *why = string_format("%s: %llu bytes, checksum %016llx; %s lists %llu bytes, checksum %016llx", path,
+                                     (unsigned long long)got_size, (unsigned long long)got_hash, done, size, hash);
+            free(path);
             checked_state |= is_state;
             continue;
         }
-        snprintf(why, why_size, "%s: unexpected line '%.60s'", done, line);
-        ok = 0;
+        *why = string_format("%s: unexpected line '%.60s'", done, line);
     }
     fclose(f);
-    if (!ok) return 0;
-    if (lines == 0) {
+    if (*why == NULL && lines == 0) {
         *legacy = 1;
-    } else if (version != 1 || done_step != step || processes < 1 || !have_model || !checked_state) {
-        snprintf(why, why_size, "%s: says checkpoint %d, step %d, %d processes%s; expected version 1, step %d and the "
-                 "states", done, version, done_step, processes, have_model ? "" : ", no model header", step);
-        return 0;
+    } else if (*why == NULL &&
+               (version != 1 || done_step != step || processes < 1 || !have_model || !checked_state)) {
+        *why = string_format("%s: says checkpoint %d, step %d, %d processes%s; expected version 1, step %d and the "
+                             "states", done, version, done_step, processes, have_model ? "" : ", no model header",
+                             step);
     }
     // an older trainer's checkpoint resumes only on its own process count
     int saved_processes = *legacy ? num_processes : processes;
     // the files' own headers: the model's configuration as the DONE lists it, the state's step and process count
-    checkpoint_paths(path, sizeof(path), dir, "model", step, -1);
     int header[256];
-    FILE* m = fopen(path, "rb");
-    if (m == NULL || fread(header, sizeof(int), 256, m) != 256) {
-        if (m) fclose(m);
-        snprintf(why, why_size, "%s: cannot read its header", path);
-        return 0;
-    }
-    fclose(m);
-    for (int i = 1; i <= 12 && !*legacy; i++) {
-        if (header[i] != model_header[i]) {
-            snprintf(why, why_size, "%s: header[%d] = %d, but %s says %d", path, i, header[i], done, model_header[i]);
-            return 0;
-        }
-    }
-    checkpoint_paths(path, sizeof(path), dir, "state", step, saved_processes == num_processes ? rank : 0);
-    FILE* st = fopen(path, "rb");
-    if (st == NULL || fread(header, sizeof(int), 256, st) != 256) {
-        if (st) fclose(st);
-        snprintf(why, why_size, "%s: cannot read its header", path);
-        return 0;
-    }
-    fclose(st);
-    if (header[0] != STATE_FILE_MAGIC || header[5] != step || header[2] != saved_processes) {
-        snprintf(why, why_size, "%s: a state of step %d for %d processes (magic %d), not of step %d for %d", path,
-                 header[5], header[2], header[0], step, saved_processes);
-        return 0;
-    }
-    return 1;
+    char* path = checkpoint_path(dir, "model", step, -1);
+    FILE* m = *why == NULL ? fopen(path, "rb") : NULL;
+    if (*why == NULL && (m == NULL || fread(header, sizeof(int), 256, m) != 256))
+        *why = string_format("%s: cannot read its header", path);
+    if (m) fclose(m);
+    for (int i = 1; i <= 12 && !*legacy && *why == NULL; i++)
+        if (header[i] != model_header[i])
+            *why = string_format("%s: header[%d] = %d, but %s says %d", path, i, header[i], done, model_header[i]);
+    free(path);
+    path = checkpoint_path(dir, "state", step, saved_processes == num_processes ? rank : 0);
+    FILE* st = *why == NULL ? fopen(path, "rb") : NULL;
+    if (*why == NULL && (st == NULL || fread(header, sizeof(int), 256, st) != 256))
+        *why = string_format("%s: cannot read its header", path);
+    if (st) fclose(st);
+    if (*why == NULL && (header[0] != STATE_FILE_MAGIC || header[5] != step || header[2] != saved_processes))
+        *why = string_format("%s: a state of step %d for %d processes (magic %d), not of step %d for %d", path,
+                             header[5], header[2], header[0], step, saved_processes);
+    free(path);
+    free(done);
+    return *why == NULL;
 }
 
 
@@ -204,13 +202,13 @@ static void read_resharded_state(const char* dir, int step, Model* model, int sa
     for (int buffer = 0; buffer < (p->has_master ? 3 : 2); buffer++) {
         memset(full, 0, p->num_parameters_padded * sizeof(float));
         for (size_t r = 0; r < saved_files; r++) {
-            char path[1024];
-            checkpoint_paths(path, sizeof(path), dir, "state", step, (int)r);
+            char* path = checkpoint_path(dir, "state", step, (int)r);
             FILE* f = fopen_check(path, "rb");
             fseek_check(f, 256 * sizeof(int) + buffer * saved_shard * sizeof(float), path);
             size_t begin = r * saved_shard, count = begin < n ? (n - begin < saved_shard ? n - begin : saved_shard) : 0;
             fread_check(full + begin, sizeof(float), count, f, path);
             fclose_check(f, path);
+            free(path);
         }
         sharded_parameters_scatter_state(p, buffer, full);
     }
@@ -247,14 +245,14 @@ static void read_resliced_state(const char* dir, int step, Model* model, int sav
     for (int buffer = 0; buffer < (p->has_master ? 3 : 2); buffer++) {
         for (int m = 0; m < saved_tp; m++) {
             for (size_t d = 0; d < files_per_member; d++) {
-                char path[1024];
-                checkpoint_paths(path, sizeof(path), dir, "state", step, (int)(d * saved_tp + m));
+                char* path = checkpoint_path(dir, "state", step, (int)(d * saved_tp + m));
                 FILE* f = fopen_check(path, "rb");
                 fseek_check(f, 256 * sizeof(int) + buffer * saved_shard * sizeof(float), path);
                 size_t begin = d * saved_shard;
                 size_t count = begin < saved_n ? (saved_n - begin < saved_shard ? saved_n - begin : saved_shard) : 0;
                 fread_check(member_set + begin, sizeof(float), count, f, path);
                 fclose_check(f, path);
+                free(path);
             }
             size_t from = 0, to = 0;
             for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
@@ -282,11 +280,11 @@ static void read_resliced_state(const char* dir, int step, Model* model, int sav
 
 static void read_checkpoint_state(const char* dir, int step, Model* model, DataLoader* loader, TrainerState* ts,
                                   const MultiGpuConfig* mg) {
-    char path[1024];
-    checkpoint_paths(path, sizeof(path), dir, "state", step, mg->process_rank);
+    char* path = checkpoint_path(dir, "state", step, mg->process_rank);
     FILE* f = fopen(path, "rb");
     if (f == NULL) {  // written by fewer processes: rank 0's file has the state that all of them share
-        checkpoint_paths(path, sizeof(path), dir, "state", step, 0);
+        free(path);
+        path = checkpoint_path(dir, "state", step, 0);
         f = fopen_check(path, "rb");
     }
     int header[256];
@@ -335,5 +333,6 @@ static void read_checkpoint_state(const char* dir, int step, Model* model, DataL
         exit(EXIT_FAILURE);
     }
     fclose_check(f, path);
+    free(path);
     if (model->extension.checkpoint->read_state) model->extension.checkpoint->read_state(dir, step, model);
 }

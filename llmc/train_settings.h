@@ -280,10 +280,11 @@ static int trainer_resume_step(const TrainerSettings* s, const MultiGpuConfig* m
     int step = find_latest_checkpoint(s->output_dir);
     int found_any = step >= 0;
     while (step >= 0) {
-        char why[2600] = "";
+        char* why;
         int legacy = 0;
-        int ok = verify_checkpoint(s->output_dir, step, mg->process_rank, mg->num_processes, &legacy, why, sizeof(why));
+        int ok = verify_checkpoint(s->output_dir, step, mg->process_rank, mg->num_processes, &legacy, &why);
         if (!ok) fprintf(stderr, "-y 1: checkpoint step %d fails verification: %s\n", step, why);
+        free(why);
         if (multi_gpu_cpu_float_sum(ok ? 0.0f : 1.0f, mg) == 0.0f) {
             if (legacy && rank0)
                 printf("note: %s/DONE_%08d has no checksums (an older checkpoint): loaded unverified\n", s->output_dir,

@@ -7,6 +7,7 @@
 #pragma once
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,13 +16,37 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+// (a directory opens for reading, and would read as an empty file: refused by name)
 static inline FILE* fopen_check(const char* path, const char* mode) {
+    struct stat st;
+    if (mode[0] == 'r' && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "%s: is a directory, not a file\n", path);
+        exit(EXIT_FAILURE);
+    }
     FILE* f = fopen(path, mode);
     if (f == NULL) {
         fprintf(stderr, "cannot open %s (mode \"%s\"): %s\n", path, mode, strerror(errno));
         exit(EXIT_FAILURE);
     }
     return f;
+}
+
+// printf into memory of its own, as long as it takes (the caller frees it): paths of any length
+static inline char* string_format(const char* format, ...) __attribute__((format(printf, 1, 2)));
+static inline char* string_format(const char* format, ...) {
+    va_list args;
+    va_start(args, format);
+    int n = vsnprintf(NULL, 0, format, args);
+    va_end(args);
+    char* out = n >= 0 ? (char*)malloc((size_t)n + 1) : NULL;
+    if (out == NULL) {
+        fprintf(stderr, "out of host memory for a string of %d characters (format \"%s\")\n", n, format);
+        exit(EXIT_FAILURE);
+    }
+    va_start(args, format);
+    vsnprintf(out, (size_t)n + 1, format, args);
+    va_end(args);
+    return out;
 }
 
 // to byte `offset` from the file's start (64-bit: optimizer states pass 2 GiB)
@@ -94,15 +119,12 @@ static inline void read_header_check(FILE* f, int header[256], const char* path,
     }
 }
 
-// Opens "<final_path>.tmp" for writing; tmp_path receives that name for commit_tmp. A stale temporary (an
-// interrupted write) is removed first and the new one is created exclusively, without following a symlink: fopen
-// "wb" would write through a link planted at the temporary name into whatever file it points to.
-static inline FILE* fopen_tmp_for(const char* final_path, char* tmp_path, size_t tmp_size) {
-    int n = snprintf(tmp_path, tmp_size, "%s.tmp", final_path);
-    if (n < 0 || (size_t)n >= tmp_size) {
-        fprintf(stderr, "%s: path too long for its temporary name (limit %zu characters)\n", final_path, tmp_size);
-        exit(EXIT_FAILURE);
-    }
+// Opens "<final_path>.tmp" for writing; *tmp_path receives that name (the caller frees it) for commit_tmp. A stale
+// temporary (an interrupted write) is removed first and the new one is created exclusively, without following a
+// symlink: fopen "wb" would write through a link planted at the temporary name into whatever file it points to.
+static inline FILE* fopen_tmp_for(const char* final_path, char** tmp) {
+    char* tmp_path = string_format("%s.tmp", final_path);
+    *tmp = tmp_path;
     if (unlink(tmp_path) != 0 && errno != ENOENT) {
         fprintf(stderr, "cannot remove the stale temporary file %s: %s\n", tmp_path, strerror(errno));
         exit(EXIT_FAILURE);
@@ -133,21 +155,15 @@ static inline void commit_tmp(FILE* f, const char* tmp_path, const char* final_p
         fprintf(stderr, "cannot rename %s to %s: %s\n", tmp_path, final_path, strerror(errno));
         exit(EXIT_FAILURE);
     }
-    char dir[4096];
-    snprintf(dir, sizeof(dir), "%s", final_path);
-    char* slash = strrchr(dir, '/');
-    if (slash == NULL) {
-        snprintf(dir, sizeof(dir), ".");
-    } else if (slash == dir) {
-        dir[1] = '\0';
-    } else {
-        *slash = '\0';
-    }
+    const char* slash = strrchr(final_path, '/');
+    char* dir = slash == NULL ? string_format(".") : slash == final_path ? string_format("/")
+                                                   : string_format("%.*s", (int)(slash - final_path), final_path);
     int dir_fd = open(dir, O_RDONLY);
     if (dir_fd >= 0) {  // some file systems refuse to open or sync a directory; the rename has happened anyway
         fsync(dir_fd);
         close(dir_fd);
     }
+    free(dir);
 }
 
 static inline void create_dir_if_not_exists(const char* dir) {

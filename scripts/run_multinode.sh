@@ -3,7 +3,10 @@
 # scripts/run_moe_8x124M.sh, across several nodes: one process per GPU, started by Open MPI's mpirun from a
 # hostfile, NCCL between the GPUs (-pi mpi: rank and local GPU come from Open MPI). Same flags, data and
 # tokens per step as the single-node scripts, so the curves match; more GPUs only mean less accumulation.
-# Resumable: it loops with -y 1 until the last step's DONE marker exists.
+# Resumable: it loops with -y 1 until the last step's DONE marker exists. Pre-empted (SIGUSR1 to mpirun, which
+# forwards it to every rank: under Slurm sbatch --signal=B:USR1@120 and a trap in the batch script that passes it on,
+# doc/training.md) the trainer writes a checkpoint at the next step and exits 138; the next attempt, or a requeued
+# job, goes on from it.
 #
 #   scripts/run_multinode.sh HOSTFILE [gpt2|moe]          (default gpt2)
 #

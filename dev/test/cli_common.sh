@@ -1,5 +1,6 @@
 # dev/test/cli_common.sh: what the trainers' command-line tests share (sourced by dev/test/test_train_gpt.sh and
-# dev/test/test_train_moe.sh): counting checks, running a command that must fail with a given message, and comparing step losses.
+# dev/test/test_train_moe.sh): counting checks, running a command that must fail with a given message, comparing step
+# losses, and a pre-emption round trip.
 passed=0
 failed=0
 pass() { passed=$((passed + 1)); }
@@ -31,4 +32,40 @@ print("  %s: %s\n  %s: %s" % (sys.argv[1].split("/")[-1], a, sys.argv[2].split("
 sys.exit(0 if len(a) == n and len(b) == n and all(abs(x[0] - y[0]) <= 1e-5 * abs(x[0]) and
                                                   abs(x[1] - y[1]) <= 1e-4 * abs(x[1]) for x, y in zip(a, b)) else 1)
 PY
+}
+
+# Pre-emption (llmc/preemption.h): the last process of a job stopped before step 4 (TRAIN_TEST_STOP_AT_STEP) gets
+# SIGTERM (REPEAT "again": again and again until it exits) and goes on; the job must write a checkpoint of step 4 and
+# exit 143, and resumed print the uninterrupted run's last two steps bit for bit. Needs $MPIRUN, $work, pass, fail.
+stopped_child() {  # MPIRUN-PID: the pid of its stopped child, once there is one
+    for _ in $(seq 600); do
+        for child in $(pgrep -P "$1"); do
+            [ "$(ps -o stat= -p "$child" 2>/dev/null | cut -c1)" = T ] && { echo "$child"; return 0; }
+        done
+        sleep 0.1
+    done
+    return 1
+}
+preempted() {  # NAME NP REPEAT TRAINER FLAGS...: a run of 6 steps stopped before step 4 and signalled, then resumed
+    local name=$1 np=$2 repeat=$3
+    shift 3
+    $MPIRUN -np "$np" "$@" -o "$work/${name}_full" >"$work/${name}_full.log" 2>&1 ||
+        fail "$name: the uninterrupted run: $(tail -3 "$work/${name}_full.log")"
+    TRAIN_TEST_STOP_AT_STEP=4 TRAIN_TEST_STOP_RANK=$((np - 1)) $MPIRUN -np "$np" -x TRAIN_TEST_STOP_AT_STEP \
+        -x TRAIN_TEST_STOP_RANK "$@" -o "$work/$name" >"$work/$name.log" 2>&1 &
+    local job=$! child
+    child=$(stopped_child $job) || { fail "$name: no process stopped before step 4"; wait $job; return; }
+    kill -TERM "$child"
+    kill -CONT "$child"
+    while [ "$repeat" = again ] && kill -TERM "$child" 2>/dev/null; do sleep 0.01; done
+    wait $job
+    local rc=$?
+    if [ $rc -eq 143 ] && grep -q "^step 4: SIGTERM received: checkpoint written; exiting with status 143" "$work/$name.log" &&
+        [ -e "$work/$name/DONE_00000004" ] && [ ! -e "$work/$name/DONE_00000006" ]; then pass; else
+        fail "$name: no checkpoint of step 4 and exit 143 at the signal (exit $rc): $(grep -v '^[|+]' "$work/$name.log" | tail -3)"; fi
+    $MPIRUN -np "$np" "$@" -o "$work/$name" -y 1 >"$work/${name}_resumed.log" 2>&1 ||
+        fail "$name: resumed: $(tail -3 "$work/${name}_resumed.log")"
+    want=$(step_fields "$work/${name}_full.log" | tail -n 2)
+    if [ -n "$want" ] && [ "$(step_fields "$work/${name}_resumed.log")" = "$want" ]; then pass; else
+        fail "$name: the resumed run differs from the uninterrupted one"; fi
 }

@@ -399,8 +399,8 @@ static void test_utils(const char* self) {
     // atomic commit: the old file stays whole until the commit, the temporary is gone after it
     const char* final_path = tmp_path("checkpoint.bin");
     write_bytes(final_path, "old", 3);
-    char tmp_name[600];
-    FILE* t = fopen_tmp_for(final_path, tmp_name, sizeof(tmp_name));
+    char* tmp_name;
+    FILE* t = fopen_tmp_for(final_path, &tmp_name);
     char want_tmp[600];
     snprintf(want_tmp, sizeof(want_tmp), "%s.tmp", final_path);
     check(strcmp(tmp_name, want_tmp) == 0, "utils: fopen_tmp_for names %s, want %s", tmp_name, want_tmp);
@@ -412,6 +412,7 @@ static void test_utils(const char* self) {
     read_whole(final_path, content, sizeof(content));
     check(strcmp(content, "new contents") == 0, "utils: after commit_tmp the file holds \"%s\"", content);
     check(access(tmp_name, F_OK) != 0, "utils: %s still exists after commit_tmp", tmp_name);
+    free(tmp_name);
 
     const char* dir = tmp_path("made/");
     create_dir_if_not_exists(dir);

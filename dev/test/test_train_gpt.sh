@@ -13,7 +13,12 @@
 #   - every bad input gets one line naming the file or flag, and a non-zero exit;
 #   - reliability: token ids against V, numeric flags, the sampling seed, divergence (-ns), symlinked temporaries,
 #     header sizes before allocation, checkpoint checksums and fallback on -y 1, main.log after a resume, stdout into
-#     a pipe, the output directory's lock, and the collective watchdog (-wt) with a stopped rank.
+#     a pipe, the output directory's lock, and the collective watchdog (-wt) with a stopped rank;
+#   - pre-emption: SIGTERM on 1 process, on 2 (ZeRO-3, -oo 1, the signal to one rank) and again and again during the
+#     checkpoint writes a checkpoint at the signal and exits 143, and the run resumes bit-identically; a fresh run into
+#     a used -o is refused; pruning removes what a crash left; a non-finite parameter in a model file is refused at
+#     load, and a run that saved nothing exits non-zero; an -o of 1,000 characters works, one of 5,000 is refused
+#     before training; -e naming a directory says so.
 # Needs build/train_gpt_fp32, build/ref/tiny_fp32_model.bin and build/ref/llama_gqa_fp32_model.bin (make test builds
 # them). Run from anywhere:
 #   dev/test/test_train_gpt.sh
@@ -553,7 +558,7 @@ expect_error "a second run into a locked directory" "-o $work/locked: in use by 
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -o "$work/locked"
 kill -9 $holder
 wait $holder 2>/dev/null
-if "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -o "$work/locked" >"$work/relock.log" 2>&1; then pass; else
+if "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -o "$work/locked" -y 1 >"$work/relock.log" 2>&1; then pass; else
     fail "the lock outlived its holder: $(tail -2 "$work/relock.log")"; fi
 
 # --- the collective watchdog: rank 1 stops (SIGSTOP) before step 2; with -wt 3 rank 0 ends the job, naming the
@@ -567,6 +572,64 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $elapsed -lt 60 ] &&
     grep -q "^watchdog: process 0, step 2: the forward and backward passes with the gradient reduction did not complete within 3 s (-wt)" "$work/watchdog.log"; then
     pass; else fail "the watchdog did not end a job with a stopped process (exit $rc after ${elapsed}s): $(grep -v '^[|+]' "$work/watchdog.log" | tail -3)"; fi
 expect_error "-wt negative" "-wt -1: expected seconds, or 0 for no watchdog" "$TRAIN" "${COMMON[@]}" -wt -1
+
+# --- pre-emption (llmc/preemption.h): a process stopped before step 4 gets SIGTERM and goes on; it finishes step 4,
+# every process agrees at the boundary, and the job writes a checkpoint of step 4 and exits 143; resumed, it prints
+# the uninterrupted run's steps 5 and 6 bit for bit. On 1 process; on 2 at ZeRO-3 with -oo 1, the signal to rank 1
+# only (rank 0 learns it at the boundary); and with SIGTERM sent again and again while the checkpoint is written
+PRE=("${COMMON[@]}" -b 2 -x 6 -n 2)
+preempted sigterm 1 once "$TRAIN" "${PRE[@]}"
+preempted sigterm_np2 2 once "$TRAIN" "${PRE[@]}" -z 3 -oo 1
+preempted sigterm_again 1 again "$TRAIN" "${PRE[@]}"
+
+# --- one run per output directory: a fresh run into one that holds another run's files is refused, naming them
+expect_error "a fresh run into a used -o" "-o $work/sigterm: holds another run" "$TRAIN" "${PRE[@]}" -o "$work/sigterm"
+
+# --- pruning removes what a crash left: files of a checkpoint with no DONE marker (one being written or deleted) and
+# temporaries go at the next checkpoint, beside the -nk 1 newest complete one
+mkdir -p "$work/pruned"
+cp "$work/sigterm/"*_00000004* "$work/pruned/"
+touch "$work/pruned/model_00000005.bin" "$work/pruned/state_00000005_00000.bin" "$work/pruned/state_00000003_00001.bin" \
+    "$work/pruned/model_00000004.bin.tmp" "$work/pruned/notes.txt"
+"$TRAIN" "${PRE[@]}" -nk 1 -o "$work/pruned" -y 1 >"$work/pruned.log" 2>&1 || fail "pruned run: $(tail -3 "$work/pruned.log")"
+left=$(cd "$work/pruned" && ls | tr '\n' ' ')
+if [ "$left" = "DONE_00000006 main.log model_00000006.bin notes.txt state_00000006_00000.bin train.lock " ]; then pass; else
+    fail "pruning left: $left"; fi
+
+# --- no silent empty runs: a non-finite parameter in the model file (a wpe row past -t, which no batch reaches) is
+# refused at load, named with its index; a run whose every due checkpoint was skipped (the loss not finite from a
+# learning rate of 1e30) exits non-zero, saying so
+$PYTHON - "$MODEL" "$work/nan_model.bin" <<'PY'
+import struct, sys
+data = bytearray(open(sys.argv[1], "rb").read())
+header = struct.unpack_from("<256i", data)
+maxT, V, C, Vp = header[2], header[3], header[6], header[7]
+at = 1024 + 4 * (Vp * C + (maxT - 1) * C + 5)  # wpe[maxT - 1][5]
+struct.pack_into("<f", data, at, float("nan"))
+open(sys.argv[2], "wb").write(data)
+print("  wpe element %d of %s set to NaN" % ((maxT - 1) * C + 5, sys.argv[2]))
+PY
+expect_error "a non-finite parameter" "parameter wpe, element 1493 (value nan; the file's parameter" \
+    "$TRAIN" "${COMMON[@]}" -e "$work/nan_model.bin" -b 2 -x 1
+expect_error "a run that saved nothing" "no checkpoint was written" "$TRAIN" "${COMMON[@]}" -b 2 -x 3 -n 10 -l 1e30 \
+    -o "$work/empty"
+
+# --- names of any length: an -o of 1,000 characters (components of 199) works; one of 5,000, which the file system
+# refuses, is refused before training with the path whole
+long="$work"
+while [ ${#long} -lt 1000 ]; do long="$long/$(printf 'd%.0s' $(seq 199))"; done
+long=${long:0:1000}
+mkdir -p "$(dirname "$long")"
+if "$TRAIN" "${COMMON[@]}" -b 2 -x 2 -n 1 -o "$long" >"$work/long.log" 2>&1 && [ -e "$long/DONE_00000002" ] &&
+    [ -e "$long/state_00000002_00000.bin" ]; then pass; else fail "an -o of 1000 characters: $(tail -2 "$work/long.log")"; fi
+longer="$long"
+while [ ${#longer} -lt 5000 ]; do longer="$longer/$(printf 'e%.0s' $(seq 199))"; done
+expect_error "an -o of 5000 characters" "$longer" "$TRAIN" "${COMMON[@]}" -b 2 -x 2 -o "$longer"
+if ! grep -q "^step 1/" <("$TRAIN" "${COMMON[@]}" -b 2 -x 2 -o "$longer" 2>&1); then pass; else
+    fail "an -o of 5000 characters trained"; fi
+
+# --- -e naming a directory says so
+expect_error "-e naming a directory" "$work: is a directory" "$TRAIN" "${COMMON[@]}" -e "$work" -b 2 -x 1
 
 echo "test_train_gpt: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

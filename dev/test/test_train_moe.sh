@@ -27,7 +27,8 @@
 #     model file or checkpoint, bad -rs, -rsf, -se, -seh, -rb, -rsl and -rg, -rb with softmax scores, -dl negative,
 #     without expert groups (-ep 1), above them, with fewer than k experts in its groups or with noisy gating, the
 #     MoE header words 24..29 a reader refuses, biases the file lacks or that are not finite) get their one line; a
-#     corrupt expert state is named on -y 1.
+#     corrupt expert state is named on -y 1;
+#   - pre-emption: SIGTERM to one of 2 ranks with -ep 2 writes a checkpoint, and the run resumes bit-identically.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin,
 # build/ref/moe_k1_cf0.5_fp32_model.bin and build/ref/moe_llama_shared_fp32_model.bin (make test builds them).
 # Run from anywhere: dev/test/test_train_moe.sh
@@ -560,6 +561,10 @@ expect_error "-rs against the file" "-rs sigmoid: the model file $MOE_MODEL has 
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -rs sigmoid
 expect_error "-rsf against the file" "-rsf 2: the model file $MOE_MODEL has the routed scale 1 (header word 28" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -rsf 2
+
+# --- pre-emption with experts: on 2 ranks with -ep 2 at ZeRO-1, SIGTERM to rank 1 before step 4; the job writes a
+# checkpoint of step 4 (the experts' state with it), exits 143, and resumed prints the uninterrupted steps 5 and 6
+preempted moe_sigterm 2 once "$TRAIN" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 6 -n 2 -ep 2 -z 1
 
 echo "test_train_moe: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
