@@ -2,9 +2,10 @@
 scripts/hf_import.py: a Hugging Face model directory -> a switch.cu model file (doc/formats.md, "Hugging Face interop").
   build/hf-venv/bin/python scripts/hf_import.py DIR OUT.bin [--dtype float32|bfloat16]
 DIR holds config.json and model.safetensors (or a sharded set with model.safetensors.index.json), as
-`huggingface-cli download gpt2 --local-dir DIR` or save_pretrained leaves it. The gpt2 and llama families are read
-(scripts/hf_layout.py); a feature the trainers lack, a missing tensor or a shape that contradicts the config is refused
-with one line. The model file is what train_gpt.py writes: fp32 (version 3, the default) or bf16 (version 5).
+`huggingface-cli download gpt2 --local-dir DIR` or save_pretrained leaves it. The gpt2, llama and mixtral families are
+read (scripts/hf_layout.py); a feature the trainers lack, a missing tensor or a shape that contradicts the config is
+refused with one line. The model file is what train_gpt.py writes (train_moe.py for mixtral, which train_moe runs
+dropless: -cf 0): fp32 (the default) or bf16.
 """
 import os
 import sys
@@ -23,14 +24,7 @@ def main(argv):
     args = p.parse_args(argv)
     config, tensors = hf_layout.read_hf_directory(TOOL, args.directory)
     model = hf_layout.model_from_hf(TOOL, config, tensors, args.directory)
-    ref = hf_layout.ref
-    version = ref.MODEL_VERSION_FP32
-    if args.dtype == "bfloat16":
-        ref.load_flat_parameters(model, ref.bf16_to_float(ref.bf16_bits(ref.flat_parameters(model))))
-        version = ref.MODEL_VERSION_BF16
-    tmp = args.out + ".tmp"
-    ref.write_model_file(tmp, model, version)
-    os.replace(tmp, args.out)  # a file under the final name is whole
+    hf_layout.write_model(model, args.out, args.dtype)
     print(f"{TOOL}: {args.directory} ({config['model_type']}, {sum(t.numel() for t in tensors.values())} values) -> "
           f"{args.out} ({args.dtype})")
 

@@ -4,9 +4,11 @@ scripts/hf_layout.py: how a Hugging Face causal language model maps onto switch.
 model.safetensors, or a sharded set with its index) through the safetensors package, the checks of a config against
 what the trainers implement, and each family's table of tensors in both directions. The model side is train_gpt.py's
 reference model (GPT or Llama), whose file reader and writer are the project's own.
-Families: gpt2 (GPT2LMHeadModel: Conv1D weights stored [in, out], transposed here) and llama (LlamaForCausalLM: q, k,
+Families: gpt2 (GPT2LMHeadModel: Conv1D weights stored [in, out], transposed here), llama (LlamaForCausalLM: q, k,
 v and gate, up concatenated into the packed qkv and [gate | up]; Hugging Face's q and k rows are already in the
-rotate-half order that the project's RoPE uses, so they are taken as they are).
+rotate-half order that the project's RoPE uses, so they are taken as they are) and mixtral (MixtralForCausalLM: the
+llama trunk, and in every layer block_sparse_moe's router `gate` and experts' w1 (gate), w3 (up), w2 (down) as
+train_moe.py's MoE layer: softmax top-k renormalised over the k, dropless, which the trainer runs with -cf 0).
 Needs torch and safetensors (scripts/install_deps.sh makes build/hf-venv with both, and transformers for the tests).
 """
 import argparse
@@ -18,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import train_gpt as ref  # noqa: E402  (the reference model and its model-file reader and writer)
+import train_moe as moe_ref  # noqa: E402  (the MoE reference model, its reader and writer)
 
 
 def fail(tool, message):
@@ -77,8 +80,11 @@ def refuse_features(tool, config, where):
                    "trainers have")
     if config.get("rope_scaling"):
         fail(tool, f"{where}: RoPE scaling ({config['rope_scaling']}) is not a kind the trainers have")
-    if kind not in ("gpt2", "llama"):
-        fail(tool, f"{where}: model_type {kind!r}: the importer reads the gpt2 and llama families")
+    if kind == "qwen2_moe":
+        fail(tool, f"{where}: Qwen2-MoE's sigmoid shared_expert_gate (and its attention biases) are not kinds the "
+                   "trainers have")
+    if kind not in ("gpt2", "llama", "mixtral"):
+        fail(tool, f"{where}: model_type {kind!r}: the importer reads the gpt2, llama and mixtral families")
 
 
 def tensor(tool, tensors, name, shape, where):
@@ -134,10 +140,9 @@ def gpt2_from_hf(tool, config, tensors, where):
     return model
 
 
-def llama_from_hf(tool, config, tensors, where):
-    """A train_gpt.py Llama holding a LlamaForCausalLM's tensors."""
-    C, L, NH, V, H = (int(config[k]) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                               "vocab_size", "intermediate_size"))
+def llama_shape(tool, config, H, where):
+    """The train_gpt.py LlamaConfig fields of a llama-family config (FFN hidden size H), each checked."""
+    C, L, NH, V = (int(config[k]) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"))
     NKV = int(config.get("num_key_value_heads") or NH)
     maxT = int(config.get("max_position_embeddings", 2048))
     if config.get("hidden_act", "silu") != "silu":
@@ -150,64 +155,146 @@ def llama_from_hf(tool, config, tensors, where):
     theta = ref.fp32(float(config.get("rope_theta", ref.ROPE_THETA)))
     eps = ref.fp32(float(config.get("rms_norm_eps", ref.NORM_EPS)))
     ref.check_llama_shape(NH, C, NKV, theta, H, eps, int(tied), where)
-    cfg = ref.LlamaConfig(maxT=maxT, V=V, L=L, NH=NH, C=C, NKV=NKV, rope_theta=theta, H=H, norm_eps=eps, tied=tied)
-    model = ref.Llama(cfg)
+    return dict(maxT=maxT, V=V, L=L, NH=NH, C=C, NKV=NKV, rope_theta=theta, norm_eps=eps, tied=tied)
+
+
+def llama_trunk_from_hf(tool, model, tensors, where):
+    """Everything of a llama-family model but its FFNs, from Hugging Face's names into `model` (train_gpt.py's
+    Llama or train_moe.py's llama MoEGPT)."""
+    c = model.config
+    C, NH, NKV, V = c.C, c.NH, c.NKV, c.V
     HS = C // NH
+    model.wte.weight.copy_(padded_rows(tensor(tool, tensors, "model.embed_tokens.weight", (V, C), where), c.Vp))
+    for i, block in enumerate(model.h):
+        p = f"model.layers.{i}."
+        block.ln_1.weight.copy_(tensor(tool, tensors, p + "input_layernorm.weight", (C,), where))
+        block.ln_2.weight.copy_(tensor(tool, tensors, p + "post_attention_layernorm.weight", (C,), where))
+        q = tensor(tool, tensors, p + "self_attn.q_proj.weight", (NH * HS, C), where)
+        k = tensor(tool, tensors, p + "self_attn.k_proj.weight", (NKV * HS, C), where)
+        v = tensor(tool, tensors, p + "self_attn.v_proj.weight", (NKV * HS, C), where)
+        block.attn.c_attn.weight.copy_(torch.cat((q, k, v)))
+        block.attn.c_proj.weight.copy_(tensor(tool, tensors, p + "self_attn.o_proj.weight", (C, C), where))
+    model.ln_f.weight.copy_(tensor(tool, tensors, "model.norm.weight", (C,), where))
+    if not c.tied:
+        model.lm_head.weight.copy_(padded_rows(tensor(tool, tensors, "lm_head.weight", (V, C), where), c.Vp))
+
+
+def swiglu_from_hf(tool, mlp, tensors, gate, up, down, H, C, where):
+    """A SwiGLU MLP's [gate | up] and down projections from three Hugging Face tensors."""
+    mlp.c_fc.weight.copy_(torch.cat((tensor(tool, tensors, gate, (H, C), where),
+                                     tensor(tool, tensors, up, (H, C), where))))
+    mlp.c_proj.weight.copy_(tensor(tool, tensors, down, (C, H), where))
+
+
+def llama_from_hf(tool, config, tensors, where):
+    """A train_gpt.py Llama holding a LlamaForCausalLM's tensors."""
+    H = int(config["intermediate_size"])
+    cfg = ref.LlamaConfig(H=H, **llama_shape(tool, config, H, where))
+    model = ref.Llama(cfg)
     with torch.no_grad():
-        model.wte.weight.copy_(padded_rows(tensor(tool, tensors, "model.embed_tokens.weight", (V, C), where), cfg.Vp))
+        llama_trunk_from_hf(tool, model, tensors, where)
         for i, block in enumerate(model.h):
-            p = f"model.layers.{i}."
-            block.ln_1.weight.copy_(tensor(tool, tensors, p + "input_layernorm.weight", (C,), where))
-            block.ln_2.weight.copy_(tensor(tool, tensors, p + "post_attention_layernorm.weight", (C,), where))
-            q = tensor(tool, tensors, p + "self_attn.q_proj.weight", (NH * HS, C), where)
-            k = tensor(tool, tensors, p + "self_attn.k_proj.weight", (NKV * HS, C), where)
-            v = tensor(tool, tensors, p + "self_attn.v_proj.weight", (NKV * HS, C), where)
-            block.attn.c_attn.weight.copy_(torch.cat((q, k, v)))
-            block.attn.c_proj.weight.copy_(tensor(tool, tensors, p + "self_attn.o_proj.weight", (C, C), where))
-            gate = tensor(tool, tensors, p + "mlp.gate_proj.weight", (H, C), where)
-            up = tensor(tool, tensors, p + "mlp.up_proj.weight", (H, C), where)
-            block.mlp.c_fc.weight.copy_(torch.cat((gate, up)))
-            block.mlp.c_proj.weight.copy_(tensor(tool, tensors, p + "mlp.down_proj.weight", (C, H), where))
-        model.ln_f.weight.copy_(tensor(tool, tensors, "model.norm.weight", (C,), where))
-        if not tied:
-            model.lm_head.weight.copy_(padded_rows(tensor(tool, tensors, "lm_head.weight", (V, C), where), cfg.Vp))
+            p = f"model.layers.{i}.mlp."
+            swiglu_from_hf(tool, block.mlp, tensors, p + "gate_proj.weight", p + "up_proj.weight",
+                           p + "down_proj.weight", H, cfg.C, where)
+    return model
+
+
+def mixtral_from_hf(tool, config, tensors, where):
+    """A train_moe.py MoEGPT (llama family, an MoE layer in every block) holding a MixtralForCausalLM's tensors."""
+    H, E, K = (int(config[k]) for k in ("intermediate_size", "num_local_experts", "num_experts_per_tok"))
+    if K < 2 or K > E:
+        fail(tool, f"{where}: num_experts_per_tok {K}: Mixtral renormalises its top-k gates to sum to 1, which the "
+                   f"trainers' routing does for 2 <= k <= num_local_experts ({E}) (their top-1 gate is the probability)")
+    if float(config.get("router_jitter_noise") or 0.0) != 0.0:
+        fail(tool, f"{where}: router_jitter_noise {config['router_jitter_noise']}: Mixtral's jitter is not the "
+                   "trainers' (-rj)")
+    shape = llama_shape(tool, config, H, where)
+    cfg = moe_ref.MoEConfig(E=E, topk=K, moe_every=1, H=H, arch="llama", dense_H=H, **shape)
+    moe_ref.check_shape(cfg.maxT, cfg.V, cfg.L, cfg.NH, cfg.C, E, K, 1, H, where)
+    model = moe_ref.MoEGPT(cfg)
+    with torch.no_grad():
+        llama_trunk_from_hf(tool, model, tensors, where)
+        for i, block in enumerate(model.h):
+            p = f"model.layers.{i}.block_sparse_moe."
+            block.moe.router.weight.copy_(tensor(tool, tensors, p + "gate.weight", (E, cfg.C), where))
+            for e, expert in enumerate(block.moe.experts):
+                q = f"{p}experts.{e}."
+                swiglu_from_hf(tool, expert, tensors, q + "w1.weight", q + "w3.weight", q + "w2.weight", H, cfg.C,
+                               where)
     return model
 
 
 def model_from_hf(tool, config, tensors, where):
     refuse_features(tool, config, where)
-    build = gpt2_from_hf if config["model_type"] == "gpt2" else llama_from_hf
+    build = {"gpt2": gpt2_from_hf, "llama": llama_from_hf, "mixtral": mixtral_from_hf}[config["model_type"]]
     try:
         return build(tool, config, tensors, where)
     except KeyError as e:
         fail(tool, f"{where}: config.json lacks {e}")
 
 
+def llama_trunk_to_hf(model, config, sd):
+    """The inverse of llama_trunk_from_hf: the llama config's trunk fields into `config`, its tensors into `sd`."""
+    c = model.config
+    HS = c.C // c.NH
+    config.update({"vocab_size": c.V, "hidden_size": c.C, "num_hidden_layers": c.L, "num_attention_heads": c.NH,
+                   "num_key_value_heads": c.NKV, "max_position_embeddings": c.maxT, "rms_norm_eps": c.norm_eps,
+                   "rope_theta": c.rope_theta, "tie_word_embeddings": c.tied, "hidden_act": "silu",
+                   "attention_bias": False, "torch_dtype": "float32"})
+    sd["model.embed_tokens.weight"] = model.wte.weight[: c.V]
+    for i, block in enumerate(model.h):
+        p = f"model.layers.{i}."
+        sd[p + "input_layernorm.weight"] = block.ln_1.weight
+        sd[p + "post_attention_layernorm.weight"] = block.ln_2.weight
+        q, k, v = block.attn.c_attn.weight.split([c.NH * HS, c.NKV * HS, c.NKV * HS])
+        sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"] = q, k
+        sd[p + "self_attn.v_proj.weight"] = v
+        sd[p + "self_attn.o_proj.weight"] = block.attn.c_proj.weight
+    sd["model.norm.weight"] = model.ln_f.weight
+    sd["lm_head.weight"] = (model.wte.weight if c.tied else model.lm_head.weight)[: c.V]
+
+
+def swiglu_to_hf(mlp, H, gate, up, down, sd):
+    sd[gate], sd[up] = mlp.c_fc.weight.split(H)
+    sd[down] = mlp.c_proj.weight
+
+
+def mixtral_config_refusal(c):
+    """Why an MoE model has no MixtralForCausalLM (None when it has one)."""
+    if not c.llama:
+        return "a gpt2-family MoE (GELU experts with biases)"
+    if c.moe_every != 1 or c.shared or c.score != "softmax" or c.routed_scale != 1.0 or c.noisy or c.balance_bias:
+        return "MoE layers not in every block, shared experts, sigmoid scores, a routed scale, noisy gating or a " \
+               "balancing bias"
+    if c.topk < 2:
+        return "top-1 routing (Mixtral renormalises its gates, whose top-1 gate would be 1)"
+    return None
+
+
 def hf_from_model(model):
-    """(config dict, {Hugging Face tensor name: tensor}) of a train_gpt.py GPT or Llama: the inverse of model_from_hf
-    (the padded vocabulary rows dropped)."""
+    """(config dict, {Hugging Face tensor name: tensor}) of a train_gpt.py GPT or Llama, or of a train_moe.py MoEGPT
+    of the Mixtral kind: the inverse of model_from_hf (the padded vocabulary rows dropped)."""
     c = model.config
     sd = {}
-    if isinstance(c, ref.LlamaConfig):
-        HS = c.C // c.NH
-        config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": c.V,
-                  "hidden_size": c.C, "intermediate_size": c.H, "num_hidden_layers": c.L,
-                  "num_attention_heads": c.NH, "num_key_value_heads": c.NKV, "max_position_embeddings": c.maxT,
-                  "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_theta, "tie_word_embeddings": c.tied,
-                  "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "torch_dtype": "float32"}
-        sd["model.embed_tokens.weight"] = model.wte.weight[: c.V]
+    if isinstance(c, moe_ref.MoEConfig):
+        config = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "intermediate_size": c.H,
+                  "num_local_experts": c.E, "num_experts_per_tok": c.topk, "sliding_window": None,
+                  "router_jitter_noise": 0.0}
+        llama_trunk_to_hf(model, config, sd)
         for i, block in enumerate(model.h):
-            p = f"model.layers.{i}."
-            sd[p + "input_layernorm.weight"] = block.ln_1.weight
-            sd[p + "post_attention_layernorm.weight"] = block.ln_2.weight
-            q, k, v = block.attn.c_attn.weight.split([c.NH * HS, c.NKV * HS, c.NKV * HS])
-            sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"] = q, k
-            sd[p + "self_attn.v_proj.weight"] = v
-            sd[p + "self_attn.o_proj.weight"] = block.attn.c_proj.weight
-            sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = block.mlp.c_fc.weight.split(c.H)
-            sd[p + "mlp.down_proj.weight"] = block.mlp.c_proj.weight
-        sd["model.norm.weight"] = model.ln_f.weight
-        sd["lm_head.weight"] = (model.wte.weight if c.tied else model.lm_head.weight)[: c.V]
+            p = f"model.layers.{i}.block_sparse_moe."
+            sd[p + "gate.weight"] = block.moe.router.weight
+            for e, expert in enumerate(block.moe.experts):
+                q = f"{p}experts.{e}."
+                swiglu_to_hf(expert, c.H, q + "w1.weight", q + "w3.weight", q + "w2.weight", sd)
+    elif isinstance(c, ref.LlamaConfig):
+        config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "intermediate_size": c.H,
+                  "mlp_bias": False}
+        llama_trunk_to_hf(model, config, sd)
+        for i, block in enumerate(model.h):
+            p = f"model.layers.{i}.mlp."
+            swiglu_to_hf(block.mlp, c.H, p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight", sd)
     else:
         config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.V, "n_embd": c.C,
                   "n_layer": c.L, "n_head": c.NH, "n_positions": c.maxT, "n_ctx": c.maxT, "n_inner": None,
@@ -229,3 +316,34 @@ def hf_from_model(model):
         sd["transformer.ln_f.bias"] = model.ln_f.bias
         sd["lm_head.weight"] = model.wte.weight[: c.V]
     return config, {k: v.detach().float().contiguous().clone() for k, v in sd.items()}
+
+
+def write_model(model, path, dtype):
+    """The model file of a train_gpt.py or train_moe.py model: fp32 or bf16 (rounded), under a temporary name that
+    is then renamed, so that a file under the final name is whole."""
+    moe = isinstance(model.config, moe_ref.MoEConfig)
+    writer = moe_ref.write_model_file if moe else ref.write_model_file
+    versions = (moe_ref.MOE_VERSION_FP32, moe_ref.MOE_VERSION_BF16) if moe else (ref.MODEL_VERSION_FP32,
+                                                                                 ref.MODEL_VERSION_BF16)
+    order = moe_ref.params_in_file_order if moe else ref.params_in_file_order
+    if dtype == "bfloat16":
+        ref.load_flat_parameters(model, ref.bf16_to_float(ref.bf16_bits(ref.flat_parameters(model, order))), order)
+    tmp = path + ".tmp"
+    writer(tmp, model, versions[dtype == "bfloat16"])
+    os.replace(tmp, path)
+
+
+def read_model(tool, path):
+    """A model file of either trainer (its magic says which) as its reference model, for export."""
+    try:
+        with open(path, "rb") as f:
+            magic = int.from_bytes(f.read(4), "little")
+    except OSError as e:
+        fail(tool, f"cannot read model file {path}: {e.strerror}")
+    if magic != moe_ref.MOE_MODEL_MAGIC:
+        return ref.read_model_file(path)
+    model = moe_ref.read_model_file(path)
+    why = mixtral_config_refusal(model.config)
+    if why:
+        fail(tool, f"{path}: {why} has no Hugging Face class: the exporter writes the Mixtral kind of MoE")
+    return model

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # dev/test/test_hf.sh: Hugging Face interop (scripts/hf_import.py, scripts/hf_export.py; doc/formats.md) against
-# transformers, on the CPU backend (FP32 build), nothing downloaded. For GPT-2 and llama (2 key/value heads of 4, own
-# lm_head), each a small random model that transformers builds and saves (dev/test/hf_reference.py):
-#   - imported, the C trainer's logits, loss, every gradient and 10 AdamW steps are transformers' (test_gpt against a
-#     debug state that transformers wrote; FP32 tolerances of test_gpt.cu);
+# transformers, on the CPU backend (FP32 build), nothing downloaded. For GPT-2, llama (2 key/value heads of 4, own
+# lm_head) and Mixtral (that llama with top-2 of 4 SwiGLU experts in every layer), each a small random model that
+# transformers builds and saves (dev/test/hf_reference.py):
+#   - imported, the C trainer's logits, loss, every gradient and 10 AdamW steps are transformers' (test_gpt, or
+#     test_moe with Mixtral's every routing choice, against a debug state that transformers wrote; FP32 tolerances
+#     of test_gpt.cu);
 #   - trained 10 steps by the trainer on a data shard and exported, transformers loads it with its class and its
 #     logits, gradients and steps are again the trainer's;
 #   - imported, exported and imported again: bit-identical model files;
-#   - a feature the trainers lack, a missing tensor and a shape that contradicts the config are refused with one line.
-# Needs build/train_gpt_fp32, build/test_gpt_fp32 and .venv/hf (scripts/install_deps.sh). Run from anywhere:
+#   - a feature the trainers lack (a top-1 Mixtral, Qwen2-MoE's shared-expert gate among them), a missing tensor, a
+#     shape that contradicts the config and an MoE model file with no Hugging Face class are refused with one line.
+# Needs build/train_gpt_fp32, build/test_gpt_fp32, build/train_moe_fp32, build/test_moe_fp32 and .venv/hf
+# (scripts/install_deps.sh). Run from anywhere:
 #   dev/test/test_hf.sh
 set -u
 cd "$(dirname "$0")/../.."
 HF=.venv/hf/bin/python
-TRAIN=build/train_gpt_fp32
-TEST=build/test_gpt_fp32
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 . dev/test/cli_common.sh
@@ -22,7 +24,8 @@ export TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
 
 /usr/bin/python3 train_gpt.py --write-shard "$work/train.bin" --shard-tokens 4096 --V 263 --seed 7 >/dev/null ||
     { echo "cannot write a data shard"; exit 1; }
-# against_transformers NAME HF-DIR MODEL.bin: test_gpt holds the trainer on MODEL.bin to transformers' model in HF-DIR
+# against_transformers NAME HF-DIR MODEL.bin: test_gpt (test_moe) holds the trainer on MODEL.bin to transformers'
+# model in HF-DIR
 against_transformers() {
     if ! $HF dev/test/hf_reference.py state "$2" "$3" "$work/$1" >"$work/$1.ref.log" 2>&1; then
         fail "$1: transformers' reference: $(tail -2 "$work/$1.ref.log")"
@@ -33,7 +36,10 @@ against_transformers() {
     grep -E "^OK   (logits|steps)" "$work/$1.log" | sed "s/^/  $1: /"
 }
 
-for family in gpt2 llama; do
+for family in gpt2 llama mixtral; do
+    # Mixtral is train_moe's, dropless (-cf 0)
+    TRAIN=build/train_gpt_fp32 TEST=build/test_gpt_fp32 TRAIN_FLAGS=()
+    [ $family = mixtral ] && TRAIN=build/train_moe_fp32 TEST=build/test_moe_fp32 TRAIN_FLAGS=(-cf 0)
     $HF dev/test/hf_reference.py random $family "$work/$family" >/dev/null 2>&1 || fail "$family: random model"
     $HF scripts/hf_import.py "$work/$family" "$work/$family.bin" >/dev/null 2>&1 || fail "$family: import"
     against_transformers "${family}_imported" "$work/$family" "$work/$family.bin"
@@ -45,7 +51,7 @@ for family in gpt2 llama; do
         fail "$family: import, export and import again changed the model file"; fi
     # trained by the trainer, exported, and held to transformers again
     "$TRAIN" -e "$work/$family.bin" -i "$work/train.bin" -j "" -t 16 -b 2 -x 10 -n 10 -v 0 -s 0 -l 1e-3 \
-        -o "$work/${family}_run" >"$work/${family}_run.log" 2>&1 || fail "$family: training: $(tail -2 "$work/${family}_run.log")"
+        "${TRAIN_FLAGS[@]}" -o "$work/${family}_run" >"$work/${family}_run.log" 2>&1 || fail "$family: training: $(tail -2 "$work/${family}_run.log")"
     $HF scripts/hf_export.py "$work/${family}_run/model_00000010.bin" "$work/${family}_trained" >/dev/null 2>&1 ||
         fail "$family: export of the trained model"
     against_transformers "${family}_trained" "$work/${family}_trained" "$work/${family}_run/model_00000010.bin"
@@ -87,6 +93,21 @@ c = json.load(open(sys.argv[1])); c["intermediate_size"] = 128; json.dump(c, ope
 PY
 expect_error "a shape against the config" "tensor model.layers.0.mlp.gate_proj.weight has shape (96, 64), the config says (128, 64)" \
     $HF scripts/hf_import.py "$work/shape" "$work/bad.bin"
+cp -r "$work/mixtral" "$work/top1"
+$HF - "$work/top1/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["num_experts_per_tok"] = 1; json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error "a top-1 Mixtral" "num_experts_per_tok 1: Mixtral renormalises its top-k gates" \
+    $HF scripts/hf_import.py "$work/top1" "$work/bad.bin"
+cp -r "$work/mixtral" "$work/qwen"
+$HF - "$work/qwen/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["model_type"] = "qwen2_moe"; json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error "Qwen2-MoE" "Qwen2-MoE's sigmoid shared_expert_gate" $HF scripts/hf_import.py "$work/qwen" "$work/bad.bin"
+expect_error "export of an MoE without a Hugging Face class" "has no Hugging Face class" \
+    $HF scripts/hf_export.py build/ref/moe_k1_cf0.5_fp32_model.bin "$work/switch_exported"
 expect_error "no model directory" "cannot read $work/none/config.json" $HF scripts/hf_import.py "$work/none" "$work/bad.bin"
 expect_error "export of no model file" "cannot read model file $work/none.bin" \
     $HF scripts/hf_export.py "$work/none.bin" "$work/none_exported"
