@@ -28,6 +28,14 @@ def fail(tool, message):
     raise SystemExit(f"{tool}: error: {message}")
 
 
+def as_tool(tool, check, *args):
+    """check(*args), one of the reference scripts' own checks or readers, its refusal said as the tool's one line."""
+    try:
+        return check(*args)
+    except SystemExit as e:
+        fail(tool, str(e).split(": error: ", 1)[-1])
+
+
 def parser(tool, description):
     """argparse whose bad flag gets one line (no usage block) and exit status 1, as any other bad input."""
 
@@ -154,7 +162,7 @@ def llama_shape(tool, config, H, where):
     tied = bool(config.get("tie_word_embeddings", False))
     theta = ref.fp32(float(config.get("rope_theta", ref.ROPE_THETA)))
     eps = ref.fp32(float(config.get("rms_norm_eps", ref.NORM_EPS)))
-    ref.check_llama_shape(NH, C, NKV, theta, H, eps, int(tied), where)
+    as_tool(tool, ref.check_llama_shape, NH, C, NKV, theta, H, eps, int(tied), where)
     return dict(maxT=maxT, V=V, L=L, NH=NH, C=C, NKV=NKV, rope_theta=theta, norm_eps=eps, tied=tied)
 
 
@@ -211,7 +219,7 @@ def mixtral_from_hf(tool, config, tensors, where):
                    "trainers' (-rj)")
     shape = llama_shape(tool, config, H, where)
     cfg = moe_ref.MoEConfig(E=E, topk=K, moe_every=1, H=H, arch="llama", dense_H=H, **shape)
-    moe_ref.check_shape(cfg.maxT, cfg.V, cfg.L, cfg.NH, cfg.C, E, K, 1, H, where)
+    as_tool(tool, moe_ref.check_shape, cfg.maxT, cfg.V, cfg.L, cfg.NH, cfg.C, E, K, 1, H, where)
     model = moe_ref.MoEGPT(cfg)
     with torch.no_grad():
         llama_trunk_from_hf(tool, model, tensors, where)
@@ -341,8 +349,8 @@ def read_model(tool, path):
     except OSError as e:
         fail(tool, f"cannot read model file {path}: {e.strerror}")
     if magic != moe_ref.MOE_MODEL_MAGIC:
-        return ref.read_model_file(path)
-    model = moe_ref.read_model_file(path)
+        return as_tool(tool, ref.read_model_file, path)
+    model = as_tool(tool, moe_ref.read_model_file, path)
     why = mixtral_config_refusal(model.config)
     if why:
         fail(tool, f"{path}: {why} has no Hugging Face class: the exporter writes the Mixtral kind of MoE")

@@ -8,7 +8,8 @@
 #     of test_gpt.cu);
 #   - trained 10 steps by the trainer on a data shard and exported, transformers loads it with its class and its
 #     logits, gradients and steps are again the trainer's;
-#   - imported, exported and imported again: bit-identical model files;
+#   - imported, exported and imported again: bit-identical model files; exported with --tokenizer, the tokenizer
+#     loads from the export and encodes as the source's;
 #   - a feature the trainers lack (a top-1 Mixtral, Qwen2-MoE's shared-expert gate among them), a missing tensor, a
 #     shape that contradicts the config and an MoE model file with no Hugging Face class are refused with one line.
 # Needs build/train_gpt_fp32, build/test_gpt_fp32, build/train_moe_fp32, build/test_moe_fp32 and .venv/hf
@@ -56,6 +57,26 @@ for family in gpt2 llama mixtral; do
         fail "$family: export of the trained model"
     against_transformers "${family}_trained" "$work/${family}_trained" "$work/${family}_run/model_00000010.bin"
 done
+
+# --- a tokenizer beside the export (--tokenizer): a byte-level BPE of 263 tokens that the tokenizers package trains
+# here; transformers loads it from the exported directory and encodes a text into the source's ids
+$HF - "$work/tokenizer" <<'PY' >/dev/null 2>&1 || fail "tokenizer: building one"
+import sys
+import tokenizers, transformers
+bpe = tokenizers.ByteLevelBPETokenizer()
+bpe.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 8, vocab_size=263, show_progress=False)
+transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer).save_pretrained(sys.argv[1])
+PY
+$HF scripts/hf_export.py "$work/gpt2.bin" "$work/gpt2_tokenized" --tokenizer "$work/tokenizer" >/dev/null 2>&1 ||
+    fail "export with --tokenizer"
+$HF - "$work/tokenizer" "$work/gpt2_tokenized" <<'PY' && pass || fail "the exported tokenizer encodes otherwise"
+import sys
+import transformers
+text = "the lazy fox jumps over the quick dog"
+a, b = (transformers.AutoTokenizer.from_pretrained(d)(text)["input_ids"] for d in sys.argv[1:])
+print(f"  tokenizer: {len(a)} ids from the source, {len(b)} from the export")
+sys.exit(0 if a == b and len(a) > 0 else 1)
+PY
 
 # --- refusals: one line naming what
 cp -r "$work/gpt2" "$work/bad"
@@ -108,6 +129,14 @@ PY
 expect_error "Qwen2-MoE" "Qwen2-MoE's sigmoid shared_expert_gate" $HF scripts/hf_import.py "$work/qwen" "$work/bad.bin"
 expect_error "export of an MoE without a Hugging Face class" "has no Hugging Face class" \
     $HF scripts/hf_export.py build/ref/moe_k1_cf0.5_fp32_model.bin "$work/switch_exported"
+cp -r "$work/llama" "$work/kv"
+$HF - "$work/kv/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["num_key_value_heads"] = 3; json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error "a shape the reference model refuses, said as the importer's" \
+    "hf_import.py: error: $work/kv: 3 key/value heads do not divide the 4 heads" \
+    $HF scripts/hf_import.py "$work/kv" "$work/bad.bin"
 expect_error "no model directory" "cannot read $work/none/config.json" $HF scripts/hf_import.py "$work/none" "$work/bad.bin"
 expect_error "export of no model file" "cannot read model file $work/none.bin" \
     $HF scripts/hf_export.py "$work/none.bin" "$work/none_exported"
