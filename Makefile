@@ -194,6 +194,9 @@ MOE_REF_tp_noisy_jitter := --B 4 --T 24 --NH 4 --C 64 --topk 2 --moe-every 1 --c
     --seq-aux-alpha 0.01 --micro-batches 2
 MOE_REF_tp_bias := --B 4 --T 24 --NH 4 --C 64 $(MOE_SIGMOID) --topk 2 --moe-every 1 --cf 0.5 --bias-gamma 0.001 \
     --micro-batches 2
+# and the global-batch balance loss (-rg 1) over the step's 2 micro-batches of 8 experts with drops, which -etp 2 routes
+# as the reference does (every member both micro-batches, one pass each)
+MOE_REF_tp_global := --B 4 --T 24 --NH 4 --C 64 --E 8 --topk 2 --moe-every 1 --cf 0.5 --global-aux 1 --micro-batches 2
 # tensor parallelism (doc/parallelism.md): GPT-2 and llama with 4 heads of 16 (2 key/value heads), H and the padded
 # vocabulary 384 dividing by 4, and B*T = 96 tokens, which -sp 1 cuts into 2 or 4 equal parts
 TP_REF_ARGS := --B 4 --T 24 --V 263 --L 2 --NH 4 --C 64 --maxT 32 --seed 1337 --steps 10 --grad-clip 0.5

@@ -1,7 +1,7 @@
 """
 dev/test/hf_reference.py: transformers as the reference of Hugging Face interop (doc/formats.md, "Hugging Face
 interop"), for dev/test/test_hf.sh. Two modes:
-  random FAMILY DIR                small random Hugging Face models, saved with save_pretrained, nothing downloaded:
+  random FAMILY DIR [FAMILY DIR...] small random Hugging Face models, saved with save_pretrained, nothing downloaded:
                                    gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM, 2 key/value heads of 4, own
                                    lm_head) or mixtral (MixtralForCausalLM, the same with top-2 of 4 experts), 2
                                    layers, V = 263; every bias and norm weight perturbed away from 0 and 1 so that a
@@ -128,9 +128,10 @@ def moe_state(hf_model, x, config):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "random":
-        random_model(sys.argv[2], sys.argv[3])
+    if len(sys.argv) >= 4 and len(sys.argv) % 2 == 0 and sys.argv[1] == "random":
+        for family, directory in zip(sys.argv[2::2], sys.argv[3::2]):
+            random_model(family, directory)
     elif len(sys.argv) == 5 and sys.argv[1] == "state":
         write_state(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
-        hf_layout.fail(TOOL, "usage: hf_reference.py random FAMILY DIR | state DIR MODEL.bin PREFIX")
+        hf_layout.fail(TOOL, "usage: hf_reference.py random FAMILY DIR [FAMILY DIR...] | state DIR MODEL.bin PREFIX")

@@ -37,11 +37,12 @@ against_transformers() {
     grep -E "^OK   (logits|steps)" "$work/$1.log" | sed "s/^/  $1: /"
 }
 
+$HF dev/test/hf_reference.py random gpt2 "$work/gpt2" llama "$work/llama" mixtral "$work/mixtral" >/dev/null 2>&1 ||
+    fail "random models"
 for family in gpt2 llama mixtral; do
     # Mixtral is train_moe's, dropless (-cf 0)
     TRAIN=build/train_gpt_fp32 TEST=build/test_gpt_fp32 TRAIN_FLAGS=()
     [ $family = mixtral ] && TRAIN=build/train_moe_fp32 TEST=build/test_moe_fp32 TRAIN_FLAGS=(-cf 0)
-    $HF dev/test/hf_reference.py random $family "$work/$family" >/dev/null 2>&1 || fail "$family: random model"
     $HF scripts/hf_import.py "$work/$family" "$work/$family.bin" >/dev/null 2>&1 || fail "$family: import"
     against_transformers "${family}_imported" "$work/$family" "$work/$family.bin"
     # import, export, import again
@@ -78,65 +79,82 @@ print(f"  tokenizer: {len(a)} ids from the source, {len(b)} from the export")
 sys.exit(0 if a == b and len(a) > 0 else 1)
 PY
 
-# --- refusals: one line naming what
+# --- refusals: one line naming what. The tools' main() runs on each bad input in one Python process (torch and
+# transformers load once); each must end with its one line (SystemExit: what the command prints before exiting 1,
+# which the last two cases check through the command line)
 cp -r "$work/gpt2" "$work/bad"
 $HF - "$work/bad/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["activation_function"] = "relu"; json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_error "an activation the trainers lack" "activation 'relu': the GPT-2 kind's MLP is GELU (tanh)" \
-    $HF scripts/hf_import.py "$work/bad" "$work/bad.bin"
 cp -r "$work/llama" "$work/sliding"
 $HF - "$work/sliding/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["model_type"] = "mistral"; c["sliding_window"] = 16; json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_error "sliding-window attention" "sliding-window attention (sliding_window 16) is not a kind the trainers have" \
-    $HF scripts/hf_import.py "$work/sliding" "$work/bad.bin"
 cp -r "$work/llama" "$work/mla"
 $HF - "$work/mla/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["model_type"] = "deepseek_v3"; c["kv_lora_rank"] = 32; json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_error "MLA" "multi-head latent attention (MLA" $HF scripts/hf_import.py "$work/mla" "$work/bad.bin"
 rm -rf "$work/missing" && mkdir -p "$work/missing" && cp "$work/llama/config.json" "$work/missing/"
 $HF - "$work/llama/model.safetensors" "$work/missing/model.safetensors" <<'PY'
 import sys
 from safetensors.torch import load_file, save_file
 t = load_file(sys.argv[1]); del t["model.layers.1.mlp.up_proj.weight"]; save_file(t, sys.argv[2])
 PY
-expect_error "a missing tensor" "tensor model.layers.1.mlp.up_proj.weight is missing" \
-    $HF scripts/hf_import.py "$work/missing" "$work/bad.bin"
 cp -r "$work/llama" "$work/shape"
 $HF - "$work/shape/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["intermediate_size"] = 128; json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_error "a shape against the config" "tensor model.layers.0.mlp.gate_proj.weight has shape (96, 64), the config says (128, 64)" \
-    $HF scripts/hf_import.py "$work/shape" "$work/bad.bin"
 cp -r "$work/mixtral" "$work/top1"
 $HF - "$work/top1/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["num_experts_per_tok"] = 1; json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_error "a top-1 Mixtral" "num_experts_per_tok 1: Mixtral renormalises its top-k gates" \
-    $HF scripts/hf_import.py "$work/top1" "$work/bad.bin"
 cp -r "$work/mixtral" "$work/qwen"
 $HF - "$work/qwen/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["model_type"] = "qwen2_moe"; json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_error "Qwen2-MoE" "Qwen2-MoE's sigmoid shared_expert_gate" $HF scripts/hf_import.py "$work/qwen" "$work/bad.bin"
-expect_error "export of an MoE without a Hugging Face class" "has no Hugging Face class" \
-    $HF scripts/hf_export.py build/ref/moe_k1_cf0.5_fp32_model.bin "$work/switch_exported"
 cp -r "$work/llama" "$work/kv"
 $HF - "$work/kv/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["num_key_value_heads"] = 3; json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_error "a shape the reference model refuses, said as the importer's" \
-    "hf_import.py: error: $work/kv: 3 key/value heads do not divide the 4 heads" \
-    $HF scripts/hf_import.py "$work/kv" "$work/bad.bin"
+$HF - "$work" <<'PY' >"$work/refusals.log" 2>&1
+import os, sys
+sys.path.insert(0, "scripts")
+import hf_export, hf_import
+w = sys.argv[1]
+cases = [("relu", hf_import, ["bad"]), ("sliding", hf_import, ["sliding"]), ("mla", hf_import, ["mla"]),
+         ("missing", hf_import, ["missing"]), ("shape", hf_import, ["shape"]), ("top1", hf_import, ["top1"]),
+         ("qwen", hf_import, ["qwen"]), ("kv", hf_import, ["kv"]),
+         ("switch", hf_export, ["build/ref/moe_k1_cf0.5_fp32_model.bin", "switch_exported"])]
+for name, tool, args in cases:
+    paths = [a if os.path.sep in a else os.path.join(w, a) for a in args]
+    try:
+        tool.main(paths + ([os.path.join(w, "bad.bin")] if tool is hf_import else []))
+        print(f"{name}: accepted")
+    except SystemExit as e:
+        print(f"{name}: {e}")
+PY
+refused() {  # CASE NAME EXPECTED: the case's one line holds EXPECTED
+    if grep -qF -- "$3" <(grep "^$1: " "$work/refusals.log"); then pass; else
+        fail "$2: $(grep "^$1: " "$work/refusals.log" || tail -2 "$work/refusals.log")"; fi
+}
+refused relu "an activation the trainers lack" "hf_import.py: error: $work/bad: activation 'relu': the GPT-2 kind's MLP is GELU (tanh)"
+refused sliding "sliding-window attention" "sliding-window attention (sliding_window 16) is not a kind the trainers have"
+refused mla "MLA" "multi-head latent attention (MLA"
+refused missing "a missing tensor" "tensor model.layers.1.mlp.up_proj.weight is missing"
+refused shape "a shape against the config" \
+    "tensor model.layers.0.mlp.gate_proj.weight has shape (96, 64), the config says (128, 64)"
+refused top1 "a top-1 Mixtral" "num_experts_per_tok 1: Mixtral renormalises its top-k gates"
+refused qwen "Qwen2-MoE" "Qwen2-MoE's sigmoid shared_expert_gate"
+refused kv "a shape the reference model refuses, said as the importer's" \
+    "hf_import.py: error: $work/kv: 3 key/value heads do not divide the 4 heads"
+refused switch "export of an MoE without a Hugging Face class" "hf_export.py: error: build/ref/moe_k1_cf0.5_fp32_model.bin: a gpt2-family MoE"
 expect_error "no model directory" "cannot read $work/none/config.json" $HF scripts/hf_import.py "$work/none" "$work/bad.bin"
 expect_error "export of no model file" "cannot read model file $work/none.bin" \
     $HF scripts/hf_export.py "$work/none.bin" "$work/none_exported"

@@ -145,6 +145,15 @@ grep -E '^step [34]/' "$work/moe_tp2.log" >"$work/moe_tp2_tail.log"
 if close_losses "$work/moe_tp2_tail.log" "$work/moe_tp2_to_dp2.log" 2; then pass; else
     fail "MoE -tp 2 resumed at -tp 1 (2 data-parallel processes of one sequence) differs"; fi
 
+# --- folded with the global-batch loss (-rg 1): the step's counts so far summed over every routing group, here both
+# members' of the same micro-step, as 2 data-parallel processes of one sequence each sum theirs: the same losses
+$MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 1 -x 3 -rg 1 >"$work/moe_rg_dp2.log" 2>&1 ||
+    fail "MoE -rg 1 on 2 data-parallel processes: $(tail -3 "$work/moe_rg_dp2.log")"
+$MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 3 -rg 1 -tp 2 >"$work/moe_rg_tp2.log" 2>&1 ||
+    fail "MoE -rg 1 -tp 2: $(tail -3 "$work/moe_rg_tp2.log")"
+if close_losses "$work/moe_rg_dp2.log" "$work/moe_rg_tp2.log" 3; then pass; else
+    fail "MoE -rg 1 -tp 2 differs from 2 data-parallel processes"; fi
+
 # --- -etp 2: each expert's hidden units split over the members, every member routing the whole batch: -tp 1's losses
 # on the same 2 sequences per step, and its step-2 checkpoint (the experts' slices put together in the state file)
 # resumed at -tp 1 continues them
