@@ -6,7 +6,7 @@
 // [(r % N) * E/N, (r % N + 1) * E/N) of every MoE layer; the P/N processes with the same r % N (one per group)
 // hold the same experts, their "replicas". Consecutive ranks keep the all-to-all inside a node for N <= the GPUs
 // per node, as Megatron and DeepSpeed arrange it. Everything else of the model stays replicated over all P.
-//   group_comm        the N members of this process's expert group: the all-to-all, sums over the group's
+//   members           the N members of this process's expert group: the all-to-all, sums over the group's
 //                     experts (the gradient norm), gathering all experts for a checkpoint
 //   replicas          a MultiGpuConfig over this process's replicas (P/N of them), sharing the world's NCCL
 //                     stream and events: the expert gradients are averaged over it and its ZeRO shards span it
@@ -22,11 +22,9 @@
 // Row offsets and element counts are size_t: rows times C passes 2^31 at production sizes (dropless, degree 8 with
 // N*k = 2^19 choices each: 2^22 rows at an owner); a single count of rows stays an int (at most N*k < 2^30,
 // which moe_assign_slots_launch requires).
-// Two communicators are in use at once: group_comm on the compute stream, and the world's (and the replicas') on
-// the NCCL stream, where the gradient reductions overlap the backward pass. NCCL operations of two communicators
-// in flight at the same time can deadlock (each GPU may start them in a different order), so every group
-// operation first waits for what the NCCL stream has been given (expert_parallel_after_reductions); the
-// reductions issued later wait for the compute stream anyway. cpu/cucc --check reports the unordered case.
+// Two communicators are in use at once: the group's on the compute stream, and the world's (and the replicas') on
+// the NCCL stream, where the gradient reductions overlap the backward pass: every group operation first waits for
+// what the NCCL stream has been given (llmc/multi_gpu.cuh, GroupComm).
 // On the CPU backend NCCL runs over MPI (cpu/nccl.cpp), so the groups need all processes in one mpirun.
 // Tests (dev/test/run_tests.sh NAME, patterns work): moe-*-ep* and check-moe-*-ep* (-ep against PyTorch and against
 // -ep 1), train-moe-cli.
@@ -39,11 +37,9 @@ typedef struct {
     int degree;             // N; 1: every process holds every expert and nothing below is used
     int member;             // r % N: which slice of the experts this process owns
     int group;              // r / N (with N == 1, each process is a group of its own: r)
-    ncclComm_t group_comm;  // the N members of this process's group (NULL when N == 1)
+    GroupComm members;      // the N members of this process's group (unused when N == 1)
     MultiGpuConfig replicas;  // the processes holding the same experts (the world itself when N == 1)
     int* device_counts;     // 2 * MOE_MAX_EXPERTS ints: the count exchange's send and receive buffers
-    float* device_scalar;   // for expert_parallel_float_sum
-    cudaEvent_t reductions_issued;  // recorded on the NCCL stream before each group operation (see the top)
 } ExpertParallel;
 
 // Expert parallelism of degree 1: every process is a group of its own, and the replicas are the world.
@@ -62,37 +58,20 @@ static void expert_parallel_init(ExpertParallel* ep, const MultiGpuConfig* world
     ep->degree = degree;
     ep->member = world->process_rank % degree;
     ep->group = world->process_rank / degree;
-    multi_gpu_split_groups(world, degree, &ep->group_comm, &ep->replicas);
+    group_comm_split(&ep->members, world, degree, &ep->replicas);
     cudaCheck(cudaMalloc((void**)&ep->device_counts, 2 * MOE_MAX_EXPERTS * sizeof(int)));
-    cudaCheck(cudaMalloc((void**)&ep->device_scalar, sizeof(float)));
-    cudaCheck(cudaEventCreateWithFlags(&ep->reductions_issued, cudaEventDisableTiming));
 }
 
 static void expert_parallel_free(ExpertParallel* ep) {
     if (ep->degree == 1) return;
-    ncclCheck(ncclCommDestroy(ep->group_comm));
+    group_comm_free(&ep->members);
     if (ep->replicas.nccl_comm != NULL) ncclCheck(ncclCommDestroy(ep->replicas.nccl_comm));
     cudaCheck(cudaFree(ep->device_counts));
-    cudaCheck(cudaFree(ep->device_scalar));
-    cudaCheck(cudaEventDestroy(ep->reductions_issued));
-}
-
-// Orders a group operation on `stream` after everything issued so far on the NCCL stream (see the top).
-static void expert_parallel_after_reductions(const ExpertParallel* ep, cudaStream_t stream) {
-    cudaCheck(cudaEventRecord(ep->reductions_issued, ep->replicas.nccl_stream));
-    cudaCheck(cudaStreamWaitEvent(stream, ep->reductions_issued, 0));
 }
 
 // The sum of a host float over the group (the gradient norm's expert part, each member holding other experts).
 static float expert_parallel_float_sum(const ExpertParallel* ep, float value, cudaStream_t stream) {
-    if (ep->degree == 1) return value;
-    float sum;
-    expert_parallel_after_reductions(ep, stream);
-    cudaCheck(cudaMemcpyAsync(ep->device_scalar, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
-    ncclCheck(ncclAllReduce(ep->device_scalar, ep->device_scalar, 1, ncclFloat, ncclSum, ep->group_comm, stream));
-    cudaCheck(cudaMemcpyAsync(&sum, ep->device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaStreamSynchronize(stream));
-    return sum;
+    return ep->degree == 1 ? value : group_float_sum(&ep->members, value, stream);
 }
 
 // recv (N * bytes) = every member's send (bytes), in member order: the group's experts from each member's own.
@@ -101,8 +80,8 @@ static void expert_parallel_allgather(const ExpertParallel* ep, void* recv, cons
     if (ep->degree == 1) {
         cudaCheck(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream));
     } else {
-        expert_parallel_after_reductions(ep, stream);
-        ncclCheck(ncclAllGather(send, recv, bytes, ncclChar, ep->group_comm, stream));
+        group_after_reductions(&ep->members, stream);
+        ncclCheck(ncclAllGather(send, recv, bytes, ncclChar, ep->members.comm, stream));
     }
     cudaCheck(cudaStreamSynchronize(stream));
 }
@@ -119,12 +98,12 @@ static void expert_parallel_exchange_counts(const ExpertParallel* ep, int* rows_
     }
     int* send = ep->device_counts;
     int* recv = ep->device_counts + MOE_MAX_EXPERTS;
-    expert_parallel_after_reductions(ep, stream);
+    group_after_reductions(&ep->members, stream);
     cudaCheck(cudaMemcpyAsync(send, rows_src, (size_t)E * sizeof(int), cudaMemcpyHostToDevice, stream));
     ncclCheck(ncclGroupStart());
     for (int s = 0; s < ep->degree; s++) {
-        ncclCheck(ncclSend(send + s * E_l, E_l, ncclInt32, s, ep->group_comm, stream));
-        ncclCheck(ncclRecv(recv + s * E_l, E_l, ncclInt32, s, ep->group_comm, stream));
+        ncclCheck(ncclSend(send + s * E_l, E_l, ncclInt32, s, ep->members.comm, stream));
+        ncclCheck(ncclRecv(recv + s * E_l, E_l, ncclInt32, s, ep->members.comm, stream));
     }
     ncclCheck(ncclGroupEnd());
     cudaCheck(cudaMemcpyAsync(rows_own, recv, (size_t)E * sizeof(int), cudaMemcpyDeviceToHost, stream));
@@ -142,7 +121,7 @@ static void expert_parallel_exchange(const ExpertParallel* ep, floatX* src, floa
     src_offset[0] = own_offset[0] = 0;
     for (int e = 0; e < E; e++) src_offset[e + 1] = src_offset[e] + (size_t)rows_src[e];
     for (int i = 0; i < E; i++) own_offset[i + 1] = own_offset[i] + (size_t)rows_own[(i % N) * E_l + i / N];
-    if (N > 1) expert_parallel_after_reductions(ep, stream);
+    if (N > 1) group_after_reductions(&ep->members, stream);
     ncclCheck(ncclGroupStart());
     for (int s = 0; s < N; s++) {
         for (int l = 0; l < E_l; l++) {
@@ -159,12 +138,12 @@ static void expert_parallel_exchange(const ExpertParallel* ep, floatX* src, floa
             }
             // empty blocks are skipped on both sides alike: both know the counts
             if (src_elements > 0) {
-                if (to_experts) ncclCheck(ncclSend(at_src, src_elements, nccl_floatX(), s, ep->group_comm, stream));
-                else ncclCheck(ncclRecv(at_src, src_elements, nccl_floatX(), s, ep->group_comm, stream));
+                if (to_experts) ncclCheck(ncclSend(at_src, src_elements, nccl_floatX(), s, ep->members.comm, stream));
+                else ncclCheck(ncclRecv(at_src, src_elements, nccl_floatX(), s, ep->members.comm, stream));
             }
             if (own_elements > 0) {
-                if (to_experts) ncclCheck(ncclRecv(at_own, own_elements, nccl_floatX(), s, ep->group_comm, stream));
-                else ncclCheck(ncclSend(at_own, own_elements, nccl_floatX(), s, ep->group_comm, stream));
+                if (to_experts) ncclCheck(ncclRecv(at_own, own_elements, nccl_floatX(), s, ep->members.comm, stream));
+                else ncclCheck(ncclSend(at_own, own_elements, nccl_floatX(), s, ep->members.comm, stream));
             }
         }
     }

@@ -339,6 +339,49 @@ static void multi_gpu_split_groups(const MultiGpuConfig* world, int degree, nccl
     free(all);
 }
 
+// The communicator of this process's group (multi_gpu_split_groups: expert and tensor parallelism) and what its
+// collectives need. They run on the compute stream while the world's gradient reductions run on its NCCL stream, and
+// NCCL operations of two communicators in flight at the same time can deadlock (each GPU may start them in a different
+// order): so every group collective first waits for what the NCCL stream has been given (group_after_reductions; the
+// reductions issued later wait for the compute stream anyway). cpu/cucc --check reports the unordered case.
+typedef struct {
+    ncclComm_t comm;                // the members of this process's group
+    cudaStream_t nccl_stream;       // the world's
+    float* device_scalar;           // for group_float_sum
+    cudaEvent_t reductions_issued;  // recorded on the NCCL stream before each group collective
+} GroupComm;
+
+// Collective over the world (multi_gpu_split_groups, whose `across` it fills in too).
+static void group_comm_split(GroupComm* g, const MultiGpuConfig* world, int degree, MultiGpuConfig* across) {
+    multi_gpu_split_groups(world, degree, &g->comm, across);
+    g->nccl_stream = world->nccl_stream;
+    cudaCheck(cudaMalloc((void**)&g->device_scalar, sizeof(float)));
+    cudaCheck(cudaEventCreateWithFlags(&g->reductions_issued, cudaEventDisableTiming));
+}
+
+static void group_comm_free(GroupComm* g) {
+    ncclCheck(ncclCommDestroy(g->comm));
+    cudaCheck(cudaFree(g->device_scalar));
+    cudaCheck(cudaEventDestroy(g->reductions_issued));
+}
+
+// Orders a group collective on `stream` after everything issued so far on the NCCL stream (see GroupComm).
+static void group_after_reductions(const GroupComm* g, cudaStream_t stream) {
+    cudaCheck(cudaEventRecord(g->reductions_issued, g->nccl_stream));
+    cudaCheck(cudaStreamWaitEvent(stream, g->reductions_issued, 0));
+}
+
+// The sum of a host float over the group's members, the same on every member.
+static float group_float_sum(const GroupComm* g, float value, cudaStream_t stream) {
+    float sum;
+    group_after_reductions(g, stream);
+    cudaCheck(cudaMemcpyAsync(g->device_scalar, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
+    ncclCheck(ncclAllReduce(g->device_scalar, g->device_scalar, 1, ncclFloat, ncclSum, g->comm, stream));
+    cudaCheck(cudaMemcpyAsync(&sum, g->device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    return sum;
+}
+
 // Returns once every process has called it: an all-reduce completes only when all ranks took part.
 static inline void multi_gpu_barrier(const MultiGpuConfig* c) {
     if (c->num_processes == 1) return;

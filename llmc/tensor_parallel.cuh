@@ -7,14 +7,13 @@
 // same batch; the P/N processes with the same member index (one per group) hold the same slices and form the
 // data-parallel group `dp`, over which gradients are averaged and ZeRO shards. Consecutive ranks keep the group's
 // collectives, which sit on the critical path of every layer, inside a node.
-//   comm   the N members: the activations' all-reduce, reduce-scatter and all-gather (on the compute stream), the
-//          classifier's row statistics, the gradient norm's sum, putting the model file together
-//   dp     a MultiGpuConfig over the processes that hold the same slices, sharing the world's NCCL stream: the
-//          gradients are averaged over it (overlapping the backward pass on that stream) and its ZeRO shards span it
-// Two communicators are in use at once, comm on the compute stream and dp's on the NCCL stream. NCCL operations of
-// two communicators in flight at the same time can deadlock (each GPU may start them in a different order), so
-// every group collective first waits for what the NCCL stream has been given (the reductions issued later wait for
-// the compute stream anyway); cpu/cucc --check reports the unordered case. With sequence parallelism (-sp 1) the
+//   members  the N members: the activations' all-reduce, reduce-scatter and all-gather (on the compute stream), the
+//            classifier's row statistics, the gradient norm's sum, putting the model file together
+//   dp       a MultiGpuConfig over the processes that hold the same slices, sharing the world's NCCL stream: the
+//            gradients are averaged over it (overlapping the backward pass on that stream) and its ZeRO shards span it
+// Two communicators are in use at once, the members' on the compute stream and dp's on the NCCL stream: every group
+// collective first waits for what the NCCL stream has been given (llmc/multi_gpu.cuh, GroupComm). With sequence
+// parallelism (-sp 1) the
 // residual stream and the norms run on this member's B*T/N tokens: rows [member * B*T/N, (member + 1) * B*T/N) of the
 // (B, T) batch in row-major order, which is what ncclReduceScatter and ncclAllGather cut and join.
 // On the CPU backend NCCL runs over MPI (cpu/nccl.cpp), so the groups need all processes in one mpirun.
@@ -29,10 +28,8 @@ typedef struct {
     int member;             // r % N: which slice of every split tensor this process holds
     int group;              // r / N (with N == 1 each process is a group of its own: r)
     int sequence_parallel;  // -sp 1: the residual stream and the norms on B*T/N tokens per member
-    ncclComm_t comm;        // the N members of this process's group (NULL when N == 1)
+    GroupComm members;      // the N members of this process's group (unused when N == 1)
     MultiGpuConfig dp;      // the processes holding the same slices (the world itself when N == 1)
-    float* device_scalar;   // for tensor_parallel_float_sum
-    cudaEvent_t reductions_issued;  // recorded on the NCCL stream before each group collective (see the top)
 } TensorParallel;
 
 // Degree 1: every process is a group of its own, and the data-parallel group is the world.
@@ -58,9 +55,7 @@ static void tensor_parallel_place(TensorParallel* tp, const MultiGpuConfig* worl
 static void tensor_parallel_init(TensorParallel* tp, const MultiGpuConfig* world, int degree, int sequence_parallel) {
     tensor_parallel_place(tp, world, degree, sequence_parallel);
     if (degree == 1) return;
-    multi_gpu_split_groups(world, degree, &tp->comm, &tp->dp);
-    cudaCheck(cudaMalloc((void**)&tp->device_scalar, sizeof(float)));
-    cudaCheck(cudaEventCreateWithFlags(&tp->reductions_issued, cudaEventDisableTiming));
+    group_comm_split(&tp->members, world, degree, &tp->dp);
 }
 
 // The memory plan's layout (-pm): the degree's slices without communicators, for any process count: this process as
@@ -74,63 +69,48 @@ static void tensor_parallel_plan(TensorParallel* tp, const MultiGpuConfig* world
 
 static void tensor_parallel_free(TensorParallel* tp) {
     if (tp->degree == 1) return;
-    ncclCheck(ncclCommDestroy(tp->comm));
+    group_comm_free(&tp->members);
     if (tp->dp.nccl_comm != NULL) ncclCheck(ncclCommDestroy(tp->dp.nccl_comm));
-    cudaCheck(cudaFree(tp->device_scalar));
-    cudaCheck(cudaEventDestroy(tp->reductions_issued));
-}
-
-// Orders a group collective on `stream` after everything issued so far on the NCCL stream (see the top).
-static void tensor_parallel_after_reductions(const TensorParallel* tp, cudaStream_t stream) {
-    cudaCheck(cudaEventRecord(tp->reductions_issued, tp->dp.nccl_stream));
-    cudaCheck(cudaStreamWaitEvent(stream, tp->reductions_issued, 0));
 }
 
 // x (n) = its sum over the members, in place (Megatron's g in the forward pass, f in the backward pass)
 static void tensor_parallel_all_reduce(const TensorParallel* tp, floatX* x, size_t n, cudaStream_t stream) {
-    tensor_parallel_after_reductions(tp, stream);
-    ncclCheck(ncclAllReduce(x, x, n, nccl_floatX(), ncclSum, tp->comm, stream));
+    group_after_reductions(&tp->members, stream);
+    ncclCheck(ncclAllReduce(x, x, n, nccl_floatX(), ncclSum, tp->members.comm, stream));
 }
 // out (n) = member's chunk of the sum over the members of in (N * n): a row-parallel layer's output onto this
 // member's tokens under sequence parallelism
 static void tensor_parallel_reduce_scatter(const TensorParallel* tp, floatX* out, const floatX* in, size_t n,
                                            cudaStream_t stream) {
-    tensor_parallel_after_reductions(tp, stream);
-    ncclCheck(ncclReduceScatter(in, out, n, nccl_floatX(), ncclSum, tp->comm, stream));
+    group_after_reductions(&tp->members, stream);
+    ncclCheck(ncclReduceScatter(in, out, n, nccl_floatX(), ncclSum, tp->members.comm, stream));
 }
 // out (N * n) = every member's in (n), in member order: the tokens of a sequence-parallel stream put together
 static void tensor_parallel_all_gather(const TensorParallel* tp, floatX* out, const floatX* in, size_t n,
                                        cudaStream_t stream) {
-    tensor_parallel_after_reductions(tp, stream);
-    ncclCheck(ncclAllGather(in, out, n, nccl_floatX(), tp->comm, stream));
+    group_after_reductions(&tp->members, stream);
+    ncclCheck(ncclAllGather(in, out, n, nccl_floatX(), tp->members.comm, stream));
 }
 // the same for float values (the classifier's row statistics) with `op`
 static void tensor_parallel_all_reduce_float(const TensorParallel* tp, float* x, size_t n, ncclRedOp_t op,
                                              cudaStream_t stream) {
-    tensor_parallel_after_reductions(tp, stream);
-    ncclCheck(ncclAllReduce(x, x, n, ncclFloat, op, tp->comm, stream));
+    group_after_reductions(&tp->members, stream);
+    ncclCheck(ncclAllReduce(x, x, n, ncclFloat, op, tp->members.comm, stream));
 }
 // ... and for ints (an MoE layer's expert counts; exact in any order)
 static void tensor_parallel_all_reduce_int(const TensorParallel* tp, int* x, size_t n, cudaStream_t stream) {
-    tensor_parallel_after_reductions(tp, stream);
-    ncclCheck(ncclAllReduce(x, x, n, ncclInt32, ncclSum, tp->comm, stream));
+    group_after_reductions(&tp->members, stream);
+    ncclCheck(ncclAllReduce(x, x, n, ncclInt32, ncclSum, tp->members.comm, stream));
 }
 // bytes * N = every member's `bytes`, in member order (device buffers)
 static void tensor_parallel_all_gather_bytes(const TensorParallel* tp, void* out, const void* in, size_t bytes,
                                              cudaStream_t stream) {
-    tensor_parallel_after_reductions(tp, stream);
-    ncclCheck(ncclAllGather(in, out, bytes, ncclChar, tp->comm, stream));
+    group_after_reductions(&tp->members, stream);
+    ncclCheck(ncclAllGather(in, out, bytes, ncclChar, tp->members.comm, stream));
 }
 // The sum of a host float over the members (the gradient norm's split part), the same on every member.
 static float tensor_parallel_float_sum(const TensorParallel* tp, float value, cudaStream_t stream) {
-    if (tp->degree == 1) return value;
-    float sum;
-    tensor_parallel_after_reductions(tp, stream);
-    cudaCheck(cudaMemcpyAsync(tp->device_scalar, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
-    ncclCheck(ncclAllReduce(tp->device_scalar, tp->device_scalar, 1, ncclFloat, ncclSum, tp->comm, stream));
-    cudaCheck(cudaMemcpyAsync(&sum, tp->device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaStreamSynchronize(stream));
-    return sum;
+    return tp->degree == 1 ? value : group_float_sum(&tp->members, value, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------

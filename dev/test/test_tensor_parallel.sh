@@ -88,11 +88,21 @@ if cmp -s <(head -c 1024 "$work/whole/model_00000002.bin") <(head -c 1024 "$work
 if close_losses "$work/from_whole.log" "$work/from_tp2.log" 1; then pass; else
     fail "the -tp 2 model file is not -tp 1's model"; fi
 
+# resume_into NAME SOURCE-DIR PROCESSES TRAINER MODEL FLAGS...: SOURCE-DIR's step-2 checkpoint resumed into
+# $work/NAME (log $work/NAME.log) for steps 3 and 4
+resume_into() {
+    local name=$1 source=$2 np=$3 trainer=$4 model=$5
+    shift 5
+    mkdir -p "$work/$name"
+    cp "$source/"*_00000002* "$work/$name/"
+    $MPIRUN -np "$np" "$trainer" -e "$model" "${COMMON[@]}" -x 4 -n 2 -o "$work/$name" -y 1 "$@" >"$work/$name.log" \
+        2>&1 || fail "resume $name: $(tail -3 "$work/$name.log")"
+}
+# steps_3_4 LOG: its steps 3 and 4, which a run resumed from its step-2 checkpoint goes on with
+steps_3_4() { grep -E '^step [34]/' "$1" >"${1%.log}_tail.log"; echo "${1%.log}_tail.log"; }
+
 # --- a -tp 2 run resumed from its step-2 checkpoint continues bit-identically
-mkdir -p "$work/tp2_resumed"
-cp "$work/tp2_sp1/"*_00000002* "$work/tp2_resumed/"
-$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 2 -x 4 -tp 2 -n 2 -o "$work/tp2_resumed" -y 1 \
-    >"$work/tp2_resumed.log" 2>&1 || fail "resumed -tp 2 run: $(tail -3 "$work/tp2_resumed.log")"
+resume_into tp2_resumed "$work/tp2_sp1" 2 "$TRAIN" "$MODEL" -b 2 -tp 2
 want=$(step_fields "$work/tp2_sp1.log" | tail -n 2)
 if [ -n "$want" ] && [ "$(step_fields "$work/tp2_resumed.log")" = "$want" ] &&
     cmp -s "$work/tp2_sp1/model_00000004.bin" "$work/tp2_resumed/model_00000004.bin"; then pass; else
@@ -101,23 +111,14 @@ if [ -n "$want" ] && [ "$(step_fields "$work/tp2_resumed.log")" = "$want" ] &&
 # --- resumed into another layout (doc/formats.md: the optimizer state's slices and shards cut anew): the -tp 2 run's
 # step-2 checkpoint at -tp 1 on 1 process, and at -tp 2 on 4 processes with half the micro-batch each (the same global
 # batch); -tp 1's checkpoint at -tp 2. Each goes on with its source run's steps 3 and 4.
-grep -E '^step [34]/' "$work/tp2_sp1.log" >"$work/tp2_tail.log"
-grep -E '^step [34]/' "$work/whole.log" >"$work/whole_tail.log"
-resume_into() {  # NAME SOURCE-DIR PROCESSES FLAGS...
-    local name=$1 source=$2 np=$3
-    shift 3
-    mkdir -p "$work/$name"
-    cp "$source/"*_00000002* "$work/$name/"
-    $MPIRUN -np "$np" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 4 -n 2 -o "$work/$name" -y 1 "$@" >"$work/$name.log" 2>&1 ||
-        fail "resume $name: $(tail -3 "$work/$name.log")"
-}
-resume_into tp2_to_tp1 "$work/tp2_sp1" 1 -b 2
-if close_losses "$work/tp2_tail.log" "$work/tp2_to_tp1.log" 2; then pass; else fail "-tp 2 resumed at -tp 1 differs"; fi
-resume_into tp2_to_np4 "$work/tp2_sp1" 4 -b 1 -tp 2 -z 1
-if close_losses "$work/tp2_tail.log" "$work/tp2_to_np4.log" 2; then pass; else
-    fail "-tp 2 resumed on 4 processes differs"; fi
-resume_into tp1_to_tp2 "$work/whole" 2 -b 2 -tp 2
-if close_losses "$work/whole_tail.log" "$work/tp1_to_tp2.log" 2; then pass; else fail "-tp 1 resumed at -tp 2 differs"; fi
+tp2_tail=$(steps_3_4 "$work/tp2_sp1.log")
+resume_into tp2_to_tp1 "$work/tp2_sp1" 1 "$TRAIN" "$MODEL" -b 2
+if close_losses "$tp2_tail" "$work/tp2_to_tp1.log" 2; then pass; else fail "-tp 2 resumed at -tp 1 differs"; fi
+resume_into tp2_to_np4 "$work/tp2_sp1" 4 "$TRAIN" "$MODEL" -b 1 -tp 2 -z 1
+if close_losses "$tp2_tail" "$work/tp2_to_np4.log" 2; then pass; else fail "-tp 2 resumed on 4 processes differs"; fi
+resume_into tp1_to_tp2 "$work/whole" 2 "$TRAIN" "$MODEL" -b 2 -tp 2
+if close_losses "$(steps_3_4 "$work/whole.log")" "$work/tp1_to_tp2.log" 2; then pass; else
+    fail "-tp 1 resumed at -tp 2 differs"; fi
 
 # --- the MoE trainer at -tp 2 -ep 2 (each member routes its own sequence, its experts 2 of the 4) against -tp 1 with
 # each step's 2 sequences as 2 micro-steps of one (the same routing groups); its model file is the whole model, and
@@ -137,12 +138,8 @@ for run in moe_whole moe_tp2; do
 done
 if close_losses "$work/from_moe_whole.log" "$work/from_moe_tp2.log" 1; then pass; else
     fail "the MoE -tp 2 -ep 2 model file is not -tp 1's model"; fi
-mkdir -p "$work/moe_tp2_to_dp2"
-cp "$work/moe_tp2/"*_00000002* "$work/moe_tp2_to_dp2/"
-$MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 1 -x 4 -ep 2 -n 2 -o "$work/moe_tp2_to_dp2" -y 1 \
-    >"$work/moe_tp2_to_dp2.log" 2>&1 || fail "MoE -tp 2 resumed at -tp 1: $(tail -3 "$work/moe_tp2_to_dp2.log")"
-grep -E '^step [34]/' "$work/moe_tp2.log" >"$work/moe_tp2_tail.log"
-if close_losses "$work/moe_tp2_tail.log" "$work/moe_tp2_to_dp2.log" 2; then pass; else
+resume_into moe_tp2_to_dp2 "$work/moe_tp2" 2 "$MOE" "$MOE_MODEL" -b 1 -ep 2
+if close_losses "$(steps_3_4 "$work/moe_tp2.log")" "$work/moe_tp2_to_dp2.log" 2; then pass; else
     fail "MoE -tp 2 resumed at -tp 1 (2 data-parallel processes of one sequence) differs"; fi
 
 # --- folded with the global-batch loss (-rg 1): the step's counts so far summed over every routing group, here both
@@ -163,13 +160,8 @@ $MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 4 -tp 2 -etp 2 -n 2 
     >"$work/moe_etp2.log" 2>&1 || fail "MoE -tp 2 -etp 2 run: $(tail -3 "$work/moe_etp2.log")"
 if close_losses "$work/moe_b2.log" "$work/moe_etp2.log" 4; then pass; else
     fail "MoE -tp 2 -etp 2 differs from -tp 1"; fi
-mkdir -p "$work/moe_etp2_to_tp1"
-cp "$work/moe_etp2/"*_00000002* "$work/moe_etp2_to_tp1/"
-"$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 4 -n 2 -o "$work/moe_etp2_to_tp1" -y 1 \
-    >"$work/moe_etp2_to_tp1.log" 2>&1 ||
-    fail "MoE -etp 2 resumed at -tp 1: $(tail -3 "$work/moe_etp2_to_tp1.log")"
-grep -E '^step [34]/' "$work/moe_etp2.log" >"$work/moe_etp2_tail.log"
-if close_losses "$work/moe_etp2_tail.log" "$work/moe_etp2_to_tp1.log" 2; then pass; else
+resume_into moe_etp2_to_tp1 "$work/moe_etp2" 1 "$MOE" "$MOE_MODEL" -b 2
+if close_losses "$(steps_3_4 "$work/moe_etp2.log")" "$work/moe_etp2_to_tp1.log" 2; then pass; else
     fail "MoE -tp 2 -etp 2 resumed at -tp 1 differs"; fi
 
 # --- the memory plan (-pm) of a GPT-2 d12 at -tp 2, on one process (the plan takes the layout's sizes only): the
