@@ -172,9 +172,10 @@ MOE_REF_k2_global_mb2 := --B 4 --E 8 --topk 2 --moe-every 1 --cf 0.5 --global-au
 MOE_DS := --arch llama --NH 4 --C 64 --kv-heads 2 --E 16 --topk 4 --H 32 --shared-experts 1 --shared-hidden 64 \
     --score sigmoid --routed-scale 2.5 --bias-gamma 0.001 --seq-aux-alpha 0.001 --global-aux 1 --micro-batches 3 --cf 0
 MOE_REF_ds := $(MOE_DS) --device-limit 2 --ep-groups 4
-# and without the device limit, which has no -ep 1 to compare with: -ep 4 against -ep 1 with the bias, the three
-# balance losses and 3 micro-batches per step
-MOE_REF_ds_nodl := $(MOE_DS)
+# and DeepSeek-V3's layout in place of the device limit, which has no -ep 1 to compare with: a dense layer first, then
+# two MoE layers whose tokens keep 2 of the model's 4 expert groups by their two best affinity + bias; -ep 4 against
+# -ep 1 with the bias, the three balance losses and 3 micro-batches per step
+MOE_REF_ds_v3 := $(MOE_DS) --L 3 --first-dense 1 --expert-groups 4 --kept-groups 2
 # the llama family (doc/moe.md, "Routing options and the llama MoE"): SwiGLU experts without biases,
 # RMSNorm, RoPE and 2 key/value heads of 4 (head size 16, as LLAMA_REF_ARGS). The Mixtral shape (top-2 of 8 SwiGLU
 # experts dropless in every layer) and a SwiGLU shared expert beside sigmoid top-2 of 4 with drops every other layer

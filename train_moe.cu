@@ -26,6 +26,9 @@
     X("-ne", INT, num_experts, 8, "experts per MoE layer (default = 8)")                                               \
     X("-tk", INT, top_k, 1, "experts per token: 1 = Switch, 2 = GShard (default = 1)")                                 \
     X("-me", INT, moe_every, 2, "an MoE layer every N layers: 1 = all, 2 = every other (default = 2)")                 \
+    X("-md", INT, first_dense, 0,                                                                                      \
+      "dense layers first: -me counts from layer F (DeepSeek's first_k_dense_replace; default = 0;\na model "          \
+      "file's are its own)")                                                                                           \
     X("-eh", INT, expert_hidden, 0, "expert hidden size (default = the dense MLP's: 4C, llama -fh's)")                 \
     X("-cf", FLOAT, capacity_factor, 1.25f, "capacity factor in training; <= 0: dropless (default = 1.25)")            \
     X("-cfe", FLOAT, capacity_factor_eval, 2.0f, "capacity factor in evaluation (default = 2.0)")                      \
@@ -60,6 +63,10 @@
     X("-dl", INT, device_limit, 0,                                                                                     \
       "device-limited routing: each token's experts within the M expert-parallel groups (-ep) of its\nlargest "        \
       "keys (default = 0: off)")                                                                                       \
+    X("-eg", INT, expert_groups, 0,                                                                                    \
+      "the model's expert groups G: each token's experts lie within the -egk groups whose two largest affinity\n"      \
+      "+ bias sum highest (DeepSeek-V3's n_group; sigmoid scores; default = 0: none; a model file's are its own)")     \
+    X("-egk", INT, kept_groups, 0, "the expert groups each token keeps, with -eg (DeepSeek-V3's topk_group)")          \
     X("-rsl", FLOAT, seq_alpha, 0.0f,                                                                                  \
       "sequence-wise balance loss coefficient ALPHA: the Switch loss per sequence, averaged over the sequences\n"      \
       "(DeepSeek-V3; default = 0: off)")                                                                               \
@@ -99,6 +106,15 @@ static int moe_check_flags(void) {
     if (moe_score_of(f->score) < 0) { fprintf(stderr, "-rs %s: expected softmax or sigmoid\n", f->score); return 0; }
     if (!(isfinite(f->bias_gamma) && f->bias_gamma >= 0.0f)) {
         fprintf(stderr, "-rb %g: the balancing bias step must be finite and >= 0\n", f->bias_gamma);
+        return 0;
+    }
+    if (f->first_dense < 0 || f->expert_groups < 0 || f->kept_groups < 0) {
+        fprintf(stderr, "-md %d -eg %d -egk %d: expected >= 0\n", f->first_dense, f->expert_groups, f->kept_groups);
+        return 0;
+    }
+    if ((f->expert_groups > 0) != (f->kept_groups > 0)) {
+        fprintf(stderr, "-eg %d -egk %d: the expert groups and the groups kept go together, both positive\n",
+                f->expert_groups, f->kept_groups);
         return 0;
     }
     if (f->device_limit < 0) {
@@ -175,6 +191,9 @@ static void moe_setup(Model* model, const MultiGpuConfig* mg) {
     config.shared_experts = f->shared_experts;
     config.shared_hidden = f->shared_hidden;
     config.balance_bias = 0;
+    config.first_dense = f->first_dense;
+    config.expert_groups = f->expert_groups;
+    config.kept_groups = f->kept_groups;
     MoESettings settings = {};
     settings.capacity_factor = f->capacity_factor;
     settings.capacity_factor_eval = f->capacity_factor_eval;
@@ -197,12 +216,14 @@ static void moe_setup(Model* model, const MultiGpuConfig* mg) {
 // Once built: a model file's experts are its own; a flag that says otherwise is a mistake, not a request.
 static void moe_check_model(const Model* model, const char* source, int from_file) {
     const MoEConfig* c = &moe_of(model)->config;
-    const char* names[4] = {"-ne", "-tk", "-me", "-eh"};
-    const char* what[4] = {"experts per MoE layer", "experts per token", "layers per MoE layer",
-                           "as the experts' hidden size"};
-    int given[4] = {moe_flags.num_experts, moe_flags.top_k, moe_flags.moe_every, moe_flags.expert_hidden};
-    int has[4] = {c->num_experts, c->top_k, c->moe_every, c->expert_hidden};
-    for (int i = 0; from_file && i < 4; i++) {
+    const char* names[] = {"-ne", "-tk", "-me", "-eh", "-md", "-eg", "-egk"};
+    const char* what[] = {"experts per MoE layer", "experts per token", "layers per MoE layer",
+                          "as the experts' hidden size", "dense layers first", "expert groups", "expert groups kept"};
+    int given[] = {moe_flags.num_experts, moe_flags.top_k, moe_flags.moe_every, moe_flags.expert_hidden,
+                   moe_flags.first_dense, moe_flags.expert_groups, moe_flags.kept_groups};
+    int has[] = {c->num_experts, c->top_k, c->moe_every, c->expert_hidden, c->first_dense, c->expert_groups,
+                 c->kept_groups};
+    for (int i = 0; from_file && i < (int)(sizeof(has) / sizeof(has[0])); i++) {
         const Flag* f = flag_find(moe_flag_table, sizeof(moe_flag_table) / sizeof(moe_flag_table[0]), names[i]);
         if (f->given && given[i] != has[i]) {
             fprintf(stderr, "%s %d: the model file %s has %d %s (leave %s out, or start from a descriptor)\n",

@@ -152,8 +152,9 @@ MOE_PERTURB_STD = 0.02
 # this size moves some choices and leaves the rest (the write-up line counts the choices it moves).
 BIAS_INIT_STD = 0.005
 # The MoE model file's routing-option words (doc/formats.md, "MoE model file"); words 16..21 are the GPT-2 file's
-MOE_REVISION_WORD = 24  # 0: today's Switch file, words 25..31 zero; 1: the words below are defined
+MOE_REVISION_WORD = 24  # 0: today's Switch file, words 25..32 zero; 1: words 25..29 defined; 2: 25..32
 SHARED_WORD, SHARED_HIDDEN_WORD, SCORE_WORD, ROUTED_SCALE_WORD, BIAS_WORD = 25, 26, 27, 28, 29
+FIRST_DENSE_WORD, GROUPS_WORD, KEPT_GROUPS_WORD = 30, 31, 32
 SCORES = ("softmax", "sigmoid")  # word 27: the index
 # The debug state's words from 20 on (doc/formats.md, "Debug state"): every routing and loss setting the C trainer
 # takes as a flag, in state_words' order, then the number of passes whose expert choices follow the routing counts.
@@ -188,7 +189,7 @@ def errors_named_here():
 class MoEConfig(GPTConfig):
     E: int  # experts per MoE layer
     topk: int  # experts each token is sent to (1 = Switch, 2 = GShard)
-    moe_every: int  # layer l is an MoE layer iff (l + 1) % moe_every == 0
+    moe_every: int  # layer l is an MoE layer iff l >= first_dense and (l + 1 - first_dense) % moe_every == 0
     H: int  # expert hidden size
     noisy: bool = False  # noisy top-k gating: every MoE layer has a noise router (model file header[12])
     # -arch llama (header words 16..21 as in the GPT-2 file): RMSNorm, RoPE, GQA, SwiGLU dense layers and
@@ -205,9 +206,13 @@ class MoEConfig(GPTConfig):
     score: str = "softmax"  # softmax or sigmoid
     routed_scale: float = 1.0  # the gates' factor (an fp32 value, as the file stores it)
     balance_bias: bool = False  # every MoE layer has an aux-loss-free balancing bias (E,), stored in the file
+    # header words 30..32: the dense layers before the first MoE layer, the expert groups and those kept
+    first_dense: int = 0
+    expert_groups: int = 0
+    kept_groups: int = 0
 
     def is_moe(self, layer):
-        return (layer + 1) % self.moe_every == 0
+        return layer >= self.first_dense and (layer + 1 - self.first_dense) % self.moe_every == 0
 
     def moe_index(self, layer):
         """Layer `layer`'s index among the MoE layers (0-based): the m of the noise seeds."""
@@ -422,14 +427,26 @@ def limit_to_groups(key, groups, limit):
     return torch.where(kept.repeat_interleave(E // groups, dim=1), key.detach(), -math.inf)
 
 
+def keep_expert_groups(key, group_values, groups, kept):
+    """The model's expert groups (doc/moe.md, "Routing options" 11; DeepSeek-V3's): the experts split into
+    `groups` groups of consecutive indices, a group's score the fp32 sum of its two largest `group_values` (the
+    affinities plus the bias); each token keeps the `kept` groups of largest score (ties to the lower group) and the
+    other groups' keys become -inf, so that top-k cannot pick them."""
+    N, E = key.shape
+    top2 = group_values.detach().view(N, groups, E // groups).topk(2, dim=2).values  # (N, groups, 2)
+    score = top2[..., 0] + top2[..., 1]
+    keep = F.one_hot(top_k_lower_index(score, kept), groups).sum(dim=1) > 0  # (N, groups)
+    return torch.where(keep.repeat_interleave(E // groups, dim=1), key.detach(), -math.inf)
+
+
 def route(logits, topk, settings, clean=None, std=None, score="softmax", routed_scale=1.0, bias=None, seq_len=None,
-          prior_counts=None):
+          prior_counts=None, groups=None):
     """Routing of one group (doc/moe.md, Routing) from its (N, E) router logits. Noisy top-k gating
     passes H as `logits` (it takes the router logits' place everywhere) and its clean logits and noise std,
     which its importance and load losses also need (noise_spec §3). score: softmax or sigmoid affinities;
     bias: the (E,) balancing bias, added to the affinities for the choice only; seq_len: the tokens of one
     sequence (the sequence-wise loss); prior_counts: (counts (E,), choices) of the step's earlier micro-batches
-    (the global-batch Switch loss)."""
+    (the global-batch Switch loss); groups: (G, M) of the model's expert groups, or None."""
     N, E = logits.shape
     noisy = clean is not None
     if score == "softmax":
@@ -443,6 +460,9 @@ def route(logits, topk, settings, clean=None, std=None, score="softmax", routed_
     key = None if bias is None else affinity + bias
     if settings.device_limit > 0:
         key = limit_to_groups(logits if key is None else key, settings.ep_groups, settings.device_limit)
+    if groups is not None:
+        group_values = affinity if bias is None else key
+        key = keep_expert_groups(logits if key is None else key, group_values, *groups)
     if noisy:
         # the first k of the routing order are the choices; the (k+1)-th gives the chosen experts' threshold
         order = top_k_lower_index(logits, topk + 1)
@@ -538,6 +558,7 @@ class SwitchFFN(nn.Module):
         super().__init__()
         self.topk = config.topk
         self.score, self.routed_scale = config.score, config.routed_scale
+        self.groups = (config.expert_groups, config.kept_groups) if config.expert_groups else None
         self.moe_index = moe_index  # this layer's m among the MoE layers: it picks the noise streams
         self.router = nn.Linear(config.C, config.E, bias=False)
         self.noise_router = nn.Linear(config.C, config.E, bias=False) if config.noisy else None
@@ -564,7 +585,7 @@ class SwitchFFN(nn.Module):
                 router_in = router_in * constant_like(jitter_multiplier(seed, N, C, settings.jitter), router_in)
             logits = self.router(router_in)
             options = dict(score=self.score, routed_scale=self.routed_scale, bias=bias, seq_len=T,
-                           prior_counts=prior_counts)
+                           prior_counts=prior_counts, groups=self.groups)
             if self.noise_router is None:
                 routing = route(logits, self.topk, settings, **options)
             else:
@@ -813,9 +834,13 @@ def write_model_file(path, model, version):
     if c.llama:
         fields += [0] * (FAMILY_WORD - len(fields))
         fields += [FAMILY_LLAMA, c.NKV, fp32_bits(c.rope_theta), c.dense_H, fp32_bits(c.norm_eps), int(c.tied)]
-    if c.shared or c.score != "softmax" or c.routed_scale != 1.0 or c.balance_bias:
+    revision2 = c.first_dense > 0 or c.expert_groups > 0
+    if revision2 or c.shared or c.score != "softmax" or c.routed_scale != 1.0 or c.balance_bias:
         fields += [0] * (MOE_REVISION_WORD - len(fields))
-        fields += [1, c.shared, c.shared_H, SCORES.index(c.score), fp32_bits(c.routed_scale), int(c.balance_bias)]
+        fields += [2 if revision2 else 1, c.shared, c.shared_H, SCORES.index(c.score), fp32_bits(c.routed_scale),
+                   int(c.balance_bias)]
+        if revision2:
+            fields += [c.first_dense, c.expert_groups, c.kept_groups]
     arrays = [train_gpt.model_payload(model, version == MOE_VERSION_BF16, params_in_file_order)]
     if c.balance_bias:
         arrays.append(model.balance_biases())
@@ -833,6 +858,24 @@ def check_shape(maxT, V, L, NH, C, E, topk, moe_every, H, where):
         fail(f"{where}: top-k {topk} is more than the {E} experts")
     if moe_every > L:
         fail(f"{where}: moe_every={moe_every} leaves no MoE layer among L={L} layers")
+
+
+def check_layers_and_groups(L, moe_every, first_dense, E, topk, score, groups, kept, where):
+    """Refuses dense layers first that leave no MoE layer, and expert groups the routing cannot have (doc/moe.md,
+    "Routing options" 11): G dividing E in groups of at least 2, M <= G groups holding k experts, sigmoid scores."""
+    if first_dense < 0 or first_dense >= L or moe_every > L - first_dense:
+        fail(f"{where}: {first_dense} dense layers first and an MoE layer every {moe_every} leave no MoE layer "
+             f"among L={L} layers")
+    if groups < 0 or kept < 0 or (groups > 0) != (kept > 0):
+        fail(f"{where}: {groups} expert groups, {kept} kept: both positive, or both 0")
+    if groups == 0:
+        return
+    if E % groups != 0 or E // groups < 2:
+        fail(f"{where}: {groups} expert groups must divide the {E} experts into groups of at least 2")
+    if kept > groups or kept * (E // groups) < topk:
+        fail(f"{where}: {kept} kept of {groups} expert groups must be at most all of them and hold top-k = {topk}")
+    if score != "sigmoid":
+        fail(f"{where}: expert groups need sigmoid scores (a group's score sums two affinities), not {score}")
 
 
 def check_noisy_topk(topk, E, where):
@@ -881,7 +924,7 @@ def read_model_file(path):
              f"header[{FAMILY_WORD + 1}..{FAMILY_WORD + 5}]")
     revision = int(h[MOE_REVISION_WORD])
     routing = {}
-    if revision == 1:
+    if revision in (1, 2):
         shared, shared_H, score, scale_bits, bias = (int(v) for v in h[SHARED_WORD : BIAS_WORD + 1])
         if score not in (0, 1):
             fail(f"{path}: header[{SCORE_WORD}] = {score} (score function) must be 0 (softmax) or 1 (sigmoid)")
@@ -894,9 +937,16 @@ def read_model_file(path):
         routing = dict(shared=shared, shared_H=shared_H, score=SCORES[score], routed_scale=routed_scale,
                        balance_bias=bool(bias))
     elif revision != 0:
-        fail(f"{path}: MoE header revision header[{MOE_REVISION_WORD}] = {revision} is unknown (0 or 1)")
+        fail(f"{path}: MoE header revision header[{MOE_REVISION_WORD}] = {revision} is unknown (0, 1 or 2)")
     elif h[SHARED_WORD : BIAS_WORD + 1].any():
         fail(f"{path}: header[{MOE_REVISION_WORD}] = 0 with non-zero words header[{SHARED_WORD}..{BIAS_WORD}]")
+    if revision == 2:
+        first_dense, groups, kept = (int(v) for v in h[FIRST_DENSE_WORD : KEPT_GROUPS_WORD + 1])
+        check_layers_and_groups(L, moe_every, first_dense, E, topk, routing["score"], groups, kept, path)
+        routing.update(first_dense=first_dense, expert_groups=groups, kept_groups=kept)
+    elif h[FIRST_DENSE_WORD : KEPT_GROUPS_WORD + 1].any():
+        fail(f"{path}: header[{MOE_REVISION_WORD}] = {revision} with non-zero words "
+             f"header[{FIRST_DENSE_WORD}..{KEPT_GROUPS_WORD}]")
     model = MoEGPT(MoEConfig(maxT=maxT, V=V, L=L, NH=NH, C=C, E=E, topk=topk, moe_every=moe_every, H=H,
                              noisy=bool(noisy), **arch, **routing))
     bias_bytes = model.config.Lm * E * 4 if model.config.balance_bias else 0
@@ -919,6 +969,8 @@ def check_routing_options(config, args, where):
     if args.bias_gamma > 0 and config.score != "sigmoid":
         fail(f"--bias-gamma needs sigmoid scores (got {config.score} from {where}): the balancing bias is added to "
              f"the affinities, and softmax's top-k is defined on the logits")
+    if args.device_limit > 0 and config.expert_groups > 0:
+        fail(f"--device-limit: {where} has its own expert groups; device-limited routing would group them again")
     if args.device_limit > 0:
         if config.E % args.ep_groups != 0:
             fail(f"--ep-groups {args.ep_groups} does not divide the {config.E} experts of {where}")
@@ -950,7 +1002,8 @@ def model_for_run(args):
     config = MoEConfig(maxT=args.maxT, V=args.V, L=args.L, NH=args.NH, C=args.C, E=args.E, topk=args.topk,
                        moe_every=args.moe_every, H=args.H, noisy=bool(args.noisy_topk), **arch,
                        shared=args.shared_experts, shared_H=args.shared_hidden, score=args.score,
-                       routed_scale=args.routed_scale, balance_bias=args.bias_gamma > 0)
+                       routed_scale=args.routed_scale, balance_bias=args.bias_gamma > 0, first_dense=args.first_dense,
+                       expert_groups=args.expert_groups, kept_groups=args.kept_groups)
     check_routing_options(config, args, "the flags")
     model = MoEGPT(config)
     init_weights(model, torch.Generator().manual_seed(args.seed), args.init_scale)
@@ -1193,6 +1246,11 @@ def parse_args(argv):
                    help="each token's experts within at most M of the --ep-groups expert groups (0: no limit)")
     p.add_argument("--ep-groups", type=int, default=0, metavar="G",
                    help="the expert-parallel degree that splits the experts into G groups (--device-limit only)")
+    p.add_argument("--first-dense", type=int, default=0, metavar="F",
+                   help="dense layers before the first MoE layer (--moe-every counts from layer F)")
+    p.add_argument("--expert-groups", type=int, default=0, metavar="G",
+                   help="the model's expert groups: each token's experts within --kept-groups of them (sigmoid)")
+    p.add_argument("--kept-groups", type=int, default=0, metavar="M", help="the expert groups each token keeps")
     p.add_argument("--micro-batches", type=int, default=1, metavar="K",
                    help="--write-reference: each step is K micro-batches of B/K sequences (gradient accumulation)")
     p.add_argument("--z-coef", type=float, default=0.001, help="router z-loss coefficient")
@@ -1244,6 +1302,9 @@ def parse_args(argv):
             check_noisy_topk(args.topk, args.E, "--noisy-topk 1")
         check_routing_model(args.shared_experts, args.shared_hidden, args.score, args.routed_scale,
                             bool(args.noisy_topk), "flags --shared-experts --shared-hidden --score --routed-scale")
+        check_layers_and_groups(args.L, args.moe_every, args.first_dense, args.E, args.topk, args.score,
+                                args.expert_groups, args.kept_groups,
+                                "flags --L --moe-every --first-dense --E --topk --score --expert-groups --kept-groups")
     if args.init_scale <= 0:
         fail(f"--init-scale must be positive (got {args.init_scale})")
     if not all(map(math.isfinite, (args.cf, args.aux_alpha, args.z_coef, args.importance_coef, args.load_coef))):

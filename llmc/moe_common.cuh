@@ -48,6 +48,10 @@
 #define MOE_SCORE_SOFTMAX 0
 #define MOE_SCORE_SIGMOID 1
 
+// a group's score in grouped routing (doc/moe.md, "Routing options" 9 and 11)
+#define MOE_GROUP_MAX_KEY 0    // device-limited routing (-dl): the largest key among the group's experts
+#define MOE_GROUP_TOP2_SUM 1   // the model's expert groups (DeepSeek-V3): the sum of the two largest affinity + bias
+
 // ----------------------------------------------------------------------------------------------------
 // host side
 

@@ -19,8 +19,8 @@
 #include "moe_noise.cuh"
 #include "expert_parallel.cuh"
 
-// The MoE model's shape (model-file header words 8..12 and 25..28): layer l's MLP is a Switch-MoE layer iff
-// (l + 1) % moe_every == 0 (doc/moe.md).
+// The MoE model's shape (model-file header words 8..12 and 25..32): layer l's MLP is a Switch-MoE layer iff
+// l >= first_dense and (l + 1 - first_dense) % moe_every == 0 (doc/moe.md).
 typedef struct {
     int num_experts;   // E
     int top_k;         // k
@@ -32,6 +32,9 @@ typedef struct {
     int shared_experts;  // S: dense experts every token of an MoE layer goes through (ibid. 2), 0: none
     int shared_hidden;   // H_s: their hidden size (0 exactly when S = 0)
     int balance_bias;    // 1: every MoE layer has aux-loss-free balancing's bias (ibid. 4 and 6; header word 29)
+    int first_dense;     // the dense layers before the first MoE layer (DeepSeek's first_k_dense_replace), 0: none
+    int expert_groups;   // G: the model's expert groups (ibid. 11, DeepSeek-V3's n_group), 0: none
+    int kept_groups;     // M: the groups each token's experts lie in (topk_group), 0 exactly when G = 0
 } MoEConfig;
 
 // The MoE hyperparameters that are not part of the model file.
@@ -234,9 +237,19 @@ static MoEParameterTensors moe_layer_parameters(const Model* model, const MoEPar
     return lp;
 }
 
-static int is_moe_layer(const MoEConfig* c, int l) { return (l + 1) % c->moe_every == 0; }
-static int num_moe_layers(const Model* model) { return model->config.num_layers / moe_of(model)->config.moe_every; }
-static int moe_index(const MoEModel* moe, int l) { return (l + 1) / moe->config.moe_every - 1; }
+static int is_moe_layer(const MoEConfig* c, int l) {
+    return l >= c->first_dense && (l + 1 - c->first_dense) % c->moe_every == 0;
+}
+static int num_moe_layers(const Model* model) {
+    const MoEConfig* c = &moe_of(model)->config;
+    return (model->config.num_layers - c->first_dense) / c->moe_every;
+}
+static int moe_index(const MoEModel* moe, int l) {
+    return (l + 1 - moe->config.first_dense) / moe->config.moe_every - 1;
+}
+static int moe_layer_of(const MoEModel* moe, int m) {
+    return (m + 1) * moe->config.moe_every - 1 + moe->config.first_dense;
+}
 
 // Under tensor parallelism (-tp N, llmc/model_tensor_parallel.h) the MoE layers fold expert parallelism over the
 // TP x DP processes (-etp 1, Megatron's "MoE parallel folding"; doc/parallelism.md): the experts stay whole, the -ep
@@ -923,7 +936,7 @@ static void moe_prefetch_experts(Model* model, int l, cudaStream_t stream) {
 static MoEParameterTensors moe_layer_weights(Model* model, int m, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     if (model->zero_stage < 3) return moe_layer_parameters(model, &moe->params, m);
-    int l = (m + 1) * moe->config.moe_every - 1, Lm = num_moe_layers(model);
+    int l = moe_layer_of(moe, m), Lm = num_moe_layers(model);
     moe_prefetch_experts(model, l, stream);
     floatX* routers[MOE_ROUTER_TENSORS];
     floatX* experts[NUM_EXPERT_TENSORS];
@@ -1045,8 +1058,13 @@ static void moe_layer_forward(Model* model, int m, floatX* out, const floatX* ln
         matmul_forward_fp32_output(l.logits, router_in, lp.routerw, N, C, E, stream);
     }
     const float* bias = moe->balance_bias != NULL ? moe->balance_bias + (size_t)m * E : NULL;
-    moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, bias, N, E, K, c->score, c->routed_scale,
-                       moe->ep.degree, moe->settings.device_limit, stream);
+    if (c->expert_groups > 0) {
+        moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, bias, N, E, K, c->score,
+                           c->routed_scale, c->expert_groups, c->kept_groups, MOE_GROUP_TOP2_SUM, stream);
+    } else {
+        moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, bias, N, E, K, c->score,
+                           c->routed_scale, moe->ep.degree, moe->settings.device_limit, MOE_GROUP_MAX_KEY, stream);
+    }
     if (moe->route_hook != NULL) moe->route_hook(model, m, l.expert_index, l.gates, l.probs, l.logits, N, stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, a->slot_scratch, l.expert_index, N, E,
                      K, moe->capacity_used, moe->dropless, stream);

@@ -14,7 +14,7 @@
 
 // The routing options' header words (doc/formats.md, "MoE model file"): 24 the revision, 25 and 26 the shared
 // experts, 27 the score, 28 rsf's fp32 bits (0: 1.0), 29 the balancing biases (fp32, after the parameters:
-// moe_read_file_tail).
+// moe_read_file_tail); revision 2 adds 30 the dense layers first, 31 and 32 the expert groups and those kept.
 // Every check of a reader is made.
 #define MOE_REVISION_WORD 24
 #define MOE_SHARED_WORD 25
@@ -22,6 +22,9 @@
 #define MOE_SCORE_WORD 27
 #define MOE_ROUTED_SCALE_WORD 28
 #define MOE_BIAS_WORD 29
+#define MOE_FIRST_DENSE_WORD 30
+#define MOE_GROUPS_WORD 31
+#define MOE_KEPT_GROUPS_WORD 32
 
 static void moe_header_refuse(const char* path, int word, int value, const char* why) {
     fprintf(stderr, "%s: header word %d = %d: %s (doc/formats.md, \"MoE model file\")\n", path, word, value, why);
@@ -46,9 +49,11 @@ static void moe_read_header(Model* model, const int* header, const char* path) {
         exit(EXIT_FAILURE);
     }
     const int revision = header[MOE_REVISION_WORD];
-    if (revision != 0 && revision != 1) moe_header_refuse(path, MOE_REVISION_WORD, revision, "expected 0 or 1");
-    for (int i = MOE_SHARED_WORD; i <= MOE_BIAS_WORD && revision == 0; i++) {
-        if (header[i] != 0) moe_header_refuse(path, i, header[i], "words 25 to 29 must be 0 when word 24 is 0");
+    if (revision < 0 || revision > 2) moe_header_refuse(path, MOE_REVISION_WORD, revision, "expected 0, 1 or 2");
+    for (int i = MOE_SHARED_WORD; i <= MOE_KEPT_GROUPS_WORD && revision < 2; i++) {
+        if (header[i] != 0 && (revision == 0 || i > MOE_BIAS_WORD))
+            moe_header_refuse(path, i, header[i], revision == 0 ? "words 25 to 32 must be 0 when word 24 is 0"
+                                                                : "words 30 to 32 must be 0 when word 24 is 1");
     }
     const int shared = header[MOE_SHARED_WORD], shared_hidden = header[MOE_SHARED_HIDDEN_WORD];
     if ((shared > 0) != (shared_hidden > 0) || shared < 0 || shared_hidden < 0) {
@@ -74,6 +79,14 @@ static void moe_read_header(Model* model, const int* header, const char* path) {
     moe_of(model)->file_has_bias = bias;
     if (c->noisy_gating && c->score != MOE_SCORE_SOFTMAX)
         moe_header_refuse(path, MOE_SCORE_WORD, c->score, "noisy top-k gating (word 12 = 1) needs softmax scores");
+    c->first_dense = header[MOE_FIRST_DENSE_WORD];
+    c->expert_groups = header[MOE_GROUPS_WORD];
+    c->kept_groups = header[MOE_KEPT_GROUPS_WORD];
+    if (c->first_dense < 0) moe_header_refuse(path, MOE_FIRST_DENSE_WORD, c->first_dense, "expected >= 0");
+    // the groups' sizes against E, k and the scores: moe_check_expert_groups once the shape is known
+    if (c->expert_groups < 0 || (c->expert_groups > 0) != (c->kept_groups > 0))
+        moe_header_refuse(path, MOE_GROUPS_WORD, c->expert_groups,
+                          "words 31 and 32 (expert groups, groups kept) must be both positive or both 0");
 }
 
 // Today's Switch model keeps words 24..29 at 0 (a file an older reader loads); any routing option writes
@@ -85,13 +98,44 @@ static void moe_write_header(const Model* model, int* header) {
     header[10] = c->moe_every;
     header[11] = c->expert_hidden;
     header[12] = c->noisy_gating;
-    if (c->shared_experts > 0 || c->score != MOE_SCORE_SOFTMAX || c->routed_scale != 1.0f) {
-        header[MOE_REVISION_WORD] = 1;
+    const int revision2 = c->first_dense > 0 || c->expert_groups > 0;
+    if (revision2) {
+        header[MOE_FIRST_DENSE_WORD] = c->first_dense;
+        header[MOE_GROUPS_WORD] = c->expert_groups;
+        header[MOE_KEPT_GROUPS_WORD] = c->kept_groups;
+    }
+    if (revision2 || c->shared_experts > 0 || c->score != MOE_SCORE_SOFTMAX || c->routed_scale != 1.0f) {
+        header[MOE_REVISION_WORD] = revision2 ? 2 : 1;
         header[MOE_SHARED_WORD] = c->shared_experts;
         header[MOE_SHARED_HIDDEN_WORD] = c->shared_hidden;
         header[MOE_SCORE_WORD] = c->score;
         memcpy(&header[MOE_ROUTED_SCALE_WORD], &c->routed_scale, sizeof(float));
         header[MOE_BIAS_WORD] = c->balance_bias;  // implies sigmoid scores, so revision 1
+    }
+}
+
+// The model's expert groups (doc/moe.md, "Routing options" 11): G dividing E in groups of at least 2 (a
+// group's score sums its two largest), M <= G groups holding at least k experts, sigmoid scores (the sum is of
+// affinities), and not beside -dl's groups.
+static void moe_check_expert_groups(const MoEModel* moe, const char* source) {
+    const MoEConfig* c = &moe->config;
+    const int G = c->expert_groups, M = c->kept_groups, E = c->num_experts;
+    if (G == 0) return;
+    const char* why = NULL;
+    char text[160];
+    if (E % G != 0 || E / G < 2) {
+        snprintf(text, sizeof(text), "must divide the %d experts into groups of at least 2", E);
+        why = text;
+    } else if (M > G) why = "keep more groups than there are";
+    else if (M * (E / G) < c->top_k) {
+        snprintf(text, sizeof(text), "keep groups of %d experts holding fewer than the top-k %d", E / G, c->top_k);
+        why = text;
+    } else if (c->score != MOE_SCORE_SIGMOID) why = "need sigmoid scores (a group's score sums two affinities)";
+    else if (moe->settings.device_limit > 0)
+        why = "are the model's: device-limited routing (-dl) would be a second grouping";
+    if (why != NULL) {
+        fprintf(stderr, "%s: %d expert groups, %d kept (-eg, -egk; header words 31, 32): they %s\n", source, G, M, why);
+        exit(EXIT_FAILURE);
     }
 }
 
@@ -126,8 +170,14 @@ static void moe_configure(Model* model, const char* source) {
     if (!moe->config_from_file && c->expert_hidden <= 0) c->expert_hidden = g->ffn_hidden;  // gpt2 4C
     if (!moe->config_from_file) c->shared_hidden = c->shared_experts > 0 && c->shared_hidden <= 0 ? c->expert_hidden
                                                                                                   : c->shared_hidden;
-    if (c->moe_every < 1 || c->moe_every > g->num_layers) {
-        fprintf(stderr, "%s: MoE every %d layers: expected 1..%d\n", source, c->moe_every, g->num_layers);
+    if (c->first_dense < 0 || c->first_dense >= g->num_layers) {
+        fprintf(stderr, "%s: %d dense layers first: expected 0..%d (at least one MoE layer of %d)\n", source,
+                c->first_dense, g->num_layers - 1, g->num_layers);
+        exit(EXIT_FAILURE);
+    }
+    if (c->moe_every < 1 || c->moe_every > g->num_layers - c->first_dense) {
+        fprintf(stderr, "%s: MoE every %d layers after %d dense ones: expected 1..%d\n", source, c->moe_every,
+                c->first_dense, g->num_layers - c->first_dense);
         exit(EXIT_FAILURE);
     }
     if (c->top_k < 1 || c->top_k > c->num_experts) {
@@ -177,6 +227,7 @@ static void moe_configure(Model* model, const char* source) {
     }
     if (moe->settings.bias_gamma > 0.0f) c->balance_bias = 1;  // a model without biases starts them at 0
     moe_check_device_limit(moe, source);
+    moe_check_expert_groups(moe, source);
 }
 
 // ----------------------------------------------------------------------------------------------------

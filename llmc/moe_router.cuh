@@ -24,14 +24,17 @@
 // argmax over (logit, index) pairs with xor shuffles: the order is total, so every lane ends with the same winner.
 // With a balancing bias (sigmoid only; ibid. 4 and 6) the picks compare the keys a + bias[e] instead, one fp32
 // rounding, ties to the lower index again; the gates still take the affinities a, never the keys.
-// Device-limited routing (ibid. 9; group_limit M > 0): the experts are G = `groups` groups of E/G consecutive
-// indices; a group's score is its largest key, the M groups of largest score are kept (ties to the lower group, the
-// same warp argmax over (score, group)) and the picks skip every expert outside them, which starts them as taken.
-// probs, logsumexp and the gates' denominators are unchanged: they read the picks' own scores.
+// Grouped routing (ibid. 9 and 11; group_limit M > 0): the experts are G = `groups` groups of E/G consecutive
+// indices; a group's score is its largest key (MOE_GROUP_MAX_KEY, device-limited routing) or the fp32 sum of its two
+// largest affinity + bias (MOE_GROUP_TOP2_SUM, the model's expert groups; sigmoid scores, bias 0 without one), the
+// M groups of largest score are kept (ties to the lower group, the same warp argmax over (score, group)) and the
+// picks skip every expert outside them, which starts them as taken. probs, logsumexp and the gates' denominators
+// are unchanged: they read the picks' own scores.
 // Floor: read N*E*4, write N*E*4 + N*k*8 + N*4 bytes; ~E*(10 + 5k) flops per token (sigmoid: E more exps):
-// memory-bound. The device limit reads and writes nothing more; per token it adds G group maxima (E compares
-// spread over the lanes, then G warp max reductions of 5 shuffles) and M group picks (G compares, 5 shuffle pairs
-// each): ~E + 5G + M(G + 10) operations, at E = 256, G = 64, M = 4 under a tenth of the (10 + 5k)E above for k = 8.
+// memory-bound. Grouped routing reads and writes nothing more; per token it adds G group scores (E compares
+// spread over the lanes, then G warp argmax reductions of 5 shuffle pairs; the top-2 sum E more compares and G max
+// reductions) and M group picks (G compares, 5 shuffle pairs each): ~2E + 15G + M(G + 10) operations, at E = 256,
+// G = 8, M = 4 (DeepSeek-V3's shape) about a tenth of the (10 + 5k)E above for k = 8.
 // The warp's best (value, expert) pair: the larger value, ties to the lower expert; INT_MAX marks a lane without a
 // candidate. Xor shuffles over a total order, so every lane ends with the same winner. Shared with the noisy
 // gating's threshold search (llmc/moe_noise.cuh).
@@ -52,21 +55,34 @@ __device__ inline void moe_warp_argmax(float* best, int* best_expert) {
 // sigmoid(x) in fp32, one definition for the forward and backward passes (the backward recomputes the affinities)
 __device__ inline float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// Device-limited routing's kept groups for one token (a warp; lane owns experts and groups lane + 32*i, G <= E):
-// returns the lane's bits i set for its experts outside the `limit` groups of largest best key, which the picks
-// then treat as taken (bit i: expert lane + 32*i already picked).
+// Grouped routing's kept groups for one token (a warp; lane owns experts and groups lane + 32*i, G <= E):
+// returns the lane's bits i set for its experts outside the `limit` groups of largest score, which the picks then
+// treat as taken (bit i: expert lane + 32*i already picked). A group's score sums its `top` (1 or 2) largest
+// group_key values, the largest first; the second is the largest of the other experts, so equal values count twice.
 template <int LOGITS_PER_LANE>
-__device__ inline unsigned int moe_outside_kept_groups(const float* key, int E, int groups, int limit) {
+__device__ inline unsigned int moe_outside_kept_groups(const float* group_key, int E, int groups, int limit, int top) {
     const int lane = threadIdx.x % 32;
     const int group_size = E / groups;
     float group_score[LOGITS_PER_LANE];
     for (int g = 0; g < groups; g++) {
         float best = -INFINITY;
+        int best_expert = INT_MAX;  // INT_MAX: no candidate
         for (int i = 0; i < LOGITS_PER_LANE; i++) {
             const int e = lane + 32 * i;
-            if (e < E && e / group_size == g) best = fmaxf(best, key[i]);
+            if (e < E && e / group_size == g && (best_expert == INT_MAX || group_key[i] > best)) {
+                best = group_key[i];
+                best_expert = e;
+            }
         }
-        best = warp_reduce_max(best);
+        moe_warp_argmax(&best, &best_expert);
+        if (top == 2) {
+            float second = -INFINITY;
+            for (int i = 0; i < LOGITS_PER_LANE; i++) {
+                const int e = lane + 32 * i;
+                if (e < E && e / group_size == g && e != best_expert) second = fmaxf(second, group_key[i]);
+            }
+            best += warp_reduce_max(second);
+        }
         for (int i = 0; i < LOGITS_PER_LANE; i++) {
             if (lane + 32 * i == g) group_score[i] = best;
         }
@@ -98,7 +114,7 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
                                           float* __restrict__ gates, float* __restrict__ logsumexp,
                                           const float* __restrict__ logits,
                                           const float* __restrict__ balance_bias, int N, int E, int k, int score,
-                                          float routed_scale, int groups, int group_limit) {
+                                          float routed_scale, int groups, int group_limit, int group_score) {
     const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (token >= N) return;  // the whole warp leaves together
     const int lane = threadIdx.x % 32;
@@ -145,8 +161,18 @@ __global__ void moe_router_forward_kernel(float* __restrict__ probs, int* __rest
         key[i] = balance_bias != nullptr && e < E ? prob[i] + balance_bias[e] : logit[i];
     }
 
-    // bit i: expert lane + 32*i already picked, or (device limit) outside the kept groups
-    unsigned int taken = group_limit > 0 ? moe_outside_kept_groups<LOGITS_PER_LANE>(key, E, groups, group_limit) : 0;
+    // bit i: expert lane + 32*i already picked, or (grouped routing) outside the kept groups
+    unsigned int taken = 0;
+    if (group_limit > 0 && group_score == MOE_GROUP_TOP2_SUM) {
+        float group_key[LOGITS_PER_LANE];  // the affinity + bias, bias 0 without one
+        for (int i = 0; i < LOGITS_PER_LANE; i++) {
+            const int e = lane + 32 * i;
+            group_key[i] = balance_bias != nullptr && e < E ? key[i] : prob[i];
+        }
+        taken = moe_outside_kept_groups<LOGITS_PER_LANE>(group_key, E, groups, group_limit, 2);
+    } else if (group_limit > 0) {
+        taken = moe_outside_kept_groups<LOGITS_PER_LANE>(key, E, groups, group_limit, 1);
+    }
     int my_pick = 0;          // lane j < k keeps the j-th pick and its prob
     float my_pick_prob = 0.0f;
     float picked_sum = 0.0f;
@@ -278,7 +304,7 @@ __global__ void moe_router_backward_kernel(float* __restrict__ d_logits, const f
 
 void moe_router_forward_launch(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits,
                                const float* balance_bias, int N, int E, int k, int score, float routed_scale,
-                               int groups, int group_limit, int block_size, cudaStream_t stream) {
+                               int groups, int group_limit, int group_score, int block_size, cudaStream_t stream) {
     moe_require(E >= 1 && E <= MOE_MAX_EXPERTS && k >= 1 && k <= E && k <= MOE_MAX_TOP_K, "moe_router_forward",
                 "needs 1 <= k <= E <= 256 and k <= 32 (see moe_support)");
     moe_require(score == MOE_SCORE_SOFTMAX || score == MOE_SCORE_SIGMOID, "moe_router_forward",
@@ -287,37 +313,40 @@ void moe_router_forward_launch(float* probs, int* expert_index, float* gates, fl
                 "a balancing bias needs sigmoid scores");
     moe_require(group_limit == 0 || (groups >= 1 && E % groups == 0 && group_limit <= groups &&
                                      group_limit * (E / groups) >= k), "moe_router_forward",
-                "a device limit M needs groups G dividing E, M <= G and M * E / G >= k");
+                "a group limit M needs groups G dividing E, M <= G and M * E / G >= k");
+    moe_require(group_limit == 0 || group_score == MOE_GROUP_MAX_KEY ||
+                (group_score == MOE_GROUP_TOP2_SUM && score == MOE_SCORE_SIGMOID && E / groups >= 2),
+                "moe_router_forward", "summing a group's two largest affinities needs sigmoid scores, E / G >= 2");
     const int grid = moe_warp_grid(N, block_size);
     if (E <= 32) {
         moe_router_forward_kernel<1><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
                                                                       balance_bias, N, E, k, score, routed_scale,
-                                                                      groups, group_limit);
+                                                                      groups, group_limit, group_score);
     } else if (E <= 64) {
         moe_router_forward_kernel<2><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
                                                                       balance_bias, N, E, k, score, routed_scale,
-                                                                      groups, group_limit);
+                                                                      groups, group_limit, group_score);
     } else if (E <= 128) {
         moe_router_forward_kernel<4><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
                                                                       balance_bias, N, E, k, score, routed_scale,
-                                                                      groups, group_limit);
+                                                                      groups, group_limit, group_score);
     } else {
         moe_router_forward_kernel<8><<<grid, block_size, 0, stream>>>(probs, expert_index, gates, logsumexp, logits,
                                                                       balance_bias, N, E, k, score, routed_scale,
-                                                                      groups, group_limit);
+                                                                      groups, group_limit, group_score);
     }
     cudaCheck(cudaGetLastError());
 }
 
 // logits (N, E) -> probs (N, E) (sigmoid: the normalised affinities), expert_index (N, k) in descending order of
 // the key, gates (N, k) (times routed_scale), logsumexp (N); balance_bias (E) or NULL (no bias: the key is the logit);
-// group_limit M > 0: the picks among the M of the `groups` expert groups with the largest keys (device-limited
-// routing), 0: among all E
+// group_limit M > 0: the picks among the M of the `groups` expert groups of the largest scores (group_score:
+// MOE_GROUP_MAX_KEY or MOE_GROUP_TOP2_SUM), 0: among all E
 void moe_router_forward(float* probs, int* expert_index, float* gates, float* logsumexp, const float* logits,
                         const float* balance_bias, int N, int E, int k, int score, float routed_scale, int groups,
-                        int group_limit, cudaStream_t stream) {
+                        int group_limit, int group_score, cudaStream_t stream) {
     moe_router_forward_launch(probs, expert_index, gates, logsumexp, logits, balance_bias, N, E, k, score,
-                              routed_scale, groups, group_limit, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
+                              routed_scale, groups, group_limit, group_score, MOE_WARP_KERNEL_BLOCK_SIZE, stream);
 }
 
 void moe_router_backward_launch(float* d_logits, const float* probs, const float* logits, const int* expert_index,

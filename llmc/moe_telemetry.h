@@ -132,6 +132,13 @@ static void moe_info_rows(const Model* model, InfoTable* t) {
     if (moe->settings.device_limit > 0)
         info_row(t, "device limit", "each token's experts within %d of %d groups of %d (-dl)",
                  moe->settings.device_limit, moe->ep.degree, moe->local_experts);
+    if (moe->config.expert_groups > 0)
+        info_row(t, "expert groups", "each token's experts within %d of %d groups of %d, by their two best (-egk, -eg)",
+                 moe->config.kept_groups, moe->config.expert_groups,
+                 moe->config.num_experts / moe->config.expert_groups);
+    if (moe->config.first_dense > 0)
+        info_row(t, "dense layers first", "%d, then an MoE layer every %d (-md, -me)", moe->config.first_dense,
+                 moe->config.moe_every);
 }
 
 

@@ -2,10 +2,10 @@
 scripts/hf_import.py: a Hugging Face model directory -> a switch.cu model file (doc/formats.md, "Hugging Face interop").
   build/hf-venv/bin/python scripts/hf_import.py DIR OUT.bin [--dtype float32|bfloat16]
 DIR holds config.json and model.safetensors (or a sharded set with model.safetensors.index.json), as
-`huggingface-cli download gpt2 --local-dir DIR` or save_pretrained leaves it. The gpt2, llama and mixtral families are
-read (scripts/hf_layout.py); a feature the trainers lack, a missing tensor or a shape that contradicts the config is
-refused with one line. The model file is what train_gpt.py writes (train_moe.py for mixtral, which train_moe runs
-dropless: -cf 0): fp32 (the default) or bf16.
+`huggingface-cli download gpt2 --local-dir DIR` or save_pretrained leaves it. The gpt2, llama, mixtral and
+deepseek_v3 (without MLA) families are read (scripts/hf_layout.py); a feature the trainers lack, a missing tensor or a
+shape that contradicts the config is refused with one line. The model file is what train_gpt.py writes (train_moe.py
+for mixtral and deepseek_v3, which train_moe runs dropless: -cf 0): fp32 (the default) or bf16.
 """
 import os
 import sys

@@ -8,7 +8,10 @@ Families: gpt2 (GPT2LMHeadModel: Conv1D weights stored [in, out], transposed her
 v and gate, up concatenated into the packed qkv and [gate | up]; Hugging Face's q and k rows are already in the
 rotate-half order that the project's RoPE uses, so they are taken as they are) and mixtral (MixtralForCausalLM: the
 llama trunk, and in every layer block_sparse_moe's router `gate` and experts' w1 (gate), w3 (up), w2 (down) as
-train_moe.py's MoE layer: softmax top-k renormalised over the k, dropless, which the trainer runs with -cf 0).
+train_moe.py's MoE layer: softmax top-k renormalised over the k, dropless, which the trainer runs with -cf 0) and
+deepseek_v3 (DeepSeek-V3's MoE without MLA: DeepseekV3ForCausalLM's config fields and tensor names, with Llama's
+attention, q_proj, k_proj, v_proj and o_proj, in place of multi-head latent attention; deepseek_from_hf says how its
+routing maps onto train_moe.py's options).
 Needs torch and safetensors (scripts/install_deps.sh makes build/hf-venv with both, and transformers for the tests).
 """
 import argparse
@@ -91,8 +94,9 @@ def refuse_features(tool, config, where):
     if kind == "qwen2_moe":
         fail(tool, f"{where}: Qwen2-MoE's sigmoid shared_expert_gate (and its attention biases) are not kinds the "
                    "trainers have")
-    if kind not in ("gpt2", "llama", "mixtral"):
-        fail(tool, f"{where}: model_type {kind!r}: the importer reads the gpt2, llama and mixtral families")
+    if kind not in ("gpt2", "llama", "mixtral", "deepseek_v3"):
+        fail(tool, f"{where}: model_type {kind!r}: the importer reads the gpt2, llama, mixtral and deepseek_v3 "
+                   "families")
 
 
 def tensor(tool, tensors, name, shape, where):
@@ -233,9 +237,76 @@ def mixtral_from_hf(tool, config, tensors, where):
     return model
 
 
+def deepseek_from_hf(tool, config, tensors, where):
+    """A train_moe.py MoEGPT (llama family) holding a DeepSeek-V3-style model without MLA. Its attention is Llama's
+    (q_proj, k_proj, v_proj, o_proj; rotate-half RoPE over the whole head). Its first_k_dense_replace layers have a
+    dense SwiGLU MLP of intermediate_size, the others an MoE layer (moe_every 1 after them), whose routing is
+    DeepSeek-V3's noaux_tc: sigmoid scores; e_score_correction_bias added for the choice only (the balancing bias,
+    kept fixed unless the trainer runs with -rb); each token keeps topk_group of the n_group expert groups by the sum
+    of their two best scores + bias (the model's expert groups; n_group 1: none), then its top-k; the chosen scores
+    renormalised (norm_topk_prob) times routed_scaling_factor. The n_shared_experts shared experts are DeepSeek's one
+    SwiGLU of n_shared_experts * moe_intermediate_size, which is their sum: one shared expert of that size here."""
+    H, E, K, F = (int(config[k]) for k in ("moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
+                                            "first_k_dense_replace"))
+    dense_H = int(config["intermediate_size"])
+    groups, kept = int(config.get("n_group") or 1), int(config.get("topk_group") or 1)
+    n_shared = int(config.get("n_shared_experts") or 0)
+    routed_scale = ref.fp32(float(config.get("routed_scaling_factor", 1.0)))
+    HS = int(config["hidden_size"]) // int(config["num_attention_heads"])
+    refusals = (
+        (config.get("scoring_func", "sigmoid") != "sigmoid", f"scoring_func {config.get('scoring_func')!r}: "
+         "DeepSeek-V3's scores are sigmoid"),
+        (config.get("topk_method", "noaux_tc") != "noaux_tc", f"topk_method {config.get('topk_method')!r}: the "
+         "importer reads DeepSeek-V3's noaux_tc (grouped top-k on the scores + e_score_correction_bias)"),
+        (not config.get("norm_topk_prob", True), "norm_topk_prob false: the trainers renormalise the chosen sigmoid "
+         "scores"),
+        (int(config.get("moe_layer_freq") or 1) != 1, f"moe_layer_freq {config.get('moe_layer_freq')}: MoE layers "
+         "every layer after the dense ones"),
+        (bool(config.get("rope_interleave", False)), "interleaved RoPE (rope_interleave): the trainers' RoPE rotates "
+         "halves"),
+        (int(config.get("qk_nope_head_dim") or 0) != 0 or int(config.get("qk_rope_head_dim") or HS) != HS or
+         int(config.get("v_head_dim") or HS) != HS, f"head sizes qk_nope_head_dim {config.get('qk_nope_head_dim')}, "
+         f"qk_rope_head_dim {config.get('qk_rope_head_dim')}, v_head_dim {config.get('v_head_dim')}: the trainers' "
+         f"heads are hidden_size / num_attention_heads = {HS}, RoPE over all of them"),
+    )
+    for refused, why in refusals:
+        if refused:
+            fail(tool, f"{where}: {why}")
+    shape = llama_shape(tool, config, dense_H, where)
+    expert_groups = groups if groups > 1 else 0
+    cfg = moe_ref.MoEConfig(E=E, topk=K, moe_every=1, H=H, arch="llama", dense_H=dense_H, shared=int(n_shared > 0),
+                            shared_H=n_shared * H, score="sigmoid", routed_scale=routed_scale, balance_bias=True,
+                            first_dense=F, expert_groups=expert_groups, kept_groups=kept if expert_groups else 0,
+                            **shape)
+    as_tool(tool, moe_ref.check_shape, cfg.maxT, cfg.V, cfg.L, cfg.NH, cfg.C, E, K, 1, H, where)
+    as_tool(tool, moe_ref.check_layers_and_groups, cfg.L, 1, F, E, K, "sigmoid", cfg.expert_groups, cfg.kept_groups,
+            where)
+    model = moe_ref.MoEGPT(cfg)
+    with torch.no_grad():
+        llama_trunk_from_hf(tool, model, tensors, where)
+        for i, block in enumerate(model.h):
+            p = f"model.layers.{i}.mlp."
+            if not cfg.is_moe(i):
+                swiglu_from_hf(tool, block.mlp, tensors, p + "gate_proj.weight", p + "up_proj.weight",
+                               p + "down_proj.weight", dense_H, cfg.C, where)
+                continue
+            block.moe.router.weight.copy_(tensor(tool, tensors, p + "gate.weight", (E, cfg.C), where))
+            block.moe.balance_bias.copy_(tensor(tool, tensors, p + "gate.e_score_correction_bias", (E,), where))
+            for e, expert in enumerate(block.moe.experts):
+                q = f"{p}experts.{e}."
+                swiglu_from_hf(tool, expert, tensors, q + "gate_proj.weight", q + "up_proj.weight",
+                               q + "down_proj.weight", H, cfg.C, where)
+            if n_shared:
+                q = p + "shared_experts."
+                swiglu_from_hf(tool, block.moe.shared[0], tensors, q + "gate_proj.weight", q + "up_proj.weight",
+                               q + "down_proj.weight", n_shared * H, cfg.C, where)
+    return model
+
+
 def model_from_hf(tool, config, tensors, where):
     refuse_features(tool, config, where)
-    build = {"gpt2": gpt2_from_hf, "llama": llama_from_hf, "mixtral": mixtral_from_hf}[config["model_type"]]
+    build = {"gpt2": gpt2_from_hf, "llama": llama_from_hf, "mixtral": mixtral_from_hf,
+             "deepseek_v3": deepseek_from_hf}[config["model_type"]]
     try:
         return build(tool, config, tensors, where)
     except KeyError as e:
@@ -272,7 +343,8 @@ def mixtral_config_refusal(c):
     """Why an MoE model has no MixtralForCausalLM (None when it has one)."""
     if not c.llama:
         return "a gpt2-family MoE (GELU experts with biases)"
-    if c.moe_every != 1 or c.shared or c.score != "softmax" or c.routed_scale != 1.0 or c.noisy or c.balance_bias:
+    if c.moe_every != 1 or c.first_dense or c.shared or c.score != "softmax" or c.routed_scale != 1.0 or c.noisy \
+            or c.balance_bias:
         return "MoE layers not in every block, shared experts, sigmoid scores, a routed scale, noisy gating or a " \
                "balancing bias"
     if c.topk < 2:
@@ -280,12 +352,61 @@ def mixtral_config_refusal(c):
     return None
 
 
+def deepseek_config_refusal(c):
+    """Why an MoE model has no DeepSeek-V3 layout (None when it has one)."""
+    if not c.llama:
+        return "a gpt2-family MoE (GELU experts with biases)"
+    if c.score != "sigmoid" or c.moe_every != 1 or c.noisy:
+        return "softmax scores, MoE layers not in every block after the dense ones, or noisy gating"
+    if c.shared and (c.shared * c.shared_H) % c.H != 0:
+        return f"{c.shared} shared experts of hidden size {c.shared_H}, not a multiple of the experts' {c.H}"
+    return None
+
+
+def deepseek_to_hf(model, config, sd):
+    """The inverse of deepseek_from_hf: the DeepSeek-V3 config fields without MLA into `config`, the tensors into
+    `sd` (the shared experts joined into one SwiGLU; a model without balancing biases gets zero ones)."""
+    c = model.config
+    HS = c.C // c.NH
+    n_shared = c.shared * c.shared_H // c.H
+    config.update({"intermediate_size": c.dense_H, "moe_intermediate_size": c.H, "n_routed_experts": c.E,
+                   "num_experts_per_tok": c.topk, "first_k_dense_replace": c.first_dense, "moe_layer_freq": 1,
+                   "n_group": c.expert_groups or 1, "topk_group": c.kept_groups or 1, "n_shared_experts": n_shared,
+                   "routed_scaling_factor": c.routed_scale, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+                   "norm_topk_prob": True, "kv_lora_rank": None, "q_lora_rank": None, "qk_rope_head_dim": HS,
+                   "qk_nope_head_dim": 0, "v_head_dim": HS, "head_dim": HS, "rope_interleave": False,
+                   "rope_scaling": None, "attention_dropout": 0.0})
+    llama_trunk_to_hf(model, config, sd)
+    for i, block in enumerate(model.h):
+        p = f"model.layers.{i}.mlp."
+        if not c.is_moe(i):
+            swiglu_to_hf(block.mlp, c.dense_H, p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight",
+                         sd)
+            continue
+        sd[p + "gate.weight"] = block.moe.router.weight
+        sd[p + "gate.e_score_correction_bias"] = block.moe.balance_bias if c.balance_bias else torch.zeros(c.E)
+        for e, expert in enumerate(block.moe.experts):
+            q = f"{p}experts.{e}."
+            swiglu_to_hf(expert, c.H, q + "gate_proj.weight", q + "up_proj.weight", q + "down_proj.weight", sd)
+        if c.shared:
+            q = p + "shared_experts."
+            fc = [shared.c_fc.weight.split(c.shared_H) for shared in block.moe.shared]
+            sd[q + "gate_proj.weight"] = torch.cat([gate for gate, _ in fc])
+            sd[q + "up_proj.weight"] = torch.cat([up for _, up in fc])
+            sd[q + "down_proj.weight"] = torch.cat([shared.c_proj.weight for shared in block.moe.shared], dim=1)
+    if c.tied:
+        del sd["lm_head.weight"]  # a tied checkpoint holds embed_tokens only, as save_pretrained writes it
+
+
 def hf_from_model(model):
     """(config dict, {Hugging Face tensor name: tensor}) of a train_gpt.py GPT or Llama, or of a train_moe.py MoEGPT
-    of the Mixtral kind: the inverse of model_from_hf (the padded vocabulary rows dropped)."""
+    of the Mixtral or DeepSeek-V3 kind: the inverse of model_from_hf (the padded vocabulary rows dropped)."""
     c = model.config
     sd = {}
-    if isinstance(c, moe_ref.MoEConfig):
+    if isinstance(c, moe_ref.MoEConfig) and mixtral_config_refusal(c) is not None:
+        config = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"]}
+        deepseek_to_hf(model, config, sd)
+    elif isinstance(c, moe_ref.MoEConfig):
         config = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "intermediate_size": c.H,
                   "num_local_experts": c.E, "num_experts_per_tok": c.topk, "sliding_window": None,
                   "router_jitter_noise": 0.0}
@@ -351,7 +472,21 @@ def read_model(tool, path):
     if magic != moe_ref.MOE_MODEL_MAGIC:
         return as_tool(tool, ref.read_model_file, path)
     model = as_tool(tool, moe_ref.read_model_file, path)
-    why = mixtral_config_refusal(model.config)
-    if why:
-        fail(tool, f"{path}: {why} has no Hugging Face class: the exporter writes the Mixtral kind of MoE")
+    why_mixtral, why_deepseek = mixtral_config_refusal(model.config), deepseek_config_refusal(model.config)
+    if why_mixtral and why_deepseek:
+        why = why_mixtral if why_mixtral == why_deepseek else f"{why_mixtral} (Mixtral), {why_deepseek} (DeepSeek-V3)"
+        fail(tool, f"{path}: {why} has no Hugging Face layout: the exporter writes the Mixtral and DeepSeek-V3 kinds "
+                   "of MoE")
     return model
+
+
+def write_hf_directory(directory, config, tensors):
+    """config.json and model.safetensors as save_pretrained lays them out, for a family whose class the pinned
+    transformers lacks (DeepSeek-V3): the safetensors package writes the tensors, with save_pretrained's metadata."""
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})

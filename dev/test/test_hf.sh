@@ -2,15 +2,19 @@
 # dev/test/test_hf.sh: Hugging Face interop (scripts/hf_import.py, scripts/hf_export.py; doc/formats.md) against
 # transformers, on the CPU backend (FP32 build), nothing downloaded. For GPT-2, llama (2 key/value heads of 4, own
 # lm_head) and Mixtral (that llama with top-2 of 4 SwiGLU experts in every layer), each a small random model that
-# transformers builds and saves (dev/test/hf_reference.py):
+# transformers builds and saves, and a DeepSeek-V3-style model without MLA (a dense layer, then 2 MoE layers of top-2
+# of 8 experts in 2 of 4 groups, the correction bias, a shared expert and a routed scale) drawn in its published
+# tensor names (dev/test/hf_reference.py):
 #   - imported, the C trainer's logits, loss, every gradient and 10 AdamW steps are transformers' (test_gpt, or
-#     test_moe with Mixtral's every routing choice, against a debug state that transformers wrote; FP32 tolerances
-#     of test_gpt.cu);
+#     test_moe with every routing choice, against a debug state that transformers wrote; for DeepSeek-V3, whose class
+#     the pinned transformers lacks, hf_reference.py's own forward from its published modelling code; FP32
+#     tolerances of test_gpt.cu);
 #   - trained 10 steps by the trainer on a data shard and exported, transformers loads it with its class and its
 #     logits, gradients and steps are again the trainer's;
 #   - imported, exported and imported again: bit-identical model files; exported with --tokenizer, the tokenizer
 #     loads from the export and encodes as the source's;
-#   - a feature the trainers lack (a top-1 Mixtral, Qwen2-MoE's shared-expert gate among them), a missing tensor, a
+#   - a feature the trainers lack (a top-1 Mixtral, Qwen2-MoE's shared-expert gate and DeepSeek's softmax scores
+#     among them), a missing tensor, a
 #     shape that contradicts the config and an MoE model file with no Hugging Face class are refused with one line.
 # Needs build/train_gpt_fp32, build/test_gpt_fp32, build/train_moe_fp32, build/test_moe_fp32 and .venv/hf
 # (scripts/install_deps.sh). Run from anywhere:
@@ -37,12 +41,14 @@ against_transformers() {
     grep -E "^OK   (logits|steps)" "$work/$1.log" | sed "s/^/  $1: /"
 }
 
-$HF dev/test/hf_reference.py random gpt2 "$work/gpt2" llama "$work/llama" mixtral "$work/mixtral" >/dev/null 2>&1 ||
-    fail "random models"
-for family in gpt2 llama mixtral; do
-    # Mixtral is train_moe's, dropless (-cf 0)
+$HF dev/test/hf_reference.py random gpt2 "$work/gpt2" llama "$work/llama" mixtral "$work/mixtral" \
+    deepseek_v3 "$work/deepseek_v3" >/dev/null 2>&1 || fail "random models"
+for family in gpt2 llama mixtral deepseek_v3; do
+    # the MoE families are train_moe's, dropless (-cf 0)
     TRAIN=build/train_gpt_fp32 TEST=build/test_gpt_fp32 TRAIN_FLAGS=()
-    [ $family = mixtral ] && TRAIN=build/train_moe_fp32 TEST=build/test_moe_fp32 TRAIN_FLAGS=(-cf 0)
+    case $family in
+    mixtral | deepseek_v3) TRAIN=build/train_moe_fp32 TEST=build/test_moe_fp32 TRAIN_FLAGS=(-cf 0) ;;
+    esac
     $HF scripts/hf_import.py "$work/$family" "$work/$family.bin" >/dev/null 2>&1 || fail "$family: import"
     against_transformers "${family}_imported" "$work/$family" "$work/$family.bin"
     # import, export, import again
@@ -118,6 +124,11 @@ $HF - "$work/qwen/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["model_type"] = "qwen2_moe"; json.dump(c, open(sys.argv[1], "w"))
 PY
+cp -r "$work/deepseek_v3" "$work/ds_softmax"
+$HF - "$work/ds_softmax/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["scoring_func"] = "softmax"; json.dump(c, open(sys.argv[1], "w"))
+PY
 cp -r "$work/llama" "$work/kv"
 $HF - "$work/kv/config.json" <<'PY'
 import json, sys
@@ -130,7 +141,7 @@ import hf_export, hf_import
 w = sys.argv[1]
 cases = [("relu", hf_import, ["bad"]), ("sliding", hf_import, ["sliding"]), ("mla", hf_import, ["mla"]),
          ("missing", hf_import, ["missing"]), ("shape", hf_import, ["shape"]), ("top1", hf_import, ["top1"]),
-         ("qwen", hf_import, ["qwen"]), ("kv", hf_import, ["kv"]),
+         ("qwen", hf_import, ["qwen"]), ("ds_softmax", hf_import, ["ds_softmax"]), ("kv", hf_import, ["kv"]),
          ("switch", hf_export, ["build/ref/moe_k1_cf0.5_fp32_model.bin", "switch_exported"])]
 for name, tool, args in cases:
     paths = [a if os.path.sep in a else os.path.join(w, a) for a in args]
@@ -152,6 +163,7 @@ refused shape "a shape against the config" \
     "tensor model.layers.0.mlp.gate_proj.weight has shape (96, 64), the config says (128, 64)"
 refused top1 "a top-1 Mixtral" "num_experts_per_tok 1: Mixtral renormalises its top-k gates"
 refused qwen "Qwen2-MoE" "Qwen2-MoE's sigmoid shared_expert_gate"
+refused ds_softmax "DeepSeek with softmax scores" "scoring_func 'softmax': DeepSeek-V3's scores are sigmoid"
 refused kv "a shape the reference model refuses, said as the importer's" \
     "hf_import.py: error: $work/kv: 3 key/value heads do not divide the 4 heads"
 refused switch "export of an MoE without a Hugging Face class" "hf_export.py: error: build/ref/moe_k1_cf0.5_fp32_model.bin: a gpt2-family MoE"

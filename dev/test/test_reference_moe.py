@@ -1624,7 +1624,8 @@ def test_routing_options_bad_input(tmp):
     fails_with(base + ["--routed-scale", "0"], "routed scale", "--routed-scale 0")
     fails_with(base + ["--bias-gamma", "-1", "--score", "sigmoid"], "--bias-gamma", "negative gamma")
     source = open(os.path.join(tmp, "ds_model.bin"), "rb").read()
-    for label, word, value, needle in (("revision 2", 24, 2, "revision"), ("score 2", 27, 2, "score"),
+    for label, word, value, needle in (("revision 3", 24, 3, "revision"), ("score 2", 27, 2, "score"),
+                                       ("expert groups in revision 1", 31, 2, "non-zero words"),
                                        ("bias word 2", 29, 2, "bias"), ("no bias: payload", 29, 0, "payload"),
                                        ("shared without hidden", 26, 0, "shared"), ("family 2", 16, 2, "family"),
                                        ("routed scale -1", 28, -1082130432, "routed scale")):

@@ -9,8 +9,8 @@
 #   - a checkpoint of -ep 2 resumes with -ep 1 and one of -ep 1 with -ep 2: identical weights, the same training;
 #   - an MoE model from a descriptor trains (the loss falls) and logs aux, z, drop and the expert loads;
 #   - with router jitter and noisy top-k gating, a resumed run continues bit-identically (the noise follows the step);
-#   - sigmoid scores with a routed scale from a descriptor: the checkpoint's model file records them (header words
-#     24, 27, 28) and a run resumed from it continues bit-identically;
+#   - sigmoid scores with a routed scale, a dense layer first and expert groups from a descriptor: the checkpoint's
+#     model file records them (header words 24, 27, 28, 30 … 32) and a run resumed from it continues bit-identically;
 #   - shared experts from a descriptor (-se, -seh) on 2 ranks with -ep 2: the checkpoint's model file records them
 #     (header words 24, 25, 26; its size holds their tensors) and a run resumed from it continues bit-identically;
 #   - aux-loss-free balancing (-rb) from a descriptor on 2 ranks with -ep 2: the checkpoint's model file records the
@@ -23,10 +23,11 @@
 #     the family (words 16..21) and holds SwiGLU tensors without biases, a resumed run continues bit-identically; a
 #     llama MoE reference file trains;
 #   - bad inputs (-kv not dividing NH, -kv or -arch against the model file, a family word neither gpt2 nor llama,
-#     top-k above E, a file of the wrong kind, tokens the model lacks, -ne/-tk/-me/-eh/-rs/-rsf/-se/-seh against the
-#     model file or checkpoint, bad -rs, -rsf, -se, -seh, -rb, -rsl and -rg, -rb with softmax scores, -dl negative,
-#     without expert groups (-ep 1), above them, with fewer than k experts in its groups or with noisy gating, the
-#     MoE header words 24..29 a reader refuses, biases the file lacks or that are not finite) get their one line; a
+#     top-k above E, a file of the wrong kind, tokens the model lacks, -ne/-tk/-me/-eh/-md/-rs/-rsf/-se/-seh against
+#     the model file or checkpoint, bad -rs, -rsf, -se, -seh, -rb, -rsl and -rg, -eg without -egk, -rb with softmax
+#     scores, -dl negative, without expert groups (-ep 1), above them, with fewer than k experts in its groups or with
+#     noisy gating, the MoE header words 24..32 a reader refuses (the model's expert groups with softmax, dense layers
+#     leaving no MoE layer), biases the file lacks or that are not finite) get their one line; a
 #     corrupt expert state is named on -y 1;
 #   - pre-emption: SIGTERM to one of 2 ranks with -ep 2 writes a checkpoint, and the run resumes bit-identically.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin,
@@ -244,19 +245,20 @@ if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/noise_resumed.log")" ] &&
     cmp -s "$work/noise/model_00000006.bin" "$work/noise_resumed/model_00000006.bin"; then pass; else
     fail "a noisy-gating run with jitter does not resume bit-identically"; fi
 
-# --- sigmoid scores with the routed scale 2.5 (doc/moe.md, "Routing options" 3 and 5): the checkpoint's model file
-# has header words 24 = 1, 27 = 1 (sigmoid), 28 = 2.5's fp32 bits, and resuming from it (the flags agreeing with the
-# file) continues bit-identically
-SIGMOID=(-e d2 -ev 263 -et 32 -ne 8 -tk 2 -me 1 -rs sigmoid -rsf 2.5 -cf 0 -i "$work/train.bin" -j "" -v 0 -s 0 -b 2
-         -t 16 -l 3e-3)
+# --- sigmoid scores with the routed scale 2.5 (doc/moe.md, "Routing options" 3 and 5) in DeepSeek-V3's layout (ibid.
+# 11 and 12: a dense layer first, each token's experts in 2 of 4 groups): the checkpoint's model file has header
+# words 24 = 2, 27 = 1 (sigmoid), 28 = 2.5's fp32 bits, 30 = 1, 31 = 4, 32 = 2, and resuming from it (the flags
+# agreeing with the file) continues bit-identically
+SIGMOID=(-e d2 -ev 263 -et 32 -ne 8 -tk 2 -me 1 -rs sigmoid -rsf 2.5 -md 1 -eg 4 -egk 2 -cf 0 -i "$work/train.bin" -j ""
+         -v 0 -s 0 -b 2 -t 16 -l 3e-3)
 run_and_resume sigmoid 6 3 "$TRAIN" "${SIGMOID[@]}"
 want=$(step_fields "$work/sigmoid.log" | tail -n 3)
-words=$($PYTHON -c 'import struct, sys; h = struct.unpack("256i", open(sys.argv[1], "rb").read(1024)); print(*h[24:30])' \
+words=$($PYTHON -c 'import struct, sys; h = struct.unpack("256i", open(sys.argv[1], "rb").read(1024)); print(*h[24:33])' \
     "$work/sigmoid/model_00000006.bin")
 if [ -n "$want" ] && [ "$want" = "$(step_fields "$work/sigmoid_resumed.log")" ] &&
     cmp -s "$work/sigmoid/model_00000006.bin" "$work/sigmoid_resumed/model_00000006.bin" &&
-    [ "$words" = "1 0 0 1 1075838976 0" ]; then pass; else
-    fail "a sigmoid run does not resume bit-identically, or its model file's words 24..29 are [$words]"; fi
+    [ "$words" = "2 0 0 1 1075838976 0 1 4 2" ]; then pass; else
+    fail "a sigmoid run does not resume bit-identically, or its model file's words 24..32 are [$words]"; fi
 
 # --- shared experts (doc/moe.md, "Routing options" 2): two of hidden size 64 beside 4 experts shared out over 2
 # ranks, every other layer, from a descriptor; the checkpoint's model file has header words 24 = 1, 25 = 2, 26 = 64
@@ -534,29 +536,42 @@ for change in sys.argv[3:]:
 open(sys.argv[2], "wb").write(struct.pack("256i", *h) + data[1024:])
 PY
 }
-make_header "$work/moe_shared.bin" 24=1 25=1 26=64
-expect_error "shared experts the file lacks" "moe_shared.bin is truncated: its header describes 127040 parameters" \
-    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_shared.bin"
-make_header "$work/moe_shared_no_hidden.bin" 24=1 25=1
-expect_error "shared experts without a hidden size" "header words 25 and 26 (shared experts 1, their hidden size 0) must be both positive or both 0" \
-    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_shared_no_hidden.bin"
-make_header "$work/moe_bias.bin" 24=1 27=1 29=1
-expect_error "balancing biases the file lacks" "moe_bias.bin is truncated: its header describes" \
-    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias.bin"
+# header_refused NAME WHAT EXPECTED WORD=VALUE...: the test model with those words, as $work/NAME.bin, is refused
+# with a line holding EXPECTED
+header_refused() {
+    local name=$1 what=$2 expected=$3
+    shift 3
+    make_header "$work/$name.bin" "$@"
+    expect_error "$what" "$expected" "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/$name.bin"
+}
+header_refused moe_shared "shared experts the file lacks" \
+    "moe_shared.bin is truncated: its header describes 127040 parameters" 24=1 25=1 26=64
+header_refused moe_shared_no_hidden "shared experts without a hidden size" \
+    "header words 25 and 26 (shared experts 1, their hidden size 0) must be both positive or both 0" 24=1 25=1
+header_refused moe_bias "balancing biases the file lacks" \
+    "moe_bias.bin is truncated: its header describes" 24=1 27=1 29=1
 $PYTHON -c 'import sys; d = open(sys.argv[1], "rb").read(); open(sys.argv[2], "wb").write(d[:-4] + b"\x00\x00\xc0\x7f")' \
     "$work/bias/model_00000004.bin" "$work/moe_bias_nan.bin"
 expect_error "a balancing bias that is not finite" \
     "moe_bias_nan.bin: balancing bias 7 (MoE layer 1, expert 3) is not finite" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias_nan.bin"
-make_header "$work/moe_bias_softmax.bin" 24=1 29=1
-expect_error "balancing biases with softmax" "header word 29 = 1: balancing biases need sigmoid scores (word 27 = 1)" \
-    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_bias_softmax.bin"
-make_header "$work/moe_rev0.bin" 27=1
-expect_error "word 27 without revision 1" "header word 27 = 1: words 25 to 29 must be 0 when word 24 is 0" \
-    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_rev0.bin"
-make_header "$work/moe_rsf.bin" 24=1 28=-1082130432
-expect_error "negative routed scale in the file" "header word 28 = -1082130432: the routed scale (fp32 bits) must be finite" \
-    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$work/moe_rsf.bin"
+header_refused moe_bias_softmax "balancing biases with softmax" \
+    "header word 29 = 1: balancing biases need sigmoid scores (word 27 = 1)" 24=1 29=1
+header_refused moe_rev0 "word 27 without revision 1" \
+    "header word 27 = 1: words 25 to 32 must be 0 when word 24 is 0" 27=1
+header_refused moe_rev1_groups "expert groups without revision 2" \
+    "header word 31 = 2: words 30 to 32 must be 0 when word 24 is 1" 24=1 27=1 31=2 32=1
+header_refused moe_groups_softmax "expert groups with softmax" \
+    "moe_groups_softmax.bin: 2 expert groups, 1 kept (-eg, -egk; header words 31, 32): they need sigmoid scores" \
+    24=2 31=2 32=1
+header_refused moe_all_dense "no MoE layer after the dense ones" \
+    "moe_all_dense.bin: 2 dense layers first: expected 0..1" 24=2 30=2
+expect_error "-md against the file" "-md 1: the model file $MOE_MODEL has 0 dense layers first" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -md 1
+expect_error "-eg without -egk" "-eg 2 -egk 0: the expert groups and the groups kept go together, both positive" \
+    "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -eg 2
+header_refused moe_rsf "negative routed scale in the file" \
+    "header word 28 = -1082130432: the routed scale (fp32 bits) must be finite" 24=1 28=-1082130432
 expect_error "-rs against the file" "-rs sigmoid: the model file $MOE_MODEL has softmax scores (header word 27" \
     "$TRAIN" "${COMMON[@]}" -b 2 -x 1 -e "$MOE_MODEL" -rs sigmoid
 expect_error "-rsf against the file" "-rsf 2: the model file $MOE_MODEL has the routed scale 1 (header word 28" \
