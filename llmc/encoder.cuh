@@ -1,5 +1,7 @@
 // llmc/encoder.cuh: GPT-2 input embedding, forward and backward: out = wte[token] + wpe[position], and the
 // gradients of both tables. Without wpe (NULL: a model without learned positions, -arch llama), out = wte[token].
+// encoder_forward_at embeds rows of tokens each at its own position (inference: sequences at different lengths) with
+// the same kernel, so each of its rows is bit for bit encoder_forward's for that token and position.
 // The _vocab_range entry points serve tensor parallelism, where each process holds the wte rows [v0, v0 + Vs): ids
 // outside the range contribute nothing, and their gradient is left to the process holding them.
 // Included by the trainers and by the kernel labs dev/cuda/encoder_forward.cu and dev/cuda/encoder_backward.cu
@@ -20,14 +22,16 @@
 // With a vocabulary range (tensor parallelism: each process holds the wte rows [v0, v0 + Vs)), an id outside the
 // range contributes 0 and reads nothing; the processes' outputs summed give the whole embedding.
 
-// wte holds the rows [v0, v0 + Vs) of the table; the whole table is v0 = 0, Vs = INT_MAX
+// wte holds the rows [v0, v0 + Vs) of the table; the whole table is v0 = 0, Vs = INT_MAX. A row's position t is
+// row % T (rows (B, T): every sequence from 0), or positions[row] when positions is given (rows (N) of tokens at
+// positions of their own, for inference): one code path, so that encoder_forward_at's row is bit for bit
+// encoder_forward's for the same token and t.
 __global__ void encoder_forward_kernel(floatX* __restrict__ out, const int* __restrict__ inp,
-                                       const floatX* __restrict__ wte, const floatX* __restrict__ wpe, int B, int T,
-                                       int C, int v0, int Vs) {
+                                       const int* __restrict__ positions, const floatX* __restrict__ wte,
+                                       const floatX* __restrict__ wpe, int B, int T, int C, int v0, int Vs) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;  // first of this thread's vector
     if (idx >= (size_t)B * T * C) return;
     size_t bt = idx / C;
-    int t = (int)(bt % T);
     int c = (int)(idx % C);
     int row = inp[bt] - v0;
     x128 token_embedding = x128::zeros();
@@ -36,6 +40,7 @@ __global__ void encoder_forward_kernel(floatX* __restrict__ out, const int* __re
         store128(out + idx, token_embedding);
         return;
     }
+    const int t = positions != nullptr ? positions[bt] : (int)(bt % T);
     x128 position_embedding = load128(wpe + (size_t)t * C + c);
     x128 result;
     for (int k = 0; k < x128::size; k++) {
@@ -44,12 +49,20 @@ __global__ void encoder_forward_kernel(floatX* __restrict__ out, const int* __re
     store128(out + idx, result);
 }
 
-void encoder_forward_vocab_range_launch(floatX* out, const int* inp, const floatX* wte_slice, const floatX* wpe, int B,
-                                        int T, int C, int v0, int Vs, int block_size, cudaStream_t stream) {
+// positions: NULL for rows (B, T) at t = row % T, or the (B * T) positions of the rows (encoder_forward_at: B = 1,
+// T = N)
+static void encoder_forward_positions_launch(floatX* out, const int* inp, const int* positions, const floatX* wte_slice,
+                                             const floatX* wpe, int B, int T, int C, int v0, int Vs, int block_size,
+                                             cudaStream_t stream) {
     size_t threads = (size_t)B * T * C / x128::size;
     unsigned int grid = (unsigned int)CEIL_DIV(threads, (size_t)block_size);
-    encoder_forward_kernel<<<grid, block_size, 0, stream>>>(out, inp, wte_slice, wpe, B, T, C, v0, Vs);
+    encoder_forward_kernel<<<grid, block_size, 0, stream>>>(out, inp, positions, wte_slice, wpe, B, T, C, v0, Vs);
     cudaCheck(cudaGetLastError());
+}
+
+void encoder_forward_vocab_range_launch(floatX* out, const int* inp, const floatX* wte_slice, const floatX* wpe, int B,
+                                        int T, int C, int v0, int Vs, int block_size, cudaStream_t stream) {
+    encoder_forward_positions_launch(out, inp, nullptr, wte_slice, wpe, B, T, C, v0, Vs, block_size, stream);
 }
 
 void encoder_forward_launch(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
@@ -61,6 +74,15 @@ void encoder_forward_launch(floatX* out, const int* inp, const floatX* wte, cons
 void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
                      cudaStream_t stream) {
     encoder_forward_launch(out, inp, wte, wpe, B, T, C, 256, stream);
+}
+
+// out (N,C) = wte[tokens[i]] + wpe[positions[i]], one row per token (inference: a batch of sequences each at its own
+// position); tokens and positions (N) on the device; wpe (maxT,C) with every positions[i] < maxT, or NULL (no
+// position term: -arch llama, as model_embed passes it). Bit-identical to encoder_forward's row for the same token
+// and t = positions[i].
+void encoder_forward_at(floatX* out, const int* tokens, const int* positions, const floatX* wte, const floatX* wpe,
+                        int N, int C, cudaStream_t stream) {
+    encoder_forward_positions_launch(out, tokens, positions, wte, wpe, 1, N, C, 0, INT_MAX, 256, stream);
 }
 
 // out (B,T,C) = (v0 <= id < v0 + Vs ? wte_slice[id - v0] : 0) + wpe[t], id = inp[b,t]; wte_slice (Vs,C), the rows

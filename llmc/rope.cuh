@@ -16,6 +16,9 @@
 // Backward: the transpose (the rotation by -angle), dx[i] = dy[i] cos + dy[i + HS/2] sin, dx[i + HS/2] =
 // dy[i + HS/2] cos - dy[i] sin.
 //
+// Inference (rope_forward_at): rows of tokens each at its own position (a batch of sequences at different lengths),
+// rotated by the same kernel and table, so a token at position p comes out bit for bit as rope_forward's row t = p.
+//
 // In place: the rotation is linear and its Jacobian depends on t only, so no backward pass needs the unrotated q and
 // k (attention's backward needs the rotated ones, which is what the buffer then holds; the qkv matmul's backward needs
 // its input, not its output). An out-of-place version would cost a second (B, T, (NH + 2 NKV) HS) activation and, to
@@ -79,8 +82,12 @@ void rope_table_init(float* table, int max_T, int HS, float theta) {
 // One thread per x128::size consecutive pairs (i .. i + size - 1, with partners at + HS/2) of one query or key head at
 // one position: two 16-byte loads and stores of qkv, and 16-byte loads of the table's cos and sin for those pairs.
 // Consecutive threads take consecutive chunks of a head, then the next head, then the next position.
+// A row's position t is row % T (rows (B, T): every sequence from 0), or positions[row] when positions is given (rows
+// (N) of tokens at positions of their own, for inference): one code path, so that a token rotated at position p is
+// bit for bit rope_forward's row at t = p.
 template <bool backward>
-__global__ void rope_kernel(floatX* qkv, const float* table, int T, int NH, int NKV, int HS, size_t chunks) {
+__global__ void rope_kernel(floatX* qkv, const float* table, const int* positions, int T, int NH, int NKV, int HS,
+                            size_t chunks) {
     const size_t chunk = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (chunk >= chunks) return;
     const int half = HS / 2;
@@ -88,8 +95,8 @@ __global__ void rope_kernel(floatX* qkv, const float* table, int T, int NH, int 
     const int i = (int)(chunk % chunks_per_head) * x128::size;
     const size_t head = chunk / chunks_per_head;  // (b * T + t) * (NH + NKV) + h
     const int h = (int)(head % (NH + NKV));
-    const size_t position = head / (NH + NKV);  // b * T + t
-    const int t = (int)(position % T);
+    const size_t position = head / (NH + NKV);  // the row: b * T + t, or the token
+    const int t = positions != nullptr ? positions[position] : (int)(position % T);
     floatX* x = qkv + position * (size_t)(NH + 2 * NKV) * HS + (size_t)h * HS + i;
     const float* cos_row = table + (size_t)t * HS + i;
     const float* sin_row = cos_row + half;
@@ -110,27 +117,37 @@ __global__ void rope_kernel(floatX* qkv, const float* table, int T, int NH, int 
     store128(x + half, out_high);
 }
 
-static void rope_launch(bool backward, floatX* qkv, const float* table, int B, int T, int NH, int NKV, int HS,
-                        int block_size, cudaStream_t stream) {
-    rope_check_shape(backward ? "rope_backward" : "rope_forward", T, NH, NKV, HS);
+// positions: NULL for rows (B, T) at t = row % T, or the (B * T) positions of the rows (rope_forward_at: B = 1, T = N)
+static void rope_launch(bool backward, floatX* qkv, const float* table, const int* positions, int B, int T, int NH,
+                        int NKV, int HS, int block_size, cudaStream_t stream) {
+    const char* who = backward ? "rope_backward" : (positions != nullptr ? "rope_forward_at" : "rope_forward");
+    rope_check_shape(who, T, NH, NKV, HS);
     if (B < 1) {
-        fprintf(stderr, "%s: need B >= 1 (got %d)\n", backward ? "rope_backward" : "rope_forward", B);
+        fprintf(stderr, "%s: need B >= 1 (got %d)\n", who, B);
         exit(EXIT_FAILURE);
     }
     const size_t chunks = (size_t)B * T * (NH + NKV) * (HS / 2 / x128::size);
     const unsigned int grid = (unsigned int)CEIL_DIV(chunks, (size_t)block_size);
-    if (backward) rope_kernel<true><<<grid, block_size, 0, stream>>>(qkv, table, T, NH, NKV, HS, chunks);
-    else rope_kernel<false><<<grid, block_size, 0, stream>>>(qkv, table, T, NH, NKV, HS, chunks);
+    if (backward) rope_kernel<true><<<grid, block_size, 0, stream>>>(qkv, table, positions, T, NH, NKV, HS, chunks);
+    else rope_kernel<false><<<grid, block_size, 0, stream>>>(qkv, table, positions, T, NH, NKV, HS, chunks);
     cudaCheck(cudaGetLastError());
 }
 
 // qkv (B, T, (NH + 2 NKV) HS) in place: queries and keys rotated by their position; table from rope_table_init with
 // max_T >= T.
 void rope_forward(floatX* qkv, const float* table, int B, int T, int NH, int NKV, int HS, cudaStream_t stream) {
-    rope_launch(false, qkv, table, B, T, NH, NKV, HS, 256, stream);
+    rope_launch(false, qkv, table, nullptr, B, T, NH, NKV, HS, 256, stream);
 }
 
 // dqkv (B, T, (NH + 2 NKV) HS) in place: the query and key gradients rotated back (dv untouched).
 void rope_backward(floatX* dqkv, const float* table, int B, int T, int NH, int NKV, int HS, cudaStream_t stream) {
-    rope_launch(true, dqkv, table, B, T, NH, NKV, HS, 256, stream);
+    rope_launch(true, dqkv, table, nullptr, B, T, NH, NKV, HS, 256, stream);
+}
+
+// qkv (N, (NH + 2 NKV) HS) in place, one row per token (inference: a batch of sequences each at its own position):
+// token i's queries and keys rotated by positions[i] (device, (N)), each 0 <= positions[i] < the table's max_T.
+// Bit-identical to rope_forward's row at t = positions[i].
+void rope_forward_at(floatX* qkv, const float* table, const int* positions, int N, int NH, int NKV, int HS,
+                     cudaStream_t stream) {
+    rope_launch(false, qkv, table, positions, 1, N, NH, NKV, HS, 256, stream);
 }

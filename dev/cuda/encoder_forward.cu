@@ -8,7 +8,9 @@
 //   1  one thread per element, scalar loads (the baseline the vectorised kernel is measured against)
 //   2  llmc/encoder.cuh encoder_forward: one thread per 8 channels, 16-byte loads and stores. The trainer's.
 // With variant 2, encoder_forward_vocab_range (tensor parallelism: wte rows [v0, v0 + Vs) per process) is validated
-// over three ranges, one holding none of the batch's ids, and the two halves summed against encoder_forward.
+// over three ranges, one holding none of the batch's ids, and the two halves summed against encoder_forward; and
+// encoder_forward_at (tokens each at its own position, for inference) against encoder_forward's rows bit for bit,
+// with wpe and without.
 // Floor (see llmc/encoder.cuh): bytes = (2*B*T*C + T*C) * sizeof(floatX) + 4*B*T.
 #include "common.h"
 #include "../../llmc/encoder.cuh"
@@ -94,6 +96,48 @@ static void validate_vocab_ranges(const std::vector<float>& wte, const std::vect
     cudaCheck(cudaFree(d_whole));
 }
 
+// encoder_forward_at (inference: one row per token, each at its own position) against encoder_forward bit for bit,
+// with wpe and without (NULL, -arch llama): tokens taken from random rows (b, t), t = 0 and t = T - 1 among them, some
+// rows taken twice, in no order; token i = (inp[b, t], position t) must come out as encoder_forward's row (b, t).
+static void validate_at(const std::vector<int>& inp, const int* d_inp, const floatX* d_wte, const floatX* d_wpe,
+                        int B, int T, int C) {
+    const int N = 29;
+    std::vector<int> rows = lab_random_ints(N, B * T);
+    rows[0] = 0;
+    rows[1] = T - 1;
+    rows[2] = rows[7];
+    std::vector<int> tokens(N), positions(N);
+    for (int i = 0; i < N; i++) {
+        tokens[i] = inp[rows[i]];
+        positions[i] = rows[i] % T;
+    }
+    int* d_tokens = lab_ints_to_device(tokens);
+    int* d_positions = lab_ints_to_device(positions);
+    floatX* d_rows = lab_poisoned<floatX>((size_t)B * T * C);
+    floatX* d_at = lab_poisoned<floatX>((size_t)N * C);
+    std::vector<floatX> want((size_t)B * T * C), got((size_t)N * C);
+    for (int with_wpe = 1; with_wpe >= 0; with_wpe--) {
+        const floatX* wpe = with_wpe ? d_wpe : nullptr;
+        encoder_forward(d_rows, d_inp, d_wte, wpe, B, T, C, 0);
+        cudaCheck(cudaMemset(d_at, 0xff, (size_t)N * C * sizeof(floatX)));
+        encoder_forward_at(d_at, d_tokens, d_positions, d_wte, wpe, N, C, 0);
+        cudaCheck(cudaMemcpy(want.data(), d_rows, want.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(got.data(), d_at, got.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < N; i++)
+            if (memcmp(&got[(size_t)i * C], &want[(size_t)rows[i] * C], C * sizeof(floatX)) != 0) {
+                printf("FAIL encoder_forward_at%s: token %d (row %d, position %d) differs from encoder_forward's row\n",
+                       with_wpe ? "" : " without wpe", i, rows[i], positions[i]);
+                exit(EXIT_FAILURE);
+            }
+        printf("  %-28s ok (%d tokens bit-identical to encoder_forward's rows%s)\n", "encoder_forward_at", N,
+               with_wpe ? "" : ", wpe NULL");
+    }
+    cudaCheck(cudaFree(d_tokens));
+    cudaCheck(cudaFree(d_positions));
+    cudaCheck(cudaFree(d_rows));
+    cudaCheck(cudaFree(d_at));
+}
+
 int main(int argc, char** argv) {
     LabArgs args = lab_parse_args(argc, argv);
     int B = 8, T = 1024, C = 768, V = 50257, maxT = 1024;
@@ -138,6 +182,7 @@ int main(int argc, char** argv) {
     }
     if (args.variant == 0 || args.variant == 2)
         validate_vocab_ranges(wte, wpe, inp, d_inp, d_wpe, B, T, C, V, atol, rtol);
+    if (args.variant == 0 || args.variant == 2) validate_at(inp, d_inp, d_wte, d_wpe, B, T, C);
     lab_print_header("encoder_forward", args.small ? "small sizes" : "GPT-2 124M sizes");
     for (int variant = 1; variant <= 2; variant++) {
         if (args.variant != 0 && args.variant != variant) continue;

@@ -20,6 +20,8 @@
 // Beyond the comparison with a double-precision reference, every variant must leave the value heads bit-identical,
 // and must write every query and key element: run with a table of NaNs, every one of them must come out NaN (an
 // in-place kernel's output cannot be poisoned beforehand).
+// Every case also checks rope_forward_at (tokens each at its own position, the inference entry point) against
+// rope_forward bit for bit: 41 of the case's rows, taken in no order, rotated at their positions.
 #include "common.h"
 #include "../../llmc/rope.cuh"
 
@@ -87,7 +89,7 @@ static void run_variant(int variant, bool backward, floatX* qkv, const float* ta
             if (backward) rope_backward(qkv, table, c.B, c.T, c.NH, c.NKV, c.HS, 0);
             else rope_forward(qkv, table, c.B, c.T, c.NH, c.NKV, c.HS, 0);
         } else {
-            rope_launch(backward, qkv, table, c.B, c.T, c.NH, c.NKV, c.HS, block_size, 0);
+            rope_launch(backward, qkv, table, nullptr, c.B, c.T, c.NH, c.NKV, c.HS, block_size, 0);
         }
     } else {
         const size_t chunks = (size_t)c.B * c.T * (c.NH + c.NKV) * (c.HS / 2 / x128::size);
@@ -166,6 +168,46 @@ static void check_heads(const char* name, const floatX* d_result, const std::vec
     printf("  %-28s ok (v untouched%s)\n", name, expect_nan ? ", every q/k element written" : "");
 }
 
+// rope_forward_at (inference: one row per token, each at its own position) against rope_forward bit for bit: tokens
+// taken from random rows (b, t) of the case, t = 0 and t = T - 1 among them, some rows taken twice, in no order; token
+// i's row rotated at positions[i] = t must come out as rope_forward's row (b, t).
+static void validate_at(const RopeCase& c, const float* d_table, const std::vector<floatX>& x) {
+    const size_t width = (size_t)(c.NH + 2 * c.NKV) * c.HS, n = (size_t)c.B * c.T * width;
+    const int N = 41;
+    std::vector<int> rows = lab_random_ints(N, c.B * c.T);
+    rows[0] = 0;
+    rows[1] = c.T - 1;
+    rows[2] = rows[5];
+    std::vector<int> positions(N);
+    std::vector<floatX> tokens((size_t)N * width);
+    for (int i = 0; i < N; i++) {
+        positions[i] = rows[i] % c.T;
+        memcpy(&tokens[(size_t)i * width], &x[(size_t)rows[i] * width], width * sizeof(floatX));
+    }
+    floatX* d_rows;  // (B, T, width), rotated by rope_forward
+    floatX* d_tokens;  // (N, width), rotated by rope_forward_at
+    cudaCheck(cudaMalloc(&d_rows, n * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_tokens, tokens.size() * sizeof(floatX)));
+    cudaCheck(cudaMemcpy(d_rows, x.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_tokens, tokens.data(), tokens.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    int* d_positions = lab_ints_to_device(positions);
+    rope_forward(d_rows, d_table, c.B, c.T, c.NH, c.NKV, c.HS, 0);
+    rope_forward_at(d_tokens, d_table, d_positions, N, c.NH, c.NKV, c.HS, 0);
+    std::vector<floatX> rotated(n);
+    cudaCheck(cudaMemcpy(rotated.data(), d_rows, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(tokens.data(), d_tokens, tokens.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < N; i++)
+        if (memcmp(&tokens[(size_t)i * width], &rotated[(size_t)rows[i] * width], width * sizeof(floatX)) != 0) {
+            printf("FAIL rope_forward_at: token %d (row %d, position %d) differs from rope_forward's row\n", i, rows[i],
+                   positions[i]);
+            exit(EXIT_FAILURE);
+        }
+    printf("  %-28s ok (%d tokens bit-identical to rope_forward's rows)\n", "rope_forward_at", N);
+    cudaCheck(cudaFree(d_rows));
+    cudaCheck(cudaFree(d_tokens));
+    cudaCheck(cudaFree(d_positions));
+}
+
 static void run_case(const LabArgs& args, const RopeCase& c, bool timed) {
     const size_t width = (size_t)(c.NH + 2 * c.NKV) * c.HS, n = (size_t)c.B * c.T * width;
     printf("rope (%s) %s: B=%d T=%d NH=%d NKV=%d HS=%d theta=%g\n", PRECISION_NAME, c.name, c.B, c.T, c.NH, c.NKV,
@@ -187,6 +229,7 @@ static void run_case(const LabArgs& args, const RopeCase& c, bool timed) {
     floatX* d_qkv;
     cudaCheck(cudaMalloc(&d_qkv, n * sizeof(floatX)));
 
+    if (args.variant == 0 || args.variant == 2) validate_at(c, d_table, x_floatX);
     for (int variant = 1; variant <= 3; variant++) {
         if (args.variant != 0 && args.variant != variant) continue;
         printf("variant %d\n", variant);
