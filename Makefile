@@ -6,6 +6,7 @@
 #   make train_gpt     GPU trainer (nvcc); make train_gpt_cpu: the same on the CPU backend
 #   make test_gpt      GPU test against the PyTorch reference; make test_gpt_cpu: CPU backend
 #   make train_moe / train_moe_cpu / test_moe / test_moe_cpu: the same for the Switch-MoE trainer
+#   make generate / generate_cpu: text generation with a paged KV cache (doc/inference.md)
 #     PRECISION=BF16 (default) | FP16 | FP32, USE_CUDNN=1 (GPU only: cuDNN attention)
 #   make test          build and run the whole test suite on the CPU backend (what CI runs), including the
 #                      checking build (cpu/cucc --check) of the trainers' tests, of every lab and of the probes
@@ -47,7 +48,8 @@ LLMC := $(wildcard llmc/*.cuh llmc/*.h)
 CPU_LIBS := -lcublas -lcublasLt -lnccl -lmpi
 
 # The trainers and their tests. Each program's .cu and the project sources it includes:
-PROGRAMS := train_gpt test_gpt train_moe test_moe
+PROGRAMS := train_gpt test_gpt train_moe test_moe generate
+SOURCES_generate := generate.cu train_moe.cu train_gpt.cu
 SOURCES_train_gpt := train_gpt.cu
 SOURCES_test_gpt := test_gpt.cu train_gpt.cu
 SOURCES_train_moe := train_moe.cu train_gpt.cu
@@ -383,5 +385,6 @@ $(BUILD)/check-cuda/%.ok: % $(LLMC)
 	@touch $@
 
 clean:
-	rm -rf $(BUILD) train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_moe train_moe_cpu test_moe test_moe_cpu
+	rm -rf $(BUILD) train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_moe train_moe_cpu test_moe test_moe_cpu \
+	    generate generate_cpu
 	$(MAKE) -C cpu clean

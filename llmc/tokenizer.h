@@ -83,6 +83,15 @@ static inline const char* tokenizer_decode(const Tokenizer* t, uint32_t token) {
     return t->token_table[token];
 }
 
+// Whether tokens 0..255 are the bytes of those values (data/bytes.py's vocabulary; GPT-2's byte-level BPE orders its
+// single bytes otherwise), so that text encodes byte by byte (generate.cu's text prompts).
+static inline int tokenizer_is_bytes(const Tokenizer* t) {
+    if (!t->init_ok || t->vocab_size < 256 || t->token_table[0][0] != '\0') return 0;
+    for (uint32_t i = 1; i < 256; i++)
+        if ((unsigned char)t->token_table[i][0] != i || t->token_table[i][1] != '\0') return 0;
+    return 1;
+}
+
 // GPT-2's byte-level tokens include lone control bytes; printing those would garble the terminal. A
 // single-byte piece is printed only if it is printable or whitespace; longer pieces (text, UTF-8) as they are.
 static inline void safe_printf(const char* piece) {

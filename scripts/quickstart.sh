@@ -4,7 +4,8 @@
 # Bible of Debian's bible-kjv, under its own name), builds the trainer (for the GPU when one is present, else the
 # CPU backend's FP32 build), trains a small Switch-MoE GPT
 # (4 layers, C=256, 4 experts, top-1, MoE every other layer) for 300 steps on 2 cores (a few minutes here),
-# sampling text before and after and validating with the expert loads, and plots the loss curve.
+# sampling text before and after and validating with the expert loads, plots the loss curve, and continues three
+# prompts with generate (doc/inference.md: a paged KV cache, the prompts batched).
 #   scripts/quickstart.sh          the MoE model
 #   scripts/quickstart.sh gpt      the dense GPT of the same size
 #   scripts/quickstart.sh deepseek a small DeepSeek-shape MoE (llama blocks; 16 fine-grained SwiGLU experts, top-4,
@@ -26,8 +27,10 @@ esac
 # the GPU build where a GPU answers, else the CPU backend's
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     trainer=./train_${model/deepseek/moe}
+    generator=./generate
 else
     trainer=build/train_${model/deepseek/moe}_fp32
+    generator=build/generate_fp32
 fi
 scripts/install_deps.sh
 /usr/bin/python3 data/tinyshakespeare.py --tokenizer bytes
@@ -59,3 +62,8 @@ fi
     -b 8 -t 128 -x 300 -l 2e-3 -u 20 -q 0.1 -c 0.1 -v 100 -m 8 -s 300 -g 200 -o "$out" -n 300 -nk 1
 /usr/bin/python3 scripts/plot_log.py -o "$out/loss.png" "$out"
 echo "quickstart: loss curve in $out/loss.png"
+# the trained model continues three prompts, 4 samples each, in one batch through the paged KV cache
+make -s "$generator"
+printf 'ROMEO:\nFirst Citizen:\nKING HENRY:\n' >"$out/prompts.txt"
+echo "quickstart: generate, 4 samples of 100 tokens after each of: $(tr '\n' '|' <"$out/prompts.txt")"
+"$generator" -e "$out/model_00000300.bin" -i "$out/prompts.txt" -tf "$tokenizer" -g 100 -sn 4 -temp 0.8 -topk 40

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# dev/test/test_generate.sh: generate (generate.cu, doc/inference.md) on the CPU backend, FP32 build, against the
+# PyTorch reference and against itself:
+#   - greedy generation's logits at every generated position against the reference's full forward pass over the
+#     prompt and the generated tokens (dev/test/generate_reference.py), for GPT-2, llama with grouped-query attention
+#     and a llama MoE of DeepSeek-V3's layout (a dense layer first, expert groups, a shared expert, the balancing
+#     bias), with blocks of 4 positions so that prompts and samples end inside blocks;
+#   - the paged cache against a contiguous one (-bs 0): identical tokens and logits;
+#   - continuous batching of 20 prompts of different lengths in a cache too small for all, which forces pre-emption,
+#     against each prompt alone (-b 1, room for it): identical tokens;
+#   - 4 samples sharing a prompt (-sn 4): the summary's block counts are the ones the sharing and copy on write give,
+#     and the same seed gives the same samples; -topk 1 samples the greedy tokens; a text prompt through a byte-level
+#     tokenizer generates as its end-of-text token and bytes given as ids;
+#   - -vp's perplexity on a data shard against the reference's mean loss over the same sequences (the llama MoE);
+#   - bad input (a prompt longer than maxT allows, a token id outside the vocabulary, an empty prompt file, a cache
+#     too small for one sequence, text prompts without a byte-level tokenizer, an unknown flag) gets its one line.
+# Needs build/generate_fp32 and the reference models build/ref/{tiny,llama_gqa,moe_ds_v3}_fp32_model.bin. Run from
+# anywhere:
+#   dev/test/test_generate.sh
+set -u
+cd "$(dirname "$0")/../.."
+GEN=${GEN:-build/generate_fp32}  # GEN=build/check/generate_fp32: the same under the checking build
+PYTHON=/usr/bin/python3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+. dev/test/cli_common.sh
+
+# prompts of token ids (every model's V is 263), of lengths 1 to 20 (maxT 32)
+$PYTHON - "$work" <<'PY'
+import random, sys
+rng = random.Random(7)
+lengths = [1, 5, 11, 3, 17, 8, 2, 13, 6, 20, 9, 4, 15, 7, 12, 10, 19, 14, 16, 18]
+with open(sys.argv[1] + "/twenty.txt", "w") as f:
+    for n in lengths:
+        f.write(" ".join(str(rng.randrange(263)) for _ in range(n)) + "\n")
+with open(sys.argv[1] + "/three.txt", "w") as f:
+    for n in (5, 11, 1):
+        f.write(" ".join(str(rng.randrange(263)) for _ in range(n)) + "\n")
+PY
+
+# --- logits against the reference: greedy, 12 tokens after each of 3 prompts, in blocks of 4
+for model in tiny llama_gqa moe_ds_v3; do
+    file=build/ref/${model}_fp32_model.bin
+    if $GEN -e "$file" -i "$work/three.txt" -ids 1 -temp 0 -g 12 -bs 4 -lo "$work/$model.logits" \
+        >"$work/$model.out" 2>"$work/$model.err"; then
+        if $PYTHON dev/test/generate_reference.py "$file" "$work/three.txt" "$work/$model.out" "$work/$model.logits" \
+            >"$work/$model.check" 2>&1; then pass; else fail "$model: logits against the reference"; fi
+        sed "s/^/  $model: /" "$work/$model.check"
+    else
+        fail "$model: generate: $(tail -2 "$work/$model.err")"
+    fi
+done
+
+# --- paged against contiguous: the same tokens and the same logits, bit for bit
+$GEN -e build/ref/llama_gqa_fp32_model.bin -i "$work/three.txt" -ids 1 -temp 0 -g 12 -bs 0 \
+    -lo "$work/contiguous.logits" >"$work/contiguous.out" 2>"$work/contiguous.err" ||
+    fail "contiguous cache: $(tail -2 "$work/contiguous.err")"
+if cmp -s "$work/llama_gqa.out" "$work/contiguous.out" && cmp -s "$work/llama_gqa.logits" "$work/contiguous.logits"
+then pass; else fail "the paged cache and the contiguous one differ"; fi
+
+# --- continuous batching: 20 prompts, up to 8 running, 24 blocks of 4 (3072 bytes each in both models; a sequence
+# needs up to 8), against each prompt alone
+for model in tiny moe_ds_v3; do
+    $GEN -e build/ref/${model}_fp32_model.bin -i "$work/twenty.txt" -ids 1 -temp 0 -g 10 -bs 4 -b 8 -km 0.0704 \
+        >"$work/${model}_batched.out" 2>"$work/${model}_batched.err" ||
+        fail "$model: continuous batching: $(tail -2 "$work/${model}_batched.err")"
+    $GEN -e build/ref/${model}_fp32_model.bin -i "$work/twenty.txt" -ids 1 -temp 0 -g 10 -bs 4 -b 1 \
+        >"$work/${model}_alone.out" 2>"$work/${model}_alone.err" ||
+        fail "$model: one prompt at a time: $(tail -2 "$work/${model}_alone.err")"
+    preemptions=$(grep -oE '[0-9]+ pre-emptions' "$work/${model}_batched.err" | cut -d' ' -f1)
+    if cmp -s "$work/${model}_batched.out" "$work/${model}_alone.out" && [ "${preemptions:-0}" -gt 0 ] &&
+        [ "$(wc -l <"$work/${model}_batched.out")" -eq 20 ]; then pass; else
+        fail "$model: batched with pre-emption (${preemptions:-no} pre-emptions) differs from each prompt alone"; fi
+    echo "  $model batched: $(tail -1 "$work/${model}_batched.err")"
+done
+
+# --- 4 samples of one prompt of 10 positions, blocks of 4, 6 tokens each (positions 10..14 fed): the prompt's 3
+# blocks shared, its partial last block copied by 3 of the samples as they write position 10 (the 4th writes the
+# original), and one more block each for positions 12..14: at most 3 + 3 + 4 = 10 blocks used, 10 taken
+echo "1 2 3 4 5 6 7 8 9 10" >"$work/one.txt"
+SAMPLE=(-e build/ref/tiny_fp32_model.bin -i "$work/one.txt" -ids 1 -g 6 -bs 4 -sn 4 -temp 1 -sd 5)
+$GEN "${SAMPLE[@]}" >"$work/samples.out" 2>"$work/samples.err" || fail "-sn 4: $(tail -2 "$work/samples.err")"
+$GEN "${SAMPLE[@]}" >"$work/samples_again.out" 2>/dev/null
+if grep -q "at most 10 used, 10 taken" "$work/samples.err" && cmp -s "$work/samples.out" "$work/samples_again.out" &&
+    [ "$(sort -u -t: -k2 "$work/samples.out" | wc -l)" -gt 1 ]; then pass; else
+    fail "-sn 4: $(tail -1 "$work/samples.err"); samples: $(tr '\n' '|' <"$work/samples.out")"; fi
+echo "  -sn 4: $(tail -1 "$work/samples.err")"
+$GEN -e build/ref/tiny_fp32_model.bin -i "$work/three.txt" -ids 1 -g 12 -bs 4 -topk 1 -temp 0.7 \
+    >"$work/topk1.out" 2>/dev/null
+if cmp -s "$work/topk1.out" "$work/tiny.out"; then pass; else fail "-topk 1 does not give the greedy tokens"; fi
+
+# --- a text prompt through a byte-level tokenizer is its end-of-text token and its bytes: the same logits as those ids
+(cd data && $PYTHON -c 'import sys; from data_common import ByteTokenizer, write_tokenizer_file
+write_tokenizer_file(sys.argv[1], ByteTokenizer())' "$work/bytes_tokenizer.bin") || fail "a byte-level tokenizer"
+printf 'ROMEO:\n' >"$work/text.txt"
+echo "256 82 79 77 69 79 58" >"$work/text_ids.txt"
+$GEN -e build/ref/tiny_fp32_model.bin -i "$work/text.txt" -tf "$work/bytes_tokenizer.bin" -temp 0 -g 8 \
+    -lo "$work/text.logits" >/dev/null 2>&1 || fail "a text prompt"
+$GEN -e build/ref/tiny_fp32_model.bin -i "$work/text_ids.txt" -ids 1 -temp 0 -g 8 -lo "$work/text_ids.logits" \
+    >/dev/null 2>&1
+if cmp -s "$work/text.logits" "$work/text_ids.logits"; then pass; else fail "a text prompt is not its bytes' ids"; fi
+
+# --- -vp: the perplexity of the llama MoE on a data shard, against the reference's mean loss over the same sequences
+$PYTHON train_gpt.py --write-shard "$work/shard.bin" --shard-tokens 2048 --V 263 --seed 7 >/dev/null
+$GEN -e build/ref/moe_ds_v3_fp32_model.bin -vp "$work/shard.bin" >"$work/vp.out" 2>"$work/vp.err" ||
+    fail "-vp: $(tail -2 "$work/vp.err")"
+if $PYTHON dev/test/generate_reference.py perplexity build/ref/moe_ds_v3_fp32_model.bin "$work/shard.bin" \
+    "$work/vp.out" >"$work/vp.check" 2>&1; then pass; else fail "-vp against the reference"; fi
+sed "s/^/  /" "$work/vp.check"
+
+# --- bad input
+TINY=build/ref/tiny_fp32_model.bin
+$PYTHON -c 'print(" ".join(["1"] * 32))' >"$work/long.txt"
+expect_error "a prompt longer than maxT allows" \
+    "line 1: a prompt of 32 tokens; the model's maxT 32 leaves room for at most 31" \
+    $GEN -e $TINY -i "$work/long.txt" -ids 1
+echo "5 263 7" >"$work/outside.txt"
+expect_error "a token id outside the vocabulary" "line 1: '263' is not a token id of the model (0..262)" \
+    $GEN -e $TINY -i "$work/outside.txt" -ids 1
+: >"$work/empty.txt"
+expect_error "an empty prompt file" "no prompts (an empty file)" $GEN -e $TINY -i "$work/empty.txt" -ids 1
+expect_error "a cache too small for one sequence" "cannot hold one sequence of 17 positions" \
+    $GEN -e $TINY -i "$work/three.txt" -ids 1 -g 6 -bs 4 -km 0.001
+expect_error "text without a byte-level tokenizer" "text prompts need a byte-level tokenizer" \
+    $GEN -e $TINY -i "$work/three.txt" -tf "$work/none.bin"
+expect_error "an unknown flag" "unknown flag -wq" $GEN -e $TINY -i "$work/three.txt" -ids 1 -wq int8
+
+echo "test_generate: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
