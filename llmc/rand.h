@@ -2,7 +2,8 @@
 // trainers initialise weights and shuffle data with the same numbers as torch.manual_seed(seed) gives the
 // PyTorch reference (train_gpt.py): randint32 = torch's generator->random(), randfloat32 = torch.rand,
 // normal_ = torch.Tensor.normal_ on a contiguous float tensor (Box-Muller in blocks of 16 for n >= 16,
-// the double-precision path with the generator's cached second sample for n < 16).
+// the double-precision path with the generator's cached second sample for n < 16; normal_chunked the same numbers in
+// pieces, for tensors too large to draw at once).
 // Header-only: #include it from a .cu (nvcc or cpu/cucc). Tested against torch 1.13 in dev/test/test_host_utils.cu.
 #pragma once
 #include <math.h>
@@ -70,6 +71,32 @@ static inline float randfloat32(mt19937_state* s) {
     return (float)(randint32(s) & ((1u << 24) - 1)) * (1.0f / (float)(1u << 24));
 }
 
+// n consecutive randfloat32 draws into out, the very numbers of n calls: each stretch of the state between twists
+// is tempered in one loop, without a call and a twist test per number (GPT-2 1.5B's initialisation draws 1.5e9, in
+// the sanitized build too)
+static inline void randfloat32_fill(float* out, size_t n, mt19937_state* s) {
+    size_t i = 0;
+    while (i < n) {
+        if (s->left <= 1) {  // randint32's twist: the draw after it takes state[0] and leaves left at N
+            mt19937_twist(s);
+            s->left++;
+        }
+        size_t k = (size_t)(s->left - 1) < n - i ? (size_t)(s->left - 1) : n - i;
+        const uint32_t* st = s->state + s->next;
+        for (size_t j = 0; j < k; j++) {
+            uint32_t y = st[j];
+            y ^= y >> 11;
+            y ^= (y << 7) & 0x9d2c5680u;
+            y ^= (y << 15) & 0xefc60000u;
+            y ^= y >> 18;
+            out[i + j] = (float)(y & ((1u << 24) - 1)) * (1.0f / (float)(1u << 24));
+        }
+        s->next += (int)k;
+        s->left -= (int)k;
+        i += k;
+    }
+}
+
 // uniform in [0, 1) with 53 random bits (torch.rand for float64)
 static inline double randfloat64(mt19937_state* s) {
     return (double)(randint64(s) & ((1ull << 53) - 1)) * (1.0 / (double)(1ull << 53));
@@ -89,12 +116,12 @@ static inline void normal_fill_16(float* data, float mean, float std) {
 
 static inline void normal_(float* data, size_t n, float mean, float std, mt19937_state* s) {
     if (n >= 16) {
-        for (size_t i = 0; i < n; i++) data[i] = randfloat32(s);
+        randfloat32_fill(data, n, s);
         for (size_t i = 0; i + 16 <= n; i += 16) normal_fill_16(data + i, mean, std);
         if (n % 16 != 0) {
             // torch redraws the last 16 elements, overlapping the last full block
             float* tail = data + n - 16;
-            for (int i = 0; i < 16; i++) tail[i] = randfloat32(s);
+            randfloat32_fill(tail, 16, s);
             normal_fill_16(tail, mean, std);
         }
         return;
@@ -112,5 +139,26 @@ static inline void normal_(float* data, size_t n, float mean, float std, mt19937
         s->next_double_normal_sample = radius * sin(theta);
         s->has_next_double_normal_sample = 1;
         data[i] = (float)(radius * cos(theta) * std + mean);
+    }
+}
+
+// normal_ for n >= 16 without room for all n numbers: the same numbers, made in pieces of at most `chunk` (a multiple
+// of 16) in `buf` and handed over in order as take(ctx, offset, values, count); for n not a multiple of 16, torch's
+// redrawn last 16 come last, at offset n - 16, over 16 - n % 16 values already handed over. GPT-2 1.5B's largest
+// tensor would take 2 GB of fp32 draws at once.
+static inline void normal_chunked(size_t n, float mean, float std, mt19937_state* s, float* buf, size_t chunk,
+                                  void (*take)(void* ctx, size_t offset, const float* values, size_t count), void* ctx) {
+    size_t full = n / 16 * 16;
+    for (size_t at = 0; at < full; at += chunk) {
+        size_t k = full - at < chunk ? full - at : chunk;
+        randfloat32_fill(buf, k, s);
+        for (size_t i = 0; i < k; i += 16) normal_fill_16(buf + i, mean, std);
+        take(ctx, at, buf, k);
+    }
+    if (n % 16 != 0) {
+        randfloat32_fill(buf, n % 16, s);  // normal_'s draws for the partial last block, which it never uses
+        randfloat32_fill(buf, 16, s);
+        normal_fill_16(buf, mean, std);
+        take(ctx, n - 16, buf, 16);
     }
 }

@@ -787,6 +787,35 @@ static void test_rand(void) {
     check_close("rand: normal_ n=32", normal, want_normal32, 32, 1e-6, 1e-6);
     check(randint32(&s) == want_int_after[0] && randint32(&s) == want_int_after[1],
           "rand: the generator is where torch's is after the normal_ calls");
+
+    // randfloat32_fill gives the numbers of as many randfloat32 calls, across twists of the state (624 words), and
+    // leaves the generator where they leave it; normal_chunked gives normal_'s numbers in pieces, a partial last
+    // block (torch's redrawn last 16) among them
+    enum { FILL = 2000, CHUNKED = 16 * 97 + 5 };
+    static float one_by_one[FILL], filled[FILL], whole[CHUNKED], pieces[CHUNKED];
+    mt19937_state a, b;
+    manual_seed(&a, 42);
+    manual_seed(&b, 42);
+    for (int i = 0; i < 7; i++) one_by_one[i] = randfloat32(&a);
+    randfloat32_fill(filled, 7, &b);  // mid-state
+    for (int i = 7; i < FILL; i++) one_by_one[i] = randfloat32(&a);
+    randfloat32_fill(filled + 7, FILL - 7, &b);
+    check(memcmp(one_by_one, filled, sizeof(filled)) == 0 && randint32(&a) == randint32(&b),
+          "rand: randfloat32_fill differs from randfloat32 calls");
+    struct Pieces {
+        static void take(void* ctx, size_t offset, const float* values, size_t count) {
+            memcpy((float*)ctx + offset, values, count * sizeof(float));
+        }
+    };
+    float buf[64];
+    for (int n : {(int)CHUNKED, 16 * 97, 16, 21}) {
+        manual_seed(&a, 7);
+        manual_seed(&b, 7);
+        normal_(whole, n, 0.0f, 0.02f, &a);
+        normal_chunked(n, 0.0f, 0.02f, &b, buf, 64, Pieces::take, pieces);
+        check(memcmp(whole, pieces, n * sizeof(float)) == 0 && randint32(&a) == randint32(&b),
+              "rand: normal_chunked differs from normal_ for n = %d", n);
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------
