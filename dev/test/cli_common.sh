@@ -1,6 +1,6 @@
 # dev/test/cli_common.sh: what the trainers' command-line tests share (sourced by dev/test/test_train_gpt.sh and
-# dev/test/test_train_moe.sh): counting checks, running a command that must fail with a given message, comparing step
-# losses, and a pre-emption round trip.
+# dev/test/test_train_moe.sh): counting checks, running a command that must fail with a given message (an mpirun job's
+# verdict taken later, expect_job_error), comparing step losses, and a pre-emption round trip.
 passed=0
 failed=0
 pass() { passed=$((passed + 1)); }
@@ -13,6 +13,43 @@ expect_error() {
     local out
     if out=$("$@" 2>&1); then fail "$name: accepted"; return; fi
     if grep -qF -- "$expected" <<<"$out"; then pass; else fail "$name: output lacks '$expected': $(tail -2 <<<"$out")"; fi
+}
+
+# expect_job_error NAME EXPECTED-TEXT mpirun ...: expect_error for an mpirun job, its verdict counted by
+# settle_job_errors (which the script calls before its summary). After a job's processes exit non-zero, mpirun takes 1
+# to 2 s more (Open MPI's kill sequence sleeps before each of its signals, whether or not a process is left, and then
+# exits non-zero): the script goes on once the job's processes have ended, so that only that idle wait overlaps what
+# follows, never a process of the job.
+job_errors=()
+expect_job_error() {
+    local name=$1 expected=$2 dir
+    shift 2
+    dir=$(mktemp -d)
+    printf '%s' "$name" >"$dir/name"
+    printf '%s' "$expected" >"$dir/expected"
+    "$@" >"$dir/out" 2>&1 &
+    local job=$! seen=0
+    echo "$job" >"$dir/pid"
+    job_errors+=("$dir")
+    # until mpirun's processes (its children) have started and ended, or mpirun itself has ended
+    while kill -0 "$job" 2>/dev/null; do
+        if pgrep -P "$job" >/dev/null; then seen=1; elif [ $seen = 1 ]; then break; fi
+        sleep 0.02
+    done
+}
+settle_job_errors() {
+    local dir rc name expected
+    for dir in "${job_errors[@]}"; do
+        wait "$(<"$dir/pid")"
+        rc=$?
+        name=$(<"$dir/name")
+        expected=$(<"$dir/expected")
+        if [ $rc -eq 0 ]; then fail "$name: accepted"
+        elif grep -qF -- "$expected" "$dir/out"; then pass
+        else fail "$name: output lacks '$expected': $(tail -2 "$dir/out")"; fi
+        rm -rf "$dir"
+    done
+    job_errors=()
 }
 
 # the step lines of a log without their timing fields (everything from "| lr" on)
