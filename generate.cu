@@ -14,6 +14,7 @@
 #include "train_moe.cu"
 #include "llmc/kv_cache.h"
 #include "llmc/paged_attention.cuh"
+#include "llmc/quantize.cuh"
 
 // ----------------------------------------------------------------------------------------------------
 // Flags: X(name, type, GenerateFlags member, default, help) as llmc/cli.h's tables. Those the trainers have too mean
@@ -42,7 +43,13 @@
     X("-lo", STRING, logits_path, "",                                                                                  \
       "write the logits of every generated position to this file (doc/formats.md, \"Logits file\"; default = none)") \
     X("-vp", STRING, perplexity_path, "",                                                                              \
-      "report the model's perplexity on this data shard (every whole sequence of maxT + 1 tokens; default = none)")
+      "report the model's perplexity on this data shard (every whole sequence of maxT + 1 tokens; default = none)") \
+    X("-wq", STRING, weight_quant, "none",                                                                             \
+      "weight-only quantisation of each layer's qkv, attention projection and dense MLP: none, int8 (per output\n"    \
+      "channel absmax) or nf4 (QLoRA's: blocks of 64, double-quantised absmax) (default = none)")                   \
+    X("-wm", STRING, dequantized_path, "",                                                                             \
+      "with -wq: write the model with its quantised weights dequantised, what the quantised model computes, as a\n"  \
+      "model file every program reads (default = none)")
 typedef struct {
     GENERATE_FLAGS(FLAG_FIELD)
 } GenerateFlags;
@@ -184,6 +191,109 @@ static int sample_token(const float* logits, int V, const GenerateFlags* f, uint
 }
 
 // ----------------------------------------------------------------------------------------------------
+// Quantised weights (-wq, llmc/quantize.cuh): each layer's qkv, attention projection and dense MLP weights, quantised
+// once at load. The model's own copies are then overwritten by their dequantised values, so that the prefill and -vp
+// (the trainers' forward pass through cuBLAS) run the quantised model; the decode step's matmuls read the quantised
+// weights in matmul_forward_int8 / _nf4, which dequantise to the same fp32 values. Embeddings, norms, lm_head and MoE
+// layers (router, experts) stay as they are.
+
+typedef enum { QUANT_NONE, QUANT_INT8, QUANT_NF4 } WeightQuant;
+typedef struct {
+    int OC, C;
+    int8_t* q;        // int8: (OC, C) codes and (OC) scales
+    float* scale;
+    Nf4Weights nf4;   // nf4
+} QuantizedWeight;
+typedef struct {
+    QuantizedWeight qkv, attproj, fc, fcproj;  // fc, fcproj: dense layers only
+} QuantizedLayer;
+
+static WeightQuant weight_quant_of(const char* name) {
+    if (!strcmp(name, "none")) return QUANT_NONE;
+    if (!strcmp(name, "int8")) return QUANT_INT8;
+    if (!strcmp(name, "nf4")) return QUANT_NF4;
+    fprintf(stderr, "-wq %s: expected none, int8 or nf4\n", name);
+    exit(EXIT_FAILURE);
+}
+
+// w (OC, C) of the model quantised into q, and w overwritten with its dequantised values; refused in one line when
+// the kernels cannot take the shape
+static void quantize_weight(QuantizedWeight* q, WeightQuant kind, floatX* w, int OC, int C, const char* name,
+                            cudaStream_t stream) {
+    char why[160];
+    if (!quantize_support(kind == QUANT_NF4, C, OC, why, sizeof(why))) {
+        fprintf(stderr, "-wq %s: %s (%d x %d): %s\n", kind == QUANT_NF4 ? "nf4" : "int8", name, OC, C, why);
+        exit(EXIT_FAILURE);
+    }
+    q->OC = OC;
+    q->C = C;
+    if (kind == QUANT_INT8) {
+        cudaCheck(cudaMalloc((void**)&q->q, (size_t)OC * C));
+        cudaCheck(cudaMalloc((void**)&q->scale, (size_t)OC * sizeof(float)));
+        quantize_int8(q->q, q->scale, w, OC, C, stream);
+        dequantize_int8(w, q->q, q->scale, OC, C, stream);
+    } else {
+        nf4_allocate(&q->nf4, OC, C);
+        quantize_nf4(&q->nf4, w, OC, C, stream);
+        dequantize_nf4(w, &q->nf4, OC, C, stream);
+    }
+}
+
+// out (N, OC) = inp (N, C) · the quantised weight, + bias
+static void quantized_matmul(floatX* out, const floatX* inp, const QuantizedWeight* q, WeightQuant kind,
+                             const floatX* bias, int N, cudaStream_t stream) {
+    if (kind == QUANT_INT8) matmul_forward_int8(out, inp, q->q, q->scale, bias, N, q->C, q->OC, stream);
+    else matmul_forward_nf4(out, inp, &q->nf4, bias, N, q->C, q->OC, stream);
+}
+
+// Every layer's weights quantised (the model's own overwritten with their dequantised values); the bytes they take
+static QuantizedLayer* quantize_model(Model* model, WeightQuant kind, size_t* bytes, cudaStream_t stream) {
+    const ModelConfig* c = &model->config;
+    int C = c->channels, QKV = (int)local_qkv_channels(model), FC = (int)local_fc_channels(model);
+    int H = local_hidden(model);
+    QuantizedLayer* layers = (QuantizedLayer*)calloc(c->num_layers, sizeof(QuantizedLayer));
+    *bytes = 0;
+    for (int l = 0; l < c->num_layers; l++) {
+        LayerParameters lp = model_layer_weights(model, l, stream);
+        QuantizedLayer* q = &layers[l];
+        quantize_weight(&q->qkv, kind, lp.qkvw, QKV, C, "qkvw", stream);
+        quantize_weight(&q->attproj, kind, lp.attprojw, C, C, "attprojw", stream);
+        size_t n = (size_t)QKV * C + (size_t)C * C;
+        if (model_is_dense_layer(model, l)) {
+            quantize_weight(&q->fc, kind, lp.fcw, FC, C, "fcw", stream);
+            quantize_weight(&q->fcproj, kind, lp.fcprojw, C, H, "fcprojw", stream);
+            n += (size_t)FC * C + (size_t)C * H;
+        }
+        *bytes += kind == QUANT_INT8 ? n : 0;
+    }
+    if (kind == QUANT_INT8) {  // and the scales
+        for (int l = 0; l < c->num_layers; l++)
+            *bytes += ((size_t)layers[l].qkv.OC + layers[l].attproj.OC + layers[l].fc.OC + layers[l].fcproj.OC) *
+                      sizeof(float);
+    } else {
+        for (int l = 0; l < c->num_layers; l++) {
+            const QuantizedLayer* q = &layers[l];
+            *bytes += nf4_bytes(q->qkv.OC, q->qkv.C) + nf4_bytes(q->attproj.OC, q->attproj.C);
+            if (q->fc.OC > 0) *bytes += nf4_bytes(q->fc.OC, q->fc.C) + nf4_bytes(q->fcproj.OC, q->fcproj.C);
+        }
+    }
+    cudaCheck(cudaStreamSynchronize(stream));
+    return layers;
+}
+
+// The dense MLP of a decode step on quantised weights: the GELU or SwiGLU MLP of train_gpt.cu (fc into la->fch, the
+// activation into la->ffn_act, fcproj into out) with each matmul through the quantised kernel
+static void quantized_mlp_forward(const Model* model, const QuantizedLayer* q, WeightQuant kind,
+                                  const LayerParameters* lp, const LayerActivations* la, floatX* out, int n,
+                                  cudaStream_t stream) {
+    int H = local_hidden(model);
+    quantized_matmul(la->fch, la->ln2, &q->fc, kind, lp->fcb, n, stream);
+    if (model->config.activation == ACTIVATION_SWIGLU) swiglu_forward(la->ffn_act, la->fch, n, H, stream);
+    else gelu_forward(la->ffn_act, la->fch, (size_t)n * H, stream);
+    quantized_matmul(out, la->ffn_act, &q->fcproj, kind, lp->fcprojb, n, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------
 // Sequences and the engine
 
 typedef enum { SEQUENCE_WAITING, SEQUENCE_RUNNING, SEQUENCE_FINISHED } SequenceState;
@@ -220,6 +330,8 @@ typedef struct {
     float* kept_logits;   // (V)
     FILE* logits_file;
     long long logits_records;
+    WeightQuant quant;
+    const QuantizedLayer* quantized;  // (L) with -wq, else NULL
     // the summary
     long long prefill_tokens, decode_tokens, decode_steps, preemptions;
     double prefill_seconds, decode_seconds, waste_sum, contiguous_waste_sum;
@@ -350,19 +462,25 @@ static void decode_step(Engine* e, Sequence** run, int n) {
     for (int l = 0; l < e->L; l++) {
         LayerParameters lp = model_layer_weights(model, l, stream);
         // attention: qkv, RoPE at each token's position, its key and value into the cache, attention through it
-        matmul_forward(e->qkv, e->ln, lp.qkvw, lp.qkvb, n, 1, e->C, e->QKV, stream);
+        const QuantizedLayer* q = e->quantized != NULL ? &e->quantized[l] : NULL;
+        if (q != NULL) quantized_matmul(e->qkv, e->ln, &q->qkv, e->quant, lp.qkvb, n, stream);
+        else matmul_forward(e->qkv, e->ln, lp.qkvw, lp.qkvb, n, 1, e->C, e->QKV, stream);
         if (c->positions == POSITIONS_ROPE)
             rope_forward_at(e->qkv, model->rope_table, e->d_positions, n, e->NH, e->NKV, e->HS, stream);
         paged_kv_write(layer_k(e, l), layer_v(e, l), e->qkv, e->d_slots, n, e->NH, e->NKV, e->HS,
                        e->pool.block_size, stream);
         paged_attention_forward(e->atty, e->qkv, layer_k(e, l), layer_v(e, l), e->d_tables, e->max_blocks,
                                 e->d_query_seq, e->d_context, n, e->NH, e->NKV, e->HS, e->pool.block_size, stream);
-        matmul_forward(e->proj, e->atty, lp.attprojw, lp.attprojb, n, 1, e->C, e->C, stream);
+        if (q != NULL) quantized_matmul(e->proj, e->atty, &q->attproj, e->quant, lp.attprojb, n, stream);
+        else matmul_forward(e->proj, e->atty, lp.attprojw, lp.attprojb, n, 1, e->C, e->C, stream);
         LayerActivations la = model_layer_activations(model, l, n, 1);  // the FFN's own buffers, for n tokens
         la.ln2 = e->ln;
         residual_norm_forward(model, e->residual2, e->ln, e->mean, e->rstd, e->residual, e->proj, lp.ln2w, lp.ln2b, n,
                               stream);
-        layer_ffn(model, l)->forward(model, l, &lp, &la, e->ffn_out, n, 1, stream);
+        if (q != NULL && model_is_dense_layer(model, l))
+            quantized_mlp_forward(model, q, e->quant, &lp, &la, e->ffn_out, n, stream);
+        else
+            layer_ffn(model, l)->forward(model, l, &lp, &la, e->ffn_out, n, 1, stream);
         // the residual add fused with the next layer's first norm, or the final one
         const floatX* norm_w = p.lnfw;
         const floatX* norm_b = p.lnfb;
@@ -526,6 +644,11 @@ static void check_flags(const GenerateFlags* f) {
         fprintf(stderr, "%s\n", why);
         exit(EXIT_FAILURE);
     }
+    // a quantisation it does not know is refused now, before the model loads
+    if (weight_quant_of(f->weight_quant) == QUANT_NONE && f->dequantized_path[0] != '\0') {
+        fprintf(stderr, "-wm %s: needs -wq int8 or nf4\n", f->dequantized_path);
+        exit(EXIT_FAILURE);
+    }
 }
 
 // The perplexity exp(mean cross-entropy) of the model on the data shard at `path`: every whole sequence of maxT
@@ -605,6 +728,15 @@ int main(int argc, char* argv[]) {
     model_build_from_checkpoint(&model, f->model_path);
     if (!model_set_attention(&model, 1, f->model_path)) return EXIT_FAILURE;
     const ModelConfig* c = &model.config;
+    WeightQuant quant = weight_quant_of(f->weight_quant);
+    QuantizedLayer* quantized = NULL;
+    if (quant != QUANT_NONE) {
+        size_t bytes;
+        quantized = quantize_model(&model, quant, &bytes, stream);
+        fprintf(stderr, "generate: -wq %s: the layers' matmul weights in %.2f MiB\n", f->weight_quant,
+                (double)bytes / 1048576.0);
+        if (f->dequantized_path[0] != '\0') model_write_model_file(&model, f->dequantized_path, stream);
+    }
 
     // the tokenizer: text in and out (token ids need none); one with more tokens than the model is not the model's
     // the prefill is the trainers' forward pass over one sequence of up to maxT; a decode step's FFN reads model
@@ -628,6 +760,8 @@ int main(int argc, char* argv[]) {
     memset(&e, 0, sizeof(e));
     e.model = &model;
     e.flags = f;
+    e.quant = quant;
+    e.quantized = quantized;
     e.stream = stream;
     e.L = c->num_layers;
     e.C = c->channels;

@@ -5,7 +5,8 @@ Llama, train_moe.py's MoE GPT, dropless), for dev/test/test_generate.sh. Two mod
     generate's logits (its -lo file, doc/formats.md "Logits file") against the reference's over each sequence's
     prompt and generated tokens. PROMPTS.txt holds the token-id prompts generate read (-ids 1), OUTPUT.txt its stdout
     ('PROMPT SAMPLE: id ...'). Every record's logits must be the reference's at that position within FP32 rounding
-    (below), and every generated token the record's own (greedy: the largest logit, ties to the lower id).
+    (below), and every generated token the record's own (greedy: the largest logit, ties to the lower id). For
+    generate -wq, MODEL.bin is its -wm file: the quantised weights dequantised, what its kernels compute with.
   /usr/bin/python3 dev/test/generate_reference.py perplexity MODEL.bin SHARD.bin OUTPUT.txt
     generate -vp's loss (its 'perplexity P (loss L) ...' line in OUTPUT.txt) against the reference's mean
     cross-entropy over the same sequences: every whole row of maxT + 1 tokens of the shard, as llmc/dataloader.h cuts

@@ -12,10 +12,12 @@
 #     and the same seed gives the same samples; -topk 1 samples the greedy tokens; a text prompt through a byte-level
 #     tokenizer generates as its end-of-text token and bytes given as ids;
 #   - -vp's perplexity on a data shard against the reference's mean loss over the same sequences (the llama MoE);
+#   - quantised weights on a small llama trained here: -wq int8 and nf4 greedy logits against the reference's forward of
+#     the dequantised weights (-wm), and their perplexity within stated bounds of the unquantised one;
 #   - bad input (a prompt longer than maxT allows, a token id outside the vocabulary, an empty prompt file, a cache
 #     too small for one sequence, text prompts without a byte-level tokenizer, an unknown flag) gets its one line.
-# Needs build/generate_fp32 and the reference models build/ref/{tiny,llama_gqa,moe_ds_v3}_fp32_model.bin. Run from
-# anywhere:
+# Needs build/generate_fp32, build/train_gpt_fp32 and the reference models
+# build/ref/{tiny,llama_gqa,moe_ds_v3}_fp32_model.bin. Run from anywhere:
 #   dev/test/test_generate.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -108,6 +110,49 @@ if $PYTHON dev/test/generate_reference.py perplexity build/ref/moe_ds_v3_fp32_mo
     "$work/vp.out" >"$work/vp.check" 2>&1; then pass; else fail "-vp against the reference"; fi
 sed "s/^/  /" "$work/vp.check"
 
+# --- quantised weights (-wq): a small llama (d2: C 128, H 512) trained here for 60 steps on a Markov chain's tokens
+# (each token followed by one of 4 fixed ones, so that there is something to learn: perplexity 263 to about 8)
+$PYTHON - "$work" <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, ".")
+import train_gpt
+follow = np.random.default_rng(1).integers(0, 263, size=(263, 4))
+for name, n, seed in (("chain_train", 16384, 7), ("chain_val", 4096, 8)):
+    rng, tokens = np.random.default_rng(seed), np.zeros(n, dtype="<u2")
+    for i in range(1, n):
+        tokens[i] = follow[tokens[i - 1], rng.integers(0, 4)]
+    train_gpt.write_file(f"{sys.argv[1]}/{name}.bin", train_gpt.header(train_gpt.SHARD_MAGIC, 1, n), tokens)
+PY
+build/train_gpt_fp32 -e d2 -arch llama -kv 1 -ev 263 -et 64 -i "$work/chain_train.bin" -j "" -b 4 -t 64 -x 60 -n 60 \
+    -v 0 -s 0 -l 3e-3 -o "$work/chain" >"$work/chain.log" 2>&1 || fail "training the quantisation's model"
+CHAIN=$work/chain/model_00000060.bin
+# each format's decode (its quantised kernels) against the reference on its -wm model, the weights as it dequantises
+# them: FP32 tolerance, as above
+for quant in int8 nf4; do
+    $GEN -e "$CHAIN" -i "$work/three.txt" -ids 1 -temp 0 -g 12 -bs 4 -wq $quant -wm "$work/$quant.bin" \
+        -lo "$work/$quant.logits" >"$work/$quant.out" 2>"$work/$quant.err" ||
+        fail "-wq $quant: $(tail -2 "$work/$quant.err")"
+    if $PYTHON dev/test/generate_reference.py "$work/$quant.bin" "$work/three.txt" "$work/$quant.out" \
+        "$work/$quant.logits" >"$work/$quant.check" 2>&1; then pass; else
+        fail "-wq $quant: logits against the reference"; fi
+    sed "s/^/  -wq $quant: /" "$work/$quant.check"
+done
+# perplexity on held-out tokens: int8 within 0.5% of the unquantised model's, nf4 within 5% (QLoRA measures NF4 within
+# about 1% on large models; a broken scale or code table moves it by far more), and neither the same
+for quant in none int8 nf4; do
+    $GEN -e "$CHAIN" -vp "$work/chain_val.bin" -wq $quant 2>/dev/null | grep -oE '^perplexity [0-9.]+' | cut -d' ' -f2 \
+        >"$work/ppl_$quant.txt"
+done
+if $PYTHON - "$work" <<'PY'; then pass; else fail "-wq perplexity bounds"; fi
+import sys
+ppl = {q: float(open(f"{sys.argv[1]}/ppl_{q}.txt").read()) for q in ("none", "int8", "nf4")}
+print(f"  -vp perplexity: none {ppl['none']:.4f}, int8 {ppl['int8']:.4f}, nf4 {ppl['nf4']:.4f}")
+ok = ppl["none"] < 20 and all(ppl[q] != ppl["none"] for q in ("int8", "nf4"))
+ok = ok and abs(ppl["int8"] / ppl["none"] - 1) < 0.005 and abs(ppl["nf4"] / ppl["none"] - 1) < 0.05
+sys.exit(0 if ok else 1)
+PY
+
 # --- bad input
 TINY=build/ref/tiny_fp32_model.bin
 $PYTHON -c 'print(" ".join(["1"] * 32))' >"$work/long.txt"
@@ -123,7 +168,11 @@ expect_error "a cache too small for one sequence" "cannot hold one sequence of 1
     $GEN -e $TINY -i "$work/three.txt" -ids 1 -g 6 -bs 4 -km 0.001
 expect_error "text without a byte-level tokenizer" "text prompts need a byte-level tokenizer" \
     $GEN -e $TINY -i "$work/three.txt" -tf "$work/none.bin"
-expect_error "an unknown flag" "unknown flag -wq" $GEN -e $TINY -i "$work/three.txt" -ids 1 -wq int8
+expect_error "an unknown quantisation" "-wq int4: expected none, int8 or nf4" \
+    $GEN -e $TINY -i "$work/three.txt" -ids 1 -wq int4
+expect_error "-wm without -wq" "-wm $work/x.bin: needs -wq int8 or nf4" $GEN -e $TINY -i "$work/three.txt" -ids 1 \
+    -wm "$work/x.bin"
+expect_error "an unknown flag" "unknown flag -wx" $GEN -e $TINY -i "$work/three.txt" -ids 1 -wx 1
 
 echo "test_generate: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
