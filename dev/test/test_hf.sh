@@ -11,8 +11,8 @@
 #     tolerances of test_gpt.cu);
 #   - trained 10 steps by the trainer on a data shard and exported, transformers loads it with its class and its
 #     logits, gradients and steps are again the trainer's;
-#   - imported, exported and imported again: bit-identical model files; exported with --tokenizer, the tokenizer
-#     loads from the export and encodes as the source's;
+#   - imported, exported and imported again: bit-identical model files; exported with --tokenizer (a Hugging Face
+#     directory, or the project's tokenizer file), the tokenizer loads from the export and encodes as the source's;
 #   - a feature the trainers lack (a top-1 Mixtral, Qwen2-MoE's shared-expert gate and DeepSeek's softmax scores
 #     among them), a missing tensor, a
 #     shape that contradicts the config and an MoE model file with no Hugging Face class are refused with one line.
@@ -83,6 +83,37 @@ text = "the lazy fox jumps over the quick dog"
 a, b = (transformers.AutoTokenizer.from_pretrained(d)(text)["input_ids"] for d in sys.argv[1:])
 print(f"  tokenizer: {len(a)} ids from the source, {len(b)} from the export")
 sys.exit(0 if a == b and len(a) > 0 else 1)
+PY
+
+# --- the project's tokenizer file (--tokenizer FILE.bin, doc/formats.md "Tokenizer"): a byte-level BPE of 262 pieces
+# that the tokenizers package trains here, written as a trainer's -tf file (its pieces' bytes in id order, the
+# end-of-text token last); exported with it, transformers loads a tokenizer that encodes texts into the BPE's own ids
+$HF - "$work/bpe_tokenizer.bin" <<'PY' >/dev/null 2>&1 || fail "tokenizer file: building one"
+import struct, sys
+import tokenizers
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+bpe = tokenizers.ByteLevelBPETokenizer()
+bpe.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 8, vocab_size=262, show_progress=False)
+byte_of = {c: b for b, c in bytes_to_unicode().items()}
+pieces = [bytes(byte_of[c] for c in token) for token, _ in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1])]
+pieces.append(b"<|endoftext|>")
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240328, 2, len(pieces), len(pieces) - 1, *([0] * 252)))
+    f.write(b"".join(bytes([len(p)]) + p for p in pieces))
+bpe.save(sys.argv[1] + ".json")
+PY
+$HF scripts/hf_export.py "$work/gpt2.bin" "$work/gpt2_file_tokenizer" --tokenizer "$work/bpe_tokenizer.bin" \
+    >/dev/null 2>&1 || fail "export with --tokenizer FILE"
+if $HF - "$work/bpe_tokenizer.bin.json" "$work/gpt2_file_tokenizer" <<'PY'; then pass; else fail "tokenizer file"; fi
+import sys
+import tokenizers, transformers
+bpe = tokenizers.Tokenizer.from_file(sys.argv[1])
+hf = transformers.AutoTokenizer.from_pretrained(sys.argv[2])
+texts = ["the lazy fox jumps over the quick dog", "quick brown  dogs, 42 foxes!\nthe end", "xyz\tthe"]
+same = all(bpe.encode(t).ids == hf(t)["input_ids"] and hf.decode(hf(t)["input_ids"]) == t for t in texts)
+print(f"  tokenizer file: {len(texts)} texts, {sum(len(hf(t)['input_ids']) for t in texts)} ids, the BPE's own; "
+      f"end of text {hf.eos_token_id}")
+sys.exit(0 if same and hf.eos_token_id == 262 else 1)
 PY
 
 # --- refusals: one line naming what. The tools' main() runs on each bad input in one Python process (torch and
