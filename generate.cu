@@ -1,10 +1,10 @@
 // generate.cu: text generation from any model file the trainers write (GPT-2, llama, MoE; a checkpoint's
-// model_%08d.bin too) with a paged KV cache and continuous batching (doc/inference.md). Each prompt's prefill is the
-// trainers' forward pass (flash attention), whose keys and values go into cache blocks; every running sequence then
-// decodes one token per step through llmc/paged_attention.cuh, reading its keys and values through its block table
-// (llmc/kv_cache.h). Waiting prompts join as soon as blocks are free; when the cache is full the newest sequence is
-// pre-empted (its blocks freed) and later resumed by a prefill of everything it has. Its model is train_gpt.cu's and
-// train_moe.cu's, which this file includes; MoE layers route each token as in evaluation, dropless.
+// model_%08d.bin too) with a paged KV cache and continuous batching (doc/inference.md). The engine, shared with the
+// trainers' samples, is llmc/generation.h's: each prompt's prefill through the trainers' forward pass (flash
+// attention) into cache blocks, then one decode step per token through llmc/paged_attention.cuh, waiting prompts
+// joining as blocks free up, the newest sequence pre-empted when the cache is full. This file adds the flags, the
+// prompts, the output, -vp's perplexity and -wq's quantised weights. Its model is train_gpt.cu's and train_moe.cu's,
+// which it includes; MoE layers route each token as in evaluation, dropless.
 // Build and run:
 //   make generate [PRECISION=...]        GPU; make generate_cpu: the CPU backend
 //   ./generate -e model.bin -i prompts.txt -g 64 -temp 0.8 -topk 40      (./generate -h lists the flags)
@@ -12,8 +12,6 @@
 // Tests: dev/test/test_generate.sh (the generate-* rows).
 #define OMIT_TRAIN_MOE_MAIN
 #include "train_moe.cu"
-#include "llmc/kv_cache.h"
-#include "llmc/paged_attention.cuh"
 #include "llmc/quantize.cuh"
 
 // ----------------------------------------------------------------------------------------------------
@@ -57,9 +55,6 @@ static GenerateFlags generate_flags = {GENERATE_FLAGS(FLAG_DEFAULT_VALUE)};
 #define FLAG_TARGET generate_flags
 static Flag generate_flag_table[] = {GENERATE_FLAGS(FLAG_ROW){"-h", FLAG_INT, NULL, "this help", 0}};
 #undef FLAG_TARGET
-
-// seconds on the watchdog's monotonic clock, for the summary's rates
-static double wall_seconds(void) { return 1e-9 * (double)watchdog_now_ns(); }
 
 #define LOGITS_MAGIC 20261204
 #define LOGITS_VERSION 1
@@ -140,54 +135,6 @@ static Prompt* read_prompts(const char* path, int ids, const Tokenizer* tokenize
     }
     *count = n;
     return prompts;
-}
-
-// ----------------------------------------------------------------------------------------------------
-// Sampling (host): temperature, top-k and top-p over the V real logits, then a draw from the softmax of what is kept
-
-typedef struct {
-    float logit;
-    int token;
-} Candidate;
-static int candidate_order(const void* a, const void* b) {  // larger logit first, ties to the lower token
-    const Candidate* x = (const Candidate*)a;
-    const Candidate* y = (const Candidate*)b;
-    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
-    return x->token - y->token;
-}
-
-// The next token from logits (V). Greedy (temperature 0): the largest logit, ties to the lower token, no draw.
-// Otherwise one uniform draw from the sequence's generator: the logits divided by the temperature, the k largest
-// (top-k), then the fewest of those, largest first, whose probabilities reach p (top-p, in double), sampled with
-// llmc/sampler.h's softmax walk.
-static int sample_token(const float* logits, int V, const GenerateFlags* f, uint64_t* rng, Candidate* scratch,
-                        float* kept_logits) {
-    if (f->temperature == 0.0f) {
-        int best = 0;
-        for (int v = 1; v < V; v++)
-            if (logits[v] > logits[best]) best = v;
-        return best;
-    }
-    float coin = random_f32_host(rng);
-    for (int v = 0; v < V; v++) {
-        scratch[v].logit = logits[v] / f->temperature;
-        scratch[v].token = v;
-    }
-    int n = V;
-    if (f->top_k > 0 || f->top_p < 1.0f) {
-        qsort(scratch, V, sizeof(Candidate), candidate_order);
-        if (f->top_k > 0 && f->top_k < n) n = f->top_k;
-        if (f->top_p < 1.0f) {
-            double sum = 0.0, cumulative = 0.0;
-            for (int i = 0; i < n; i++) sum += exp((double)scratch[i].logit - scratch[0].logit);
-            int keep = 0;
-            while (keep < n && cumulative < (double)f->top_p * sum)
-                cumulative += exp((double)scratch[keep++].logit - scratch[0].logit);
-            n = keep > 0 ? keep : 1;
-        }
-    }
-    for (int i = 0; i < n; i++) kept_logits[i] = scratch[i].logit;
-    return scratch[sample_softmax(kept_logits, n, coin)].token;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -293,338 +240,25 @@ static void quantized_mlp_forward(const Model* model, const QuantizedLayer* q, W
     quantized_matmul(out, la->ffn_act, &q->fcproj, kind, lp->fcprojb, n, stream);
 }
 
-// ----------------------------------------------------------------------------------------------------
-// Sequences and the engine
-
-typedef enum { SEQUENCE_WAITING, SEQUENCE_RUNNING, SEQUENCE_FINISHED } SequenceState;
 typedef struct {
-    int prompt, sample;  // which prompt, which of its -sn samples
-    int* tokens;         // (maxT) the prompt, then the generated tokens
-    int length;          // tokens held
-    int prompt_length;
-    int target;          // the length at which it is finished: prompt + -g, at most maxT
-    int cached;          // positions whose keys and values are in the cache
-    BlockTable table;
-    uint64_t rng;        // its own generator: its samples do not depend on what else runs
-    SequenceState state;
-    long long admitted;  // admission order (the newest is pre-empted first)
-} Sequence;
+    WeightQuant kind;
+    const QuantizedLayer* layers;  // (L)
+} QuantizedModel;
 
-typedef struct {
-    Model* model;
-    const GenerateFlags* flags;
-    int L, C, NH, NKV, HS, QKV, V, Vp, maxT, max_batch, max_blocks;
-    BlockPool pool;
-    floatX* k_cache;  // (L, num_blocks, block_size, NKV, HS)
-    floatX* v_cache;
-    size_t layer_cache;  // elements of one layer's cache
-    int* block_fill;     // (num_blocks) positions written in each block (the KV waste)
-    // the decode step's device buffers for up to max_batch tokens
-    floatX *residual, *residual2, *ln, *qkv, *atty, *proj, *ffn_out, *logits;
-    float *mean, *rstd;
-    int *d_tokens, *d_positions, *d_slots, *d_context, *d_query_seq, *d_tables;
-    int *h_tokens, *h_positions, *h_slots, *h_context, *h_query_seq, *h_tables;
-    floatX* host_logits;  // (max_batch or maxT, Vp)
-    float* row_logits;    // (V)
-    Candidate* scratch;   // (V)
-    float* kept_logits;   // (V)
-    FILE* logits_file;
-    long long logits_records;
-    WeightQuant quant;
-    const QuantizedLayer* quantized;  // (L) with -wq, else NULL
-    // the summary
-    long long prefill_tokens, decode_tokens, decode_steps, preemptions;
-    double prefill_seconds, decode_seconds, waste_sum, contiguous_waste_sum;
-    cudaStream_t stream;
-} Engine;
-
-static floatX* layer_k(Engine* e, int l) { return e->k_cache + (size_t)l * e->layer_cache; }
-static floatX* layer_v(Engine* e, int l) { return e->v_cache + (size_t)l * e->layer_cache; }
-
-// The physical slot of a sequence's position p (its block must be in its table)
-static int slot_of(const Engine* e, const Sequence* s, int p) {
-    return s->table.blocks[p / e->pool.block_size] * e->pool.block_size + p % e->pool.block_size;
-}
-
-// Position p of s gets a block it may write: a new one past its table, or a copy of a block others still read
-// (copy on write: every layer's keys and values of that block). 0 when no block is free.
-static int make_writable(Engine* e, Sequence* s, int p) {
-    int index = p / e->pool.block_size;
-    if (index < s->table.num_blocks && e->pool.refcount[s->table.blocks[index]] == 1) return 1;
-    int block = block_take(&e->pool);
-    if (block < 0) return 0;
-    if (index < s->table.num_blocks) {  // shared: copy what it holds, then read the copy
-        int old = s->table.blocks[index];
-        size_t n = (size_t)e->pool.block_size * e->NKV * e->HS;
-        for (int l = 0; l < e->L; l++) {
-            cudaCheck(cudaMemcpyAsync(layer_k(e, l) + block * n, layer_k(e, l) + old * n, n * sizeof(floatX),
-                                      cudaMemcpyDeviceToDevice, e->stream));
-            cudaCheck(cudaMemcpyAsync(layer_v(e, l) + block * n, layer_v(e, l) + old * n, n * sizeof(floatX),
-                                      cudaMemcpyDeviceToDevice, e->stream));
-        }
-        e->block_fill[block] = e->block_fill[old];
-        block_release(&e->pool, old);
-        s->table.blocks[index] = block;
-    } else {
-        e->block_fill[block] = 0;
-        s->table.blocks[s->table.num_blocks++] = block;
-    }
+// The decode step's matmuls on the quantised weights (llmc/generation.h's DecodeWeights)
+static int quantized_decode_matmul(Engine* e, int l, DecodeMatmul which, const LayerParameters* lp,
+                                   const LayerActivations* la, floatX* out, const floatX* inp, int n) {
+    const QuantizedModel* qm = (const QuantizedModel*)e->own_weights_data;
+    const QuantizedLayer* q = &qm->layers[l];
+    if (which == DECODE_QKV) quantized_matmul(out, inp, &q->qkv, qm->kind, lp->qkvb, n, e->stream);
+    else if (which == DECODE_ATTENTION_PROJECTION)
+        quantized_matmul(out, inp, &q->attproj, qm->kind, lp->attprojb, n, e->stream);
+    else quantized_mlp_forward(e->model, q, qm->kind, lp, la, out, n, e->stream);
     return 1;
-}
-
-static void note_written(Engine* e, const Sequence* s, int p) {
-    int block = s->table.blocks[p / e->pool.block_size], fill = p % e->pool.block_size + 1;
-    if (e->block_fill[block] < fill) e->block_fill[block] = fill;
-}
-
-// One generated token of s from its logits row (V real columns, floatX): sampled, appended, and its logits recorded
-static void take_token(Engine* e, Sequence* s, const floatX* row) {
-    for (int v = 0; v < e->V; v++) e->row_logits[v] = (float)row[v];
-    int next = sample_token(e->row_logits, e->V, e->flags, &s->rng, e->scratch, e->kept_logits);
-    if (e->logits_file != NULL) {
-        int record[4] = {s->prompt, s->sample, s->length - 1, next};
-        fwrite_check(record, sizeof(int), 4, e->logits_file, e->flags->logits_path);
-        fwrite_check(e->row_logits, sizeof(float), e->V, e->logits_file, e->flags->logits_path);
-        e->logits_records++;
-    }
-    s->tokens[s->length++] = next;
-    if (s->length >= s->target) s->state = SEQUENCE_FINISHED;
-}
-
-// The prefill of `count` sequences that hold the same tokens (a prompt's -sn samples, or one resumed sequence):
-// the trainers' forward pass over them (flash attention), its keys and values written into the first one's blocks,
-// which the others then share; the last position's logits give each its next token. 0 (nothing done) when the
-// blocks are not free.
-static int prefill(Engine* e, Sequence** group, int count) {
-    Sequence* first = group[0];
-    int T = first->length;
-    if (blocks_for(&e->pool, T) > e->pool.num_free) return 0;
-    for (int p = 0; p < T; p++) {
-        if (!make_writable(e, first, p)) return 0;  // cannot happen: checked above
-        e->h_slots[p] = slot_of(e, first, p);
-        note_written(e, first, p);
-    }
-    Model* model = e->model;
-    double start = wall_seconds();
-    model_forward(model, first->tokens, nullptr, 1, T, 0.0f, e->stream);
-    cudaCheck(cudaMemcpyAsync(e->d_slots, e->h_slots, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
-    for (int l = 0; l < e->L; l++) {
-        LayerActivations la = model_layer_activations(model, l, 1, T);  // la.qkvr: (1, T, QKV), q and k roped
-        paged_kv_write(layer_k(e, l), layer_v(e, l), la.qkvr, e->d_slots, T, e->NH, e->NKV, e->HS,
-                       e->pool.block_size, e->stream);
-    }
-    model_copy_logits(model, e->host_logits, (size_t)(T - 1), 1, e->stream);
-    e->prefill_seconds += wall_seconds() - start;
-    e->prefill_tokens += T;
-    for (int i = 0; i < count; i++) {
-        Sequence* s = group[i];
-        if (i > 0) block_table_share(&s->table, &first->table, &e->pool);
-        s->cached = T;
-        s->state = SEQUENCE_RUNNING;
-        take_token(e, s, e->host_logits);
-    }
-    return 1;
-}
-
-// One decode step of the n running sequences `run` (each with a writable block for its last position): their last
-// tokens through every layer, attention through the cache, their next tokens from the logits.
-static void decode_step(Engine* e, Sequence** run, int n) {
-    Model* model = e->model;
-    const ModelConfig* c = &model->config;
-    cudaStream_t stream = e->stream;
-    double start = wall_seconds();
-    for (int i = 0; i < n; i++) {
-        Sequence* s = run[i];
-        int p = s->length - 1;
-        e->h_tokens[i] = s->tokens[p];
-        e->h_positions[i] = p;
-        e->h_slots[i] = slot_of(e, s, p);
-        e->h_context[i] = p + 1;
-        e->h_query_seq[i] = i;
-        memcpy(e->h_tables + (size_t)i * e->max_blocks, s->table.blocks, (size_t)s->table.num_blocks * sizeof(int));
-        note_written(e, s, p);
-    }
-    size_t ints = (size_t)n * sizeof(int);
-    cudaCheck(cudaMemcpyAsync(e->d_tokens, e->h_tokens, ints, cudaMemcpyHostToDevice, stream));
-    cudaCheck(cudaMemcpyAsync(e->d_positions, e->h_positions, ints, cudaMemcpyHostToDevice, stream));
-    cudaCheck(cudaMemcpyAsync(e->d_slots, e->h_slots, ints, cudaMemcpyHostToDevice, stream));
-    cudaCheck(cudaMemcpyAsync(e->d_context, e->h_context, ints, cudaMemcpyHostToDevice, stream));
-    cudaCheck(cudaMemcpyAsync(e->d_query_seq, e->h_query_seq, ints, cudaMemcpyHostToDevice, stream));
-    cudaCheck(cudaMemcpyAsync(e->d_tables, e->h_tables, ints * e->max_blocks, cudaMemcpyHostToDevice, stream));
-
-    const FfnExtension* x = model->extension.ffn;
-    if (x->begin_forward) x->begin_forward(model, n, 1, 0.0f);
-    ParameterTensors p = model_rest_weights(model, stream);
-    const floatX* wpe = c->positions == POSITIONS_LEARNED ? p.wpe : nullptr;
-    encoder_forward_at(e->residual, e->d_tokens, e->d_positions, p.wte, wpe, n, e->C, stream);
-    LayerParameters first = model_layer_weights(model, 0, stream);
-    norm_forward(model, e->ln, e->mean, e->rstd, e->residual, first.ln1w, first.ln1b, n, 1, stream);
-    for (int l = 0; l < e->L; l++) {
-        LayerParameters lp = model_layer_weights(model, l, stream);
-        // attention: qkv, RoPE at each token's position, its key and value into the cache, attention through it
-        const QuantizedLayer* q = e->quantized != NULL ? &e->quantized[l] : NULL;
-        if (q != NULL) quantized_matmul(e->qkv, e->ln, &q->qkv, e->quant, lp.qkvb, n, stream);
-        else matmul_forward(e->qkv, e->ln, lp.qkvw, lp.qkvb, n, 1, e->C, e->QKV, stream);
-        if (c->positions == POSITIONS_ROPE)
-            rope_forward_at(e->qkv, model->rope_table, e->d_positions, n, e->NH, e->NKV, e->HS, stream);
-        paged_kv_write(layer_k(e, l), layer_v(e, l), e->qkv, e->d_slots, n, e->NH, e->NKV, e->HS,
-                       e->pool.block_size, stream);
-        paged_attention_forward(e->atty, e->qkv, layer_k(e, l), layer_v(e, l), e->d_tables, e->max_blocks,
-                                e->d_query_seq, e->d_context, n, e->NH, e->NKV, e->HS, e->pool.block_size, stream);
-        if (q != NULL) quantized_matmul(e->proj, e->atty, &q->attproj, e->quant, lp.attprojb, n, stream);
-        else matmul_forward(e->proj, e->atty, lp.attprojw, lp.attprojb, n, 1, e->C, e->C, stream);
-        LayerActivations la = model_layer_activations(model, l, n, 1);  // the FFN's own buffers, for n tokens
-        la.ln2 = e->ln;
-        residual_norm_forward(model, e->residual2, e->ln, e->mean, e->rstd, e->residual, e->proj, lp.ln2w, lp.ln2b, n,
-                              stream);
-        if (q != NULL && model_is_dense_layer(model, l))
-            quantized_mlp_forward(model, q, e->quant, &lp, &la, e->ffn_out, n, stream);
-        else
-            layer_ffn(model, l)->forward(model, l, &lp, &la, e->ffn_out, n, 1, stream);
-        // the residual add fused with the next layer's first norm, or the final one
-        const floatX* norm_w = p.lnfw;
-        const floatX* norm_b = p.lnfb;
-        if (l + 1 < e->L) {
-            LayerParameters next = model_layer_weights(model, l + 1, stream);
-            norm_w = next.ln1w;
-            norm_b = next.ln1b;
-        }
-        residual_norm_forward(model, e->residual, e->ln, e->mean, e->rstd, e->residual2, e->ffn_out, norm_w, norm_b, n,
-                              stream);
-    }
-    matmul_forward(e->logits, e->ln, c->tied ? p.wte : p.lm_head, nullptr, n, 1, e->C, e->Vp, stream);
-    cudaCheck(cudaMemcpyAsync(e->host_logits, e->logits, (size_t)n * e->Vp * sizeof(floatX), cudaMemcpyDeviceToHost,
-                              stream));
-    cudaCheck(cudaStreamSynchronize(stream));
-    e->decode_seconds += wall_seconds() - start;
-    e->decode_tokens += n;
-    e->decode_steps++;
-    for (int i = 0; i < n; i++) {
-        run[i]->cached = run[i]->length;
-        take_token(e, run[i], e->host_logits + (size_t)i * e->Vp);
-    }
-}
-
-// The KV memory this step holds but no token fills, paged and as a contiguous cache of maxT per sequence would hold
-static void note_waste(Engine* e, int running) {
-    long long used = 0, filled = 0;
-    for (int b = 0; b < e->pool.num_blocks; b++) {
-        if (e->pool.refcount[b] == 0) continue;
-        used++;
-        filled += e->block_fill[b];
-    }
-    if (used == 0) return;
-    e->waste_sum += 1.0 - (double)filled / ((double)used * e->pool.block_size);
-    e->contiguous_waste_sum += 1.0 - (double)filled / ((double)running * e->maxT);
-}
-
-// The scheduler: admit waiting sequences in order while a running place and their prefill's blocks are free, then
-// one decode step of everything running; a sequence that needs a block when none is free pre-empts the newest
-// running one (whose blocks go back; it waits at the head of the queue and later resumes by a prefill of all it holds).
-static void run_engine(Engine* e, Sequence* seqs, int count, int samples) {
-    Sequence** queue = (Sequence**)malloc_check((size_t)count * sizeof(Sequence*));  // waiting, in order
-    Sequence** run = (Sequence**)malloc_check((size_t)count * sizeof(Sequence*));
-    int queued = count, running = 0, finished = 0;
-    long long admissions = 0;
-    for (int i = 0; i < count; i++) queue[i] = &seqs[i];
-    while (finished < count) {
-        // admission: a prompt's samples together (they share its prefill), a resumed sequence alone
-        while (queued > 0) {
-            int group = 1;
-            Sequence* head = queue[0];
-            if (head->length == head->prompt_length && head->sample == 0)
-                while (group < samples && group < queued && queue[group]->prompt == head->prompt) group++;
-            if (running + group > e->max_batch || !prefill(e, queue, group)) break;
-            for (int i = 0; i < group; i++) {
-                queue[i]->admitted = admissions++;
-                if (queue[i]->state == SEQUENCE_FINISHED) {
-                    block_table_release(&queue[i]->table, &e->pool);
-                    finished++;
-                } else {
-                    run[running++] = queue[i];
-                }
-            }
-            memmove(queue, queue + group, (size_t)(queued - group) * sizeof(Sequence*));
-            queued -= group;
-        }
-        if (running == 0) {
-            if (queued > 0) {
-                fprintf(stderr, "generate: the cache (%d blocks of %d) cannot hold one waiting sequence\n",
-                        e->pool.num_blocks, e->pool.block_size);
-                exit(EXIT_FAILURE);
-            }
-            break;
-        }
-        // every running sequence's last position gets a writable block; the newest give theirs up when none is free
-        // (removed in place, so that run[] keeps its order and index i follows the sequence it names)
-        for (int i = 0; i < running; i++) {
-            while (!make_writable(e, run[i], run[i]->length - 1)) {
-                int newest = 0;
-                for (int j = 1; j < running; j++)
-                    if (run[j]->admitted > run[newest]->admitted) newest = j;
-                Sequence* out = run[newest];
-                block_table_release(&out->table, &e->pool);
-                out->cached = 0;
-                out->state = SEQUENCE_WAITING;
-                memmove(queue + 1, queue, (size_t)queued * sizeof(Sequence*));
-                queue[0] = out;
-                queued++;
-                memmove(run + newest, run + newest + 1, (size_t)(running - newest - 1) * sizeof(Sequence*));
-                running--;
-                e->preemptions++;
-                if (newest <= i) i--;     // run[i] moved down one place, or (newest == i) was the one pre-empted
-                if (newest == i + 1) break;  // i + 1 was i before: the sequence that needed the block went
-            }
-        }
-        if (running == 0) continue;
-        note_waste(e, running);
-        decode_step(e, run, running);
-        int still = 0;  // the finished leave, the others keep their order
-        for (int i = 0; i < running; i++) {
-            if (run[i]->state != SEQUENCE_FINISHED) {
-                run[still++] = run[i];
-                continue;
-            }
-            block_table_release(&run[i]->table, &e->pool);
-            finished++;
-        }
-        running = still;
-    }
-    free(queue);
-    free(run);
 }
 
 // ----------------------------------------------------------------------------------------------------
 // main
-
-static void allocate_engine(Engine* e, int num_blocks) {
-    size_t n = (size_t)e->max_batch;
-    size_t C = e->C;
-    e->layer_cache = (size_t)num_blocks * e->pool.block_size * e->NKV * e->HS;
-    cudaCheck(cudaMalloc((void**)&e->k_cache, e->L * e->layer_cache * sizeof(floatX)));
-    cudaCheck(cudaMalloc((void**)&e->v_cache, e->L * e->layer_cache * sizeof(floatX)));
-    e->block_fill = (int*)calloc(num_blocks, sizeof(int));
-    floatX** buffers[] = {&e->residual, &e->residual2, &e->ln, &e->atty, &e->proj, &e->ffn_out};
-    for (size_t i = 0; i < sizeof(buffers) / sizeof(buffers[0]); i++)
-        cudaCheck(cudaMalloc((void**)buffers[i], n * C * sizeof(floatX)));
-    cudaCheck(cudaMalloc((void**)&e->qkv, n * e->QKV * sizeof(floatX)));
-    cudaCheck(cudaMalloc((void**)&e->logits, n * e->Vp * sizeof(floatX)));
-    cudaCheck(cudaMalloc((void**)&e->mean, n * sizeof(float)));
-    cudaCheck(cudaMalloc((void**)&e->rstd, n * sizeof(float)));
-    size_t rows = n > (size_t)e->maxT ? n : (size_t)e->maxT;  // a decode step's tokens, or a prefill's positions
-    int** device_ints[] = {&e->d_tokens, &e->d_positions, &e->d_slots, &e->d_context, &e->d_query_seq};
-    int** host_ints[] = {&e->h_tokens, &e->h_positions, &e->h_slots, &e->h_context, &e->h_query_seq};
-    for (int i = 0; i < 5; i++) {
-        cudaCheck(cudaMalloc((void**)device_ints[i], rows * sizeof(int)));
-        *host_ints[i] = (int*)malloc_check(rows * sizeof(int));
-    }
-    cudaCheck(cudaMalloc((void**)&e->d_tables, n * e->max_blocks * sizeof(int)));
-    e->h_tables = (int*)malloc_check(n * e->max_blocks * sizeof(int));
-    e->host_logits = (floatX*)malloc_check(n * e->Vp * sizeof(floatX));
-    e->row_logits = (float*)malloc_check((size_t)e->V * sizeof(float));
-    e->scratch = (Candidate*)malloc_check((size_t)e->V * sizeof(Candidate));
-    e->kept_logits = (float*)malloc_check((size_t)e->V * sizeof(float));
-}
 
 static void check_flags(const GenerateFlags* f) {
     const char* why = NULL;
@@ -756,31 +390,15 @@ int main(int argc, char* argv[]) {
     int num_prompts;
     Prompt* prompts = read_prompts(f->prompts_path, f->ids, &tokenizer, c->vocab_size, c->max_seq_len, &num_prompts);
 
-    Engine e;
-    memset(&e, 0, sizeof(e));
-    e.model = &model;
-    e.flags = f;
-    e.quant = quant;
-    e.quantized = quantized;
-    e.stream = stream;
-    e.L = c->num_layers;
-    e.C = c->channels;
-    e.NH = c->num_heads;
-    e.NKV = c->num_kv_heads;
-    e.HS = c->channels / c->num_heads;
-    e.QKV = (e.NH + 2 * e.NKV) * e.HS;
-    e.V = c->vocab_size;
-    e.Vp = c->padded_vocab_size;
-    e.maxT = c->max_seq_len;
-    e.max_batch = f->max_batch;
-    int block_size = f->block_size > 0 ? f->block_size : e.maxT;
-    e.max_blocks = CEIL_DIV(e.maxT, block_size);
-    size_t block_bytes = 2 * (size_t)e.L * block_size * e.NKV * e.HS * sizeof(floatX);
+    SamplingSettings sampling = {f->temperature, f->top_k, f->top_p};
+    int maxT = c->max_seq_len;
+    int block_size = f->block_size > 0 ? f->block_size : maxT;
+    size_t block_bytes = engine_block_bytes(&model, block_size);
     int num_blocks = f->cache_mib > 0.0f ? (int)((double)f->cache_mib * 1048576.0 / (double)block_bytes)
-                                         : f->max_batch * e.max_blocks;
+                                         : f->max_batch * CEIL_DIV(maxT, block_size);
     int longest = 0;
     for (int i = 0; i < num_prompts; i++) {
-        int length = prompts[i].length + f->gen_tokens < e.maxT ? prompts[i].length + f->gen_tokens : e.maxT;
+        int length = prompts[i].length + f->gen_tokens < maxT ? prompts[i].length + f->gen_tokens : maxT;
         if (length > longest) longest = length;
     }
     if (num_blocks < CEIL_DIV(longest, block_size)) {
@@ -789,10 +407,16 @@ int main(int argc, char* argv[]) {
                 CEIL_DIV(longest, block_size));
         return EXIT_FAILURE;
     }
-    block_pool_init(&e.pool, num_blocks, block_size);
-    allocate_engine(&e, num_blocks);
+    Engine e;
+    engine_init(&e, &model, &sampling, f->max_batch, block_size, num_blocks, stream);
+    QuantizedModel quantized_model = {quant, quantized};
+    if (quantized != NULL) {
+        e.own_weights = quantized_decode_matmul;
+        e.own_weights_data = &quantized_model;
+    }
     if (f->logits_path[0] != '\0') {
         e.logits_file = fopen_check(f->logits_path, "wb");
+        e.logits_path = f->logits_path;
         int header[256] = {LOGITS_MAGIC, LOGITS_VERSION, e.V};
         fwrite_check(header, sizeof(int), 256, e.logits_file, f->logits_path);
     }
@@ -800,19 +424,12 @@ int main(int argc, char* argv[]) {
     int count = num_prompts * f->samples;
     Sequence* seqs = (Sequence*)calloc(count, sizeof(Sequence));
     for (int i = 0; i < count; i++) {
-        Sequence* s = &seqs[i];
-        const Prompt* p = &prompts[i / f->samples];
-        s->prompt = i / f->samples;
-        s->sample = i % f->samples;
-        s->tokens = (int*)malloc_check((size_t)e.maxT * sizeof(int));
-        memcpy(s->tokens, p->tokens, (size_t)p->length * sizeof(int));
-        s->length = s->prompt_length = p->length;
-        s->target = p->length + f->gen_tokens < e.maxT ? p->length + f->gen_tokens : e.maxT;
-        block_table_init(&s->table, e.max_blocks);
+        int prompt = i / f->samples, sample = i % f->samples;
         // a generator per (seed, prompt, sample), so that a sample does not depend on the batch it ran in
-        s->rng = ((uint64_t)(uint32_t)f->seed << 32) ^ (0x9E3779B97F4A7C15ull * (uint64_t)(s->prompt + 1)) ^
-                 (0xBF58476D1CE4E5B9ull * (uint64_t)(s->sample + 1));
-        if (s->rng == 0) s->rng = 1;
+        uint64_t rng = ((uint64_t)(uint32_t)f->seed << 32) ^ (0x9E3779B97F4A7C15ull * (uint64_t)(prompt + 1)) ^
+                       (0xBF58476D1CE4E5B9ull * (uint64_t)(sample + 1));
+        sequence_init(&seqs[i], &e, prompt, sample, prompts[prompt].tokens, prompts[prompt].length, f->gen_tokens,
+                      rng != 0 ? rng : 1);
     }
     run_engine(&e, seqs, count, f->samples);
 

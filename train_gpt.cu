@@ -1184,37 +1184,38 @@ static int model_parameters_finite(Model* model, const MultiGpuConfig* mg, cudaS
 #include "llmc/train_checkpoint.h"
 
 // ----------------------------------------------------------------------------------------------------
-// Sampling: autoregressive from the EOT token, printed through the tokenizer
+// Sampling: autoregressive from the EOT token through generate's engine (llmc/generation.h: the seed token's
+// prefill, then one decode step per token through a paged KV cache), printed through the tokenizer
 
-// Every process that calls this computes the same tokens (the same weights and generator); only `print` prints.
-// With sequence parallelism each pass runs over a multiple of N positions (the causal mask keeps the positions past t
-// out of row t - 1; the trainer's T is such a multiple).
+#include "llmc/generation.h"
+
+// Every process that calls this computes the same tokens (the same weights and generator); only `print` prints. The
+// generator advances by one draw per token, each a draw from the softmax of the logits (temperature 1).
 static void sample_and_print(Model* model, const Tokenizer* tokenizer, int seed_token, int gen_tokens,
                              unsigned long long* sample_rng, int print, cudaStream_t stream) {
     int T = model->seq_len < gen_tokens + 1 ? model->seq_len : gen_tokens + 1;
-    int Vp = model->config.padded_vocab_size, V = model->config.vocab_size;
-    int parts = model_sequence_parallel(model) ? model_tp_degree(model) : 1;
-    int* tokens = (int*)malloc_check((size_t)CEIL_DIV(T, parts) * parts * sizeof(int));
-    floatX* logits_x = (floatX*)malloc_check((size_t)Vp * sizeof(floatX));
-    float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));
-    for (int t = 0; t < CEIL_DIV(T, parts) * parts; t++) tokens[t] = seed_token;  // checked by the caller: a token
-    if (print) printf("generating:\n---\n");
-    for (int t = 1; t < T; t++) {
-        model_forward(model, tokens, nullptr, 1, CEIL_DIV(t, parts) * parts, 0.0f, stream);
-        model_copy_logits(model, logits_x, (size_t)(t - 1), 1, stream);
-        for (int v = 0; v < V; v++) logits[v] = (float)logits_x[v];
-        int next = sample_softmax(logits, V, random_f32_host((uint64_t*)sample_rng));
-        tokens[t] = next;
-        if (!print) continue;
-        // a token the tokenizer does not know (its vocabulary is smaller than the model's) prints as its id
-        if (tokenizer->init_ok && (uint32_t)next < tokenizer->vocab_size) safe_printf(tokenizer_decode(tokenizer, next));
-        else printf("<%d>", next);
+    SamplingSettings sampling = {1.0f, 0, 1.0f};
+    const int block_size = 16;
+    Engine e;
+    engine_init(&e, model, &sampling, 1, block_size, CEIL_DIV(T, block_size), stream);
+    Sequence s;
+    sequence_init(&s, &e, 0, 0, &seed_token, 1, T - 1, (uint64_t)*sample_rng);
+    run_engine(&e, &s, 1, 1);
+    *sample_rng = (unsigned long long)s.rng;
+    if (print) {
+        printf("generating:\n---\n");
+        for (int t = 1; t < s.length; t++) {
+            int token = s.tokens[t];
+            // a token the tokenizer does not know (its vocabulary is smaller than the model's) prints as its id
+            if (tokenizer->init_ok && (uint32_t)token < tokenizer->vocab_size)
+                safe_printf(tokenizer_decode(tokenizer, token));
+            else printf("<%d>", token);
+        }
+        printf("\n---\n");
         fflush(stdout);
     }
-    if (print) printf("\n---\n");
-    free(tokens);
-    free(logits_x);
-    free(logits);
+    sequence_free(&s);
+    engine_free(&e);
 }
 
 // ----------------------------------------------------------------------------------------------------

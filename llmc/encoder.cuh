@@ -92,6 +92,11 @@ void encoder_forward_vocab_range(floatX* out, const int* inp, const floatX* wte_
                                  int C, int v0, int Vs, cudaStream_t stream) {
     encoder_forward_vocab_range_launch(out, inp, wte_slice, wpe, B, T, C, v0, Vs, 256, stream);
 }
+// The same for tokens each at its own position (encoder_forward_at's rows): a tensor-parallel decode step's embeddings
+void encoder_forward_vocab_range_at(floatX* out, const int* tokens, const int* positions, const floatX* wte_slice,
+                                    const floatX* wpe, int N, int C, int v0, int Vs, cudaStream_t stream) {
+    encoder_forward_positions_launch(out, tokens, positions, wte_slice, wpe, 1, N, C, v0, Vs, 256, stream);
+}
 
 // ----------------------------------------------------------------------------------------------------
 // Backward. dwte[v] += sum of dout over the positions holding token v; dwpe[t] += sum over b of dout[b,t].

@@ -3,7 +3,7 @@
 // samples share counts each of them), and per sequence a block table of the physical blocks that hold its positions
 // 0, 1, ... in order. Blocks are taken on demand, lowest free index first (so that a run allocates the same blocks
 // every time), and go back to the pool when their last reader lets go. A sequence about to write into a block that
-// others still read copies it first (copy on write). The device memory itself is generate.cu's (kv_cache_bytes per
+// others still read copies it first (copy on write). The device memory itself is llmc/generation.h's (engine_block_bytes per
 // block); the kernels that read and write it through the tables are llmc/paged_attention.cuh's.
 // Tests: generate-* rows (dev/test/test_generate.sh: block counts with shared prompts, pre-emption, paged against
 // contiguous).

@@ -105,8 +105,8 @@ static void model_join_slices(const Model* model, floatX* file_order, const floa
 }
 
 // Under tensor parallelism the split layers' widths divide by N (doc/parallelism.md): the heads, the key/value heads,
-// the FFN's hidden size and the padded vocabulary (in 16-byte rows); with sequence parallelism the sequence too (the
-// B*T tokens, and T for sampling's single sequence). 0 and one line naming `source` or the flag otherwise.
+// the FFN's hidden size and the padded vocabulary (in 16-byte rows); with sequence parallelism the sequence length T
+// too (so that the B*T tokens divide at any B). 0 and one line naming `source` or the flag otherwise.
 static int model_check_tensor_parallel(const Model* model, int T, const char* source) {
     const ModelConfig* c = &model->config;
     int N = model_tp_degree(model);
@@ -211,11 +211,10 @@ static void vocab_parallel_loss(Model* model, float dloss, int BT, bool write_dl
                                      stream);
 }
 
-// Rows [first, first + rows) of the last forward pass's logits, whole (rows, Vp), into host memory. Under tensor
+// Logits rows whole (rows, Vp) into host memory from this member's (rows, Vp/N) on the device. Under tensor
 // parallelism collective over the members, each of which holds Vp/N columns of every row.
-static void model_copy_logits(Model* model, floatX* host, size_t first, size_t rows, cudaStream_t stream) {
+static void tp_copy_logits(Model* model, floatX* host, const floatX* mine, size_t rows, cudaStream_t stream) {
     size_t Vp = model->config.padded_vocab_size, Vs = local_vocab(model), N = model_tp_degree(model);
-    const floatX* mine = model->acts.output + first * Vs;
     if (N == 1) {
         cudaCheck(cudaMemcpyAsync(host, mine, rows * Vp * sizeof(floatX), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaStreamSynchronize(stream));
@@ -232,4 +231,9 @@ static void model_copy_logits(Model* model, floatX* host, size_t first, size_t r
         for (size_t r = 0; r < rows; r++)
             memcpy(host + r * Vp + m * Vs, gathered + (m * rows + r) * Vs, Vs * sizeof(floatX));
     free(gathered);
+}
+// Rows [first, first + rows) of the last forward pass's logits, whole (rows, Vp), into host memory (collective under
+// tensor parallelism)
+static void model_copy_logits(Model* model, floatX* host, size_t first, size_t rows, cudaStream_t stream) {
+    tp_copy_logits(model, host, model->acts.output + first * local_vocab(model), rows, stream);
 }

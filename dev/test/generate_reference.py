@@ -11,6 +11,12 @@ Llama, train_moe.py's MoE GPT, dropless), for dev/test/test_generate.sh. Two mod
     generate -vp's loss (its 'perplexity P (loss L) ...' line in OUTPUT.txt) against the reference's mean
     cross-entropy over the same sequences: every whole row of maxT + 1 tokens of the shard, as llmc/dataloader.h cuts
     them, within 1e-5 relative (fp32 losses of a few hundred tokens summed in another order).
+  /usr/bin/python3 dev/test/generate_reference.py trainer-sample MODEL.bin LOG SEED_TOKEN DRAWS_BEFORE
+    a trainer's last sample in LOG (printed as token ids, -tf none) against the reference's softmax: the sequence
+    from SEED_TOKEN, each token the one whose interval of the reference's cumulative probabilities (in double, token
+    order, llmc/sampler.h's walk) holds that position's uniform draw from the trainer's generator (xorshift64* from
+    its seed 1337, after DRAWS_BEFORE draws of earlier samples), within 1e-4 of probability (the fp32 logits of two
+    computation orders move the boundaries by ~1e-6; a wrong token is off by the width of the intervals between, ~1/V).
 Prints one line per sequence (or the loss) and exits 1 on any difference.
 """
 import os
@@ -111,11 +117,61 @@ def perplexity(model_path, shard_path, output_path):
     sys.exit(0 if ok else 1)
 
 
+class TrainerGenerator:
+    """llmc/sampler.h's xorshift64* and its 24-bit uniform floats"""
+
+    def __init__(self, state):
+        self.state = state
+
+    def uniform(self):
+        mask = (1 << 64) - 1
+        s = self.state
+        s ^= s >> 12
+        s ^= (s << 25) & mask
+        s ^= s >> 27
+        self.state = s
+        return (((s * 0x2545F4914F6CDD1D) & mask) >> 32 >> 8) / 16777216.0
+
+
+def trainer_sample(model_path, log_path, seed_token, draws_before):
+    with open(model_path, "rb") as f:
+        moe = int.from_bytes(f.read(4), "little") == train_moe.MOE_MODEL_MAGIC
+    model = (train_moe if moe else train_gpt).read_model_file(model_path).eval()
+    settings = train_moe.RoutingSettings(capacity_factor=0.0, aux_alpha=0.0, z_coef=0.0) if moe else None
+    lines = open(log_path).read().split("\n")
+    starts = [i for i, line in enumerate(lines) if line == "generating:"]
+    if not starts:
+        raise SystemExit(f"{log_path}: no sample")
+    sample = [int(t) for t in lines[starts[-1] + 2].strip("<>").split("><")]
+    tokens = [int(seed_token)] + sample
+    x = torch.tensor([tokens[:-1]])
+    with torch.no_grad():
+        logits = (model(x, torch.zeros_like(x), settings).logits if moe else model(x, torch.zeros_like(x))[0])[0]
+    V = model.config.V
+    probabilities = torch.softmax(logits[:, :V].double(), dim=-1)
+    rng = TrainerGenerator(1337)
+    for _ in range(int(draws_before)):
+        rng.uniform()
+    worst = 1.0
+    for t, token in enumerate(sample):
+        coin = rng.uniform()
+        cdf = torch.cumsum(probabilities[t], dim=0)
+        low = 0.0 if token == 0 else cdf[token - 1].item()
+        high = cdf[token].item()
+        worst = min(worst, min(coin - low, high - coin) + 1e-4)
+    ok = worst >= 0.0
+    print(f"{'OK  ' if ok else 'FAIL'} the trainer's sample of {len(sample)} tokens: each draw inside its token's "
+          f"interval of the reference's probabilities (tightest margin {worst - 1e-4:+.2e}, tol 1e-4)")
+    sys.exit(0 if ok else 1)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "perplexity":
         perplexity(*sys.argv[2:])
+    elif len(sys.argv) == 6 and sys.argv[1] == "trainer-sample":
+        trainer_sample(*sys.argv[2:])
     elif len(sys.argv) == 5:
         main(*sys.argv[1:])
     else:
         raise SystemExit("usage: generate_reference.py MODEL.bin PROMPTS.txt OUTPUT.txt LOGITS.bin | "
-                         "perplexity MODEL.bin SHARD.bin OUTPUT.txt")
+                         "perplexity MODEL.bin SHARD.bin OUTPUT.txt | trainer-sample MODEL.bin LOG SEED_TOKEN DRAWS_BEFORE")

@@ -12,7 +12,9 @@
 #     and the same seed gives the same samples; -topk 1 samples the greedy tokens; a text prompt through a byte-level
 #     tokenizer generates as its end-of-text token and bytes given as ids;
 #   - -vp's perplexity on a data shard against the reference's mean loss over the same sequences (the llama MoE);
-#   - quantised weights on a small llama trained here: -wq int8 and nf4 greedy logits against the reference's forward of
+#   - the trainer's sample (its engine is generate's) on a small llama trained here: each token the one its draw from
+#     the trainer's generator picks from the reference's probabilities;
+#   - quantised weights on that llama: -wq int8 and nf4 greedy logits against the reference's forward of
 #     the dequantised weights (-wm), and their perplexity within stated bounds of the unquantised one;
 #   - bad input (a prompt longer than maxT allows, a token id outside the vocabulary, an empty prompt file, a cache
 #     too small for one sequence, text prompts without a byte-level tokenizer, an unknown flag) gets its one line.
@@ -125,8 +127,13 @@ for name, n, seed in (("chain_train", 16384, 7), ("chain_val", 4096, 8)):
     train_gpt.write_file(f"{sys.argv[1]}/{name}.bin", train_gpt.header(train_gpt.SHARD_MAGIC, 1, n), tokens)
 PY
 build/train_gpt_fp32 -e d2 -arch llama -kv 1 -ev 263 -et 64 -i "$work/chain_train.bin" -j "" -b 4 -t 64 -x 60 -n 60 \
-    -v 0 -s 0 -l 3e-3 -o "$work/chain" >"$work/chain.log" 2>&1 || fail "training the quantisation's model"
+    -v 0 -s 60 -g 8 -tf none -l 3e-3 -o "$work/chain" >"$work/chain.log" 2>&1 || fail "training the quantisation's model"
 CHAIN=$work/chain/model_00000060.bin
+# the trainer's samples go through the same engine: its last one (after step 0's 8 draws; no tokenizer, so from token
+# 0) against the reference's probabilities and the trainer's generator
+if $PYTHON dev/test/generate_reference.py trainer-sample "$CHAIN" "$work/chain.log" 0 8 >"$work/trainer_sample.check" \
+    2>&1; then pass; else fail "the trainer's sample against the reference"; fi
+sed "s/^/  /" "$work/trainer_sample.check"
 # each format's decode (its quantised kernels) against the reference on its -wm model, the weights as it dequantises
 # them: FP32 tolerance, as above
 for quant in int8 nf4; do

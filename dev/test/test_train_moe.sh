@@ -29,6 +29,7 @@
 #     noisy gating, the MoE header words 24..32 a reader refuses (the model's expert groups with softmax, dense layers
 #     leaving no MoE layer), biases the file lacks or that are not finite) get their one line; a
 #     corrupt expert state is named on -y 1;
+#   - the llama MoE's sample before training on 2 ranks: the same tokens with -ep 1, -ep 2, -tp 2 and -tp 2 -etp 2;
 #   - pre-emption: SIGTERM to one of 2 ranks with -ep 2 writes a checkpoint, and the run resumes bit-identically.
 # Needs build/train_moe_fp32, build/train_gpt_fp32, build/ref/tiny_fp32_model.bin,
 # build/ref/moe_k1_cf0.5_fp32_model.bin and build/ref/moe_llama_shared_fp32_model.bin (make test builds them).
@@ -115,6 +116,19 @@ if close_losses "$work/spread-ep1.log" "$work/spread-ep2.log" 4 &&
 else
     fail "-ep 2 does not train as -ep 1 on 2 ranks"
 fi
+
+# --- a sample under every layout: the llama MoE's (shared experts; 4 heads) sample before training on 2 ranks with
+# -ep 1, -ep 2, -tp 2 (experts folded, sequence-parallel: the decode step's token padded to a row per member) and
+# -tp 2 -etp 2 -sp 0: the same tokens (the engine's decode step is each layout's forward pass on a token)
+for layout in "-ep 1" "-ep 2" "-tp 2" "-tp 2 -etp 2 -sp 0"; do
+    name=$(echo "$layout" | tr -d ' -')
+    $MPIRUN -np 2 "$TRAIN" -i "$work/train.bin" -j "" -v 0 -s 1 -g 8 -t 16 -l 1e-3 -e "$LLAMA_MOE_MODEL" -b 2 -x 1 \
+        -cf 0 -cfe 0.5 -tf none $layout >"$work/sample-$name.log" 2>&1 || fail "$layout sampling run: $(tail -3 "$work/sample-$name.log")"
+    grep -A2 -m1 '^generating' "$work/sample-$name.log" | sed -n 3p >"$work/sample-$name.txt"
+done
+if grep -qE '^(<[0-9]+>){8}$' "$work/sample-ep1.txt" && cmp -s "$work/sample-ep1.txt" "$work/sample-ep2.txt" &&
+    cmp -s "$work/sample-ep1.txt" "$work/sample-tp2.txt" && cmp -s "$work/sample-ep1.txt" "$work/sample-tp2etp2sp0.txt"
+then pass; else fail "the samples differ between layouts: $(cat "$work"/sample-*.txt | tr '\n' ' ')"; fi
 
 # --- resume across a change of the expert-parallel degree: -ep A writes checkpoints at steps 3 and 6; its step-3
 # checkpoint resumed with -ep B continues as the -ep A run did (losses within fp32 summation order), and resumed with
