@@ -54,6 +54,8 @@ SOURCES_train_gpt := train_gpt.cu
 SOURCES_test_gpt := test_gpt.cu train_gpt.cu
 SOURCES_train_moe := train_moe.cu train_gpt.cu
 SOURCES_test_moe := test_moe.cu train_moe.cu test_gpt.cu train_gpt.cu
+# libraries a program links beside the backend's or the GPU's: generate's text prompts match GPT-2's pattern in PCRE2
+LIBS_generate := -lpcre2-8
 # build/NAME_PREC (PREC fp32, bf16 or fp16) -> NAME, and PREC's define
 program_of = $(patsubst %_fp32,%,$(patsubst %_bf16,%,$(patsubst %_fp16,%,$(notdir $1))))
 precision_flag = $(if $(filter %_fp32,$1),-DENABLE_FP32,$(if $(filter %_fp16,$1),-DENABLE_FP16))
@@ -61,9 +63,10 @@ precision_flag = $(if $(filter %_fp32,$1),-DENABLE_FP32,$(if $(filter %_fp16,$1)
 
 # GPU (nvcc) and CPU backend builds at PRECISION: ./train_gpt, ./train_gpt_cpu, ...
 $(PROGRAMS): %: $$(SOURCES_$$*) $(LLMC)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(PFLAGS) $(GPU_CUDNN) $(MPI_INC) $< -o $@ $(GPU_LIBS) \
+	    $(LIBS_$*)
 $(PROGRAMS:%=%_cpu): %_cpu: $$(SOURCES_$$*) $(LLMC) $(BACKEND)
-	$(CUCC) -O2 $(CPU_NUMERICS) $(PFLAGS) $< -o $@ $(CPU_LIBS)
+	$(CUCC) -O2 $(CPU_NUMERICS) $(PFLAGS) $< -o $@ $(CPU_LIBS) $(LIBS_$*)
 
 # what make test builds: every precision side by side, build/train_gpt_fp32 ... build/test_moe_fp16; the same
 # through the checking build under build/check/ (cpu/README.md, "Checking mode"); and GPU builds under $(GPU_BUILD)/
@@ -71,15 +74,15 @@ $(PROGRAMS:%=%_cpu): %_cpu: $$(SOURCES_$$*) $(LLMC) $(BACKEND)
 PRECISIONS := fp32 bf16 fp16
 BUILT := $(foreach p,$(PROGRAMS),$(foreach q,$(PRECISIONS),$(BUILD)/$(p)_$(q)))
 $(BUILT): $(BUILD)/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC) $(BACKEND) | $(BUILD)
-	$(CUCC) -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ $(CPU_LIBS)
+	$(CUCC) -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ $(CPU_LIBS) $(LIBS_$(call program_of,$*))
 $(BUILT:$(BUILD)/%=$(BUILD)/check/%): $(BUILD)/check/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC) $(BACKEND)
 	@mkdir -p $(dir $@)
-	$(CUCC) --check -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ $(CPU_LIBS)
+	$(CUCC) --check -O2 $(CPU_NUMERICS) $(call precision_flag,$*) $< -o $@ $(CPU_LIBS) $(LIBS_$(call program_of,$*))
 GPU_BUILD ?= $(BUILD)/gpu
 $(BUILT:$(BUILD)/%=$(GPU_BUILD)/%): $(GPU_BUILD)/%: $$(SOURCES_$$(call program_of,$$*)) $(LLMC)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) $(call precision_flag,$*) $(GPU_CUDNN) $(MPI_INC) $< -o $@ \
-	    $(GPU_LIBS)
+	    $(GPU_LIBS) $(LIBS_$(call program_of,$*))
 
 # The BF16 trainers under --sanitize, and a data shard, for the production-size runs in edge mode
 # (dev/test/test_production_runs.sh)
@@ -263,7 +266,7 @@ TEST_MODE_test_runtime_sanitize := --sanitize -O1
 TEST_MODE_test_runtime_ucontext := --ucontext -O2
 TEST_LIBS_test_cublas := -lcublas -lcublasLt
 TEST_LIBS_test_nccl := -lnccl -lmpi
-TEST_LIBS_test_host_utils := -lnccl -lmpi
+TEST_LIBS_test_host_utils := -lnccl -lmpi -lpcre2-8
 TEST_LIBS_test_edge_blocks := -lcublas -lcublasLt
 test_mode = $(or $(TEST_MODE_$1),-O2)
 

@@ -13,6 +13,7 @@
 #define OMIT_TRAIN_MOE_MAIN
 #include "train_moe.cu"
 #include "llmc/quantize.cuh"
+#include "llmc/bpe_encoder.h"
 
 // ----------------------------------------------------------------------------------------------------
 // Flags: X(name, type, GenerateFlags member, default, help) as llmc/cli.h's tables. Those the trainers have too mean
@@ -24,7 +25,7 @@
       "1: each prompt line is token ids separated by spaces, and each output line 'PROMPT SAMPLE: id id ...'\n"       \
       "(0-based indices, the generated ids); 0: text through -tf's tokenizer (default = 0)")                          \
     X("-tf", STRING, tokenizer_path, "data/tinyshakespeare/gpt2_tokenizer.bin",                                       \
-      "tokenizer file: decodes the output; encodes text prompts when its vocabulary is bytes\n(default = "            \
+      "tokenizer file: encodes text prompts (a byte-level BPE) and decodes the output\n(default = "            \
       "data/tinyshakespeare/gpt2_tokenizer.bin)")                                                                      \
     X("-g", INT, gen_tokens, 64, "generated tokens per sample (default = 64; fewer where maxT ends a sequence)")     \
     X("-temp", FLOAT, temperature, 1.0f, "sampling temperature; 0 = greedy, the most likely token (default = 1)")  \
@@ -67,21 +68,18 @@ typedef struct {
     int length;
 } Prompt;
 
-// The prompts of -i, one per line: token ids (-ids 1) or text encoded byte by byte through a byte-level tokenizer
-// (every piece of ids 0..255 the one byte of that value), after its end-of-text token (a document's start). Refused
-// with one line: an unreadable or empty file, an empty prompt, an id outside the vocabulary, a prompt longer than
-// maxT - 1 (a sequence generates from position len on), text without a byte-level tokenizer.
+// The prompts of -i, one per line: token ids (-ids 1) or text, after the tokenizer's end-of-text token (a document's
+// start, as the training data has it) encoded by its byte-level BPE (llmc/bpe_encoder.h). Refused with one line: an
+// unreadable or empty file, an empty prompt, an id outside the vocabulary, a prompt longer than maxT - 1 (a sequence
+// generates from position len on), text that is not UTF-8, text without a byte-level tokenizer file.
 static Prompt* read_prompts(const char* path, int ids, const Tokenizer* tokenizer, int V, int maxT, int* count) {
     FILE* f = fopen(path, "rb");
     if (f == NULL) {
         fprintf(stderr, "-i %s: cannot read the prompts file\n", path);
         exit(EXIT_FAILURE);
     }
-    if (!ids && !tokenizer_is_bytes(tokenizer)) {
-        fprintf(stderr, "-i %s: text prompts need a byte-level tokenizer (-tf %s is not one): give token ids with -ids "
-                "1\n", path, tokenizer->path);
-        exit(EXIT_FAILURE);
-    }
+    BpeEncoder encoder;
+    if (!ids) bpe_encoder_init(&encoder, tokenizer);
     Prompt* prompts = NULL;
     int n = 0, capacity = 0;
     char* line = NULL;
@@ -112,9 +110,16 @@ static Prompt* read_prompts(const char* path, int ids, const Tokenizer* tokenize
                 p->tokens[p->length++] = (int)id;
                 at = end;
             }
-        } else {  // a document's start, as the training data has it, then the text's bytes
+        } else {
             p->tokens[p->length++] = tokenizer->eot_token;
-            for (ssize_t i = 0; i < got; i++) p->tokens[p->length++] = (unsigned char)line[i];
+            size_t bad_offset;
+            int encoded = bpe_encode(&encoder, line, (size_t)got, p->tokens + 1, &bad_offset);
+            if (encoded < 0) {
+                fprintf(stderr, "-i %s: line %d is not UTF-8 text (byte %zu): give token ids with -ids 1\n", path,
+                        n + 1, bad_offset);
+                exit(EXIT_FAILURE);
+            }
+            p->length += encoded;
         }
         if (p->length == 0) {
             fprintf(stderr, "-i %s: line %d is an empty prompt\n", path, n + 1);
@@ -129,6 +134,7 @@ static Prompt* read_prompts(const char* path, int ids, const Tokenizer* tokenize
     }
     free(line);
     fclose(f);
+    if (!ids) bpe_encoder_free(&encoder);
     if (n == 0) {
         fprintf(stderr, "-i %s: no prompts (an empty file)\n", path);
         exit(EXIT_FAILURE);

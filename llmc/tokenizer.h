@@ -1,4 +1,4 @@
-// llmc/tokenizer.h: decodes token ids to text for the trainers' samples. The file (written by
+// llmc/tokenizer.h: decodes token ids to text for the trainers' samples (llmc/bpe_encoder.h encodes with it). The file (written by
 // train_gpt.py) is a 256-int32 header [0]=20240328, [1]=2, [2]=V, [3]=EOT id, then per token one length
 // byte and that many bytes. A missing file is not an error, since training does not need it; a file that
 // is there but broken is, so that a wrong path is never silently decoded as garbage.
@@ -18,6 +18,7 @@ typedef struct {
     int eot_token;
     uint32_t vocab_size;
     char** token_table;  // vocab_size NUL-terminated pieces
+    unsigned char* token_length;  // each piece's bytes (a piece may hold a zero byte)
     char* path;  // for error messages
 } Tokenizer;
 
@@ -26,6 +27,7 @@ static inline void tokenizer_init(Tokenizer* t, const char* path) {
     t->eot_token = -1;
     t->vocab_size = 0;
     t->token_table = NULL;
+    t->token_length = NULL;
     t->path = string_format("%s", path);
     if (access(path, F_OK) != 0) {
         printf("tokenizer file %s not found: samples will not be decoded\n", path);
@@ -49,6 +51,7 @@ static inline void tokenizer_init(Tokenizer* t, const char* path) {
     t->vocab_size = (uint32_t)header[2];
     t->eot_token = header[3];
     t->token_table = (char**)malloc_check(t->vocab_size * sizeof(char*));
+    t->token_length = (unsigned char*)malloc_check(t->vocab_size);
     for (uint32_t i = 0; i < t->vocab_size; i++) {
         unsigned char length;
         fread_check(&length, 1, 1, f, path);
@@ -59,6 +62,7 @@ static inline void tokenizer_init(Tokenizer* t, const char* path) {
         t->token_table[i] = (char*)malloc_check((size_t)length + 1);
         fread_check(t->token_table[i], 1, length, f, path);
         t->token_table[i][length] = '\0';
+        t->token_length[i] = length;
     }
     long end = ftell(f);
     if (fgetc(f) != EOF) {
@@ -83,15 +87,6 @@ static inline const char* tokenizer_decode(const Tokenizer* t, uint32_t token) {
     return t->token_table[token];
 }
 
-// Whether tokens 0..255 are the bytes of those values (data/bytes.py's vocabulary; GPT-2's byte-level BPE orders its
-// single bytes otherwise), so that text encodes byte by byte (generate.cu's text prompts).
-static inline int tokenizer_is_bytes(const Tokenizer* t) {
-    if (!t->init_ok || t->vocab_size < 256 || t->token_table[0][0] != '\0') return 0;
-    for (uint32_t i = 1; i < 256; i++)
-        if ((unsigned char)t->token_table[i][0] != i || t->token_table[i][1] != '\0') return 0;
-    return 1;
-}
-
 // GPT-2's byte-level tokens include lone control bytes; printing those would garble the terminal. A
 // single-byte piece is printed only if it is printable or whitespace; longer pieces (text, UTF-8) as they are.
 static inline void safe_printf(const char* piece) {
@@ -108,7 +103,9 @@ static inline void tokenizer_free(Tokenizer* t) {
         for (uint32_t i = 0; i < t->vocab_size; i++) free(t->token_table[i]);
         free(t->token_table);
     }
+    free(t->token_length);
     t->token_table = NULL;
+    t->token_length = NULL;
     t->init_ok = 0;
     free(t->path);
     t->path = NULL;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/install_deps.sh: installs what a fresh Debian machine lacks to build and test switch.cu on the
-# CPU backend: Open MPI (mpirun, mpicxx), OpenBLAS (its OpenMP build), PyTorch for the reference
+# CPU backend: Open MPI (mpirun, mpicxx), OpenBLAS (its OpenMP build), PCRE2, PyTorch for the reference
 # model (Debian's python3-torch, CPU), and .venv/hf with transformers and safetensors for Hugging Face
 # interop. The CUDA toolkit is expected under /usr/local/cuda.
 # Run as root (or with sudo available); does nothing when everything is present. .ci/run calls it.
@@ -9,6 +9,8 @@ need=()
 command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1 || need+=(libopenmpi-dev openmpi-bin)
 # OpenBLAS built for OpenMP: its threads are the same team that runs the kernels
 compgen -G "/usr/lib/*/openblas-openmp/libopenblas.so" >/dev/null || need+=(libopenblas-openmp-dev)
+# PCRE2: GPT-2's pre-tokenizer pattern (Unicode classes, a lookahead) for generate's text prompts (llmc/bpe_encoder.h)
+[ -f /usr/include/pcre2.h ] || need+=(libpcre2-dev)
 # the PyTorch references (train_gpt.py, train_moe.py), the data scripts and the plots: Debian's python under
 # /usr/bin/python3 with torch, numpy, tqdm, matplotlib, pip; the King James Bible is the offline fallback corpus
 /usr/bin/python3 -c "import torch, numpy" >/dev/null 2>&1 || need+=(python3-torch python3-numpy)

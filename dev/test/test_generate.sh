@@ -9,15 +9,17 @@
 #   - continuous batching of 20 prompts of different lengths in a cache too small for all, which forces pre-emption,
 #     against each prompt alone (-b 1, room for it): identical tokens;
 #   - 4 samples sharing a prompt (-sn 4): the summary's block counts are the ones the sharing and copy on write give,
-#     and the same seed gives the same samples; -topk 1 samples the greedy tokens; a text prompt through a byte-level
-#     tokenizer generates as its end-of-text token and bytes given as ids;
+#     and the same seed gives the same samples; -topk 1 samples the greedy tokens; a text prompt through a tokenizer
+#     of bytes (its BPE has no merges) generates as its end-of-text token and bytes given as ids (test_hf.sh holds
+#     the BPE encoder to the tokenizers package's);
 #   - -vp's perplexity on a data shard against the reference's mean loss over the same sequences (the llama MoE);
 #   - the trainer's sample (its engine is generate's) on a small llama trained here: each token the one its draw from
 #     the trainer's generator picks from the reference's probabilities;
 #   - quantised weights on that llama: -wq int8 and nf4 greedy logits against the reference's forward of
 #     the dequantised weights (-wm), and their perplexity within stated bounds of the unquantised one;
 #   - bad input (a prompt longer than maxT allows, a token id outside the vocabulary, an empty prompt file, a cache
-#     too small for one sequence, text prompts without a byte-level tokenizer, an unknown flag) gets its one line.
+#     too small for one sequence, text prompts without a tokenizer file, text that is not UTF-8, an unknown flag) gets
+#     its one line.
 # Needs build/generate_fp32, build/train_gpt_fp32 and the reference models
 # build/ref/{tiny,llama_gqa,moe_ds_v3}_fp32_model.bin. Run from anywhere:
 #   dev/test/test_generate.sh
@@ -93,7 +95,7 @@ $GEN -e build/ref/tiny_fp32_model.bin -i "$work/three.txt" -ids 1 -g 12 -bs 4 -t
     >"$work/topk1.out" 2>/dev/null
 if cmp -s "$work/topk1.out" "$work/tiny.out"; then pass; else fail "-topk 1 does not give the greedy tokens"; fi
 
-# --- a text prompt through a byte-level tokenizer is its end-of-text token and its bytes: the same logits as those ids
+# --- a text prompt through a tokenizer of bytes is its end-of-text token and its bytes: the same logits as those ids
 (cd data && $PYTHON -c 'import sys; from data_common import ByteTokenizer, write_tokenizer_file
 write_tokenizer_file(sys.argv[1], ByteTokenizer())' "$work/bytes_tokenizer.bin") || fail "a byte-level tokenizer"
 printf 'ROMEO:\n' >"$work/text.txt"
@@ -173,8 +175,11 @@ expect_error "a token id outside the vocabulary" "line 1: '263' is not a token i
 expect_error "an empty prompt file" "no prompts (an empty file)" $GEN -e $TINY -i "$work/empty.txt" -ids 1
 expect_error "a cache too small for one sequence" "cannot hold one sequence of 17 positions" \
     $GEN -e $TINY -i "$work/three.txt" -ids 1 -g 6 -bs 4 -km 0.001
-expect_error "text without a byte-level tokenizer" "text prompts need a byte-level tokenizer" \
+expect_error "text without a tokenizer file" "none.bin not found: text needs it to be encoded" \
     $GEN -e $TINY -i "$work/three.txt" -tf "$work/none.bin"
+printf 'ROMEO\nab\377c\n' >"$work/not_utf8.txt"
+expect_error "text that is not UTF-8" "line 2 is not UTF-8 text (byte 2)" \
+    $GEN -e $TINY -i "$work/not_utf8.txt" -tf "$work/bytes_tokenizer.bin"
 expect_error "an unknown quantisation" "-wq int4: expected none, int8 or nf4" \
     $GEN -e $TINY -i "$work/three.txt" -ids 1 -wq int4
 expect_error "-wm without -wq" "-wm $work/x.bin: needs -wq int8 or nf4" $GEN -e $TINY -i "$work/three.txt" -ids 1 \

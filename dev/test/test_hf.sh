@@ -13,10 +13,12 @@
 #     logits, gradients and steps are again the trainer's;
 #   - imported, exported and imported again: bit-identical model files; exported with --tokenizer (a Hugging Face
 #     directory, or the project's tokenizer file), the tokenizer loads from the export and encodes as the source's;
+#   - generate's BPE encoder of text prompts (llmc/bpe_encoder.h) encodes as the tokenizers package's;
 #   - a feature the trainers lack (a top-1 Mixtral, Qwen2-MoE's shared-expert gate and DeepSeek's softmax scores
 #     among them), a missing tensor, a
 #     shape that contradicts the config and an MoE model file with no Hugging Face class are refused with one line.
-# Needs build/train_gpt_fp32, build/test_gpt_fp32, build/train_moe_fp32, build/test_moe_fp32 and .venv/hf
+# Needs build/train_gpt_fp32, build/test_gpt_fp32, build/train_moe_fp32, build/test_moe_fp32, build/test_host_utils
+# and .venv/hf
 # (scripts/install_deps.sh). Run from anywhere:
 #   dev/test/test_hf.sh
 set -u
@@ -85,22 +87,29 @@ print(f"  tokenizer: {len(a)} ids from the source, {len(b)} from the export")
 sys.exit(0 if a == b and len(a) > 0 else 1)
 PY
 
-# --- the project's tokenizer file (--tokenizer FILE.bin, doc/formats.md "Tokenizer"): a byte-level BPE of 262 pieces
-# that the tokenizers package trains here, written as a trainer's -tf file (its pieces' bytes in id order, the
-# end-of-text token last); exported with it, transformers loads a tokenizer that encodes texts into the BPE's own ids
-$HF - "$work/bpe_tokenizer.bin" <<'PY' >/dev/null 2>&1 || fail "tokenizer file: building one"
+# --- the project's tokenizer file (--tokenizer FILE.bin, doc/formats.md "Tokenizer"): byte-level BPEs that the
+# tokenizers package trains here, each written as a trainer's -tf file (its pieces' bytes in id order, the end-of-text
+# token last) beside the package's own JSON: one of 262 pieces for the export, one of up to 420 for the BPE encoder
+# below, trained on text with capitals, digits, contractions, punctuation, runs of spaces and tabs, and non-ASCII
+# letters, digits and symbols. Exported with the first, transformers loads a tokenizer that encodes texts into the
+# BPE's own ids
+$HF - "$work/bpe_tokenizer.bin" "$work/encoder.bin" <<'PY' >/dev/null 2>&1 || fail "tokenizer file: building them"
 import struct, sys
 import tokenizers
 from transformers.convert_slow_tokenizer import bytes_to_unicode
-bpe = tokenizers.ByteLevelBPETokenizer()
-bpe.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 8, vocab_size=262, show_progress=False)
 byte_of = {c: b for b, c in bytes_to_unicode().items()}
-pieces = [bytes(byte_of[c] for c in token) for token, _ in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1])]
-pieces.append(b"<|endoftext|>")
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240328, 2, len(pieces), len(pieces) - 1, *([0] * 252)))
-    f.write(b"".join(bytes([len(p)]) + p for p in pieces))
-bpe.save(sys.argv[1] + ".json")
+corpora = (["the quick brown fox jumps over the lazy dog"],
+           ["The quick brown fox's den: 42 foxes, 7 dogs; they'll jump!", "naïve café über straße — “quoted” ½ ٣٤",
+            "I'm sure you've seen it's 3.14159 and 2718 ... ok?", "tabs\tand   spaces  end ", "ÆØÅ æøå ΑΒΓ αβγ 東京 123"])
+for path, corpus, vocab_size in zip(sys.argv[1:], corpora, (262, 420)):
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus * 8, vocab_size=vocab_size, show_progress=False)
+    pieces = [bytes(byte_of[c] for c in token) for token, _ in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1])]
+    pieces.append(b"<|endoftext|>")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240328, 2, len(pieces), len(pieces) - 1, *([0] * 252)))
+        f.write(b"".join(bytes([len(p)]) + p for p in pieces))
+    bpe.save(path + ".json")
 PY
 $HF scripts/hf_export.py "$work/gpt2.bin" "$work/gpt2_file_tokenizer" --tokenizer "$work/bpe_tokenizer.bin" \
     >/dev/null 2>&1 || fail "export with --tokenizer FILE"
@@ -115,6 +124,28 @@ print(f"  tokenizer file: {len(texts)} texts, {sum(len(hf(t)['input_ids']) for t
       f"end of text {hf.eos_token_id}")
 sys.exit(0 if same and hf.eos_token_id == 262 else 1)
 PY
+
+# --- generate's text prompts (llmc/bpe_encoder.h, through test_host_utils encode) against the tokenizers package's
+# encoder, on the second BPE above: texts it was not trained on encode to the package's ids
+$HF - "$work/encoder.bin.json" "$work/encoder_texts.txt" <<'PY' >"$work/encoder.expected" 2>"$work/encoder.err" ||
+import sys
+import tokenizers
+bpe = tokenizers.Tokenizer.from_file(sys.argv[1])
+texts = ["The brown dogs' den: 4242 foxes; we'll see!", "  leading spaces and trailing   ", "über-naïve cafés, “ok”",
+         "it's 3.14 or 2718281?? — ½ ٣", "ΑΒΓ δέλτα 東京タワー", "\tx\t\ty", "'S 'LL 'd 've 're 'm 't", "<|endoftext|>x",
+         "a", " ", "x  \t  y"]
+open(sys.argv[2], "w", encoding="utf-8").write("".join(t + "\n" for t in texts))
+for t in texts:
+    print(" ".join(str(i) for i in bpe.encode(t).ids))
+print(f"{bpe.get_vocab_size() + 1} pieces, {sum(len(bpe.encode(t).ids) for t in texts)} ids of {len(texts)} texts",
+      file=sys.stderr)
+PY
+    fail "the BPE encoder: the tokenizers package's ids"
+build/test_host_utils encode "$work/encoder.bin" "$work/encoder_texts.txt" >"$work/encoder.got" 2>&1
+if cmp -s "$work/encoder.got" "$work/encoder.expected"; then pass; else
+    fail "the BPE encoder differs from the tokenizers package's: $(diff "$work/encoder.got" "$work/encoder.expected" |
+        head -4 | tr '\n' ' ')"; fi
+echo "  BPE encoder: $(cat "$work/encoder.err"), the tokenizers package's"
 
 # --- refusals: one line naming what. The tools' main() runs on each bad input in one Python process (torch and
 # transformers load once); each must end with its one line (SystemExit: what the command prints before exiting 1,

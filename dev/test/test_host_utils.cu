@@ -1,6 +1,6 @@
 // dev/test/test_host_utils.cu: tests of the trainers' host-side utilities in llmc/: checked file I/O and
 // atomic commits (utils.h), data shards and batches per rank with and without shuffling, uint16 and
-// uint32, save/load of the loader state (dataloader.h), the tokenizer, the learning-rate schedules, the
+// uint32, save/load of the loader state (dataloader.h), the tokenizer and its BPE encoder, the learning-rate schedules, the
 // outlier detector, the training log, the peak-flops table, torch's mt19937 and normal_ (rand.h, against
 // values printed by torch 1.13), the sampler, and the single-process and flag-checking side of
 // multi_gpu.cuh. Every bad input is checked by running this program again in a child mode that must fail
@@ -11,8 +11,10 @@
 //   test_host_utils share-id tcp|fs RANK NPROC ADDRESS|DIR PORT TIMEOUT_S SEED
 //   test_host_utils mpi-sum                          (under mpirun: -pi mpi)
 //   test_host_utils init tcp|fs ADDRESS|DIR          (under mpirun on the CPU backend: -pi tcp/fs)
+// and dev/test/test_hf.sh holds the BPE encoder to the tokenizers package's through
+//   test_host_utils encode TOKENIZER TEXTS           (each line of TEXTS encoded: its ids on a line)
 // Build and run (CPU backend):
-//   make build/test_host_utils     (cpu/cucc -O2 -I dev/test dev/test/test_host_utils.cu ... -lnccl -lmpi)
+//   make build/test_host_utils     (cpu/cucc -O2 -I dev/test dev/test/test_host_utils.cu ... -lnccl -lmpi -lpcre2-8)
 //   build/test_host_utils
 #include <dirent.h>
 #include <math.h>
@@ -26,6 +28,7 @@
 #include "../../llmc/utils.h"
 #include "../../llmc/dataloader.h"
 #include "../../llmc/tokenizer.h"
+#include "../../llmc/bpe_encoder.h"
 #include "../../llmc/schedulers.h"
 #include "../../llmc/outlier_detector.h"
 #include "../../llmc/logger.h"
@@ -553,8 +556,117 @@ static void test_tokenizer(const char* self) {
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) expect_child_failure(self, cases[i].mode, cases[i].needles);
 }
 
+// bpe_encoder.h on a byte-level BPE by hand: ids 0..255 the bytes, then the merged pieces "bc", "ab", "abc", " a",
+// and end of text. Expected ids worked out from GPT-2's pattern and lowest-id-first merging:
+//   "abc": ab (257) and bc (256) both pieces, bc first, then a+bc = abc (258);
+//   " abx": one word (a space and letters); " a" (259) and ab (257): ab first, then " "+ab is no piece;
+//   "ab  a": words "ab", " " (a space run keeps its last space for the next word), " a";
+//   "<|endoftext|>" as text: bytes (the words "<|", "endoftext", "|>"), never the special token;
+//   "x\xc3\xa9 12": UTF-8 letters are letters (the word "x\xc3\xa9" of 3 bytes), then the word " 12".
+static void write_bpe_tokenizer(const char* path) {
+    FILE* f = fopen(path, "wb");
+    int header[256] = {0};
+    header[0] = 20240328;
+    header[1] = 2;
+    header[2] = 261;
+    header[3] = 260;
+    fwrite(header, sizeof(int), 256, f);
+    unsigned char one = 1;
+    for (int b = 0; b < 256; b++) {
+        unsigned char byte = (unsigned char)b;
+        fwrite(&one, 1, 1, f);
+        fwrite(&byte, 1, 1, f);
+    }
+    const char* merged[5] = {"bc", "ab", "abc", " a", "<|endoftext|>"};
+    for (int i = 0; i < 5; i++) {
+        unsigned char len = (unsigned char)strlen(merged[i]);
+        fwrite(&len, 1, 1, f);
+        fwrite(merged[i], 1, len, f);
+    }
+    fclose(f);
+}
+
+static void test_bpe_encoder(const char* self) {
+    write_bpe_tokenizer(tmp_path("bpe.bin"));
+    Tokenizer t;
+    tokenizer_init(&t, tmp_path("bpe.bin"));
+    BpeEncoder e;
+    bpe_encoder_init(&e, &t);
+    struct { const char* text; int ids[16]; int n; } cases[] = {
+        {"abc", {258}, 1},
+        {" abx", {32, 257, 120}, 3},
+        {"ab  a", {257, 32, 259}, 3},
+        {"<|endoftext|>", {60, 124, 101, 110, 100, 111, 102, 116, 101, 120, 116, 124, 62}, 13},
+        {"x\xc3\xa9 12", {120, 0xc3, 0xa9, 32, 49, 50}, 6},
+        {"\x00" "abc", {0, 258}, 2},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        size_t length = c == 5 ? 4 : strlen(cases[c].text);  // the last text begins with a zero byte
+        int out[64];
+        for (int i = 0; i < 64; i++) out[i] = -7;  // poison
+        size_t bad_offset = 0;
+        int n = bpe_encode(&e, cases[c].text, length, out, &bad_offset);
+        int same = n == cases[c].n;
+        for (int i = 0; same && i < n; i++) same = out[i] == cases[c].ids[i];
+        check(same, "bpe_encode: text %zu gives %d ids (expected %d), the first %d", c, n, cases[c].n, n > 0 ? out[0] : -1);
+    }
+    int out[8];
+    size_t bad_offset = 0;
+    int n = bpe_encode(&e, "ab\xff", 3, out, &bad_offset);
+    check(n == -1 && bad_offset == 2, "bpe_encode: text that is not UTF-8 gives %d at %zu (expected -1 at 2)", n,
+          bad_offset);
+    bpe_encoder_free(&e);
+    tokenizer_free(&t);
+    struct { const char* mode; const char* needles[4]; } refusals[] = {
+        {"bpe-no-byte", {"tok.bin: no piece is the byte 0x00: not a byte-level BPE", NULL}},
+        {"bpe-missing", {"no_tokenizer.bin not found: text needs it to be encoded", NULL}},
+    };
+    for (size_t i = 0; i < 2; i++) expect_child_failure(self, refusals[i].mode, refusals[i].needles);
+}
+
+// The encode mode: each line of a text file (its newline not part of it) encoded, its ids printed on a line.
+static int run_encode(const char* tokenizer_path, const char* texts_path) {
+    Tokenizer t;
+    tokenizer_init(&t, tokenizer_path);
+    BpeEncoder e;
+    bpe_encoder_init(&e, &t);
+    FILE* f = fopen_check(texts_path, "rb");
+    char* line = NULL;
+    size_t capacity = 0;
+    ssize_t got;
+    while ((got = getline(&line, &capacity, f)) != -1) {
+        if (got > 0 && line[got - 1] == '\n') got--;
+        int* ids = (int*)malloc_check(((size_t)got + 1) * sizeof(int));
+        size_t bad_offset;
+        int n = bpe_encode(&e, line, (size_t)got, ids, &bad_offset);
+        if (n < 0) {
+            fprintf(stderr, "%s: a line is not UTF-8 (byte %zu)\n", texts_path, bad_offset);
+            return 1;
+        }
+        for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+        printf("\n");
+        free(ids);
+    }
+    free(line);
+    fclose(f);
+    bpe_encoder_free(&e);
+    tokenizer_free(&t);
+    return 0;
+}
+
 static int run_tokenizer_child(const char* mode) {
     Tokenizer t;
+    BpeEncoder e;
+    if (!strcmp(mode, "bpe-no-byte")) {
+        tokenizer_init(&t, tmp_path("tok.bin"));
+        bpe_encoder_init(&e, &t);
+        return 0;
+    }
+    if (!strcmp(mode, "bpe-missing")) {
+        tokenizer_init(&t, tmp_path("no_tokenizer.bin"));
+        bpe_encoder_init(&e, &t);
+        return 0;
+    }
     if (!strcmp(mode, "tok-magic")) tokenizer_init(&t, tmp_path("tok_magic.bin"));
     else if (!strcmp(mode, "tok-version")) tokenizer_init(&t, tmp_path("tok_version.bin"));
     else if (!strcmp(mode, "tok-truncated")) tokenizer_init(&t, tmp_path("tok_short.bin"));
@@ -965,6 +1077,7 @@ static int run_group(int argc, char** argv) {
 int main(int argc, char** argv) {
     if (argc >= 2 && !strcmp(argv[1], "share-id")) return run_share_id(argc, argv);
     if (argc >= 2 && (!strcmp(argv[1], "mpi-sum") || !strcmp(argv[1], "init"))) return run_group(argc, argv);
+    if (argc == 4 && !strcmp(argv[1], "encode")) return run_encode(argv[2], argv[3]);
     const char* inherited = getenv("HOST_UTILS_TEST_DIR");
     if (argc >= 2) {
         // a child mode: the parent made the files and passed the directory
@@ -1004,6 +1117,7 @@ int main(int argc, char** argv) {
     test_utils(self_path);
     test_dataloader(self_path);
     test_tokenizer(self_path);
+    test_bpe_encoder(self_path);
     test_schedulers(self_path);
     test_outlier_detector();
     test_logger();
