@@ -292,7 +292,8 @@ static void check_flags(const GenerateFlags* f) {
 }
 
 // The perplexity exp(mean cross-entropy) of the model on the data shard at `path`: every whole sequence of maxT
-// positions (maxT + 1 tokens with its targets) in order, through the trainers' forward pass, the mean in double.
+// positions (maxT + 1 tokens with its targets) in order, through the trainers' forward pass, the mean in double over
+// the targets that count (all of them without a loss mask, doc/formats.md).
 static void report_perplexity(Model* model, const char* path, cudaStream_t stream) {
     int T = model->config.max_seq_len;
     DataLoader loader;
@@ -304,12 +305,15 @@ static void report_perplexity(Model* model, const char* path, cudaStream_t strea
         exit(EXIT_FAILURE);
     }
     double loss = 0.0;
+    size_t targets = 0;
     for (size_t i = 0; i < sequences; i++) {
         dataloader_next_batch(&loader);
         model_forward(model, loader.inputs, loader.targets, 1, T, 0.0f, stream);
-        loss += model_mean_loss(model);
+        model_mean_loss(model);
+        loss += model->loss_sum;
+        targets += (size_t)model->loss_targets;
     }
-    loss /= (double)sequences;
+    loss = targets > 0 ? loss / (double)targets : 0.0;
     printf("perplexity %.6f (loss %.6f) over %zu sequences of %d tokens of %s\n", exp(loss), loss, sequences, T, path);
     dataloader_free(&loader);
 }

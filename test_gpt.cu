@@ -274,12 +274,24 @@ static int test_passes(const Model* model, const ReferenceState* ref, const Test
     return ref->micro_batches / groups;
 }
 
+// A loss mask in the step's targets y (B*T; -1: masked, doc/formats.md "Loss mask"): the step's loss is the mean over
+// the targets that count, as train_step weighs them (each process here holds the whole batch). Returns 1 / their
+// count and sets the classifier's weight per target (`scale` times it); 0 and no weight without a mask.
+static double test_target_weight(Model* model, const int* y, size_t n, float scale) {
+    size_t counted = 0;
+    for (size_t i = 0; i < n; i++) counted += y[i] >= 0;
+    double weight = counted < n && counted > 0 ? 1.0 / (double)counted : 0.0;
+    model->masked_dloss = (float)(scale * weight);
+    return weight;
+}
+
 static float test_gradient(Model* model, const int* x, const int* y, int B, int T, int micro_batches,
                            const MultiGpuConfig* mg, const TestExtension* ext, cudaStream_t stream) {
     int micro_B = B / micro_batches;
     size_t micro_tokens = (size_t)micro_B * T;
     model_zero_grad(model, stream);
     if (model->extension.ffn->step_begin) model->extension.ffn->step_begin(model);
+    double target_weight = test_target_weight(model, y, (size_t)B * T, 1.0f);
     double loss = 0.0;
     for (int micro = 0; micro < micro_batches; micro++) {
         model->pass_number = (unsigned int)micro;
@@ -287,7 +299,8 @@ static float test_gradient(Model* model, const int* x, const int* y, int B, int 
                      1.0f / (float)(B * T), stream);
         int last_micro_step = micro == micro_batches - 1;
         model_backward(model, micro_B, T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, 0, stream);
-        loss += model_mean_loss(model);
+        float mean_loss = model_mean_loss(model);
+        loss += target_weight > 0.0 ? model->loss_sum * target_weight * micro_batches : mean_loss;
         if (ext && ext->micro_step_done) ext->micro_step_done(model, micro);
     }
     cudaCheck(cudaStreamSynchronize(stream));
@@ -308,6 +321,7 @@ static float test_step(Model* model, const int* x, const int* y, int B, int T, i
     size_t micro_tokens = (size_t)micro_B * T;
     model_zero_grad(model, stream);
     if (model->extension.ffn->step_begin) model->extension.ffn->step_begin(model);
+    double target_weight = test_target_weight(model, y, (size_t)B * T, model->loss_scaler.scale);
     double step_loss = 0.0;
     for (int micro = 0; micro < micro_batches; micro++) {
         model->pass_number = (unsigned int)(step * micro_batches + micro);
@@ -317,7 +331,8 @@ static float test_step(Model* model, const int* x, const int* y, int B, int T, i
         model_backward(model, micro_B, T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, zero_stage,
                       stream);
         if (last_micro_step) model_early_update(model, opt, step + 1);
-        step_loss += model_mean_loss(model);
+        float mean_loss = model_mean_loss(model);
+        step_loss += target_weight > 0.0 ? model->loss_sum * target_weight * micro_batches : mean_loss;
         if (model->extension.ffn->micro_step_done) model->extension.ffn->micro_step_done(model);
     }
     float loss = (float)(step_loss / micro_batches);

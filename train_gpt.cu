@@ -254,7 +254,11 @@ struct Model {
     float* losses_cpu;  // (B, T) pinned host: the per-token losses of the last forward pass with targets
     cudaEvent_t losses_copied;  // ... are there once this event has completed (model_mean_loss waits for it)
     int loss_tokens;    // B*T of that pass; 0 once model_mean_loss has summed them
-    float mean_loss;    // their mean (model_mean_loss)
+    int loss_targets;   // of those, the targets that count (not masked: -1, doc/formats.md "Loss mask")
+    float masked_dloss;  // > 0: the classifier's gradient weight per target that counts, for a step over loss masks
+                         // (train_step), in place of model_forward's per-token dlogits_scale
+    double loss_sum;    // the losses' sum (model_mean_loss)
+    float mean_loss;    // their mean over the targets that count (model_mean_loss)
     unsigned int pass_number;  // the training pass (micro-step) number, set by the caller: random layers' seeds
     float* rope_table;         // llama: (maxT, HS) RoPE cos and sin (llmc/rope.cuh); NULL for GPT-2
     ModelExtension extension;  // its parts, never NULL (no_extension: GPT-2's dense MLP in every layer)
@@ -916,29 +920,33 @@ static void model_forward(Model* model, const int* inputs, const int* targets, i
     ParameterTensors p = model_rest_weights(model, stream);
     matmul_forward(a.output, a.lnf, c->tied ? p.wte : p.lm_head, nullptr, B, T, C, Vp, stream);
     if (targets) {
+        float dloss = model->masked_dloss > 0.0f ? model->masked_dloss : dlogits_scale;
         if (model_tp_degree(model) > 1)
-            vocab_parallel_loss(model, dlogits_scale, B * T, dlogits_scale > 0.0f, stream);
+            vocab_parallel_loss(model, dloss, B * T, dlogits_scale > 0.0f, stream);
         else
-            fused_classifier(a.output, a.losses, dlogits_scale, model->targets, B, T, V, Vp, dlogits_scale > 0.0f,
-                             stream);
+            fused_classifier(a.output, a.losses, dloss, model->targets, B, T, V, Vp, dlogits_scale > 0.0f, stream);
         // the losses come back without a host synchronisation: the host queues the backward pass (and what else it
         // can) before model_mean_loss waits for them, so that the GPU never waits for the host between the passes
         cudaCheck(cudaMemcpyAsync(model->losses_cpu, a.losses, (size_t)B * T * sizeof(float), cudaMemcpyDeviceToHost,
                                   stream));
         cudaCheck(cudaEventRecord(model->losses_copied, stream));
         model->loss_tokens = B * T;
+        model->loss_targets = 0;
+        for (int i = 0; i < B * T; i++) model->loss_targets += targets[i] >= 0;
         if (x->end_forward) x->end_forward(model, B * T, stream);
     }
 }
 
-// The mean language-model cross-entropy of the last forward pass with targets: waits for its losses (host, in
-// double, in token order).
+// The mean language-model cross-entropy of the last forward pass with targets, over the targets that count (a masked
+// one's loss is 0; none counting: 0): waits for its losses (host, in double, in token order). Their sum stays in
+// model->loss_sum.
 static float model_mean_loss(Model* model) {
     if (model->loss_tokens > 0) {
         cudaCheck(cudaEventSynchronize(model->losses_copied));
         double sum = 0.0;
         for (int i = 0; i < model->loss_tokens; i++) sum += model->losses_cpu[i];
-        model->mean_loss = (float)(sum / model->loss_tokens);
+        model->loss_sum = sum;
+        model->mean_loss = model->loss_targets > 0 ? (float)(sum / model->loss_targets) : 0.0f;
         model->loss_tokens = 0;
     }
     return model->mean_loss;
@@ -1229,15 +1237,23 @@ static void sample_and_print(Model* model, const Tokenizer* tokenizer, int seed_
 static void evaluate(Model* model, DataLoader* val_loader, const TrainerSettings* s, const MultiGpuConfig* mg,
                      int print, Logger* logger, int step, cudaStream_t stream) {
     dataloader_reset(val_loader);
-    double val_loss = 0.0;
+    double val_loss = 0.0, loss_sum = 0.0;
+    uint64_t targets = 0;
     for (int i = 0; i < s->val_max_steps; i++) {
         watchdog_begin("validation", step);
         dataloader_next_batch(val_loader);
         model_forward(model, val_loader->inputs, val_loader->targets, s->B, s->T, 0.0f, stream);
         val_loss += model_mean_loss(model);
+        loss_sum += model->loss_sum;
+        targets += (uint64_t)model->loss_targets;
     }
     watchdog_begin("the validation loss all-reduce", step);
-    val_loss = multi_gpu_cpu_float_sum((float)(val_loss / s->val_max_steps), mg) / mg->num_processes;
+    if (val_loader->has_masks) {  // the mean over every target that counts
+        targets = multi_gpu_cpu_count_sum(targets, mg);
+        val_loss = targets > 0 ? multi_gpu_cpu_float_sum((float)loss_sum, mg) / (double)targets : 0.0;
+    } else {
+        val_loss = multi_gpu_cpu_float_sum((float)(val_loss / s->val_max_steps), mg) / mg->num_processes;
+    }
     watchdog_end();
     if (print) printf("val loss %f\n", val_loss);
     logger_log_val(logger, step, (float)val_loss);
@@ -1303,6 +1319,22 @@ static StepResult train_step(Model* model, const TrainerSettings* s, DataLoader*
     model_zero_grad(model, stream);
     if (model->extension.ffn->step_begin) model->extension.ffn->step_begin(model);
     opt->learning_rate = lr_scheduler_get(scheduler, step);
+    // Each target's weight in the step's loss: 1/(B*T*micro-steps), the mean of the micro-steps' means. With loss
+    // masks, D/(the step's targets that count over the D data-parallel processes; 0 if none), counted before the first
+    // micro-step: the gradients' all-reduce averages over the D processes, so loss and gradients are the mean over
+    // every target of the step that counts, however the masks share them out. The MoE's balance losses, over every
+    // token, keep dlogits_scale's per-token weight.
+    const int masked = train_loader->has_masks;
+    double target_weight = 0.0;
+    if (masked) {
+        watchdog_begin("the count of the step's targets", step + 1);
+        if (s->overfit_single_batch) dataloader_reset(train_loader);
+        uint64_t mine = s->overfit_single_batch ? dataloader_count_targets_ahead(train_loader, 1) * grad_accum_steps
+                                                : dataloader_count_targets_ahead(train_loader, grad_accum_steps);
+        uint64_t targets = multi_gpu_cpu_count_sum(mine, mg);
+        target_weight = targets > 0 ? (double)mg->num_processes / (double)targets : 0.0;
+        model->masked_dloss = (float)(model->loss_scaler.scale * target_weight);
+    }
     double step_loss = 0.0;
     for (int micro = 0; micro < grad_accum_steps; micro++) {
         watchdog_begin("the forward and backward passes with the gradient reduction", step + 1);
@@ -1315,10 +1347,11 @@ static StepResult train_step(Model* model, const TrainerSettings* s, DataLoader*
         model_backward(model, s->B, s->T, optimizer_next_seed(&model->rng_state), mg, last_micro_step, s->zero_stage,
                       stream);
         if (last_micro_step) model_early_update(model, opt, step + 1);  // -oo 2: while the device finishes the pass
-        step_loss += model_mean_loss(model);
+        float mean_loss = model_mean_loss(model);
+        step_loss += masked ? model->loss_sum * target_weight : mean_loss;
         if (model->extension.ffn->micro_step_done) model->extension.ffn->micro_step_done(model);
     }
-    r.loss = (float)(step_loss / grad_accum_steps);
+    r.loss = (float)(masked ? step_loss : step_loss / grad_accum_steps);
     watchdog_begin("the loss all-reduce", step + 1);
     if (mg->num_processes > 1) r.loss = multi_gpu_cpu_float_sum(r.loss, mg) / mg->num_processes;
     watchdog_begin("the gradient norm all-reduce", step + 1);

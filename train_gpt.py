@@ -58,6 +58,9 @@ STATE_VERSION = 3
 STATE_OPTIMIZER_WORD = 12
 STATE_SEED_WORD = 18
 SHARD_MAGIC = 20240520
+MASK_MAGIC = 20261206  # a shard's loss mask, PATH.mask (doc/formats.md, "Loss mask")
+MASK_VERSION = 1
+MASKED = -1  # a target that does not count (the C kernels' convention too)
 TOKENIZER_MAGIC = 20240328
 TOKENIZER_VERSION = 2
 BYTE_VOCAB_SIZE = 257  # the 256 bytes and the end-of-text token
@@ -164,14 +167,15 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.C, eps=LN_EPS)
 
     def forward(self, idx, targets):
-        """Returns the logits of the V real tokens (B, T, V) and the mean cross-entropy over B*T."""
+        """Returns the logits of the V real tokens (B, T, V) and the mean cross-entropy over the B*T targets that
+        count (a masked target is MASKED)."""
         T = idx.shape[1]
         x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for block in self.h:
             x = block(x)
         # lm_head is tied to wte; the Vp - V padded columns are never used
         logits = F.linear(self.ln_f(x), self.wte.weight)[..., : self.config.V]
-        loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1), ignore_index=MASKED)
         return logits, loss
 
 
@@ -299,7 +303,8 @@ class Llama(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, idx, targets):
-        """Returns the logits of the V real tokens (B, T, V) and the mean cross-entropy over B*T."""
+        """Returns the logits of the V real tokens (B, T, V) and the mean cross-entropy over the B*T targets that
+        count (a masked target is MASKED)."""
         T = idx.shape[1]
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # position t is row t: every sequence starts at 0
         x = self.wte(idx)
@@ -307,7 +312,7 @@ class Llama(nn.Module):
             x = block(x, cos, sin)
         out_embedding = self.wte.weight if self.config.tied else self.lm_head.weight
         logits = F.linear(self.ln_f(x), out_embedding)[..., : self.config.V]
-        loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1), ignore_index=MASKED)
         return logits, loss
 
 
@@ -551,8 +556,21 @@ def read_shard(path):
     return np.frombuffer(payload, dtype=dtype).astype(np.int64)
 
 
+def read_mask(path, ntok):
+    """A shard's loss mask, PATH.mask: one flag per token (1: counts as a target), as bool; None without one."""
+    if not os.path.exists(path + ".mask"):
+        return None
+    h, payload = read_file(path + ".mask", "loss mask")
+    if h[0] != MASK_MAGIC or h[1] != MASK_VERSION:
+        fail(f"{path}.mask is not a loss mask (magic {h[0]}, version {h[1]}; expected {MASK_MAGIC}, {MASK_VERSION})")
+    if h[2] != ntok or len(payload) != ntok:
+        fail(f"{path}.mask: {len(payload)} flags; expected one per token of {path} ({ntok})")
+    return np.frombuffer(payload, dtype=np.uint8) == 1
+
+
 class ShardLoader:
-    """Sequential (B, T) batches over the shards matching a glob, in sorted order, wrapping around."""
+    """Sequential (B, T) batches over the shards matching a glob, in sorted order, wrapping around; a target whose
+    shard's loss mask hides it is MASKED."""
 
     def __init__(self, pattern, B, T, V):
         self.files = sorted(glob.glob(pattern))
@@ -566,6 +584,7 @@ class ShardLoader:
         self.shard = (self.shard + 1) % len(self.files)
         path = self.files[self.shard]
         self.tokens = read_shard(path)
+        self.mask = read_mask(path, len(self.tokens))
         if len(self.tokens) < self.B * self.T + 1:
             fail(f"{path} holds {len(self.tokens)} tokens, one batch needs {self.B * self.T + 1}")
         if self.tokens.max() >= self.V:
@@ -576,7 +595,9 @@ class ShardLoader:
         n = self.B * self.T
         if self.position + n + 1 > len(self.tokens):
             self.next_shard()
-        chunk = torch.from_numpy(self.tokens[self.position : self.position + n + 1])
+        chunk = torch.from_numpy(self.tokens[self.position : self.position + n + 1].copy())
+        if self.mask is not None:
+            chunk[1:][torch.from_numpy(~self.mask[self.position + 1 : self.position + n + 1])] = MASKED
         self.position += n
         return chunk[:-1].view(self.B, self.T), chunk[1:].view(self.B, self.T)
 
@@ -659,6 +680,8 @@ def reference_batch(args, config):
     generator = torch.Generator().manual_seed(args.seed)
     x = torch.randint(0, config.V, (args.B, args.T), generator=generator)
     y = torch.randint(0, config.V, (args.B, args.T), generator=generator)
+    if args.mask_fraction > 0:  # a loss mask: each target hidden with this probability
+        y[torch.rand((args.B, args.T), generator=generator) < args.mask_fraction] = MASKED
     return x, y
 
 
@@ -876,11 +899,16 @@ def add_run_flags(p, dtype_help, grad_clip):
     p.add_argument("--grad-clip", type=float, default=grad_clip, help="global gradient norm limit (<= 0: none)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (--train)")
+    p.add_argument("--mask-fraction", type=float, default=0.0, metavar="F",
+                   help="--write-reference: hide each target of the batch with probability F (a loss mask: the loss "
+                        "is the mean over the others; default 0)")
 
 
 def check_run_flags(args):
     if args.steps < 0:
         fail(f"--steps must be >= 0 (got {args.steps})")
+    if not 0 <= args.mask_fraction < 1:
+        fail(f"--mask-fraction must be in [0, 1) (got {args.mask_fraction})")
     if not 0 <= args.seed < 2**31:  # the debug state keeps it in an int32 word
         fail(f"--seed must be in 0..2147483647 (got {args.seed})")
     if args.train and not args.input_bin:

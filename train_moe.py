@@ -130,7 +130,7 @@ import torch.nn.functional as F
 
 import train_gpt
 from train_gpt import (FAMILY_LLAMA, FAMILY_WORD, INIT_STD, LN_EPS, PERTURB_STD, CausalSelfAttention, GPTConfig,
-                       GroupedQueryAttention, LlamaConfig, MLP, OneLineParser, RMSNorm, SwiGLUMLP, add_arch_flags,
+                       GroupedQueryAttention, LlamaConfig, MASKED, MLP, OneLineParser, RMSNorm, SwiGLUMLP, add_arch_flags,
                        add_run_flags, add_shape_flags, backward, bf16_bits, bf16_to_float, check_arch_flags,
                        check_llama_shape, check_run_flags, debug_state_header, fp32, fp32_bits, fp32_from_bits, header,
                        make_deterministic, pick_device, read_file, reference_batch, reference_step_losses,
@@ -645,7 +645,7 @@ def sum_present(values):
 @dataclass
 class MoEOutput:
     logits: torch.Tensor  # (B, T, V)
-    ce_loss: torch.Tensor  # mean cross-entropy: the printed `loss`
+    ce_loss: torch.Tensor  # mean cross-entropy over the targets that count: the printed `loss`
     aux_loss: torch.Tensor  # load-balancing losses summed over the MoE layers
     z_loss: torch.Tensor  # router z-losses summed over the MoE layers
     routings: list  # one Routing per MoE layer, in layer order
@@ -712,7 +712,7 @@ class MoEGPT(nn.Module):
         # the padded Vp - V columns are never used; gpt2's output embedding is wte, llama's wte or lm_head
         out_embedding = self.lm_head.weight if hasattr(self, "lm_head") else self.wte.weight
         logits = F.linear(self.ln_f(x), out_embedding)[..., : self.config.V]
-        ce_loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1))
+        ce_loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1), ignore_index=MASKED)
         aux_loss = sum(r.aux_loss for r in routings)
         z_loss = sum(r.z_loss for r in routings)
         seq_loss = sum_present(r.seq_loss for r in routings)
@@ -1032,6 +1032,12 @@ def micro_batch_outputs(model, x, y, micro_batches, settings, passes=None):
                                                                        r.kept.numel())
                      for m, r in enumerate(output.routings)]
         outputs.append(output)
+    if micro_batches > 1 and bool((y == MASKED).any()):
+        # a loss mask: the step's cross-entropy is the mean over all its targets that count, so each micro-batch's
+        # mean weighs by its share of them (mean_over then divides by K)
+        counts = [int((ym != MASKED).sum()) for ym in y.chunk(micro_batches)]
+        outputs = [replace(o, ce_loss=o.ce_loss * (count * micro_batches / sum(counts)))
+                   for o, count in zip(outputs, counts)]
     return outputs
 
 

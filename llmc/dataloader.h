@@ -15,6 +15,10 @@
 // with the same global batch (processes x B).
 // After the last batch of the last shard the loader wraps around to the first shard of the next epoch.
 //
+// Loss masks: a shard PATH may have a mask shard PATH.mask, a 256-int32 header [0]=20261206, [1]=1, [2]=ntok (the
+// shard's), then one byte per token: 1 when the token counts as a target (the loss predicts it), 0 when it does not
+// (an instruction's prompt). Every shard of a pattern has one, or none does. A masked target is -1 in `targets`.
+//
 // Header-only: #include it from a .cu (built by nvcc or cpu/cucc). Tested by dev/test/test_host_utils.cu.
 #pragma once
 #include <glob.h>
@@ -22,10 +26,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "rand.h"
 #include "utils.h"
 
 #define DATA_SHARD_MAGIC 20240520
+#define DATA_MASK_MAGIC 20261206
+#define DATA_MASK_VERSION 1
 #define DATALOADER_STATE_MAGIC 20260101ull
 #define DATALOADER_STATE_WORDS 12
 
@@ -54,6 +61,9 @@ typedef struct {
     int open_shard;    // the shard `file` and row_order belong to, -1 for none
     FILE* file;
     unsigned char* row_buffer;  // T+1 tokens of the widest type
+    int has_masks;     // every shard has a mask shard (PATH.mask)
+    FILE* mask_file;   // the open shard's mask shard
+    unsigned char* mask_buffer;  // T+1 flags
     // the batch, B*T each
     int* inputs;
     int* targets;
@@ -130,6 +140,51 @@ static inline void dataloader_check_shard(DataLoader* loader, int s) {
     loader->shard_num_batches[s] = (ntok - 1) / global_batch_tokens;
 }
 
+static inline char* dataloader_mask_path(const DataLoader* loader, int s) {
+    return string_format("%s.mask", loader->shard_paths[s]);
+}
+
+// Whether the shards have mask shards: all or none (refused otherwise); each one validated against its shard.
+static inline int dataloader_check_masks(const DataLoader* loader) {
+    int found = 0, missing = -1, present = -1;
+    for (int s = 0; s < loader->num_shards; s++) {
+        char* path = dataloader_mask_path(loader, s);
+        if (access(path, F_OK) == 0) {
+            found++;
+            present = s;
+        } else {
+            missing = s;
+        }
+        free(path);
+    }
+    if (found > 0 && found < loader->num_shards) {
+        fprintf(stderr, "%s.mask: a loss mask, but %s has none (the shards of a pattern all have one, or none does)\n",
+                loader->shard_paths[present], loader->shard_paths[missing]);
+        exit(EXIT_FAILURE);
+    }
+    for (int s = 0; s < found; s++) {
+        char* path = dataloader_mask_path(loader, s);
+        FILE* f = fopen_check(path, "rb");
+        int header[256];
+        read_versioned_header_check(f, header, path, DATA_MASK_MAGIC, DATA_MASK_VERSION, "loss mask");
+        size_t expected_bytes = 256 * sizeof(int) + loader->shard_ntok[s];
+        if (fseek(f, 0, SEEK_END) != 0) {
+            fprintf(stderr, "%s: cannot seek to the end to check its size\n", path);
+            exit(EXIT_FAILURE);
+        }
+        size_t file_bytes = (size_t)ftell(f);
+        fclose_check(f, path);
+        if (header[2] < 0 || (size_t)header[2] != loader->shard_ntok[s] || file_bytes != expected_bytes) {
+            fprintf(stderr, "%s: a mask of %d tokens in %zu bytes; expected one flag per token of %s, %zu tokens "
+                    "(%zu bytes with the header)\n", path, header[2], file_bytes, loader->shard_paths[s],
+                    loader->shard_ntok[s], expected_bytes);
+            exit(EXIT_FAILURE);
+        }
+        free(path);
+    }
+    return found > 0;
+}
+
 // Makes shard_order, file and row_order match (epoch, shard_position).
 static inline void dataloader_enter_position(DataLoader* loader, int epoch_changed) {
     if (epoch_changed) {
@@ -144,6 +199,12 @@ static inline void dataloader_enter_position(DataLoader* loader, int epoch_chang
     if (shard != loader->open_shard) {
         if (loader->file != NULL) fclose_check(loader->file, loader->shard_paths[loader->open_shard]);
         loader->file = fopen_check(loader->shard_paths[shard], "rb");
+        if (loader->has_masks) {
+            if (loader->mask_file != NULL) fclose(loader->mask_file);
+            char* path = dataloader_mask_path(loader, shard);
+            loader->mask_file = fopen_check(path, "rb");
+            free(path);
+        }
         loader->open_shard = shard;
     }
     if (loader->should_shuffle) {
@@ -214,6 +275,9 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
         loader->num_tokens += loader->shard_ntok[s];
     }
     loader->shards_fingerprint = dataloader_fingerprint(loader);
+    loader->has_masks = dataloader_check_masks(loader);
+    loader->mask_file = NULL;
+    loader->mask_buffer = (unsigned char*)malloc_check(T + 1);
 
     loader->shard_order = (int*)malloc_check(loader->num_shards * sizeof(int));
     loader->row_order = NULL;
@@ -280,6 +344,23 @@ static inline void dataloader_read_row(DataLoader* loader, size_t row, size_t b)
         if (i < T) inputs[i] = token;
         if (i > 0) targets[i - 1] = token;
     }
+    if (!loader->has_masks) return;
+    char* mask_path = dataloader_mask_path(loader, shard);
+    offset = (long)(256 * sizeof(int) + row * T);
+    if (fseek(loader->mask_file, offset, SEEK_SET) != 0) {
+        fprintf(stderr, "%s: cannot seek to offset %ld\n", mask_path, offset);
+        exit(EXIT_FAILURE);
+    }
+    fread_check(loader->mask_buffer, 1, T + 1, loader->mask_file, mask_path);
+    for (size_t i = 1; i <= T; i++) {
+        if (loader->mask_buffer[i] > 1) {
+            fprintf(stderr, "%s: flag %d at position %zu (expected 0 or 1)\n", mask_path, loader->mask_buffer[i],
+                    row * T + i);
+            exit(EXIT_FAILURE);
+        }
+        if (loader->mask_buffer[i] == 0) targets[i - 1] = -1;
+    }
+    free(mask_path);
 }
 
 static inline void dataloader_next_batch(DataLoader* loader) {
@@ -300,6 +381,23 @@ static inline void dataloader_next_batch(DataLoader* loader) {
         dataloader_read_row(loader, row, b);
     }
     loader->batch_index++;
+}
+
+// The targets that count (not masked) in this process's next `batches` batches, the position left as it was: what a
+// training step's loss is averaged over, counted before its first micro-batch.
+static inline size_t dataloader_count_targets_ahead(DataLoader* loader, int batches) {
+    size_t epoch = loader->epoch, batch_index = loader->batch_index;
+    int shard_position = loader->shard_position;
+    size_t count = 0;
+    for (int k = 0; k < batches; k++) {
+        dataloader_next_batch(loader);
+        for (size_t i = 0; i < loader->B * loader->T; i++) count += loader->targets[i] >= 0;
+    }
+    loader->epoch = epoch;
+    loader->shard_position = shard_position;
+    loader->batch_index = batch_index;
+    dataloader_enter_position(loader, 1);
+    return count;
 }
 
 static inline size_t dataloader_num_tokens(const DataLoader* loader) {
@@ -371,6 +469,8 @@ static inline void dataloader_load_state(DataLoader* loader, const void* buffer)
 
 static inline void dataloader_free(DataLoader* loader) {
     if (loader->file != NULL) fclose_check(loader->file, loader->shard_paths[loader->open_shard]);
+    if (loader->mask_file != NULL) fclose(loader->mask_file);
+    free(loader->mask_buffer);
     for (int s = 0; s < loader->num_shards; s++) free(loader->shard_paths[s]);
     free(loader->shard_paths);
     free(loader->shard_ntok);
@@ -382,4 +482,5 @@ static inline void dataloader_free(DataLoader* loader) {
     free(loader->inputs);
     free(loader->targets);
     loader->file = NULL;
+    loader->mask_file = NULL;
 }

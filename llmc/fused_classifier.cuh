@@ -19,7 +19,8 @@
 // Floor: the row is read from DRAM once (pass 1 leaves it in L2 for pass 2: a 1024-thread block holds
 // ~100 KiB of rows in flight at V = 50257) and written once: DRAM bytes = 2*N*Vp*sizeof(floatX) + 8*N
 // (targets, losses), N*Vp*sizeof(floatX) + 8*N without the gradient; ~10 flops per element: memory-bound.
-// Targets must lie in [0, V).
+// Targets must lie in [0, V), or be -1: a masked target (a loss mask, doc/formats.md), whose loss and gradient row are
+// 0 (its row is only written).
 
 // This thread's running maximum and sum of exponentials over its 16-byte vectors of the row's first `real` values
 // (online softmax: the sum rescaled whenever the maximum grows); `keep_cached`: a second pass reads the row soon.
@@ -62,10 +63,24 @@ __device__ inline void write_softmax_gradient(floatX* x, int columns, int real, 
     }
 }
 
+// A masked target's row (target -1): loss 0, and with write_dlogits a gradient of 0 over the `columns`. Every thread of
+// the block takes this branch or none.
+__device__ inline void masked_target_row(floatX* x, float* loss, int columns, bool write_dlogits) {
+    if (threadIdx.x == 0) *loss = 0.0f;
+    if (!write_dlogits) return;
+    x128 zeros;
+    for (int k = 0; k < x128::size; k++) zeros[k] = (floatX)0.0f;
+    for (int c = threadIdx.x * x128::size; c < columns; c += blockDim.x * x128::size) store128(x + c, zeros);
+}
+
 __global__ void fused_classifier_kernel(floatX* __restrict__ logits, float* __restrict__ losses, float dloss,
                                         const int* __restrict__ targets, int V, int Vp, bool write_dlogits) {
     floatX* x = logits + (size_t)blockIdx.x * Vp;
     const int target = targets[blockIdx.x];
+    if (target < 0) {
+        masked_target_row(x, &losses[blockIdx.x], Vp, write_dlogits);
+        return;
+    }
 
     // read before any thread of the block can overwrite the row (the reductions below are barriers)
     float target_logit = 0.0f;
@@ -96,7 +111,8 @@ static int classifier_block_size(int columns) {
 }
 
 // logits (B,T,Vp), first V columns real; losses (B,T) = -log softmax(logits[b,t,:V])[targets[b,t]];
-// with write_dlogits, logits become dloss * (softmax - onehot(target)), 0 in the padding columns
+// with write_dlogits, logits become dloss * (softmax - onehot(target)), 0 in the padding columns; a target of -1
+// (masked) gives loss 0 and a gradient row of 0
 void fused_classifier(floatX* logits, float* losses, float dloss, const int* targets, int B, int T, int V, int Vp,
                       bool write_dlogits, cudaStream_t stream) {
     const int block_size = classifier_block_size(Vp);
@@ -138,7 +154,7 @@ bool fused_classifier_support(int V, int Vp, char* why, size_t why_size) {
 //   finish  2*R*Vs*sizeof(floatX) + 20*R bytes (three stats and targets in, losses out), ~6 flops per element;
 //           16*R without the gradient
 // 3*R*Vs*sizeof(floatX) + 56*R bytes in all: memory-bound, 1.5 times fused_classifier_kernel's bytes per element, on
-// 1/N of the columns. Targets must lie in [0, V).
+// 1/N of the columns. Targets must lie in [0, V), or be -1 (masked: loss 0, gradient row 0, as fused_classifier's).
 
 // the slice's real columns are [0, real): none past V
 __device__ inline int vocab_parallel_real_columns(int Vs, int v0, int V) { return max(0, min(Vs, V - v0)); }
@@ -179,12 +195,16 @@ __global__ void vocab_parallel_classifier_finish_kernel(floatX* __restrict__ log
                                                         const int* __restrict__ targets, int rows, int Vs, int v0,
                                                         int V, bool write_dlogits) {
     const int row = blockIdx.x;
+    floatX* x = logits + (size_t)row * Vs;
+    if (targets[row] < 0) {
+        masked_target_row(x, &losses[row], Vs, write_dlogits);
+        return;
+    }
     const float row_max = stats[row], row_sum = stats[2 * rows + row];
     // the target logit comes from the stats (read before any process overwrote its slice), not from the row
     if (threadIdx.x == 0) losses[row] = row_max + logf(row_sum) - stats[3 * rows + row];
     if (!write_dlogits) return;
 
-    floatX* x = logits + (size_t)row * Vs;
     write_softmax_gradient(x, Vs, vocab_parallel_real_columns(Vs, v0, V), targets[row] - v0, row_max, 1.0f / row_sum,
                            dloss);
 }

@@ -50,7 +50,7 @@ typedef struct {
     cudaStream_t nccl_stream;
     cudaEvent_t compute_done;  // recorded on the compute stream; nccl_stream waits on it before reducing
     int used_mpi;              // this process called MPI_Init, so it must call MPI_Finalize
-    float* device_scalar;      // one float of device memory for multi_gpu_cpu_float_sum and the barrier
+    float* device_scalar;      // 8 bytes of device memory for multi_gpu_cpu_sum and the barrier
 } MultiGpuConfig;
 
 static inline double multi_gpu_now_s(void) {
@@ -293,7 +293,7 @@ static inline MultiGpuConfig multi_gpu_config_init(const char* init_method, int 
     ncclCheck(ncclCommInitRank(&c.nccl_comm, c.num_processes, id, c.process_rank));
     cudaCheck(cudaStreamCreate(&c.nccl_stream));
     cudaCheck(cudaEventCreateWithFlags(&c.compute_done, cudaEventDisableTiming));
-    cudaCheck(cudaMalloc(&c.device_scalar, sizeof(float)));
+    cudaCheck(cudaMalloc((void**)&c.device_scalar, sizeof(uint64_t)));
     return c;
 }
 
@@ -389,13 +389,23 @@ static inline void multi_gpu_barrier(const MultiGpuConfig* c) {
     cudaCheck(cudaStreamSynchronize(c->nccl_stream));
 }
 
-// The sum over processes of a host float (a loss): the same value on every rank.
-static inline float multi_gpu_cpu_float_sum(float value, const MultiGpuConfig* c) {
-    if (c->num_processes == 1) return value;
-    float sum;
-    cudaCheck(cudaMemcpyAsync(c->device_scalar, &value, sizeof(float), cudaMemcpyHostToDevice, c->nccl_stream));
-    ncclCheck(ncclAllReduce(c->device_scalar, c->device_scalar, 1, ncclFloat, ncclSum, c->nccl_comm, c->nccl_stream));
-    cudaCheck(cudaMemcpyAsync(&sum, c->device_scalar, sizeof(float), cudaMemcpyDeviceToHost, c->nccl_stream));
+// The sum over processes of one host value of `type` (`bytes` long), in place: the same on every rank.
+static inline void multi_gpu_cpu_sum(void* value, ncclDataType_t type, size_t bytes, const MultiGpuConfig* c) {
+    if (c->num_processes == 1) return;
+    cudaCheck(cudaMemcpyAsync(c->device_scalar, value, bytes, cudaMemcpyHostToDevice, c->nccl_stream));
+    ncclCheck(ncclAllReduce(c->device_scalar, c->device_scalar, 1, type, ncclSum, c->nccl_comm, c->nccl_stream));
+    cudaCheck(cudaMemcpyAsync(value, c->device_scalar, bytes, cudaMemcpyDeviceToHost, c->nccl_stream));
     cudaCheck(cudaStreamSynchronize(c->nccl_stream));
-    return sum;
+}
+
+// ... of a host float (a loss)
+static inline float multi_gpu_cpu_float_sum(float value, const MultiGpuConfig* c) {
+    multi_gpu_cpu_sum(&value, ncclFloat, sizeof(value), c);
+    return value;
+}
+
+// ... of a host count (exact, where a float's would not be past 2^24)
+static inline uint64_t multi_gpu_cpu_count_sum(uint64_t value, const MultiGpuConfig* c) {
+    multi_gpu_cpu_sum(&value, ncclUint64, sizeof(value), c);
+    return value;
 }

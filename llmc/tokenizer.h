@@ -35,11 +35,7 @@ static inline void tokenizer_init(Tokenizer* t, const char* path) {
     }
     FILE* f = fopen_check(path, "rb");
     int header[256];
-    read_header_check(f, header, path, TOKENIZER_MAGIC, "tokenizer");
-    if (header[1] != TOKENIZER_VERSION) {
-        fprintf(stderr, "%s: unsupported tokenizer version %d (expected %d)\n", path, header[1], TOKENIZER_VERSION);
-        exit(EXIT_FAILURE);
-    }
+    read_versioned_header_check(f, header, path, TOKENIZER_MAGIC, TOKENIZER_VERSION, "tokenizer");
     if (header[2] <= 0) {
         fprintf(stderr, "%s: vocabulary size %d (expected a positive number)\n", path, header[2]);
         exit(EXIT_FAILURE);

@@ -119,6 +119,16 @@ static inline void read_header_check(FILE* f, int header[256], const char* path,
     }
 }
 
+// read_header_check, then word 1 against the one version the reader knows.
+static inline void read_versioned_header_check(FILE* f, int header[256], const char* path, int magic, int version,
+                                               const char* what) {
+    read_header_check(f, header, path, magic, what);
+    if (header[1] != version) {
+        fprintf(stderr, "%s: unsupported %s version %d (expected %d)\n", path, what, header[1], version);
+        exit(EXIT_FAILURE);
+    }
+}
+
 // Opens "<final_path>.tmp" for writing; *tmp_path receives that name (the caller frees it) for commit_tmp. A stale
 // temporary (an interrupted write) is removed first and the new one is created exclusively, without following a
 // symlink: fopen "wb" would write through a link planted at the temporary name into whatever file it points to.

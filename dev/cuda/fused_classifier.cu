@@ -21,6 +21,11 @@ __global__ void fused_classifier_three_pass_kernel(floatX* logits, float* losses
                                                    int V, int Vp, bool write_dlogits) {
     floatX* x = logits + (size_t)blockIdx.x * Vp;
     const int target = targets[blockIdx.x];
+    if (target < 0) {  // masked: loss 0, gradient 0 (the same branch for the whole block)
+        if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
+        for (int v = threadIdx.x; write_dlogits && v < Vp; v += blockDim.x) x[v] = (floatX)0.0f;
+        return;
+    }
     float thread_max = -INFINITY;
     for (int v = threadIdx.x; v < V; v += blockDim.x) thread_max = fmaxf(thread_max, (float)x[v]);
     const float row_max = block_reduce<warp_reduce_max>(thread_max, true, -INFINITY);
@@ -72,6 +77,7 @@ int main(int argc, char** argv) {
     std::vector<int> targets = lab_random_ints(N, V);
     targets[0] = 0;
     targets[N - 1] = V - 1;  // the first and the last real column
+    for (int row = 3; row < N - 1; row += 7) targets[row] = -1;  // masked targets (a loss mask): loss and gradient 0
 
     std::vector<float> loss_reference(N), dlogits_reference(n);
     for (int row = 0; row < N; row++) {
@@ -79,9 +85,11 @@ int main(int argc, char** argv) {
         double m = -INFINITY, sum = 0.0;
         for (int v = 0; v < V; v++) m = x[v] > m ? x[v] : m;
         for (int v = 0; v < V; v++) sum += exp((double)x[v] - m);
-        loss_reference[row] = (float)(m + log(sum) - x[targets[row]]);
+        const int masked = targets[row] < 0;
+        loss_reference[row] = masked ? 0.0f : (float)(m + log(sum) - x[targets[row]]);
         for (int v = 0; v < Vp; v++) {
-            double gradient = v < V ? dloss * (exp((double)x[v] - m) / sum - (v == targets[row] ? 1.0 : 0.0)) : 0.0;
+            double gradient = v < V && !masked
+                                  ? dloss * (exp((double)x[v] - m) / sum - (v == targets[row] ? 1.0 : 0.0)) : 0.0;
             dlogits_reference[(size_t)row * Vp + v] = (float)gradient;
         }
     }

@@ -84,6 +84,7 @@ static void make_problem(Problem* p, int rows, int V, int Vp) {
         const int column = row == 1 ? p->targets[row] : lab_random_ints(1, V)[0];
         p->logits[(size_t)row * Vp + column] = lab_rand_uniform(10.0f, 12.0f);
     }
+    for (int row = 4; row < rows - 1; row += 7) p->targets[row] = -1;  // masked targets (a loss mask): loss, gradient 0
     p->logits = lab_rounded(p->logits);
     for (int row = 0; row < rows; row++)
         for (int v = V; v < Vp; v++) p->logits[(size_t)row * Vp + v] = NAN;  // no result may pick them up
@@ -98,9 +99,10 @@ static void make_problem(Problem* p, int rows, int V, int Vp) {
         for (int v = 0; v < V; v++) sum += exp((double)x[v] - m);
         p->row_max[row] = m;
         const int target = p->targets[row];
-        p->losses[row] = (float)(m + log(sum) - x[target]);
+        p->losses[row] = target < 0 ? 0.0f : (float)(m + log(sum) - x[target]);
         for (int v = 0; v < Vp; v++) {
-            const double g = v < V ? p->dloss * (exp((double)x[v] - m) / sum - (v == target ? 1.0 : 0.0)) : 0.0;
+            const double g = v < V && target >= 0
+                                 ? p->dloss * (exp((double)x[v] - m) / sum - (v == target ? 1.0 : 0.0)) : 0.0;
             p->dlogits[(size_t)row * Vp + v] = (float)g;
         }
     }

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """dev/test/test_data.py: tests the dataset preparation scripts (data/tinyshakespeare.py, tinystories.py,
-fineweb.py and data/data_common.py) on small inputs made here and served by a local HTTP server: the shard
+fineweb.py, instructions.py and data/data_common.py) on small inputs made here and served by a local HTTP server: the shard
 and tokenizer file formats, token counts computed independently from the inputs, the text decoded back from
 the shards, resumed downloads, the fallback to the King James Bible with the network cut off (through a
 proxy that refuses connections), and one-line errors for bad input.
@@ -356,6 +356,52 @@ def test_no_fallback_once_started(tmp):
     check(not os.path.exists(os.path.join(tmp, "fallback_kjv")), "offline with a partial download: no fallback")
 
 
+def read_mask(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    header = struct.unpack("<%di" % data_common.HEADER_INTS, data[:4 * data_common.HEADER_INTS])
+    return header[:3], list(data[4 * data_common.HEADER_INTS:])
+
+
+def test_instructions(tmp):
+    """data/instructions.py: the shipped sample is the script's own, and a small JSONL's shards and masks are the
+    examples' UTF-8 bytes after end-of-text tokens, with exactly the responses and the end-of-text tokens after them
+    counting as targets (worked out here from the examples)."""
+    sample = os.path.join(tmp, "sample.jsonl")
+    rc, out, err = run("instructions.py", ["--write-sample", sample])
+    with open(sample, "rb") as a, open(os.path.join(DATA, "instructions_sample.jsonl"), "rb") as b:
+        check(rc == 0 and a.read() == b.read(), "instructions.py --write-sample writes the shipped sample")
+    examples = [("Say hi.", "Hi!"), ("Caf\u00e9?", "Oui \u2014 caf\u00e9."), ("2+2", "4")]
+    jsonl = os.path.join(tmp, "small.jsonl")
+    with open(jsonl, "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in examples))
+    out_dir = os.path.join(tmp, "out")
+    rc, out, err = run("instructions.py", [jsonl, "--out-dir", out_dir, "--tokenizer", "bytes", "--val-fraction", "0.34"])
+    check(rc == 0, "instructions.py on 3 examples (rc %d: %s)" % (rc, err.strip()[-200:]))
+    for split, part in (("train", examples[:2]), ("val", examples[2:])):
+        tokens, flags = [], []
+        for i, (prompt, response) in enumerate(part):
+            p, r = list(prompt.encode("utf-8")), list(response.encode("utf-8"))
+            tokens += [256] + p + r
+            flags += [1 if i > 0 else 0] + [0] * len(p) + [1] * len(r)
+        tokens.append(256)
+        flags.append(1)
+        path = os.path.join(out_dir, split + ".bin")
+        version, got_tokens = read_shard(path)
+        header, got_flags = read_mask(path + ".mask")
+        check(version == 1 and list(got_tokens) == tokens, "instructions.py %s shard: the examples' bytes" % split)
+        check(header == (20261206, 1, len(tokens)) and got_flags == flags,
+              "instructions.py %s mask: the responses and their end-of-text tokens count" % split)
+    bad = (("{\"prompt\": \"x\"}\n", "line 1: expected an object"), ("{\"prompt\": \"x\", \"response\": \"y\"}\nnot json\n",
+           "line 2 is not JSON"), ("", "no examples (an empty file)"))
+    for text, phrase in bad:
+        with open(jsonl, "w", encoding="utf-8") as f:
+            f.write(text)
+        rc, out, err = run("instructions.py", [jsonl, "--out-dir", os.path.join(tmp, "bad"), "--tokenizer", "bytes"])
+        check(rc != 0 and one_error_line(err, "instructions.py", phrase) and not os.path.exists(os.path.join(tmp, "bad")),
+              "instructions.py refuses '%s' in one line (rc %d, %r)" % (phrase, rc, err.strip()[-200:]))
+
+
 def test_bad_arguments(tmp):
     for script, args, what in (("tinyshakespeare.py", ["--tokenizer", "llama"], "unknown tokenizer"),
                                ("tinyshakespeare.py", ["--val-tokens", "0"], "--val-tokens 0"),
@@ -372,7 +418,7 @@ def main():
     global server_url
     server_url = start_server()
     tests = [test_shard_versions, test_tokenizer_files, test_tinyshakespeare, test_resumed_download, test_tinystories,
-             test_fineweb, test_fallback, test_no_fallback_once_started, test_bad_arguments]
+             test_fineweb, test_fallback, test_no_fallback_once_started, test_instructions, test_bad_arguments]
     for test in tests:
         with tempfile.TemporaryDirectory(prefix="test_data_") as tmp:
             try:

@@ -322,8 +322,71 @@ static void load_saved_state(const char* pattern, size_t B, size_t T, int P, int
     dataloader_load_state(&loader, state);
 }
 
+// Loss masks (dataloader.h): token p of shard file f counts as a target unless (7p + f) % 3 == 0; `bad_at` >= 0 puts
+// flag 2 there.
+static int mask_flag(int file, size_t pos) { return (7 * pos + file) % 3 != 0; }
+static void write_mask(const char* shard_path, int file, size_t ntok, int header_ntok, int magic, long bad_at) {
+    char path[600];
+    snprintf(path, sizeof(path), "%s.mask", shard_path);
+    unsigned char* buf = (unsigned char*)calloc(1024 + ntok, 1);
+    int header[256] = {0};
+    header[0] = magic;
+    header[1] = 1;
+    header[2] = header_ntok;
+    memcpy(buf, header, sizeof(header));
+    for (size_t i = 0; i < ntok; i++) buf[1024 + i] = (unsigned char)((long)i == bad_at ? 2 : mask_flag(file, i));
+    write_bytes(path, buf, 1024 + ntok);
+    free(buf);
+}
+
+// Shuffled batches of 2 processes over two masked shards: each target is its token or, where the mask hides it, -1
+// (its position known from the input before it); dataloader_count_targets_ahead counts what the next batches hold and
+// leaves the position as it was.
+static void test_dataloader_masks(void) {
+    const size_t sizes[2] = {53, 70};
+    for (int f = 0; f < 2; f++) {
+        const char* path = tmp_path(f == 0 ? "masked_0.bin" : "masked_1.bin");
+        write_shard(path, f, sizes[f], 1, (int)sizes[f], DATA_SHARD_MAGIC);
+        write_mask(path, f, sizes[f], (int)sizes[f], DATA_MASK_MAGIC, -1);
+    }
+    const size_t B = 2, T = 4;
+    for (int r = 0; r < 2; r++) {
+        DataLoader loader;
+        dataloader_init(&loader, tmp_path("masked_*.bin"), B, T, r, 2, 1, 99);
+        int bad = 0, masked = 0, counted_ok = 1;
+        for (int batch = 0; batch < 24; batch++) {
+            size_t ahead = batch % 5 == 0 ? dataloader_count_targets_ahead(&loader, 3) : 0;
+            size_t counted = 0;
+            for (int k = 0; k < (batch % 5 == 0 ? 3 : 1); k++) {
+                dataloader_next_batch(&loader);
+                for (size_t i = 0; i < B * T; i++) {
+                    int file = loader.inputs[i] / 4096, pos = loader.inputs[i] % 4096 + 1;
+                    int want = mask_flag(file, (size_t)pos) ? 4096 * file + pos : -1;
+                    bad += loader.targets[i] != want;
+                    masked += want < 0;
+                    counted += loader.targets[i] >= 0;
+                }
+            }
+            if (batch % 5 == 0) counted_ok &= counted == ahead;
+        }
+        check(bad == 0 && masked > 0, "dataloader masks rank %d: %d targets wrong (%d masked)", r, bad, masked);
+        check(counted_ok, "dataloader_count_targets_ahead rank %d: a count differs from the batches read after it", r);
+        dataloader_free(&loader);
+    }
+    write_shard(tmp_path("half_0.bin"), 0, 40, 1, 40, DATA_SHARD_MAGIC);
+    write_shard(tmp_path("half_1.bin"), 1, 40, 1, 40, DATA_SHARD_MAGIC);
+    write_mask(tmp_path("half_1.bin"), 1, 40, 40, DATA_MASK_MAGIC, -1);
+    write_shard(tmp_path("mask_len.bin"), 0, 40, 1, 40, DATA_SHARD_MAGIC);
+    write_mask(tmp_path("mask_len.bin"), 0, 39, 39, DATA_MASK_MAGIC, -1);
+    write_shard(tmp_path("mask_magic.bin"), 0, 40, 1, 40, DATA_SHARD_MAGIC);
+    write_mask(tmp_path("mask_magic.bin"), 0, 40, 40, 1234, -1);
+    write_shard(tmp_path("mask_flag.bin"), 0, 40, 1, 40, DATA_SHARD_MAGIC);
+    write_mask(tmp_path("mask_flag.bin"), 0, 40, 40, DATA_MASK_MAGIC, 3);
+}
+
 static void test_dataloader(const char* self) {
     write_test_shards();
+    test_dataloader_masks();
     test_dataloader_sequential(1, 1, 4);
     test_dataloader_sequential(2, 2, 4);
     test_dataloader_sequential(3, 1, 3);
@@ -350,6 +413,11 @@ static void test_dataloader(const char* self) {
                       NULL}},
         {"dl-header", {"bad_header.bin is truncated: expected a 1024-byte data shard header, found 20 bytes", NULL}},
         {"dl-rank", {"process rank 2 out of range for 2 processes", NULL}},
+        {"dl-mask-half", {"half_1.bin.mask: a loss mask, but", "half_0.bin has none", NULL}},
+        {"dl-mask-length", {"mask_len.bin.mask: a mask of 39 tokens in 1063 bytes; expected one flag per token of",
+                            "mask_len.bin, 40 tokens (1064 bytes with the header)", NULL}},
+        {"dl-mask-magic", {"mask_magic.bin.mask: not a loss mask file (magic 1234, expected 20261206)", NULL}},
+        {"dl-mask-flag", {"mask_flag.bin.mask: flag 2 at position 3 (expected 0 or 1)", NULL}},
         {"dl-state-shape", {"data loader state: saved with B 2, T 3 on 2 processes; expected a global batch of B x "
                             "processes = 6 rows of T 3", NULL}},
         {"dl-state-seed", {"data loader state: saved with shuffling off and seed 7; expected shuffling off and seed 8", NULL}},
@@ -369,6 +437,13 @@ static int run_dataloader_child(const char* mode) {
     else if (!strcmp(mode, "dl-short")) dataloader_init(&loader, tmp_path("bad_short.bin"), 2, 4, 1, 2, 0, 0);
     else if (!strcmp(mode, "dl-header")) dataloader_init(&loader, tmp_path("bad_header.bin"), 1, 4, 0, 1, 0, 0);
     else if (!strcmp(mode, "dl-rank")) dataloader_init(&loader, tmp_path("train_*.bin"), 1, 4, 2, 2, 0, 0);
+    else if (!strcmp(mode, "dl-mask-half")) dataloader_init(&loader, tmp_path("half_*.bin"), 1, 4, 0, 1, 0, 0);
+    else if (!strcmp(mode, "dl-mask-length")) dataloader_init(&loader, tmp_path("mask_len.bin"), 1, 4, 0, 1, 0, 0);
+    else if (!strcmp(mode, "dl-mask-magic")) dataloader_init(&loader, tmp_path("mask_magic.bin"), 1, 4, 0, 1, 0, 0);
+    else if (!strcmp(mode, "dl-mask-flag")) {
+        dataloader_init(&loader, tmp_path("mask_flag.bin"), 1, 4, 0, 1, 0, 0);
+        dataloader_next_batch(&loader);
+    }
     else if (!strcmp(mode, "dl-state-shape")) load_saved_state(tmp_path("train_*.bin"), 3, 3, 2, 0, 7, 0);
     else if (!strcmp(mode, "dl-state-seed")) load_saved_state(tmp_path("train_*.bin"), 2, 3, 2, 0, 8, 0);
     else if (!strcmp(mode, "dl-state-files")) load_saved_state(tmp_path("train_0[01].bin"), 2, 3, 2, 0, 7, 0);
