@@ -1,6 +1,6 @@
 """
 dev/test/hf_reference.py: transformers as the reference of Hugging Face interop (doc/formats.md, "Hugging Face
-interop"), for dev/test/test_hf.sh. Two modes:
+interop"), for dev/test/test_hf.sh. Three modes:
   random FAMILY DIR [FAMILY DIR...] small random Hugging Face models, saved with save_pretrained, nothing downloaded:
                                    gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM, 2 key/value heads of 4, own
                                    lm_head) or mixtral (MixtralForCausalLM, the same with top-2 of 4 experts), 2
@@ -17,6 +17,8 @@ interop"), for dev/test/test_hf.sh. Two modes:
                                    losses (Mixtral's loss is the cross-entropy), the choices per expert from
                                    transformers' router logits; deepseek_v3's reference is DeepSeekV3Reference
                                    below, and its counts its own choices
+  batch FILE                       commands of these modes and of scripts/hf_import.py and hf_export.py in one
+                                   process (run_batch)
 Runs with build/hf-venv/bin/python (transformers, safetensors, and Debian's torch through the system site packages).
 """
 import math
@@ -304,11 +306,43 @@ def moe_state(hf_model, x, config, deepseek):
     return {"words": words, "routing": np.array(routing, dtype="<i4")}
 
 
-if __name__ == "__main__":
-    if len(sys.argv) >= 4 and len(sys.argv) % 2 == 0 and sys.argv[1] == "random":
-        for family, directory in zip(sys.argv[2::2], sys.argv[3::2]):
+def run_batch(path):
+    """batch FILE: each line `LOG COMMAND ARG...` (COMMAND random, state, import or export: this tool's modes and
+    scripts/hf_import.py's and hf_export.py's) run in order in this one process, which imports torch and transformers
+    once (each on its own, they were most of a command's 1.0-1.4 s). A command's output goes to LOG, whose last line is
+    `status: 0`, or `status: ` and the one line it failed with."""
+    import contextlib
+    import shlex
+    import hf_export
+    import hf_import
+    tools = {"import": hf_import.main, "export": hf_export.main, "random": main, "state": main}
+    for line in open(path):
+        if not line.strip():
+            continue
+        log, command, *args = shlex.split(line)
+        with open(log, "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            try:
+                tools[command]([command] + args if tools[command] is main else args)
+                status = "0"
+            except SystemExit as e:
+                status = "0" if e.code in (0, None) else str(e)
+            except Exception as e:  # a crash is this command's failure; the next commands still run
+                status = f"{type(e).__name__}: {e}"
+            print(f"status: {status}")
+
+
+def main(argv):
+    if len(argv) >= 3 and len(argv) % 2 == 1 and argv[0] == "random":
+        for family, directory in zip(argv[1::2], argv[2::2]):
             random_model(family, directory)
-    elif len(sys.argv) == 5 and sys.argv[1] == "state":
-        write_state(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif len(argv) == 4 and argv[0] == "state":
+        write_state(argv[1], argv[2], argv[3])
+    elif len(argv) == 2 and argv[0] == "batch":
+        run_batch(argv[1])
     else:
-        hf_layout.fail(TOOL, "usage: hf_reference.py random FAMILY DIR [FAMILY DIR...] | state DIR MODEL.bin PREFIX")
+        hf_layout.fail(TOOL, "usage: hf_reference.py random FAMILY DIR [FAMILY DIR...] | state DIR MODEL.bin PREFIX | "
+                             "batch FILE")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

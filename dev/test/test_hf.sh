@@ -17,6 +17,8 @@
 #   - a feature the trainers lack (a top-1 Mixtral, Qwen2-MoE's shared-expert gate and DeepSeek's softmax scores
 #     among them), a missing tensor, a
 #     shape that contradicts the config and an MoE model file with no Hugging Face class are refused with one line.
+# The Python tools' commands run in two batches, each one process (dev/test/hf_reference.py batch): loading torch and
+# transformers again for each was most of the script's time.
 # Needs build/train_gpt_fp32, build/test_gpt_fp32, build/train_moe_fp32, build/test_moe_fp32, build/test_host_utils
 # and .venv/hf
 # (scripts/install_deps.sh). Run from anywhere:
@@ -31,77 +33,77 @@ export TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
 
 /usr/bin/python3 train_gpt.py --write-shard "$work/train.bin" --shard-tokens 4096 --V 263 --seed 7 >/dev/null ||
     { echo "cannot write a data shard"; exit 1; }
-# against_transformers NAME HF-DIR MODEL.bin: test_gpt (test_moe) holds the trainer on MODEL.bin to transformers'
-# model in HF-DIR
+# batch NAME: the commands of $work/NAME.commands (`LOG COMMAND ARG...`: hf_reference.py's modes, import, export) in one
+# Python process (dev/test/hf_reference.py batch), each one's output in its LOG, whose last line is its status
+batch() {
+    $HF dev/test/hf_reference.py batch "$work/$1.commands" >"$work/$1.log" 2>&1 || fail "$1: $(tail -2 "$work/$1.log")"
+}
+# ran LOG WHAT: the batch's command of LOG succeeded
+ran() {
+    if [ "$(tail -1 "$1" 2>/dev/null)" = "status: 0" ]; then return 0; fi
+    fail "$2: $(tail -1 "$1" 2>/dev/null)"
+    return 1
+}
+# against_transformers NAME: test_gpt (test_moe) holds the trainer to transformers' debug state $work/NAME, which the
+# batch's command of $work/NAME.state wrote
 against_transformers() {
-    if ! $HF dev/test/hf_reference.py state "$2" "$3" "$work/$1" >"$work/$1.ref.log" 2>&1; then
-        fail "$1: transformers' reference: $(tail -2 "$work/$1.ref.log")"
-        return
-    fi
+    ran "$work/$1.state" "$1: transformers' reference" || return
     if "$TEST" "$work/$1" >"$work/$1.log" 2>&1; then pass; else
         fail "$1: the trainer differs from transformers: $(grep -E 'FAIL' "$work/$1.log" | head -3)"; fi
     grep -E "^OK   (logits|steps)" "$work/$1.log" | sed "s/^/  $1: /"
 }
-
-$HF dev/test/hf_reference.py random gpt2 "$work/gpt2" llama "$work/llama" mixtral "$work/mixtral" \
-    deepseek_v3 "$work/deepseek_v3" >/dev/null 2>&1 || fail "random models"
-for family in gpt2 llama mixtral deepseek_v3; do
-    # the MoE families are train_moe's, dropless (-cf 0)
+families() {  # FAMILY: its trainer, test program and training flags (the MoE families are train_moe's, dropless)
     TRAIN=build/train_gpt_fp32 TEST=build/test_gpt_fp32 TRAIN_FLAGS=()
-    case $family in
+    case $1 in
     mixtral | deepseek_v3) TRAIN=build/train_moe_fp32 TEST=build/test_moe_fp32 TRAIN_FLAGS=(-cf 0) ;;
     esac
-    $HF scripts/hf_import.py "$work/$family" "$work/$family.bin" >/dev/null 2>&1 || fail "$family: import"
-    against_transformers "${family}_imported" "$work/$family" "$work/$family.bin"
-    # import, export, import again
-    $HF scripts/hf_export.py "$work/$family.bin" "$work/${family}_exported" >/dev/null 2>&1 || fail "$family: export"
-    $HF scripts/hf_import.py "$work/${family}_exported" "$work/${family}_again.bin" >/dev/null 2>&1 ||
-        fail "$family: import of the export"
-    if cmp -s "$work/$family.bin" "$work/${family}_again.bin"; then pass; else
-        fail "$family: import, export and import again changed the model file"; fi
-    # trained by the trainer, exported, and held to transformers again
+}
+FAMILIES=(gpt2 llama mixtral deepseek_v3)
+
+# the random models; each imported, its debug state from transformers, exported and imported again
+{
+    echo "$work/random.out random gpt2 $work/gpt2 llama $work/llama mixtral $work/mixtral deepseek_v3 $work/deepseek_v3"
+    for f in "${FAMILIES[@]}"; do
+        echo "$work/$f.import import $work/$f $work/$f.bin"
+        echo "$work/${f}_imported.state state $work/$f $work/$f.bin $work/${f}_imported"
+        echo "$work/$f.export export $work/$f.bin $work/${f}_exported"
+        echo "$work/$f.again import $work/${f}_exported $work/${f}_again.bin"
+    done
+} >"$work/imports.commands"
+batch imports
+ran "$work/random.out" "random models"
+for family in "${FAMILIES[@]}"; do
+    families $family
+    ran "$work/$family.import" "$family: import" && against_transformers "${family}_imported"
+    ran "$work/$family.export" "$family: export" && ran "$work/$family.again" "$family: import of the export" &&
+        if cmp -s "$work/$family.bin" "$work/${family}_again.bin"; then pass; else
+            fail "$family: import, export and import again changed the model file"; fi
+    # trained by the trainer, then (below) exported and held to transformers again
     "$TRAIN" -e "$work/$family.bin" -i "$work/train.bin" -j "" -t 16 -b 2 -x 10 -n 10 -v 0 -s 0 -l 1e-3 \
-        "${TRAIN_FLAGS[@]}" -o "$work/${family}_run" >"$work/${family}_run.log" 2>&1 || fail "$family: training: $(tail -2 "$work/${family}_run.log")"
-    $HF scripts/hf_export.py "$work/${family}_run/model_00000010.bin" "$work/${family}_trained" >/dev/null 2>&1 ||
-        fail "$family: export of the trained model"
-    against_transformers "${family}_trained" "$work/${family}_trained" "$work/${family}_run/model_00000010.bin"
+        "${TRAIN_FLAGS[@]}" -o "$work/${family}_run" >"$work/${family}_run.log" 2>&1 ||
+        fail "$family: training: $(tail -2 "$work/${family}_run.log")"
 done
 
-# --- a tokenizer beside the export (--tokenizer): a byte-level BPE of 263 tokens that the tokenizers package trains
-# here; transformers loads it from the exported directory and encodes a text into the source's ids
-$HF - "$work/tokenizer" <<'PY' >/dev/null 2>&1 || fail "tokenizer: building one"
-import sys
+# --- tokenizers, built by the tokenizers package here: a byte-level BPE of 263 tokens saved as a Hugging Face
+# directory; and byte-level BPEs written as the project's tokenizer file (a trainer's -tf file, doc/formats.md
+# "Tokenizer": its pieces' bytes in id order, the end-of-text token last) beside the package's own JSON, one of 262
+# pieces for the export and one of up to 420 for generate's BPE encoder, trained on text with capitals, digits,
+# contractions, punctuation, runs of spaces and tabs, and non-ASCII letters, digits and symbols; with the ids the
+# package's encoder gives texts that second BPE was not trained on
+$HF - "$work/tokenizer" "$work/bpe_tokenizer.bin" "$work/encoder.bin" "$work/encoder_texts.txt" <<'PY' \
+    >"$work/encoder.expected" 2>"$work/encoder.err" || fail "tokenizers: building them"
+import struct, sys
 import tokenizers, transformers
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+directory, files, texts_path = sys.argv[1], sys.argv[2:4], sys.argv[4]
 bpe = tokenizers.ByteLevelBPETokenizer()
 bpe.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 8, vocab_size=263, show_progress=False)
-transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer).save_pretrained(sys.argv[1])
-PY
-$HF scripts/hf_export.py "$work/gpt2.bin" "$work/gpt2_tokenized" --tokenizer "$work/tokenizer" >/dev/null 2>&1 ||
-    fail "export with --tokenizer"
-$HF - "$work/tokenizer" "$work/gpt2_tokenized" <<'PY' && pass || fail "the exported tokenizer encodes otherwise"
-import sys
-import transformers
-text = "the lazy fox jumps over the quick dog"
-a, b = (transformers.AutoTokenizer.from_pretrained(d)(text)["input_ids"] for d in sys.argv[1:])
-print(f"  tokenizer: {len(a)} ids from the source, {len(b)} from the export")
-sys.exit(0 if a == b and len(a) > 0 else 1)
-PY
-
-# --- the project's tokenizer file (--tokenizer FILE.bin, doc/formats.md "Tokenizer"): byte-level BPEs that the
-# tokenizers package trains here, each written as a trainer's -tf file (its pieces' bytes in id order, the end-of-text
-# token last) beside the package's own JSON: one of 262 pieces for the export, one of up to 420 for the BPE encoder
-# below, trained on text with capitals, digits, contractions, punctuation, runs of spaces and tabs, and non-ASCII
-# letters, digits and symbols. Exported with the first, transformers loads a tokenizer that encodes texts into the
-# BPE's own ids
-$HF - "$work/bpe_tokenizer.bin" "$work/encoder.bin" <<'PY' >/dev/null 2>&1 || fail "tokenizer file: building them"
-import struct, sys
-import tokenizers
-from transformers.convert_slow_tokenizer import bytes_to_unicode
+transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer).save_pretrained(directory)
 byte_of = {c: b for b, c in bytes_to_unicode().items()}
 corpora = (["the quick brown fox jumps over the lazy dog"],
            ["The quick brown fox's den: 42 foxes, 7 dogs; they'll jump!", "naïve café über straße — “quoted” ½ ٣٤",
             "I'm sure you've seen it's 3.14159 and 2718 ... ok?", "tabs\tand   spaces  end ", "ÆØÅ æøå ΑΒΓ αβγ 東京 123"])
-for path, corpus, vocab_size in zip(sys.argv[1:], corpora, (262, 420)):
+for path, corpus, vocab_size in zip(files, corpora, (262, 420)):
     bpe = tokenizers.ByteLevelBPETokenizer()
     bpe.train_from_iterator(corpus * 8, vocab_size=vocab_size, show_progress=False)
     pieces = [bytes(byte_of[c] for c in token) for token, _ in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1])]
@@ -110,37 +112,51 @@ for path, corpus, vocab_size in zip(sys.argv[1:], corpora, (262, 420)):
         f.write(struct.pack("<256i", 20240328, 2, len(pieces), len(pieces) - 1, *([0] * 252)))
         f.write(b"".join(bytes([len(p)]) + p for p in pieces))
     bpe.save(path + ".json")
+texts = ["The brown dogs' den: 4242 foxes; we'll see!", "  leading spaces and trailing   ", "über-naïve cafés, “ok”",
+         "it's 3.14 or 2718281?? — ½ ٣", "ΑΒΓ δέλτα 東京タワー", "\tx\t\ty", "'S 'LL 'd 've 're 'm 't", "<|endoftext|>x",
+         "a", " ", "x  \t  y"]
+open(texts_path, "w", encoding="utf-8").write("".join(t + "\n" for t in texts))
+for t in texts:
+    print(" ".join(str(i) for i in bpe.encode(t).ids))
+print(f"{len(pieces)} pieces, {sum(len(bpe.encode(t).ids) for t in texts)} ids of {len(texts)} texts", file=sys.stderr)
 PY
-$HF scripts/hf_export.py "$work/gpt2.bin" "$work/gpt2_file_tokenizer" --tokenizer "$work/bpe_tokenizer.bin" \
-    >/dev/null 2>&1 || fail "export with --tokenizer FILE"
-if $HF - "$work/bpe_tokenizer.bin.json" "$work/gpt2_file_tokenizer" <<'PY'; then pass; else fail "tokenizer file"; fi
+
+# the trained models exported with their debug states from transformers, and GPT-2 exported with each tokenizer
+{
+    for f in "${FAMILIES[@]}"; do
+        echo "$work/$f.trained_export export $work/${f}_run/model_00000010.bin $work/${f}_trained"
+        echo "$work/${f}_trained.state state $work/${f}_trained $work/${f}_run/model_00000010.bin $work/${f}_trained"
+    done
+    echo "$work/tokenized.export export $work/gpt2.bin $work/gpt2_tokenized --tokenizer $work/tokenizer"
+    echo "$work/file_tokenized.export export $work/gpt2.bin $work/gpt2_file_tokenizer --tokenizer $work/bpe_tokenizer.bin"
+} >"$work/exports.commands"
+batch exports
+for family in "${FAMILIES[@]}"; do
+    families $family
+    ran "$work/$family.trained_export" "$family: export of the trained model" && against_transformers "${family}_trained"
+done
+
+# --- tokenizers beside the export (--tokenizer): transformers loads the directory's from the exported directory and
+# encodes a text into the source's ids; and the tokenizer file's, which encodes texts into the BPE's own ids
+ran "$work/tokenized.export" "export with --tokenizer" && ran "$work/file_tokenized.export" "export with --tokenizer FILE" &&
+    $HF - "$work/tokenizer" "$work/gpt2_tokenized" "$work/bpe_tokenizer.bin.json" "$work/gpt2_file_tokenizer" <<'PY' &&
 import sys
 import tokenizers, transformers
-bpe = tokenizers.Tokenizer.from_file(sys.argv[1])
-hf = transformers.AutoTokenizer.from_pretrained(sys.argv[2])
+text = "the lazy fox jumps over the quick dog"
+a, b = (transformers.AutoTokenizer.from_pretrained(d)(text)["input_ids"] for d in sys.argv[1:3])
+print(f"  tokenizer: {len(a)} ids from the source, {len(b)} from the export")
+bpe = tokenizers.Tokenizer.from_file(sys.argv[3])
+hf = transformers.AutoTokenizer.from_pretrained(sys.argv[4])
 texts = ["the lazy fox jumps over the quick dog", "quick brown  dogs, 42 foxes!\nthe end", "xyz\tthe"]
 same = all(bpe.encode(t).ids == hf(t)["input_ids"] and hf.decode(hf(t)["input_ids"]) == t for t in texts)
 print(f"  tokenizer file: {len(texts)} texts, {sum(len(hf(t)['input_ids']) for t in texts)} ids, the BPE's own; "
       f"end of text {hf.eos_token_id}")
-sys.exit(0 if same and hf.eos_token_id == 262 else 1)
+sys.exit(0 if a == b and len(a) > 0 and same and hf.eos_token_id == 262 else 1)
 PY
+    pass || fail "an exported tokenizer encodes otherwise"
 
 # --- generate's text prompts (llmc/bpe_encoder.h, through test_host_utils encode) against the tokenizers package's
-# encoder, on the second BPE above: texts it was not trained on encode to the package's ids
-$HF - "$work/encoder.bin.json" "$work/encoder_texts.txt" <<'PY' >"$work/encoder.expected" 2>"$work/encoder.err" ||
-import sys
-import tokenizers
-bpe = tokenizers.Tokenizer.from_file(sys.argv[1])
-texts = ["The brown dogs' den: 4242 foxes; we'll see!", "  leading spaces and trailing   ", "über-naïve cafés, “ok”",
-         "it's 3.14 or 2718281?? — ½ ٣", "ΑΒΓ δέλτα 東京タワー", "\tx\t\ty", "'S 'LL 'd 've 're 'm 't", "<|endoftext|>x",
-         "a", " ", "x  \t  y"]
-open(sys.argv[2], "w", encoding="utf-8").write("".join(t + "\n" for t in texts))
-for t in texts:
-    print(" ".join(str(i) for i in bpe.encode(t).ids))
-print(f"{bpe.get_vocab_size() + 1} pieces, {sum(len(bpe.encode(t).ids) for t in texts)} ids of {len(texts)} texts",
-      file=sys.stderr)
-PY
-    fail "the BPE encoder: the tokenizers package's ids"
+# encoder, on the second BPE file above
 build/test_host_utils encode "$work/encoder.bin" "$work/encoder_texts.txt" >"$work/encoder.got" 2>&1
 if cmp -s "$work/encoder.got" "$work/encoder.expected"; then pass; else
     fail "the BPE encoder differs from the tokenizers package's: $(diff "$work/encoder.got" "$work/encoder.expected" |
