@@ -63,6 +63,7 @@ typedef struct {
     unsigned char* row_buffer;  // T+1 tokens of the widest type
     int has_masks;     // every shard has a mask shard (PATH.mask)
     FILE* mask_file;   // the open shard's mask shard
+    char* mask_path;   // its path
     unsigned char* mask_buffer;  // T+1 flags
     // the batch, B*T each
     int* inputs;
@@ -201,9 +202,9 @@ static inline void dataloader_enter_position(DataLoader* loader, int epoch_chang
         loader->file = fopen_check(loader->shard_paths[shard], "rb");
         if (loader->has_masks) {
             if (loader->mask_file != NULL) fclose(loader->mask_file);
-            char* path = dataloader_mask_path(loader, shard);
-            loader->mask_file = fopen_check(path, "rb");
-            free(path);
+            free(loader->mask_path);
+            loader->mask_path = dataloader_mask_path(loader, shard);
+            loader->mask_file = fopen_check(loader->mask_path, "rb");
         }
         loader->open_shard = shard;
     }
@@ -277,6 +278,7 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
     loader->shards_fingerprint = dataloader_fingerprint(loader);
     loader->has_masks = dataloader_check_masks(loader);
     loader->mask_file = NULL;
+    loader->mask_path = NULL;
     loader->mask_buffer = (unsigned char*)malloc_check(T + 1);
 
     loader->shard_order = (int*)malloc_check(loader->num_shards * sizeof(int));
@@ -345,7 +347,7 @@ static inline void dataloader_read_row(DataLoader* loader, size_t row, size_t b)
         if (i > 0) targets[i - 1] = token;
     }
     if (!loader->has_masks) return;
-    char* mask_path = dataloader_mask_path(loader, shard);
+    const char* mask_path = loader->mask_path;
     offset = (long)(256 * sizeof(int) + row * T);
     if (fseek(loader->mask_file, offset, SEEK_SET) != 0) {
         fprintf(stderr, "%s: cannot seek to offset %ld\n", mask_path, offset);
@@ -360,7 +362,6 @@ static inline void dataloader_read_row(DataLoader* loader, size_t row, size_t b)
         }
         if (loader->mask_buffer[i] == 0) targets[i - 1] = -1;
     }
-    free(mask_path);
 }
 
 static inline void dataloader_next_batch(DataLoader* loader) {
@@ -393,10 +394,13 @@ static inline size_t dataloader_count_targets_ahead(DataLoader* loader, int batc
         dataloader_next_batch(loader);
         for (size_t i = 0; i < loader->B * loader->T; i++) count += loader->targets[i] >= 0;
     }
+    // within the same shard visit its files and row order still hold; past it, they are made again
+    int moved = loader->epoch != epoch || loader->shard_position != shard_position;
+    int epoch_changed = loader->epoch != epoch;
     loader->epoch = epoch;
     loader->shard_position = shard_position;
     loader->batch_index = batch_index;
-    dataloader_enter_position(loader, 1);
+    if (moved) dataloader_enter_position(loader, epoch_changed);
     return count;
 }
 
@@ -470,6 +474,7 @@ static inline void dataloader_load_state(DataLoader* loader, const void* buffer)
 static inline void dataloader_free(DataLoader* loader) {
     if (loader->file != NULL) fclose_check(loader->file, loader->shard_paths[loader->open_shard]);
     if (loader->mask_file != NULL) fclose(loader->mask_file);
+    free(loader->mask_path);
     free(loader->mask_buffer);
     for (int s = 0; s < loader->num_shards; s++) free(loader->shard_paths[s]);
     free(loader->shard_paths);
@@ -483,4 +488,5 @@ static inline void dataloader_free(DataLoader* loader) {
     free(loader->targets);
     loader->file = NULL;
     loader->mask_file = NULL;
+    loader->mask_path = NULL;
 }
