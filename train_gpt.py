@@ -595,11 +595,12 @@ class ShardLoader:
         n = self.B * self.T
         if self.position + n + 1 > len(self.tokens):
             self.next_shard()
-        chunk = torch.from_numpy(self.tokens[self.position : self.position + n + 1].copy())
+        chunk = torch.from_numpy(self.tokens[self.position : self.position + n + 1])
+        x, y = chunk[:-1].view(self.B, self.T), chunk[1:].clone().view(self.B, self.T)  # y's masking leaves x
         if self.mask is not None:
-            chunk[1:][torch.from_numpy(~self.mask[self.position + 1 : self.position + n + 1])] = MASKED
+            y[torch.from_numpy(~self.mask[self.position + 1 : self.position + n + 1]).view(self.B, self.T)] = MASKED
         self.position += n
-        return chunk[:-1].view(self.B, self.T), chunk[1:].view(self.B, self.T)
+        return x, y
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 # prompts), with the tiny reference model:
 #   - the first step's loss and gradient norm on one batch (-a 1, unshuffled) against PyTorch's: the mean
 #     cross-entropy over the targets that count and its gradient's norm (train_gpt.py's model, FP32: rel 1e-5, the
-#     printed 6 decimals and fp32 sums), on 1 process with 2 micro-steps of the same batch and on 2 processes;
+#     printed 6 decimals and fp32 sums), on 1 process with 2 micro-steps of the same batch and on 2 processes; and
+#     the reference's own shard loader (train_gpt.py --train) reads that batch with the same masked targets;
 #   - the validation loss (unshuffled, over 2 batches) against PyTorch's mean over the same rows' targets that count;
 #   - 4 shuffled steps the same under 4 layouts of one global batch of 8 x 32 tokens: 1 process with 2 micro-steps
 #     or one, 2 processes with 2 micro-steps or one: the step's targets that count split differently between them,
@@ -54,7 +55,11 @@ def rows(shard, n):  # the first n rows of T + 1 tokens (row k from token k*T), 
                                         train_gpt.MASKED) for k in range(n)]))
     return x, y
 
-ok = True
+# the reference's own loader (train_gpt.py --train) reads the same first batch: inputs whole, targets masked
+lx, ly = train_gpt.ShardLoader(f"{data}/train.bin", 2, T, model.config.V).next_batch()
+x2, y2 = rows(f"{data}/train.bin", 2)
+ok = bool(torch.equal(lx, x2) and torch.equal(ly, y2))
+print(f"  train_gpt.py's ShardLoader: its first batch {'is' if ok else 'is not'} the rows read here")
 for entry in logs:
     log, train_rows, val_rows = entry.split(":")
     x, y = rows(f"{data}/train.bin", int(train_rows))
