@@ -89,10 +89,18 @@ struct ModelTest {
     int steps;  // -st: the reference's first this many steps are run and compared (0, without -st: all of them)
     const TensorParallel* tp;  // -tp N -sp S: the tensor-parallel layout (degree 1: every layer whole)
     const MultiGpuConfig* world;  // every process (an extension's groups may span the tensor-parallel ones)
+    // a fine-tuning reference (debug state word 40): its adapter file, whose rank, targets and alpha the models take;
+    // NULL: every parameter trains
+    const char* adapter_path;
+    int lora_rank;
+    unsigned lora_targets;
+    float lora_alpha;
 };
 
 // The debug state's words 12..17 (doc/formats.md, "Debug state"): the reference steps' AdamW, fp32 bits
 #define STATE_OPTIMIZER_WORD 12
+// ... and word 40: the fine-tuning method (FT_METHOD_LORA), whose adapter is PREFIX_adapter.bin; 0: none
+#define STATE_FINE_TUNING_WORD 40
 
 static float header_float(const int* header, int word) {
     float value;
@@ -122,6 +130,11 @@ static void take_reference_optimizer(AdamWConfig* opt, const int* header) {
     *opt = o;
 }
 
+// what the reference's gradients cover: the model's parameters, or under fine-tuning the adapter's
+static size_t test_trained_parameters(const Model* model) {
+    return model->frozen ? lora_parameter_count(model) : model_num_parameters(model);
+}
+
 // the payload of the debug state at path, after its header (open_reference_state)
 static void read_reference_state(ReferenceState* r, FILE* f, const char* path, const int* header, const Model* model,
                                  const TestExtension* x) {
@@ -145,14 +158,15 @@ static void read_reference_state(ReferenceState* r, FILE* f, const char* path, c
     r->x = (int*)malloc_check(BT * sizeof(int));
     r->y = (int*)malloc_check(BT * sizeof(int));
     r->logits = (float*)malloc_check(BT * r->V * sizeof(float));
-    r->grads = (float*)malloc_check(model_num_parameters(model) * sizeof(float));
+    size_t num_grads = test_trained_parameters(model);
+    r->grads = (float*)malloc_check(num_grads * sizeof(float));
     r->step_losses = (float*)malloc_check((size_t)r->nsteps * sizeof(float));
     fread_check(r->x, sizeof(int), BT, f, path);
     fread_check(r->y, sizeof(int), BT, f, path);
     fread_check(r->logits, sizeof(float), BT * r->V, f, path);
     fread_check(&r->loss, sizeof(float), 1, f, path);
     r->extension = x ? x->read_reference(f, path, header, model) : NULL;
-    fread_check(r->grads, sizeof(float), model_num_parameters(model), f, path);
+    fread_check(r->grads, sizeof(float), num_grads, f, path);
     fread_check(r->step_losses, sizeof(float), r->nsteps, f, path);
     fclose_check(f, path);
 }
@@ -244,9 +258,36 @@ static void build_test_model(Model* model, const ModelTest* t, const MultiGpuCon
     model->multi_gpu = mg;
     model->tp = t->tp;
     model->offload_optimizer = t->offload;
+    model->frozen = t->adapter_path != NULL;
+    model->lora_rank = t->lora_rank;
+    model->lora_targets = t->lora_targets;
     if (t->extension) t->extension->attach(model, t, mg, degree);
     model_build_from_checkpoint(model, t->path);
     if (!model_set_attention(model, t->flash_attention, t->path)) exit(EXIT_FAILURE);
+}
+
+// After the model's activations, before its optimizer: a fine-tuning test's adapter, the reference's (whose base
+// checksum is the test's model file's)
+static void attach_test_adapter(Model* model, const ModelTest* t) {
+    if (!t->adapter_path) return;
+    model->lora = lora_allocate(model, t->lora_alpha, model->batch_size, model->seq_len);
+    if (!checkpoint_checksum(t->path, &model->lora->base_size, &model->lora->base_hash)) {
+        fprintf(stderr, "%s: cannot read it for its checksum\n", t->path);
+        exit(EXIT_FAILURE);
+    }
+    lora_read_file(model, t->adapter_path);
+}
+
+// The trained parameters after a run, in model-file order (the model's, as the trainer writes its model file: under
+// ZeRO-3 gathered), or the adapter's in its set's order; test_trained_parameters of them
+static void test_trained_values(Model* model, floatX* values, cudaStream_t stream) {
+    if (!model->lora) {
+        model_get_parameters(model, values, stream);
+        return;
+    }
+    float* adapter = lora_host_parameters(model);
+    for (size_t i = 0; i < model->lora->store.num_parameters; i++) values[i] = (floatX)adapter[i];
+    free(adapter);
 }
 
 // the extension's state is the test's (attach allocated it)
@@ -352,13 +393,14 @@ static int run_test_steps(const ModelTest* t, const ReferenceState* ref, const M
     int passes = test_passes(&model, ref, t->extension);
     if (passes == 0) exit(EXIT_FAILURE);
     model_allocate_activations(&model, ref->B / passes, ref->T);  // a micro-batch's, as the trainer's
+    attach_test_adapter(&model, t);
     model_allocate_optimizer(&model, t->zero_stage);
     model.rng_state = rng_state;
     for (int step = 0; step < ref->nsteps; step++)
         losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, passes, step, mg, t->zero_stage, &t->opt,
                                  stream);
-    if (params) model_get_parameters(&model, params, stream);
-    int adopted = model.store.early_adopted;
+    if (params) test_trained_values(&model, params, stream);
+    int adopted = model.lora ? model.lora->store.early_adopted : model.store.early_adopted;
     free_test_model(&model);
     return adopted;
 }
@@ -461,6 +503,26 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     FILE* state = open_reference_state(state_path, header);
     take_reference_optimizer(&t.opt, header);
     if (x) x->take_settings(&t, header, state_path);
+    char* adapter_path = NULL;
+    if (header[STATE_FINE_TUNING_WORD] != 0) {
+        if (header[STATE_FINE_TUNING_WORD] != FT_METHOD_LORA || x) {
+            fprintf(stderr, "%s: fine-tuning method %d in word %d: %s tests lora (1) of GPT-2 and llama models\n",
+                    state_path, header[STATE_FINE_TUNING_WORD], STATE_FINE_TUNING_WORD, name);
+            return EXIT_FAILURE;
+        }
+        adapter_path = string_format("%s_adapter.bin", prefix);
+        int adapter_header[256];
+        FILE* f = fopen_check(adapter_path, "rb");
+        read_versioned_header_check(f, adapter_header, adapter_path, ADAPTER_FILE_MAGIC, ADAPTER_FILE_VERSION,
+                                    "adapter");
+        fclose_check(f, adapter_path);
+        t.adapter_path = adapter_path;
+        t.lora_rank = adapter_header[3];
+        t.lora_targets = (unsigned)adapter_header[4];
+        memcpy(&t.lora_alpha, &adapter_header[5], sizeof(float));
+        if (printing) printf("fine-tuning: lora r=%d alpha %g, targets 0x%x, from %s\n", t.lora_rank, t.lora_alpha,
+                             t.lora_targets, adapter_path);
+    }
     if (printing)
         printf("optimizer: the reference's: lr %g, betas (%g, %g), eps %g, weight decay %g, clipping at %g\n",
                t.opt.learning_rate, t.opt.beta1, t.opt.beta2, t.opt.eps, t.opt.weight_decay, t.opt.grad_clip);
@@ -486,6 +548,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         printf("micro-batches: each step %d of %d sequences, as the reference's%s\n", ref.micro_batches,
                B / ref.micro_batches, K < ref.micro_batches ? ", routed by the tensor-parallel members" : "");
     model_allocate_activations(&model, B / K, T);
+    attach_test_adapter(&model, &unsharded);
     model_allocate_optimizer(&model, 0);
 
     // logits: an evaluation pass over each micro-batch (an MoE layer routes each as its own group)
@@ -505,8 +568,26 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     float loss = test_gradient(&model, ref.x, ref.y, B, T, K, &mg, x, stream);
     compare_value("loss", loss, ref.loss, tol_loss);
     if (x) x->check_forward(&model, &ref);
-    float* grads = gathered_gradients(&model, x, stream);
-    compare_tensors("", &model, grads, ref.grads, tol_tensor);
+    float* grads = NULL;
+    if (model.lora) {  // the adapter's: every A and B (the frozen model has none)
+        const ShardedParameters* a = &model.lora->store;
+        floatX* stored = (floatX*)malloc_check(a->num_parameters * sizeof(floatX));
+        cudaCheck(cudaMemcpy(stored, a->grads_memory, a->num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
+        grads = (float*)malloc_check(a->num_parameters * sizeof(float));
+        for (size_t i = 0; i < a->num_parameters; i++) grads[i] = (float)stored[i];
+        free(stored);
+        size_t offset = 0;
+        for (int i = 0; i < a->num_tensors; i++) {
+            if (a->sizes[i] == 0) continue;
+            char what[64];
+            snprintf(what, sizeof(what), "%s.lora_%s", lora_target_names[i / 2], i % 2 ? "b" : "a");
+            compare_scaled(what, grads + offset, ref.grads + offset, a->sizes[i], tol_tensor);
+            offset += a->sizes[i];
+        }
+    } else {
+        grads = gathered_gradients(&model, x, stream);
+        compare_tensors("", &model, grads, ref.grads, tol_tensor);
+    }
 
     // the reference's training steps on the same batch
     float* losses = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
@@ -523,6 +604,39 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     if (printing)
         printf("%s %-10s %d step losses, max rel err %.2e (tol %.0e)\n", steps_ok ? "OK  " : "FAIL", "steps",
                ref.nsteps, worst, tol_steps);
+
+    // -fm: the trained adapter merged into the model (W + s B A, llmc/model_lora.h) gives the adapted model's logits.
+    // Both sides compute in the working precision: FP32 agrees to rounding; BF16's merged weights are rounded once
+    // to bf16 where the adapted model rounds x A^T, s (x A^T) and the sum, hence the logits' BF16 tolerance.
+    if (model.lora) {
+        floatX* adapted = (floatX*)malloc_check(BT * Vp * sizeof(floatX));
+        floatX* merged_logits = (floatX*)malloc_check(BT * Vp * sizeof(floatX));
+        model_forward(&model, ref.x, nullptr, B / K, T, 0.0f, stream);
+        model_copy_logits(&model, adapted, 0, micro_tokens, stream);
+        size_t n = model_num_parameters(&model);
+        floatX* merged = (floatX*)malloc_check(n * sizeof(floatX));
+        model_get_parameters(&model, merged, stream);
+        lora_merge(&model, merged);
+        model_set_parameters(&model, merged);
+        LoraAdapter* adapter = model.lora;
+        model.lora = NULL;  // the merged model alone
+        model_forward(&model, ref.x, nullptr, B / K, T, 0.0f, stream);
+        model_copy_logits(&model, merged_logits, 0, micro_tokens, stream);
+        model.lora = adapter;
+        float* got = (float*)malloc_check(micro_tokens * V * sizeof(float));
+        float* want = (float*)malloc_check(micro_tokens * V * sizeof(float));
+        for (size_t bt = 0; bt < micro_tokens; bt++)
+            for (int v = 0; v < V; v++) {
+                got[bt * V + v] = (float)merged_logits[bt * Vp + v];
+                want[bt * V + v] = (float)adapted[bt * Vp + v];
+            }
+        compare_scaled("merged", got, want, micro_tokens * V, tol_tensor);
+        free(got);
+        free(want);
+        free(merged);
+        free(adapted);
+        free(merged_logits);
+    }
 
     // -tp N against -tp 1: the same steps with every layer whole, each process on its own (a communicator of one
     // process), from the same parameters and stochastic-rounding seeds. The split changes only summation orders (the
@@ -561,7 +675,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     if (!x && (t.zero_stage > 0 || t.offload)) {
         float* sharded = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
         float* staged = (float*)malloc_check((size_t)ref.nsteps * sizeof(float));
-        size_t n = model_num_parameters(&model);
+        size_t n = test_trained_parameters(&model);
         floatX* sharded_params = (floatX*)malloc_check(n * sizeof(floatX));
         floatX* staged_params = (floatX*)malloc_check(n * sizeof(floatX));
         const float* baseline = losses;
@@ -627,6 +741,7 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     free(logits_x);
     free(path);
     free(state_path);
+    free(adapter_path);
     free_test_model(&model);
 #ifdef ENABLE_CUDNN
     cudnn_attention_teardown();

@@ -222,6 +222,7 @@ typedef struct {
 } LayerActivations;
 
 typedef struct Model Model;
+typedef struct LoraAdapter LoraAdapter;
 
 #include "llmc/model_extension.h"
 
@@ -241,6 +242,10 @@ struct Model {
                             // ZeRO-3 only this process's parameter shard and gather buffers
     const MultiGpuConfig* multi_gpu;  // set before building for ZeRO-3: the processes parameters are gathered over
     const TensorParallel* tp;  // set before building: the tensor-parallel layout (NULL: every layer whole)
+    int frozen;               // set before building: the parameters do not train (fine-tuning, -ft): a frozen set
+    int lora_rank;            // ... and with frozen, the adapter's shape: its rank and targets (llmc/model_lora.h)
+    unsigned lora_targets;
+    LoraAdapter* lora;        // -ft lora: the trainable adapter beside the frozen model, once allocated; or NULL
     // activations
     ActivationTensors acts;
     void* acts_memory;
@@ -413,17 +418,21 @@ static void model_gradient_bucket_sizes(const Model* model, const size_t* sizes,
     for (int j = 0; j < REST_TENSORS; j++) *rest += sizes[rest_tensors[j]];
     *rest += sizes[PARAM_LM_HEAD];
 }
+// ZeRO-3's gather buffers, the buckets' shapes: layers alternate between 0 and 1, so that the next layer's gather
+// overlaps this layer's compute; 2 holds the rest from the forward pass's start to the backward pass's end
+static void model_allocate_gather_buffers(Model* model, const size_t* sizes) {
+    size_t layer, rest;
+    model_gradient_bucket_sizes(model, sizes, &layer, &rest);
+    for (int b = 0; b < 2; b++) sharded_parameters_add_gather_buffer(&model->store, layer);
+    sharded_parameters_add_gather_buffer(&model->store, rest);
+}
 static void model_allocate_gradient_buckets(Model* model, const size_t* sizes) {
     size_t layer, rest;
     model_gradient_bucket_sizes(model, sizes, &layer, &rest);
     for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&model->store, layer);
     sharded_parameters_add_bucket(&model->store, rest);
     memset(&model->grads, 0, sizeof(model->grads));  // no gradient buffer: model_layer_gradients gives the pointers
-    if (model->zero_stage < 3) return;
-    // ZeRO-3's gather buffers, the same shapes: layers alternate between 0 and 1, so that the next layer's gather
-    // overlaps this layer's compute; 2 holds the rest from the forward pass's start to the backward pass's end
-    for (int b = 0; b < 2; b++) sharded_parameters_add_gather_buffer(&model->store, layer);
-    sharded_parameters_add_gather_buffer(&model->store, rest);
+    if (model->zero_stage == 3) model_allocate_gather_buffers(model, sizes);
 }
 
 // Before building a model the caller sets num_processes, process_rank and zero_stage (and an extension its process
@@ -433,13 +442,23 @@ static void model_allocate_parameters(Model* model) {
     int decays[NUM_PARAMETER_TENSORS];
     replicated_tensor_sizes(sizes, model);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) decays[i] = parameter_decay(model, i);
-    sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->process_rank,
-                                model->num_processes, model->zero_stage);
+    if (model->frozen)
+        sharded_parameters_allocate_frozen(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->process_rank,
+                                           model->num_processes, model->zero_stage);
+    else
+        sharded_parameters_allocate(&model->store, NUM_PARAMETER_TENSORS, sizes, decays, model->process_rank,
+                                    model->num_processes, model->zero_stage);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) model->store.seed_ids[i] = parameter_seeds[i];
     if (model->zero_stage < 3) point_parameters(&model->params, model->store.params_memory, sizes);
     else memset(&model->params, 0, sizeof(model->params));  // gathered per layer (model_layer_weights)
-    if (model->zero_stage < 2) point_parameters(&model->grads, model->store.grads_memory, sizes);
-    else model_allocate_gradient_buckets(model, sizes);
+    if (model->frozen) {  // no gradients at all; ZeRO-3 still gathers the parameters
+        memset(&model->grads, 0, sizeof(model->grads));
+        if (model->zero_stage == 3) model_allocate_gather_buffers(model, sizes);
+    } else if (model->zero_stage < 2) {
+        point_parameters(&model->grads, model->store.grads_memory, sizes);
+    } else {
+        model_allocate_gradient_buckets(model, sizes);
+    }
     if (model->extension.ffn->allocate_parameters) model->extension.ffn->allocate_parameters(model);
     const ModelConfig* c = &model->config;
     if (c->positions == POSITIONS_ROPE) {  // cos and sin for positions 0 .. maxT-1 (llmc/rope.cuh)
@@ -597,6 +616,7 @@ static void check_parameter_memory(const Model* model, const char* source) {
 }
 
 #include "llmc/model_file.h"
+#include "llmc/model_lora.h"
 
 #include "llmc/activation_memory.h"
 
@@ -617,6 +637,7 @@ static void model_init_common(Model* model) {
 static void model_free(Model* model) {
     if (model->extension.ffn->free) model->extension.ffn->free(model);
     sharded_parameters_free(&model->store);
+    lora_free(model->lora);
     cudaCheck(cudaFree(model->rope_table));
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFree(model->inputs));
@@ -660,25 +681,50 @@ static void norm_backward(const Model* model, floatX* dinp, floatX* dweight, flo
     else layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, B, T, C, stream);
 }
 
+// A Linear layer of the kinds: out (B, T, OC) = inp (B, T, C) W^T + b, and with an adapter on its target (-ft lora)
+// the adapter's low-rank update on top (llmc/lora.cuh)
+static void linear_forward(Model* model, int target, int layer, floatX* out, const floatX* inp, const floatX* weight,
+                           const floatX* bias, int B, int T, int C, int OC, cudaStream_t stream) {
+    matmul_forward(out, inp, weight, bias, B, T, C, OC, stream);
+    if (!lora_has(model, target)) return;
+    LoraAdapter* a = model->lora;
+    floatX *A, *Bw;
+    lora_layer_pair(model, a->store.params_memory, target, layer, &A, &Bw);
+    lora_forward(out, inp, A, Bw, a->scale, a->u, B * T, C, OC, a->rank, stream);
+}
+// Its transpose: dinp (B, T, C) = dout W (plus the adapter's part), dweight and dbias += (NULL: frozen, not computed),
+// the adapter's gradients += into its set
+static void linear_backward(Model* model, int target, int layer, floatX* dinp, floatX* dweight, floatX* dbias,
+                            const floatX* dout, const floatX* inp, const floatX* weight, int B, int T, int C, int OC,
+                            cudaStream_t stream) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, model->acts.scratch_f, B, T, C, OC, stream);
+    if (!lora_has(model, target)) return;
+    LoraAdapter* a = model->lora;
+    floatX *A, *Bw, *dA, *dB;
+    lora_layer_pair(model, a->store.params_memory, target, layer, &A, &Bw);
+    lora_layer_pair(model, a->store.grads_memory, target, layer, &dA, &dB);
+    lora_backward(dinp, dA, dB, dout, inp, A, Bw, a->scale, a->u, a->g, B * T, C, OC, a->rank, stream);
+}
+
 // The attention block from la->ln1 (B, T, C): the qkv projection, q and k roped (RoPE), attention on the chosen path
 // into la->atty, and the output projection into out (B, T, C). Under tensor parallelism on this member's heads (NH/N
 // query heads over NKV/N key/value heads, atty (B, T, C/N)), and out is the member's part of the row-parallel
 // projection (the bias on member 0), summed over the members by the caller.
-static void attention_block_forward(Model* model, const LayerParameters* lp, const LayerActivations* la, floatX* out,
-                                    int B, int T, cudaStream_t stream) {
+static void attention_block_forward(Model* model, int layer, const LayerParameters* lp, const LayerActivations* la,
+                                    floatX* out, int B, int T, cudaStream_t stream) {
     const ModelConfig* c = &model->config;
     int C = c->channels, NH = local_heads(model), NKV = local_kv_heads(model), Ca = local_channels(model);
     int QKV = (int)local_qkv_channels(model), HS = C / c->num_heads;
     ActivationTensors a = model->acts;
     if (model->attention == ATTENTION_MATMUL_SOFTMAX) {
         floatX* qkv = a.scratch_bt4c;  // (B, T, 3C), consumed by attention_forward, which keeps q, k, v permuted
-        matmul_forward(qkv, la->ln1, lp->qkvw, lp->qkvb, B, T, C, QKV, stream);
+        linear_forward(model, LORA_QKV, layer, qkv, la->ln1, lp->qkvw, lp->qkvb, B, T, C, QKV, stream);
         attention_forward(la->atty, la->qkvr, la->att, qkv, B, T, Ca, NH, stream);
     } else {
         // flash attention and cuDNN read q, k, v in place from the qkv projection's output, kept for the backward
         // pass (with q and k roped: the backward pass needs them so)
         floatX* qkv = la->qkvr;  // (B, T, QKV)
-        matmul_forward(qkv, la->ln1, lp->qkvw, lp->qkvb, B, T, C, QKV, stream);
+        linear_forward(model, LORA_QKV, layer, qkv, la->ln1, lp->qkvw, lp->qkvb, B, T, C, QKV, stream);
         if (c->positions == POSITIONS_ROPE) rope_forward(qkv, model->rope_table, B, T, NH, NKV, HS, stream);
 #ifdef ENABLE_CUDNN
         if (model->attention == ATTENTION_CUDNN)
@@ -687,20 +733,21 @@ static void attention_block_forward(Model* model, const LayerParameters* lp, con
 #endif
             flash_attention_forward(la->atty, la->att_stats, qkv, B, T, NH, NKV, Ca, stream);
     }
-    matmul_forward(out, la->atty, lp->attprojw, row_parallel_bias(model, lp->attprojb), B, T, Ca, C, stream);
+    linear_forward(model, LORA_PROJ, layer, out, la->atty, lp->attprojw, row_parallel_bias(model, lp->attprojb), B, T,
+                   Ca, C, stream);
 }
 // Its transpose: a.dbtc (B, T, C) = the gradient of la->ln1 from dout (B, T, C), the gradients into lg (under tensor
 // parallelism the member's part of it, summed over the members by the caller; every member computes the projection's
 // whole bias gradient from the whole dout). Under -r 2 the caller has recomputed la->ln1.
-static void attention_block_backward(Model* model, const LayerParameters* lp, const LayerParameters* lg,
+static void attention_block_backward(Model* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
                                      const LayerActivations* la, const floatX* dout, int B, int T,
                                      cudaStream_t stream) {
     const ModelConfig* c = &model->config;
     int C = c->channels, NH = local_heads(model), NKV = local_kv_heads(model), Ca = local_channels(model);
     int QKV = (int)local_qkv_channels(model), HS = C / c->num_heads;
     ActivationTensors a = model->acts;
-    matmul_backward(a.dbtc, lg->attprojw, lg->attprojb, dout, la->atty, lp->attprojw, a.scratch_f, B, T, Ca, C,
-                    stream);
+    linear_backward(model, LORA_PROJ, layer, a.dbtc, lg->attprojw, lg->attprojb, dout, la->atty, lp->attprojw, B, T, Ca,
+                    C, stream);
     floatX* dqkv = a.scratch_bt4c;  // (B, T, QKV)
     if (model->attention == ATTENTION_MATMUL_SOFTMAX)
         attention_backward(dqkv, a.dqkvr, a.datt, a.scratch_btc, a.dbtc, la->qkvr, la->att, B, T, Ca, NH, stream);
@@ -712,7 +759,7 @@ static void attention_block_backward(Model* model, const LayerParameters* lp, co
         flash_attention_backward(dqkv, a.att_delta, a.dbtc, la->qkvr, la->atty, la->att_stats, B, T, NH, NKV, Ca,
                                  stream);
     if (c->positions == POSITIONS_ROPE) rope_backward(dqkv, model->rope_table, B, T, NH, NKV, HS, stream);
-    matmul_backward(a.dbtc, lg->qkvw, lg->qkvb, dqkv, la->ln1, lp->qkvw, a.scratch_f, B, T, C, QKV, stream);
+    linear_backward(model, LORA_QKV, layer, a.dbtc, lg->qkvw, lg->qkvb, dqkv, la->ln1, lp->qkvw, B, T, C, QKV, stream);
 }
 
 // The forward's GELU fusion (-ge): into cuBLASLt's epilogue only when nothing recomputes the GELU (-r 0). With
@@ -724,12 +771,20 @@ static int model_forward_gelu_fusion(const Model* model) {
 // GPT-2's MLP: fc, GELU (into cuBLASLt's epilogue with -ge), fcproj. la->fch holds fc's output, la->ffn_act the
 // GELU's (recomputed from fch with -r 1). Under tensor parallelism, as for attention: fc column-parallel on this
 // member's H/N hidden units, fcproj row-parallel (the bias on member 0), out summed over the members by the caller.
+// With an adapter on fc (-ft lora) the GELU takes fc's adapted output: no fusion into fc's epilogue; with one on
+// fcproj, the GELU's backward follows the adapter's input gradient: no fusion into fcproj's backward epilogue.
 static void gelu_mlp_forward(Model* model, int layer, const LayerParameters* lp, const LayerActivations* la,
                              floatX* out, int B, int T, cudaStream_t stream) {
     int C = model->config.channels, H = local_hidden(model);
-    matmul_forward(la->ffn_act, la->ln2, lp->fcw, lp->fcb, B, T, C, H, stream, la->fch,
-                   model_forward_gelu_fusion(model));
-    matmul_forward(out, la->ffn_act, lp->fcprojw, row_parallel_bias(model, lp->fcprojb), B, T, H, C, stream);
+    if (lora_has(model, LORA_FC)) {
+        linear_forward(model, LORA_FC, layer, la->fch, la->ln2, lp->fcw, lp->fcb, B, T, C, H, stream);
+        gelu_forward(la->ffn_act, la->fch, (size_t)B * T * H, stream);
+    } else {
+        matmul_forward(la->ffn_act, la->ln2, lp->fcw, lp->fcb, B, T, C, H, stream, la->fch,
+                       model_forward_gelu_fusion(model));
+    }
+    linear_forward(model, LORA_FC_PROJ, layer, out, la->ffn_act, lp->fcprojw, row_parallel_bias(model, lp->fcprojb), B,
+                   T, H, C, stream);
 }
 static void gelu_mlp_backward(Model* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
                               const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
@@ -738,9 +793,15 @@ static void gelu_mlp_backward(Model* model, int layer, const LayerParameters* lp
     ActivationTensors a = model->acts;
     floatX* dfch = a.scratch_bt4c;  // (B, T, H)
     if (model->recompute >= 1) gelu_forward(la->ffn_act, la->fch, (size_t)B * T * H, stream);
-    matmul_backward(dfch, lg->fcprojw, lg->fcprojb, dout, la->ffn_act, lp->fcprojw, a.scratch_f, B, T, H, C, stream,
-                    la->fch, model->gelu_fusion);
-    matmul_backward(d_ln2, lg->fcw, lg->fcb, dfch, la->ln2, lp->fcw, a.scratch_f, B, T, C, H, stream);
+    if (lora_has(model, LORA_FC_PROJ)) {
+        linear_backward(model, LORA_FC_PROJ, layer, dfch, lg->fcprojw, lg->fcprojb, dout, la->ffn_act, lp->fcprojw, B,
+                        T, H, C, stream);
+        gelu_backward_inplace(dfch, la->fch, (size_t)B * T * H, stream);
+    } else {
+        matmul_backward(dfch, lg->fcprojw, lg->fcprojb, dout, la->ffn_act, lp->fcprojw, a.scratch_f, B, T, H, C, stream,
+                        la->fch, model->gelu_fusion);
+    }
+    linear_backward(model, LORA_FC, layer, d_ln2, lg->fcw, lg->fcb, dfch, la->ln2, lp->fcw, B, T, C, H, stream);
 }
 // The llama MLP: fc into la->fch = [gate | up] (B, T, 2H), SwiGLU into la->ffn_act (B, T, H; recomputed with -r 1),
 // fcproj. In the backward pass fc's output gradient overwrites fch in place: nothing after the SwiGLU's backward
@@ -749,9 +810,10 @@ static void swiglu_mlp_forward(Model* model, int layer, const LayerParameters* l
                                floatX* out, int B, int T, cudaStream_t stream) {
     int C = model->config.channels, H = local_hidden(model);
     const floatX* fc_gate_up = lp->fcw;  // (2H, C): the gate's rows, then the up projection's (this member's)
-    matmul_forward(la->fch, la->ln2, fc_gate_up, lp->fcb, B, T, C, 2 * H, stream);
+    linear_forward(model, LORA_FC, layer, la->fch, la->ln2, fc_gate_up, lp->fcb, B, T, C, 2 * H, stream);
     swiglu_forward(la->ffn_act, la->fch, B * T, H, stream);
-    matmul_forward(out, la->ffn_act, lp->fcprojw, row_parallel_bias(model, lp->fcprojb), B, T, H, C, stream);
+    linear_forward(model, LORA_FC_PROJ, layer, out, la->ffn_act, lp->fcprojw, row_parallel_bias(model, lp->fcprojb), B,
+                   T, H, C, stream);
 }
 static void swiglu_mlp_backward(Model* model, int layer, const LayerParameters* lp, const LayerParameters* lg,
                                 const LayerActivations* la, floatX* d_ln2, const floatX* dout, int B, int T,
@@ -760,10 +822,10 @@ static void swiglu_mlp_backward(Model* model, int layer, const LayerParameters* 
     ActivationTensors a = model->acts;
     if (model->recompute >= 1) swiglu_forward(la->ffn_act, la->fch, B * T, H, stream);
     floatX* dswiglu = a.scratch_bt4c;  // (B, T, H)
-    matmul_backward(dswiglu, lg->fcprojw, lg->fcprojb, dout, la->ffn_act, lp->fcprojw, a.scratch_f, B, T, H, C,
-                    stream);
+    linear_backward(model, LORA_FC_PROJ, layer, dswiglu, lg->fcprojw, lg->fcprojb, dout, la->ffn_act, lp->fcprojw, B, T,
+                    H, C, stream);
     swiglu_backward(la->fch, dswiglu, la->fch, B * T, H, stream);
-    matmul_backward(d_ln2, lg->fcw, lg->fcb, la->fch, la->ln2, lp->fcw, a.scratch_f, B, T, C, 2 * H, stream);
+    linear_backward(model, LORA_FC, layer, d_ln2, lg->fcw, lg->fcb, la->fch, la->ln2, lp->fcw, B, T, C, 2 * H, stream);
 }
 static const FfnKind gelu_mlp = {gelu_mlp_forward, gelu_mlp_backward};
 static const FfnKind swiglu_mlp = {swiglu_mlp_forward, swiglu_mlp_backward};
@@ -869,7 +931,7 @@ static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream
         if (l + 1 < L) model_prefetch_layer(model, l + 1, stream);
         LayerParameters lp = model_layer_weights(model, l, stream);
         LayerActivations la = model_layer_activations(model, l, B, T);
-        attention_block_forward(model, &lp, &la, a.scratch_btc, B, T, stream);
+        attention_block_forward(model, l, &lp, &la, a.scratch_btc, B, T, stream);
         const floatX* attention = tp_sum_over_members(model, a.scratch_btc, a.member_stream, N, stream);
         residual_norm_forward(model, la.residual2, tp_norm_output(model, la.ln2), la.ln2_mean, la.ln2_rstd,
                               la.residual, attention, lp.ln2w, lp.ln2b, Nt, stream);
@@ -1006,6 +1068,8 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     // ZeRO-Offload copies the step's gradient to the host piece by piece on the last micro-step
     model->store.last_micro_step = reduce;
     if (model_own_set(model)) model_own_set(model)->last_micro_step = reduce;
+    int last_micro_step = reduce;
+    if (model->lora) model->lora->store.last_micro_step = reduce;
     reduce = reduce || model->zero_stage >= 2;  // ZeRO-2/3 reduce on every micro-step
     cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)Nt * C * sizeof(floatX), stream));
     // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
@@ -1036,7 +1100,7 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
         norm_backward(model, dresidual, lg.ln2w, lg.ln2b, a.scratch_f, dln2, la.residual2, lp.ln2w, la.ln2_mean,
                       la.ln2_rstd, SB, ST, stream);
         dout = tp_whole_gradient(model, dresidual, N, stream);
-        attention_block_backward(model, &lp, &lg, &la, dout, B, T, stream);
+        attention_block_backward(model, l, &lp, &lg, &la, dout, B, T, stream);
         const floatX* dln1 = tp_sum_over_members(model, a.dbtc, a.member_stream, N, stream);
         norm_backward(model, dresidual, lg.ln1w, lg.ln1b, a.scratch_f, dln1, la.residual, lp.ln1w, la.ln1_mean,
                       la.ln1_rstd, SB, ST, stream);
@@ -1048,7 +1112,9 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     }
     floatX* dwpe = c->positions == POSITIONS_LEARNED ? g.wpe : nullptr;
     const floatX* dembedded = tp_whole_gradient(model, dresidual, N, stream);
-    if (model_tp_degree(model) == 1) {
+    if (model->frozen) {
+        // the embeddings do not train: nothing to compute below the first layer's input gradient
+    } else if (model_tp_degree(model) == 1) {
         encoder_backward(g.wte, dwpe, dembedded, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
     } else {  // this member's vocabulary rows; every member the whole wpe gradient
         int Vs = local_vocab(model);
@@ -1059,6 +1125,14 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
         // (a slice of size 0, RMSNorm's bias, points at the next tensor: NULL)
         tp_sum_norm_gradients(model, g.lnfw, c->norm == NORM_LAYERNORM ? g.lnfb : nullptr, stream);
         model_reduce_rest(model, mg, zero_stage, stream);
+    }
+    // the adapter's set (ZeRO-1 at most) is reduced whole, once, on the step's last micro-step
+    if (model->lora && last_micro_step) {
+        ShardedParameters* adapter = &model->lora->store;
+        int all[2 * LORA_NUM_TARGETS];
+        for (int i = 0; i < adapter->num_tensors; i++) all[i] = i;
+        sharded_parameters_reduce_slices(adapter, all, adapter->num_tensors, -1, L, mg, model->lora->zero_stage,
+                                         stream);
     }
 }
 
@@ -1094,12 +1168,16 @@ static void model_allocate_optimizer(Model* model, int zero_stage) {
         sharded_parameters_allocate_optimizer(own, model->use_master_weights, group->process_rank,
                                               group->num_processes, zero_stage, model->offload_optimizer);
     }
+    if (model->lora)
+        sharded_parameters_allocate_optimizer(&model->lora->store, model->use_master_weights, model->process_rank,
+                                              model->num_processes, model->lora->zero_stage, model->offload_optimizer);
 }
 
 static void model_zero_grad(Model* model, cudaStream_t stream) {
     sharded_parameters_zero_grad(&model->store, stream);
     ShardedParameters* own = model_own_set(model);
     if (own) sharded_parameters_zero_grad(own, stream);
+    if (model->lora) sharded_parameters_zero_grad(&model->lora->store, stream);
 }
 
 // After the last micro-step's backward pass: the global norm of the step's gradient (the loss scale undone),
@@ -1115,6 +1193,7 @@ static float model_gradient_norm(Model* model, const MultiGpuConfig* mg, int zer
         norm2 = sharded_parameters_norm_squared(&model->store, mg, zero_stage, stream);
     }
     if (model_own_set(model)) norm2 += model->extension.ffn->own_norm_squared(model, zero_stage, stream);
+    if (model->lora) norm2 += sharded_parameters_norm_squared(&model->lora->store, mg, model->lora->zero_stage, stream);
     return sqrtf(norm2) / model->loss_scaler.scale;
 }
 
@@ -1122,17 +1201,20 @@ static float model_gradient_norm(Model* model, const MultiGpuConfig* mg, int zer
 // (llmc/optimizer.cuh), with the seeds model_update will draw
 static void model_early_update(Model* model, const AdamWConfig* opt, int t) {
     if (model->offload_optimizer != 2) return;
-    unsigned long long rng = model->rng_state;
-    unsigned int store_seed = optimizer_next_seed(&rng), own_seed = optimizer_next_seed(&rng);
-    sharded_parameters_early_update(&model->store, opt, model->loss_scaler.scale, store_seed, t);
+    unsigned long long rng = model->rng_state;  // drawn in model_update's order
+    sharded_parameters_early_update(&model->store, opt, model->loss_scaler.scale, optimizer_next_seed(&rng), t);
     ShardedParameters* own = model_own_set(model);
-    if (own) sharded_parameters_early_update(own, opt, model->loss_scaler.scale, own_seed, t);
+    if (own) sharded_parameters_early_update(own, opt, model->loss_scaler.scale, optimizer_next_seed(&rng), t);
+    if (model->lora)
+        sharded_parameters_early_update(&model->lora->store, opt, model->loss_scaler.scale, optimizer_next_seed(&rng),
+                                        t);
 }
 // ... and a step that is skipped undoes it
 static void model_discard_early_update(Model* model) {
     sharded_parameters_discard_early_update(&model->store);
     ShardedParameters* own = model_own_set(model);
     if (own) sharded_parameters_discard_early_update(own);
+    if (model->lora) sharded_parameters_discard_early_update(&model->lora->store);
 }
 
 // The AdamW step t (from 1) with gradient norm `norm`; a non-finite norm (FP16 overflow) skips it. Returns 1 if the
@@ -1148,6 +1230,10 @@ static int model_update(Model* model, const AdamWConfig* opt, float norm, int t,
         if (own)
             sharded_parameters_apply_update(own, opt, norm, scale, optimizer_next_seed(&model->rng_state), t,
                                             model->extension.ffn->own_group(model), zero_stage, stream);
+        if (model->lora)
+            sharded_parameters_apply_update(&model->lora->store, opt, norm, scale,
+                                            optimizer_next_seed(&model->rng_state), t, mg, model->lora->zero_stage,
+                                            stream);
         if (model->extension.ffn->after_update) model->extension.ffn->after_update(model, mg, stream);
     } else {
         model_discard_early_update(model);
@@ -1175,9 +1261,10 @@ static double model_flops_per_token(const Model* model, int T) {
 
 // Whether every parameter of every process is finite (collective: the same answer on every process).
 static int model_parameters_finite(Model* model, const MultiGpuConfig* mg, cudaStream_t stream) {
-    ShardedParameters* sets[2] = {&model->store, model_own_set(model)};
+    ShardedParameters* sets[3] = {&model->store, model_own_set(model), model->lora ? &model->lora->store : NULL};
     int bad = 0;
-    for (int k = 0; k < 2 && sets[k]; k++) {
+    for (int k = 0; k < 3; k++) {
+        if (!sets[k]) continue;
         // this process's parameters: all of them, or under ZeRO-3 its shard (the padding past the tensors is zero)
         size_t n = sets[k]->params_count;
         floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
@@ -1491,10 +1578,18 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     model.num_processes = dp->num_processes;
     model.process_rank = dp->process_rank;
     model.extension = extension;
+    model.frozen = s.fine_tune[0] != 0;
+    if (model.frozen) {
+        model.lora_rank = s.ft_rank;
+        model.lora_targets = lora_parse_targets(s.ft_targets);
+    }
     if (x->setup) x->setup(&model, &mg);
     char* resume_model = NULL;
     int resume_step = s.resume ? trainer_resume_step(&s, &mg) : -1;
-    if (resume_step >= 0) {
+    char* resume_adapter = NULL;  // a fine-tuning run resumes its adapter from the checkpoint, its model from -e
+    if (resume_step >= 0 && model.frozen) {
+        resume_adapter = checkpoint_path(s.output_dir, "adapter", resume_step, -1);
+    } else if (resume_step >= 0) {
         resume_model = checkpoint_path(s.output_dir, "model", resume_step, -1);
         s.model_source = resume_model;
     }
@@ -1512,6 +1607,14 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         print_memory_plan(&model, &s, &mg);
         multi_gpu_config_free(&mg);
         return EXIT_SUCCESS;
+    }
+    if (model.frozen && x->trainer) {
+        fprintf(stderr, "-ft %s: fine-tuning is train_gpt's: %s's experts take no adapter\n", s.fine_tune, x->trainer);
+        return EXIT_FAILURE;
+    }
+    if (model.frozen && !from_file) {
+        fprintf(stderr, "-ft %s: fine-tunes a model file (-e FILE); %s is none\n", s.fine_tune, s.model_source);
+        return EXIT_FAILURE;
     }
     if (from_file) model_build_from_checkpoint(&model, s.model_source);
     else if (s.model_source[0] == 'd' && isdigit((unsigned char)s.model_source[1])) {
@@ -1580,7 +1683,18 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         printf("note: no tokenizer: samples start from token %d and print token ids\n", sample_seed_token);
 
     model_allocate_activations(&model, s.B, s.T);
+    if (model.frozen) {  // the adapter, tied to the model file by its checksum
+        model.lora = lora_allocate(&model, s.ft_alpha, s.B, s.T);
+        if (!checkpoint_checksum(s.model_source, &model.lora->base_size, &model.lora->base_hash)) {
+            fprintf(stderr, "-e %s: cannot read the model file back for its checksum\n", s.model_source);
+            return EXIT_FAILURE;
+        }
+        if (resume_adapter) lora_read_file(&model, resume_adapter);
+        else if (s.ft_adapter) lora_read_file(&model, s.ft_adapter);
+        else lora_init(&model, (unsigned int)s.descriptor_seed);
+    }
     model_allocate_optimizer(&model, s.zero_stage);
+    if (resume_adapter) lora_read_optimizer_state(&model, resume_adapter);
     print_startup_table(&model, &s, &prop, &mg, grad_accum_steps);
 
     TrainerState ts;
@@ -1663,9 +1777,13 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         }
     }
 
+    if (s.ft_merged) {  // collective under ZeRO-3 (the model's parameters are gathered)
+        model_write_merged_model_file(&model, s.ft_merged, stream);
+        if (rank0) printf("wrote %s: the model with the adapter merged into it\n", s.ft_merged);
+    }
     if (rank0 && s.offload_optimizer == 2 && train_num_batches > start_step)
         printf("-oo 2: the early update was kept in %d of %d steps (a step that clips makes it again)\n",
-               model.store.early_adopted, train_num_batches - start_step);
+               (model.lora ? model.lora->store : model.store).early_adopted, train_num_batches - start_step);
     // a run that was to keep checkpoints and kept none has lost its training: not a success
     int exit_status = EXIT_SUCCESS;
     if (s.output_dir && s.checkpoint_every > 0 && train_num_batches > start_step && checkpoints_written == 0) {
@@ -1676,6 +1794,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     }
     logger_free(&logger);
     free(resume_model);
+    free(resume_adapter);
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);
     if (run_val) dataloader_free(&val_loader);

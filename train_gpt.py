@@ -18,13 +18,22 @@ Run from the repository root with a Python that has torch (here Debian's: /usr/b
     python train_gpt.py --train --input-bin 'data/<name>/*train*.bin' --L 12 --NH 12 --C 768 --V 50257 \
         --maxT 1024 --B 16 --T 1024 --lr 6e-4 --device cuda --compile --dtype bfloat16
   any mode can start from a model file instead of a fresh init: --model-from-file PATH (fp32 or bf16 file).
+  LoRA fine-tuning (--ft lora): the base model frozen, a trainable low-rank update on each --ft-targets Linear of
+  every block; the reference also writes PREFIX_adapter.bin (the adapter it starts from; format: ADAPTER_MAGIC below),
+  and --train starts from a fresh adapter or --adapter-from-file PATH:
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt_lora --ft lora --ft-targets qkv,proj,fc,fc_proj
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/llama_lora --arch llama --NH 4 --C 64 --kv-heads 2 \
+        --ft lora --ft-rank 4 --ft-targets qkv,proj,fc,fc_proj
+    /usr/bin/python3 train_gpt.py --train --input-bin 'build/ref/shard*.bin' --B 4 --T 32 --steps 20 \
+        --model-from-file build/ref/gpt_lora_model.bin --adapter-from-file build/ref/gpt_lora_adapter.bin
 Its own test: /usr/bin/python3 dev/test/test_reference.py
 
 The debug state extends the llm.c one (version 3): header [4] = number of step losses, [5] = V, [6] = Vp, [12..17] =
-the steps' lr, beta1, beta2, eps, weight decay and grad clip (fp32 bits), [18] = the seed; payload x, y
-(B*T int32), logits (B*T*V fp32, the V real columns), loss, every parameter gradient in model-file order
-and layout (fp32; wte's has Vp rows, the padded ones zero), then the loss of each training step on the same
-batch (step k's loss is its forward loss before its update: step 0's equals the loss above).
+the steps' lr, beta1, beta2, eps, weight decay and grad clip (fp32 bits), [18] = the seed, [40] = the fine-tuning
+method (0 = none, 1 = lora); payload x, y (B*T int32), logits (B*T*V fp32, the V real columns), loss, every parameter
+gradient in model-file order and layout (fp32; wte's has Vp rows, the padded ones zero; with --ft, the adapter's
+gradients in adapter order instead), then the loss of each training step on the same batch (step k's loss is its
+forward loss before its update: step 0's equals the loss above; with --ft the steps train the adapter only).
 """
 
 import os
@@ -57,10 +66,24 @@ STATE_VERSION = 3
 # beta2, eps, weight decay, grad clip) and the seed, so that a test takes its settings from the file it compares with
 STATE_OPTIMIZER_WORD = 12
 STATE_SEED_WORD = 18
+STATE_FT_WORD = 40  # the fine-tuning method: 0 = none (every parameter trains), else FT_METHODS' number
 SHARD_MAGIC = 20240520
 MASK_MAGIC = 20261206  # a shard's loss mask, PATH.mask (doc/formats.md, "Loss mask")
 MASK_VERSION = 1
 MASKED = -1  # a target that does not count (the C kernels' convention too)
+# A LoRA adapter file: 256 int32 header words, then the adapter's parameters (fp32, adapter order). The words: 0, 1
+# magic, version; 2 method (FT_METHODS); 3 rank r; 4 targets (bit i = LORA_TARGETS[i]); 5 alpha (fp32 bits); 6, 7 the
+# base model file's checkpoint checksum and 8, 9 its size in bytes (low 32 bits first); 10 step; 11 the number of
+# parameter values; 12 1 when optimizer state follows the parameters (the C trainer's checkpoints; not read here).
+ADAPTER_MAGIC = 20261207
+ADAPTER_VERSION = 1
+FT_METHODS = {"lora": 1}
+LORA_RANK = 8
+LORA_ALPHA = 16.0
+LORA_TARGETS_DEFAULT = "qkv,proj"
+# The reference's adapter B. A fresh fine-tune's B is zero, which leaves the logits as the base's and A's gradient
+# zero; the reference draws B too, so that the adapter changes the logits and both A's and B's gradients are non-zero.
+REFERENCE_B_STD = 0.02
 TOKENIZER_MAGIC = 20240328
 TOKENIZER_VERSION = 2
 BYTE_VOCAB_SIZE = 257  # the 256 bytes and the end-of-text token
@@ -402,6 +425,128 @@ def init_weights(model, generator):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# LoRA fine-tuning (--ft lora): a trainable low-rank update on target Linears of every block, the base model frozen
+
+# The targets in adapter order, each with its module path in a block (the same in GPT-2's and the Llama's blocks:
+# the qkv projection, the attention's output projection, the MLP's first Linear (the Llama's [gate | up]) and its
+# output Linear). Entry i is bit i of the adapter file's targets word.
+LORA_TARGETS = [("qkv", "attn.c_attn"), ("proj", "attn.c_proj"), ("fc", "mlp.c_fc"), ("fc_proj", "mlp.c_proj")]
+LORA_TARGET_NAMES = [name for name, _ in LORA_TARGETS]
+
+
+class LoraLinear(nn.Module):
+    """A Linear with LoRA's update: y = x W^T + b + s (x A^T) B^T, A (r, in), B (out, r). It takes the Linear's place
+    in the module tree but holds that Linear's own weight and bias Parameters under their names, so a path such as
+    attn.c_attn.weight still names the base weight: params_in_file_order, the payload functions and write_model_file
+    see the base model as before."""
+
+    def __init__(self, base, r, s):
+        super().__init__()
+        self.register_parameter("weight", base.weight)
+        self.register_parameter("bias", base.bias)  # None in the Llama
+        self.s = s
+        out_features, in_features = base.weight.shape
+        like = {"dtype": base.weight.dtype, "device": base.weight.device}
+        self.lora_A = nn.Parameter(torch.zeros(r, in_features, **like))
+        self.lora_B = nn.Parameter(torch.zeros(out_features, r, **like))
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias) + self.s * F.linear(F.linear(x, self.lora_A), self.lora_B)
+
+
+def lora_scale(alpha, r):
+    """s = alpha / r in fp32 arithmetic, as the C side computes it (float s = alpha / (float)r)."""
+    return float(np.float32(alpha) / np.float32(r))
+
+
+def add_lora(model, r, alpha, targets):
+    """Freezes every parameter of the model and puts a LoraLinear (A and B zero) in place of each target Linear of
+    every block: afterwards only the adapter's A and B train."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    s = lora_scale(alpha, r)
+    for block in model.h:
+        for name, path in LORA_TARGETS:
+            if name in targets:
+                parent_path, _, child = path.rpartition(".")
+                parent = block.get_submodule(parent_path)
+                setattr(parent, child, LoraLinear(getattr(parent, child), r, s))
+    return model
+
+
+def adapter_in_file_order(model):
+    """[(name, [nn.Parameter per layer])] in adapter order: for each target the model has, in LORA_TARGETS' order, A
+    stacked over the layers (L, r, in), then B (L, out, r). It is an `order` for flat_parameters and the functions
+    beside it, which then read and write the adapter instead of the model."""
+    order = []
+    for name, path in LORA_TARGETS:
+        linears = [block.get_submodule(path) for block in model.h]
+        if isinstance(linears[0], LoraLinear):
+            order += [(name + "_A", [m.lora_A for m in linears]), (name + "_B", [m.lora_B for m in linears])]
+    return order
+
+
+def init_adapter(model, generator, b_std):
+    """Every A ~ N(0, std 1/r), in adapter order, then every B ~ N(0, b_std), or B = 0 when b_std is 0 (a fresh
+    fine-tune's start: the model computes what its base does until B moves). The A's do not depend on b_std."""
+    order = adapter_in_file_order(model)
+    with torch.no_grad():
+        for name, ps in order:
+            for p in ps:
+                if name.endswith("_A"):
+                    p.normal_(0.0, 1.0 / p.shape[0], generator=generator)
+        for name, ps in order:
+            for p in ps:
+                if not name.endswith("_B"):
+                    continue
+                if b_std > 0:
+                    p.normal_(0.0, b_std, generator=generator)
+                else:
+                    p.zero_()
+
+
+def uses_adapter(args):
+    return args.ft is not None or args.adapter_from_file is not None
+
+
+def adapter_for_run(model, args, b_std):
+    """Puts the LoRA adapter of --adapter-from-file on the model, or a fresh one (init_adapter with a generator seeded
+    with --seed + 1, B ~ N(0, b_std)), and returns its step. With a file, the file's method, rank, targets and alpha
+    become the run's (args.ft*): a flag given that says otherwise is refused, as is a file made for another base
+    than --model-from-file."""
+    if args.adapter_from_file is None:
+        add_lora(model, args.ft_rank, args.ft_alpha, args.ft_targets)
+        init_adapter(model, torch.Generator().manual_seed(args.seed + 1), b_std)
+        return 0
+    path = args.adapter_from_file
+    h, payload = read_adapter_file(path)
+    found = {"ft": next(name for name, number in FT_METHODS.items() if number == h[2]), "ft_rank": int(h[3]),
+             "ft_targets": tuple(name for i, name in enumerate(LORA_TARGET_NAMES) if h[4] >> i & 1),
+             "ft_alpha": fp32_from_bits(h[5])}
+    for name, value in found.items():
+        given = getattr(args, name)
+        if given is not None and given != value:
+            show = (lambda v: ",".join(v)) if name == "ft_targets" else str
+            fail(f"--{name.replace('_', '-')} {show(given)} disagrees with {path}, made with {show(value)}")
+        setattr(args, name, value)
+    add_lora(model, args.ft_rank, args.ft_alpha, args.ft_targets)
+    count = sum(p.numel() for _, ps in adapter_in_file_order(model) for p in ps)
+    if h[11] != count:
+        fail(f"{path}: holds {h[11]} adapter values; rank {args.ft_rank} on targets {','.join(args.ft_targets)} of "
+             f"this model needs {count}")
+    if len(payload) < count * 4:
+        fail(f"{path}: payload is {len(payload)} bytes, its {count} adapter values need {count * 4}")
+    if args.model_from_file is not None:
+        size, checksum = file_checksum(args.model_from_file)
+        if (size, checksum) != (u64_from_words(h[8:10]), u64_from_words(h[6:8])):
+            fail(f"{path} was made for another base model than {args.model_from_file}: it names checksum "
+                 f"{u64_from_words(h[6:8]):#018x}, size {u64_from_words(h[8:10])}; the model file has "
+                 f"{checksum:#018x}, {size}")
+    load_flat_parameters(model, np.frombuffer(payload, dtype="<f4", count=count), adapter_in_file_order)
+    return int(h[10])
+
+
+# ----------------------------------------------------------------------------------------------------------
 # bf16 and the files
 
 
@@ -527,6 +672,70 @@ def read_model_file(path):
     return model
 
 
+def file_checksum(path):
+    """(size in bytes, checksum) of a file, the C side's checkpoint_checksum: the file's complete 64-bit
+    little-endian words w in order, h = ((h ^ w) * 0x9E3779B97F4A7C15) mod 2^64, h ^= h >> 29, from h =
+    0xcbf29ce484222325; then each trailing byte c, h = ((h ^ c) * 0x100000001b3) mod 2^64. Read in 1 MiB chunks as
+    the C side reads it (a chunk but the last is a whole number of words). Each word depends on the hash before it,
+    so this is a Python loop: about 10 s for a 500 MB model file."""
+    mask = (1 << 64) - 1
+    h, size = 0xCBF29CE484222325, 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                words = len(chunk) // 8
+                for w in np.frombuffer(chunk, dtype="<u8", count=words).tolist():
+                    h = ((h ^ w) * 0x9E3779B97F4A7C15) & mask
+                    h ^= h >> 29
+                for c in chunk[8 * words :]:
+                    h = ((h ^ c) * 0x100000001B3) & mask
+                size += len(chunk)
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+    return size, h
+
+
+def u64_words(value):
+    """A uint64 as two int32 header words, the low 32 bits first."""
+    return [int(w) for w in np.array([value], dtype="<u8").view("<i4")]
+
+
+def u64_from_words(words):
+    return int(np.array(words, dtype="<i4").view("<u8")[0])
+
+
+def write_adapter_file(path, model, args, base_path, step):
+    """The adapter file (layout: ADAPTER_MAGIC) of the model's adapter, for the base model file base_path."""
+    size, checksum = file_checksum(base_path)
+    flat = flat_parameters(model, adapter_in_file_order)
+    targets = sum(1 << i for i, name in enumerate(LORA_TARGET_NAMES) if name in args.ft_targets)
+    fields = [ADAPTER_MAGIC, ADAPTER_VERSION, FT_METHODS[args.ft], args.ft_rank, targets, fp32_bits(args.ft_alpha),
+              *u64_words(checksum), *u64_words(size), step, flat.size, 0]
+    write_file(path, header(*fields), flat.astype("<f4"))
+
+
+def read_adapter_file(path):
+    """An adapter file's header and payload, after the checks that need no model: magic, version, method, rank,
+    targets and alpha (adapter_for_run checks the rest)."""
+    h, payload = read_file(path, "adapter file")
+    if h[0] != ADAPTER_MAGIC:
+        fail(f"{path} is not an adapter file (magic {h[0]}, expected {ADAPTER_MAGIC})")
+    if h[1] != ADAPTER_VERSION:
+        fail(f"{path}: adapter file version {h[1]} is unknown (expected {ADAPTER_VERSION})")
+    if h[2] not in FT_METHODS.values():
+        fail(f"{path}: fine-tuning method {h[2]} is unknown (1 = lora)")
+    if h[3] < 1:
+        fail(f"{path}: LoRA rank {h[3]} must be >= 1")
+    if not 1 <= h[4] < 1 << len(LORA_TARGETS):
+        fail(f"{path}: targets word {h[4]} names no target or an unknown one (bits 0..3: "
+             f"{','.join(LORA_TARGET_NAMES)})")
+    if not math.isfinite(fp32_from_bits(h[5])):
+        fail(f"{path}: LoRA alpha {fp32_from_bits(h[5])} must be finite")
+    if h[10] < 0:
+        fail(f"{path}: negative step {h[10]} in header word 10")
+    return h, payload
+
+
 def check_llama_shape(NH, C, NKV, theta, H, eps, tied, where):
     """Refuses a Llama shape the model cannot have; `where` names the flags or the file."""
     if NKV < 1 or NH % NKV != 0:
@@ -607,19 +816,27 @@ class ShardLoader:
 # Training pieces shared by the reference and the baseline
 
 
+def trainable_parameters(model):
+    """The parameters that train: all of them, or with --ft only the adapter's (add_lora freezes the others)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def make_optimizer(model, args, device):
-    """AdamW with weight decay on the 2-D parameters (wte, wpe, the matmul weights) only."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    """AdamW over the trainable parameters, with weight decay on the 2-D ones (wte, wpe, the matmul weights, a LoRA
+    adapter's A and B) only."""
+    decay = [p for p in trainable_parameters(model) if p.dim() >= 2]
+    no_decay = [p for p in trainable_parameters(model) if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [group for group in groups if group["params"]]  # a LoRA adapter has no 1-D parameter
     extra = {"fused": True} if device == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters else {}
     return torch.optim.AdamW(groups, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, **extra)
 
 
 def clip_gradients(model, grad_clip):
-    """Clips the global gradient norm to grad_clip (<= 0: no clipping); returns the norm before clipping."""
+    """Clips the global gradient norm of the trainable parameters to grad_clip (<= 0: no clipping); returns the norm
+    before clipping."""
     max_norm = grad_clip if grad_clip > 0 else float("inf")
-    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+    return torch.nn.utils.clip_grad_norm_(trainable_parameters(model), max_norm).item()
 
 
 def model_for_run(args):
@@ -644,12 +861,12 @@ def pick_device(name):
 
 
 def backward(loss, model):
-    """loss.backward(), then a zero gradient for every parameter the loss did not reach (in train_moe.py, an
-    expert that got no token; in GPT-2 the loss reaches every parameter): torch's AdamW skips a parameter
+    """loss.backward(), then a zero gradient for every trainable parameter the loss did not reach (in train_moe.py,
+    an expert that got no token; in GPT-2 the loss reaches every parameter): torch's AdamW skips a parameter
     without a gradient, with no weight decay and no moment update, where the C trainer updates every
-    parameter every step."""
+    parameter every step. A frozen parameter (--ft) keeps no gradient."""
     loss.backward()
-    for p in model.parameters():
+    for p in trainable_parameters(model):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
 
@@ -758,7 +975,17 @@ def write_reference(args):
         # the C BF16 build starts from these rounded values; the reference still computes in fp32
         load_flat_parameters(model, bf16_to_float(bf16_bits(flat_parameters(model))))
         version = MODEL_VERSION_BF16
-    write_model_file(args.write_reference + "_model.bin", model, version)
+    model_path = args.write_reference + "_model.bin"
+    write_model_file(model_path, model, version)
+    order, words, wrote = params_in_file_order, None, f"{model_path} (version {version})"
+    if uses_adapter(args):
+        step = adapter_for_run(model, args, REFERENCE_B_STD)
+        order, words = adapter_in_file_order, {STATE_FT_WORD: FT_METHODS[args.ft]}
+        if args.dtype == "bfloat16":  # the C BF16 build holds the adapter in bf16 too
+            load_flat_parameters(model, bf16_to_float(bf16_bits(flat_parameters(model, order))), order)
+        adapter_path = args.write_reference + "_adapter.bin"
+        write_adapter_file(adapter_path, model, args, model_path, step)
+        wrote += f", {adapter_path} ({args.ft} rank {args.ft_rank} on {','.join(args.ft_targets)})"
 
     model.to(device)
     x, y = x.to(device), y.to(device)
@@ -766,16 +993,16 @@ def write_reference(args):
     loss.backward()
     first_logits = logits.detach().float().cpu().numpy().astype("<f4")
     first_loss = np.array([loss.item()], dtype="<f4")
-    first_grads = flat_gradients(model)
+    first_grads = flat_gradients(model, order)  # with --ft the adapter's: the base is frozen
     step_losses = reference_step_losses(model, args, device, x, y, gpt_losses)
 
     state_path = args.write_reference + "_debug_state.bin"
     write_file(
-        state_path, debug_state_header(args, config),
+        state_path, debug_state_header(args, config, words),
         x.cpu().numpy().astype("<i4"), y.cpu().numpy().astype("<i4"),
         first_logits, first_loss, first_grads, np.array(step_losses, dtype="<f4"),
     )
-    print(f"wrote {args.write_reference}_model.bin (version {version}) and {state_path}: loss {first_loss[0]:.6f}")
+    print(f"wrote {wrote} and {state_path}: loss {first_loss[0]:.6f}")
     if step_losses:
         print(f"losses of {args.steps} steps: {step_losses[0]:.6f} ... {step_losses[-1]:.6f}")
 
@@ -802,7 +1029,15 @@ def write_tokenizer(args):
 
 
 def train(args):
-    train_loop(args, model_for_run, gpt_losses)
+    train_loop(args, model_and_adapter_for_run, gpt_losses)
+
+
+def model_and_adapter_for_run(args):
+    """--train's model: model_for_run's, with --ft the adapter on it (fresh: B zero)."""
+    model = model_for_run(args)
+    if uses_adapter(args):
+        adapter_for_run(model, args, b_std=0.0)
+    return model
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -830,6 +1065,7 @@ def parse_args(argv):
     add_shape_flags(p)
     add_arch_flags(p)
     add_run_flags(p, "reference: bf16-round the written parameters; train: bf16 autocast", grad_clip=1.0)
+    add_ft_flags(p)
     args = p.parse_args(argv)
 
     if min(args.B, args.T, args.V, args.L, args.NH, args.C, args.maxT) < 1:
@@ -838,7 +1074,62 @@ def parse_args(argv):
         fail(f"--C {args.C} is not a multiple of --NH {args.NH}")
     check_arch_flags(args)
     check_run_flags(args)
+    check_ft_flags(args)
     return args
+
+
+FT_FLAGS = {"--ft-rank": "ft_rank", "--ft-alpha": "ft_alpha", "--ft-targets": "ft_targets"}
+
+
+def add_ft_flags(p):
+    p.add_argument("--ft", choices=list(FT_METHODS), help="fine-tune with a parameter-efficient method: lora = a "
+                   "trainable low-rank update of the target Linears on a frozen base (default: none, all parameters "
+                   "train)")
+    p.add_argument("--ft-rank", type=int, metavar="R", help=f"LoRA rank r (default {LORA_RANK})")
+    p.add_argument("--ft-alpha", type=float, metavar="A",
+                   help=f"LoRA alpha: the update is scaled by alpha / r (default {LORA_ALPHA:g})")
+    p.add_argument("--ft-targets", metavar="LIST", help="the Linears of every block that get an adapter, "
+                   f"comma-separated, any of {','.join(LORA_TARGET_NAMES)} (default {LORA_TARGETS_DEFAULT})")
+    p.add_argument("--adapter-from-file", metavar="PATH", help="start from this adapter file instead of a fresh "
+                   "adapter; its method, rank, targets and alpha are the run's")
+
+
+def check_ft_flags(args):
+    """Checks the --ft flags given and turns --ft-targets into the target names in adapter order. Without
+    --adapter-from-file it fills in the defaults; with one, the file gives what the flags leave out
+    (adapter_for_run)."""
+    if not uses_adapter(args):
+        given = [flag for flag, name in FT_FLAGS.items() if getattr(args, name) is not None]
+        if given:
+            fail(f"{given[0]} applies to --ft lora only")
+        return
+    if args.ft_rank is not None and args.ft_rank < 1:
+        fail(f"--ft-rank must be >= 1 (got {args.ft_rank})")
+    if args.ft_alpha is not None:
+        args.ft_alpha = fp32(args.ft_alpha)
+        if not math.isfinite(args.ft_alpha):
+            fail(f"--ft-alpha {args.ft_alpha} must be finite (as an fp32)")
+    if args.ft_targets is not None:
+        args.ft_targets = parse_ft_targets(args.ft_targets)
+    if args.adapter_from_file is None:
+        defaults = {"ft_rank": LORA_RANK, "ft_alpha": LORA_ALPHA, "ft_targets": parse_ft_targets(LORA_TARGETS_DEFAULT)}
+        for name, value in defaults.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+
+
+def parse_ft_targets(value):
+    """--ft-targets' comma-separated names as a tuple in adapter order (the list's own order does not matter)."""
+    allowed = f"any of {','.join(LORA_TARGET_NAMES)}"
+    if value == "":
+        fail(f"--ft-targets is empty: give a comma-separated list, {allowed}")
+    names = value.split(",")
+    for name in names:
+        if name not in LORA_TARGET_NAMES:
+            fail(f"--ft-targets {value}: unknown target {name!r} (allowed: {allowed})")
+        if names.count(name) > 1:
+            fail(f"--ft-targets {value} names {name} twice (allowed: {allowed}, each once)")
+    return tuple(name for name in LORA_TARGET_NAMES if name in names)
 
 
 LLAMA_FLAGS = {"--kv-heads": "kv_heads", "--rope-theta": "rope_theta", "--ffn-hidden": "ffn_hidden",

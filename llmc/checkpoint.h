@@ -20,8 +20,8 @@
 // A resumed run verifies them (train_gpt.cu) and falls back to the previous complete checkpoint if they do not
 // match. An empty DONE marker is an older trainer's: its checkpoint loads unverified, with a note.
 
-// A checkpoint file's name in dir (the caller frees it); kind: "model", "expert_state", "state" (with rank >= 0) or
-// "DONE"
+// A checkpoint file's name in dir (the caller frees it); kind: "model", "adapter" (fine-tuning's, in place of the
+// model file), "expert_state", "state" (with rank >= 0) or "DONE"
 static char* checkpoint_path(const char* dir, const char* kind, int step, int rank) {
     if (rank >= 0) return string_format("%s/%s_%08d_%05d.bin", dir, kind, step, rank);
     return string_format("%s/%s_%08d%s", dir, kind, step, strcmp(kind, "DONE") ? ".bin" : "");
@@ -36,14 +36,15 @@ static void remove_checkpoint_file(const char* dir, const char* kind, int step, 
 static void delete_checkpoint(const char* dir, int step, int num_processes) {
     remove_checkpoint_file(dir, "DONE", step, -1);  // first: the checkpoint is incomplete from now on
     remove_checkpoint_file(dir, "model", step, -1);
+    remove_checkpoint_file(dir, "adapter", step, -1);  // absent but when fine-tuning
     remove_checkpoint_file(dir, "expert_state", step, -1);  // absent for a dense model
     for (int r = 0; r < num_processes; r++) remove_checkpoint_file(dir, "state", step, r);
 }
 
-// The step of a checkpoint file's name (model_S.bin, state_S_R.bin, expert_state_S.bin, DONE_S, and their
-// temporaries S... .tmp), or -1 for any other name
+// The step of a checkpoint file's name (model_S.bin, adapter_S.bin, state_S_R.bin, expert_state_S.bin, DONE_S, and
+// their temporaries S... .tmp), or -1 for any other name
 static int checkpoint_file_step(const char* name) {
-    const char* kinds[] = {"model_", "state_", "expert_state_", "DONE_"};
+    const char* kinds[] = {"model_", "adapter_", "state_", "expert_state_", "DONE_"};
     for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
         size_t len = strlen(kinds[k]);
         int step, used = 0;

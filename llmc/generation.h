@@ -377,7 +377,7 @@ static void decode_step(Engine* e, Sequence** run, int n) {
         la.ln2 = e->ln;
         // attention: qkv, RoPE at each token's position, its key and value into the cache, attention through it
         if (e->own_weights == NULL || !e->own_weights(e, l, DECODE_QKV, &lp, &la, e->qkv, e->ln, rows))
-            matmul_forward(e->qkv, e->ln, lp.qkvw, lp.qkvb, rows, 1, e->C, e->QKV, stream);
+            linear_forward(model, LORA_QKV, l, e->qkv, e->ln, lp.qkvw, lp.qkvb, rows, 1, e->C, e->QKV, stream);
         if (c->positions == POSITIONS_ROPE)
             rope_forward_at(e->qkv, model->rope_table, e->d_positions, rows, e->NH, e->NKV, e->HS, stream);
         paged_kv_write(layer_k(e, l), layer_v(e, l), e->qkv, e->d_slots, rows, e->NH, e->NKV, e->HS,
@@ -386,8 +386,8 @@ static void decode_step(Engine* e, Sequence** run, int n) {
                                 e->d_query_seq, e->d_context, rows, e->NH, e->NKV, e->HS, e->pool.block_size, stream);
         if (e->own_weights == NULL ||
             !e->own_weights(e, l, DECODE_ATTENTION_PROJECTION, &lp, &la, e->proj, e->atty, rows))
-            matmul_forward(e->proj, e->atty, lp.attprojw, row_parallel_bias(model, lp.attprojb), rows, 1, e->Ca, e->C,
-                           stream);
+            linear_forward(model, LORA_PROJ, l, e->proj, e->atty, lp.attprojw, row_parallel_bias(model, lp.attprojb),
+                           rows, 1, e->Ca, e->C, stream);
         engine_sum_over_members(e, e->proj, rows);
         residual_norm_forward(model, e->residual2, e->ln, e->mean, e->rstd, e->residual, e->proj, lp.ln2w, lp.ln2b,
                               rows, stream);

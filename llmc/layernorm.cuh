@@ -281,7 +281,8 @@ void layernorm_backward_launch(floatX* dinp, floatX* dweight, floatX* dbias, flo
     layernorm_backward_kernel<<<blocks, block_size, shared_bytes, stream>>>(dinp, scratch, dout, inp, weight, mean,
                                                                            rstd, N, C);
     cudaCheck(cudaGetLastError());
-    block_partials_accumulate(dweight, dbias, scratch, blocks, C, stream);
+    if (dweight != nullptr)  // NULL: a frozen norm's, whose partials are left unsummed
+        block_partials_accumulate(dweight, dbias, scratch, blocks, C, stream);
 }
 
 // dinp (B,T,C) +=; dweight, dbias (C) +=; scratch holds layernorm_backward_scratch_floats(B, T, C) floats

@@ -259,7 +259,8 @@ void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const 
     }
 }
 
-// dinp (B,T,C) = dout @ weight [* gelu'(pre_gelu)]; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums.
+// dinp (B,T,C) = dout @ weight [* gelu'(pre_gelu)]; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums
+// (dweight and dbias NULL: a frozen layer's, not computed).
 void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
                      const floatX* weight, float* dbias_buffer, int B, int T, int C, int OC, cudaStream_t stream,
                      const floatX* pre_gelu = nullptr, int gelu_fusion = 1) {
@@ -274,6 +275,7 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX*
         const size_t count = (size_t)N * C;
         gelu_backward_inplace(dinp, pre_gelu, count, stream);
     }
-    // dweight, column-major (C, OC), += inp (C, N column-major) @ dout^T (N, OC)
-    matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, stream, false, true, true, nullptr, false);
+    // dweight, column-major (C, OC), += inp (C, N column-major) @ dout^T (N, OC); none for a frozen weight
+    if (dweight != nullptr)
+        matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, stream, false, true, true, nullptr, false);
 }

@@ -37,6 +37,23 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     m.parameters = (stage == 3 ? padded / P + own / own_P : padded + own) * sizeof(floatX);
     m.gradients = stage >= 2 ? shard * sizeof(float) : (padded + own) * sizeof(floatX);
     m.communication = 0;
+    int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
+    m.activations = activation_bytes(model, B, T, model->recompute);
+    if (model->frozen) {  // fine-tuning: the model's parameters only (ZeRO-3: gathered), the adapter's set beside
+        size_t adapter = shard_padded_count(lora_parameter_count(model), P);
+        size_t adapter_shard = lora_zero_stage(model) >= 1 ? adapter / P : adapter;
+        m.parameters += adapter * sizeof(floatX);
+        m.gradients = adapter * sizeof(floatX);
+        if (stage == 3) {
+            size_t layer, rest;
+            model_gradient_bucket_sizes(model, sizes, &layer, &rest);
+            m.communication = (2 * layer + rest) * sizeof(floatX);
+        }
+        m.optimizer = adapter_shard * sizeof(float) * (master ? 3 : 2);
+        if (model->offload_optimizer == 2) m.optimizer += adapter_shard * sizeof(float) * 3;
+        m.activations += 2 * (size_t)B * T * model->lora_rank * sizeof(floatX);  // the adapter's scratch
+        return m;
+    }
     if (stage >= 2) {
         size_t layer, rest;
         model_gradient_bucket_sizes(model, sizes, &layer, &rest);
@@ -47,10 +64,8 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
             m.communication += (stage == 3 ? 2 : 1) * 2 * (x->own_parameter_count(model) / replaced) *
                                sizeof(floatX);
     }
-    int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
     m.optimizer = shard * sizeof(float) * (master ? 3 : 2);
     if (model->offload_optimizer == 2) m.optimizer += shard * sizeof(float) * 3;  // the early update's backups
-    m.activations = activation_bytes(model, B, T, model->recompute);
     return m;
 }
 static size_t memory_plan_device_bytes(const Model* model, const MemoryPlan* m) {
@@ -115,14 +130,16 @@ static void memory_plan_rows(InfoTable* t, const Model* model, int B, int T, siz
     const double MiB = 1048576.0;
     int stage = model->zero_stage;
     info_row(t, "memory: parameters", "%10.1f MiB (%zu bytes)", m.parameters / MiB, m.parameters);
-    info_row(t, "memory: gradients", "%10.1f MiB (%zu bytes%s)", m.gradients / MiB, m.gradients,
-             stage >= 2 ? (stage == 3 ? ", fp32 ZeRO-3 shard" : ", fp32 ZeRO-2 shard") : "");
+    const char* gradient_note = stage >= 2 ? (stage == 3 ? ", fp32 ZeRO-3 shard" : ", fp32 ZeRO-2 shard") : "";
+    if (model->frozen) gradient_note = ", the adapter's only";
+    info_row(t, "memory: gradients", "%10.1f MiB (%zu bytes%s)", m.gradients / MiB, m.gradients, gradient_note);
     const FfnExtension* x = model->extension.ffn;
     int buckets = 3 + (x->own_parameter_count && x->own_parameter_count(model) > 0 ? 2 : 0);
     char bucket_note[64] = "";
-    if (stage == 2) snprintf(bucket_note, sizeof(bucket_note), ", %d ZeRO-2 buckets", buckets);
-    if (stage == 3)
+    if (stage == 2 && !model->frozen) snprintf(bucket_note, sizeof(bucket_note), ", %d ZeRO-2 buckets", buckets);
+    if (stage == 3 && !model->frozen)
         snprintf(bucket_note, sizeof(bucket_note), ", %d ZeRO-3 buckets and %d gather buffers", buckets, buckets);
+    if (stage == 3 && model->frozen) snprintf(bucket_note, sizeof(bucket_note), ", 3 ZeRO-3 gather buffers");
     info_row(t, "memory: communication", "%10.1f MiB (%zu bytes%s)", m.communication / MiB, m.communication,
              bucket_note);
     if (model->offload_optimizer)
@@ -130,8 +147,9 @@ static void memory_plan_rows(InfoTable* t, const Model* model, int B, int T, siz
                  m.optimizer / MiB, m.optimizer, model->offload_optimizer == 2 ? " and their backups" : "", stage,
                  model->offload_optimizer);
     else
-        info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes; m, v%s, ZeRO-%d shard)", m.optimizer / MiB,
-                 m.optimizer, model->use_master_weights && PRECISION_MODE != PRECISION_FP32 ? ", master" : "", stage);
+        info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes; m, v%s, ZeRO-%d shard%s)", m.optimizer / MiB,
+                 m.optimizer, model->use_master_weights && PRECISION_MODE != PRECISION_FP32 ? ", master" : "",
+                 model->frozen ? lora_zero_stage(model) : stage, model->frozen ? " of the adapter" : "");
     info_row(t, "memory: activations", "%10.1f MiB (%zu bytes, recompute %d)", m.activations / MiB, m.activations,
              model->recompute);
     if (model_tp_degree(model) > 1) tensor_parallel_plan_rows(t, model, B, T);
@@ -180,6 +198,16 @@ static void model_rows(InfoTable* t, const Model* model) {
     }
     info_row(t, "parameters", "%zu", model_num_parameters(model));
     if (model->extension.telemetry->info_rows) model->extension.telemetry->info_rows(model, t);
+    if (model->frozen) {
+        size_t trainable = lora_parameter_count(model), all = model_num_parameters(model);
+        char targets[64] = "";
+        for (int i = 0; i < LORA_NUM_TARGETS; i++)
+            if ((model->lora_targets >> i) & 1)
+                snprintf(targets + strlen(targets), sizeof(targets) - strlen(targets), "%s%s", targets[0] ? "," : "",
+                         lora_target_names[i]);
+        info_row(t, "fine-tuning", "lora r=%d on %s: %zu trainable parameters, %.4f%% of the model's %zu (frozen)",
+                 model->lora_rank, targets, trainable, 100.0 * trainable / all, all);
+    }
 }
 
 // The start-up table (process 0), once everything is allocated: the model, the batch, the memory plan per device, and

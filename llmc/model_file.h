@@ -261,7 +261,9 @@ static void model_file_header(const Model* model, int* header) {
 
 // Writes the model file. Process 0 writes, after an extension gathered its own part (collective over its groups;
 // processes that take no part return at once).
-static void model_write_model_file(Model* model, const char* path, cudaStream_t stream) {
+// edit: NULL, or what changes the whole model's parameters (host, model-file order) before they are written
+static void model_write_model_file_edited(Model* model, const char* path, cudaStream_t stream,
+                                          void (*edit)(const Model* model, floatX* file_order)) {
     const FfnExtension* x = model->extension.ffn;
     if (x->gathers_model_file && !x->gathers_model_file(model)) return;
     int header[256] = {0};
@@ -273,6 +275,7 @@ static void model_write_model_file(Model* model, const char* path, cudaStream_t 
         free(host);
         return;
     }
+    if (edit) edit(model, host);
     char* tmp;
     FILE* f = fopen_tmp_for(path, &tmp);
     fwrite_check(header, sizeof(int), 256, f, tmp);
@@ -288,4 +291,7 @@ static void model_write_model_file(Model* model, const char* path, cudaStream_t 
     commit_tmp(f, tmp, path);
     free(tmp);
     free(host);
+}
+static void model_write_model_file(Model* model, const char* path, cudaStream_t stream) {
+    model_write_model_file_edited(model, path, stream, NULL);
 }

@@ -4,6 +4,7 @@
 // tensors (sizes in buffer order, weight decay or not), point their own structs into `params_memory` /
 // `grads_memory`, and call:
 //   sharded_parameters_allocate      parameters and gradients (padded so that every shard is equal)
+//   sharded_parameters_allocate_frozen   parameters only: a set that does not train (a base model under fine-tuning)
 //   sharded_parameters_set           the parameters' values (this process's shard of them under ZeRO-3)
 //   sharded_parameters_allocate_optimizer   m, v and fp32 master weights for this process's shard (on the device, or
 //                                    with ZeRO-Offload in pinned host memory, where AdamW then runs: llmc/adamw_host.h)
@@ -134,6 +135,9 @@ typedef struct {
     // the reduced gradient times this is the gradient of the step's loss: 1, except for parameters whose gradient
     // arrives summed over several processes' tokens before the reduction averages it (expert parallelism)
     float grad_multiplier;
+    // a set that does not train (sharded_parameters_allocate_frozen): no gradients, no optimizer state, no reductions;
+    // under ZeRO-3 its shards are gathered as any set's
+    int frozen;
 } ShardedParameters;
 
 // FP16 dynamic loss scaling: a step whose gradient overflowed is skipped and halves the scale; 1000 good steps in
@@ -169,9 +173,10 @@ static unsigned int optimizer_next_seed(unsigned long long* state) {
 }
 
 // zero_stage 2: no gradient buffer (the trainer adds buckets); 3: nor the other processes' parameter shards (the
-// trainer adds gather buffers too)
-static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, const size_t* sizes, const int* decays,
-                                        int process_rank, int num_processes, int zero_stage) {
+// trainer adds gather buffers too). frozen: no gradient buffer at any stage (sharded_parameters_allocate_frozen).
+static void sharded_parameters_allocate_set(ShardedParameters* p, int num_tensors, const size_t* sizes,
+                                            const int* decays, int process_rank, int num_processes, int zero_stage,
+                                            int frozen) {
     if (num_tensors > MAX_PARAMETER_TENSORS) {
         fprintf(stderr, "sharded_parameters_allocate: %d tensors, at most %d\n", num_tensors, MAX_PARAMETER_TENSORS);
         exit(EXIT_FAILURE);
@@ -194,7 +199,8 @@ static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, c
     }
     cudaCheck(cudaMalloc((void**)&p->params_memory, p->params_count * sizeof(floatX)));
     cudaCheck(cudaMemset(p->params_memory, 0, p->params_count * sizeof(floatX)));
-    if (zero_stage < 2) {
+    p->frozen = frozen;
+    if (zero_stage < 2 && !frozen) {
         cudaCheck(cudaMalloc((void**)&p->grads_memory, p->num_parameters_padded * sizeof(floatX)));
         cudaCheck(cudaMemset(p->grads_memory, 0, p->num_parameters_padded * sizeof(floatX)));
     }
@@ -202,6 +208,18 @@ static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, c
     cudaCheck(cudaMalloc((void**)&p->norm_partials, partials * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&p->norm_result, sizeof(float)));
     p->grad_multiplier = 1.0f;
+}
+static void sharded_parameters_allocate(ShardedParameters* p, int num_tensors, const size_t* sizes, const int* decays,
+                                        int process_rank, int num_processes, int zero_stage) {
+    sharded_parameters_allocate_set(p, num_tensors, sizes, decays, process_rank, num_processes, zero_stage, 0);
+}
+// A set that does not train: the functions below give it no gradient slices (NULL: the backward pass computes none),
+// reduce nothing, add 0 to the norm, allocate no optimizer state and leave its parameters as they are. The trainer
+// adds no buckets (ZeRO-2/3), only ZeRO-3's gather buffers.
+static void sharded_parameters_allocate_frozen(ShardedParameters* p, int num_tensors, const size_t* sizes,
+                                               const int* decays, int process_rank, int num_processes,
+                                               int zero_stage) {
+    sharded_parameters_allocate_set(p, num_tensors, sizes, decays, process_rank, num_processes, zero_stage, 1);
 }
 
 // ZeRO-3: a gather buffer of `capacity` elements; returns its number
@@ -239,6 +257,7 @@ static int sharded_parameters_add_bucket(ShardedParameters* p, size_t capacity) 
 // layout, so that a run resumes with or without offload).
 static void sharded_parameters_allocate_optimizer(ShardedParameters* p, int use_master_weights, int process_rank,
                                                   int num_processes, int zero_stage, int offload) {
+    if (p->frozen) return;
     size_t n = p->num_parameters_padded;
     p->shard_size = zero_stage >= 1 ? n / num_processes : n;
     p->shard_offset = zero_stage >= 1 ? (size_t)process_rank * p->shard_size : 0;
@@ -332,6 +351,7 @@ static size_t sharded_parameters_offset(const ShardedParameters* p, int tensor) 
 
 static void sharded_parameters_zero_grad(ShardedParameters* p, cudaStream_t stream) {
     p->num_pieces = 0;
+    if (p->frozen) return;
     if (p->zero_stage >= 2)
         cudaCheck(cudaMemsetAsync(p->shard_grads, 0, p->shard_size * sizeof(float), stream));
     else
@@ -351,6 +371,10 @@ static size_t sharded_parameters_slice(const ShardedParameters* p, int i, int la
 // which ZeRO-2 does on every micro-step.
 static void sharded_parameters_gradient_slices(ShardedParameters* p, int bucket, const int* tensors, int count,
                                                int layer, int num_layers, floatX** slices, cudaStream_t stream) {
+    if (p->frozen) {
+        for (int j = 0; j < count; j++) slices[j] = NULL;
+        return;
+    }
     if (p->zero_stage < 2) {
         for (int j = 0; j < count; j++) {
             size_t n;
@@ -506,7 +530,7 @@ static void sharded_parameters_reduce_group(ShardedParameters* p, const int* ten
 static void sharded_parameters_reduce_slices(ShardedParameters* p, const int* tensors, int count, int layer,
                                              int num_layers, const MultiGpuConfig* mg, int zero_stage,
                                              cudaStream_t stream) {
-    if (mg->num_processes == 1 && !p->offload && p->zero_stage < 2) return;
+    if (p->frozen || (mg->num_processes == 1 && !p->offload && p->zero_stage < 2)) return;
     cudaCheck(cudaEventRecord(mg->compute_done, stream));
     cudaCheck(cudaStreamWaitEvent(mg->nccl_stream, mg->compute_done, 0));
     if (p->zero_stage >= 2) {
@@ -641,6 +665,7 @@ static void sharded_parameters_gather_all(ShardedParameters* p, floatX* host, co
 // last tensor is never reduced: it stays zero everywhere.
 static float sharded_parameters_norm_squared(ShardedParameters* p, const MultiGpuConfig* mg, int zero_stage,
                                              cudaStream_t stream) {
+    if (p->frozen) return 0.0f;  // the same on every process: nothing to sum over them
     if (mg->num_processes > 1 || p->offload || p->zero_stage >= 2) {
         cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
         cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
@@ -665,6 +690,7 @@ static float sharded_parameters_norm_squared(ShardedParameters* p, const MultiGp
 // gradient (ZeRO-2/3: of its fp32 shard) is summed as its own segment, in tensor order.
 static float sharded_parameters_norm_squared_of(ShardedParameters* p, const int* include, const MultiGpuConfig* mg,
                                                 int zero_stage, cudaStream_t stream) {
+    if (p->frozen) return 0.0f;
     if (mg->num_processes > 1 || p->offload || p->zero_stage >= 2) {
         cudaCheck(cudaEventRecord(mg->compute_done, mg->nccl_stream));
         cudaCheck(cudaStreamWaitEvent(stream, mg->compute_done, 0));
@@ -805,6 +831,7 @@ static void sharded_parameters_host_update(ShardedParameters* p, const AdamWConf
 static void sharded_parameters_apply_update(ShardedParameters* p, const AdamWConfig* opt, float norm, float loss_scale,
                                             unsigned int seed, int t, const MultiGpuConfig* mg, int zero_stage,
                                             cudaStream_t stream) {
+    if (p->frozen) return;
     float grad_scale = sharded_parameters_clip_scale(norm, opt->grad_clip) / loss_scale * p->grad_multiplier;
     float beta1_correction = 1.0f - powf(opt->beta1, (float)t);
     float beta2_correction = 1.0f - powf(opt->beta2, (float)t);

@@ -237,7 +237,8 @@ void rmsnorm_backward_launch(floatX* dinp, floatX* dweight, float* scratch, cons
     rmsnorm_backward_kernel<<<blocks, block_size, shared_bytes, stream>>>(dinp, scratch, dout, inp, weight, rstd, N,
                                                                          C);
     cudaCheck(cudaGetLastError());
-    block_partials_accumulate(dweight, nullptr, scratch, blocks, C, stream);
+    if (dweight != nullptr)  // NULL: a frozen norm's, whose partials are left unsummed
+        block_partials_accumulate(dweight, nullptr, scratch, blocks, C, stream);
 }
 
 // dinp (B,T,C) +=; dweight (C) +=; scratch holds rmsnorm_backward_scratch_floats(B, T, C) floats

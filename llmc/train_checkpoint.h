@@ -8,7 +8,8 @@
 #pragma once
 
 // Checkpoints: <dir>/model_%08d.bin (rank 0), <dir>/state_%08d_%05d.bin (each rank), <dir>/DONE_%08d
-// once every rank has written. Each file is written under a temporary name and renamed.
+// once every rank has written. Each file is written under a temporary name and renamed. A fine-tuning run (-ft) writes
+// its adapter, <dir>/adapter_%08d.bin, in place of the model file (llmc/model_lora.h): the model file is -e's.
 
 typedef struct {
     int step;
@@ -24,8 +25,10 @@ typedef struct {
 static void write_checkpoint(const char* dir, Model* model, const DataLoader* loader, const TrainerState* ts,
                              const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     char* tmp;
-    char* path = checkpoint_path(dir, "model", ts->step, -1);
-    model_write_model_file(model, path, stream);
+    const char* parameters_kind = model->lora ? "adapter" : "model";
+    char* path = checkpoint_path(dir, parameters_kind, ts->step, -1);
+    if (model->lora) lora_write_checkpoint(model, path, ts->step, mg, stream);
+    else model_write_model_file(model, path, stream);
     free(path);
     const CheckpointExtension* x = model->extension.checkpoint;
     if (x->write_state) x->write_state(dir, ts->step, model, zero_stage, stream);
@@ -78,7 +81,7 @@ static void write_checkpoint(const char* dir, Model* model, const DataLoader* lo
         fprintf(d, "checkpoint 1\nstep %d\nprocesses %d\nmodel", ts->step, mg->num_processes);
         for (int i = 1; i <= 12; i++) fprintf(d, " %d", header[i]);
         fprintf(d, "\n");
-        const char* kinds[2] = {"model", model->extension.checkpoint->state_file};
+        const char* kinds[2] = {parameters_kind, model->extension.checkpoint->state_file};
         for (int k = 0; k < 2 && kinds[k]; k++) {
             uint64_t size, hash;
             char* file = checkpoint_path(dir, kinds[k], ts->step, -1);
@@ -122,7 +125,7 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
     char line[2048];
     int version = -1, done_step = -1, processes = -1, have_model = 0, model_header[13] = {0}, lines = 0;
     // the files the DONE lists, checked as they come; this process's state must be among them
-    int checked_state = 0;
+    int checked_state = 0, adapter = 0;
     while (*why == NULL && fgets(line, sizeof(line), f) != NULL) {
         lines++;
         char name[1024];
@@ -140,6 +143,7 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
             int r, s2;
             char rest;
             int is_state = sscanf(name, "state_%8d_%5d.bin%c", &s2, &r, &rest) == 2;
+            adapter |= strncmp(name, "adapter_", 8) == 0;
             if (is_state && r != rank && processes == num_processes) continue;  // every process checks its own
             char* path = string_format("%s/%s", dir, name);
             uint64_t got_size, got_hash;
@@ -166,13 +170,14 @@ static int verify_checkpoint(const char* dir, int step, int rank, int num_proces
     // an older trainer's checkpoint resumes only on its own process count
     int saved_processes = *legacy ? num_processes : processes;
     // the files' own headers: the model's configuration as the DONE lists it, the state's step and process count
+    // (a fine-tuning checkpoint has no model file: its adapter names the model it was trained on by its checksum)
     int header[256];
     char* path = checkpoint_path(dir, "model", step, -1);
-    FILE* m = *why == NULL ? fopen(path, "rb") : NULL;
-    if (*why == NULL && (m == NULL || fread(header, sizeof(int), 256, m) != 256))
+    FILE* m = *why == NULL && !adapter ? fopen(path, "rb") : NULL;
+    if (*why == NULL && !adapter && (m == NULL || fread(header, sizeof(int), 256, m) != 256))
         *why = string_format("%s: cannot read its header", path);
     if (m) fclose(m);
-    for (int i = 1; i <= 12 && !*legacy && *why == NULL; i++)
+    for (int i = 1; i <= 12 && !*legacy && !adapter && *why == NULL; i++)
         if (header[i] != model_header[i])
             *why = string_format("%s: header[%d] = %d, but %s says %d", path, i, header[i], done, model_header[i]);
     free(path);
@@ -297,8 +302,15 @@ static void read_checkpoint_state(const char* dir, int step, Model* model, DataL
         exit(EXIT_FAILURE);
     }
     int saved_processes = header[2], saved_tp = header[11] > 0 ? header[11] : 1, tp = model_tp_degree(model);
-    if (saved_tp == tp && saved_processes == mg->num_processes && header[3] == mg->process_rank &&
-        shard_size == model->store.shard_size) {
+    // a frozen set has no optimizer state (a fine-tuning run's is in its adapter file, whole: any layout reads it)
+    if (model->store.frozen && shard_size != 0) {
+        fprintf(stderr, "%s: a state with the model's optimizer state; this run fine-tunes (-ft), which keeps none\n",
+                path);
+        exit(EXIT_FAILURE);
+    }
+    if (model->store.frozen ||
+        (saved_tp == tp && saved_processes == mg->num_processes && header[3] == mg->process_rank &&
+         shard_size == model->store.shard_size)) {
         sharded_parameters_read_state(&model->store, f, path);
     } else if (saved_tp > 1 || tp > 1) {  // another tensor-parallel layout: the slices and shards are cut anew
         if (saved_processes % saved_tp != 0 || shard_size == 0) {

@@ -28,6 +28,18 @@
     X("-fh", INT, ffn_hidden, 0, "llama: SwiGLU hidden size H (default = 8C/3 rounded up to a multiple of 64)")        \
     X("-eps", FLOAT, norm_eps, 1e-5f, "llama: RMSNorm eps (default = 1e-5)")                                           \
     X("-tie", INT, tie_embeddings, 0, "llama: 1 = the output embedding is wte, 0 = its own lm_head (default = 0)")     \
+    X("-ft", STRING, fine_tune, "",                                                                                    \
+      "train_gpt: fine-tune the model file with a method that trains new parameters only: lora (the\n"                \
+      "model's own parameters frozen; doc/training.md, \"Fine-tuning\") (default = none: train every\n"                \
+      "parameter)")                                                                                                    \
+    X("-fr", INT, ft_rank, 8, "-ft lora: the rank r of each adapter, a multiple of 8 (default = 8)")                   \
+    X("-fs", FLOAT, ft_alpha, 16.0f, "-ft lora: alpha: the layer is W x + (alpha/r) B A x (default = 16)")             \
+    X("-fw", STRING, ft_targets, "qkv,proj",                                                                           \
+      "-ft lora: the Linear layers adapted, any of qkv, proj, fc, fc_proj (default = qkv,proj)")                       \
+    X("-fi", STRING, ft_adapter, NULL, "-ft: start from this adapter file (default = none: a fresh adapter)")          \
+    X("-fm", STRING, ft_merged, NULL,                                                                                  \
+      "-ft lora: after the last step, write the model with the adapter merged into it to this model\n"                \
+      "file (default = none)")                                                                                         \
     X("-o", STRING, output_dir, NULL, "output log dir and checkpoints (default = none)")                               \
     X("-tf", STRING, tokenizer_path, "data/tinyshakespeare/gpt2_tokenizer.bin",                                        \
       "tokenizer file for decoding samples (default = data/tinyshakespeare/gpt2_tokenizer.bin)")                       \
@@ -102,7 +114,7 @@ static Flag flag(const char* name, FlagType type, void* value, const char* help)
 }
 
 // The settings' defaults and the trainer's flags, which write into `s`; returns the number of flags.
-#define MAX_TRAINER_FLAGS 56
+#define MAX_TRAINER_FLAGS 64
 static int trainer_flags(Flag* f, TrainerSettings* s) {
     const TrainerSettings defaults = {TRAINER_FLAGS(FLAG_DEFAULT_VALUE)};
     *s = defaults;
@@ -119,6 +131,40 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
 #endif
     f[n++] = flag("-h", FLAG_INT, NULL, "this help");
     return n;
+}
+
+// The fine-tuning flags (llmc/model_lora.h): 0 and one line naming the flag
+static int trainer_check_fine_tuning(const TrainerSettings* s, const Flag* flags, int num_flags) {
+    const char* ft_only[] = {"-fr", "-fs", "-fw", "-fi", "-fm"};
+    if (!s->fine_tune[0]) {
+        for (int i = 0; i < 5; i++) {
+            if (flag_find(flags, num_flags, ft_only[i])->given) {
+                fprintf(stderr, "%s applies to fine-tuning only (-ft lora)\n", ft_only[i]);
+                return 0;
+            }
+        }
+        return 1;
+    }
+    if (strcmp(s->fine_tune, "lora") != 0) {
+        fprintf(stderr, "-ft %s: unknown fine-tuning method (expected lora)\n", s->fine_tune);
+        return 0;
+    }
+    if (s->ft_rank < 1 || s->ft_rank % 8 != 0) {
+        fprintf(stderr, "-fr %d: the rank must be a positive multiple of 8 (the GEMM kernels move 16-byte vectors of a "
+                "row)\n", s->ft_rank);
+        return 0;
+    }
+    if (!(s->ft_alpha > 0.0f) || !isfinite(s->ft_alpha)) {
+        fprintf(stderr, "-fs %g: expected a finite alpha > 0\n", s->ft_alpha);
+        return 0;
+    }
+    if (lora_parse_targets(s->ft_targets) == 0) return 0;
+    if (s->tensor_parallel > 1) {
+        fprintf(stderr, "-ft %s -tp %d: the adapters are not split over tensor-parallel processes: fine-tune with "
+                "data parallelism and ZeRO (-tp 1)\n", s->fine_tune, s->tensor_parallel);
+        return 0;
+    }
+    return 1;
 }
 
 // Values that no run can use are refused before anything starts: 0 and one line naming the flag.
@@ -229,7 +275,7 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
         fprintf(stderr, "-tie %d: expected 0 or 1\n", s->tie_embeddings);
         return 0;
     }
-    return 1;
+    return trainer_check_fine_tuning(s, flags, num_flags);
 }
 
 // The architecture of a descriptor from the flags (only the family fields of the config are set)

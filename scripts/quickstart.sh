@@ -13,23 +13,29 @@
 #                                  twice (150 steps of 4x128 tokens each): with aux-loss-free balancing (-rb, no
 #                                  balance loss), then with the Switch loss instead; one plot compares their expert
 #                                  loads (doc/moe.md, "Telemetry"); 3 minutes here
+#   scripts/quickstart.sh lora     pre-trains the dense GPT (200 steps), then fine-tunes it with LoRA (-ft lora, the
+#                                  model frozen) on the shipped instruction sample, the loss on the responses only
+#                                  (data/instructions.py's loss masks); greedy answers to four prompts before and
+#                                  after (the merged model, -fm), both runs' losses in one plot
 # Log, checkpoint and loss.png go to build/quickstart_moe/ (or build/quickstart_gpt/, build/quickstart_deepseek/:
-# its runs in bias/ and switch/).
+# its runs in bias/ and switch/; build/quickstart_lora/: pretrain/, lora/ and the merged model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-moe}
 case "$model" in
     moe) moe_flags=(-ne 4 -tk 1 -me 2 -cf 1.25 -cfe 2.0) ;;
     gpt) moe_flags=() ;;
-    deepseek) ;;
-    *) echo "quickstart.sh: unknown model '$model' (expected moe, gpt or deepseek)" >&2; exit 1 ;;
+    deepseek | lora) ;;
+    *) echo "quickstart.sh: unknown model '$model' (expected moe, gpt, deepseek or lora)" >&2; exit 1 ;;
 esac
-# the GPU build where a GPU answers, else the CPU backend's
+# the GPU build where a GPU answers, else the CPU backend's (the lora quick start's is the GPT trainer)
+program=${model/deepseek/moe}
+program=${program/lora/gpt}
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    trainer=./train_${model/deepseek/moe}
+    trainer=./train_$program
     generator=./generate
 else
-    trainer=build/train_${model/deepseek/moe}_fp32
+    trainer=build/train_${program}_fp32
     generator=build/generate_fp32
 fi
 scripts/install_deps.sh
@@ -56,6 +62,36 @@ if [ "$model" = deepseek ]; then
     /usr/bin/python3 scripts/plot_log.py -o "$out/loss.png" --title "aux-loss-free balancing (bias) vs the Switch loss" \
         "$out/bias" "$out/switch"
     echo "quickstart: loss curves and expert loads in $out/loss.png"
+    exit 0
+fi
+if [ "$model" = lora ]; then
+    make -s "$generator"
+    mkdir -p "$out"
+    "$trainer" -e d4 -ev 257 -et 128 -sd 1 -i "${data}_train.bin" -j "${data}_val.bin" -tf "$tokenizer" -b 8 -t 128 \
+        -x 200 -l 2e-3 -u 20 -q 0.1 -c 0.1 -v 100 -m 8 -s 0 -o "$out/pretrain" -n 200 -nk 1
+    base=$out/pretrain/model_00000200.bin
+    /usr/bin/python3 data/instructions.py data/instructions_sample.jsonl --out-dir "$out/instructions" \
+        --tokenizer bytes >/dev/null
+    # questions of the sample's four kinds, none of them in it
+    printf '%s\n' "What is 23 plus 41?" "How many letters are in 'planet'?" "What is the capital of Italy?" \
+        "Reverse the word 'stone'." >"$out/prompts.txt"
+    # each prompt beside its answer (generate prints one line per sample, in the prompts' order)
+    answers() {
+        "$generator" -e "$1" -i "$out/prompts.txt" -tf "$tokenizer" -g 40 -temp 0 -sn 1 >"$out/answers.txt" \
+            2>"$out/generate.log" || { cat "$out/generate.log" >&2; exit 1; }
+        grep -v '^$' "$out/answers.txt" | paste -d '|' "$out/prompts.txt" - | sed 's/|/  ->  /'
+        echo
+    }
+    echo "quickstart: the pre-trained model's answers (greedy)"
+    answers "$base"
+    "$trainer" -e "$base" -ft lora -fr 16 -fs 32 -fw qkv,proj,fc,fc_proj -i "$out/instructions/train.bin" \
+        -j "$out/instructions/val.bin" -tf "$tokenizer" -b 8 -t 64 -x 300 -l 3e-3 -u 20 -v 100 -m 4 -s 0 \
+        -o "$out/lora" -fm "$out/merged.bin"
+    echo "quickstart: the fine-tuned model's answers (greedy; the adapter merged into the model)"
+    answers "$out/merged.bin"
+    /usr/bin/python3 scripts/plot_log.py -o "$out/loss.png" --title "pre-training, then LoRA on instructions" \
+        "$out/pretrain" "$out/lora"
+    echo "quickstart: both runs' losses in $out/loss.png"
     exit 0
 fi
 "$trainer" -e d4 -ev 257 -et 128 -sd 1 "${moe_flags[@]}" -i "${data}_train.bin" -j "${data}_val.bin" -tf "$tokenizer" \

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# dev/test/test_lora.sh: LoRA fine-tuning from the command line (train_gpt -ft lora, llmc/model_lora.h) on the CPU
+# backend, on the instruction shards data/instructions.py makes of the shipped sample (bytes, the prompts' targets
+# masked), with the LoRA reference's model and adapter (build/ref/lora_gpt2_fp32: every target, r 8, alpha 12):
+#   - step 1's loss and gradient norm from that adapter (-fi, -a 1) against PyTorch's (train_gpt.py --train
+#     --adapter-from-file, whose first batch is the same rows): FP32, rel 1e-5 (the printed 6 decimals, fp32 sums);
+#   - the start-up table's trainable count against L r (C_in + C_out) summed over the targets;
+#   - an adapter checkpoint (-n) holds the adapter alone: 1024 + 4 n (1 + 2) bytes for its n values with m and v;
+#     6 steps straight and 3 + 3 resumed (-y 1) give the same step lines bit for bit, and so does a resume of that
+#     checkpoint on 2 processes under ZeRO-1 with the same global batch within fp32 summation order (rel 1e-5);
+#   - -fm: the merged model's validation loss before any step is the adapted run's last one (printed digits);
+#   - refusals: a rank of 0 or not a multiple of 8, an unknown or repeated target, an unknown method, a fine-tuning
+#     flag without -ft, an adapter of another base model (checksum), a descriptor as the base, -tp 2, the MoE trainer.
+# Needs build/train_gpt_fp32, build/train_moe_fp32 and build/ref/lora_gpt2_fp32 (its model and adapter files). Run
+# from anywhere: dev/test/test_lora.sh
+set -u
+cd "$(dirname "$0")/../.."
+PYTHON=/usr/bin/python3
+MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+. dev/test/cli_common.sh
+MODEL=build/ref/lora_gpt2_fp32_model.bin
+ADAPTER=build/ref/lora_gpt2_fp32_adapter.bin
+
+$PYTHON data/instructions.py data/instructions_sample.jsonl --out-dir "$work/data" --tokenizer bytes >/dev/null ||
+    { echo "cannot write the instruction shards"; exit 1; }
+DATA=(-i "$work/data/train.bin" -j "$work/data/val.bin" -t 32 -v 100 -m 2 -s 0 -l 1e-3)
+LORA=(-e "$MODEL" -ft lora -fr 8 -fs 12 -fw qkv,proj,fc,fc_proj)
+
+# step lines -> "loss norm" per step
+steps() { grep -E '^step [0-9]+/' "$1" | sed -E 's/.*\| loss ([0-9.]+).*\| norm ([0-9.]+).*/\1 \2/'; }
+
+# --- step 1 from the reference's adapter against PyTorch, and the start-up table's trainable count
+build/train_gpt_fp32 "${LORA[@]}" -fi "$ADAPTER" "${DATA[@]}" -b 2 -a 1 -x 1 >"$work/one.log" 2>&1 ||
+    fail "-a 1: $(tail -2 "$work/one.log")"
+$PYTHON train_gpt.py --train --model-from-file "$MODEL" --adapter-from-file "$ADAPTER" --input-bin "$work/data/train.bin" \
+    --B 2 --T 32 --steps 1 --lr 1e-3 >"$work/torch.log" 2>&1 || fail "train_gpt.py --train: $(tail -2 "$work/torch.log")"
+if $PYTHON - "$work/one.log" "$work/torch.log" <<'PY'; then pass; else fail "step 1 against PyTorch"; fi
+import re, sys
+got, want = (re.search(r"step 1/\d+ \| loss ([0-9.]+).*\| norm ([0-9.]+)", open(p).read()) for p in sys.argv[1:])
+got, want = tuple(map(float, got.groups())), tuple(map(float, want.groups()))
+err = max(abs(g - w) / w for g, w in zip(got, want))
+print(f"  step 1: loss {got[0]:.6f} norm {got[1]:.6f}, PyTorch {want[0]:.6f} {want[1]:.6f}: max rel err {err:.1e} "
+      "(tol 1e-5)")
+sys.exit(0 if err < 1e-5 else 1)
+PY
+# the tiny shape: L 2, C 48, fc 4C; qkv (C -> 3C), proj (C -> C), fc (C -> 4C), fc_proj (4C -> C)
+want=$((2 * 8 * ((48 + 144) + (48 + 48) + (48 + 192) + (192 + 48))))
+if grep -q "lora r=8 on qkv,proj,fc,fc_proj: $want trainable parameters" "$work/one.log"; then pass
+else fail "the start-up table's trainable count: $(grep fine-tuning "$work/one.log"), expected $want"; fi
+
+# --- adapter checkpoints: the adapter alone; a resume bit for bit; a resume on 2 processes
+RUN=("${LORA[@]}" "${DATA[@]}" -b 4 -d 256 -x 6)
+build/train_gpt_fp32 "${RUN[@]}" -o "$work/straight" >"$work/straight.log" 2>&1 || fail "6 steps: $(tail -2 "$work/straight.log")"
+build/train_gpt_fp32 "${RUN[@]}" -o "$work/resumed" -n 3 -x 3 >"$work/first.log" 2>&1 || fail "3 steps: $(tail -2 "$work/first.log")"
+cp -r "$work/resumed" "$work/resumed_np2"
+n=$want
+size=$(stat -c %s "$work/resumed/adapter_00000003.bin" 2>/dev/null || echo missing)
+if [ "$size" = $((1024 + 4 * n * 3)) ] && [ ! -e "$work/resumed/model_00000003.bin" ]; then pass
+else fail "adapter checkpoint: $size bytes, expected $((1024 + 4 * n * 3)), and no model file"; fi
+build/train_gpt_fp32 "${RUN[@]}" -o "$work/resumed" -y 1 >"$work/second.log" 2>&1 || fail "resume: $(tail -2 "$work/second.log")"
+if diff <(grep -E '^step [456]/' "$work/straight.log" | cut -d'|' -f1-3) \
+        <(grep -E '^step [456]/' "$work/second.log" | cut -d'|' -f1-3) >/dev/null &&
+   [ "$(grep -cE '^step [456]/' "$work/second.log")" = 3 ]; then pass
+else fail "the resumed steps 4-6 differ from the straight run's"; fi
+$MPIRUN -np 2 build/train_gpt_fp32 "${LORA[@]}" "${DATA[@]}" -b 2 -d 256 -x 6 -z 1 -o "$work/resumed_np2" -y 1 \
+    >"$work/np2.log" 2>&1 || fail "resume on 2 processes: $(tail -2 "$work/np2.log")"
+steps "$work/straight.log" | tail -3 >"$work/straight.steps"
+steps "$work/np2.log" >"$work/np2.steps"
+if $PYTHON - "$work/straight.steps" "$work/np2.steps" <<'PY'; then pass; else fail "the 2-process resume"; fi
+import sys
+want, got = ([tuple(map(float, line.split())) for line in open(p)] for p in sys.argv[1:])
+err = max(abs(g - w) / w for a, b in zip(got, want) for g, w in zip(a, b)) if len(got) == len(want) == 3 else 1
+print(f"  steps 4-6 resumed on 2 processes (-z 1) against 1: max rel err {err:.1e} (tol 1e-5)")
+sys.exit(0 if err < 1e-5 else 1)
+PY
+
+# --- -fm: the merged model is the adapted one
+build/train_gpt_fp32 "${LORA[@]}" -fi "$ADAPTER" "${DATA[@]}" -b 4 -x 2 -v 2 -fm "$work/merged.bin" >"$work/merge.log" 2>&1 ||
+    fail "-fm: $(tail -2 "$work/merge.log")"
+build/train_gpt_fp32 -e "$work/merged.bin" "${DATA[@]}" -b 4 -x 1 -l 0 >"$work/merged.log" 2>&1 ||
+    fail "the merged model: $(tail -2 "$work/merged.log")"
+adapted=$(grep "val loss" "$work/merge.log" | tail -1)
+merged=$(grep "val loss" "$work/merged.log" | head -1)
+if [ -n "$adapted" ] && [ "$adapted" = "$merged" ]; then pass
+else fail "-fm: the adapted run's last '$adapted', the merged model's first '$merged'"; fi
+
+# --- refusals
+E=("${DATA[@]}" -x 1)
+expect_error "rank 0" "-fr 0: the rank must be a positive multiple of 8" build/train_gpt_fp32 "${LORA[@]}" -fr 0 "${E[@]}"
+expect_error "rank 12" "-fr 12: the rank must be a positive multiple of 8" build/train_gpt_fp32 "${LORA[@]}" -fr 12 "${E[@]}"
+expect_error "unknown target" "unknown target 'bogus'" build/train_gpt_fp32 "${LORA[@]}" -fw qkv,bogus "${E[@]}"
+expect_error "repeated target" "repeated target 'qkv'" build/train_gpt_fp32 "${LORA[@]}" -fw qkv,qkv "${E[@]}"
+expect_error "unknown method" "-ft prefixes: unknown fine-tuning method" build/train_gpt_fp32 -e "$MODEL" -ft prefixes "${E[@]}"
+expect_error "-fr without -ft" "-fr applies to fine-tuning only" build/train_gpt_fp32 -e "$MODEL" -fr 8 "${E[@]}"
+expect_error "another base" "the adapter was trained on another base model file" \
+    build/train_gpt_fp32 -e "$work/merged.bin" -ft lora -fr 8 -fs 12 -fw qkv,proj,fc,fc_proj -fi "$ADAPTER" "${E[@]}"
+expect_error "another rank" "header word 3 (rank (-fr)) is 8, this run's is 16" \
+    build/train_gpt_fp32 "${LORA[@]}" -fr 16 -fi "$ADAPTER" "${E[@]}"
+expect_error "descriptor base" "fine-tunes a model file (-e FILE); d2 is none" \
+    build/train_gpt_fp32 -e d2 -ev 263 -et 32 -ft lora "${E[@]}"
+expect_error "-tp 2" "-ft lora -tp 2: the adapters are not split" build/train_gpt_fp32 "${LORA[@]}" -tp 2 "${E[@]}"
+expect_error "MoE" "-ft lora: fine-tuning is train_gpt's" build/train_moe_fp32 -e d2 -ev 263 -et 32 -ft lora "${E[@]}"
+
+echo "test_lora: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

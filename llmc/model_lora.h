@@ -1,0 +1,324 @@
+// llmc/model_lora.h: fine-tuning train_gpt.cu's model with LoRA (-ft lora, doc/training.md "Fine-tuning"): the
+// base model frozen (llmc/optimizer.cuh's frozen set: no gradients, no optimizer state, no reductions), and beside
+// each targeted Linear layer of every layer a trainable pair A (r, C), B (OC, r) (llmc/lora.cuh). The pairs are a
+// parameter set of their own, averaged and sharded over the data-parallel processes like the model's. The adapter
+// file (doc/formats.md "Adapter file") holds them alone, tied to the base model file by its checksum; -fm merges them
+// into an ordinary model file. train_gpt.cu includes this after its Model and its parameter tables.
+// Tests (dev/test/run_tests.sh NAME, patterns work): gpt-*-lora*, llama-*-lora*, lora-cli.
+#pragma once
+#include "lora.cuh"
+#include "checkpoint.h"
+
+#define ADAPTER_FILE_MAGIC 20261207
+#define ADAPTER_FILE_VERSION 1
+#define FT_METHOD_LORA 1
+
+// The Linear layers an adapter may target (-fw), each with a bit in the adapter file's word 4: X(id, name)
+#define LORA_TARGETS(X) \
+    X(QKV, "qkv")       \
+    X(PROJ, "proj")     \
+    X(FC, "fc")         \
+    X(FC_PROJ, "fc_proj")
+#define LORA_TARGET_INDEX(id, name) LORA_##id,
+enum { LORA_TARGETS(LORA_TARGET_INDEX) LORA_NUM_TARGETS };
+#define LORA_TARGET_NAME(id, name) name,
+static const char* const lora_target_names[LORA_NUM_TARGETS] = {LORA_TARGETS(LORA_TARGET_NAME)};
+
+struct LoraAdapter {
+    int rank;
+    float alpha, scale;  // scale = alpha / rank
+    unsigned targets;    // bit t: target t has a pair
+    // A then B of each target in target order, stacked over the layers: A (L, r, C), B (L, OC, r); an absent
+    // target's pair has size 0. ZeRO-1 at most: the set is a fraction of a percent of the model, so sharding its
+    // gradients (ZeRO-2) or its parameters (ZeRO-3) would save nothing worth a second reduction pipeline.
+    ShardedParameters store;
+    int zero_stage;
+    floatX* u;  // (B, T, r) scratch of the passes (llmc/lora.cuh)
+    floatX* g;  // (B, T, r)
+    uint64_t base_size, base_hash;  // the base model file's size and checksum (checkpoint_checksum)
+};
+
+// "qkv,proj" -> the targets' bits; 0 and one line naming the flag when a name is unknown, repeated or missing
+static unsigned lora_parse_targets(const char* list) {
+    unsigned mask = 0;
+    const char* at = list;
+    while (*at) {
+        size_t len = strcspn(at, ",");
+        int found = -1;
+        for (int t = 0; t < LORA_NUM_TARGETS; t++)
+            if (strlen(lora_target_names[t]) == len && strncmp(at, lora_target_names[t], len) == 0) found = t;
+        if (found < 0 || (mask & (1u << found))) {
+            fprintf(stderr, "-fw %s: %s target '%.*s' (any of qkv, proj, fc, fc_proj, each once)\n", list,
+                    found < 0 ? "unknown" : "repeated", (int)len, at);
+            return 0;
+        }
+        mask |= 1u << found;
+        at += len;
+        if (*at == ',') at++;
+    }
+    if (mask == 0) fprintf(stderr, "-fw '%s': no target (any of qkv, proj, fc, fc_proj)\n", list);
+    return mask;
+}
+
+// target t's Linear layer: C inputs, OC outputs
+static void lora_target_shape(const Model* model, int t, int* C, int* OC) {
+    const ModelConfig* c = &model->config;
+    int channels = c->channels;
+    int in[LORA_NUM_TARGETS] = {channels, channels, channels, c->ffn_hidden};
+    int out[LORA_NUM_TARGETS] = {(int)qkv_channels(c), channels, (int)fc_channels(c), channels};
+    *C = in[t];
+    *OC = out[t];
+}
+
+// the adapter's tensors' sizes for the model's adapter shape (model->lora_rank, model->lora_targets)
+static void lora_tensor_sizes(const Model* model, size_t* sizes) {
+    size_t L = model->config.num_layers, r = model->lora_rank;
+    for (int t = 0; t < LORA_NUM_TARGETS; t++) {
+        int C, OC;
+        lora_target_shape(model, t, &C, &OC);
+        int on = (model->lora_targets >> t) & 1;
+        sizes[2 * t] = on * L * r * C;
+        sizes[2 * t + 1] = on * L * OC * r;
+    }
+}
+static size_t lora_parameter_count(const Model* model) {
+    size_t sizes[2 * LORA_NUM_TARGETS], n = 0;
+    lora_tensor_sizes(model, sizes);
+    for (int i = 0; i < 2 * LORA_NUM_TARGETS; i++) n += sizes[i];
+    return n;
+}
+// its set's ZeRO stage: 1 at most (LoraAdapter)
+static int lora_zero_stage(const Model* model) { return model->zero_stage < 1 ? model->zero_stage : 1; }
+
+// Before the model's optimizer is allocated, after its process layout and adapter shape are set: the adapter's
+// parameter set (all zero) and its scratch for batches of B x T tokens.
+static LoraAdapter* lora_allocate(Model* model, float alpha, int B, int T) {
+    LoraAdapter* a = (LoraAdapter*)malloc_check(sizeof(LoraAdapter));
+    memset(a, 0, sizeof(*a));
+    int rank = model->lora_rank;
+    a->rank = rank;
+    a->alpha = alpha;
+    a->scale = alpha / (float)rank;
+    a->targets = model->lora_targets;
+    a->zero_stage = lora_zero_stage(model);
+    size_t sizes[2 * LORA_NUM_TARGETS];
+    int decays[2 * LORA_NUM_TARGETS];
+    lora_tensor_sizes(model, sizes);
+    for (int i = 0; i < 2 * LORA_NUM_TARGETS; i++) decays[i] = 1;  // matrices, as the model's Linear weights
+    sharded_parameters_allocate(&a->store, 2 * LORA_NUM_TARGETS, sizes, decays, model->process_rank,
+                                model->num_processes, a->zero_stage);
+    cudaCheck(cudaMalloc((void**)&a->u, (size_t)B * T * rank * sizeof(floatX)));
+    cudaCheck(cudaMalloc((void**)&a->g, (size_t)B * T * rank * sizeof(floatX)));
+    return a;
+}
+
+static void lora_free(LoraAdapter* a) {
+    if (!a) return;
+    sharded_parameters_free(&a->store);
+    cudaCheck(cudaFree(a->u));
+    cudaCheck(cudaFree(a->g));
+    free(a);
+}
+
+static int lora_has(const Model* model, int t) { return model->lora && ((model->lora->targets >> t) & 1); }
+
+// layer l's pair of target t in a buffer laid out as the set (its parameters or gradients)
+static void lora_layer_pair(const Model* model, floatX* set, int t, int l, floatX** A, floatX** B) {
+    const ShardedParameters* p = &model->lora->store;
+    size_t L = model->config.num_layers;
+    *A = set + sharded_parameters_offset(p, 2 * t) + (size_t)l * (p->sizes[2 * t] / L);
+    *B = set + sharded_parameters_offset(p, 2 * t + 1) + (size_t)l * (p->sizes[2 * t + 1] / L);
+}
+
+// A fresh adapter: every A drawn from N(0, 1/r) (torch's normal_ on seed `seed`, llmc/rand.h), every B zero, so that
+// the adapted model starts as the base model
+static void lora_init(Model* model, unsigned int seed) {
+    LoraAdapter* a = model->lora;
+    size_t n = a->store.num_parameters;
+    float* values = (float*)calloc(n > 0 ? n : 1, sizeof(float));
+    floatX* rounded = (floatX*)malloc_check(n * sizeof(floatX));
+    if (!values) {
+        fprintf(stderr, "lora_init: out of host memory for %zu values\n", n);
+        exit(EXIT_FAILURE);
+    }
+    mt19937_state rng;
+    manual_seed(&rng, seed);
+    for (int t = 0; t < LORA_NUM_TARGETS; t++)
+        if (a->store.sizes[2 * t] > 0)
+            normal_(values + sharded_parameters_offset(&a->store, 2 * t), a->store.sizes[2 * t], 0.0f,
+                    1.0f / (float)a->rank, &rng);
+    for (size_t i = 0; i < n; i++) rounded[i] = (floatX)values[i];
+    sharded_parameters_set(&a->store, rounded);
+    free(rounded);
+    free(values);
+}
+
+// The adapter file's header for this model's adapter at `step` (doc/formats.md "Adapter file")
+static void lora_file_header(const Model* model, int step, int* header) {
+    const LoraAdapter* a = model->lora;
+    memset(header, 0, 256 * sizeof(int));
+    header[0] = ADAPTER_FILE_MAGIC;
+    header[1] = ADAPTER_FILE_VERSION;
+    header[2] = FT_METHOD_LORA;
+    header[3] = a->rank;
+    header[4] = (int)a->targets;
+    memcpy(&header[5], &a->alpha, sizeof(float));
+    header[6] = (int)(uint32_t)a->base_hash;
+    header[7] = (int)(uint32_t)(a->base_hash >> 32);
+    header[8] = (int)(uint32_t)a->base_size;
+    header[9] = (int)(uint32_t)(a->base_size >> 32);
+    header[10] = step;
+    header[11] = (int)a->store.num_parameters;
+}
+
+// Reads an adapter file into the model's adapter (its rank, targets and alpha must be the run's; its base checksum
+// the base model file's). Returns the file's step. Bad input: one line naming the file, exit.
+static int lora_read_file(Model* model, const char* path) {
+    LoraAdapter* a = model->lora;
+    FILE* f = fopen_check(path, "rb");
+    int header[256], want[256];
+    read_versioned_header_check(f, header, path, ADAPTER_FILE_MAGIC, ADAPTER_FILE_VERSION, "adapter");
+    lora_file_header(model, header[10], want);
+    const char* what[] = {NULL, NULL, "method (1 = lora)", "rank (-fr)", "targets (-fw, a bit each)", "alpha (-fs)",
+                          "base model checksum", "base model checksum", "base model size", "base model size", NULL,
+                          "parameter count"};
+    for (int i = 2; i <= 11; i++) {
+        if (what[i] && header[i] != want[i]) {
+            fprintf(stderr, "%s: header word %d (%s) is %d, this run's is %d%s\n", path, i, what[i], header[i], want[i],
+                    i >= 6 && i <= 9 ? ": the adapter was trained on another base model file" : "");
+            exit(EXIT_FAILURE);
+        }
+    }
+    if (header[10] < 0) {
+        fprintf(stderr, "%s: negative step %d in header word 10\n", path, header[10]);
+        exit(EXIT_FAILURE);
+    }
+    size_t n = a->store.num_parameters;
+    float* values = (float*)malloc_for(n * sizeof(float), "the adapter's parameters", path);
+    fread_check(values, sizeof(float), n, f, path);
+    fclose_check(f, path);
+    floatX* rounded = (floatX*)malloc_check(n * sizeof(floatX));
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(values[i])) {
+            fprintf(stderr, "%s: parameter %zu is not finite (%g)\n", path, i, values[i]);
+            exit(EXIT_FAILURE);
+        }
+        rounded[i] = (floatX)values[i];
+    }
+    sharded_parameters_set(&a->store, rounded);
+    free(rounded);
+    free(values);
+    return header[10];
+}
+
+// The adapter's parameters on the host (fp32, the set's order). Its set is never ZeRO-3: every process holds all.
+static float* lora_host_parameters(const Model* model) {
+    const ShardedParameters* p = &model->lora->store;
+    floatX* device_values = (floatX*)malloc_check(p->num_parameters * sizeof(floatX));
+    cudaCheck(cudaMemcpy(device_values, p->params_memory, p->num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
+    float* values = (float*)malloc_check(p->num_parameters * sizeof(float));
+    for (size_t i = 0; i < p->num_parameters; i++) values[i] = (float)device_values[i];
+    free(device_values);
+    return values;
+}
+
+// A checkpoint's adapter file (collective over mg: under ZeRO-1 the optimizer state is gathered): the parameters of
+// `step`, then the whole set's optimizer state, m and v (and the fp32 master weights when the run keeps them), so that
+// a run resumes from it at any process count and ZeRO stage. Process 0 writes, under a temporary name, then renames.
+static void lora_write_checkpoint(const Model* model, const char* path, int step, const MultiGpuConfig* mg,
+                                  cudaStream_t stream) {
+    const ShardedParameters* p = &model->lora->store;
+    size_t n = p->num_parameters, padded = p->num_parameters_padded;
+    int buffers = p->has_master ? 3 : 2;
+    float* device_state;
+    cudaCheck(cudaMalloc((void**)&device_state, padded * sizeof(float)));
+    float* state = (float*)malloc_check((size_t)buffers * padded * sizeof(float));
+    for (int b = 0; b < buffers; b++) {
+        sharded_parameters_gather_state(p, b, device_state, mg, model->lora->zero_stage, stream);
+        cudaCheck(cudaMemcpy(state + (size_t)b * padded, device_state, padded * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    cudaCheck(cudaFree(device_state));
+    if (mg->process_rank == 0) {
+        int header[256];
+        lora_file_header(model, step, header);
+        header[12] = 1;
+        header[13] = p->has_master;
+        float* values = lora_host_parameters(model);
+        char* tmp;
+        FILE* f = fopen_tmp_for(path, &tmp);
+        fwrite_check(header, sizeof(int), 256, f, tmp);
+        fwrite_check(values, sizeof(float), n, f, tmp);
+        for (int b = 0; b < buffers; b++) fwrite_check(state + (size_t)b * padded, sizeof(float), n, f, tmp);
+        commit_tmp(f, tmp, path);
+        free(tmp);
+        free(values);
+    }
+    free(state);
+}
+
+// After the optimizer is allocated, from a checkpoint's adapter file (lora_read_file read its parameters): this
+// process's shard of m, v and the master weights. Its master weights must be the run's (-w, the precision).
+static void lora_read_optimizer_state(Model* model, const char* path) {
+    ShardedParameters* p = &model->lora->store;
+    FILE* f = fopen_check(path, "rb");
+    int header[256];
+    read_versioned_header_check(f, header, path, ADAPTER_FILE_MAGIC, ADAPTER_FILE_VERSION, "adapter");
+    if (header[12] != 1 || header[13] != p->has_master) {
+        fprintf(stderr, "%s: %s; this run needs m and v%s (header words 12, 13: %d, %d)\n", path,
+                header[12] != 1 ? "no optimizer state (not a checkpoint's adapter)" : "another run's master weights",
+                p->has_master ? " and fp32 master weights" : " without master weights", header[12], header[13]);
+        exit(EXIT_FAILURE);
+    }
+    size_t n = p->num_parameters;
+    float* full = (float*)calloc(p->num_parameters_padded, sizeof(float));  // the padding stays zero
+    if (!full) {
+        fprintf(stderr, "%s: out of host memory for the optimizer state\n", path);
+        exit(EXIT_FAILURE);
+    }
+    fseek_check(f, 256 * sizeof(int) + n * sizeof(float), path);
+    for (int b = 0; b < (p->has_master ? 3 : 2); b++) {
+        fread_check(full, sizeof(float), n, f, path);
+        sharded_parameters_scatter_state(p, b, full);
+    }
+    if (fgetc(f) != EOF) {
+        fprintf(stderr, "%s: file is longer than an adapter checkpoint\n", path);
+        exit(EXIT_FAILURE);
+    }
+    fclose_check(f, path);
+    free(full);
+}
+
+// The merged model: W += s B A for every targeted weight of the whole model in model-file order (host), each sum in
+// fp32 over the r products, rounded once to floatX
+static void lora_merge(const Model* model, floatX* file_order) {
+    const LoraAdapter* a = model->lora;
+    const int weight_tensor[LORA_NUM_TARGETS] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
+    size_t file_sizes[NUM_PARAMETER_TENSORS];
+    file_tensor_sizes(file_sizes, model);
+    float* values = lora_host_parameters(model);
+    int L = model->config.num_layers, r = a->rank;
+    for (int t = 0; t < LORA_NUM_TARGETS; t++) {
+        if (!lora_has(model, t)) continue;
+        int C, OC;
+        lora_target_shape(model, t, &C, &OC);
+        size_t w_offset = 0;
+        for (int i = 0; i < weight_tensor[t]; i++) w_offset += file_sizes[i];
+        for (int l = 0; l < L; l++) {
+            floatX* W = file_order + w_offset + (size_t)l * OC * C;
+            const float* A = values + sharded_parameters_offset(&a->store, 2 * t) + (size_t)l * r * C;
+            const float* B = values + sharded_parameters_offset(&a->store, 2 * t + 1) + (size_t)l * OC * r;
+            for (int o = 0; o < OC; o++)
+                for (int c = 0; c < C; c++) {
+                    float delta = 0.0f;
+                    for (int k = 0; k < r; k++) delta += B[(size_t)o * r + k] * A[(size_t)k * C + c];
+                    W[(size_t)o * C + c] = (floatX)((float)W[(size_t)o * C + c] + a->scale * delta);
+                }
+        }
+    }
+    free(values);
+}
+
+// -fm: the model file of the base model with the adapter merged (collective as model_write_model_file)
+static void model_write_merged_model_file(Model* model, const char* path, cudaStream_t stream) {
+    model_write_model_file_edited(model, path, stream, lora_merge);
+}
