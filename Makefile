@@ -214,11 +214,13 @@ TP_REF_llama := --arch llama --kv-heads 2
 MASK := --mask-fraction 0.5
 TP_REF_gpt2_mask := $(MASK)
 MOE_REF_mask_mb3 := --topk 2 --moe-every 1 --cf 0.5 --micro-batches 3 $(MASK)
-# LoRA (-ft lora, llmc/model_lora.h) on every target of GPT-2 and of the llama model at the tiny shape, with the
-# adapter's rank and alpha not the defaults (doc/formats.md, "Adapter file": the reference writes NAME_adapter.bin)
-LORA := --ft lora --ft-rank 8 --ft-alpha 12 --ft-targets qkv,proj,fc,fc_proj
-LORA_REF_gpt2 := $(REF_ARGS) $(LORA)
-LORA_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 $(LORA)
+# LoRA (-ft lora, llmc/model_lora.h) at the tiny shape, the adapter's rank and alpha not the defaults (doc/formats.md,
+# "Adapter file": the reference writes NAME_adapter.bin): GPT-2 on every layer's targets, and on the classifier (tied
+# to wte: the adapter on it has no merged form); the llama model with its own lm_head on every target
+LORA := --ft lora --ft-rank 8 --ft-alpha 12
+LORA_REF_gpt2 := $(REF_ARGS) $(LORA) --ft-targets qkv,proj,fc,fc_proj
+LORA_REF_gpt2_head := $(REF_ARGS) $(LORA) --ft-targets proj,lm_head
+LORA_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 $(LORA) --ft-targets qkv,proj,fc,fc_proj,lm_head
 # ref_command NAME: the script and flags that write build/ref/NAME (NAME_debug_state.bin and NAME_model.bin): the
 # family (the name's first word) gives the shape, a llama or MoE name's middle words its configuration (a variable of
 # its own: a name without one is refused rather than built with the defaults), the last word the precision

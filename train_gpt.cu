@@ -980,7 +980,7 @@ static void model_forward(Model* model, const int* inputs, const int* targets, i
     model_forward_layers(model, B, T, stream);
     // the classifier: against wte (GPT-2, tied llama) or lm_head
     ParameterTensors p = model_rest_weights(model, stream);
-    matmul_forward(a.output, a.lnf, c->tied ? p.wte : p.lm_head, nullptr, B, T, C, Vp, stream);
+    linear_forward(model, LORA_LM_HEAD, 0, a.output, a.lnf, c->tied ? p.wte : p.lm_head, nullptr, B, T, C, Vp, stream);
     if (targets) {
         float dloss = model->masked_dloss > 0.0f ? model->masked_dloss : dlogits_scale;
         if (model_tp_degree(model) > 1)
@@ -1073,8 +1073,8 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     reduce = reduce || model->zero_stage >= 2;  // ZeRO-2/3 reduce on every micro-step
     cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)Nt * C * sizeof(floatX), stream));
     // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
-    matmul_backward(a.dbtc, c->tied ? g.wte : g.lm_head, nullptr, a.output, a.lnf, c->tied ? p.wte : p.lm_head,
-                    a.scratch_f, B, T, C, Vp, stream);
+    linear_backward(model, LORA_LM_HEAD, 0, a.dbtc, c->tied ? g.wte : g.lm_head, nullptr, a.output, a.lnf,
+                    c->tied ? p.wte : p.lm_head, B, T, C, Vp, stream);
     if (reduce)  // an untied lm_head's gradient is complete: reduced while the layers' backward runs
         sharded_parameters_reduce_slices(&model->store, lm_head_tensor, 1, -1, L, mg, zero_stage, stream);
     LayerActivations last = model_layer_activations(model, L - 1, B, T);
@@ -1626,6 +1626,11 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         return EXIT_FAILURE;
     }
     if (from_file && !trainer_check_arch_of_file(&s, flags, num_flags, &model)) return EXIT_FAILURE;
+    if (model.frozen && s.ft_merged && !lora_can_merge(&model)) {
+        fprintf(stderr, "-fm %s: %s ties its output embedding to wte, which the inputs read too: an adapter on lm_head "
+                "has no merged form (-fw without lm_head, or an untied llama model)\n", s.ft_merged, s.model_source);
+        return EXIT_FAILURE;
+    }
     if (x->check_model) x->check_model(&model, s.model_source, from_file);
     if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
     if (!model_check_tensor_parallel(&model, s.T, s.model_source)) return EXIT_FAILURE;

@@ -19,8 +19,8 @@ Run from the repository root with a Python that has torch (here Debian's: /usr/b
         --maxT 1024 --B 16 --T 1024 --lr 6e-4 --device cuda --compile --dtype bfloat16
   any mode can start from a model file instead of a fresh init: --model-from-file PATH (fp32 or bf16 file).
   LoRA fine-tuning (--ft lora): the base model frozen, a trainable low-rank update on each --ft-targets Linear of
-  every block; the reference also writes PREFIX_adapter.bin (the adapter it starts from; format: ADAPTER_MAGIC below),
-  and --train starts from a fresh adapter or --adapter-from-file PATH:
+  every block (lm_head: on the classifier, once); the reference also writes PREFIX_adapter.bin (the adapter it starts
+  from; format: ADAPTER_MAGIC below), and --train starts from a fresh adapter or --adapter-from-file PATH:
     /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt_lora --ft lora --ft-targets qkv,proj,fc,fc_proj
     /usr/bin/python3 train_gpt.py --write-reference build/ref/llama_lora --arch llama --NH 4 --C 64 --kv-heads 2 \
         --ft lora --ft-rank 4 --ft-targets qkv,proj,fc,fc_proj
@@ -188,6 +188,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(config.maxT, config.C)
         self.h = nn.ModuleList(Block(config) for _ in range(config.L))
         self.ln_f = nn.LayerNorm(config.C, eps=LN_EPS)
+        self.classifier_lora = None  # the lm_head target's ClassifierLora (add_lora), added to the logits
 
     def forward(self, idx, targets):
         """Returns the logits of the V real tokens (B, T, V) and the mean cross-entropy over the B*T targets that
@@ -197,9 +198,18 @@ class GPT(nn.Module):
         for block in self.h:
             x = block(x)
         # lm_head is tied to wte; the Vp - V padded columns are never used
-        logits = F.linear(self.ln_f(x), self.wte.weight)[..., : self.config.V]
+        logits = classifier(self, self.ln_f(x), self.wte.weight)
         loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1), ignore_index=MASKED)
         return logits, loss
+
+
+def classifier(model, h, out_embedding):
+    """The logits of the V real tokens: h E^T over the Vp rows of the output embedding E, plus the LoRA update of the
+    lm_head target when the model has one, then the V real columns."""
+    logits = F.linear(h, out_embedding)
+    if model.classifier_lora is not None:
+        logits = logits + model.classifier_lora(h)
+    return logits[..., : model.config.V]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -321,6 +331,7 @@ class Llama(nn.Module):
         self.ln_f = RMSNorm(config.C, config.norm_eps)
         if not config.tied:
             self.lm_head = nn.Linear(config.C, config.Vp, bias=False)
+        self.classifier_lora = None  # the lm_head target's ClassifierLora (add_lora), added to the logits
         cos, sin = rope_cos_sin(config.maxT, config.HS, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -334,7 +345,7 @@ class Llama(nn.Module):
         for block in self.h:
             x = block(x, cos, sin)
         out_embedding = self.wte.weight if self.config.tied else self.lm_head.weight
-        logits = F.linear(self.ln_f(x), out_embedding)[..., : self.config.V]
+        logits = classifier(self, self.ln_f(x), out_embedding)
         loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1), ignore_index=MASKED)
         return logits, loss
 
@@ -425,12 +436,15 @@ def init_weights(model, generator):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# LoRA fine-tuning (--ft lora): a trainable low-rank update on target Linears of every block, the base model frozen
+# LoRA fine-tuning (--ft lora): a trainable low-rank update on target Linears of every block and on the classifier,
+# the base model frozen
 
 # The targets in adapter order, each with its module path in a block (the same in GPT-2's and the Llama's blocks:
 # the qkv projection, the attention's output projection, the MLP's first Linear (the Llama's [gate | up]) and its
-# output Linear). Entry i is bit i of the adapter file's targets word.
-LORA_TARGETS = [("qkv", "attn.c_attn"), ("proj", "attn.c_proj"), ("fc", "mlp.c_fc"), ("fc_proj", "mlp.c_proj")]
+# output Linear), and last lm_head, the classifier, with no path: one adapter for the whole model (ClassifierLora).
+# Entry i is bit i of the adapter file's targets word.
+LORA_TARGETS = [("qkv", "attn.c_attn"), ("proj", "attn.c_proj"), ("fc", "mlp.c_fc"), ("fc_proj", "mlp.c_proj"),
+                ("lm_head", None)]
 LORA_TARGET_NAMES = [name for name, _ in LORA_TARGETS]
 
 
@@ -454,6 +468,24 @@ class LoraLinear(nn.Module):
         return F.linear(x, self.weight, self.bias) + self.s * F.linear(F.linear(x, self.lora_A), self.lora_B)
 
 
+class ClassifierLora(nn.Module):
+    """LoRA's update of the classifier, s (h A^T) B^T with A (r, C) and B (Vp, r), which the model's forward adds to
+    the logits h E^T over all Vp columns before it keeps the V real ones (so B's padded rows get a zero gradient).
+    It sits beside the output embedding E rather than in its place: E is wte in GPT-2 and in a tied Llama, and the
+    update must not reach wte's input lookup."""
+
+    def __init__(self, out_embedding, r, s):
+        super().__init__()
+        self.s = s
+        Vp, C = out_embedding.shape
+        like = {"dtype": out_embedding.dtype, "device": out_embedding.device}
+        self.lora_A = nn.Parameter(torch.zeros(r, C, **like))
+        self.lora_B = nn.Parameter(torch.zeros(Vp, r, **like))
+
+    def forward(self, h):
+        return self.s * F.linear(F.linear(h, self.lora_A), self.lora_B)
+
+
 def lora_scale(alpha, r):
     """s = alpha / r in fp32 arithmetic, as the C side computes it (float s = alpha / (float)r)."""
     return float(np.float32(alpha) / np.float32(r))
@@ -461,13 +493,16 @@ def lora_scale(alpha, r):
 
 def add_lora(model, r, alpha, targets):
     """Freezes every parameter of the model and puts a LoraLinear (A and B zero) in place of each target Linear of
-    every block: afterwards only the adapter's A and B train."""
+    every block, and with lm_head a ClassifierLora (A and B zero) on the model: afterwards only the adapter's A and B
+    train."""
     for p in model.parameters():
         p.requires_grad_(False)
     s = lora_scale(alpha, r)
+    if "lm_head" in targets:
+        model.classifier_lora = ClassifierLora(model.wte.weight, r, s)  # the Llama's lm_head.weight has its shape
     for block in model.h:
         for name, path in LORA_TARGETS:
-            if name in targets:
+            if name in targets and path is not None:
                 parent_path, _, child = path.rpartition(".")
                 parent = block.get_submodule(parent_path)
                 setattr(parent, child, LoraLinear(getattr(parent, child), r, s))
@@ -476,10 +511,15 @@ def add_lora(model, r, alpha, targets):
 
 def adapter_in_file_order(model):
     """[(name, [nn.Parameter per layer])] in adapter order: for each target the model has, in LORA_TARGETS' order, A
-    stacked over the layers (L, r, in), then B (L, out, r). It is an `order` for flat_parameters and the functions
-    beside it, which then read and write the adapter instead of the model."""
+    stacked over the layers (L, r, in), then B (L, out, r); lm_head's, one pair for the model, as one layer's: A
+    (1, r, C), B (1, Vp, r). It is an `order` for flat_parameters and the functions beside it, which then read and
+    write the adapter instead of the model."""
     order = []
     for name, path in LORA_TARGETS:
+        if path is None:
+            if model.classifier_lora is not None:
+                order += [(name + "_A", [model.classifier_lora.lora_A]), (name + "_B", [model.classifier_lora.lora_B])]
+            continue
         linears = [block.get_submodule(path) for block in model.h]
         if isinstance(linears[0], LoraLinear):
             order += [(name + "_A", [m.lora_A for m in linears]), (name + "_B", [m.lora_B for m in linears])]
@@ -727,7 +767,7 @@ def read_adapter_file(path):
     if h[3] < 1:
         fail(f"{path}: LoRA rank {h[3]} must be >= 1")
     if not 1 <= h[4] < 1 << len(LORA_TARGETS):
-        fail(f"{path}: targets word {h[4]} names no target or an unknown one (bits 0..3: "
+        fail(f"{path}: targets word {h[4]} names no target or an unknown one (bits 0..{len(LORA_TARGETS) - 1}: "
              f"{','.join(LORA_TARGET_NAMES)})")
     if not math.isfinite(fp32_from_bits(h[5])):
         fail(f"{path}: LoRA alpha {fp32_from_bits(h[5])} must be finite")
@@ -1088,8 +1128,9 @@ def add_ft_flags(p):
     p.add_argument("--ft-rank", type=int, metavar="R", help=f"LoRA rank r (default {LORA_RANK})")
     p.add_argument("--ft-alpha", type=float, metavar="A",
                    help=f"LoRA alpha: the update is scaled by alpha / r (default {LORA_ALPHA:g})")
-    p.add_argument("--ft-targets", metavar="LIST", help="the Linears of every block that get an adapter, "
-                   f"comma-separated, any of {','.join(LORA_TARGET_NAMES)} (default {LORA_TARGETS_DEFAULT})")
+    p.add_argument("--ft-targets", metavar="LIST", help="the Linears that get an adapter, comma-separated, any of "
+                   f"{','.join(LORA_TARGET_NAMES)} (lm_head: the classifier, once; the others: in every block; default "
+                   f"{LORA_TARGETS_DEFAULT})")
     p.add_argument("--adapter-from-file", metavar="PATH", help="start from this adapter file instead of a fresh "
                    "adapter; its method, rank, targets and alpha are the run's")
 

@@ -407,7 +407,8 @@ static void decode_step(Engine* e, Sequence** run, int n) {
                               rows, stream);
     }
     // the logits: this member's vocabulary rows, put together on the host
-    matmul_forward(e->logits, e->ln, c->tied ? p.wte : p.lm_head, nullptr, rows, 1, e->C, e->Vs, stream);
+    linear_forward(model, LORA_LM_HEAD, 0, e->logits, e->ln, c->tied ? p.wte : p.lm_head, nullptr, rows, 1, e->C, e->Vs,
+                   stream);
     tp_copy_logits(model, e->host_logits, e->logits, (size_t)n, stream);
     e->decode_seconds += engine_seconds() - start;
     e->decode_tokens += n;

@@ -13,12 +13,14 @@
 #define ADAPTER_FILE_VERSION 1
 #define FT_METHOD_LORA 1
 
-// The Linear layers an adapter may target (-fw), each with a bit in the adapter file's word 4: X(id, name)
-#define LORA_TARGETS(X) \
-    X(QKV, "qkv")       \
-    X(PROJ, "proj")     \
-    X(FC, "fc")         \
-    X(FC_PROJ, "fc_proj")
+// The Linear layers an adapter may target (-fw), each with a bit in the adapter file's word 4: X(id, name). The
+// first four are in every layer, lm_head (the classifier, against wte or lm_head) once.
+#define LORA_TARGETS(X)   \
+    X(QKV, "qkv")         \
+    X(PROJ, "proj")       \
+    X(FC, "fc")           \
+    X(FC_PROJ, "fc_proj") \
+    X(LM_HEAD, "lm_head")
 #define LORA_TARGET_INDEX(id, name) LORA_##id,
 enum { LORA_TARGETS(LORA_TARGET_INDEX) LORA_NUM_TARGETS };
 #define LORA_TARGET_NAME(id, name) name,
@@ -48,7 +50,7 @@ static unsigned lora_parse_targets(const char* list) {
         for (int t = 0; t < LORA_NUM_TARGETS; t++)
             if (strlen(lora_target_names[t]) == len && strncmp(at, lora_target_names[t], len) == 0) found = t;
         if (found < 0 || (mask & (1u << found))) {
-            fprintf(stderr, "-fw %s: %s target '%.*s' (any of qkv, proj, fc, fc_proj, each once)\n", list,
+            fprintf(stderr, "-fw %s: %s target '%.*s' (any of qkv, proj, fc, fc_proj, lm_head, each once)\n", list,
                     found < 0 ? "unknown" : "repeated", (int)len, at);
             return 0;
         }
@@ -56,26 +58,29 @@ static unsigned lora_parse_targets(const char* list) {
         at += len;
         if (*at == ',') at++;
     }
-    if (mask == 0) fprintf(stderr, "-fw '%s': no target (any of qkv, proj, fc, fc_proj)\n", list);
+    if (mask == 0) fprintf(stderr, "-fw '%s': no target (any of qkv, proj, fc, fc_proj, lm_head)\n", list);
     return mask;
 }
 
-// target t's Linear layer: C inputs, OC outputs
+// target t's Linear layer: C inputs, OC outputs (the classifier's: the Vp padded vocabulary rows)
 static void lora_target_shape(const Model* model, int t, int* C, int* OC) {
     const ModelConfig* c = &model->config;
     int channels = c->channels;
-    int in[LORA_NUM_TARGETS] = {channels, channels, channels, c->ffn_hidden};
-    int out[LORA_NUM_TARGETS] = {(int)qkv_channels(c), channels, (int)fc_channels(c), channels};
+    int in[LORA_NUM_TARGETS] = {channels, channels, channels, c->ffn_hidden, channels};
+    int out[LORA_NUM_TARGETS] = {(int)qkv_channels(c), channels, (int)fc_channels(c), channels, c->padded_vocab_size};
     *C = in[t];
     *OC = out[t];
 }
+// how many pairs target t has: one per layer, or one (lm_head)
+static int lora_target_layers(const Model* model, int t) { return t == LORA_LM_HEAD ? 1 : model->config.num_layers; }
 
 // the adapter's tensors' sizes for the model's adapter shape (model->lora_rank, model->lora_targets)
 static void lora_tensor_sizes(const Model* model, size_t* sizes) {
-    size_t L = model->config.num_layers, r = model->lora_rank;
+    size_t r = model->lora_rank;
     for (int t = 0; t < LORA_NUM_TARGETS; t++) {
         int C, OC;
         lora_target_shape(model, t, &C, &OC);
+        size_t L = lora_target_layers(model, t);
         int on = (model->lora_targets >> t) & 1;
         sizes[2 * t] = on * L * r * C;
         sizes[2 * t + 1] = on * L * OC * r;
@@ -125,7 +130,7 @@ static int lora_has(const Model* model, int t) { return model->lora && ((model->
 // layer l's pair of target t in a buffer laid out as the set (its parameters or gradients)
 static void lora_layer_pair(const Model* model, floatX* set, int t, int l, floatX** A, floatX** B) {
     const ShardedParameters* p = &model->lora->store;
-    size_t L = model->config.num_layers;
+    size_t L = lora_target_layers(model, t);
     *A = set + sharded_parameters_offset(p, 2 * t) + (size_t)l * (p->sizes[2 * t] / L);
     *B = set + sharded_parameters_offset(p, 2 * t + 1) + (size_t)l * (p->sizes[2 * t + 1] / L);
 }
@@ -289,17 +294,21 @@ static void lora_read_optimizer_state(Model* model, const char* path) {
 }
 
 // The merged model: W += s B A for every targeted weight of the whole model in model-file order (host), each sum in
-// fp32 over the r products, rounded once to floatX
+// fp32 over the r products, rounded once to floatX. A tied model's classifier is wte, which the encoder reads too:
+// an adapter on its lm_head has no merged form (lora_can_merge).
+static int lora_can_merge(const Model* model) {
+    return !(model->config.tied && ((model->lora_targets >> LORA_LM_HEAD) & 1));
+}
 static void lora_merge(const Model* model, floatX* file_order) {
     const LoraAdapter* a = model->lora;
-    const int weight_tensor[LORA_NUM_TARGETS] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
+    const int weight_tensor[LORA_NUM_TARGETS] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW, PARAM_LM_HEAD};
     size_t file_sizes[NUM_PARAMETER_TENSORS];
     file_tensor_sizes(file_sizes, model);
     float* values = lora_host_parameters(model);
-    int L = model->config.num_layers, r = a->rank;
+    int r = a->rank;
     for (int t = 0; t < LORA_NUM_TARGETS; t++) {
         if (!lora_has(model, t)) continue;
-        int C, OC;
+        int C, OC, L = lora_target_layers(model, t);
         lora_target_shape(model, t, &C, &OC);
         size_t w_offset = 0;
         for (int i = 0; i < weight_tensor[t]; i++) w_offset += file_sizes[i];

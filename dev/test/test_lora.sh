@@ -10,7 +10,8 @@
 #     checkpoint on 2 processes under ZeRO-1 with the same global batch within fp32 summation order (rel 1e-5);
 #   - -fm: the merged model's validation loss before any step is the adapted run's last one (printed digits);
 #   - refusals: a rank of 0 or not a multiple of 8, an unknown or repeated target, an unknown method, a fine-tuning
-#     flag without -ft, an adapter of another base model (checksum), a descriptor as the base, -tp 2, the MoE trainer.
+#     flag without -ft, an adapter of another base model (checksum), a descriptor as the base, -fm of an adapter on a
+#     tied classifier, -tp 2, the MoE trainer.
 # Needs build/train_gpt_fp32, build/train_moe_fp32 and build/ref/lora_gpt2_fp32 (its model and adapter files). Run
 # from anywhere: dev/test/test_lora.sh
 set -u
@@ -100,6 +101,8 @@ expect_error "another rank" "header word 3 (rank (-fr)) is 8, this run's is 16" 
     build/train_gpt_fp32 "${LORA[@]}" -fr 16 -fi "$ADAPTER" "${E[@]}"
 expect_error "descriptor base" "fine-tunes a model file (-e FILE); d2 is none" \
     build/train_gpt_fp32 -e d2 -ev 263 -et 32 -ft lora "${E[@]}"
+expect_error "-fm of a tied lm_head" "ties its output embedding to wte" \
+    build/train_gpt_fp32 "${LORA[@]}" -fw qkv,lm_head -fm "$work/tied.bin" "${E[@]}"
 expect_error "-tp 2" "-ft lora -tp 2: the adapters are not split" build/train_gpt_fp32 "${LORA[@]}" -tp 2 "${E[@]}"
 expect_error "MoE" "-ft lora: fine-tuning is train_gpt's" build/train_moe_fp32 -e d2 -ev 263 -et 32 -ft lora "${E[@]}"
 
