@@ -92,9 +92,10 @@ struct ModelTest {
     // a fine-tuning reference (debug state word 40): its adapter file, whose rank, targets and alpha the models take;
     // NULL: every parameter trains
     const char* adapter_path;
-    int lora_rank;
-    unsigned lora_targets;
-    float lora_alpha;
+    int adapter_method;
+    int adapter_rank;
+    unsigned adapter_targets;
+    float adapter_alpha;
 };
 
 // The debug state's words 12..17 (doc/formats.md, "Debug state"): the reference steps' AdamW, fp32 bits
@@ -132,7 +133,7 @@ static void take_reference_optimizer(AdamWConfig* opt, const int* header) {
 
 // what the reference's gradients cover: the model's parameters, or under fine-tuning the adapter's
 static size_t test_trained_parameters(const Model* model) {
-    return model->frozen ? lora_parameter_count(model) : model_num_parameters(model);
+    return model->frozen ? adapter_parameter_count(model) : model_num_parameters(model);
 }
 
 // the payload of the debug state at path, after its header (open_reference_state)
@@ -259,8 +260,9 @@ static void build_test_model(Model* model, const ModelTest* t, const MultiGpuCon
     model->tp = t->tp;
     model->offload_optimizer = t->offload;
     model->frozen = t->adapter_path != NULL;
-    model->lora_rank = t->lora_rank;
-    model->lora_targets = t->lora_targets;
+    model->adapter_method = t->adapter_method;
+    model->adapter_rank = t->adapter_rank;
+    model->adapter_targets = t->adapter_targets;
     if (t->extension) t->extension->attach(model, t, mg, degree);
     model_build_from_checkpoint(model, t->path);
     if (!model_set_attention(model, t->flash_attention, t->path)) exit(EXIT_FAILURE);
@@ -270,23 +272,23 @@ static void build_test_model(Model* model, const ModelTest* t, const MultiGpuCon
 // checksum is the test's model file's)
 static void attach_test_adapter(Model* model, const ModelTest* t) {
     if (!t->adapter_path) return;
-    model->lora = lora_allocate(model, t->lora_alpha, model->batch_size, model->seq_len);
-    if (!checkpoint_checksum(t->path, &model->lora->base_size, &model->lora->base_hash)) {
+    model->adapter = adapter_allocate(model, t->adapter_alpha, model->batch_size, model->seq_len);
+    if (!checkpoint_checksum(t->path, &model->adapter->base_size, &model->adapter->base_hash)) {
         fprintf(stderr, "%s: cannot read it for its checksum\n", t->path);
         exit(EXIT_FAILURE);
     }
-    lora_read_file(model, t->adapter_path);
+    adapter_read_file(model, t->adapter_path);
 }
 
 // The trained parameters after a run, in model-file order (the model's, as the trainer writes its model file: under
 // ZeRO-3 gathered), or the adapter's in its set's order; test_trained_parameters of them
 static void test_trained_values(Model* model, floatX* values, cudaStream_t stream) {
-    if (!model->lora) {
+    if (!model->adapter) {
         model_get_parameters(model, values, stream);
         return;
     }
-    float* adapter = lora_host_parameters(model);
-    for (size_t i = 0; i < model->lora->store.num_parameters; i++) values[i] = (floatX)adapter[i];
+    float* adapter = adapter_host_parameters(model);
+    for (size_t i = 0; i < model->adapter->store.num_parameters; i++) values[i] = (floatX)adapter[i];
     free(adapter);
 }
 
@@ -400,7 +402,7 @@ static int run_test_steps(const ModelTest* t, const ReferenceState* ref, const M
         losses[step] = test_step(&model, ref->x, ref->y, ref->B, ref->T, passes, step, mg, t->zero_stage, &t->opt,
                                  stream);
     if (params) test_trained_values(&model, params, stream);
-    int adopted = model.lora ? model.lora->store.early_adopted : model.store.early_adopted;
+    int adopted = model.adapter ? model.adapter->store.early_adopted : model.store.early_adopted;
     free_test_model(&model);
     return adopted;
 }
@@ -505,11 +507,13 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     if (x) x->take_settings(&t, header, state_path);
     char* adapter_path = NULL;
     if (header[STATE_FINE_TUNING_WORD] != 0) {
-        if (header[STATE_FINE_TUNING_WORD] != FT_METHOD_LORA || x) {
-            fprintf(stderr, "%s: fine-tuning method %d in word %d: %s tests lora (1) of GPT-2 and llama models\n",
-                    state_path, header[STATE_FINE_TUNING_WORD], STATE_FINE_TUNING_WORD, name);
+        int method = header[STATE_FINE_TUNING_WORD];
+        if ((method != FT_METHOD_LORA && method != FT_METHOD_BOTTLENECK) || x) {
+            fprintf(stderr, "%s: fine-tuning method %d in word %d: %s tests lora (1) and adapter (2) of GPT-2 and "
+                    "llama models\n", state_path, method, STATE_FINE_TUNING_WORD, name);
             return EXIT_FAILURE;
         }
+        t.adapter_method = method;
         adapter_path = string_format("%s_adapter.bin", prefix);
         int adapter_header[256];
         FILE* f = fopen_check(adapter_path, "rb");
@@ -517,11 +521,12 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
                                     "adapter");
         fclose_check(f, adapter_path);
         t.adapter_path = adapter_path;
-        t.lora_rank = adapter_header[3];
-        t.lora_targets = (unsigned)adapter_header[4];
-        memcpy(&t.lora_alpha, &adapter_header[5], sizeof(float));
-        if (printing) printf("fine-tuning: lora r=%d alpha %g, targets 0x%x, from %s\n", t.lora_rank, t.lora_alpha,
-                             t.lora_targets, adapter_path);
+        t.adapter_rank = adapter_header[3];
+        t.adapter_targets = (unsigned)adapter_header[4];
+        memcpy(&t.adapter_alpha, &adapter_header[5], sizeof(float));
+        if (printing)
+            printf("fine-tuning: %s r=%d alpha %g, targets 0x%x, from %s\n", ft_method_names[method], t.adapter_rank,
+                   t.adapter_alpha, t.adapter_targets, adapter_path);
     }
     if (printing)
         printf("optimizer: the reference's: lr %g, betas (%g, %g), eps %g, weight decay %g, clipping at %g\n",
@@ -569,8 +574,8 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     compare_value("loss", loss, ref.loss, tol_loss);
     if (x) x->check_forward(&model, &ref);
     float* grads = NULL;
-    if (model.lora) {  // the adapter's: every A and B (the frozen model has none)
-        const ShardedParameters* a = &model.lora->store;
+    if (model.adapter) {  // the adapter's: every A and B (the frozen model has none)
+        const ShardedParameters* a = &model.adapter->store;
         floatX* stored = (floatX*)malloc_check(a->num_parameters * sizeof(floatX));
         cudaCheck(cudaMemcpy(stored, a->grads_memory, a->num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
         grads = (float*)malloc_check(a->num_parameters * sizeof(float));
@@ -579,9 +584,9 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         size_t offset = 0;
         for (int i = 0; i < a->num_tensors; i++) {
             if (a->sizes[i] == 0) continue;
-            char what[64];
-            snprintf(what, sizeof(what), "%s.lora_%s", lora_target_names[i / 2], i % 2 ? "b" : "a");
-            compare_scaled(what, grads + offset, ref.grads + offset, a->sizes[i], tol_tensor);
+            char buf[64];
+            compare_scaled(adapter_tensor_name(&model, i, buf, sizeof(buf)), grads + offset, ref.grads + offset,
+                           a->sizes[i], tol_tensor);
             offset += a->sizes[i];
         }
     } else {
@@ -605,12 +610,13 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         printf("%s %-10s %d step losses, max rel err %.2e (tol %.0e)\n", steps_ok ? "OK  " : "FAIL", "steps",
                ref.nsteps, worst, tol_steps);
 
-    // -fm: the trained adapter merged into the model (W + s B A, llmc/model_lora.h) gives the adapted model's logits.
+    // -fm: the trained adapter merged into the model (W + s B A, llmc/model_adapter.h) gives the adapted model's logits.
     // Both sides compute in the working precision: FP32 agrees to rounding; BF16's merged weights are rounded once
     // to bf16 where the adapted model rounds x A^T, s (x A^T) and the sum, hence the logits' BF16 tolerance.
-    if (model.lora && !lora_can_merge(&model) && printing)
+    int lora = model.adapter && model.adapter->method == FT_METHOD_LORA;
+    if (lora && !lora_can_merge(&model) && printing)
         printf("     merged: not compared: an adapter on lm_head of a tied model has no merged form\n");
-    if (model.lora && lora_can_merge(&model)) {
+    if (lora && lora_can_merge(&model)) {
         floatX* adapted = (floatX*)malloc_check(BT * Vp * sizeof(floatX));
         floatX* merged_logits = (floatX*)malloc_check(BT * Vp * sizeof(floatX));
         model_forward(&model, ref.x, nullptr, B / K, T, 0.0f, stream);
@@ -620,11 +626,11 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
         model_get_parameters(&model, merged, stream);
         lora_merge(&model, merged);
         model_set_parameters(&model, merged);
-        LoraAdapter* adapter = model.lora;
-        model.lora = NULL;  // the merged model alone
+        Adapter* adapter = model.adapter;
+        model.adapter = NULL;  // the merged model alone
         model_forward(&model, ref.x, nullptr, B / K, T, 0.0f, stream);
         model_copy_logits(&model, merged_logits, 0, micro_tokens, stream);
-        model.lora = adapter;
+        model.adapter = adapter;
         float* got = (float*)malloc_check(micro_tokens * V * sizeof(float));
         float* want = (float*)malloc_check(micro_tokens * V * sizeof(float));
         for (size_t bt = 0; bt < micro_tokens; bt++)

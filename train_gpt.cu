@@ -222,7 +222,7 @@ typedef struct {
 } LayerActivations;
 
 typedef struct Model Model;
-typedef struct LoraAdapter LoraAdapter;
+typedef struct Adapter Adapter;
 
 #include "llmc/model_extension.h"
 
@@ -243,9 +243,10 @@ struct Model {
     const MultiGpuConfig* multi_gpu;  // set before building for ZeRO-3: the processes parameters are gathered over
     const TensorParallel* tp;  // set before building: the tensor-parallel layout (NULL: every layer whole)
     int frozen;               // set before building: the parameters do not train (fine-tuning, -ft): a frozen set
-    int lora_rank;            // ... and with frozen, the adapter's shape: its rank and targets (llmc/model_lora.h)
-    unsigned lora_targets;
-    LoraAdapter* lora;        // -ft lora: the trainable adapter beside the frozen model, once allocated; or NULL
+    int adapter_method;       // ... and with frozen, the adapter's shape: its method, rank and targets
+    int adapter_rank;         // (llmc/model_adapter.h)
+    unsigned adapter_targets;
+    Adapter* adapter;         // -ft: the trainable parameters beside the frozen model, once allocated; or NULL
     // activations
     ActivationTensors acts;
     void* acts_memory;
@@ -616,7 +617,7 @@ static void check_parameter_memory(const Model* model, const char* source) {
 }
 
 #include "llmc/model_file.h"
-#include "llmc/model_lora.h"
+#include "llmc/model_adapter.h"
 
 #include "llmc/activation_memory.h"
 
@@ -637,7 +638,7 @@ static void model_init_common(Model* model) {
 static void model_free(Model* model) {
     if (model->extension.ffn->free) model->extension.ffn->free(model);
     sharded_parameters_free(&model->store);
-    lora_free(model->lora);
+    adapter_free(model->adapter);
     cudaCheck(cudaFree(model->rope_table));
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFree(model->inputs));
@@ -687,7 +688,7 @@ static void linear_forward(Model* model, int target, int layer, floatX* out, con
                            const floatX* bias, int B, int T, int C, int OC, cudaStream_t stream) {
     matmul_forward(out, inp, weight, bias, B, T, C, OC, stream);
     if (!lora_has(model, target)) return;
-    LoraAdapter* a = model->lora;
+    Adapter* a = model->adapter;
     floatX *A, *Bw;
     lora_layer_pair(model, a->store.params_memory, target, layer, &A, &Bw);
     lora_forward(out, inp, A, Bw, a->scale, a->u, B * T, C, OC, a->rank, stream);
@@ -699,7 +700,7 @@ static void linear_backward(Model* model, int target, int layer, floatX* dinp, f
                             cudaStream_t stream) {
     matmul_backward(dinp, dweight, dbias, dout, inp, weight, model->acts.scratch_f, B, T, C, OC, stream);
     if (!lora_has(model, target)) return;
-    LoraAdapter* a = model->lora;
+    Adapter* a = model->adapter;
     floatX *A, *Bw, *dA, *dB;
     lora_layer_pair(model, a->store.params_memory, target, layer, &A, &Bw);
     lora_layer_pair(model, a->store.grads_memory, target, layer, &dA, &dB);
@@ -932,11 +933,13 @@ static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream
         LayerParameters lp = model_layer_weights(model, l, stream);
         LayerActivations la = model_layer_activations(model, l, B, T);
         attention_block_forward(model, l, &lp, &la, a.scratch_btc, B, T, stream);
+        model_adapter_site_forward(model, BOTTLENECK_ATTENTION, l, a.scratch_btc, N, 1, stream);
         const floatX* attention = tp_sum_over_members(model, a.scratch_btc, a.member_stream, N, stream);
         residual_norm_forward(model, la.residual2, tp_norm_output(model, la.ln2), la.ln2_mean, la.ln2_rstd,
                               la.residual, attention, lp.ln2w, lp.ln2b, Nt, stream);
         tp_gather_norm(model, la.ln2, N, stream);
         layer_ffn(model, l)->forward(model, l, &lp, &la, a.scratch_btc, B, T, stream);
+        model_adapter_site_forward(model, BOTTLENECK_FFN, l, a.scratch_btc, N, 1, stream);
         const floatX* ffn = tp_sum_over_members(model, a.scratch_btc, a.member_stream, N, stream);
         if (l + 1 < L) {
             LayerParameters next_p = model_layer_weights(model, l + 1, stream);
@@ -1069,7 +1072,7 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     model->store.last_micro_step = reduce;
     if (model_own_set(model)) model_own_set(model)->last_micro_step = reduce;
     int last_micro_step = reduce;
-    if (model->lora) model->lora->store.last_micro_step = reduce;
+    if (model->adapter) model->adapter->store.last_micro_step = reduce;
     reduce = reduce || model->zero_stage >= 2;  // ZeRO-2/3 reduce on every micro-step
     cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)Nt * C * sizeof(floatX), stream));
     // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
@@ -1095,11 +1098,13 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
             tp_gather_norm(model, la.ln1, N, stream);
         }
         const floatX* dout = tp_whole_gradient(model, dresidual, N, stream);
+        dout = model_adapter_site_backward(model, BOTTLENECK_FFN, l, dout, N, a.scratch_f, stream);
         layer_ffn(model, l)->backward(model, l, &lp, &lg, &la, a.dbtc, dout, B, T, stream);
         const floatX* dln2 = tp_sum_over_members(model, a.dbtc, a.member_stream, N, stream);
         norm_backward(model, dresidual, lg.ln2w, lg.ln2b, a.scratch_f, dln2, la.residual2, lp.ln2w, la.ln2_mean,
                       la.ln2_rstd, SB, ST, stream);
         dout = tp_whole_gradient(model, dresidual, N, stream);
+        dout = model_adapter_site_backward(model, BOTTLENECK_ATTENTION, l, dout, N, a.scratch_f, stream);
         attention_block_backward(model, l, &lp, &lg, &la, dout, B, T, stream);
         const floatX* dln1 = tp_sum_over_members(model, a.dbtc, a.member_stream, N, stream);
         norm_backward(model, dresidual, lg.ln1w, lg.ln1b, a.scratch_f, dln1, la.residual, lp.ln1w, la.ln1_mean,
@@ -1127,11 +1132,11 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
         model_reduce_rest(model, mg, zero_stage, stream);
     }
     // the adapter's set (ZeRO-1 at most) is reduced whole, once, on the step's last micro-step
-    if (model->lora && last_micro_step) {
-        ShardedParameters* adapter = &model->lora->store;
-        int all[2 * LORA_NUM_TARGETS];
+    if (model->adapter && last_micro_step) {
+        ShardedParameters* adapter = &model->adapter->store;
+        int all[ADAPTER_MAX_TENSORS];
         for (int i = 0; i < adapter->num_tensors; i++) all[i] = i;
-        sharded_parameters_reduce_slices(adapter, all, adapter->num_tensors, -1, L, mg, model->lora->zero_stage,
+        sharded_parameters_reduce_slices(adapter, all, adapter->num_tensors, -1, L, mg, model->adapter->zero_stage,
                                          stream);
     }
 }
@@ -1168,16 +1173,16 @@ static void model_allocate_optimizer(Model* model, int zero_stage) {
         sharded_parameters_allocate_optimizer(own, model->use_master_weights, group->process_rank,
                                               group->num_processes, zero_stage, model->offload_optimizer);
     }
-    if (model->lora)
-        sharded_parameters_allocate_optimizer(&model->lora->store, model->use_master_weights, model->process_rank,
-                                              model->num_processes, model->lora->zero_stage, model->offload_optimizer);
+    if (model->adapter)
+        sharded_parameters_allocate_optimizer(&model->adapter->store, model->use_master_weights, model->process_rank,
+                                              model->num_processes, model->adapter->zero_stage, model->offload_optimizer);
 }
 
 static void model_zero_grad(Model* model, cudaStream_t stream) {
     sharded_parameters_zero_grad(&model->store, stream);
     ShardedParameters* own = model_own_set(model);
     if (own) sharded_parameters_zero_grad(own, stream);
-    if (model->lora) sharded_parameters_zero_grad(&model->lora->store, stream);
+    if (model->adapter) sharded_parameters_zero_grad(&model->adapter->store, stream);
 }
 
 // After the last micro-step's backward pass: the global norm of the step's gradient (the loss scale undone),
@@ -1193,7 +1198,7 @@ static float model_gradient_norm(Model* model, const MultiGpuConfig* mg, int zer
         norm2 = sharded_parameters_norm_squared(&model->store, mg, zero_stage, stream);
     }
     if (model_own_set(model)) norm2 += model->extension.ffn->own_norm_squared(model, zero_stage, stream);
-    if (model->lora) norm2 += sharded_parameters_norm_squared(&model->lora->store, mg, model->lora->zero_stage, stream);
+    if (model->adapter) norm2 += sharded_parameters_norm_squared(&model->adapter->store, mg, model->adapter->zero_stage, stream);
     return sqrtf(norm2) / model->loss_scaler.scale;
 }
 
@@ -1205,8 +1210,8 @@ static void model_early_update(Model* model, const AdamWConfig* opt, int t) {
     sharded_parameters_early_update(&model->store, opt, model->loss_scaler.scale, optimizer_next_seed(&rng), t);
     ShardedParameters* own = model_own_set(model);
     if (own) sharded_parameters_early_update(own, opt, model->loss_scaler.scale, optimizer_next_seed(&rng), t);
-    if (model->lora)
-        sharded_parameters_early_update(&model->lora->store, opt, model->loss_scaler.scale, optimizer_next_seed(&rng),
+    if (model->adapter)
+        sharded_parameters_early_update(&model->adapter->store, opt, model->loss_scaler.scale, optimizer_next_seed(&rng),
                                         t);
 }
 // ... and a step that is skipped undoes it
@@ -1214,7 +1219,7 @@ static void model_discard_early_update(Model* model) {
     sharded_parameters_discard_early_update(&model->store);
     ShardedParameters* own = model_own_set(model);
     if (own) sharded_parameters_discard_early_update(own);
-    if (model->lora) sharded_parameters_discard_early_update(&model->lora->store);
+    if (model->adapter) sharded_parameters_discard_early_update(&model->adapter->store);
 }
 
 // The AdamW step t (from 1) with gradient norm `norm`; a non-finite norm (FP16 overflow) skips it. Returns 1 if the
@@ -1230,9 +1235,9 @@ static int model_update(Model* model, const AdamWConfig* opt, float norm, int t,
         if (own)
             sharded_parameters_apply_update(own, opt, norm, scale, optimizer_next_seed(&model->rng_state), t,
                                             model->extension.ffn->own_group(model), zero_stage, stream);
-        if (model->lora)
-            sharded_parameters_apply_update(&model->lora->store, opt, norm, scale,
-                                            optimizer_next_seed(&model->rng_state), t, mg, model->lora->zero_stage,
+        if (model->adapter)
+            sharded_parameters_apply_update(&model->adapter->store, opt, norm, scale,
+                                            optimizer_next_seed(&model->rng_state), t, mg, model->adapter->zero_stage,
                                             stream);
         if (model->extension.ffn->after_update) model->extension.ffn->after_update(model, mg, stream);
     } else {
@@ -1261,7 +1266,7 @@ static double model_flops_per_token(const Model* model, int T) {
 
 // Whether every parameter of every process is finite (collective: the same answer on every process).
 static int model_parameters_finite(Model* model, const MultiGpuConfig* mg, cudaStream_t stream) {
-    ShardedParameters* sets[3] = {&model->store, model_own_set(model), model->lora ? &model->lora->store : NULL};
+    ShardedParameters* sets[3] = {&model->store, model_own_set(model), model->adapter ? &model->adapter->store : NULL};
     int bad = 0;
     for (int k = 0; k < 3; k++) {
         if (!sets[k]) continue;
@@ -1580,8 +1585,9 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     model.extension = extension;
     model.frozen = s.fine_tune[0] != 0;
     if (model.frozen) {
-        model.lora_rank = s.ft_rank;
-        model.lora_targets = lora_parse_targets(s.ft_targets);
+        model.adapter_method = ft_method_number(s.fine_tune);
+        model.adapter_rank = s.ft_rank;
+        model.adapter_targets = model.adapter_method == FT_METHOD_LORA ? lora_parse_targets(s.ft_targets) : 3;
     }
     if (x->setup) x->setup(&model, &mg);
     char* resume_model = NULL;
@@ -1689,17 +1695,17 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
 
     model_allocate_activations(&model, s.B, s.T);
     if (model.frozen) {  // the adapter, tied to the model file by its checksum
-        model.lora = lora_allocate(&model, s.ft_alpha, s.B, s.T);
-        if (!checkpoint_checksum(s.model_source, &model.lora->base_size, &model.lora->base_hash)) {
+        model.adapter = adapter_allocate(&model, s.ft_alpha, s.B, s.T);
+        if (!checkpoint_checksum(s.model_source, &model.adapter->base_size, &model.adapter->base_hash)) {
             fprintf(stderr, "-e %s: cannot read the model file back for its checksum\n", s.model_source);
             return EXIT_FAILURE;
         }
-        if (resume_adapter) lora_read_file(&model, resume_adapter);
-        else if (s.ft_adapter) lora_read_file(&model, s.ft_adapter);
-        else lora_init(&model, (unsigned int)s.descriptor_seed);
+        if (resume_adapter) adapter_read_file(&model, resume_adapter);
+        else if (s.ft_adapter) adapter_read_file(&model, s.ft_adapter);
+        else adapter_init(&model, (unsigned int)s.descriptor_seed);
     }
     model_allocate_optimizer(&model, s.zero_stage);
-    if (resume_adapter) lora_read_optimizer_state(&model, resume_adapter);
+    if (resume_adapter) adapter_read_optimizer_state(&model, resume_adapter);
     print_startup_table(&model, &s, &prop, &mg, grad_accum_steps);
 
     TrainerState ts;
@@ -1788,7 +1794,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     }
     if (rank0 && s.offload_optimizer == 2 && train_num_batches > start_step)
         printf("-oo 2: the early update was kept in %d of %d steps (a step that clips makes it again)\n",
-               (model.lora ? model.lora->store : model.store).early_adopted, train_num_batches - start_step);
+               (model.adapter ? model.adapter->store : model.store).early_adopted, train_num_batches - start_step);
     // a run that was to keep checkpoints and kept none has lost its training: not a success
     int exit_status = EXIT_SUCCESS;
     if (s.output_dir && s.checkpoint_every > 0 && train_num_batches > start_step && checkpoints_written == 0) {

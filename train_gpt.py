@@ -26,14 +26,20 @@ Run from the repository root with a Python that has torch (here Debian's: /usr/b
         --ft lora --ft-rank 4 --ft-targets qkv,proj,fc,fc_proj
     /usr/bin/python3 train_gpt.py --train --input-bin 'build/ref/shard*.bin' --B 4 --T 32 --steps 20 \
         --model-from-file build/ref/gpt_lora_model.bin --adapter-from-file build/ref/gpt_lora_adapter.bin
+  bottleneck adapters (--ft adapter, Houlsby et al. 2019): the base model frozen, in every block a trainable
+  h + up(gelu(down(h))) of width --ft-rank on the attention's output and on the MLP's, before their residual adds;
+  the same files and modes as LoRA's:
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt_adapter --ft adapter --ft-rank 8
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/llama_adapter --arch llama --NH 4 --C 64 --kv-heads 2 \
+        --ft adapter --ft-rank 8
 Its own test: /usr/bin/python3 dev/test/test_reference.py
 
 The debug state extends the llm.c one (version 3): header [4] = number of step losses, [5] = V, [6] = Vp, [12..17] =
 the steps' lr, beta1, beta2, eps, weight decay and grad clip (fp32 bits), [18] = the seed, [40] = the fine-tuning
-method (0 = none, 1 = lora); payload x, y (B*T int32), logits (B*T*V fp32, the V real columns), loss, every parameter
-gradient in model-file order and layout (fp32; wte's has Vp rows, the padded ones zero; with --ft, the adapter's
-gradients in adapter order instead), then the loss of each training step on the same batch (step k's loss is its
-forward loss before its update: step 0's equals the loss above; with --ft the steps train the adapter only).
+method (0 = none, 1 = lora, 2 = adapter); payload x, y (B*T int32), logits (B*T*V fp32, the V real columns), loss,
+every parameter gradient in model-file order and layout (fp32; wte's has Vp rows, the padded ones zero; with --ft, the
+adapter's gradients in adapter order instead), then the loss of each training step on the same batch (step k's loss is
+its forward loss before its update: step 0's equals the loss above; with --ft the steps train the adapter only).
 """
 
 import os
@@ -71,18 +77,24 @@ SHARD_MAGIC = 20240520
 MASK_MAGIC = 20261206  # a shard's loss mask, PATH.mask (doc/formats.md, "Loss mask")
 MASK_VERSION = 1
 MASKED = -1  # a target that does not count (the C kernels' convention too)
-# A LoRA adapter file: 256 int32 header words, then the adapter's parameters (fp32, adapter order). The words: 0, 1
-# magic, version; 2 method (FT_METHODS); 3 rank r; 4 targets (bit i = LORA_TARGETS[i]); 5 alpha (fp32 bits); 6, 7 the
-# base model file's checkpoint checksum and 8, 9 its size in bytes (low 32 bits first); 10 step; 11 the number of
-# parameter values; 12 1 when optimizer state follows the parameters (the C trainer's checkpoints; not read here).
+# An adapter file (LoRA's or the bottleneck adapters'): 256 int32 header words, then the adapter's parameters (fp32,
+# adapter order). The words: 0, 1 magic, version; 2 method (FT_METHODS); 3 rank r (LoRA's rank, the bottleneck
+# width); 4 targets (lora: bit i = LORA_TARGETS[i]; adapter: bit i = ADAPTER_SITES[i], always both); 5 alpha (fp32
+# bits; adapter: 0.0, it has none); 6, 7 the base model file's checkpoint checksum and 8, 9 its size in bytes (low
+# 32 bits first); 10 step; 11 the number of parameter values; 12 1 when optimizer state follows the parameters (the
+# C trainer's checkpoints; not read here).
 ADAPTER_MAGIC = 20261207
 ADAPTER_VERSION = 1
-FT_METHODS = {"lora": 1}
+FT_METHODS = {"lora": 1, "adapter": 2}
 LORA_RANK = 8
 LORA_ALPHA = 16.0
 LORA_TARGETS_DEFAULT = "qkv,proj"
-# The reference's adapter B. A fresh fine-tune's B is zero, which leaves the logits as the base's and A's gradient
-# zero; the reference draws B too, so that the adapter changes the logits and both A's and B's gradients are non-zero.
+ADAPTER_RANK = 8  # the bottleneck width's default
+ADAPTER_DOWN_STD = 0.02  # a bottleneck adapter's down.weight, fresh and in the reference
+# The reference's draw of what a fresh fine-tune zeroes: LoRA's B, and a bottleneck adapter's down.bias, up.weight
+# and up.bias. Zero, they leave the logits as the base's and some gradients zero (LoRA's A's; the bottleneck's
+# down.weight's and down.bias's); the reference draws them too, so that the adapter changes the logits and the
+# gradients of all of the adapter's tensors (A and B; down.weight, down.bias, up.weight and up.bias) are non-zero.
 REFERENCE_B_STD = 0.02
 TOKENIZER_MAGIC = 20240328
 TOKENIZER_VERSION = 2
@@ -509,11 +521,71 @@ def add_lora(model, r, alpha, targets):
     return model
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Bottleneck adapters (--ft adapter; Houlsby et al. 2019): in every block a small trainable MLP added to the
+# attention's output and one added to the MLP's output, before their residual adds, the base model frozen
+
+# The sites in adapter order: the block's module whose output the adapter takes (the same names in GPT-2's and the
+# Llama's blocks). Entry i is bit i of the adapter file's targets word; a file has both (ADAPTER_SITES_WORD).
+ADAPTER_SITES = ["attn", "mlp"]
+ADAPTER_SITES_WORD = 3
+# One site's tensors in adapter order, by their paths in a BottleneckAdapter
+BOTTLENECK_TENSORS = ["down.weight", "down.bias", "up.weight", "up.bias"]
+
+
+class BottleneckAdapter(nn.Module):
+    """h + up(gelu(down(h))): down a Linear C -> r and up one r -> C, both with a bias, and the tanh GELU (GPT-2's,
+    in the Llama too). With up zero it passes h through unchanged. Its parameters start zero (init_adapter draws
+    them) and the construction draws nothing from torch's global generator."""
+
+    def __init__(self, C, r, like):
+        super().__init__()
+        self.down = nn.utils.skip_init(nn.Linear, C, r, **like)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.up = nn.utils.skip_init(nn.Linear, r, C, **like)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.zero_()
+
+    def forward(self, h):
+        return h + self.up(self.gelu(self.down(h)))
+
+
+def apply_bottleneck(site, inputs, output):
+    """The forward hook add_bottlenecks puts on a site module: its output through the adapter it holds."""
+    return site.bottleneck(output)
+
+
+def add_bottlenecks(model, r):
+    """Freezes every parameter of the model and gives the attn and the mlp of every block a BottleneckAdapter of width
+    r (zero) under .bottleneck, which a forward hook applies to that module's output, so the block's residual add
+    takes the adapted output. The site modules stay in their places, so a path such as attn.c_attn.weight still names
+    the base weight: params_in_file_order, the payload functions and write_model_file see the base model as before;
+    the hook, not a wrapper's forward, passes the Llama attention's (x, cos, sin) on unchanged."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for block in model.h:
+        for path in ADAPTER_SITES:
+            site = block.get_submodule(path)
+            base = next(site.parameters())
+            site.bottleneck = BottleneckAdapter(model.config.C, r, {"dtype": base.dtype, "device": base.device})
+            site.register_forward_hook(apply_bottleneck)
+    return model
+
+
+def has_bottlenecks(model):
+    return hasattr(model.h[0].get_submodule(ADAPTER_SITES[0]), "bottleneck")
+
+
 def adapter_in_file_order(model):
-    """[(name, [nn.Parameter per layer])] in adapter order: for each target the model has, in LORA_TARGETS' order, A
-    stacked over the layers (L, r, in), then B (L, out, r); lm_head's, one pair for the model, as one layer's: A
-    (1, r, C), B (1, Vp, r). It is an `order` for flat_parameters and the functions beside it, which then read and
-    write the adapter instead of the model."""
+    """[(name, [nn.Parameter per layer])] in adapter order. LoRA: for each target the model has, in LORA_TARGETS'
+    order, A stacked over the layers (L, r, in), then B (L, out, r); lm_head's, one pair for the model, as one layer's:
+    A (1, r, C), B (1, Vp, r). Bottleneck adapters: for each site, in ADAPTER_SITES' order, down.weight stacked over
+    the layers (L, r, C), down.bias (L, r), up.weight (L, C, r), up.bias (L, C). It is an `order` for flat_parameters
+    and the functions beside it, which then read and write the adapter instead of the model."""
+    if has_bottlenecks(model):
+        return [(f"{path}.{tensor}", [block.get_submodule(path).bottleneck.get_parameter(tensor) for block in model.h])
+                for path in ADAPTER_SITES for tensor in BOTTLENECK_TENSORS]
     order = []
     for name, path in LORA_TARGETS:
         if path is None:
@@ -527,9 +599,22 @@ def adapter_in_file_order(model):
 
 
 def init_adapter(model, generator, b_std):
-    """Every A ~ N(0, std 1/r), in adapter order, then every B ~ N(0, b_std), or B = 0 when b_std is 0 (a fresh
-    fine-tune's start: the model computes what its base does until B moves). The A's do not depend on b_std."""
+    """LoRA: every A ~ N(0, std 1/r), in adapter order, then every B ~ N(0, b_std), or B = 0 when b_std is 0 (a fresh
+    fine-tune's start: the model computes what its base does until B moves). The A's do not depend on b_std.
+    Bottleneck adapters: in adapter order, each layer's down.weight ~ N(0, ADAPTER_DOWN_STD) and each of its other
+    tensors ~ N(0, b_std), or zero when b_std is 0 (a fresh fine-tune's start: with up zero every site passes its
+    output through unchanged)."""
     order = adapter_in_file_order(model)
+    if has_bottlenecks(model):
+        with torch.no_grad():
+            for name, ps in order:
+                std = ADAPTER_DOWN_STD if name.endswith("down.weight") else b_std
+                for p in ps:
+                    if std > 0:
+                        p.normal_(0.0, std, generator=generator)
+                    else:
+                        p.zero_()
+        return
     with torch.no_grad():
         for name, ps in order:
             for p in ps:
@@ -549,31 +634,51 @@ def uses_adapter(args):
     return args.ft is not None or args.adapter_from_file is not None
 
 
-def adapter_for_run(model, args, b_std):
-    """Puts the LoRA adapter of --adapter-from-file on the model, or a fresh one (init_adapter with a generator seeded
-    with --seed + 1, B ~ N(0, b_std)), and returns its step. With a file, the file's method, rank, targets and alpha
-    become the run's (args.ft*): a flag given that says otherwise is refused, as is a file made for another base
-    than --model-from-file."""
-    if args.adapter_from_file is None:
+def add_adapter(model, args):
+    """Puts the run's adapter (--ft and its flags, args.ft*) on the model, its parameters zero."""
+    if args.ft == "adapter":
+        add_bottlenecks(model, args.ft_rank)
+    else:
         add_lora(model, args.ft_rank, args.ft_alpha, args.ft_targets)
+
+
+def adapter_shape(args):
+    """The run's adapter in words, for messages."""
+    if args.ft == "adapter":
+        return f"rank {args.ft_rank} at {','.join(ADAPTER_SITES)}"
+    return f"rank {args.ft_rank} on {','.join(args.ft_targets)}"
+
+
+def adapter_for_run(model, args, b_std):
+    """Puts the adapter of --adapter-from-file on the model, or a fresh one of --ft's method (init_adapter with a
+    generator seeded with --seed + 1 and b_std), and returns its step. With a file, the file's method, rank, and with
+    LoRA its targets and alpha become the run's (args.ft*): a flag given that says otherwise is refused (with a
+    bottleneck adapter file, --ft-alpha and --ft-targets at all), as is a file made for another base than
+    --model-from-file."""
+    if args.adapter_from_file is None:
+        add_adapter(model, args)
         init_adapter(model, torch.Generator().manual_seed(args.seed + 1), b_std)
         return 0
     path = args.adapter_from_file
     h, payload = read_adapter_file(path)
-    found = {"ft": next(name for name, number in FT_METHODS.items() if number == h[2]), "ft_rank": int(h[3]),
-             "ft_targets": tuple(name for i, name in enumerate(LORA_TARGET_NAMES) if h[4] >> i & 1),
-             "ft_alpha": fp32_from_bits(h[5])}
+    found = {"ft": next(name for name, number in FT_METHODS.items() if number == h[2]), "ft_rank": int(h[3])}
+    if found["ft"] == "lora":
+        found["ft_targets"] = tuple(name for i, name in enumerate(LORA_TARGET_NAMES) if h[4] >> i & 1)
+        found["ft_alpha"] = fp32_from_bits(h[5])
+    else:
+        given = [flag for flag in LORA_ONLY_FLAGS if getattr(args, FT_FLAGS[flag]) is not None]
+        if given:
+            fail(f"{given[0]} applies to --ft lora only; {path} holds bottleneck adapters (--ft adapter)")
     for name, value in found.items():
         given = getattr(args, name)
         if given is not None and given != value:
             show = (lambda v: ",".join(v)) if name == "ft_targets" else str
             fail(f"--{name.replace('_', '-')} {show(given)} disagrees with {path}, made with {show(value)}")
         setattr(args, name, value)
-    add_lora(model, args.ft_rank, args.ft_alpha, args.ft_targets)
+    add_adapter(model, args)
     count = sum(p.numel() for _, ps in adapter_in_file_order(model) for p in ps)
     if h[11] != count:
-        fail(f"{path}: holds {h[11]} adapter values; rank {args.ft_rank} on targets {','.join(args.ft_targets)} of "
-             f"this model needs {count}")
+        fail(f"{path}: holds {h[11]} adapter values; {adapter_shape(args)} of this model needs {count}")
     if len(payload) < count * 4:
         fail(f"{path}: payload is {len(payload)} bytes, its {count} adapter values need {count * 4}")
     if args.model_from_file is not None:
@@ -748,29 +853,43 @@ def write_adapter_file(path, model, args, base_path, step):
     """The adapter file (layout: ADAPTER_MAGIC) of the model's adapter, for the base model file base_path."""
     size, checksum = file_checksum(base_path)
     flat = flat_parameters(model, adapter_in_file_order)
-    targets = sum(1 << i for i, name in enumerate(LORA_TARGET_NAMES) if name in args.ft_targets)
-    fields = [ADAPTER_MAGIC, ADAPTER_VERSION, FT_METHODS[args.ft], args.ft_rank, targets, fp32_bits(args.ft_alpha),
+    if args.ft == "adapter":
+        targets, alpha = ADAPTER_SITES_WORD, 0.0
+    else:
+        targets = sum(1 << i for i, name in enumerate(LORA_TARGET_NAMES) if name in args.ft_targets)
+        alpha = args.ft_alpha
+    fields = [ADAPTER_MAGIC, ADAPTER_VERSION, FT_METHODS[args.ft], args.ft_rank, targets, fp32_bits(alpha),
               *u64_words(checksum), *u64_words(size), step, flat.size, 0]
     write_file(path, header(*fields), flat.astype("<f4"))
 
 
 def read_adapter_file(path):
     """An adapter file's header and payload, after the checks that need no model: magic, version, method, rank,
-    targets and alpha (adapter_for_run checks the rest)."""
+    targets and alpha (a bottleneck adapter's: both sites, alpha 0.0; adapter_for_run checks the rest)."""
     h, payload = read_file(path, "adapter file")
     if h[0] != ADAPTER_MAGIC:
         fail(f"{path} is not an adapter file (magic {h[0]}, expected {ADAPTER_MAGIC})")
     if h[1] != ADAPTER_VERSION:
         fail(f"{path}: adapter file version {h[1]} is unknown (expected {ADAPTER_VERSION})")
     if h[2] not in FT_METHODS.values():
-        fail(f"{path}: fine-tuning method {h[2]} is unknown (1 = lora)")
-    if h[3] < 1:
-        fail(f"{path}: LoRA rank {h[3]} must be >= 1")
-    if not 1 <= h[4] < 1 << len(LORA_TARGETS):
-        fail(f"{path}: targets word {h[4]} names no target or an unknown one (bits 0..{len(LORA_TARGETS) - 1}: "
-             f"{','.join(LORA_TARGET_NAMES)})")
-    if not math.isfinite(fp32_from_bits(h[5])):
-        fail(f"{path}: LoRA alpha {fp32_from_bits(h[5])} must be finite")
+        fail(f"{path}: fine-tuning method {h[2]} is unknown (1 = lora, 2 = adapter)")
+    if h[2] == FT_METHODS["adapter"]:
+        if h[3] < 1:
+            fail(f"{path}: bottleneck width {h[3]} must be >= 1")
+        if h[4] != ADAPTER_SITES_WORD:
+            fail(f"{path}: a bottleneck adapter file's sites word is {h[4]}, must be {ADAPTER_SITES_WORD} "
+                 f"(both sites: {','.join(ADAPTER_SITES)})")
+        if h[5] != fp32_bits(0.0):
+            fail(f"{path}: a bottleneck adapter file's alpha word is {int(h[5]) & 0xFFFFFFFF:#010x}, must be 0 (fp32 "
+                 f"0.0: no alpha)")
+    else:
+        if h[3] < 1:
+            fail(f"{path}: LoRA rank {h[3]} must be >= 1")
+        if not 1 <= h[4] < 1 << len(LORA_TARGETS):
+            fail(f"{path}: targets word {h[4]} names no target or an unknown one (bits 0..{len(LORA_TARGETS) - 1}: "
+                 f"{','.join(LORA_TARGET_NAMES)})")
+        if not math.isfinite(fp32_from_bits(h[5])):
+            fail(f"{path}: LoRA alpha {fp32_from_bits(h[5])} must be finite")
     if h[10] < 0:
         fail(f"{path}: negative step {h[10]} in header word 10")
     return h, payload
@@ -857,13 +976,14 @@ class ShardLoader:
 
 
 def trainable_parameters(model):
-    """The parameters that train: all of them, or with --ft only the adapter's (add_lora freezes the others)."""
+    """The parameters that train: all of them, or with --ft only the adapter's (add_lora and add_bottlenecks freeze
+    the others)."""
     return [p for p in model.parameters() if p.requires_grad]
 
 
 def make_optimizer(model, args, device):
     """AdamW over the trainable parameters, with weight decay on the 2-D ones (wte, wpe, the matmul weights, a LoRA
-    adapter's A and B) only."""
+    adapter's A and B, a bottleneck adapter's down.weight and up.weight) only."""
     decay = [p for p in trainable_parameters(model) if p.dim() >= 2]
     no_decay = [p for p in trainable_parameters(model) if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -1025,7 +1145,7 @@ def write_reference(args):
             load_flat_parameters(model, bf16_to_float(bf16_bits(flat_parameters(model, order))), order)
         adapter_path = args.write_reference + "_adapter.bin"
         write_adapter_file(adapter_path, model, args, model_path, step)
-        wrote += f", {adapter_path} ({args.ft} rank {args.ft_rank} on {','.join(args.ft_targets)})"
+        wrote += f", {adapter_path} ({args.ft} {adapter_shape(args)})"
 
     model.to(device)
     x, y = x.to(device), y.to(device)
@@ -1073,7 +1193,7 @@ def train(args):
 
 
 def model_and_adapter_for_run(args):
-    """--train's model: model_for_run's, with --ft the adapter on it (fresh: B zero)."""
+    """--train's model: model_for_run's, with --ft the adapter on it (fresh: LoRA's B, the bottleneck's up zero)."""
     model = model_for_run(args)
     if uses_adapter(args):
         adapter_for_run(model, args, b_std=0.0)
@@ -1119,20 +1239,23 @@ def parse_args(argv):
 
 
 FT_FLAGS = {"--ft-rank": "ft_rank", "--ft-alpha": "ft_alpha", "--ft-targets": "ft_targets"}
+LORA_ONLY_FLAGS = ["--ft-alpha", "--ft-targets"]
 
 
 def add_ft_flags(p):
     p.add_argument("--ft", choices=list(FT_METHODS), help="fine-tune with a parameter-efficient method: lora = a "
-                   "trainable low-rank update of the target Linears on a frozen base (default: none, all parameters "
-                   "train)")
-    p.add_argument("--ft-rank", type=int, metavar="R", help=f"LoRA rank r (default {LORA_RANK})")
+                   "trainable low-rank update of the target Linears on a frozen base; adapter = a trainable "
+                   "bottleneck h + up(gelu(down(h))) on each block's attention and MLP outputs on a frozen base "
+                   "(default: none, all parameters train)")
+    p.add_argument("--ft-rank", type=int, metavar="R", help=f"LoRA rank r (default {LORA_RANK}), or the bottleneck "
+                   f"adapters' width r (default {ADAPTER_RANK})")
     p.add_argument("--ft-alpha", type=float, metavar="A",
                    help=f"LoRA alpha: the update is scaled by alpha / r (default {LORA_ALPHA:g})")
     p.add_argument("--ft-targets", metavar="LIST", help="the Linears that get an adapter, comma-separated, any of "
                    f"{','.join(LORA_TARGET_NAMES)} (lm_head: the classifier, once; the others: in every block; default "
                    f"{LORA_TARGETS_DEFAULT})")
     p.add_argument("--adapter-from-file", metavar="PATH", help="start from this adapter file instead of a fresh "
-                   "adapter; its method, rank, targets and alpha are the run's")
+                   "adapter; its method, rank, and with lora its targets and alpha, are the run's")
 
 
 def check_ft_flags(args):
@@ -1142,8 +1265,13 @@ def check_ft_flags(args):
     if not uses_adapter(args):
         given = [flag for flag, name in FT_FLAGS.items() if getattr(args, name) is not None]
         if given:
-            fail(f"{given[0]} applies to --ft lora only")
+            fail(f"{given[0]} applies to --ft lora only" if given[0] in LORA_ONLY_FLAGS else
+                 f"{given[0]} applies to fine-tuning (--ft) only")
         return
+    if args.ft == "adapter":
+        given = [flag for flag in LORA_ONLY_FLAGS if getattr(args, FT_FLAGS[flag]) is not None]
+        if given:
+            fail(f"{given[0]} applies to --ft lora only, not to --ft adapter")
     if args.ft_rank is not None and args.ft_rank < 1:
         fail(f"--ft-rank must be >= 1 (got {args.ft_rank})")
     if args.ft_alpha is not None:
@@ -1154,6 +1282,8 @@ def check_ft_flags(args):
         args.ft_targets = parse_ft_targets(args.ft_targets)
     if args.adapter_from_file is None:
         defaults = {"ft_rank": LORA_RANK, "ft_alpha": LORA_ALPHA, "ft_targets": parse_ft_targets(LORA_TARGETS_DEFAULT)}
+        if args.ft == "adapter":
+            defaults = {"ft_rank": ADAPTER_RANK}
         for name, value in defaults.items():
             if getattr(args, name) is None:
                 setattr(args, name, value)

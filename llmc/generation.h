@@ -388,12 +388,14 @@ static void decode_step(Engine* e, Sequence** run, int n) {
             !e->own_weights(e, l, DECODE_ATTENTION_PROJECTION, &lp, &la, e->proj, e->atty, rows))
             linear_forward(model, LORA_PROJ, l, e->proj, e->atty, lp.attprojw, row_parallel_bias(model, lp.attprojb),
                            rows, 1, e->Ca, e->C, stream);
+        model_adapter_site_forward(model, BOTTLENECK_ATTENTION, l, e->proj, rows, 0, stream);
         engine_sum_over_members(e, e->proj, rows);
         residual_norm_forward(model, e->residual2, e->ln, e->mean, e->rstd, e->residual, e->proj, lp.ln2w, lp.ln2b,
                               rows, stream);
         if (!model_is_dense_layer(model, l) || e->own_weights == NULL ||
             !e->own_weights(e, l, DECODE_DENSE_MLP, &lp, &la, e->ffn_out, e->ln, rows))
             layer_ffn(model, l)->forward(model, l, &lp, &la, e->ffn_out, rows, 1, stream);
+        model_adapter_site_forward(model, BOTTLENECK_FFN, l, e->ffn_out, rows, 0, stream);
         engine_sum_over_members(e, e->ffn_out, rows);
         // the residual add fused with the next layer's first norm, or the final one
         const floatX* norm_w = p.lnfw;

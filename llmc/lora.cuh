@@ -1,11 +1,11 @@
 // llmc/lora.cuh: LoRA, a Linear layer y = x W^T + b with a trainable low-rank update beside its frozen weight:
 //   y = x W^T + b + s (x A^T) B^T,   A (r, C) Gaussian-initialised, B (OC, r) zero-initialised, s = alpha / r
 // (Hu et al. 2021). The GEMMs are llmc/matmul.cuh's cuBLASLt call; the one kernel of its own scales the rank-r
-// intermediate by s. The trainer (train_gpt.cu, llmc/model_lora.h) calls these after the frozen layer's own matmul
+// intermediate by s. The trainer (train_gpt.cu, llmc/model_adapter.h) calls these after the frozen layer's own matmul
 // forward and backward. Needs cublas_setup() first; builds with nvcc or cpu/cucc.
 // Size rules: those of llmc/matmul.cuh (C, OC and the rank r multiples of 8, buffers 16-byte aligned).
 // Tests (dev/test/run_tests.sh NAME, patterns work): gpt-*-lora*, llama-*-lora* (forward, gradients and 10 steps
-// against train_gpt.py --ft lora), lora-cli.
+// against train_gpt.py --ft lora), fine-tuning-cli.
 #pragma once
 #include "common.cuh"
 #include "matmul.cuh"

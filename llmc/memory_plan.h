@@ -40,8 +40,8 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
     m.activations = activation_bytes(model, B, T, model->recompute);
     if (model->frozen) {  // fine-tuning: the model's parameters only (ZeRO-3: gathered), the adapter's set beside
-        size_t adapter = shard_padded_count(lora_parameter_count(model), P);
-        size_t adapter_shard = lora_zero_stage(model) >= 1 ? adapter / P : adapter;
+        size_t adapter = shard_padded_count(adapter_parameter_count(model), P);
+        size_t adapter_shard = adapter_zero_stage(model) >= 1 ? adapter / P : adapter;
         m.parameters += adapter * sizeof(floatX);
         m.gradients = adapter * sizeof(floatX);
         if (stage == 3) {
@@ -51,7 +51,9 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
         }
         m.optimizer = adapter_shard * sizeof(float) * (master ? 3 : 2);
         if (model->offload_optimizer == 2) m.optimizer += adapter_shard * sizeof(float) * 3;
-        m.activations += 2 * (size_t)B * T * model->lora_rank * sizeof(floatX);  // the adapter's scratch
+        // the adapter's scratch, and what the bottleneck adapter keeps for the backward pass
+        m.activations += (3 * (size_t)B * T * model->adapter_rank + adapter_activation_count(model, B, T)) *
+                         sizeof(floatX);
         return m;
     }
     if (stage >= 2) {
@@ -149,7 +151,7 @@ static void memory_plan_rows(InfoTable* t, const Model* model, int B, int T, siz
     else
         info_row(t, "memory: optimizer", "%10.1f MiB (%zu bytes; m, v%s, ZeRO-%d shard%s)", m.optimizer / MiB,
                  m.optimizer, model->use_master_weights && PRECISION_MODE != PRECISION_FP32 ? ", master" : "",
-                 model->frozen ? lora_zero_stage(model) : stage, model->frozen ? " of the adapter" : "");
+                 model->frozen ? adapter_zero_stage(model) : stage, model->frozen ? " of the adapter" : "");
     info_row(t, "memory: activations", "%10.1f MiB (%zu bytes, recompute %d)", m.activations / MiB, m.activations,
              model->recompute);
     if (model_tp_degree(model) > 1) tensor_parallel_plan_rows(t, model, B, T);
@@ -199,14 +201,20 @@ static void model_rows(InfoTable* t, const Model* model) {
     info_row(t, "parameters", "%zu", model_num_parameters(model));
     if (model->extension.telemetry->info_rows) model->extension.telemetry->info_rows(model, t);
     if (model->frozen) {
-        size_t trainable = lora_parameter_count(model), all = model_num_parameters(model);
-        char targets[64] = "";
-        for (int i = 0; i < LORA_NUM_TARGETS; i++)
-            if ((model->lora_targets >> i) & 1)
-                snprintf(targets + strlen(targets), sizeof(targets) - strlen(targets), "%s%s", targets[0] ? "," : "",
-                         lora_target_names[i]);
-        info_row(t, "fine-tuning", "lora r=%d on %s: %zu trainable parameters, %.4f%% of the model's %zu (frozen)",
-                 model->lora_rank, targets, trainable, 100.0 * trainable / all, all);
+        size_t trainable = adapter_parameter_count(model), all = model_num_parameters(model);
+        char where[96] = "after the attention and the FFN";
+        if (model->adapter_method == FT_METHOD_LORA) {
+            snprintf(where, sizeof(where), "on ");
+            for (int i = 0, first = 1; i < LORA_NUM_TARGETS; i++)
+                if ((model->adapter_targets >> i) & 1) {
+                    snprintf(where + strlen(where), sizeof(where) - strlen(where), "%s%s", first ? "" : ",",
+                             lora_target_names[i]);
+                    first = 0;
+                }
+        }
+        info_row(t, "fine-tuning", "%s r=%d %s: %zu trainable parameters, %.4f%% of the model's %zu (frozen)",
+                 ft_method_names[model->adapter_method], model->adapter_rank, where, trainable, 100.0 * trainable / all,
+                 all);
     }
 }
 

@@ -9,7 +9,7 @@
 
 // Checkpoints: <dir>/model_%08d.bin (rank 0), <dir>/state_%08d_%05d.bin (each rank), <dir>/DONE_%08d
 // once every rank has written. Each file is written under a temporary name and renamed. A fine-tuning run (-ft) writes
-// its adapter, <dir>/adapter_%08d.bin, in place of the model file (llmc/model_lora.h): the model file is -e's.
+// its adapter, <dir>/adapter_%08d.bin, in place of the model file (llmc/model_adapter.h): the model file is -e's.
 
 typedef struct {
     int step;
@@ -25,9 +25,9 @@ typedef struct {
 static void write_checkpoint(const char* dir, Model* model, const DataLoader* loader, const TrainerState* ts,
                              const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     char* tmp;
-    const char* parameters_kind = model->lora ? "adapter" : "model";
+    const char* parameters_kind = model->adapter ? "adapter" : "model";
     char* path = checkpoint_path(dir, parameters_kind, ts->step, -1);
-    if (model->lora) lora_write_checkpoint(model, path, ts->step, mg, stream);
+    if (model->adapter) adapter_write_checkpoint(model, path, ts->step, mg, stream);
     else model_write_model_file(model, path, stream);
     free(path);
     const CheckpointExtension* x = model->extension.checkpoint;

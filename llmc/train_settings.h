@@ -29,13 +29,14 @@
     X("-eps", FLOAT, norm_eps, 1e-5f, "llama: RMSNorm eps (default = 1e-5)")                                           \
     X("-tie", INT, tie_embeddings, 0, "llama: 1 = the output embedding is wte, 0 = its own lm_head (default = 0)")     \
     X("-ft", STRING, fine_tune, "",                                                                                    \
-      "train_gpt: fine-tune the model file with a method that trains new parameters only: lora (the\n"                \
-      "model's own parameters frozen; doc/training.md, \"Fine-tuning\") (default = none: train every\n"                \
-      "parameter)")                                                                                                    \
-    X("-fr", INT, ft_rank, 8, "-ft lora: the rank r of each adapter, a multiple of 8 (default = 8)")                   \
+      "train_gpt: fine-tune the model file with a method that trains new parameters only, the model's own\n"          \
+      "frozen (doc/training.md, \"Fine-tuning\"): lora, or adapter (bottleneck MLPs after the attention\n"            \
+      "and the FFN) (default = none: train every parameter)")                                                          \
+    X("-fr", INT, ft_rank, 8, "-ft: lora's rank r, or the adapter's bottleneck width; a multiple of 8 (default = 8)")  \
     X("-fs", FLOAT, ft_alpha, 16.0f, "-ft lora: alpha: the layer is W x + (alpha/r) B A x (default = 16)")             \
     X("-fw", STRING, ft_targets, "qkv,proj",                                                                           \
-      "-ft lora: the Linear layers adapted, any of qkv, proj, fc, fc_proj (default = qkv,proj)")                       \
+      "-ft lora: the Linear layers adapted, any of qkv, proj, fc, fc_proj (every layer's), lm_head\n"                 \
+      "(default = qkv,proj)")                                                                                          \
     X("-fi", STRING, ft_adapter, NULL, "-ft: start from this adapter file (default = none: a fresh adapter)")          \
     X("-fm", STRING, ft_merged, NULL,                                                                                  \
       "-ft lora: after the last step, write the model with the adapter merged into it to this model\n"                \
@@ -133,7 +134,7 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
     return n;
 }
 
-// The fine-tuning flags (llmc/model_lora.h): 0 and one line naming the flag
+// The fine-tuning flags (llmc/model_adapter.h): 0 and one line naming the flag
 static int trainer_check_fine_tuning(const TrainerSettings* s, const Flag* flags, int num_flags) {
     const char* ft_only[] = {"-fr", "-fs", "-fw", "-fi", "-fm"};
     if (!s->fine_tune[0]) {
@@ -145,14 +146,25 @@ static int trainer_check_fine_tuning(const TrainerSettings* s, const Flag* flags
         }
         return 1;
     }
-    if (strcmp(s->fine_tune, "lora") != 0) {
-        fprintf(stderr, "-ft %s: unknown fine-tuning method (expected lora)\n", s->fine_tune);
+    int method = ft_method_number(s->fine_tune);
+    if (method == 0) {
+        fprintf(stderr, "-ft %s: unknown fine-tuning method (expected lora or adapter)\n", s->fine_tune);
         return 0;
     }
     if (s->ft_rank < 1 || s->ft_rank % 8 != 0) {
-        fprintf(stderr, "-fr %d: the rank must be a positive multiple of 8 (the GEMM kernels move 16-byte vectors of a "
-                "row)\n", s->ft_rank);
+        fprintf(stderr, "-fr %d: the %s must be a positive multiple of 8 (the GEMM kernels move 16-byte vectors of a "
+                "row)\n", s->ft_rank, method == FT_METHOD_LORA ? "rank" : "bottleneck width");
         return 0;
+    }
+    if (method == FT_METHOD_BOTTLENECK) {
+        const char* lora_only[] = {"-fs", "-fw", "-fm"};
+        for (int i = 0; i < 3; i++) {
+            if (flag_find(flags, num_flags, lora_only[i])->given) {
+                fprintf(stderr, "%s applies to -ft lora (a bottleneck adapter has no scale, no targets and no merged "
+                        "form)\n", lora_only[i]);
+                return 0;
+            }
+        }
     }
     if (!(s->ft_alpha > 0.0f) || !isfinite(s->ft_alpha)) {
         fprintf(stderr, "-fs %g: expected a finite alpha > 0\n", s->ft_alpha);

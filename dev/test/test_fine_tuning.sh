@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# dev/test/test_lora.sh: LoRA fine-tuning from the command line (train_gpt -ft lora, llmc/model_lora.h) on the CPU
-# backend, on the instruction shards data/instructions.py makes of the shipped sample (bytes, the prompts' targets
-# masked), with the LoRA reference's model and adapter (build/ref/lora_gpt2_fp32: every target, r 8, alpha 12):
-#   - step 1's loss and gradient norm from that adapter (-fi, -a 1) against PyTorch's (train_gpt.py --train
+# dev/test/test_fine_tuning.sh: fine-tuning from the command line (train_gpt -ft lora|adapter, llmc/model_adapter.h)
+# on the CPU backend, on the instruction shards data/instructions.py makes of the shipped sample (bytes, the prompts'
+# targets masked), with the references' models and adapters (build/ref/lora_gpt2_fp32: every layer's target, r 8,
+# alpha 12; build/ref/adapter_gpt2_fp32: bottleneck adapters of width 8):
+#   - step 1's loss and gradient norm from each adapter (-fi, -a 1) against PyTorch's (train_gpt.py --train
 #     --adapter-from-file, whose first batch is the same rows): FP32, rel 1e-5 (the printed 6 decimals, fp32 sums);
 #   - the start-up table's trainable count against L r (C_in + C_out) summed over the targets;
 #   - an adapter checkpoint (-n) holds the adapter alone: 1024 + 4 n (1 + 2) bytes for its n values with m and v;
 #     6 steps straight and 3 + 3 resumed (-y 1) give the same step lines bit for bit, and so does a resume of that
-#     checkpoint on 2 processes under ZeRO-1 with the same global batch within fp32 summation order (rel 1e-5);
+#     checkpoint on 2 processes under ZeRO-1 with the same global batch within fp32 summation order (rel 1e-5); the
+#     bottleneck adapter's checkpoint resumes bit for bit too;
 #   - -fm: the merged model's validation loss before any step is the adapted run's last one (printed digits);
 #   - refusals: a rank of 0 or not a multiple of 8, an unknown or repeated target, an unknown method, a fine-tuning
-#     flag without -ft, an adapter of another base model (checksum), a descriptor as the base, -fm of an adapter on a
-#     tied classifier, -tp 2, the MoE trainer.
-# Needs build/train_gpt_fp32, build/train_moe_fp32 and build/ref/lora_gpt2_fp32 (its model and adapter files). Run
-# from anywhere: dev/test/test_lora.sh
+#     flag without -ft, LoRA's flags with the bottleneck adapter, an adapter of another method or base model
+#     (checksum), a descriptor as the base, -fm of an adapter on a tied classifier, -tp 2, the MoE trainer.
+# Needs build/train_gpt_fp32, build/train_moe_fp32, build/ref/lora_gpt2_fp32 and build/ref/adapter_gpt2_fp32 (their
+# model and adapter files). Run from anywhere: dev/test/test_fine_tuning.sh
 set -u
 cd "$(dirname "$0")/../.."
 PYTHON=/usr/bin/python3
@@ -32,20 +34,33 @@ LORA=(-e "$MODEL" -ft lora -fr 8 -fs 12 -fw qkv,proj,fc,fc_proj)
 # step lines -> "loss norm" per step
 steps() { grep -E '^step [0-9]+/' "$1" | sed -E 's/.*\| loss ([0-9.]+).*\| norm ([0-9.]+).*/\1 \2/'; }
 
-# --- step 1 from the reference's adapter against PyTorch, and the start-up table's trainable count
-build/train_gpt_fp32 "${LORA[@]}" -fi "$ADAPTER" "${DATA[@]}" -b 2 -a 1 -x 1 >"$work/one.log" 2>&1 ||
-    fail "-a 1: $(tail -2 "$work/one.log")"
-$PYTHON train_gpt.py --train --model-from-file "$MODEL" --adapter-from-file "$ADAPTER" --input-bin "$work/data/train.bin" \
-    --B 2 --T 32 --steps 1 --lr 1e-3 >"$work/torch.log" 2>&1 || fail "train_gpt.py --train: $(tail -2 "$work/torch.log")"
-if $PYTHON - "$work/one.log" "$work/torch.log" <<'PY'; then pass; else fail "step 1 against PyTorch"; fi
+BOTTLENECK_MODEL=build/ref/adapter_gpt2_fp32_model.bin
+BOTTLENECK_ADAPTER=build/ref/adapter_gpt2_fp32_adapter.bin
+BOTTLENECK=(-e "$BOTTLENECK_MODEL" -ft adapter -fr 8)
+
+# --- step 1 from each reference's adapter against PyTorch, and the start-up table's trainable count
+# first_step NAME MODEL ADAPTER TRAINER-FLAGS...: the trainer's first step (one.log) against train_gpt.py --train's
+first_step() {
+    local name=$1 model=$2 adapter=$3
+    shift 3
+    build/train_gpt_fp32 "$@" -fi "$adapter" "${DATA[@]}" -b 2 -a 1 -x 1 >"$work/$name.log" 2>&1 ||
+        fail "$name -a 1: $(tail -2 "$work/$name.log")"
+    $PYTHON train_gpt.py --train --model-from-file "$model" --adapter-from-file "$adapter" \
+        --input-bin "$work/data/train.bin" --B 2 --T 32 --steps 1 --lr 1e-3 >"$work/$name.torch.log" 2>&1 ||
+        fail "$name train_gpt.py --train: $(tail -2 "$work/$name.torch.log")"
+    if $PYTHON - "$name" "$work/$name.log" "$work/$name.torch.log" <<'PY'; then pass; else fail "$name step 1 against PyTorch"; fi
 import re, sys
-got, want = (re.search(r"step 1/\d+ \| loss ([0-9.]+).*\| norm ([0-9.]+)", open(p).read()) for p in sys.argv[1:])
+got, want = (re.search(r"step 1/\d+ \| loss ([0-9.]+).*\| norm ([0-9.]+)", open(p).read()) for p in sys.argv[2:])
 got, want = tuple(map(float, got.groups())), tuple(map(float, want.groups()))
 err = max(abs(g - w) / w for g, w in zip(got, want))
-print(f"  step 1: loss {got[0]:.6f} norm {got[1]:.6f}, PyTorch {want[0]:.6f} {want[1]:.6f}: max rel err {err:.1e} "
-      "(tol 1e-5)")
+print(f"  {sys.argv[1]} step 1: loss {got[0]:.6f} norm {got[1]:.6f}, PyTorch {want[0]:.6f} {want[1]:.6f}: max rel err "
+      f"{err:.1e} (tol 1e-5)")
 sys.exit(0 if err < 1e-5 else 1)
 PY
+}
+first_step lora "$MODEL" "$ADAPTER" "${LORA[@]}"
+first_step adapter "$BOTTLENECK_MODEL" "$BOTTLENECK_ADAPTER" "${BOTTLENECK[@]}"
+mv "$work/lora.log" "$work/one.log"
 # the tiny shape: L 2, C 48, fc 4C; qkv (C -> 3C), proj (C -> C), fc (C -> 4C), fc_proj (4C -> C)
 want=$((2 * 8 * ((48 + 144) + (48 + 48) + (48 + 192) + (192 + 48))))
 if grep -q "lora r=8 on qkv,proj,fc,fc_proj: $want trainable parameters" "$work/one.log"; then pass
@@ -77,6 +92,17 @@ print(f"  steps 4-6 resumed on 2 processes (-z 1) against 1: max rel err {err:.1
 sys.exit(0 if err < 1e-5 else 1)
 PY
 
+# the bottleneck adapter's checkpoint: 2 + 2 steps resumed bit-identical to 4
+RUN=("${BOTTLENECK[@]}" "${DATA[@]}" -b 4 -x 4)
+build/train_gpt_fp32 "${RUN[@]}" -o "$work/b_straight" >"$work/b_straight.log" 2>&1 ||
+    fail "adapter, 4 steps: $(tail -2 "$work/b_straight.log")"
+build/train_gpt_fp32 "${RUN[@]}" -o "$work/b_resumed" -n 2 -x 2 >/dev/null 2>&1 || fail "adapter, 2 steps"
+build/train_gpt_fp32 "${RUN[@]}" -o "$work/b_resumed" -y 1 >"$work/b_second.log" 2>&1 || fail "adapter resume"
+if diff <(grep -E '^step [34]/' "$work/b_straight.log" | cut -d'|' -f1-3) \
+        <(grep -E '^step [34]/' "$work/b_second.log" | cut -d'|' -f1-3) >/dev/null &&
+   [ "$(grep -cE '^step [34]/' "$work/b_second.log")" = 2 ]; then pass
+else fail "the bottleneck adapter's resumed steps 3-4 differ from the straight run's"; fi
+
 # --- -fm: the merged model is the adapted one
 build/train_gpt_fp32 "${LORA[@]}" -fi "$ADAPTER" "${DATA[@]}" -b 4 -x 2 -v 2 -fm "$work/merged.bin" >"$work/merge.log" 2>&1 ||
     fail "-fm: $(tail -2 "$work/merge.log")"
@@ -95,6 +121,12 @@ expect_error "unknown target" "unknown target 'bogus'" build/train_gpt_fp32 "${L
 expect_error "repeated target" "repeated target 'qkv'" build/train_gpt_fp32 "${LORA[@]}" -fw qkv,qkv "${E[@]}"
 expect_error "unknown method" "-ft prefixes: unknown fine-tuning method" build/train_gpt_fp32 -e "$MODEL" -ft prefixes "${E[@]}"
 expect_error "-fr without -ft" "-fr applies to fine-tuning only" build/train_gpt_fp32 -e "$MODEL" -fr 8 "${E[@]}"
+expect_error "width 12" "-fr 12: the bottleneck width must be a positive multiple of 8" \
+    build/train_gpt_fp32 "${BOTTLENECK[@]}" -fr 12 "${E[@]}"
+expect_error "adapter -fs" "-fs applies to -ft lora" build/train_gpt_fp32 "${BOTTLENECK[@]}" -fs 3 "${E[@]}"
+expect_error "adapter -fm" "-fm applies to -ft lora" build/train_gpt_fp32 "${BOTTLENECK[@]}" -fm "$work/x.bin" "${E[@]}"
+expect_error "another method" "header word 2 (method (-ft: 1 lora, 2 adapter)) is 1, this run's is 2" \
+    build/train_gpt_fp32 -e "$MODEL" -ft adapter -fr 8 -fi "$ADAPTER" "${E[@]}"
 expect_error "another base" "the adapter was trained on another base model file" \
     build/train_gpt_fp32 -e "$work/merged.bin" -ft lora -fr 8 -fs 12 -fw qkv,proj,fc,fc_proj -fi "$ADAPTER" "${E[@]}"
 expect_error "another rank" "header word 3 (rank (-fr)) is 8, this run's is 16" \
@@ -106,5 +138,5 @@ expect_error "-fm of a tied lm_head" "ties its output embedding to wte" \
 expect_error "-tp 2" "-ft lora -tp 2: the adapters are not split" build/train_gpt_fp32 "${LORA[@]}" -tp 2 "${E[@]}"
 expect_error "MoE" "-ft lora: fine-tuning is train_gpt's" build/train_moe_fp32 -e d2 -ev 263 -et 32 -ft lora "${E[@]}"
 
-echo "test_lora: $passed passed, $failed failed"
+echo "test_fine_tuning: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,447 @@
+// llmc/model_adapter.h: fine-tuning train_gpt.cu's model (-ft, doc/training.md "Fine-tuning"): the model frozen
+// (llmc/optimizer.cuh's frozen set: no gradients, no optimizer state, no reductions) and the trainable parameters of
+// a method beside it, the adapter:
+//   lora     beside each targeted Linear layer a pair A (r, C), B (OC, r) adding its low-rank update (llmc/lora.cuh);
+//   adapter  after the attention's and the FFN's output of every layer a bottleneck MLP (llmc/bottleneck.cuh).
+// The adapter is a parameter set of its own, averaged and sharded over the data-parallel processes like the model's.
+// The adapter file (doc/formats.md "Adapter file") holds it alone, tied to the base model file by its checksum; -fm
+// merges LoRA's into an ordinary model file. train_gpt.cu includes this after its Model and its parameter tables.
+// Tests (dev/test/run_tests.sh NAME, patterns work): *-lora*, *-adapter*, fine-tuning-cli.
+#pragma once
+#include "lora.cuh"
+#include "bottleneck.cuh"
+#include "checkpoint.h"
+
+#define ADAPTER_FILE_MAGIC 20261207
+#define ADAPTER_FILE_VERSION 1
+// the methods (-ft NAME), numbered as the adapter file's word 2 and the debug state's word 40
+#define FT_METHOD_LORA 1
+#define FT_METHOD_BOTTLENECK 2
+static const char* const ft_method_names[] = {"", "lora", "adapter"};
+static int ft_method_number(const char* name) {
+    for (int m = 1; m < (int)(sizeof(ft_method_names) / sizeof(ft_method_names[0])); m++)
+        if (!strcmp(name, ft_method_names[m])) return m;
+    return 0;
+}
+#define ADAPTER_MAX_TENSORS 10
+
+// The Linear layers an adapter may target (-fw), each with a bit in the adapter file's word 4: X(id, name). The
+// first four are in every layer, lm_head (the classifier, against wte or lm_head) once.
+#define LORA_TARGETS(X)   \
+    X(QKV, "qkv")         \
+    X(PROJ, "proj")       \
+    X(FC, "fc")           \
+    X(FC_PROJ, "fc_proj") \
+    X(LM_HEAD, "lm_head")
+#define LORA_TARGET_INDEX(id, name) LORA_##id,
+enum { LORA_TARGETS(LORA_TARGET_INDEX) LORA_NUM_TARGETS };
+#define LORA_TARGET_NAME(id, name) name,
+static const char* const lora_target_names[LORA_NUM_TARGETS] = {LORA_TARGETS(LORA_TARGET_NAME)};
+
+// The bottleneck adapter's sites, each with a bit in the adapter file's word 4 (always both), and each site's tensors
+// (stacked over the layers): down (L, r, C), its bias (L, r), up (L, C, r), its bias (L, C)
+#define BOTTLENECK_ATTENTION 0
+#define BOTTLENECK_FFN 1
+#define BOTTLENECK_SITES 2
+#define BOTTLENECK_SITE_TENSORS 4
+static const char* const bottleneck_tensor_names[BOTTLENECK_SITES * BOTTLENECK_SITE_TENSORS] = {
+    "attention.down", "attention.down_bias", "attention.up", "attention.up_bias",
+    "ffn.down",       "ffn.down_bias",       "ffn.up",       "ffn.up_bias"};
+
+struct Adapter {
+    int method;          // FT_METHOD_*
+    int rank;            // lora: r; adapter: the bottleneck width
+    float alpha, scale;  // lora: scale = alpha / rank; adapter: 0
+    unsigned targets;    // lora: bit t, target t has a pair; adapter: both sites
+    // lora: A then B of each target in target order, stacked over the layers: A (L, r, C), B (L, OC, r); an absent
+    // target's pair has size 0. adapter: each site's four tensors, site by site. ZeRO-1 at most: the set is a
+    // fraction of a percent of the model, so sharding its gradients (ZeRO-2) or its parameters (ZeRO-3) would save
+    // nothing worth a second reduction pipeline.
+    ShardedParameters store;
+    int zero_stage;
+    int tokens;  // B*T of the passes' buffers
+    floatX* u;   // (B, T, r) scratch of the passes (lora: x A^T, adapter: its pre-activation)
+    floatX* g;   // (B, T, r)
+    floatX* dz;  // adapter: (B, T, r)
+    floatX* site_inputs;  // adapter: (L, 2, B, T, C) each site's input, kept by the forward pass for the backward
+    floatX* dh;           // adapter: (B, T, C) a site's input gradient
+    uint64_t base_size, base_hash;  // the base model file's size and checksum (checkpoint_checksum)
+};
+
+// "qkv,proj" -> the targets' bits; 0 and one line naming the flag when a name is unknown, repeated or missing
+static unsigned lora_parse_targets(const char* list) {
+    unsigned mask = 0;
+    const char* at = list;
+    while (*at) {
+        size_t len = strcspn(at, ",");
+        int found = -1;
+        for (int t = 0; t < LORA_NUM_TARGETS; t++)
+            if (strlen(lora_target_names[t]) == len && strncmp(at, lora_target_names[t], len) == 0) found = t;
+        if (found < 0 || (mask & (1u << found))) {
+            fprintf(stderr, "-fw %s: %s target '%.*s' (any of qkv, proj, fc, fc_proj, lm_head, each once)\n", list,
+                    found < 0 ? "unknown" : "repeated", (int)len, at);
+            return 0;
+        }
+        mask |= 1u << found;
+        at += len;
+        if (*at == ',') at++;
+    }
+    if (mask == 0) fprintf(stderr, "-fw '%s': no target (any of qkv, proj, fc, fc_proj, lm_head)\n", list);
+    return mask;
+}
+
+// target t's Linear layer: C inputs, OC outputs (the classifier's: the Vp padded vocabulary rows)
+static void lora_target_shape(const Model* model, int t, int* C, int* OC) {
+    const ModelConfig* c = &model->config;
+    int channels = c->channels;
+    int in[LORA_NUM_TARGETS] = {channels, channels, channels, c->ffn_hidden, channels};
+    int out[LORA_NUM_TARGETS] = {(int)qkv_channels(c), channels, (int)fc_channels(c), channels, c->padded_vocab_size};
+    *C = in[t];
+    *OC = out[t];
+}
+// how many pairs target t has: one per layer, or one (lm_head)
+static int lora_target_layers(const Model* model, int t) { return t == LORA_LM_HEAD ? 1 : model->config.num_layers; }
+
+// the adapter's tensors for the model's adapter shape (model->adapter_method, _rank, _targets): their sizes and
+// whether weight decay applies (the matrices); returns their number
+static int adapter_tensor_sizes(const Model* model, size_t* sizes, int* decays) {
+    size_t r = model->adapter_rank, L = model->config.num_layers, C = model->config.channels;
+    if (model->adapter_method == FT_METHOD_BOTTLENECK) {
+        for (int site = 0; site < BOTTLENECK_SITES; site++) {
+            size_t* s = sizes + site * BOTTLENECK_SITE_TENSORS;
+            s[0] = L * r * C, s[1] = L * r, s[2] = L * C * r, s[3] = L * C;
+            for (int i = 0; i < BOTTLENECK_SITE_TENSORS; i++) decays[site * BOTTLENECK_SITE_TENSORS + i] = i % 2 == 0;
+        }
+        return BOTTLENECK_SITES * BOTTLENECK_SITE_TENSORS;
+    }
+    for (int t = 0; t < LORA_NUM_TARGETS; t++) {
+        int in, out;
+        lora_target_shape(model, t, &in, &out);
+        size_t layers = lora_target_layers(model, t);
+        int on = (model->adapter_targets >> t) & 1;
+        sizes[2 * t] = on * layers * r * in;
+        sizes[2 * t + 1] = on * layers * out * r;
+        decays[2 * t] = decays[2 * t + 1] = 1;
+    }
+    return 2 * LORA_NUM_TARGETS;
+}
+static size_t adapter_parameter_count(const Model* model) {
+    size_t sizes[ADAPTER_MAX_TENSORS], n = 0;
+    int decays[ADAPTER_MAX_TENSORS];
+    int count = adapter_tensor_sizes(model, sizes, decays);
+    for (int i = 0; i < count; i++) n += sizes[i];
+    return n;
+}
+// what the bottleneck adapter keeps for the backward pass and its scratch (values), for B x T tokens; 0 for lora
+static size_t adapter_activation_count(const Model* model, int B, int T) {
+    if (model->adapter_method != FT_METHOD_BOTTLENECK) return 0;
+    size_t N = (size_t)B * T, C = model->config.channels;
+    return (BOTTLENECK_SITES * (size_t)model->config.num_layers + 1) * N * C;
+}
+// the tensor's name in the test's lines
+static const char* adapter_tensor_name(const Model* model, int i, char* buf, size_t size) {
+    if (model->adapter_method == FT_METHOD_BOTTLENECK) return bottleneck_tensor_names[i];
+    snprintf(buf, size, "%s.lora_%s", lora_target_names[i / 2], i % 2 ? "b" : "a");
+    return buf;
+}
+// its set's ZeRO stage: 1 at most (Adapter)
+static int adapter_zero_stage(const Model* model) { return model->zero_stage < 1 ? model->zero_stage : 1; }
+
+// Before the model's optimizer is allocated, after its process layout and adapter shape are set: the adapter's
+// parameter set (all zero) and its scratch for batches of B x T tokens.
+// alpha: lora's (0 for the bottleneck adapter)
+static Adapter* adapter_allocate(Model* model, float alpha, int B, int T) {
+    Adapter* a = (Adapter*)malloc_check(sizeof(Adapter));
+    memset(a, 0, sizeof(*a));
+    int rank = model->adapter_rank;
+    a->method = model->adapter_method;
+    a->rank = rank;
+    a->alpha = a->method == FT_METHOD_LORA ? alpha : 0.0f;
+    a->scale = a->alpha / (float)rank;
+    a->targets = model->adapter_targets;
+    a->zero_stage = adapter_zero_stage(model);
+    a->tokens = B * T;
+    size_t sizes[ADAPTER_MAX_TENSORS];
+    int decays[ADAPTER_MAX_TENSORS];
+    int count = adapter_tensor_sizes(model, sizes, decays);
+    sharded_parameters_allocate(&a->store, count, sizes, decays, model->process_rank, model->num_processes,
+                                a->zero_stage);
+    size_t N = (size_t)B * T;
+    floatX** scratch[3] = {&a->u, &a->g, &a->dz};
+    for (int i = 0; i < 3; i++) cudaCheck(cudaMalloc((void**)scratch[i], N * rank * sizeof(floatX)));
+    if (a->method == FT_METHOD_BOTTLENECK) {
+        size_t C = model->config.channels;
+        cudaCheck(cudaMalloc((void**)&a->site_inputs,
+                             (size_t)BOTTLENECK_SITES * model->config.num_layers * N * C * sizeof(floatX)));
+        cudaCheck(cudaMalloc((void**)&a->dh, N * C * sizeof(floatX)));
+    }
+    return a;
+}
+
+static void adapter_free(Adapter* a) {
+    if (!a) return;
+    sharded_parameters_free(&a->store);
+    void* buffers[5] = {a->u, a->g, a->dz, a->site_inputs, a->dh};
+    for (int i = 0; i < 5; i++) cudaCheck(cudaFree(buffers[i]));
+    free(a);
+}
+
+static int lora_has(const Model* model, int t) {
+    return model->adapter && model->adapter->method == FT_METHOD_LORA && ((model->adapter->targets >> t) & 1);
+}
+
+// layer l's pair of target t in a buffer laid out as the set (its parameters or gradients)
+static void lora_layer_pair(const Model* model, floatX* set, int t, int l, floatX** A, floatX** B) {
+    const ShardedParameters* p = &model->adapter->store;
+    size_t L = lora_target_layers(model, t);
+    *A = set + sharded_parameters_offset(p, 2 * t) + (size_t)l * (p->sizes[2 * t] / L);
+    *B = set + sharded_parameters_offset(p, 2 * t + 1) + (size_t)l * (p->sizes[2 * t + 1] / L);
+}
+
+// The bottleneck adapter at site `site` (BOTTLENECK_*) of layer l: its four tensors in a buffer laid out as the set
+// (its parameters or gradients)
+static void bottleneck_site_tensors(const Model* model, floatX* set, int site, int l, floatX** tensors) {
+    const ShardedParameters* p = &model->adapter->store;
+    size_t L = model->config.num_layers;
+    for (int i = 0; i < BOTTLENECK_SITE_TENSORS; i++) {
+        int k = site * BOTTLENECK_SITE_TENSORS + i;
+        tensors[i] = set + sharded_parameters_offset(p, k) + (size_t)l * (p->sizes[k] / L);
+    }
+}
+static int bottleneck_on(const Model* model) {
+    return model->adapter && model->adapter->method == FT_METHOD_BOTTLENECK;
+}
+// A block's output h (N tokens, C) of layer l through its site's bottleneck adapter, in place; keep: the forward pass
+// of training (its input kept for the backward pass), not the samples' engine. Nothing without the bottleneck adapter.
+static void model_adapter_site_forward(Model* model, int site, int l, floatX* h, int N, int keep, cudaStream_t stream) {
+    if (!bottleneck_on(model)) return;
+    Adapter* a = model->adapter;
+    int C = model->config.channels;
+    if (N > a->tokens) {
+        fprintf(stderr, "model_adapter_site_forward: %d tokens, the adapter's buffers hold %d\n", N, a->tokens);
+        exit(EXIT_FAILURE);
+    }
+    if (keep) {
+        floatX* kept = a->site_inputs + ((size_t)l * BOTTLENECK_SITES + site) * a->tokens * C;
+        cudaCheck(cudaMemcpyAsync(kept, h, (size_t)N * C * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+    }
+    floatX* w[BOTTLENECK_SITE_TENSORS];
+    bottleneck_site_tensors(model, a->store.params_memory, site, l, w);
+    bottleneck_forward(h, w[0], w[1], w[2], w[3], a->u, a->g, N, C, a->rank, stream);
+}
+// Its transpose: from dout, the gradient of the adapted output, the gradient of the block's output (the adapter's
+// buffer; dout itself without the bottleneck adapter), the adapter's gradients +=. bias_scratch: the model's.
+static const floatX* model_adapter_site_backward(Model* model, int site, int l, const floatX* dout, int N,
+                                                 float* bias_scratch, cudaStream_t stream) {
+    if (!bottleneck_on(model)) return dout;
+    Adapter* a = model->adapter;
+    int C = model->config.channels;
+    const floatX* kept = a->site_inputs + ((size_t)l * BOTTLENECK_SITES + site) * a->tokens * C;
+    floatX *w[BOTTLENECK_SITE_TENSORS], *dw[BOTTLENECK_SITE_TENSORS];
+    bottleneck_site_tensors(model, a->store.params_memory, site, l, w);
+    bottleneck_site_tensors(model, a->store.grads_memory, site, l, dw);
+    bottleneck_backward(a->dh, dw[0], dw[1], dw[2], dw[3], dout, kept, w[0], w[1], w[2], a->u, a->g, a->dz,
+                        bias_scratch, N, C, a->rank, stream);
+    return a->dh;
+}
+
+// A fresh adapter, from torch's normal_ on seed `seed` (llmc/rand.h), which starts as the base model: lora's every A
+// drawn from N(0, 1/r²), every B zero; the bottleneck adapter's down projections from N(0, 0.02²), everything else
+// zero (its up projections: the adapted block's output is the block's)
+static void adapter_init(Model* model, unsigned int seed) {
+    Adapter* a = model->adapter;
+    size_t n = a->store.num_parameters;
+    float* values = (float*)calloc(n > 0 ? n : 1, sizeof(float));
+    floatX* rounded = (floatX*)malloc_check(n * sizeof(floatX));
+    if (!values) {
+        fprintf(stderr, "adapter_init: out of host memory for %zu values\n", n);
+        exit(EXIT_FAILURE);
+    }
+    mt19937_state rng;
+    manual_seed(&rng, seed);
+    int bottleneck = a->method == FT_METHOD_BOTTLENECK;
+    int stride = bottleneck ? BOTTLENECK_SITE_TENSORS : 2;  // the drawn tensors: every down, or every A
+    float std = bottleneck ? 0.02f : 1.0f / (float)a->rank;
+    for (int i = 0; i < a->store.num_tensors; i += stride)
+        if (a->store.sizes[i] > 0)
+            normal_(values + sharded_parameters_offset(&a->store, i), a->store.sizes[i], 0.0f, std, &rng);
+    for (size_t i = 0; i < n; i++) rounded[i] = (floatX)values[i];
+    sharded_parameters_set(&a->store, rounded);
+    free(rounded);
+    free(values);
+}
+
+// The adapter file's header for this model's adapter at `step` (doc/formats.md "Adapter file")
+static void adapter_file_header(const Model* model, int step, int* header) {
+    const Adapter* a = model->adapter;
+    memset(header, 0, 256 * sizeof(int));
+    header[0] = ADAPTER_FILE_MAGIC;
+    header[1] = ADAPTER_FILE_VERSION;
+    header[2] = a->method;
+    header[3] = a->rank;
+    header[4] = (int)a->targets;
+    memcpy(&header[5], &a->alpha, sizeof(float));
+    header[6] = (int)(uint32_t)a->base_hash;
+    header[7] = (int)(uint32_t)(a->base_hash >> 32);
+    header[8] = (int)(uint32_t)a->base_size;
+    header[9] = (int)(uint32_t)(a->base_size >> 32);
+    header[10] = step;
+    header[11] = (int)a->store.num_parameters;
+}
+
+// Reads an adapter file into the model's adapter (its rank, targets and alpha must be the run's; its base checksum
+// the base model file's). Returns the file's step. Bad input: one line naming the file, exit.
+static int adapter_read_file(Model* model, const char* path) {
+    Adapter* a = model->adapter;
+    FILE* f = fopen_check(path, "rb");
+    int header[256], want[256];
+    read_versioned_header_check(f, header, path, ADAPTER_FILE_MAGIC, ADAPTER_FILE_VERSION, "adapter");
+    adapter_file_header(model, header[10], want);
+    const char* what[] = {NULL, NULL, "method (-ft: 1 lora, 2 adapter)", "rank (-fr)", "targets (-fw, a bit each)",
+                          "alpha (-fs)",
+                          "base model checksum", "base model checksum", "base model size", "base model size", NULL,
+                          "parameter count"};
+    for (int i = 2; i <= 11; i++) {
+        if (what[i] && header[i] != want[i]) {
+            fprintf(stderr, "%s: header word %d (%s) is %d, this run's is %d%s\n", path, i, what[i], header[i], want[i],
+                    i >= 6 && i <= 9 ? ": the adapter was trained on another base model file" : "");
+            exit(EXIT_FAILURE);
+        }
+    }
+    if (header[10] < 0) {
+        fprintf(stderr, "%s: negative step %d in header word 10\n", path, header[10]);
+        exit(EXIT_FAILURE);
+    }
+    size_t n = a->store.num_parameters;
+    float* values = (float*)malloc_for(n * sizeof(float), "the adapter's parameters", path);
+    fread_check(values, sizeof(float), n, f, path);
+    fclose_check(f, path);
+    floatX* rounded = (floatX*)malloc_check(n * sizeof(floatX));
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(values[i])) {
+            fprintf(stderr, "%s: parameter %zu is not finite (%g)\n", path, i, values[i]);
+            exit(EXIT_FAILURE);
+        }
+        rounded[i] = (floatX)values[i];
+    }
+    sharded_parameters_set(&a->store, rounded);
+    free(rounded);
+    free(values);
+    return header[10];
+}
+
+// The adapter's parameters on the host (fp32, the set's order). Its set is never ZeRO-3: every process holds all.
+static float* adapter_host_parameters(const Model* model) {
+    const ShardedParameters* p = &model->adapter->store;
+    floatX* device_values = (floatX*)malloc_check(p->num_parameters * sizeof(floatX));
+    cudaCheck(cudaMemcpy(device_values, p->params_memory, p->num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
+    float* values = (float*)malloc_check(p->num_parameters * sizeof(float));
+    for (size_t i = 0; i < p->num_parameters; i++) values[i] = (float)device_values[i];
+    free(device_values);
+    return values;
+}
+
+// A checkpoint's adapter file (collective over mg: under ZeRO-1 the optimizer state is gathered): the parameters of
+// `step`, then the whole set's optimizer state, m and v (and the fp32 master weights when the run keeps them), so that
+// a run resumes from it at any process count and ZeRO stage. Process 0 writes, under a temporary name, then renames.
+static void adapter_write_checkpoint(const Model* model, const char* path, int step, const MultiGpuConfig* mg,
+                                  cudaStream_t stream) {
+    const ShardedParameters* p = &model->adapter->store;
+    size_t n = p->num_parameters, padded = p->num_parameters_padded;
+    int buffers = p->has_master ? 3 : 2;
+    float* device_state;
+    cudaCheck(cudaMalloc((void**)&device_state, padded * sizeof(float)));
+    float* state = (float*)malloc_check((size_t)buffers * padded * sizeof(float));
+    for (int b = 0; b < buffers; b++) {
+        sharded_parameters_gather_state(p, b, device_state, mg, model->adapter->zero_stage, stream);
+        cudaCheck(cudaMemcpy(state + (size_t)b * padded, device_state, padded * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    cudaCheck(cudaFree(device_state));
+    if (mg->process_rank == 0) {
+        int header[256];
+        adapter_file_header(model, step, header);
+        header[12] = 1;
+        header[13] = p->has_master;
+        float* values = adapter_host_parameters(model);
+        char* tmp;
+        FILE* f = fopen_tmp_for(path, &tmp);
+        fwrite_check(header, sizeof(int), 256, f, tmp);
+        fwrite_check(values, sizeof(float), n, f, tmp);
+        for (int b = 0; b < buffers; b++) fwrite_check(state + (size_t)b * padded, sizeof(float), n, f, tmp);
+        commit_tmp(f, tmp, path);
+        free(tmp);
+        free(values);
+    }
+    free(state);
+}
+
+// After the optimizer is allocated, from a checkpoint's adapter file (adapter_read_file read its parameters): this
+// process's shard of m, v and the master weights. Its master weights must be the run's (-w, the precision).
+static void adapter_read_optimizer_state(Model* model, const char* path) {
+    ShardedParameters* p = &model->adapter->store;
+    FILE* f = fopen_check(path, "rb");
+    int header[256];
+    read_versioned_header_check(f, header, path, ADAPTER_FILE_MAGIC, ADAPTER_FILE_VERSION, "adapter");
+    if (header[12] != 1 || header[13] != p->has_master) {
+        fprintf(stderr, "%s: %s; this run needs m and v%s (header words 12, 13: %d, %d)\n", path,
+                header[12] != 1 ? "no optimizer state (not a checkpoint's adapter)" : "another run's master weights",
+                p->has_master ? " and fp32 master weights" : " without master weights", header[12], header[13]);
+        exit(EXIT_FAILURE);
+    }
+    size_t n = p->num_parameters;
+    float* full = (float*)calloc(p->num_parameters_padded, sizeof(float));  // the padding stays zero
+    if (!full) {
+        fprintf(stderr, "%s: out of host memory for the optimizer state\n", path);
+        exit(EXIT_FAILURE);
+    }
+    fseek_check(f, 256 * sizeof(int) + n * sizeof(float), path);
+    for (int b = 0; b < (p->has_master ? 3 : 2); b++) {
+        fread_check(full, sizeof(float), n, f, path);
+        sharded_parameters_scatter_state(p, b, full);
+    }
+    if (fgetc(f) != EOF) {
+        fprintf(stderr, "%s: file is longer than an adapter checkpoint\n", path);
+        exit(EXIT_FAILURE);
+    }
+    fclose_check(f, path);
+    free(full);
+}
+
+// The merged model: W += s B A for every targeted weight of the whole model in model-file order (host), each sum in
+// fp32 over the r products, rounded once to floatX. A tied model's classifier is wte, which the encoder reads too:
+// an adapter on its lm_head has no merged form (lora_can_merge).
+static int lora_can_merge(const Model* model) {
+    return !(model->config.tied && ((model->adapter_targets >> LORA_LM_HEAD) & 1));
+}
+static void lora_merge(const Model* model, floatX* file_order) {
+    const Adapter* a = model->adapter;
+    const int weight_tensor[LORA_NUM_TARGETS] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW, PARAM_LM_HEAD};
+    size_t file_sizes[NUM_PARAMETER_TENSORS];
+    file_tensor_sizes(file_sizes, model);
+    float* values = adapter_host_parameters(model);
+    int r = a->rank;
+    for (int t = 0; t < LORA_NUM_TARGETS; t++) {
+        if (!lora_has(model, t)) continue;
+        int C, OC, L = lora_target_layers(model, t);
+        lora_target_shape(model, t, &C, &OC);
+        size_t w_offset = 0;
+        for (int i = 0; i < weight_tensor[t]; i++) w_offset += file_sizes[i];
+        for (int l = 0; l < L; l++) {
+            floatX* W = file_order + w_offset + (size_t)l * OC * C;
+            const float* A = values + sharded_parameters_offset(&a->store, 2 * t) + (size_t)l * r * C;
+            const float* B = values + sharded_parameters_offset(&a->store, 2 * t + 1) + (size_t)l * OC * r;
+            for (int o = 0; o < OC; o++)
+                for (int c = 0; c < C; c++) {
+                    float delta = 0.0f;
+                    for (int k = 0; k < r; k++) delta += B[(size_t)o * r + k] * A[(size_t)k * C + c];
+                    W[(size_t)o * C + c] = (floatX)((float)W[(size_t)o * C + c] + a->scale * delta);
+                }
+        }
+    }
+    free(values);
+}
+
+// -fm: the model file of the base model with the adapter merged (collective as model_write_model_file)
+static void model_write_merged_model_file(Model* model, const char* path, cudaStream_t stream) {
+    model_write_model_file_edited(model, path, stream, lora_merge);
+}
