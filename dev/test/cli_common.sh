@@ -1,6 +1,11 @@
-# dev/test/cli_common.sh: what the trainers' command-line tests share (sourced by dev/test/test_train_gpt.sh and
-# dev/test/test_train_moe.sh): counting checks, running a command that must fail with a given message (an mpirun job's
-# verdict taken later, expect_job_error), comparing step losses, and a pre-emption round trip.
+# dev/test/cli_common.sh: what the command-line tests share (sourced, from the repository's root, by the
+# dev/test/test_*.sh scripts that run the trainers and tools): the Python and mpirun they run, a work directory removed
+# on exit, counting checks, running a command that must fail with a given message (an mpirun job's verdict taken later,
+# expect_job_error), comparing step losses, and a pre-emption round trip.
+PYTHON=/usr/bin/python3
+MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 passed=0
 failed=0
 pass() { passed=$((passed + 1)); }

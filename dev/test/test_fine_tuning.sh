@@ -18,10 +18,6 @@
 # model and adapter files). Run from anywhere: dev/test/test_fine_tuning.sh
 set -u
 cd "$(dirname "$0")/../.."
-PYTHON=/usr/bin/python3
-MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 . dev/test/cli_common.sh
 MODEL=build/ref/lora_gpt2_fp32_model.bin
 ADAPTER=build/ref/lora_gpt2_fp32_adapter.bin

@@ -26,9 +26,6 @@
 set -u
 cd "$(dirname "$0")/../.."
 GEN=${GEN:-build/generate_fp32}  # GEN=build/check/generate_fp32: the same under the checking build
-PYTHON=/usr/bin/python3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 . dev/test/cli_common.sh
 
 # prompts of token ids (every model's V is 263), of lengths 1 to 20 (maxT 32)

@@ -26,12 +26,10 @@
 set -u
 cd "$(dirname "$0")/../.."
 HF=.venv/hf/bin/python
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 . dev/test/cli_common.sh
 export TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
 
-/usr/bin/python3 train_gpt.py --write-shard "$work/train.bin" --shard-tokens 4096 --V 263 --seed 7 >/dev/null ||
+$PYTHON train_gpt.py --write-shard "$work/train.bin" --shard-tokens 4096 --V 263 --seed 7 >/dev/null ||
     { echo "cannot write a data shard"; exit 1; }
 # batch NAME: the commands of $work/NAME.commands (`LOG COMMAND ARG...`: hf_reference.py's modes, import, export) in one
 # Python process (dev/test/hf_reference.py batch), each one's output in its LOG, whose last line is its status

@@ -16,10 +16,6 @@
 #   dev/test/test_loss_mask.sh
 set -u
 cd "$(dirname "$0")/../.."
-PYTHON=/usr/bin/python3
-MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 . dev/test/cli_common.sh
 MODEL=build/ref/tiny_fp32_model.bin
 

@@ -25,10 +25,6 @@ cd "$(dirname "$0")/../.."
 TRAIN=build/train_gpt_fp32
 MODEL=build/ref/tp_gpt2_fp32_model.bin
 LLAMA_MODEL=build/ref/tp_llama_fp32_model.bin
-PYTHON=/usr/bin/python3
-MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 . dev/test/cli_common.sh
 
 $PYTHON train_gpt.py --write-shard "$work/train.bin" --shard-tokens 8192 --V 263 --seed 7 >/dev/null ||

@@ -27,10 +27,6 @@ cd "$(dirname "$0")/../.."
 TRAIN=build/train_gpt_fp32
 MODEL=build/ref/tiny_fp32_model.bin
 LLAMA_MODEL=build/ref/llama_gqa_fp32_model.bin
-PYTHON=/usr/bin/python3
-MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 . dev/test/cli_common.sh
 
 # the step lines' "loss X | norm Y" parts, one per line

@@ -41,10 +41,6 @@ DENSE=build/train_gpt_fp32
 DENSE_MODEL=build/ref/tiny_fp32_model.bin
 MOE_MODEL=build/ref/moe_k1_cf0.5_fp32_model.bin
 LLAMA_MOE_MODEL=build/ref/moe_llama_shared_fp32_model.bin
-PYTHON=/usr/bin/python3
-MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 . dev/test/cli_common.sh
 
 # run_and_resume NAME STEPS EVERY COMMAND...: the training COMMAND with -x STEPS and a checkpoint every EVERY steps into
