@@ -224,6 +224,9 @@ LORA_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 $(LORA) --ft-targets qkv,proj,f
 # bottleneck adapters (-ft adapter, llmc/bottleneck.cuh) of width 8 after every attention and FFN, GPT-2 and llama
 ADAPTER_REF_gpt2 := $(REF_ARGS) --ft adapter --ft-rank 8
 ADAPTER_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 --ft adapter --ft-rank 8
+# prompt tuning (-ft prompt, llmc/prompt.cuh): 5 virtual tokens before the 23 of every sequence (28 of maxT 32)
+PROMPT_REF_gpt2 := $(REF_ARGS) --ft prompt --ft-rank 5
+PROMPT_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 --ft prompt --ft-rank 5
 # ref_command NAME: the script and flags that write build/ref/NAME (NAME_debug_state.bin and NAME_model.bin): the
 # family (the name's first word) gives the shape, a llama or MoE name's middle words its configuration (a variable of
 # its own: a name without one is refused rather than built with the defaults), the last word the precision
@@ -237,6 +240,7 @@ REF_SCRIPTS_tp := train_gpt.py
 REF_SCRIPTS_mask := train_gpt.py
 REF_SCRIPTS_lora := train_gpt.py
 REF_SCRIPTS_adapter := train_gpt.py
+REF_SCRIPTS_prompt := train_gpt.py
 REF_SCRIPTS_moe := train_moe.py train_gpt.py
 REF_FLAGS_tiny = $(REF_ARGS)
 REF_FLAGS_long = $(LONG_REF_ARGS)
@@ -244,11 +248,12 @@ REF_FLAGS_deep = $(DEEP_REF_ARGS)
 REF_FLAGS_mask = $(REF_ARGS) $(MASK)
 REF_FLAGS_lora = $(call ref_configured,LORA_REF_$(call ref_config,$(1:lora_%=%)),$1)
 REF_FLAGS_adapter = $(call ref_configured,ADAPTER_REF_$(call ref_config,$(1:adapter_%=%)),$1)
+REF_FLAGS_prompt = $(call ref_configured,PROMPT_REF_$(call ref_config,$(1:prompt_%=%)),$1)
 REF_FLAGS_llama = $(LLAMA_REF_ARGS) $(call ref_configured,LLAMA_REF_$(call ref_config,$(1:llama_%=%)),$1)
 REF_FLAGS_tp = $(TP_REF_ARGS) $(call ref_configured,TP_REF_$(call ref_config,$(1:tp_%=%)),$1)
 REF_FLAGS_moe = $(MOE_REF_ARGS) $(call ref_configured,MOE_REF_$(call ref_config,$(1:moe_%=%)),$1)
 ref_scripts = $(or $(REF_SCRIPTS_$(call ref_family,$1)),$(error build/ref/$1: no reference family \
-    '$(call ref_family,$1)' (expected tiny, long, deep, mask, lora, adapter, llama, tp or moe)))
+    '$(call ref_family,$1)' (expected tiny, long, deep, mask, lora, adapter, prompt, llama, tp or moe)))
 ref_command = $(firstword $(call ref_scripts,$1)) --write-reference $(BUILD)/ref/$1 \
     $(call REF_FLAGS_$(call ref_family,$1),$1) --dtype $(call ref_dtype,$1)
 $(BUILD)/ref/%_debug_state.bin: $$(call ref_scripts,$$*) | $(BUILD)

@@ -394,7 +394,8 @@ static int run_test_steps(const ModelTest* t, const ReferenceState* ref, const M
     build_test_model(&model, t, mg, 1);
     int passes = test_passes(&model, ref, t->extension);
     if (passes == 0) exit(EXIT_FAILURE);
-    model_allocate_activations(&model, ref->B / passes, ref->T);  // a micro-batch's, as the trainer's
+    // a micro-batch's, as the trainer's (and prompt tuning's virtual tokens)
+    model_allocate_activations(&model, ref->B / passes, ref->T + model_adapter_sequence_extra(&model));
     attach_test_adapter(&model, t);
     model_allocate_optimizer(&model, t->zero_stage);
     model.rng_state = rng_state;
@@ -508,9 +509,9 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     char* adapter_path = NULL;
     if (header[STATE_FINE_TUNING_WORD] != 0) {
         int method = header[STATE_FINE_TUNING_WORD];
-        if ((method != FT_METHOD_LORA && method != FT_METHOD_BOTTLENECK) || x) {
-            fprintf(stderr, "%s: fine-tuning method %d in word %d: %s tests lora (1) and adapter (2) of GPT-2 and "
-                    "llama models\n", state_path, method, STATE_FINE_TUNING_WORD, name);
+        if (method < FT_METHOD_LORA || method > FT_METHOD_PROMPT || x) {
+            fprintf(stderr, "%s: fine-tuning method %d in word %d: %s tests lora (1), adapter (2) and prompt (3) of "
+                    "GPT-2 and llama models\n", state_path, method, STATE_FINE_TUNING_WORD, name);
             return EXIT_FAILURE;
         }
         t.adapter_method = method;
@@ -552,21 +553,23 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     if (printing && ref.micro_batches > 1)
         printf("micro-batches: each step %d of %d sequences, as the reference's%s\n", ref.micro_batches,
                B / ref.micro_batches, K < ref.micro_batches ? ", routed by the tensor-parallel members" : "");
-    model_allocate_activations(&model, B / K, T);
+    int extra = model_adapter_sequence_extra(&model), Tx = T + extra;  // prompt tuning runs Tx positions
+    model_allocate_activations(&model, B / K, Tx);
     attach_test_adapter(&model, &unsharded);
     model_allocate_optimizer(&model, 0);
 
     // logits: an evaluation pass over each micro-batch (an MoE layer routes each as its own group)
     size_t BT = (size_t)B * T;
-    size_t micro_tokens = BT / K;
-    floatX* logits_x = (floatX*)malloc_check(BT * Vp * sizeof(floatX));
+    size_t micro_tokens = BT / K, micro_rows = micro_tokens / T * Tx;  // the logits' rows: Tx per sequence
+    floatX* logits_x = (floatX*)malloc_check((size_t)B * Tx * Vp * sizeof(floatX));
     for (int micro = 0; micro < K; micro++) {
         model_forward(&model, ref.x + micro * micro_tokens, nullptr, B / K, T, 0.0f, stream);
-        model_copy_logits(&model, logits_x + micro * micro_tokens * Vp, 0, micro_tokens, stream);
+        model_copy_logits(&model, logits_x + micro * micro_rows * Vp, 0, micro_rows, stream);
     }
-    float* logits = (float*)malloc_check(BT * V * sizeof(float));
+    float* logits = (float*)malloc_check(BT * V * sizeof(float));  // the real positions' (a sequence's last T rows)
     for (size_t bt = 0; bt < BT; bt++)
-        for (int v = 0; v < V; v++) logits[bt * V + v] = (float)logits_x[bt * Vp + v];
+        for (int v = 0; v < V; v++)
+            logits[bt * V + v] = (float)logits_x[((bt / T) * Tx + extra + bt % T) * Vp + v];
     compare_scaled("logits", logits, ref.logits, BT * V, tol_tensor);
 
     // loss and gradients

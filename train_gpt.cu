@@ -923,6 +923,7 @@ static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream
     ParameterTensors p = model_rest_weights(model, stream);
     ActivationTensors a = model->acts;
     model_embed(model, &p, B, T, stream);
+    model_adapter_embed_forward(model, a.encoded, c->positions == POSITIONS_LEARNED ? p.wpe : nullptr, B, T, stream);
     LayerParameters first = model_layer_weights(model, 0, stream);
     LayerActivations first_a = model_layer_activations(model, 0, B, T);
     norm_forward(model, tp_norm_output(model, first_a.ln1), first_a.ln1_mean, first_a.ln1_rstd, a.encoded, first.ln1w,
@@ -957,9 +958,11 @@ static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream
 
 // Forward pass over (B, T) tokens. With targets, also the losses, whose mean model_mean_loss returns; with
 // dlogits_scale > 0, the logits are replaced by their gradient (scaled by dlogits_scale) for backward. Under tensor
-// parallelism a.output holds this member's Vp/N columns of the logits (model_copy_logits puts rows together).
+// parallelism a.output holds this member's Vp/N columns of the logits (model_copy_logits puts rows together). Under
+// prompt tuning (-ft prompt) each sequence runs behind the P virtual tokens: a.output holds B x (P + T) rows.
 static void model_forward(Model* model, const int* inputs, const int* targets, int B, int T, float dlogits_scale,
                          cudaStream_t stream) {
+    model_adapter_prompt_batch(model, &inputs, &targets, B, &T);
     const ModelConfig* c = &model->config;
     if (B > model->batch_size || T > model->seq_len || T > c->max_seq_len || B < 1 || T < 1) {
         fprintf(stderr, "model_forward: batch (%d, %d) exceeds the allocated (%d, %d) or maxT %d\n", B, T,
@@ -1061,6 +1064,7 @@ static ParameterTensors model_rest_gradients(Model* model, cudaStream_t stream) 
 // round the residual first, as a separate add would).
 static void model_backward(Model* model, int B, int T, unsigned int seed, const MultiGpuConfig* mg, int reduce,
                           int zero_stage, cudaStream_t stream) {
+    T += model_adapter_sequence_extra(model);  // the positions model_forward ran (prompt tuning's virtual ones)
     const ModelConfig* c = &model->config;
     int L = c->num_layers, C = c->channels, Vp = local_vocab(model), N = B * T, Nt = model_stream_tokens(model, N);
     int SB = Nt == N ? B : 1, ST = Nt == N ? T : Nt;  // the stream's tokens (model_forward_layers)
@@ -1117,8 +1121,8 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     }
     floatX* dwpe = c->positions == POSITIONS_LEARNED ? g.wpe : nullptr;
     const floatX* dembedded = tp_whole_gradient(model, dresidual, N, stream);
-    if (model->frozen) {
-        // the embeddings do not train: nothing to compute below the first layer's input gradient
+    if (model->frozen) {  // the embeddings do not train; prompt tuning's prompt does
+        model_adapter_embed_backward(model, dembedded, B, T, stream);
     } else if (model_tp_degree(model) == 1) {
         encoder_backward(g.wte, dwpe, dembedded, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
     } else {  // this member's vocabulary rows; every member the whole wpe gradient
@@ -1587,7 +1591,8 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (model.frozen) {
         model.adapter_method = ft_method_number(s.fine_tune);
         model.adapter_rank = s.ft_rank;
-        model.adapter_targets = model.adapter_method == FT_METHOD_LORA ? lora_parse_targets(s.ft_targets) : 3;
+        model.adapter_targets = model.adapter_method == FT_METHOD_LORA ? lora_parse_targets(s.ft_targets)
+                                : adapter_fixed_targets(model.adapter_method);
     }
     if (x->setup) x->setup(&model, &mg);
     char* resume_model = NULL;
@@ -1645,6 +1650,12 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         fprintf(stderr, "-t %d: longer than the model's maximum sequence length %d\n", s.T, cfg->max_seq_len);
         return EXIT_FAILURE;
     }
+    int extra = model_adapter_sequence_extra(&model);  // prompt tuning's virtual tokens
+    if (s.T + extra > cfg->max_seq_len) {
+        fprintf(stderr, "-ft prompt -fr %d: %d virtual tokens and -t %d exceed the model's maximum sequence length %d\n",
+                extra, extra, s.T, cfg->max_seq_len);
+        return EXIT_FAILURE;
+    }
     // the processes of a tensor-parallel group share a batch: the data-parallel ones take distinct batches
     int tokens_per_micro_step = s.B * s.T * dp->num_processes;
     int total_batch_size = s.total_batch_size < 0 ? tokens_per_micro_step : s.total_batch_size;
@@ -1693,9 +1704,9 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (!tokenizer.init_ok && rank0 && s.sample_every > 0)
         printf("note: no tokenizer: samples start from token %d and print token ids\n", sample_seed_token);
 
-    model_allocate_activations(&model, s.B, s.T);
+    model_allocate_activations(&model, s.B, s.T + extra);
     if (model.frozen) {  // the adapter, tied to the model file by its checksum
-        model.adapter = adapter_allocate(&model, s.ft_alpha, s.B, s.T);
+        model.adapter = adapter_allocate(&model, s.ft_alpha, s.B, s.T + extra);
         if (!checkpoint_checksum(s.model_source, &model.adapter->base_size, &model.adapter->base_hash)) {
             fprintf(stderr, "-e %s: cannot read the model file back for its checksum\n", s.model_source);
             return EXIT_FAILURE;
@@ -1741,6 +1752,10 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     const FfnExtension* ffn = model.extension.ffn;
     int samples = rank0 || (ffn->collective_forward && ffn->collective_forward(&model)) || s.zero_stage == 3 ||
                   tp.degree > 1;
+    if (extra > 0 && s.sample_every > 0) {  // the engine's KV cache holds a sequence's own tokens only
+        if (rank0) printf("note: -ft prompt: no samples (the generation engine does not run the virtual tokens)\n");
+        samples = 0;
+    }
 
     int checkpoints_written = 0;
     preemption_install();

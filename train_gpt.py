@@ -32,14 +32,21 @@ Run from the repository root with a Python that has torch (here Debian's: /usr/b
     /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt_adapter --ft adapter --ft-rank 8
     /usr/bin/python3 train_gpt.py --write-reference build/ref/llama_adapter --arch llama --NH 4 --C 64 --kv-heads 2 \
         --ft adapter --ft-rank 8
+  prompt tuning (--ft prompt, Lester et al. 2021): the base model frozen, --ft-rank P trainable input embeddings (the
+  virtual tokens) before every sequence, which the model runs on P + T positions (P + T <= maxT) and whose logits and
+  loss are the T real positions'; the same files and modes as LoRA's:
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt_prompt --ft prompt --ft-rank 8
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/llama_prompt --arch llama --NH 4 --C 64 --kv-heads 2 \
+        --ft prompt --ft-rank 8
 Its own test: /usr/bin/python3 dev/test/test_reference.py
 
 The debug state extends the llm.c one (version 3): header [4] = number of step losses, [5] = V, [6] = Vp, [12..17] =
 the steps' lr, beta1, beta2, eps, weight decay and grad clip (fp32 bits), [18] = the seed, [40] = the fine-tuning
-method (0 = none, 1 = lora, 2 = adapter); payload x, y (B*T int32), logits (B*T*V fp32, the V real columns), loss,
-every parameter gradient in model-file order and layout (fp32; wte's has Vp rows, the padded ones zero; with --ft, the
-adapter's gradients in adapter order instead), then the loss of each training step on the same batch (step k's loss is
-its forward loss before its update: step 0's equals the loss above; with --ft the steps train the adapter only).
+method (0 = none, 1 = lora, 2 = adapter, 3 = prompt); payload x, y (B*T int32), logits (B*T*V fp32, the V real
+columns; with a prompt, the T real positions'), loss, every parameter gradient in model-file order and layout (fp32;
+wte's has Vp rows, the padded ones zero; with --ft, the adapter's gradients in adapter order instead), then the loss
+of each training step on the same batch (step k's loss is its forward loss before its update: step 0's equals the
+loss above; with --ft the steps train the adapter only).
 """
 
 import os
@@ -77,20 +84,23 @@ SHARD_MAGIC = 20240520
 MASK_MAGIC = 20261206  # a shard's loss mask, PATH.mask (doc/formats.md, "Loss mask")
 MASK_VERSION = 1
 MASKED = -1  # a target that does not count (the C kernels' convention too)
-# An adapter file (LoRA's or the bottleneck adapters'): 256 int32 header words, then the adapter's parameters (fp32,
-# adapter order). The words: 0, 1 magic, version; 2 method (FT_METHODS); 3 rank r (LoRA's rank, the bottleneck
-# width); 4 targets (lora: bit i = LORA_TARGETS[i]; adapter: bit i = ADAPTER_SITES[i], always both); 5 alpha (fp32
-# bits; adapter: 0.0, it has none); 6, 7 the base model file's checkpoint checksum and 8, 9 its size in bytes (low
-# 32 bits first); 10 step; 11 the number of parameter values; 12 1 when optimizer state follows the parameters (the
-# C trainer's checkpoints; not read here).
+# An adapter file (LoRA's, the bottleneck adapters' or the prompt's): 256 int32 header words, then the adapter's
+# parameters (fp32, adapter order). The words: 0, 1 magic, version; 2 method (FT_METHODS); 3 rank r (LoRA's rank, the
+# bottleneck width, the prompt's length P); 4 targets (lora: bit i = LORA_TARGETS[i]; adapter: bit i =
+# ADAPTER_SITES[i], always both; prompt: PROMPT_SITES_WORD, bit 0 the input); 5 alpha (fp32 bits; adapter and prompt:
+# 0.0, they have none); 6, 7 the base model file's checkpoint checksum and 8, 9 its size in bytes (low 32 bits
+# first); 10 step; 11 the number of parameter values; 12 1 when optimizer state follows the parameters (the C
+# trainer's checkpoints; not read here).
 ADAPTER_MAGIC = 20261207
 ADAPTER_VERSION = 1
-FT_METHODS = {"lora": 1, "adapter": 2}
+FT_METHODS = {"lora": 1, "adapter": 2, "prompt": 3}
 LORA_RANK = 8
 LORA_ALPHA = 16.0
 LORA_TARGETS_DEFAULT = "qkv,proj"
 ADAPTER_RANK = 8  # the bottleneck width's default
 ADAPTER_DOWN_STD = 0.02  # a bottleneck adapter's down.weight, fresh and in the reference
+PROMPT_LENGTH = 8  # the prompt's virtual tokens' default
+PROMPT_STD = 0.02  # the prompt's draw, fresh and in the reference
 # The reference's draw of what a fresh fine-tune zeroes: LoRA's B, and a bottleneck adapter's down.bias, up.weight
 # and up.bias. Zero, they leave the logits as the base's and some gradients zero (LoRA's A's; the bottleneck's
 # down.weight's and down.bias's); the reference draws them too, so that the adapter changes the logits and the
@@ -201,16 +211,18 @@ class GPT(nn.Module):
         self.h = nn.ModuleList(Block(config) for _ in range(config.L))
         self.ln_f = nn.LayerNorm(config.C, eps=LN_EPS)
         self.classifier_lora = None  # the lm_head target's ClassifierLora (add_lora), added to the logits
+        self.prompt = None  # prompt tuning's virtual tokens (add_prompt), before every sequence
 
     def forward(self, idx, targets):
         """Returns the logits of the V real tokens (B, T, V) and the mean cross-entropy over the B*T targets that
-        count (a masked target is MASKED)."""
-        T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        count (a masked target is MASKED). With a prompt of P virtual tokens the model runs on P + T positions, the
+        virtual ones at 0..P-1, and the logits are the T real positions'."""
+        x = with_prompt(self, self.wte(idx))
+        x = x + self.wpe(torch.arange(x.shape[1], device=idx.device))
         for block in self.h:
             x = block(x)
         # lm_head is tied to wte; the Vp - V padded columns are never used
-        logits = classifier(self, self.ln_f(x), self.wte.weight)
+        logits = classifier(self, real_positions(self, self.ln_f(x)), self.wte.weight)
         loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1), ignore_index=MASKED)
         return logits, loss
 
@@ -222,6 +234,20 @@ def classifier(model, h, out_embedding):
     if model.classifier_lora is not None:
         logits = logits + model.classifier_lora(h)
     return logits[..., : model.config.V]
+
+
+def with_prompt(model, x):
+    """The token embeddings x (B, T, C) with the model's prompt (P, C) before every sequence, (B, P + T, C); x itself
+    when the model has none."""
+    if model.prompt is None:
+        return x
+    return torch.cat((model.prompt.expand(x.shape[0], -1, -1), x), dim=1)
+
+
+def real_positions(model, h):
+    """The last T of h's (B, P + T, C) positions, the real tokens' (h itself without a prompt): the virtual tokens
+    have no targets."""
+    return h if model.prompt is None else h[:, model.prompt.shape[0] :]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -344,20 +370,22 @@ class Llama(nn.Module):
         if not config.tied:
             self.lm_head = nn.Linear(config.C, config.Vp, bias=False)
         self.classifier_lora = None  # the lm_head target's ClassifierLora (add_lora), added to the logits
+        self.prompt = None  # prompt tuning's virtual tokens (add_prompt), before every sequence
         cos, sin = rope_cos_sin(config.maxT, config.HS, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, idx, targets):
         """Returns the logits of the V real tokens (B, T, V) and the mean cross-entropy over the B*T targets that
-        count (a masked target is MASKED)."""
-        T = idx.shape[1]
+        count (a masked target is MASKED). With a prompt of P virtual tokens the model runs on P + T positions, the
+        virtual ones at 0..P-1, and the logits are the T real positions'."""
+        x = with_prompt(self, self.wte(idx))
+        T = x.shape[1]
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # position t is row t: every sequence starts at 0
-        x = self.wte(idx)
         for block in self.h:
             x = block(x, cos, sin)
         out_embedding = self.wte.weight if self.config.tied else self.lm_head.weight
-        logits = classifier(self, self.ln_f(x), out_embedding)
+        logits = classifier(self, real_positions(self, self.ln_f(x)), out_embedding)
         loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1), ignore_index=MASKED)
         return logits, loss
 
@@ -577,12 +605,43 @@ def has_bottlenecks(model):
     return hasattr(model.h[0].get_submodule(ADAPTER_SITES[0]), "bottleneck")
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Prompt tuning (--ft prompt; Lester et al. 2021): P trainable input embeddings, the virtual tokens, before every
+# sequence, the base model frozen
+
+PROMPT_SITES_WORD = 1  # the adapter file's targets word of a prompt: bit 0, the input
+
+
+def add_prompt(model, P):
+    """Freezes every parameter of the model and gives it a prompt (P, C) of zeros, which its forward puts before
+    every sequence (with_prompt): afterwards only the prompt trains. It is the model's parameter `prompt`, outside
+    the model file's paths: params_in_file_order, the payload functions and write_model_file see the base model as
+    before."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    like = {"dtype": model.wte.weight.dtype, "device": model.wte.weight.device}
+    model.prompt = nn.Parameter(torch.zeros(P, model.config.C, **like))
+    return model
+
+
+def check_prompt_length(args, config):
+    """The model runs on P + T positions, which its position embeddings (GPT-2's wpe, the Llama's rope tables)
+    must cover."""
+    P = args.ft_rank
+    if P + args.T > config.maxT:
+        fail(f"--ft-rank {P}: P + T = {P} + {args.T} = {P + args.T} exceeds the model's maxT {config.maxT} (the "
+             f"virtual tokens take positions too)")
+
+
 def adapter_in_file_order(model):
     """[(name, [nn.Parameter per layer])] in adapter order. LoRA: for each target the model has, in LORA_TARGETS'
     order, A stacked over the layers (L, r, in), then B (L, out, r); lm_head's, one pair for the model, as one layer's:
     A (1, r, C), B (1, Vp, r). Bottleneck adapters: for each site, in ADAPTER_SITES' order, down.weight stacked over
-    the layers (L, r, C), down.bias (L, r), up.weight (L, C, r), up.bias (L, C). It is an `order` for flat_parameters
-    and the functions beside it, which then read and write the adapter instead of the model."""
+    the layers (L, r, C), down.bias (L, r), up.weight (L, C, r), up.bias (L, C). A prompt: the one tensor prompt
+    (P, C), row-major. It is an `order` for flat_parameters and the functions beside it, which then read and write the
+    adapter instead of the model."""
+    if model.prompt is not None:
+        return [("prompt", [model.prompt])]
     if has_bottlenecks(model):
         return [(f"{path}.{tensor}", [block.get_submodule(path).bottleneck.get_parameter(tensor) for block in model.h])
                 for path in ADAPTER_SITES for tensor in BOTTLENECK_TENSORS]
@@ -603,8 +662,13 @@ def init_adapter(model, generator, b_std):
     fine-tune's start: the model computes what its base does until B moves). The A's do not depend on b_std.
     Bottleneck adapters: in adapter order, each layer's down.weight ~ N(0, ADAPTER_DOWN_STD) and each of its other
     tensors ~ N(0, b_std), or zero when b_std is 0 (a fresh fine-tune's start: with up zero every site passes its
-    output through unchanged)."""
+    output through unchanged). A prompt: ~ N(0, PROMPT_STD) whatever b_std (no prompt leaves the logits as the base's,
+    so a fresh one has no reason to start zero)."""
     order = adapter_in_file_order(model)
+    if model.prompt is not None:
+        with torch.no_grad():
+            model.prompt.normal_(0.0, PROMPT_STD, generator=generator)
+        return
     if has_bottlenecks(model):
         with torch.no_grad():
             for name, ps in order:
@@ -630,14 +694,21 @@ def init_adapter(model, generator, b_std):
                     p.zero_()
 
 
+FT_FILE_CONTENTS = {"adapter": "bottleneck adapters", "prompt": "a prompt"}  # what a non-LoRA adapter file holds
+
+
 def uses_adapter(args):
     return args.ft is not None or args.adapter_from_file is not None
 
 
 def add_adapter(model, args):
-    """Puts the run's adapter (--ft and its flags, args.ft*) on the model, its parameters zero."""
+    """Puts the run's adapter (--ft and its flags, args.ft*) on the model, its parameters zero (a prompt's P + T
+    positions checked against the model's maxT)."""
     if args.ft == "adapter":
         add_bottlenecks(model, args.ft_rank)
+    elif args.ft == "prompt":
+        check_prompt_length(args, model.config)
+        add_prompt(model, args.ft_rank)
     else:
         add_lora(model, args.ft_rank, args.ft_alpha, args.ft_targets)
 
@@ -646,6 +717,8 @@ def adapter_shape(args):
     """The run's adapter in words, for messages."""
     if args.ft == "adapter":
         return f"rank {args.ft_rank} at {','.join(ADAPTER_SITES)}"
+    if args.ft == "prompt":
+        return f"{args.ft_rank} virtual tokens at the input"
     return f"rank {args.ft_rank} on {','.join(args.ft_targets)}"
 
 
@@ -653,7 +726,7 @@ def adapter_for_run(model, args, b_std):
     """Puts the adapter of --adapter-from-file on the model, or a fresh one of --ft's method (init_adapter with a
     generator seeded with --seed + 1 and b_std), and returns its step. With a file, the file's method, rank, and with
     LoRA its targets and alpha become the run's (args.ft*): a flag given that says otherwise is refused (with a
-    bottleneck adapter file, --ft-alpha and --ft-targets at all), as is a file made for another base than
+    bottleneck adapter or prompt file, --ft-alpha and --ft-targets at all), as is a file made for another base than
     --model-from-file."""
     if args.adapter_from_file is None:
         add_adapter(model, args)
@@ -668,7 +741,8 @@ def adapter_for_run(model, args, b_std):
     else:
         given = [flag for flag in LORA_ONLY_FLAGS if getattr(args, FT_FLAGS[flag]) is not None]
         if given:
-            fail(f"{given[0]} applies to --ft lora only; {path} holds bottleneck adapters (--ft adapter)")
+            fail(f"{given[0]} applies to --ft lora only; {path} holds {FT_FILE_CONTENTS[found['ft']]} (--ft "
+                 f"{found['ft']})")
     for name, value in found.items():
         given = getattr(args, name)
         if given is not None and given != value:
@@ -855,6 +929,8 @@ def write_adapter_file(path, model, args, base_path, step):
     flat = flat_parameters(model, adapter_in_file_order)
     if args.ft == "adapter":
         targets, alpha = ADAPTER_SITES_WORD, 0.0
+    elif args.ft == "prompt":
+        targets, alpha = PROMPT_SITES_WORD, 0.0
     else:
         targets = sum(1 << i for i, name in enumerate(LORA_TARGET_NAMES) if name in args.ft_targets)
         alpha = args.ft_alpha
@@ -865,14 +941,15 @@ def write_adapter_file(path, model, args, base_path, step):
 
 def read_adapter_file(path):
     """An adapter file's header and payload, after the checks that need no model: magic, version, method, rank,
-    targets and alpha (a bottleneck adapter's: both sites, alpha 0.0; adapter_for_run checks the rest)."""
+    targets and alpha (a bottleneck adapter's: both sites, alpha 0.0; a prompt's: the input, alpha 0.0;
+    adapter_for_run checks the rest)."""
     h, payload = read_file(path, "adapter file")
     if h[0] != ADAPTER_MAGIC:
         fail(f"{path} is not an adapter file (magic {h[0]}, expected {ADAPTER_MAGIC})")
     if h[1] != ADAPTER_VERSION:
         fail(f"{path}: adapter file version {h[1]} is unknown (expected {ADAPTER_VERSION})")
     if h[2] not in FT_METHODS.values():
-        fail(f"{path}: fine-tuning method {h[2]} is unknown (1 = lora, 2 = adapter)")
+        fail(f"{path}: fine-tuning method {h[2]} is unknown (1 = lora, 2 = adapter, 3 = prompt)")
     if h[2] == FT_METHODS["adapter"]:
         if h[3] < 1:
             fail(f"{path}: bottleneck width {h[3]} must be >= 1")
@@ -882,6 +959,14 @@ def read_adapter_file(path):
         if h[5] != fp32_bits(0.0):
             fail(f"{path}: a bottleneck adapter file's alpha word is {int(h[5]) & 0xFFFFFFFF:#010x}, must be 0 (fp32 "
                  f"0.0: no alpha)")
+    elif h[2] == FT_METHODS["prompt"]:
+        if h[3] < 1:
+            fail(f"{path}: prompt length {h[3]} must be >= 1")
+        if h[4] != PROMPT_SITES_WORD:
+            fail(f"{path}: a prompt file's targets word is {h[4]}, must be {PROMPT_SITES_WORD} (bit 0: the input)")
+        if h[5] != fp32_bits(0.0):
+            fail(f"{path}: a prompt file's alpha word is {int(h[5]) & 0xFFFFFFFF:#010x}, must be 0 (fp32 0.0: no "
+                 f"alpha)")
     else:
         if h[3] < 1:
             fail(f"{path}: LoRA rank {h[3]} must be >= 1")
@@ -976,18 +1061,18 @@ class ShardLoader:
 
 
 def trainable_parameters(model):
-    """The parameters that train: all of them, or with --ft only the adapter's (add_lora and add_bottlenecks freeze
-    the others)."""
+    """The parameters that train: all of them, or with --ft only the adapter's (add_lora, add_bottlenecks and
+    add_prompt freeze the others)."""
     return [p for p in model.parameters() if p.requires_grad]
 
 
 def make_optimizer(model, args, device):
     """AdamW over the trainable parameters, with weight decay on the 2-D ones (wte, wpe, the matmul weights, a LoRA
-    adapter's A and B, a bottleneck adapter's down.weight and up.weight) only."""
+    adapter's A and B, a bottleneck adapter's down.weight and up.weight, the prompt) only."""
     decay = [p for p in trainable_parameters(model) if p.dim() >= 2]
     no_decay = [p for p in trainable_parameters(model) if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    groups = [group for group in groups if group["params"]]  # a LoRA adapter has no 1-D parameter
+    groups = [group for group in groups if group["params"]]  # a LoRA adapter or a prompt has no 1-D parameter
     extra = {"fused": True} if device == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters else {}
     return torch.optim.AdamW(groups, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, **extra)
 
@@ -1193,7 +1278,8 @@ def train(args):
 
 
 def model_and_adapter_for_run(args):
-    """--train's model: model_for_run's, with --ft the adapter on it (fresh: LoRA's B, the bottleneck's up zero)."""
+    """--train's model: model_for_run's, with --ft the adapter on it (fresh: LoRA's B, the bottleneck's up zero; a
+    prompt drawn)."""
     model = model_for_run(args)
     if uses_adapter(args):
         adapter_for_run(model, args, b_std=0.0)
@@ -1245,10 +1331,12 @@ LORA_ONLY_FLAGS = ["--ft-alpha", "--ft-targets"]
 def add_ft_flags(p):
     p.add_argument("--ft", choices=list(FT_METHODS), help="fine-tune with a parameter-efficient method: lora = a "
                    "trainable low-rank update of the target Linears on a frozen base; adapter = a trainable "
-                   "bottleneck h + up(gelu(down(h))) on each block's attention and MLP outputs on a frozen base "
-                   "(default: none, all parameters train)")
-    p.add_argument("--ft-rank", type=int, metavar="R", help=f"LoRA rank r (default {LORA_RANK}), or the bottleneck "
-                   f"adapters' width r (default {ADAPTER_RANK})")
+                   "bottleneck h + up(gelu(down(h))) on each block's attention and MLP outputs on a frozen base; "
+                   "prompt = --ft-rank trainable virtual tokens before every sequence on a frozen base (default: none, "
+                   "all parameters train)")
+    p.add_argument("--ft-rank", type=int, metavar="R", help=f"LoRA rank r (default {LORA_RANK}), the bottleneck "
+                   f"adapters' width r (default {ADAPTER_RANK}), or the prompt's virtual tokens P (default "
+                   f"{PROMPT_LENGTH}; P + T <= maxT)")
     p.add_argument("--ft-alpha", type=float, metavar="A",
                    help=f"LoRA alpha: the update is scaled by alpha / r (default {LORA_ALPHA:g})")
     p.add_argument("--ft-targets", metavar="LIST", help="the Linears that get an adapter, comma-separated, any of "
@@ -1268,10 +1356,10 @@ def check_ft_flags(args):
             fail(f"{given[0]} applies to --ft lora only" if given[0] in LORA_ONLY_FLAGS else
                  f"{given[0]} applies to fine-tuning (--ft) only")
         return
-    if args.ft == "adapter":
+    if args.ft in ("adapter", "prompt"):
         given = [flag for flag in LORA_ONLY_FLAGS if getattr(args, FT_FLAGS[flag]) is not None]
         if given:
-            fail(f"{given[0]} applies to --ft lora only, not to --ft adapter")
+            fail(f"{given[0]} applies to --ft lora only, not to --ft {args.ft}")
     if args.ft_rank is not None and args.ft_rank < 1:
         fail(f"--ft-rank must be >= 1 (got {args.ft_rank})")
     if args.ft_alpha is not None:
@@ -1284,6 +1372,8 @@ def check_ft_flags(args):
         defaults = {"ft_rank": LORA_RANK, "ft_alpha": LORA_ALPHA, "ft_targets": parse_ft_targets(LORA_TARGETS_DEFAULT)}
         if args.ft == "adapter":
             defaults = {"ft_rank": ADAPTER_RANK}
+        elif args.ft == "prompt":
+            defaults = {"ft_rank": PROMPT_LENGTH}
         for name, value in defaults.items():
             if getattr(args, name) is None:
                 setattr(args, name, value)

@@ -38,7 +38,7 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     m.gradients = stage >= 2 ? shard * sizeof(float) : (padded + own) * sizeof(floatX);
     m.communication = 0;
     int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
-    m.activations = activation_bytes(model, B, T, model->recompute);
+    m.activations = activation_bytes(model, B, T + model_adapter_sequence_extra(model), model->recompute);
     if (model->frozen) {  // fine-tuning: the model's parameters only (ZeRO-3: gathered), the adapter's set beside
         size_t adapter = shard_padded_count(adapter_parameter_count(model), P);
         size_t adapter_shard = adapter_zero_stage(model) >= 1 ? adapter / P : adapter;
@@ -203,6 +203,7 @@ static void model_rows(InfoTable* t, const Model* model) {
     if (model->frozen) {
         size_t trainable = adapter_parameter_count(model), all = model_num_parameters(model);
         char where[96] = "after the attention and the FFN";
+        if (model->adapter_method == FT_METHOD_PROMPT) snprintf(where, sizeof(where), "(virtual tokens)");
         if (model->adapter_method == FT_METHOD_LORA) {
             snprintf(where, sizeof(where), "on ");
             for (int i = 0, first = 1; i < LORA_NUM_TARGETS; i++)

@@ -2,7 +2,8 @@
 // (llmc/optimizer.cuh's frozen set: no gradients, no optimizer state, no reductions) and the trainable parameters of
 // a method beside it, the adapter:
 //   lora     beside each targeted Linear layer a pair A (r, C), B (OC, r) adding its low-rank update (llmc/lora.cuh);
-//   adapter  after the attention's and the FFN's output of every layer a bottleneck MLP (llmc/bottleneck.cuh).
+//   adapter  after the attention's and the FFN's output of every layer a bottleneck MLP (llmc/bottleneck.cuh);
+//   prompt   P learned input embeddings before every sequence (llmc/prompt.cuh): the model runs on P + T positions.
 // The adapter is a parameter set of its own, averaged and sharded over the data-parallel processes like the model's.
 // The adapter file (doc/formats.md "Adapter file") holds it alone, tied to the base model file by its checksum; -fm
 // merges LoRA's into an ordinary model file. train_gpt.cu includes this after its Model and its parameter tables.
@@ -10,6 +11,7 @@
 #pragma once
 #include "lora.cuh"
 #include "bottleneck.cuh"
+#include "prompt.cuh"
 #include "checkpoint.h"
 
 #define ADAPTER_FILE_MAGIC 20261207
@@ -17,7 +19,8 @@
 // the methods (-ft NAME), numbered as the adapter file's word 2 and the debug state's word 40
 #define FT_METHOD_LORA 1
 #define FT_METHOD_BOTTLENECK 2
-static const char* const ft_method_names[] = {"", "lora", "adapter"};
+#define FT_METHOD_PROMPT 3
+static const char* const ft_method_names[] = {"", "lora", "adapter", "prompt"};
 static int ft_method_number(const char* name) {
     for (int m = 1; m < (int)(sizeof(ft_method_names) / sizeof(ft_method_names[0])); m++)
         if (!strcmp(name, ft_method_names[m])) return m;
@@ -50,16 +53,19 @@ static const char* const bottleneck_tensor_names[BOTTLENECK_SITES * BOTTLENECK_S
 
 struct Adapter {
     int method;          // FT_METHOD_*
-    int rank;            // lora: r; adapter: the bottleneck width
-    float alpha, scale;  // lora: scale = alpha / rank; adapter: 0
-    unsigned targets;    // lora: bit t, target t has a pair; adapter: both sites
+    int rank;            // lora: r; adapter: the bottleneck width; prompt: P, the virtual tokens
+    float alpha, scale;  // lora: scale = alpha / rank; the others: 0
+    unsigned targets;    // lora: bit t, target t has a pair; adapter: both sites; prompt: 1 (the input)
     // lora: A then B of each target in target order, stacked over the layers: A (L, r, C), B (L, OC, r); an absent
-    // target's pair has size 0. adapter: each site's four tensors, site by site. ZeRO-1 at most: the set is a
+    // target's pair has size 0. adapter: each site's four tensors, site by site. prompt: the prompt (P, C). ZeRO-1
+    // at most: the set is a
     // fraction of a percent of the model, so sharding its gradients (ZeRO-2) or its parameters (ZeRO-3) would save
     // nothing worth a second reduction pipeline.
     ShardedParameters store;
     int zero_stage;
-    int tokens;  // B*T of the passes' buffers
+    int tokens;  // B*T of the passes' buffers (prompt: T counts the virtual tokens)
+    int* prompted_inputs;   // prompt: (B, T) host, the batch's tokens behind P virtual slots (token 0)
+    int* prompted_targets;  // prompt: (B, T) host, its targets behind P masked ones (-1)
     floatX* u;   // (B, T, r) scratch of the passes (lora: x A^T, adapter: its pre-activation)
     floatX* g;   // (B, T, r)
     floatX* dz;  // adapter: (B, T, r)
@@ -106,6 +112,11 @@ static int lora_target_layers(const Model* model, int t) { return t == LORA_LM_H
 // whether weight decay applies (the matrices); returns their number
 static int adapter_tensor_sizes(const Model* model, size_t* sizes, int* decays) {
     size_t r = model->adapter_rank, L = model->config.num_layers, C = model->config.channels;
+    if (model->adapter_method == FT_METHOD_PROMPT) {
+        sizes[0] = r * C;
+        decays[0] = 1;  // a matrix, as wte
+        return 1;
+    }
     if (model->adapter_method == FT_METHOD_BOTTLENECK) {
         for (int site = 0; site < BOTTLENECK_SITES; site++) {
             size_t* s = sizes + site * BOTTLENECK_SITE_TENSORS;
@@ -138,8 +149,15 @@ static size_t adapter_activation_count(const Model* model, int B, int T) {
     size_t N = (size_t)B * T, C = model->config.channels;
     return (BOTTLENECK_SITES * (size_t)model->config.num_layers + 1) * N * C;
 }
+// the adapter file's targets word of the methods without -fw: the bottleneck adapter's two sites, the prompt's input
+static unsigned adapter_fixed_targets(int method) { return method == FT_METHOD_BOTTLENECK ? 3 : 1; }
+// the positions the model runs on beyond a sequence's tokens: prompt tuning's virtual tokens
+static int model_adapter_sequence_extra(const Model* model) {
+    return model->frozen && model->adapter_method == FT_METHOD_PROMPT ? model->adapter_rank : 0;
+}
 // the tensor's name in the test's lines
 static const char* adapter_tensor_name(const Model* model, int i, char* buf, size_t size) {
+    if (model->adapter_method == FT_METHOD_PROMPT) return "prompt";
     if (model->adapter_method == FT_METHOD_BOTTLENECK) return bottleneck_tensor_names[i];
     snprintf(buf, size, "%s.lora_%s", lora_target_names[i / 2], i % 2 ? "b" : "a");
     return buf;
@@ -149,7 +167,7 @@ static int adapter_zero_stage(const Model* model) { return model->zero_stage < 1
 
 // Before the model's optimizer is allocated, after its process layout and adapter shape are set: the adapter's
 // parameter set (all zero) and its scratch for batches of B x T tokens.
-// alpha: lora's (0 for the bottleneck adapter)
+// alpha: lora's (0 for the other methods); B x T: the positions of the model's activations
 static Adapter* adapter_allocate(Model* model, float alpha, int B, int T) {
     Adapter* a = (Adapter*)malloc_check(sizeof(Adapter));
     memset(a, 0, sizeof(*a));
@@ -175,6 +193,10 @@ static Adapter* adapter_allocate(Model* model, float alpha, int B, int T) {
                              (size_t)BOTTLENECK_SITES * model->config.num_layers * N * C * sizeof(floatX)));
         cudaCheck(cudaMalloc((void**)&a->dh, N * C * sizeof(floatX)));
     }
+    if (a->method == FT_METHOD_PROMPT) {
+        a->prompted_inputs = (int*)malloc_check(N * sizeof(int));
+        a->prompted_targets = (int*)malloc_check(N * sizeof(int));
+    }
     return a;
 }
 
@@ -183,6 +205,8 @@ static void adapter_free(Adapter* a) {
     sharded_parameters_free(&a->store);
     void* buffers[5] = {a->u, a->g, a->dz, a->site_inputs, a->dh};
     for (int i = 0; i < 5; i++) cudaCheck(cudaFree(buffers[i]));
+    free(a->prompted_inputs);
+    free(a->prompted_targets);
     free(a);
 }
 
@@ -245,9 +269,50 @@ static const floatX* model_adapter_site_backward(Model* model, int site, int l, 
     return a->dh;
 }
 
-// A fresh adapter, from torch's normal_ on seed `seed` (llmc/rand.h), which starts as the base model: lora's every A
-// drawn from N(0, 1/r²), every B zero; the bottleneck adapter's down projections from N(0, 0.02²), everything else
-// zero (its up projections: the adapted block's output is the block's)
+// Prompt tuning's batch: the B sequences of T tokens (host) behind the P virtual slots, inputs (token 0 there: the
+// prompt replaces their embeddings) and targets (-1 there: no loss); *T becomes P + T. Without prompt tuning the
+// batch as it is.
+static void model_adapter_prompt_batch(Model* model, const int** inputs, const int** targets, int B, int* T) {
+    if (!model->adapter || model->adapter->method != FT_METHOD_PROMPT) return;
+    Adapter* a = model->adapter;
+    int P = a->rank, Tr = *T, Tp = P + Tr;
+    if ((size_t)B * Tp > (size_t)a->tokens) {
+        fprintf(stderr, "model_adapter_prompt_batch: %d x %d positions, the adapter's buffers hold %d\n", B, Tp,
+                a->tokens);
+        exit(EXIT_FAILURE);
+    }
+    for (int b = 0; b < B; b++) {
+        int* in = a->prompted_inputs + (size_t)b * Tp;
+        memset(in, 0, P * sizeof(int));
+        memcpy(in + P, *inputs + (size_t)b * Tr, Tr * sizeof(int));
+        if (*targets) {
+            int* tg = a->prompted_targets + (size_t)b * Tp;
+            for (int t = 0; t < P; t++) tg[t] = -1;
+            memcpy(tg + P, *targets + (size_t)b * Tr, Tr * sizeof(int));
+        }
+    }
+    *inputs = a->prompted_inputs;
+    if (*targets) *targets = a->prompted_targets;
+    *T = Tp;
+}
+// After the encoder embedded the prompted batch (B, T) into `encoded`: the prompt into the virtual slots (with the
+// position embeddings wpe when learned, else NULL), and in the backward pass its gradient from the embeddings'
+static void model_adapter_embed_forward(Model* model, floatX* encoded, const floatX* wpe, int B, int T,
+                                        cudaStream_t stream) {
+    if (!model->adapter || model->adapter->method != FT_METHOD_PROMPT) return;
+    Adapter* a = model->adapter;
+    prompt_embed_forward(encoded, a->store.params_memory, wpe, B, T, a->rank, model->config.channels, stream);
+}
+static void model_adapter_embed_backward(Model* model, const floatX* dencoded, int B, int T, cudaStream_t stream) {
+    if (!model->adapter || model->adapter->method != FT_METHOD_PROMPT) return;
+    Adapter* a = model->adapter;
+    prompt_embed_backward(a->store.grads_memory, dencoded, B, T, a->rank, model->config.channels, stream);
+}
+
+// A fresh adapter, from torch's normal_ on seed `seed` (llmc/rand.h). LoRA and the bottleneck adapter start as the
+// base model: lora's every A drawn from N(0, 1/r²), every B zero; the bottleneck adapter's down projections from
+// N(0, 0.02²), everything else zero (its up projections: the adapted block's output is the block's). The prompt is
+// drawn from N(0, 0.02²), as GPT-2 draws wte.
 static void adapter_init(Model* model, unsigned int seed) {
     Adapter* a = model->adapter;
     size_t n = a->store.num_parameters;
@@ -259,9 +324,8 @@ static void adapter_init(Model* model, unsigned int seed) {
     }
     mt19937_state rng;
     manual_seed(&rng, seed);
-    int bottleneck = a->method == FT_METHOD_BOTTLENECK;
-    int stride = bottleneck ? BOTTLENECK_SITE_TENSORS : 2;  // the drawn tensors: every down, or every A
-    float std = bottleneck ? 0.02f : 1.0f / (float)a->rank;
+    int stride = a->method == FT_METHOD_BOTTLENECK ? BOTTLENECK_SITE_TENSORS : a->method == FT_METHOD_LORA ? 2 : 1;
+    float std = a->method == FT_METHOD_LORA ? 1.0f / (float)a->rank : 0.02f;  // every down, every A, or the prompt
     for (int i = 0; i < a->store.num_tensors; i += stride)
         if (a->store.sizes[i] > 0)
             normal_(values + sharded_parameters_offset(&a->store, i), a->store.sizes[i], 0.0f, std, &rng);

@@ -30,9 +30,11 @@
     X("-tie", INT, tie_embeddings, 0, "llama: 1 = the output embedding is wte, 0 = its own lm_head (default = 0)")     \
     X("-ft", STRING, fine_tune, "",                                                                                    \
       "train_gpt: fine-tune the model file with a method that trains new parameters only, the model's own\n"          \
-      "frozen (doc/training.md, \"Fine-tuning\"): lora, or adapter (bottleneck MLPs after the attention\n"            \
-      "and the FFN) (default = none: train every parameter)")                                                          \
-    X("-fr", INT, ft_rank, 8, "-ft: lora's rank r, or the adapter's bottleneck width; a multiple of 8 (default = 8)")  \
+      "frozen (doc/training.md, \"Fine-tuning\"): lora, adapter (bottleneck MLPs after the attention and\n"           \
+      "the FFN) or prompt (virtual tokens before every sequence) (default = none: train every parameter)")             \
+    X("-fr", INT, ft_rank, 8,                                                                                          \
+      "-ft: lora's rank r or the adapter's bottleneck width (a multiple of 8), or prompt's virtual\n"                 \
+      "tokens (default = 8)")                                                                                          \
     X("-fs", FLOAT, ft_alpha, 16.0f, "-ft lora: alpha: the layer is W x + (alpha/r) B A x (default = 16)")             \
     X("-fw", STRING, ft_targets, "qkv,proj",                                                                           \
       "-ft lora: the Linear layers adapted, any of qkv, proj, fc, fc_proj (every layer's), lm_head\n"                 \
@@ -148,20 +150,24 @@ static int trainer_check_fine_tuning(const TrainerSettings* s, const Flag* flags
     }
     int method = ft_method_number(s->fine_tune);
     if (method == 0) {
-        fprintf(stderr, "-ft %s: unknown fine-tuning method (expected lora or adapter)\n", s->fine_tune);
+        fprintf(stderr, "-ft %s: unknown fine-tuning method (expected lora, adapter or prompt)\n", s->fine_tune);
         return 0;
     }
-    if (s->ft_rank < 1 || s->ft_rank % 8 != 0) {
+    if (method == FT_METHOD_PROMPT && s->ft_rank < 1) {
+        fprintf(stderr, "-fr %d: prompt tuning needs at least 1 virtual token\n", s->ft_rank);
+        return 0;
+    }
+    if (method != FT_METHOD_PROMPT && (s->ft_rank < 1 || s->ft_rank % 8 != 0)) {
         fprintf(stderr, "-fr %d: the %s must be a positive multiple of 8 (the GEMM kernels move 16-byte vectors of a "
                 "row)\n", s->ft_rank, method == FT_METHOD_LORA ? "rank" : "bottleneck width");
         return 0;
     }
-    if (method == FT_METHOD_BOTTLENECK) {
+    if (method != FT_METHOD_LORA) {
         const char* lora_only[] = {"-fs", "-fw", "-fm"};
         for (int i = 0; i < 3; i++) {
             if (flag_find(flags, num_flags, lora_only[i])->given) {
-                fprintf(stderr, "%s applies to -ft lora (a bottleneck adapter has no scale, no targets and no merged "
-                        "form)\n", lora_only[i]);
+                fprintf(stderr, "%s applies to -ft lora (-ft %s has no scale, no targets and no merged form)\n",
+                        lora_only[i], s->fine_tune);
                 return 0;
             }
         }

@@ -2,7 +2,8 @@
 # dev/test/test_fine_tuning.sh: fine-tuning from the command line (train_gpt -ft lora|adapter, llmc/model_adapter.h)
 # on the CPU backend, on the instruction shards data/instructions.py makes of the shipped sample (bytes, the prompts'
 # targets masked), with the references' models and adapters (build/ref/lora_gpt2_fp32: every layer's target, r 8,
-# alpha 12; build/ref/adapter_gpt2_fp32: bottleneck adapters of width 8):
+# alpha 12; build/ref/adapter_gpt2_fp32: bottleneck adapters of width 8; build/ref/prompt_gpt2_fp32: 5 virtual
+# tokens, here before 27 real ones):
 #   - step 1's loss and gradient norm from each adapter (-fi, -a 1) against PyTorch's (train_gpt.py --train
 #     --adapter-from-file, whose first batch is the same rows): FP32, rel 1e-5 (the printed 6 decimals, fp32 sums);
 #   - the start-up table's trainable count against L r (C_in + C_out) summed over the targets;
@@ -13,9 +14,10 @@
 #   - -fm: the merged model's validation loss before any step is the adapted run's last one (printed digits);
 #   - refusals: a rank of 0 or not a multiple of 8, an unknown or repeated target, an unknown method, a fine-tuning
 #     flag without -ft, LoRA's flags with the bottleneck adapter, an adapter of another method or base model
-#     (checksum), a descriptor as the base, -fm of an adapter on a tied classifier, -tp 2, the MoE trainer.
-# Needs build/train_gpt_fp32, build/train_moe_fp32, build/ref/lora_gpt2_fp32 and build/ref/adapter_gpt2_fp32 (their
-# model and adapter files). Run from anywhere: dev/test/test_fine_tuning.sh
+#     (checksum), a descriptor as the base, -fm of an adapter on a tied classifier, virtual tokens that do not fit
+#     the model's maxT, -tp 2, the MoE trainer.
+# Needs build/train_gpt_fp32, build/train_moe_fp32, build/ref/lora_gpt2_fp32, build/ref/adapter_gpt2_fp32 and
+# build/ref/prompt_gpt2_fp32 (their model and adapter files). Run from anywhere: dev/test/test_fine_tuning.sh
 set -u
 cd "$(dirname "$0")/../.."
 . dev/test/cli_common.sh
@@ -33,16 +35,19 @@ steps() { grep -E '^step [0-9]+/' "$1" | sed -E 's/.*\| loss ([0-9.]+).*\| norm 
 BOTTLENECK_MODEL=build/ref/adapter_gpt2_fp32_model.bin
 BOTTLENECK_ADAPTER=build/ref/adapter_gpt2_fp32_adapter.bin
 BOTTLENECK=(-e "$BOTTLENECK_MODEL" -ft adapter -fr 8)
+PROMPT_MODEL=build/ref/prompt_gpt2_fp32_model.bin
+PROMPT_ADAPTER=build/ref/prompt_gpt2_fp32_adapter.bin
+PROMPT=(-e "$PROMPT_MODEL" -ft prompt -fr 5)
 
 # --- step 1 from each reference's adapter against PyTorch, and the start-up table's trainable count
-# first_step NAME MODEL ADAPTER TRAINER-FLAGS...: the trainer's first step (one.log) against train_gpt.py --train's
+# first_step NAME MODEL ADAPTER T TRAINER-FLAGS...: the trainer's first step at -t T against train_gpt.py --train's
 first_step() {
-    local name=$1 model=$2 adapter=$3
-    shift 3
-    build/train_gpt_fp32 "$@" -fi "$adapter" "${DATA[@]}" -b 2 -a 1 -x 1 >"$work/$name.log" 2>&1 ||
+    local name=$1 model=$2 adapter=$3 T=$4
+    shift 4
+    build/train_gpt_fp32 "$@" -fi "$adapter" "${DATA[@]}" -t "$T" -b 2 -a 1 -x 1 >"$work/$name.log" 2>&1 ||
         fail "$name -a 1: $(tail -2 "$work/$name.log")"
     $PYTHON train_gpt.py --train --model-from-file "$model" --adapter-from-file "$adapter" \
-        --input-bin "$work/data/train.bin" --B 2 --T 32 --steps 1 --lr 1e-3 >"$work/$name.torch.log" 2>&1 ||
+        --input-bin "$work/data/train.bin" --B 2 --T "$T" --steps 1 --lr 1e-3 >"$work/$name.torch.log" 2>&1 ||
         fail "$name train_gpt.py --train: $(tail -2 "$work/$name.torch.log")"
     if $PYTHON - "$name" "$work/$name.log" "$work/$name.torch.log" <<'PY'; then pass; else fail "$name step 1 against PyTorch"; fi
 import re, sys
@@ -54,8 +59,9 @@ print(f"  {sys.argv[1]} step 1: loss {got[0]:.6f} norm {got[1]:.6f}, PyTorch {wa
 sys.exit(0 if err < 1e-5 else 1)
 PY
 }
-first_step lora "$MODEL" "$ADAPTER" "${LORA[@]}"
-first_step adapter "$BOTTLENECK_MODEL" "$BOTTLENECK_ADAPTER" "${BOTTLENECK[@]}"
+first_step lora "$MODEL" "$ADAPTER" 32 "${LORA[@]}"
+first_step adapter "$BOTTLENECK_MODEL" "$BOTTLENECK_ADAPTER" 32 "${BOTTLENECK[@]}"
+first_step prompt "$PROMPT_MODEL" "$PROMPT_ADAPTER" 27 "${PROMPT[@]}"
 mv "$work/lora.log" "$work/one.log"
 # the tiny shape: L 2, C 48, fc 4C; qkv (C -> 3C), proj (C -> C), fc (C -> 4C), fc_proj (4C -> C)
 want=$((2 * 8 * ((48 + 144) + (48 + 48) + (48 + 192) + (192 + 48))))
@@ -131,6 +137,9 @@ expect_error "descriptor base" "fine-tunes a model file (-e FILE); d2 is none" \
     build/train_gpt_fp32 -e d2 -ev 263 -et 32 -ft lora "${E[@]}"
 expect_error "-fm of a tied lm_head" "ties its output embedding to wte" \
     build/train_gpt_fp32 "${LORA[@]}" -fw qkv,lm_head -fm "$work/tied.bin" "${E[@]}"
+expect_error "prompt past maxT" "5 virtual tokens and -t 32 exceed the model's maximum sequence length 32" \
+    build/train_gpt_fp32 "${PROMPT[@]}" "${E[@]}"
+expect_error "prompt -fw" "-fw applies to -ft lora" build/train_gpt_fp32 "${PROMPT[@]}" -fw qkv "${E[@]}"
 expect_error "-tp 2" "-ft lora -tp 2: the adapters are not split" build/train_gpt_fp32 "${LORA[@]}" -tp 2 "${E[@]}"
 expect_error "MoE" "-ft lora: fine-tuning is train_gpt's" build/train_moe_fp32 -e d2 -ev 263 -et 32 -ft lora "${E[@]}"
 
