@@ -227,6 +227,12 @@ ADAPTER_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 --ft adapter --ft-rank 8
 # prompt tuning (-ft prompt, llmc/prompt.cuh): 5 virtual tokens before the 23 of every sequence (28 of maxT 32)
 PROMPT_REF_gpt2 := $(REF_ARGS) --ft prompt --ft-rank 5
 PROMPT_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 --ft prompt --ft-rank 5
+# prefix tuning (-ft prefix) and LLaMA-Adapter (-ft llama_adapter), llmc/prefix_attention.cuh: 5 shared keys and values
+# in every layer; a 5-row prompt in both of GPT-2's layers and in llama's top one (-fl 1)
+PREFIX_REF_gpt2 := $(REF_ARGS) --ft prefix --ft-rank 5
+PREFIX_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 --ft prefix --ft-rank 5
+LLADAPTER_REF_gpt2 := $(REF_ARGS) --ft llama_adapter --ft-rank 5
+LLADAPTER_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 --ft llama_adapter --ft-rank 5 --ft-layers 1
 # ref_command NAME: the script and flags that write build/ref/NAME (NAME_debug_state.bin and NAME_model.bin): the
 # family (the name's first word) gives the shape, a llama or MoE name's middle words its configuration (a variable of
 # its own: a name without one is refused rather than built with the defaults), the last word the precision
@@ -241,6 +247,8 @@ REF_SCRIPTS_mask := train_gpt.py
 REF_SCRIPTS_lora := train_gpt.py
 REF_SCRIPTS_adapter := train_gpt.py
 REF_SCRIPTS_prompt := train_gpt.py
+REF_SCRIPTS_prefix := train_gpt.py
+REF_SCRIPTS_lladapter := train_gpt.py
 REF_SCRIPTS_moe := train_moe.py train_gpt.py
 REF_FLAGS_tiny = $(REF_ARGS)
 REF_FLAGS_long = $(LONG_REF_ARGS)
@@ -249,11 +257,13 @@ REF_FLAGS_mask = $(REF_ARGS) $(MASK)
 REF_FLAGS_lora = $(call ref_configured,LORA_REF_$(call ref_config,$(1:lora_%=%)),$1)
 REF_FLAGS_adapter = $(call ref_configured,ADAPTER_REF_$(call ref_config,$(1:adapter_%=%)),$1)
 REF_FLAGS_prompt = $(call ref_configured,PROMPT_REF_$(call ref_config,$(1:prompt_%=%)),$1)
+REF_FLAGS_prefix = $(call ref_configured,PREFIX_REF_$(call ref_config,$(1:prefix_%=%)),$1)
+REF_FLAGS_lladapter = $(call ref_configured,LLADAPTER_REF_$(call ref_config,$(1:lladapter_%=%)),$1)
 REF_FLAGS_llama = $(LLAMA_REF_ARGS) $(call ref_configured,LLAMA_REF_$(call ref_config,$(1:llama_%=%)),$1)
 REF_FLAGS_tp = $(TP_REF_ARGS) $(call ref_configured,TP_REF_$(call ref_config,$(1:tp_%=%)),$1)
 REF_FLAGS_moe = $(MOE_REF_ARGS) $(call ref_configured,MOE_REF_$(call ref_config,$(1:moe_%=%)),$1)
 ref_scripts = $(or $(REF_SCRIPTS_$(call ref_family,$1)),$(error build/ref/$1: no reference family \
-    '$(call ref_family,$1)' (expected tiny, long, deep, mask, lora, adapter, prompt, llama, tp or moe)))
+    '$(call ref_family,$1)' (expected tiny, long, deep, mask, lora, adapter, prompt, prefix, lladapter, llama, tp or moe)))
 ref_command = $(firstword $(call ref_scripts,$1)) --write-reference $(BUILD)/ref/$1 \
     $(call REF_FLAGS_$(call ref_family,$1),$1) --dtype $(call ref_dtype,$1)
 $(BUILD)/ref/%_debug_state.bin: $$(call ref_scripts,$$*) | $(BUILD)

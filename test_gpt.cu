@@ -509,9 +509,10 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
     char* adapter_path = NULL;
     if (header[STATE_FINE_TUNING_WORD] != 0) {
         int method = header[STATE_FINE_TUNING_WORD];
-        if (method < FT_METHOD_LORA || method > FT_METHOD_PROMPT || x) {
-            fprintf(stderr, "%s: fine-tuning method %d in word %d: %s tests lora (1), adapter (2) and prompt (3) of "
-                    "GPT-2 and llama models\n", state_path, method, STATE_FINE_TUNING_WORD, name);
+        if (method < FT_METHOD_LORA || method > FT_METHOD_LLAMA_ADAPTER || x) {
+            fprintf(stderr, "%s: fine-tuning method %d in word %d: %s tests lora (1), adapter (2), prompt (3), prefix "
+                    "(4) and llama_adapter (5) of GPT-2 and llama models\n", state_path, method,
+                    STATE_FINE_TUNING_WORD, name);
             return EXIT_FAILURE;
         }
         t.adapter_method = method;

@@ -717,6 +717,7 @@ static void attention_block_forward(Model* model, int layer, const LayerParamete
     int C = c->channels, NH = local_heads(model), NKV = local_kv_heads(model), Ca = local_channels(model);
     int QKV = (int)local_qkv_channels(model), HS = C / c->num_heads;
     ActivationTensors a = model->acts;
+    const floatX* attention = la->atty;  // the output projection's input
     if (model->attention == ATTENTION_MATMUL_SOFTMAX) {
         floatX* qkv = a.scratch_bt4c;  // (B, T, 3C), consumed by attention_forward, which keeps q, k, v permuted
         linear_forward(model, LORA_QKV, layer, qkv, la->ln1, lp->qkvw, lp->qkvb, B, T, C, QKV, stream);
@@ -733,8 +734,11 @@ static void attention_block_forward(Model* model, int layer, const LayerParamete
         else
 #endif
             flash_attention_forward(la->atty, la->att_stats, qkv, B, T, NH, NKV, Ca, stream);
+        // prefix tuning's keys join its softmax, llama_adapter's gated prompt adds to its output (flash attention)
+        attention = model_adapter_attention_forward(model, layer, lp->qkvw, lp->qkvb, la->atty, la->att_stats, qkv, B,
+                                                    T, stream);
     }
-    linear_forward(model, LORA_PROJ, layer, out, la->atty, lp->attprojw, row_parallel_bias(model, lp->attprojb), B, T,
+    linear_forward(model, LORA_PROJ, layer, out, attention, lp->attprojw, row_parallel_bias(model, lp->attprojb), B, T,
                    Ca, C, stream);
 }
 // Its transpose: a.dbtc (B, T, C) = the gradient of la->ln1 from dout (B, T, C), the gradients into lg (under tensor
@@ -747,6 +751,7 @@ static void attention_block_backward(Model* model, int layer, const LayerParamet
     int C = c->channels, NH = local_heads(model), NKV = local_kv_heads(model), Ca = local_channels(model);
     int QKV = (int)local_qkv_channels(model), HS = C / c->num_heads;
     ActivationTensors a = model->acts;
+    // the projection's input is la->atty, except under llama_adapter, whose frozen projection reads none here
     linear_backward(model, LORA_PROJ, layer, a.dbtc, lg->attprojw, lg->attprojb, dout, la->atty, lp->attprojw, B, T, Ca,
                     C, stream);
     floatX* dqkv = a.scratch_bt4c;  // (B, T, QKV)
@@ -759,6 +764,8 @@ static void attention_block_backward(Model* model, int layer, const LayerParamet
     else
         flash_attention_backward(dqkv, a.att_delta, a.dbtc, la->qkvr, la->atty, la->att_stats, B, T, NH, NKV, Ca,
                                  stream);
+    model_adapter_attention_backward(model, layer, lp->qkvw, dqkv, a.dbtc, la->qkvr, la->atty, la->att_stats, B, T,
+                                     stream);
     if (c->positions == POSITIONS_ROPE) rope_backward(dqkv, model->rope_table, B, T, NH, NKV, HS, stream);
     linear_backward(model, LORA_QKV, layer, a.dbtc, lg->qkvw, lg->qkvb, dqkv, la->ln1, lp->qkvw, B, T, C, QKV, stream);
 }
@@ -1615,6 +1622,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
                                    &arch, 0);
         if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
         if (!model_check_tensor_parallel(&model, s.T, s.model_source)) return EXIT_FAILURE;
+        if (!adapter_set_layers(&model, s.ft_layers)) return EXIT_FAILURE;
         print_memory_plan(&model, &s, &mg);
         multi_gpu_config_free(&mg);
         return EXIT_SUCCESS;
@@ -1644,6 +1652,12 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     }
     if (x->check_model) x->check_model(&model, s.model_source, from_file);
     if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
+    if (!adapter_set_layers(&model, s.ft_layers)) return EXIT_FAILURE;
+    if (model.frozen && shared_keys_on(&model) && model.attention != ATTENTION_FLASH) {
+        fprintf(stderr, "-ft %s: its shared keys join flash attention (-fa 1); the %s path takes none\n", s.fine_tune,
+                model_attention_name(&model));
+        return EXIT_FAILURE;
+    }
     if (!model_check_tensor_parallel(&model, s.T, s.model_source)) return EXIT_FAILURE;
     const ModelConfig* cfg = &model.config;
     if (s.T > cfg->max_seq_len) {
@@ -1752,8 +1766,10 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     const FfnExtension* ffn = model.extension.ffn;
     int samples = rank0 || (ffn->collective_forward && ffn->collective_forward(&model)) || s.zero_stage == 3 ||
                   tp.degree > 1;
-    if (extra > 0 && s.sample_every > 0) {  // the engine's KV cache holds a sequence's own tokens only
-        if (rank0) printf("note: -ft prompt: no samples (the generation engine does not run the virtual tokens)\n");
+    // the engine's KV cache holds a sequence's own tokens only
+    if ((extra > 0 || (model.frozen && shared_keys_on(&model))) && s.sample_every > 0) {
+        if (rank0) printf("note: -ft %s: no samples (the generation engine runs neither virtual tokens nor shared keys)\n",
+                          s.fine_tune);
         samples = 0;
     }
 

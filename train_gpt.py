@@ -38,11 +38,19 @@ Run from the repository root with a Python that has torch (here Debian's: /usr/b
     /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt_prompt --ft prompt --ft-rank 8
     /usr/bin/python3 train_gpt.py --write-reference build/ref/llama_prompt --arch llama --NH 4 --C 64 --kv-heads 2 \
         --ft prompt --ft-rank 8
+  prefix tuning (--ft prefix, Li and Liang 2021): the base model frozen, --ft-rank P trainable keys and values in every
+  block's attention, which every query sees beside the causal keys, in one softmax; LLaMA-Adapter (--ft llama_adapter,
+  Zhang et al. 2023): --ft-rank P trainable prompt rows in each of the top --ft-layers K blocks (default: every block),
+  projected by the block's frozen k and v, attended to in a softmax of their own whose output, times a trainable gate
+  (zero in a fresh adapter), adds to the attention's; the same files and modes as LoRA's:
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/gpt_prefix --ft prefix --ft-rank 8
+    /usr/bin/python3 train_gpt.py --write-reference build/ref/llama_lladapter --arch llama --NH 4 --C 64 \
+        --kv-heads 2 --ft llama_adapter --ft-rank 8 --ft-layers 1
 Its own test: /usr/bin/python3 dev/test/test_reference.py
 
 The debug state extends the llm.c one (version 3): header [4] = number of step losses, [5] = V, [6] = Vp, [12..17] =
 the steps' lr, beta1, beta2, eps, weight decay and grad clip (fp32 bits), [18] = the seed, [40] = the fine-tuning
-method (0 = none, 1 = lora, 2 = adapter, 3 = prompt); payload x, y (B*T int32), logits (B*T*V fp32, the V real
+method (0 = none, 1 = lora, 2 = adapter, 3 = prompt, 4 = prefix, 5 = llama_adapter); payload x, y (B*T int32), logits (B*T*V fp32, the V real
 columns; with a prompt, the T real positions'), loss, every parameter gradient in model-file order and layout (fp32;
 wte's has Vp rows, the padded ones zero; with --ft, the adapter's gradients in adapter order instead), then the loss
 of each training step on the same batch (step k's loss is its forward loss before its update: step 0's equals the
@@ -86,14 +94,14 @@ MASK_VERSION = 1
 MASKED = -1  # a target that does not count (the C kernels' convention too)
 # An adapter file (LoRA's, the bottleneck adapters' or the prompt's): 256 int32 header words, then the adapter's
 # parameters (fp32, adapter order). The words: 0, 1 magic, version; 2 method (FT_METHODS); 3 rank r (LoRA's rank, the
-# bottleneck width, the prompt's length P); 4 targets (lora: bit i = LORA_TARGETS[i]; adapter: bit i =
-# ADAPTER_SITES[i], always both; prompt: PROMPT_SITES_WORD, bit 0 the input); 5 alpha (fp32 bits; adapter and prompt:
-# 0.0, they have none); 6, 7 the base model file's checkpoint checksum and 8, 9 its size in bytes (low 32 bits
+# bottleneck width, the rows P of a prompt, a prefix or an adaption prompt); 4 targets (lora: bit i = LORA_TARGETS[i];
+# adapter: bit i = ADAPTER_SITES[i], always both; prompt and prefix: PROMPT_SITES_WORD, bit 0 the input or every
+# attention; llama_adapter: K, its top layers); 5 alpha (fp32 bits; LoRA's only, the others 0.0); 6, 7 the base model file's checkpoint checksum and 8, 9 its size in bytes (low 32 bits
 # first); 10 step; 11 the number of parameter values; 12 1 when optimizer state follows the parameters (the C
 # trainer's checkpoints; not read here).
 ADAPTER_MAGIC = 20261207
 ADAPTER_VERSION = 1
-FT_METHODS = {"lora": 1, "adapter": 2, "prompt": 3}
+FT_METHODS = {"lora": 1, "adapter": 2, "prompt": 3, "prefix": 4, "llama_adapter": 5}
 LORA_RANK = 8
 LORA_ALPHA = 16.0
 LORA_TARGETS_DEFAULT = "qkv,proj"
@@ -101,6 +109,11 @@ ADAPTER_RANK = 8  # the bottleneck width's default
 ADAPTER_DOWN_STD = 0.02  # a bottleneck adapter's down.weight, fresh and in the reference
 PROMPT_LENGTH = 8  # the prompt's virtual tokens' default
 PROMPT_STD = 0.02  # the prompt's draw, fresh and in the reference
+PREFIX_LENGTH = 8  # the prefix's keys and values per layer, default
+PREFIX_STD = 0.02  # their draw, fresh and in the reference
+ADAPTION_LENGTH = 8  # llama_adapter's prompt rows per layer, default
+ADAPTION_STD = 1.0  # their draw, fresh and in the reference: the scale of the normed rows the projection reads
+REFERENCE_GATE_STD = 0.5  # the reference's draw of llama_adapter's gates (fresh: zero), so that its prompts get gradients
 # The reference's draw of what a fresh fine-tune zeroes: LoRA's B, and a bottleneck adapter's down.bias, up.weight
 # and up.bias. Zero, they leave the logits as the base's and some gradients zero (LoRA's A's; the bottleneck's
 # down.weight's and down.bias's); the reference draws them too, so that the adapter changes the logits and the
@@ -157,13 +170,15 @@ class CausalSelfAttention(nn.Module):
         # one projection whose output is [q | k | v], heads contiguous within each, as the C side lays it out
         self.c_attn = nn.Linear(config.C, 3 * config.C)
         self.c_proj = nn.Linear(config.C, config.C)
+        self.NKV, self.HS = config.NH, config.C // config.NH
+        no_shared_keys(self)
 
     def forward(self, x):
         B, T, C = x.shape
         head_size = C // self.NH
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.NH, head_size).transpose(1, 2) for t in (q, k, v))  # (B, NH, T, hs)
-        y = causal_attention(q, k, v)
+        y = attention_with_shared_keys(self, q, k, v)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
@@ -176,6 +191,46 @@ def causal_attention(q, k, v):
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_size)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)
     return F.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
+
+
+def no_shared_keys(attn):
+    """An attention without prefix tuning's keys and values or LLaMA-Adapter's prompt (add_prefix, add_adaption)."""
+    attn.prefix_keys = attn.prefix_values = None  # (P, NKV*HS) each
+    attn.adaption_prompt = attn.adaption_gate = None  # (P, C) and (1,)
+
+
+def key_heads(rows, attn):
+    """Shared rows (P, NKV*HS) as the heads' keys or values (1, NH, P, HS), key/value head j serving query heads
+    j*NH/NKV .. (j+1)*NH/NKV - 1."""
+    P = rows.shape[0]
+    heads = rows.view(P, attn.NKV, attn.HS).transpose(0, 1)  # (NKV, P, HS)
+    return heads.repeat_interleave(attn.NH // attn.NKV, dim=0).unsqueeze(0)
+
+
+def attention_with_shared_keys(attn, q, k, v):
+    """Causal attention of q, k, v (B, NH, T, HS; the key/value heads repeated for the query heads), with the
+    attention's shared keys, which every query sees and which carry no position:
+    prefix tuning: its P keys and values join the causal ones in one softmax;
+    LLaMA-Adapter: its prompt (P, C) projected by the frozen c_attn gives P keys and values, attended to in a softmax
+    of their own, whose output times the gate adds to the causal attention's.
+    Both compute in fp32 and round once to the working precision, as the C kernels do."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if attn.prefix_keys is not None:
+        T, P = q.shape[-2], attn.prefix_keys.shape[0]
+        keys = torch.cat((key_heads(attn.prefix_keys, attn).float().expand(q.shape[0], -1, -1, -1), k.float()), dim=2)
+        values = torch.cat((key_heads(attn.prefix_values, attn).float().expand(q.shape[0], -1, -1, -1), v.float()),
+                           dim=2)
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)
+        hidden = torch.cat((torch.zeros(T, P, dtype=torch.bool, device=q.device), future), dim=1)
+        scores = (q.float() @ keys.transpose(-2, -1)) * scale
+        return (F.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1) @ values).to(q.dtype)
+    y = causal_attention(q, k, v)
+    if attn.adaption_prompt is None:
+        return y
+    C = attn.NH * attn.HS
+    _, pk, pv = attn.c_attn(attn.adaption_prompt).split([C, attn.NKV * attn.HS, attn.NKV * attn.HS], dim=1)
+    probs = F.softmax((q.float() @ key_heads(pk, attn).float().transpose(-2, -1)) * scale, dim=-1)
+    return (y.float() + attn.adaption_gate.float() * (probs @ key_heads(pv, attn).float())).to(q.dtype)
 
 
 class MLP(nn.Module):
@@ -323,6 +378,7 @@ class GroupedQueryAttention(nn.Module):
         # the packed qkv of doc/attention.md: [NH query heads | NKV key heads | NKV value heads]
         self.c_attn = nn.Linear(config.C, (config.NH + 2 * config.NKV) * config.HS, bias=False)
         self.c_proj = nn.Linear(config.C, config.C, bias=False)
+        no_shared_keys(self)
 
     def forward(self, x, cos, sin):
         B, T, C = x.shape
@@ -333,7 +389,7 @@ class GroupedQueryAttention(nn.Module):
         # key/value head j serves query heads j*NH/NKV .. (j+1)*NH/NKV - 1
         group = self.NH // self.NKV
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, NH, T, HS)
-        y = causal_attention(q, k, v)
+        y = attention_with_shared_keys(self, q, k, v)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -633,15 +689,59 @@ def check_prompt_length(args, config):
              f"virtual tokens take positions too)")
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Prefix tuning (--ft prefix; Li and Liang 2021) and LLaMA-Adapter (--ft llama_adapter; Zhang et al. 2023): shared keys
+# and values in the attention (attention_with_shared_keys), the base model frozen
+
+def attention_modules(model):
+    return [block.attn for block in model.h]
+
+
+def add_prefix(model, P):
+    """Freezes the model and gives every block's attention P trainable keys and values (P, NKV*HS) each, zeros."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    like = {"dtype": model.wte.weight.dtype, "device": model.wte.weight.device}
+    for attn in attention_modules(model):
+        attn.prefix_keys = nn.Parameter(torch.zeros(P, attn.NKV * attn.HS, **like))
+        attn.prefix_values = nn.Parameter(torch.zeros(P, attn.NKV * attn.HS, **like))
+    return model
+
+
+def add_adaption(model, P, K):
+    """Freezes the model and gives the attention of each of the top K blocks a trainable prompt (P, C) and gate (1,),
+    zeros."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    like = {"dtype": model.wte.weight.dtype, "device": model.wte.weight.device}
+    for attn in attention_modules(model)[len(model.h) - K :]:
+        attn.adaption_prompt = nn.Parameter(torch.zeros(P, model.config.C, **like))
+        attn.adaption_gate = nn.Parameter(torch.zeros(1, **like))
+    return model
+
+
+def has_shared_keys(model, kind):
+    attn = model.h[-1].attn
+    return (attn.prefix_keys if kind == "prefix" else attn.adaption_prompt) is not None
+
+
 def adapter_in_file_order(model):
     """[(name, [nn.Parameter per layer])] in adapter order. LoRA: for each target the model has, in LORA_TARGETS'
     order, A stacked over the layers (L, r, in), then B (L, out, r); lm_head's, one pair for the model, as one layer's:
     A (1, r, C), B (1, Vp, r). Bottleneck adapters: for each site, in ADAPTER_SITES' order, down.weight stacked over
     the layers (L, r, C), down.bias (L, r), up.weight (L, C, r), up.bias (L, C). A prompt: the one tensor prompt
-    (P, C), row-major. It is an `order` for flat_parameters and the functions beside it, which then read and write the
-    adapter instead of the model."""
+    (P, C), row-major. A prefix: the keys stacked over the layers (L, P, NKV*HS), then the values. LLaMA-Adapter: the
+    prompts of its K layers, bottom up (K, P, C), then their gates (K). It is an `order` for flat_parameters and the
+    functions beside it, which then read and write the adapter instead of the model."""
     if model.prompt is not None:
         return [("prompt", [model.prompt])]
+    if has_shared_keys(model, "prefix"):
+        attns = attention_modules(model)
+        return [("prefix.keys", [a.prefix_keys for a in attns]), ("prefix.values", [a.prefix_values for a in attns])]
+    if has_shared_keys(model, "llama_adapter"):
+        attns = [a for a in attention_modules(model) if a.adaption_prompt is not None]
+        return [("adaption.prompts", [a.adaption_prompt for a in attns]),
+                ("adaption.gates", [a.adaption_gate for a in attns])]
     if has_bottlenecks(model):
         return [(f"{path}.{tensor}", [block.get_submodule(path).bottleneck.get_parameter(tensor) for block in model.h])
                 for path in ADAPTER_SITES for tensor in BOTTLENECK_TENSORS]
@@ -663,11 +763,23 @@ def init_adapter(model, generator, b_std):
     Bottleneck adapters: in adapter order, each layer's down.weight ~ N(0, ADAPTER_DOWN_STD) and each of its other
     tensors ~ N(0, b_std), or zero when b_std is 0 (a fresh fine-tune's start: with up zero every site passes its
     output through unchanged). A prompt: ~ N(0, PROMPT_STD) whatever b_std (no prompt leaves the logits as the base's,
-    so a fresh one has no reason to start zero)."""
+    so a fresh one has no reason to start zero), and so are a prefix's keys and values (PREFIX_STD). LLaMA-Adapter:
+    the prompts ~ N(0, ADAPTION_STD), then the gates ~ N(0, REFERENCE_GATE_STD) when b_std > 0, else zero (a fresh
+    fine-tune's start: the model is its base)."""
     order = adapter_in_file_order(model)
     if model.prompt is not None:
         with torch.no_grad():
             model.prompt.normal_(0.0, PROMPT_STD, generator=generator)
+        return
+    if has_shared_keys(model, "prefix") or has_shared_keys(model, "llama_adapter"):
+        with torch.no_grad():
+            for name, ps in order:
+                std = {"adaption.prompts": ADAPTION_STD, "adaption.gates": REFERENCE_GATE_STD if b_std > 0 else 0.0}
+                for p in ps:
+                    if std.get(name, PREFIX_STD) > 0:
+                        p.normal_(0.0, std.get(name, PREFIX_STD), generator=generator)
+                    else:
+                        p.zero_()
         return
     if has_bottlenecks(model):
         with torch.no_grad():
@@ -694,7 +806,8 @@ def init_adapter(model, generator, b_std):
                     p.zero_()
 
 
-FT_FILE_CONTENTS = {"adapter": "bottleneck adapters", "prompt": "a prompt"}  # what a non-LoRA adapter file holds
+FT_FILE_CONTENTS = {"adapter": "bottleneck adapters", "prompt": "a prompt", "prefix": "a prefix",
+                    "llama_adapter": "an adaption prompt"}  # what a non-LoRA adapter file holds
 
 
 def uses_adapter(args):
@@ -709,6 +822,12 @@ def add_adapter(model, args):
     elif args.ft == "prompt":
         check_prompt_length(args, model.config)
         add_prompt(model, args.ft_rank)
+    elif args.ft == "prefix":
+        add_prefix(model, args.ft_rank)
+    elif args.ft == "llama_adapter":
+        if args.ft_layers > model.config.L:
+            fail(f"--ft-layers {args.ft_layers}: more than the model's {model.config.L} layers")
+        add_adaption(model, args.ft_rank, args.ft_layers or model.config.L)
     else:
         add_lora(model, args.ft_rank, args.ft_alpha, args.ft_targets)
 
@@ -719,6 +838,11 @@ def adapter_shape(args):
         return f"rank {args.ft_rank} at {','.join(ADAPTER_SITES)}"
     if args.ft == "prompt":
         return f"{args.ft_rank} virtual tokens at the input"
+    if args.ft == "prefix":
+        return f"{args.ft_rank} keys and values in every attention"
+    if args.ft == "llama_adapter":
+        return f"{args.ft_rank} prompt rows in " + (f"the top {args.ft_layers} layers" if args.ft_layers else
+                                                       "every layer")
     return f"rank {args.ft_rank} on {','.join(args.ft_targets)}"
 
 
@@ -735,6 +859,8 @@ def adapter_for_run(model, args, b_std):
     path = args.adapter_from_file
     h, payload = read_adapter_file(path)
     found = {"ft": next(name for name, number in FT_METHODS.items() if number == h[2]), "ft_rank": int(h[3])}
+    if found["ft"] == "llama_adapter":
+        found["ft_layers"] = int(h[4])
     if found["ft"] == "lora":
         found["ft_targets"] = tuple(name for i, name in enumerate(LORA_TARGET_NAMES) if h[4] >> i & 1)
         found["ft_alpha"] = fp32_from_bits(h[5])
@@ -929,8 +1055,10 @@ def write_adapter_file(path, model, args, base_path, step):
     flat = flat_parameters(model, adapter_in_file_order)
     if args.ft == "adapter":
         targets, alpha = ADAPTER_SITES_WORD, 0.0
-    elif args.ft == "prompt":
+    elif args.ft in ("prompt", "prefix"):
         targets, alpha = PROMPT_SITES_WORD, 0.0
+    elif args.ft == "llama_adapter":
+        targets, alpha = args.ft_layers or model.config.L, 0.0
     else:
         targets = sum(1 << i for i, name in enumerate(LORA_TARGET_NAMES) if name in args.ft_targets)
         alpha = args.ft_alpha
@@ -949,7 +1077,8 @@ def read_adapter_file(path):
     if h[1] != ADAPTER_VERSION:
         fail(f"{path}: adapter file version {h[1]} is unknown (expected {ADAPTER_VERSION})")
     if h[2] not in FT_METHODS.values():
-        fail(f"{path}: fine-tuning method {h[2]} is unknown (1 = lora, 2 = adapter, 3 = prompt)")
+        fail(f"{path}: fine-tuning method {h[2]} is unknown (1 = lora, 2 = adapter, 3 = prompt, 4 = prefix, "
+             f"5 = llama_adapter)")
     if h[2] == FT_METHODS["adapter"]:
         if h[3] < 1:
             fail(f"{path}: bottleneck width {h[3]} must be >= 1")
@@ -959,13 +1088,16 @@ def read_adapter_file(path):
         if h[5] != fp32_bits(0.0):
             fail(f"{path}: a bottleneck adapter file's alpha word is {int(h[5]) & 0xFFFFFFFF:#010x}, must be 0 (fp32 "
                  f"0.0: no alpha)")
-    elif h[2] == FT_METHODS["prompt"]:
+    elif h[2] in (FT_METHODS["prompt"], FT_METHODS["prefix"], FT_METHODS["llama_adapter"]):
+        what = next(name for name, number in FT_METHODS.items() if number == h[2])
         if h[3] < 1:
-            fail(f"{path}: prompt length {h[3]} must be >= 1")
-        if h[4] != PROMPT_SITES_WORD:
-            fail(f"{path}: a prompt file's targets word is {h[4]}, must be {PROMPT_SITES_WORD} (bit 0: the input)")
+            fail(f"{path}: a {what} file's length {h[3]} must be >= 1")
+        if h[2] == FT_METHODS["llama_adapter"] and h[4] < 1:
+            fail(f"{path}: a llama_adapter file's layers word is {h[4]}, must be >= 1")
+        if h[2] != FT_METHODS["llama_adapter"] and h[4] != PROMPT_SITES_WORD:
+            fail(f"{path}: a {what} file's targets word is {h[4]}, must be {PROMPT_SITES_WORD}")
         if h[5] != fp32_bits(0.0):
-            fail(f"{path}: a prompt file's alpha word is {int(h[5]) & 0xFFFFFFFF:#010x}, must be 0 (fp32 0.0: no "
+            fail(f"{path}: a {what} file's alpha word is {int(h[5]) & 0xFFFFFFFF:#010x}, must be 0 (fp32 0.0: no "
                  f"alpha)")
     else:
         if h[3] < 1:
@@ -1324,7 +1456,7 @@ def parse_args(argv):
     return args
 
 
-FT_FLAGS = {"--ft-rank": "ft_rank", "--ft-alpha": "ft_alpha", "--ft-targets": "ft_targets"}
+FT_FLAGS = {"--ft-rank": "ft_rank", "--ft-alpha": "ft_alpha", "--ft-targets": "ft_targets", "--ft-layers": "ft_layers"}
 LORA_ONLY_FLAGS = ["--ft-alpha", "--ft-targets"]
 
 
@@ -1332,11 +1464,15 @@ def add_ft_flags(p):
     p.add_argument("--ft", choices=list(FT_METHODS), help="fine-tune with a parameter-efficient method: lora = a "
                    "trainable low-rank update of the target Linears on a frozen base; adapter = a trainable "
                    "bottleneck h + up(gelu(down(h))) on each block's attention and MLP outputs on a frozen base; "
-                   "prompt = --ft-rank trainable virtual tokens before every sequence on a frozen base (default: none, "
-                   "all parameters train)")
+                   "prompt = --ft-rank trainable virtual tokens before every sequence on a frozen base; prefix = "
+                   "--ft-rank trainable keys and values in every attention; llama_adapter = --ft-rank trainable "
+                   "prompt rows in the top --ft-layers attentions, gated (default: none, all parameters train)")
     p.add_argument("--ft-rank", type=int, metavar="R", help=f"LoRA rank r (default {LORA_RANK}), the bottleneck "
                    f"adapters' width r (default {ADAPTER_RANK}), or the prompt's virtual tokens P (default "
-                   f"{PROMPT_LENGTH}; P + T <= maxT)")
+                   f"{PROMPT_LENGTH}; P + T <= maxT), the prefix's keys and values per layer (default "
+                   f"{PREFIX_LENGTH}) or llama_adapter's prompt rows per layer (default {ADAPTION_LENGTH})")
+    p.add_argument("--ft-layers", type=int, metavar="K", help="llama_adapter: the top K layers adapted (default: "
+                   "every layer)")
     p.add_argument("--ft-alpha", type=float, metavar="A",
                    help=f"LoRA alpha: the update is scaled by alpha / r (default {LORA_ALPHA:g})")
     p.add_argument("--ft-targets", metavar="LIST", help="the Linears that get an adapter, comma-separated, any of "
@@ -1356,10 +1492,13 @@ def check_ft_flags(args):
             fail(f"{given[0]} applies to --ft lora only" if given[0] in LORA_ONLY_FLAGS else
                  f"{given[0]} applies to fine-tuning (--ft) only")
         return
-    if args.ft in ("adapter", "prompt"):
+    if args.ft != "lora":
         given = [flag for flag in LORA_ONLY_FLAGS if getattr(args, FT_FLAGS[flag]) is not None]
         if given:
             fail(f"{given[0]} applies to --ft lora only, not to --ft {args.ft}")
+    if args.ft_layers is not None and (args.ft != "llama_adapter" or args.ft_layers < 1):
+        fail(f"--ft-layers {args.ft_layers}: " + ("applies to --ft llama_adapter only" if args.ft != "llama_adapter"
+                                                  else "must be >= 1"))
     if args.ft_rank is not None and args.ft_rank < 1:
         fail(f"--ft-rank must be >= 1 (got {args.ft_rank})")
     if args.ft_alpha is not None:
@@ -1374,6 +1513,10 @@ def check_ft_flags(args):
             defaults = {"ft_rank": ADAPTER_RANK}
         elif args.ft == "prompt":
             defaults = {"ft_rank": PROMPT_LENGTH}
+        elif args.ft == "prefix":
+            defaults = {"ft_rank": PREFIX_LENGTH}
+        elif args.ft == "llama_adapter":
+            defaults = {"ft_rank": ADAPTION_LENGTH, "ft_layers": 0}
         for name, value in defaults.items():
             if getattr(args, name) is None:
                 setattr(args, name, value)

@@ -51,9 +51,9 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
         }
         m.optimizer = adapter_shard * sizeof(float) * (master ? 3 : 2);
         if (model->offload_optimizer == 2) m.optimizer += adapter_shard * sizeof(float) * 3;
-        // the adapter's scratch, and what the bottleneck adapter keeps for the backward pass
+        // the adapter's scratch, and what the bottleneck adapter or llama_adapter keeps for the backward pass
         m.activations += (3 * (size_t)B * T * model->adapter_rank + adapter_activation_count(model, B, T)) *
-                         sizeof(floatX);
+                         sizeof(floatX) + shared_keys_scratch_floats(model, B, T) * sizeof(float);
         return m;
     }
     if (stage >= 2) {
@@ -204,6 +204,9 @@ static void model_rows(InfoTable* t, const Model* model) {
         size_t trainable = adapter_parameter_count(model), all = model_num_parameters(model);
         char where[96] = "after the attention and the FFN";
         if (model->adapter_method == FT_METHOD_PROMPT) snprintf(where, sizeof(where), "(virtual tokens)");
+        if (model->adapter_method == FT_METHOD_PREFIX) snprintf(where, sizeof(where), "(keys and values per layer)");
+        if (model->adapter_method == FT_METHOD_LLAMA_ADAPTER)
+            snprintf(where, sizeof(where), "(prompt rows in the top %u layers, gated)", model->adapter_targets);
         if (model->adapter_method == FT_METHOD_LORA) {
             snprintf(where, sizeof(where), "on ");
             for (int i = 0, first = 1; i < LORA_NUM_TARGETS; i++)

@@ -3,15 +3,22 @@
 // a method beside it, the adapter:
 //   lora     beside each targeted Linear layer a pair A (r, C), B (OC, r) adding its low-rank update (llmc/lora.cuh);
 //   adapter  after the attention's and the FFN's output of every layer a bottleneck MLP (llmc/bottleneck.cuh);
-//   prompt   P learned input embeddings before every sequence (llmc/prompt.cuh): the model runs on P + T positions.
+//   prompt   P learned input embeddings before every sequence (llmc/prompt.cuh): the model runs on P + T positions;
+//   prefix   P learned keys and values in every layer, which every query attends to in one softmax with the causal
+//            keys (llmc/prefix_attention.cuh, joint);
+//   llama_adapter  P learned prompt rows in each of the top K layers, projected by the layer's frozen k and v, and
+//            attended to in a softmax of their own whose output, times a zero-initialised gate per layer, adds to the
+//            attention's (llmc/prefix_attention.cuh, gated).
 // The adapter is a parameter set of its own, averaged and sharded over the data-parallel processes like the model's.
 // The adapter file (doc/formats.md "Adapter file") holds it alone, tied to the base model file by its checksum; -fm
 // merges LoRA's into an ordinary model file. train_gpt.cu includes this after its Model and its parameter tables.
-// Tests (dev/test/run_tests.sh NAME, patterns work): *-lora*, *-adapter*, fine-tuning-cli.
+// Tests (dev/test/run_tests.sh NAME, patterns work): *-lora*, *-adapter*, *-prompt*, *-prefix*, *-lladapter*,
+// fine-tuning-cli.
 #pragma once
 #include "lora.cuh"
 #include "bottleneck.cuh"
 #include "prompt.cuh"
+#include "prefix_attention.cuh"
 #include "checkpoint.h"
 
 #define ADAPTER_FILE_MAGIC 20261207
@@ -20,7 +27,9 @@
 #define FT_METHOD_LORA 1
 #define FT_METHOD_BOTTLENECK 2
 #define FT_METHOD_PROMPT 3
-static const char* const ft_method_names[] = {"", "lora", "adapter", "prompt"};
+#define FT_METHOD_PREFIX 4
+#define FT_METHOD_LLAMA_ADAPTER 5
+static const char* const ft_method_names[] = {"", "lora", "adapter", "prompt", "prefix", "llama_adapter"};
 static int ft_method_number(const char* name) {
     for (int m = 1; m < (int)(sizeof(ft_method_names) / sizeof(ft_method_names[0])); m++)
         if (!strcmp(name, ft_method_names[m])) return m;
@@ -53,14 +62,16 @@ static const char* const bottleneck_tensor_names[BOTTLENECK_SITES * BOTTLENECK_S
 
 struct Adapter {
     int method;          // FT_METHOD_*
-    int rank;            // lora: r; adapter: the bottleneck width; prompt: P, the virtual tokens
+    int rank;            // lora: r; adapter: the bottleneck width; prompt, prefix, llama_adapter: P, the rows
     float alpha, scale;  // lora: scale = alpha / rank; the others: 0
-    unsigned targets;    // lora: bit t, target t has a pair; adapter: both sites; prompt: 1 (the input)
+    // lora: bit t, target t has a pair; adapter: both sites; prompt, prefix: 1 (the input, every attention);
+    // llama_adapter: K, the top layers adapted
+    unsigned targets;
     // lora: A then B of each target in target order, stacked over the layers: A (L, r, C), B (L, OC, r); an absent
-    // target's pair has size 0. adapter: each site's four tensors, site by site. prompt: the prompt (P, C). ZeRO-1
-    // at most: the set is a
-    // fraction of a percent of the model, so sharding its gradients (ZeRO-2) or its parameters (ZeRO-3) would save
-    // nothing worth a second reduction pipeline.
+    // target's pair has size 0. adapter: each site's four tensors, site by site. prompt: the prompt (P, C). prefix:
+    // the keys (L, P, NKV HS), then the values (L, P, NKV HS). llama_adapter: the prompts (K, P, C), then the gates
+    // (K). ZeRO-1 at most: the set is a fraction of a percent of the model, so sharding its gradients (ZeRO-2) or its
+    // parameters (ZeRO-3) would save nothing worth a second reduction pipeline.
     ShardedParameters store;
     int zero_stage;
     int tokens;  // B*T of the passes' buffers (prompt: T counts the virtual tokens)
@@ -71,6 +82,11 @@ struct Adapter {
     floatX* dz;  // adapter: (B, T, r)
     floatX* site_inputs;  // adapter: (L, 2, B, T, C) each site's input, kept by the forward pass for the backward
     floatX* dh;           // adapter: (B, T, C) a site's input gradient
+    // prefix, llama_adapter: the shared keys' backward scratch, ds and p (B T NH, P), and the gate's rows (B T NH)
+    float *ds_rows, *p_rows, *gate_rows;
+    floatX* prompt_kv;   // llama_adapter: (K, P, QKV) each adapted layer's projected prompt, kept for the backward
+    floatX* dprompt_kv;  // llama_adapter: (P, QKV) its gradient, the q columns zero
+    floatX* attention_out;  // llama_adapter: (B, T, C) the attention's output with the gated prompt's (proj's input)
     uint64_t base_size, base_hash;  // the base model file's size and checksum (checkpoint_checksum)
 };
 
@@ -112,6 +128,17 @@ static int lora_target_layers(const Model* model, int t) { return t == LORA_LM_H
 // whether weight decay applies (the matrices); returns their number
 static int adapter_tensor_sizes(const Model* model, size_t* sizes, int* decays) {
     size_t r = model->adapter_rank, L = model->config.num_layers, C = model->config.channels;
+    if (model->adapter_method == FT_METHOD_PREFIX) {
+        sizes[0] = sizes[1] = L * r * model->config.num_kv_heads * (C / model->config.num_heads);
+        decays[0] = decays[1] = 1;
+        return 2;
+    }
+    if (model->adapter_method == FT_METHOD_LLAMA_ADAPTER) {
+        sizes[0] = (size_t)model->adapter_targets * r * C;
+        sizes[1] = model->adapter_targets;
+        decays[0] = 1, decays[1] = 0;  // the gates, as biases
+        return 2;
+    }
     if (model->adapter_method == FT_METHOD_PROMPT) {
         sizes[0] = r * C;
         decays[0] = 1;  // a matrix, as wte
@@ -143,14 +170,37 @@ static size_t adapter_parameter_count(const Model* model) {
     for (int i = 0; i < count; i++) n += sizes[i];
     return n;
 }
-// what the bottleneck adapter keeps for the backward pass and its scratch (values), for B x T tokens; 0 for lora
+static int shared_keys_on(const Model* model) {
+    return model->adapter_method == FT_METHOD_PREFIX || model->adapter_method == FT_METHOD_LLAMA_ADAPTER;
+}
+// the shared keys' backward scratch, fp32: ds and p per row (b, t, h) and key, the gate's share per row
+static size_t shared_keys_scratch_floats(const Model* model, int B, int T) {
+    return shared_keys_on(model) ? (size_t)B * T * model->config.num_heads * (2 * (size_t)model->adapter_rank + 1) : 0;
+}
+// what the bottleneck adapter keeps for the backward pass and its scratch, or llama_adapter's projected prompts
+// (values), for B x T tokens; 0 for the other methods
 static size_t adapter_activation_count(const Model* model, int B, int T) {
+    if (model->adapter_method == FT_METHOD_LLAMA_ADAPTER)
+        return ((size_t)model->adapter_targets + 1) * model->adapter_rank * qkv_channels(&model->config) +
+               (size_t)B * T * model->config.channels;
     if (model->adapter_method != FT_METHOD_BOTTLENECK) return 0;
     size_t N = (size_t)B * T, C = model->config.channels;
     return (BOTTLENECK_SITES * (size_t)model->config.num_layers + 1) * N * C;
 }
-// the adapter file's targets word of the methods without -fw: the bottleneck adapter's two sites, the prompt's input
+// the adapter file's targets word of the methods without -fw: the bottleneck adapter's two sites, the prompt's input,
+// the prefix's every attention (llama_adapter's, its layer count, comes with the model: adapter_set_layers)
 static unsigned adapter_fixed_targets(int method) { return method == FT_METHOD_BOTTLENECK ? 3 : 1; }
+// llama_adapter's targets once the model's layers are known: the top `layers` (-fl; 0: every layer). 0 and one line
+// when there are fewer.
+static int adapter_set_layers(Model* model, int layers) {
+    if (!model->frozen || model->adapter_method != FT_METHOD_LLAMA_ADAPTER) return 1;
+    if (layers > model->config.num_layers) {
+        fprintf(stderr, "-fl %d: more layers than the model's %d\n", layers, model->config.num_layers);
+        return 0;
+    }
+    model->adapter_targets = layers > 0 ? layers : model->config.num_layers;
+    return 1;
+}
 // the positions the model runs on beyond a sequence's tokens: prompt tuning's virtual tokens
 static int model_adapter_sequence_extra(const Model* model) {
     return model->frozen && model->adapter_method == FT_METHOD_PROMPT ? model->adapter_rank : 0;
@@ -158,6 +208,8 @@ static int model_adapter_sequence_extra(const Model* model) {
 // the tensor's name in the test's lines
 static const char* adapter_tensor_name(const Model* model, int i, char* buf, size_t size) {
     if (model->adapter_method == FT_METHOD_PROMPT) return "prompt";
+    if (model->adapter_method == FT_METHOD_PREFIX) return i == 0 ? "prefix.keys" : "prefix.values";
+    if (model->adapter_method == FT_METHOD_LLAMA_ADAPTER) return i == 0 ? "adaption.prompts" : "adaption.gates";
     if (model->adapter_method == FT_METHOD_BOTTLENECK) return bottleneck_tensor_names[i];
     snprintf(buf, size, "%s.lora_%s", lora_target_names[i / 2], i % 2 ? "b" : "a");
     return buf;
@@ -197,14 +249,27 @@ static Adapter* adapter_allocate(Model* model, float alpha, int B, int T) {
         a->prompted_inputs = (int*)malloc_check(N * sizeof(int));
         a->prompted_targets = (int*)malloc_check(N * sizeof(int));
     }
+    if (shared_keys_on(model)) {
+        size_t rows = N * model->config.num_heads;
+        cudaCheck(cudaMalloc((void**)&a->ds_rows, shared_keys_scratch_floats(model, B, T) * sizeof(float)));
+        a->p_rows = a->ds_rows + rows * rank;
+        a->gate_rows = a->p_rows + rows * rank;
+    }
+    if (a->method == FT_METHOD_LLAMA_ADAPTER) {
+        size_t QKV = qkv_channels(&model->config);
+        cudaCheck(cudaMalloc((void**)&a->prompt_kv, (size_t)a->targets * rank * QKV * sizeof(floatX)));
+        cudaCheck(cudaMalloc((void**)&a->dprompt_kv, (size_t)rank * QKV * sizeof(floatX)));
+        cudaCheck(cudaMalloc((void**)&a->attention_out, N * model->config.channels * sizeof(floatX)));
+    }
     return a;
 }
 
 static void adapter_free(Adapter* a) {
     if (!a) return;
     sharded_parameters_free(&a->store);
-    void* buffers[5] = {a->u, a->g, a->dz, a->site_inputs, a->dh};
-    for (int i = 0; i < 5; i++) cudaCheck(cudaFree(buffers[i]));
+    void* buffers[9] = {a->u,       a->g,         a->dz,         a->site_inputs, a->dh, a->ds_rows,
+                        a->prompt_kv, a->dprompt_kv, a->attention_out};
+    for (int i = 0; i < 9; i++) cudaCheck(cudaFree(buffers[i]));
     free(a->prompted_inputs);
     free(a->prompted_targets);
     free(a);
@@ -309,10 +374,104 @@ static void model_adapter_embed_backward(Model* model, const floatX* dencoded, i
     prompt_embed_backward(a->store.grads_memory, dencoded, B, T, a->rank, model->config.channels, stream);
 }
 
-// A fresh adapter, from torch's normal_ on seed `seed` (llmc/rand.h). LoRA and the bottleneck adapter start as the
-// base model: lora's every A drawn from N(0, 1/r²), every B zero; the bottleneck adapter's down projections from
-// N(0, 0.02²), everything else zero (its up projections: the adapted block's output is the block's). The prompt is
-// drawn from N(0, 0.02²), as GPT-2 draws wte.
+// The shared keys of layer l's attention (prefix, llama_adapter; llmc/prefix_attention.cuh): 0 when the layer has
+// none. Its keys and values at the kernels' layout, in a buffer laid out as the set (its parameters or gradients)
+// for the prefix, in the projected prompt's (P, QKV) rows for llama_adapter (kv: that buffer), and the gate.
+static int shared_keys_layer(const Model* model, int l, PrefixShape* shape) {
+    const Adapter* a = model->adapter;
+    if (!a || (a->method != FT_METHOD_PREFIX && a->method != FT_METHOD_LLAMA_ADAPTER)) return 0;
+    if (a->method == FT_METHOD_LLAMA_ADAPTER && l < model->config.num_layers - (int)a->targets) return 0;
+    const ModelConfig* c = &model->config;
+    int HS = c->channels / c->num_heads;
+    shape->NH = c->num_heads, shape->NKV = c->num_kv_heads, shape->HS = HS, shape->P = a->rank;
+    shape->kv_stride = a->method == FT_METHOD_PREFIX ? c->num_kv_heads * HS : (int)qkv_channels(c);
+    return 1;
+}
+static void shared_keys_tensors(const Model* model, floatX* set, const floatX* kv, int l, floatX** keys,
+                                floatX** values, floatX** gate) {
+    const Adapter* a = model->adapter;
+    const ModelConfig* c = &model->config;
+    if (a->method == FT_METHOD_PREFIX) {
+        size_t layer = a->store.sizes[0] / c->num_layers;
+        *keys = set + (size_t)l * layer;
+        *values = set + sharded_parameters_offset(&a->store, 1) + (size_t)l * layer;
+        *gate = NULL;
+        return;
+    }
+    int k = l - (c->num_layers - (int)a->targets), HS = c->channels / c->num_heads;
+    *keys = (floatX*)kv + (size_t)c->num_heads * HS;
+    *values = *keys + (size_t)c->num_kv_heads * HS;
+    *gate = set + sharded_parameters_offset(&a->store, 1) + k;
+}
+// llama_adapter: layer l's prompt (P, C) in a buffer laid out as the set, and its projection's rows (P, QKV)
+static floatX* llama_adapter_prompt(const Model* model, floatX* set, int l) {
+    const Adapter* a = model->adapter;
+    int k = l - (model->config.num_layers - (int)a->targets);
+    return set + (size_t)k * a->rank * model->config.channels;
+}
+static floatX* llama_adapter_kv(const Model* model, int l) {
+    const Adapter* a = model->adapter;
+    int k = l - (model->config.num_layers - (int)a->targets);
+    return a->prompt_kv + (size_t)k * a->rank * qkv_channels(&model->config);
+}
+
+// After flash attention's forward of layer l wrote out (B, T, C) and stats from qkv (B, T, QKV): the attention's
+// output with the shared keys, the output projection's input: out itself (the prefix's joined in place; no shared
+// keys), or llama_adapter's buffer, its prompt first projected through the layer's frozen qkv weights (and bias: its
+// q columns unused).
+static const floatX* model_adapter_attention_forward(Model* model, int l, const floatX* qkvw, const floatX* qkvb,
+                                                     floatX* out, float* stats, const floatX* qkv, int B, int T,
+                                                     cudaStream_t stream) {
+    PrefixShape s;
+    if (!shared_keys_layer(model, l, &s)) return out;
+    Adapter* a = model->adapter;
+    s.B = B, s.T = T;
+    floatX* kv = NULL;
+    if (a->method == FT_METHOD_LLAMA_ADAPTER) {
+        kv = llama_adapter_kv(model, l);
+        matmul_forward(kv, llama_adapter_prompt(model, a->store.params_memory, l), qkvw, qkvb, 1, s.P,
+                       model->config.channels, s.kv_stride, stream);
+    }
+    floatX *keys, *values, *gate;
+    shared_keys_tensors(model, a->store.params_memory, kv, l, &keys, &values, &gate);
+    if ((size_t)B * T > (size_t)a->tokens) {
+        fprintf(stderr, "model_adapter_attention_forward: %d x %d tokens, the adapter's buffers hold %d\n", B, T,
+                a->tokens);
+        exit(EXIT_FAILURE);
+    }
+    floatX* joined = gate ? a->attention_out : out;
+    prefix_attention_forward(joined, stats, out, qkv, keys, values, gate, s, stream);
+    return joined;
+}
+// After flash attention's backward of layer l wrote dqkv from dout (the gradient of the projection's input) and the
+// forward's out and stats: the shared keys' part of dq, and their gradients
+// into the adapter's (llama_adapter's through the frozen projection into its prompt's, and its gate's)
+static void model_adapter_attention_backward(Model* model, int l, const floatX* qkvw, floatX* dqkv, const floatX* dout,
+                                             const floatX* qkv, const floatX* out, const float* stats, int B, int T,
+                                             cudaStream_t stream) {
+    PrefixShape s;
+    if (!shared_keys_layer(model, l, &s)) return;
+    Adapter* a = model->adapter;
+    s.B = B, s.T = T;
+    int llama = a->method == FT_METHOD_LLAMA_ADAPTER;
+    const floatX* kv = llama ? llama_adapter_kv(model, l) : NULL;
+    floatX *keys, *values, *gate, *dkeys, *dvalues, *dgate;
+    shared_keys_tensors(model, a->store.params_memory, kv, l, &keys, &values, &gate);
+    shared_keys_tensors(model, a->store.grads_memory, a->dprompt_kv, l, &dkeys, &dvalues, &dgate);
+    if (llama) cudaCheck(cudaMemsetAsync(a->dprompt_kv, 0, (size_t)s.P * s.kv_stride * sizeof(floatX), stream));
+    prefix_attention_backward(dqkv, dkeys, dvalues, dgate, a->ds_rows, a->p_rows, a->gate_rows, dout, qkv, out, stats,
+                              keys, values, gate, s, !llama, stream);
+    if (llama)  // dprompt (P, C) += dkv (P, QKV) W (QKV, C)
+        matmul_cublaslt(llama_adapter_prompt(model, a->store.grads_memory, l), qkvw, a->dprompt_kv, nullptr,
+                        model->config.channels, s.P, s.kv_stride, stream, false, false, true, nullptr, false);
+}
+
+// A fresh adapter, from torch's normal_ on seed `seed` (llmc/rand.h). LoRA, the bottleneck adapter and llama_adapter
+// start as the base model: lora's every A drawn from N(0, 1/r²), every B zero; the bottleneck adapter's down
+// projections from N(0, 0.02²), everything else zero (its up projections: the adapted block's output is the block's);
+// llama_adapter's prompts from N(0, 1), the scale of the normed rows its projection reads, its gates zero. The prompt
+// is drawn from N(0, 0.02²), as GPT-2 draws wte, and so are the prefix's keys and values (the prefix joins the
+// softmax: no draw leaves the model as it was, and small keys start with no preference among the shared rows).
 static void adapter_init(Model* model, unsigned int seed) {
     Adapter* a = model->adapter;
     size_t n = a->store.num_parameters;
@@ -324,8 +483,10 @@ static void adapter_init(Model* model, unsigned int seed) {
     }
     mt19937_state rng;
     manual_seed(&rng, seed);
-    int stride = a->method == FT_METHOD_BOTTLENECK ? BOTTLENECK_SITE_TENSORS : a->method == FT_METHOD_LORA ? 2 : 1;
-    float std = a->method == FT_METHOD_LORA ? 1.0f / (float)a->rank : 0.02f;  // every down, every A, or the prompt
+    // the tensors drawn: every down, every A, the prompts, or every tensor (prompt, prefix)
+    int stride = a->method == FT_METHOD_BOTTLENECK ? BOTTLENECK_SITE_TENSORS
+                 : a->method == FT_METHOD_LORA || a->method == FT_METHOD_LLAMA_ADAPTER ? 2 : 1;
+    float std = a->method == FT_METHOD_LORA ? 1.0f / (float)a->rank : a->method == FT_METHOD_LLAMA_ADAPTER ? 1.0f : 0.02f;
     for (int i = 0; i < a->store.num_tensors; i += stride)
         if (a->store.sizes[i] > 0)
             normal_(values + sharded_parameters_offset(&a->store, i), a->store.sizes[i], 0.0f, std, &rng);
@@ -361,7 +522,8 @@ static int adapter_read_file(Model* model, const char* path) {
     int header[256], want[256];
     read_versioned_header_check(f, header, path, ADAPTER_FILE_MAGIC, ADAPTER_FILE_VERSION, "adapter");
     adapter_file_header(model, header[10], want);
-    const char* what[] = {NULL, NULL, "method (-ft: 1 lora, 2 adapter)", "rank (-fr)", "targets (-fw, a bit each)",
+    const char* what[] = {NULL, NULL, "method (-ft: 1 lora, 2 adapter, 3 prompt, 4 prefix, 5 llama_adapter)", "rank (-fr)",
+                          "targets (lora: -fw, a bit each; llama_adapter: -fl, the layers)",
                           "alpha (-fs)",
                           "base model checksum", "base model checksum", "base model size", "base model size", NULL,
                           "parameter count"};

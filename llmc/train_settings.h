@@ -31,10 +31,13 @@
     X("-ft", STRING, fine_tune, "",                                                                                    \
       "train_gpt: fine-tune the model file with a method that trains new parameters only, the model's own\n"          \
       "frozen (doc/training.md, \"Fine-tuning\"): lora, adapter (bottleneck MLPs after the attention and\n"           \
-      "the FFN) or prompt (virtual tokens before every sequence) (default = none: train every parameter)")             \
+      "the FFN), prompt (virtual tokens before every sequence), prefix (learned keys and values in every\n"           \
+      "attention) or llama_adapter (a gated prompt in the top -fl layers' attention) (default = none: train\n"       \
+      "every parameter)")                                                                                              \
     X("-fr", INT, ft_rank, 8,                                                                                          \
-      "-ft: lora's rank r or the adapter's bottleneck width (a multiple of 8), or prompt's virtual\n"                 \
-      "tokens (default = 8)")                                                                                          \
+      "-ft: lora's rank r or the adapter's bottleneck width (a multiple of 8), or the rows P of prompt,\n"            \
+      "prefix or llama_adapter (default = 8)")                                                                         \
+    X("-fl", INT, ft_layers, 0, "-ft llama_adapter: the top K layers adapted (default = 0: every layer)")              \
     X("-fs", FLOAT, ft_alpha, 16.0f, "-ft lora: alpha: the layer is W x + (alpha/r) B A x (default = 16)")             \
     X("-fw", STRING, ft_targets, "qkv,proj",                                                                           \
       "-ft lora: the Linear layers adapted, any of qkv, proj, fc, fc_proj (every layer's), lm_head\n"                 \
@@ -138,9 +141,9 @@ static int trainer_flags(Flag* f, TrainerSettings* s) {
 
 // The fine-tuning flags (llmc/model_adapter.h): 0 and one line naming the flag
 static int trainer_check_fine_tuning(const TrainerSettings* s, const Flag* flags, int num_flags) {
-    const char* ft_only[] = {"-fr", "-fs", "-fw", "-fi", "-fm"};
+    const char* ft_only[] = {"-fr", "-fs", "-fw", "-fi", "-fm", "-fl"};
     if (!s->fine_tune[0]) {
-        for (int i = 0; i < 5; i++) {
+        for (int i = 0; i < 6; i++) {
             if (flag_find(flags, num_flags, ft_only[i])->given) {
                 fprintf(stderr, "%s applies to fine-tuning only (-ft lora)\n", ft_only[i]);
                 return 0;
@@ -150,14 +153,16 @@ static int trainer_check_fine_tuning(const TrainerSettings* s, const Flag* flags
     }
     int method = ft_method_number(s->fine_tune);
     if (method == 0) {
-        fprintf(stderr, "-ft %s: unknown fine-tuning method (expected lora, adapter or prompt)\n", s->fine_tune);
+        fprintf(stderr, "-ft %s: unknown fine-tuning method (expected lora, adapter, prompt, prefix or llama_adapter)\n",
+                s->fine_tune);
         return 0;
     }
-    if (method == FT_METHOD_PROMPT && s->ft_rank < 1) {
-        fprintf(stderr, "-fr %d: prompt tuning needs at least 1 virtual token\n", s->ft_rank);
+    int rows = method != FT_METHOD_LORA && method != FT_METHOD_BOTTLENECK;
+    if (rows && s->ft_rank < 1) {
+        fprintf(stderr, "-fr %d: -ft %s needs at least 1 row\n", s->ft_rank, s->fine_tune);
         return 0;
     }
-    if (method != FT_METHOD_PROMPT && (s->ft_rank < 1 || s->ft_rank % 8 != 0)) {
+    if (!rows && (s->ft_rank < 1 || s->ft_rank % 8 != 0)) {
         fprintf(stderr, "-fr %d: the %s must be a positive multiple of 8 (the GEMM kernels move 16-byte vectors of a "
                 "row)\n", s->ft_rank, method == FT_METHOD_LORA ? "rank" : "bottleneck width");
         return 0;
@@ -171,6 +176,11 @@ static int trainer_check_fine_tuning(const TrainerSettings* s, const Flag* flags
                 return 0;
             }
         }
+    }
+    if (flag_find(flags, num_flags, "-fl")->given && (method != FT_METHOD_LLAMA_ADAPTER || s->ft_layers < 1)) {
+        fprintf(stderr, "-fl %d: %s\n", s->ft_layers,
+                method != FT_METHOD_LLAMA_ADAPTER ? "applies to -ft llama_adapter only" : "expected at least 1 layer");
+        return 0;
     }
     if (!(s->ft_alpha > 0.0f) || !isfinite(s->ft_alpha)) {
         fprintf(stderr, "-fs %g: expected a finite alpha > 0\n", s->ft_alpha);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# dev/test/test_fine_tuning.sh: fine-tuning from the command line (train_gpt -ft lora|adapter, llmc/model_adapter.h)
+# dev/test/test_fine_tuning.sh: fine-tuning from the command line (train_gpt -ft METHOD, llmc/model_adapter.h)
 # on the CPU backend, on the instruction shards data/instructions.py makes of the shipped sample (bytes, the prompts'
 # targets masked), with the references' models and adapters (build/ref/lora_gpt2_fp32: every layer's target, r 8,
 # alpha 12; build/ref/adapter_gpt2_fp32: bottleneck adapters of width 8; build/ref/prompt_gpt2_fp32: 5 virtual
-# tokens, here before 27 real ones):
+# tokens, here before 27 real ones; build/ref/prefix_gpt2_fp32 and lladapter_gpt2_fp32: 5 shared keys per layer):
 #   - step 1's loss and gradient norm from each adapter (-fi, -a 1) against PyTorch's (train_gpt.py --train
 #     --adapter-from-file, whose first batch is the same rows): FP32, rel 1e-5 (the printed 6 decimals, fp32 sums);
 #   - the start-up table's trainable count against L r (C_in + C_out) summed over the targets;
@@ -15,9 +15,9 @@
 #   - refusals: a rank of 0 or not a multiple of 8, an unknown or repeated target, an unknown method, a fine-tuning
 #     flag without -ft, LoRA's flags with the bottleneck adapter, an adapter of another method or base model
 #     (checksum), a descriptor as the base, -fm of an adapter on a tied classifier, virtual tokens that do not fit
-#     the model's maxT, -tp 2, the MoE trainer.
-# Needs build/train_gpt_fp32, build/train_moe_fp32, build/ref/lora_gpt2_fp32, build/ref/adapter_gpt2_fp32 and
-# build/ref/prompt_gpt2_fp32 (their model and adapter files). Run from anywhere: dev/test/test_fine_tuning.sh
+#     the model's maxT, -fl without llama_adapter or past the model's layers, the prefix off flash attention (-fa 0),
+#     -tp 2, the MoE trainer.
+# Needs build/train_gpt_fp32, build/train_moe_fp32 and the references above (their model and adapter files). Run from anywhere: dev/test/test_fine_tuning.sh
 set -u
 cd "$(dirname "$0")/../.."
 . dev/test/cli_common.sh
@@ -38,6 +38,8 @@ BOTTLENECK=(-e "$BOTTLENECK_MODEL" -ft adapter -fr 8)
 PROMPT_MODEL=build/ref/prompt_gpt2_fp32_model.bin
 PROMPT_ADAPTER=build/ref/prompt_gpt2_fp32_adapter.bin
 PROMPT=(-e "$PROMPT_MODEL" -ft prompt -fr 5)
+PREFIX=(-e build/ref/prefix_gpt2_fp32_model.bin -ft prefix -fr 5)
+LLADAPTER=(-e build/ref/lladapter_gpt2_fp32_model.bin -ft llama_adapter -fr 5)
 
 # --- step 1 from each reference's adapter against PyTorch, and the start-up table's trainable count
 # first_step NAME MODEL ADAPTER T TRAINER-FLAGS...: the trainer's first step at -t T against train_gpt.py --train's
@@ -62,6 +64,9 @@ PY
 first_step lora "$MODEL" "$ADAPTER" 32 "${LORA[@]}"
 first_step adapter "$BOTTLENECK_MODEL" "$BOTTLENECK_ADAPTER" 32 "${BOTTLENECK[@]}"
 first_step prompt "$PROMPT_MODEL" "$PROMPT_ADAPTER" 27 "${PROMPT[@]}"
+first_step prefix build/ref/prefix_gpt2_fp32_model.bin build/ref/prefix_gpt2_fp32_adapter.bin 32 "${PREFIX[@]}"
+first_step llama_adapter build/ref/lladapter_gpt2_fp32_model.bin build/ref/lladapter_gpt2_fp32_adapter.bin 32 \
+    "${LLADAPTER[@]}"
 mv "$work/lora.log" "$work/one.log"
 # the tiny shape: L 2, C 48, fc 4C; qkv (C -> 3C), proj (C -> C), fc (C -> 4C), fc_proj (4C -> C)
 want=$((2 * 8 * ((48 + 144) + (48 + 48) + (48 + 192) + (192 + 48))))
@@ -127,7 +132,7 @@ expect_error "width 12" "-fr 12: the bottleneck width must be a positive multipl
     build/train_gpt_fp32 "${BOTTLENECK[@]}" -fr 12 "${E[@]}"
 expect_error "adapter -fs" "-fs applies to -ft lora" build/train_gpt_fp32 "${BOTTLENECK[@]}" -fs 3 "${E[@]}"
 expect_error "adapter -fm" "-fm applies to -ft lora" build/train_gpt_fp32 "${BOTTLENECK[@]}" -fm "$work/x.bin" "${E[@]}"
-expect_error "another method" "header word 2 (method (-ft: 1 lora, 2 adapter)) is 1, this run's is 2" \
+expect_error "another method" "header word 2 (method (-ft: 1 lora, 2 adapter, 3 prompt, 4 prefix, 5 llama_adapter)) is 1, this run's is 2" \
     build/train_gpt_fp32 -e "$MODEL" -ft adapter -fr 8 -fi "$ADAPTER" "${E[@]}"
 expect_error "another base" "the adapter was trained on another base model file" \
     build/train_gpt_fp32 -e "$work/merged.bin" -ft lora -fr 8 -fs 12 -fw qkv,proj,fc,fc_proj -fi "$ADAPTER" "${E[@]}"
@@ -140,6 +145,10 @@ expect_error "-fm of a tied lm_head" "ties its output embedding to wte" \
 expect_error "prompt past maxT" "5 virtual tokens and -t 32 exceed the model's maximum sequence length 32" \
     build/train_gpt_fp32 "${PROMPT[@]}" "${E[@]}"
 expect_error "prompt -fw" "-fw applies to -ft lora" build/train_gpt_fp32 "${PROMPT[@]}" -fw qkv "${E[@]}"
+expect_error "-fl of lora" "-fl 1: applies to -ft llama_adapter only" build/train_gpt_fp32 "${LORA[@]}" -fl 1 "${E[@]}"
+expect_error "-fl past L" "-fl 3: more layers than the model's 2" build/train_gpt_fp32 "${LLADAPTER[@]}" -fl 3 "${E[@]}"
+expect_error "prefix -fa 0" "-ft prefix: its shared keys join flash attention (-fa 1)" \
+    build/train_gpt_fp32 "${PREFIX[@]}" -fa 0 "${E[@]}"
 expect_error "-tp 2" "-ft lora -tp 2: the adapters are not split" build/train_gpt_fp32 "${LORA[@]}" -tp 2 "${E[@]}"
 expect_error "MoE" "-ft lora: fine-tuning is train_gpt's" build/train_moe_fp32 -e d2 -ev 263 -et 32 -ft lora "${E[@]}"
 
