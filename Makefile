@@ -270,7 +270,7 @@ $(BUILD)/ref/%_debug_state.bin: $$(call ref_scripts,$$*) | $(BUILD)
 	@mkdir -p $(BUILD)/ref
 	$(PYTHON) $(call ref_command,$*)
 # What the tests of dev/test/tests.txt use: every build/ path on a row or its "needs" line (a row with {lab} is the
-# labs: LAB_BINS and CHECKED below), build/ref/NAME standing for that reference's debug state
+# checked labs: CHECKED below), build/ref/NAME standing for that reference's debug state
 TEST_TABLE := dev/test/tests.txt
 TABLE_PATHS := $(sort $(shell awk '{ sub(/\#.*/, ""); for (i = 1; i <= NF; i++) \
     if ($$i ~ /^build\// && $$i !~ /[{]/) print $$i }' $(TEST_TABLE)))
@@ -352,12 +352,13 @@ test:
 	dev/test/run_tests.sh $(T); rc=$$?; t3=$$(date +%s); \
 	echo "make test: deps $$((t1 - t0)) s, builds $$((t2 - t1)) s, tests $$((t3 - t2)) s, in all $$((t3 - t0)) s"; \
 	exit $$rc
-test-inputs: $(CPU_TESTS) $(TABLE_INPUTS) labs checked
+test-inputs: $(CPU_TESTS) $(TABLE_INPUTS) checked
 run-tests: test-inputs
 	dev/test/run_tests.sh
 
 
-# the kernel lab on the CPU backend, both precisions: validation at small sizes (-s)
+# the kernel lab on the CPU backend, both precisions (make labs): each validates its variants at small sizes with -s,
+# which make test runs in the labs' checking build below
 LAB_SOURCES := $(sort $(filter-out dev/cuda/common.h,$(wildcard dev/cuda/*.cu)))
 LAB_BINS := $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_bf16) $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab/%_fp32)
 # a lab's own host-compiler flags: the host AdamW vectorises only without C's errno semantics (llmc/adamw_host.h)
@@ -368,7 +369,8 @@ $(LAB_BINS): $(BUILD)/lab/%: dev/cuda/$$(call program_of,$$*).cu $(wildcard dev/
 	$(CUCC) -O2 $(CPU_NUMERICS) $(LAB_FLAGS_$(call program_of,$*)) $(call precision_flag,$*) $< -o $@ -lcublas -lcublasLt
 
 # The checking build (cpu/cucc --check; cpu/README.md, "Checking mode") of the trainers' tests and of every lab, which
-# dev/test/run_tests.sh runs beside the plain ones; cpu/test/check/run_probes.sh builds its probes itself.
+# dev/test/run_tests.sh runs (the trainers' tests beside their plain twins); cpu/test/check/run_probes.sh builds its
+# probes itself.
 CHECKED := $(BUILD)/check/test_gpt_fp32 $(BUILD)/check/test_gpt_bf16 $(BUILD)/check/test_moe_fp32 \
            $(BUILD)/check/test_moe_bf16 $(BUILD)/check/test_wmma $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab_check/%_bf16) \
            $(LAB_SOURCES:dev/cuda/%.cu=$(BUILD)/lab_check/%_fp32)
@@ -390,7 +392,7 @@ CUDA_SOURCES := $(sort $(filter-out $(shell grep -l '^// nvcc: refused' cpu/test
 CUDNN_SOURCES := train_gpt.cu test_gpt.cu train_moe.cu test_moe.cu dev/cuda/flash_attention_forward.cu \
                  dev/cuda/flash_attention_backward.cu
 # The checking mode's probes (cpu/test/check/, small programs) pass through nvcc as one translation unit
-# (cpu/test/check/nvcc_unity.sh): one at a time, nearly all of nvcc's time went to parsing the CUDA headers again.
+# (cpu/test/check/unity.sh): one at a time, nearly all of nvcc's time went to parsing the CUDA headers again.
 CUDA_PROBES := $(filter cpu/test/check/%,$(CUDA_SOURCES))
 CUDA_UNITS := $(filter-out $(CUDA_PROBES),$(CUDA_SOURCES))
 check-cuda: $(CUDA_UNITS:%=$(BUILD)/check-cuda/%.ok) $(BUILD)/check-cuda/probes.cu.ok \
@@ -412,10 +414,10 @@ $(BUILD)/check-cuda/cudnn/%.ok: % $(LLMC)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(CUDNN_ARCH) -DENABLE_CUDNN $(MPI_INC) -c $< -o $(@:.ok=.o)
 	@touch $@
-$(BUILD)/check-cuda/probes.cu: $(CUDA_PROBES) cpu/test/check/nvcc_unity.sh
+$(BUILD)/check-cuda/probes.cu: $(CUDA_PROBES) cpu/test/check/unity.sh
 	@mkdir -p $(dir $@)
-	@echo "cpu/test/check/nvcc_unity.sh: the $(words $(CUDA_PROBES)) probes > $@"
-	@cpu/test/check/nvcc_unity.sh $(CUDA_PROBES) > $@
+	@echo "cpu/test/check/unity.sh: the $(words $(CUDA_PROBES)) probes > $@"
+	@cpu/test/check/unity.sh $(CUDA_PROBES) > $@
 $(BUILD)/check-cuda/probes.cu.ok: $(BUILD)/check-cuda/probes.cu
 	$(NVCC) $(NVCC_FLAGS) $(GPU_HOST_FLAGS) $(GPU_ARCH) -I . $(MPI_INC) -c $< -o $(@:.ok=.o)
 	@touch $@

@@ -1,7 +1,6 @@
 // cublas_aux_ld (bug): a GELU_AUX epilogue whose aux leading dimension is the column count n = 8, less
 // than D's 16 rows (cuBLASLt requires a multiple of 8 no less than the rows). expect cublascheck.
 // expect: cublascheck
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

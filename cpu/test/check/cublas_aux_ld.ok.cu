@@ -1,6 +1,5 @@
 // cublas_aux_ld (ok): the correct twin of cublas_aux_ld.bug.cu, aux leading dimension m = 16. No check
 // may report it.
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

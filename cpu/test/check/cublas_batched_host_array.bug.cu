@@ -1,7 +1,6 @@
 // cublas_batched_host_array (bug): cublasGemmBatchedEx is given the host array of matrix
 // pointers; cuBLAS reads the arrays from device memory. expect cublascheck: Aarray is not in a device allocation.
 // expect: cublascheck
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

@@ -1,6 +1,5 @@
 // cublas_batched_host_array (ok): the correct twin of cublas_batched_host_array.bug.cu, the
 // pointer arrays copied to device memory. No check may report it.
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

@@ -1,7 +1,6 @@
 // cublas_bias_type (bug): a GELU_BIAS epilogue with bf16 A/B/D and an fp32 bias (BIAS_DATA_TYPE
 // CUDA_R_32F), a combination cuBLASLt does not document (bias type = D type for bf16). expect cublascheck.
 // expect: cublascheck
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

@@ -1,6 +1,5 @@
 // cublas_bias_type (ok): the correct twin of cublas_bias_type.bug.cu, a bf16 bias for bf16 D. No check
 // may report it.
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

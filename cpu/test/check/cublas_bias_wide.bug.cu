@@ -1,7 +1,6 @@
 // cublas_bias_wide (bug): a cublasLtMatmul BIAS epilogue on a 768-row fp32 D reads 768 bias values,
 // but the bias buffer holds only 384. expect cublascheck: bias needs 3072 bytes, its allocation has 1536.
 // expect: cublascheck
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

@@ -1,6 +1,5 @@
 // cublas_bias_wide (ok): the correct twin of cublas_bias_wide.bug.cu, a bias buffer of one value per
 // row of D. No check may report it.
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

@@ -1,7 +1,6 @@
 // cublas_host_b (bug): cublasGemmEx is given the host array as B instead of its device copy; a GPU
 // cannot read it. expect cublascheck: B is not in a device allocation.
 // expect: cublascheck
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

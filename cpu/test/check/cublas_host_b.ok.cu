@@ -1,5 +1,4 @@
 // cublas_host_b (ok): the correct twin of cublas_host_b.bug.cu, B's device copy. No check may report it.
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

@@ -1,7 +1,6 @@
 // cublas_lda_overrun (bug): cublasSgemm is told A's leading dimension is m + 8, but A was allocated
 // packed (m x k, leading dimension m): its last columns lie past the allocation. expect cublascheck (A).
 // expect: cublascheck
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

@@ -1,6 +1,5 @@
 // cublas_lda_overrun (ok): the correct twin of cublas_lda_overrun.bug.cu, A's real leading dimension.
 // No check may report it.
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

@@ -1,7 +1,6 @@
 // cublas_stream_order (bug): a GEMM on stream s2 reads C, which a GEMM on stream s1 writes, with
 // nothing ordering s2 after s1. expect streamcheck.
 // expect: streamcheck
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

@@ -1,6 +1,5 @@
 // cublas_stream_order (ok): the correct twin of cublas_stream_order.bug.cu, s2 waits on an event
 // recorded on s1 after its GEMM. No check may report it.
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

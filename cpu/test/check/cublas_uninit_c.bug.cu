@@ -1,7 +1,6 @@
 // cublas_uninit_c (bug): cublasSgemm with beta = 1 accumulates into a C that nothing wrote (cudaMalloc
 // leaves it undefined). expect initcheck (C).
 // expect: initcheck
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

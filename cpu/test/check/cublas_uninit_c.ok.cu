@@ -1,6 +1,5 @@
 // cublas_uninit_c (ok): the correct twin of cublas_uninit_c.bug.cu, beta = 0 (cuBLAS then does not read
 // C). No check may report it.
-// libs: -lcublas -lcublasLt
 #include <cstdio>
 #include <math.h>
 #include <cuda_runtime.h>

@@ -1,7 +1,6 @@
 // cublas_x_device_alpha (bug): alpha and beta live in device memory (cudaMalloc) but the handle is left in
 // the default CUBLAS_POINTER_MODE_HOST, so cuBLAS dereferences device pointers on the host.
 // expect: cublascheck
-// libs: -lcublas -lcublasLt
 #include <cublas_v2.h>
 #include <cstdio>
 #include <cuda_runtime.h>

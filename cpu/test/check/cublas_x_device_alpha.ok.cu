@@ -1,6 +1,5 @@
 // cublas_x_device_alpha (ok): alpha and beta live in device memory and the handle is switched to
 // CUBLAS_POINTER_MODE_DEVICE first. Correct twin of cublas_x_device_alpha.bug.cu.
-// libs: -lcublas -lcublasLt
 #include <cublas_v2.h>
 #include <cstdio>
 #include <cuda_runtime.h>

@@ -1,7 +1,6 @@
 // cublas_x_strided_batch (bug): cublasSgemmStridedBatched over 4 batches of 16x16 matrices, but the C buffer
 // was allocated for 3 batches (count taken from a different variable): the last batch's C lies past the end.
 // expect: cublascheck
-// libs: -lcublas -lcublasLt
 #include <cublas_v2.h>
 #include <cstdio>
 #include <cuda_runtime.h>

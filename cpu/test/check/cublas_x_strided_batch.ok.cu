@@ -1,6 +1,5 @@
 // cublas_x_strided_batch (ok): the C buffer holds all 4 batches of the strided-batched GEMM. Correct twin of
 // cublas_x_strided_batch.bug.cu.
-// libs: -lcublas -lcublasLt
 #include <cublas_v2.h>
 #include <cstdio>
 #include <cuda_runtime.h>

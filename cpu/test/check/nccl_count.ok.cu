@@ -1,6 +1,5 @@
 // nccl_count.ok.cu: twin of nccl_count.bug.cu: every rank reduces n elements.
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

@@ -2,7 +2,6 @@
 // recvbuff on every rank; NCCL needs sendbuff == recvbuff + rank * sendcount.
 // expect: ncclcheck
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

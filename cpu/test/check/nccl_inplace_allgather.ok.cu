@@ -1,7 +1,6 @@
 // nccl_inplace_allgather.ok.cu: twin of nccl_inplace_allgather.bug.cu: each rank passes
 // its own slice, recvbuff + rank * sendcount, as sendbuff.
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

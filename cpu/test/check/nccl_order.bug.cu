@@ -2,7 +2,6 @@
 // opposite order, so the k-th collectives of the ranks differ (NCCL would mix their data or hang).
 // expect: ncclcheck
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

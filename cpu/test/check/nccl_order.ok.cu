@@ -1,6 +1,5 @@
 // nccl_order.ok.cu: twin of nccl_order.bug.cu: every rank calls ncclAllReduce, then ncclBroadcast.
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

@@ -2,7 +2,6 @@
 // rank 0, max elsewhere).
 // expect: ncclcheck
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

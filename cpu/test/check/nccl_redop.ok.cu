@@ -1,6 +1,5 @@
 // nccl_redop.ok.cu: twin of nccl_redop.bug.cu: every rank reduces with ncclSum.
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

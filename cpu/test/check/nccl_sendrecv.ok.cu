@@ -1,6 +1,5 @@
 // nccl_sendrecv.ok.cu: twin of nccl_sendrecv.bug.cu: both ranks post the send and the receive.
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

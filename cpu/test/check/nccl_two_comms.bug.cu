@@ -2,7 +2,6 @@
 // them: NCCL operations of two communicators in flight at once can deadlock.
 // expect: ncclcheck
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

@@ -1,7 +1,6 @@
 // nccl_two_comms.ok.cu: twin of nccl_two_comms.bug.cu: the second stream waits on an event
 // recorded after the first all-reduce, so the two are never in flight at once.
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

@@ -2,7 +2,6 @@
 // wait forever (the watchdog reports it after CUCC_NCCL_TIMEOUT seconds).
 // expect: ncclcheck
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

@@ -1,6 +1,5 @@
 // nccl_watchdog.ok.cu: twin of nccl_watchdog.bug.cu: every rank calls the ncclAllReduce.
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

@@ -2,7 +2,6 @@
 // sendcount (not nranks * sendcount): NCCL writes past its end. expect ncclcheck.
 // expect: ncclcheck
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

@@ -1,7 +1,6 @@
 // nccl_x_allgather_small (ok): the all-gather's receive buffer holds nranks * sendcount floats. Correct twin
 // of nccl_x_allgather_small.bug.cu.
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

@@ -2,7 +2,6 @@
 // disagree on the root of the same ncclBroadcast. expect ncclcheck.
 // expect: ncclcheck
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

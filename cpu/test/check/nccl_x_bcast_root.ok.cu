@@ -1,6 +1,5 @@
 // nccl_x_bcast_root (ok): every rank passes root 0 to the ncclBroadcast. Correct twin of nccl_x_bcast_root.bug.cu.
 // ranks: 2
-// libs: -lnccl -lmpi
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>

@@ -2,12 +2,14 @@
 # cpu/test/check/run_probes.sh: the probe suite of the checking build (cpu/cucc --check). Every NAME.bug.cu
 # here is a deliberate GPU bug that one check must report (`// expect: <check>`: exit status 86 and a stderr
 # line `cucc: <check>: ...`); every NAME.ok.cu is a correct program that must exit 0 with no `cucc: ` line.
-# Header lines read: `// expect: CHECK`, `// ranks: N` (run under mpirun -np N), `// libs: -l...` (link flags).
+# Header lines read: `// expect: CHECK`, `// ranks: N` (run under mpirun -np N).
 #   cpu/test/check/run_probes.sh                  build (into build/check_probes/) and run every probe
 #   cpu/test/check/run_probes.sh race_nosync 'mem_*' init_counter.bug   a subset: names, NAME.bug/.ok, globs
-# JOBS=N sets the builds and runs in parallel (2). A probe is rebuilt when its source, or anything under cpu/
-# outside cpu/build/ and this directory, is newer than its binary. Prints `PASS|FAIL probe: why` per probe and
-# last `check_probes: N passed, N failed`; exits 1 on any failure (2 on a bad argument).
+# The probes are built together, as one program whose first argument picks the probe (unity.sh), linked with every
+# library a probe may use (cuBLAS, cuBLASLt, NCCL, MPI); each runs in a process of its own. JOBS=N sets the runs in
+# parallel (2). The program is rebuilt when a probe, or anything under cpu/ outside cpu/build/, is newer than it.
+# Prints `PASS|FAIL probe: why` per probe and last `check_probes: N passed, N failed`; exits 1 on any failure (2 on a
+# bad argument).
 set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
@@ -44,34 +46,22 @@ header() {  # header FILE KEY: the value of the first `// KEY: value` line
     sed -n "s|^// $2:[[:space:]]*||p" "$1" | head -n 1 | sed 's/[[:space:]]*$//'
 }
 
-# ---- build (only what is out of date), in parallel ------------------------------------------------------
-build_one() {  # build_one PROBE: writes $BUILD/PROBE or $BUILD/logs/PROBE.build (and .buildfail)
-    local p=$1 src="$HERE/$1.cu" libs
-    libs=$(header "$src" libs)
-    # shellcheck disable=SC2086  # libs are separate words
-    if cpu/cucc --check -O1 "$src" -o "$BUILD/$p" $libs >"$BUILD/logs/$p.build" 2>&1; then
-        rm -f "$BUILD/logs/$p.buildfail"
-    else
-        rm -f "$BUILD/$p"
-        touch "$BUILD/logs/$p.buildfail"
+# ---- build: every probe in one program (unity.sh), rebuilt when out of date --------------------------------
+# One g++ call parses the CUDA headers and the backend's once for all of them (about 8 s, where one build per probe
+# took a minute of CPU). A probe that does not compile fails them all, with the compiler's first error.
+PROGRAM=$BUILD/probes
+build_log=$BUILD/logs/build
+if [ ! -x "$PROGRAM" ] || [ -n "$(find cpu -path cpu/build -prune -o -type f -newer "$PROGRAM" -print -quit)" ]; then
+    echo "run_probes.sh: building the ${#all[@]} probes as one program with cpu/cucc --check" >&2
+    (cd "$HERE" && ./unity.sh "${all[@]/%/.cu}") >"$BUILD/probes.cu"
+    if ! cpu/cucc --check -O1 -I "$HERE" "$BUILD/probes.cu" -o "$PROGRAM" -lcublas -lcublasLt -lnccl -lmpi \
+        >"$build_log" 2>&1; then
+        rm -f "$PROGRAM"
     fi
-}
-export -f build_one header
-export HERE BUILD
-
-stale=()
-for p in "${probes[@]}"; do
-    bin=$BUILD/$p
-    if [ ! -x "$bin" ] || [ "$HERE/$p.cu" -nt "$bin" ] ||
-        [ -n "$(find cpu \( -path cpu/build -o -path cpu/test/check \) -prune -o -type f -newer "$bin" -print -quit)" ]; then
-        stale+=("$p")
-    fi
-done
-if [ ${#stale[@]} -gt 0 ]; then
-    echo "run_probes.sh: building ${#stale[@]} probe(s) with cpu/cucc --check ($JOBS at a time)" >&2
-    # shellcheck disable=SC2016  # $1 is the inner bash's
-    printf '%s\n' "${stale[@]}" | xargs -P "$JOBS" -I{} bash -c 'build_one "$1"' _ {}
 fi
+
+export -f header
+export HERE BUILD PROGRAM build_log
 
 # ---- run and judge, in parallel; results are printed in name order --------------------------------------
 run_one() {  # run_one PROBE: writes $BUILD/logs/PROBE.result (one line: PASS|FAIL probe: why)
@@ -79,8 +69,8 @@ run_one() {  # run_one PROBE: writes $BUILD/logs/PROBE.result (one line: PASS|FA
     local res=$BUILD/logs/$p.result out=$BUILD/logs/$p.out errf=$BUILD/logs/$p.err
     expect=$(header "$src" expect)
     ranks=$(header "$src" ranks)
-    if [ -e "$BUILD/logs/$p.buildfail" ] || [ ! -x "$BUILD/$p" ]; then
-        first=$(grep -m 1 -E 'error|cucc:' "$BUILD/logs/$p.build" || head -n 1 "$BUILD/logs/$p.build")
+    if [ ! -x "$PROGRAM" ]; then
+        first=$(grep -m 1 -E 'error|cucc:' "$build_log" || head -n 1 "$build_log")
         echo "FAIL $p: build failed: ${first:0:300}" >"$res"
         return
     fi
@@ -90,10 +80,10 @@ run_one() {  # run_one PROBE: writes $BUILD/logs/PROBE.result (one line: PASS|FA
     fi
     # (in a command substitution whose stderr is discarded, so that bash's own "Aborted" notes stay out)
     if [ -n "$ranks" ]; then
-        rc=$({ timeout 120 mpirun --allow-run-as-root --oversubscribe -np "$ranks" "$BUILD/$p" >"$out" 2>"$errf"
+        rc=$({ timeout 120 mpirun --allow-run-as-root --oversubscribe -np "$ranks" "$PROGRAM" "$p" >"$out" 2>"$errf"
             echo $?; } 2>/dev/null)
     else
-        rc=$({ timeout 120 "$BUILD/$p" >"$out" 2>"$errf"; echo $?; } 2>/dev/null)
+        rc=$({ timeout 120 "$PROGRAM" "$p" >"$out" 2>"$errf"; echo $?; } 2>/dev/null)
     fi
     # a report is a line `cucc: <check>: `; under mpirun a rank prefix may come before it
     local anchor='^'
