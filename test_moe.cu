@@ -127,6 +127,8 @@ static void reset_forced(int kind) {
     cudaCheck(cudaMemset(forcing.differ + kind, 0, sizeof(int)));
     forcing.forced[kind] = 0;
 }
+// the next evaluation pass, on the reference batch's first micro-batch, routes as the logits' first did
+static void moe_repeat_first_evaluation(void) { forcing.evaluations = 0; }
 
 // The debug state's MoE part (after the loss): header[7] MoE layers, header[8] noisy gating; the aux and z losses
 // summed over the MoE layers, noisy gating's importance and load losses, then per layer the dropped choices and
@@ -151,7 +153,7 @@ static void moe_read_choices(FILE* f, const char* path, const int* header, const
     ForcedRouting* r = &forcing;
     r->K = header[10] > 1 ? header[10] : 1;
     r->Lm = num_moe_layers(model);
-    r->N = header[2] / r->K * header[3];
+    r->N = header[2] / r->K * (header[3] + model_adapter_sequence_extra(model));  // a prompt's virtual tokens routed too
     r->k = moe_of(model)->config.top_k;
     int E = moe_of(model)->config.num_experts;
     if (r->passes != r->K * (header[4] + 2)) {
@@ -335,7 +337,8 @@ static void moe_check_forward(const Model* model, const ReferenceState* referenc
         return;
     }
     int Lm = num_moe_layers(model), E = moe->config.num_experts;
-    long moved = 0, dropped_diff = 0, choices = (long)Lm * reference->B * reference->T * moe->config.top_k;
+    long positions = (long)reference->T + model_adapter_sequence_extra(model);  // a prompt's virtual ones routed too
+    long moved = 0, dropped_diff = 0, choices = (long)Lm * reference->B * positions * moe->config.top_k;
     for (int m = 0; m < Lm; m++) {
         long dropped = 0;
         for (int e = 0; e < E; e++) {
@@ -523,7 +526,8 @@ static void moe_run_steps(const ModelTest* t, int degree, const int* x, const in
     build_test_model(&model, t, mg, degree);
     int passes = test_passes(&model, ref, t->extension);
     if (passes == 0) exit(EXIT_FAILURE);
-    model_allocate_activations(&model, ref->B / passes, ref->T);
+    model_allocate_activations(&model, ref->B / passes, ref->T + model_adapter_sequence_extra(&model));
+    attach_test_adapter(&model, t);
     model_allocate_optimizer(&model, t->zero_stage);
     size_t n_bias = (size_t)num_moe_layers(&model) * moe_of(&model)->config.num_experts;
     for (int step = 0; step < ref->nsteps; step++) {
@@ -533,10 +537,10 @@ static void moe_run_steps(const ModelTest* t, int degree, const int* x, const in
             cudaCheck(cudaMemcpy(biases + step * n_bias, moe_of(&model)->balance_bias, n_bias * sizeof(float),
                                  cudaMemcpyDeviceToHost));
     }
-    if (params) {
-        *count = model_num_parameters(&model);
+    if (params) {  // the model's, or under fine-tuning the adapter's
+        *count = test_trained_parameters(&model);
         *params = (floatX*)malloc_check(*count * sizeof(floatX));
-        model_get_parameters(&model, *params, stream);
+        test_trained_values(&model, *params, stream);
     }
     free_test_model(&model);
 }
@@ -583,7 +587,8 @@ static void check_global_aux(const ModelTest* t, const int* x, const int* y, int
     unsharded.offload = 0;
     Model model;
     build_test_model(&model, &unsharded, mg, t->ep_degree);
-    model_allocate_activations(&model, B / K, T);
+    model_allocate_activations(&model, B / K, T + model_adapter_sequence_extra(&model));
+    attach_test_adapter(&model, &unsharded);
     model_allocate_optimizer(&model, 0);
     test_gradient(&model, x, y, B, T, K, mg, t->extension, stream);
     MoEModel* moe = moe_of(&model);
@@ -679,7 +684,8 @@ static void moe_extra_checks(const ModelTest* t, const ReferenceState* ref, cons
         build_test_model(&spread, &unsharded, mg, ep_degree);
         Model* both[2] = {&one, &spread};
         for (int i = 0; i < 2; i++) {
-            model_allocate_activations(both[i], B / K, T);
+            model_allocate_activations(both[i], B / K, T + model_adapter_sequence_extra(both[i]));
+            attach_test_adapter(both[i], &unsharded);
             model_allocate_optimizer(both[i], 0);
         }
         if (printing)
@@ -689,9 +695,9 @@ static void moe_extra_checks(const ModelTest* t, const ReferenceState* ref, cons
         float loss_spread = test_gradient(&spread, x, y, B, T, K, mg, t->extension, stream);
         compare_value("ep loss", multi_gpu_cpu_float_sum(loss_spread, mg), multi_gpu_cpu_float_sum(loss_one, mg),
                       tol_steps);
-        float* g_one = gathered_gradients(&one, t->extension, stream);
-        float* g_spread = gathered_gradients(&spread, t->extension, stream);
-        compare_tensors("ep d", &one, g_spread, g_one, tol_tensor);
+        float* g_one = trained_gradients(&one, t->extension, stream);
+        float* g_spread = trained_gradients(&spread, t->extension, stream);
+        compare_trained_gradients("ep d", &one, g_spread, g_one, tol_tensor);
         free(g_one);
         free(g_spread);
         free_test_model(&spread);
@@ -763,7 +769,7 @@ static const TestExtension moe_test_extension = {
     " [-ep N] [-etp 1|N] [-cf CF] [-ra A] [-rz Z] [-rj EPS] [-rni W] [-rnl W] [-rb GAMMA] [-rsl A] [-rg 0|1] [-dl M] "
     "(the settings' flags must agree with the debug state)",
     moe_parse_test_flag, moe_take_settings, moe_attach, moe_read_reference, moe_micro_step_sums, moe_check_forward,
-    moe_gradient_multiplier, moe_extra_checks, moe_routing_groups,
+    moe_gradient_multiplier, moe_extra_checks, moe_routing_groups, moe_repeat_first_evaluation,
 };
 
 int main(int argc, char** argv) { return test_main(argc, argv, &moe_test_extension); }

@@ -969,6 +969,7 @@ static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream
 // prompt tuning (-ft prompt) each sequence runs behind the P virtual tokens: a.output holds B x (P + T) rows.
 static void model_forward(Model* model, const int* inputs, const int* targets, int B, int T, float dlogits_scale,
                          cudaStream_t stream) {
+    int real_T = T;
     model_adapter_prompt_batch(model, &inputs, &targets, B, &T);
     const ModelConfig* c = &model->config;
     if (B > model->batch_size || T > model->seq_len || T > c->max_seq_len || B < 1 || T < 1) {
@@ -989,7 +990,10 @@ static void model_forward(Model* model, const int* inputs, const int* targets, i
         cudaCheck(cudaMemcpyAsync(model->targets, targets, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
     const FfnExtension* x = model->extension.ffn;
-    if (x->begin_forward) x->begin_forward(model, B, T, dlogits_scale);
+    // an extension's losses average over every position, a prompt's virtual ones too (an MoE routes them): their
+    // per-position weight spreads the real positions' total over all of them
+    float extension_scale = T == real_T ? dlogits_scale : dlogits_scale * (float)real_T / (float)T;
+    if (x->begin_forward) x->begin_forward(model, B, T, extension_scale);
     model_forward_layers(model, B, T, stream);
     // the classifier: against wte (GPT-2, tied llama) or lm_head
     ParameterTensors p = model_rest_weights(model, stream);
@@ -1627,10 +1631,6 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         multi_gpu_config_free(&mg);
         return EXIT_SUCCESS;
     }
-    if (model.frozen && x->trainer) {
-        fprintf(stderr, "-ft %s: fine-tuning is train_gpt's: %s's experts take no adapter\n", s.fine_tune, x->trainer);
-        return EXIT_FAILURE;
-    }
     if (model.frozen && !from_file) {
         fprintf(stderr, "-ft %s: fine-tunes a model file (-e FILE); %s is none\n", s.fine_tune, s.model_source);
         return EXIT_FAILURE;
@@ -1648,6 +1648,13 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (model.frozen && s.ft_merged && !lora_can_merge(&model)) {
         fprintf(stderr, "-fm %s: %s ties its output embedding to wte, which the inputs read too: an adapter on lm_head "
                 "has no merged form (-fw without lm_head, or an untied llama model)\n", s.ft_merged, s.model_source);
+        return EXIT_FAILURE;
+    }
+    unsigned mlp_targets = (1u << LORA_FC) | (1u << LORA_FC_PROJ);
+    if (model.frozen && model.adapter_method == FT_METHOD_LORA && (model.adapter_targets & mlp_targets) &&
+        model_dense_layers(&model) == 0) {
+        fprintf(stderr, "-fw %s: %s has no dense MLP for fc or fc_proj (every layer's FFN is an MoE layer)\n",
+                s.ft_targets, s.model_source);
         return EXIT_FAILURE;
     }
     if (x->check_model) x->check_model(&model, s.model_source, from_file);

@@ -582,6 +582,16 @@ class ClassifierLora(nn.Module):
         return self.s * F.linear(F.linear(h, self.lora_A), self.lora_B)
 
 
+def has_module(block, path):
+    """Whether the block has a module at `path`: in GPT-2 and the Llama every block has every target's; in
+    train_moe.py's model only its dense blocks have the MLP's (fc, fc_proj)."""
+    try:
+        block.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
 def lora_scale(alpha, r):
     """s = alpha / r in fp32 arithmetic, as the C side computes it (float s = alpha / (float)r)."""
     return float(np.float32(alpha) / np.float32(r))
@@ -589,8 +599,8 @@ def lora_scale(alpha, r):
 
 def add_lora(model, r, alpha, targets):
     """Freezes every parameter of the model and puts a LoraLinear (A and B zero) in place of each target Linear of
-    every block, and with lm_head a ClassifierLora (A and B zero) on the model: afterwards only the adapter's A and B
-    train."""
+    every block that has it, and with lm_head a ClassifierLora (A and B zero) on the model: afterwards only the
+    adapter's A and B train."""
     for p in model.parameters():
         p.requires_grad_(False)
     s = lora_scale(alpha, r)
@@ -598,7 +608,7 @@ def add_lora(model, r, alpha, targets):
         model.classifier_lora = ClassifierLora(model.wte.weight, r, s)  # the Llama's lm_head.weight has its shape
     for block in model.h:
         for name, path in LORA_TARGETS:
-            if name in targets and path is not None:
+            if name in targets and path is not None and has_module(block, path):
                 parent_path, _, child = path.rpartition(".")
                 parent = block.get_submodule(parent_path)
                 setattr(parent, child, LoraLinear(getattr(parent, child), r, s))
@@ -636,21 +646,31 @@ class BottleneckAdapter(nn.Module):
 
 
 def apply_bottleneck(site, inputs, output):
-    """The forward hook add_bottlenecks puts on a site module: its output through the adapter it holds."""
+    """The forward hook add_bottlenecks puts on a site module: its output through the adapter it holds. A site that
+    returns a tuple (train_moe.py's MoE layer: its output and its routing) has the adapter on the first element."""
+    if isinstance(output, tuple):
+        return (site.bottleneck(output[0]), *output[1:])
     return site.bottleneck(output)
 
 
+def adapter_site(block, path):
+    """A block's module of the site `path` (ADAPTER_SITES): the module at that path, or the one the block's
+    `site_paths` names for it (train_moe.py's MoE blocks: their MoE layer, moe, is the FFN site mlp)."""
+    return block.get_submodule(getattr(block, "site_paths", {}).get(path, path))
+
+
 def add_bottlenecks(model, r):
-    """Freezes every parameter of the model and gives the attn and the mlp of every block a BottleneckAdapter of width
-    r (zero) under .bottleneck, which a forward hook applies to that module's output, so the block's residual add
-    takes the adapted output. The site modules stay in their places, so a path such as attn.c_attn.weight still names
-    the base weight: params_in_file_order, the payload functions and write_model_file see the base model as before;
-    the hook, not a wrapper's forward, passes the Llama attention's (x, cos, sin) on unchanged."""
+    """Freezes every parameter of the model and gives the attn and the mlp (adapter_site) of every block a
+    BottleneckAdapter of width r (zero) under .bottleneck, which a forward hook applies to that module's output, so
+    the block's residual add takes the adapted output. The site modules stay in their places, so a path such as
+    attn.c_attn.weight still names the base weight: params_in_file_order, the payload functions and write_model_file
+    see the base model as before; the hook, not a wrapper's forward, passes the Llama attention's (x, cos, sin) on
+    unchanged."""
     for p in model.parameters():
         p.requires_grad_(False)
     for block in model.h:
         for path in ADAPTER_SITES:
-            site = block.get_submodule(path)
+            site = adapter_site(block, path)
             base = next(site.parameters())
             site.bottleneck = BottleneckAdapter(model.config.C, r, {"dtype": base.dtype, "device": base.device})
             site.register_forward_hook(apply_bottleneck)
@@ -658,7 +678,7 @@ def add_bottlenecks(model, r):
 
 
 def has_bottlenecks(model):
-    return hasattr(model.h[0].get_submodule(ADAPTER_SITES[0]), "bottleneck")
+    return hasattr(adapter_site(model.h[0], ADAPTER_SITES[0]), "bottleneck")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -727,7 +747,8 @@ def has_shared_keys(model, kind):
 
 def adapter_in_file_order(model):
     """[(name, [nn.Parameter per layer])] in adapter order. LoRA: for each target the model has, in LORA_TARGETS'
-    order, A stacked over the layers (L, r, in), then B (L, out, r); lm_head's, one pair for the model, as one layer's:
+    order, A stacked over the layers that have its Linear (L, r, in; train_moe.py's fc and fc_proj: its dense layers),
+    then B (L, out, r); lm_head's, one pair for the model, as one layer's:
     A (1, r, C), B (1, Vp, r). Bottleneck adapters: for each site, in ADAPTER_SITES' order, down.weight stacked over
     the layers (L, r, C), down.bias (L, r), up.weight (L, C, r), up.bias (L, C). A prompt: the one tensor prompt
     (P, C), row-major. A prefix: the keys stacked over the layers (L, P, NKV*HS), then the values. LLaMA-Adapter: the
@@ -743,7 +764,7 @@ def adapter_in_file_order(model):
         return [("adaption.prompts", [a.adaption_prompt for a in attns]),
                 ("adaption.gates", [a.adaption_gate for a in attns])]
     if has_bottlenecks(model):
-        return [(f"{path}.{tensor}", [block.get_submodule(path).bottleneck.get_parameter(tensor) for block in model.h])
+        return [(f"{path}.{tensor}", [adapter_site(block, path).bottleneck.get_parameter(tensor) for block in model.h])
                 for path in ADAPTER_SITES for tensor in BOTTLENECK_TENSORS]
     order = []
     for name, path in LORA_TARGETS:
@@ -751,8 +772,8 @@ def adapter_in_file_order(model):
             if model.classifier_lora is not None:
                 order += [(name + "_A", [model.classifier_lora.lora_A]), (name + "_B", [model.classifier_lora.lora_B])]
             continue
-        linears = [block.get_submodule(path) for block in model.h]
-        if isinstance(linears[0], LoraLinear):
+        linears = [block.get_submodule(path) for block in model.h if has_module(block, path)]
+        if linears and isinstance(linears[0], LoraLinear):
             order += [(name + "_A", [m.lora_A for m in linears]), (name + "_B", [m.lora_B for m in linears])]
     return order
 
@@ -1406,16 +1427,18 @@ def write_tokenizer(args):
 
 
 def train(args):
-    train_loop(args, model_and_adapter_for_run, gpt_losses)
+    train_loop(args, with_adapter(model_for_run, adapter_for_run), gpt_losses)
 
 
-def model_and_adapter_for_run(args):
-    """--train's model: model_for_run's, with --ft the adapter on it (fresh: LoRA's B, the bottleneck's up zero; a
-    prompt drawn)."""
-    model = model_for_run(args)
-    if uses_adapter(args):
-        adapter_for_run(model, args, b_std=0.0)
-    return model
+def with_adapter(model_for_run, adapter_for_run):
+    """--train's model builder: model_for_run's model, with --ft adapter_for_run's adapter on it (fresh: LoRA's B, the
+    bottleneck's up zero; a prompt drawn). train_moe.py passes its own two."""
+    def build(args):
+        model = model_for_run(args)
+        if uses_adapter(args):
+            adapter_for_run(model, args, b_std=0.0)
+        return model
+    return build
 
 
 # ----------------------------------------------------------------------------------------------------------

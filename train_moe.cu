@@ -173,6 +173,12 @@ static void moe_setup(Model* model, const MultiGpuConfig* mg) {
         fprintf(stderr, "-etp %d: expected 1 (the experts whole) or -tp's %d (their hidden units split)\n", etp, tp);
         exit(EXIT_FAILURE);
     }
+    // fine-tuning freezes the model, its balancing biases with it: they are not the adapter's to move
+    if (model->frozen && f->bias_gamma > 0.0f) {
+        fprintf(stderr, "-rb %g: the balancing biases are the model's, frozen under -ft (leave -rb out)\n",
+                f->bias_gamma);
+        exit(EXIT_FAILURE);
+    }
     // the -ep groups: over every process, or at -etp N over the data-parallel processes that hold the same slices
     const MultiGpuConfig* over = etp > 1 ? &model->tp->dp : mg;
     if (over->num_processes % f->expert_parallel != 0) {

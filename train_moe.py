@@ -30,6 +30,20 @@ Run from the repository root with a Python that has torch (here Debian's: /usr/b
   train_gpt.py --write-shard writes:
     /usr/bin/python3 train_moe.py --train --input-bin 'build/ref/shard*.bin' --B 4 --T 32 --steps 20
   any mode can start from an MoE model file instead of a fresh init: --model-from-file PATH (fp32 or bf16).
+  fine-tuning: train_gpt.py's methods and flags (--ft lora|adapter|prompt|prefix|llama_adapter, --ft-rank, --ft-alpha,
+  --ft-targets, --ft-layers, --adapter-from-file; see train_gpt.py's comment at the top) on a frozen MoE model, its
+  routers, noise routers, routed and shared experts included (no --bias-gamma: the balancing biases stay too); the
+  balancing losses still add to the loss, and their gradients reach the adapter through the routers' input. LoRA's
+  qkv and proj take every layer's attention, fc and fc_proj the dense layers' MLPs (the experts take none:
+  --ft-targets experts is refused), lm_head the classifier; the bottleneck adapters' FFN site is the MoE layer's
+  output in an MoE layer; a prompt's P virtual tokens are routed too (P + T tokens per sequence). The reference also
+  writes PREFIX_adapter.bin (train_gpt.py's adapter file):
+    /usr/bin/python3 train_moe.py --write-reference build/ref/moe_lora --topk 2 --moe-every 2 --cf 0.5 \
+        --ft lora --ft-rank 4 --ft-alpha 8 --ft-targets qkv,proj,fc,fc_proj,lm_head
+    /usr/bin/python3 train_moe.py --write-reference build/ref/moe_prompt --topk 2 --moe-every 1 --cf 0.5 \
+        --ft prompt --ft-rank 5
+    /usr/bin/python3 train_moe.py --train --input-bin 'build/ref/shard*.bin' --B 4 --T 32 --steps 20 \
+        --model-from-file build/ref/moe_lora_model.bin --adapter-from-file build/ref/moe_lora_adapter.bin
 Its test: /usr/bin/python3 dev/test/test_reference_moe.py
 
 MoE model file: header [0]=20261129, [1]=1 (fp32) or 2 (bf16), [2]=maxT, [3]=V, [4]=L, [5]=NH, [6]=C, [7]=Vp,
@@ -61,6 +75,11 @@ reference also keeps every pass's expert choices, which test_moe's BF16 build ro
 doc/moe.md): [33] = P, the passes, and after the routing counts P blocks of Lm x (B/K)*T x k int32, per MoE layer per
 token its k choices in routing order: the K evaluation passes (the logits'), the K training passes of the gradient,
 then the K of each step (P = K * (steps + 2)).
+With --ft the debug state is train_gpt.py's fine-tuning one in this layout: [40] = the method (train_gpt.py's
+FT_METHODS: 1 lora, 2 adapter, 3 prompt, 4 prefix, 5 llama_adapter), the gradients the adapter's in adapter order
+(train_gpt.py's adapter_in_file_order; LoRA's fc and fc_proj stacked over the dense layers) instead of the model's,
+and the steps train the adapter only. With a prompt of P virtual tokens the logits are the T real positions', and the
+routing counts and expert choices cover the P + T tokens of each sequence ((B/K)*(P + T) per pass and MoE layer).
 
 Choices this reference makes (the C side must make the same ones):
 - Capacity = ceil(k * CF * N / E) evaluated in IEEE double left to right, CF held as a double:
@@ -129,12 +148,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import train_gpt
-from train_gpt import (FAMILY_LLAMA, FAMILY_WORD, INIT_STD, LN_EPS, PERTURB_STD, CausalSelfAttention, GPTConfig,
-                       GroupedQueryAttention, LlamaConfig, MASKED, MLP, OneLineParser, RMSNorm, SwiGLUMLP, add_arch_flags,
-                       add_run_flags, add_shape_flags, backward, bf16_bits, bf16_to_float, check_arch_flags,
-                       check_llama_shape, check_run_flags, debug_state_header, fp32, fp32_bits, fp32_from_bits, header,
-                       make_deterministic, pick_device, read_file, reference_batch, reference_step_losses,
-                       rope_cos_sin, train_loop, write_file)
+from train_gpt import (FAMILY_LLAMA, FAMILY_WORD, FT_METHODS, INIT_STD, LN_EPS, PERTURB_STD, REFERENCE_B_STD,
+                       STATE_FT_WORD, CausalSelfAttention, GPTConfig, GroupedQueryAttention, LlamaConfig, MASKED, MLP,
+                       OneLineParser, RMSNorm, SwiGLUMLP, adapter_in_file_order, adapter_shape, add_arch_flags,
+                       add_ft_flags, add_run_flags, add_shape_flags, backward, bf16_bits, bf16_to_float,
+                       check_arch_flags, check_ft_flags, check_llama_shape, check_run_flags, classifier,
+                       debug_state_header, fp32, fp32_bits, fp32_from_bits, header, make_deterministic, pick_device,
+                       read_file, real_positions, reference_batch, reference_step_losses, rope_cos_sin, train_loop,
+                       uses_adapter, with_adapter, with_prompt, write_adapter_file, write_file)
 
 MOE_MODEL_MAGIC = 20261129
 MOE_VERSION_FP32 = 1
@@ -624,6 +645,7 @@ class MoEBlock(nn.Module):
             self.ln_2 = nn.LayerNorm(config.C, eps=LN_EPS)
         if config.is_moe(layer):
             self.moe = SwitchFFN(config, config.moe_index(layer))
+            self.site_paths = {"mlp": "moe"}  # --ft adapter's FFN site (train_gpt.adapter_site): the MoE layer
         else:
             self.mlp = SwiGLUMLP(llama) if config.llama else MLP(config)
 
@@ -692,16 +714,21 @@ class MoEGPT(nn.Module):
             cos, sin = rope_cos_sin(config.maxT, config.llama_config().HS, config.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
+        # train_gpt.py's fine-tuning (--ft) puts its adapters on this model as on its own (train_gpt.add_adapter)
+        self.classifier_lora = None  # the lm_head target's ClassifierLora, added to the logits
+        self.prompt = None  # prompt tuning's virtual tokens, before every sequence
 
     def forward(self, idx, targets, settings, prior_counts=None):
         """prior_counts: per MoE layer, the (counts, choices) of the step's earlier micro-batches, when the
-        global-batch Switch loss is on."""
-        T = idx.shape[1]
+        global-batch Switch loss is on. With a prompt of P virtual tokens the model runs on P + T positions, the
+        virtual ones at 0..P-1 (the MoE layers route all P + T tokens of a sequence), and the logits are the T real
+        positions'."""
+        x = with_prompt(self, self.wte(idx))
+        T = x.shape[1]
         if self.config.llama:
-            x = self.wte(idx)
             rope = (self.rope_cos[:T], self.rope_sin[:T])  # position t is row t: every sequence starts at 0
         else:
-            x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+            x = x + self.wpe(torch.arange(T, device=idx.device))
             rope = ()
         routings = []
         for block in self.h:
@@ -711,7 +738,7 @@ class MoEGPT(nn.Module):
                 routings.append(routing)
         # the padded Vp - V columns are never used; gpt2's output embedding is wte, llama's wte or lm_head
         out_embedding = self.lm_head.weight if hasattr(self, "lm_head") else self.wte.weight
-        logits = F.linear(self.ln_f(x), out_embedding)[..., : self.config.V]
+        logits = classifier(self, real_positions(self, self.ln_f(x)), out_embedding)
         ce_loss = F.cross_entropy(logits.reshape(-1, self.config.V), targets.reshape(-1), ignore_index=MASKED)
         aux_loss = sum(r.aux_loss for r in routings)
         z_loss = sum(r.z_loss for r in routings)
@@ -1010,6 +1037,19 @@ def model_for_run(args):
     return model
 
 
+def adapter_for_run(model, args, b_std):
+    """train_gpt.adapter_for_run on the MoE model: the adapter of --adapter-from-file or a fresh one of --ft's method,
+    every base parameter frozen (the routers, noise routers, routed and shared experts too); returns its step. LoRA's
+    fc and fc_proj take the dense layers' MLPs, so a model whose every layer is MoE has none to give them."""
+    step = train_gpt.adapter_for_run(model, args, b_std)
+    if args.ft == "lora" and not model.dense_blocks():
+        dense = [name for name in args.ft_targets if name in ("fc", "fc_proj")]
+        if dense:
+            fail(f"--ft-targets {','.join(args.ft_targets)}: {dense[0]} is a dense MLP's Linear and every layer of "
+                 f"this model is MoE (the experts take no LoRA)")
+    return step
+
+
 def routing_settings(args):
     """The settings of an evaluation pass; training_pass gives a training pass's."""
     return RoutingSettings(capacity_factor=args.cf, aux_alpha=args.aux_alpha, z_coef=args.z_coef,
@@ -1155,7 +1195,17 @@ def write_reference(args):
         # balancing biases are routing state, not parameters: they stay fp32)
         load_flat_parameters(model, bf16_to_float(bf16_bits(flat_parameters(model))))
         version = MOE_VERSION_BF16
-    write_model_file(args.write_reference + "_model.bin", model, version)
+    model_path = args.write_reference + "_model.bin"
+    write_model_file(model_path, model, version)
+    order, words, wrote = params_in_file_order, {}, f"{model_path} (version {version})"
+    if uses_adapter(args):
+        step = adapter_for_run(model, args, REFERENCE_B_STD)
+        order, words = adapter_in_file_order, {STATE_FT_WORD: FT_METHODS[args.ft]}
+        if args.dtype == "bfloat16":  # the C BF16 build holds the adapter in bf16 too
+            load_flat_parameters(model, bf16_to_float(bf16_bits(flat_parameters(model, order=order))), order=order)
+        adapter_path = args.write_reference + "_adapter.bin"
+        write_adapter_file(adapter_path, model, args, model_path, step)
+        wrote += f", {adapter_path} ({args.ft} {adapter_shape(args)})"
 
     model.to(device)
     x, y = x.to(device), y.to(device)
@@ -1172,7 +1222,7 @@ def write_reference(args):
     fields = ["ce_loss", "aux_loss", "z_loss"] + (["importance_loss", "load_loss"] if config.noisy else [])
     fields += ["seq_loss"] if settings.seq_alpha > 0 else []
     losses = {field: mean_over(first, field).item() for field in fields}
-    first_grads = flat_gradients(model)
+    first_grads = flat_gradients(model, order=order)  # with --ft the adapter's: the base is frozen
     # a bf16 reference keeps every pass's expert choices: test_moe's BF16 build routes as they say (teacher-forced
     # routing, doc/moe.md), where its rounding would flip a near-tie and send a token to another expert
     bf16 = args.dtype == "bfloat16"
@@ -1185,7 +1235,7 @@ def write_reference(args):
     choice_rows = [np.stack(choices).reshape(-1)] if choices else []
     bias_rows = [np.stack(steps.biases).reshape(-1)] if config.balance_bias and steps.biases else []
     write_file(
-        state_path, debug_state_header(args, config, state_words(args, config, len(choices))),
+        state_path, debug_state_header(args, config, state_words(args, config, len(choices)) | words),
         x.cpu().numpy().astype("<i4"), y.cpu().numpy().astype("<i4"),
         torch.cat([o.logits for o in evaluation]).detach().float().cpu().numpy().astype("<f4"),
         np.array(list(losses.values()), dtype="<f4"), np.array(routing_ints, dtype="<i4"), *choice_rows, first_grads,
@@ -1193,8 +1243,7 @@ def write_reference(args):
     )
     named = " | ".join(f"{'loss' if field == 'ce_loss' else field[: -len('_loss')]} {value:.6f}"
                        for field, value in losses.items())
-    print(f"wrote {args.write_reference}_model.bin (version {version}) and {state_path}: {named} | dropped "
-          f"{sum(o.dropped for o in first)}")
+    print(f"wrote {wrote} and {state_path}: {named} | dropped {sum(o.dropped for o in first)}")
     noisy_run = config.noisy or args.jitter > 0
     # with noise the evaluation pass routes differently: its margins tell how closely C must match the logits
     for j, output in enumerate(first):
@@ -1214,7 +1263,7 @@ def write_reference(args):
 
 def train(args):
     steps = MoESteps(routing_settings(args), 1, args.bias_gamma)
-    train_loop(args, model_for_run, steps, steps.after_step)
+    train_loop(args, with_adapter(model_for_run, adapter_for_run), steps, steps.after_step)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1270,6 +1319,7 @@ def parse_args(argv):
     p.add_argument("--load-coef", type=float, default=0.1, help="noisy gating's load loss coefficient")
     add_run_flags(p, "reference: bf16-round the written parameters; train: bf16 autocast (router in fp32)",
                   grad_clip=0.5)
+    add_ft_flags(p)
     args = p.parse_args(argv)
 
     if not (0 <= args.jitter < 1):  # also refuses nan; 1 would allow a zero multiplier
@@ -1316,7 +1366,21 @@ def parse_args(argv):
     if not all(map(math.isfinite, (args.cf, args.aux_alpha, args.z_coef, args.importance_coef, args.load_coef))):
         fail("--cf --aux-alpha --z-coef --importance-coef --load-coef must be finite")
     check_run_flags(args)
+    check_moe_ft_flags(args)
     return args
+
+
+def check_moe_ft_flags(args):
+    """train_gpt.py's --ft checks, and the MoE's own: fine-tuning freezes the base, balancing biases included, and
+    LoRA takes no expert."""
+    if args.ft_targets is not None and "experts" in args.ft_targets.split(","):
+        fail(f"--ft-targets {args.ft_targets}: the MoE layers' experts take no LoRA; the targets are qkv,proj (every "
+             f"layer), fc,fc_proj (the dense layers) and lm_head")
+    with errors_named_here():
+        check_ft_flags(args)
+    if uses_adapter(args) and args.bias_gamma > 0:
+        fail(f"--bias-gamma {args.bias_gamma:g} with fine-tuning (--ft, --adapter-from-file): the base model is "
+             f"frozen, its balancing biases too; give --bias-gamma 0")
 
 
 def main(argv=None):

@@ -62,7 +62,7 @@ void matmul_forward_batched(floatX* out, const floatX* inp, const floatX* weight
 }
 
 // dinp[b] (rows, C) = dout[b] @ weight[b] [* gelu'(pre_gelu[b])] (overwritten); dweight[b] (OC, C) +=
-// dout[b]^T @ inp[b]; dbias[b] (OC) += column sums of dout[b] (deterministic, all batches in two launches;
+// dout[b]^T @ inp[b] (NULL: not computed); dbias[b] (OC) += column sums of dout[b] (deterministic, all batches in two launches;
 // dbias_buffer holds matmul_batched_dbias_buffer_floats(batch, OC) floats). pre_gelu (batch, rows, C).
 void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
                              const floatX* weight, float* dbias_buffer, int batch, int rows, int C, int OC,
@@ -80,8 +80,9 @@ void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias, const
         const size_t count = (size_t)batch * rows * C;
         gelu_backward_inplace(dinp, pre_gelu, count, stream);
     }
-    matmul_cublaslt_strided(dweight, CUBLAS_LOWP, inp, dout, nullptr, C, OC, rows, stream, false, true, true, nullptr,
-                            false, batch, stride_inp, stride_out, stride_weight, 0);
+    if (dweight != nullptr)  // NULL: frozen experts (fine-tuning), only the input's gradient is wanted
+        matmul_cublaslt_strided(dweight, CUBLAS_LOWP, inp, dout, nullptr, C, OC, rows, stream, false, true, true,
+                                nullptr, false, batch, stride_inp, stride_out, stride_weight, 0);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ void matmul_forward_grouped(floatX* out, const floatX* inp, const floatX* weight
 }
 
 // dinp (total, C) = per group dout_g @ weight[g] [* gelu'(pre_gelu)] (overwritten); dweight[g] (OC, C) +=
-// dout_g^T @ inp_g; dbias[g] (OC) += column sums of dout_g (deterministic, all groups in two launches; dbias_buffer
+// dout_g^T @ inp_g (NULL: not computed); dbias[g] (OC) += column sums of dout_g (deterministic, all groups in two launches; dbias_buffer
 // holds matmul_grouped_dbias_buffer_floats(groups, OC) floats). pre_gelu (total, C). Groups without rows add
 // nothing. The grouped GEMM has no DGELU epilogue, so the GELU backward is always its own in-place pass over dinp
 // (the dense path's kernel, 3 * total * C * sizeof(floatX) bytes): unlike the batched version there is no
@@ -294,7 +295,7 @@ void matmul_backward_grouped(floatX* dinp, floatX* dweight, floatX* dbias, const
         dinp_pointers[2 * count + i] = dinp + (size_t)offsets.start[g] * C;
         dweight_pointers[i] = (void*)(inp + (size_t)offsets.start[g] * C);
         dweight_pointers[count + i] = (void*)dout_g;
-        dweight_pointers[2 * count + i] = dweight + (size_t)g * OC * C;
+        dweight_pointers[2 * count + i] = dweight != nullptr ? dweight + (size_t)g * OC * C : nullptr;
         C_array[i] = C;
         OC_array[i] = OC;
         rows_array[i] = rows[g];
@@ -304,6 +305,7 @@ void matmul_backward_grouped(floatX* dinp, floatX* dweight, floatX* dbias, const
     if (pre_gelu != nullptr) {
         gelu_backward_inplace(dinp, pre_gelu, (size_t)offsets.start[groups] * C, stream);
     }
-    matmul_grouped_gemm(pointers + 3 * count, count, C_array, OC_array, rows_array, false, true, C, OC, C, true,
-                        stream);
+    if (dweight != nullptr)  // NULL: frozen experts (fine-tuning), only the input's gradient is wanted
+        matmul_grouped_gemm(pointers + 3 * count, count, C_array, OC_array, rows_array, false, true, C, OC, C, true,
+                            stream);
 }

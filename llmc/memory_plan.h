@@ -39,6 +39,10 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     m.communication = 0;
     int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
     m.activations = activation_bytes(model, B, T + model_adapter_sequence_extra(model), model->recompute);
+    // an extension's own set, stacked over the layers it replaces (the MoE experts): one layer's, for its two buckets
+    // or gather buffers
+    int replaced = model->config.num_layers - model_dense_layers(model);
+    size_t own_layer = own > 0 && replaced > 0 ? x->own_parameter_count(model) / replaced : 0;
     if (model->frozen) {  // fine-tuning: the model's parameters only (ZeRO-3: gathered), the adapter's set beside
         size_t adapter = shard_padded_count(adapter_parameter_count(model), P);
         size_t adapter_shard = adapter_zero_stage(model) >= 1 ? adapter / P : adapter;
@@ -47,7 +51,7 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
         if (stage == 3) {
             size_t layer, rest;
             model_gradient_bucket_sizes(model, sizes, &layer, &rest);
-            m.communication = (2 * layer + rest) * sizeof(floatX);
+            m.communication = (2 * layer + rest + 2 * own_layer) * sizeof(floatX);
         }
         m.optimizer = adapter_shard * sizeof(float) * (master ? 3 : 2);
         if (model->offload_optimizer == 2) m.optimizer += adapter_shard * sizeof(float) * 3;
@@ -59,12 +63,8 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     if (stage >= 2) {
         size_t layer, rest;
         model_gradient_bucket_sizes(model, sizes, &layer, &rest);
-        m.communication = (stage == 3 ? 2 : 1) * (2 * layer + rest) * sizeof(floatX);  // ZeRO-3: gather buffers alike
-        // an extension's own set, stacked over the layers it replaces (the MoE experts): two buckets of one layer's
-        int replaced = model->config.num_layers - model_dense_layers(model);
-        if (own > 0 && replaced > 0)
-            m.communication += (stage == 3 ? 2 : 1) * 2 * (x->own_parameter_count(model) / replaced) *
-                               sizeof(floatX);
+        // ZeRO-3: gather buffers alike
+        m.communication = (stage == 3 ? 2 : 1) * (2 * layer + rest + 2 * own_layer) * sizeof(floatX);
     }
     m.optimizer = shard * sizeof(float) * (master ? 3 : 2);
     if (model->offload_optimizer == 2) m.optimizer += shard * sizeof(float) * 3;  // the early update's backups

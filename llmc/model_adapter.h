@@ -121,8 +121,12 @@ static void lora_target_shape(const Model* model, int t, int* C, int* OC) {
     *C = in[t];
     *OC = out[t];
 }
-// how many pairs target t has: one per layer, or one (lm_head)
-static int lora_target_layers(const Model* model, int t) { return t == LORA_LM_HEAD ? 1 : model->config.num_layers; }
+// how many pairs target t has: one per layer, one per layer with a dense MLP (fc and fc_proj: an MoE model's MoE
+// layers have none), or one (lm_head)
+static int lora_target_layers(const Model* model, int t) {
+    if (t == LORA_LM_HEAD) return 1;
+    return t == LORA_FC || t == LORA_FC_PROJ ? model_dense_layers(model) : model->config.num_layers;
+}
 
 // the adapter's tensors for the model's adapter shape (model->adapter_method, _rank, _targets): their sizes and
 // whether weight decay applies (the matrices); returns their number
@@ -279,12 +283,14 @@ static int lora_has(const Model* model, int t) {
     return model->adapter && model->adapter->method == FT_METHOD_LORA && ((model->adapter->targets >> t) & 1);
 }
 
-// layer l's pair of target t in a buffer laid out as the set (its parameters or gradients)
+// layer l's pair of target t in a buffer laid out as the set (its parameters or gradients); the MLP's targets are
+// stacked over the dense layers only
 static void lora_layer_pair(const Model* model, floatX* set, int t, int l, floatX** A, floatX** B) {
     const ShardedParameters* p = &model->adapter->store;
     size_t L = lora_target_layers(model, t);
-    *A = set + sharded_parameters_offset(p, 2 * t) + (size_t)l * (p->sizes[2 * t] / L);
-    *B = set + sharded_parameters_offset(p, 2 * t + 1) + (size_t)l * (p->sizes[2 * t + 1] / L);
+    size_t index = t == LORA_FC || t == LORA_FC_PROJ ? (size_t)model_dense_index(model, l) : (size_t)l;
+    *A = set + sharded_parameters_offset(p, 2 * t) + index * (p->sizes[2 * t] / L);
+    *B = set + sharded_parameters_offset(p, 2 * t + 1) + index * (p->sizes[2 * t + 1] / L);
 }
 
 // The bottleneck adapter at site `site` (BOTTLENECK_*) of layer l: its four tensors in a buffer laid out as the set
@@ -556,15 +562,19 @@ static int adapter_read_file(Model* model, const char* path) {
     return header[10];
 }
 
-// The adapter's parameters on the host (fp32, the set's order). Its set is never ZeRO-3: every process holds all.
-static float* adapter_host_parameters(const Model* model) {
+// A buffer laid out as the adapter's set (its parameters or gradients) on the host, fp32. Its set is never ZeRO-3:
+// every process holds all of it.
+static float* adapter_host_values(const Model* model, const floatX* device) {
     const ShardedParameters* p = &model->adapter->store;
     floatX* device_values = (floatX*)malloc_check(p->num_parameters * sizeof(floatX));
-    cudaCheck(cudaMemcpy(device_values, p->params_memory, p->num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(device_values, device, p->num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
     float* values = (float*)malloc_check(p->num_parameters * sizeof(float));
     for (size_t i = 0; i < p->num_parameters; i++) values[i] = (float)device_values[i];
     free(device_values);
     return values;
+}
+static float* adapter_host_parameters(const Model* model) {
+    return adapter_host_values(model, model->adapter->store.params_memory);
 }
 
 // A checkpoint's adapter file (collective over mg: under ZeRO-1 the optimizer state is gathered): the parameters of

@@ -352,8 +352,15 @@ static void moe_allocate_parameters(Model* model) {
     MoEModel* moe = moe_of(model);
     size_t sizes[MLP_EXTENSION_SLOTS];
     moe_own_slot_sizes(model, sizes);
-    sharded_parameters_allocate(&moe->expert_store, NUM_EXPERT_TENSORS, sizes + FIRST_EXPERT_SLOT, moe_expert_decays,
-                                moe->ep.replicas.process_rank, moe->ep.replicas.num_processes, model->zero_stage);
+    // fine-tuning (-ft) freezes the experts with the rest of the model: no gradients, optimizer state or reductions
+    if (model->frozen)
+        sharded_parameters_allocate_frozen(&moe->expert_store, NUM_EXPERT_TENSORS, sizes + FIRST_EXPERT_SLOT,
+                                           moe_expert_decays, moe->ep.replicas.process_rank,
+                                           moe->ep.replicas.num_processes, model->zero_stage);
+    else
+        sharded_parameters_allocate(&moe->expert_store, NUM_EXPERT_TENSORS, sizes + FIRST_EXPERT_SLOT,
+                                    moe_expert_decays, moe->ep.replicas.process_rank, moe->ep.replicas.num_processes,
+                                    model->zero_stage);
     // an owner's expert gradient sums the routing groups of its -ep group's ep.degree processes, which the replicas
     // then average: the step's gradient (the mean over the data-parallel groups, each of moe_routing_groups routing
     // groups whose tokens' gradients are already the data-parallel group's part) is that times groups / ep.degree
@@ -366,11 +373,12 @@ static void moe_allocate_parameters(Model* model) {
         memset(&moe->params, 0, sizeof(moe->params));  // gathered per layer (moe_layer_weights)
     // ZeRO-2/3: MoE layers alternate between two buckets of one layer's expert slices, as the model's layers do
     // between theirs (model_allocate_gradient_buckets sizes those for the routers' slices too); ZeRO-3 between two
-    // gather buffers alike (the model's hold the routers' slices)
+    // gather buffers alike (the model's hold the routers' slices). Frozen, the gather buffers only.
     if (model->zero_stage >= 2) {
         size_t layer = 0, Lm = num_moe_layers(model);
         for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) layer += sizes[i] / Lm;
-        for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&moe->expert_store, layer);
+        if (!model->frozen)
+            for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&moe->expert_store, layer);
         if (model->zero_stage == 3)
             for (int b = 0; b < 2; b++) sharded_parameters_add_gather_buffer(&moe->expert_store, layer);
     }
@@ -562,6 +570,7 @@ static const MultiGpuConfig* moe_own_group(const Model* model) { return &moe_of(
 // -etp N over the members (every slice once; fcproj's bias, which each member holds whole, member 0's)
 static float moe_own_norm_squared(Model* model, int zero_stage, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
+    if (moe->expert_store.frozen) return 0.0f;  // every process's experts alike: no sum to take part in
     int include[NUM_EXPERT_TENSORS] = {1, 1, 1, moe_member_zero(model)};
     float norm2 = sharded_parameters_norm_squared_of(&moe->expert_store, include, &moe->ep.replicas, zero_stage,
                                                      stream);
@@ -985,6 +994,7 @@ static void moe_shared_backward(Model* model, int m, const MoEParameterTensors* 
     int swiglu = moe_swiglu(model);
     floatX* d_hidden = moe->acts.d_shared_hidden;
     float* scratch = moe->acts.bias_scratch;
+    int frozen = model->frozen;
     if (!moe_member_zero(model)) return;  // at -etp N member 0's
     for (size_t s = 0; s < S; s++) {
         floatX* pre = moe->acts.shared_pre + (m * S + s) * N * FCs;
@@ -992,22 +1002,25 @@ static void moe_shared_backward(Model* model, int m, const MoEParameterTensors* 
         // d_fc (N, FCs), fc's output gradient: gpt2 d_hidden through GELU in fcproj's backward; llama SwiGLU's
         // [dgate | dup] over pre in place (as the routed experts)
         floatX* d_fc = swiglu ? pre : d_hidden;
+        // expert s's gradients, or NULL when the model is frozen (fine-tuning: the input's gradient only)
+        floatX* dfcprojw = frozen ? nullptr : lg->shared_fcprojw + s * C * Hs;
+        floatX* dfcprojb = frozen ? nullptr : lg->shared_fcprojb + s * C;
         if (swiglu) {
             if (model->recompute >= 1) swiglu_forward(act, pre, N, (int)Hs, stream);
-            matmul_backward(d_hidden, lg->shared_fcprojw + s * C * Hs, nullptr, dout, act,
-                            lp->shared_fcprojw + s * C * Hs, scratch, N, 1, (int)Hs, (int)C, stream);
+            matmul_backward(d_hidden, dfcprojw, nullptr, dout, act, lp->shared_fcprojw + s * C * Hs, scratch, N, 1,
+                            (int)Hs, (int)C, stream);
             swiglu_backward(pre, d_hidden, pre, N, (int)Hs, stream);
         } else {
             if (model->recompute >= 1) gelu_forward(act, pre, (size_t)N * Hs, stream);
-            matmul_backward(d_hidden, lg->shared_fcprojw + s * C * Hs, lg->shared_fcprojb + s * C, dout, act,
-                            lp->shared_fcprojw + s * C * Hs, scratch, N, 1, (int)Hs, (int)C, stream, pre,
-                            model->gelu_fusion);
-            matmul_backward_bias(lg->shared_fcb + s * Hs, d_hidden, scratch, N, (int)Hs, stream);
+            matmul_backward(d_hidden, dfcprojw, dfcprojb, dout, act, lp->shared_fcprojw + s * C * Hs, scratch, N, 1,
+                            (int)Hs, (int)C, stream, pre, model->gelu_fusion);
+            if (!frozen) matmul_backward_bias(lg->shared_fcb + s * Hs, d_hidden, scratch, N, (int)Hs, stream);
         }
         matmul_cublaslt(d_ln2, lp->shared_fcw + s * FCs * C, d_fc, nullptr, (int)C, N, (int)FCs, stream, false, false,
                         true, nullptr, false);
-        matmul_cublaslt(lg->shared_fcw + s * FCs * C, ln2, d_fc, nullptr, (int)C, (int)FCs, N, stream, false, true,
-                        true, nullptr, false);
+        if (!frozen)
+            matmul_cublaslt(lg->shared_fcw + s * FCs * C, ln2, d_fc, nullptr, (int)C, (int)FCs, N, stream, false, true,
+                            true, nullptr, false);
     }
 }
 

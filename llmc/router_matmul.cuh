@@ -25,7 +25,7 @@ void matmul_forward_fp32_output(float* out, const floatX* inp, const floatX* wei
 }
 
 // dinp (N, C) += dout @ weight (accumulates: the router's input also receives the experts' gradient; NULL: not
-// wanted); dweight (OC, C) += dout^T @ inp. dout (N, OC) is fp32, but a GEMM's A and B share one type, so it is first
+// wanted); dweight (OC, C) += dout^T @ inp (NULL: not computed). dout (N, OC) is fp32, but a GEMM's A and B share one type, so it is first
 // rounded to floatX into dout_scratch (N * OC elements); the GEMMs then accumulate in fp32 as everywhere.
 void matmul_backward_fp32_dout(floatX* dinp, floatX* dweight, const float* dout, const floatX* inp,
                                const floatX* weight, floatX* dout_scratch, int N, int C, int OC, cudaStream_t stream) {
@@ -38,6 +38,7 @@ void matmul_backward_fp32_dout(floatX* dinp, floatX* dweight, const float* dout,
     if (dinp != nullptr)
         matmul_cublaslt_strided(dinp, CUBLAS_LOWP, weight, dout_scratch, nullptr, C, N, OC, stream, false, false, true,
                                 nullptr, false, 1, 0, 0, 0, 0);
-    matmul_cublaslt_strided(dweight, CUBLAS_LOWP, inp, dout_scratch, nullptr, C, OC, N, stream, false, true, true,
-                            nullptr, false, 1, 0, 0, 0, 0);
+    if (dweight != nullptr)  // NULL: a frozen router (fine-tuning)
+        matmul_cublaslt_strided(dweight, CUBLAS_LOWP, inp, dout_scratch, nullptr, C, OC, N, stream, false, true, true,
+                                nullptr, false, 1, 0, 0, 0, 0);
 }

@@ -30,8 +30,10 @@ static void write_checkpoint(const char* dir, Model* model, const DataLoader* lo
     if (model->adapter) adapter_write_checkpoint(model, path, ts->step, mg, stream);
     else model_write_model_file(model, path, stream);
     free(path);
+    // an extension's state is its own set's optimizer state, which a frozen model (fine-tuning) has none of
     const CheckpointExtension* x = model->extension.checkpoint;
-    if (x->write_state) x->write_state(dir, ts->step, model, zero_stage, stream);
+    const char* extension_state = model->frozen ? NULL : x->state_file;
+    if (x->write_state && extension_state) x->write_state(dir, ts->step, model, zero_stage, stream);
     path = checkpoint_path(dir, "state", ts->step, mg->process_rank);
     FILE* f = fopen_tmp_for(path, &tmp);
     int header[256] = {0};
@@ -81,7 +83,7 @@ static void write_checkpoint(const char* dir, Model* model, const DataLoader* lo
         fprintf(d, "checkpoint 1\nstep %d\nprocesses %d\nmodel", ts->step, mg->num_processes);
         for (int i = 1; i <= 12; i++) fprintf(d, " %d", header[i]);
         fprintf(d, "\n");
-        const char* kinds[2] = {parameters_kind, model->extension.checkpoint->state_file};
+        const char* kinds[2] = {parameters_kind, extension_state};
         for (int k = 0; k < 2 && kinds[k]; k++) {
             uint64_t size, hash;
             char* file = checkpoint_path(dir, kinds[k], ts->step, -1);
@@ -346,5 +348,6 @@ static void read_checkpoint_state(const char* dir, int step, Model* model, DataL
     }
     fclose_check(f, path);
     free(path);
-    if (model->extension.checkpoint->read_state) model->extension.checkpoint->read_state(dir, step, model);
+    if (model->extension.checkpoint->read_state && !model->frozen)
+        model->extension.checkpoint->read_state(dir, step, model);
 }

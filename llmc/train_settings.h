@@ -29,7 +29,7 @@
     X("-eps", FLOAT, norm_eps, 1e-5f, "llama: RMSNorm eps (default = 1e-5)")                                           \
     X("-tie", INT, tie_embeddings, 0, "llama: 1 = the output embedding is wte, 0 = its own lm_head (default = 0)")     \
     X("-ft", STRING, fine_tune, "",                                                                                    \
-      "train_gpt: fine-tune the model file with a method that trains new parameters only, the model's own\n"          \
+      "fine-tune the model file with a method that trains new parameters only, the model's own\n"                    \
       "frozen (doc/training.md, \"Fine-tuning\"): lora, adapter (bottleneck MLPs after the attention and\n"           \
       "the FFN), prompt (virtual tokens before every sequence), prefix (learned keys and values in every\n"           \
       "attention) or llama_adapter (a gated prompt in the top -fl layers' attention) (default = none: train\n"       \
@@ -40,7 +40,8 @@
     X("-fl", INT, ft_layers, 0, "-ft llama_adapter: the top K layers adapted (default = 0: every layer)")              \
     X("-fs", FLOAT, ft_alpha, 16.0f, "-ft lora: alpha: the layer is W x + (alpha/r) B A x (default = 16)")             \
     X("-fw", STRING, ft_targets, "qkv,proj",                                                                           \
-      "-ft lora: the Linear layers adapted, any of qkv, proj, fc, fc_proj (every layer's), lm_head\n"                 \
+      "-ft lora: the Linear layers adapted, any of qkv, proj (every layer's), fc, fc_proj (every dense MLP's),\n"     \
+      "lm_head\n"                                                                                                     \
       "(default = qkv,proj)")                                                                                          \
     X("-fi", STRING, ft_adapter, NULL, "-ft: start from this adapter file (default = none: a fresh adapter)")          \
     X("-fm", STRING, ft_merged, NULL,                                                                                  \

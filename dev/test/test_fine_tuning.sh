@@ -16,8 +16,12 @@
 #     flag without -ft, LoRA's flags with the bottleneck adapter, an adapter of another method or base model
 #     (checksum), a descriptor as the base, -fm of an adapter on a tied classifier, virtual tokens that do not fit
 #     the model's maxT, -fl without llama_adapter or past the model's layers, the prefix off flash attention (-fa 0),
-#     -tp 2, the MoE trainer.
-# Needs build/train_gpt_fp32, build/train_moe_fp32 and the references above (their model and adapter files). Run from anywhere: dev/test/test_fine_tuning.sh
+#     -tp 2, and in the MoE trainer the balancing bias (-rb) and fc targets of a model without a dense MLP;
+#   - the MoE trainer (train_moe -ft) the same way: step 1 from its references' LoRA, bottleneck and prompt adapters
+#     against train_moe.py --train's, and an adapter checkpoint on 2 processes resumed into another expert-parallel
+#     degree and ZeRO stage bit for bit.
+# Needs build/train_gpt_fp32, build/train_moe_fp32, the references above and build/ref/moe_lora_fp32,
+# moe_adapter_fp32, moe_prompt_fp32 and moe_prefix_fp32 (their model and adapter files). Run from anywhere: dev/test/test_fine_tuning.sh
 set -u
 cd "$(dirname "$0")/../.."
 . dev/test/cli_common.sh
@@ -42,15 +46,19 @@ PREFIX=(-e build/ref/prefix_gpt2_fp32_model.bin -ft prefix -fr 5)
 LLADAPTER=(-e build/ref/lladapter_gpt2_fp32_model.bin -ft llama_adapter -fr 5)
 
 # --- step 1 from each reference's adapter against PyTorch, and the start-up table's trainable count
-# first_step NAME MODEL ADAPTER T TRAINER-FLAGS...: the trainer's first step at -t T against train_gpt.py --train's
+# first_step NAME MODEL ADAPTER T TRAINER-FLAGS...: TRAINER's first step at -t T against its reference's --train
+# (SCRIPT, with SCRIPT_FLAGS)
+TRAINER=build/train_gpt_fp32
+SCRIPT=train_gpt.py
+SCRIPT_FLAGS=()
 first_step() {
     local name=$1 model=$2 adapter=$3 T=$4
     shift 4
-    build/train_gpt_fp32 "$@" -fi "$adapter" "${DATA[@]}" -t "$T" -b 2 -a 1 -x 1 >"$work/$name.log" 2>&1 ||
+    "$TRAINER" "$@" -fi "$adapter" "${DATA[@]}" -t "$T" -b 2 -a 1 -x 1 >"$work/$name.log" 2>&1 ||
         fail "$name -a 1: $(tail -2 "$work/$name.log")"
-    $PYTHON train_gpt.py --train --model-from-file "$model" --adapter-from-file "$adapter" \
-        --input-bin "$work/data/train.bin" --B 2 --T "$T" --steps 1 --lr 1e-3 >"$work/$name.torch.log" 2>&1 ||
-        fail "$name train_gpt.py --train: $(tail -2 "$work/$name.torch.log")"
+    $PYTHON "$SCRIPT" --train --model-from-file "$model" --adapter-from-file "$adapter" \
+        --input-bin "$work/data/train.bin" --B 2 --T "$T" --steps 1 --lr 1e-3 "${SCRIPT_FLAGS[@]}" \
+        >"$work/$name.torch.log" 2>&1 || fail "$name $SCRIPT --train: $(tail -2 "$work/$name.torch.log")"
     if $PYTHON - "$name" "$work/$name.log" "$work/$name.torch.log" <<'PY'; then pass; else fail "$name step 1 against PyTorch"; fi
 import re, sys
 got, want = (re.search(r"step 1/\d+ \| loss ([0-9.]+).*\| norm ([0-9.]+)", open(p).read()) for p in sys.argv[2:])
@@ -68,6 +76,34 @@ first_step prefix build/ref/prefix_gpt2_fp32_model.bin build/ref/prefix_gpt2_fp3
 first_step llama_adapter build/ref/lladapter_gpt2_fp32_model.bin build/ref/lladapter_gpt2_fp32_adapter.bin 32 \
     "${LLADAPTER[@]}"
 mv "$work/lora.log" "$work/one.log"
+# the MoE trainer from its references' adapters, the routers and experts frozen (-cf 0.5: as the references route):
+# LoRA with fc and fc_proj on the dense layer, the bottleneck adapter after both FFN kinds, a prompt's virtual tokens
+# routed with the real ones
+TRAINER=build/train_moe_fp32
+SCRIPT=train_moe.py
+SCRIPT_FLAGS=(--cf 0.5)
+MOE_LORA=(-e build/ref/moe_lora_fp32_model.bin -ft lora -fr 8 -fs 12 -fw qkv,proj,fc,fc_proj,lm_head -cf 0.5)
+MOE_ADAPTER=(-e build/ref/moe_adapter_fp32_model.bin -ft adapter -fr 8 -cf 0.5)
+first_step moe_lora build/ref/moe_lora_fp32_model.bin build/ref/moe_lora_fp32_adapter.bin 32 "${MOE_LORA[@]}"
+first_step moe_adapter build/ref/moe_adapter_fp32_model.bin build/ref/moe_adapter_fp32_adapter.bin 32 \
+    "${MOE_ADAPTER[@]}"
+first_step moe_prompt build/ref/moe_prompt_fp32_model.bin build/ref/moe_prompt_fp32_adapter.bin 27 \
+    -e build/ref/moe_prompt_fp32_model.bin -ft prompt -fr 5 -cf 0.5
+TRAINER=build/train_gpt_fp32
+# an MoE adapter checkpoint: 2 steps on 2 processes under -ep 2 and ZeRO-1, resumed into -ep 1 and ZeRO-2 there, give
+# the straight run's steps 3-4 bit for bit (no expert state file: the experts are frozen)
+RUN=("${MOE_ADAPTER[@]}" "${DATA[@]}" -b 2 -x 4)
+$MPIRUN -np 2 build/train_moe_fp32 "${RUN[@]}" -ep 2 -z 1 -o "$work/m_straight" >"$work/m_straight.log" 2>&1 ||
+    fail "MoE adapter, 4 steps: $(tail -2 "$work/m_straight.log")"
+$MPIRUN -np 2 build/train_moe_fp32 "${RUN[@]}" -ep 2 -z 1 -o "$work/m_resumed" -n 2 -x 2 >/dev/null 2>&1 ||
+    fail "MoE adapter, 2 steps"
+$MPIRUN -np 2 build/train_moe_fp32 "${RUN[@]}" -ep 1 -z 2 -o "$work/m_resumed" -y 1 >"$work/m_second.log" 2>&1 ||
+    fail "MoE adapter resume: $(tail -2 "$work/m_second.log")"
+if diff <(grep -E '^step [34]/' "$work/m_straight.log" | cut -d'|' -f1-6) \
+        <(grep -E '^step [34]/' "$work/m_second.log" | cut -d'|' -f1-6) >/dev/null &&
+   [ "$(grep -cE '^step [34]/' "$work/m_second.log")" = 2 ] && [ -e "$work/m_resumed/adapter_00000002.bin" ] &&
+   [ -z "$(ls "$work/m_resumed" | grep expert_state)" ]; then pass
+else fail "the MoE adapter's resumed steps 3-4 differ from the straight run's, or its checkpoint is not the adapter's"; fi
 # the tiny shape: L 2, C 48, fc 4C; qkv (C -> 3C), proj (C -> C), fc (C -> 4C), fc_proj (4C -> C)
 want=$((2 * 8 * ((48 + 144) + (48 + 48) + (48 + 192) + (192 + 48))))
 if grep -q "lora r=8 on qkv,proj,fc,fc_proj: $want trainable parameters" "$work/one.log"; then pass
@@ -150,7 +186,10 @@ expect_error "-fl past L" "-fl 3: more layers than the model's 2" build/train_gp
 expect_error "prefix -fa 0" "-ft prefix: its shared keys join flash attention (-fa 1)" \
     build/train_gpt_fp32 "${PREFIX[@]}" -fa 0 "${E[@]}"
 expect_error "-tp 2" "-ft lora -tp 2: the adapters are not split" build/train_gpt_fp32 "${LORA[@]}" -tp 2 "${E[@]}"
-expect_error "MoE" "-ft lora: fine-tuning is train_gpt's" build/train_moe_fp32 -e d2 -ev 263 -et 32 -ft lora "${E[@]}"
+expect_error "MoE -rb" "-rb 0.001: the balancing biases are the model's, frozen under -ft" \
+    build/train_moe_fp32 "${MOE_ADAPTER[@]}" -rb 0.001 "${E[@]}"
+expect_error "MoE fc of no dense MLP" "has no dense MLP for fc or fc_proj" \
+    build/train_moe_fp32 -e build/ref/moe_prefix_fp32_model.bin -ft lora -fw qkv,fc "${E[@]}"
 
 echo "test_fine_tuning: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -7,7 +7,8 @@ losses and their gradients from their formulas, the dense GPT of train_gpt.py (E
 and an AdamW written out from its formula. Router noise (jitter, noisy top-k gating; doc/moe.md, "Router noise",
 cited as noise_spec): the noise generator against a plain-int squirrel_noise5 and values a C program printed,
 statistics of its normals, the jittered and noisy routing (thr, Phi, CV²) in the numpy forward, and finite
-differences with the noise on.
+differences with the noise on. Fine-tuning (--ft, train_gpt.py's methods): the debug state's layout and a frozen
+base, routers, experts and balancing biases included.
 Run from the repository root: /usr/bin/python3 dev/test/test_reference_moe.py
 Prints one line per failed check and ends with "test_reference_moe: N passed, N failed" (exit 1 on a failure).
 """
@@ -1641,6 +1642,59 @@ def test_routing_options_bad_input(tmp):
     fails_with(base + ["--model-from-file", path], "header[24] = 0", "word 25 set without the revision")
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Fine-tuning (--ft, train_gpt.py's methods on the MoE model)
+
+
+def test_fine_tuning(tmp):
+    """--ft prompt: the debug state is the MoE one with word 40 = 3 (prompt) and the prompt's gradient (P, C) in place
+    of the model's; the MoE layers route the P + T tokens of every sequence; the steps move the prompt only, every base
+    parameter (routers and experts included) and the balancing biases staying bit for bit; a bias step and LoRA on the
+    experts are refused."""
+    P, steps = 3, 3
+    prefix = os.path.join(tmp, "ft_prompt")
+    message, _ = run_main(train_moe, reference_args(prefix, ["--ft", "prompt", "--ft-rank", str(P), "--steps",
+                                                             str(steps)]))
+    check(message is None, f"--ft prompt runs: {message}")
+    data = open(prefix + "_debug_state.bin", "rb").read()
+    expected = moe_state_header(2, 1.25, shape=(B, T, steps, V, VP))
+    expected[40] = 3
+    check(np.array_equal(read_header(data), expected), "--ft prompt debug state header: the MoE words and word 40 = 3")
+    Lm = len(DEFAULT.moe_layers)
+    check(len(data) == HEADER_BYTES + 4 * (2 * B * T + B * T * V + 3 + Lm * (1 + E) + P * C + steps),
+          f"--ft prompt debug state size {len(data)}: the prompt's {P * C} gradients instead of the model's")
+    s = read_debug_state(data, DEFAULT)
+    check(all(int(c.sum()) == B * (P + T) for c in s["counts"]),
+          f"the MoE layers route the P + T = {P + T} tokens of each sequence: counts {s['counts']}")
+    floats = np.frombuffer(data, dtype="<f4", offset=HEADER_BYTES)
+    step_losses = floats[len(floats) - steps :]
+    check(step_losses[0] == np.float32(s["ce"]) and len(set(step_losses.tolist())) == steps,
+          f"--ft prompt step losses start at the CE and change: {step_losses}")
+
+    # the steps on a model with balancing biases (sigmoid scores), which route but must not move
+    biased = train_moe.model_for_run(train_moe.parse_args(reference_args(prefix, ["--score", "sigmoid", "--topk", "2",
+                                                                                  "--bias-gamma", "0.001"])))
+    args = train_moe.parse_args(reference_args(prefix, ["--score", "sigmoid", "--topk", "2", "--ft", "prompt",
+                                                        "--ft-rank", str(P), "--steps", str(steps)]))
+    train_moe.adapter_for_run(biased, args, train_gpt.REFERENCE_B_STD)
+    base, biases, prompt = train_moe.flat_parameters(biased), biased.balance_biases(), biased.prompt.detach().clone()
+    check(train_gpt.trainable_parameters(biased) == [biased.prompt], "--ft prompt: the prompt is all that trains")
+    x, y = train_gpt.reference_batch(args, biased.config)
+    moe_steps = train_moe.MoESteps(train_moe.routing_settings(args), 1, args.bias_gamma)
+    train_gpt.reference_step_losses(biased, args, "cpu", x, y, moe_steps, moe_steps.after_step)
+    check(np.array_equal(base, train_moe.flat_parameters(biased)),
+          "--ft prompt: every base parameter, routers and experts included, unchanged after the steps")
+    check(biases.any() and np.array_equal(biases, biased.balance_biases()),
+          "--ft prompt: the balancing biases unchanged after the steps")
+    check(not torch.equal(prompt, biased.prompt.detach()), "--ft prompt: the steps move the prompt")
+
+    out = os.path.join(tmp, "ft_bad")
+    fails_with(["--write-reference", out, "--score", "sigmoid", "--bias-gamma", "0.001", "--ft", "prompt"],
+               "--bias-gamma", "--ft with a balancing-bias step")
+    fails_with(["--write-reference", out, "--ft", "lora", "--ft-targets", "qkv,experts"], "experts",
+               "--ft-targets experts")
+
+
 def main():
     os.chdir(REPO)
     with tempfile.TemporaryDirectory(prefix="test_reference_moe_") as tmp:
@@ -1666,6 +1720,7 @@ def main():
         test_routing_options_files(tmp)
         test_deepseek_forward_and_gradients(tmp)
         test_routing_options_bad_input(tmp)
+        test_fine_tuning(tmp)
     print(f"test_reference_moe: {test_reference.passed} passed, {test_reference.failed} failed")
     sys.exit(1 if test_reference.failed else 0)
 
