@@ -234,12 +234,13 @@ PREFIX_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 --ft prefix --ft-rank 5
 LLADAPTER_REF_gpt2 := $(REF_ARGS) --ft llama_adapter --ft-rank 5
 LLADAPTER_REF_llama := $(LLAMA_REF_ARGS) --kv-heads 2 --ft llama_adapter --ft-rank 5 --ft-layers 1
 # fine-tuning the MoE trainer (-ft, doc/training.md "The MoE trainer"), the routers and experts frozen with the model:
-# LoRA on every target of a dense-then-MoE model (fc and fc_proj on its dense layer), GPT-2's and llama's with a SwiGLU
-# shared expert; bottleneck adapters after the dense and the MoE FFN (with a shared expert); a prompt's virtual tokens
-# routed as the real ones, a prefix and LLaMA-Adapter in every MoE layer's model
-MOE_REF_lora := --topk 2 --moe-every 2 --cf 0.5 $(LORA) --ft-targets qkv,proj,fc,fc_proj,lm_head
-MOE_REF_llama_lora := $(MOE_LLAMA) --topk 2 --H 64 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64 \
-    $(LORA) --ft-targets qkv,proj,fc,fc_proj,lm_head
+# LoRA on every target of a dense-then-MoE model (fc and fc_proj on its dense layer, the experts' pair on every expert),
+# GPT-2's with experts padded to a capacity and llama's dropless with a SwiGLU shared expert; bottleneck adapters after
+# the dense and the MoE FFN (with a shared expert); a prompt's virtual tokens routed as the real ones, a prefix and
+# LLaMA-Adapter in every MoE layer's model
+MOE_REF_lora := --topk 2 --moe-every 2 --cf 0.5 $(LORA) --ft-targets qkv,proj,fc,fc_proj,lm_head,experts
+MOE_REF_llama_lora := $(MOE_LLAMA) --topk 2 --H 64 --moe-every 2 --cf 0 --shared-experts 1 --shared-hidden 64 \
+    $(LORA) --ft-targets qkv,proj,fc,fc_proj,lm_head,experts
 MOE_REF_adapter := --topk 2 --moe-every 2 --cf 0.5 --shared-experts 1 --shared-hidden 64 --ft adapter --ft-rank 8
 MOE_REF_prompt := --topk 2 --moe-every 1 --cf 0.5 --ft prompt --ft-rank 5
 MOE_REF_prefix := --topk 2 --moe-every 1 --cf 0.5 --ft prefix --ft-rank 5

@@ -1657,6 +1657,12 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
                 s.ft_targets, s.model_source);
         return EXIT_FAILURE;
     }
+    if (model.frozen && model.adapter_method == FT_METHOD_LORA && (model.adapter_targets & LORA_EXPERTS_TARGETS) &&
+        lora_target_layers(&model, LORA_EXPERTS_FC) == 0) {
+        fprintf(stderr, "-fw %s: %s has no experts (the experts targets are an MoE model's)\n", s.ft_targets,
+                s.model_source);
+        return EXIT_FAILURE;
+    }
     if (x->check_model) x->check_model(&model, s.model_source, from_file);
     if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
     if (!adapter_set_layers(&model, s.ft_layers)) return EXIT_FAILURE;

@@ -537,11 +537,13 @@ def init_weights(model, generator):
 
 # The targets in adapter order, each with its module path in a block (the same in GPT-2's and the Llama's blocks:
 # the qkv projection, the attention's output projection, the MLP's first Linear (the Llama's [gate | up]) and its
-# output Linear), and last lm_head, the classifier, with no path: one adapter for the whole model (ClassifierLora).
-# Entry i is bit i of the adapter file's targets word.
+# output Linear), then lm_head, the classifier, with no path: one adapter for the whole model (ClassifierLora), and
+# last the experts' first and output Linears, a * in the path standing for every expert (train_moe.py's MoE blocks).
+# Entry i is bit i of the adapter file's targets word. --ft-targets experts names both experts targets.
 LORA_TARGETS = [("qkv", "attn.c_attn"), ("proj", "attn.c_proj"), ("fc", "mlp.c_fc"), ("fc_proj", "mlp.c_proj"),
-                ("lm_head", None)]
+                ("lm_head", None), ("experts.fc", "moe.experts.*.c_fc"), ("experts.fc_proj", "moe.experts.*.c_proj")]
 LORA_TARGET_NAMES = [name for name, _ in LORA_TARGETS]
+LORA_TARGET_GROUPS = {"experts": ("experts.fc", "experts.fc_proj")}
 
 
 class LoraLinear(nn.Module):
@@ -582,14 +584,15 @@ class ClassifierLora(nn.Module):
         return self.s * F.linear(F.linear(h, self.lora_A), self.lora_B)
 
 
-def has_module(block, path):
-    """Whether the block has a module at `path`: in GPT-2 and the Llama every block has every target's; in
-    train_moe.py's model only its dense blocks have the MLP's (fc, fc_proj)."""
-    try:
-        block.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
+def modules_at(block, path):
+    """The block's modules at `path`, a * standing for every child of a container, in order: in GPT-2 and the Llama
+    every block has one of every block target's; in train_moe.py's model only its dense blocks have the MLP's (fc,
+    fc_proj), and only its MoE blocks the experts' (one per expert)."""
+    found = [block]
+    for part in path.split("."):
+        found = [child for m in found for child in (m.children() if part == "*" else [getattr(m, part, None)])
+                 if isinstance(child, nn.Module)]
+    return found
 
 
 def lora_scale(alpha, r):
@@ -606,12 +609,15 @@ def add_lora(model, r, alpha, targets):
     s = lora_scale(alpha, r)
     if "lm_head" in targets:
         model.classifier_lora = ClassifierLora(model.wte.weight, r, s)  # the Llama's lm_head.weight has its shape
-    for block in model.h:
-        for name, path in LORA_TARGETS:
-            if name in targets and path is not None and has_module(block, path):
-                parent_path, _, child = path.rpartition(".")
-                parent = block.get_submodule(parent_path)
-                setattr(parent, child, LoraLinear(getattr(parent, child), r, s))
+    for name, path in LORA_TARGETS:
+        if name not in targets or path is None:
+            continue
+        parent_path, _, child = path.rpartition(".")
+        parents = [parent for block in model.h for parent in modules_at(block, parent_path) if hasattr(parent, child)]
+        if not parents:
+            fail(f"--ft-targets {','.join(targets)}: this model has no {name} Linear")
+        for parent in parents:
+            setattr(parent, child, LoraLinear(getattr(parent, child), r, s))
     return model
 
 
@@ -747,9 +753,9 @@ def has_shared_keys(model, kind):
 
 def adapter_in_file_order(model):
     """[(name, [nn.Parameter per layer])] in adapter order. LoRA: for each target the model has, in LORA_TARGETS'
-    order, A stacked over the layers that have its Linear (L, r, in; train_moe.py's fc and fc_proj: its dense layers),
-    then B (L, out, r); lm_head's, one pair for the model, as one layer's:
-    A (1, r, C), B (1, Vp, r). Bottleneck adapters: for each site, in ADAPTER_SITES' order, down.weight stacked over
+    order, A stacked over the layers that have its Linear (L, r, in; train_moe.py's fc and fc_proj: its dense layers;
+    its experts': every expert of every MoE layer, (Lm, E, r, in)), then B (L, out, r); lm_head's, one pair for the
+    model, as one layer's: A (1, r, C), B (1, Vp, r). Bottleneck adapters: for each site, in ADAPTER_SITES' order, down.weight stacked over
     the layers (L, r, C), down.bias (L, r), up.weight (L, C, r), up.bias (L, C). A prompt: the one tensor prompt
     (P, C), row-major. A prefix: the keys stacked over the layers (L, P, NKV*HS), then the values. LLaMA-Adapter: the
     prompts of its K layers, bottom up (K, P, C), then their gates (K). It is an `order` for flat_parameters and the
@@ -772,7 +778,7 @@ def adapter_in_file_order(model):
             if model.classifier_lora is not None:
                 order += [(name + "_A", [model.classifier_lora.lora_A]), (name + "_B", [model.classifier_lora.lora_B])]
             continue
-        linears = [block.get_submodule(path) for block in model.h if has_module(block, path)]
+        linears = [m for block in model.h for m in modules_at(block, path)]
         if linears and isinstance(linears[0], LoraLinear):
             order += [(name + "_A", [m.lora_A for m in linears]), (name + "_B", [m.lora_B for m in linears])]
     return order
@@ -1547,10 +1553,10 @@ def check_ft_flags(args):
 
 def parse_ft_targets(value):
     """--ft-targets' comma-separated names as a tuple in adapter order (the list's own order does not matter)."""
-    allowed = f"any of {','.join(LORA_TARGET_NAMES)}"
+    allowed = f"any of {','.join(LORA_TARGET_NAMES + list(LORA_TARGET_GROUPS))}"
     if value == "":
         fail(f"--ft-targets is empty: give a comma-separated list, {allowed}")
-    names = value.split(",")
+    names = [target for name in value.split(",") for target in LORA_TARGET_GROUPS.get(name, (name,))]
     for name in names:
         if name not in LORA_TARGET_NAMES:
             fail(f"--ft-targets {value}: unknown target {name!r} (allowed: {allowed})")

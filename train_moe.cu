@@ -283,6 +283,7 @@ static const FfnExtension moe_ffn = {
     .get_parameters = moe_get_parameters,
     .get_gradients = moe_get_gradients,
     .active_parameters_per_token = moe_active_parameters_per_token,
+    .expert_linears = moe_expert_linears,
     .gathers_model_file = moe_gathers_model_file,
     .own_set = moe_own_set,
     .own_group = moe_own_group,

@@ -34,12 +34,12 @@ Run from the repository root with a Python that has torch (here Debian's: /usr/b
   --ft-targets, --ft-layers, --adapter-from-file; see train_gpt.py's comment at the top) on a frozen MoE model, its
   routers, noise routers, routed and shared experts included (no --bias-gamma: the balancing biases stay too); the
   balancing losses still add to the loss, and their gradients reach the adapter through the routers' input. LoRA's
-  qkv and proj take every layer's attention, fc and fc_proj the dense layers' MLPs (the experts take none:
-  --ft-targets experts is refused), lm_head the classifier; the bottleneck adapters' FFN site is the MoE layer's
+  qkv and proj take every layer's attention, fc and fc_proj the dense layers' MLPs, experts (experts.fc and
+  experts.fc_proj) every expert of every MoE layer, lm_head the classifier; the bottleneck adapters' FFN site is the MoE layer's
   output in an MoE layer; a prompt's P virtual tokens are routed too (P + T tokens per sequence). The reference also
   writes PREFIX_adapter.bin (train_gpt.py's adapter file):
     /usr/bin/python3 train_moe.py --write-reference build/ref/moe_lora --topk 2 --moe-every 2 --cf 0.5 \
-        --ft lora --ft-rank 4 --ft-alpha 8 --ft-targets qkv,proj,fc,fc_proj,lm_head
+        --ft lora --ft-rank 4 --ft-alpha 8 --ft-targets qkv,proj,fc,fc_proj,lm_head,experts
     /usr/bin/python3 train_moe.py --write-reference build/ref/moe_prompt --topk 2 --moe-every 1 --cf 0.5 \
         --ft prompt --ft-rank 5
     /usr/bin/python3 train_moe.py --train --input-bin 'build/ref/shard*.bin' --B 4 --T 32 --steps 20 \
@@ -1037,19 +1037,6 @@ def model_for_run(args):
     return model
 
 
-def adapter_for_run(model, args, b_std):
-    """train_gpt.adapter_for_run on the MoE model: the adapter of --adapter-from-file or a fresh one of --ft's method,
-    every base parameter frozen (the routers, noise routers, routed and shared experts too); returns its step. LoRA's
-    fc and fc_proj take the dense layers' MLPs, so a model whose every layer is MoE has none to give them."""
-    step = train_gpt.adapter_for_run(model, args, b_std)
-    if args.ft == "lora" and not model.dense_blocks():
-        dense = [name for name in args.ft_targets if name in ("fc", "fc_proj")]
-        if dense:
-            fail(f"--ft-targets {','.join(args.ft_targets)}: {dense[0]} is a dense MLP's Linear and every layer of "
-                 f"this model is MoE (the experts take no LoRA)")
-    return step
-
-
 def routing_settings(args):
     """The settings of an evaluation pass; training_pass gives a training pass's."""
     return RoutingSettings(capacity_factor=args.cf, aux_alpha=args.aux_alpha, z_coef=args.z_coef,
@@ -1199,7 +1186,7 @@ def write_reference(args):
     write_model_file(model_path, model, version)
     order, words, wrote = params_in_file_order, {}, f"{model_path} (version {version})"
     if uses_adapter(args):
-        step = adapter_for_run(model, args, REFERENCE_B_STD)
+        step = train_gpt.adapter_for_run(model, args, REFERENCE_B_STD)
         order, words = adapter_in_file_order, {STATE_FT_WORD: FT_METHODS[args.ft]}
         if args.dtype == "bfloat16":  # the C BF16 build holds the adapter in bf16 too
             load_flat_parameters(model, bf16_to_float(bf16_bits(flat_parameters(model, order=order))), order=order)
@@ -1263,7 +1250,7 @@ def write_reference(args):
 
 def train(args):
     steps = MoESteps(routing_settings(args), 1, args.bias_gamma)
-    train_loop(args, with_adapter(model_for_run, adapter_for_run), steps, steps.after_step)
+    train_loop(args, with_adapter(model_for_run, train_gpt.adapter_for_run), steps, steps.after_step)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1371,11 +1358,7 @@ def parse_args(argv):
 
 
 def check_moe_ft_flags(args):
-    """train_gpt.py's --ft checks, and the MoE's own: fine-tuning freezes the base, balancing biases included, and
-    LoRA takes no expert."""
-    if args.ft_targets is not None and "experts" in args.ft_targets.split(","):
-        fail(f"--ft-targets {args.ft_targets}: the MoE layers' experts take no LoRA; the targets are qkv,proj (every "
-             f"layer), fc,fc_proj (the dense layers) and lm_head")
+    """train_gpt.py's --ft checks, and the MoE's own: fine-tuning freezes the base, balancing biases included."""
     with errors_named_here():
         check_ft_flags(args)
     if uses_adapter(args) and args.bias_gamma > 0:

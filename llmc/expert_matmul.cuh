@@ -41,13 +41,21 @@ static void matmul_check_batched(const char* function, int batch, int rows, int 
         exit(EXIT_FAILURE);
     }
 }
+// accumulate (+= instead of =) is for an output with no GELU between it and the GEMM (LoRA's update over the experts)
+static void matmul_check_accumulate(const char* function, bool accumulate, const floatX* pre_gelu) {
+    if (accumulate && pre_gelu != nullptr) {
+        fprintf(stderr, "%s: accumulate with a GELU (pre_gelu) is not a sum the GEMM can make\n", function);
+        exit(EXIT_FAILURE);
+    }
+}
 
-// out[b] = inp[b] @ weight[b]^T + bias[b]; with pre_gelu: pre_gelu[b] = that, out[b] = gelu(pre_gelu[b]).
-// As in matmul_forward, out[b]^T (OC, rows) = op(weight[b]) inp[b]^T in cuBLAS's column-major view.
+// out[b] = inp[b] @ weight[b]^T + bias[b] (accumulate: out[b] += that); with pre_gelu: pre_gelu[b] = that, out[b] =
+// gelu(pre_gelu[b]). As in matmul_forward, out[b]^T (OC, rows) = op(weight[b]) inp[b]^T in cuBLAS's column-major view.
 void matmul_forward_batched(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int batch,
                             int rows, int C, int OC, cudaStream_t stream, floatX* pre_gelu = nullptr,
-                            int gelu_fusion = 1) {
+                            int gelu_fusion = 1, bool accumulate = false) {
     matmul_check_batched("matmul_forward_batched", batch, rows, C, OC);
+    matmul_check_accumulate("matmul_forward_batched", accumulate, pre_gelu);
     const int64_t stride_weight = (int64_t)OC * C, stride_inp = (int64_t)rows * C, stride_out = (int64_t)rows * OC;
     if (pre_gelu != nullptr && gelu_fusion < 1) {
         matmul_cublaslt_strided(pre_gelu, CUBLAS_LOWP, weight, inp, bias, OC, rows, C, stream, true, false, false,
@@ -56,25 +64,28 @@ void matmul_forward_batched(floatX* out, const floatX* inp, const floatX* weight
         const size_t count = (size_t)batch * rows * OC;
         gelu_forward(out, pre_gelu, count, stream);
     } else {
-        matmul_cublaslt_strided(out, CUBLAS_LOWP, weight, inp, bias, OC, rows, C, stream, true, false, false, pre_gelu,
-                                false, batch, stride_weight, stride_inp, stride_out, OC);
+        matmul_cublaslt_strided(out, CUBLAS_LOWP, weight, inp, bias, OC, rows, C, stream, true, false, accumulate,
+                                pre_gelu, false, batch, stride_weight, stride_inp, stride_out, OC);
     }
 }
 
-// dinp[b] (rows, C) = dout[b] @ weight[b] [* gelu'(pre_gelu[b])] (overwritten); dweight[b] (OC, C) +=
-// dout[b]^T @ inp[b] (NULL: not computed); dbias[b] (OC) += column sums of dout[b] (deterministic, all batches in two launches;
-// dbias_buffer holds matmul_batched_dbias_buffer_floats(batch, OC) floats). pre_gelu (batch, rows, C).
+// dinp[b] (rows, C) = dout[b] @ weight[b] [* gelu'(pre_gelu[b])] (overwritten; accumulate: += without the GELU);
+// dweight[b] (OC, C) += dout[b]^T @ inp[b] (NULL: not computed); dbias[b] (OC) += column sums of dout[b]
+// (deterministic, all batches in two launches; dbias_buffer holds matmul_batched_dbias_buffer_floats(batch, OC)
+// floats). pre_gelu (batch, rows, C).
 void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
                              const floatX* weight, float* dbias_buffer, int batch, int rows, int C, int OC,
-                             cudaStream_t stream, const floatX* pre_gelu = nullptr, int gelu_fusion = 1) {
+                             cudaStream_t stream, const floatX* pre_gelu = nullptr, int gelu_fusion = 1,
+                             bool accumulate = false) {
     matmul_check_batched("matmul_backward_batched", batch, rows, C, OC);
+    matmul_check_accumulate("matmul_backward_batched", accumulate, pre_gelu);
     const int64_t stride_weight = (int64_t)OC * C, stride_inp = (int64_t)rows * C, stride_out = (int64_t)rows * OC;
     if (dbias != nullptr)
         matmul_backward_bias_rows("matmul_backward_batched", dbias, dout, dbias_buffer, MatmulStridedRows{rows}, batch,
                                   rows, OC, stream);
     // the DGELU epilogue only reads its auxiliary buffer; the const_cast is what the attribute's type asks for
     floatX* fused_gelu_input = (pre_gelu != nullptr && gelu_fusion >= 2) ? const_cast<floatX*>(pre_gelu) : nullptr;
-    matmul_cublaslt_strided(dinp, CUBLAS_LOWP, weight, dout, nullptr, C, rows, OC, stream, false, false, false,
+    matmul_cublaslt_strided(dinp, CUBLAS_LOWP, weight, dout, nullptr, C, rows, OC, stream, false, false, accumulate,
                             fused_gelu_input, true, batch, stride_weight, stride_out, stride_inp, 0);
     if (pre_gelu != nullptr && gelu_fusion < 2) {
         const size_t count = (size_t)batch * rows * C;
@@ -99,12 +110,13 @@ void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias, const
 
 // acc (total, OC) is what the grouped GEMM wrote; per row, x = acc + bias[g] for the row's group g (no bias: x = acc).
 // Without pre_gelu (out == acc, launched only with a bias): out = x in place. With pre_gelu (== acc): pre_gelu = x
-// (rewritten only when a bias changed it) and out = gelu(x). cublasGemmGroupedBatchedEx has no epilogue, so this pass replaces cuBLASLt's BIAS
-// and GELU_AUX_BIAS epilogues. Each thread moves one x128 of a row (OC is a multiple of 8, so a vector never
-// straddles rows) and finds the row's group by binary search over rows.start, which lives in the kernel's
-// parameter space: a warp's 32 vectors span at most two rows once OC >= 32 * x128::size, so the search's loads are
-// near-uniform constant-cache broadcasts and no per-row group table has to be built and copied first. The largest g
-// with start[g] <= row has rows (an empty g has start[g + 1] = start[g]), so empty groups need no special case.
+// (rewritten only when a bias changed it) and out = gelu(x). cublasGemmGroupedBatchedEx has no epilogue, so this pass
+// replaces cuBLASLt's BIAS and GELU_AUX_BIAS epilogues. Each thread moves one x128 of a row (OC is a multiple of 8, so
+// a vector never straddles rows) and finds the row's group by binary search over rows.start, which lives in the
+// kernel's parameter space: a warp's 32 vectors span at most two rows once OC >= 32 * x128::size, so the search's
+// loads are near-uniform constant-cache broadcasts and no per-row group table has to be built and copied first. The
+// largest g with start[g] <= row has rows (an empty g has start[g + 1] = start[g]), so empty groups need no special
+// case.
 // Floor (total * OC = n elements): bias only 2n * sizeof(floatX) bytes (read acc, write out); bias + GELU 3n (read
 // acc, write pre_gelu and out); GELU without bias 2n. The bias rows (groups * OC) come from L2. Against cuBLASLt's
 // GELU_AUX_BIAS epilogue (the GEMM writes pre_gelu and out, 2n) that is 2n more, the GEMM's write of acc and this
@@ -168,7 +180,8 @@ static void matmul_grouped_gemm(void* const* pointers, int count, const int* m, 
                                 bool trans_a, bool trans_b, int lda, int ldb, int ldc, bool accumulate,
                                 cudaStream_t stream) {
     cublasOperation_t op_a[CUBLAS_GROUPED_MAX_GROUPS], op_b[CUBLAS_GROUPED_MAX_GROUPS];
-    int lda_array[CUBLAS_GROUPED_MAX_GROUPS], ldb_array[CUBLAS_GROUPED_MAX_GROUPS], ldc_array[CUBLAS_GROUPED_MAX_GROUPS];
+    int lda_array[CUBLAS_GROUPED_MAX_GROUPS], ldb_array[CUBLAS_GROUPED_MAX_GROUPS];
+    int ldc_array[CUBLAS_GROUPED_MAX_GROUPS];
     int group_size[CUBLAS_GROUPED_MAX_GROUPS];
     float alpha[CUBLAS_GROUPED_MAX_GROUPS], beta[CUBLAS_GROUPED_MAX_GROUPS];
     for (int i = 0; i < count; i++) {
@@ -218,14 +231,16 @@ static void* const* matmul_grouped_upload(int n, cudaStream_t stream) {
 // all groups' partial rows, as in the batched version: empty groups' rows are left untouched
 size_t matmul_grouped_dbias_buffer_floats(int groups, int OC) { return matmul_batched_dbias_buffer_floats(groups, OC); }
 
-// out (total, OC) = per group g: inp_g @ weight[g]^T + bias[g]; with pre_gelu: pre_gelu = that, out = gelu(pre_gelu).
+// out (total, OC) = per group g: inp_g @ weight[g]^T + bias[g] (accumulate: out += that); with pre_gelu: pre_gelu =
+// that, out = gelu(pre_gelu).
 // As in matmul_forward, out_g^T (OC, rows[g]) = op(weight[g]) inp_g^T in cuBLAS's column-major view. The GEMM writes
 // into pre_gelu when there is one (else into out), then one pass adds the bias and applies the GELU; gelu_fusion 0
 // keeps the GELU in its own pass after the bias one (the dense path's kernel), as the batched version does.
 void matmul_forward_grouped(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int groups,
                             const int* rows, int C, int OC, cudaStream_t stream, floatX* pre_gelu = nullptr,
-                            int gelu_fusion = 1) {
+                            int gelu_fusion = 1, bool accumulate = false) {
     const MatmulGroupRows offsets = matmul_group_rows("matmul_forward_grouped", groups, rows, C, OC);
+    matmul_check_accumulate("matmul_forward_grouped", accumulate, pre_gelu);
     matmul_require_aligned("matmul_forward_grouped", out, inp, weight, bias, pre_gelu);
     int active[CUBLAS_GROUPED_MAX_GROUPS];
     const int count = matmul_grouped_active(groups, rows, active);
@@ -243,7 +258,7 @@ void matmul_forward_grouped(floatX* out, const floatX* inp, const floatX* weight
         k[i] = C;
     }
     void* const* pointers = matmul_grouped_upload(3 * count, stream);
-    matmul_grouped_gemm(pointers, count, m, n, k, true, false, C, C, OC, false, stream);
+    matmul_grouped_gemm(pointers, count, m, n, k, true, false, C, C, OC, accumulate, stream);
     if (bias == nullptr && pre_gelu == nullptr) return;
     const size_t vectors = (size_t)offsets.start[groups] * OC / x128::size;
     const int block_size = 256;
@@ -261,16 +276,17 @@ void matmul_forward_grouped(floatX* out, const floatX* inp, const floatX* weight
     }
 }
 
-// dinp (total, C) = per group dout_g @ weight[g] [* gelu'(pre_gelu)] (overwritten); dweight[g] (OC, C) +=
-// dout_g^T @ inp_g (NULL: not computed); dbias[g] (OC) += column sums of dout_g (deterministic, all groups in two launches; dbias_buffer
-// holds matmul_grouped_dbias_buffer_floats(groups, OC) floats). pre_gelu (total, C). Groups without rows add
-// nothing. The grouped GEMM has no DGELU epilogue, so the GELU backward is always its own in-place pass over dinp
-// (the dense path's kernel, 3 * total * C * sizeof(floatX) bytes): unlike the batched version there is no
-// gelu_fusion to choose.
+// dinp (total, C) = per group dout_g @ weight[g] [* gelu'(pre_gelu)] (overwritten; accumulate: += without the
+// GELU); dweight[g] (OC, C) += dout_g^T @ inp_g (NULL: not computed); dbias[g] (OC) += column sums of dout_g
+// (deterministic, all groups in two launches; dbias_buffer holds matmul_grouped_dbias_buffer_floats(groups, OC)
+// floats). pre_gelu (total, C). Groups without rows add nothing. The grouped GEMM has no DGELU epilogue, so the GELU
+// backward is always its own in-place pass over dinp (the dense path's kernel, 3 * total * C * sizeof(floatX) bytes):
+// unlike the batched version there is no gelu_fusion to choose.
 void matmul_backward_grouped(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
                              const floatX* weight, float* dbias_buffer, int groups, const int* rows, int C, int OC,
-                             cudaStream_t stream, const floatX* pre_gelu = nullptr) {
+                             cudaStream_t stream, const floatX* pre_gelu = nullptr, bool accumulate = false) {
     const MatmulGroupRows offsets = matmul_group_rows("matmul_backward_grouped", groups, rows, C, OC);
+    matmul_check_accumulate("matmul_backward_grouped", accumulate, pre_gelu);
     matmul_require_aligned("matmul_backward_grouped", dinp, dweight, dout, inp, weight);
     matmul_require_aligned("matmul_backward_grouped", pre_gelu, nullptr, nullptr, nullptr, nullptr);
     int active[CUBLAS_GROUPED_MAX_GROUPS];
@@ -301,7 +317,7 @@ void matmul_backward_grouped(floatX* dinp, floatX* dweight, floatX* dbias, const
         rows_array[i] = rows[g];
     }
     void* const* pointers = matmul_grouped_upload(6 * count, stream);
-    matmul_grouped_gemm(pointers, count, C_array, rows_array, OC_array, false, false, C, OC, C, false, stream);
+    matmul_grouped_gemm(pointers, count, C_array, rows_array, OC_array, false, false, C, OC, C, accumulate, stream);
     if (pre_gelu != nullptr) {
         gelu_backward_inplace(dinp, pre_gelu, (size_t)offsets.start[groups] * C, stream);
     }

@@ -35,20 +35,27 @@ static int ft_method_number(const char* name) {
         if (!strcmp(name, ft_method_names[m])) return m;
     return 0;
 }
-#define ADAPTER_MAX_TENSORS 10
+#define ADAPTER_MAX_TENSORS 14
 
-// The Linear layers an adapter may target (-fw), each with a bit in the adapter file's word 4: X(id, name). The
-// first four are in every layer, lm_head (the classifier, against wte or lm_head) once.
-#define LORA_TARGETS(X)   \
-    X(QKV, "qkv")         \
-    X(PROJ, "proj")       \
-    X(FC, "fc")           \
-    X(FC_PROJ, "fc_proj") \
-    X(LM_HEAD, "lm_head")
+// The Linear layers an adapter may target (-fw), each with a bit in the adapter file's word 4: X(id, name). qkv and
+// proj are in every layer, fc and fc_proj in every dense MLP, lm_head (the classifier, against wte or lm_head) once,
+// and the experts' pair (an extension's, FfnExtension.expert_linears) in every expert of every MoE layer. -fw experts
+// names both of the experts' targets.
+#define LORA_TARGETS(X)                   \
+    X(QKV, "qkv")                         \
+    X(PROJ, "proj")                       \
+    X(FC, "fc")                           \
+    X(FC_PROJ, "fc_proj")                 \
+    X(LM_HEAD, "lm_head")                 \
+    X(EXPERTS_FC, "experts.fc")           \
+    X(EXPERTS_FC_PROJ, "experts.fc_proj")
 #define LORA_TARGET_INDEX(id, name) LORA_##id,
 enum { LORA_TARGETS(LORA_TARGET_INDEX) LORA_NUM_TARGETS };
 #define LORA_TARGET_NAME(id, name) name,
 static const char* const lora_target_names[LORA_NUM_TARGETS] = {LORA_TARGETS(LORA_TARGET_NAME)};
+#define LORA_EXPERTS_TARGETS ((1u << LORA_EXPERTS_FC) | (1u << LORA_EXPERTS_FC_PROJ))
+#define LORA_TARGETS_ALLOWED "any of qkv, proj, fc, fc_proj, lm_head, experts (= experts.fc,experts.fc_proj)"
+static int lora_is_expert_target(int t) { return t == LORA_EXPERTS_FC || t == LORA_EXPERTS_FC_PROJ; }
 
 // The bottleneck adapter's sites, each with a bit in the adapter file's word 4 (always both), and each site's tensors
 // (stacked over the layers): down (L, r, C), its bias (L, r), up (L, C, r), its bias (L, C)
@@ -67,7 +74,9 @@ struct Adapter {
     // lora: bit t, target t has a pair; adapter: both sites; prompt, prefix: 1 (the input, every attention);
     // llama_adapter: K, the top layers adapted
     unsigned targets;
-    // lora: A then B of each target in target order, stacked over the layers: A (L, r, C), B (L, OC, r); an absent
+    // lora: A then B of each target in target order, stacked over the layers: A (L, r, C), B (L, OC, r) (the experts'
+    // over every MoE layer's every expert, (Lm, E, r, C) and (Lm, E, OC, r), on every process: each computes its own
+    // experts' gradients and leaves the others' zero, so the set's mean over the processes is each pair's); an absent
     // target's pair has size 0. adapter: each site's four tensors, site by site. prompt: the prompt (P, C). prefix:
     // the keys (L, P, NKV HS), then the values (L, P, NKV HS). llama_adapter: the prompts (K, P, C), then the gates
     // (K). ZeRO-1 at most: the set is a fraction of a percent of the model, so sharding its gradients (ZeRO-2) or its
@@ -96,36 +105,47 @@ static unsigned lora_parse_targets(const char* list) {
     const char* at = list;
     while (*at) {
         size_t len = strcspn(at, ",");
-        int found = -1;
+        unsigned bits = 0;
         for (int t = 0; t < LORA_NUM_TARGETS; t++)
-            if (strlen(lora_target_names[t]) == len && strncmp(at, lora_target_names[t], len) == 0) found = t;
-        if (found < 0 || (mask & (1u << found))) {
-            fprintf(stderr, "-fw %s: %s target '%.*s' (any of qkv, proj, fc, fc_proj, lm_head, each once)\n", list,
-                    found < 0 ? "unknown" : "repeated", (int)len, at);
+            if (strlen(lora_target_names[t]) == len && strncmp(at, lora_target_names[t], len) == 0) bits = 1u << t;
+        if (len == strlen("experts") && strncmp(at, "experts", len) == 0) bits = LORA_EXPERTS_TARGETS;
+        if (bits == 0 || (mask & bits)) {
+            fprintf(stderr, "-fw %s: %s target '%.*s' (%s, each once)\n", list, bits == 0 ? "unknown" : "repeated",
+                    (int)len, at, LORA_TARGETS_ALLOWED);
             return 0;
         }
-        mask |= 1u << found;
+        mask |= bits;
         at += len;
         if (*at == ',') at++;
     }
-    if (mask == 0) fprintf(stderr, "-fw '%s': no target (any of qkv, proj, fc, fc_proj, lm_head)\n", list);
+    if (mask == 0) fprintf(stderr, "-fw '%s': no target (%s)\n", list, LORA_TARGETS_ALLOWED);
     return mask;
 }
 
-// target t's Linear layer: C inputs, OC outputs (the classifier's: the Vp padded vocabulary rows)
-static void lora_target_shape(const Model* model, int t, int* C, int* OC) {
+// target t's Linear layer: C inputs, OC outputs (the classifier's: the Vp padded vocabulary rows); an expert target's
+// also its model-file slot (slot: NULL when not wanted). Returns how many pairs target t has: one per layer, one per
+// layer with a dense MLP (fc and fc_proj: an MoE model's MoE layers have none), one (lm_head), or one per expert of
+// every MoE layer (0 without experts).
+static size_t lora_target_shape(const Model* model, int t, int* C, int* OC, int* slot = NULL) {
     const ModelConfig* c = &model->config;
+    if (lora_is_expert_target(t)) {
+        int unused;
+        const FfnExtension* x = model->extension.ffn;
+        *C = *OC = 0;
+        return x->expert_linears ? x->expert_linears(model, t == LORA_EXPERTS_FC_PROJ, C, OC, slot ? slot : &unused)
+                                 : 0;
+    }
     int channels = c->channels;
     int in[LORA_NUM_TARGETS] = {channels, channels, channels, c->ffn_hidden, channels};
     int out[LORA_NUM_TARGETS] = {(int)qkv_channels(c), channels, (int)fc_channels(c), channels, c->padded_vocab_size};
     *C = in[t];
     *OC = out[t];
-}
-// how many pairs target t has: one per layer, one per layer with a dense MLP (fc and fc_proj: an MoE model's MoE
-// layers have none), or one (lm_head)
-static int lora_target_layers(const Model* model, int t) {
     if (t == LORA_LM_HEAD) return 1;
     return t == LORA_FC || t == LORA_FC_PROJ ? model_dense_layers(model) : model->config.num_layers;
+}
+static size_t lora_target_layers(const Model* model, int t) {
+    int C, OC;
+    return lora_target_shape(model, t, &C, &OC);
 }
 
 // the adapter's tensors for the model's adapter shape (model->adapter_method, _rank, _targets): their sizes and
@@ -158,8 +178,7 @@ static int adapter_tensor_sizes(const Model* model, size_t* sizes, int* decays) 
     }
     for (int t = 0; t < LORA_NUM_TARGETS; t++) {
         int in, out;
-        lora_target_shape(model, t, &in, &out);
-        size_t layers = lora_target_layers(model, t);
+        size_t layers = lora_target_shape(model, t, &in, &out);
         int on = (model->adapter_targets >> t) & 1;
         sizes[2 * t] = on * layers * r * in;
         sizes[2 * t + 1] = on * layers * out * r;
@@ -283,14 +302,17 @@ static int lora_has(const Model* model, int t) {
     return model->adapter && model->adapter->method == FT_METHOD_LORA && ((model->adapter->targets >> t) & 1);
 }
 
-// layer l's pair of target t in a buffer laid out as the set (its parameters or gradients); the MLP's targets are
-// stacked over the dense layers only
-static void lora_layer_pair(const Model* model, floatX* set, int t, int l, floatX** A, floatX** B) {
+// target t's pair `index` (of lora_target_layers) in a buffer laid out as the set (its parameters or gradients)
+static void lora_pair(const Model* model, floatX* set, int t, size_t index, floatX** A, floatX** B) {
     const ShardedParameters* p = &model->adapter->store;
     size_t L = lora_target_layers(model, t);
-    size_t index = t == LORA_FC || t == LORA_FC_PROJ ? (size_t)model_dense_index(model, l) : (size_t)l;
     *A = set + sharded_parameters_offset(p, 2 * t) + index * (p->sizes[2 * t] / L);
     *B = set + sharded_parameters_offset(p, 2 * t + 1) + index * (p->sizes[2 * t + 1] / L);
+}
+// layer l's pair: the MLP's targets are stacked over the dense layers only
+static void lora_layer_pair(const Model* model, floatX* set, int t, int l, floatX** A, floatX** B) {
+    size_t index = t == LORA_FC || t == LORA_FC_PROJ ? (size_t)model_dense_index(model, l) : (size_t)l;
+    lora_pair(model, set, t, index, A, B);
 }
 
 // The bottleneck adapter at site `site` (BOTTLENECK_*) of layer l: its four tensors in a buffer laid out as the set
@@ -651,18 +673,19 @@ static int lora_can_merge(const Model* model) {
 }
 static void lora_merge(const Model* model, floatX* file_order) {
     const Adapter* a = model->adapter;
-    const int weight_tensor[LORA_NUM_TARGETS] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW, PARAM_LM_HEAD};
+    const int weight_tensor[LORA_NUM_TARGETS] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW, PARAM_LM_HEAD,
+                                                 PARAM_EXTENSION, PARAM_EXTENSION};
     size_t file_sizes[NUM_PARAMETER_TENSORS];
     file_tensor_sizes(file_sizes, model);
     float* values = adapter_host_parameters(model);
     int r = a->rank;
     for (int t = 0; t < LORA_NUM_TARGETS; t++) {
         if (!lora_has(model, t)) continue;
-        int C, OC, L = lora_target_layers(model, t);
-        lora_target_shape(model, t, &C, &OC);
-        size_t w_offset = 0;
-        for (int i = 0; i < weight_tensor[t]; i++) w_offset += file_sizes[i];
-        for (int l = 0; l < L; l++) {
+        int C, OC, slot = 0;
+        size_t L = lora_target_shape(model, t, &C, &OC, &slot), w_offset = 0;
+        int tensor = weight_tensor[t] + (lora_is_expert_target(t) ? slot : 0);
+        for (int i = 0; i < tensor; i++) w_offset += file_sizes[i];
+        for (size_t l = 0; l < L; l++) {
             floatX* W = file_order + w_offset + (size_t)l * OC * C;
             const float* A = values + sharded_parameters_offset(&a->store, 2 * t) + (size_t)l * r * C;
             const float* B = values + sharded_parameters_offset(&a->store, 2 * t + 1) + (size_t)l * OC * r;

@@ -43,6 +43,10 @@ typedef struct {
     void (*get_parameters)(const Model* model, floatX* file_block, cudaStream_t stream);
     void (*get_gradients)(const Model* model, floatX* file_block, cudaStream_t stream);
     double (*active_parameters_per_token)(const Model* model);  // of its tensors (for the flops count)
+    // LoRA's experts targets (-fw experts, llmc/model_adapter.h): its expert Linear `which` (0: fc, 1: fc_proj), each
+    // matrix (OC, C) in model-file slot PARAM_EXTENSION + *slot; returns how many matrices the slot stacks (every
+    // expert of every layer). NULL: the extension has no experts.
+    size_t (*expert_linears)(const Model* model, int which, int* C, int* OC, int* slot);
     // how its parameters are sharded
     int (*gathers_model_file)(const Model* model);  // whether this process takes part in get_parameters
     ShardedParameters* (*own_set)(Model* model);                 // NULL: none

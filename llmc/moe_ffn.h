@@ -132,6 +132,9 @@ typedef struct {
     X(floatX, d_expert_hidden, rows_own * H)             /* (Rown, H) */                                               \
     /* scratch_src: (Rsrc, C) the same in the dispatch layout, with expert parallelism only */                         \
     X(floatX, scratch_src, moe->ep.degree > 1 ? rows_src * C : 0)                                                      \
+    /* lora_u, lora_g: (Rown, r) LoRA's rank-r intermediates over the experts (-fw experts; r = 0 without) */         \
+    X(floatX, lora_u, lora_rank * rows_own)                                                                            \
+    X(floatX, lora_g, lora_rank * rows_own)                                                                            \
     /* bias_scratch: the (shared) experts' bias-gradient scratch */                                                    \
     X(float, bias_scratch, bias_scratch > shared ? bias_scratch : shared)                                              \
     /* shared_pre: (Lm, S, N, H_s) the shared experts' pre-GELU; llama (Lm, S, N, 2H_s) [gate | up] */                 \
@@ -578,6 +581,17 @@ static float moe_own_norm_squared(Model* model, int zero_stage, cudaStream_t str
     return moe->expert_tp > 1 ? tensor_parallel_float_sum(model->tp, norm2, stream) : norm2;
 }
 // a token meets k of the E experts of an MoE layer: the routers and shared experts whole, the experts' k/E
+// LoRA's experts targets (FfnExtension.expert_linears): fc (C -> H, llama C -> 2H [gate | up]) or fcproj (H -> C) of
+// every expert of every MoE layer, whole, as the model file stacks them (Lm, E, OC, C)
+static size_t moe_expert_linears(const Model* model, int which, int* C, int* OC, int* slot) {
+    const MoEModel* moe = moe_of(model);
+    int channels = model->config.channels, H = moe->config.expert_hidden;
+    *C = which ? H : channels;
+    *OC = which ? channels : (int)moe_fc_width(model, H);
+    *slot = which ? MOE_EFCPROJW : MOE_EFCW;
+    return (size_t)num_moe_layers(model) * moe->config.num_experts;
+}
+
 static double moe_active_parameters_per_token(const Model* model) {
     const MoEConfig* c = &moe_of(model)->config;
     size_t sizes[MLP_EXTENSION_SLOTS];
@@ -615,6 +629,12 @@ static void moe_allocated_rows(const MoEModel* moe, int N, size_t* src, size_t* 
     }
 }
 
+// LoRA's rank over the experts (-ft lora -fw experts, llmc/model_adapter.h), 0 without
+static size_t moe_experts_lora_rank(const Model* model) {
+    int lora = model->frozen && model->adapter_method == FT_METHOD_LORA;
+    return lora && (model->adapter_targets & LORA_EXPERTS_TARGETS) ? (size_t)model->adapter_rank : 0;
+}
+
 // The activation tensors' sizes in bytes, indexed by MOE_ACT_<name>.
 static void moe_fill_in_activation_sizes(size_t* s, const Model* model, size_t B, size_t T, int recompute) {
     const MoEModel* moe = moe_of(model);
@@ -635,6 +655,7 @@ static void moe_fill_in_activation_sizes(size_t* s, const Model* model, size_t B
     size_t shared = matmul_dbias_buffer_floats((int)(Hs > C ? Hs : C));
     if (!model->config.biases) batched = grouped = shared = 0;
     size_t bias_scratch = batched > grouped ? batched : grouped;
+    size_t lora_rank = moe_experts_lora_rank(model);
 #define MOE_ACTIVATION_BYTES(type, name, elements) s[MOE_ACT_##name] = (elements) * sizeof(type);
     MOE_ACTIVATION_TENSORS(MOE_ACTIVATION_BYTES)
 #undef MOE_ACTIVATION_BYTES
@@ -710,6 +731,7 @@ static void moe_free(Model* model) {
 // GEMMs over their exact rows (dropless), combine weighted by the gates. Its output (N, C) goes to `out`, like the dense MLP's.
 
 typedef struct {
+    int m;                // the MoE layer
     float* logits;        // what routing uses: H with noisy gating
     float* clean;         // noisy gating
     float* noise;         // noisy gating
@@ -741,6 +763,7 @@ static MoELayerActivations moe_layer_activations(const Model* model, int m, int 
     size_t NE = layer_stride(N * E), NK = layer_stride(N * K), SRC, OWN;
     moe_layer_rows(c, moe->capacity_used, moe->dropless, N, moe->ep.degree, &SRC, &OWN);
     MoELayerActivations l;
+    l.m = m;
     l.logits = a->router_logits + m * NE;
     l.clean = c->noisy_gating ? a->router_clean + m * NE : nullptr;
     l.noise = c->noisy_gating ? a->router_noise + m * NE : nullptr;
@@ -804,66 +827,130 @@ static size_t moe_local_expert_rows(const Model* model, const MoELayerActivation
 }
 
 // One Linear layer of this process's experts on their rows in the expert layout: weight (E_l, OC, IC), bias
-// (E_l, OC), inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu)]. Padded: E_l buffers of
-// ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one grouped GEMM.
+// (E_l, OC), inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu); accumulate: out +=, no GELU]. Padded:
+// E_l buffers of ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one
+// grouped GEMM.
 static void moe_experts_linear_forward(const Model* model, const MoELayerActivations* l, floatX* out, const floatX* inp,
                                        const floatX* weight, const floatX* bias, int IC, int OC, floatX* pre_gelu,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, bool accumulate = false) {
     MoEModel* moe = moe_of(model);
     int E_l = moe->local_experts, N = moe->ep.degree;
     if (!moe->dropless) {
         matmul_forward_batched(out, inp, weight, bias, E_l, N * moe->capacity_used, IC, OC, stream, pre_gelu,
-                               model_forward_gelu_fusion(model));
+                               model_forward_gelu_fusion(model), accumulate);
         return;
     }
     int rows[MOE_MAX_EXPERTS];
     moe_local_expert_rows(model, l, rows);
     matmul_forward_grouped(out, inp, weight, bias, E_l, rows, IC, OC, stream, pre_gelu,
-                           model_forward_gelu_fusion(model));
+                           model_forward_gelu_fusion(model), accumulate);
 }
 
-// Its backward: dinp (Rown, IC) overwritten, dweight and dbias accumulated (+=); pre_gelu as in the forward.
+// Its backward: dinp (Rown, IC) overwritten (accumulate: +=, no GELU), dweight and dbias accumulated (+=); pre_gelu
+// as in the forward.
 static void moe_experts_linear_backward(const Model* model, const MoELayerActivations* l, floatX* dinp, floatX* dweight,
                                         floatX* dbias, const floatX* dout, const floatX* inp, const floatX* weight,
-                                        int IC, int OC, const floatX* pre_gelu, cudaStream_t stream) {
+                                        int IC, int OC, const floatX* pre_gelu, cudaStream_t stream,
+                                        bool accumulate = false) {
     MoEModel* moe = moe_of(model);
     int E_l = moe->local_experts, N = moe->ep.degree;
     float* scratch = moe->acts.bias_scratch;
     if (!moe->dropless) {
         matmul_backward_batched(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, N * moe->capacity_used, IC,
-                                OC, stream, pre_gelu, model->gelu_fusion);
+                                OC, stream, pre_gelu, model->gelu_fusion, accumulate);
         return;
     }
     int rows[MOE_MAX_EXPERTS];
     moe_local_expert_rows(model, l, rows);
-    matmul_backward_grouped(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, rows, IC, OC, stream, pre_gelu);
+    matmul_backward_grouped(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, rows, IC, OC, stream, pre_gelu,
+                            accumulate);
+}
+
+// LoRA over the experts (-fw experts, llmc/model_adapter.h "Adapter"): target t's pairs of this process's experts in
+// MoE layer l->m, A (E_l, r, IC) and B (E_l, OC, r), from the adapter's parameters or gradients; 0 without target t.
+static int moe_experts_lora_pairs(const Model* model, const MoELayerActivations* l, int t, floatX* set, floatX** A,
+                                  floatX** B) {
+    if (!lora_has(model, t)) return 0;
+    const MoEModel* moe = moe_of(model);
+    size_t first = (size_t)l->m * moe->config.num_experts + (size_t)moe->ep.member * moe->local_experts;
+    lora_pair(model, set, t, first, A, B);
+    return 1;
+}
+
+// out (Rown, OC) += s (inp A_e^T) B_e^T on each expert e's rows: LoRA's update beside an expert Linear layer (IC ->
+// OC), as two GEMMs of the layer's own kind (batched or grouped) of width r, and llmc/lora.cuh's scale between them.
+// Nothing without target t. The padding rows' zero inputs add nothing; their outputs are never combined.
+static void moe_experts_lora_forward(const Model* model, const MoELayerActivations* l, int t, floatX* out,
+                                     const floatX* inp, int IC, int OC, cudaStream_t stream) {
+    const Adapter* a = model->adapter;
+    floatX *A, *B;
+    if (!moe_experts_lora_pairs(model, l, t, a ? a->store.params_memory : NULL, &A, &B)) return;
+    int rows[MOE_MAX_EXPERTS];
+    size_t own_rows = moe_local_expert_rows(model, l, rows);
+    if (own_rows == 0) return;  // dropless, no row reached this process's experts
+    floatX* u = moe_of(model)->acts.lora_u;  // (Rown, r)
+    moe_experts_linear_forward(model, l, u, inp, A, nullptr, IC, a->rank, nullptr, stream);
+    lora_scale(u, a->scale, own_rows * a->rank, stream);
+    moe_experts_linear_forward(model, l, out, u, B, nullptr, a->rank, OC, nullptr, stream, true);
+}
+
+// Its transpose, after the frozen layer's backward wrote dinp (Rown, IC) from dout (Rown, OC) without a GELU: with
+// u = s inp A_e^T and g = s dout B_e per expert, dB_e += dout^T u, dA_e += g^T inp, dinp += g A_e (u recomputed, as
+// llmc/lora.cuh does).
+static void moe_experts_lora_backward(const Model* model, const MoELayerActivations* l, int t, floatX* dinp,
+                                      const floatX* dout, const floatX* inp, int IC, int OC, cudaStream_t stream) {
+    const Adapter* a = model->adapter;
+    floatX *A, *B, *dA, *dB;
+    if (!moe_experts_lora_pairs(model, l, t, a ? a->store.params_memory : NULL, &A, &B)) return;
+    moe_experts_lora_pairs(model, l, t, a->store.grads_memory, &dA, &dB);
+    int rows[MOE_MAX_EXPERTS];
+    size_t own_rows = moe_local_expert_rows(model, l, rows);
+    if (own_rows == 0) return;
+    floatX *u = moe_of(model)->acts.lora_u, *g = moe_of(model)->acts.lora_g;  // (Rown, r) each
+    moe_experts_linear_forward(model, l, u, inp, A, nullptr, IC, a->rank, nullptr, stream);
+    lora_scale(u, a->scale, own_rows * a->rank, stream);
+    moe_experts_linear_backward(model, l, g, dB, nullptr, dout, u, B, a->rank, OC, nullptr, stream);
+    lora_scale(g, a->scale, own_rows * a->rank, stream);
+    moe_experts_linear_backward(model, l, dinp, dA, nullptr, g, inp, A, IC, a->rank, nullptr, stream, true);
 }
 
 // The experts' MLP on their rows in the expert layout, inp (Rown, C) -> out (Rown, C): gpt2 fcproj(GELU(fc)) with the
 // GELU in fc's epilogue; llama fcproj(swiglu(fc)) without biases, fc's output (Rown, 2H) [gate | up] in expert_pre and
-// llmc/swiglu.cuh's pass over the rows in use (padded: all of them, the padding's zeros give zeros).
+// llmc/swiglu.cuh's pass over the rows in use (padded: all of them, the padding's zeros give zeros). LoRA over the
+// experts adds to fc's output before the activation (GPT-2's GELU then its own pass) and to fcproj's.
 static void moe_experts_mlp_forward(const Model* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
                                     floatX* out, cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
     int C = model->config.channels, H = moe->config.expert_hidden / moe->expert_tp;  // at -etp N its slice
-    if (!moe_swiglu(model)) {
-        moe_experts_linear_forward(model, l, l->expert_act, l->expert_input, lp->efcw, lp->efcb, C, H, l->expert_pre,
-                                   stream);
-        const floatX* fcprojb = moe_member_zero(model) ? lp->efcprojb : nullptr;  // at -etp N added once
-        moe_experts_linear_forward(model, l, out, l->expert_act, lp->efcprojw, fcprojb, H, C, nullptr, stream);
-        return;
-    }
     int rows[MOE_MAX_EXPERTS];
     size_t own_rows = moe_local_expert_rows(model, l, rows);
+    if (!moe_swiglu(model)) {
+        if (lora_has(model, LORA_EXPERTS_FC)) {
+            moe_experts_linear_forward(model, l, l->expert_pre, l->expert_input, lp->efcw, lp->efcb, C, H, nullptr,
+                                       stream);
+            moe_experts_lora_forward(model, l, LORA_EXPERTS_FC, l->expert_pre, l->expert_input, C, H, stream);
+            if (own_rows > 0) gelu_forward(l->expert_act, l->expert_pre, own_rows * H, stream);
+        } else {
+            moe_experts_linear_forward(model, l, l->expert_act, l->expert_input, lp->efcw, lp->efcb, C, H,
+                                       l->expert_pre, stream);
+        }
+        const floatX* fcprojb = moe_member_zero(model) ? lp->efcprojb : nullptr;  // at -etp N added once
+        moe_experts_linear_forward(model, l, out, l->expert_act, lp->efcprojw, fcprojb, H, C, nullptr, stream);
+        moe_experts_lora_forward(model, l, LORA_EXPERTS_FC_PROJ, out, l->expert_act, H, C, stream);
+        return;
+    }
     moe_experts_linear_forward(model, l, l->expert_pre, l->expert_input, lp->efcw, nullptr, C, 2 * H, nullptr, stream);
+    moe_experts_lora_forward(model, l, LORA_EXPERTS_FC, l->expert_pre, l->expert_input, C, 2 * H, stream);
     if (own_rows > 0) swiglu_forward(l->expert_act, l->expert_pre, (int)own_rows, H, stream);
     moe_experts_linear_forward(model, l, out, l->expert_act, lp->efcprojw, nullptr, H, C, nullptr, stream);
+    moe_experts_lora_forward(model, l, LORA_EXPERTS_FC_PROJ, out, l->expert_act, H, C, stream);
 }
 
 // Its backward: d_io (Rown, C) holds the output's gradient and is overwritten with the input's; the parameter
-// gradients accumulate (+=) into lg's. -r >= 1 recomputes the activation from expert_pre first. llama: SwiGLU's
-// gradient [dgate | dup] overwrites expert_pre in place (nothing reads the forward's [gate | up] after it), as the
-// dense llama MLP does with fch.
+// gradients accumulate (+=) into lg's (the adapter's into its set). -r >= 1 recomputes the activation from expert_pre
+// first. llama: SwiGLU's gradient [dgate | dup] overwrites expert_pre in place (nothing reads the forward's [gate |
+// up] after it), as the dense llama MLP does with fch. LoRA on fcproj adds to the activation's gradient before the
+// activation's backward (GPT-2's GELU then its own pass).
 static void moe_experts_mlp_backward(const Model* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
                                      const MoEParameterTensors* lg, floatX* d_io, cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
@@ -873,18 +960,28 @@ static void moe_experts_mlp_backward(const Model* model, const MoELayerActivatio
     size_t own_rows = moe_local_expert_rows(model, l, rows);  // dropless, the experts may have received no row at all
     if (!moe_swiglu(model)) {
         if (model->recompute >= 1 && own_rows > 0) gelu_forward(l->expert_act, l->expert_pre, own_rows * H, stream);
-        moe_experts_linear_backward(model, l, d_hidden, lg->efcprojw, lg->efcprojb, d_io, l->expert_act, lp->efcprojw,
-                                    H, C, l->expert_pre, stream);
+        if (lora_has(model, LORA_EXPERTS_FC_PROJ)) {
+            moe_experts_linear_backward(model, l, d_hidden, lg->efcprojw, lg->efcprojb, d_io, l->expert_act,
+                                        lp->efcprojw, H, C, nullptr, stream);
+            moe_experts_lora_backward(model, l, LORA_EXPERTS_FC_PROJ, d_hidden, d_io, l->expert_act, H, C, stream);
+            if (own_rows > 0) gelu_backward_inplace(d_hidden, l->expert_pre, own_rows * H, stream);
+        } else {
+            moe_experts_linear_backward(model, l, d_hidden, lg->efcprojw, lg->efcprojb, d_io, l->expert_act,
+                                        lp->efcprojw, H, C, l->expert_pre, stream);
+        }
         moe_experts_linear_backward(model, l, d_io, lg->efcw, lg->efcb, d_hidden, l->expert_input, lp->efcw, C, H,
                                     nullptr, stream);
+        moe_experts_lora_backward(model, l, LORA_EXPERTS_FC, d_io, d_hidden, l->expert_input, C, H, stream);
         return;
     }
     if (model->recompute >= 1 && own_rows > 0) swiglu_forward(l->expert_act, l->expert_pre, (int)own_rows, H, stream);
     moe_experts_linear_backward(model, l, d_hidden, lg->efcprojw, nullptr, d_io, l->expert_act, lp->efcprojw, H, C,
                                 nullptr, stream);
+    moe_experts_lora_backward(model, l, LORA_EXPERTS_FC_PROJ, d_hidden, d_io, l->expert_act, H, C, stream);
     if (own_rows > 0) swiglu_backward(l->expert_pre, d_hidden, l->expert_pre, (int)own_rows, H, stream);
     moe_experts_linear_backward(model, l, d_io, lg->efcw, nullptr, l->expert_pre, l->expert_input, lp->efcw, C, 2 * H,
                                 nullptr, stream);
+    moe_experts_lora_backward(model, l, LORA_EXPERTS_FC, d_io, l->expert_pre, l->expert_input, C, 2 * H, stream);
 }
 
 // The seed of MoE layer m's jitter or gating noise in the current pass (doc/moe.md, "Router noise" 1)

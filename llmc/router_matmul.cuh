@@ -25,8 +25,9 @@ void matmul_forward_fp32_output(float* out, const floatX* inp, const floatX* wei
 }
 
 // dinp (N, C) += dout @ weight (accumulates: the router's input also receives the experts' gradient; NULL: not
-// wanted); dweight (OC, C) += dout^T @ inp (NULL: not computed). dout (N, OC) is fp32, but a GEMM's A and B share one type, so it is first
-// rounded to floatX into dout_scratch (N * OC elements); the GEMMs then accumulate in fp32 as everywhere.
+// wanted); dweight (OC, C) += dout^T @ inp (NULL: not computed). dout (N, OC) is fp32, but a GEMM's A and B share
+// one type, so it is first rounded to floatX into dout_scratch (N * OC elements); the GEMMs then accumulate in fp32 as
+// everywhere.
 void matmul_backward_fp32_dout(floatX* dinp, floatX* dweight, const float* dout, const floatX* inp,
                                const floatX* weight, floatX* dout_scratch, int N, int C, int OC, cudaStream_t stream) {
     matmul_require_multiple_of_8("matmul_backward_fp32_dout", "C", C);

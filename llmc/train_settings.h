@@ -41,7 +41,7 @@
     X("-fs", FLOAT, ft_alpha, 16.0f, "-ft lora: alpha: the layer is W x + (alpha/r) B A x (default = 16)")             \
     X("-fw", STRING, ft_targets, "qkv,proj",                                                                           \
       "-ft lora: the Linear layers adapted, any of qkv, proj (every layer's), fc, fc_proj (every dense MLP's),\n"     \
-      "lm_head\n"                                                                                                     \
+      "lm_head, experts (fc and fc_proj of every expert of an MoE model; experts.fc or experts.fc_proj: one)\n"       \
       "(default = qkv,proj)")                                                                                          \
     X("-fi", STRING, ft_adapter, NULL, "-ft: start from this adapter file (default = none: a fresh adapter)")          \
     X("-fm", STRING, ft_merged, NULL,                                                                                  \

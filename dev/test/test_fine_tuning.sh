@@ -77,12 +77,12 @@ first_step llama_adapter build/ref/lladapter_gpt2_fp32_model.bin build/ref/llada
     "${LLADAPTER[@]}"
 mv "$work/lora.log" "$work/one.log"
 # the MoE trainer from its references' adapters, the routers and experts frozen (-cf 0.5: as the references route):
-# LoRA with fc and fc_proj on the dense layer, the bottleneck adapter after both FFN kinds, a prompt's virtual tokens
+# LoRA with fc and fc_proj on the dense layer and a pair on every expert, the bottleneck adapter after both FFN kinds, a prompt's virtual tokens
 # routed with the real ones
 TRAINER=build/train_moe_fp32
 SCRIPT=train_moe.py
 SCRIPT_FLAGS=(--cf 0.5)
-MOE_LORA=(-e build/ref/moe_lora_fp32_model.bin -ft lora -fr 8 -fs 12 -fw qkv,proj,fc,fc_proj,lm_head -cf 0.5)
+MOE_LORA=(-e build/ref/moe_lora_fp32_model.bin -ft lora -fr 8 -fs 12 -fw qkv,proj,fc,fc_proj,lm_head,experts -cf 0.5)
 MOE_ADAPTER=(-e build/ref/moe_adapter_fp32_model.bin -ft adapter -fr 8 -cf 0.5)
 first_step moe_lora build/ref/moe_lora_fp32_model.bin build/ref/moe_lora_fp32_adapter.bin 32 "${MOE_LORA[@]}"
 first_step moe_adapter build/ref/moe_adapter_fp32_model.bin build/ref/moe_adapter_fp32_adapter.bin 32 \
@@ -190,6 +190,9 @@ expect_error "MoE -rb" "-rb 0.001: the balancing biases are the model's, frozen 
     build/train_moe_fp32 "${MOE_ADAPTER[@]}" -rb 0.001 "${E[@]}"
 expect_error "MoE fc of no dense MLP" "has no dense MLP for fc or fc_proj" \
     build/train_moe_fp32 -e build/ref/moe_prefix_fp32_model.bin -ft lora -fw qkv,fc "${E[@]}"
+expect_error "experts of a dense model" "has no experts" build/train_gpt_fp32 "${LORA[@]}" -fw qkv,experts "${E[@]}"
+expect_error "-fw experts twice" "repeated target 'experts.fc'" \
+    build/train_moe_fp32 -e build/ref/moe_prefix_fp32_model.bin -ft lora -fw experts,experts.fc "${E[@]}"
 
 echo "test_fine_tuning: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1649,8 +1649,9 @@ def test_routing_options_bad_input(tmp):
 def test_fine_tuning(tmp):
     """--ft prompt: the debug state is the MoE one with word 40 = 3 (prompt) and the prompt's gradient (P, C) in place
     of the model's; the MoE layers route the P + T tokens of every sequence; the steps move the prompt only, every base
-    parameter (routers and experts included) and the balancing biases staying bit for bit; a bias step and LoRA on the
-    experts are refused."""
+    parameter (routers and experts included) and the balancing biases staying bit for bit; a bias step and LoRA's fc
+    on a model without a dense MLP are refused. LoRA on the experts: the adapter's tensors, and an adapted expert's
+    output against its tensors."""
     P, steps = 3, 3
     prefix = os.path.join(tmp, "ft_prompt")
     message, _ = run_main(train_moe, reference_args(prefix, ["--ft", "prompt", "--ft-rank", str(P), "--steps",
@@ -1676,7 +1677,7 @@ def test_fine_tuning(tmp):
                                                                                   "--bias-gamma", "0.001"])))
     args = train_moe.parse_args(reference_args(prefix, ["--score", "sigmoid", "--topk", "2", "--ft", "prompt",
                                                         "--ft-rank", str(P), "--steps", str(steps)]))
-    train_moe.adapter_for_run(biased, args, train_gpt.REFERENCE_B_STD)
+    train_gpt.adapter_for_run(biased, args, train_gpt.REFERENCE_B_STD)
     base, biases, prompt = train_moe.flat_parameters(biased), biased.balance_biases(), biased.prompt.detach().clone()
     check(train_gpt.trainable_parameters(biased) == [biased.prompt], "--ft prompt: the prompt is all that trains")
     x, y = train_gpt.reference_batch(args, biased.config)
@@ -1691,8 +1692,34 @@ def test_fine_tuning(tmp):
     out = os.path.join(tmp, "ft_bad")
     fails_with(["--write-reference", out, "--score", "sigmoid", "--bias-gamma", "0.001", "--ft", "prompt"],
                "--bias-gamma", "--ft with a balancing-bias step")
-    fails_with(["--write-reference", out, "--ft", "lora", "--ft-targets", "qkv,experts"], "experts",
-               "--ft-targets experts")
+    fails_with(["--write-reference", out, "--moe-every", "1", "--ft", "lora", "--ft-targets", "qkv,fc"], "no fc",
+               "--ft-targets fc with every layer MoE")
+
+    # LoRA on the experts (--ft-targets experts): every routed expert's two Linears get a pair, in adapter order every
+    # expert of every MoE layer; an adapted expert's output against its tensors in numpy float64
+    r, alpha = 8, 12.0
+    lora = train_moe.model_for_run(train_moe.parse_args(reference_args(prefix)))
+    args = train_moe.parse_args(reference_args(prefix, ["--ft", "lora", "--ft-rank", str(r), "--ft-alpha", str(alpha),
+                                                        "--ft-targets", "proj,experts"]))
+    train_gpt.adapter_for_run(lora, args, train_gpt.REFERENCE_B_STD)
+    order = train_gpt.adapter_in_file_order(lora)
+    shapes = [(name, len(ps), tuple(ps[0].shape)) for name, ps in order]
+    expected = [("proj_A", L, (r, C)), ("proj_B", L, (C, r)), ("experts.fc_A", Lm * E, (r, C)),
+                ("experts.fc_B", Lm * E, (H, r)), ("experts.fc_proj_A", Lm * E, (r, H)),
+                ("experts.fc_proj_B", Lm * E, (C, r))]
+    check(shapes == expected, f"--ft-targets proj,experts: the adapter's tensors {shapes}, expected {expected}")
+    expert = lora.h[DEFAULT.moe_layers[-1]].moe.experts[E - 1]
+    x = np.random.default_rng(5).standard_normal((5, C))
+    with torch.no_grad():
+        got = expert(torch.tensor(x, dtype=torch.float32)).double().numpy()
+    t = {name: p.detach().double().numpy() for name, p in expert.named_parameters()}
+    s = alpha / r
+    hidden = np_gelu_tanh(x @ t["c_fc.weight"].T + t["c_fc.bias"] + s * (x @ t["c_fc.lora_A"].T) @ t["c_fc.lora_B"].T)
+    want = (hidden @ t["c_proj.weight"].T + t["c_proj.bias"] +
+            s * (hidden @ t["c_proj.lora_A"].T) @ t["c_proj.lora_B"].T)
+    # fp32 products of width C = 48 and H = 96 against float64: 1e-5 of outputs of order 1
+    check(np.abs(t["c_fc.lora_B"]).max() > 0 and np.allclose(got, want, rtol=1e-4, atol=1e-5),
+          f"an expert with LoRA against float64: max difference {np.abs(got - want).max():.2e}")
 
 
 def main():
