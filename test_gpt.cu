@@ -600,6 +600,32 @@ static int test_main(int argc, char** argv, const TestExtension* x) {
             logits[bt * V + v] = (float)logits_x[((bt / T) * Tx + extra + bt % T) * Vp + v];
     compare_scaled("logits", logits, ref.logits, BT * V, tol_tensor);
 
+    // the trainer's samples of a model whose decode step the engine lacks (prompt tuning, a prefix, LLaMA-Adapter:
+    // llmc/generation.h's generate_by_prefill): the logits its first token is drawn from, after prefixes of 1, T/2 and
+    // T tokens of the reference's first sequence, against the reference's at the prefix's last position (causal
+    // attention: the same logits). Not in an MoE test: a prefix is a routing group of its own, whose capacity drops
+    // other choices than the whole batch's.
+    if (x == NULL && !engine_decodes(&model)) {
+        SamplingSettings sampling = {1.0f, 0, 1.0f};
+        Engine e;
+        engine_init(&e, &model, &sampling, 1, 16, CEIL_DIV(T + 1, 16), stream);
+        int lengths[3] = {1, T / 2, T};
+        float* got = (float*)malloc_check(3 * (size_t)V * sizeof(float));
+        float* want = (float*)malloc_check(3 * (size_t)V * sizeof(float));
+        for (int i = 0; i < 3; i++) {
+            Sequence s;
+            sequence_init(&s, &e, 0, 0, ref.x, lengths[i], 1, 1337);
+            generate_by_prefill(&e, &s);
+            memcpy(got + (size_t)i * V, e.row_logits, (size_t)V * sizeof(float));
+            memcpy(want + (size_t)i * V, ref.logits + (size_t)(lengths[i] - 1) * V, (size_t)V * sizeof(float));
+            sequence_free(&s);
+        }
+        compare_scaled("sampled", got, want, 3 * (size_t)V, tol_tensor);
+        free(got);
+        free(want);
+        engine_free(&e);
+    }
+
     // loss and gradients
     float loss = test_gradient(&model, ref.x, ref.y, B, T, K, &mg, x, stream);
     compare_value("loss", loss, ref.loss, tol_loss);

@@ -1315,7 +1315,8 @@ static void sample_and_print(Model* model, const Tokenizer* tokenizer, int seed_
     engine_init(&e, model, &sampling, 1, block_size, CEIL_DIV(T, block_size), stream);
     Sequence s;
     sequence_init(&s, &e, 0, 0, &seed_token, 1, T - 1, (uint64_t)*sample_rng);
-    run_engine(&e, &s, 1, 1);
+    if (engine_decodes(model)) run_engine(&e, &s, 1, 1);
+    else generate_by_prefill(&e, &s);
     *sample_rng = (unsigned long long)s.rng;
     if (print) {
         printf("generating:\n---\n");
@@ -1779,12 +1780,6 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     const FfnExtension* ffn = model.extension.ffn;
     int samples = rank0 || (ffn->collective_forward && ffn->collective_forward(&model)) || s.zero_stage == 3 ||
                   tp.degree > 1;
-    // the engine's KV cache holds a sequence's own tokens only
-    if ((extra > 0 || (model.frozen && shared_keys_on(&model))) && s.sample_every > 0) {
-        if (rank0) printf("note: -ft %s: no samples (the generation engine runs neither virtual tokens nor shared keys)\n",
-                          s.fine_tune);
-        samples = 0;
-    }
 
     int checkpoints_written = 0;
     preemption_install();

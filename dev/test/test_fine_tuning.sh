@@ -12,11 +12,13 @@
 #     checkpoint on 2 processes under ZeRO-1 with the same global batch within fp32 summation order (rel 1e-5); the
 #     bottleneck adapter's checkpoint resumes bit for bit too;
 #   - -fm: the merged model's validation loss before any step is the adapted run's last one (printed digits);
+#   - samples with prompt tuning and a prefix (the engine's forward-pass path);
 #   - refusals: a rank of 0 or not a multiple of 8, an unknown or repeated target, an unknown method, a fine-tuning
 #     flag without -ft, LoRA's flags with the bottleneck adapter, an adapter of another method or base model
 #     (checksum), a descriptor as the base, -fm of an adapter on a tied classifier, virtual tokens that do not fit
 #     the model's maxT, -fl without llama_adapter or past the model's layers, the prefix off flash attention (-fa 0),
-#     -tp 2, and in the MoE trainer the balancing bias (-rb) and fc targets of a model without a dense MLP;
+#     -tp 2, the experts targets of a model without experts, and in the MoE trainer the balancing bias (-rb), fc targets
+#     of a model without a dense MLP and the experts targets named twice;
 #   - the MoE trainer (train_moe -ft) the same way: step 1 from its references' LoRA, bottleneck and prompt adapters
 #     against train_moe.py --train's, and an adapter checkpoint on 2 processes resumed into another expert-parallel
 #     degree and ZeRO stage bit for bit.
@@ -155,6 +157,17 @@ adapted=$(grep "val loss" "$work/merge.log" | tail -1)
 merged=$(grep "val loss" "$work/merged.log" | head -1)
 if [ -n "$adapted" ] && [ "$adapted" = "$merged" ]; then pass
 else fail "-fm: the adapted run's last '$adapted', the merged model's first '$merged'"; fi
+
+# --- samples: prompt tuning and a prefix print theirs (the engine's forward-pass path, generate_by_prefill, whose
+# logits test_gpt's prompt and prefix rows check against PyTorch): 6 tokens each at steps 0 and 1
+for method in prompt prefix; do
+    flags=("${PROMPT[@]}")
+    [ "$method" = prefix ] && flags=("${PREFIX[@]}")
+    build/train_gpt_fp32 "${flags[@]}" "${DATA[@]}" -t 24 -b 2 -x 1 -s 1 -g 6 -tf none >"$work/$method.samples" 2>&1 ||
+        fail "-ft $method with samples: $(tail -2 "$work/$method.samples")"
+    if [ "$(grep -A2 '^generating:' "$work/$method.samples" | grep -cE '^(<[0-9]+>){6}$')" = 2 ]; then pass
+    else fail "-ft $method: two samples of 6 tokens expected, got: $(grep -A2 '^generating:' "$work/$method.samples")"; fi
+done
 
 # --- refusals
 E=("${DATA[@]}" -x 1)
