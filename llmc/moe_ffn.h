@@ -826,13 +826,12 @@ static size_t moe_local_expert_rows(const Model* model, const MoELayerActivation
     return total;
 }
 
-// One Linear layer of this process's experts on their rows in the expert layout: weight (E_l, OC, IC), bias
-// (E_l, OC), inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu); accumulate: out +=, no GELU]. Padded:
-// E_l buffers of ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one
-// grouped GEMM.
-static void moe_experts_linear_forward(const Model* model, const MoELayerActivations* l, floatX* out, const floatX* inp,
-                                       const floatX* weight, const floatX* bias, int IC, int OC, floatX* pre_gelu,
-                                       cudaStream_t stream, bool accumulate = false) {
+// One GEMM over this process's experts on their rows in the expert layout: weight (E_l, OC, IC), bias (E_l, OC),
+// inp (Rown, IC) -> out (Rown, OC) [pre_gelu: out = GELU(pre_gelu); accumulate: out +=, no GELU]. Padded: E_l buffers
+// of ep.degree * capacity rows, one batched GEMM; packed: each local expert's rows from every member, one grouped GEMM.
+static void moe_experts_gemm_forward(const Model* model, const MoELayerActivations* l, floatX* out, const floatX* inp,
+                                     const floatX* weight, const floatX* bias, int IC, int OC, floatX* pre_gelu,
+                                     cudaStream_t stream, bool accumulate = false) {
     MoEModel* moe = moe_of(model);
     int E_l = moe->local_experts, N = moe->ep.degree;
     if (!moe->dropless) {
@@ -848,10 +847,10 @@ static void moe_experts_linear_forward(const Model* model, const MoELayerActivat
 
 // Its backward: dinp (Rown, IC) overwritten (accumulate: +=, no GELU), dweight and dbias accumulated (+=); pre_gelu
 // as in the forward.
-static void moe_experts_linear_backward(const Model* model, const MoELayerActivations* l, floatX* dinp, floatX* dweight,
-                                        floatX* dbias, const floatX* dout, const floatX* inp, const floatX* weight,
-                                        int IC, int OC, const floatX* pre_gelu, cudaStream_t stream,
-                                        bool accumulate = false) {
+static void moe_experts_gemm_backward(const Model* model, const MoELayerActivations* l, floatX* dinp, floatX* dweight,
+                                      floatX* dbias, const floatX* dout, const floatX* inp, const floatX* weight,
+                                      int IC, int OC, const floatX* pre_gelu, cudaStream_t stream,
+                                      bool accumulate = false) {
     MoEModel* moe = moe_of(model);
     int E_l = moe->local_experts, N = moe->ep.degree;
     float* scratch = moe->acts.bias_scratch;
@@ -867,57 +866,70 @@ static void moe_experts_linear_backward(const Model* model, const MoELayerActiva
 }
 
 // LoRA over the experts (-fw experts, llmc/model_adapter.h "Adapter"): target t's pairs of this process's experts in
-// MoE layer l->m, A (E_l, r, IC) and B (E_l, OC, r), from the adapter's parameters or gradients; 0 without target t.
-static int moe_experts_lora_pairs(const Model* model, const MoELayerActivations* l, int t, floatX* set, floatX** A,
-                                  floatX** B) {
-    if (!lora_has(model, t)) return 0;
+// MoE layer l->m, A (E_l, r, IC) and B (E_l, OC, r), in a buffer laid out as the adapter's set (its parameters or
+// gradients)
+static void moe_experts_lora_pairs(const Model* model, const MoELayerActivations* l, int t, floatX* set, floatX** A,
+                                   floatX** B) {
     const MoEModel* moe = moe_of(model);
-    size_t first = (size_t)l->m * moe->config.num_experts + (size_t)moe->ep.member * moe->local_experts;
-    lora_pair(model, set, t, first, A, B);
-    return 1;
+    lora_pair(model, set, t, (size_t)l->m * moe->config.num_experts + (size_t)moe->ep.member * moe->local_experts, A,
+              B);
+}
+// u (Rown, r) = s (inp A_e^T) on each expert e's rows, the rank-r intermediate of both passes (llmc/lora.cuh's
+// lora_intermediate with the experts' GEMM; the padding rows' zero inputs give zeros)
+static void moe_experts_lora_intermediate(const Model* model, const MoELayerActivations* l, floatX* u,
+                                          const floatX* inp, const floatX* A, int IC, size_t own_rows,
+                                          cudaStream_t stream) {
+    const Adapter* a = model->adapter;
+    moe_experts_gemm_forward(model, l, u, inp, A, nullptr, IC, a->rank, nullptr, stream);
+    lora_scale(u, a->scale, own_rows * a->rank, stream);
 }
 
-// out (Rown, OC) += s (inp A_e^T) B_e^T on each expert e's rows: LoRA's update beside an expert Linear layer (IC ->
-// OC), as two GEMMs of the layer's own kind (batched or grouped) of width r, and llmc/lora.cuh's scale between them.
-// Nothing without target t. The padding rows' zero inputs add nothing; their outputs are never combined.
-static void moe_experts_lora_forward(const Model* model, const MoELayerActivations* l, int t, floatX* out,
-                                     const floatX* inp, int IC, int OC, cudaStream_t stream) {
-    const Adapter* a = model->adapter;
-    floatX *A, *B;
-    if (!moe_experts_lora_pairs(model, l, t, a ? a->store.params_memory : NULL, &A, &B)) return;
+// An expert Linear layer (IC -> OC) of target t (LORA_EXPERTS_*), as train_gpt.cu's linear_forward is a dense one:
+// the experts' GEMM, then with an adapter on t its update out += s (inp A_e^T) B_e^T, as two more of the experts'
+// GEMMs of width r. pre_gelu only without the update (which goes in before the GELU: the caller runs the GELU).
+static void moe_experts_linear_forward(const Model* model, const MoELayerActivations* l, int t, floatX* out,
+                                       const floatX* inp, const floatX* weight, const floatX* bias, int IC, int OC,
+                                       floatX* pre_gelu, cudaStream_t stream) {
+    moe_experts_gemm_forward(model, l, out, inp, weight, bias, IC, OC, pre_gelu, stream);
+    if (!lora_has(model, t)) return;
     int rows[MOE_MAX_EXPERTS];
     size_t own_rows = moe_local_expert_rows(model, l, rows);
     if (own_rows == 0) return;  // dropless, no row reached this process's experts
-    floatX* u = moe_of(model)->acts.lora_u;  // (Rown, r)
-    moe_experts_linear_forward(model, l, u, inp, A, nullptr, IC, a->rank, nullptr, stream);
-    lora_scale(u, a->scale, own_rows * a->rank, stream);
-    moe_experts_linear_forward(model, l, out, u, B, nullptr, a->rank, OC, nullptr, stream, true);
+    const Adapter* a = model->adapter;
+    floatX *A, *B, *u = moe_of(model)->acts.lora_u;  // (Rown, r)
+    moe_experts_lora_pairs(model, l, t, a->store.params_memory, &A, &B);
+    moe_experts_lora_intermediate(model, l, u, inp, A, IC, own_rows, stream);
+    moe_experts_gemm_forward(model, l, out, u, B, nullptr, a->rank, OC, nullptr, stream, true);
 }
 
-// Its transpose, after the frozen layer's backward wrote dinp (Rown, IC) from dout (Rown, OC) without a GELU: with
-// u = s inp A_e^T and g = s dout B_e per expert, dB_e += dout^T u, dA_e += g^T inp, dinp += g A_e (u recomputed, as
-// llmc/lora.cuh does).
-static void moe_experts_lora_backward(const Model* model, const MoELayerActivations* l, int t, floatX* dinp,
-                                      const floatX* dout, const floatX* inp, int IC, int OC, cudaStream_t stream) {
-    const Adapter* a = model->adapter;
-    floatX *A, *B, *dA, *dB;
-    if (!moe_experts_lora_pairs(model, l, t, a ? a->store.params_memory : NULL, &A, &B)) return;
-    moe_experts_lora_pairs(model, l, t, a->store.grads_memory, &dA, &dB);
+// Its transpose: dinp (Rown, IC) = dout W (plus the adapter's part: with u = s inp A_e^T and g = s dout B_e,
+// dinp += g A_e, dB_e += dout^T u, dA_e += g^T inp, u recomputed as llmc/lora.cuh does), dweight and dbias += (NULL:
+// frozen, not computed). pre_gelu only without an adapter on t.
+static void moe_experts_linear_backward(const Model* model, const MoELayerActivations* l, int t, floatX* dinp,
+                                        floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+                                        const floatX* weight, int IC, int OC, const floatX* pre_gelu,
+                                        cudaStream_t stream) {
+    moe_experts_gemm_backward(model, l, dinp, dweight, dbias, dout, inp, weight, IC, OC, pre_gelu, stream);
+    if (!lora_has(model, t)) return;
     int rows[MOE_MAX_EXPERTS];
     size_t own_rows = moe_local_expert_rows(model, l, rows);
     if (own_rows == 0) return;
+    const Adapter* a = model->adapter;
+    floatX *A, *B, *dA, *dB;
+    moe_experts_lora_pairs(model, l, t, a->store.params_memory, &A, &B);
+    moe_experts_lora_pairs(model, l, t, a->store.grads_memory, &dA, &dB);
     floatX *u = moe_of(model)->acts.lora_u, *g = moe_of(model)->acts.lora_g;  // (Rown, r) each
-    moe_experts_linear_forward(model, l, u, inp, A, nullptr, IC, a->rank, nullptr, stream);
-    lora_scale(u, a->scale, own_rows * a->rank, stream);
-    moe_experts_linear_backward(model, l, g, dB, nullptr, dout, u, B, a->rank, OC, nullptr, stream);
+    moe_experts_lora_intermediate(model, l, u, inp, A, IC, own_rows, stream);
+    moe_experts_gemm_backward(model, l, g, dB, nullptr, dout, u, B, a->rank, OC, nullptr, stream);
     lora_scale(g, a->scale, own_rows * a->rank, stream);
-    moe_experts_linear_backward(model, l, dinp, dA, nullptr, g, inp, A, IC, a->rank, nullptr, stream, true);
+    moe_experts_gemm_backward(model, l, dinp, dA, nullptr, g, inp, A, IC, a->rank, nullptr, stream, true);
 }
 
 // The experts' MLP on their rows in the expert layout, inp (Rown, C) -> out (Rown, C): gpt2 fcproj(GELU(fc)) with the
 // GELU in fc's epilogue; llama fcproj(swiglu(fc)) without biases, fc's output (Rown, 2H) [gate | up] in expert_pre and
-// llmc/swiglu.cuh's pass over the rows in use (padded: all of them, the padding's zeros give zeros). LoRA over the
-// experts adds to fc's output before the activation (GPT-2's GELU then its own pass) and to fcproj's.
+// llmc/swiglu.cuh's pass over the rows in use (padded: all of them, the padding's zeros give zeros). An adapter on fc
+// (LoRA over the experts) goes in before the activation, so that GPT-2's GELU then leaves the epilogue, as the dense
+// MLP's does.
 static void moe_experts_mlp_forward(const Model* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
                                     floatX* out, cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
@@ -926,31 +938,30 @@ static void moe_experts_mlp_forward(const Model* model, const MoELayerActivation
     size_t own_rows = moe_local_expert_rows(model, l, rows);
     if (!moe_swiglu(model)) {
         if (lora_has(model, LORA_EXPERTS_FC)) {
-            moe_experts_linear_forward(model, l, l->expert_pre, l->expert_input, lp->efcw, lp->efcb, C, H, nullptr,
-                                       stream);
-            moe_experts_lora_forward(model, l, LORA_EXPERTS_FC, l->expert_pre, l->expert_input, C, H, stream);
+            moe_experts_linear_forward(model, l, LORA_EXPERTS_FC, l->expert_pre, l->expert_input, lp->efcw, lp->efcb,
+                                       C, H, nullptr, stream);
             if (own_rows > 0) gelu_forward(l->expert_act, l->expert_pre, own_rows * H, stream);
         } else {
-            moe_experts_linear_forward(model, l, l->expert_act, l->expert_input, lp->efcw, lp->efcb, C, H,
-                                       l->expert_pre, stream);
+            moe_experts_linear_forward(model, l, LORA_EXPERTS_FC, l->expert_act, l->expert_input, lp->efcw, lp->efcb,
+                                       C, H, l->expert_pre, stream);
         }
         const floatX* fcprojb = moe_member_zero(model) ? lp->efcprojb : nullptr;  // at -etp N added once
-        moe_experts_linear_forward(model, l, out, l->expert_act, lp->efcprojw, fcprojb, H, C, nullptr, stream);
-        moe_experts_lora_forward(model, l, LORA_EXPERTS_FC_PROJ, out, l->expert_act, H, C, stream);
+        moe_experts_linear_forward(model, l, LORA_EXPERTS_FC_PROJ, out, l->expert_act, lp->efcprojw, fcprojb, H, C,
+                                   nullptr, stream);
         return;
     }
-    moe_experts_linear_forward(model, l, l->expert_pre, l->expert_input, lp->efcw, nullptr, C, 2 * H, nullptr, stream);
-    moe_experts_lora_forward(model, l, LORA_EXPERTS_FC, l->expert_pre, l->expert_input, C, 2 * H, stream);
+    moe_experts_linear_forward(model, l, LORA_EXPERTS_FC, l->expert_pre, l->expert_input, lp->efcw, nullptr, C, 2 * H,
+                               nullptr, stream);
     if (own_rows > 0) swiglu_forward(l->expert_act, l->expert_pre, (int)own_rows, H, stream);
-    moe_experts_linear_forward(model, l, out, l->expert_act, lp->efcprojw, nullptr, H, C, nullptr, stream);
-    moe_experts_lora_forward(model, l, LORA_EXPERTS_FC_PROJ, out, l->expert_act, H, C, stream);
+    moe_experts_linear_forward(model, l, LORA_EXPERTS_FC_PROJ, out, l->expert_act, lp->efcprojw, nullptr, H, C, nullptr,
+                               stream);
 }
 
 // Its backward: d_io (Rown, C) holds the output's gradient and is overwritten with the input's; the parameter
 // gradients accumulate (+=) into lg's (the adapter's into its set). -r >= 1 recomputes the activation from expert_pre
 // first. llama: SwiGLU's gradient [dgate | dup] overwrites expert_pre in place (nothing reads the forward's [gate |
-// up] after it), as the dense llama MLP does with fch. LoRA on fcproj adds to the activation's gradient before the
-// activation's backward (GPT-2's GELU then its own pass).
+// up] after it), as the dense llama MLP does with fch. An adapter on fcproj adds to the activation's gradient, so that
+// GPT-2's GELU backward then leaves the epilogue.
 static void moe_experts_mlp_backward(const Model* model, const MoELayerActivations* l, const MoEParameterTensors* lp,
                                      const MoEParameterTensors* lg, floatX* d_io, cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
@@ -960,28 +971,20 @@ static void moe_experts_mlp_backward(const Model* model, const MoELayerActivatio
     size_t own_rows = moe_local_expert_rows(model, l, rows);  // dropless, the experts may have received no row at all
     if (!moe_swiglu(model)) {
         if (model->recompute >= 1 && own_rows > 0) gelu_forward(l->expert_act, l->expert_pre, own_rows * H, stream);
-        if (lora_has(model, LORA_EXPERTS_FC_PROJ)) {
-            moe_experts_linear_backward(model, l, d_hidden, lg->efcprojw, lg->efcprojb, d_io, l->expert_act,
-                                        lp->efcprojw, H, C, nullptr, stream);
-            moe_experts_lora_backward(model, l, LORA_EXPERTS_FC_PROJ, d_hidden, d_io, l->expert_act, H, C, stream);
-            if (own_rows > 0) gelu_backward_inplace(d_hidden, l->expert_pre, own_rows * H, stream);
-        } else {
-            moe_experts_linear_backward(model, l, d_hidden, lg->efcprojw, lg->efcprojb, d_io, l->expert_act,
-                                        lp->efcprojw, H, C, l->expert_pre, stream);
-        }
-        moe_experts_linear_backward(model, l, d_io, lg->efcw, lg->efcb, d_hidden, l->expert_input, lp->efcw, C, H,
-                                    nullptr, stream);
-        moe_experts_lora_backward(model, l, LORA_EXPERTS_FC, d_io, d_hidden, l->expert_input, C, H, stream);
+        int lora_fcproj = lora_has(model, LORA_EXPERTS_FC_PROJ);
+        moe_experts_linear_backward(model, l, LORA_EXPERTS_FC_PROJ, d_hidden, lg->efcprojw, lg->efcprojb, d_io,
+                                    l->expert_act, lp->efcprojw, H, C, lora_fcproj ? nullptr : l->expert_pre, stream);
+        if (lora_fcproj && own_rows > 0) gelu_backward_inplace(d_hidden, l->expert_pre, own_rows * H, stream);
+        moe_experts_linear_backward(model, l, LORA_EXPERTS_FC, d_io, lg->efcw, lg->efcb, d_hidden, l->expert_input,
+                                    lp->efcw, C, H, nullptr, stream);
         return;
     }
     if (model->recompute >= 1 && own_rows > 0) swiglu_forward(l->expert_act, l->expert_pre, (int)own_rows, H, stream);
-    moe_experts_linear_backward(model, l, d_hidden, lg->efcprojw, nullptr, d_io, l->expert_act, lp->efcprojw, H, C,
-                                nullptr, stream);
-    moe_experts_lora_backward(model, l, LORA_EXPERTS_FC_PROJ, d_hidden, d_io, l->expert_act, H, C, stream);
+    moe_experts_linear_backward(model, l, LORA_EXPERTS_FC_PROJ, d_hidden, lg->efcprojw, nullptr, d_io, l->expert_act,
+                                lp->efcprojw, H, C, nullptr, stream);
     if (own_rows > 0) swiglu_backward(l->expert_pre, d_hidden, l->expert_pre, (int)own_rows, H, stream);
-    moe_experts_linear_backward(model, l, d_io, lg->efcw, nullptr, l->expert_pre, l->expert_input, lp->efcw, C, 2 * H,
-                                nullptr, stream);
-    moe_experts_lora_backward(model, l, LORA_EXPERTS_FC, d_io, l->expert_pre, l->expert_input, C, 2 * H, stream);
+    moe_experts_linear_backward(model, l, LORA_EXPERTS_FC, d_io, lg->efcw, nullptr, l->expert_pre, l->expert_input,
+                                lp->efcw, C, 2 * H, nullptr, stream);
 }
 
 // The seed of MoE layer m's jitter or gating noise in the current pass (doc/moe.md, "Router noise" 1)

@@ -79,8 +79,8 @@ first_step llama_adapter build/ref/lladapter_gpt2_fp32_model.bin build/ref/llada
     "${LLADAPTER[@]}"
 mv "$work/lora.log" "$work/one.log"
 # the MoE trainer from its references' adapters, the routers and experts frozen (-cf 0.5: as the references route):
-# LoRA with fc and fc_proj on the dense layer and a pair on every expert, the bottleneck adapter after both FFN kinds, a prompt's virtual tokens
-# routed with the real ones
+# LoRA with fc and fc_proj on the dense layer and a pair on every expert, the bottleneck adapter after both FFN kinds,
+# a prompt's virtual tokens routed with the real ones
 TRAINER=build/train_moe_fp32
 SCRIPT=train_moe.py
 SCRIPT_FLAGS=(--cf 0.5)
@@ -166,7 +166,9 @@ for method in prompt prefix; do
     build/train_gpt_fp32 "${flags[@]}" "${DATA[@]}" -t 24 -b 2 -x 1 -s 1 -g 6 -tf none >"$work/$method.samples" 2>&1 ||
         fail "-ft $method with samples: $(tail -2 "$work/$method.samples")"
     if [ "$(grep -A2 '^generating:' "$work/$method.samples" | grep -cE '^(<[0-9]+>){6}$')" = 2 ]; then pass
-    else fail "-ft $method: two samples of 6 tokens expected, got: $(grep -A2 '^generating:' "$work/$method.samples")"; fi
+    else
+        fail "-ft $method: two samples of 6 tokens expected, got: $(grep -A2 '^generating:' "$work/$method.samples")"
+    fi
 done
 
 # --- refusals
