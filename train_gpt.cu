@@ -52,6 +52,7 @@
 #include "llmc/copy_cast.cuh"
 #include "llmc/multi_gpu.cuh"
 #include "llmc/tensor_parallel.cuh"
+#include "llmc/pipeline.h"
 #include "llmc/optimizer.cuh"
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
@@ -224,6 +225,16 @@ typedef struct {
 typedef struct Model Model;
 typedef struct Adapter Adapter;
 
+// What a micro-batch in flight keeps from its forward pass to its backward pass (-pp: several at once)
+typedef struct {
+    ActivationTensors acts;
+    void* acts_memory;
+    int *inputs, *targets, *inputs_cpu;
+    float* losses_cpu;
+    cudaEvent_t losses_copied;
+    int loss_tokens, loss_targets;
+} ActivationSlot;
+
 #include "llmc/model_extension.h"
 
 struct Model {
@@ -242,6 +253,10 @@ struct Model {
                             // ZeRO-3 only this process's parameter shard and gather buffers
     const MultiGpuConfig* multi_gpu;  // set before building for ZeRO-3: the processes parameters are gathered over
     const TensorParallel* tp;  // set before building: the tensor-parallel layout (NULL: every layer whole)
+    Pipeline* pp;              // set before building: the pipeline layout (NULL: one stage), its layers' cut made
+                               // when the parameters are allocated (model_cut_stages)
+    const char* stage_layers_list;  // -ppl, or NULL: the balanced cut
+    floatX* wte_peer;          // a tied wte's gradient from the other stage that holds it (model_sum_shared_wte)
     int frozen;               // set before building: the parameters do not train (fine-tuning, -ft): a frozen set
     int adapter_method;       // ... and with frozen, the adapter's shape: its method, rank and targets
     int adapter_rank;         // (llmc/model_adapter.h)
@@ -250,6 +265,8 @@ struct Model {
     // activations
     ActivationTensors acts;
     void* acts_memory;
+    ActivationSlot* slots;  // under -pp the micro-batches in flight: one slot each, swapped in (model_use_slot)
+    int num_slots;
     int batch_size, seq_len;  // what the activations were sized for
     int recompute;
     int gelu_fusion;
@@ -288,6 +305,8 @@ static int model_dense_index(const Model* model, int l) {
 }
 
 #include "llmc/model_tensor_parallel.h"
+static void file_tensor_sizes(size_t* sizes, const Model* model);
+#include "llmc/model_pipeline.h"
 
 // The tensors' sizes in model-file order: as in the file, and as held in the replicated set (the same but for an
 // extension's own part, and under tensor parallelism this process's slices of the split tensors)
@@ -318,8 +337,9 @@ static void fill_in_parameter_sizes(const Model* model, size_t* in_file, size_t*
     sizes[PARAM_LNFW] = C;
     sizes[PARAM_LNFB] = norm_bias * C;
     sizes[PARAM_LM_HEAD] = cfg->tied ? 0 : Vp * C;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        TensorSplit s = model_tensor_split(model, i, in_file);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // this member's slices of this stage's blocks
+        size_t offset;
+        TensorSplit s = model_stage_split(model, i, model_pp_stage(model), in_file, &offset);
         in_set[i] = tensor_split_slice_size(&s, model_tp_degree(model));
     }
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_set[PARAM_EXTENSION + i] = replicated[i];
@@ -360,24 +380,26 @@ static void point_parameters(ParameterTensors* p, floatX* memory, const size_t* 
     }
 }
 
-// Layer l's slices of the parameters (or of the gradients); under tensor parallelism of this member's slices
+// Layer l's slices of the parameters (or of the gradients); under tensor parallelism of this member's slices; under
+// pipeline parallelism l is one of this stage's layers, whose slices alone it holds
 static LayerParameters model_layer_parameters(const Model* model, const ParameterTensors* p, int l) {
     const ModelConfig* c = &model->config;
     size_t C = c->channels, QKV = local_qkv_channels(model), FC = local_fc_channels(model), H = local_hidden(model);
     size_t Ca = local_channels(model);
     int bias = c->biases, norm_bias = c->norm == NORM_LAYERNORM;
     LayerParameters lp;
-    lp.ln1w = p->ln1w + l * C;
-    lp.ln1b = norm_bias ? p->ln1b + l * C : NULL;
-    lp.qkvw = p->qkvw + l * QKV * C;
-    lp.qkvb = bias ? p->qkvb + l * QKV : NULL;
-    lp.attprojw = p->attprojw + l * C * Ca;
-    lp.attprojb = bias ? p->attprojb + l * C : NULL;
-    lp.ln2w = p->ln2w + l * C;
-    lp.ln2b = norm_bias ? p->ln2b + l * C : NULL;
+    size_t i = l - model_layer_begin(model);  // among this stage's layers
+    lp.ln1w = p->ln1w + i * C;
+    lp.ln1b = norm_bias ? p->ln1b + i * C : NULL;
+    lp.qkvw = p->qkvw + i * QKV * C;
+    lp.qkvb = bias ? p->qkvb + i * QKV : NULL;
+    lp.attprojw = p->attprojw + i * C * Ca;
+    lp.attprojb = bias ? p->attprojb + i * C : NULL;
+    lp.ln2w = p->ln2w + i * C;
+    lp.ln2b = norm_bias ? p->ln2b + i * C : NULL;
     lp.fcw = lp.fcb = lp.fcprojw = lp.fcprojb = NULL;
     if (model_is_dense_layer(model, l)) {
-        size_t d = model_dense_index(model, l);
+        size_t d = model_stage_dense_index(model, l);
         lp.fcw = p->fcw + d * FC * C;
         lp.fcb = bias ? p->fcb + d * FC : NULL;
         lp.fcprojw = p->fcprojw + d * H * C;
@@ -408,7 +430,7 @@ static const int lm_head_tensor[] = {PARAM_LM_HEAD};
 #define REST_BUCKET 2
 // their capacities (values) for the replicated set's tensor sizes `sizes`
 static void model_gradient_bucket_sizes(const Model* model, const size_t* sizes, size_t* layer, size_t* rest) {
-    size_t L = model->config.num_layers, Ld = model_dense_layers(model), Lx = L - Ld, dense = 0, extension = 0;
+    size_t L = model_stage_layers(model), Ld = model_stage_dense_layers(model), Lx = L - Ld, dense = 0, extension = 0;
     *layer = *rest = 0;
     for (int j = 0; j < EVERY_LAYER_TENSORS; j++) *layer += sizes[every_layer_tensors[j]] / L;
     if (Ld > 0)
@@ -436,9 +458,36 @@ static void model_allocate_gradient_buckets(Model* model, const size_t* sizes) {
     if (model->zero_stage == 3) model_allocate_gather_buffers(model, sizes);
 }
 
+// Under -pp, the layers' cut into the stages (llmc/pipeline.h): -ppl's, or the one that balances the stages' compute,
+// in flops per token of the forward and backward passes: a layer's 6 per parameter and 12 C T of attention, the
+// embedding's lookup and gradient (2 C) on the first stage, the classifier's 6 Vp C on the last. A cut that cannot be
+// made is refused with one line.
+static void model_cut_stages(Model* model) {
+    Pipeline* pp = model->pp;
+    if (!pp || pp->stages == 1) return;
+    const ModelConfig* c = &model->config;
+    int L = c->num_layers, p = pp->stages;
+    if (p > L || p > PIPELINE_MAX_STAGES) {
+        fprintf(stderr, "-pp %d: more stages than the model's %d layers (or than %d)\n", p, L, PIPELINE_MAX_STAGES);
+        exit(EXIT_FAILURE);
+    }
+    if (model->stage_layers_list) {
+        if (!pipeline_parse_layers(model->stage_layers_list, L, p, pp->first_layer)) exit(EXIT_FAILURE);
+        return;
+    }
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    file_tensor_sizes(sizes, model);
+    double layer = 0.0, C = c->channels;
+    for (int j = 0; j < EVERY_LAYER_TENSORS; j++) layer += (double)sizes[every_layer_tensors[j]] / L;
+    for (int j = 0; j < DENSE_TENSORS; j++) layer += (double)sizes[dense_tensors[j]] / L;
+    pipeline_balance(L, p, 6.0 * layer + 12.0 * C * pp->seq_len, 2.0 * C, 6.0 * c->padded_vocab_size * C,
+                     pp->first_layer);
+}
+
 // Before building a model the caller sets num_processes, process_rank and zero_stage (and an extension its process
-// layout).
+// layout, and -pp its pipeline).
 static void model_allocate_parameters(Model* model) {
+    model_cut_stages(model);
     size_t sizes[NUM_PARAMETER_TENSORS];
     int decays[NUM_PARAMETER_TENSORS];
     replicated_tensor_sizes(sizes, model);
@@ -500,12 +549,13 @@ static void model_set_parameters(Model* model, const floatX* file_order) {
         floatX* replicated = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX) + 1);
         size_t from = 0, to = 0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            TensorSplit s = model_tensor_split(model, i, in_file);
+            size_t offset;  // this stage's blocks
+            TensorSplit s = model_stage_split(model, i, model_pp_stage(model), in_file, &offset);
             if (s.kind != SPLIT_NONE)  // this member's slice
-                tensor_split_copy(&s, model_tp_member(model), model_tp_degree(model), (floatX*)file_order + from,
-                                  replicated + to, sizeof(floatX), 0);
+                tensor_split_copy(&s, model_tp_member(model), model_tp_degree(model),
+                                  (floatX*)file_order + from + offset, replicated + to, sizeof(floatX), 0);
             else  // whole, or an extension's part in the replicated set
-                memcpy(replicated + to, file_order + from, in_set[i] * sizeof(floatX));
+                memcpy(replicated + to, file_order + from + offset, in_set[i] * sizeof(floatX));
             to += in_set[i];
             from += in_file[i];
         }
@@ -516,23 +566,26 @@ static void model_set_parameters(Model* model, const floatX* file_order) {
     if (x->set_parameters) x->set_parameters(model, file_order + model_extension_offset(model));
 }
 
-// The inverse, collective over an extension's groups (and the tensor-parallel group): the whole model in model-file
+// The inverse, collective over an extension's groups (and the tensor-parallel and pipeline groups): the whole model in model-file
 // order from the replicated set (its parameters, or in test_gpt.cu its gradients as stored: device memory, or host
 // memory with `kind` cudaMemcpyHostToHost), the extension filling in its own part.
 static void model_get_replicated(const Model* model, floatX* file_order, const floatX* replicated, cudaMemcpyKind kind) {
     if (model_tp_degree(model) > 1) {
         model_join_slices(model, file_order, replicated, kind);
-        return;
+    } else {
+        size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
+        fill_in_parameter_sizes(model, in_file, in_set);
+        size_t from = 0, to = 0;
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            size_t offset;  // where this stage's blocks start
+            model_stage_split(model, i, model_pp_stage(model), in_file, &offset);
+            if (in_set[i] > 0)
+                cudaCheck(cudaMemcpy(file_order + to + offset, replicated + from, in_set[i] * sizeof(floatX), kind));
+            from += in_set[i];
+            to += in_file[i];
+        }
     }
-    size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
-    fill_in_parameter_sizes(model, in_file, in_set);
-    size_t from = 0, to = 0;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        if (in_set[i] > 0)
-            cudaCheck(cudaMemcpy(file_order + to, replicated + from, in_set[i] * sizeof(floatX), kind));
-        from += in_set[i];
-        to += in_file[i];
-    }
+    model_join_stages(model, file_order);  // every stage's blocks (collective over the pipeline group)
 }
 // (Under ZeRO-3 collective over the model's processes, which gather the set on the host.)
 static void model_get_parameters(Model* model, floatX* file_order, cudaStream_t stream) {
@@ -640,12 +693,24 @@ static void model_free(Model* model) {
     sharded_parameters_free(&model->store);
     adapter_free(model->adapter);
     cudaCheck(cudaFree(model->rope_table));
-    cudaCheck(cudaFree(model->acts_memory));
-    cudaCheck(cudaFree(model->inputs));
-    cudaCheck(cudaFree(model->targets));
-    free(model->inputs_cpu);
-    cudaCheck(cudaFreeHost(model->losses_cpu));
-    cudaCheck(cudaEventDestroy(model->losses_copied));
+    cudaCheck(cudaFree(model->wte_peer));
+    // the activations in use, or under -pp every slot's
+    ActivationSlot in_use;
+    memset(&in_use, 0, sizeof(in_use));
+    in_use.acts_memory = model->acts_memory, in_use.inputs = model->inputs, in_use.targets = model->targets;
+    in_use.inputs_cpu = model->inputs_cpu, in_use.losses_cpu = model->losses_cpu;
+    in_use.losses_copied = model->losses_copied;
+    int slots = model->num_slots > 0 ? model->num_slots : 1;
+    for (int k = 0; k < slots; k++) {
+        ActivationSlot* a = model->num_slots > 0 ? &model->slots[k] : &in_use;
+        cudaCheck(cudaFree(a->acts_memory));
+        cudaCheck(cudaFree(a->inputs));
+        cudaCheck(cudaFree(a->targets));
+        free(a->inputs_cpu);
+        cudaCheck(cudaFreeHost(a->losses_cpu));
+        if (a->acts_memory) cudaCheck(cudaEventDestroy(a->losses_copied));
+    }
+    free(model->slots);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -870,11 +935,11 @@ static void model_prefetch_layer(Model* model, int l, cudaStream_t stream) {
     const MultiGpuConfig* mg = model->multi_gpu;
     int is_dense = model_is_dense_layer(model, l);
     if (sharded_parameters_gather_begin(p, l % 2, l, mg, stream)) {
-        sharded_parameters_gather_slices(p, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS, l,
-                                         model->config.num_layers, mg);
+        sharded_parameters_gather_slices(p, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS,
+                                         l - model_layer_begin(model), model_stage_layers(model), mg);
         if (is_dense)
             sharded_parameters_gather_slices(p, l % 2, dense_tensors, DENSE_TENSORS,
-                                             model_dense_index(model, l), model_dense_layers(model), mg);
+                                             model_stage_dense_index(model, l), model_stage_dense_layers(model), mg);
         else
             model->extension.ffn->gather_replicated_slices(model, l);
         sharded_parameters_gather_end(p, l % 2, mg);
@@ -889,12 +954,13 @@ static LayerParameters model_layer_weights(Model* model, int l, cudaStream_t str
     model_prefetch_layer(model, l, stream);
     floatX* every[EVERY_LAYER_TENSORS];
     floatX* dense[DENSE_TENSORS];
-    int L = model->config.num_layers, is_dense = model_is_dense_layer(model, l);
-    sharded_parameters_gathered_slices(&model->store, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS, l, L,
-                                       every, stream);
+    int L = model_stage_layers(model), is_dense = model_is_dense_layer(model, l);
+    sharded_parameters_gathered_slices(&model->store, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS,
+                                       l - model_layer_begin(model), L, every, stream);
     if (is_dense)
         sharded_parameters_gathered_slices(&model->store, l % 2, dense_tensors, DENSE_TENSORS,
-                                           model_dense_index(model, l), model_dense_layers(model), dense, stream);
+                                           model_stage_dense_index(model, l), model_stage_dense_layers(model), dense,
+                                           stream);
     return layer_parameters_from_slices(model, every, is_dense ? dense : NULL);
 }
 
@@ -922,21 +988,26 @@ static ParameterTensors model_rest_weights(Model* model, cudaStream_t stream) {
 
 // The forward pass from the tokens to a.lnf: the embeddings, then each layer's norm, attention, residual add, norm,
 // FFN and residual add (the add fused with the next layer's first norm, or the final one). The norms and adds run on
-// the stream's tokens (SB, ST): the batch, or with sequence parallelism (1, B*T/N).
+// the stream's tokens (SB, ST): the batch, or with sequence parallelism (1, B*T/N). Under -pp, this stage's layers:
+// from the previous stage's output in a.encoded (but on the first stage), to its last layer's residual3 (but on the
+// last stage, which goes on to a.lnf).
 static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream) {
     const ModelConfig* c = &model->config;
-    int L = c->num_layers, N = B * T, Nt = model_stream_tokens(model, N);
+    int begin = model_layer_begin(model), L = model_layer_end(model), N = B * T, Nt = model_stream_tokens(model, N);
     int SB = Nt == N ? B : 1, ST = Nt == N ? T : Nt;
     ParameterTensors p = model_rest_weights(model, stream);
     ActivationTensors a = model->acts;
-    model_embed(model, &p, B, T, stream);
-    model_adapter_embed_forward(model, a.encoded, c->positions == POSITIONS_LEARNED ? p.wpe : nullptr, B, T, stream);
-    LayerParameters first = model_layer_weights(model, 0, stream);
-    LayerActivations first_a = model_layer_activations(model, 0, B, T);
+    if (model_first_stage(model)) {
+        model_embed(model, &p, B, T, stream);
+        model_adapter_embed_forward(model, a.encoded, c->positions == POSITIONS_LEARNED ? p.wpe : nullptr, B, T,
+                                    stream);
+    }
+    LayerParameters first = model_layer_weights(model, begin, stream);
+    LayerActivations first_a = model_layer_activations(model, begin, B, T);
     norm_forward(model, tp_norm_output(model, first_a.ln1), first_a.ln1_mean, first_a.ln1_rstd, a.encoded, first.ln1w,
                  first.ln1b, SB, ST, stream);
     tp_gather_norm(model, first_a.ln1, N, stream);
-    for (int l = 0; l < L; l++) {
+    for (int l = begin; l < L; l++) {
         if (l + 1 < L) model_prefetch_layer(model, l + 1, stream);
         LayerParameters lp = model_layer_weights(model, l, stream);
         LayerActivations la = model_layer_activations(model, l, B, T);
@@ -955,6 +1026,8 @@ static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream
             residual_norm_forward(model, la.residual3, tp_norm_output(model, next.ln1), next.ln1_mean, next.ln1_rstd,
                                   la.residual2, ffn, next_p.ln1w, next_p.ln1b, Nt, stream);
             tp_gather_norm(model, next.ln1, N, stream);
+        } else if (!model_last_stage(model)) {  // the next stage's input
+            residual_forward(la.residual3, la.residual2, ffn, (size_t)Nt * c->channels, stream);
         } else {
             residual_norm_forward(model, la.residual3, tp_norm_output(model, a.lnf), a.lnf_mean, a.lnf_rstd,
                                   la.residual2, ffn, p.lnfw, p.lnfb, Nt, stream);
@@ -995,6 +1068,7 @@ static void model_forward(Model* model, const int* inputs, const int* targets, i
     float extension_scale = T == real_T ? dlogits_scale : dlogits_scale * (float)real_T / (float)T;
     if (x->begin_forward) x->begin_forward(model, B, T, extension_scale);
     model_forward_layers(model, B, T, stream);
+    if (!model_last_stage(model)) return;  // -pp: the classifier is the last stage's
     // the classifier: against wte (GPT-2, tied llama) or lm_head
     ParameterTensors p = model_rest_weights(model, stream);
     linear_forward(model, LORA_LM_HEAD, 0, a.output, a.lnf, c->tied ? p.wte : p.lm_head, nullptr, B, T, C, Vp, stream);
@@ -1044,11 +1118,12 @@ static LayerParameters model_layer_gradients(Model* model, int l, cudaStream_t s
     floatX* every[EVERY_LAYER_TENSORS];
     floatX* dense[DENSE_TENSORS];
     int is_dense = model_is_dense_layer(model, l);
-    sharded_parameters_gradient_slices(&model->store, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS, l,
-                                       model->config.num_layers, every, stream);
+    sharded_parameters_gradient_slices(&model->store, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS,
+                                       l - model_layer_begin(model), model_stage_layers(model), every, stream);
     if (is_dense)
         sharded_parameters_gradient_slices(&model->store, l % 2, dense_tensors, DENSE_TENSORS,
-                                           model_dense_index(model, l), model_dense_layers(model), dense, stream);
+                                           model_stage_dense_index(model, l), model_stage_dense_layers(model), dense,
+                                           stream);
     return layer_parameters_from_slices(model, every, is_dense ? dense : NULL);
 }
 // ... and the gradients of an untied lm_head (reduced as soon as the classifier's backward is done), of wte, wpe and
@@ -1079,6 +1154,7 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     const ModelConfig* c = &model->config;
     int L = c->num_layers, C = c->channels, Vp = local_vocab(model), N = B * T, Nt = model_stream_tokens(model, N);
     int SB = Nt == N ? B : 1, ST = Nt == N ? T : Nt;  // the stream's tokens (model_forward_layers)
+    int begin = model_layer_begin(model), end = model_layer_end(model);  // this stage's layers
     ParameterTensors p = model_rest_weights(model, stream);
     ParameterTensors g = model_rest_gradients(model, stream);
     ActivationTensors a = model->acts;
@@ -1089,18 +1165,20 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     int last_micro_step = reduce;
     if (model->adapter) model->adapter->store.last_micro_step = reduce;
     reduce = reduce || model->zero_stage >= 2;  // ZeRO-2/3 reduce on every micro-step
-    cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)Nt * C * sizeof(floatX), stream));
-    // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
-    linear_backward(model, LORA_LM_HEAD, 0, a.dbtc, c->tied ? g.wte : g.lm_head, nullptr, a.output, a.lnf,
-                    c->tied ? p.wte : p.lm_head, B, T, C, Vp, stream);
-    if (reduce)  // an untied lm_head's gradient is complete: reduced while the layers' backward runs
-        sharded_parameters_reduce_slices(&model->store, lm_head_tensor, 1, -1, L, mg, zero_stage, stream);
-    LayerActivations last = model_layer_activations(model, L - 1, B, T);
-    const floatX* dlnf = tp_sum_over_members(model, a.dbtc, a.member_stream, N, stream);
-    norm_backward(model, dresidual, g.lnfw, g.lnfb, a.scratch_f, dlnf, last.residual3, p.lnfw, a.lnf_mean, a.lnf_rstd,
-                  SB, ST, stream);
-    for (int l = L - 1; l >= 0; l--) {
-        if (l > 0) model_prefetch_layer(model, l - 1, stream);
+    if (model_last_stage(model)) {  // (before -pp's other stages, the next stage's gradient is in a.dresidual)
+        cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)Nt * C * sizeof(floatX), stream));
+        // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
+        linear_backward(model, LORA_LM_HEAD, 0, a.dbtc, c->tied ? g.wte : g.lm_head, nullptr, a.output, a.lnf,
+                        c->tied ? p.wte : p.lm_head, B, T, C, Vp, stream);
+        if (reduce)  // an untied lm_head's gradient is complete: reduced while the layers' backward runs
+            sharded_parameters_reduce_slices(&model->store, lm_head_tensor, 1, -1, L, mg, zero_stage, stream);
+        LayerActivations last = model_layer_activations(model, end - 1, B, T);
+        const floatX* dlnf = tp_sum_over_members(model, a.dbtc, a.member_stream, N, stream);
+        norm_backward(model, dresidual, g.lnfw, g.lnfb, a.scratch_f, dlnf, last.residual3, p.lnfw, a.lnf_mean,
+                      a.lnf_rstd, SB, ST, stream);
+    }
+    for (int l = end - 1; l >= begin; l--) {
+        if (l > begin) model_prefetch_layer(model, l - 1, stream);
         LayerParameters lp = model_layer_weights(model, l, stream);
         LayerParameters lg = model_layer_gradients(model, l, stream);
         LayerActivations la = model_layer_activations(model, l, B, T);
@@ -1130,20 +1208,23 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
             model_reduce_layer(model, l, mg, zero_stage, stream);
         }
     }
-    floatX* dwpe = c->positions == POSITIONS_LEARNED ? g.wpe : nullptr;
-    const floatX* dembedded = tp_whole_gradient(model, dresidual, N, stream);
-    if (model->frozen) {  // the embeddings do not train; prompt tuning's prompt does
-        model_adapter_embed_backward(model, dembedded, B, T, stream);
-    } else if (model_tp_degree(model) == 1) {
-        encoder_backward(g.wte, dwpe, dembedded, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
-    } else {  // this member's vocabulary rows; every member the whole wpe gradient
-        int Vs = local_vocab(model);
-        encoder_backward_vocab_range(g.wte, dwpe, dembedded, model->inputs, model->inputs_cpu, B, T, C,
-                                     model_tp_member(model) * Vs, Vs, seed, stream);
+    if (model_first_stage(model)) {  // (under -pp the other stages send a.dresidual, their input's gradient, back)
+        floatX* dwpe = c->positions == POSITIONS_LEARNED ? g.wpe : nullptr;
+        const floatX* dembedded = tp_whole_gradient(model, dresidual, N, stream);
+        if (model->frozen) {  // the embeddings do not train; prompt tuning's prompt does
+            model_adapter_embed_backward(model, dembedded, B, T, stream);
+        } else if (model_tp_degree(model) == 1) {
+            encoder_backward(g.wte, dwpe, dembedded, model->inputs, model->inputs_cpu, B, T, C, seed, stream);
+        } else {  // this member's vocabulary rows; every member the whole wpe gradient
+            int Vs = local_vocab(model);
+            encoder_backward_vocab_range(g.wte, dwpe, dembedded, model->inputs, model->inputs_cpu, B, T, C,
+                                         model_tp_member(model) * Vs, Vs, seed, stream);
+        }
     }
     if (reduce) {
         // (a slice of size 0, RMSNorm's bias, points at the next tensor: NULL)
-        tp_sum_norm_gradients(model, g.lnfw, c->norm == NORM_LAYERNORM ? g.lnfb : nullptr, stream);
+        if (model_last_stage(model))
+            tp_sum_norm_gradients(model, g.lnfw, c->norm == NORM_LAYERNORM ? g.lnfb : nullptr, stream);
         model_reduce_rest(model, mg, zero_stage, stream);
     }
     // the adapter's set (ZeRO-1 at most) is reduced whole, once, on the step's last micro-step
@@ -1160,18 +1241,22 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
 // Gradient averaging over processes during the backward pass (llmc/optimizer.cuh does the rest of the step)
 
 static void model_reduce_layer(Model* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    sharded_parameters_reduce_slices(&model->store, every_layer_tensors, EVERY_LAYER_TENSORS, layer,
-                                     model->config.num_layers, mg, zero_stage, stream);
+    sharded_parameters_reduce_slices(&model->store, every_layer_tensors, EVERY_LAYER_TENSORS,
+                                     layer - model_layer_begin(model), model_stage_layers(model), mg, zero_stage,
+                                     stream);
     if (model_is_dense_layer(model, layer))
         sharded_parameters_reduce_slices(&model->store, dense_tensors, DENSE_TENSORS,
-                                         model_dense_index(model, layer), model_dense_layers(model), mg, zero_stage,
-                                         stream);
+                                         model_stage_dense_index(model, layer), model_stage_dense_layers(model), mg,
+                                         zero_stage, stream);
     else
         model->extension.ffn->reduce_layer(model, layer, mg, zero_stage, stream);
 }
+// ... the rest, but for a tied wte that two stages hold: the pipeline's step reduces it once the stages have summed
+// their parts (model_sum_shared_wte)
 static void model_reduce_rest(Model* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    sharded_parameters_reduce_slices(&model->store, rest_tensors, REST_TENSORS, -1, model->config.num_layers,
-                                     mg, zero_stage, stream);
+    int shared = model_shares_wte(model);  // rest_tensors[0] is wte
+    sharded_parameters_reduce_slices(&model->store, rest_tensors + shared, REST_TENSORS - shared, -1,
+                                     model->config.num_layers, mg, zero_stage, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1204,9 +1289,11 @@ static void model_zero_grad(Model* model, cudaStream_t stream) {
 // identical on every process: the replicated set's part, plus the extension's own, summed over its processes.
 static float model_gradient_norm(Model* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     float norm2;
-    if (model_tp_degree(model) > 1) {  // the split tensors' slices of every member, the whole ones once
+    if (model_tp_degree(model) > 1 || model_shares_wte(model)) {
+        // the split tensors' slices of every member, the whole ones once; a tied wte that two stages hold, once
         int include[NUM_PARAMETER_TENSORS];
         model_norm_tensors(model, include);
+        if (model_shares_wte(model) && !model_first_stage(model)) include[PARAM_WTE] = 0;
         norm2 = sharded_parameters_norm_squared_of(&model->store, include, mg, zero_stage, stream);
         norm2 = tensor_parallel_float_sum(model->tp, norm2, stream);
     } else {
@@ -1214,6 +1301,7 @@ static float model_gradient_norm(Model* model, const MultiGpuConfig* mg, int zer
     }
     if (model_own_set(model)) norm2 += model->extension.ffn->own_norm_squared(model, zero_stage, stream);
     if (model->adapter) norm2 += sharded_parameters_norm_squared(&model->adapter->store, mg, model->adapter->zero_stage, stream);
+    if (model_pp_stages(model) > 1) norm2 = pipeline_float_sum(model->pp, norm2);  // every stage's part
     return sqrtf(norm2) / model->loss_scaler.scale;
 }
 
@@ -1340,6 +1428,124 @@ static void sample_and_print(Model* model, const Tokenizer* tokenizer, int seed_
 #include "llmc/train_settings.h"
 #include "llmc/memory_plan.h"
 
+// ----------------------------------------------------------------------------------------------------
+// Pipeline parallelism (-pp; llmc/pipeline.h, doc/parallelism.md): a stage's micro-batches in flight, each in an
+// activation slot of its own, and its passes in the schedule's order
+
+static void model_save_slot(const Model* m, ActivationSlot* s) {
+    s->acts = m->acts, s->acts_memory = m->acts_memory;
+    s->inputs = m->inputs, s->targets = m->targets, s->inputs_cpu = m->inputs_cpu;
+    s->losses_cpu = m->losses_cpu, s->losses_copied = m->losses_copied;
+    s->loss_tokens = m->loss_tokens, s->loss_targets = m->loss_targets;
+}
+static void model_use_slot(Model* m, const ActivationSlot* s) {
+    m->acts = s->acts, m->acts_memory = s->acts_memory;
+    m->inputs = s->inputs, m->targets = s->targets, m->inputs_cpu = s->inputs_cpu;
+    m->losses_cpu = s->losses_cpu, m->losses_copied = s->losses_copied;
+    m->loss_tokens = s->loss_tokens, m->loss_targets = s->loss_targets;
+}
+// `slots` micro-batches' activations at (B, T), each allocated as model_allocate_activations does one; slot 0 in use.
+// With a tied wte shared by two stages, the buffer its gradient comes into from the other stage.
+static void model_allocate_slots(Model* model, int B, int T, int slots) {
+    model->slots = (ActivationSlot*)calloc(slots, sizeof(ActivationSlot));
+    for (int k = 0; k < slots; k++) {
+        model_allocate_activations(model, B, T);
+        model_save_slot(model, &model->slots[k]);
+    }
+    model->num_slots = slots;
+    model_use_slot(model, &model->slots[0]);
+    if (model_shares_wte(model) && (model_first_stage(model) || model_last_stage(model)))
+        cudaCheck(cudaMalloc((void**)&model->wte_peer, (size_t)local_vocab(model) * model->config.channels *
+                                                           sizeof(floatX)));
+}
+
+// The values a stage sends its neighbour per micro-batch: the stream's (B, T, C), or its gradient
+static size_t pipeline_message(const Model* model, int B, int T) {
+    return (size_t)model_stream_tokens(model, B * T) * model->config.channels;
+}
+// Where this stage's output is: its last layer's residual3
+static floatX* stage_output(Model* model, int B, int T) {
+    return model_layer_activations(model, model_layer_end(model) - 1, B, T).residual3;
+}
+
+// A forward pass with targets through every stage, for validation: each stage's layers on the micro-batch, the loss on
+// the last stage (model_mean_loss there; 0 on the others). Collective over the pipeline group.
+static void pipeline_forward_only(Model* model, const int* inputs, const int* targets, int B, int T,
+                                  cudaStream_t stream) {
+    Pipeline* pp = model->pp;
+    size_t n = pipeline_message(model, B, T);
+    model_use_slot(model, &model->slots[0]);
+    pipeline_exchange(pp, NULL, -1, model->acts.encoded, model_first_stage(model) ? -1 : pp->stage - 1, n, stream);
+    model_forward(model, inputs, targets, B, T, 0.0f, stream);
+    pipeline_exchange(pp, stage_output(model, B, T), model_last_stage(model) ? -1 : pp->stage + 1, NULL, -1, n, stream);
+    model_save_slot(model, &model->slots[0]);
+}
+
+// A training step's micro-batches through this stage's passes (pp->passes, the schedule's order): before each pass one
+// NCCL group sends what the pass before produced and receives what this one needs (the previous stage's output before
+// a forward pass, the next stage's gradient before a backward pass). The backward passes run in micro-batch order and
+// draw the stochastic-rounding seeds in that order, as -pp 1's micro-steps do, and the last one reduces the stage's
+// gradients over its data-parallel processes; a tied wte's two parts are then summed between the first and last stage
+// and reduced. Returns the sum of the micro-batches' mean losses (with loss masks, of their loss sums times
+// target_weight) on the last stage, 0 on the others.
+static double pipeline_micro_steps(Model* model, const TrainerSettings* s, DataLoader* loader, int step, int m,
+                                   int masked, double target_weight, const MultiGpuConfig* mg, cudaStream_t stream) {
+    Pipeline* pp = model->pp;
+    int B = s->B, T = s->T, BT = B * T, first = model_first_stage(model), last = model_last_stage(model);
+    size_t n = pipeline_message(model, B, T);
+    // every stage reads the step's batches, as every process of -pp 1 would: the first stage uses the inputs, the last
+    // the targets
+    int* inputs = (int*)malloc_check((size_t)m * BT * sizeof(int));
+    int* targets = (int*)malloc_check((size_t)m * BT * sizeof(int));
+    unsigned int* seeds = (unsigned int*)malloc_check((size_t)m * sizeof(unsigned int));
+    for (int i = 0; i < m; i++) {
+        if (s->overfit_single_batch) dataloader_reset(loader);
+        dataloader_next_batch(loader);
+        memcpy(inputs + (size_t)i * BT, loader->inputs, (size_t)BT * sizeof(int));
+        memcpy(targets + (size_t)i * BT, loader->targets, (size_t)BT * sizeof(int));
+        seeds[i] = optimizer_next_seed(&model->rng_state);
+    }
+    float dlogits_scale = model->loss_scaler.scale / (float)(BT * m);
+    double loss = 0.0;
+    const floatX* send = NULL;  // the last pass's output
+    cudaCheck(cudaEventRecord(pp->start, stream));
+    for (int k = 0; k < pp->num_passes; k++) {
+        PipelinePass pass = pp->passes[k];
+        ActivationSlot* slot = &model->slots[pass.micro % pp->slots];
+        int forward = pass.kind == PASS_FORWARD;
+        model_use_slot(model, slot);
+        pipeline_point(pp, k, send, forward ? model->acts.encoded : model->acts.dresidual, n, stream);
+        cudaCheck(cudaEventRecord(pp->begin[k], stream));
+        if (forward) {
+            model->pass_number = (unsigned int)(step * m + pass.micro);
+            model_forward(model, inputs + (size_t)pass.micro * BT, targets + (size_t)pass.micro * BT, B, T,
+                          dlogits_scale, stream);
+            send = last ? NULL : stage_output(model, B, T);
+        } else {
+            model_backward(model, B, T, seeds[pass.micro], mg, pass.micro == m - 1, s->zero_stage, stream);
+            send = first ? NULL : model->acts.dresidual;
+        }
+        cudaCheck(cudaEventRecord(pp->end[k], stream));
+        if (!forward && last) {
+            float mean_loss = model_mean_loss(model);
+            loss += masked ? model->loss_sum * target_weight : mean_loss;
+        }
+        model_save_slot(model, slot);
+    }
+    pipeline_point(pp, pp->num_passes, send, NULL, n, stream);
+    cudaCheck(cudaEventRecord(pp->finish, stream));
+    if (model_shares_wte(model) && (first || last)) {
+        ParameterTensors g = model_rest_gradients(model, stream);
+        model_sum_shared_wte(model, g.wte, model->wte_peer, stream);
+        sharded_parameters_reduce_slices(&model->store, rest_tensors, 1, -1, model->config.num_layers, mg,
+                                         s->zero_stage, stream);
+    }
+    free(inputs);
+    free(targets);
+    free(seeds);
+    return loss;
+}
+
 // The validation loss over -m batches, averaged over the data-parallel processes `mg` (collective), printed (`print`:
 // process 0) and logged.
 static void evaluate(Model* model, DataLoader* val_loader, const TrainerSettings* s, const MultiGpuConfig* mg,
@@ -1350,17 +1556,25 @@ static void evaluate(Model* model, DataLoader* val_loader, const TrainerSettings
     for (int i = 0; i < s->val_max_steps; i++) {
         watchdog_begin("validation", step);
         dataloader_next_batch(val_loader);
-        model_forward(model, val_loader->inputs, val_loader->targets, s->B, s->T, 0.0f, stream);
+        if (model_pp_stages(model) > 1)
+            pipeline_forward_only(model, val_loader->inputs, val_loader->targets, s->B, s->T, stream);
+        else
+            model_forward(model, val_loader->inputs, val_loader->targets, s->B, s->T, 0.0f, stream);
         val_loss += model_mean_loss(model);
         loss_sum += model->loss_sum;
         targets += (uint64_t)model->loss_targets;
     }
     watchdog_begin("the validation loss all-reduce", step);
+    // under -pp the losses are the last stage's (0 on the others): summed over the stages too
+    const MultiGpuConfig* stages = model_pp_stages(model) > 1 ? &model->pp->group : NULL;
     if (val_loader->has_masks) {  // the mean over every target that counts
         targets = multi_gpu_cpu_count_sum(targets, mg);
-        val_loss = targets > 0 ? multi_gpu_cpu_float_sum((float)loss_sum, mg) / (double)targets : 0.0;
+        float sum = multi_gpu_cpu_float_sum((float)loss_sum, mg);
+        if (stages) targets = multi_gpu_cpu_count_sum(targets, stages), sum = multi_gpu_cpu_float_sum(sum, stages);
+        val_loss = targets > 0 ? sum / (double)targets : 0.0;
     } else {
         val_loss = multi_gpu_cpu_float_sum((float)(val_loss / s->val_max_steps), mg) / mg->num_processes;
+        if (stages) val_loss = multi_gpu_cpu_float_sum((float)val_loss, stages);
     }
     watchdog_end();
     if (print) printf("val loss %f\n", val_loss);
@@ -1413,6 +1627,7 @@ typedef struct {
     int loss_spike, norm_spike;  // the outlier detectors skipped the update
     double loss_z, norm_z;
     float ms;
+    double most_idle, least_idle;  // -pp: the idlest and the busiest stage's idle time over their busy time
 } StepResult;
 
 // Training step `step` (from 0): the micro-steps' forward and backward passes with the gradient reduction, the
@@ -1444,7 +1659,13 @@ static StepResult train_step(Model* model, const TrainerSettings* s, DataLoader*
         model->masked_dloss = (float)(model->loss_scaler.scale * target_weight);
     }
     double step_loss = 0.0;
-    for (int micro = 0; micro < grad_accum_steps; micro++) {
+    if (model_pp_stages(model) > 1) {
+        watchdog_begin("the pipeline's passes with the gradient reduction", step + 1);
+        step_loss = pipeline_micro_steps(model, s, train_loader, step, grad_accum_steps, masked, target_weight, mg,
+                                         stream);
+        model_early_update(model, opt, step + 1);  // -oo 2
+    }
+    for (int micro = 0; micro < grad_accum_steps && model_pp_stages(model) == 1; micro++) {
         watchdog_begin("the forward and backward passes with the gradient reduction", step + 1);
         if (s->overfit_single_batch) dataloader_reset(train_loader);
         dataloader_next_batch(train_loader);
@@ -1462,6 +1683,7 @@ static StepResult train_step(Model* model, const TrainerSettings* s, DataLoader*
     r.loss = (float)(masked ? step_loss : step_loss / grad_accum_steps);
     watchdog_begin("the loss all-reduce", step + 1);
     if (mg->num_processes > 1) r.loss = multi_gpu_cpu_float_sum(r.loss, mg) / mg->num_processes;
+    if (model_pp_stages(model) > 1) r.loss = pipeline_float_sum(model->pp, r.loss);  // the last stage's
     watchdog_begin("the gradient norm all-reduce", step + 1);
     r.norm = model_gradient_norm(model, mg, s->zero_stage, stream);
     watchdog_end();
@@ -1513,12 +1735,17 @@ static void report_step(const Model* model, const TrainerSettings* s, const Step
         char fields[128] = "";  // an extension's, after the loss
         const TelemetryExtension* x = model->extension.telemetry;
         if (x->step_fields) x->step_fields(model, grad_accum_steps, fields, sizeof(fields));
+        char idle[128] = "";  // -pp: the stages' measured idle fractions beside the schedule's
+        if (model_pp_stages(model) > 1)
+            snprintf(idle, sizeof(idle), " | idle %.3f-%.3f (%s %.3f)", r->least_idle, r->most_idle,
+                     pipeline_schedule_names[model->pp->schedule],
+                     pipeline_formula_idle(model->pp->schedule, model->pp->stages, grad_accum_steps));
         if (mfu >= 0.0f)
-            printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.1f%% MFU | %.0f tok/s\n", step + 1,
-                   train_num_batches, r->loss, fields, r->norm, opt->learning_rate, r->ms, mfu, tokens_per_second);
+            printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.1f%% MFU | %.0f tok/s%s\n", step + 1,
+                   train_num_batches, r->loss, fields, r->norm, opt->learning_rate, r->ms, mfu, tokens_per_second, idle);
         else
-            printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.0f tok/s\n", step + 1, train_num_batches,
-                   r->loss, fields, r->norm, opt->learning_rate, r->ms, tokens_per_second);
+            printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.0f tok/s%s\n", step + 1, train_num_batches,
+                   r->loss, fields, r->norm, opt->learning_rate, r->ms, tokens_per_second, idle);
         fflush(stdout);
     }
     logger_log_train(logger, step + 1, r->loss, r->norm, opt->learning_rate, r->ms, mfu, tokens_per_second);
@@ -1560,16 +1787,23 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     MultiGpuConfig mg = multi_gpu_config_init(s.init_method, s.num_processes, s.process_rank, s.gpus_per_node,
                                               s.server_ip, s.fs_path);
     int rank0 = mg.process_rank == 0;
-    if (mg.num_processes % s.tensor_parallel != 0 && s.plan_gib == 0) {
-        if (rank0) fprintf(stderr, "-tp %d: must divide the number of processes (%d)\n", s.tensor_parallel,
-                           mg.num_processes);
+    if (mg.num_processes % (s.pipeline_stages * s.tensor_parallel) != 0 && s.plan_gib == 0) {
+        if (rank0) fprintf(stderr, "-pp %d -tp %d: their product must divide the number of processes (%d)\n",
+                           s.pipeline_stages, s.tensor_parallel, mg.num_processes);
         return EXIT_FAILURE;
     }
-    // the tensor-parallel groups, and the data-parallel group that gradients are averaged over (the world at -tp 1);
-    // the memory plan (-pm) takes the layout's sizes only, on any number of processes
+    // the pipeline's stages (the outermost groups), in each the tensor-parallel groups and the data-parallel group that
+    // gradients are averaged over (the stage's processes at -tp 1, the world at -pp 1 -tp 1); the memory plan (-pm)
+    // takes the layout's sizes only, on any number of processes
+    Pipeline pp;
+    if (s.plan_gib > 0) pipeline_plan(&pp, &mg, s.pipeline_stages);
+    else pipeline_init(&pp, &mg, s.pipeline_stages);
+    pp.schedule = (PipelineSchedule)pipeline_schedule_number(s.pipeline_schedule);
+    pp.seq_len = s.T;
+    pp.trace_path = s.pipeline_trace;
     TensorParallel tp;
-    if (s.plan_gib > 0) tensor_parallel_plan(&tp, &mg, s.tensor_parallel, s.sequence_parallel);
-    else tensor_parallel_init(&tp, &mg, s.tensor_parallel, s.sequence_parallel);
+    if (s.plan_gib > 0) tensor_parallel_plan(&tp, &pp.stage_world, s.tensor_parallel, s.sequence_parallel);
+    else tensor_parallel_init(&tp, &pp.stage_world, s.tensor_parallel, s.sequence_parallel);
     const MultiGpuConfig* dp = &tp.dp;
     if (s.output_dir && rank0) {  // one run at a time, one run per directory, and names it can hold
         lock_output_dir(s.output_dir);
@@ -1594,6 +1828,8 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     model.zero_stage = s.zero_stage;
     model.multi_gpu = dp;
     model.tp = &tp;
+    model.pp = &pp;
+    model.stage_layers_list = s.pipeline_layers;
     model.recompute = s.recompute;
     model.gelu_fusion = s.gelu_fusion;
     model.num_processes = dp->num_processes;
@@ -1628,6 +1864,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
         if (!model_check_tensor_parallel(&model, s.T, s.model_source)) return EXIT_FAILURE;
         if (!adapter_set_layers(&model, s.ft_layers)) return EXIT_FAILURE;
+        model_cut_stages(&model);
         print_memory_plan(&model, &s, &mg);
         multi_gpu_config_free(&mg);
         return EXIT_SUCCESS;
@@ -1665,6 +1902,11 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         return EXIT_FAILURE;
     }
     if (x->check_model) x->check_model(&model, s.model_source, from_file);
+    if (pp.stages > 1 && model.extension.ffn->replaces_mlp) {
+        fprintf(stderr, "-pp %d: %s's MoE layers run without pipeline stages (-pp 1)\n", pp.stages,
+                x->trainer ? x->trainer : "this trainer");
+        return EXIT_FAILURE;
+    }
     if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
     if (!adapter_set_layers(&model, s.ft_layers)) return EXIT_FAILURE;
     if (model.frozen && shared_keys_on(&model) && model.attention != ATTENTION_FLASH) {
@@ -1732,7 +1974,12 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (!tokenizer.init_ok && rank0 && s.sample_every > 0)
         printf("note: no tokenizer: samples start from token %d and print token ids\n", sample_seed_token);
 
-    model_allocate_activations(&model, s.B, s.T + extra);
+    if (pp.stages > 1) {  // the schedule's passes, and a slot for each micro-batch it holds at once
+        pipeline_prepare(&pp, grad_accum_steps);
+        model_allocate_slots(&model, s.B, s.T, pp.slots);
+    } else {
+        model_allocate_activations(&model, s.B, s.T + extra);
+    }
     if (model.frozen) {  // the adapter, tied to the model file by its checksum
         model.adapter = adapter_allocate(&model, s.ft_alpha, s.B, s.T + extra);
         if (!checkpoint_checksum(s.model_source, &model.adapter->base_size, &model.adapter->base_hash)) {
@@ -1780,6 +2027,10 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     const FfnExtension* ffn = model.extension.ffn;
     int samples = rank0 || (ffn->collective_forward && ffn->collective_forward(&model)) || s.zero_stage == 3 ||
                   tp.degree > 1;
+    if (pp.stages > 1 && s.sample_every > 0) {  // generation runs one model's layers, not a pipeline's stages
+        if (rank0) printf("note: -pp %d: no samples (sampling runs on one process's whole model: -pp 1)\n", pp.stages);
+        samples = 0;
+    }
 
     int checkpoints_written = 0;
     preemption_install();
@@ -1811,6 +2062,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         test_hook_stop(step + 1, mg.process_rank);
         StepResult r = train_step(&model, &s, &train_loader, &ts, dp, &opt, &scheduler, step, grad_accum_steps,
                                   &bad_steps, stream);
+        if (pp.stages > 1) pipeline_report(&pp, &mg, step + 1, step == start_step, &r.most_idle, &r.least_idle);
         report_step(&model, &s, &r, &mg, &logger, &opt, flops_promised, step, train_num_batches, grad_accum_steps,
                     total_batch_size, bad_steps);
         if (bad_steps >= s.divergence_steps) {
@@ -1855,6 +2107,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     cublas_teardown();
     cudaCheck(cudaStreamDestroy(stream));
     tensor_parallel_free(&tp);
+    pipeline_free(&pp);
     multi_gpu_config_free(&mg);
     return exit_status;
 }

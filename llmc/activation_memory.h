@@ -33,9 +33,11 @@ static LayerStrides layer_strides(const Model* model, size_t B, size_t T) {
 // The activation tensors' sizes in bytes, indexed by ACT_<name>.
 static void fill_in_activation_sizes(size_t* s, const Model* model, size_t B, size_t T, int recompute) {
     const ModelConfig* c = &model->config;
-    size_t C = c->channels, L = c->num_layers, NH = local_heads(model), Vp = local_vocab(model);
+    // under -pp this stage's layers, and the classifier's logits on the last stage only
+    size_t C = c->channels, L = model_stage_layers(model), NH = local_heads(model);
+    size_t Vp = model_last_stage(model) ? local_vocab(model) : 0;
     size_t ln_layers = recompute >= 2 ? 1 : L;
-    size_t dense_layers = model_dense_layers(model);
+    size_t dense_layers = model_stage_dense_layers(model);
     size_t act_layers = recompute >= 1 ? (dense_layers ? 1 : 0) : dense_layers;
     size_t BTC = layer_stride(B * T * C), BT = layer_stride(B * T), ATT = layer_stride(B * NH * T * T);
     LayerStrides st = layer_strides(model, B, T);
@@ -96,7 +98,8 @@ static void model_allocate_activations(Model* model, int B, int T) {
     if (model->extension.ffn->allocate_activations) model->extension.ffn->allocate_activations(model, B, T);
 }
 
-// Layer l's slices of the activations of a (B, T) batch (B, T at most what they were sized for)
+// Layer l's slices of the activations of a (B, T) batch (B, T at most what they were sized for); under -pp l is one of
+// this stage's layers
 static LayerActivations model_layer_activations(const Model* model, int l, size_t B, size_t T) {
     const ActivationTensors* a = &model->acts;
     const ModelConfig* c = &model->config;
@@ -105,7 +108,9 @@ static LayerActivations model_layer_activations(const Model* model, int l, size_
     LayerStrides st = layer_strides(model, B, T);
     size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means, STC = st.stream, ST = st.stream_tokens;
     LayerActivations la;
-    la.residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * STC;
+    int first = model_layer_begin(model);  // under -pp this stage's layers: its slices are l - first
+    la.residual = l == first ? a->encoded : a->residual3 + (l - first - 1) * STC;
+    l -= first;
     la.ln1 = model->recompute >= 2 ? a->ln1 : a->ln1 + l * BTC;
     la.ln1_mean = a->ln1_mean + l * means;
     la.ln1_rstd = a->ln1_rstd + l * ST;
@@ -120,8 +125,8 @@ static LayerActivations model_layer_activations(const Model* model, int l, size_
     la.ln2_rstd = a->ln2_rstd + l * ST;
     la.residual3 = a->residual3 + l * STC;
     la.fch = la.ffn_act = NULL;
-    if (model_is_dense_layer(model, l)) {
-        size_t d = model_dense_index(model, l);
+    if (model_is_dense_layer(model, l + first)) {
+        size_t d = model_stage_dense_index(model, l + first);
         la.fch = a->fch + d * FC;
         la.ffn_act = model->recompute >= 1 ? a->ffn_act : a->ffn_act + d * HID;
     }

@@ -1,5 +1,5 @@
 // llmc/layernorm.cuh: LayerNorm forward (plain, and fused with the residual add that precedes it) and
-// backward, eps = 1e-5, statistics in fp32. Included by the trainers and by the kernel lab
+// backward, and the residual add alone, eps = 1e-5, statistics in fp32. Included by the trainers and by the kernel lab
 // (dev/cuda/layernorm_forward.cu, dev/cuda/layernorm_backward.cu; e.g. `make build/lab/layernorm_forward_bf16 &&
 // build/lab/layernorm_forward_bf16 -s`).
 // Size constraint: C % 8 == 0 (rows are moved as 16-byte vectors); the trainer checks it at start-up
@@ -291,6 +291,19 @@ void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scr
                         int C, cudaStream_t stream) {
     layernorm_backward_launch(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, B * T, C,
                               LAYERNORM_BACKWARD_BLOCK_SIZE, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The residual add alone, out = a + b over n values (out may be a or b): a pipeline stage's output, whose final norm
+// is the next stage's, and a sum of two gradients. Floor: read 2n and write n floatX: memory-bound, one add each.
+__global__ void residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = (floatX)((float)a[i] + (float)b[i]);
+}
+void residual_forward(floatX* out, const floatX* a, const floatX* b, size_t n, cudaStream_t stream) {
+    const int block_size = 256;
+    residual_forward_kernel<<<(unsigned int)CEIL_DIV(n, (size_t)block_size), block_size, 0, stream>>>(out, a, b, n);
+    cudaCheck(cudaGetLastError());
 }
 
 // ----------------------------------------------------------------------------------------------------

@@ -271,7 +271,8 @@ static void model_write_model_file_edited(Model* model, const char* path, cudaSt
     size_t n = model_num_parameters(model);
     floatX* host = (floatX*)malloc_check(n * sizeof(floatX));
     model_get_parameters(model, host, stream);
-    if (model->process_rank != 0 || model_tp_member(model) != 0) {  // the first data-parallel group's first member
+    // the first stage's first data-parallel group's first member
+    if (model->process_rank != 0 || model_tp_member(model) != 0 || model_pp_stage(model) != 0) {
         free(host);
         return;
     }

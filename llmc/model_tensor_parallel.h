@@ -8,6 +8,8 @@
 #pragma once
 
 static void fill_in_parameter_sizes(const Model* model, size_t* in_file, size_t* in_set);
+static TensorSplit model_stage_split(const Model* m, int i, int s, const size_t* in_file, size_t* offset);
+static int model_pp_stage(const Model* m);
 
 // Tensor parallelism (llmc/tensor_parallel.cuh, doc/parallelism.md): the degree N, this process's member index, and
 // the widths of its slices of the split layers: NH/N query heads, NKV/N key/value heads, C/N attention channels,
@@ -93,8 +95,9 @@ static void model_join_slices(const Model* model, floatX* file_order, const floa
     for (int m = 0; m < N; m++) {
         size_t from = 0, to = 0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            TensorSplit s = model_tensor_split(model, i, in_file);
-            tensor_split_copy(&s, m, N, file_order + to, host + m * n + from, sizeof(floatX), 1);
+            size_t offset;  // this stage's blocks (llmc/model_pipeline.h)
+            TensorSplit s = model_stage_split(model, i, model_pp_stage(model), in_file, &offset);
+            tensor_split_copy(&s, m, N, file_order + to + offset, host + m * n + from, sizeof(floatX), 1);
             from += in_set[i];
             to += in_file[i];
         }

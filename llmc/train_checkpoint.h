@@ -51,6 +51,9 @@ static void write_checkpoint(const char* dir, Model* model, const DataLoader* lo
     header[10] = (int)loader_bytes;
     // the tensor-parallel degree of the state's slices, with -tp 2 or more (0: layers whole, -tp 1)
     header[11] = model_tp_degree(model) > 1 ? model_tp_degree(model) : 0;
+    // the pipeline's stages and each one's first layer, with -pp 2 or more (0: one stage)
+    header[12] = model_pp_stages(model) > 1 ? model_pp_stages(model) : 0;
+    for (int s = 1; s < model_pp_stages(model); s++) header[12 + s] = model_stage_begin(model, s);
     fwrite_check(header, sizeof(int), 256, f, tmp);
     sharded_parameters_write_state(&model->store, f, tmp);
     void* lstate = malloc_check(loader_bytes);
@@ -304,6 +307,18 @@ static void read_checkpoint_state(const char* dir, int step, Model* model, DataL
         exit(EXIT_FAILURE);
     }
     int saved_processes = header[2], saved_tp = header[11] > 0 ? header[11] : 1, tp = model_tp_degree(model);
+    // a state of another pipeline cut holds other layers' optimizer state: it resumes at that cut only
+    int saved_stages = header[12] > 0 ? header[12] : 1, same_cut = saved_stages == model_pp_stages(model);
+    for (int s = 1; s < saved_stages && same_cut; s++) same_cut = header[12 + s] == model_stage_begin(model, s);
+    if (!same_cut || (saved_stages > 1 && (saved_processes != mg->num_processes || saved_tp != tp))) {
+        char cut[256] = "";
+        for (int s = 0, n = 0; s < saved_stages && n < (int)sizeof(cut) - 12; s++)
+            n += snprintf(cut + n, sizeof(cut) - n, "%s%d", s ? "," : "",
+                          (s + 1 < saved_stages ? header[13 + s] : model->config.num_layers) - (s ? header[12 + s] : 0));
+        fprintf(stderr, "%s: a state of %d processes at -pp %d -ppl %s -tp %d; resume it in that layout\n", path,
+                saved_processes, saved_stages, cut, saved_tp);
+        exit(EXIT_FAILURE);
+    }
     // a frozen set has no optimizer state (a fine-tuning run's is in its adapter file, whole: any layout reads it)
     if (model->store.frozen && shard_size != 0) {
         fprintf(stderr, "%s: a state with the model's optimizer state; this run fine-tunes (-ft), which keeps none\n",

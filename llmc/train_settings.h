@@ -83,6 +83,15 @@
     X("-sp", INT, sequence_parallel, 1,                                                                                \
       "with -tp N > 1, sequence parallelism: the norms and the residual stream on B*T/N tokens per\n"                  \
       "process? 0/1 (default = 1)")                                                                                    \
+    X("-pp", INT, pipeline_stages, 1,                                                                                  \
+      "pipeline parallelism: the layers cut into this many stages, each on P/N processes, the\n"                       \
+      "micro-batches (-d) passed stage to stage (doc/parallelism.md) (default = 1)")                                   \
+    X("-ppl", STRING, pipeline_layers, NULL,                                                                           \
+      "-pp: the layers of each stage, e.g. 5,7 (default: the cut that balances the stages' compute)")                 \
+    X("-pps", STRING, pipeline_schedule, "1f1b", "-pp: the schedule, gpipe or 1f1b (default = 1f1b)")                  \
+    X("-ppt", STRING, pipeline_trace, NULL,                                                                            \
+      "-pp: write each step's passes, every process's begin and end, to this file (scripts/plot_pipeline.py\n"         \
+      "draws it) (default = none)")                                                                                    \
     X("-z", INT, zero_stage, 0,                                                                                        \
       "ZeRO stage: 0 (all-reduce), 1 (sharded optimizer state), 2 (and sharded gradients), 3 (and sharded\n"           \
       "parameters, gathered layer by layer) (default = 0)")                                                            \
@@ -298,6 +307,28 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
     if (s->tensor_parallel == 1 && flag_find(flags, num_flags, "-sp")->given) {
         fprintf(stderr, "-sp %d: sequence parallelism cuts the tokens between tensor-parallel processes: it needs -tp 2 "
                 "or more\n", s->sequence_parallel);
+        return 0;
+    }
+    if (s->pipeline_stages < 1) { fprintf(stderr, "-pp %d: expected 1 or more stages\n", s->pipeline_stages); return 0; }
+    if (pipeline_schedule_number(s->pipeline_schedule) < 0) {
+        fprintf(stderr, "-pps %s: expected gpipe or 1f1b\n", s->pipeline_schedule);
+        return 0;
+    }
+    const char* pipeline_only[] = {"-ppl", "-pps", "-ppt"};
+    for (int i = 0; i < 3; i++) {
+        if (s->pipeline_stages == 1 && flag_find(flags, num_flags, pipeline_only[i])->given) {
+            fprintf(stderr, "%s: applies to a pipeline of 2 or more stages (-pp)\n", pipeline_only[i]);
+            return 0;
+        }
+    }
+    if (s->pipeline_stages > 1 && s->zero_stage >= 2) {
+        fprintf(stderr, "-z %d with -pp %d: a pipeline stage shards its optimizer state (-z 1), not its gradients or "
+                "parameters\n", s->zero_stage, s->pipeline_stages);
+        return 0;
+    }
+    if (s->pipeline_stages > 1 && s->fine_tune[0]) {
+        fprintf(stderr, "-ft %s -pp %d: fine-tuning runs without pipeline stages (-pp 1)\n", s->fine_tune,
+                s->pipeline_stages);
         return 0;
     }
     if (s->tie_embeddings != 0 && s->tie_embeddings != 1) {

@@ -195,7 +195,7 @@ PY
 
 # --- layouts that do not fit: one line naming the flag
 TINY=build/ref/tiny_fp32_model.bin
-expect_job_error "-tp not dividing the processes" "-tp 3: must divide the number of processes (2)" \
+expect_job_error "-tp not dividing the processes" "-pp 1 -tp 3: their product must divide the number of processes (2)" \
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 2 -x 1 -tp 3
 expect_job_error "-tp not dividing the heads" "3 heads, which 2 processes cannot share equally" \
     $MPIRUN -np 2 "$TRAIN" -e "$TINY" "${COMMON[@]}" -b 2 -x 1 -tp 2

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# dev/test/test_pipeline_parallel.sh: command-line tests of pipeline parallelism (-pp, -ppl, -pps, -ppt;
+# doc/parallelism.md "Pipeline parallelism") in the GPT trainer on the CPU backend, on distinct micro-batches from a
+# data shard (-d: 4 micro-batches of 2 sequences per step, each step new ones):
+#   - -pp 2 and -pp 4 (1F1B), and -pp 2 at another cut (-ppl), give the losses, gradient norms and validation losses of
+#     -pp 1 within fp32 rounding (the tied wte's two parts are summed in another order), and their model files are -pp
+#     1's parameters within 1e-5;
+#   - GPipe and 1F1B accumulate the micro-batches in the same order: bit-identical steps and model files;
+#   - data parallelism inside each stage (-pp 2 on 4 processes, ZeRO-1) gives -pp 1's on 2 processes; 3D, -pp 2 -tp 2
+#     with 2 data-parallel processes (8 processes), gives one process's losses;
+#   - BF16 -pp 2 gives -pp 1's losses within bf16 rounding;
+#   - the checking build (cpu/cucc --check: every stage's sends and receives meet in matching groups, races, stream
+#     order) runs 4 stages in each schedule, with as many micro-batches as stages and with fewer;
+#   - a -pp 2 run resumed from its checkpoint continues bit-identically; another cut refuses its state with one line;
+#   - the trace (-ppt) holds every process's passes, and scripts/plot_pipeline.py draws it;
+#   - every layout that does not fit is refused with one line naming the flag.
+# Needs build/train_gpt_fp32, build/train_gpt_bf16, build/check/train_gpt_fp32, build/train_moe_fp32,
+# build/ref/deep_fp32_model.bin, build/ref/deep_bf16_model.bin, build/ref/tp_gpt2_fp32_model.bin and
+# build/ref/moe_k1_cf0.5_fp32_model.bin (make test builds them). Runs up to 8 processes at once (the 3D layout).
+# Run from anywhere:
+#   dev/test/test_pipeline_parallel.sh
+set -u
+cd "$(dirname "$0")/../.."
+TRAIN=build/train_gpt_fp32
+MODEL=build/ref/deep_fp32_model.bin  # 5 layers: 2 and 4 stages, balanced and not
+. dev/test/cli_common.sh
+
+$PYTHON train_gpt.py --write-shard "$work/train.bin" --shard-tokens 8192 --V 263 --seed 7 >/dev/null ||
+    { echo "cannot write a data shard"; exit 1; }
+COMMON=(-i "$work/train.bin" -j "$work/train.bin" -t 16 -b 2 -d 128 -v 2 -m 2 -s 0 -l 1e-3 -c 0.1)
+
+# same_parameters A B TOLERANCE: the model files' parameters agree within TOLERANCE (0: bit for bit)
+same_parameters() {
+    $PYTHON - "$1" "$2" "$3" <<'PY'
+import sys, numpy as np
+a, b = (np.fromfile(p, dtype=np.uint8)[1024:] for p in sys.argv[1:3])
+if len(a) != len(b): sys.exit(1)
+tol = float(sys.argv[3])
+if tol == 0: sys.exit(0 if np.array_equal(a, b) else 1)
+x, y = a.view(np.float32), b.view(np.float32)
+sys.exit(0 if np.max(np.abs(x - y)) <= tol else 1)
+PY
+}
+val_losses() { grep -E '^val loss' "$1"; }
+
+# --- -pp 2 and -pp 4 against -pp 1, 3 steps of 4 micro-batches (checkpoints after steps 2 and 3)
+"$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -n 2 -o "$work/whole" >"$work/whole.log" 2>&1 ||
+    fail "-pp 1 run: $(tail -3 "$work/whole.log")"
+for layout in "2" "4" "2 -ppl 1,4"; do
+    name=pp${layout// /_}
+    name=${name//,/_}
+    np=${layout%% *}
+    $MPIRUN -np "$np" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -n 2 -o "$work/$name" -pp $layout >"$work/$name.log" 2>&1 ||
+        fail "-pp $layout run: $(tail -3 "$work/$name.log")"
+    if close_losses "$work/whole.log" "$work/$name.log" 3 >/dev/null &&
+        [ "$(val_losses "$work/whole.log")" = "$(val_losses "$work/$name.log")" ] &&
+        same_parameters "$work/whole/model_00000003.bin" "$work/$name/model_00000003.bin" 1e-5; then pass; else
+        fail "-pp $layout differs from -pp 1"; close_losses "$work/whole.log" "$work/$name.log" 3; fi
+done
+
+# --- GPipe against 1F1B at 4 stages: the same sums in the same order
+$MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -n 3 -o "$work/gpipe" -pp 4 -pps gpipe >"$work/gpipe.log" 2>&1 ||
+    fail "-pps gpipe run: $(tail -3 "$work/gpipe.log")"
+if [ -n "$(step_fields "$work/gpipe.log")" ] && [ "$(step_fields "$work/gpipe.log")" = "$(step_fields "$work/pp4.log")" ] &&
+    same_parameters "$work/gpipe/model_00000003.bin" "$work/pp4/model_00000003.bin" 0; then pass; else
+    fail "gpipe differs from 1f1b"; fi
+
+# --- data parallelism inside each stage (ZeRO-1) against -pp 1 on as many data-parallel processes
+$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -z 1 >"$work/dp2.log" 2>&1 || fail "-pp 1 on 2: $(tail -3 "$work/dp2.log")"
+$MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -z 1 -pp 2 >"$work/pp2_dp2.log" 2>&1 ||
+    fail "-pp 2 on 4: $(tail -3 "$work/pp2_dp2.log")"
+if close_losses "$work/dp2.log" "$work/pp2_dp2.log" 3 >/dev/null; then pass; else
+    fail "-pp 2 with 2 data-parallel processes differs from -pp 1 on 2"; fi
+
+# --- 3D: 2 stages x 2 tensor-parallel members x 2 data-parallel processes against 1 process (2 layers, 4 heads)
+TP_MODEL=build/ref/tp_gpt2_fp32_model.bin
+"$TRAIN" -e "$TP_MODEL" "${COMMON[@]}" -x 2 -v 0 >"$work/tp_whole.log" 2>&1 || fail "1 process: $(tail -3 "$work/tp_whole.log")"
+$MPIRUN -np 8 "$TRAIN" -e "$TP_MODEL" "${COMMON[@]}" -x 2 -v 0 -pp 2 -tp 2 -z 1 >"$work/3d.log" 2>&1 ||
+    fail "-pp 2 -tp 2 on 8: $(tail -3 "$work/3d.log")"
+if close_losses "$work/tp_whole.log" "$work/3d.log" 2 >/dev/null; then pass; else fail "3D differs from 1 process"; fi
+
+# --- BF16: -pp 2 against -pp 1 within bf16 rounding (the tied wte's parts summed in another order, rounded)
+build/train_gpt_bf16 -e build/ref/deep_bf16_model.bin "${COMMON[@]}" -x 3 -v 0 >"$work/bf16.log" 2>&1 ||
+    fail "bf16 -pp 1: $(tail -3 "$work/bf16.log")"
+$MPIRUN -np 2 build/train_gpt_bf16 -e build/ref/deep_bf16_model.bin "${COMMON[@]}" -x 3 -v 0 -pp 2 \
+    >"$work/bf16_pp2.log" 2>&1 || fail "bf16 -pp 2: $(tail -3 "$work/bf16_pp2.log")"
+$PYTHON - "$work/bf16.log" "$work/bf16_pp2.log" <<'PY' && pass || fail "bf16 -pp 2 differs from -pp 1"
+import re, sys
+a, b = ([float(x) for x in re.findall(r"^step \d+/\d+ \| loss ([-\d.]+)", open(p).read(), re.M)] for p in sys.argv[1:])
+sys.exit(0 if len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-2 * abs(x) for x, y in zip(a, b)) else 1)
+PY
+
+# --- the checking build: 4 stages in each schedule, 4 micro-batches and 2
+for schedule in 1f1b gpipe; do
+    for d in 128 64; do
+        $MPIRUN -np 4 build/check/train_gpt_fp32 -e "$MODEL" "${COMMON[@]}" -d $d -x 1 -v 0 -pp 4 -pps $schedule \
+            >"$work/check.log" 2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
+            fail "checking build, -pp 4 -pps $schedule -d $d: $(grep -m2 -E 'cucc|rror' "$work/check.log")"
+    done
+done
+
+# --- a -pp 2 run resumed from its step-2 checkpoint continues bit-identically; another cut is refused
+mkdir -p "$work/resumed"
+cp "$work/pp2/"*_00000002* "$work/resumed/"
+$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -n 2 -o "$work/resumed" -y 1 -pp 2 >"$work/resumed.log" 2>&1 ||
+    fail "resumed -pp 2: $(tail -3 "$work/resumed.log")"
+if [ "$(step_fields "$work/resumed.log")" = "$(step_fields "$work/pp2.log" | tail -n 1)" ] &&
+    cmp -s "$work/resumed/model_00000003.bin" "$work/pp2/model_00000003.bin"; then pass; else
+    fail "the resumed -pp 2 run differs from the uninterrupted one"; fi
+expect_job_error "resume at another cut" "a state of 2 processes at -pp 2 -ppl 3,2 -tp 1; resume it in that layout" \
+    $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 4 -n 2 -o "$work/pp2" -y 1 -pp 2 -ppl 2,3
+
+# --- the trace: every process's 2 x 4 passes per step, F and B of each micro-batch once; drawn as a PNG
+$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 2 -v 0 -pp 2 -ppt "$work/trace.txt" >"$work/trace.log" 2>&1 ||
+    fail "-ppt run: $(tail -3 "$work/trace.log")"
+$PYTHON - "$work/trace.txt" <<'PY' && pass || fail "the trace does not hold each process's passes"
+import sys
+rows = [l.split() for l in open(sys.argv[1]).read().splitlines()]
+assert rows[0] == "step rank stage pass micro begin_ms end_ms".split()
+for step in (1, 2):
+    for rank in (0, 1):
+        mine = [r for r in rows[1:] if int(r[0]) == step and int(r[1]) == rank]
+        assert sorted((r[3], int(r[4])) for r in mine) == sorted((k, i) for k in "FB" for i in range(4)), mine
+        assert all(0 <= float(r[5]) <= float(r[6]) for r in mine) and all(int(r[2]) == rank for r in mine)
+PY
+if $PYTHON scripts/plot_pipeline.py -o "$work/trace.png" "$work/trace.txt" >/dev/null && [ -s "$work/trace.png" ]; then
+    pass; else fail "plot_pipeline.py did not draw the trace"; fi
+printf 'step rank stage pass micro begin_ms end_ms\n1 0 0 X 0 1 2\n' >"$work/bad_trace.txt"
+expect_error "a malformed trace" "expected 'step rank stage F|B micro begin_ms end_ms'" \
+    $PYTHON scripts/plot_pipeline.py -o "$work/bad.png" "$work/bad_trace.txt"
+
+# --- layouts that do not fit: one line naming the flag
+expect_job_error "-pp not dividing the processes" "-pp 3 -tp 1: their product must divide the number of processes (2)" \
+    $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 3
+expect_job_error "-pp over the layers" "-pp 6: more stages than the model's 5 layers" \
+    $MPIRUN -np 6 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 6
+expect_job_error "-ppl not summing to L" "-ppl 2,2: 2 stages of 4 layers in all; -pp 2 over the model's 5 layers" \
+    $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 2 -ppl 2,2
+expect_job_error "-ppl with a stage of none" "-ppl 5,0: expected the layers of each stage, each 1 or more" \
+    $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 2 -ppl 5,0
+expect_error "an unknown schedule" "-pps zb2: expected gpipe or 1f1b" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps zb2
+expect_error "-ppl without -pp" "-ppl: applies to a pipeline of 2 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -ppl 5
+expect_error "-pp 0" "-pp 0: expected 1 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 0
+expect_error "-z 2 with -pp" "-z 2 with -pp 2: a pipeline stage shards its optimizer state (-z 1)" \
+    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -z 2
+expect_error "-ft with -pp" "-ft lora -pp 2: fine-tuning runs without pipeline stages" \
+    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -ft lora
+expect_job_error "the MoE trainer with -pp" "-pp 2: train_moe's MoE layers run without pipeline stages" \
+    $MPIRUN -np 2 build/train_moe_fp32 -e build/ref/moe_k1_cf0.5_fp32_model.bin "${COMMON[@]}" -x 1 -pp 2
+
+settle_job_errors
+echo "pipeline_parallel: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,106 @@
+// llmc/model_pipeline.h: the model cut into pipeline stages (-pp N, doc/parallelism.md "Pipeline parallelism"): the
+// layers a stage runs, the blocks of each tensor it holds (its layers' slices of the stacked tensors; the embeddings on
+// the first stage, the final norm and the classifier on the last, wte on both with a tied output embedding), the whole
+// model put together from the stages, and the tied embedding's gradient summed between the first and last stage.
+// train_gpt.cu includes it after llmc/model_tensor_parallel.h; the groups, schedules and sends are llmc/pipeline.h's.
+// Tests: pipeline-cli (dev/test/test_pipeline_parallel.sh).
+#pragma once
+
+static int model_pp_stages(const Model* m) { return m->pp ? m->pp->stages : 1; }
+static int model_pp_stage(const Model* m) { return m->pp ? m->pp->stage : 0; }
+static int model_first_stage(const Model* m) { return model_pp_stage(m) == 0; }
+static int model_last_stage(const Model* m) { return model_pp_stage(m) == model_pp_stages(m) - 1; }
+// stage s's layers [model_stage_begin, model_stage_end)
+static int model_stage_begin(const Model* m, int s) { return model_pp_stages(m) > 1 ? m->pp->first_layer[s] : 0; }
+static int model_stage_end(const Model* m, int s) {
+    return model_pp_stages(m) > 1 ? m->pp->first_layer[s + 1] : m->config.num_layers;
+}
+static int model_layer_begin(const Model* m) { return model_stage_begin(m, model_pp_stage(m)); }
+static int model_layer_end(const Model* m) { return model_stage_end(m, model_pp_stage(m)); }
+static int model_stage_layers(const Model* m) { return model_layer_end(m) - model_layer_begin(m); }
+// the dense layers before layer l, and this stage's
+static int model_stage_dense_layers(const Model* m) {
+    return model_dense_index(m, model_layer_end(m)) - model_dense_index(m, model_layer_begin(m));
+}
+static int model_stage_dense_index(const Model* m, int l) {
+    return model_dense_index(m, l) - model_dense_index(m, model_layer_begin(m));
+}
+// With a tied output embedding and two or more stages, the first and the last stage both hold wte.
+static int model_shares_wte(const Model* m) { return m->config.tied && model_pp_stages(m) > 1; }
+
+// The blocks of tensor i that stage s holds, [*first, *first + *count) of *blocks: a layer's slice of a tensor stacked
+// over every layer (blocks L) or over the dense layers (Ld); the tensors outside the layers are one block, on the
+// first stage (wte, wpe), the last (the final norm, lm_head, and a tied wte), or both.
+static void model_stage_blocks(const Model* m, int i, int s, size_t* first, size_t* count, size_t* blocks) {
+    int p = model_pp_stages(m), begin = model_stage_begin(m, s), end = model_stage_end(m, s);
+    int first_stage = s == 0, last_stage = s == p - 1;
+    *first = 0;
+    switch (i) {
+    case PARAM_LN1W: case PARAM_LN1B: case PARAM_QKVW: case PARAM_QKVB: case PARAM_ATTPROJW: case PARAM_ATTPROJB:
+    case PARAM_LN2W: case PARAM_LN2B:
+        *blocks = m->config.num_layers, *first = begin, *count = end - begin;
+        return;
+    case PARAM_FCW: case PARAM_FCB: case PARAM_FCPROJW: case PARAM_FCPROJB:
+        *blocks = model_dense_layers(m), *first = model_dense_index(m, begin);
+        *count = model_dense_index(m, end) - *first;
+        return;
+    case PARAM_WTE: *blocks = 1, *count = first_stage || (last_stage && m->config.tied); return;
+    case PARAM_WPE: *blocks = 1, *count = first_stage; return;
+    case PARAM_LNFW: case PARAM_LNFB: case PARAM_LM_HEAD: *blocks = 1, *count = last_stage; return;
+    default: *blocks = 1, *count = 1; return;  // an extension's (train_moe.cu runs without -pp)
+    }
+}
+
+// Tensor i's cut over the tensor-parallel members (model_tensor_split) narrowed to stage s's blocks, and where those
+// start in the whole tensor (values): a member's slice of a stage's blocks is its slice of each of those blocks.
+static TensorSplit model_stage_split(const Model* m, int i, int s, const size_t* in_file, size_t* offset) {
+    TensorSplit t = model_tensor_split(m, i, in_file);
+    size_t first, count, blocks;
+    model_stage_blocks(m, i, s, &first, &count, &blocks);
+    *offset = 0;
+    if (blocks == 0 || in_file[i] == 0 || count == blocks) return t;  // (an extension's: its own cut)
+    size_t per_block = in_file[i] / blocks;
+    *offset = first * per_block;
+    if (t.kind == SPLIT_NONE) t.rows = count * per_block / (t.layers * t.cols);
+    else t.layers = count;  // a split tensor's layers are its blocks
+    return t;
+}
+
+// The blocks of the whole model that stage s holds, put into `file_order` (host, model-file order) on every process
+// from the stage's first holder: collective over the pipeline group, after each stage has filled in its own.
+static void model_join_stages(const Model* m, floatX* file_order) {
+    if (model_pp_stages(m) == 1) return;
+    size_t in_file[NUM_PARAMETER_TENSORS], at[NUM_PARAMETER_TENSORS], n = 0;
+    file_tensor_sizes(in_file, m);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) at[i] = n, n += in_file[i];
+    floatX* device;
+    cudaCheck(cudaMalloc((void**)&device, n * sizeof(floatX)));
+    cudaCheck(cudaMemcpy(device, file_order, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    const MultiGpuConfig* g = &m->pp->group;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        int held_before = 0;  // a tensor two stages hold (a tied wte) comes from the first
+        for (int s = 0; s < model_pp_stages(m) && !held_before; s++) {
+            size_t first, count, blocks;
+            model_stage_blocks(m, i, s, &first, &count, &blocks);
+            if (count == 0 || in_file[i] == 0) continue;
+            size_t per_block = in_file[i] / blocks;
+            floatX* range = device + at[i] + first * per_block;
+            ncclCheck(ncclBroadcast(range, range, count * per_block, nccl_floatX(), s, g->nccl_comm, g->nccl_stream));
+            held_before = blocks == 1;
+        }
+    }
+    cudaCheck(cudaStreamSynchronize(g->nccl_stream));
+    cudaCheck(cudaMemcpy(file_order, device, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(device));
+}
+
+// A tied wte's gradient: the classifier's part on the last stage, the embedding's on the first, summed on both before
+// either is reduced over its data-parallel processes (Megatron's embedding group), so that both copies take the same
+// update. Collective over the pipeline group's first and last stage; `scratch` holds the other stage's part.
+static void model_sum_shared_wte(Model* m, floatX* dwte, floatX* scratch, cudaStream_t stream) {
+    if (!model_shares_wte(m) || !(model_first_stage(m) || model_last_stage(m))) return;
+    size_t n = (size_t)local_vocab(m) * m->config.channels;
+    int other = model_first_stage(m) ? model_pp_stages(m) - 1 : 0;
+    pipeline_exchange(m->pp, dwte, other, scratch, other, n, stream);
+    residual_forward(dwte, dwte, scratch, n, stream);
+}

@@ -1,0 +1,375 @@
+// llmc/pipeline.h: pipeline parallelism (-pp N; doc/parallelism.md, "Pipeline parallelism"): the layers cut into
+// stages, the schedules as each stage's ordered list of passes over the step's micro-batches, the process groups, the
+// sends between neighbouring stages, and each pass's begin and end (the step line's idle fractions, the -ppt trace).
+// The model's side (which tensors and activations a stage holds, its part of the forward and backward passes) is
+// train_gpt.cu's; this header knows layers, stages and micro-batches only.
+//
+// Processes: rank = stage * S + i, S = P / N the processes of a stage (its tensor- and data-parallel groups, ranked
+// inside the stage as without -pp). The stage's processes are its own world; the N processes with the same i, one per
+// stage, form the pipeline group, over which activations go forward and their gradients back (ncclSend/ncclRecv on the
+// compute stream), and the loss and the gradient norm are summed.
+//
+// A schedule is, per stage, the order of its forward (F) and backward (B) passes over micro-batches 0..m-1, each B in
+// micro-batch order so that every schedule accumulates the gradients alike. Between two passes a stage sends what the
+// first produced and receives what the second needs. When both go to the same neighbour and that neighbour, between
+// two of its passes, receives the one and sends the other, the two stages exchange them in one NCCL group each
+// (Megatron's send_forward_recv_backward and send_backward_recv_forward, 1F1B's steady state); every other send or
+// receive is a group of its own, the send first. So each group of one stage meets exactly one group of its
+// neighbour's (which cpu/cucc --check verifies), and a stage never waits to send on a neighbour that waits to send on
+// it.
+// Tests: host-utils (the schedules' invariants and the balanced cut), pipeline-cli (dev/test/test_pipeline_parallel.sh).
+#pragma once
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "multi_gpu.cuh"
+
+#define PIPELINE_MAX_STAGES 64
+
+// the schedules, as -pps names them, with the idle fraction each leaves: its bubble over its busy time
+typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, NUM_SCHEDULES } PipelineSchedule;
+static const char* const pipeline_schedule_names[NUM_SCHEDULES] = {"gpipe", "1f1b"};
+static double pipeline_formula_idle(PipelineSchedule schedule, int p, int m) {
+    (void)schedule;  // GPipe and 1F1B leave the same bubble; 1F1B holds fewer micro-batches' activations
+    return (double)(p - 1) / m;
+}
+static int pipeline_schedule_number(const char* name) {
+    for (int i = 0; i < NUM_SCHEDULES; i++)
+        if (strcmp(name, pipeline_schedule_names[i]) == 0) return i;
+    return -1;
+}
+
+typedef enum { PASS_FORWARD, PASS_BACKWARD } PassKind;
+typedef struct {
+    PassKind kind;
+    int micro;  // the micro-batch, 0..m-1
+} PipelinePass;
+
+// Stage s's passes over m micro-batches, in order, into passes (2m of them). GPipe: every forward pass, then every
+// backward. 1F1B: min(p-s-1, m) forward passes to fill the pipeline, then one forward and one backward in turn, then the
+// backward passes left; so stage s holds at most p-s micro-batches' activations.
+static int pipeline_passes(PipelineSchedule schedule, int p, int s, int m, PipelinePass* passes) {
+    int n = 0, warmup = schedule == SCHEDULE_GPIPE ? m : (p - s - 1 < m ? p - s - 1 : m);
+    for (int i = 0; i < warmup; i++) passes[n++] = (PipelinePass){PASS_FORWARD, i};
+    for (int i = 0; i < m - warmup; i++) {
+        passes[n++] = (PipelinePass){PASS_FORWARD, warmup + i};
+        passes[n++] = (PipelinePass){PASS_BACKWARD, i};
+    }
+    for (int i = m - warmup; i < m; i++) passes[n++] = (PipelinePass){PASS_BACKWARD, i};
+    return n;
+}
+
+// The most micro-batches whose activations a stage holds at once under these passes (forward done, backward not):
+// the activation slots it needs. Micro-batch i uses slot i % slots (the backward passes run in micro-batch order, so
+// those in flight are consecutive).
+static int pipeline_slots(const PipelinePass* passes, int n) {
+    int held = 0, most = 0;
+    for (int k = 0; k < n; k++) {
+        held += passes[k].kind == PASS_FORWARD ? 1 : -1;
+        if (held > most) most = held;
+    }
+    return most;
+}
+
+// The layers' cut: stage s holds layers [first[s], first[s+1]), first[0] = 0, first[p] = L, at least one each.
+// Balanced: the cut whose costliest stage is cheapest, a layer costing layer_cost, the first stage also first_cost (the
+// embedding), the last also last_cost (the classifier and the loss); among equal cuts, the one with the earliest
+// stages fullest. -ppl a,b,...: the layers per stage as given. 0 and one line naming the flag if they do not fit.
+static void pipeline_balance(int L, int p, double layer_cost, double first_cost, double last_cost, int* first) {
+    // best[s][l]: the cheapest costliest stage of layers [0, l) on stages 0..s; cut[s][l] the first layer of stage s
+    double* best = (double*)malloc_check((size_t)p * (L + 1) * sizeof(double));
+    int* cut = (int*)malloc_check((size_t)p * (L + 1) * sizeof(int));
+    for (int s = 0; s < p; s++) {
+        for (int l = 0; l <= L; l++) {
+            best[s * (L + 1) + l] = 1e300;
+            cut[s * (L + 1) + l] = 0;
+            if (l < s + 1) continue;
+            if (s == 0) {
+                best[l] = first_cost + l * layer_cost + (p == 1 ? last_cost : 0.0);
+                continue;
+            }
+            for (int k = l - 1; k >= s; k--) {  // stage s holds [k, l)
+                double own = (l - k) * layer_cost + (s == p - 1 ? last_cost : 0.0);
+                double before = best[(s - 1) * (L + 1) + k];
+                double worst = own > before ? own : before;
+                if (worst < best[s * (L + 1) + l] - 1e-9 * worst) {
+                    best[s * (L + 1) + l] = worst;
+                    cut[s * (L + 1) + l] = k;
+                }
+            }
+        }
+    }
+    first[p] = L;
+    for (int s = p - 1; s > 0; s--) first[s] = cut[s * (L + 1) + first[s + 1]];
+    first[0] = 0;
+    free(best);
+    free(cut);
+}
+static int pipeline_parse_layers(const char* list, int L, int p, int* first) {
+    int n = 0, sum = 0;
+    const char* at = list;
+    first[0] = 0;
+    while (*at) {
+        char* end;
+        long v = strtol(at, &end, 10);
+        if (end == at || v < 1 || (*end != ',' && *end != '\0') || n >= PIPELINE_MAX_STAGES) {
+            fprintf(stderr, "-ppl %s: expected the layers of each stage, each 1 or more, separated by commas\n", list);
+            return 0;
+        }
+        sum += (int)v;
+        first[++n] = sum;
+        at = *end == ',' ? end + 1 : end;
+    }
+    if (n != p || sum != L) {
+        fprintf(stderr, "-ppl %s: %d stages of %d layers in all; -pp %d over the model's %d layers expects %d stages "
+                "of %d\n", list, n, sum, p, L, p, L);
+        return 0;
+    }
+    return 1;
+}
+
+// Between passes: the point before pass k (k = n: after the last) sends the output of pass k - 1 to `send_to` and
+// receives the input of pass k from `recv_from` (-1: none), together in one group when `paired`.
+typedef struct {
+    int send_to, recv_from, paired;
+} PipelinePoint;
+
+// Where stage s (of p, passes[n]) sends or receives micro-batch `micro`'s message of `kind` (PASS_FORWARD: the
+// activations that go up a stage, PASS_BACKWARD: their gradient that comes down): the point after the pass that
+// produces it, or before the one that needs it.
+static int pipeline_point_of(const PipelinePass* passes, int n, PassKind kind, int micro, int sending) {
+    for (int k = 0; k < n; k++)
+        if (passes[k].kind == kind && passes[k].micro == micro) return sending ? k + 1 : k;
+    return -1;
+}
+// Stage s's points (n + 1 of them) in the schedule over m micro-batches.
+static void pipeline_points(PipelineSchedule schedule, int p, int s, int m, PipelinePoint* points) {
+    PipelinePass* mine = (PipelinePass*)malloc_check(2 * (size_t)m * sizeof(PipelinePass));
+    PipelinePass* up = (PipelinePass*)malloc_check(2 * (size_t)m * sizeof(PipelinePass));
+    PipelinePass* down = (PipelinePass*)malloc_check(2 * (size_t)m * sizeof(PipelinePass));
+    int n = pipeline_passes(schedule, p, s, m, mine);
+    if (s + 1 < p) pipeline_passes(schedule, p, s + 1, m, up);
+    if (s > 0) pipeline_passes(schedule, p, s - 1, m, down);
+    for (int k = 0; k <= n; k++) {
+        PipelinePoint* q = &points[k];
+        q->send_to = q->recv_from = -1;
+        q->paired = 0;
+        const PipelinePass* before = k > 0 ? &mine[k - 1] : NULL;
+        const PipelinePass* next = k < n ? &mine[k] : NULL;
+        if (before && before->kind == PASS_FORWARD && s + 1 < p) q->send_to = s + 1;
+        if (before && before->kind == PASS_BACKWARD && s > 0) q->send_to = s - 1;
+        if (next && next->kind == PASS_FORWARD && s > 0) q->recv_from = s - 1;
+        if (next && next->kind == PASS_BACKWARD && s + 1 < p) q->recv_from = s + 1;
+        if (q->send_to < 0 || q->send_to != q->recv_from) continue;
+        // the neighbour's points for the two messages: paired when they are one and the same
+        const PipelinePass* theirs = q->send_to > s ? up : down;
+        int gets = pipeline_point_of(theirs, n, before->kind, before->micro, 0);
+        int gives = pipeline_point_of(theirs, n, next->kind, next->micro, 1);
+        q->paired = gets == gives;
+    }
+    free(mine);
+    free(up);
+    free(down);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The process groups and the sends
+
+typedef struct {
+    int stages;                           // N (1: no pipeline, and nothing below is used)
+    int stage;                            // this process's
+    int first_layer[PIPELINE_MAX_STAGES + 1];  // stage s holds layers [first_layer[s], first_layer[s + 1])
+    PipelineSchedule schedule;
+    int seq_len;                 // -t: the attention's share of a layer's cost in the balanced cut
+    MultiGpuConfig stage_world;  // this stage's processes (the world itself at -pp 1)
+    MultiGpuConfig group;        // the pipeline group: one process per stage, its rank the stage (shares the world's
+                                 // NCCL stream for host sums)
+    cudaEvent_t reductions_issued;  // the compute stream's sends wait for the NCCL stream's reductions (GroupComm)
+    // a step's passes, the points between them, and the passes' events (the trace and the idle fractions)
+    PipelinePass* passes;
+    PipelinePoint* points;
+    int num_passes, slots, micro_batches;
+    cudaEvent_t start, finish, *begin, *end;
+    const char* trace_path;  // -ppt: the step's passes, every rank's, written here after each step
+} Pipeline;
+
+static void pipeline_none(Pipeline* pp, const MultiGpuConfig* world) {
+    memset(pp, 0, sizeof(*pp));
+    pp->stages = 1;
+    pp->stage_world = *world;
+    pp->stage_world.used_mpi = 0;  // MPI belongs to the world's config
+}
+
+// Collective over the world, N dividing its process count (checked by the caller): N stages of P/N processes each.
+static void pipeline_init(Pipeline* pp, const MultiGpuConfig* world, int stages) {
+    pipeline_none(pp, world);
+    if (stages == 1) return;
+    int S = world->num_processes / stages;
+    pp->stages = stages;
+    pp->stage = world->process_rank / S;
+    ncclComm_t stage_comm;
+    pp->group = *world;
+    pp->group.used_mpi = 0;
+    multi_gpu_split_groups(world, S, &stage_comm, &pp->group);
+    pp->stage_world.nccl_comm = stage_comm;
+    pp->stage_world.process_rank = world->process_rank % S;
+    pp->stage_world.num_processes = S;
+    cudaCheck(cudaEventCreateWithFlags(&pp->reductions_issued, cudaEventDisableTiming));
+}
+
+// The memory plan's layout (-pm): stage 0 of N, of max(P/N, 1) processes. Nothing is sent or allocated.
+static void pipeline_plan(Pipeline* pp, const MultiGpuConfig* world, int stages) {
+    pipeline_none(pp, world);
+    pp->stages = stages;
+    pp->stage_world.num_processes = world->num_processes / stages > 0 ? world->num_processes / stages : 1;
+    pp->stage_world.process_rank = 0;
+}
+
+static void pipeline_free(Pipeline* pp) {
+    if (pp->stages == 1 || pp->group.nccl_comm == NULL) return;
+    ncclCheck(ncclCommDestroy(pp->stage_world.nccl_comm));
+    ncclCheck(ncclCommDestroy(pp->group.nccl_comm));
+    cudaCheck(cudaEventDestroy(pp->reductions_issued));
+    for (int k = 0; k < pp->num_passes; k++) {
+        cudaCheck(cudaEventDestroy(pp->begin[k]));
+        cudaCheck(cudaEventDestroy(pp->end[k]));
+    }
+    if (pp->num_passes) {
+        cudaCheck(cudaEventDestroy(pp->start));
+        cudaCheck(cudaEventDestroy(pp->finish));
+    }
+    free(pp->passes);
+    free(pp->points);
+    free(pp->begin);
+    free(pp->end);
+}
+
+static int pipeline_first_stage(const Pipeline* pp) { return pp->stage == 0; }
+static int pipeline_last_stage(const Pipeline* pp) { return pp->stage == pp->stages - 1; }
+
+// This stage's passes for m micro-batches (once per run: every step has the same m) and their events.
+static void pipeline_prepare(Pipeline* pp, int m) {
+    pp->micro_batches = m;
+    pp->passes = (PipelinePass*)malloc_check(2 * (size_t)m * sizeof(PipelinePass));
+    pp->num_passes = pipeline_passes(pp->schedule, pp->stages, pp->stage, m, pp->passes);
+    pp->slots = pipeline_slots(pp->passes, pp->num_passes);
+    pp->points = (PipelinePoint*)malloc_check((pp->num_passes + 1) * sizeof(PipelinePoint));
+    pipeline_points(pp->schedule, pp->stages, pp->stage, m, pp->points);
+    pp->begin = (cudaEvent_t*)malloc_check(pp->num_passes * sizeof(cudaEvent_t));
+    pp->end = (cudaEvent_t*)malloc_check(pp->num_passes * sizeof(cudaEvent_t));
+    for (int k = 0; k < pp->num_passes; k++) {
+        cudaCheck(cudaEventCreate(&pp->begin[k]));
+        cudaCheck(cudaEventCreate(&pp->end[k]));
+    }
+    cudaCheck(cudaEventCreate(&pp->start));
+    cudaCheck(cudaEventCreate(&pp->finish));
+}
+
+// One NCCL group: send `count` values of `send` to stage `send_to` (-1: none), receive `count` into `recv` from stage
+// `recv_from` (-1: none), on the compute stream after the NCCL stream's reductions so far (GroupComm's rule).
+static void pipeline_exchange(Pipeline* pp, const floatX* send, int send_to, floatX* recv, int recv_from, size_t count,
+                              cudaStream_t stream) {
+    if (send_to < 0 && recv_from < 0) return;
+    cudaCheck(cudaEventRecord(pp->reductions_issued, pp->group.nccl_stream));
+    cudaCheck(cudaStreamWaitEvent(stream, pp->reductions_issued, 0));
+    ncclCheck(ncclGroupStart());
+    if (send_to >= 0) ncclCheck(ncclSend(send, count, nccl_floatX(), send_to, pp->group.nccl_comm, stream));
+    if (recv_from >= 0) ncclCheck(ncclRecv(recv, count, nccl_floatX(), recv_from, pp->group.nccl_comm, stream));
+    ncclCheck(ncclGroupEnd());
+}
+// Point k of the schedule: its send and receive, in one group when paired, else the send's group first
+static void pipeline_point(Pipeline* pp, int k, const floatX* send, floatX* recv, size_t count, cudaStream_t stream) {
+    const PipelinePoint* q = &pp->points[k];
+    if (q->paired) {
+        pipeline_exchange(pp, send, q->send_to, recv, q->recv_from, count, stream);
+        return;
+    }
+    pipeline_exchange(pp, send, q->send_to, NULL, -1, count, stream);
+    pipeline_exchange(pp, NULL, -1, recv, q->recv_from, count, stream);
+}
+
+// The sum over the stages of a host float (the loss, the squared gradient norm), the same on every stage.
+static float pipeline_float_sum(const Pipeline* pp, float value) {
+    if (pp->stages == 1) return value;
+    return multi_gpu_cpu_float_sum(value, &pp->group);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Measuring a step's passes
+
+// Each pass's begin and end (ms) from the stage's start, once the step's work is done; and the stage's idle fraction:
+// the time between its start and its last pass's end not spent in a pass, over the time spent in passes.
+static double pipeline_measure(const Pipeline* pp, float* begin_ms, float* end_ms) {
+    double busy = 0.0, span = 0.0;
+    for (int k = 0; k < pp->num_passes; k++) {
+        cudaCheck(cudaEventElapsedTime(&begin_ms[k], pp->start, pp->begin[k]));
+        cudaCheck(cudaEventElapsedTime(&end_ms[k], pp->start, pp->end[k]));
+        busy += end_ms[k] - begin_ms[k];
+        if (end_ms[k] > span) span = end_ms[k];
+    }
+    return busy > 0.0 ? (span - busy) / busy : 0.0;
+}
+
+// After step `step` (from 1; collective over the world): the idle fractions of the idlest and the busiest stage (each
+// stage's first process's), and with -ppt the trace, every rank's passes written by rank 0 (the file begun anew at the
+// run's first step) as
+//   step rank stage pass micro begin_ms end_ms
+// (pass F or B; times from each rank's start of the step's passes).
+static void pipeline_report(Pipeline* pp, const MultiGpuConfig* world, int step, int first_step, double* most_idle,
+                            double* least_idle) {
+    int n = pp->num_passes;
+    float* times = (float*)malloc_check(2 * (size_t)n * sizeof(float));
+    double idle = pipeline_measure(pp, times, times + n);
+    // every stage's idle fraction: each rank puts its own in its place, zero elsewhere, and the sum gathers them
+    int P = world->num_processes;
+    float* all = (float*)calloc(P, sizeof(float));
+    all[world->process_rank] = (float)idle;
+    float* device;
+    cudaCheck(cudaMalloc((void**)&device, P * sizeof(float)));
+    cudaCheck(cudaMemcpy(device, all, P * sizeof(float), cudaMemcpyHostToDevice));
+    ncclCheck(ncclAllReduce(device, device, P, ncclFloat, ncclSum, world->nccl_comm, world->nccl_stream));
+    cudaCheck(cudaStreamSynchronize(world->nccl_stream));
+    cudaCheck(cudaMemcpy(all, device, P * sizeof(float), cudaMemcpyDeviceToHost));
+    int S = P / pp->stages;
+    *most_idle = -1.0, *least_idle = 1e30;
+    for (int s = 0; s < pp->stages; s++) {
+        double f = all[s * S];
+        if (f > *most_idle) *most_idle = f;
+        if (f < *least_idle) *least_idle = f;
+    }
+    if (pp->trace_path) {  // every rank's passes to rank 0, one rank at a time through the same buffer
+        float* rows;
+        cudaCheck(cudaMalloc((void**)&rows, 2 * (size_t)n * sizeof(float)));
+        FILE* f = NULL;
+        if (world->process_rank == 0) {
+            f = fopen(pp->trace_path, first_step ? "w" : "a");
+            if (!f) {
+                fprintf(stderr, "-ppt %s: cannot write the trace\n", pp->trace_path);
+                exit(EXIT_FAILURE);
+            }
+            if (first_step) fprintf(f, "step rank stage pass micro begin_ms end_ms\n");
+        }
+        for (int r = 0; r < P; r++) {
+            if (world->process_rank == r) cudaCheck(cudaMemcpy(rows, times, 2 * (size_t)n * sizeof(float),
+                                                               cudaMemcpyHostToDevice));
+            ncclCheck(ncclBroadcast(rows, rows, 2 * (size_t)n, ncclFloat, r, world->nccl_comm, world->nccl_stream));
+            cudaCheck(cudaStreamSynchronize(world->nccl_stream));
+            if (world->process_rank != 0) continue;
+            float* got = (float*)malloc_check(2 * (size_t)n * sizeof(float));
+            cudaCheck(cudaMemcpy(got, rows, 2 * (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+            // every rank of a stage runs the same passes; rank r's stage is r / S
+            PipelinePass* theirs = (PipelinePass*)malloc_check(2 * (size_t)pp->micro_batches * sizeof(PipelinePass));
+            pipeline_passes(pp->schedule, pp->stages, r / S, pp->micro_batches, theirs);
+            for (int k = 0; k < n; k++)
+                fprintf(f, "%d %d %d %c %d %.4f %.4f\n", step, r, r / S, theirs[k].kind == PASS_FORWARD ? 'F' : 'B',
+                        theirs[k].micro, got[k], got[n + k]);
+            free(theirs);
+            free(got);
+        }
+        if (f) fclose(f);
+        cudaCheck(cudaFree(rows));
+    }
+    cudaCheck(cudaFree(device));
+    free(all);
+    free(times);
+}
