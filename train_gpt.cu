@@ -37,6 +37,7 @@
 #include "llmc/encoder.cuh"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
+#include "llmc/deferred_weights.cuh"
 #include "llmc/attention.cuh"  // the cuBLAS-and-softmax path, and the size check of attention and matmul
 #include "llmc/flash_attention.cuh"
 #ifdef ENABLE_CUDNN
@@ -233,6 +234,7 @@ typedef struct {
     float* losses_cpu;
     cudaEvent_t losses_copied;
     int loss_tokens, loss_targets;
+    WeightGradientQueue weights;  // -pps zb: its layers' weight gradients, from its B pass to its W pass
 } ActivationSlot;
 
 #include "llmc/model_extension.h"
@@ -267,6 +269,7 @@ struct Model {
     void* acts_memory;
     ActivationSlot* slots;  // under -pp the micro-batches in flight: one slot each, swapped in (model_use_slot)
     int num_slots;
+    WeightGradientQueue* deferring;  // during a ZB pipeline's B pass, where the layers' weight gradients are queued
     int batch_size, seq_len;  // what the activations were sized for
     int recompute;
     int gelu_fusion;
@@ -710,6 +713,8 @@ static void model_free(Model* model) {
         cudaCheck(cudaFreeHost(a->losses_cpu));
         if (a->acts_memory) cudaCheck(cudaEventDestroy(a->losses_copied));
     }
+    for (int k = 0; k < model->num_slots; k++)
+        if (model->slots[k].weights.jobs) weight_queue_free(&model->slots[k].weights);
     free(model->slots);
 }
 
@@ -760,10 +765,29 @@ static void linear_forward(Model* model, int target, int layer, floatX* out, con
 }
 // Its transpose: dinp (B, T, C) = dout W (plus the adapter's part), dweight and dbias += (NULL: frozen, not computed),
 // the adapter's gradients += into its set
+// Whether inp is an activation that recompute keeps for one layer only (the FFN's activation output at -r 1, the norms'
+// outputs at -r 2): a deferred weight gradient copies it.
+static int model_recomputed(const Model* model, const floatX* inp) {
+    const ActivationTensors* a = &model->acts;
+    return (model->recompute >= 1 && inp == a->ffn_act) || (model->recompute >= 2 && (inp == a->ln1 || inp == a->ln2));
+}
+// A layer's Linear backward (matmul_backward), its weight gradient queued for the W pass during a ZB pipeline's B pass
+static void layer_matmul_backward(Model* model, floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout,
+                                  const floatX* inp, const floatX* weight, int B, int T, int C, int OC,
+                                  cudaStream_t stream, const floatX* pre_gelu = nullptr, int gelu_fusion = 1) {
+    int defer = model->deferring && dweight;
+    matmul_backward(dinp, defer ? nullptr : dweight, dbias, dout, inp, weight, model->acts.scratch_f, B, T, C, OC,
+                    stream, pre_gelu, gelu_fusion);
+    if (defer)
+        weight_queue_defer(model->deferring, dweight, inp, model_recomputed(model, inp), dout, B * T, C, OC, stream);
+}
 static void linear_backward(Model* model, int target, int layer, floatX* dinp, floatX* dweight, floatX* dbias,
                             const floatX* dout, const floatX* inp, const floatX* weight, int B, int T, int C, int OC,
                             cudaStream_t stream) {
-    matmul_backward(dinp, dweight, dbias, dout, inp, weight, model->acts.scratch_f, B, T, C, OC, stream);
+    if (target == LORA_LM_HEAD)  // (the classifier's weight gradient is never deferred: the logits' is B*T*Vp)
+        matmul_backward(dinp, dweight, dbias, dout, inp, weight, model->acts.scratch_f, B, T, C, OC, stream);
+    else
+        layer_matmul_backward(model, dinp, dweight, dbias, dout, inp, weight, B, T, C, OC, stream);
     if (!lora_has(model, target)) return;
     Adapter* a = model->adapter;
     floatX *A, *Bw, *dA, *dB;
@@ -871,8 +895,8 @@ static void gelu_mlp_backward(Model* model, int layer, const LayerParameters* lp
                         T, H, C, stream);
         gelu_backward_inplace(dfch, la->fch, (size_t)B * T * H, stream);
     } else {
-        matmul_backward(dfch, lg->fcprojw, lg->fcprojb, dout, la->ffn_act, lp->fcprojw, a.scratch_f, B, T, H, C, stream,
-                        la->fch, model->gelu_fusion);
+        layer_matmul_backward(model, dfch, lg->fcprojw, lg->fcprojb, dout, la->ffn_act, lp->fcprojw, B, T, H, C, stream,
+                              la->fch, model->gelu_fusion);
     }
     linear_backward(model, LORA_FC, layer, d_ln2, lg->fcw, lg->fcb, dfch, la->ln2, lp->fcw, B, T, C, H, stream);
 }
@@ -1202,7 +1226,7 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
         const floatX* dln1 = tp_sum_over_members(model, a.dbtc, a.member_stream, N, stream);
         norm_backward(model, dresidual, lg.ln1w, lg.ln1b, a.scratch_f, dln1, la.residual, lp.ln1w, la.ln1_mean,
                       la.ln1_rstd, SB, ST, stream);
-        if (reduce) {
+        if (reduce && !model->deferring) {  // (ZB: once its last W pass has computed the weight gradients)
             tp_sum_norm_gradients(model, lg.ln1w, lg.ln1b, stream);
             tp_sum_norm_gradients(model, lg.ln2w, lg.ln2b, stream);
             model_reduce_layer(model, l, mg, zero_stage, stream);
@@ -1438,6 +1462,7 @@ static void model_save_slot(const Model* m, ActivationSlot* s) {
     s->losses_cpu = m->losses_cpu, s->losses_copied = m->losses_copied;
     s->loss_tokens = m->loss_tokens, s->loss_targets = m->loss_targets;
 }
+// (a slot's weight-gradient queue stays in the slot: the pipeline's step hands it to model->deferring)
 static void model_use_slot(Model* m, const ActivationSlot* s) {
     m->acts = s->acts, m->acts_memory = s->acts_memory;
     m->inputs = s->inputs, m->targets = s->targets, m->inputs_cpu = s->inputs_cpu;
@@ -1454,9 +1479,31 @@ static void model_allocate_slots(Model* model, int B, int T, int slots) {
     }
     model->num_slots = slots;
     model_use_slot(model, &model->slots[0]);
+    if (model->pp->schedule == SCHEDULE_ZB) {  // per layer 4 weight gradients, their output gradients and inputs
+        size_t N = (size_t)B * T, C = model->config.channels, H = local_hidden(model);
+        size_t per_layer = N * (local_qkv_channels(model) + C + local_fc_channels(model) + C);
+        if (model->recompute >= 1) per_layer += N * H;      // fcproj's input, the recomputed activation
+        if (model->recompute >= 2) per_layer += 2 * N * C;  // qkv's and fc's, the recomputed norms
+        for (int k = 0; k < slots; k++)
+            weight_queue_allocate(&model->slots[k].weights, 4 * model_stage_layers(model),
+                                  per_layer * model_stage_layers(model));
+    }
     if (model_shares_wte(model) && (model_first_stage(model) || model_last_stage(model)))
         cudaCheck(cudaMalloc((void**)&model->wte_peer, (size_t)local_vocab(model) * model->config.channels *
                                                            sizeof(floatX)));
+}
+
+// ZB's W pass of a micro-batch: the layers' weight gradients its B pass queued; after the step's last one, each layer's
+// gradients (complete now) are reduced over the stage's data-parallel processes, as model_backward does without ZB.
+static void model_weight_pass(Model* model, WeightGradientQueue* q, int reduce, const MultiGpuConfig* mg,
+                              int zero_stage, cudaStream_t stream) {
+    weight_queue_run(q, stream);
+    for (int l = model_layer_end(model) - 1; reduce && l >= model_layer_begin(model); l--) {
+        LayerParameters lg = model_layer_gradients(model, l, stream);
+        tp_sum_norm_gradients(model, lg.ln1w, lg.ln1b, stream);
+        tp_sum_norm_gradients(model, lg.ln2w, lg.ln2b, stream);
+        model_reduce_layer(model, l, mg, zero_stage, stream);
+    }
 }
 
 // The values a stage sends its neighbour per micro-batch: the stream's (B, T, C), or its gradient
@@ -1521,12 +1568,17 @@ static double pipeline_micro_steps(Model* model, const TrainerSettings* s, DataL
             model_forward(model, inputs + (size_t)pass.micro * BT, targets + (size_t)pass.micro * BT, B, T,
                           dlogits_scale, stream);
             send = last ? NULL : stage_output(model, B, T);
-        } else {
+        } else if (pass.kind == PASS_BACKWARD) {
+            model->deferring = pp->schedule == SCHEDULE_ZB ? &slot->weights : NULL;
             model_backward(model, B, T, seeds[pass.micro], mg, pass.micro == m - 1, s->zero_stage, stream);
+            model->deferring = NULL;
             send = first ? NULL : model->acts.dresidual;
+        } else {
+            model_weight_pass(model, &slot->weights, pass.micro == m - 1, mg, s->zero_stage, stream);
+            send = NULL;
         }
         cudaCheck(cudaEventRecord(pp->end[k], stream));
-        if (!forward && last) {
+        if (pass.kind == PASS_BACKWARD && last) {
             float mean_loss = model_mean_loss(model);
             loss += masked ? model->loss_sum * target_weight : mean_loss;
         }
@@ -1974,6 +2026,11 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (!tokenizer.init_ok && rank0 && s.sample_every > 0)
         printf("note: no tokenizer: samples start from token %d and print token ids\n", sample_seed_token);
 
+    if (pp.schedule == SCHEDULE_ZB && pp.stages > 1 && grad_accum_steps < pp.stages) {
+        if (rank0) fprintf(stderr, "-pps zb: %d micro-batches per step (-d %d), fewer than the %d stages: ZB-H1 fills "
+                           "the bubbles with p or more micro-batches\n", grad_accum_steps, total_batch_size, pp.stages);
+        return EXIT_FAILURE;
+    }
     if (pp.stages > 1) {  // the schedule's passes, and a slot for each micro-batch it holds at once
         pipeline_prepare(&pp, grad_accum_steps);
         model_allocate_slots(&model, s.B, s.T, pp.slots);

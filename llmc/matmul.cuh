@@ -259,6 +259,14 @@ void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const 
     }
 }
 
+// dweight (OC, C) += dout^T @ inp over N rows, alone: the weight gradient of matmul_backward, or a pipeline's W pass
+// (-pps zb), which computes it after the input gradients. dweight column-major (C, OC) += inp (C, N column-major) @
+// dout^T (N, OC).
+void matmul_backward_weight(floatX* dweight, const floatX* dout, const floatX* inp, int N, int C, int OC,
+                            cudaStream_t stream) {
+    matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, stream, false, true, true, nullptr, false);
+}
+
 // dinp (B,T,C) = dout @ weight [* gelu'(pre_gelu)]; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums
 // (dweight and dbias NULL: a frozen layer's, not computed).
 void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
@@ -275,7 +283,5 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX*
         const size_t count = (size_t)N * C;
         gelu_backward_inplace(dinp, pre_gelu, count, stream);
     }
-    // dweight, column-major (C, OC), += inp (C, N column-major) @ dout^T (N, OC); none for a frozen weight
-    if (dweight != nullptr)
-        matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, stream, false, true, true, nullptr, false);
+    if (dweight != nullptr) matmul_backward_weight(dweight, dout, inp, N, C, OC, stream);  // none for a frozen weight
 }

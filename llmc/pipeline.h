@@ -14,9 +14,9 @@
 // first produced and receives what the second needs. When both go to the same neighbour and that neighbour, between
 // two of its passes, receives the one and sends the other, the two stages exchange them in one NCCL group each
 // (Megatron's send_forward_recv_backward and send_backward_recv_forward, 1F1B's steady state); every other send or
-// receive is a group of its own, the send first. So each group of one stage meets exactly one group of its
-// neighbour's (which cpu/cucc --check verifies), and a stage never waits to send on a neighbour that waits to send on
-// it.
+// receive is a group of its own, two with the same neighbour in the order that neighbour takes them. So each group of
+// one stage meets exactly one group of its neighbour's (which cpu/cucc --check verifies), and no stage waits to send on
+// a neighbour that waits on it (test_host_utils runs every schedule's groups with blocking sends and receives).
 // Tests: host-utils (the schedules' invariants and the balanced cut), pipeline-cli (dev/test/test_pipeline_parallel.sh).
 #pragma once
 #include <stdio.h>
@@ -26,12 +26,12 @@
 
 #define PIPELINE_MAX_STAGES 64
 
-// the schedules, as -pps names them, with the idle fraction each leaves: its bubble over its busy time
-typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, NUM_SCHEDULES } PipelineSchedule;
-static const char* const pipeline_schedule_names[NUM_SCHEDULES] = {"gpipe", "1f1b"};
+// the schedules, as -pps names them, with the idle fraction each leaves: its bubble over its busy time (GPipe and 1F1B
+// the same, 1F1B holding fewer micro-batches' activations; ZB-H1 a third of it, at m >= p)
+typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_ZB, NUM_SCHEDULES } PipelineSchedule;
+static const char* const pipeline_schedule_names[NUM_SCHEDULES] = {"gpipe", "1f1b", "zb"};
 static double pipeline_formula_idle(PipelineSchedule schedule, int p, int m) {
-    (void)schedule;  // GPipe and 1F1B leave the same bubble; 1F1B holds fewer micro-batches' activations
-    return (double)(p - 1) / m;
+    return schedule == SCHEDULE_ZB ? (double)(p - 1) / (3.0 * m) : (double)(p - 1) / m;
 }
 static int pipeline_schedule_number(const char* name) {
     for (int i = 0; i < NUM_SCHEDULES; i++)
@@ -39,16 +39,58 @@ static int pipeline_schedule_number(const char* name) {
     return -1;
 }
 
-typedef enum { PASS_FORWARD, PASS_BACKWARD } PassKind;
+// F, B (with ZB the input gradients only) and W (ZB: the layers' weight gradients, deferred)
+typedef enum { PASS_FORWARD, PASS_BACKWARD, PASS_WEIGHT } PassKind;
+static const char pass_letters[3] = {'F', 'B', 'W'};
 typedef struct {
     PassKind kind;
     int micro;  // the micro-batch, 0..m-1
 } PipelinePass;
 
-// Stage s's passes over m micro-batches, in order, into passes (2m of them). GPipe: every forward pass, then every
+// Stage s's passes over m micro-batches, in order, into passes (2m of them; ZB 3m). GPipe: every forward pass, then every
 // backward. 1F1B: min(p-s-1, m) forward passes to fill the pipeline, then one forward and one backward in turn, then the
 // backward passes left; so stage s holds at most p-s micro-batches' activations.
+// ZB-H1 (Qi et al. 2024): each backward pass split into B and W, the schedule of a simulation in which every pass costs
+// one unit: at each unit every stage runs, of what its inputs allow, its oldest W once p are pending, else the next B,
+// else the next F while fewer than p-s micro-batches are past their F and not their B (1F1B's bound), else its oldest
+// W. It takes 3m + p - 1 units for m >= p (the bubble (p-1)/(3m) of the busy time). A micro-batch's activation slot is
+// held until its W, so a stage holds up to 2p - 1 (ZB-H1's accounting, which frees at B what only B reads and so stays
+// at 1F1B's p, does not apply to whole slots). Stage s's passes (3m) into passes.
+static int pipeline_zb_passes(int p, int s, int m, PipelinePass* passes) {
+    // per stage and micro-batch the unit at whose end its F and B are done (-1: not yet)
+    int* f_done = (int*)malloc_check((size_t)p * m * sizeof(int));
+    int* b_done = (int*)malloc_check((size_t)p * m * sizeof(int));
+    int* next = (int*)calloc(3 * (size_t)p, sizeof(int));  // per stage: next F, next B, next W (micro-batch)
+    for (int i = 0; i < p * m; i++) f_done[i] = b_done[i] = -1;
+    int n = 0, left = 3 * p * m;
+    for (int t = 0; left > 0; t++) {
+        int* chosen = (int*)malloc_check((size_t)p * sizeof(int));  // per stage: 0 F, 1 B, 2 W, -1 idle
+        for (int st = 0; st < p; st++) {
+            int f = next[3 * st], b = next[3 * st + 1], w = next[3 * st + 2], pending = b - w;
+            int b_ready = b < m && f_done[st * m + b] >= 0 && f_done[st * m + b] <= t &&
+                          (st == p - 1 || (b_done[(st + 1) * m + b] >= 0 && b_done[(st + 1) * m + b] <= t));
+            int f_ready = f < m && f - b < p - st &&
+                          (st == 0 || (f_done[(st - 1) * m + f] >= 0 && f_done[(st - 1) * m + f] <= t));
+            chosen[st] = pending >= p ? 2 : b_ready ? 1 : f_ready ? 0 : pending > 0 ? 2 : -1;
+        }
+        for (int st = 0; st < p; st++) {
+            if (chosen[st] < 0) continue;
+            int i = next[3 * st + chosen[st]]++;
+            if (chosen[st] == 0) f_done[st * m + i] = t + 1;
+            if (chosen[st] == 1) b_done[st * m + i] = t + 1;
+            if (st == s) passes[n++] = (PipelinePass){(PassKind)chosen[st], i};
+            left--;
+        }
+        free(chosen);
+    }
+    free(f_done);
+    free(b_done);
+    free(next);
+    return n;
+}
+
 static int pipeline_passes(PipelineSchedule schedule, int p, int s, int m, PipelinePass* passes) {
+    if (schedule == SCHEDULE_ZB) return pipeline_zb_passes(p, s, m, passes);
     int n = 0, warmup = schedule == SCHEDULE_GPIPE ? m : (p - s - 1 < m ? p - s - 1 : m);
     for (int i = 0; i < warmup; i++) passes[n++] = (PipelinePass){PASS_FORWARD, i};
     for (int i = 0; i < m - warmup; i++) {
@@ -59,13 +101,15 @@ static int pipeline_passes(PipelineSchedule schedule, int p, int s, int m, Pipel
     return n;
 }
 
-// The most micro-batches whose activations a stage holds at once under these passes (forward done, backward not):
-// the activation slots it needs. Micro-batch i uses slot i % slots (the backward passes run in micro-batch order, so
-// those in flight are consecutive).
+// The most micro-batches whose activations a stage holds at once under these passes (from the forward pass to the last
+// pass that reads them: the backward, or with ZB the W): the activation slots it needs. Micro-batch i uses slot
+// i % slots (the backward and W passes run in micro-batch order, so those in flight are consecutive).
 static int pipeline_slots(const PipelinePass* passes, int n) {
-    int held = 0, most = 0;
+    int held = 0, most = 0, has_w = 0;
+    for (int k = 0; k < n; k++) has_w |= passes[k].kind == PASS_WEIGHT;
+    PassKind release = has_w ? PASS_WEIGHT : PASS_BACKWARD;
     for (int k = 0; k < n; k++) {
-        held += passes[k].kind == PASS_FORWARD ? 1 : -1;
+        held += passes[k].kind == PASS_FORWARD ? 1 : passes[k].kind == release ? -1 : 0;
         if (held > most) most = held;
     }
     return most;
@@ -129,9 +173,10 @@ static int pipeline_parse_layers(const char* list, int L, int p, int* first) {
 }
 
 // Between passes: the point before pass k (k = n: after the last) sends the output of pass k - 1 to `send_to` and
-// receives the input of pass k from `recv_from` (-1: none), together in one group when `paired`.
+// receives the input of pass k from `recv_from` (-1: none), together in one group when `paired`, else each in a group
+// of its own, the receive first when `recv_first`.
 typedef struct {
-    int send_to, recv_from, paired;
+    int send_to, recv_from, paired, recv_first;
 } PipelinePoint;
 
 // Where stage s (of p, passes[n]) sends or receives micro-batch `micro`'s message of `kind` (PASS_FORWARD: the
@@ -144,18 +189,19 @@ static int pipeline_point_of(const PipelinePass* passes, int n, PassKind kind, i
 }
 // Stage s's points (n + 1 of them) in the schedule over m micro-batches.
 static void pipeline_points(PipelineSchedule schedule, int p, int s, int m, PipelinePoint* points) {
-    PipelinePass* mine = (PipelinePass*)malloc_check(2 * (size_t)m * sizeof(PipelinePass));
-    PipelinePass* up = (PipelinePass*)malloc_check(2 * (size_t)m * sizeof(PipelinePass));
-    PipelinePass* down = (PipelinePass*)malloc_check(2 * (size_t)m * sizeof(PipelinePass));
+    PipelinePass* mine = (PipelinePass*)malloc_check(3 * (size_t)m * sizeof(PipelinePass));
+    PipelinePass* up = (PipelinePass*)malloc_check(3 * (size_t)m * sizeof(PipelinePass));
+    PipelinePass* down = (PipelinePass*)malloc_check(3 * (size_t)m * sizeof(PipelinePass));
     int n = pipeline_passes(schedule, p, s, m, mine);
     if (s + 1 < p) pipeline_passes(schedule, p, s + 1, m, up);
     if (s > 0) pipeline_passes(schedule, p, s - 1, m, down);
     for (int k = 0; k <= n; k++) {
         PipelinePoint* q = &points[k];
         q->send_to = q->recv_from = -1;
-        q->paired = 0;
+        q->paired = q->recv_first = 0;
         const PipelinePass* before = k > 0 ? &mine[k - 1] : NULL;
         const PipelinePass* next = k < n ? &mine[k] : NULL;
+        // (a W pass sends and receives nothing)
         if (before && before->kind == PASS_FORWARD && s + 1 < p) q->send_to = s + 1;
         if (before && before->kind == PASS_BACKWARD && s > 0) q->send_to = s - 1;
         if (next && next->kind == PASS_FORWARD && s > 0) q->recv_from = s - 1;
@@ -166,6 +212,8 @@ static void pipeline_points(PipelineSchedule schedule, int p, int s, int m, Pipe
         int gets = pipeline_point_of(theirs, n, before->kind, before->micro, 0);
         int gives = pipeline_point_of(theirs, n, next->kind, next->micro, 1);
         q->paired = gets == gives;
+        // unpaired, the two go in the order the neighbour takes them, so that neither waits on the other (ZB's order)
+        q->recv_first = gives < gets;
     }
     free(mine);
     free(up);
@@ -250,7 +298,7 @@ static int pipeline_last_stage(const Pipeline* pp) { return pp->stage == pp->sta
 // This stage's passes for m micro-batches (once per run: every step has the same m) and their events.
 static void pipeline_prepare(Pipeline* pp, int m) {
     pp->micro_batches = m;
-    pp->passes = (PipelinePass*)malloc_check(2 * (size_t)m * sizeof(PipelinePass));
+    pp->passes = (PipelinePass*)malloc_check(3 * (size_t)m * sizeof(PipelinePass));
     pp->num_passes = pipeline_passes(pp->schedule, pp->stages, pp->stage, m, pp->passes);
     pp->slots = pipeline_slots(pp->passes, pp->num_passes);
     pp->points = (PipelinePoint*)malloc_check((pp->num_passes + 1) * sizeof(PipelinePoint));
@@ -277,15 +325,16 @@ static void pipeline_exchange(Pipeline* pp, const floatX* send, int send_to, flo
     if (recv_from >= 0) ncclCheck(ncclRecv(recv, count, nccl_floatX(), recv_from, pp->group.nccl_comm, stream));
     ncclCheck(ncclGroupEnd());
 }
-// Point k of the schedule: its send and receive, in one group when paired, else the send's group first
+// Point k of the schedule: its send and receive, in one group when paired, else in the order the neighbour takes them
 static void pipeline_point(Pipeline* pp, int k, const floatX* send, floatX* recv, size_t count, cudaStream_t stream) {
     const PipelinePoint* q = &pp->points[k];
     if (q->paired) {
         pipeline_exchange(pp, send, q->send_to, recv, q->recv_from, count, stream);
         return;
     }
+    if (q->recv_first) pipeline_exchange(pp, NULL, -1, recv, q->recv_from, count, stream);
     pipeline_exchange(pp, send, q->send_to, NULL, -1, count, stream);
-    pipeline_exchange(pp, NULL, -1, recv, q->recv_from, count, stream);
+    if (!q->recv_first) pipeline_exchange(pp, NULL, -1, recv, q->recv_from, count, stream);
 }
 
 // The sum over the stages of a host float (the loss, the squared gradient norm), the same on every stage.
@@ -314,7 +363,7 @@ static double pipeline_measure(const Pipeline* pp, float* begin_ms, float* end_m
 // stage's first process's), and with -ppt the trace, every rank's passes written by rank 0 (the file begun anew at the
 // run's first step) as
 //   step rank stage pass micro begin_ms end_ms
-// (pass F or B; times from each rank's start of the step's passes).
+// (pass F, B or W; times from each rank's start of the step's passes).
 static void pipeline_report(Pipeline* pp, const MultiGpuConfig* world, int step, int first_step, double* most_idle,
                             double* least_idle) {
     int n = pp->num_passes;
@@ -358,11 +407,11 @@ static void pipeline_report(Pipeline* pp, const MultiGpuConfig* world, int step,
             float* got = (float*)malloc_check(2 * (size_t)n * sizeof(float));
             cudaCheck(cudaMemcpy(got, rows, 2 * (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
             // every rank of a stage runs the same passes; rank r's stage is r / S
-            PipelinePass* theirs = (PipelinePass*)malloc_check(2 * (size_t)pp->micro_batches * sizeof(PipelinePass));
+            PipelinePass* theirs = (PipelinePass*)malloc_check(3 * (size_t)pp->micro_batches * sizeof(PipelinePass));
             pipeline_passes(pp->schedule, pp->stages, r / S, pp->micro_batches, theirs);
             for (int k = 0; k < n; k++)
-                fprintf(f, "%d %d %d %c %d %.4f %.4f\n", step, r, r / S, theirs[k].kind == PASS_FORWARD ? 'F' : 'B',
-                        theirs[k].micro, got[k], got[n + k]);
+                fprintf(f, "%d %d %d %c %d %.4f %.4f\n", step, r, r / S, pass_letters[theirs[k].kind], theirs[k].micro,
+                        got[k], got[n + k]);
             free(theirs);
             free(got);
         }

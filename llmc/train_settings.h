@@ -88,7 +88,9 @@
       "micro-batches (-d) passed stage to stage (doc/parallelism.md) (default = 1)")                                   \
     X("-ppl", STRING, pipeline_layers, NULL,                                                                           \
       "-pp: the layers of each stage, e.g. 5,7 (default: the cut that balances the stages' compute)")                 \
-    X("-pps", STRING, pipeline_schedule, "1f1b", "-pp: the schedule, gpipe or 1f1b (default = 1f1b)")                  \
+    X("-pps", STRING, pipeline_schedule, "1f1b",                                                                       \
+      "-pp: the schedule, gpipe, 1f1b or zb (ZB-H1: the weight gradients deferred into the bubbles)\n"                \
+      "(default = 1f1b)")                                                                                              \
     X("-ppt", STRING, pipeline_trace, NULL,                                                                            \
       "-pp: write each step's passes, every process's begin and end, to this file (scripts/plot_pipeline.py\n"         \
       "draws it) (default = none)")                                                                                    \
@@ -311,7 +313,7 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
     }
     if (s->pipeline_stages < 1) { fprintf(stderr, "-pp %d: expected 1 or more stages\n", s->pipeline_stages); return 0; }
     if (pipeline_schedule_number(s->pipeline_schedule) < 0) {
-        fprintf(stderr, "-pps %s: expected gpipe or 1f1b\n", s->pipeline_schedule);
+        fprintf(stderr, "-pps %s: expected gpipe, 1f1b or zb\n", s->pipeline_schedule);
         return 0;
     }
     const char* pipeline_only[] = {"-ppl", "-pps", "-ppt"};

@@ -6,7 +6,7 @@
 # stage's passes stretch when another stage runs beside it; a GPU build on as many GPUs gives the schedules' own
 # bubbles). STAGES p (default 4) processes run a fresh GPT-2 descriptor of 2p layers (C 256, V 263) with m
 # MICRO_BATCHES (default 8) of 2 x 64 tokens, 4 steps per schedule; the table gives the last step's idle time over
-# busy time of the idlest and the busiest stage, their mean, and the schedule's (p - 1) / m, and each schedule's trace
+# busy time of the idlest and the busiest stage, their mean, and the schedule's formula ((p - 1) / m, ZB's (p - 1) / 3m), and each schedule's trace
 # is left in build/bench_pipeline/ (scripts/plot_pipeline.py draws it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ mkdir -p "$out"
 make -s "$TRAIN"
 /usr/bin/python3 train_gpt.py --write-shard "$out/train.bin" --shard-tokens 65536 --V 263 --seed 7 >/dev/null
 printf "%-8s %6s %6s %10s %10s %10s %10s\n" schedule p m "least idle" "most idle" "mean" formula
-for schedule in gpipe 1f1b; do
+for schedule in gpipe 1f1b zb; do
     mpirun --allow-run-as-root --oversubscribe -np "$p" "$TRAIN" -e "d$((2 * p))" -ev 263 -et 64 -i "$out/train.bin" \
         -j "" -b 2 -t 64 -d $((128 * m)) -x 4 -v 0 -s 0 -pp "$p" -pps "$schedule" -ppt "$out/$schedule.txt" \
         >"$out/$schedule.log" 2>&1 || { echo "$schedule: $(tail -2 "$out/$schedule.log")"; exit 1; }

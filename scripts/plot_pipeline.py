@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """scripts/plot_pipeline.py: draws a pipeline trace (the trainers' -ppt FILE, doc/parallelism.md) as a PNG timeline:
-one row per process, each forward (F) and backward (B) pass a bar from its begin to its end, labelled with its
+one row per process, each forward (F), backward (B) and weight-gradient (W, ZB) pass a bar from its begin to its end, labelled with its
 micro-batch; the gaps in a row are that stage's bubbles. The title gives each stage's idle time over its busy time.
 
     /usr/bin/python3 scripts/plot_pipeline.py [-o pipeline.png] [--step N] TRACE
@@ -13,7 +13,7 @@ import argparse
 import sys
 
 PROG = "plot_pipeline.py"
-COLOURS = {"F": "#4c72b0", "B": "#55a868"}
+COLOURS = {"F": "#4c72b0", "B": "#55a868", "W": "#c44e52"}
 
 
 def read_trace(path):
@@ -32,7 +32,7 @@ def read_trace(path):
                 raise ValueError
             rows.append((int(f[0]), int(f[1]), int(f[2]), f[3], int(f[4]), float(f[5]), float(f[6])))
         except ValueError:
-            sys.exit(f"{PROG}: {path}:{n}: expected 'step rank stage F|B micro begin_ms end_ms', got '{line}'")
+            sys.exit(f"{PROG}: {path}:{n}: expected 'step rank stage F|B|W micro begin_ms end_ms', got '{line}'")
     if not rows:
         sys.exit(f"{PROG}: {path}: no passes")
     return rows
@@ -78,7 +78,8 @@ def main():
     ax.set_title(f"{args.trace}, step {step}: idle over busy " +
                  ", ".join(f"stage {s} {f:.2f}" for s, f in idle.items()))
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-    ax.legend(handles, ["forward", "backward"], loc="upper right", fontsize=8)
+    ax.legend(handles, ["forward", "backward (input gradients with W)", "weight gradients (W)"], loc="upper right",
+              fontsize=8)
     fig.tight_layout()
     fig.savefig(args.output, dpi=100)
     print(f"wrote {args.output}: step {step}, {len(ranks)} processes, {len(rows)} passes")

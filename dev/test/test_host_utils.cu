@@ -3,7 +3,7 @@
 // uint32, save/load of the loader state (dataloader.h), the tokenizer and its BPE encoder, the learning-rate schedules, the
 // outlier detector, the training log, the peak-flops table, torch's mt19937 and normal_ (rand.h, against
 // values printed by torch 1.13), the sampler, and the single-process and flag-checking side of
-// multi_gpu.cuh. Every bad input is checked by running this program again in a child mode that must fail
+// multi_gpu.cuh; the pipeline's schedules, cut and sends (pipeline.h). Every bad input is checked by running this program again in a child mode that must fail
 // with its one line (expect_child_failure). Expectations are computed independently of the code under test:
 // by hand, from the format's definition, or by PyTorch.
 // The multi-process side (tcp/fs id exchange, mpirun) is dev/test/test_multi_gpu.sh, which starts this
@@ -36,6 +36,7 @@
 #include "../../llmc/rand.h"
 #include "../../llmc/sampler.h"
 #include "../../llmc/multi_gpu.cuh"
+#include "../../llmc/pipeline.h"
 
 // The scratch directory, shared with the child processes through the environment.
 static char tmp_dir[256];
@@ -1149,6 +1150,217 @@ static int run_group(int argc, char** argv) {
 
 // ----------------------------------------------------------------------------------------------------
 
+
+// ----------------------------------------------------------------------------------------------------
+// The pipeline's schedules (pipeline.h), checked by replaying them: every pass once, in an order its inputs allow; the
+// time they take when every pass costs one unit (the formulas' bubbles); the activation slots; and their sends and
+// receives run as blocking NCCL groups finish without a deadlock. The balanced cut against every cut, and -ppl.
+
+#define PP_MAX_PASSES (3 * 24)
+typedef struct {
+    PipelinePass passes[PP_MAX_PASSES];
+    PipelinePoint points[PP_MAX_PASSES + 1];
+    int n;
+} StagePlan;
+
+// the unit at whose end each pass of each stage is done, replaying the stages' orders with unit costs: a pass starts
+// once the stage's previous pass and its input (the previous stage's F, the next stage's B, its own F or B) are done.
+// Returns the time the last pass ends, or -1 when no order can run (a pass waits on one that waits on it).
+static int pp_replay(const StagePlan* plans, int p, int m) {
+    static int done[8][3][24];  // [stage][kind][micro]: end unit, -1 not yet
+    int at[8] = {0}, clock[8] = {0}, end = 0;
+    for (int s = 0; s < p; s++)
+        for (int k = 0; k < 3; k++)
+            for (int i = 0; i < m; i++) done[s][k][i] = -1;
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int s = 0; s < p; s++) {
+            if (at[s] == plans[s].n) continue;
+            PipelinePass x = plans[s].passes[at[s]];
+            int ready = clock[s];
+            int needs[2][3] = {{-1, 0, 0}, {-1, 0, 0}};  // (stage, kind, micro) of its inputs
+            if (x.kind == PASS_FORWARD && s > 0) needs[0][0] = s - 1, needs[0][1] = PASS_FORWARD, needs[0][2] = x.micro;
+            if (x.kind == PASS_BACKWARD) {
+                needs[0][0] = s, needs[0][1] = PASS_FORWARD, needs[0][2] = x.micro;
+                if (s + 1 < p) needs[1][0] = s + 1, needs[1][1] = PASS_BACKWARD, needs[1][2] = x.micro;
+            }
+            if (x.kind == PASS_WEIGHT) needs[0][0] = s, needs[0][1] = PASS_BACKWARD, needs[0][2] = x.micro;
+            int blocked = 0;
+            for (int j = 0; j < 2; j++) {
+                if (needs[j][0] < 0) continue;
+                int t = done[needs[j][0]][needs[j][1]][needs[j][2]];
+                if (t < 0) blocked = 1;
+                else if (t > ready) ready = t;
+            }
+            if (blocked) continue;
+            done[s][x.kind][x.micro] = clock[s] = ready + 1;
+            if (clock[s] > end) end = clock[s];
+            at[s]++;
+            progress = 1;
+        }
+    }
+    for (int s = 0; s < p; s++)
+        if (at[s] < plans[s].n) return -1;
+    return end;
+}
+
+// The points' sends and receives as NCCL groups that block until every partner is posted: each stage's items are its
+// groups and passes in order; a group finishes once each of its sends' receivers and receives' senders has reached the
+// group holding the partner. Returns 1 if every stage gets through.
+static int pp_groups_finish(const StagePlan* plans, int p) {
+    // items per stage: for point k its groups (1 paired, else one per send and receive), then pass k
+    typedef struct { int is_group, send_to, recv_from; PassKind send_kind, recv_kind; int send_micro, recv_micro; } Item;
+    static Item items[8][4 * PP_MAX_PASSES + 4];
+    int count[8], at[8] = {0};
+    for (int s = 0; s < p; s++) {
+        int c = 0;
+        for (int k = 0; k <= plans[s].n; k++) {
+            const PipelinePoint* q = &plans[s].points[k];
+            Item send = {1, q->send_to, -1, PASS_FORWARD, PASS_FORWARD, 0, 0};
+            Item recv = {1, -1, q->recv_from, PASS_FORWARD, PASS_FORWARD, 0, 0};
+            if (k > 0) send.send_kind = plans[s].passes[k - 1].kind, send.send_micro = plans[s].passes[k - 1].micro;
+            if (k < plans[s].n) recv.recv_kind = plans[s].passes[k].kind, recv.recv_micro = plans[s].passes[k].micro;
+            if (q->paired) {
+                Item both = send;
+                both.recv_from = recv.recv_from, both.recv_kind = recv.recv_kind, both.recv_micro = recv.recv_micro;
+                items[s][c++] = both;
+            } else {
+                if (q->recv_first && q->recv_from >= 0) items[s][c++] = recv;
+                if (q->send_to >= 0) items[s][c++] = send;
+                if (!q->recv_first && q->recv_from >= 0) items[s][c++] = recv;
+            }
+            if (k < plans[s].n) items[s][c++] = (Item){0, -1, -1, PASS_FORWARD, PASS_FORWARD, 0, 0};
+        }
+        count[s] = c;
+    }
+    // the item of stage t that receives (sends) the message of `kind` and micro-batch i from (to) stage s
+    #define PP_PARTNER(t, field_peer, field_kind, field_micro, s, kind, i, out)                                        \
+        do {                                                                                                           \
+            out = -1;                                                                                                  \
+            for (int item = 0; item < count[t] && out < 0; item++)                                                     \
+                if (items[t][item].is_group && items[t][item].field_peer == (s) &&                                     \
+                    items[t][item].field_kind == (kind) && items[t][item].field_micro == (i))                          \
+                    out = item;                                                                                        \
+        } while (0)
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int s = 0; s < p; s++) {
+            if (at[s] == count[s]) continue;
+            const Item* x = &items[s][at[s]];
+            int ok = 1;
+            if (x->is_group && x->send_to >= 0) {
+                int j;
+                // what a stage sends is the input of the same pass kind and micro-batch on the receiver
+                PP_PARTNER(x->send_to, recv_from, recv_kind, recv_micro, s, x->send_kind, x->send_micro, j);
+                ok &= j >= 0 && at[x->send_to] >= j;
+            }
+            if (x->is_group && x->recv_from >= 0) {
+                int j;
+                PP_PARTNER(x->recv_from, send_to, send_kind, send_micro, s, x->recv_kind, x->recv_micro, j);
+                ok &= j >= 0 && at[x->recv_from] >= j;
+            }
+            if (ok) at[s]++, progress = 1;
+        }
+    }
+    #undef PP_PARTNER
+    for (int s = 0; s < p; s++)
+        if (at[s] < count[s]) return 0;
+    return 1;
+}
+
+static void test_pipeline(void) {
+    int bad_order = 0, bad_time = 0, bad_slots = 0, deadlocks = 0, cases = 0;
+    char first[160] = "";
+    for (int schedule = 0; schedule < NUM_SCHEDULES; schedule++) {
+        for (int p = 1; p <= 8; p++) {
+            for (int m = 1; m <= 24; m++) {
+                if (schedule == SCHEDULE_ZB && m < p) continue;  // refused by the trainer
+                StagePlan plans[8];
+                int most_slots = 0;
+                for (int s = 0; s < p; s++) {
+                    plans[s].n = pipeline_passes((PipelineSchedule)schedule, p, s, m, plans[s].passes);
+                    pipeline_points((PipelineSchedule)schedule, p, s, m, plans[s].points);
+                    // every pass once; F, B and W of each micro-batch in that order, each kind in micro-batch order
+                    int seen[3][24] = {{0}}, next[3] = {0, 0, 0}, kinds = schedule == SCHEDULE_ZB ? 3 : 2;
+                    int ok = plans[s].n == kinds * m;
+                    for (int k = 0; k < plans[s].n && ok; k++) {
+                        PipelinePass x = plans[s].passes[k];
+                        ok = (int)x.kind < kinds && x.micro == next[x.kind]++ && !seen[x.kind][x.micro]++ &&
+                             (x.kind == PASS_FORWARD || seen[x.kind - 1][x.micro]);
+                    }
+                    bad_order += !ok;
+                    int slots = pipeline_slots(plans[s].passes, plans[s].n);
+                    if (slots > most_slots) most_slots = slots;
+                    int want = schedule == SCHEDULE_GPIPE ? m : (p - s < m ? p - s : m);
+                    if (schedule != SCHEDULE_ZB && slots != want) {
+                        bad_slots++;
+                        if (!first[0]) snprintf(first, sizeof(first), "%s p %d m %d stage %d: %d slots, want %d",
+                                                pipeline_schedule_names[schedule], p, m, s, slots, want);
+                    }
+                }
+                // ZB-H1: a micro-batch's slot is held until its W, which waits while up to p are pending
+                if (schedule == SCHEDULE_ZB && most_slots > 2 * p - 1) {
+                    bad_slots++;
+                    if (!first[0]) snprintf(first, sizeof(first), "zb p %d m %d: %d slots", p, m, most_slots);
+                }
+                // unit costs: GPipe and 1F1B take (m + p - 1)(F + B), ZB-H1 3m + p - 1
+                int want = schedule == SCHEDULE_ZB ? 3 * m + p - 1 : 2 * (m + p - 1), took = pp_replay(plans, p, m);
+                if (took != want) {
+                    bad_time++;
+                    if (!first[0]) snprintf(first, sizeof(first), "%s p %d m %d: %d units, want %d",
+                                            pipeline_schedule_names[schedule], p, m, took, want);
+                }
+                if (!pp_groups_finish(plans, p)) {
+                    deadlocks++;
+                    if (!first[0]) snprintf(first, sizeof(first), "%s p %d m %d: the groups deadlock",
+                                            pipeline_schedule_names[schedule], p, m);
+                }
+                cases++;
+            }
+        }
+    }
+    check(bad_order == 0, "pipeline: %d stages' passes out of order", bad_order);
+    check(bad_slots == 0, "pipeline: %d stages with other than the schedule's slots (%s)", bad_slots, first);
+    check(bad_time == 0, "pipeline: %d schedules off their unit-cost time (%s)", bad_time, first);
+    check(deadlocks == 0, "pipeline: %d schedules whose sends deadlock (%s)", deadlocks, first);
+    check(cases == 3 * 8 * 24 - 28, "pipeline: %d cases", cases);
+
+    // the balanced cut: no cut of L layers into p stages has a cheaper costliest stage (every cut enumerated)
+    int worse = 0;
+    for (int L = 1; L <= 9; L++) {
+        for (int p = 1; p <= L; p++) {
+            double layer = 3.0, head = 7.0, embed = 0.5;
+            int cut[PIPELINE_MAX_STAGES + 1];
+            pipeline_balance(L, p, layer, embed, head, cut);
+            double got = 0.0;
+            for (int s = 0; s < p; s++) {
+                double c = (cut[s + 1] - cut[s]) * layer + (s == 0 ? embed : 0.0) + (s == p - 1 ? head : 0.0);
+                if (cut[s + 1] <= cut[s]) c = 1e300;
+                if (c > got) got = c;
+            }
+            double best = 1e300;  // every cut: p - 1 boundaries among L - 1 places, as a bit mask
+            for (unsigned mask = 0; mask < (1u << (L - 1)); mask++) {
+                if (__builtin_popcount(mask) != p - 1) continue;
+                double worst = 0.0, c = embed;
+                for (int l = 0; l < L; l++) {
+                    c += layer;
+                    if (l == L - 1 || (mask >> l) & 1) {
+                        if (l == L - 1) c += head;
+                        if (c > worst) worst = c;
+                        c = 0.0;
+                    }
+                }
+                if (worst < best) best = worst;
+            }
+            worse += got > best + 1e-9;
+        }
+    }
+    check(worse == 0, "pipeline: the balanced cut is not the cheapest in %d cases", worse);
+    int first_layer[PIPELINE_MAX_STAGES + 1];
+    check(pipeline_parse_layers("3,1,4", 8, 3, first_layer) && first_layer[1] == 3 && first_layer[2] == 4 &&
+              first_layer[3] == 8, "pipeline: -ppl 3,1,4 cuts 8 layers at 3 and 4");
+}
+
 int main(int argc, char** argv) {
     if (argc >= 2 && !strcmp(argv[1], "share-id")) return run_share_id(argc, argv);
     if (argc >= 2 && (!strcmp(argv[1], "mpi-sum") || !strcmp(argv[1], "init"))) return run_group(argc, argv);
@@ -1200,6 +1412,7 @@ int main(int argc, char** argv) {
     test_rand();
     test_sampler();
     test_multi_gpu_single(self_path);
+    test_pipeline();
 
     char command[512];
     snprintf(command, sizeof(command), "rm -rf '%s'", tmp_dir);

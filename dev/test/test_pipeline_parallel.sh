@@ -5,7 +5,8 @@
 #   - -pp 2 and -pp 4 (1F1B), and -pp 2 at another cut (-ppl), give the losses, gradient norms and validation losses of
 #     -pp 1 within fp32 rounding (the tied wte's two parts are summed in another order), and their model files are -pp
 #     1's parameters within 1e-5;
-#   - GPipe and 1F1B accumulate the micro-batches in the same order: bit-identical steps and model files;
+#   - GPipe, 1F1B and ZB-H1 (its weight gradients deferred to W passes) accumulate the micro-batches in the same order:
+#     bit-identical steps and model files;
 #   - data parallelism inside each stage (-pp 2 on 4 processes, ZeRO-1) gives -pp 1's on 2 processes; 3D, -pp 2 -tp 2
 #     with 2 data-parallel processes (8 processes), gives one process's losses;
 #   - BF16 -pp 2 gives -pp 1's losses within bf16 rounding;
@@ -58,12 +59,22 @@ for layout in "2" "4" "2 -ppl 1,4"; do
         fail "-pp $layout differs from -pp 1"; close_losses "$work/whole.log" "$work/$name.log" 3; fi
 done
 
-# --- GPipe against 1F1B at 4 stages: the same sums in the same order
-$MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -n 3 -o "$work/gpipe" -pp 4 -pps gpipe >"$work/gpipe.log" 2>&1 ||
-    fail "-pps gpipe run: $(tail -3 "$work/gpipe.log")"
-if [ -n "$(step_fields "$work/gpipe.log")" ] && [ "$(step_fields "$work/gpipe.log")" = "$(step_fields "$work/pp4.log")" ] &&
-    same_parameters "$work/gpipe/model_00000003.bin" "$work/pp4/model_00000003.bin" 0; then pass; else
-    fail "gpipe differs from 1f1b"; fi
+# --- GPipe and ZB-H1 against 1F1B at 4 stages: the same sums in the same order (ZB's deferred weight gradients too),
+# and ZB at 2 stages with -r 2 (its W passes copy the recomputed norms' outputs)
+for schedule in gpipe zb; do
+    $MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -n 3 -o "$work/$schedule" -pp 4 -pps $schedule \
+        >"$work/$schedule.log" 2>&1 || fail "-pps $schedule run: $(tail -3 "$work/$schedule.log")"
+    if [ -n "$(step_fields "$work/$schedule.log")" ] &&
+        [ "$(step_fields "$work/$schedule.log")" = "$(step_fields "$work/pp4.log")" ] &&
+        same_parameters "$work/$schedule/model_00000003.bin" "$work/pp4/model_00000003.bin" 0; then pass; else
+        fail "$schedule differs from 1f1b"; fi
+done
+$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 2 -v 0 -r 2 -pp 2 >"$work/r2_1f1b.log" 2>&1 ||
+    fail "-r 2 -pp 2: $(tail -3 "$work/r2_1f1b.log")"
+$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 2 -v 0 -r 2 -pp 2 -pps zb >"$work/r2_zb.log" 2>&1 ||
+    fail "-r 2 -pp 2 -pps zb: $(tail -3 "$work/r2_zb.log")"
+if [ -n "$(step_fields "$work/r2_zb.log")" ] && [ "$(step_fields "$work/r2_zb.log")" = "$(step_fields "$work/r2_1f1b.log")" ]
+then pass; else fail "zb -r 2 differs from 1f1b"; fi
 
 # --- data parallelism inside each stage (ZeRO-1) against -pp 1 on as many data-parallel processes
 $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -z 1 >"$work/dp2.log" 2>&1 || fail "-pp 1 on 2: $(tail -3 "$work/dp2.log")"
@@ -90,9 +101,9 @@ a, b = ([float(x) for x in re.findall(r"^step \d+/\d+ \| loss ([-\d.]+)", open(p
 sys.exit(0 if len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-2 * abs(x) for x, y in zip(a, b)) else 1)
 PY
 
-# --- the checking build: 4 stages in each schedule, 4 micro-batches and 2
-for schedule in 1f1b gpipe; do
-    for d in 128 64; do
+# --- the checking build: 4 stages in each schedule, 4 micro-batches and 2 (ZB: 4 and 8)
+for schedule in 1f1b gpipe zb; do
+    for d in 128 $([ $schedule = zb ] && echo 256 || echo 64); do
         $MPIRUN -np 4 build/check/train_gpt_fp32 -e "$MODEL" "${COMMON[@]}" -d $d -x 1 -v 0 -pp 4 -pps $schedule \
             >"$work/check.log" 2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
             fail "checking build, -pp 4 -pps $schedule -d $d: $(grep -m2 -E 'cucc|rror' "$work/check.log")"
@@ -110,8 +121,8 @@ if [ "$(step_fields "$work/resumed.log")" = "$(step_fields "$work/pp2.log" | tai
 expect_job_error "resume at another cut" "a state of 2 processes at -pp 2 -ppl 3,2 -tp 1; resume it in that layout" \
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 4 -n 2 -o "$work/pp2" -y 1 -pp 2 -ppl 2,3
 
-# --- the trace: every process's 2 x 4 passes per step, F and B of each micro-batch once; drawn as a PNG
-$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 2 -v 0 -pp 2 -ppt "$work/trace.txt" >"$work/trace.log" 2>&1 ||
+# --- the trace (ZB): every process's 3 x 4 passes per step, F, B and W of each micro-batch once; drawn as a PNG
+$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 2 -v 0 -pp 2 -pps zb -ppt "$work/trace.txt" >"$work/trace.log" 2>&1 ||
     fail "-ppt run: $(tail -3 "$work/trace.log")"
 $PYTHON - "$work/trace.txt" <<'PY' && pass || fail "the trace does not hold each process's passes"
 import sys
@@ -120,13 +131,13 @@ assert rows[0] == "step rank stage pass micro begin_ms end_ms".split()
 for step in (1, 2):
     for rank in (0, 1):
         mine = [r for r in rows[1:] if int(r[0]) == step and int(r[1]) == rank]
-        assert sorted((r[3], int(r[4])) for r in mine) == sorted((k, i) for k in "FB" for i in range(4)), mine
+        assert sorted((r[3], int(r[4])) for r in mine) == sorted((k, i) for k in "FBW" for i in range(4)), mine
         assert all(0 <= float(r[5]) <= float(r[6]) for r in mine) and all(int(r[2]) == rank for r in mine)
 PY
 if $PYTHON scripts/plot_pipeline.py -o "$work/trace.png" "$work/trace.txt" >/dev/null && [ -s "$work/trace.png" ]; then
     pass; else fail "plot_pipeline.py did not draw the trace"; fi
 printf 'step rank stage pass micro begin_ms end_ms\n1 0 0 X 0 1 2\n' >"$work/bad_trace.txt"
-expect_error "a malformed trace" "expected 'step rank stage F|B micro begin_ms end_ms'" \
+expect_error "a malformed trace" "expected 'step rank stage F|B|W micro begin_ms end_ms'" \
     $PYTHON scripts/plot_pipeline.py -o "$work/bad.png" "$work/bad_trace.txt"
 
 # --- layouts that do not fit: one line naming the flag
@@ -138,7 +149,9 @@ expect_job_error "-ppl not summing to L" "-ppl 2,2: 2 stages of 4 layers in all;
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 2 -ppl 2,2
 expect_job_error "-ppl with a stage of none" "-ppl 5,0: expected the layers of each stage, each 1 or more" \
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 2 -ppl 5,0
-expect_error "an unknown schedule" "-pps zb2: expected gpipe or 1f1b" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps zb2
+expect_error "an unknown schedule" "-pps zb2: expected gpipe, 1f1b or zb" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps zb2
+expect_job_error "zb with fewer micro-batches than stages" "-pps zb: 2 micro-batches per step (-d 64), fewer than the 4" \
+    $MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 4 -pps zb -d 64
 expect_error "-ppl without -pp" "-ppl: applies to a pipeline of 2 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -ppl 5
 expect_error "-pp 0" "-pp 0: expected 1 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 0
 expect_error "-z 2 with -pp" "-z 2 with -pp 2: a pipeline stage shards its optimizer state (-z 1)" \
