@@ -28,11 +28,25 @@ static int model_stage_dense_index(const Model* m, int l) {
 // With a tied output embedding and two or more stages, the first and the last stage both hold wte.
 static int model_shares_wte(const Model* m) { return m->config.tied && model_pp_stages(m) > 1; }
 
-// The blocks of tensor i that stage s holds, [*first, *first + *count) of *blocks: a layer's slice of a tensor stacked
-// over every layer (blocks L) or over the dense layers (Ld); the tensors outside the layers are one block, on the
-// first stage (wte, wpe), the last (the final norm, lm_head, and a tied wte), or both.
-static void model_stage_blocks(const Model* m, int i, int s, size_t* first, size_t* count, size_t* blocks) {
-    int p = model_pp_stages(m), begin = model_stage_begin(m, s), end = model_stage_end(m, s);
+// A cut of the layers into stages: stage s holds [first_layer[s], first_layer[s + 1]); this run's, or a checkpoint's.
+typedef struct {
+    int stages;
+    int first_layer[PIPELINE_MAX_STAGES + 1];
+} StageCut;
+static StageCut model_stage_cut(const Model* m) {
+    StageCut c;
+    c.stages = model_pp_stages(m);
+    for (int s = 0; s <= c.stages; s++) c.first_layer[s] = s == c.stages ? m->config.num_layers
+                                                          : model_stage_begin(m, s);
+    return c;
+}
+
+// The blocks of tensor i that stage s of `cut` holds, [*first, *first + *count) of *blocks: a layer's slice of a tensor
+// stacked over every layer (blocks L) or over the dense layers (Ld); the tensors outside the layers are one block, on
+// the first stage (wte, wpe), the last (the final norm, lm_head, and a tied wte), or both.
+static void stage_blocks_of(const Model* m, const StageCut* cut, int i, int s, size_t* first, size_t* count,
+                            size_t* blocks) {
+    int p = cut->stages, begin = cut->first_layer[s], end = cut->first_layer[s + 1];
     int first_stage = s == 0, last_stage = s == p - 1;
     *first = 0;
     switch (i) {
@@ -50,13 +64,19 @@ static void model_stage_blocks(const Model* m, int i, int s, size_t* first, size
     default: *blocks = 1, *count = 1; return;  // an extension's (train_moe.cu runs without -pp)
     }
 }
+// ... of this run's cut
+static void model_stage_blocks(const Model* m, int i, int s, size_t* first, size_t* count, size_t* blocks) {
+    StageCut cut = model_stage_cut(m);
+    stage_blocks_of(m, &cut, i, s, first, count, blocks);
+}
 
 // Tensor i's cut over the tensor-parallel members (model_tensor_split) narrowed to stage s's blocks, and where those
 // start in the whole tensor (values): a member's slice of a stage's blocks is its slice of each of those blocks.
-static TensorSplit model_stage_split(const Model* m, int i, int s, const size_t* in_file, size_t* offset) {
+static TensorSplit stage_split_of(const Model* m, const StageCut* cut, int i, int s, const size_t* in_file,
+                                  size_t* offset) {
     TensorSplit t = model_tensor_split(m, i, in_file);
     size_t first, count, blocks;
-    model_stage_blocks(m, i, s, &first, &count, &blocks);
+    stage_blocks_of(m, cut, i, s, &first, &count, &blocks);
     *offset = 0;
     if (blocks == 0 || in_file[i] == 0 || count == blocks) return t;  // (an extension's: its own cut)
     size_t per_block = in_file[i] / blocks;
@@ -64,6 +84,10 @@ static TensorSplit model_stage_split(const Model* m, int i, int s, const size_t*
     if (t.kind == SPLIT_NONE) t.rows = count * per_block / (t.layers * t.cols);
     else t.layers = count;  // a split tensor's layers are its blocks
     return t;
+}
+static TensorSplit model_stage_split(const Model* m, int i, int s, const size_t* in_file, size_t* offset) {
+    StageCut cut = model_stage_cut(m);
+    return stage_split_of(m, &cut, i, s, in_file, offset);
 }
 
 // The blocks of the whole model that stage s holds, put into `file_order` (host, model-file order) on every process

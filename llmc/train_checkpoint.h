@@ -225,65 +225,75 @@ static void read_resharded_state(const char* dir, int step, Model* model, int sa
     free(full);
 }
 
-// The same from a checkpoint written at tensor-parallel degree `saved_tp` (each member's set sharded in `saved_shard`
-// values over its saved_processes / saved_tp data-parallel processes: file d * saved_tp + m holds member m's shard d)
-// into this run's degree and process count. Per buffer: each saved member's set put together from its shards, its
-// slices put into the whole tensors in model-file order (model_tensor_split's cuts, the same at every degree), and this
-// process's member's slices cut out of those, of which it keeps its shard.
+// The same from a checkpoint written in another tensor-parallel or pipeline layout: `saved_processes` processes at
+// degree `saved_tp` over the stages of `saved` (file (stage * D + d) * saved_tp + m holds member m's shard d of that
+// stage's set, D the data-parallel processes per stage; each file's header gives its shard size, which differs between
+// stages). Per buffer: each saved member's set of each stage put together from its shards, its slices of the stage's
+// blocks put into the whole tensors in model-file order (the cuts of model_tensor_split and stage_split_of, the same at
+// every layout), and this process's member's slices of its stage's blocks cut out of those, of which it keeps its shard.
 static void read_resliced_state(const char* dir, int step, Model* model, int saved_processes, int saved_tp,
-                                size_t saved_shard) {
+                                const StageCut* saved) {
     ShardedParameters* p = &model->store;
-    size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS], saved_set[NUM_PARAMETER_TENSORS];
+    size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS], at[NUM_PARAMETER_TENSORS], whole_n = 0;
     fill_in_parameter_sizes(model, in_file, in_set);
-    size_t whole_n = 0, saved_n = 0;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        TensorSplit s = model_tensor_split(model, i, in_file);
-        saved_set[i] = tensor_split_slice_size(&s, saved_tp);
-        saved_n += saved_set[i];
-        whole_n += in_file[i];
-    }
-    size_t files_per_member = saved_shard >= saved_n ? 1 : (size_t)(saved_processes / saved_tp);
-    if (files_per_member * saved_shard < saved_n) {
-        fprintf(stderr, "%s: optimizer shards of %zu values on %d processes at -tp %d do not hold this model's %zu "
-                "parameters per member\n", dir, saved_shard, saved_processes, saved_tp, saved_n);
-        exit(EXIT_FAILURE);
-    }
-    float* member_set = (float*)malloc_check((files_per_member * saved_shard > saved_n ? files_per_member * saved_shard
-                                                                                       : saved_n) * sizeof(float));
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) at[i] = whole_n, whole_n += in_file[i];
+    int D = saved_processes / (saved->stages * saved_tp);
     float* whole = (float*)malloc_check(whole_n * sizeof(float));
     float* mine = (float*)malloc_check(p->num_parameters_padded * sizeof(float));
     for (int buffer = 0; buffer < (p->has_master ? 3 : 2); buffer++) {
-        for (int m = 0; m < saved_tp; m++) {
-            for (size_t d = 0; d < files_per_member; d++) {
-                char* path = checkpoint_path(dir, "state", step, (int)(d * saved_tp + m));
-                FILE* f = fopen_check(path, "rb");
-                fseek_check(f, 256 * sizeof(int) + buffer * saved_shard * sizeof(float), path);
-                size_t begin = d * saved_shard;
-                size_t count = begin < saved_n ? (saved_n - begin < saved_shard ? saved_n - begin : saved_shard) : 0;
-                fread_check(member_set + begin, sizeof(float), count, f, path);
-                fclose_check(f, path);
-                free(path);
-            }
-            size_t from = 0, to = 0;
+        for (int st = 0; st < saved->stages; st++) {
+            size_t set_n = 0;  // a member's set of this stage
             for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-                TensorSplit s = model_tensor_split(model, i, in_file);
-                tensor_split_copy(&s, m, saved_tp, whole + to, member_set + from, sizeof(float), 1);
-                from += saved_set[i];
-                to += in_file[i];
+                size_t offset;
+                TensorSplit t = stage_split_of(model, saved, i, st, in_file, &offset);
+                set_n += tensor_split_slice_size(&t, saved_tp);
+            }
+            for (int m = 0; m < saved_tp; m++) {
+                float* member_set = NULL;
+                size_t files = 0, shard = 0;
+                for (size_t d = 0; d == 0 || d < files; d++) {
+                    char* path = checkpoint_path(dir, "state", step, (int)((st * D + d) * saved_tp + m));
+                    FILE* f = fopen_check(path, "rb");
+                    int header[256];
+                    read_header_check(f, header, path, STATE_FILE_MAGIC, "GPT-2 training state");
+                    size_t file_shard = ((size_t)header[8] << 31) | (size_t)header[9];
+                    if (d == 0) {  // a whole set (ZeRO-0) is in one file
+                        shard = file_shard, files = shard >= set_n ? 1 : (size_t)D;
+                        if (files * shard < set_n) {
+                            fprintf(stderr, "%s: optimizer shards of %zu values on %d processes do not hold stage %d's "
+                                    "%zu parameters per member\n", path, shard, D, st, set_n);
+                            exit(EXIT_FAILURE);
+                        }
+                        member_set = (float*)malloc_check((files * shard > set_n ? files * shard : set_n) *
+                                                          sizeof(float));
+                    }
+                    fseek_check(f, 256 * sizeof(int) + buffer * file_shard * sizeof(float), path);
+                    size_t begin = d * shard, count = begin < set_n ? (set_n - begin < shard ? set_n - begin : shard) : 0;
+                    fread_check(member_set + begin, sizeof(float), count, f, path);
+                    fclose_check(f, path);
+                    free(path);
+                }
+                size_t from = 0;
+                for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+                    size_t offset;
+                    TensorSplit t = stage_split_of(model, saved, i, st, in_file, &offset);
+                    tensor_split_copy(&t, m, saved_tp, whole + at[i] + offset, member_set + from, sizeof(float), 1);
+                    from += tensor_split_slice_size(&t, saved_tp);
+                }
+                free(member_set);
             }
         }
         memset(mine, 0, p->num_parameters_padded * sizeof(float));  // the padding past the parameters is zero
-        size_t from = 0, to = 0;
+        size_t from = 0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            TensorSplit s = model_tensor_split(model, i, in_file);
-            tensor_split_copy(&s, model_tp_member(model), model_tp_degree(model), whole + to, mine + from,
+            size_t offset;
+            TensorSplit t = model_stage_split(model, i, model_pp_stage(model), in_file, &offset);
+            tensor_split_copy(&t, model_tp_member(model), model_tp_degree(model), whole + at[i] + offset, mine + from,
                               sizeof(float), 0);
             from += in_set[i];
-            to += in_file[i];
         }
         sharded_parameters_scatter_state(p, buffer, mine);
     }
-    free(member_set);
     free(whole);
     free(mine);
 }
@@ -307,17 +317,24 @@ static void read_checkpoint_state(const char* dir, int step, Model* model, DataL
         exit(EXIT_FAILURE);
     }
     int saved_processes = header[2], saved_tp = header[11] > 0 ? header[11] : 1, tp = model_tp_degree(model);
-    // a state of another pipeline cut holds other layers' optimizer state: it resumes at that cut only
-    int saved_stages = header[12] > 0 ? header[12] : 1, same_cut = saved_stages == model_pp_stages(model);
-    for (int s = 1; s < saved_stages && same_cut; s++) same_cut = header[12 + s] == model_stage_begin(model, s);
-    if (!same_cut || (saved_stages > 1 && (saved_processes != mg->num_processes || saved_tp != tp))) {
-        char cut[256] = "";
-        for (int s = 0, n = 0; s < saved_stages && n < (int)sizeof(cut) - 12; s++)
-            n += snprintf(cut + n, sizeof(cut) - n, "%s%d", s ? "," : "",
-                          (s + 1 < saved_stages ? header[13 + s] : model->config.num_layers) - (s ? header[12 + s] : 0));
-        fprintf(stderr, "%s: a state of %d processes at -pp %d -ppl %s -tp %d; resume it in that layout\n", path,
-                saved_processes, saved_stages, cut, saved_tp);
+    // the pipeline's cut the state was written at (one stage: every layer)
+    StageCut saved_cut;
+    saved_cut.stages = header[12] > 0 ? header[12] : 1;
+    int L = model->config.num_layers, same_cut = saved_cut.stages == model_pp_stages(model);
+    if (saved_cut.stages > PIPELINE_MAX_STAGES || saved_cut.stages > L ||
+        saved_processes % (saved_cut.stages * saved_tp) != 0) {
+        fprintf(stderr, "%s: a state of %d processes at -pp %d -tp %d is no layout of this model's %d layers\n", path,
+                saved_processes, saved_cut.stages, saved_tp, L);
         exit(EXIT_FAILURE);
+    }
+    saved_cut.first_layer[0] = 0, saved_cut.first_layer[saved_cut.stages] = L;
+    for (int s = 1; s < saved_cut.stages; s++) {
+        saved_cut.first_layer[s] = header[12 + s];
+        if (saved_cut.first_layer[s] <= saved_cut.first_layer[s - 1] || saved_cut.first_layer[s] >= L) {
+            fprintf(stderr, "%s: stage %d begins at layer %d: no cut of %d layers\n", path, s, header[12 + s], L);
+            exit(EXIT_FAILURE);
+        }
+        same_cut &= saved_cut.first_layer[s] == model_stage_begin(model, s);
     }
     // a frozen set has no optimizer state (a fine-tuning run's is in its adapter file, whole: any layout reads it)
     if (model->store.frozen && shard_size != 0) {
@@ -326,16 +343,17 @@ static void read_checkpoint_state(const char* dir, int step, Model* model, DataL
         exit(EXIT_FAILURE);
     }
     if (model->store.frozen ||
-        (saved_tp == tp && saved_processes == mg->num_processes && header[3] == mg->process_rank &&
+        (saved_tp == tp && same_cut && saved_processes == mg->num_processes && header[3] == mg->process_rank &&
          shard_size == model->store.shard_size)) {
         sharded_parameters_read_state(&model->store, f, path);
-    } else if (saved_tp > 1 || tp > 1) {  // another tensor-parallel layout: the slices and shards are cut anew
-        if (saved_processes % saved_tp != 0 || shard_size == 0) {
-            fprintf(stderr, "%s: a state of %d processes at -tp %d with shards of %zu values is no layout\n", path,
-                    saved_processes, saved_tp, shard_size);
+    } else if (saved_tp > 1 || tp > 1 || saved_cut.stages > 1 || model_pp_stages(model) > 1) {
+        // another tensor-parallel or pipeline layout: the slices, the stages' blocks and the shards are cut anew
+        if (shard_size == 0) {
+            fprintf(stderr, "%s: a state of %d processes at -pp %d -tp %d with shards of 0 values is no layout\n", path,
+                    saved_processes, saved_cut.stages, saved_tp);
             exit(EXIT_FAILURE);
         }
-        read_resliced_state(dir, step, model, saved_processes, saved_tp, shard_size);
+        read_resliced_state(dir, step, model, saved_processes, saved_tp, &saved_cut);
         fseek_check(f, 256 * sizeof(int) + (model->store.has_master ? 3 : 2) * shard_size * sizeof(float), path);
     } else {  // another ZeRO stage or process count: the shards are cut anew
         if (shard_size * (size_t)saved_processes < model->store.num_parameters) {

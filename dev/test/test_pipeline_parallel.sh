@@ -12,7 +12,8 @@
 #   - BF16 -pp 2 gives -pp 1's losses within bf16 rounding;
 #   - the checking build (cpu/cucc --check: every stage's sends and receives meet in matching groups, races, stream
 #     order) runs 4 stages in each schedule, with as many micro-batches as stages and with fewer;
-#   - a -pp 2 run resumed from its checkpoint continues bit-identically; another cut refuses its state with one line;
+#   - a -pp 2 run resumed from its checkpoint continues bit-identically; resumed at -pp 1, -pp 4 or another cut, and a
+#     -pp 1 checkpoint at -pp 2, each continues its run's losses within fp32 rounding;
 #   - the trace (-ppt) holds every process's passes, and scripts/plot_pipeline.py draws it;
 #   - every layout that does not fit is refused with one line naming the flag.
 # Needs build/train_gpt_fp32, build/train_gpt_bf16, build/check/train_gpt_fp32, build/train_moe_fp32,
@@ -118,8 +119,29 @@ $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -n 2 -o "$work/resumed" -
 if [ "$(step_fields "$work/resumed.log")" = "$(step_fields "$work/pp2.log" | tail -n 1)" ] &&
     cmp -s "$work/resumed/model_00000003.bin" "$work/pp2/model_00000003.bin"; then pass; else
     fail "the resumed -pp 2 run differs from the uninterrupted one"; fi
-expect_job_error "resume at another cut" "a state of 2 processes at -pp 2 -ppl 3,2 -tp 1; resume it in that layout" \
-    $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 4 -n 2 -o "$work/pp2" -y 1 -pp 2 -ppl 2,3
+# --- resumed into another layout (the optimizer state's stages, slices and shards cut anew, doc/formats.md): -pp 2's
+# step-2 checkpoint at -pp 1, at -pp 4 and at another cut, and -pp 1's at -pp 2 -tp 2 (4 heads): each goes on with
+# step 3 of the run it came from, within fp32 rounding
+resume_into() {  # NAME SOURCE NP FLAGS...: SOURCE's step-2 checkpoint resumed in NAME for step 3
+    local name=$1 source=$2 np=$3
+    shift 3
+    mkdir -p "$work/$name"
+    cp "$source/"*_00000002* "$work/$name/"
+    $MPIRUN -np "$np" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -n 2 -o "$work/$name" -y 1 "$@" >"$work/$name.log" 2>&1 ||
+        fail "resume $name: $(tail -3 "$work/$name.log")"
+}
+grep -E '^step 3/' "$work/pp2.log" >"$work/pp2_step3.log"
+grep -E '^step 3/' "$work/whole.log" >"$work/whole_step3.log"
+resume_into pp2_at_pp1 "$work/pp2" 1
+resume_into pp2_at_pp4 "$work/pp2" 4 -pp 4
+resume_into pp2_at_cut "$work/pp2" 2 -pp 2 -ppl 2,3
+resume_into pp1_at_pp2 "$work/whole" 2 -pp 2
+for name in pp2_at_pp1 pp2_at_pp4 pp2_at_cut; do
+    if close_losses "$work/pp2_step3.log" "$work/$name.log" 1 >/dev/null; then pass; else
+        fail "$name does not continue -pp 2's step 3"; fi
+done
+if close_losses "$work/whole_step3.log" "$work/pp1_at_pp2.log" 1 >/dev/null; then pass; else
+    fail "-pp 1's checkpoint at -pp 2 does not continue its step 3"; fi
 
 # --- the trace (ZB): every process's 3 x 4 passes per step, F, B and W of each micro-batch once; drawn as a PNG
 $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 2 -v 0 -pp 2 -pps zb -ppt "$work/trace.txt" >"$work/trace.log" 2>&1 ||
