@@ -1836,8 +1836,12 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         fprintf(stderr, "no CUDA device (cudaGetDeviceCount: %s)\n", cudaGetErrorString(device_error));
         return EXIT_FAILURE;
     }
-    MultiGpuConfig mg = multi_gpu_config_init(s.init_method, s.num_processes, s.process_rank, s.gpus_per_node,
-                                              s.server_ip, s.fs_path);
+    // -pm plans a layout of -pn processes from one process (or of the processes started)
+    int planned_processes = s.plan_gib > 0 && flag_find(flags, num_flags, "-pn")->given ? s.num_processes : 0;
+    MultiGpuConfig mg = multi_gpu_config_init(s.init_method, planned_processes ? 1 : s.num_processes, s.process_rank,
+                                              s.gpus_per_node, s.server_ip, s.fs_path);
+    MultiGpuConfig plan_world = mg;  // the world the plan takes its sizes from
+    if (planned_processes) plan_world.num_processes = planned_processes;
     int rank0 = mg.process_rank == 0;
     if (mg.num_processes % (s.pipeline_stages * s.tensor_parallel) != 0 && s.plan_gib == 0) {
         if (rank0) fprintf(stderr, "-pp %d -tp %d: their product must divide the number of processes (%d)\n",
@@ -1848,7 +1852,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     // gradients are averaged over (the stage's processes at -tp 1, the world at -pp 1 -tp 1); the memory plan (-pm)
     // takes the layout's sizes only, on any number of processes
     Pipeline pp;
-    if (s.plan_gib > 0) pipeline_plan(&pp, &mg, s.pipeline_stages);
+    if (s.plan_gib > 0) pipeline_plan(&pp, &plan_world, s.pipeline_stages);
     else pipeline_init(&pp, &mg, s.pipeline_stages);
     pp.schedule = (PipelineSchedule)pipeline_schedule_number(s.pipeline_schedule);
     pp.seq_len = s.T;
@@ -1916,8 +1920,16 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
         if (!model_check_tensor_parallel(&model, s.T, s.model_source)) return EXIT_FAILURE;
         if (!adapter_set_layers(&model, s.ft_layers)) return EXIT_FAILURE;
+        if (pp.stages > 1 && model.extension.ffn->replaces_mlp) {
+            fprintf(stderr, "-pp %d: %s's MoE layers run without pipeline stages (-pp 1)\n", pp.stages,
+                    x->trainer ? x->trainer : "this trainer");
+            return EXIT_FAILURE;
+        }
         model_cut_stages(&model);
-        print_memory_plan(&model, &s, &mg);
+        // the micro-batches the stages' activations are planned for: -d's, at the layout's data-parallel processes
+        int plan_tokens = s.B * s.T * dp->num_processes;
+        pp.micro_batches = s.total_batch_size > plan_tokens ? s.total_batch_size / plan_tokens : 1;
+        print_memory_plan(&model, &s, &plan_world);
         multi_gpu_config_free(&mg);
         return EXIT_SUCCESS;
     }
@@ -1993,6 +2005,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
                           s.gen_tokens, s.T, s.T - 1);
         s.gen_tokens = s.T - 1;
     }
+    pp.micro_batches = grad_accum_steps;  // (the plan counts the activation slots of the schedule over them)
     if (!check_training_memory(&model, &s)) return EXIT_FAILURE;
 
     // data
@@ -2027,8 +2040,9 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         printf("note: no tokenizer: samples start from token %d and print token ids\n", sample_seed_token);
 
     if (pp.schedule == SCHEDULE_ZB && pp.stages > 1 && grad_accum_steps < pp.stages) {
-        if (rank0) fprintf(stderr, "-pps zb: %d micro-batches per step (-d %d), fewer than the %d stages: ZB-H1 fills "
-                           "the bubbles with p or more micro-batches\n", grad_accum_steps, total_batch_size, pp.stages);
+        // (every process says it: one that exits first may end the job before process 0 has)
+        fprintf(stderr, "-pps zb: %d micro-batches per step (-d %d), fewer than the %d stages: ZB-H1 fills the bubbles "
+                "with p or more micro-batches\n", grad_accum_steps, total_batch_size, pp.stages);
         return EXIT_FAILURE;
     }
     if (pp.stages > 1) {  // the schedule's passes, and a slot for each micro-batch it holds at once

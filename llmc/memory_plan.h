@@ -21,6 +21,26 @@ typedef struct {
 
 static size_t shard_padded_count(size_t n, int processes) { return CEIL_DIV(n, (size_t)processes * 8) * processes * 8; }
 
+// Under -pp, the micro-batches this process's stage holds at once (its activation slots; llmc/pipeline.h), and with ZB
+// the bytes of each slot's weight-gradient queue (train_gpt.cu's model_allocate_slots)
+static int plan_stage_slots(const Model* model) {
+    const Pipeline* pp = model->pp;
+    if (model_pp_stages(model) == 1 || pp->micro_batches < 1) return 1;
+    PipelinePass* passes = (PipelinePass*)malloc_check(3 * (size_t)pp->micro_batches * sizeof(PipelinePass));
+    int n = pipeline_passes(pp->schedule, pp->stages, pp->stage, pp->micro_batches, passes);
+    int slots = pipeline_slots(passes, n);
+    free(passes);
+    return slots;
+}
+static size_t plan_weight_queue_bytes(const Model* model, int B, int T) {
+    if (model_pp_stages(model) == 1 || model->pp->schedule != SCHEDULE_ZB) return 0;
+    size_t N = (size_t)B * T, C = model->config.channels;
+    size_t per_layer = N * (local_qkv_channels(model) + C + local_fc_channels(model) + C);
+    if (model->recompute >= 1) per_layer += N * local_hidden(model);
+    if (model->recompute >= 2) per_layer += 2 * N * C;
+    return per_layer * model_stage_layers(model) * sizeof(floatX);
+}
+
 static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
     replicated_tensor_sizes(sizes, model);
@@ -39,6 +59,11 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     m.communication = 0;
     int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
     m.activations = activation_bytes(model, B, T + model_adapter_sequence_extra(model), model->recompute);
+    if (model_pp_stages(model) > 1) {  // a slot per micro-batch in flight; a tied wte's gradient from the other stage
+        m.activations = plan_stage_slots(model) * (m.activations + plan_weight_queue_bytes(model, B, T));
+        if (model_shares_wte(model) && (model_first_stage(model) || model_last_stage(model)))
+            m.activations += (size_t)local_vocab(model) * model->config.channels * sizeof(floatX);
+    }
     // an extension's own set, stacked over the layers it replaces (the MoE experts): one layer's, for its two buckets
     // or gather buffers
     int replaced = model->config.num_layers - model_dense_layers(model);
@@ -89,6 +114,7 @@ static int memory_plan_largest_batch(const Model* model, int T, size_t budget) {
 static int memory_plan_largest_depth(const Model* model, int B, int T, size_t budget) {
     Model probe = *model;
     probe.extension = no_extension;
+    probe.pp = NULL;  // the whole model on one device
     int best = 0;
     for (int depth = 1; depth <= 200; depth++) {
         model_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
@@ -106,17 +132,18 @@ static int memory_plan_largest_depth(const Model* model, int B, int T, size_t bu
 // reduction and ZeRO's all-gather: 2(D-1)/D of the set, as a ring sends it).
 static void tensor_parallel_plan_rows(InfoTable* t, const Model* model, int B, int T) {
     const ModelConfig* c = &model->config;
-    Model one_more = *model;
-    one_more.config.num_layers += 1;
-    double layer = (double)activation_bytes(&one_more, B, T, model->recompute) -
-                   (double)activation_bytes(model, B, T, model->recompute);
+    Model one = *model, two = *model;  // (one stage of one and of two layers: the difference is a layer's)
+    one.pp = two.pp = NULL;
+    one.config.num_layers = 1, two.config.num_layers = 2;
+    double layer = (double)activation_bytes(&two, B, T, model->recompute) -
+                   (double)activation_bytes(&one, B, T, model->recompute);
     double s = T, b = B, h = c->channels, a = c->num_heads, N = model_tp_degree(model);
     double formula = model_sequence_parallel(model) ? s * b * h * (34.0 / N + 5.0 * a * s / (h * N))
                                                     : s * b * h * (10.0 + 24.0 / N + 5.0 * a * s / (h * N));
     const double MiB = 1048576.0;
     info_row(t, "activations per layer", "%10.1f MiB (%.0f bytes; Korthikanti et al.'s %s formula: %.1f MiB)",
              layer / MiB, layer, model_sequence_parallel(model) ? "TP+SP" : "TP", formula / MiB);
-    double joins = 4.0 * c->num_layers + 2.0;
+    double joins = 4.0 * model_stage_layers(model) + 2.0;
     double tp_bytes = joins * 2.0 * (N - 1.0) / N * (double)B * T * c->channels * sizeof(floatX);
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
     replicated_tensor_sizes(sizes, model);
@@ -124,6 +151,31 @@ static void tensor_parallel_plan_rows(InfoTable* t, const Model* model, int B, i
     double D = model->num_processes, dp_bytes = 2.0 * (D - 1.0) / D * (double)n * sizeof(floatX);
     info_row(t, "sent per process", "%10.1f MiB per micro-step in the tensor-parallel group, %.1f MiB per step in the "
              "data-parallel group", tp_bytes / MiB, dp_bytes / MiB);
+}
+
+// Under -pp: the layout, and each stage's parameters, optimizer state and activations in flight (its first process's,
+// of its data-parallel group's shards), and what a process sends its neighbours per micro-batch
+static void pipeline_plan_rows(InfoTable* t, const Model* model, int B, int T) {
+    Pipeline* pp = model->pp;
+    const double MiB = 1048576.0;
+    char cut[256] = "";
+    for (int s = 0, n = 0; s < pp->stages && n < (int)sizeof(cut) - 12; s++)
+        n += snprintf(cut + n, sizeof(cut) - n, "%s%d", s ? "," : "", pp->first_layer[s + 1] - pp->first_layer[s]);
+    info_row(t, "pipeline", "%d stages (-pp) of layers %s, %s over %d micro-batches (idle over busy %.3f)", pp->stages,
+             cut, pipeline_schedule_names[pp->schedule], pp->micro_batches,
+             pipeline_formula_idle(pp->schedule, pp->stages, pp->micro_batches > 0 ? pp->micro_batches : 1));
+    int mine = pp->stage;
+    for (int s = 0; s < pp->stages; s++) {
+        pp->stage = s;
+        MemoryPlan m = model_memory_plan(model, B, T);
+        char name[32];
+        snprintf(name, sizeof(name), "stage %d", s);
+        info_row(t, name, "%8.1f MiB parameters, %8.1f MiB optimizer, %8.1f MiB activations (%d in flight)",
+                 m.parameters / MiB, m.optimizer / MiB, m.activations / MiB, plan_stage_slots(model));
+    }
+    pp->stage = mine;
+    double sent = (double)model_stream_tokens(model, B * T) * model->config.channels * sizeof(floatX);
+    info_row(t, "sent per stage boundary", "%10.3f MiB per micro-batch each way (B*T*C, -sp: B*T/N tokens)", sent / MiB);
 }
 
 // the plan's rows for a device of `budget` bytes
@@ -155,6 +207,7 @@ static void memory_plan_rows(InfoTable* t, const Model* model, int B, int T, siz
     info_row(t, "memory: activations", "%10.1f MiB (%zu bytes, recompute %d)", m.activations / MiB, m.activations,
              model->recompute);
     if (model_tp_degree(model) > 1) tensor_parallel_plan_rows(t, model, B, T);
+    if (model_pp_stages(model) > 1) pipeline_plan_rows(t, model, B, T);
     size_t device = memory_plan_device_bytes(model, &m);
     info_row(t, "memory: device total", "%10.1f MiB (%zu bytes) of %.1f MiB", device / MiB, device, budget / MiB);
     info_row(t, "largest B that fits", "%d", memory_plan_largest_batch(model, T, budget));
@@ -162,6 +215,7 @@ static void memory_plan_rows(InfoTable* t, const Model* model, int B, int T, siz
     if (depth > 0) {
         Model probe = *model;
         probe.extension = no_extension;
+        probe.pp = NULL;
         model_descriptor_shape(&probe.config, depth, model->config.vocab_size, model->config.max_seq_len);
         info_row(t, "largest GPT-2 at this B", "d%d (%zu parameters)", depth, model_num_parameters(&probe));
     } else {

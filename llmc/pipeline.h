@@ -117,8 +117,8 @@ static int pipeline_slots(const PipelinePass* passes, int n) {
 
 // The layers' cut: stage s holds layers [first[s], first[s+1]), first[0] = 0, first[p] = L, at least one each.
 // Balanced: the cut whose costliest stage is cheapest, a layer costing layer_cost, the first stage also first_cost (the
-// embedding), the last also last_cost (the classifier and the loss); among equal cuts, the one with the earliest
-// stages fullest. -ppl a,b,...: the layers per stage as given. 0 and one line naming the flag if they do not fit.
+// embedding), the last also last_cost (the classifier and the loss); of equal cuts, the one whose last stage is
+// shortest (and so on backwards).
 static void pipeline_balance(int L, int p, double layer_cost, double first_cost, double last_cost, int* first) {
     // best[s][l]: the cheapest costliest stage of layers [0, l) on stages 0..s; cut[s][l] the first layer of stage s
     double* best = (double*)malloc_check((size_t)p * (L + 1) * sizeof(double));
@@ -149,6 +149,7 @@ static void pipeline_balance(int L, int p, double layer_cost, double first_cost,
     free(best);
     free(cut);
 }
+// -ppl a,b,...: the layers per stage as given; 0 and one line naming the flag if they do not fit L and p.
 static int pipeline_parse_layers(const char* list, int L, int p, int* first) {
     int n = 0, sum = 0;
     const char* at = list;

@@ -118,7 +118,8 @@
     X("-pi", STRING, init_method, "mpi", "process init: mpi, tcp or fs (default = mpi)")                               \
     X("-pf", STRING, fs_path, "", "shared directory for -pi fs")                                                       \
     X("-ps", STRING, server_ip, "", "server ip for -pi tcp")                                                           \
-    X("-pn", INT, num_processes, 1, "number of processes (-pi tcp/fs)")                                                \
+    X("-pn", INT, num_processes, 1,                                                                                    \
+      "number of processes (-pi tcp/fs); with -pm, the processes the plan is for (default = 1)")                      \
     X("-pr", INT, process_rank, 0, "this process's rank (-pi tcp/fs)")                                                 \
     X("-pg", INT, gpus_per_node, 8, "GPUs per node (-pi tcp/fs, default = 8)")
 

@@ -15,6 +15,7 @@
 #   - a -pp 2 run resumed from its checkpoint continues bit-identically; resumed at -pp 1, -pp 4 or another cut, and a
 #     -pp 1 checkpoint at -pp 2, each continues its run's losses within fp32 rounding;
 #   - the trace (-ppt) holds every process's passes, and scripts/plot_pipeline.py draws it;
+#   - the memory plan (-pm) gives each stage's parameters, optimizer state and micro-batches in flight;
 #   - every layout that does not fit is refused with one line naming the flag.
 # Needs build/train_gpt_fp32, build/train_gpt_bf16, build/check/train_gpt_fp32, build/train_moe_fp32,
 # build/ref/deep_fp32_model.bin, build/ref/deep_bf16_model.bin, build/ref/tp_gpt2_fp32_model.bin and
@@ -161,6 +162,31 @@ if $PYTHON scripts/plot_pipeline.py -o "$work/trace.png" "$work/trace.txt" >/dev
 printf 'step rank stage pass micro begin_ms end_ms\n1 0 0 X 0 1 2\n' >"$work/bad_trace.txt"
 expect_error "a malformed trace" "expected 'step rank stage F|B|W micro begin_ms end_ms'" \
     $PYTHON scripts/plot_pipeline.py -o "$work/bad.png" "$work/bad_trace.txt"
+
+# --- the memory plan (-pm) of a GPT-2 d12 on 4 processes (-pn: planned from one) at -pp 2 (2 data-parallel per stage):
+# each stage's parameters and optimizer state (its tensors, padded for 2 shards, fp32; m and v) against the model's
+# shape, and the micro-batches in flight under each schedule (m = 4: -d over B*T*2)
+for schedule in gpipe 1f1b zb; do
+    "$TRAIN" -e d12 -pm 80 -pp 2 -pn 4 -b 4 -t 1024 -d 32768 -pps $schedule >"$work/plan_$schedule.log" 2>&1 ||
+        fail "-pm -pp 2 -pps $schedule: $(tail -2 "$work/plan_$schedule.log")"
+done
+$PYTHON - "$work/plan_gpipe.log" "$work/plan_1f1b.log" "$work/plan_zb.log" <<'PY' && pass || fail "the -pp memory plan"
+import re, sys
+C, L, V, maxT, Vp = 768, 12, 50257, 1024, 50304
+layer = 12 * C * C + 13 * C
+for path, flight in zip(sys.argv[1:], [(4, 4), (2, 1), (3, 2)]):  # zb: by hand from its order
+    text = open(path).read()
+    cut = [int(x) for x in re.search(r"\| pipeline +\| 2 stages \(-pp\) of layers (\d+),(\d+)", text).groups()]
+    assert sum(cut) == L, cut
+    want = [Vp * C + maxT * C + cut[0] * layer, cut[1] * layer + 2 * C + Vp * C]  # the tied wte on both
+    for s in (0, 1):
+        got = re.search(r"\| stage %d +\| +([\d.]+) MiB parameters, +([\d.]+) MiB optimizer, .*\((\d+) in flight\)" % s,
+                        text)
+        padded = -(-want[s] // 16) * 16  # 2 shards of multiples of 8
+        assert abs(float(got.group(1)) - padded * 4 / 2**20) < 0.06, (path, s, got.group(1), padded * 4 / 2**20)
+        assert abs(float(got.group(2)) - padded * 8 / 2**20) < 0.06, (path, s, got.group(2))
+        assert int(got.group(3)) == flight[s], (path, s, got.group(3), flight[s])
+PY
 
 # --- layouts that do not fit: one line naming the flag
 expect_job_error "-pp not dividing the processes" "-pp 3 -tp 1: their product must divide the number of processes (2)" \
