@@ -108,6 +108,8 @@ ref_config = $(patsubst %_fp32,%,$(patsubst %_bf16,%,$1))
 LONG_REF_ARGS := --B 1 --T 1024 --V 263 --L 2 --NH 2 --C 128 --maxT 1024 --seed 1337 --steps 10 --grad-clip 0.5
 # GPT with 5 layers: ZeRO-2's gradient buckets (two, alternating between layers) are reused within a backward pass
 DEEP_REF_ARGS := $(REF_ARGS) --L 5
+# GPT with 8 layers: interleaved pipeline stages (-pp 4 -ppv 2: 8 chunks of one layer)
+STAGES_REF_ARGS := $(REF_ARGS) --L 8
 # the Llama-style model (-arch llama, doc/kernels.md) at the tiny shape with 4 heads of 16 (RoPE and flash attention
 # want a head size of 16 to 128): gqa, 2 key/value heads and an own lm_head (the other values the defaults); tied,
 # multi-head, the output embedding tied to wte, and theta, eps and H not the defaults
@@ -253,6 +255,7 @@ ref_configured = $(if $(filter undefined,$(origin $1)),$(error build/ref/$2: the
 REF_SCRIPTS_tiny := train_gpt.py
 REF_SCRIPTS_long := train_gpt.py
 REF_SCRIPTS_deep := train_gpt.py
+REF_SCRIPTS_stages := train_gpt.py
 REF_SCRIPTS_llama := train_gpt.py
 REF_SCRIPTS_tp := train_gpt.py
 REF_SCRIPTS_mask := train_gpt.py
@@ -265,6 +268,7 @@ REF_SCRIPTS_moe := train_moe.py train_gpt.py
 REF_FLAGS_tiny = $(REF_ARGS)
 REF_FLAGS_long = $(LONG_REF_ARGS)
 REF_FLAGS_deep = $(DEEP_REF_ARGS)
+REF_FLAGS_stages = $(STAGES_REF_ARGS)
 REF_FLAGS_mask = $(REF_ARGS) $(MASK)
 REF_FLAGS_lora = $(call ref_configured,LORA_REF_$(call ref_config,$(1:lora_%=%)),$1)
 REF_FLAGS_adapter = $(call ref_configured,ADAPTER_REF_$(call ref_config,$(1:adapter_%=%)),$1)
@@ -275,7 +279,8 @@ REF_FLAGS_llama = $(LLAMA_REF_ARGS) $(call ref_configured,LLAMA_REF_$(call ref_c
 REF_FLAGS_tp = $(TP_REF_ARGS) $(call ref_configured,TP_REF_$(call ref_config,$(1:tp_%=%)),$1)
 REF_FLAGS_moe = $(MOE_REF_ARGS) $(call ref_configured,MOE_REF_$(call ref_config,$(1:moe_%=%)),$1)
 ref_scripts = $(or $(REF_SCRIPTS_$(call ref_family,$1)),$(error build/ref/$1: no reference family \
-    '$(call ref_family,$1)' (expected tiny, long, deep, mask, lora, adapter, prompt, prefix, lladapter, llama, tp or moe)))
+    '$(call ref_family,$1)' (expected tiny, long, deep, stages, mask, lora, adapter, prompt, prefix, lladapter, \
+    llama, tp or moe)))
 ref_command = $(firstword $(call ref_scripts,$1)) --write-reference $(BUILD)/ref/$1 \
     $(call REF_FLAGS_$(call ref_family,$1),$1) --dtype $(call ref_dtype,$1)
 $(BUILD)/ref/%_debug_state.bin: $$(call ref_scripts,$$*) | $(BUILD)

@@ -270,6 +270,8 @@ struct Model {
     ActivationSlot* slots;  // under -pp the micro-batches in flight: one slot each, swapped in (model_use_slot)
     int num_slots;
     WeightGradientQueue* deferring;  // during a ZB pipeline's B pass, where the layers' weight gradients are queued
+    int chunk;              // -pp: the stage's model chunk the passes run (interleaved; else 0)
+    floatX* staging;        // -pp: pass outputs waiting for their sends (llmc/pipeline.h's staging buffers)
     int batch_size, seq_len;  // what the activations were sized for
     int recompute;
     int gelu_fusion;
@@ -340,10 +342,13 @@ static void fill_in_parameter_sizes(const Model* model, size_t* in_file, size_t*
     sizes[PARAM_LNFW] = C;
     sizes[PARAM_LNFB] = norm_bias * C;
     sizes[PARAM_LM_HEAD] = cfg->tied ? 0 : Vp * C;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // this member's slices of this stage's blocks
-        size_t offset;
-        TensorSplit s = model_stage_split(model, i, model_pp_stage(model), in_file, &offset);
-        in_set[i] = tensor_split_slice_size(&s, model_tp_degree(model));
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // this member's slices of this stage's blocks, chunk by chunk
+        in_set[i] = 0;
+        for (int c = 0; c < model_pp_chunks(model); c++) {
+            size_t offset;
+            TensorSplit s = model_stage_split(model, i, model_pp_stage(model), c, in_file, &offset);
+            in_set[i] += tensor_split_slice_size(&s, model_tp_degree(model));
+        }
     }
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_set[PARAM_EXTENSION + i] = replicated[i];
 }
@@ -391,7 +396,7 @@ static LayerParameters model_layer_parameters(const Model* model, const Paramete
     size_t Ca = local_channels(model);
     int bias = c->biases, norm_bias = c->norm == NORM_LAYERNORM;
     LayerParameters lp;
-    size_t i = l - model_layer_begin(model);  // among this stage's layers
+    size_t i = model_local_layer(model, l);  // among this stage's layers
     lp.ln1w = p->ln1w + i * C;
     lp.ln1b = norm_bias ? p->ln1b + i * C : NULL;
     lp.qkvw = p->qkvw + i * QKV * C;
@@ -469,10 +474,19 @@ static void model_cut_stages(Model* model) {
     Pipeline* pp = model->pp;
     if (!pp || pp->stages == 1) return;
     const ModelConfig* c = &model->config;
-    int L = c->num_layers, p = pp->stages;
-    if (p > L || p > PIPELINE_MAX_STAGES) {
+    int L = c->num_layers, p = pp->stages, v = pp->chunks;
+    if (p > L || p * v > PIPELINE_MAX_STAGES) {
         fprintf(stderr, "-pp %d: more stages than the model's %d layers (or than %d)\n", p, L, PIPELINE_MAX_STAGES);
         exit(EXIT_FAILURE);
+    }
+    if (v > 1) {  // interleaved: pv equal chunks, chunk j on stage j % p
+        if (L % (p * v) != 0) {
+            fprintf(stderr, "-pps interleaved -pp %d -ppv %d: the model's %d layers do not cut into %d equal chunks\n", p,
+                    v, L, p * v);
+            exit(EXIT_FAILURE);
+        }
+        for (int j = 0; j <= p * v; j++) pp->first_layer[j] = j * (L / (p * v));
+        return;
     }
     if (model->stage_layers_list) {
         if (!pipeline_parse_layers(model->stage_layers_list, L, p, pp->first_layer)) exit(EXIT_FAILURE);
@@ -552,14 +566,19 @@ static void model_set_parameters(Model* model, const floatX* file_order) {
         floatX* replicated = (floatX*)malloc_check(model->store.num_parameters * sizeof(floatX) + 1);
         size_t from = 0, to = 0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            size_t offset;  // this stage's blocks
-            TensorSplit s = model_stage_split(model, i, model_pp_stage(model), in_file, &offset);
-            if (s.kind != SPLIT_NONE)  // this member's slice
-                tensor_split_copy(&s, model_tp_member(model), model_tp_degree(model),
-                                  (floatX*)file_order + from + offset, replicated + to, sizeof(floatX), 0);
-            else  // whole, or an extension's part in the replicated set
-                memcpy(replicated + to, file_order + from + offset, in_set[i] * sizeof(floatX));
-            to += in_set[i];
+            int chunks = model_pp_chunks(model);
+            for (int c = 0; c < chunks; c++) {  // this stage's blocks, chunk by chunk
+                size_t offset;
+                TensorSplit s = model_stage_split(model, i, model_pp_stage(model), c, in_file, &offset);
+                // (one chunk: the set's part, an extension's in the replicated set too; chunks: each one's slice)
+                size_t n = chunks == 1 ? in_set[i] : tensor_split_slice_size(&s, model_tp_degree(model));
+                if (s.kind != SPLIT_NONE)  // this member's slice
+                    tensor_split_copy(&s, model_tp_member(model), model_tp_degree(model),
+                                      (floatX*)file_order + from + offset, replicated + to, sizeof(floatX), 0);
+                else  // whole, or an extension's part in the replicated set
+                    memcpy(replicated + to, file_order + from + offset, n * sizeof(floatX));
+                to += n;
+            }
             from += in_file[i];
         }
         sharded_parameters_set(&model->store, replicated);
@@ -579,12 +598,15 @@ static void model_get_replicated(const Model* model, floatX* file_order, const f
         size_t in_file[NUM_PARAMETER_TENSORS], in_set[NUM_PARAMETER_TENSORS];
         fill_in_parameter_sizes(model, in_file, in_set);
         size_t from = 0, to = 0;
+        int chunks = model_pp_chunks(model);
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            size_t offset;  // where this stage's blocks start
-            model_stage_split(model, i, model_pp_stage(model), in_file, &offset);
-            if (in_set[i] > 0)
-                cudaCheck(cudaMemcpy(file_order + to + offset, replicated + from, in_set[i] * sizeof(floatX), kind));
-            from += in_set[i];
+            for (int c = 0; c < chunks; c++) {  // where this stage's blocks start, chunk by chunk
+                size_t offset;
+                TensorSplit t = model_stage_split(model, i, model_pp_stage(model), c, in_file, &offset);
+                size_t n = chunks == 1 ? in_set[i] : tensor_split_slice_size(&t, 1);
+                if (n > 0) cudaCheck(cudaMemcpy(file_order + to + offset, replicated + from, n * sizeof(floatX), kind));
+                from += n;
+            }
             to += in_file[i];
         }
     }
@@ -697,6 +719,7 @@ static void model_free(Model* model) {
     adapter_free(model->adapter);
     cudaCheck(cudaFree(model->rope_table));
     cudaCheck(cudaFree(model->wte_peer));
+    cudaCheck(cudaFree(model->staging));
     // the activations in use, or under -pp every slot's
     ActivationSlot in_use;
     memset(&in_use, 0, sizeof(in_use));
@@ -960,7 +983,7 @@ static void model_prefetch_layer(Model* model, int l, cudaStream_t stream) {
     int is_dense = model_is_dense_layer(model, l);
     if (sharded_parameters_gather_begin(p, l % 2, l, mg, stream)) {
         sharded_parameters_gather_slices(p, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS,
-                                         l - model_layer_begin(model), model_stage_layers(model), mg);
+                                         model_local_layer(model, l), model_stage_layers(model), mg);
         if (is_dense)
             sharded_parameters_gather_slices(p, l % 2, dense_tensors, DENSE_TENSORS,
                                              model_stage_dense_index(model, l), model_stage_dense_layers(model), mg);
@@ -980,7 +1003,7 @@ static LayerParameters model_layer_weights(Model* model, int l, cudaStream_t str
     floatX* dense[DENSE_TENSORS];
     int L = model_stage_layers(model), is_dense = model_is_dense_layer(model, l);
     sharded_parameters_gathered_slices(&model->store, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS,
-                                       l - model_layer_begin(model), L, every, stream);
+                                       model_local_layer(model, l), L, every, stream);
     if (is_dense)
         sharded_parameters_gathered_slices(&model->store, l % 2, dense_tensors, DENSE_TENSORS,
                                            model_stage_dense_index(model, l), model_stage_dense_layers(model), dense,
@@ -1012,24 +1035,25 @@ static ParameterTensors model_rest_weights(Model* model, cudaStream_t stream) {
 
 // The forward pass from the tokens to a.lnf: the embeddings, then each layer's norm, attention, residual add, norm,
 // FFN and residual add (the add fused with the next layer's first norm, or the final one). The norms and adds run on
-// the stream's tokens (SB, ST): the batch, or with sequence parallelism (1, B*T/N). Under -pp, this stage's layers:
-// from the previous stage's output in a.encoded (but on the first stage), to its last layer's residual3 (but on the
-// last stage, which goes on to a.lnf).
+// the stream's tokens (SB, ST): the batch, or with sequence parallelism (1, B*T/N). Under -pp, the layers of this
+// stage's chunk that model->chunk names (its only one but with interleaving): from the previous chunk's output in its
+// first layer's input (model_chunk_input; the embeddings on the model's first chunk), to its last layer's residual3
+// (the model's last chunk goes on to a.lnf).
 static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream) {
     const ModelConfig* c = &model->config;
     int begin = model_layer_begin(model), L = model_layer_end(model), N = B * T, Nt = model_stream_tokens(model, N);
     int SB = Nt == N ? B : 1, ST = Nt == N ? T : Nt;
     ParameterTensors p = model_rest_weights(model, stream);
     ActivationTensors a = model->acts;
-    if (model_first_stage(model)) {
+    if (model_first_chunk(model)) {
         model_embed(model, &p, B, T, stream);
         model_adapter_embed_forward(model, a.encoded, c->positions == POSITIONS_LEARNED ? p.wpe : nullptr, B, T,
                                     stream);
     }
     LayerParameters first = model_layer_weights(model, begin, stream);
     LayerActivations first_a = model_layer_activations(model, begin, B, T);
-    norm_forward(model, tp_norm_output(model, first_a.ln1), first_a.ln1_mean, first_a.ln1_rstd, a.encoded, first.ln1w,
-                 first.ln1b, SB, ST, stream);
+    norm_forward(model, tp_norm_output(model, first_a.ln1), first_a.ln1_mean, first_a.ln1_rstd, first_a.residual,
+                 first.ln1w, first.ln1b, SB, ST, stream);
     tp_gather_norm(model, first_a.ln1, N, stream);
     for (int l = begin; l < L; l++) {
         if (l + 1 < L) model_prefetch_layer(model, l + 1, stream);
@@ -1050,7 +1074,7 @@ static void model_forward_layers(Model* model, int B, int T, cudaStream_t stream
             residual_norm_forward(model, la.residual3, tp_norm_output(model, next.ln1), next.ln1_mean, next.ln1_rstd,
                                   la.residual2, ffn, next_p.ln1w, next_p.ln1b, Nt, stream);
             tp_gather_norm(model, next.ln1, N, stream);
-        } else if (!model_last_stage(model)) {  // the next stage's input
+        } else if (!model_last_chunk(model)) {  // the next chunk's input
             residual_forward(la.residual3, la.residual2, ffn, (size_t)Nt * c->channels, stream);
         } else {
             residual_norm_forward(model, la.residual3, tp_norm_output(model, a.lnf), a.lnf_mean, a.lnf_rstd,
@@ -1092,7 +1116,7 @@ static void model_forward(Model* model, const int* inputs, const int* targets, i
     float extension_scale = T == real_T ? dlogits_scale : dlogits_scale * (float)real_T / (float)T;
     if (x->begin_forward) x->begin_forward(model, B, T, extension_scale);
     model_forward_layers(model, B, T, stream);
-    if (!model_last_stage(model)) return;  // -pp: the classifier is the last stage's
+    if (!model_last_chunk(model)) return;  // -pp: the classifier is the last chunk's
     // the classifier: against wte (GPT-2, tied llama) or lm_head
     ParameterTensors p = model_rest_weights(model, stream);
     linear_forward(model, LORA_LM_HEAD, 0, a.output, a.lnf, c->tied ? p.wte : p.lm_head, nullptr, B, T, C, Vp, stream);
@@ -1143,7 +1167,7 @@ static LayerParameters model_layer_gradients(Model* model, int l, cudaStream_t s
     floatX* dense[DENSE_TENSORS];
     int is_dense = model_is_dense_layer(model, l);
     sharded_parameters_gradient_slices(&model->store, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS,
-                                       l - model_layer_begin(model), model_stage_layers(model), every, stream);
+                                       model_local_layer(model, l), model_stage_layers(model), every, stream);
     if (is_dense)
         sharded_parameters_gradient_slices(&model->store, l % 2, dense_tensors, DENSE_TENSORS,
                                            model_stage_dense_index(model, l), model_stage_dense_layers(model), dense,
@@ -1178,7 +1202,7 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     const ModelConfig* c = &model->config;
     int L = c->num_layers, C = c->channels, Vp = local_vocab(model), N = B * T, Nt = model_stream_tokens(model, N);
     int SB = Nt == N ? B : 1, ST = Nt == N ? T : Nt;  // the stream's tokens (model_forward_layers)
-    int begin = model_layer_begin(model), end = model_layer_end(model);  // this stage's layers
+    int begin = model_layer_begin(model), end = model_layer_end(model);  // this stage's chunk's layers
     ParameterTensors p = model_rest_weights(model, stream);
     ParameterTensors g = model_rest_gradients(model, stream);
     ActivationTensors a = model->acts;
@@ -1189,7 +1213,7 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     int last_micro_step = reduce;
     if (model->adapter) model->adapter->store.last_micro_step = reduce;
     reduce = reduce || model->zero_stage >= 2;  // ZeRO-2/3 reduce on every micro-step
-    if (model_last_stage(model)) {  // (before -pp's other stages, the next stage's gradient is in a.dresidual)
+    if (model_last_chunk(model)) {  // (before -pp's other chunks, the next chunk's input gradient is in a.dresidual)
         cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)Nt * C * sizeof(floatX), stream));
         // classifier: the logits' gradient is in a.output; a tied output embedding's gradient adds to the encoder's
         linear_backward(model, LORA_LM_HEAD, 0, a.dbtc, c->tied ? g.wte : g.lm_head, nullptr, a.output, a.lnf,
@@ -1232,7 +1256,7 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
             model_reduce_layer(model, l, mg, zero_stage, stream);
         }
     }
-    if (model_first_stage(model)) {  // (under -pp the other stages send a.dresidual, their input's gradient, back)
+    if (model_first_chunk(model)) {  // (under -pp the other chunks send a.dresidual, their input's gradient, back)
         floatX* dwpe = c->positions == POSITIONS_LEARNED ? g.wpe : nullptr;
         const floatX* dembedded = tp_whole_gradient(model, dresidual, N, stream);
         if (model->frozen) {  // the embeddings do not train; prompt tuning's prompt does
@@ -1245,9 +1269,10 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
                                          model_tp_member(model) * Vs, Vs, seed, stream);
         }
     }
-    if (reduce) {
+    // the tensors outside the layers: under -pp those of the model's first or last chunk (none of the others')
+    if (reduce && (model_first_chunk(model) || model_last_chunk(model))) {
         // (a slice of size 0, RMSNorm's bias, points at the next tensor: NULL)
-        if (model_last_stage(model))
+        if (model_last_chunk(model))
             tp_sum_norm_gradients(model, g.lnfw, c->norm == NORM_LAYERNORM ? g.lnfb : nullptr, stream);
         model_reduce_rest(model, mg, zero_stage, stream);
     }
@@ -1266,7 +1291,7 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
 
 static void model_reduce_layer(Model* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     sharded_parameters_reduce_slices(&model->store, every_layer_tensors, EVERY_LAYER_TENSORS,
-                                     layer - model_layer_begin(model), model_stage_layers(model), mg, zero_stage,
+                                     model_local_layer(model, layer), model_stage_layers(model), mg, zero_stage,
                                      stream);
     if (model_is_dense_layer(model, layer))
         sharded_parameters_reduce_slices(&model->store, dense_tensors, DENSE_TENSORS,
@@ -1479,6 +1504,9 @@ static void model_allocate_slots(Model* model, int B, int T, int slots) {
     }
     model->num_slots = slots;
     model_use_slot(model, &model->slots[0]);
+    size_t message = (size_t)model_stream_tokens(model, B * T) * model->config.channels;  // the outputs' staging
+    cudaCheck(cudaMalloc((void**)&model->staging, (model->pp->staging_buffers > 0 ? model->pp->staging_buffers : 1) *
+                                                      message * sizeof(floatX)));
     if (model->pp->schedule == SCHEDULE_ZB) {  // per layer 4 weight gradients, their output gradients and inputs
         size_t N = (size_t)B * T, C = model->config.channels, H = local_hidden(model);
         size_t per_layer = N * (local_qkv_channels(model) + C + local_fc_channels(model) + C);
@@ -1506,31 +1534,48 @@ static void model_weight_pass(Model* model, WeightGradientQueue* q, int reduce, 
     }
 }
 
+// Pass k's output (n values at `values`) into its staging buffer, where it waits for its send (llmc/pipeline.h)
+static floatX* stage_pass_output(Model* model, const Pipeline* pp, int k, const floatX* values, size_t n,
+                                 cudaStream_t stream) {
+    floatX* staged = model->staging + (size_t)pp->staging_of[k] * n;
+    cudaCheck(cudaMemcpyAsync(staged, values, n * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+    return staged;
+}
+
 // The values a stage sends its neighbour per micro-batch: the stream's (B, T, C), or its gradient
 static size_t pipeline_message(const Model* model, int B, int T) {
     return (size_t)model_stream_tokens(model, B * T) * model->config.channels;
 }
-// Where this stage's output is: its last layer's residual3
+// Where the current chunk's output is (its last layer's residual3), and where its input goes (its first layer's)
 static floatX* stage_output(Model* model, int B, int T) {
     return model_layer_activations(model, model_layer_end(model) - 1, B, T).residual3;
 }
+static floatX* chunk_input(Model* model, int B, int T) {
+    return (floatX*)model_layer_activations(model, model_layer_begin(model), B, T).residual;
+}
 
-// A forward pass with targets through every stage, for validation: each stage's layers on the micro-batch, the loss on
-// the last stage (model_mean_loss there; 0 on the others). Collective over the pipeline group.
+// A forward pass with targets through every stage, for validation: each stage's chunks' layers on the micro-batch in
+// turn, the loss on the last (model_mean_loss there; 0 on the others). Collective over the pipeline group.
 static void pipeline_forward_only(Model* model, const int* inputs, const int* targets, int B, int T,
                                   cudaStream_t stream) {
     Pipeline* pp = model->pp;
     size_t n = pipeline_message(model, B, T);
     model_use_slot(model, &model->slots[0]);
-    pipeline_exchange(pp, NULL, -1, model->acts.encoded, model_first_stage(model) ? -1 : pp->stage - 1, n, stream);
-    model_forward(model, inputs, targets, B, T, 0.0f, stream);
-    pipeline_exchange(pp, stage_output(model, B, T), model_last_stage(model) ? -1 : pp->stage + 1, NULL, -1, n, stream);
+    for (int c = 0; c < pp->chunks; c++) {
+        model->chunk = c;
+        int before = model_first_chunk(model) ? -1 : (pp->stage + pp->stages - 1) % pp->stages;
+        int after = model_last_chunk(model) ? -1 : (pp->stage + 1) % pp->stages;
+        pipeline_exchange(pp, NULL, -1, chunk_input(model, B, T), before, n, stream);
+        model_forward(model, inputs, targets, B, T, 0.0f, stream);
+        pipeline_exchange(pp, stage_output(model, B, T), after, NULL, -1, n, stream);
+    }
+    model->chunk = 0;
     model_save_slot(model, &model->slots[0]);
 }
 
-// A training step's micro-batches through this stage's passes (pp->passes, the schedule's order): before each pass one
-// NCCL group sends what the pass before produced and receives what this one needs (the previous stage's output before
-// a forward pass, the next stage's gradient before a backward pass). The backward passes run in micro-batch order and
+// A training step's micro-batches through this stage's passes (pp->passes, the schedule's order): before each pass the
+// sends and receives of llmc/pipeline.h's order (the previous chunk's output before a forward pass, the next chunk's
+// input gradient before a backward pass; each pass's output sent when its key is due). The backward passes run in micro-batch order and
 // draw the stochastic-rounding seeds in that order, as -pp 1's micro-steps do, and the last one reduces the stage's
 // gradients over its data-parallel processes; a tied wte's two parts are then summed between the first and last stage
 // and reduced. Returns the sum of the micro-batches' mean losses (with loss masks, of their loss sums times
@@ -1554,37 +1599,40 @@ static double pipeline_micro_steps(Model* model, const TrainerSettings* s, DataL
     }
     float dlogits_scale = model->loss_scaler.scale / (float)(BT * m);
     double loss = 0.0;
-    const floatX* send = NULL;  // the last pass's output
+    // each pass's output (the stream up, or the input gradient down; NULL: none), sent at a later point
+    floatX** outputs = (floatX**)calloc(pp->num_passes, sizeof(floatX*));
     cudaCheck(cudaEventRecord(pp->start, stream));
     for (int k = 0; k < pp->num_passes; k++) {
         PipelinePass pass = pp->passes[k];
         ActivationSlot* slot = &model->slots[pass.micro % pp->slots];
         int forward = pass.kind == PASS_FORWARD;
         model_use_slot(model, slot);
-        pipeline_point(pp, k, send, forward ? model->acts.encoded : model->acts.dresidual, n, stream);
+        model->chunk = pass.chunk;
+        pipeline_point(pp, k, outputs, forward ? chunk_input(model, B, T) : model->acts.dresidual, n, stream);
         cudaCheck(cudaEventRecord(pp->begin[k], stream));
         if (forward) {
             model->pass_number = (unsigned int)(step * m + pass.micro);
             model_forward(model, inputs + (size_t)pass.micro * BT, targets + (size_t)pass.micro * BT, B, T,
                           dlogits_scale, stream);
-            send = last ? NULL : stage_output(model, B, T);
+            if (!model_last_chunk(model)) outputs[k] = stage_pass_output(model, pp, k, stage_output(model, B, T), n, stream);
         } else if (pass.kind == PASS_BACKWARD) {
             model->deferring = pp->schedule == SCHEDULE_ZB ? &slot->weights : NULL;
             model_backward(model, B, T, seeds[pass.micro], mg, pass.micro == m - 1, s->zero_stage, stream);
             model->deferring = NULL;
-            send = first ? NULL : model->acts.dresidual;
+            if (!model_first_chunk(model)) outputs[k] = stage_pass_output(model, pp, k, model->acts.dresidual, n, stream);
         } else {
             model_weight_pass(model, &slot->weights, pass.micro == m - 1, mg, s->zero_stage, stream);
-            send = NULL;
         }
         cudaCheck(cudaEventRecord(pp->end[k], stream));
-        if (pass.kind == PASS_BACKWARD && last) {
+        if (pass.kind == PASS_BACKWARD && model_last_chunk(model)) {
             float mean_loss = model_mean_loss(model);
             loss += masked ? model->loss_sum * target_weight : mean_loss;
         }
         model_save_slot(model, slot);
     }
-    pipeline_point(pp, pp->num_passes, send, NULL, n, stream);
+    model->chunk = 0;
+    pipeline_point(pp, pp->num_passes, outputs, NULL, n, stream);
+    free(outputs);
     cudaCheck(cudaEventRecord(pp->finish, stream));
     if (model_shares_wte(model) && (first || last)) {
         ParameterTensors g = model_rest_gradients(model, stream);
@@ -1791,7 +1839,7 @@ static void report_step(const Model* model, const TrainerSettings* s, const Step
         if (model_pp_stages(model) > 1)
             snprintf(idle, sizeof(idle), " | idle %.3f-%.3f (%s %.3f)", r->least_idle, r->most_idle,
                      pipeline_schedule_names[model->pp->schedule],
-                     pipeline_formula_idle(model->pp->schedule, model->pp->stages, grad_accum_steps));
+                     pipeline_formula_idle(model->pp->schedule, model->pp->stages, grad_accum_steps, model->pp->chunks));
         if (mfu >= 0.0f)
             printf("step %d/%d | loss %f%s | norm %f | lr %e | %.2f ms | %.1f%% MFU | %.0f tok/s%s\n", step + 1,
                    train_num_batches, r->loss, fields, r->norm, opt->learning_rate, r->ms, mfu, tokens_per_second, idle);
@@ -1855,6 +1903,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (s.plan_gib > 0) pipeline_plan(&pp, &plan_world, s.pipeline_stages);
     else pipeline_init(&pp, &mg, s.pipeline_stages);
     pp.schedule = (PipelineSchedule)pipeline_schedule_number(s.pipeline_schedule);
+    pp.chunks = pp.stages > 1 ? s.pipeline_chunks : 1;
     pp.seq_len = s.T;
     pp.trace_path = s.pipeline_trace;
     TensorParallel tp;
@@ -2039,6 +2088,12 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     if (!tokenizer.init_ok && rank0 && s.sample_every > 0)
         printf("note: no tokenizer: samples start from token %d and print token ids\n", sample_seed_token);
 
+    if (pp.schedule == SCHEDULE_INTERLEAVED && pp.stages > 1 && grad_accum_steps % pp.stages != 0) {
+        // (every process says it: one that exits first may end the job before process 0 has)
+        fprintf(stderr, "-pps interleaved: %d micro-batches per step (-d %d), not a multiple of the %d stages: the "
+                "chunks pass the micro-batches round in groups of p\n", grad_accum_steps, total_batch_size, pp.stages);
+        return EXIT_FAILURE;
+    }
     if (pp.schedule == SCHEDULE_ZB && pp.stages > 1 && grad_accum_steps < pp.stages) {
         // (every process says it: one that exits first may end the job before process 0 has)
         fprintf(stderr, "-pps zb: %d micro-batches per step (-d %d), fewer than the %d stages: ZB-H1 fills the bubbles "

@@ -108,9 +108,11 @@ static LayerActivations model_layer_activations(const Model* model, int l, size_
     LayerStrides st = layer_strides(model, B, T);
     size_t QKV = st.qkv, FC = st.fc, HID = st.hidden, means = st.means, STC = st.stream, ST = st.stream_tokens;
     LayerActivations la;
-    int first = model_layer_begin(model);  // under -pp this stage's layers: its slices are l - first
-    la.residual = l == first ? a->encoded : a->residual3 + (l - first - 1) * STC;
-    l -= first;
+    // under -pp layer l's slices are its place among the stage's layers; a chunk's input is the residual3 of the local
+    // layer before it (the previous chunk's output, sent on), or a.encoded for the first
+    int global = l;
+    l = model_local_layer(model, l);
+    la.residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * STC;
     la.ln1 = model->recompute >= 2 ? a->ln1 : a->ln1 + l * BTC;
     la.ln1_mean = a->ln1_mean + l * means;
     la.ln1_rstd = a->ln1_rstd + l * ST;
@@ -125,8 +127,8 @@ static LayerActivations model_layer_activations(const Model* model, int l, size_
     la.ln2_rstd = a->ln2_rstd + l * ST;
     la.residual3 = a->residual3 + l * STC;
     la.fch = la.ffn_act = NULL;
-    if (model_is_dense_layer(model, l + first)) {
-        size_t d = model_stage_dense_index(model, l + first);
+    if (model_is_dense_layer(model, global)) {
+        size_t d = model_stage_dense_index(model, global);
         la.fch = a->fch + d * FC;
         la.ffn_act = model->recompute >= 1 ? a->ffn_act : a->ffn_act + d * HID;
     }

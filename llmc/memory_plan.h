@@ -26,11 +26,26 @@ static size_t shard_padded_count(size_t n, int processes) { return CEIL_DIV(n, (
 static int plan_stage_slots(const Model* model) {
     const Pipeline* pp = model->pp;
     if (model_pp_stages(model) == 1 || pp->micro_batches < 1) return 1;
-    PipelinePass* passes = (PipelinePass*)malloc_check(3 * (size_t)pp->micro_batches * sizeof(PipelinePass));
-    int n = pipeline_passes(pp->schedule, pp->stages, pp->stage, pp->micro_batches, passes);
+    PipelinePass* passes = (PipelinePass*)malloc_check(3 * (size_t)pp->micro_batches * pp->chunks * sizeof(PipelinePass));
+    int n = pipeline_passes(pp->schedule, pp->stages, pp->stage, pp->micro_batches, pp->chunks, passes);
     int slots = pipeline_slots(passes, n);
     free(passes);
     return slots;
+}
+// ... and the buffers where its passes' outputs wait for their sends
+static size_t plan_staging_bytes(const Model* model, int B, int T) {
+    const Pipeline* pp = model->pp;
+    if (model_pp_stages(model) == 1 || pp->micro_batches < 1) return 0;
+    int n = (pp->schedule == SCHEDULE_ZB ? 3 : 2) * pp->micro_batches * pp->chunks;
+    PipelineOp* ops = (PipelineOp*)malloc_check(2 * (size_t)n * sizeof(PipelineOp));
+    int* begin = (int*)malloc_check((n + 2) * sizeof(int));
+    int* staging_of = (int*)malloc_check(n * sizeof(int));
+    pipeline_ops(pp->schedule, pp->stages, pp->stage, pp->micro_batches, pp->chunks, ops, begin);
+    size_t buffers = pipeline_staging(ops, begin, n, staging_of);
+    free(ops);
+    free(begin);
+    free(staging_of);
+    return buffers * model_stream_tokens(model, B * T) * model->config.channels * sizeof(floatX);
 }
 static size_t plan_weight_queue_bytes(const Model* model, int B, int T) {
     if (model_pp_stages(model) == 1 || model->pp->schedule != SCHEDULE_ZB) return 0;
@@ -60,7 +75,8 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
     m.activations = activation_bytes(model, B, T + model_adapter_sequence_extra(model), model->recompute);
     if (model_pp_stages(model) > 1) {  // a slot per micro-batch in flight; a tied wte's gradient from the other stage
-        m.activations = plan_stage_slots(model) * (m.activations + plan_weight_queue_bytes(model, B, T));
+        m.activations = plan_stage_slots(model) * (m.activations + plan_weight_queue_bytes(model, B, T)) +
+                        plan_staging_bytes(model, B, T);
         if (model_shares_wte(model) && (model_first_stage(model) || model_last_stage(model)))
             m.activations += (size_t)local_vocab(model) * model->config.channels * sizeof(floatX);
     }
@@ -158,12 +174,13 @@ static void tensor_parallel_plan_rows(InfoTable* t, const Model* model, int B, i
 static void pipeline_plan_rows(InfoTable* t, const Model* model, int B, int T) {
     Pipeline* pp = model->pp;
     const double MiB = 1048576.0;
-    char cut[256] = "";
-    for (int s = 0, n = 0; s < pp->stages && n < (int)sizeof(cut) - 12; s++)
-        n += snprintf(cut + n, sizeof(cut) - n, "%s%d", s ? "," : "", pp->first_layer[s + 1] - pp->first_layer[s]);
-    info_row(t, "pipeline", "%d stages (-pp) of layers %s, %s over %d micro-batches (idle over busy %.3f)", pp->stages,
-             cut, pipeline_schedule_names[pp->schedule], pp->micro_batches,
-             pipeline_formula_idle(pp->schedule, pp->stages, pp->micro_batches > 0 ? pp->micro_batches : 1));
+    char cut[256] = "";  // the layers of each model chunk (one per stage but interleaved)
+    for (int j = 0, n = 0; j < pp->stages * pp->chunks && n < (int)sizeof(cut) - 12; j++)
+        n += snprintf(cut + n, sizeof(cut) - n, "%s%d", j ? "," : "", pp->first_layer[j + 1] - pp->first_layer[j]);
+    info_row(t, "pipeline", "%d stages (-pp) x %d chunk%s of layers %s, %s, %d micro-batches, idle %.3f", pp->stages,
+             pp->chunks, pp->chunks == 1 ? "" : "s", cut, pipeline_schedule_names[pp->schedule], pp->micro_batches,
+             pipeline_formula_idle(pp->schedule, pp->stages, pp->micro_batches > 0 ? pp->micro_batches : 1,
+                                   pp->chunks));
     int mine = pp->stage;
     for (int s = 0; s < pp->stages; s++) {
         pp->stage = s;

@@ -8,46 +8,81 @@
 
 static int model_pp_stages(const Model* m) { return m->pp ? m->pp->stages : 1; }
 static int model_pp_stage(const Model* m) { return m->pp ? m->pp->stage : 0; }
+static int model_pp_chunks(const Model* m) { return m->pp ? m->pp->chunks : 1; }
 static int model_first_stage(const Model* m) { return model_pp_stage(m) == 0; }
 static int model_last_stage(const Model* m) { return model_pp_stage(m) == model_pp_stages(m) - 1; }
-// stage s's layers [model_stage_begin, model_stage_end)
-static int model_stage_begin(const Model* m, int s) { return model_pp_stages(m) > 1 ? m->pp->first_layer[s] : 0; }
-static int model_stage_end(const Model* m, int s) {
-    return model_pp_stages(m) > 1 ? m->pp->first_layer[s + 1] : m->config.num_layers;
-}
-static int model_layer_begin(const Model* m) { return model_stage_begin(m, model_pp_stage(m)); }
-static int model_layer_end(const Model* m) { return model_stage_end(m, model_pp_stage(m)); }
-static int model_stage_layers(const Model* m) { return model_layer_end(m) - model_layer_begin(m); }
-// the dense layers before layer l, and this stage's
-static int model_stage_dense_layers(const Model* m) {
-    return model_dense_index(m, model_layer_end(m)) - model_dense_index(m, model_layer_begin(m));
-}
-static int model_stage_dense_index(const Model* m, int l) {
-    return model_dense_index(m, l) - model_dense_index(m, model_layer_begin(m));
-}
-// With a tied output embedding and two or more stages, the first and the last stage both hold wte.
-static int model_shares_wte(const Model* m) { return m->config.tied && model_pp_stages(m) > 1; }
 
-// A cut of the layers into stages: stage s holds [first_layer[s], first_layer[s + 1]); this run's, or a checkpoint's.
+// A cut of the layers into stages and their chunks: model chunk j = c p + s, stage s's chunk c, holds layers
+// [first_layer[j], first_layer[j + 1]) (one chunk per stage but with interleaving); this run's, or a checkpoint's.
 typedef struct {
-    int stages;
+    int stages, chunks;
     int first_layer[PIPELINE_MAX_STAGES + 1];
 } StageCut;
 static StageCut model_stage_cut(const Model* m) {
     StageCut c;
-    c.stages = model_pp_stages(m);
-    for (int s = 0; s <= c.stages; s++) c.first_layer[s] = s == c.stages ? m->config.num_layers
-                                                          : model_stage_begin(m, s);
+    c.stages = model_pp_stages(m), c.chunks = model_pp_chunks(m);
+    int n = c.stages * c.chunks;
+    for (int j = 0; j <= n; j++) c.first_layer[j] = c.stages == 1 ? (j ? m->config.num_layers : 0) : m->pp->first_layer[j];
     return c;
 }
+// stage s's chunk c: layers [cut_begin, cut_end)
+static int cut_begin(const StageCut* cut, int s, int c) { return cut->first_layer[c * cut->stages + s]; }
+static int cut_end(const StageCut* cut, int s, int c) { return cut->first_layer[c * cut->stages + s + 1]; }
 
-// The blocks of tensor i that stage s of `cut` holds, [*first, *first + *count) of *blocks: a layer's slice of a tensor
-// stacked over every layer (blocks L) or over the dense layers (Ld); the tensors outside the layers are one block, on
-// the first stage (wte, wpe), the last (the final norm, lm_head, and a tied wte), or both.
-static void stage_blocks_of(const Model* m, const StageCut* cut, int i, int s, size_t* first, size_t* count,
+// This stage's layers, chunk after chunk: how many, and layer l's place among them (its slices' index in the stage's
+// stacked tensors and activations); the same for the dense layers among them
+static int model_stage_layers(const Model* m) {
+    StageCut cut = model_stage_cut(m);
+    int n = 0;
+    for (int c = 0; c < cut.chunks; c++) n += cut_end(&cut, model_pp_stage(m), c) - cut_begin(&cut, model_pp_stage(m), c);
+    return n;
+}
+static int model_local_layer(const Model* m, int l) {
+    StageCut cut = model_stage_cut(m);
+    int s = model_pp_stage(m), before = 0;
+    for (int c = 0; c < cut.chunks; c++) {
+        int b = cut_begin(&cut, s, c), e = cut_end(&cut, s, c);
+        if (l >= b && l < e) return before + l - b;
+        before += e - b;
+    }
+    fprintf(stderr, "model_local_layer: layer %d is not stage %d's\n", l, s);
+    exit(EXIT_FAILURE);
+}
+static int model_stage_dense_index(const Model* m, int l) {  // the stage's dense layers before l
+    StageCut cut = model_stage_cut(m);
+    int s = model_pp_stage(m), before = 0;
+    for (int c = 0; c < cut.chunks; c++) {
+        int b = cut_begin(&cut, s, c), e = cut_end(&cut, s, c);
+        if (l >= b && l < e) return before + model_dense_index(m, l) - model_dense_index(m, b);
+        before += model_dense_index(m, e) - model_dense_index(m, b);
+    }
+    return before;
+}
+static int model_stage_dense_layers(const Model* m) { return model_stage_dense_index(m, m->config.num_layers); }
+
+// The layers of the current pass: model->chunk's (the pipeline's step sets it; 0 otherwise): [begin, end)
+static int model_layer_begin(const Model* m) {
+    StageCut cut = model_stage_cut(m);
+    return cut_begin(&cut, model_pp_stage(m), m->chunk);
+}
+static int model_layer_end(const Model* m) {
+    StageCut cut = model_stage_cut(m);
+    return cut_end(&cut, model_pp_stage(m), m->chunk);
+}
+// whether the current pass's chunk is the model's first (the embeddings) or last (the final norm and the classifier)
+static int model_first_chunk(const Model* m) { return model_first_stage(m) && m->chunk == 0; }
+static int model_last_chunk(const Model* m) { return model_last_stage(m) && m->chunk == model_pp_chunks(m) - 1; }
+// With a tied output embedding and two or more stages, the first and the last stage both hold wte.
+static int model_shares_wte(const Model* m) { return m->config.tied && model_pp_stages(m) > 1; }
+
+// The blocks of tensor i that stage s's chunk c of `cut` holds, [*first, *first + *count) of *blocks: its layers'
+// slices of a tensor stacked over every layer (blocks L) or over the dense layers (Ld); the tensors outside the layers
+// are one block, on the first stage (wte, wpe), the last (the final norm, lm_head, and a tied wte), or both (counted
+// with chunk 0). A stage's set holds each tensor's blocks chunk after chunk.
+static void stage_blocks_of(const Model* m, const StageCut* cut, int i, int s, int c, size_t* first, size_t* count,
                             size_t* blocks) {
-    int p = cut->stages, begin = cut->first_layer[s], end = cut->first_layer[s + 1];
-    int first_stage = s == 0, last_stage = s == p - 1;
+    int p = cut->stages, begin = cut_begin(cut, s, c), end = cut_end(cut, s, c);
+    int first_stage = s == 0 && c == 0, last_stage = s == p - 1 && c == 0;
     *first = 0;
     switch (i) {
     case PARAM_LN1W: case PARAM_LN1B: case PARAM_QKVW: case PARAM_QKVB: case PARAM_ATTPROJW: case PARAM_ATTPROJB:
@@ -64,19 +99,15 @@ static void stage_blocks_of(const Model* m, const StageCut* cut, int i, int s, s
     default: *blocks = 1, *count = 1; return;  // an extension's (train_moe.cu runs without -pp)
     }
 }
-// ... of this run's cut
-static void model_stage_blocks(const Model* m, int i, int s, size_t* first, size_t* count, size_t* blocks) {
-    StageCut cut = model_stage_cut(m);
-    stage_blocks_of(m, &cut, i, s, first, count, blocks);
-}
+
 
 // Tensor i's cut over the tensor-parallel members (model_tensor_split) narrowed to stage s's blocks, and where those
 // start in the whole tensor (values): a member's slice of a stage's blocks is its slice of each of those blocks.
-static TensorSplit stage_split_of(const Model* m, const StageCut* cut, int i, int s, const size_t* in_file,
+static TensorSplit stage_split_of(const Model* m, const StageCut* cut, int i, int s, int c, const size_t* in_file,
                                   size_t* offset) {
     TensorSplit t = model_tensor_split(m, i, in_file);
     size_t first, count, blocks;
-    stage_blocks_of(m, cut, i, s, &first, &count, &blocks);
+    stage_blocks_of(m, cut, i, s, c, &first, &count, &blocks);
     *offset = 0;
     if (blocks == 0 || in_file[i] == 0 || count == blocks) return t;  // (an extension's: its own cut)
     size_t per_block = in_file[i] / blocks;
@@ -85,9 +116,9 @@ static TensorSplit stage_split_of(const Model* m, const StageCut* cut, int i, in
     else t.layers = count;  // a split tensor's layers are its blocks
     return t;
 }
-static TensorSplit model_stage_split(const Model* m, int i, int s, const size_t* in_file, size_t* offset) {
+static TensorSplit model_stage_split(const Model* m, int i, int s, int c, const size_t* in_file, size_t* offset) {
     StageCut cut = model_stage_cut(m);
-    return stage_split_of(m, &cut, i, s, in_file, offset);
+    return stage_split_of(m, &cut, i, s, c, in_file, offset);
 }
 
 // The blocks of the whole model that stage s holds, put into `file_order` (host, model-file order) on every process
@@ -101,16 +132,20 @@ static void model_join_stages(const Model* m, floatX* file_order) {
     cudaCheck(cudaMalloc((void**)&device, n * sizeof(floatX)));
     cudaCheck(cudaMemcpy(device, file_order, n * sizeof(floatX), cudaMemcpyHostToDevice));
     const MultiGpuConfig* g = &m->pp->group;
+    StageCut cut = model_stage_cut(m);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         int held_before = 0;  // a tensor two stages hold (a tied wte) comes from the first
-        for (int s = 0; s < model_pp_stages(m) && !held_before; s++) {
-            size_t first, count, blocks;
-            model_stage_blocks(m, i, s, &first, &count, &blocks);
-            if (count == 0 || in_file[i] == 0) continue;
-            size_t per_block = in_file[i] / blocks;
-            floatX* range = device + at[i] + first * per_block;
-            ncclCheck(ncclBroadcast(range, range, count * per_block, nccl_floatX(), s, g->nccl_comm, g->nccl_stream));
-            held_before = blocks == 1;
+        for (int s = 0; s < cut.stages && !held_before; s++) {
+            for (int c = 0; c < cut.chunks; c++) {
+                size_t first, count, blocks;
+                stage_blocks_of(m, &cut, i, s, c, &first, &count, &blocks);
+                if (count == 0 || in_file[i] == 0) continue;
+                size_t per_block = in_file[i] / blocks;
+                floatX* range = device + at[i] + first * per_block;
+                ncclCheck(ncclBroadcast(range, range, count * per_block, nccl_floatX(), s, g->nccl_comm,
+                                        g->nccl_stream));
+                held_before = blocks == 1;
+            }
         }
     }
     cudaCheck(cudaStreamSynchronize(g->nccl_stream));

@@ -8,8 +8,9 @@
 #pragma once
 
 static void fill_in_parameter_sizes(const Model* model, size_t* in_file, size_t* in_set);
-static TensorSplit model_stage_split(const Model* m, int i, int s, const size_t* in_file, size_t* offset);
+static TensorSplit model_stage_split(const Model* m, int i, int s, int c, const size_t* in_file, size_t* offset);
 static int model_pp_stage(const Model* m);
+static int model_pp_chunks(const Model* m);
 
 // Tensor parallelism (llmc/tensor_parallel.cuh, doc/parallelism.md): the degree N, this process's member index, and
 // the widths of its slices of the split layers: NH/N query heads, NKV/N key/value heads, C/N attention channels,
@@ -94,11 +95,14 @@ static void model_join_slices(const Model* model, floatX* file_order, const floa
     cudaCheck(cudaStreamSynchronize(stream));
     for (int m = 0; m < N; m++) {
         size_t from = 0, to = 0;
+        int chunks = model_pp_chunks(model);
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            size_t offset;  // this stage's blocks (llmc/model_pipeline.h)
-            TensorSplit s = model_stage_split(model, i, model_pp_stage(model), in_file, &offset);
-            tensor_split_copy(&s, m, N, file_order + to + offset, host + m * n + from, sizeof(floatX), 1);
-            from += in_set[i];
+            for (int c = 0; c < chunks; c++) {  // this stage's blocks, chunk by chunk (llmc/model_pipeline.h)
+                size_t offset;
+                TensorSplit s = model_stage_split(model, i, model_pp_stage(model), c, in_file, &offset);
+                tensor_split_copy(&s, m, N, file_order + to + offset, host + m * n + from, sizeof(floatX), 1);
+                from += chunks == 1 ? in_set[i] : tensor_split_slice_size(&s, N);
+            }
             to += in_file[i];
         }
     }

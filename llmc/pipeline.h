@@ -28,10 +28,12 @@
 
 // the schedules, as -pps names them, with the idle fraction each leaves: its bubble over its busy time (GPipe and 1F1B
 // the same, 1F1B holding fewer micro-batches' activations; ZB-H1 a third of it, at m >= p)
-typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_ZB, NUM_SCHEDULES } PipelineSchedule;
-static const char* const pipeline_schedule_names[NUM_SCHEDULES] = {"gpipe", "1f1b", "zb"};
-static double pipeline_formula_idle(PipelineSchedule schedule, int p, int m) {
-    return schedule == SCHEDULE_ZB ? (double)(p - 1) / (3.0 * m) : (double)(p - 1) / m;
+typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZB, NUM_SCHEDULES } PipelineSchedule;
+static const char* const pipeline_schedule_names[NUM_SCHEDULES] = {"gpipe", "1f1b", "interleaved", "zb"};
+// (interleaved: v model chunks per stage, a v-th of the bubble)
+static double pipeline_formula_idle(PipelineSchedule schedule, int p, int m, int v) {
+    if (schedule == SCHEDULE_ZB) return (double)(p - 1) / (3.0 * m);
+    return (double)(p - 1) / ((schedule == SCHEDULE_INTERLEAVED ? v : 1) * (double)m);
 }
 static int pipeline_schedule_number(const char* name) {
     for (int i = 0; i < NUM_SCHEDULES; i++)
@@ -45,9 +47,10 @@ static const char pass_letters[3] = {'F', 'B', 'W'};
 typedef struct {
     PassKind kind;
     int micro;  // the micro-batch, 0..m-1
+    int chunk;  // interleaved: the stage's model chunk, 0..v-1 (model chunk chunk * p + stage); else 0
 } PipelinePass;
 
-// Stage s's passes over m micro-batches, in order, into passes (2m of them; ZB 3m). GPipe: every forward pass, then every
+// Stage s's passes over m micro-batches, in order, into passes (2m of them; ZB 3m; interleaved 2mv). GPipe: every forward pass, then every
 // backward. 1F1B: min(p-s-1, m) forward passes to fill the pipeline, then one forward and one backward in turn, then the
 // backward passes left; so stage s holds at most p-s micro-batches' activations.
 // ZB-H1 (Qi et al. 2024): each backward pass split into B and W, the schedule of a simulation in which every pass costs
@@ -78,7 +81,7 @@ static int pipeline_zb_passes(int p, int s, int m, PipelinePass* passes) {
             int i = next[3 * st + chosen[st]]++;
             if (chosen[st] == 0) f_done[st * m + i] = t + 1;
             if (chosen[st] == 1) b_done[st * m + i] = t + 1;
-            if (st == s) passes[n++] = (PipelinePass){(PassKind)chosen[st], i};
+            if (st == s) passes[n++] = (PipelinePass){(PassKind)chosen[st], i, 0};
             left--;
         }
         free(chosen);
@@ -89,26 +92,51 @@ static int pipeline_zb_passes(int p, int s, int m, PipelinePass* passes) {
     return n;
 }
 
-static int pipeline_passes(PipelineSchedule schedule, int p, int s, int m, PipelinePass* passes) {
-    if (schedule == SCHEDULE_ZB) return pipeline_zb_passes(p, s, m, passes);
-    int n = 0, warmup = schedule == SCHEDULE_GPIPE ? m : (p - s - 1 < m ? p - s - 1 : m);
-    for (int i = 0; i < warmup; i++) passes[n++] = (PipelinePass){PASS_FORWARD, i};
-    for (int i = 0; i < m - warmup; i++) {
-        passes[n++] = (PipelinePass){PASS_FORWARD, warmup + i};
-        passes[n++] = (PipelinePass){PASS_BACKWARD, i};
+// Interleaved 1F1B (Narayanan et al. 2021, Megatron's order), m a multiple of p: the k-th forward pass of a stage is
+// micro-batch (k / pv) p + k % p through chunk (k / p) % v, the k-th backward the same micro-batch through chunk
+// v - 1 - (k / p) % v; (p-s-1) 2 + (v-1) p forward passes fill the pipeline (all m v of them when m = p), then one
+// forward and one backward in turn, then the backward passes left. With every chunk's pass costing one unit it takes
+// 2 (m v + p - 1) units: a bubble of (p-1)/(v m) of the busy time.
+static PipelinePass interleaved_pass(PassKind kind, int k, int p, int v) {
+    int chunk = (k / p) % v;
+    return (PipelinePass){kind, (k / (p * v)) * p + k % p, kind == PASS_FORWARD ? chunk : v - 1 - chunk};
+}
+static int pipeline_interleaved_passes(int p, int s, int m, int v, PipelinePass* passes) {
+    int n = 0, total = m * v, warmup = m == p ? total : (p - s - 1) * 2 + (v - 1) * p;
+    if (warmup > total) warmup = total;
+    for (int k = 0; k < warmup; k++) passes[n++] = interleaved_pass(PASS_FORWARD, k, p, v);
+    for (int k = 0; k < total - warmup; k++) {
+        passes[n++] = interleaved_pass(PASS_FORWARD, warmup + k, p, v);
+        passes[n++] = interleaved_pass(PASS_BACKWARD, k, p, v);
     }
-    for (int i = m - warmup; i < m; i++) passes[n++] = (PipelinePass){PASS_BACKWARD, i};
+    for (int k = total - warmup; k < total; k++) passes[n++] = interleaved_pass(PASS_BACKWARD, k, p, v);
     return n;
 }
 
-// The most micro-batches whose activations a stage holds at once under these passes (from the forward pass to the last
-// pass that reads them: the backward, or with ZB the W): the activation slots it needs. Micro-batch i uses slot
-// i % slots (the backward and W passes run in micro-batch order, so those in flight are consecutive).
+// (passes holds 3 m v of them)
+static int pipeline_passes(PipelineSchedule schedule, int p, int s, int m, int v, PipelinePass* passes) {
+    if (schedule == SCHEDULE_ZB) return pipeline_zb_passes(p, s, m, passes);
+    if (schedule == SCHEDULE_INTERLEAVED) return pipeline_interleaved_passes(p, s, m, v, passes);
+    int n = 0, warmup = schedule == SCHEDULE_GPIPE ? m : (p - s - 1 < m ? p - s - 1 : m);
+    for (int i = 0; i < warmup; i++) passes[n++] = (PipelinePass){PASS_FORWARD, i, 0};
+    for (int i = 0; i < m - warmup; i++) {
+        passes[n++] = (PipelinePass){PASS_FORWARD, warmup + i, 0};
+        passes[n++] = (PipelinePass){PASS_BACKWARD, i, 0};
+    }
+    for (int i = m - warmup; i < m; i++) passes[n++] = (PipelinePass){PASS_BACKWARD, i, 0};
+    return n;
+}
+
+// The most micro-batches whose activations a stage holds at once under these passes (from the forward pass of its first
+// chunk to the last pass that reads them: the backward of that chunk, or with ZB the W): the activation slots it
+// needs, each holding every chunk's layers. Micro-batch i uses slot i % slots (those passes run in micro-batch order,
+// so the micro-batches in flight are consecutive).
 static int pipeline_slots(const PipelinePass* passes, int n) {
     int held = 0, most = 0, has_w = 0;
     for (int k = 0; k < n; k++) has_w |= passes[k].kind == PASS_WEIGHT;
     PassKind release = has_w ? PASS_WEIGHT : PASS_BACKWARD;
     for (int k = 0; k < n; k++) {
+        if (passes[k].chunk != 0) continue;
         held += passes[k].kind == PASS_FORWARD ? 1 : passes[k].kind == release ? -1 : 0;
         if (held > most) most = held;
     }
@@ -173,52 +201,161 @@ static int pipeline_parse_layers(const char* list, int L, int p, int* first) {
     return 1;
 }
 
-// Between passes: the point before pass k (k = n: after the last) sends the output of pass k - 1 to `send_to` and
-// receives the input of pass k from `recv_from` (-1: none), together in one group when `paired`, else each in a group
-// of its own, the receive first when `recv_first`.
+// The sends and receives. Each is an NCCL group of its own, a blocking rendezvous as on a GPU. Their order comes from
+// the schedule's unit-cost replay (every pass one unit, each starting once the stage's previous pass and its input
+// are done), which every process computes alike: a message's key is the unit at which the pass that takes it starts
+// (ties: by that pass's stage, kind, micro-batch and chunk). A stage receives a pass's input just before the pass, and
+// sends a message once the next pass it would start starts at or after the message's key (after its last pass: all
+// left), every stage in key order. Both ends of each message so take the messages in one order, and the message of
+// the least key not yet through has its sender and receiver at it: none waits on another that waits on it, whatever
+// the schedule (test_host_utils runs every schedule's sends and receives as blocking rendezvous).
 typedef struct {
-    int send_to, recv_from, paired, recv_first;
-} PipelinePoint;
+    int send;  // 1: send the output of this stage's pass `pass` to stage `peer`; 0: receive pass `pass`'s input
+    int peer, pass;
+} PipelineOp;
 
-// Where stage s (of p, passes[n]) sends or receives micro-batch `micro`'s message of `kind` (PASS_FORWARD: the
-// activations that go up a stage, PASS_BACKWARD: their gradient that comes down): the point after the pass that
-// produces it, or before the one that needs it.
-static int pipeline_point_of(const PipelinePass* passes, int n, PassKind kind, int micro, int sending) {
+// Where a pass's input comes from and its output goes (-1: none), with the pass there that sends or takes it: model
+// chunk j = chunk * p + s follows chunk j - 1 and precedes chunk j + 1, on stages (j -/+ 1) % p (interleaved: the
+// last stage's output goes round to the first). A forward pass takes the previous chunk's output and gives the next
+// chunk its input; a backward pass takes the next chunk's input gradient and gives the previous chunk its own; a W
+// neither.
+static int pass_peer(int p, int v, int s, PipelinePass x, int output, PipelinePass* theirs) {
+    int j = x.chunk * p + s, forward = x.kind == PASS_FORWARD;
+    if (x.kind == PASS_WEIGHT) return -1;
+    int other = forward == output ? j + 1 : j - 1;  // F's output and B's input are the next chunk's
+    if (other < 0 || other >= p * v) return -1;
+    *theirs = (PipelinePass){x.kind, x.micro, other / p};
+    return other % p;
+}
+// the index of pass x in passes[n], or -1
+static int pass_index(const PipelinePass* passes, int n, PipelinePass x) {
     for (int k = 0; k < n; k++)
-        if (passes[k].kind == kind && passes[k].micro == micro) return sending ? k + 1 : k;
+        if (passes[k].kind == x.kind && passes[k].micro == x.micro && passes[k].chunk == x.chunk) return k;
     return -1;
 }
-// Stage s's points (n + 1 of them) in the schedule over m micro-batches.
-static void pipeline_points(PipelineSchedule schedule, int p, int s, int m, PipelinePoint* points) {
-    PipelinePass* mine = (PipelinePass*)malloc_check(3 * (size_t)m * sizeof(PipelinePass));
-    PipelinePass* up = (PipelinePass*)malloc_check(3 * (size_t)m * sizeof(PipelinePass));
-    PipelinePass* down = (PipelinePass*)malloc_check(3 * (size_t)m * sizeof(PipelinePass));
-    int n = pipeline_passes(schedule, p, s, m, mine);
-    if (s + 1 < p) pipeline_passes(schedule, p, s + 1, m, up);
-    if (s > 0) pipeline_passes(schedule, p, s - 1, m, down);
-    for (int k = 0; k <= n; k++) {
-        PipelinePoint* q = &points[k];
-        q->send_to = q->recv_from = -1;
-        q->paired = q->recv_first = 0;
-        const PipelinePass* before = k > 0 ? &mine[k - 1] : NULL;
-        const PipelinePass* next = k < n ? &mine[k] : NULL;
-        // (a W pass sends and receives nothing)
-        if (before && before->kind == PASS_FORWARD && s + 1 < p) q->send_to = s + 1;
-        if (before && before->kind == PASS_BACKWARD && s > 0) q->send_to = s - 1;
-        if (next && next->kind == PASS_FORWARD && s > 0) q->recv_from = s - 1;
-        if (next && next->kind == PASS_BACKWARD && s + 1 < p) q->recv_from = s + 1;
-        if (q->send_to < 0 || q->send_to != q->recv_from) continue;
-        // the neighbour's points for the two messages: paired when they are one and the same
-        const PipelinePass* theirs = q->send_to > s ? up : down;
-        int gets = pipeline_point_of(theirs, n, before->kind, before->micro, 0);
-        int gives = pipeline_point_of(theirs, n, next->kind, next->micro, 1);
-        q->paired = gets == gives;
-        // unpaired, the two go in the order the neighbour takes them, so that neither waits on the other (ZB's order)
-        q->recv_first = gives < gets;
+
+// Every stage's passes (n each, passes[s * n + k]) and the unit each starts at in the unit-cost replay (start[s * n + k];
+// -1 if the schedule cannot run, which pipeline_replay returns as 0).
+static int pipeline_replay(const PipelinePass* passes, int p, int v, int n, int* start) {
+    int* at = (int*)calloc(p, sizeof(int));
+    int* clock = (int*)calloc(p, sizeof(int));
+    int* end = (int*)malloc_check((size_t)p * n * sizeof(int));
+    for (int i = 0; i < p * n; i++) start[i] = end[i] = -1;
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int s = 0; s < p; s++) {
+            if (at[s] == n) continue;
+            PipelinePass x = passes[s * n + at[s]], from;
+            int ready = clock[s], blocked = 0;
+            // its input from a neighbour, and its own earlier pass (B after F, W after B)
+            int peer = pass_peer(p, v, s, x, 0, &from);
+            if (peer >= 0) {
+                int k = pass_index(passes + peer * n, n, from);
+                if (end[peer * n + k] < 0) blocked = 1;
+                else if (end[peer * n + k] > ready) ready = end[peer * n + k];
+            }
+            if (x.kind != PASS_FORWARD) {
+                PipelinePass own = {x.kind == PASS_BACKWARD ? PASS_FORWARD : PASS_BACKWARD, x.micro, x.chunk};
+                int k = pass_index(passes + s * n, n, own);
+                if (k < 0 || end[s * n + k] < 0) blocked = 1;
+                else if (end[s * n + k] > ready) ready = end[s * n + k];
+            }
+            if (blocked) continue;
+            start[s * n + at[s]] = ready;
+            end[s * n + at[s]] = clock[s] = ready + 1;
+            at[s]++;
+            progress = 1;
+        }
     }
-    free(mine);
-    free(up);
-    free(down);
+    int ok = 1;
+    for (int s = 0; s < p; s++) ok &= at[s] == n;
+    free(at);
+    free(clock);
+    free(end);
+    return ok;
+}
+
+// A message's place in the order: its key, then the taking pass's stage, kind, micro-batch and chunk
+typedef struct {
+    int key, stage, kind, micro, chunk;
+} MessageOrder;
+static int message_before(MessageOrder a, MessageOrder b) {
+    if (a.key != b.key) return a.key < b.key;
+    if (a.stage != b.stage) return a.stage < b.stage;
+    if (a.kind != b.kind) return a.kind < b.kind;
+    if (a.micro != b.micro) return a.micro < b.micro;
+    return a.chunk < b.chunk;
+}
+
+// Stage s's sends and receives in the schedule over m micro-batches and v chunks: into ops (at most 2n) in order, and
+// for each point k (before pass k; k = n after the last) where its ops begin, op_begin[k] (op_begin[n + 1]: their
+// count). Returns 0 if the schedule cannot run.
+static int pipeline_ops(PipelineSchedule schedule, int p, int s, int m, int v, PipelineOp* ops, int* op_begin) {
+    PipelinePass* all = (PipelinePass*)malloc_check(3 * (size_t)m * v * p * sizeof(PipelinePass));
+    int n = pipeline_passes(schedule, p, 0, m, v, all);
+    for (int t = 1; t < p; t++) pipeline_passes(schedule, p, t, m, v, all + t * n);
+    int* start = (int*)malloc_check((size_t)p * n * sizeof(int));
+    int ok = pipeline_replay(all, p, v, n, start);
+    // this stage's sends, each with the order of the message (the pass that takes it), sorted
+    MessageOrder* order = (MessageOrder*)malloc_check((size_t)n * sizeof(MessageOrder));
+    int* sends = (int*)malloc_check((size_t)n * sizeof(int));
+    int num_sends = 0;
+    for (int k = 0; k < n && ok; k++) {
+        PipelinePass taker;
+        int peer = pass_peer(p, v, s, all[s * n + k], 1, &taker);
+        if (peer < 0) continue;
+        int j = pass_index(all + peer * n, n, taker);
+        MessageOrder o = {start[peer * n + j], peer, taker.kind, taker.micro, taker.chunk};
+        int at = num_sends++;
+        while (at > 0 && message_before(o, order[at - 1])) order[at] = order[at - 1], sends[at] = sends[at - 1], at--;
+        order[at] = o, sends[at] = k;
+    }
+    int count = 0, next_send = 0;
+    for (int k = 0; k <= n; k++) {
+        op_begin[k] = count;
+        // sends whose key is due by pass k's start (all of them after the last pass), merged in order with k's receive
+        MessageOrder mine = {k < n ? start[s * n + k] : 0x7fffffff, s, k < n ? all[s * n + k].kind : 0,
+                             k < n ? all[s * n + k].micro : 0, k < n ? all[s * n + k].chunk : 0};
+        PipelinePass giver;
+        int from = k < n && ok ? pass_peer(p, v, s, all[s * n + k], 0, &giver) : -1;
+        while (next_send < num_sends && (k == n || order[next_send].key <= mine.key)) {
+            if (from >= 0 && message_before(mine, order[next_send])) {
+                ops[count++] = (PipelineOp){0, from, k};
+                from = -1;
+            }
+            ops[count++] = (PipelineOp){1, order[next_send].stage, sends[next_send]};
+            next_send++;
+        }
+        if (from >= 0) ops[count++] = (PipelineOp){0, from, k};
+    }
+    op_begin[n + 1] = count;
+    free(all);
+    free(start);
+    free(order);
+    free(sends);
+    return ok;
+}
+
+// The staging buffers: each pass with an output takes a free one when it ends (the lowest), which its send frees
+// again. Returns how many are in use at most; staging_of[k] is pass k's (-1: no output).
+static int pipeline_staging(const PipelineOp* ops, const int* op_begin, int n, int* staging_of) {
+    int used = 0, most = 0;
+    unsigned char* busy = (unsigned char*)calloc(n + 1, 1);
+    for (int k = 0; k < n; k++) staging_of[k] = -1;
+    for (int k = 0; k <= n; k++) {
+        for (int i = op_begin[k]; i < op_begin[k + 1]; i++)  // the sends of this point free their buffers
+            if (ops[i].send) busy[staging_of[ops[i].pass]] = 0, used--;
+        if (k == n) break;
+        int sent = 0;  // pass k's output, if some point sends it, takes a buffer as the pass ends
+        for (int i = op_begin[k + 1]; i < op_begin[n + 1] && !sent; i++) sent = ops[i].send && ops[i].pass == k;
+        if (!sent) continue;
+        int b = 0;
+        while (busy[b]) b++;
+        busy[b] = 1, staging_of[k] = b, used++;
+        if (used > most) most = used;
+    }
+    free(busy);
+    return most;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -227,16 +364,23 @@ static void pipeline_points(PipelineSchedule schedule, int p, int s, int m, Pipe
 typedef struct {
     int stages;                           // N (1: no pipeline, and nothing below is used)
     int stage;                            // this process's
-    int first_layer[PIPELINE_MAX_STAGES + 1];  // stage s holds layers [first_layer[s], first_layer[s + 1])
+    int chunks;                           // v: model chunks per stage (interleaved), else 1
+    // model chunk j = c p + s (stage s's chunk c) holds layers [first_layer[j], first_layer[j + 1])
+    int first_layer[PIPELINE_MAX_STAGES + 1];
     PipelineSchedule schedule;
     int seq_len;                 // -t: the attention's share of a layer's cost in the balanced cut
     MultiGpuConfig stage_world;  // this stage's processes (the world itself at -pp 1)
     MultiGpuConfig group;        // the pipeline group: one process per stage, its rank the stage (shares the world's
                                  // NCCL stream for host sums)
     cudaEvent_t reductions_issued;  // the compute stream's sends wait for the NCCL stream's reductions (GroupComm)
-    // a step's passes, the points between them, and the passes' events (the trace and the idle fractions)
+    // a step's passes, the sends and receives between them, and the passes' events (the trace and the idle fractions)
     PipelinePass* passes;
-    PipelinePoint* points;
+    PipelineOp* ops;
+    int* op_begin;  // point k's ops: ops[op_begin[k] .. op_begin[k + 1])
+    // a pass's output waits for its send in a staging buffer of its own (the pass's activation slot may take the next
+    // micro-batch's before the send is due): the most outputs waiting at once, and each output's buffer
+    int staging_buffers;
+    int* staging_of;  // per pass: its buffer, or -1 (no output)
     int num_passes, slots, micro_batches;
     cudaEvent_t start, finish, *begin, *end;
     const char* trace_path;  // -ppt: the step's passes, every rank's, written here after each step
@@ -245,6 +389,7 @@ typedef struct {
 static void pipeline_none(Pipeline* pp, const MultiGpuConfig* world) {
     memset(pp, 0, sizeof(*pp));
     pp->stages = 1;
+    pp->chunks = 1;
     pp->stage_world = *world;
     pp->stage_world.used_mpi = 0;  // MPI belongs to the world's config
 }
@@ -288,7 +433,9 @@ static void pipeline_free(Pipeline* pp) {
         cudaCheck(cudaEventDestroy(pp->finish));
     }
     free(pp->passes);
-    free(pp->points);
+    free(pp->ops);
+    free(pp->op_begin);
+    free(pp->staging_of);
     free(pp->begin);
     free(pp->end);
 }
@@ -299,11 +446,14 @@ static int pipeline_last_stage(const Pipeline* pp) { return pp->stage == pp->sta
 // This stage's passes for m micro-batches (once per run: every step has the same m) and their events.
 static void pipeline_prepare(Pipeline* pp, int m) {
     pp->micro_batches = m;
-    pp->passes = (PipelinePass*)malloc_check(3 * (size_t)m * sizeof(PipelinePass));
-    pp->num_passes = pipeline_passes(pp->schedule, pp->stages, pp->stage, m, pp->passes);
+    pp->passes = (PipelinePass*)malloc_check(3 * (size_t)m * pp->chunks * sizeof(PipelinePass));
+    pp->num_passes = pipeline_passes(pp->schedule, pp->stages, pp->stage, m, pp->chunks, pp->passes);
     pp->slots = pipeline_slots(pp->passes, pp->num_passes);
-    pp->points = (PipelinePoint*)malloc_check((pp->num_passes + 1) * sizeof(PipelinePoint));
-    pipeline_points(pp->schedule, pp->stages, pp->stage, m, pp->points);
+    pp->ops = (PipelineOp*)malloc_check(2 * (size_t)pp->num_passes * sizeof(PipelineOp));
+    pp->op_begin = (int*)malloc_check((pp->num_passes + 2) * sizeof(int));
+    pipeline_ops(pp->schedule, pp->stages, pp->stage, m, pp->chunks, pp->ops, pp->op_begin);
+    pp->staging_of = (int*)malloc_check(pp->num_passes * sizeof(int));
+    pp->staging_buffers = pipeline_staging(pp->ops, pp->op_begin, pp->num_passes, pp->staging_of);
     pp->begin = (cudaEvent_t*)malloc_check(pp->num_passes * sizeof(cudaEvent_t));
     pp->end = (cudaEvent_t*)malloc_check(pp->num_passes * sizeof(cudaEvent_t));
     for (int k = 0; k < pp->num_passes; k++) {
@@ -326,16 +476,15 @@ static void pipeline_exchange(Pipeline* pp, const floatX* send, int send_to, flo
     if (recv_from >= 0) ncclCheck(ncclRecv(recv, count, nccl_floatX(), recv_from, pp->group.nccl_comm, stream));
     ncclCheck(ncclGroupEnd());
 }
-// Point k of the schedule: its send and receive, in one group when paired, else in the order the neighbour takes them
-static void pipeline_point(Pipeline* pp, int k, const floatX* send, floatX* recv, size_t count, cudaStream_t stream) {
-    const PipelinePoint* q = &pp->points[k];
-    if (q->paired) {
-        pipeline_exchange(pp, send, q->send_to, recv, q->recv_from, count, stream);
-        return;
+// Point k of the schedule (before pass k): its sends, each of the output of an earlier pass (`outputs`, this stage's
+// passes' outputs by index), and the receive of pass k's input into `input`, each a group of its own, in order
+static void pipeline_point(Pipeline* pp, int k, floatX* const* outputs, floatX* input, size_t count,
+                           cudaStream_t stream) {
+    for (int i = pp->op_begin[k]; i < pp->op_begin[k + 1]; i++) {
+        const PipelineOp* o = &pp->ops[i];
+        if (o->send) pipeline_exchange(pp, outputs[o->pass], o->peer, NULL, -1, count, stream);
+        else pipeline_exchange(pp, NULL, -1, input, o->peer, count, stream);
     }
-    if (q->recv_first) pipeline_exchange(pp, NULL, -1, recv, q->recv_from, count, stream);
-    pipeline_exchange(pp, send, q->send_to, NULL, -1, count, stream);
-    if (!q->recv_first) pipeline_exchange(pp, NULL, -1, recv, q->recv_from, count, stream);
 }
 
 // The sum over the stages of a host float (the loss, the squared gradient norm), the same on every stage.
@@ -363,8 +512,8 @@ static double pipeline_measure(const Pipeline* pp, float* begin_ms, float* end_m
 // After step `step` (from 1; collective over the world): the idle fractions of the idlest and the busiest stage (each
 // stage's first process's), and with -ppt the trace, every rank's passes written by rank 0 (the file begun anew at the
 // run's first step) as
-//   step rank stage pass micro begin_ms end_ms
-// (pass F, B or W; times from each rank's start of the step's passes).
+//   step rank stage pass micro chunk begin_ms end_ms
+// (pass F, B or W; chunk the stage's model chunk, interleaved; times from each rank's start of the step's passes).
 static void pipeline_report(Pipeline* pp, const MultiGpuConfig* world, int step, int first_step, double* most_idle,
                             double* least_idle) {
     int n = pp->num_passes;
@@ -397,7 +546,7 @@ static void pipeline_report(Pipeline* pp, const MultiGpuConfig* world, int step,
                 fprintf(stderr, "-ppt %s: cannot write the trace\n", pp->trace_path);
                 exit(EXIT_FAILURE);
             }
-            if (first_step) fprintf(f, "step rank stage pass micro begin_ms end_ms\n");
+            if (first_step) fprintf(f, "step rank stage pass micro chunk begin_ms end_ms\n");
         }
         for (int r = 0; r < P; r++) {
             if (world->process_rank == r) cudaCheck(cudaMemcpy(rows, times, 2 * (size_t)n * sizeof(float),
@@ -408,11 +557,12 @@ static void pipeline_report(Pipeline* pp, const MultiGpuConfig* world, int step,
             float* got = (float*)malloc_check(2 * (size_t)n * sizeof(float));
             cudaCheck(cudaMemcpy(got, rows, 2 * (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
             // every rank of a stage runs the same passes; rank r's stage is r / S
-            PipelinePass* theirs = (PipelinePass*)malloc_check(3 * (size_t)pp->micro_batches * sizeof(PipelinePass));
-            pipeline_passes(pp->schedule, pp->stages, r / S, pp->micro_batches, theirs);
+            PipelinePass* theirs =
+                (PipelinePass*)malloc_check(3 * (size_t)pp->micro_batches * pp->chunks * sizeof(PipelinePass));
+            pipeline_passes(pp->schedule, pp->stages, r / S, pp->micro_batches, pp->chunks, theirs);
             for (int k = 0; k < n; k++)
-                fprintf(f, "%d %d %d %c %d %.4f %.4f\n", step, r, r / S, pass_letters[theirs[k].kind], theirs[k].micro,
-                        got[k], got[n + k]);
+                fprintf(f, "%d %d %d %c %d %d %.4f %.4f\n", step, r, r / S, pass_letters[theirs[k].kind],
+                        theirs[k].micro, theirs[k].chunk, got[k], got[n + k]);
             free(theirs);
             free(got);
         }

@@ -51,9 +51,11 @@ static void write_checkpoint(const char* dir, Model* model, const DataLoader* lo
     header[10] = (int)loader_bytes;
     // the tensor-parallel degree of the state's slices, with -tp 2 or more (0: layers whole, -tp 1)
     header[11] = model_tp_degree(model) > 1 ? model_tp_degree(model) : 0;
-    // the pipeline's stages and each one's first layer, with -pp 2 or more (0: one stage)
-    header[12] = model_pp_stages(model) > 1 ? model_pp_stages(model) : 0;
-    for (int s = 1; s < model_pp_stages(model); s++) header[12 + s] = model_stage_begin(model, s);
+    // the pipeline's stages, chunks per stage and each model chunk's first layer, with -pp 2 or more (0: one stage)
+    StageCut cut = model_stage_cut(model);
+    header[12] = cut.stages > 1 ? cut.stages : 0;
+    header[13] = cut.stages > 1 ? cut.chunks : 0;
+    for (int j = 1; cut.stages > 1 && j < cut.stages * cut.chunks; j++) header[13 + j] = cut.first_layer[j];
     fwrite_check(header, sizeof(int), 256, f, tmp);
     sharded_parameters_write_state(&model->store, f, tmp);
     void* lstate = malloc_check(loader_bytes);
@@ -244,9 +246,11 @@ static void read_resliced_state(const char* dir, int step, Model* model, int sav
         for (int st = 0; st < saved->stages; st++) {
             size_t set_n = 0;  // a member's set of this stage
             for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-                size_t offset;
-                TensorSplit t = stage_split_of(model, saved, i, st, in_file, &offset);
-                set_n += tensor_split_slice_size(&t, saved_tp);
+                for (int c = 0; c < saved->chunks; c++) {
+                    size_t offset;
+                    TensorSplit t = stage_split_of(model, saved, i, st, c, in_file, &offset);
+                    set_n += tensor_split_slice_size(&t, saved_tp);
+                }
             }
             for (int m = 0; m < saved_tp; m++) {
                 float* member_set = NULL;
@@ -275,10 +279,12 @@ static void read_resliced_state(const char* dir, int step, Model* model, int sav
                 }
                 size_t from = 0;
                 for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-                    size_t offset;
-                    TensorSplit t = stage_split_of(model, saved, i, st, in_file, &offset);
-                    tensor_split_copy(&t, m, saved_tp, whole + at[i] + offset, member_set + from, sizeof(float), 1);
-                    from += tensor_split_slice_size(&t, saved_tp);
+                    for (int c = 0; c < saved->chunks; c++) {
+                        size_t offset;
+                        TensorSplit t = stage_split_of(model, saved, i, st, c, in_file, &offset);
+                        tensor_split_copy(&t, m, saved_tp, whole + at[i] + offset, member_set + from, sizeof(float), 1);
+                        from += tensor_split_slice_size(&t, saved_tp);
+                    }
                 }
                 free(member_set);
             }
@@ -286,11 +292,13 @@ static void read_resliced_state(const char* dir, int step, Model* model, int sav
         memset(mine, 0, p->num_parameters_padded * sizeof(float));  // the padding past the parameters is zero
         size_t from = 0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            size_t offset;
-            TensorSplit t = model_stage_split(model, i, model_pp_stage(model), in_file, &offset);
-            tensor_split_copy(&t, model_tp_member(model), model_tp_degree(model), whole + at[i] + offset, mine + from,
-                              sizeof(float), 0);
-            from += in_set[i];
+            for (int c = 0; c < model_pp_chunks(model); c++) {
+                size_t offset;
+                TensorSplit t = model_stage_split(model, i, model_pp_stage(model), c, in_file, &offset);
+                tensor_split_copy(&t, model_tp_member(model), model_tp_degree(model), whole + at[i] + offset,
+                                  mine + from, sizeof(float), 0);
+                from += tensor_split_slice_size(&t, model_tp_degree(model));
+            }
         }
         sharded_parameters_scatter_state(p, buffer, mine);
     }
@@ -318,23 +326,25 @@ static void read_checkpoint_state(const char* dir, int step, Model* model, DataL
     }
     int saved_processes = header[2], saved_tp = header[11] > 0 ? header[11] : 1, tp = model_tp_degree(model);
     // the pipeline's cut the state was written at (one stage: every layer)
-    StageCut saved_cut;
+    StageCut saved_cut, cut = model_stage_cut(model);
     saved_cut.stages = header[12] > 0 ? header[12] : 1;
-    int L = model->config.num_layers, same_cut = saved_cut.stages == model_pp_stages(model);
-    if (saved_cut.stages > PIPELINE_MAX_STAGES || saved_cut.stages > L ||
+    saved_cut.chunks = header[12] > 0 ? header[13] : 1;
+    int L = model->config.num_layers, n = saved_cut.stages * saved_cut.chunks;
+    if (saved_cut.chunks < 1 || n > PIPELINE_MAX_STAGES || n > L ||
         saved_processes % (saved_cut.stages * saved_tp) != 0) {
-        fprintf(stderr, "%s: a state of %d processes at -pp %d -tp %d is no layout of this model's %d layers\n", path,
-                saved_processes, saved_cut.stages, saved_tp, L);
+        fprintf(stderr, "%s: a state of %d processes at -pp %d -ppv %d -tp %d is no layout of this model's %d layers\n",
+                path, saved_processes, saved_cut.stages, saved_cut.chunks, saved_tp, L);
         exit(EXIT_FAILURE);
     }
-    saved_cut.first_layer[0] = 0, saved_cut.first_layer[saved_cut.stages] = L;
-    for (int s = 1; s < saved_cut.stages; s++) {
-        saved_cut.first_layer[s] = header[12 + s];
-        if (saved_cut.first_layer[s] <= saved_cut.first_layer[s - 1] || saved_cut.first_layer[s] >= L) {
-            fprintf(stderr, "%s: stage %d begins at layer %d: no cut of %d layers\n", path, s, header[12 + s], L);
+    int same_cut = saved_cut.stages == cut.stages && saved_cut.chunks == cut.chunks;
+    saved_cut.first_layer[0] = 0, saved_cut.first_layer[n] = L;
+    for (int j = 1; j < n; j++) {
+        saved_cut.first_layer[j] = header[13 + j];
+        if (saved_cut.first_layer[j] <= saved_cut.first_layer[j - 1] || saved_cut.first_layer[j] >= L) {
+            fprintf(stderr, "%s: chunk %d begins at layer %d: no cut of %d layers\n", path, j, header[13 + j], L);
             exit(EXIT_FAILURE);
         }
-        same_cut &= saved_cut.first_layer[s] == model_stage_begin(model, s);
+        same_cut = same_cut && saved_cut.first_layer[j] == cut.first_layer[j];
     }
     // a frozen set has no optimizer state (a fine-tuning run's is in its adapter file, whole: any layout reads it)
     if (model->store.frozen && shard_size != 0) {

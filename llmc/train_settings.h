@@ -89,8 +89,11 @@
     X("-ppl", STRING, pipeline_layers, NULL,                                                                           \
       "-pp: the layers of each stage, e.g. 5,7 (default: the cut that balances the stages' compute)")                 \
     X("-pps", STRING, pipeline_schedule, "1f1b",                                                                       \
-      "-pp: the schedule, gpipe, 1f1b or zb (ZB-H1: the weight gradients deferred into the bubbles)\n"                \
-      "(default = 1f1b)")                                                                                              \
+      "-pp: the schedule, gpipe, 1f1b, interleaved (-ppv chunks per stage) or zb (ZB-H1: the weight\n"                \
+      "gradients deferred into the bubbles) (default = 1f1b)")                                                         \
+    X("-ppv", INT, pipeline_chunks, 1,                                                                                 \
+      "-pps interleaved: model chunks per stage, 2 or more (the layers in pp*v equal chunks, chunk j on\n"             \
+      "stage j % pp) (default = 1)")                                                                                   \
     X("-ppt", STRING, pipeline_trace, NULL,                                                                            \
       "-pp: write each step's passes, every process's begin and end, to this file (scripts/plot_pipeline.py\n"         \
       "draws it) (default = none)")                                                                                    \
@@ -133,7 +136,7 @@ static Flag flag(const char* name, FlagType type, void* value, const char* help)
 }
 
 // The settings' defaults and the trainer's flags, which write into `s`; returns the number of flags.
-#define MAX_TRAINER_FLAGS 64
+#define MAX_TRAINER_FLAGS 72
 static int trainer_flags(Flag* f, TrainerSettings* s) {
     const TrainerSettings defaults = {TRAINER_FLAGS(FLAG_DEFAULT_VALUE)};
     *s = defaults;
@@ -314,15 +317,25 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
     }
     if (s->pipeline_stages < 1) { fprintf(stderr, "-pp %d: expected 1 or more stages\n", s->pipeline_stages); return 0; }
     if (pipeline_schedule_number(s->pipeline_schedule) < 0) {
-        fprintf(stderr, "-pps %s: expected gpipe, 1f1b or zb\n", s->pipeline_schedule);
+        fprintf(stderr, "-pps %s: expected gpipe, 1f1b, interleaved or zb\n", s->pipeline_schedule);
         return 0;
     }
-    const char* pipeline_only[] = {"-ppl", "-pps", "-ppt"};
-    for (int i = 0; i < 3; i++) {
+    const char* pipeline_only[] = {"-ppl", "-pps", "-ppt", "-ppv"};
+    for (int i = 0; i < 4; i++) {
         if (s->pipeline_stages == 1 && flag_find(flags, num_flags, pipeline_only[i])->given) {
             fprintf(stderr, "%s: applies to a pipeline of 2 or more stages (-pp)\n", pipeline_only[i]);
             return 0;
         }
+    }
+    int interleaved = pipeline_schedule_number(s->pipeline_schedule) == SCHEDULE_INTERLEAVED;
+    if (s->pipeline_stages > 1 && (interleaved ? s->pipeline_chunks < 2 : s->pipeline_chunks != 1)) {
+        fprintf(stderr, "-ppv %d: %s\n", s->pipeline_chunks, interleaved ? "-pps interleaved runs 2 or more chunks per stage"
+                : "model chunks per stage are -pps interleaved's");
+        return 0;
+    }
+    if (interleaved && s->pipeline_layers) {
+        fprintf(stderr, "-ppl %s: -pps interleaved cuts the layers into equal chunks\n", s->pipeline_layers);
+        return 0;
     }
     if (s->pipeline_stages > 1 && s->zero_stage >= 2) {
         fprintf(stderr, "-z %d with -pp %d: a pipeline stage shards its optimizer state (-z 1), not its gradients or "

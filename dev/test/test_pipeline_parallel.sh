@@ -5,21 +5,21 @@
 #   - -pp 2 and -pp 4 (1F1B), and -pp 2 at another cut (-ppl), give the losses, gradient norms and validation losses of
 #     -pp 1 within fp32 rounding (the tied wte's two parts are summed in another order), and their model files are -pp
 #     1's parameters within 1e-5;
-#   - GPipe, 1F1B and ZB-H1 (its weight gradients deferred to W passes) accumulate the micro-batches in the same order:
-#     bit-identical steps and model files;
+#   - GPipe, 1F1B, ZB-H1 (its weight gradients deferred to W passes) and interleaved 1F1B (2 and 4 chunks per stage)
+#     accumulate the micro-batches in the same order: bit-identical losses and model files;
 #   - data parallelism inside each stage (-pp 2 on 4 processes, ZeRO-1) gives -pp 1's on 2 processes; 3D, -pp 2 -tp 2
 #     with 2 data-parallel processes (8 processes), gives one process's losses;
 #   - BF16 -pp 2 gives -pp 1's losses within bf16 rounding;
 #   - the checking build (cpu/cucc --check: every stage's sends and receives meet in matching groups, races, stream
 #     order) runs 4 stages in each schedule, with as many micro-batches as stages and with fewer;
-#   - a -pp 2 run resumed from its checkpoint continues bit-identically; resumed at -pp 1, -pp 4 or another cut, and a
-#     -pp 1 checkpoint at -pp 2, each continues its run's losses within fp32 rounding;
+#   - a -pp 2 run resumed from its checkpoint continues bit-identically; resumed at -pp 1 or -pp 4, and a -pp 1
+#     checkpoint at -pp 2 at another cut, each continues its run's losses within fp32 rounding;
 #   - the trace (-ppt) holds every process's passes, and scripts/plot_pipeline.py draws it;
 #   - the memory plan (-pm) gives each stage's parameters, optimizer state and micro-batches in flight;
 #   - every layout that does not fit is refused with one line naming the flag.
 # Needs build/train_gpt_fp32, build/train_gpt_bf16, build/check/train_gpt_fp32, build/train_moe_fp32,
 # build/ref/deep_fp32_model.bin, build/ref/deep_bf16_model.bin, build/ref/tp_gpt2_fp32_model.bin and
-# build/ref/moe_k1_cf0.5_fp32_model.bin (make test builds them). Runs up to 8 processes at once (the 3D layout).
+# build/ref/stages_fp32_model.bin (make test builds them). Runs up to 8 processes at once (the 3D layout).
 # Run from anywhere:
 #   dev/test/test_pipeline_parallel.sh
 set -u
@@ -71,12 +71,28 @@ for schedule in gpipe zb; do
         same_parameters "$work/$schedule/model_00000003.bin" "$work/pp4/model_00000003.bin" 0; then pass; else
         fail "$schedule differs from 1f1b"; fi
 done
-$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 2 -v 0 -r 2 -pp 2 >"$work/r2_1f1b.log" 2>&1 ||
-    fail "-r 2 -pp 2: $(tail -3 "$work/r2_1f1b.log")"
-$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 2 -v 0 -r 2 -pp 2 -pps zb >"$work/r2_zb.log" 2>&1 ||
+$MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -v 0 -r 2 -pp 2 -pps zb >"$work/r2_zb.log" 2>&1 ||
     fail "-r 2 -pp 2 -pps zb: $(tail -3 "$work/r2_zb.log")"
-if [ -n "$(step_fields "$work/r2_zb.log")" ] && [ "$(step_fields "$work/r2_zb.log")" = "$(step_fields "$work/r2_1f1b.log")" ]
+# (-r 2 recomputes the norms' outputs bit for bit: the steps of -r 1's 1F1B)
+if [ -n "$(step_fields "$work/r2_zb.log")" ] && [ "$(step_fields "$work/r2_zb.log")" = "$(step_fields "$work/pp2.log")" ]
 then pass; else fail "zb -r 2 differs from 1f1b"; fi
+
+# --- interleaved 1F1B on an 8-layer model: -pp 2 -ppv 2 (stage 0 holds layers 0-1 and 4-5) against 1F1B at the cut 4,4
+# (the same sums in the same order: each layer's gradients over the micro-batches in order), both against -pp 1;
+# -pp 2 -ppv 4 (chunks of one layer) too
+STAGES=build/ref/stages_fp32_model.bin
+"$TRAIN" -e "$STAGES" "${COMMON[@]}" -x 2 -v 0 >"$work/stages.log" 2>&1 || fail "8 layers: $(tail -3 "$work/stages.log")"
+$MPIRUN -np 2 "$TRAIN" -e "$STAGES" "${COMMON[@]}" -x 2 -v 0 -n 2 -o "$work/cut44" -pp 2 -ppl 4,4 >"$work/cut44.log" 2>&1 ||
+    fail "-pp 2 -ppl 4,4: $(tail -3 "$work/cut44.log")"
+for v in 2 4; do
+    $MPIRUN -np 2 "$TRAIN" -e "$STAGES" "${COMMON[@]}" -x 2 -v 0 -n 2 -o "$work/inter$v" -pp 2 -pps interleaved -ppv $v \
+        >"$work/inter$v.log" 2>&1 || fail "-pps interleaved -ppv $v: $(tail -3 "$work/inter$v.log")"
+    losses() { grep -oE '^step [0-9]+/[0-9]+ \| loss [0-9.]+' "$1"; }
+    if [ -n "$(losses "$work/inter$v.log")" ] && [ "$(losses "$work/inter$v.log")" = "$(losses "$work/cut44.log")" ] &&
+        same_parameters "$work/inter$v/model_00000002.bin" "$work/cut44/model_00000002.bin" 0 &&
+        close_losses "$work/stages.log" "$work/inter$v.log" 2 >/dev/null; then pass; else
+        fail "interleaved -ppv $v differs from 1f1b or -pp 1"; fi
+done
 
 # --- data parallelism inside each stage (ZeRO-1) against -pp 1 on as many data-parallel processes
 $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -z 1 >"$work/dp2.log" 2>&1 || fail "-pp 1 on 2: $(tail -3 "$work/dp2.log")"
@@ -103,10 +119,13 @@ a, b = ([float(x) for x in re.findall(r"^step \d+/\d+ \| loss ([-\d.]+)", open(p
 sys.exit(0 if len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-2 * abs(x) for x, y in zip(a, b)) else 1)
 PY
 
-# --- the checking build: 4 stages in each schedule, 4 micro-batches and 2 (ZB: 4 and 8)
-for schedule in 1f1b gpipe zb; do
-    for d in 128 $([ $schedule = zb ] && echo 256 || echo 64); do
-        $MPIRUN -np 4 build/check/train_gpt_fp32 -e "$MODEL" "${COMMON[@]}" -d $d -x 1 -v 0 -pp 4 -pps $schedule \
+# --- the checking build: 4 stages in each schedule, 4 micro-batches (1F1B: 2, fewer than the stages; interleaved: 2
+# chunks of one layer per stage of the 8-layer model)
+for schedule in 1f1b gpipe zb interleaved; do
+    for d in $([ $schedule = 1f1b ] && echo 64 || echo 128); do
+        model=$([ $schedule = interleaved ] && echo "$STAGES" || echo "$MODEL")
+        chunks=$([ $schedule = interleaved ] && echo "-ppv 2" || true)
+        $MPIRUN -np 4 build/check/train_gpt_fp32 -e "$model" "${COMMON[@]}" -d $d -x 1 -v 0 -pp 4 -pps $schedule $chunks \
             >"$work/check.log" 2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
             fail "checking build, -pp 4 -pps $schedule -d $d: $(grep -m2 -E 'cucc|rror' "$work/check.log")"
     done
@@ -121,7 +140,7 @@ if [ "$(step_fields "$work/resumed.log")" = "$(step_fields "$work/pp2.log" | tai
     cmp -s "$work/resumed/model_00000003.bin" "$work/pp2/model_00000003.bin"; then pass; else
     fail "the resumed -pp 2 run differs from the uninterrupted one"; fi
 # --- resumed into another layout (the optimizer state's stages, slices and shards cut anew, doc/formats.md): -pp 2's
-# step-2 checkpoint at -pp 1, at -pp 4 and at another cut, and -pp 1's at -pp 2 -tp 2 (4 heads): each goes on with
+# step-2 checkpoint at -pp 1 and at -pp 4, and -pp 1's at -pp 2 at another cut: each goes on with
 # step 3 of the run it came from, within fp32 rounding
 resume_into() {  # NAME SOURCE NP FLAGS...: SOURCE's step-2 checkpoint resumed in NAME for step 3
     local name=$1 source=$2 np=$3
@@ -135,9 +154,8 @@ grep -E '^step 3/' "$work/pp2.log" >"$work/pp2_step3.log"
 grep -E '^step 3/' "$work/whole.log" >"$work/whole_step3.log"
 resume_into pp2_at_pp1 "$work/pp2" 1
 resume_into pp2_at_pp4 "$work/pp2" 4 -pp 4
-resume_into pp2_at_cut "$work/pp2" 2 -pp 2 -ppl 2,3
-resume_into pp1_at_pp2 "$work/whole" 2 -pp 2
-for name in pp2_at_pp1 pp2_at_pp4 pp2_at_cut; do
+resume_into pp1_at_pp2 "$work/whole" 2 -pp 2 -ppl 1,4
+for name in pp2_at_pp1 pp2_at_pp4; do
     if close_losses "$work/pp2_step3.log" "$work/$name.log" 1 >/dev/null; then pass; else
         fail "$name does not continue -pp 2's step 3"; fi
 done
@@ -150,17 +168,17 @@ $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 2 -v 0 -pp 2 -pps zb -ppt "
 $PYTHON - "$work/trace.txt" <<'PY' && pass || fail "the trace does not hold each process's passes"
 import sys
 rows = [l.split() for l in open(sys.argv[1]).read().splitlines()]
-assert rows[0] == "step rank stage pass micro begin_ms end_ms".split()
+assert rows[0] == "step rank stage pass micro chunk begin_ms end_ms".split()
 for step in (1, 2):
     for rank in (0, 1):
         mine = [r for r in rows[1:] if int(r[0]) == step and int(r[1]) == rank]
         assert sorted((r[3], int(r[4])) for r in mine) == sorted((k, i) for k in "FBW" for i in range(4)), mine
-        assert all(0 <= float(r[5]) <= float(r[6]) for r in mine) and all(int(r[2]) == rank for r in mine)
+        assert all(0 <= float(r[6]) <= float(r[7]) and r[5] == "0" for r in mine) and all(int(r[2]) == rank for r in mine)
 PY
 if $PYTHON scripts/plot_pipeline.py -o "$work/trace.png" "$work/trace.txt" >/dev/null && [ -s "$work/trace.png" ]; then
     pass; else fail "plot_pipeline.py did not draw the trace"; fi
-printf 'step rank stage pass micro begin_ms end_ms\n1 0 0 X 0 1 2\n' >"$work/bad_trace.txt"
-expect_error "a malformed trace" "expected 'step rank stage F|B|W micro begin_ms end_ms'" \
+printf 'step rank stage pass micro chunk begin_ms end_ms\n1 0 0 X 0 0 1 2\n' >"$work/bad_trace.txt"
+expect_error "a malformed trace" "expected 'step rank stage F|B|W micro chunk begin_ms end_ms'" \
     $PYTHON scripts/plot_pipeline.py -o "$work/bad.png" "$work/bad_trace.txt"
 
 # --- the memory plan (-pm) of a GPT-2 d12 on 4 processes (-pn: planned from one) at -pp 2 (2 data-parallel per stage):
@@ -176,7 +194,7 @@ C, L, V, maxT, Vp = 768, 12, 50257, 1024, 50304
 layer = 12 * C * C + 13 * C
 for path, flight in zip(sys.argv[1:], [(4, 4), (2, 1), (3, 2)]):  # zb: by hand from its order
     text = open(path).read()
-    cut = [int(x) for x in re.search(r"\| pipeline +\| 2 stages \(-pp\) of layers (\d+),(\d+)", text).groups()]
+    cut = [int(x) for x in re.search(r"\| pipeline +\| 2 stages \(-pp\) x 1 chunk of layers (\d+),(\d+)", text).groups()]
     assert sum(cut) == L, cut
     want = [Vp * C + maxT * C + cut[0] * layer, cut[1] * layer + 2 * C + Vp * C]  # the tied wte on both
     for s in (0, 1):
@@ -191,13 +209,25 @@ PY
 # --- layouts that do not fit: one line naming the flag
 expect_job_error "-pp not dividing the processes" "-pp 3 -tp 1: their product must divide the number of processes (2)" \
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 3
-expect_job_error "-pp over the layers" "-pp 6: more stages than the model's 5 layers" \
-    $MPIRUN -np 6 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 6
-expect_job_error "-ppl not summing to L" "-ppl 2,2: 2 stages of 4 layers in all; -pp 2 over the model's 5 layers" \
-    $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 2 -ppl 2,2
-expect_job_error "-ppl with a stage of none" "-ppl 5,0: expected the layers of each stage, each 1 or more" \
-    $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 2 -ppl 5,0
-expect_error "an unknown schedule" "-pps zb2: expected gpipe, 1f1b or zb" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps zb2
+# (the cut's refusals are the plan's too: one process plans the layout of -pn processes)
+PLAN=(-e d4 -pm 1 -b 1 -t 16)
+expect_error "-pp over the layers" "-pp 6: more stages than the model's 4 layers" "$TRAIN" "${PLAN[@]}" -pn 6 -pp 6
+expect_error "-ppl not summing to L" "-ppl 2,1: 2 stages of 3 layers in all; -pp 2 over the model's 4 layers" \
+    "$TRAIN" "${PLAN[@]}" -pn 2 -pp 2 -ppl 2,1
+expect_error "-ppl with a stage of none" "-ppl 4,0: expected the layers of each stage, each 1 or more" \
+    "$TRAIN" "${PLAN[@]}" -pn 2 -pp 2 -ppl 4,0
+expect_error "an unknown schedule" "-pps zb2: expected gpipe, 1f1b, interleaved or zb" \
+    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps zb2
+expect_error "interleaved chunks that do not divide the layers" "the model's 4 layers do not cut into 6 equal chunks" \
+    "$TRAIN" "${PLAN[@]}" -pn 2 -pp 2 -pps interleaved -ppv 3
+expect_job_error "interleaved with micro-batches not a multiple of the stages" "not a multiple of the 4 stages" \
+    $MPIRUN -np 4 "$TRAIN" -e "$STAGES" "${COMMON[@]}" -x 1 -pp 4 -pps interleaved -ppv 2 -d 192
+expect_error "interleaved with one chunk" "-ppv 1: -pps interleaved runs 2 or more chunks per stage" \
+    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps interleaved
+expect_error "-ppv without interleaved" "-ppv 2: model chunks per stage are -pps interleaved's" \
+    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -ppv 2
+expect_error "-ppl with interleaved" "-ppl 4,4: -pps interleaved cuts the layers into equal chunks" \
+    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps interleaved -ppv 2 -ppl 4,4
 expect_job_error "zb with fewer micro-batches than stages" "-pps zb: 2 micro-batches per step (-d 64), fewer than the 4" \
     $MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 4 -pps zb -d 64
 expect_error "-ppl without -pp" "-ppl: applies to a pipeline of 2 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -ppl 5
@@ -206,8 +236,8 @@ expect_error "-z 2 with -pp" "-z 2 with -pp 2: a pipeline stage shards its optim
     "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -z 2
 expect_error "-ft with -pp" "-ft lora -pp 2: fine-tuning runs without pipeline stages" \
     "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -ft lora
-expect_job_error "the MoE trainer with -pp" "-pp 2: train_moe's MoE layers run without pipeline stages" \
-    $MPIRUN -np 2 build/train_moe_fp32 -e build/ref/moe_k1_cf0.5_fp32_model.bin "${COMMON[@]}" -x 1 -pp 2
+expect_error "the MoE trainer with -pp" "-pp 2: train_moe's MoE layers run without pipeline stages" \
+    build/train_moe_fp32 "${PLAN[@]}" -pn 2 -pp 2
 
 settle_job_errors
 echo "pipeline_parallel: $passed passed, $failed failed"
