@@ -140,7 +140,7 @@ static void model_descriptor_shape(ModelConfig* c, int depth, int vocab_size, in
 // x rounded into the model's precision as the cast (floatX)x rounds it: to nearest even, and for bf16 a NaN to
 // __float2bfloat16's canonical one. Inline integer operations, where the cast is a call per number in the sanitized
 // -O1 build: GPT-2 1.5B's initialisation rounds 1.5e9 of them.
-static inline floatX round_to_floatX(float x) {
+UNINSTRUMENTED static floatX round_to_floatX(float x) {
 #if defined(ENABLE_FP32) || defined(ENABLE_FP16)
     return (floatX)x;
 #else
@@ -153,7 +153,7 @@ static inline floatX round_to_floatX(float x) {
 }
 
 // normal_chunked's take: values[0, count) rounded into the floatX tensor ctx at offset
-static void take_rounded(void* ctx, size_t offset, const float* values, size_t count) {
+UNINSTRUMENTED static void take_rounded(void* ctx, size_t offset, const float* values, size_t count) {
     floatX* out = (floatX*)ctx + offset;
     for (size_t j = 0; j < count; j++) out[j] = round_to_floatX(values[j]);
 }

@@ -10,6 +10,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The sanitized build (cpu/cucc --sanitize: GCC's ASan and UBSan) leaves the functions that draw and round a whole
+// model's initialisation uninstrumented: a production-size run (dev/test/test_production_runs.sh, GPT-2 1.5B) draws
+// 1.5e9 numbers, which instrumented take twice as long, and its checks are for the kernels' index arithmetic at real
+// sizes; these index a chunk of at most a few million (the small sanitized runs and test_host_utils cover them).
+#ifdef __SANITIZE_ADDRESS__
+#define UNINSTRUMENTED __attribute__((no_sanitize("address", "undefined")))
+#else
+#define UNINSTRUMENTED
+#endif
+
 #define MT19937_N 624
 #define MT19937_M 397
 
@@ -33,12 +43,12 @@ static inline void manual_seed(mt19937_state* s, uint32_t seed) {
     s->next_double_normal_sample = 0.0;
 }
 
-static inline uint32_t mt19937_mix(uint32_t u, uint32_t v) {
+UNINSTRUMENTED static uint32_t mt19937_mix(uint32_t u, uint32_t v) {
     uint32_t y = (u & 0x80000000u) | (v & 0x7fffffffu);
     return (y >> 1) ^ ((v & 1u) ? 0x9908b0dfu : 0u);
 }
 
-static inline void mt19937_twist(mt19937_state* s) {
+UNINSTRUMENTED static void mt19937_twist(mt19937_state* s) {
     uint32_t* st = s->state;
     for (int j = 0; j < MT19937_N - MT19937_M; j++) st[j] = st[j + MT19937_M] ^ mt19937_mix(st[j], st[j + 1]);
     for (int j = MT19937_N - MT19937_M; j < MT19937_N - 1; j++) {
@@ -74,7 +84,7 @@ static inline float randfloat32(mt19937_state* s) {
 // n consecutive randfloat32 draws into out, the very numbers of n calls: each stretch of the state between twists
 // is tempered in one loop, without a call and a twist test per number (GPT-2 1.5B's initialisation draws 1.5e9, in
 // the sanitized build too)
-static inline void randfloat32_fill(float* out, size_t n, mt19937_state* s) {
+UNINSTRUMENTED static void randfloat32_fill(float* out, size_t n, mt19937_state* s) {
     size_t i = 0;
     while (i < n) {
         if (s->left <= 1) {  // randint32's twist: the draw after it takes state[0] and leaves left at N
@@ -103,7 +113,7 @@ static inline double randfloat64(mt19937_state* s) {
 }
 
 // Box-Muller on 16 uniforms in place: pairs element j with element j + 8.
-static inline void normal_fill_16(float* data, float mean, float std) {
+UNINSTRUMENTED static void normal_fill_16(float* data, float mean, float std) {
     for (int j = 0; j < 8; j++) {
         float u1 = 1.0f - data[j];
         float u2 = data[j + 8];

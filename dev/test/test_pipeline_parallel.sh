@@ -121,11 +121,13 @@ PY
 
 # --- the checking build: 4 stages in each schedule, 4 micro-batches (1F1B: 2, fewer than the stages; interleaved: 2
 # chunks of one layer per stage of the 8-layer model)
+# (micro-batches of 1 sequence of 8 tokens: the checks are of the order of operations, not of the sizes)
 for schedule in 1f1b gpipe zb interleaved; do
-    for d in $([ $schedule = 1f1b ] && echo 64 || echo 128); do
+    for d in $([ $schedule = 1f1b ] && echo 16 || echo 32); do
         model=$([ $schedule = interleaved ] && echo "$STAGES" || echo "$MODEL")
         chunks=$([ $schedule = interleaved ] && echo "-ppv 2" || true)
-        $MPIRUN -np 4 build/check/train_gpt_fp32 -e "$model" "${COMMON[@]}" -d $d -x 1 -v 0 -pp 4 -pps $schedule $chunks \
+        $MPIRUN -np 4 build/check/train_gpt_fp32 -e "$model" "${COMMON[@]}" -b 1 -t 8 -d $d -x 1 -v 0 -pp 4 \
+            -pps $schedule $chunks \
             >"$work/check.log" 2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
             fail "checking build, -pp 4 -pps $schedule -d $d: $(grep -m2 -E 'cucc|rror' "$work/check.log")"
     done
