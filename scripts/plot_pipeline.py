@@ -81,8 +81,8 @@ def main():
     ax.set_title(f"{args.trace}, step {step}: idle over busy " +
                  ", ".join(f"stage {s} {f:.2f}" for s, f in idle.items()))
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-    ax.legend(handles, ["forward", "backward (input gradients with W)", "weight gradients (W)"], loc="upper right",
-              fontsize=8)
+    ax.legend(handles, ["forward", "backward (input gradients with W)", "weight gradients (W)"], loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(args.output, dpi=100)
     print(f"wrote {args.output}: step {step}, {len(ranks)} processes, {len(rows)} passes")
