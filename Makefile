@@ -398,6 +398,11 @@ $(LAB_BINS:$(BUILD)/lab/%=$(BUILD)/lab_check/%): $(BUILD)/lab_check/%: dev/cuda/
 	$(CUCC) --check -O2 $(CPU_NUMERICS) $(LAB_FLAGS_$(call program_of,$*)) $(call precision_flag,$*) $< -o $@ \
 	    -lcublas -lcublasLt
 
+# the checking mode's probes as one program (cpu/test/check/run_probes.sh builds it, where out of date: here so that
+# make test builds it beside the rest, not in its test's time)
+$(BUILD)/check_probes/probes: $(wildcard cpu/test/check/*) $(BACKEND)
+	cpu/test/check/run_probes.sh --build
+
 bench: $(BUILD)/bench $(BUILD)/train_gpt_fp32 $(BUILD)/prod/train.bin
 	$(BUILD)/bench
 	cpu/bench_oversubscription.sh

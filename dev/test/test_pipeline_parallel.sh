@@ -212,7 +212,7 @@ for path, flight in zip(sys.argv[1:], [(4, 4), (2, 1), (3, 2)]):  # zb: by hand 
 PY
 
 # --- layouts that do not fit: one line naming the flag
-expect_job_error "-pp not dividing the processes" "-pp 3 -tp 1: their product must divide the number of processes (2)" \
+expect_error "-pp not dividing the processes" "-pp 3 -tp 1: their product must divide the number of processes (2)" \
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 3
 # (the cut's refusals are the plan's too: one process plans the layout of -pn processes)
 PLAN=(-e d4 -pm 1 -b 1 -t 16)
@@ -225,7 +225,7 @@ expect_error "an unknown schedule" "-pps zb2: expected gpipe, 1f1b, interleaved 
     "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps zb2
 expect_error "interleaved chunks that do not divide the layers" "the model's 4 layers do not cut into 6 equal chunks" \
     "$TRAIN" "${PLAN[@]}" -pn 2 -pp 2 -pps interleaved -ppv 3
-expect_job_error "interleaved with micro-batches not a multiple of the stages" "not a multiple of the 4 stages" \
+expect_error "interleaved with micro-batches not a multiple of the stages" "not a multiple of the 4 stages" \
     $MPIRUN -np 4 "$TRAIN" -e "$STAGES" "${COMMON[@]}" -x 1 -pp 4 -pps interleaved -ppv 2 -d 192
 expect_error "interleaved with one chunk" "-ppv 1: -pps interleaved runs 2 or more chunks per stage" \
     "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps interleaved
@@ -233,7 +233,7 @@ expect_error "-ppv without interleaved" "-ppv 2: model chunks per stage are -pps
     "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -ppv 2
 expect_error "-ppl with interleaved" "-ppl 4,4: -pps interleaved cuts the layers into equal chunks" \
     "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps interleaved -ppv 2 -ppl 4,4
-expect_job_error "zb with fewer micro-batches than stages" "-pps zb: 2 micro-batches per step (-d 64), fewer than the 4" \
+expect_error "zb with fewer micro-batches than stages" "-pps zb: 2 micro-batches per step (-d 64), fewer than the 4" \
     $MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 4 -pps zb -d 64
 expect_error "-ppl without -pp" "-ppl: applies to a pipeline of 2 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -ppl 5
 expect_error "-pp 0" "-pp 0: expected 1 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 0
@@ -244,6 +244,5 @@ expect_error "-ft with -pp" "-ft lora -pp 2: fine-tuning runs without pipeline s
 expect_error "the MoE trainer with -pp" "-pp 2: train_moe's MoE layers run without pipeline stages" \
     build/train_moe_fp32 "${PLAN[@]}" -pn 2 -pp 2
 
-settle_job_errors
 echo "pipeline_parallel: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

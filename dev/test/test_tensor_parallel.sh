@@ -195,20 +195,19 @@ PY
 
 # --- layouts that do not fit: one line naming the flag
 TINY=build/ref/tiny_fp32_model.bin
-expect_job_error "-tp not dividing the processes" "-pp 1 -tp 3: their product must divide the number of processes (2)" \
+expect_error "-tp not dividing the processes" "-pp 1 -tp 3: their product must divide the number of processes (2)" \
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -b 2 -x 1 -tp 3
-expect_job_error "-tp not dividing the heads" "3 heads, which 2 processes cannot share equally" \
+expect_error "-tp not dividing the heads" "3 heads, which 2 processes cannot share equally" \
     $MPIRUN -np 2 "$TRAIN" -e "$TINY" "${COMMON[@]}" -b 2 -x 1 -tp 2
 expect_error "-sp with -tp 1" "-sp 1: sequence parallelism cuts the tokens" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -sp 1
-expect_job_error "-sp 1 with T not a multiple" "the sequence length -t 15 must be a multiple of 2" \
+expect_error "-sp 1 with T not a multiple" "the sequence length -t 15 must be a multiple of 2" \
     $MPIRUN -np 2 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -t 15 -b 2 -x 1 -tp 2
 expect_error "-sp out of range" "-sp 2: expected 0 or 1" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 2 -sp 2
 expect_error "-tp 0" "-tp 0: expected 1 or more" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -tp 0
-expect_job_error "-etp other than 1 or -tp" "-etp 3: expected 1 (the experts whole) or -tp's 2" \
+expect_error "-etp other than 1 or -tp" "-etp 3: expected 1 (the experts whole) or -tp's 2" \
     $MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -b 2 -x 1 -tp 2 -etp 3
-expect_job_error "-tp 2 -etp 1 with B*T not dividing" "-tp 2 -etp 1: each member routes an equal part" \
+expect_error "-tp 2 -etp 1 with B*T not dividing" "-tp 2 -etp 1: each member routes an equal part" \
     $MPIRUN -np 2 "$MOE" -e "$MOE_MODEL" "${COMMON[@]}" -t 15 -b 1 -x 1 -tp 2 -sp 0
 
-settle_job_errors
 echo "tensor_parallel: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
