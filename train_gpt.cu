@@ -259,6 +259,9 @@ struct Model {
                                // when the parameters are allocated (model_cut_stages)
     const char* stage_layers_list;  // -ppl, or NULL: the balanced cut
     floatX* wte_peer;          // a tied wte's gradient from the other stage that holds it (model_sum_shared_wte)
+    floatX* wte_grad;          // ZeRO-2/3 with a tied wte on two stages: its gradient, summed over the step's
+                               // micro-batches whole (not in a bucket, which is reduced each micro-step) until the
+                               // stages have summed their parts (NULL otherwise)
     int frozen;               // set before building: the parameters do not train (fine-tuning, -ft): a frozen set
     int adapter_method;       // ... and with frozen, the adapter's shape: its method, rank and targets
     int adapter_rank;         // (llmc/model_adapter.h)
@@ -719,6 +722,7 @@ static void model_free(Model* model) {
     adapter_free(model->adapter);
     cudaCheck(cudaFree(model->rope_table));
     cudaCheck(cudaFree(model->wte_peer));
+    cudaCheck(cudaFree(model->wte_grad));
     cudaCheck(cudaFree(model->staging));
     // the activations in use, or under -pp every slot's
     ActivationSlot in_use;
@@ -1183,9 +1187,10 @@ static ParameterTensors model_rest_gradients(Model* model, cudaStream_t stream) 
     sharded_parameters_gradient_slices(&model->store, REST_BUCKET, lm_head_tensor, 1, -1,
                                        model->config.num_layers, s, stream);
     g.lm_head = s[0];
-    sharded_parameters_gradient_slices(&model->store, REST_BUCKET, rest_tensors, REST_TENSORS, -1,
-                                       model->config.num_layers, s, stream);
-    g.wte = s[0], g.wpe = s[1], g.lnfw = s[2], g.lnfb = s[3];
+    int whole_wte = model->wte_grad != NULL;  // rest_tensors[0] is wte
+    sharded_parameters_gradient_slices(&model->store, REST_BUCKET, rest_tensors + whole_wte, REST_TENSORS - whole_wte,
+                                       -1, model->config.num_layers, s + whole_wte, stream);
+    g.wte = whole_wte ? model->wte_grad : s[0], g.wpe = s[1], g.lnfw = s[2], g.lnfb = s[3];
     return g;
 }
 
@@ -1204,7 +1209,11 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
     int SB = Nt == N ? B : 1, ST = Nt == N ? T : Nt;  // the stream's tokens (model_forward_layers)
     int begin = model_layer_begin(model), end = model_layer_end(model);  // this stage's chunk's layers
     ParameterTensors p = model_rest_weights(model, stream);
-    ParameterTensors g = model_rest_gradients(model, stream);
+    // the gradients of the tensors outside the layers, in the passes of the model's first and last chunk (ZeRO-2 takes
+    // their bucket space only where it reduces them)
+    ParameterTensors g;
+    if (model_first_chunk(model) || model_last_chunk(model)) g = model_rest_gradients(model, stream);
+    else memset(&g, 0, sizeof(g));
     ActivationTensors a = model->acts;
     floatX* dresidual = a.dresidual;  // gradient of the residual stream, (B, T, C): the stream's tokens
     // ZeRO-Offload copies the step's gradient to the host piece by piece on the last micro-step
@@ -1332,6 +1341,9 @@ static void model_zero_grad(Model* model, cudaStream_t stream) {
     ShardedParameters* own = model_own_set(model);
     if (own) sharded_parameters_zero_grad(own, stream);
     if (model->adapter) sharded_parameters_zero_grad(&model->adapter->store, stream);
+    if (model->wte_grad)
+        cudaCheck(cudaMemsetAsync(model->wte_grad, 0, (size_t)local_vocab(model) * model->config.channels *
+                                                          sizeof(floatX), stream));
 }
 
 // After the last micro-step's backward pass: the global norm of the step's gradient (the loss scale undone),
@@ -1516,9 +1528,11 @@ static void model_allocate_slots(Model* model, int B, int T, int slots) {
             weight_queue_allocate(&model->slots[k].weights, 4 * model_stage_layers(model),
                                   per_layer * model_stage_layers(model));
     }
-    if (model_shares_wte(model) && (model_first_stage(model) || model_last_stage(model)))
-        cudaCheck(cudaMalloc((void**)&model->wte_peer, (size_t)local_vocab(model) * model->config.channels *
-                                                           sizeof(floatX)));
+    if (model_shares_wte(model) && (model_first_stage(model) || model_last_stage(model))) {
+        size_t wte = (size_t)local_vocab(model) * model->config.channels * sizeof(floatX);
+        cudaCheck(cudaMalloc((void**)&model->wte_peer, wte));
+        if (model->zero_stage >= 2 && !model->frozen) cudaCheck(cudaMalloc((void**)&model->wte_grad, wte));
+    }
 }
 
 // ZB's W pass of a micro-batch: the layers' weight gradients its B pass queued; after the step's last one, each layer's
@@ -1635,10 +1649,16 @@ static double pipeline_micro_steps(Model* model, const TrainerSettings* s, DataL
     free(outputs);
     cudaCheck(cudaEventRecord(pp->finish, stream));
     if (model_shares_wte(model) && (first || last)) {
-        ParameterTensors g = model_rest_gradients(model, stream);
-        model_sum_shared_wte(model, g.wte, model->wte_peer, stream);
-        sharded_parameters_reduce_slices(&model->store, rest_tensors, 1, -1, model->config.num_layers, mg,
-                                         s->zero_stage, stream);
+        int L = model->config.num_layers;
+        floatX* dwte = model->wte_grad ? model->wte_grad : model_rest_gradients(model, stream).wte;
+        model_sum_shared_wte(model, dwte, model->wte_peer, stream);
+        if (model->wte_grad) {  // ZeRO-2/3: the sum into the rest's bucket (its slices all reduced), reduced from there
+            floatX* slice;
+            sharded_parameters_gradient_slices(&model->store, REST_BUCKET, rest_tensors, 1, -1, L, &slice, stream);
+            cudaCheck(cudaMemcpyAsync(slice, dwte, (size_t)local_vocab(model) * model->config.channels *
+                                                       sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+        }
+        sharded_parameters_reduce_slices(&model->store, rest_tensors, 1, -1, L, mg, s->zero_stage, stream);
     }
     free(inputs);
     free(targets);

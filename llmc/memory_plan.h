@@ -77,8 +77,11 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     if (model_pp_stages(model) > 1) {  // a slot per micro-batch in flight; a tied wte's gradient from the other stage
         m.activations = plan_stage_slots(model) * (m.activations + plan_weight_queue_bytes(model, B, T)) +
                         plan_staging_bytes(model, B, T);
-        if (model_shares_wte(model) && (model_first_stage(model) || model_last_stage(model)))
-            m.activations += (size_t)local_vocab(model) * model->config.channels * sizeof(floatX);
+        if (model_shares_wte(model) && (model_first_stage(model) || model_last_stage(model))) {
+            size_t wte = (size_t)local_vocab(model) * model->config.channels * sizeof(floatX);
+            m.activations += wte;
+            if (stage >= 2 && !model->frozen) m.gradients += wte;  // ZeRO-2/3: its own, whole over the micro-batches
+        }
     }
     // an extension's own set, stacked over the layers it replaces (the MoE experts): one layer's, for its two buckets
     // or gather buffers

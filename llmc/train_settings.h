@@ -337,9 +337,9 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
         fprintf(stderr, "-ppl %s: -pps interleaved cuts the layers into equal chunks\n", s->pipeline_layers);
         return 0;
     }
-    if (s->pipeline_stages > 1 && s->zero_stage >= 2) {
-        fprintf(stderr, "-z %d with -pp %d: a pipeline stage shards its optimizer state (-z 1), not its gradients or "
-                "parameters\n", s->zero_stage, s->pipeline_stages);
+    if (s->pipeline_stages > 1 && s->zero_stage >= 2 && pipeline_schedule_number(s->pipeline_schedule) == SCHEDULE_ZB) {
+        fprintf(stderr, "-z %d -pps zb: ZB's W passes write the weight gradients after their B passes, into the "
+                "gradient buffer of -z 0 or 1 (ZeRO-2's buckets are reduced pass by pass)\n", s->zero_stage);
         return 0;
     }
     if (s->pipeline_stages > 1 && s->fine_tune[0]) {

@@ -5,17 +5,18 @@
 #   - -pp 2 and -pp 4 (1F1B) give the losses, gradient norms and validation losses of
 #     -pp 1 within fp32 rounding (the tied wte's two parts are summed in another order), and their model files are -pp
 #     1's parameters within 1e-5;
-#   - GPipe, 1F1B, ZB-H1 (its weight gradients deferred to W passes) and interleaved 1F1B (2 and 4 chunks per stage)
-#     accumulate the micro-batches in the same order: bit-identical losses and model files;
-#   - data parallelism inside each stage (-pp 2 on 4 processes, ZeRO-1) gives -pp 1's on 2 processes; 3D, -pp 2 -tp 2
-#     with 2 data-parallel processes (8 processes), gives one process's losses;
+#   - GPipe, 1F1B, ZB-H1 (its weight gradients deferred to W passes) and interleaved 1F1B (2 and 4 chunks per stage,
+#     the latter at ZeRO-2) accumulate the micro-batches in the same order: bit-identical losses and model files;
+#   - data parallelism inside each stage (-pp 2 on 4 processes, ZeRO-1 and ZeRO-2) gives -pp 1's on 2 processes, and
+#     ZeRO-3 gives ZeRO-2's bit for bit; 3D, -pp 2 -tp 2 with 2 data-parallel processes (8 processes), gives one
+#     process's losses;
 #   - BF16 -pp 2 gives -pp 1's losses within bf16 rounding, in the sanitized build;
 #   - the checking build (cpu/cucc --check: every stage's sends and receives meet in matching groups, races, stream
 #     order) runs 4 stages in each schedule, with as many micro-batches as stages and with fewer;
 #   - a -pp 2 run resumed from its checkpoint continues bit-identically; resumed at -pp 1 or -pp 4, and a -pp 1
 #     checkpoint at -pp 2 at another cut, each continues its run's losses within fp32 rounding;
 #   - the trace (-ppt) holds every process's passes, and scripts/plot_pipeline.py draws it;
-#   - the memory plan (-pm) gives each stage's parameters, optimizer state and micro-batches in flight;
+#   - the memory plan (-pm) gives each stage's parameters, optimizer state and micro-batches in flight (ZeRO-3: shards);
 #   - every layout that does not fit is refused with one line naming the flag.
 # Needs build/train_gpt_fp32, build/sanitize/train_gpt_bf16, build/check/train_gpt_fp32, build/train_moe_fp32,
 # build/ref/deep_fp32_model.bin, build/ref/deep_bf16_model.bin, build/ref/tp_gpt2_fp32_model.bin and
@@ -80,14 +81,15 @@ then pass; else fail "zb -r 2 differs from 1f1b"; fi
 
 # --- interleaved 1F1B on an 8-layer model: -pp 2 -ppv 2 (stage 0 holds layers 0-1 and 4-5) against 1F1B at the cut 4,4
 # (the same sums in the same order: each layer's gradients over the micro-batches in order), both against -pp 1;
-# -pp 2 -ppv 4 (chunks of one layer) too
+# -pp 2 -ppv 4 (chunks of one layer) too, at ZeRO-2: on one data-parallel process its shards sum each micro-batch's
+# gradients in fp32 in the order the gradient buffer does
 STAGES=build/ref/stages_fp32_model.bin
 "$TRAIN" -e "$STAGES" "${COMMON[@]}" -x 2 -v 0 >"$work/stages.log" 2>&1 || fail "8 layers: $(tail -3 "$work/stages.log")"
 $MPIRUN -np 2 "$TRAIN" -e "$STAGES" "${COMMON[@]}" -x 2 -v 0 -n 2 -o "$work/cut44" -pp 2 -ppl 4,4 >"$work/cut44.log" 2>&1 ||
     fail "-pp 2 -ppl 4,4: $(tail -3 "$work/cut44.log")"
 for v in 2 4; do
     $MPIRUN -np 2 "$TRAIN" -e "$STAGES" "${COMMON[@]}" -x 2 -v 0 -n 2 -o "$work/inter$v" -pp 2 -pps interleaved -ppv $v \
-        >"$work/inter$v.log" 2>&1 || fail "-pps interleaved -ppv $v: $(tail -3 "$work/inter$v.log")"
+        -z $((v - 2)) >"$work/inter$v.log" 2>&1 || fail "-pps interleaved -ppv $v: $(tail -3 "$work/inter$v.log")"
     losses() { grep -oE '^step [0-9]+/[0-9]+ \| loss [0-9.]+' "$1"; }
     if [ -n "$(losses "$work/inter$v.log")" ] && [ "$(losses "$work/inter$v.log")" = "$(losses "$work/cut44.log")" ] &&
         same_parameters "$work/inter$v/model_00000002.bin" "$work/cut44/model_00000002.bin" 0 &&
@@ -101,6 +103,16 @@ $MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -z 1 -pp 2 >"$work/pp2_dp
     fail "-pp 2 on 4: $(tail -3 "$work/pp2_dp2.log")"
 if close_losses "$work/dp2.log" "$work/pp2_dp2.log" 3 >/dev/null; then pass; else
     fail "-pp 2 with 2 data-parallel processes differs from -pp 1 on 2"; fi
+# ZeRO-2 (each micro-batch's gradients averaged into the shards; the tied wte's summed whole over the micro-batches,
+# then between the stages) within fp32 rounding of ZeRO-1's, and ZeRO-3 (the parameters sharded too) bit for bit ZeRO-2
+for z in 2 3; do
+    $MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -z $z -pp 2 >"$work/pp2_z$z.log" 2>&1 ||
+        fail "-pp 2 -z $z on 4: $(tail -3 "$work/pp2_z$z.log")"
+done
+if close_losses "$work/dp2.log" "$work/pp2_z2.log" 3 >/dev/null; then pass; else
+    fail "-pp 2 -z 2 on 4 differs from -pp 1 -z 1 on 2"; fi
+if [ -n "$(step_fields "$work/pp2_z3.log")" ] && [ "$(step_fields "$work/pp2_z3.log")" = "$(step_fields "$work/pp2_z2.log")" ]
+then pass; else fail "-pp 2 -z 3 differs from -z 2"; fi
 
 # --- 3D: 2 stages x 2 tensor-parallel members x 2 data-parallel processes against 1 process (2 layers, 4 heads)
 TP_MODEL=build/ref/tp_gpt2_fp32_model.bin
@@ -123,14 +135,16 @@ sys.exit(0 if len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-2 * abs(x) fo
 PY
 
 # --- the checking build: 4 stages in each schedule, 4 micro-batches (1F1B: 2, fewer than the stages; interleaved: 2
-# chunks of one layer per stage of the 8-layer model)
+# chunks of one layer per stage of the 8-layer model); GPipe at ZeRO-3 and interleaved at ZeRO-2 (their buckets' and
+# gathers' stream order, one data-parallel process per stage)
 # (micro-batches of 1 sequence of 8 tokens: the checks are of the order of operations, not of the sizes)
 for schedule in 1f1b gpipe zb interleaved; do
     for d in $([ $schedule = 1f1b ] && echo 16 || echo 32); do
         model=$([ $schedule = interleaved ] && echo "$STAGES" || echo "$MODEL")
         chunks=$([ $schedule = interleaved ] && echo "-ppv 2" || true)
+        zero=$(case $schedule in gpipe) echo 3;; interleaved) echo 2;; *) echo 0;; esac)
         $MPIRUN -np 4 build/check/train_gpt_fp32 -e "$model" "${COMMON[@]}" -b 1 -t 8 -d $d -x 1 -v 0 -pp 4 \
-            -pps $schedule $chunks \
+            -pps $schedule $chunks -z $zero \
             >"$work/check.log" 2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
             fail "checking build, -pp 4 -pps $schedule -d $d: $(grep -m2 -E 'cucc|rror' "$work/check.log")"
     done
@@ -188,16 +202,18 @@ expect_error "a malformed trace" "expected 'step rank stage F|B|W micro chunk be
 
 # --- the memory plan (-pm) of a GPT-2 d12 on 4 processes (-pn: planned from one) at -pp 2 (2 data-parallel per stage):
 # each stage's parameters and optimizer state (its tensors, padded for 2 shards, fp32; m and v) against the model's
-# shape, and the micro-batches in flight under each schedule (m = 4: -d over B*T*2)
-for schedule in gpipe 1f1b zb; do
-    "$TRAIN" -e d12 -pm 80 -pp 2 -pn 4 -b 4 -t 1024 -d 32768 -pps $schedule >"$work/plan_$schedule.log" 2>&1 ||
-        fail "-pm -pp 2 -pps $schedule: $(tail -2 "$work/plan_$schedule.log")"
+# shape, and the micro-batches in flight under each schedule (m = 4: -d over B*T*2); at ZeRO-3 (1F1B) each process's
+# half of the stage's parameters and optimizer state
+for schedule in gpipe 1f1b zb "1f1b -z 3"; do
+    "$TRAIN" -e d12 -pm 80 -pp 2 -pn 4 -b 4 -t 1024 -d 32768 -pps $schedule >"$work/plan_${schedule// /}.log" 2>&1 ||
+        fail "-pm -pp 2 -pps $schedule: $(tail -2 "$work/plan_${schedule// /}.log")"
 done
-$PYTHON - "$work/plan_gpipe.log" "$work/plan_1f1b.log" "$work/plan_zb.log" <<'PY' && pass || fail "the -pp memory plan"
+plans=("$work/plan_gpipe.log" "$work/plan_1f1b.log" "$work/plan_zb.log" "$work/plan_1f1b-z3.log")
+$PYTHON - "${plans[@]}" <<'PY' && pass || fail "the -pp memory plan"
 import re, sys
 C, L, V, maxT, Vp = 768, 12, 50257, 1024, 50304
 layer = 12 * C * C + 13 * C
-for path, flight in zip(sys.argv[1:], [(4, 4), (2, 1), (3, 2)]):  # zb: by hand from its order
+for path, flight, shards in zip(sys.argv[1:], [(4, 4), (2, 1), (3, 2), (2, 1)], [1, 1, 1, 2]):  # zb: by hand
     text = open(path).read()
     cut = [int(x) for x in re.search(r"\| pipeline +\| 2 stages \(-pp\) x 1 chunk of layers (\d+),(\d+)", text).groups()]
     assert sum(cut) == L, cut
@@ -206,8 +222,8 @@ for path, flight in zip(sys.argv[1:], [(4, 4), (2, 1), (3, 2)]):  # zb: by hand 
         got = re.search(r"\| stage %d +\| +([\d.]+) MiB parameters, +([\d.]+) MiB optimizer, .*\((\d+) in flight\)" % s,
                         text)
         padded = -(-want[s] // 16) * 16  # 2 shards of multiples of 8
-        assert abs(float(got.group(1)) - padded * 4 / 2**20) < 0.06, (path, s, got.group(1), padded * 4 / 2**20)
-        assert abs(float(got.group(2)) - padded * 8 / 2**20) < 0.06, (path, s, got.group(2))
+        assert abs(float(got.group(1)) - padded * 4 / shards / 2**20) < 0.06, (path, s, got.group(1), padded * 4 / 2**20)
+        assert abs(float(got.group(2)) - padded * 8 / shards / 2**20) < 0.06, (path, s, got.group(2))
         assert int(got.group(3)) == flight[s], (path, s, got.group(3), flight[s])
 PY
 
@@ -237,8 +253,8 @@ expect_error "zb with fewer micro-batches than stages" "-pps zb: 2 micro-batches
     $MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 4 -pps zb -d 64
 expect_error "-ppl without -pp" "-ppl: applies to a pipeline of 2 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -ppl 5
 expect_error "-pp 0" "-pp 0: expected 1 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 0
-expect_error "-z 2 with -pp" "-z 2 with -pp 2: a pipeline stage shards its optimizer state (-z 1)" \
-    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -z 2
+expect_error "-z 2 with zb" "-z 2 -pps zb: ZB's W passes write the weight gradients after their B passes" \
+    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps zb -z 2
 expect_error "-ft with -pp" "-ft lora -pp 2: fine-tuning runs without pipeline stages" \
     "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -ft lora
 expect_error "the MoE trainer with -pp" "-pp 2: train_moe's MoE layers run without pipeline stages" \
