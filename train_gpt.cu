@@ -235,6 +235,7 @@ typedef struct {
     cudaEvent_t losses_copied;
     int loss_tokens, loss_targets;
     WeightGradientQueue weights;  // -pps zb: its layers' weight gradients, from its B pass to its W pass
+    floatX* adapter_kept;  // -ft adapter: the bottleneck adapters' inputs it keeps (Adapter.site_inputs)
 } ActivationSlot;
 
 #include "llmc/model_extension.h"
@@ -1163,6 +1164,7 @@ static ShardedParameters* model_own_set(Model* model) {
 
 static void model_reduce_layer(Model* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
 static void model_reduce_rest(Model* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
+static void model_reduce_adapter(Model* model, const MultiGpuConfig* mg, cudaStream_t stream);
 
 // Where the backward pass accumulates layer l's gradients: in the gradient buffer, or under ZeRO-2 in a bucket
 // (zeroed) that model_reduce_layer then reduces (llmc/optimizer.cuh).
@@ -1285,14 +1287,8 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
             tp_sum_norm_gradients(model, g.lnfw, c->norm == NORM_LAYERNORM ? g.lnfb : nullptr, stream);
         model_reduce_rest(model, mg, zero_stage, stream);
     }
-    // the adapter's set (ZeRO-1 at most) is reduced whole, once, on the step's last micro-step
-    if (model->adapter && last_micro_step) {
-        ShardedParameters* adapter = &model->adapter->store;
-        int all[ADAPTER_MAX_TENSORS];
-        for (int i = 0; i < adapter->num_tensors; i++) all[i] = i;
-        sharded_parameters_reduce_slices(adapter, all, adapter->num_tensors, -1, L, mg, model->adapter->zero_stage,
-                                         stream);
-    }
+    // the adapter's set is reduced whole, once, on the step's last micro-step (under -pp after the step's passes)
+    if (model->adapter && last_micro_step && model_pp_stages(model) == 1) model_reduce_adapter(model, mg, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1308,6 +1304,17 @@ static void model_reduce_layer(Model* model, int layer, const MultiGpuConfig* mg
                                          zero_stage, stream);
     else
         model->extension.ffn->reduce_layer(model, layer, mg, zero_stage, stream);
+}
+// The adapter's set (ZeRO-1 at most), whole. Every process holds all of it; under -pp each stage has computed its own
+// layers' part of the gradient (the rest zero, which the sum adds exactly): summed over the stages first, so that
+// every stage reduces, and updates, the whole gradient alike.
+static void model_reduce_adapter(Model* model, const MultiGpuConfig* mg, cudaStream_t stream) {
+    ShardedParameters* adapter = &model->adapter->store;
+    if (model_pp_stages(model) > 1) pipeline_sum(model->pp, adapter->grads_memory, adapter->num_parameters, stream);
+    int all[ADAPTER_MAX_TENSORS];
+    for (int i = 0; i < adapter->num_tensors; i++) all[i] = i;
+    sharded_parameters_reduce_slices(adapter, all, adapter->num_tensors, -1, model->config.num_layers, mg,
+                                     model->adapter->zero_stage, stream);
 }
 // ... the rest, but for a tied wte that two stages hold: the pipeline's step reduces it once the stages have summed
 // their parts (model_sum_shared_wte)
@@ -1361,8 +1368,9 @@ static float model_gradient_norm(Model* model, const MultiGpuConfig* mg, int zer
         norm2 = sharded_parameters_norm_squared(&model->store, mg, zero_stage, stream);
     }
     if (model_own_set(model)) norm2 += model->extension.ffn->own_norm_squared(model, zero_stage, stream);
-    if (model->adapter) norm2 += sharded_parameters_norm_squared(&model->adapter->store, mg, model->adapter->zero_stage, stream);
     if (model_pp_stages(model) > 1) norm2 = pipeline_float_sum(model->pp, norm2);  // every stage's part
+    // (the adapter's gradient, summed over the stages, whole on each)
+    if (model->adapter) norm2 += sharded_parameters_norm_squared(&model->adapter->store, mg, model->adapter->zero_stage, stream);
     return sqrtf(norm2) / model->loss_scaler.scale;
 }
 
@@ -1498,6 +1506,7 @@ static void model_save_slot(const Model* m, ActivationSlot* s) {
     s->inputs = m->inputs, s->targets = m->targets, s->inputs_cpu = m->inputs_cpu;
     s->losses_cpu = m->losses_cpu, s->losses_copied = m->losses_copied;
     s->loss_tokens = m->loss_tokens, s->loss_targets = m->loss_targets;
+    if (m->adapter) s->adapter_kept = m->adapter->site_inputs;
 }
 // (a slot's weight-gradient queue stays in the slot: the pipeline's step hands it to model->deferring)
 static void model_use_slot(Model* m, const ActivationSlot* s) {
@@ -1505,6 +1514,7 @@ static void model_use_slot(Model* m, const ActivationSlot* s) {
     m->inputs = s->inputs, m->targets = s->targets, m->inputs_cpu = s->inputs_cpu;
     m->losses_cpu = s->losses_cpu, m->losses_copied = s->losses_copied;
     m->loss_tokens = s->loss_tokens, m->loss_targets = s->loss_targets;
+    if (m->adapter) m->adapter->site_inputs = s->adapter_kept;
 }
 // `slots` micro-batches' activations at (B, T), each allocated as model_allocate_activations does one; slot 0 in use.
 // With a tied wte shared by two stages, the buffer its gradient comes into from the other stage.
@@ -1528,10 +1538,10 @@ static void model_allocate_slots(Model* model, int B, int T, int slots) {
             weight_queue_allocate(&model->slots[k].weights, 4 * model_stage_layers(model),
                                   per_layer * model_stage_layers(model));
     }
-    if (model_shares_wte(model) && (model_first_stage(model) || model_last_stage(model))) {
+    if (model_shares_wte(model) && !model->frozen && (model_first_stage(model) || model_last_stage(model))) {
         size_t wte = (size_t)local_vocab(model) * model->config.channels * sizeof(floatX);
         cudaCheck(cudaMalloc((void**)&model->wte_peer, wte));
-        if (model->zero_stage >= 2 && !model->frozen) cudaCheck(cudaMalloc((void**)&model->wte_grad, wte));
+        if (model->zero_stage >= 2) cudaCheck(cudaMalloc((void**)&model->wte_grad, wte));
     }
 }
 
@@ -1573,15 +1583,16 @@ static floatX* chunk_input(Model* model, int B, int T) {
 static void pipeline_forward_only(Model* model, const int* inputs, const int* targets, int B, int T,
                                   cudaStream_t stream) {
     Pipeline* pp = model->pp;
-    size_t n = pipeline_message(model, B, T);
+    int Tm = T + model_adapter_sequence_extra(model);  // the positions the passes run (prompt tuning's virtual ones)
+    size_t n = pipeline_message(model, B, Tm);
     model_use_slot(model, &model->slots[0]);
     for (int c = 0; c < pp->chunks; c++) {
         model->chunk = c;
         int before = model_first_chunk(model) ? -1 : (pp->stage + pp->stages - 1) % pp->stages;
         int after = model_last_chunk(model) ? -1 : (pp->stage + 1) % pp->stages;
-        pipeline_exchange(pp, NULL, -1, chunk_input(model, B, T), before, n, stream);
+        pipeline_exchange(pp, NULL, -1, chunk_input(model, B, Tm), before, n, stream);
         model_forward(model, inputs, targets, B, T, 0.0f, stream);
-        pipeline_exchange(pp, stage_output(model, B, T), after, NULL, -1, n, stream);
+        pipeline_exchange(pp, stage_output(model, B, Tm), after, NULL, -1, n, stream);
     }
     model->chunk = 0;
     model_save_slot(model, &model->slots[0]);
@@ -1598,7 +1609,8 @@ static double pipeline_micro_steps(Model* model, const TrainerSettings* s, DataL
                                    int masked, double target_weight, const MultiGpuConfig* mg, cudaStream_t stream) {
     Pipeline* pp = model->pp;
     int B = s->B, T = s->T, BT = B * T, first = model_first_stage(model), last = model_last_stage(model);
-    size_t n = pipeline_message(model, B, T);
+    int Tm = T + model_adapter_sequence_extra(model);  // the positions the passes run (prompt tuning's virtual ones)
+    size_t n = pipeline_message(model, B, Tm);
     // every stage reads the step's batches, as every process of -pp 1 would: the first stage uses the inputs, the last
     // the targets
     int* inputs = (int*)malloc_check((size_t)m * BT * sizeof(int));
@@ -1622,13 +1634,14 @@ static double pipeline_micro_steps(Model* model, const TrainerSettings* s, DataL
         int forward = pass.kind == PASS_FORWARD;
         model_use_slot(model, slot);
         model->chunk = pass.chunk;
-        pipeline_point(pp, k, outputs, forward ? chunk_input(model, B, T) : model->acts.dresidual, n, stream);
+        pipeline_point(pp, k, outputs, forward ? chunk_input(model, B, Tm) : model->acts.dresidual, n, stream);
         cudaCheck(cudaEventRecord(pp->begin[k], stream));
         if (forward) {
             model->pass_number = (unsigned int)(step * m + pass.micro);
             model_forward(model, inputs + (size_t)pass.micro * BT, targets + (size_t)pass.micro * BT, B, T,
                           dlogits_scale, stream);
-            if (!model_last_chunk(model)) outputs[k] = stage_pass_output(model, pp, k, stage_output(model, B, T), n, stream);
+            if (!model_last_chunk(model))
+                outputs[k] = stage_pass_output(model, pp, k, stage_output(model, B, Tm), n, stream);
         } else if (pass.kind == PASS_BACKWARD) {
             model->deferring = pp->schedule == SCHEDULE_ZB ? &slot->weights : NULL;
             model_backward(model, B, T, seeds[pass.micro], mg, pass.micro == m - 1, s->zero_stage, stream);
@@ -1648,7 +1661,8 @@ static double pipeline_micro_steps(Model* model, const TrainerSettings* s, DataL
     pipeline_point(pp, pp->num_passes, outputs, NULL, n, stream);
     free(outputs);
     cudaCheck(cudaEventRecord(pp->finish, stream));
-    if (model_shares_wte(model) && (first || last)) {
+    if (model->adapter) model_reduce_adapter(model, mg, stream);
+    if (model_shares_wte(model) && !model->frozen && (first || last)) {
         int L = model->config.num_layers;
         floatX* dwte = model->wte_grad ? model->wte_grad : model_rest_gradients(model, stream).wte;
         model_sum_shared_wte(model, dwte, model->wte_peer, stream);
@@ -2122,7 +2136,7 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
     }
     if (pp.stages > 1) {  // the schedule's passes, and a slot for each micro-batch it holds at once
         pipeline_prepare(&pp, grad_accum_steps);
-        model_allocate_slots(&model, s.B, s.T, pp.slots);
+        model_allocate_slots(&model, s.B, s.T + extra, pp.slots);
     } else {
         model_allocate_activations(&model, s.B, s.T + extra);
     }

@@ -73,14 +73,15 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
     m.gradients = stage >= 2 ? shard * sizeof(float) : (padded + own) * sizeof(floatX);
     m.communication = 0;
     int master = model->offload_optimizer || (model->use_master_weights && PRECISION_MODE != PRECISION_FP32);
-    m.activations = activation_bytes(model, B, T + model_adapter_sequence_extra(model), model->recompute);
+    int Tm = T + model_adapter_sequence_extra(model);  // the positions the passes run (prompt tuning's virtual ones)
+    m.activations = activation_bytes(model, B, Tm, model->recompute);
     if (model_pp_stages(model) > 1) {  // a slot per micro-batch in flight; a tied wte's gradient from the other stage
-        m.activations = plan_stage_slots(model) * (m.activations + plan_weight_queue_bytes(model, B, T)) +
-                        plan_staging_bytes(model, B, T);
-        if (model_shares_wte(model) && (model_first_stage(model) || model_last_stage(model))) {
+        m.activations = plan_stage_slots(model) * (m.activations + plan_weight_queue_bytes(model, B, Tm)) +
+                        plan_staging_bytes(model, B, Tm);
+        if (model_shares_wte(model) && !model->frozen && (model_first_stage(model) || model_last_stage(model))) {
             size_t wte = (size_t)local_vocab(model) * model->config.channels * sizeof(floatX);
             m.activations += wte;
-            if (stage >= 2 && !model->frozen) m.gradients += wte;  // ZeRO-2/3: its own, whole over the micro-batches
+            if (stage >= 2) m.gradients += wte;  // ZeRO-2/3: its own, whole over the micro-batches
         }
     }
     // an extension's own set, stacked over the layers it replaces (the MoE experts): one layer's, for its two buckets
@@ -100,8 +101,9 @@ static MemoryPlan model_memory_plan(const Model* model, int B, int T) {
         m.optimizer = adapter_shard * sizeof(float) * (master ? 3 : 2);
         if (model->offload_optimizer == 2) m.optimizer += adapter_shard * sizeof(float) * 3;
         // the adapter's scratch, and what the bottleneck adapter or llama_adapter keeps for the backward pass
-        m.activations += (3 * (size_t)B * T * model->adapter_rank + adapter_activation_count(model, B, T)) *
-                         sizeof(floatX) + shared_keys_scratch_floats(model, B, T) * sizeof(float);
+        int slots = model_pp_stages(model) > 1 ? plan_stage_slots(model) : 1;
+        m.activations += (3 * (size_t)B * Tm * model->adapter_rank + adapter_activation_count(model, B, Tm, slots)) *
+                         sizeof(floatX) + shared_keys_scratch_floats(model, B, Tm) * sizeof(float);
         return m;
     }
     if (stage >= 2) {

@@ -90,6 +90,8 @@ struct Adapter {
     floatX* g;   // (B, T, r)
     floatX* dz;  // adapter: (B, T, r)
     floatX* site_inputs;  // adapter: (L, 2, B, T, C) each site's input, kept by the forward pass for the backward
+                          // (under -pp the micro-batch's in flight: its activation slot's part of the memory)
+    floatX* site_inputs_memory;  // ... every activation slot's
     floatX* dh;           // adapter: (B, T, C) a site's input gradient
     // prefix, llama_adapter: the shared keys' backward scratch, ds and p (B T NH, P), and the gate's rows (B T NH)
     float *ds_rows, *p_rows, *gate_rows;
@@ -200,15 +202,15 @@ static int shared_keys_on(const Model* model) {
 static size_t shared_keys_scratch_floats(const Model* model, int B, int T) {
     return shared_keys_on(model) ? (size_t)B * T * model->config.num_heads * (2 * (size_t)model->adapter_rank + 1) : 0;
 }
-// what the bottleneck adapter keeps for the backward pass and its scratch, or llama_adapter's projected prompts
-// (values), for B x T tokens; 0 for the other methods
-static size_t adapter_activation_count(const Model* model, int B, int T) {
+// what the bottleneck adapter keeps for the backward pass (for each of `slots` micro-batches in flight) and its
+// scratch, or llama_adapter's projected prompts (values), for B x T tokens; 0 for the other methods
+static size_t adapter_activation_count(const Model* model, int B, int T, int slots) {
     if (model->adapter_method == FT_METHOD_LLAMA_ADAPTER)
         return ((size_t)model->adapter_targets + 1) * model->adapter_rank * qkv_channels(&model->config) +
                (size_t)B * T * model->config.channels;
     if (model->adapter_method != FT_METHOD_BOTTLENECK) return 0;
     size_t N = (size_t)B * T, C = model->config.channels;
-    return (BOTTLENECK_SITES * (size_t)model->config.num_layers + 1) * N * C;
+    return ((size_t)slots * BOTTLENECK_SITES * model->config.num_layers + 1) * N * C;
 }
 // the adapter file's targets word of the methods without -fw: the bottleneck adapter's two sites, the prompt's input,
 // the prefix's every attention (llama_adapter's, its layer count, comes with the model: adapter_set_layers)
@@ -263,9 +265,11 @@ static Adapter* adapter_allocate(Model* model, float alpha, int B, int T) {
     floatX** scratch[3] = {&a->u, &a->g, &a->dz};
     for (int i = 0; i < 3; i++) cudaCheck(cudaMalloc((void**)scratch[i], N * rank * sizeof(floatX)));
     if (a->method == FT_METHOD_BOTTLENECK) {
-        size_t C = model->config.channels;
-        cudaCheck(cudaMalloc((void**)&a->site_inputs,
-                             (size_t)BOTTLENECK_SITES * model->config.num_layers * N * C * sizeof(floatX)));
+        size_t C = model->config.channels, kept = (size_t)BOTTLENECK_SITES * model->config.num_layers * N * C;
+        int slots = model->num_slots > 0 ? model->num_slots : 1;
+        cudaCheck(cudaMalloc((void**)&a->site_inputs_memory, slots * kept * sizeof(floatX)));
+        a->site_inputs = a->site_inputs_memory;
+        for (int k = 0; k < model->num_slots; k++) model->slots[k].adapter_kept = a->site_inputs_memory + k * kept;
         cudaCheck(cudaMalloc((void**)&a->dh, N * C * sizeof(floatX)));
     }
     if (a->method == FT_METHOD_PROMPT) {
@@ -290,7 +294,7 @@ static Adapter* adapter_allocate(Model* model, float alpha, int B, int T) {
 static void adapter_free(Adapter* a) {
     if (!a) return;
     sharded_parameters_free(&a->store);
-    void* buffers[9] = {a->u,       a->g,         a->dz,         a->site_inputs, a->dh, a->ds_rows,
+    void* buffers[9] = {a->u,       a->g,         a->dz,         a->site_inputs_memory, a->dh, a->ds_rows,
                         a->prompt_kv, a->dprompt_kv, a->attention_out};
     for (int i = 0; i < 9; i++) cudaCheck(cudaFree(buffers[i]));
     free(a->prompted_inputs);
@@ -599,7 +603,8 @@ static float* adapter_host_parameters(const Model* model) {
     return adapter_host_values(model, model->adapter->store.params_memory);
 }
 
-// A checkpoint's adapter file (collective over mg: under ZeRO-1 the optimizer state is gathered): the parameters of
+// A checkpoint's adapter file (collective over mg: under ZeRO-1 the optimizer state is gathered over the data-parallel
+// processes, model->multi_gpu, which hold the set's shards; under -pp every stage's hold the same): the parameters of
 // `step`, then the whole set's optimizer state, m and v (and the fp32 master weights when the run keeps them), so that
 // a run resumes from it at any process count and ZeRO stage. Process 0 writes, under a temporary name, then renames.
 static void adapter_write_checkpoint(const Model* model, const char* path, int step, const MultiGpuConfig* mg,
@@ -611,7 +616,7 @@ static void adapter_write_checkpoint(const Model* model, const char* path, int s
     cudaCheck(cudaMalloc((void**)&device_state, padded * sizeof(float)));
     float* state = (float*)malloc_check((size_t)buffers * padded * sizeof(float));
     for (int b = 0; b < buffers; b++) {
-        sharded_parameters_gather_state(p, b, device_state, mg, model->adapter->zero_stage, stream);
+        sharded_parameters_gather_state(p, b, device_state, model->multi_gpu, model->adapter->zero_stage, stream);
         cudaCheck(cudaMemcpy(state + (size_t)b * padded, device_state, padded * sizeof(float), cudaMemcpyDeviceToHost));
     }
     cudaCheck(cudaFree(device_state));

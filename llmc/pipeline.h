@@ -487,6 +487,16 @@ static void pipeline_point(Pipeline* pp, int k, floatX* const* outputs, floatX* 
     }
 }
 
+// The sum over the stages of n values on the device, in place, on the compute stream after the NCCL stream's
+// reductions so far (as the sends): a set that every stage holds whole, each stage's part of its gradient (the
+// fine-tuning adapter's). Collective over the pipeline group.
+static void pipeline_sum(Pipeline* pp, floatX* values, size_t n, cudaStream_t stream) {
+    if (pp->stages == 1) return;
+    cudaCheck(cudaEventRecord(pp->reductions_issued, pp->group.nccl_stream));
+    cudaCheck(cudaStreamWaitEvent(stream, pp->reductions_issued, 0));
+    ncclCheck(ncclAllReduce(values, values, n, nccl_floatX(), ncclSum, pp->group.nccl_comm, stream));
+}
+
 // The sum over the stages of a host float (the loss, the squared gradient norm), the same on every stage.
 static float pipeline_float_sum(const Pipeline* pp, float value) {
     if (pp->stages == 1) return value;

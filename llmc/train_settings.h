@@ -342,11 +342,6 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
                 "gradient buffer of -z 0 or 1 (ZeRO-2's buckets are reduced pass by pass)\n", s->zero_stage);
         return 0;
     }
-    if (s->pipeline_stages > 1 && s->fine_tune[0]) {
-        fprintf(stderr, "-ft %s -pp %d: fine-tuning runs without pipeline stages (-pp 1)\n", s->fine_tune,
-                s->pipeline_stages);
-        return 0;
-    }
     if (s->tie_embeddings != 0 && s->tie_embeddings != 1) {
         fprintf(stderr, "-tie %d: expected 0 or 1\n", s->tie_embeddings);
         return 0;

@@ -12,6 +12,8 @@
 #     checkpoint on 2 processes under ZeRO-1 with the same global batch within fp32 summation order (rel 1e-5); the
 #     bottleneck adapter's checkpoint resumes bit for bit too;
 #   - -fm: the merged model's validation loss before any step is the adapted run's last one (printed digits);
+#   - -pp 2 (1F1B, the bottleneck adapter under ZB too, LoRA with 2 data-parallel processes per stage): every method's
+#     steps and adapter checkpoint bit for bit -pp 1's, on 4 distinct micro-batches per step; the checking build;
 #   - samples with prompt tuning and a prefix (the engine's forward-pass path);
 #   - refusals: a rank of 0 or not a multiple of 8, an unknown or repeated target, an unknown method, a fine-tuning
 #     flag without -ft, LoRA's flags with the bottleneck adapter, an adapter of another method or base model
@@ -22,8 +24,9 @@
 #   - the MoE trainer (train_moe -ft) the same way: step 1 from its references' LoRA, bottleneck and prompt adapters
 #     against train_moe.py --train's, and an adapter checkpoint on 2 processes resumed into another expert-parallel
 #     degree and ZeRO stage bit for bit.
-# Needs build/train_gpt_fp32, build/train_moe_fp32, the references above and build/ref/moe_lora_fp32,
-# moe_adapter_fp32, moe_prompt_fp32 and moe_prefix_fp32 (their model and adapter files). Run from anywhere: dev/test/test_fine_tuning.sh
+# Needs build/train_gpt_fp32, build/check/train_gpt_fp32, build/train_moe_fp32, the references above and
+# build/ref/moe_lora_fp32, moe_adapter_fp32, moe_prompt_fp32 and moe_prefix_fp32 (their model and adapter files). Runs
+# up to 4 processes at once (-pp 2 with 2 data-parallel processes). Run from anywhere: dev/test/test_fine_tuning.sh
 set -u
 cd "$(dirname "$0")/../.."
 . dev/test/cli_common.sh
@@ -157,6 +160,40 @@ adapted=$(grep "val loss" "$work/merge.log" | tail -1)
 merged=$(grep "val loss" "$work/merged.log" | head -1)
 if [ -n "$adapted" ] && [ "$adapted" = "$merged" ]; then pass
 else fail "-fm: the adapted run's last '$adapted', the merged model's first '$merged'"; fi
+
+# --- pipeline stages (-pp 2, a layer each, 1F1B; 2 steps of 4 micro-batches): each method's adapter checkpoint is
+# -pp 1's bit for bit. Each stage computes its layers' part of the adapter's gradient (the other stage's part zero,
+# which the sum over the stages adds exactly), in -pp 1's order: LoRA with the classifier's pair on the last stage,
+# the prompt on the first; the bottleneck adapter's kept inputs in each micro-batch's activation slot (the step lines
+# alone would not see them mixed up: only the files do), under ZB too; LoRA with 2 data-parallel processes per stage
+# (ZeRO-1) gives -pp 1's on 2
+pp_pair() {  # NAME NP PP-FLAGS -- FLAGS...: the run of FLAGS on 1 process (NP 2: 2) against NP processes with PP-FLAGS
+    local name=$1 np=$2 pp=() one=()
+    shift 2
+    while [ "$1" != -- ]; do pp+=("$1"); shift; done
+    shift
+    [ "$np" = 4 ] && one=($MPIRUN -np 2)
+    "${one[@]}" build/train_gpt_fp32 "$@" -x 2 -n 2 -o "$work/${name}_pp1" >"$work/${name}_pp1.log" 2>&1 ||
+        fail "$name -pp 1: $(tail -2 "$work/${name}_pp1.log")"
+    $MPIRUN -np "$np" build/train_gpt_fp32 "$@" -x 2 -n 2 -o "$work/${name}_pp2" "${pp[@]}" >"$work/${name}_pp2.log" \
+        2>&1 || fail "$name ${pp[*]}: $(tail -2 "$work/${name}_pp2.log")"
+    if [ -n "$(steps "$work/${name}_pp2.log")" ] && [ "$(steps "$work/${name}_pp1.log")" = "$(steps "$work/${name}_pp2.log")" ] &&
+        cmp -s "$work/${name}_pp1/adapter_00000002.bin" "$work/${name}_pp2/adapter_00000002.bin"; then pass
+    else fail "$name ${pp[*]}: the steps or the adapter differ from -pp 1's"; fi
+}
+PP_DATA=("${DATA[@]}" -b 2 -d 256 -v 0)
+pp_pair lora 2 -pp 2 -- -e "$MODEL" -ft lora -fr 8 -fs 12 -fw qkv,proj,fc,fc_proj,lm_head "${PP_DATA[@]}"
+pp_pair adapter 2 -pp 2 -- "${BOTTLENECK[@]}" "${PP_DATA[@]}"
+pp_pair adapter_zb 2 -pp 2 -pps zb -- "${BOTTLENECK[@]}" "${PP_DATA[@]}"
+pp_pair prompt 2 -pp 2 -- "${PROMPT[@]}" "${PP_DATA[@]}" -t 27 -d 216
+pp_pair prefix 2 -pp 2 -- "${PREFIX[@]}" "${PP_DATA[@]}"
+pp_pair llama_adapter 2 -pp 2 -- "${LLADAPTER[@]}" "${PP_DATA[@]}"
+pp_pair lora_dp2 4 -pp 2 -- "${LORA[@]}" "${PP_DATA[@]}" -z 1
+# the checking build (the sends, the adapter's sum over the stages, stream order): the bottleneck adapter under ZB
+# (micro-batches of 1 sequence of 8 tokens: the checks are of the order of operations)
+$MPIRUN -np 2 build/check/train_gpt_fp32 "${BOTTLENECK[@]}" "${DATA[@]}" -b 1 -t 8 -d 32 -x 1 -v 0 -pp 2 -pps zb \
+    >"$work/check.log" 2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
+    fail "checking build, -ft adapter -pp 2 -pps zb: $(grep -m2 -E 'cucc|rror' "$work/check.log")"
 
 # --- samples: prompt tuning and a prefix print theirs (the engine's forward-pass path, generate_by_prefill, whose
 # logits test_gpt's prompt and prefix rows check against PyTorch): 6 tokens each at steps 0 and 1

@@ -255,8 +255,6 @@ expect_error "-ppl without -pp" "-ppl: applies to a pipeline of 2 or more stages
 expect_error "-pp 0" "-pp 0: expected 1 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 0
 expect_error "-z 2 with zb" "-z 2 -pps zb: ZB's W passes write the weight gradients after their B passes" \
     "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps zb -z 2
-expect_error "-ft with -pp" "-ft lora -pp 2: fine-tuning runs without pipeline stages" \
-    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -ft lora
 expect_error "the MoE trainer with -pp" "-pp 2: train_moe's MoE layers run without pipeline stages" \
     build/train_moe_fp32 "${PLAN[@]}" -pn 2 -pp 2
 
