@@ -1665,13 +1665,10 @@ static double pipeline_micro_steps(Model* model, const TrainerSettings* s, DataL
     if (model_shares_wte(model) && !model->frozen && (first || last)) {
         int L = model->config.num_layers;
         floatX* dwte = model->wte_grad ? model->wte_grad : model_rest_gradients(model, stream).wte;
-        model_sum_shared_wte(model, dwte, model->wte_peer, stream);
-        if (model->wte_grad) {  // ZeRO-2/3: the sum into the rest's bucket (its slices all reduced), reduced from there
-            floatX* slice;
-            sharded_parameters_gradient_slices(&model->store, REST_BUCKET, rest_tensors, 1, -1, L, &slice, stream);
-            cudaCheck(cudaMemcpyAsync(slice, dwte, (size_t)local_vocab(model) * model->config.channels *
-                                                       sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
-        }
+        floatX* sum = dwte;  // ZeRO-2/3: into the rest's bucket (its other slices all reduced), reduced from there
+        if (model->wte_grad)
+            sharded_parameters_gradient_slices(&model->store, REST_BUCKET, rest_tensors, 1, -1, L, &sum, stream);
+        model_sum_shared_wte(model, dwte, model->wte_peer, sum, stream);
         sharded_parameters_reduce_slices(&model->store, rest_tensors, 1, -1, L, mg, s->zero_stage, stream);
     }
     free(inputs);

@@ -155,11 +155,12 @@ static void model_join_stages(const Model* m, floatX* file_order) {
 
 // A tied wte's gradient: the classifier's part on the last stage, the embedding's on the first, summed on both before
 // either is reduced over its data-parallel processes (Megatron's embedding group), so that both copies take the same
-// update. Collective over the pipeline group's first and last stage; `scratch` holds the other stage's part.
-static void model_sum_shared_wte(Model* m, floatX* dwte, floatX* scratch, cudaStream_t stream) {
+// update. Collective over the pipeline group's first and last stage; `scratch` holds the other stage's part, `sum`
+// receives the sum (dwte itself, or where it is reduced from: ZeRO-2/3's bucket).
+static void model_sum_shared_wte(Model* m, const floatX* dwte, floatX* scratch, floatX* sum, cudaStream_t stream) {
     if (!model_shares_wte(m) || !(model_first_stage(m) || model_last_stage(m))) return;
     size_t n = (size_t)local_vocab(m) * m->config.channels;
     int other = model_first_stage(m) ? model_pp_stages(m) - 1 : 0;
     pipeline_exchange(m->pp, dwte, other, scratch, other, n, stream);
-    residual_forward(dwte, dwte, scratch, n, stream);
+    residual_forward(sum, dwte, scratch, n, stream);
 }
