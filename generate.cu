@@ -366,7 +366,7 @@ int main(int argc, char* argv[]) {
     model.tp = &tp;
     if (is_moe_model_file(f->model_path)) {
         model.extension = moe_extension;
-        moe_extension.trainer->setup(&model, &world);
+        moe_extension.trainer->setup(&model, &world, 0);
         trainer_moe.settings.capacity_factor_eval = 0.0;  // generation is dropless: no token's output depends on others
     }
     model_build_from_checkpoint(&model, f->model_path);

@@ -280,8 +280,8 @@ static void moe_micro_step_sums(const Model* model, int micro) {
     pass_sums.load_loss += moe->load_loss;
     pass_sums.seq_loss += moe->seq_loss;
     for (size_t i = 0; i < n; i++) {
-        pass_sums.expert_counts[i] += moe->expert_counts_cpu[i];
-        pass_sums.kept_counts[i] += moe->kept_counts_cpu[i];
+        pass_sums.expert_counts[i] += moe->slot->expert_counts_cpu[i];
+        pass_sums.kept_counts[i] += moe->slot->kept_counts_cpu[i];
     }
     pass_sums.micro_steps++;
 }
@@ -596,7 +596,7 @@ static void check_global_aux(const ModelTest* t, const int* x, const int* y, int
     float* probs = (float*)malloc_check((size_t)N * E * sizeof(float));
     double want = 0.0, local = 0.0;  // local: the same with this process's counts alone
     for (int m = 0; m < Lm; m++) {
-        cudaCheck(cudaMemcpy(probs, moe_layer_activations(&model, m, N).probs, (size_t)N * E * sizeof(float),
+        cudaCheck(cudaMemcpy(probs, moe_layer_activations(&model, m, m, N).probs, (size_t)N * E * sizeof(float),
                              cudaMemcpyDeviceToHost));
         for (int e = 0; e < E; e++) {
             // the step's choices so far on every process (exact: < 2^24)
@@ -605,7 +605,7 @@ static void check_global_aux(const ModelTest* t, const int* x, const int* y, int
             for (int i = 0; i < N; i++) mean_prob += probs[(size_t)i * E + e];
             mean_prob /= N;
             want += (double)moe->settings.aux_alpha * E * count / ((double)K * mg->num_processes * N * k) * mean_prob;
-            local += (double)moe->settings.aux_alpha * E * moe->expert_counts_cpu[m * E + e] / ((double)N * k) *
+            local += (double)moe->settings.aux_alpha * E * moe->slot->expert_counts_cpu[m * E + e] / ((double)N * k) *
                      mean_prob;
         }
     }

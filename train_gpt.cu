@@ -501,6 +501,8 @@ static void model_cut_stages(Model* model) {
     double layer = 0.0, C = c->channels;
     for (int j = 0; j < EVERY_LAYER_TENSORS; j++) layer += (double)sizes[every_layer_tensors[j]] / L;
     for (int j = 0; j < DENSE_TENSORS; j++) layer += (double)sizes[dense_tensors[j]] / L;
+    const FfnExtension* x = model->extension.ffn;  // an extension's layers, their active parameters (MoE: k experts)
+    if (x->active_parameters_per_token) layer += x->active_parameters_per_token(model) / L;
     pipeline_balance(L, p, 6.0 * layer + 12.0 * C * pp->seq_len, 2.0 * C, 6.0 * c->padded_vocab_size * C,
                      pp->first_layer);
 }
@@ -592,7 +594,7 @@ static void model_set_parameters(Model* model, const floatX* file_order) {
     if (x->set_parameters) x->set_parameters(model, file_order + model_extension_offset(model));
 }
 
-// The inverse, collective over an extension's groups (and the tensor-parallel and pipeline groups): the whole model in model-file
+// The inverse, collective over the tensor-parallel group: this stage's blocks of the whole model in model-file
 // order from the replicated set (its parameters, or in test_gpt.cu its gradients as stored: device memory, or host
 // memory with `kind` cudaMemcpyHostToHost), the extension filling in its own part.
 static void model_get_replicated(const Model* model, floatX* file_order, const floatX* replicated, cudaMemcpyKind kind) {
@@ -614,7 +616,6 @@ static void model_get_replicated(const Model* model, floatX* file_order, const f
             to += in_file[i];
         }
     }
-    model_join_stages(model, file_order);  // every stage's blocks (collective over the pipeline group)
 }
 // (Under ZeRO-3 collective over the model's processes, which gather the set on the host.)
 static void model_get_parameters(Model* model, floatX* file_order, cudaStream_t stream) {
@@ -628,6 +629,7 @@ static void model_get_parameters(Model* model, floatX* file_order, cudaStream_t 
     }
     const FfnExtension* x = model->extension.ffn;
     if (x->get_parameters) x->get_parameters(model, file_order + model_extension_offset(model), stream);
+    model_join_stages(model, file_order);  // every stage's blocks (collective over the pipeline group)
 }
 
 
@@ -1121,6 +1123,7 @@ static void model_forward(Model* model, const int* inputs, const int* targets, i
     float extension_scale = T == real_T ? dlogits_scale : dlogits_scale * (float)real_T / (float)T;
     if (x->begin_forward) x->begin_forward(model, B, T, extension_scale);
     model_forward_layers(model, B, T, stream);
+    if (targets && x->end_forward) x->end_forward(model, B * T, stream);  // (under -pp each chunk's layers)
     if (!model_last_chunk(model)) return;  // -pp: the classifier is the last chunk's
     // the classifier: against wte (GPT-2, tied llama) or lm_head
     ParameterTensors p = model_rest_weights(model, stream);
@@ -1139,7 +1142,6 @@ static void model_forward(Model* model, const int* inputs, const int* targets, i
         model->loss_tokens = B * T;
         model->loss_targets = 0;
         for (int i = 0; i < B * T; i++) model->loss_targets += targets[i] >= 0;
-        if (x->end_forward) x->end_forward(model, B * T, stream);
     }
 }
 
@@ -1515,6 +1517,7 @@ static void model_use_slot(Model* m, const ActivationSlot* s) {
     m->losses_cpu = s->losses_cpu, m->losses_copied = s->losses_copied;
     m->loss_tokens = s->loss_tokens, m->loss_targets = s->loss_targets;
     if (m->adapter) m->adapter->site_inputs = s->adapter_kept;
+    if (m->extension.ffn->use_slot) m->extension.ffn->use_slot(m, (int)(s - m->slots));
 }
 // `slots` micro-batches' activations at (B, T), each allocated as model_allocate_activations does one; slot 0 in use.
 // With a tied wte shared by two stages, the buffer its gradient comes into from the other stage.
@@ -1596,6 +1599,8 @@ static void pipeline_forward_only(Model* model, const int* inputs, const int* ta
     }
     model->chunk = 0;
     model_save_slot(model, &model->slots[0]);
+    // its sends complete before the validation's sums over other groups (on their own streams) begin
+    cudaCheck(cudaStreamSynchronize(stream));
 }
 
 // A training step's micro-batches through this stage's passes (pp->passes, the schedule's order): before each pass the
@@ -1655,12 +1660,16 @@ static double pipeline_micro_steps(Model* model, const TrainerSettings* s, DataL
             float mean_loss = model_mean_loss(model);
             loss += masked ? model->loss_sum * target_weight : mean_loss;
         }
+        // the micro-batch's last backward pass on this stage: what its forward passes measured is complete
+        if (pass.kind == PASS_BACKWARD && pass.chunk == 0 && model->extension.ffn->micro_step_done)
+            model->extension.ffn->micro_step_done(model);
         model_save_slot(model, slot);
     }
     model->chunk = 0;
     pipeline_point(pp, pp->num_passes, outputs, NULL, n, stream);
     free(outputs);
     cudaCheck(cudaEventRecord(pp->finish, stream));
+    if (model->extension.telemetry->join_stages) model->extension.telemetry->join_stages(model);
     if (model->adapter) model_reduce_adapter(model, mg, stream);
     if (model_shares_wte(model) && !model->frozen && (first || last)) {
         int L = model->config.num_layers;
@@ -1711,6 +1720,7 @@ static void evaluate(Model* model, DataLoader* val_loader, const TrainerSettings
     if (print) printf("val loss %f\n", val_loss);
     logger_log_val(logger, step, (float)val_loss);
     const TelemetryExtension* x = model->extension.telemetry;
+    if (model_pp_stages(model) > 1 && x->join_stages) x->join_stages(model);
     if (print && x->print_validation) x->print_validation(model, s->B * s->T, logger, step);
 }
 
@@ -1978,7 +1988,8 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         model.adapter_targets = model.adapter_method == FT_METHOD_LORA ? lora_parse_targets(s.ft_targets)
                                 : adapter_fixed_targets(model.adapter_method);
     }
-    if (x->setup) x->setup(&model, &mg);
+    // (an extension's process layout is within a stage; the memory plan's is of its sizes alone)
+    if (x->setup) x->setup(&model, &pp.stage_world, s.plan_gib > 0);
     char* resume_model = NULL;
     int resume_step = s.resume ? trainer_resume_step(&s, &mg) : -1;
     char* resume_adapter = NULL;  // a fine-tuning run resumes its adapter from the checkpoint, its model from -e
@@ -2000,11 +2011,6 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
         if (!model_check_tensor_parallel(&model, s.T, s.model_source)) return EXIT_FAILURE;
         if (!adapter_set_layers(&model, s.ft_layers)) return EXIT_FAILURE;
-        if (pp.stages > 1 && model.extension.ffn->replaces_mlp) {
-            fprintf(stderr, "-pp %d: %s's MoE layers run without pipeline stages (-pp 1)\n", pp.stages,
-                    x->trainer ? x->trainer : "this trainer");
-            return EXIT_FAILURE;
-        }
         model_cut_stages(&model);
         // the micro-batches the stages' activations are planned for: -d's, at the layout's data-parallel processes
         int plan_tokens = s.B * s.T * dp->num_processes;
@@ -2046,11 +2052,6 @@ static int trainer_main(int argc, char* argv[], const ModelExtension* model_exte
         return EXIT_FAILURE;
     }
     if (x->check_model) x->check_model(&model, s.model_source, from_file);
-    if (pp.stages > 1 && model.extension.ffn->replaces_mlp) {
-        fprintf(stderr, "-pp %d: %s's MoE layers run without pipeline stages (-pp 1)\n", pp.stages,
-                x->trainer ? x->trainer : "this trainer");
-        return EXIT_FAILURE;
-    }
     if (!model_set_attention(&model, s.flash_attention, s.model_source)) return EXIT_FAILURE;
     if (!adapter_set_layers(&model, s.ft_layers)) return EXIT_FAILURE;
     if (model.frozen && shared_keys_on(&model) && model.attention != ATTENTION_FLASH) {

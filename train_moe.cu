@@ -164,9 +164,9 @@ static int moe_check_flags(void) {
 }
 
 // The trainer's model state: its settings from the flags, a descriptor's shape, and the experts shared out over
-// the processes (collective).
+// the processes of a pipeline stage, `mg` (collective; a memory plan's: sizes only).
 static MoEModel trainer_moe;
-static void moe_setup(Model* model, const MultiGpuConfig* mg) {
+static void moe_setup(Model* model, const MultiGpuConfig* mg, int plan) {
     const MoEFlags* f = &moe_flags;
     int tp = model_tp_degree(model), etp = f->expert_tensor_parallel;
     if (etp != 1 && etp != tp) {
@@ -179,11 +179,19 @@ static void moe_setup(Model* model, const MultiGpuConfig* mg) {
                 f->bias_gamma);
         exit(EXIT_FAILURE);
     }
-    // the -ep groups: over every process, or at -etp N over the data-parallel processes that hold the same slices
+    // the global-batch loss's coefficient counts the step's passes so far, which a pipeline's order interleaves
+    // with the backward passes that use it
+    if (model_pp_stages(model) > 1 && f->global_aux) {
+        fprintf(stderr, "-rg 1: the global-batch balance loss runs without pipeline stages (-pp 1)\n");
+        exit(EXIT_FAILURE);
+    }
+    // the -ep groups: over every process (of the stage), or at -etp N over the data-parallel processes that hold the
+    // same slices
     const MultiGpuConfig* over = etp > 1 ? &model->tp->dp : mg;
     if (over->num_processes % f->expert_parallel != 0) {
-        fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of %sprocesses (%d)\n",
-                f->expert_parallel, etp > 1 ? "data-parallel " : "", over->num_processes);
+        fprintf(stderr, "-ep %d: the expert-parallel degree must divide the number of %sprocesses%s (%d)\n",
+                f->expert_parallel, etp > 1 ? "data-parallel " : "", model_pp_stages(model) > 1 ? " of a stage" : "",
+                over->num_processes);
         exit(EXIT_FAILURE);
     }
     MoEConfig config = {};
@@ -215,7 +223,8 @@ static void moe_setup(Model* model, const MultiGpuConfig* mg) {
     settings.global_aux = f->global_aux;
     moe_model_init(&trainer_moe, &config, &settings);
     trainer_moe.expert_tp = etp;
-    expert_parallel_init(&trainer_moe.ep, over, f->expert_parallel);
+    if (plan) expert_parallel_plan(&trainer_moe.ep, over, f->expert_parallel);
+    else expert_parallel_init(&trainer_moe.ep, over, f->expert_parallel);
     model->extension_state = &trainer_moe;
 }
 
@@ -294,6 +303,7 @@ static const FfnExtension moe_ffn = {
     .collective_forward = moe_collective_forward,
     .activation_bytes = moe_activation_bytes,
     .allocate_activations = moe_allocate_activations,
+    .use_slot = moe_use_slot,
     .begin_forward = moe_begin_forward,
     .end_forward = moe_end_forward,
     .step_begin = moe_step_begin,
@@ -318,6 +328,7 @@ static const CheckpointExtension moe_checkpoint = {
     .read_state = read_expert_state,
 };
 static const TelemetryExtension moe_telemetry = {
+    .join_stages = moe_join_stages,
     .info_rows = moe_info_rows,
     .step_fields = moe_step_fields,
     .log_step = moe_log_step,

@@ -62,6 +62,16 @@ static void expert_parallel_init(ExpertParallel* ep, const MultiGpuConfig* world
     cudaCheck(cudaMalloc((void**)&ep->device_counts, 2 * MOE_MAX_EXPERTS * sizeof(int)));
 }
 
+// The memory plan's layout (-pm): the sizes of degree N over `world`'s processes, as process 0 of it. Nothing is
+// created or sent.
+static void expert_parallel_plan(ExpertParallel* ep, const MultiGpuConfig* world, int degree) {
+    expert_parallel_none(ep, world);
+    ep->degree = degree;
+    ep->group = 0;
+    ep->replicas.num_processes = world->num_processes / degree > 0 ? world->num_processes / degree : 1;
+    ep->replicas.process_rank = 0;
+}
+
 static void expert_parallel_free(ExpertParallel* ep) {
     if (ep->degree == 1) return;
     group_comm_free(&ep->members);

@@ -22,9 +22,11 @@ typedef struct {
 // name; a NULL member has nothing to do, and GPT-2's parts are empty (no_extension). `model->extension_state` is the
 // extension's own data.
 
-// The FFN kind and what the model asks of it. Its tensors sit in slots PARAM_EXTENSION.. of the model file: the part
-// that every process holds (e.g. a router) in the model's replicated parameter set, the rest (e.g. experts shared out
-// over processes) in a set of its own (own_set), reduced and sharded over own_group.
+// The FFN kind and what the model asks of it. Its tensors sit in slots PARAM_EXTENSION.. of the model file, each
+// stacked over the layers whose FFN it replaces (so that a pipeline stage holds its layers' blocks of them,
+// llmc/model_pipeline.h): the part that every process holds (e.g. a router) in the model's replicated parameter set,
+// the rest (e.g. experts shared out over processes) in a set of its own (own_set), reduced and sharded over own_group.
+// Under -pp a process holds and runs its stage's layers only, and its hooks see those.
 typedef struct {
     FfnKind kind;
     int (*replaces_mlp)(const Model* model, int layer);  // NULL: no layer
@@ -63,7 +65,8 @@ typedef struct {
     int (*collective_forward)(const Model* model);  // every process of a group takes part in each forward pass
     // activations and passes
     size_t (*activation_bytes)(const Model* model, size_t B, size_t T, int recompute);
-    void (*allocate_activations)(Model* model, int B, int T);
+    void (*allocate_activations)(Model* model, int B, int T);  // once, or under -pp once per slot, each then in use
+    void (*use_slot)(Model* model, int slot);  // -pp: the activations of the model's slot k (its k-th allocation)
     void (*begin_forward)(Model* model, int B, int T, float dlogits_scale);  // a pass over (B, T) tokens
     void (*end_forward)(Model* model, int N, cudaStream_t stream);  // after a forward pass with targets
     // the training step's boundaries: before its first micro-step, after each micro-step's forward pass, and after
@@ -95,8 +98,11 @@ typedef struct {
     void (*read_state)(const char* dir, int step, Model* model);
 } CheckpointExtension;
 
-// What it shows: rows of the start-up table, fields of the step line, the log, and a report at each validation
+// What it shows: rows of the start-up table, fields of the step line, the log, and a report at each validation.
+// Under -pp join_stages puts the stages' parts together before the step line and the report (every process, after
+// the step's passes and after a validation pass; collective over the pipeline group).
 typedef struct {
+    void (*join_stages)(Model* model);
     void (*info_rows)(const Model* model, InfoTable* table);
     void (*step_fields)(const Model* model, int micro_steps, char* out, size_t size);
     void (*log_step)(const Model* model, Logger* logger, int step, int micro_steps);
@@ -110,7 +116,9 @@ typedef struct {
     int num_flags;
     const char* flags_title;
     int (*check_flags)(void);  // after parsing: 0 (with a message) when a value is unusable
-    void (*setup)(Model* model, const MultiGpuConfig* mg);  // before the model is built, from the flags
+    // before the model is built, from the flags, over a stage's processes `mg` (plan: the memory plan's layout of
+    // mg->num_processes, sizes only: nothing communicates)
+    void (*setup)(Model* model, const MultiGpuConfig* mg, int plan);
     void (*check_model)(const Model* model, const char* source, int from_file);  // once built
 } TrainerExtension;
 

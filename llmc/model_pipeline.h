@@ -76,7 +76,8 @@ static int model_last_chunk(const Model* m) { return model_last_stage(m) && m->c
 static int model_shares_wte(const Model* m) { return m->config.tied && model_pp_stages(m) > 1; }
 
 // The blocks of tensor i that stage s's chunk c of `cut` holds, [*first, *first + *count) of *blocks: its layers'
-// slices of a tensor stacked over every layer (blocks L) or over the dense layers (Ld); the tensors outside the layers
+// slices of a tensor stacked over every layer (blocks L), over the dense layers (Ld) or, an extension's, over the layers
+// whose FFN it replaces (L - Ld: llmc/model_extension.h); the tensors outside the layers
 // are one block, on the first stage (wte, wpe), the last (the final norm, lm_head, and a tied wte), or both (counted
 // with chunk 0). A stage's set holds each tensor's blocks chunk after chunk.
 static void stage_blocks_of(const Model* m, const StageCut* cut, int i, int s, int c, size_t* first, size_t* count,
@@ -96,7 +97,10 @@ static void stage_blocks_of(const Model* m, const StageCut* cut, int i, int s, i
     case PARAM_WTE: *blocks = 1, *count = first_stage || (last_stage && m->config.tied); return;
     case PARAM_WPE: *blocks = 1, *count = first_stage; return;
     case PARAM_LNFW: case PARAM_LNFB: case PARAM_LM_HEAD: *blocks = 1, *count = last_stage; return;
-    default: *blocks = 1, *count = 1; return;  // an extension's (train_moe.cu runs without -pp)
+    default:  // an extension's
+        *blocks = m->config.num_layers - model_dense_layers(m), *first = begin - model_dense_index(m, begin);
+        *count = end - model_dense_index(m, end) - *first;
+        return;
     }
 }
 
@@ -109,7 +113,8 @@ static TensorSplit stage_split_of(const Model* m, const StageCut* cut, int i, in
     size_t first, count, blocks;
     stage_blocks_of(m, cut, i, s, c, &first, &count, &blocks);
     *offset = 0;
-    if (blocks == 0 || in_file[i] == 0 || count == blocks) return t;  // (an extension's: its own cut)
+    // (an extension's own set's tensors have no rows in this set: the extension cuts them)
+    if (blocks == 0 || in_file[i] == 0 || count == blocks || t.rows == 0) return t;
     size_t per_block = in_file[i] / blocks;
     *offset = first * per_block;
     if (t.kind == SPLIT_NONE) t.rows = count * per_block / (t.layers * t.cols);

@@ -14,8 +14,8 @@
 // model file's expert tensors, so that a run may resume with another expert-parallel degree or ZeRO stage:
 // <dir>/expert_state_%08d.bin, header [0] magic, [1] version 1, [2] E, [3] Lm, [4] master weights 0/1,
 // [5] precision, [6] and [7] the values per buffer (every expert's; high and low 31 bits); then each buffer in
-// turn (fp32). Collective: the shards are gathered over the replicas, then process 0's group gathers the experts,
-// and process 0 writes.
+// turn (fp32). Collective: the shards are gathered over the replicas, then process 0's group gathers the experts
+// (under -pp each stage's group its layers', put together over the stages), and process 0 writes.
 static void write_expert_state(const char* dir, int step, Model* model, int zero_stage, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
@@ -28,7 +28,7 @@ static void write_expert_state(const char* dir, int step, Model* model, int zero
     char* path = checkpoint_path(dir, "expert_state", step, -1);
     char* tmp = NULL;
     FILE* f = NULL;
-    if (model->process_rank == 0 && model_tp_member(model) == 0) {  // the world's process 0
+    if (model->process_rank == 0 && model_tp_member(model) == 0 && model_pp_stage(model) == 0) {  // the world's 0
         f = fopen_tmp_for(path, &tmp);
         int header[256] = {0};
         header[0] = EXPERT_STATE_MAGIC;
@@ -43,7 +43,8 @@ static void write_expert_state(const char* dir, int step, Model* model, int zero
     }
     for (int buffer = 0; buffer < (x->has_master ? 3 : 2); buffer++) {
         sharded_parameters_gather_state(x, buffer, full, &moe->ep.replicas, zero_stage, stream);
-        if (gathers) moe_gather_experts(model, host, full, sizeof(float), stream);
+        if (gathers) moe_gather_stage_experts(model, host, full, sizeof(float), stream);
+        if (gathers) moe_join_stage_experts(model, host, sizeof(float));
         if (f) fwrite_check(host, sizeof(float), all_experts, f, tmp);
     }
     if (f) commit_tmp(f, tmp, path);
@@ -53,8 +54,8 @@ static void write_expert_state(const char* dir, int step, Model* model, int zero
     cudaCheck(cudaFree(full));
 }
 
-// Each process reads its own experts' runs of every buffer (at -etp N cuts its member's slices of them) and keeps its
-// shard.
+// Each process reads its own experts' runs of every buffer in its stage's MoE layers (at -etp N cuts its member's
+// slices of them) and keeps its shard.
 static void read_expert_state(const char* dir, int step, Model* model) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
@@ -64,17 +65,19 @@ static void read_expert_state(const char* dir, int step, Model* model) {
     FILE* f = fopen_check(path, "rb");
     int header[256];
     read_header_check(f, header, path, EXPERT_STATE_MAGIC, "MoE expert optimizer state");
-    int Lm = num_moe_layers(model);
+    int Lmodel = num_moe_layers(model), Lm = moe_stage_layers(model);
     size_t values = ((size_t)header[6] << 31) | (size_t)header[7];
-    if (header[1] != 1 || header[2] != c->num_experts || header[3] != Lm || header[4] != x->has_master ||
+    if (header[1] != 1 || header[2] != c->num_experts || header[3] != Lmodel || header[4] != x->has_master ||
         header[5] != PRECISION_MODE || values != all_experts) {
         fprintf(stderr, "%s: expert state of another setup (E %d, MoE layers %d, master weights %d, precision %d, %zu "
                 "values) than this run's (%d, %d, %d, %d, %zu)\n", path, header[2], header[3], header[4], header[5],
-                values, c->num_experts, Lm, x->has_master, PRECISION_MODE, all_experts);
+                values, c->num_experts, Lmodel, x->has_master, PRECISION_MODE, all_experts);
         exit(EXIT_FAILURE);
     }
     size_t local[MLP_EXTENSION_SLOTS], whole = 0;  // this process's experts, whole
-    moe_slot_sizes(model, moe->local_experts, 1, local);
+    moe_slot_sizes(model, Lm, moe->local_experts, 1, local);
+    int* model_index = (int*)malloc_check((size_t)Lmodel * sizeof(int));
+    moe_stage_model_indices(model, model_index);
     for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) whole += local[i];
     float* own = (float*)malloc_check(whole * sizeof(float) + 1);
     float* full = (float*)calloc(x->num_parameters_padded, sizeof(float));
@@ -84,7 +87,8 @@ static void read_expert_state(const char* dir, int step, Model* model) {
         for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) {
             size_t run = local[i] / Lm;
             for (int m = 0; m < Lm; m++) {
-                size_t position = file_offset + ((size_t)m * moe->ep.degree + moe->ep.member) * run * sizeof(float);
+                size_t position =
+                    file_offset + ((size_t)model_index[m] * moe->ep.degree + moe->ep.member) * run * sizeof(float);
                 if (fseek(f, (long)position, SEEK_SET) != 0) {
                     fprintf(stderr, "%s: cannot seek to byte %zu\n", path, position);
                     exit(EXIT_FAILURE);
@@ -92,7 +96,7 @@ static void read_expert_state(const char* dir, int step, Model* model) {
                 fread_check(own + at, sizeof(float), run, f, path);
                 at += run;
             }
-            file_offset += local[i] * moe->ep.degree * sizeof(float);
+            file_offset += local[i] / Lm * Lmodel * moe->ep.degree * sizeof(float);
         }
         moe_cut_experts(model, moe->local_experts, moe_expert_member(model), own, full, sizeof(float), 0);
         sharded_parameters_scatter_state(x, buffer, full);
@@ -102,6 +106,7 @@ static void read_expert_state(const char* dir, int step, Model* model) {
         fprintf(stderr, "%s: expected %ld bytes, the file has another size\n", path, end);
         exit(EXIT_FAILURE);
     }
+    free(model_index);
     free(own);
     free(full);
     fclose_check(f, path);

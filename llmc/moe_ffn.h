@@ -150,6 +150,32 @@ enum { MOE_ACTIVATION_TENSORS(MOE_ACTIVATION_INDEX) NUM_MOE_ACTIVATION_TENSORS }
 // per MoE layer: the load-balancing, z, importance, load and sequence-wise losses
 #define MOE_LAYER_LOSSES 5
 
+// What one micro-batch keeps from its forward pass to its backward pass and telemetry: the activations and the
+// per-layer host values (Lm: the MoE layers of this process's pipeline stage, every MoE layer at -pp 1). One such slot,
+// or under -pp one per activation slot of the model (moe_use_slot).
+typedef struct {
+    MoEActivations acts;
+    void* acts_memory;
+    int* rows_src;              // (Lm, E) pinned host: rows per global expert in this process's dispatch layout
+    cudaEvent_t counts_copied;  // dropless: the layer's rows_src are there (moe_layer_row_counts_finish)
+    int* rows_own;              // (Lm, E) host: rows per (group member, local expert) in the expert layout
+    int* expert_counts_cpu;     // (Lm, E) pinned host
+    int* kept_counts_cpu;       // (Lm, E) pinned host
+    float* losses_cpu;          // (Lm, MOE_LAYER_LOSSES) pinned host: aux, z, importance, load, seq of each layer
+    cudaEvent_t statistics_copied;  // those are there once this has completed (moe_statistics)
+    int statistics_tokens;      // N of the forward pass they are of; 0 once moe_statistics has read them
+} MoESlot;
+
+// Under -pp the last pass's per-layer statistics and the balancing biases of every MoE layer of the model, put
+// together from the stages for the reports (moe_join_stages): (Lmodel, E) and (Lmodel, MOE_LAYER_LOSSES) host.
+typedef struct {
+    int* expert_counts;
+    int* kept_counts;
+    float* losses;
+    float* bias;
+    int tokens;  // N of the pass (moe_statistics)
+} MoEStagesReport;
+
 // The MoE extension's state (Model.extension_state).
 typedef struct {
     MoEConfig config;
@@ -161,27 +187,20 @@ typedef struct {
                               // split over the N tensor-parallel members (moe_routing_groups)
     MoEParameterTensors params;
     ShardedParameters expert_store;  // this process's experts, replicated over ep.replicas
-    MoEActivations acts;
-    void* acts_memory;
+    MoESlot* slot;              // the activations in use (moe_use_slot)
+    MoESlot** slots;            // every one allocated (moe_allocate_activations)
+    int num_slots;
     // of the last forward pass
     int capacity_used;          // rows per expert
     int dropless;               // dropless routing (-cf 0): the expert buffers packed (else padded to capacity)
     int training;               // a training pass (jitter and noise on)
     float aux_grad_scale;       // scale of the aux and z gradients (the loss-scale / micro-steps)
-    int* rows_src;              // (Lm, E) pinned host: rows per global expert in this process's dispatch layout
-    cudaEvent_t counts_copied;  // dropless: the layer's rows_src are there (moe_layer_row_counts_finish)
-    int* rows_own;              // (Lm, E) host: rows per (group member, local expert) in the expert layout
     float aux_loss, z_loss;     // summed over MoE layers
     float importance_loss, load_loss;  // noisy gating's, summed over MoE layers
     float seq_loss;             // the sequence-wise balance loss, summed over MoE layers
     int seq_tokens;             // T of the last forward pass (moe_begin_forward)
     float drop_fraction;        // dropped choices / all choices, over MoE layers
     float load_min, load_max, load_cv;  // expert loads (choices before dropping / mean), over MoE layers
-    int* expert_counts_cpu;     // (Lm, E) pinned host
-    int* kept_counts_cpu;       // (Lm, E) pinned host
-    float* losses_cpu;          // (Lm, MOE_LAYER_LOSSES) pinned host: aux, z, importance, load, seq of each layer
-    cudaEvent_t statistics_copied;  // those are there once this has completed (moe_statistics)
-    int statistics_tokens;      // N of the forward pass they are of; 0 once moe_statistics has read them
     // the training step's sums over micro-steps (the step line)
     double step_aux, step_z, step_drop, step_load_cv;
     // aux-loss-free balancing (doc/moe.md, "Routing options" 6): routing state, not parameters
@@ -190,13 +209,16 @@ typedef struct {
     int* step_loads;            // (Lm, E) device: the step's choices per expert before dropping, this process's
                                 // training passes so far (each layer's added as its router runs); all-reduced over
                                 // the processes at the update
-    // the routed loads' telemetry (doc/moe.md, "Telemetry"): each update's summed loads come to the host
-    int* step_loads_cpu;            // (Lm, E) pinned host
+    // the routed loads' telemetry (doc/moe.md, "Telemetry"): each update's summed loads come to the host, every MoE
+    // layer's of the model (Lmodel; under -pp put together from the stages in model_loads)
+    int* model_loads;               // (Lmodel, E) device, under -pp; else NULL
+    int* step_loads_cpu;            // (Lmodel, E) pinned host
     cudaEvent_t step_loads_copied;  // they are there once this has completed
     int step_loads_pending;         // a copy not yet taken in by moe_take_step_loads
-    long long* window_loads;        // (Lm, E) host: the loads since the last validation
+    long long* window_loads;        // (Lmodel, E) host: the loads since the last validation
     int window_steps;               // the steps they are of
-    int* quiet_steps;               // (Lm, E) host: steps in a row in which the expert had no token
+    int* quiet_steps;               // (Lmodel, E) host: steps in a row in which the expert had no token
+    MoEStagesReport report;         // -pp: the stages' last pass and biases (moe_join_stages)
     // the global-batch balance loss (doc/moe.md, "Routing options" 8; global_aux): the step's training
     // passes so far, and step_loads summed over every process (what the Switch loss's f reads); the pass's aux
     // coefficient (moe_begin_forward)
@@ -243,6 +265,7 @@ static MoEParameterTensors moe_layer_parameters(const Model* model, const MoEPar
 static int is_moe_layer(const MoEConfig* c, int l) {
     return l >= c->first_dense && (l + 1 - c->first_dense) % c->moe_every == 0;
 }
+// the model's MoE layers (Lmodel), and MoE layer l's index among them
 static int num_moe_layers(const Model* model) {
     const MoEConfig* c = &moe_of(model)->config;
     return (model->config.num_layers - c->first_dense) / c->moe_every;
@@ -252,6 +275,23 @@ static int moe_index(const MoEModel* moe, int l) {
 }
 static int moe_layer_of(const MoEModel* moe, int m) {
     return (m + 1) * moe->config.moe_every - 1 + moe->config.first_dense;
+}
+// Under -pp a process holds and runs its stage's MoE layers only (Lm of them; llmc/model_pipeline.h cuts the extension
+// slots' tensors by the layers they replace), chunk after chunk: MoE layer l's index among them, and the model's MoE
+// index of each of them (`model_index`, Lm values). At -pp 1 both are the model's.
+static int moe_stage_layers(const Model* model) {
+    return model_stage_layers(model) - model_stage_dense_layers(model);
+}
+static int moe_stage_index(const Model* model, int l) {
+    return model_local_layer(model, l) - model_stage_dense_index(model, l);
+}
+static int moe_stage_model_indices(const Model* model, int* model_index) {
+    StageCut cut = model_stage_cut(model);
+    int n = 0;
+    for (int c = 0; c < cut.chunks; c++)
+        for (int l = cut_begin(&cut, model_pp_stage(model), c); l < cut_end(&cut, model_pp_stage(model), c); l++)
+            if (is_moe_layer(&moe_of(model)->config, l)) model_index[n++] = moe_index(moe_of(model), l);
+    return n;
 }
 
 // Under tensor parallelism (-tp N, llmc/model_tensor_parallel.h) the MoE layers fold expert parallelism over the
@@ -292,11 +332,12 @@ static void moe_model_init(MoEModel* moe, const MoEConfig* config, const MoESett
 
 static int moe_replaces_mlp(const Model* model, int l) { return is_moe_layer(&moe_of(model)->config, l); }
 
-// the slots' sizes with E experts per MoE layer, each with 1/hidden_split of its hidden units: the file's (all experts,
-// whole) or a process's (its own experts, its slices of them at -etp N: moe_own_slot_sizes)
-static void moe_slot_sizes(const Model* model, int experts, int hidden_split, size_t* sizes) {
+// the slots' sizes over `layers` MoE layers with E experts each, each with 1/hidden_split of its hidden units: the
+// file's (every layer, all experts, whole) or a process's (its stage's layers, its own experts, its slices of them at
+// -etp N: moe_own_slot_sizes)
+static void moe_slot_sizes(const Model* model, int layers, int experts, int hidden_split, size_t* sizes) {
     const MoEConfig* c = &moe_of(model)->config;
-    size_t Lm = num_moe_layers(model), C = model->config.channels, E = experts, H = c->expert_hidden / hidden_split;
+    size_t Lm = layers, C = model->config.channels, E = experts, H = c->expert_hidden / hidden_split;
     sizes[MOE_ROUTERW] = Lm * c->num_experts * C;  // the router scores every expert on every process
     sizes[MOE_ROUTERNW] = c->noisy_gating ? Lm * c->num_experts * C : 0;
     sizes[MOE_EFCW] = Lm * E * moe_fc_width(model, H) * C;
@@ -311,15 +352,17 @@ static void moe_slot_sizes(const Model* model, int experts, int hidden_split, si
 }
 
 static void moe_file_slot_sizes(const Model* model, size_t* sizes) {
-    moe_slot_sizes(model, moe_of(model)->config.num_experts, 1, sizes);
+    moe_slot_sizes(model, num_moe_layers(model), moe_of(model)->config.num_experts, 1, sizes);
 }
 static void moe_own_slot_sizes(const Model* model, size_t* sizes) {
-    moe_slot_sizes(model, moe_of(model)->local_experts, moe_expert_split(model), sizes);
+    moe_slot_sizes(model, moe_stage_layers(model), moe_of(model)->local_experts, moe_expert_split(model), sizes);
 }
 
+// the routers and shared experts of the stage's MoE layers in the replicated set
 static void moe_tensor_sizes(const Model* model, size_t* in_file, size_t* in_replicated_set) {
     moe_file_slot_sizes(model, in_file);
-    for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) in_replicated_set[i] = moe_is_expert_slot(i) ? 0 : in_file[i];
+    moe_slot_sizes(model, moe_stage_layers(model), moe_of(model)->config.num_experts, 1, in_replicated_set);
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) in_replicated_set[i] = 0;
 }
 
 // Switch's reduced initialisation scale: router and (shared) expert weights drawn with GPT-2's std times
@@ -354,6 +397,13 @@ static const int moe_expert_decays[NUM_EXPERT_TENSORS] = {1, 0, 1, 0};
 static void moe_allocate_parameters(Model* model) {
     MoEModel* moe = moe_of(model);
     size_t sizes[MLP_EXTENSION_SLOTS];
+    if (moe_stage_layers(model) == 0) {  // its sets, buckets and routing state are per MoE layer
+        StageCut cut = model_stage_cut(model);
+        fprintf(stderr, "-pp %d: stage %d (layers %d..%d) holds no MoE layer: each stage needs one (-ppl, -me, -md)\n",
+                cut.stages, model_pp_stage(model), cut_begin(&cut, model_pp_stage(model), 0),
+                cut_end(&cut, model_pp_stage(model), 0) - 1);
+        exit(EXIT_FAILURE);
+    }
     moe_own_slot_sizes(model, sizes);
     // fine-tuning (-ft) freezes the experts with the rest of the model: no gradients, optimizer state or reductions
     if (model->frozen)
@@ -378,7 +428,7 @@ static void moe_allocate_parameters(Model* model) {
     // between theirs (model_allocate_gradient_buckets sizes those for the routers' slices too); ZeRO-3 between two
     // gather buffers alike (the model's hold the routers' slices). Frozen, the gather buffers only.
     if (model->zero_stage >= 2) {
-        size_t layer = 0, Lm = num_moe_layers(model);
+        size_t layer = 0, Lm = moe_stage_layers(model);
         for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) layer += sizes[i] / Lm;
         if (!model->frozen)
             for (int b = 0; b < 2; b++) sharded_parameters_add_bucket(&moe->expert_store, layer);
@@ -386,8 +436,9 @@ static void moe_allocate_parameters(Model* model) {
             for (int b = 0; b < 2; b++) sharded_parameters_add_gather_buffer(&moe->expert_store, layer);
     }
     // the balancing biases start at 0 (a descriptor's, or -rb on a model file without them); a file's replace them
-    // (moe_read_file_tail). Replicated on every process: every process updates them from the same summed loads.
-    size_t biases = (size_t)num_moe_layers(model) * moe->config.num_experts;
+    // (moe_read_file_tail). Replicated on every process of the stage: each updates them from the same summed loads.
+    size_t biases = (size_t)moe_stage_layers(model) * moe->config.num_experts;
+    size_t model_biases = (size_t)num_moe_layers(model) * moe->config.num_experts;
     if (moe->config.balance_bias) {
         cudaCheck(cudaMalloc(&moe->balance_bias, biases * sizeof(float)));
         cudaCheck(cudaMemset(moe->balance_bias, 0, biases * sizeof(float)));
@@ -395,12 +446,19 @@ static void moe_allocate_parameters(Model* model) {
     // the step's loads move the biases (-rb) and feed the telemetry (moe_take_step_loads)
     cudaCheck(cudaMalloc(&moe->step_loads, biases * sizeof(int)));
     cudaCheck(cudaMemset(moe->step_loads, 0, biases * sizeof(int)));
-    cudaCheck(cudaMallocHost((void**)&moe->step_loads_cpu, biases * sizeof(int)));
+    if (model_pp_stages(model) > 1) {
+        cudaCheck(cudaMalloc(&moe->model_loads, model_biases * sizeof(int)));
+        moe->report.expert_counts = (int*)malloc_check(model_biases * sizeof(int));
+        moe->report.kept_counts = (int*)malloc_check(model_biases * sizeof(int));
+        moe->report.losses = (float*)malloc_check((size_t)num_moe_layers(model) * MOE_LAYER_LOSSES * sizeof(float));
+        moe->report.bias = (float*)malloc_check(model_biases * sizeof(float));
+    }
+    cudaCheck(cudaMallocHost((void**)&moe->step_loads_cpu, model_biases * sizeof(int)));
     cudaCheck(cudaEventCreateWithFlags(&moe->step_loads_copied, cudaEventDisableTiming));
-    moe->window_loads = (long long*)malloc_check(biases * sizeof(long long));
-    memset(moe->window_loads, 0, biases * sizeof(long long));
-    moe->quiet_steps = (int*)malloc_check(biases * sizeof(int));
-    memset(moe->quiet_steps, 0, biases * sizeof(int));
+    moe->window_loads = (long long*)malloc_check(model_biases * sizeof(long long));
+    memset(moe->window_loads, 0, model_biases * sizeof(long long));
+    moe->quiet_steps = (int*)malloc_check(model_biases * sizeof(int));
+    memset(moe->quiet_steps, 0, model_biases * sizeof(int));
     if (moe->settings.global_aux && model->num_processes * moe_routing_groups(model) > 1)
         cudaCheck(cudaMalloc(&moe->global_counts, biases * sizeof(int)));
 }
@@ -410,7 +468,7 @@ static void moe_allocate_parameters(Model* model) {
 // by columns, its bias whole (added by member 0)
 static TensorSplit moe_expert_tensor_split(const Model* model, int slot, size_t experts) {
     size_t C = model->config.channels, H = moe_of(model)->config.expert_hidden;
-    size_t layers = (size_t)num_moe_layers(model) * experts;
+    size_t layers = (size_t)moe_stage_layers(model) * experts;
     int swiglu = moe_swiglu(model);
     TensorSplit fc = {SPLIT_ROWS, layers, moe_fc_width(model, H), C, swiglu ? 2 : 1, {H, H, 0}};
     TensorSplit fcb = {SPLIT_ROWS, layers, H, 1, 1, {H, 0, 0}};
@@ -418,14 +476,14 @@ static TensorSplit moe_expert_tensor_split(const Model* model, int slot, size_t 
     TensorSplit projb = {SPLIT_NONE, layers, C, 1, 0, {0, 0, 0}};
     return slot == MOE_EFCW ? fc : slot == MOE_EFCB ? fcb : slot == MOE_EFCPROJW ? proj : projb;
 }
-// Member `member`'s slices of every expert tensor of `experts` experts (host, laid out as the expert set: tensor by
-// tensor, each (Lm, experts, ...)) from the whole experts, or the inverse (to_whole), elem bytes per value. At -etp 1
+// Member `member`'s slices of every expert tensor of `experts` experts of the stage's MoE layers (host, laid out as
+// the expert set: tensor by tensor, each (Lm, experts, ...)) from the whole experts, or the inverse (to_whole), elem bytes per value. At -etp 1
 // the one slice is the whole expert.
 static void moe_cut_experts(const Model* model, size_t experts, int member, void* whole, void* slices, size_t elem,
                             int to_whole) {
     size_t sizes[MLP_EXTENSION_SLOTS], at_whole = 0, at_slice = 0;
     int N = moe_expert_split(model);
-    moe_slot_sizes(model, (int)experts, 1, sizes);
+    moe_slot_sizes(model, moe_stage_layers(model), (int)experts, 1, sizes);
     for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) {
         if (sizes[i] == 0) continue;  // a llama MoE's bias slots
         TensorSplit s = moe_expert_tensor_split(model, i, experts);
@@ -436,29 +494,33 @@ static void moe_cut_experts(const Model* model, size_t experts, int member, void
     }
 }
 
-// The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts (at -etp N
-// its member's slices of them).
+// The file's expert tensors (host, every expert: the extension block's slots) -> this process's experts of its
+// stage's MoE layers (at -etp N its member's slices of them).
 static void moe_set_parameters(Model* model, const floatX* file_block) {
     MoEModel* moe = moe_of(model);
     size_t global[MLP_EXTENSION_SLOTS], local[MLP_EXTENSION_SLOTS], whole = 0;
+    int Lmodel = num_moe_layers(model), Lm = moe_stage_layers(model);
     moe_file_slot_sizes(model, global);
-    moe_slot_sizes(model, moe->local_experts, 1, local);
+    moe_slot_sizes(model, Lm, moe->local_experts, 1, local);
     for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) whole += local[i];
-    int Lm = num_moe_layers(model), first_expert = moe->ep.member * moe->local_experts;
+    int first_expert = moe->ep.member * moe->local_experts;
+    int* model_index = (int*)malloc_check((size_t)Lmodel * sizeof(int));
+    moe_stage_model_indices(model, model_index);
     floatX* experts = (floatX*)malloc_check(whole * sizeof(floatX) + 1);
     size_t from = 0, to = 0;
     for (int i = 0; i < MLP_EXTENSION_SLOTS; i++) {
         if (moe_is_expert_slot(i)) {
             // per MoE layer, this process's experts are a contiguous run of the layer's E
-            size_t per_expert = global[i] / Lm / moe->config.num_experts, run = local[i] / Lm;
+            size_t per_expert = global[i] / Lmodel / moe->config.num_experts, run = local[i] / Lm;
             for (int m = 0; m < Lm; m++) {
-                memcpy(experts + to, file_block + from + global[i] / Lm * m + first_expert * per_expert,
+                memcpy(experts + to, file_block + from + global[i] / Lmodel * model_index[m] + first_expert * per_expert,
                        run * sizeof(floatX));
                 to += run;
             }
         }
         from += global[i];
     }
+    free(model_index);
     floatX* slices = (floatX*)malloc_check(moe->expert_store.num_parameters * sizeof(floatX) + 1);
     moe_cut_experts(model, moe->local_experts, moe_expert_member(model), experts, slices, sizeof(floatX), 0);
     sharded_parameters_set(&moe->expert_store, slices);
@@ -466,14 +528,14 @@ static void moe_set_parameters(Model* model, const floatX* file_block) {
     free(experts);
 }
 
-// The experts of every process of the group, in the global layout of the model file's expert tensors (efcw ..
-// efcprojb, each (Lm, E, ...)), from this process's `local` (device, laid out as expert_store, elem bytes per
+// The experts of every process of the group, in the layout of the model file's expert tensors over the stage's MoE
+// layers (efcw .. efcprojb, each (Lm, E, ...); moe_place_stage_experts puts them into the file's), from this process's `local` (device, laid out as expert_store, elem bytes per
 // value: parameters, gradients or optimizer state) into `host`: at -etp N its member's slices of them (see
 // moe_gather_experts). Collective over the expert group.
 static void moe_gather_expert_group(const Model* model, void* host, const void* local, size_t elem,
                                     cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
-    int Lm = num_moe_layers(model), N = moe->ep.degree;
+    int Lm = moe_stage_layers(model), N = moe->ep.degree;
     size_t sizes[MLP_EXTENSION_SLOTS], largest = 0;
     moe_own_slot_sizes(model, sizes);
     for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++)
@@ -505,7 +567,7 @@ static void moe_gather_experts(const Model* model, void* host, const void* local
         return;
     }
     size_t sizes[MLP_EXTENSION_SLOTS], n = 0, E = moe_of(model)->config.num_experts;
-    moe_slot_sizes(model, (int)E, N, sizes);
+    moe_slot_sizes(model, moe_stage_layers(model), (int)E, N, sizes);
     for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) n += sizes[i];
     char* slices = (char*)malloc_check(N * n * elem);
     moe_gather_expert_group(model, slices, local, elem, stream);
@@ -530,6 +592,98 @@ static size_t moe_file_expert_values(const Model* model) {
     return n;
 }
 
+// The stage that holds MoE layer m of the model
+static int moe_layer_stage(const Model* model, int m) {
+    StageCut cut = model_stage_cut(model);
+    int l = moe_layer_of(moe_of(model), m);
+    for (int s = 0; s < cut.stages; s++)
+        for (int c = 0; c < cut.chunks; c++)
+            if (l >= cut_begin(&cut, s, c) && l < cut_end(&cut, s, c)) return s;
+    return 0;
+}
+
+// The stage's experts (host, moe_gather_experts' layout: each tensor (Lm, E, ...)) into the layout of the model file's
+// expert tensors (`file_experts`, each (Lmodel, E, ...)) at the stage's MoE layers, elem bytes per value
+static void moe_place_stage_experts(const Model* model, void* file_experts, const void* stage_experts, size_t elem) {
+    size_t sizes[MLP_EXTENSION_SLOTS];
+    int Lmodel = num_moe_layers(model), Lm = moe_stage_layers(model);
+    moe_file_slot_sizes(model, sizes);
+    int* model_index = (int*)malloc_check((size_t)Lmodel * sizeof(int));
+    moe_stage_model_indices(model, model_index);
+    char* to = (char*)file_experts;
+    const char* from = (const char*)stage_experts;
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) {
+        size_t layer_bytes = sizes[i] / Lmodel * elem;  // one MoE layer's experts
+        for (int m = 0; m < Lm; m++) memcpy(to + model_index[m] * layer_bytes, from + m * layer_bytes, layer_bytes);
+        to += Lmodel * layer_bytes;
+        from += Lm * layer_bytes;
+    }
+    free(model_index);
+}
+
+// Each MoE layer's rows (host, `row_bytes` per layer, (Lmodel, ...)) from the stage that holds it, on every stage:
+// collective over the pipeline group
+static void moe_join_stage_rows(const Model* model, void* host, size_t row_bytes) {
+    if (model_pp_stages(model) == 1) return;
+    int Lmodel = num_moe_layers(model);
+    const MultiGpuConfig* g = &model->pp->group;
+    char* device;
+    cudaCheck(cudaMalloc((void**)&device, Lmodel * row_bytes));
+    cudaCheck(cudaMemcpy(device, host, Lmodel * row_bytes, cudaMemcpyHostToDevice));
+    for (int m = 0; m < Lmodel; m++)
+        ncclCheck(ncclBroadcast(device + m * row_bytes, device + m * row_bytes, row_bytes, ncclChar,
+                                moe_layer_stage(model, m), g->nccl_comm, g->nccl_stream));
+    cudaCheck(cudaStreamSynchronize(g->nccl_stream));
+    cudaCheck(cudaMemcpy(host, device, Lmodel * row_bytes, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(device));
+}
+// ... each expert tensor's in turn (the model file's expert tensors' layout)
+static void moe_join_stage_experts(const Model* model, void* file_experts, size_t elem) {
+    size_t sizes[MLP_EXTENSION_SLOTS];
+    moe_file_slot_sizes(model, sizes);
+    char* at = (char*)file_experts;
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) {
+        if (sizes[i] == 0) continue;
+        moe_join_stage_rows(model, at, sizes[i] / num_moe_layers(model) * elem);
+        at += sizes[i] * elem;
+    }
+}
+
+// Per MoE layer of the stage, E values of `device` ((Lm, E), elem bytes each) into the model's (Lmodel, E) on the host
+// at the stage's MoE layers, then every stage's (collective over the pipeline group)
+static void moe_join_stage_layers(const Model* model, void* model_layers, const void* device, size_t elem) {
+    int Lmodel = num_moe_layers(model), Lm = moe_stage_layers(model);
+    size_t row = (size_t)moe_of(model)->config.num_experts * elem;
+    int* model_index = (int*)malloc_check((size_t)Lmodel * sizeof(int));
+    moe_stage_model_indices(model, model_index);
+    for (int m = 0; m < Lm; m++)
+        cudaCheck(cudaMemcpy((char*)model_layers + model_index[m] * row, (const char*)device + m * row, row,
+                             cudaMemcpyDeviceToHost));
+    free(model_index);
+    moe_join_stage_rows(model, model_layers, row);
+}
+// -pp: every MoE layer's balancing biases into report.bias
+static void moe_join_stage_biases(const Model* model) {
+    moe_join_stage_layers(model, moe_of(model)->report.bias, moe_of(model)->balance_bias, sizeof(float));
+}
+
+// The stage's experts from this process's `local` (device, laid out as expert_store) into the model file's expert
+// tensors' layout (`file_experts`, host) at the stage's MoE layers (moe_gather_experts, then moe_place_stage_experts)
+static void moe_gather_stage_experts(const Model* model, void* file_experts, const void* local, size_t elem,
+                                     cudaStream_t stream) {
+    if (model_pp_stages(model) == 1) {
+        moe_gather_experts(model, file_experts, local, elem, stream);
+        return;
+    }
+    size_t sizes[MLP_EXTENSION_SLOTS], n = 0;
+    moe_slot_sizes(model, moe_stage_layers(model), moe_of(model)->config.num_experts, 1, sizes);
+    for (int i = FIRST_EXPERT_SLOT; i < FIRST_EXPERT_SLOT + NUM_EXPERT_TENSORS; i++) n += sizes[i];
+    char* stage = (char*)malloc_check(n * elem + 1);
+    moe_gather_experts(model, stage, local, elem, stream);
+    moe_place_stage_experts(model, file_experts, stage, elem);
+    free(stage);
+}
+
 // where the expert tensors start in the extension block of the file
 static size_t moe_experts_in_block(const Model* model) {
     size_t global[MLP_EXTENSION_SLOTS];
@@ -537,15 +691,18 @@ static size_t moe_experts_in_block(const Model* model) {
     return global[MOE_ROUTERW] + global[MOE_ROUTERNW];
 }
 // the experts' parameters, or their gradients as stored (times expert_store.grad_multiplier once reduced they are
-// the step's; see moe_allocate_parameters), into the file's extension block. Collective over the expert group.
+// the step's; see moe_allocate_parameters), into the file's extension block at the stage's MoE layers (the model's
+// join of the stages puts the others' there). Collective over the expert group; under -pp the balancing biases are
+// put together from the stages too (collective over the pipeline group; moe_write_file_tail writes them).
 // Under ZeRO-3 the process's experts are first put together from their shards (over the processes that hold the same
 // experts) in a temporary device buffer: the model file costs their memory while it is written.
 static void moe_get_parameters(const Model* model, floatX* file_block, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     ShardedParameters* experts = &moe->expert_store;
+    if (moe->balance_bias != NULL && model_pp_stages(model) > 1) moe_join_stage_biases(model);
     if (model->zero_stage < 3) {
-        moe_gather_experts(model, file_block + moe_experts_in_block(model), experts->params_memory, sizeof(floatX),
-                           stream);
+        moe_gather_stage_experts(model, file_block + moe_experts_in_block(model), experts->params_memory,
+                                 sizeof(floatX), stream);
         return;
     }
     floatX* host = (floatX*)malloc_check(experts->num_parameters * sizeof(floatX) + 1);
@@ -553,13 +710,13 @@ static void moe_get_parameters(const Model* model, floatX* file_block, cudaStrea
     sharded_parameters_gather_all(experts, host, &moe->ep.replicas, stream);
     cudaCheck(cudaMalloc((void**)&local, experts->num_parameters * sizeof(floatX) + 1));
     cudaCheck(cudaMemcpy(local, host, experts->num_parameters * sizeof(floatX), cudaMemcpyHostToDevice));
-    moe_gather_experts(model, file_block + moe_experts_in_block(model), local, sizeof(floatX), stream);
+    moe_gather_stage_experts(model, file_block + moe_experts_in_block(model), local, sizeof(floatX), stream);
     cudaCheck(cudaFree(local));
     free(host);
 }
 static void moe_get_gradients(const Model* model, floatX* file_block, cudaStream_t stream) {  // ZeRO-0/1 only
-    moe_gather_experts(model, file_block + moe_experts_in_block(model), moe_of(model)->expert_store.grads_memory,
-                       sizeof(floatX), stream);
+    moe_gather_stage_experts(model, file_block + moe_experts_in_block(model),
+                             moe_of(model)->expert_store.grads_memory, sizeof(floatX), stream);
 }
 // process 0's expert group gathers the experts for the model file (process 0 writes it); under ZeRO-3 every process
 // (the replicated set's shards, and the experts' over their replicas, are put together by all)
@@ -640,7 +797,7 @@ static void moe_fill_in_activation_sizes(size_t* s, const Model* model, size_t B
     const MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     size_t C = model->config.channels, E = c->num_experts, K = c->top_k, H = c->expert_hidden / moe->expert_tp;
-    size_t Lm = num_moe_layers(model), N = moe_routed_tokens(model, (int)(B * T)), BTC = layer_stride(N * C);
+    size_t Lm = moe_stage_layers(model), N = moe_routed_tokens(model, (int)(B * T)), BTC = layer_stride(N * C);
     size_t rows_src, rows_own;
     moe_allocated_rows(moe, (int)N, &rows_src, &rows_own);
     size_t NE = layer_stride(N * E), NK = layer_stride(N * K);
@@ -672,25 +829,28 @@ static void moe_allocate_activations(Model* model, int B, int T) {
     MoEModel* moe = moe_of(model);
     size_t sizes[NUM_MOE_ACTIVATION_TENSORS];
     moe_fill_in_activation_sizes(sizes, model, B, T, model->recompute);
-    cudaCheck(cudaMalloc(&moe->acts_memory, moe_activation_bytes(model, B, T, model->recompute)));
-    MoEActivations* a = &moe->acts;
+    // a slot of its own, in use from now on: the model's activations are allocated once, or once per slot (-pp)
+    moe->slots = (MoESlot**)realloc(moe->slots, (size_t)(moe->num_slots + 1) * sizeof(MoESlot*));
+    moe->slot = moe->slots[moe->num_slots++] = (MoESlot*)calloc(1, sizeof(MoESlot));
+    cudaCheck(cudaMalloc(&moe->slot->acts_memory, moe_activation_bytes(model, B, T, model->recompute)));
+    MoEActivations* a = &moe->slot->acts;
     void** ptrs[NUM_MOE_ACTIVATION_TENSORS];
 #define MOE_ACTIVATION_POINTER(type, name, elements) ptrs[MOE_ACT_##name] = (void**)&a->name;
     MOE_ACTIVATION_TENSORS(MOE_ACTIVATION_POINTER)
 #undef MOE_ACTIVATION_POINTER
-    char* p = (char*)moe->acts_memory;
+    char* p = (char*)moe->slot->acts_memory;
     for (int i = 0; i < NUM_MOE_ACTIVATION_TENSORS; i++) {
         *ptrs[i] = p;
         p += CEIL_DIV(sizes[i], 256) * 256;  // 256-byte alignment for vector loads and cuBLASLt
     }
-    int Lm = num_moe_layers(model), E = moe->config.num_experts;
-    cudaCheck(cudaMallocHost((void**)&moe->expert_counts_cpu, (size_t)Lm * E * sizeof(int)));
-    cudaCheck(cudaMallocHost((void**)&moe->kept_counts_cpu, (size_t)Lm * E * sizeof(int)));
-    cudaCheck(cudaMallocHost((void**)&moe->losses_cpu, (size_t)MOE_LAYER_LOSSES * Lm * sizeof(float)));
-    cudaCheck(cudaEventCreateWithFlags(&moe->statistics_copied, cudaEventDisableTiming));
-    cudaCheck(cudaMallocHost((void**)&moe->rows_src, (size_t)Lm * E * sizeof(int)));
-    moe->rows_own = (int*)malloc_check((size_t)Lm * E * sizeof(int));
-    cudaCheck(cudaEventCreateWithFlags(&moe->counts_copied, cudaEventDisableTiming));
+    int Lm = moe_stage_layers(model), E = moe->config.num_experts;
+    cudaCheck(cudaMallocHost((void**)&moe->slot->expert_counts_cpu, (size_t)Lm * E * sizeof(int)));
+    cudaCheck(cudaMallocHost((void**)&moe->slot->kept_counts_cpu, (size_t)Lm * E * sizeof(int)));
+    cudaCheck(cudaMallocHost((void**)&moe->slot->losses_cpu, (size_t)MOE_LAYER_LOSSES * Lm * sizeof(float)));
+    cudaCheck(cudaEventCreateWithFlags(&moe->slot->statistics_copied, cudaEventDisableTiming));
+    cudaCheck(cudaMallocHost((void**)&moe->slot->rows_src, (size_t)Lm * E * sizeof(int)));
+    moe->slot->rows_own = (int*)malloc_check((size_t)Lm * E * sizeof(int));
+    cudaCheck(cudaEventCreateWithFlags(&moe->slot->counts_copied, cudaEventDisableTiming));
     char why[256];
     if (!moe_noise_support(moe_routed_tokens(model, B * T), model->config.channels, E, moe->config.top_k,
                            moe->config.noisy_gating, moe->settings.jitter, why, sizeof(why))) {
@@ -711,18 +871,29 @@ static void moe_free(Model* model) {
     free(moe->window_loads);
     free(moe->quiet_steps);
     cudaCheck(cudaFree(moe->global_counts));
-    cudaCheck(cudaFree(moe->acts_memory));
-    free(moe->rows_own);
-    if (moe->acts_memory) {
-        cudaCheck(cudaFreeHost(moe->rows_src));
-        cudaCheck(cudaEventDestroy(moe->counts_copied));
-        cudaCheck(cudaFreeHost(moe->expert_counts_cpu));
-        cudaCheck(cudaFreeHost(moe->kept_counts_cpu));
-        cudaCheck(cudaFreeHost(moe->losses_cpu));
-        cudaCheck(cudaEventDestroy(moe->statistics_copied));
+    cudaCheck(cudaFree(moe->model_loads));
+    free(moe->report.expert_counts);
+    free(moe->report.kept_counts);
+    free(moe->report.losses);
+    free(moe->report.bias);
+    for (int k = 0; k < moe->num_slots; k++) {
+        MoESlot* a = moe->slots[k];
+        cudaCheck(cudaFree(a->acts_memory));
+        free(a->rows_own);
+        cudaCheck(cudaFreeHost(a->rows_src));
+        cudaCheck(cudaEventDestroy(a->counts_copied));
+        cudaCheck(cudaFreeHost(a->expert_counts_cpu));
+        cudaCheck(cudaFreeHost(a->kept_counts_cpu));
+        cudaCheck(cudaFreeHost(a->losses_cpu));
+        cudaCheck(cudaEventDestroy(a->statistics_copied));
+        free(a);
     }
+    free(moe->slots);
     expert_parallel_free(&moe->ep);
 }
+
+// -pp: micro-batch slot k's activations in use (the k-th allocated: model_allocate_slots allocates the model's alike)
+static void moe_use_slot(Model* model, int k) { moe_of(model)->slot = moe_of(model)->slots[k]; }
 
 // ----------------------------------------------------------------------------------------------------
 // The MoE layer (llmc/moe_router.cuh, moe_slots.cuh, moe_dispatch_combine.cuh, moe_losses.cuh): router in fp32,
@@ -731,7 +902,8 @@ static void moe_free(Model* model) {
 // GEMMs over their exact rows (dropless), combine weighted by the gates. Its output (N, C) goes to `out`, like the dense MLP's.
 
 typedef struct {
-    int m;                // the MoE layer
+    int m;                // the MoE layer among the stage's
+    int model_m;          // ... and among the model's
     float* logits;        // what routing uses: H with noisy gating
     float* clean;         // noisy gating
     float* noise;         // noisy gating
@@ -755,15 +927,17 @@ typedef struct {
     int* rows_own;  // (ep.degree, E / ep.degree) host: rows per (group member, local expert) in the expert layout
 } MoELayerActivations;
 
-static MoELayerActivations moe_layer_activations(const Model* model, int m, int N) {
+// (m: the layer's index among the stage's MoE layers, model_m among the model's)
+static MoELayerActivations moe_layer_activations(const Model* model, int m, int model_m, int N) {
     const MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
-    const MoEActivations* a = &moe->acts;
+    const MoEActivations* a = &moe->slot->acts;
     size_t E = c->num_experts, K = c->top_k, H = c->expert_hidden / moe->expert_tp, C = model->config.channels;
     size_t NE = layer_stride(N * E), NK = layer_stride(N * K), SRC, OWN;
     moe_layer_rows(c, moe->capacity_used, moe->dropless, N, moe->ep.degree, &SRC, &OWN);
     MoELayerActivations l;
     l.m = m;
+    l.model_m = model_m;
     l.logits = a->router_logits + m * NE;
     l.clean = c->noisy_gating ? a->router_clean + m * NE : nullptr;
     l.noise = c->noisy_gating ? a->router_noise + m * NE : nullptr;
@@ -784,8 +958,8 @@ static MoELayerActivations moe_layer_activations(const Model* model, int m, int 
     l.expert_pre = a->expert_pre + m * OWN * moe_fc_width(model, H);
     l.expert_act = a->expert_act + (model->recompute >= 1 ? 0 : m * OWN * H);
     l.expert_output = a->expert_output + m * SRC * C;
-    l.rows_src = moe->rows_src + m * E;
-    l.rows_own = moe->rows_own + m * E;
+    l.rows_src = moe->slot->rows_src + m * E;
+    l.rows_own = moe->slot->rows_own + m * E;
     return l;
 }
 
@@ -802,12 +976,12 @@ static void moe_layer_row_counts_begin(Model* model, const MoELayerActivations* 
         return;
     }
     cudaCheck(cudaMemcpyAsync(l->rows_src, l->kept_count, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaEventRecord(moe->counts_copied, stream));
+    cudaCheck(cudaEventRecord(moe->slot->counts_copied, stream));
 }
 static void moe_layer_row_counts_finish(Model* model, const MoELayerActivations* l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     if (!moe->dropless) return;
-    cudaCheck(cudaEventSynchronize(moe->counts_copied));
+    cudaCheck(cudaEventSynchronize(moe->slot->counts_copied));
     expert_parallel_exchange_counts(&moe->ep, l->rows_own, l->rows_src, moe->config.num_experts, stream);
 }
 
@@ -853,7 +1027,7 @@ static void moe_experts_gemm_backward(const Model* model, const MoELayerActivati
                                       bool accumulate = false) {
     MoEModel* moe = moe_of(model);
     int E_l = moe->local_experts, N = moe->ep.degree;
-    float* scratch = moe->acts.bias_scratch;
+    float* scratch = moe->slot->acts.bias_scratch;
     if (!moe->dropless) {
         matmul_backward_batched(dinp, dweight, dbias, dout, inp, weight, scratch, E_l, N * moe->capacity_used, IC,
                                 OC, stream, pre_gelu, model->gelu_fusion, accumulate);
@@ -871,7 +1045,7 @@ static void moe_experts_gemm_backward(const Model* model, const MoELayerActivati
 static void moe_experts_lora_pairs(const Model* model, const MoELayerActivations* l, int t, floatX* set, floatX** A,
                                    floatX** B) {
     const MoEModel* moe = moe_of(model);
-    lora_pair(model, set, t, (size_t)l->m * moe->config.num_experts + (size_t)moe->ep.member * moe->local_experts, A,
+    lora_pair(model, set, t, (size_t)l->model_m * moe->config.num_experts + (size_t)moe->ep.member * moe->local_experts, A,
               B);
 }
 // u (Rown, r) = s (inp A_e^T) on each expert e's rows, the rank-r intermediate of both passes (llmc/lora.cuh's
@@ -896,7 +1070,7 @@ static void moe_experts_linear_forward(const Model* model, const MoELayerActivat
     size_t own_rows = moe_local_expert_rows(model, l, rows);
     if (own_rows == 0) return;  // dropless, no row reached this process's experts
     const Adapter* a = model->adapter;
-    floatX *A, *B, *u = moe_of(model)->acts.lora_u;  // (Rown, r)
+    floatX *A, *B, *u = moe_of(model)->slot->acts.lora_u;  // (Rown, r)
     moe_experts_lora_pairs(model, l, t, a->store.params_memory, &A, &B);
     moe_experts_lora_intermediate(model, l, u, inp, A, IC, own_rows, stream);
     moe_experts_gemm_forward(model, l, out, u, B, nullptr, a->rank, OC, nullptr, stream, true);
@@ -918,7 +1092,7 @@ static void moe_experts_linear_backward(const Model* model, const MoELayerActiva
     floatX *A, *B, *dA, *dB;
     moe_experts_lora_pairs(model, l, t, a->store.params_memory, &A, &B);
     moe_experts_lora_pairs(model, l, t, a->store.grads_memory, &dA, &dB);
-    floatX *u = moe_of(model)->acts.lora_u, *g = moe_of(model)->acts.lora_g;  // (Rown, r) each
+    floatX *u = moe_of(model)->slot->acts.lora_u, *g = moe_of(model)->slot->acts.lora_g;  // (Rown, r) each
     moe_experts_lora_intermediate(model, l, u, inp, A, IC, own_rows, stream);
     moe_experts_gemm_backward(model, l, g, dB, nullptr, dout, u, B, a->rank, OC, nullptr, stream);
     lora_scale(g, a->scale, own_rows * a->rank, stream);
@@ -966,7 +1140,7 @@ static void moe_experts_mlp_backward(const Model* model, const MoELayerActivatio
                                      const MoEParameterTensors* lg, floatX* d_io, cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
     int C = model->config.channels, H = moe->config.expert_hidden / moe->expert_tp;  // at -etp N its slice
-    floatX* d_hidden = moe->acts.d_expert_hidden;  // (Rown, H)
+    floatX* d_hidden = moe->slot->acts.d_expert_hidden;  // (Rown, H)
     int rows[MOE_MAX_EXPERTS];
     size_t own_rows = moe_local_expert_rows(model, l, rows);  // dropless, the experts may have received no row at all
     if (!moe_swiglu(model)) {
@@ -999,7 +1173,7 @@ static unsigned int moe_layer_seed(const Model* model, int m, int kind) {
 static const floatX* moe_router_input(const Model* model, int m, const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     if (!moe->training || moe->settings.jitter <= 0.0f) return ln2;
-    floatX* jittered = moe->acts.router_input;
+    floatX* jittered = moe->slot->acts.router_input;
     moe_jitter_forward(jittered, ln2, N, model->config.channels, moe->settings.jitter,
                        moe_layer_seed(model, m, MOE_NOISE_JITTER), stream);
     return jittered;
@@ -1027,25 +1201,26 @@ static MoEParameterTensors moe_tensors_from_slices(floatX* const* routers, float
 // (model_prefetch_layer)
 static void moe_gather_router_slices(Model* model, int l) {
     sharded_parameters_gather_slices(&model->store, l % 2, moe_router_tensors, MOE_ROUTER_TENSORS,
-                                     moe_index(moe_of(model), l), num_moe_layers(model), model->multi_gpu);
+                                     moe_stage_index(model, l), moe_stage_layers(model), model->multi_gpu);
 }
-// ... and its experts into the expert set's gather buffer m % 2, from the processes that hold the same experts
+// ... and its experts into the expert set's gather buffer m % 2 (m: its index among the stage's MoE layers), from the
+// processes that hold the same experts
 static void moe_prefetch_experts(Model* model, int l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    int m = moe_index(moe, l);
+    int m = moe_stage_index(model, l);
     const MultiGpuConfig* replicas = &moe->ep.replicas;
     if (!sharded_parameters_gather_begin(&moe->expert_store, m % 2, m, replicas, stream)) return;
     sharded_parameters_gather_slices(&moe->expert_store, m % 2, moe_expert_tensors, NUM_EXPERT_TENSORS, m,
-                                     num_moe_layers(model), replicas);
+                                     moe_stage_layers(model), replicas);
     sharded_parameters_gather_end(&moe->expert_store, m % 2, replicas);
 }
 
-// MoE layer m's parameters for kernels on `stream`: in the parameter buffers, or under ZeRO-3 in the gather buffers
-// (the stream waits for their gathers)
-static MoEParameterTensors moe_layer_weights(Model* model, int m, cudaStream_t stream) {
+// Model layer l's MoE parameters for kernels on `stream`: in the parameter buffers, or under ZeRO-3 in the gather
+// buffers (the stream waits for their gathers)
+static MoEParameterTensors moe_layer_weights(Model* model, int l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
+    int m = moe_stage_index(model, l), Lm = moe_stage_layers(model);
     if (model->zero_stage < 3) return moe_layer_parameters(model, &moe->params, m);
-    int l = moe_layer_of(moe, m), Lm = num_moe_layers(model);
     moe_prefetch_experts(model, l, stream);
     floatX* routers[MOE_ROUTER_TENSORS];
     floatX* experts[NUM_EXPERT_TENSORS];
@@ -1068,8 +1243,8 @@ static void moe_shared_forward(Model* model, int m, const MoEParameterTensors* l
     int swiglu = moe_swiglu(model);
     if (!moe_member_zero(model)) return;  // at -etp N member 0's
     for (size_t s = 0; s < S; s++) {
-        floatX* pre = moe->acts.shared_pre + (m * S + s) * N * FCs;
-        floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
+        floatX* pre = moe->slot->acts.shared_pre + (m * S + s) * N * FCs;
+        floatX* act = moe->slot->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
         if (swiglu) {  // SwiGLU without biases: pre (N, 2H_s) [gate | up]
             matmul_forward(pre, ln2, lp->shared_fcw + s * FCs * C, nullptr, N, 1, (int)C, (int)FCs, stream);
             swiglu_forward(act, pre, N, (int)Hs, stream);
@@ -1092,13 +1267,13 @@ static void moe_shared_backward(Model* model, int m, const MoEParameterTensors* 
     size_t S = moe->config.shared_experts, Hs = moe->config.shared_hidden, C = model->config.channels;
     size_t FCs = moe_fc_width(model, Hs);
     int swiglu = moe_swiglu(model);
-    floatX* d_hidden = moe->acts.d_shared_hidden;
-    float* scratch = moe->acts.bias_scratch;
+    floatX* d_hidden = moe->slot->acts.d_shared_hidden;
+    float* scratch = moe->slot->acts.bias_scratch;
     int frozen = model->frozen;
     if (!moe_member_zero(model)) return;  // at -etp N member 0's
     for (size_t s = 0; s < S; s++) {
-        floatX* pre = moe->acts.shared_pre + (m * S + s) * N * FCs;
-        floatX* act = moe->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
+        floatX* pre = moe->slot->acts.shared_pre + (m * S + s) * N * FCs;
+        floatX* act = moe->slot->acts.shared_act + ((model->recompute >= 1 ? 0 : m * S) + s) * N * Hs;
         // d_fc (N, FCs), fc's output gradient: gpt2 d_hidden through GELU in fcproj's backward; llama SwiGLU's
         // [dgate | dup] over pre in place (as the routed experts)
         floatX* d_fc = swiglu ? pre : d_hidden;
@@ -1153,19 +1328,20 @@ static const int* moe_aux_counts(Model* model, int m, const MoELayerActivations*
     return moe_global_counts(model, m);
 }
 
-static void moe_layer_forward(Model* model, int m, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
+static void moe_layer_forward(Model* model, int layer, floatX* out, const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
-    MoEParameterTensors lp = moe_layer_weights(model, m, stream);
-    const MoEActivations* a = &moe->acts;
+    int m = moe_stage_index(model, layer), g = moe_index(moe, layer);  // among the stage's and the model's MoE layers
+    MoEParameterTensors lp = moe_layer_weights(model, layer, stream);
+    const MoEActivations* a = &moe->slot->acts;
     int E = c->num_experts, K = c->top_k, C = model->config.channels;
     int exchange_rows = moe->ep.degree > 1;  // expert parallelism: rows go to and come back from the experts' owners
-    MoELayerActivations l = moe_layer_activations(model, m, N);
-    const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
+    MoELayerActivations l = moe_layer_activations(model, m, g, N);
+    const floatX* router_in = moe_router_input(model, g, ln2, N, stream);
     if (c->noisy_gating) {
         matmul_forward_fp32_output(l.clean, router_in, lp.routerw, N, C, E, stream);
         matmul_forward_fp32_output(l.noise, router_in, lp.routernw, N, C, E, stream);
-        moe_noisy_logits_forward(l.logits, l.clean, l.noise, N, E, moe_layer_seed(model, m, MOE_NOISE_GATING),
+        moe_noisy_logits_forward(l.logits, l.clean, l.noise, N, E, moe_layer_seed(model, g, MOE_NOISE_GATING),
                                  moe->training, stream);
     } else {
         matmul_forward_fp32_output(l.logits, router_in, lp.routerw, N, C, E, stream);
@@ -1178,7 +1354,7 @@ static void moe_layer_forward(Model* model, int m, floatX* out, const floatX* ln
         moe_router_forward(l.probs, l.expert_index, l.gates, l.lse, l.logits, bias, N, E, K, c->score,
                            c->routed_scale, moe->ep.degree, moe->settings.device_limit, MOE_GROUP_MAX_KEY, stream);
     }
-    if (moe->route_hook != NULL) moe->route_hook(model, m, l.expert_index, l.gates, l.probs, l.logits, N, stream);
+    if (moe->route_hook != NULL) moe->route_hook(model, g, l.expert_index, l.gates, l.probs, l.logits, N, stream);
     moe_assign_slots(l.choice_row, l.row_choice, l.expert_count, l.kept_count, a->slot_scratch, l.expert_index, N, E,
                      K, moe->capacity_used, moe->dropless, stream);
     moe_layer_row_counts_begin(model, &l, stream);
@@ -1215,7 +1391,7 @@ static void moe_layer_forward(Model* model, int m, floatX* out, const floatX* ln
 // (model_layer_gradients), and in the expert set's bucket m % 2 (llmc/optimizer.cuh).
 static MoEParameterTensors moe_layer_gradients(Model* model, int l, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    int m = moe_index(moe, l), Lm = num_moe_layers(model);
+    int m = moe_stage_index(model, l), Lm = moe_stage_layers(model);
     floatX* routers[MOE_ROUTER_TENSORS];
     floatX* experts[NUM_EXPERT_TENSORS];
     sharded_parameters_gradient_slices(&model->store, l % 2, moe_router_tensors, MOE_ROUTER_TENSORS, m, Lm, routers,
@@ -1228,15 +1404,16 @@ static MoEParameterTensors moe_layer_gradients(Model* model, int l, cudaStream_t
 // dout (N, C): the gradient of the layer's output; d_ln2 (N, C) = the gradient of its input (overwritten; the routed
 // experts', the router's and the shared experts'); the router's aux and z losses add their gradients scaled by
 // moe->aux_grad_scale; the layer's parameter gradients accumulate (+=) into lg (moe_layer_gradients).
-static void moe_layer_backward(Model* model, int m, MoEParameterTensors lg, floatX* d_ln2, const floatX* dout,
+static void moe_layer_backward(Model* model, int layer, MoEParameterTensors lg, floatX* d_ln2, const floatX* dout,
                                const floatX* ln2, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
-    MoEParameterTensors lp = moe_layer_weights(model, m, stream);
-    const MoEActivations* a = &moe->acts;
+    int m = moe_stage_index(model, layer), g = moe_index(moe, layer);  // among the stage's and the model's MoE layers
+    MoEParameterTensors lp = moe_layer_weights(model, layer, stream);
+    const MoEActivations* a = &moe->slot->acts;
     int E = c->num_experts, K = c->top_k, C = model->config.channels;
     int exchange_rows = moe->ep.degree > 1;
-    MoELayerActivations l = moe_layer_activations(model, m, N);
+    MoELayerActivations l = moe_layer_activations(model, m, g, N);
     int rows_src = moe->dropless ? N * K : E * moe->capacity_used;
     // d_own: the experts' output gradient, then their input gradient, in the expert layout; d_src: the same in
     // the dispatch layout (one buffer without expert parallelism)
@@ -1268,12 +1445,12 @@ static void moe_layer_backward(Model* model, int m, MoEParameterTensors lg, floa
     if (c->noisy_gating)
         moe_noisy_backward(a->d_logits, a->d_noise, a->d_logits, l.clean, l.noise, l.logits, l.expert_index, l.load, N,
                            E, K, moe->settings.load_coef, moe->aux_grad_scale,
-                           moe_layer_seed(model, m, MOE_NOISE_GATING), stream);
+                           moe_layer_seed(model, g, MOE_NOISE_GATING), stream);
     // with jitter the router read its jittered input: recomputed here, its gradient then scaled by the same
     // multipliers into d_ln2; without, the router's input gradient adds into d_ln2 directly
     // (at -etp N every member computes the router's same gradients; its input gradient is added by member 0)
     int jitter = moe->settings.jitter > 0.0f && moe_member_zero(model);
-    const floatX* router_in = moe_router_input(model, m, ln2, N, stream);
+    const floatX* router_in = moe_router_input(model, g, ln2, N, stream);
     floatX* d_router_in = !moe_member_zero(model) ? nullptr : jitter ? a->router_input + (size_t)N * C : d_ln2;
     if (jitter) cudaCheck(cudaMemsetAsync(d_router_in, 0, (size_t)N * C * sizeof(floatX), stream));
     matmul_backward_fp32_dout(d_router_in, lg.routerw, a->d_logits, router_in,
@@ -1282,7 +1459,7 @@ static void moe_layer_backward(Model* model, int m, MoEParameterTensors lg, floa
         matmul_backward_fp32_dout(d_router_in, lg.routernw, a->d_noise, router_in,
                                   lp.routernw, a->d_logits_x, N, C, E, stream);
     if (jitter)
-        moe_jitter_backward(d_ln2, d_router_in, N, C, moe->settings.jitter, moe_layer_seed(model, m, MOE_NOISE_JITTER),
+        moe_jitter_backward(d_ln2, d_router_in, N, C, moe->settings.jitter, moe_layer_seed(model, g, MOE_NOISE_JITTER),
                             stream);
     moe_shared_backward(model, m, &lp, &lg, d_ln2, dout, ln2, N, stream);
 }
@@ -1293,15 +1470,17 @@ typedef struct {
     double drop_fraction, load_min, load_max, load_cv;
 } MoELayerStatistics;
 
-static MoELayerStatistics moe_layer_statistics(const Model* model, int m, int N) {
+// (expert_counts, kept_counts: (layers, E) host, a slot's or the stages' report)
+static MoELayerStatistics moe_layer_statistics(const Model* model, const int* expert_counts, const int* kept_counts,
+                                               int m, int N) {
     MoEModel* moe = moe_of(model);
     const MoEConfig* c = &moe->config;
     int E = c->num_experts, K = c->top_k;
     double mean = (double)N * K / E, var = 0.0, dropped = 0.0;
     MoELayerStatistics st = {0.0, 1e30, 0.0, 0.0};
     for (int e = 0; e < E; e++) {
-        int routed = moe->expert_counts_cpu[m * E + e];
-        dropped += routed - moe->kept_counts_cpu[m * E + e];
+        int routed = expert_counts[m * E + e];
+        dropped += routed - kept_counts[m * E + e];
         st.load_min = fmin(st.load_min, routed / mean);
         st.load_max = fmax(st.load_max, routed / mean);
         var += (routed - mean) * (routed - mean) / E;
@@ -1311,44 +1490,48 @@ static MoELayerStatistics moe_layer_statistics(const Model* model, int m, int N)
     return st;
 }
 
-// Telemetry of the last forward pass's MoE layers: its losses and counts come back to the host without a
+// Telemetry of the last forward pass's MoE layers (under -pp its chunk's; a micro-batch's last forward pass completes
+// the stage's): their losses and counts come back to the host without a
 // synchronisation (pinned buffers and an event, like the loss: model_forward), and moe_statistics turns them into
 // the aux and z losses and the routing statistics (drop fraction averaged, load min and max over layers, CV
 // averaged) when they are first needed.
 static void moe_end_forward(Model* model, int N, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    int Lm = num_moe_layers(model), E = moe->config.num_experts;
-    for (int m = 0; m < Lm; m++) {
-        MoELayerActivations l = moe_layer_activations(model, m, N);
-        cudaCheck(cudaMemcpyAsync(moe->losses_cpu + MOE_LAYER_LOSSES * m, l.losses, MOE_LAYER_LOSSES * sizeof(float),
+    int E = moe->config.num_experts;
+    for (int layer = model_layer_begin(model); layer < model_layer_end(model); layer++) {  // the pass's (-pp: chunk's)
+        if (!moe_replaces_mlp(model, layer)) continue;
+        int m = moe_stage_index(model, layer);
+        MoELayerActivations l = moe_layer_activations(model, m, moe_index(moe, layer), N);
+        cudaCheck(cudaMemcpyAsync(moe->slot->losses_cpu + MOE_LAYER_LOSSES * m, l.losses, MOE_LAYER_LOSSES * sizeof(float),
                                   cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaMemcpyAsync(moe->expert_counts_cpu + m * E, l.expert_count, E * sizeof(int),
+        cudaCheck(cudaMemcpyAsync(moe->slot->expert_counts_cpu + m * E, l.expert_count, E * sizeof(int),
                                   cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaMemcpyAsync(moe->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int), cudaMemcpyDeviceToHost,
+        cudaCheck(cudaMemcpyAsync(moe->slot->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int), cudaMemcpyDeviceToHost,
                                   stream));
     }
-    cudaCheck(cudaEventRecord(moe->statistics_copied, stream));
-    moe->statistics_tokens = N;
+    cudaCheck(cudaEventRecord(moe->slot->statistics_copied, stream));
+    moe->slot->statistics_tokens = N;
     if (moe_global_aux(moe)) moe->global_passes++;
 }
 
 static void moe_statistics(const Model* model) {
     MoEModel* moe = moe_of(model);
-    int N = moe->statistics_tokens;
+    int N = moe->slot->statistics_tokens;
     if (N == 0) return;  // already done
-    moe->statistics_tokens = 0;
-    cudaCheck(cudaEventSynchronize(moe->statistics_copied));
-    int Lm = num_moe_layers(model);
+    moe->slot->statistics_tokens = 0;
+    moe->report.tokens = N;
+    cudaCheck(cudaEventSynchronize(moe->slot->statistics_copied));
+    int Lm = moe_stage_layers(model);
     moe->aux_loss = moe->z_loss = moe->importance_loss = moe->load_loss = moe->seq_loss = 0.0f;
     double drop = 0.0, load_min = 1e30, load_max = 0.0, cv = 0.0;
     for (int m = 0; m < Lm; m++) {
-        const float* losses = moe->losses_cpu + MOE_LAYER_LOSSES * m;
+        const float* losses = moe->slot->losses_cpu + MOE_LAYER_LOSSES * m;
         moe->aux_loss += losses[0];
         moe->z_loss += losses[1];
         moe->importance_loss += losses[2];
         moe->load_loss += losses[3];
         moe->seq_loss += losses[4];
-        MoELayerStatistics st = moe_layer_statistics(model, m, N);
+        MoELayerStatistics st = moe_layer_statistics(model, moe->slot->expert_counts_cpu, moe->slot->kept_counts_cpu, m, N);
         drop += st.drop_fraction;
         load_min = fmin(load_min, st.load_min);
         load_max = fmax(load_max, st.load_max);
@@ -1394,7 +1577,7 @@ static void moe_forward(Model* model, int l, const LayerParameters* lp, const La
     size_t BT = (size_t)B * T, C = model->config.channels, rows = moe_routed_tokens(model, B * T);
     size_t first = rows < BT ? (size_t)model_tp_member(model) * rows : 0;
     if (rows < BT) cudaCheck(cudaMemsetAsync(out, 0, BT * C * sizeof(floatX), stream));
-    moe_layer_forward(model, moe_index(moe_of(model), l), out + first * C, la->ln2 + first * C, (int)rows, stream);
+    moe_layer_forward(model, l, out + first * C, la->ln2 + first * C, (int)rows, stream);
 }
 // Under tensor parallelism the replicated tensors' gradients of MoE layer m that are each member's part, summed over
 // the members once they are complete (the step's last micro-step; every micro-step under ZeRO-2/3): folded, the
@@ -1402,7 +1585,7 @@ static void moe_forward(Model* model, int l, const LayerParameters* lp, const La
 // zero); the routers' are then every member's the same.
 static void moe_sum_replicated_gradients(Model* model, const MoEParameterTensors* lg, cudaStream_t stream) {
     if (model_tp_degree(model) == 1 || !(model->store.last_micro_step || model->zero_stage >= 2)) return;
-    size_t sizes[MLP_EXTENSION_SLOTS], Lm = num_moe_layers(model);
+    size_t sizes[MLP_EXTENSION_SLOTS], Lm = moe_stage_layers(model);
     moe_own_slot_sizes(model, sizes);
     int folded = moe_routing_groups(model) > 1;
     floatX* grads[MLP_EXTENSION_SLOTS] = {folded ? lg->routerw : NULL, folded ? lg->routernw : NULL, NULL, NULL, NULL,
@@ -1418,7 +1601,7 @@ static void moe_backward(Model* model, int l, const LayerParameters* lp, const L
     size_t first = rows < BT ? (size_t)model_tp_member(model) * rows : 0;
     MoEParameterTensors grads = moe_layer_gradients(model, l, stream);
     if (rows < BT) cudaCheck(cudaMemsetAsync(d_ln2, 0, BT * C * sizeof(floatX), stream));
-    moe_layer_backward(model, moe_index(moe_of(model), l), grads, d_ln2 + first * C, dout + first * C,
+    moe_layer_backward(model, l, grads, d_ln2 + first * C, dout + first * C,
                        la->ln2 + first * C, (int)rows, stream);
     moe_sum_replicated_gradients(model, &grads, stream);
 }
@@ -1427,7 +1610,7 @@ static void moe_backward(Model* model, int l, const LayerParameters* lp, const L
 // hold the same experts
 static void moe_reduce_layer(Model* model, int l, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    int m = moe_index(moe, l), Lm = num_moe_layers(model);
+    int m = moe_stage_index(model, l), Lm = moe_stage_layers(model);
     sharded_parameters_reduce_slices(&model->store, moe_router_tensors, MOE_ROUTER_TENSORS, m, Lm, mg, zero_stage,
                                      stream);
     sharded_parameters_reduce_slices(&moe->expert_store, moe_expert_tensors, NUM_EXPERT_TENSORS, m, Lm,
@@ -1446,7 +1629,7 @@ static void moe_step_begin(Model* model) {
     MoEModel* moe = moe_of(model);
     moe->step_aux = moe->step_z = moe->step_drop = moe->step_load_cv = 0.0;
     // a step whose update was skipped (an outlier) leaves its loads behind: each step counts its own
-    size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
+    size_t n = (size_t)moe_stage_layers(model) * moe->config.num_experts;
     cudaCheck(cudaMemset(moe->step_loads, 0, n * sizeof(int)));
     moe->global_passes = 0;
     moe_take_step_loads(model);
@@ -1462,11 +1645,12 @@ static void moe_micro_step_done(Model* model) {
 // After each optimizer update (every process): the loads of this process's training passes since the last update,
 // summed over every process (ints: exact, the same sum everywhere; under -ep each process routed its own tokens),
 // move every bias by gamma with -rb (llmc/moe_balance.cuh moe_balance_bias_update), identically on every process, and go to
-// the host for the telemetry (moe_take_step_loads); the next step_begin sets them to 0 (a blocking stream's memset:
+// the host for the telemetry (moe_take_step_loads), under -pp every stage's (model_loads, summed over the pipeline
+// group where each stage put its layers' and zeros); the next step_begin sets them to 0 (a blocking stream's memset:
 // after this copy).
 static void moe_after_update(Model* model, const MultiGpuConfig* mg, cudaStream_t stream) {
     MoEModel* moe = moe_of(model);
-    int Lm = num_moe_layers(model), E = moe->config.num_experts;
+    int Lm = moe_stage_layers(model), E = moe->config.num_experts;
     if (mg->num_processes > 1)
         ncclCheck(ncclAllReduce(moe->step_loads, moe->step_loads, (size_t)Lm * E, ncclInt32, ncclSum, mg->nccl_comm,
                                 stream));
@@ -1474,7 +1658,21 @@ static void moe_after_update(Model* model, const MultiGpuConfig* mg, cudaStream_
         tensor_parallel_all_reduce_int(model->tp, moe->step_loads, (size_t)Lm * E, stream);
     if (moe->settings.bias_gamma > 0.0f)
         moe_balance_bias_update(moe->balance_bias, moe->step_loads, Lm, E, moe->settings.bias_gamma, stream);
-    cudaCheck(cudaMemcpyAsync(moe->step_loads_cpu, moe->step_loads, (size_t)Lm * E * sizeof(int),
+    const int* loads = moe->step_loads;
+    if (model_pp_stages(model) > 1) {
+        int Lmodel = num_moe_layers(model);
+        int* model_index = (int*)malloc_check((size_t)Lmodel * sizeof(int));
+        moe_stage_model_indices(model, model_index);
+        cudaCheck(cudaMemsetAsync(moe->model_loads, 0, (size_t)Lmodel * E * sizeof(int), stream));
+        for (int m = 0; m < Lm; m++)
+            cudaCheck(cudaMemcpyAsync(moe->model_loads + (size_t)model_index[m] * E, moe->step_loads + (size_t)m * E,
+                                      E * sizeof(int), cudaMemcpyDeviceToDevice, stream));
+        free(model_index);
+        ncclCheck(ncclAllReduce(moe->model_loads, moe->model_loads, (size_t)Lmodel * E, ncclInt32, ncclSum,
+                                model->pp->group.nccl_comm, stream));
+        loads = moe->model_loads;
+    }
+    cudaCheck(cudaMemcpyAsync(moe->step_loads_cpu, loads, (size_t)num_moe_layers(model) * E * sizeof(int),
                               cudaMemcpyDeviceToHost, stream));
     cudaCheck(cudaEventRecord(moe->step_loads_copied, stream));
     moe->step_loads_pending = 1;

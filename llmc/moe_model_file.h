@@ -235,7 +235,7 @@ static void moe_configure(Model* model, const char* source) {
 
 // The model file's tail: the balancing biases, Lm * E fp32 values after the parameters whatever the payload's
 // precision (doc/formats.md, "MoE model file"), when the file's header word 29 says so (reading) or the model has
-// them (writing).
+// them (writing). Under -pp each stage reads its MoE layers' rows; the writer has every stage's (moe_get_parameters).
 static size_t moe_file_tail_bytes(const Model* model) {
     const MoEModel* moe = moe_of(model);
     return moe->file_has_bias ? (size_t)num_moe_layers(model) * moe->config.num_experts * sizeof(float) : 0;
@@ -253,13 +253,23 @@ static void moe_read_file_tail(Model* model, FILE* f, const char* path) {
             exit(EXIT_FAILURE);
         }
     }
-    cudaCheck(cudaMemcpy(moe->balance_bias, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    int Lmodel = num_moe_layers(model), E = moe->config.num_experts;
+    int* model_index = (int*)malloc_check((size_t)Lmodel * sizeof(int));
+    int Lm = moe_stage_model_indices(model, model_index);
+    for (int m = 0; m < Lm; m++)
+        cudaCheck(cudaMemcpy(moe->balance_bias + (size_t)m * E, host + (size_t)model_index[m] * E, E * sizeof(float),
+                             cudaMemcpyHostToDevice));
+    free(model_index);
     free(host);
 }
 static void moe_write_file_tail(const Model* model, FILE* f, const char* path) {
     const MoEModel* moe = moe_of(model);
     if (!moe->config.balance_bias) return;
     size_t n = (size_t)num_moe_layers(model) * moe->config.num_experts;
+    if (model_pp_stages(model) > 1) {
+        fwrite_check(moe->report.bias, sizeof(float), n, f, path);
+        return;
+    }
     float* host = (float*)malloc_check(n * sizeof(float));
     cudaCheck(cudaMemcpy(host, moe->balance_bias, n * sizeof(float), cudaMemcpyDeviceToHost));
     fwrite_check(host, sizeof(float), n, f, path);

@@ -27,13 +27,52 @@ static void moe_take_step_loads(const Model* model) {
     moe->window_steps++;
 }
 
-// MoE layer m's balancing bias into `b` (E values); 0 without one
+// MoE layer m's balancing bias into `b` (E values); 0 without one (under -pp the stages' report)
 static int moe_layer_bias(const Model* model, int m, float* b) {
     const MoEModel* moe = moe_of(model);
     if (moe->balance_bias == NULL) return 0;
     int E = moe->config.num_experts;
-    cudaCheck(cudaMemcpy(b, moe->balance_bias + (size_t)m * E, (size_t)E * sizeof(float), cudaMemcpyDeviceToHost));
+    if (model_pp_stages(model) > 1)
+        memcpy(b, moe->report.bias + (size_t)m * E, (size_t)E * sizeof(float));
+    else
+        cudaCheck(cudaMemcpy(b, moe->balance_bias + (size_t)m * E, (size_t)E * sizeof(float), cudaMemcpyDeviceToHost));
     return 1;
+}
+
+// Under -pp (collective over the pipeline group, on every process): the last pass's per-layer losses and counts and the
+// balancing biases of every stage into the report, and the step's sums over the micro-steps over every MoE layer of
+// the model: the losses added, the per-layer averages (drop, load CV) weighted by each stage's layers; the last pass's
+// load min and max over every layer.
+static void moe_join_stages(Model* model) {
+    MoEModel* moe = moe_of(model);
+    moe_statistics(model);  // the pass in use's, if not read yet
+    int Lmodel = num_moe_layers(model), Lm = moe_stage_layers(model), E = moe->config.num_experts;
+    int* model_index = (int*)malloc_check((size_t)Lmodel * sizeof(int));
+    moe_stage_model_indices(model, model_index);
+    for (int m = 0; m < Lm; m++) {
+        size_t to = (size_t)model_index[m];
+        memcpy(moe->report.expert_counts + to * E, moe->slot->expert_counts_cpu + (size_t)m * E, E * sizeof(int));
+        memcpy(moe->report.kept_counts + to * E, moe->slot->kept_counts_cpu + (size_t)m * E, E * sizeof(int));
+        memcpy(moe->report.losses + to * MOE_LAYER_LOSSES, moe->slot->losses_cpu + (size_t)m * MOE_LAYER_LOSSES,
+               MOE_LAYER_LOSSES * sizeof(float));
+    }
+    free(model_index);
+    moe_join_stage_rows(model, moe->report.expert_counts, E * sizeof(int));
+    moe_join_stage_rows(model, moe->report.kept_counts, E * sizeof(int));
+    moe_join_stage_rows(model, moe->report.losses, MOE_LAYER_LOSSES * sizeof(float));
+    if (moe->balance_bias != NULL) moe_join_stage_biases(model);
+    double sums[4] = {moe->step_aux, moe->step_z, moe->step_drop * Lm / Lmodel, moe->step_load_cv * Lm / Lmodel};
+    for (int i = 0; i < 4; i++) multi_gpu_cpu_sum(&sums[i], ncclFloat64, sizeof(double), &model->pp->group);
+    moe->step_aux = sums[0], moe->step_z = sums[1], moe->step_drop = sums[2], moe->step_load_cv = sums[3];
+    double load_min = 1e30, load_max = 0.0;
+    for (int m = 0; m < Lmodel; m++) {
+        MoELayerStatistics st = moe_layer_statistics(model, moe->report.expert_counts, moe->report.kept_counts, m,
+                                                     moe->report.tokens);
+        load_min = fmin(load_min, st.load_min);
+        load_max = fmax(load_max, st.load_max);
+    }
+    moe->load_min = (float)load_min;
+    moe->load_max = (float)load_max;
 }
 
 // The load histogram's bins: an expert's load since the last validation over the mean load
@@ -49,14 +88,18 @@ static void print_moe_layers(const Model* model, int N, Logger* logger, int step
     MoEModel* moe = moe_of(model);
     moe_statistics(model);
     moe_take_step_loads(model);
-    int E = moe->config.num_experts;
+    int E = moe->config.num_experts, stages = model_pp_stages(model) > 1;
+    // the last pass's, the stages' under -pp (moe_join_stages)
+    const int* expert_counts = stages ? moe->report.expert_counts : moe->slot->expert_counts_cpu;
+    const int* kept_counts = stages ? moe->report.kept_counts : moe->slot->kept_counts_cpu;
+    const float* layer_losses = stages ? moe->report.losses : moe->slot->losses_cpu;
     float* bias = (float*)malloc_check((size_t)E * sizeof(float));
     size_t line_size = 512 + (size_t)E * 32;
     char* line = (char*)malloc_check(line_size);
     for (int m = 0; m < num_moe_layers(model); m++) {
-        MoELayerStatistics st = moe_layer_statistics(model, m, N);
+        MoELayerStatistics st = moe_layer_statistics(model, expert_counts, kept_counts, m, N);
         // aux: every balancing loss of the layer (Switch's, noisy gating's importance and load, the sequence-wise)
-        const float* losses = moe->losses_cpu + MOE_LAYER_LOSSES * m;
+        const float* losses = layer_losses + MOE_LAYER_LOSSES * m;
         float aux = losses[0] + losses[2] + losses[3] + losses[4], z = losses[1];
         const long long* loads = moe->window_loads + (size_t)m * E;
         long long total = 0;

@@ -18,9 +18,11 @@
 #   - the trace (-ppt) holds every process's passes, and scripts/plot_pipeline.py draws it;
 #   - the memory plan (-pm) gives each stage's parameters, optimizer state and micro-batches in flight (ZeRO-3: shards);
 #   - every layout that does not fit is refused with one line naming the flag.
+# The MoE trainer's stages (train_moe -pp) against its -pp 1 runs, in the same ways (see its section below).
 # Needs build/train_gpt_fp32, build/sanitize/train_gpt_bf16, build/check/train_gpt_fp32, build/train_moe_fp32,
-# build/ref/deep_fp32_model.bin, build/ref/deep_bf16_model.bin, build/ref/tp_gpt2_fp32_model.bin and
-# build/ref/stages_fp32_model.bin (make test builds them). Runs up to 8 processes at once (the 3D layout).
+# build/check/train_moe_fp32, build/ref/deep_fp32_model.bin, build/ref/deep_bf16_model.bin,
+# build/ref/tp_gpt2_fp32_model.bin, build/ref/stages_fp32_model.bin, build/ref/moe_ds_fp32_model.bin,
+# build/ref/moe_deep_k1_fp32_model.bin and build/ref/moe_tp_k2_mb2_fp32_model.bin (make test builds them). Runs up to 8 processes at once (the 3D layout).
 # Run from anywhere:
 #   dev/test/test_pipeline_parallel.sh
 set -u
@@ -255,8 +257,87 @@ expect_error "-ppl without -pp" "-ppl: applies to a pipeline of 2 or more stages
 expect_error "-pp 0" "-pp 0: expected 1 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 0
 expect_error "-z 2 with zb" "-z 2 -pps zb: ZB's W passes write the weight gradients after their B passes" \
     "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps zb -z 2
-expect_error "the MoE trainer with -pp" "-pp 2: train_moe's MoE layers run without pipeline stages" \
-    build/train_moe_fp32 "${PLAN[@]}" -pn 2 -pp 2
+
+# --- the MoE trainer: each stage holds its MoE layers' routers and experts (shared out over its -ep group) and
+# routes its own layers; every stage's layers are every process's at -pp 1, bit for bit where the sums are the same:
+# - pp 2 x ep 2 (4 processes) against -pp 1 -ep 2 on 2, with sigmoid scores, shared experts and aux-loss-free
+#   balancing (moe_ds: 2 MoE layers, 16 experts, -rb moving the biases): the step lines (loss, aux, z, drop, norm) and
+#   the validation lines (the loss, every MoE layer's report: aux, z, drops, loads, biases) identical; the model files
+#   within 1e-6 (the tied wte's two parts summed in another order), the biases after the parameters bit for bit;
+# - ZB, and interleaved (2 chunks of one MoE layer per stage) at ZeRO-3, on the 4-layer moe_deep: the steps of -pp 1;
+# - 3D, -pp 2 -tp 2 -ep 2 on 8 processes, against -tp 2 -ep 2 on 4;
+# - -pp 2's checkpoint resumed at -pp 1 and -pp 1's at -pp 2 (the expert state cut by stage): step 3 goes on as the
+#   run's it came from within fp32 rounding (the tied wte's parts summed in another order);
+# - the checking build: -pp 2 -ep 2 under ZB and interleaved (every MoE layer's all-to-alls inside the stages'
+#   groups, between the sends);
+# - the memory plan of an MoE: each stage's routers and experts (-ep 2: half of them) against the model's shape.
+MOE_TRAIN=build/train_moe_fp32
+MOE_DS=build/ref/moe_ds_fp32_model.bin
+MOE_DEEP=build/ref/moe_deep_k1_fp32_model.bin
+$MPIRUN -np 2 $MOE_TRAIN -e "$MOE_DS" "${COMMON[@]}" -x 3 -n 2 -rb 0.001 -ep 2 -o "$work/moe1" >"$work/moe1.log" 2>&1 ||
+    fail "train_moe -pp 1: $(tail -3 "$work/moe1.log")"
+$MPIRUN -np 4 $MOE_TRAIN -e "$MOE_DS" "${COMMON[@]}" -x 3 -n 2 -rb 0.001 -ep 2 -pp 2 -o "$work/moe2" >"$work/moe2.log" \
+    2>&1 || fail "train_moe -pp 2: $(tail -3 "$work/moe2.log")"
+moe_lines() { grep -E '^(step [0-9]+/[0-9]+ \| loss|val )' "$1" | sed -E 's/ \| lr .*//'; }
+if [ "$(moe_lines "$work/moe1.log" | grep -c 'val moe layer')" = 6 ] &&
+    [ "$(moe_lines "$work/moe1.log")" = "$(moe_lines "$work/moe2.log")" ] &&
+    same_parameters "$work/moe1/model_00000003.bin" "$work/moe2/model_00000003.bin" 1e-6 &&
+    cmp -s <(tail -c 128 "$work/moe1/model_00000003.bin") <(tail -c 128 "$work/moe2/model_00000003.bin"); then pass
+else fail "train_moe -pp 2 -ep 2 differs from -pp 1"; diff <(moe_lines "$work/moe1.log") <(moe_lines "$work/moe2.log"); fi
+MOE=(-e "$MOE_DEEP" "${COMMON[@]}" -v 0 -x 2)
+$MPIRUN -np 2 $MOE_TRAIN "${MOE[@]}" -ep 2 >"$work/moe_deep1.log" 2>&1 || fail "moe_deep -pp 1: $(tail -3 "$work/moe_deep1.log")"
+for layout in "-pps zb" "-pps interleaved -ppv 2 -z 3"; do
+    $MPIRUN -np 4 $MOE_TRAIN "${MOE[@]}" -ep 2 -pp 2 $layout >"$work/moe_deep2.log" 2>&1 ||
+        fail "moe_deep $layout: $(tail -3 "$work/moe_deep2.log")"
+    if [ -n "$(moe_lines "$work/moe_deep2.log")" ] && [ "$(moe_lines "$work/moe_deep1.log")" = "$(moe_lines "$work/moe_deep2.log")" ]
+    then pass; else fail "train_moe -pp 2 $layout differs from -pp 1"; fi
+done
+MOE_TP=build/ref/moe_tp_k2_mb2_fp32_model.bin
+$MPIRUN -np 4 $MOE_TRAIN -e "$MOE_TP" "${COMMON[@]}" -v 0 -x 2 -tp 2 -ep 2 >"$work/moe_tp.log" 2>&1 ||
+    fail "moe -tp 2: $(tail -3 "$work/moe_tp.log")"
+$MPIRUN -np 8 $MOE_TRAIN -e "$MOE_TP" "${COMMON[@]}" -v 0 -x 2 -tp 2 -ep 2 -pp 2 >"$work/moe_3d.log" 2>&1 ||
+    fail "moe -pp 2 -tp 2 on 8: $(tail -3 "$work/moe_3d.log")"
+if [ -n "$(moe_lines "$work/moe_3d.log")" ] && [ "$(moe_lines "$work/moe_tp.log")" = "$(moe_lines "$work/moe_3d.log")" ]
+then pass; else fail "train_moe -pp 2 -tp 2 -ep 2 differs from -tp 2 -ep 2"; fi
+for pair in "moe2 1 2 -pp 1" "moe1 2 4 -pp 2"; do
+    read -r from to np flags <<<"$pair"
+    mkdir -p "$work/${from}_resumed"
+    cp "$work/$from/"*_00000002* "$work/${from}_resumed/"
+    $MPIRUN -np "$np" $MOE_TRAIN -e "$MOE_DS" "${COMMON[@]}" -x 3 -n 2 -rb 0.001 -ep 2 $flags -o "$work/${from}_resumed" \
+        -y 1 >"$work/${from}_resumed.log" 2>&1 || fail "$from resumed at $flags: $(tail -3 "$work/${from}_resumed.log")"
+    grep -E '^step 3/' "$work/$from.log" >"$work/${from}_step3.log"
+    if close_losses "$work/${from}_step3.log" "$work/${from}_resumed.log" 1 >/dev/null; then pass
+    else fail "train_moe's checkpoint of $from resumed at $flags does not continue its run"; fi
+done
+for layout in "-pps zb" "-pps interleaved -ppv 2"; do
+    $MPIRUN -np 4 build/check/train_moe_fp32 "${MOE[@]}" -b 1 -t 8 -d 32 -x 1 -ep 2 -pp 2 $layout >"$work/check.log" \
+        2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
+        fail "checking build, train_moe -pp 2 $layout: $(grep -m2 -E 'cucc|rror' "$work/check.log")"
+done
+build/train_moe_fp32 -e d12 -ne 8 -me 2 -pm 80 -pp 2 -pn 4 -ep 2 -b 4 -t 1024 -d 32768 >"$work/moe_plan.log" 2>&1 ||
+    fail "train_moe -pm -pp 2: $(tail -2 "$work/moe_plan.log")"
+$PYTHON - "$work/moe_plan.log" <<'PY' && pass || fail "the MoE's -pp memory plan"
+import re, sys
+C, V, maxT, Vp, E = 768, 50257, 1024, 50304, 8
+H = 4 * C
+dense, attention, router, expert = 12 * C * C + 13 * C, 4 * C * C + 8 * C, E * C, 2 * C * H + H + C
+text = open(sys.argv[1]).read()
+cut = [int(x) for x in re.search(r"\| pipeline +\| 2 stages \(-pp\) x 1 chunk of layers (\d+),(\d+)", text).groups()]
+first = [0, cut[0], 12]
+for s in (0, 1):
+    moe = sum(1 for l in range(first[s], first[s + 1]) if (l + 1) % 2 == 0)  # -me 2
+    replicated = (first[s + 1] - first[s] - moe) * dense + moe * (attention + router)
+    replicated += Vp * C + maxT * C if s == 0 else 2 * C + Vp * C  # wte and wpe; the final norm and the tied wte
+    own = moe * E // 2 * expert  # -ep 2: half of each MoE layer's experts, on one process (no replica)
+    padded = -(-replicated // 16) * 16 + -(-own // 8) * 8  # 2 shards of the replicated set, 1 of the experts
+    got = re.search(r"\| stage %d +\| +([\d.]+) MiB parameters, +([\d.]+) MiB optimizer" % s, text)
+    assert abs(float(got.group(1)) - padded * 4 / 2**20) < 0.06, (s, got.group(1), padded * 4 / 2**20)
+    assert abs(float(got.group(2)) - padded * 8 / 2**20) < 0.06, (s, got.group(2))
+PY
+expect_error "train_moe -pp with a stage of no MoE layer" "-pp 2: stage 0 (layers 0..1) holds no MoE layer" \
+    $MPIRUN -np 2 $MOE_TRAIN -e d4 -ne 4 -me 4 "${COMMON[@]}" -x 1 -pp 2 -ppl 2,2
+expect_error "train_moe -pp with -rg 1" "-rg 1: the global-batch balance loss runs without pipeline stages (-pp 1)" \
+    $MPIRUN -np 2 $MOE_TRAIN "${MOE[@]}" -pp 2 -rg 1
 
 echo "pipeline_parallel: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
