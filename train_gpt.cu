@@ -435,6 +435,14 @@ static const int lm_head_tensor[] = {PARAM_LM_HEAD};
 #define EVERY_LAYER_TENSORS 8
 #define DENSE_TENSORS 4
 #define REST_TENSORS 4
+// ... and with ZB's deferred weight gradients under ZeRO-2/3, a layer's Linear weights (the W pass's, which take their
+// bucket space in it) apart from its other tensors (the B pass's): each slice reduced once, by the pass that completes it
+static const int every_layer_weights[] = {PARAM_QKVW, PARAM_ATTPROJW};
+static const int every_layer_others[] = {PARAM_LN1W, PARAM_LN1B, PARAM_QKVB, PARAM_ATTPROJB, PARAM_LN2W, PARAM_LN2B};
+static const int dense_weights[] = {PARAM_FCW, PARAM_FCPROJW};
+static const int dense_others[] = {PARAM_FCB, PARAM_FCPROJB};
+#define EVERY_LAYER_WEIGHTS 2
+#define DENSE_WEIGHTS 2
 // ZeRO-2's buckets: layers alternate between buckets 0 and 1, so that one layer's gradients are computed while the
 // previous one's are reduced; bucket 2 holds the rest (wte's gradient is written first by the classifier, last by
 // the encoder). A layer whose MLP an extension replaces puts the extension's slices of the replicated set (stacked
@@ -1168,12 +1176,54 @@ static void model_reduce_layer(Model* model, int layer, const MultiGpuConfig* mg
 static void model_reduce_rest(Model* model, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream);
 static void model_reduce_adapter(Model* model, const MultiGpuConfig* mg, cudaStream_t stream);
 
+// A ZB pass under ZeRO-2/3: whether the layers' weight gradients and their other gradients take their bucket space
+// apart, layer l's weights' slices in the W pass (`take`: into bucket l % 2; else where they will be there, for the B
+// pass to queue their GEMMs), into `every` and `dense` at their places in every_layer_tensors and dense_tensors
+static int model_defers_weight_slices(const Model* model) {
+    return model->deferring && model->store.zero_stage >= 2 && !model->store.frozen;
+}
+static void model_weight_slices(Model* model, int l, int take, floatX** every, floatX** dense, cudaStream_t stream) {
+    int is_dense = model_is_dense_layer(model, l);
+    int li = model_local_layer(model, l), L = model_stage_layers(model);
+    int di = model_stage_dense_index(model, l), Ld = model_stage_dense_layers(model);
+    floatX *w[EVERY_LAYER_WEIGHTS], *d[DENSE_WEIGHTS];
+    if (take) {
+        sharded_parameters_gradient_slices(&model->store, l % 2, every_layer_weights, EVERY_LAYER_WEIGHTS, li, L, w,
+                                           stream);
+        if (is_dense)
+            sharded_parameters_gradient_slices(&model->store, l % 2, dense_weights, DENSE_WEIGHTS, di, Ld, d, stream);
+    } else {
+        size_t used = 0;
+        sharded_parameters_bucket_slices_ahead(&model->store, l % 2, every_layer_weights, EVERY_LAYER_WEIGHTS, li, L,
+                                               &used, w);
+        if (is_dense)
+            sharded_parameters_bucket_slices_ahead(&model->store, l % 2, dense_weights, DENSE_WEIGHTS, di, Ld, &used, d);
+    }
+    every[2] = w[0], every[4] = w[1];  // qkvw, attprojw
+    if (is_dense) dense[0] = d[0], dense[2] = d[1];  // fcw, fcprojw
+}
+
 // Where the backward pass accumulates layer l's gradients: in the gradient buffer, or under ZeRO-2 in a bucket
 // (zeroed) that model_reduce_layer then reduces (llmc/optimizer.cuh).
 static LayerParameters model_layer_gradients(Model* model, int l, cudaStream_t stream) {
     floatX* every[EVERY_LAYER_TENSORS];
     floatX* dense[DENSE_TENSORS];
     int is_dense = model_is_dense_layer(model, l);
+    if (model_defers_weight_slices(model)) {  // ZB's B pass under ZeRO-2/3: the other tensors now, the weights ahead
+        floatX *o[EVERY_LAYER_TENSORS - EVERY_LAYER_WEIGHTS], *od[DENSE_TENSORS - DENSE_WEIGHTS];
+        sharded_parameters_gradient_slices(&model->store, l % 2, every_layer_others,
+                                           EVERY_LAYER_TENSORS - EVERY_LAYER_WEIGHTS, model_local_layer(model, l),
+                                           model_stage_layers(model), o, stream);
+        every[0] = o[0], every[1] = o[1], every[3] = o[2], every[5] = o[3], every[6] = o[4], every[7] = o[5];
+        if (is_dense) {
+            sharded_parameters_gradient_slices(&model->store, l % 2, dense_others, DENSE_TENSORS - DENSE_WEIGHTS,
+                                               model_stage_dense_index(model, l), model_stage_dense_layers(model), od,
+                                               stream);
+            dense[1] = od[0], dense[3] = od[1];
+        }
+        model_weight_slices(model, l, 0, every, dense, stream);
+        return layer_parameters_from_slices(model, every, is_dense ? dense : NULL);
+    }
     sharded_parameters_gradient_slices(&model->store, l % 2, every_layer_tensors, EVERY_LAYER_TENSORS,
                                        model_local_layer(model, l), model_stage_layers(model), every, stream);
     if (is_dense)
@@ -1239,6 +1289,7 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
                       a.lnf_rstd, SB, ST, stream);
     }
     for (int l = end - 1; l >= begin; l--) {
+        if (model->deferring) weight_queue_begin_group(model->deferring);  // (the layer's deferred weight gradients)
         if (l > begin) model_prefetch_layer(model, l - 1, stream);
         LayerParameters lp = model_layer_weights(model, l, stream);
         LayerParameters lg = model_layer_gradients(model, l, stream);
@@ -1263,7 +1314,8 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
         const floatX* dln1 = tp_sum_over_members(model, a.dbtc, a.member_stream, N, stream);
         norm_backward(model, dresidual, lg.ln1w, lg.ln1b, a.scratch_f, dln1, la.residual, lp.ln1w, la.ln1_mean,
                       la.ln1_rstd, SB, ST, stream);
-        if (reduce && !model->deferring) {  // (ZB: once its last W pass has computed the weight gradients)
+        // (ZB: once its last W pass has computed the weight gradients; under ZeRO-2/3 all but the weights now)
+        if (reduce && (!model->deferring || model_defers_weight_slices(model))) {
             tp_sum_norm_gradients(model, lg.ln1w, lg.ln1b, stream);
             tp_sum_norm_gradients(model, lg.ln2w, lg.ln2b, stream);
             model_reduce_layer(model, l, mg, zero_stage, stream);
@@ -1296,12 +1348,16 @@ static void model_backward(Model* model, int B, int T, unsigned int seed, const 
 // ----------------------------------------------------------------------------------------------------
 // Gradient averaging over processes during the backward pass (llmc/optimizer.cuh does the rest of the step)
 
+// (ZB's B pass under ZeRO-2/3: all but the layer's weights, whose W pass reduces them: model_weight_pass)
 static void model_reduce_layer(Model* model, int layer, const MultiGpuConfig* mg, int zero_stage, cudaStream_t stream) {
-    sharded_parameters_reduce_slices(&model->store, every_layer_tensors, EVERY_LAYER_TENSORS,
+    int others = model_defers_weight_slices(model);
+    sharded_parameters_reduce_slices(&model->store, others ? every_layer_others : every_layer_tensors,
+                                     others ? EVERY_LAYER_TENSORS - EVERY_LAYER_WEIGHTS : EVERY_LAYER_TENSORS,
                                      model_local_layer(model, layer), model_stage_layers(model), mg, zero_stage,
                                      stream);
     if (model_is_dense_layer(model, layer))
-        sharded_parameters_reduce_slices(&model->store, dense_tensors, DENSE_TENSORS,
+        sharded_parameters_reduce_slices(&model->store, others ? dense_others : dense_tensors,
+                                         others ? DENSE_TENSORS - DENSE_WEIGHTS : DENSE_TENSORS,
                                          model_stage_dense_index(model, layer), model_stage_dense_layers(model), mg,
                                          zero_stage, stream);
     else
@@ -1550,8 +1606,35 @@ static void model_allocate_slots(Model* model, int B, int T, int slots) {
 
 // ZB's W pass of a micro-batch: the layers' weight gradients its B pass queued; after the step's last one, each layer's
 // gradients (complete now) are reduced over the stage's data-parallel processes, as model_backward does without ZB.
+// Under ZeRO-2/3 each layer's weights take their bucket space (where its B pass queued them), are computed and
+// reduced in turn, on every micro-batch.
 static void model_weight_pass(Model* model, WeightGradientQueue* q, int reduce, const MultiGpuConfig* mg,
                               int zero_stage, cudaStream_t stream) {
+    if (zero_stage >= 2 && !model->store.frozen) {
+        model->store.last_micro_step = reduce;  // (-oo: the step's gradient pieces go to the host as completed)
+        for (int l = model_layer_end(model) - 1, g = 0; l >= model_layer_begin(model); l--, g++) {
+            floatX *ahead[EVERY_LAYER_TENSORS], *taken[EVERY_LAYER_TENSORS], *dense_ahead[DENSE_TENSORS],
+                *dense_taken[DENSE_TENSORS];
+            model_weight_slices(model, l, 0, ahead, dense_ahead, stream);
+            model_weight_slices(model, l, 1, taken, dense_taken, stream);
+            int dense = model_is_dense_layer(model, l);
+            if (ahead[2] != taken[2] || ahead[4] != taken[4] || (dense && (dense_ahead[0] != dense_taken[0] ||
+                                                                           dense_ahead[2] != dense_taken[2]))) {
+                fprintf(stderr, "model_weight_pass: layer %d's weight gradients are not where its B pass queued them\n", l);
+                exit(EXIT_FAILURE);
+            }
+            weight_queue_run_group(q, g, stream);
+            sharded_parameters_reduce_slices(&model->store, every_layer_weights, EVERY_LAYER_WEIGHTS,
+                                             model_local_layer(model, l), model_stage_layers(model), mg, zero_stage,
+                                             stream);
+            if (dense)
+                sharded_parameters_reduce_slices(&model->store, dense_weights, DENSE_WEIGHTS,
+                                                 model_stage_dense_index(model, l), model_stage_dense_layers(model), mg,
+                                                 zero_stage, stream);
+        }
+        weight_queue_clear(q);
+        return;
+    }
     weight_queue_run(q, stream);
     for (int l = model_layer_end(model) - 1; reduce && l >= model_layer_begin(model); l--) {
         LayerParameters lg = model_layer_gradients(model, l, stream);

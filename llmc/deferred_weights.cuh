@@ -19,16 +19,28 @@ typedef struct {
     int count, capacity;
     floatX* arena;  // the copies
     size_t used, size;
+    int* group_first;  // the jobs in groups (a layer's each, in the order queued): group g's first job
+    int num_groups;
 } WeightGradientQueue;
 
 static void weight_queue_allocate(WeightGradientQueue* q, int jobs, size_t values) {
     q->jobs = (DeferredWeightGradient*)malloc_check((size_t)jobs * sizeof(DeferredWeightGradient));
-    q->capacity = jobs, q->count = 0, q->used = 0, q->size = values;
+    q->group_first = (int*)malloc_check((size_t)(jobs + 1) * sizeof(int));
+    q->capacity = jobs, q->count = 0, q->used = 0, q->size = values, q->num_groups = 0;
     cudaCheck(cudaMalloc((void**)&q->arena, values * sizeof(floatX)));
 }
 static void weight_queue_free(WeightGradientQueue* q) {
     free(q->jobs);
+    free(q->group_first);
     cudaCheck(cudaFree(q->arena));
+}
+// the jobs queued from now on are a group of their own
+static void weight_queue_begin_group(WeightGradientQueue* q) {
+    if (q->num_groups == q->capacity) {
+        fprintf(stderr, "weight_queue_begin_group: more than the queue's %d groups\n", q->capacity);
+        exit(EXIT_FAILURE);
+    }
+    q->group_first[q->num_groups++] = q->count;
 }
 static floatX* weight_queue_copy(WeightGradientQueue* q, const floatX* values, size_t n, cudaStream_t stream) {
     if (q->used + n > q->size) {
@@ -58,6 +70,15 @@ static void weight_queue_run(WeightGradientQueue* q, cudaStream_t stream) {
         const DeferredWeightGradient* j = &q->jobs[k];
         matmul_backward_weight(j->dweight, j->dout, j->inp, j->N, j->C, j->OC, stream);
     }
-    q->count = 0, q->used = 0;
+    q->count = 0, q->used = 0, q->num_groups = 0;
 }
+// ... or group by group: group g's (the caller runs every group in turn, then weight_queue_clear)
+static void weight_queue_run_group(const WeightGradientQueue* q, int g, cudaStream_t stream) {
+    int end = g + 1 < q->num_groups ? q->group_first[g + 1] : q->count;
+    for (int k = q->group_first[g]; k < end; k++) {
+        const DeferredWeightGradient* j = &q->jobs[k];
+        matmul_backward_weight(j->dweight, j->dout, j->inp, j->N, j->C, j->OC, stream);
+    }
+}
+static void weight_queue_clear(WeightGradientQueue* q) { q->count = 0, q->used = 0, q->num_groups = 0; }
 

@@ -403,6 +403,20 @@ static void sharded_parameters_gradient_slices(ShardedParameters* p, int bucket,
     if (b->used > first) cudaCheck(cudaMemsetAsync(b->memory + first, 0, (b->used - first) * sizeof(floatX), stream));
 }
 
+// ZeRO-2: the places sharded_parameters_gradient_slices will give the listed slices when it takes them into `bucket`
+// with *used values of it taken (0: empty; *used moves past them): a ZB pipeline's weight gradients, queued by its B
+// pass, take their space in its W pass
+static void sharded_parameters_bucket_slices_ahead(const ShardedParameters* p, int bucket, const int* tensors,
+                                                   int count, int layer, int num_layers, size_t* used,
+                                                   floatX** slices) {
+    for (int j = 0; j < count; j++) {
+        size_t n;
+        sharded_parameters_slice(p, tensors[j], layer, num_layers, &n);
+        slices[j] = p->buckets[bucket].memory + *used;
+        *used += n;
+    }
+}
+
 // ZeRO-Offload: shard-local [begin, end) of the gradient shard is on its way to the host, behind the copy just queued
 // on `stream`
 static void sharded_parameters_add_piece(ShardedParameters* p, size_t begin, size_t end, cudaStream_t stream) {

@@ -337,11 +337,6 @@ static int trainer_check_settings(const TrainerSettings* s, const Flag* flags, i
         fprintf(stderr, "-ppl %s: -pps interleaved cuts the layers into equal chunks\n", s->pipeline_layers);
         return 0;
     }
-    if (s->pipeline_stages > 1 && s->zero_stage >= 2 && pipeline_schedule_number(s->pipeline_schedule) == SCHEDULE_ZB) {
-        fprintf(stderr, "-z %d -pps zb: ZB's W passes write the weight gradients after their B passes, into the "
-                "gradient buffer of -z 0 or 1 (ZeRO-2's buckets are reduced pass by pass)\n", s->zero_stage);
-        return 0;
-    }
     if (s->tie_embeddings != 0 && s->tie_embeddings != 1) {
         fprintf(stderr, "-tie %d: expected 0 or 1\n", s->tie_embeddings);
         return 0;

@@ -6,7 +6,8 @@
 #     -pp 1 within fp32 rounding (the tied wte's two parts are summed in another order), and their model files are -pp
 #     1's parameters within 1e-5;
 #   - GPipe, 1F1B, ZB-H1 (its weight gradients deferred to W passes) and interleaved 1F1B (2 and 4 chunks per stage,
-#     the latter at ZeRO-2) accumulate the micro-batches in the same order: bit-identical losses and model files;
+#     the latter at ZeRO-2) accumulate the micro-batches in the same order: bit-identical losses and model files; ZB at
+#     ZeRO-2 and ZeRO-3 gives 1F1B's ZeRO-2 steps bit for bit;
 #   - data parallelism inside each stage (-pp 2 on 4 processes, ZeRO-1 and ZeRO-2) gives -pp 1's on 2 processes, and
 #     ZeRO-3 gives ZeRO-2's bit for bit; 3D, -pp 2 -tp 2 with 2 data-parallel processes (8 processes), gives one
 #     process's losses;
@@ -115,6 +116,14 @@ if close_losses "$work/dp2.log" "$work/pp2_z2.log" 3 >/dev/null; then pass; else
     fail "-pp 2 -z 2 on 4 differs from -pp 1 -z 1 on 2"; fi
 if [ -n "$(step_fields "$work/pp2_z3.log")" ] && [ "$(step_fields "$work/pp2_z3.log")" = "$(step_fields "$work/pp2_z2.log")" ]
 then pass; else fail "-pp 2 -z 3 differs from -z 2"; fi
+# ZB at ZeRO-2 and ZeRO-3 (each layer's weights take their bucket space in its W pass, the rest in its B pass, each
+# reduced once): 1F1B's ZeRO-2 steps bit for bit (every shard adds the micro-batches' gradients in the same order)
+for z in 2 3; do
+    $MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 3 -z $z -pp 2 -pps zb >"$work/zb_z$z.log" 2>&1 ||
+        fail "-pp 2 -pps zb -z $z on 4: $(tail -3 "$work/zb_z$z.log")"
+    if [ -n "$(step_fields "$work/zb_z$z.log")" ] && [ "$(step_fields "$work/zb_z$z.log")" = "$(step_fields "$work/pp2_z2.log")" ]
+    then pass; else fail "-pp 2 -pps zb -z $z differs from 1f1b -z 2"; fi
+done
 
 # --- 3D: 2 stages x 2 tensor-parallel members x 2 data-parallel processes against 1 process (2 layers, 4 heads)
 TP_MODEL=build/ref/tp_gpt2_fp32_model.bin
@@ -137,14 +146,14 @@ sys.exit(0 if len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-2 * abs(x) fo
 PY
 
 # --- the checking build: 4 stages in each schedule, 4 micro-batches (1F1B: 2, fewer than the stages; interleaved: 2
-# chunks of one layer per stage of the 8-layer model); GPipe at ZeRO-3 and interleaved at ZeRO-2 (their buckets' and
-# gathers' stream order, one data-parallel process per stage)
+# chunks of one layer per stage of the 8-layer model); GPipe at ZeRO-3, interleaved and ZB at ZeRO-2 (their buckets'
+# and gathers' stream order, one data-parallel process per stage)
 # (micro-batches of 1 sequence of 8 tokens: the checks are of the order of operations, not of the sizes)
 for schedule in 1f1b gpipe zb interleaved; do
     for d in $([ $schedule = 1f1b ] && echo 16 || echo 32); do
         model=$([ $schedule = interleaved ] && echo "$STAGES" || echo "$MODEL")
         chunks=$([ $schedule = interleaved ] && echo "-ppv 2" || true)
-        zero=$(case $schedule in gpipe) echo 3;; interleaved) echo 2;; *) echo 0;; esac)
+        zero=$(case $schedule in gpipe) echo 3;; interleaved | zb) echo 2;; *) echo 0;; esac)
         $MPIRUN -np 4 build/check/train_gpt_fp32 -e "$model" "${COMMON[@]}" -b 1 -t 8 -d $d -x 1 -v 0 -pp 4 \
             -pps $schedule $chunks -z $zero \
             >"$work/check.log" 2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
@@ -255,8 +264,6 @@ expect_error "zb with fewer micro-batches than stages" "-pps zb: 2 micro-batches
     $MPIRUN -np 4 "$TRAIN" -e "$MODEL" "${COMMON[@]}" -x 1 -pp 4 -pps zb -d 64
 expect_error "-ppl without -pp" "-ppl: applies to a pipeline of 2 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -ppl 5
 expect_error "-pp 0" "-pp 0: expected 1 or more stages" "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 0
-expect_error "-z 2 with zb" "-z 2 -pps zb: ZB's W passes write the weight gradients after their B passes" \
-    "$TRAIN" -e "$MODEL" "${COMMON[@]}" -pp 2 -pps zb -z 2
 
 # --- the MoE trainer: each stage holds its MoE layers' routers and experts (shared out over its -ep group) and
 # routes its own layers; every stage's layers are every process's at -pp 1, bit for bit where the sums are the same:
@@ -264,11 +271,12 @@ expect_error "-z 2 with zb" "-z 2 -pps zb: ZB's W passes write the weight gradie
 #   balancing (moe_ds: 2 MoE layers, 16 experts, -rb moving the biases): the step lines (loss, aux, z, drop, norm) and
 #   the validation lines (the loss, every MoE layer's report: aux, z, drops, loads, biases) identical; the model files
 #   within 1e-6 (the tied wte's two parts summed in another order), the biases after the parameters bit for bit;
-# - ZB, and interleaved (2 chunks of one MoE layer per stage) at ZeRO-3, on the 4-layer moe_deep: the steps of -pp 1;
+# - ZB at ZeRO-2, and interleaved (2 chunks of one MoE layer per stage) at ZeRO-3, on the 4-layer moe_deep: the steps
+#   of -pp 1;
 # - 3D, -pp 2 -tp 2 -ep 2 on 8 processes, against -tp 2 -ep 2 on 4;
 # - -pp 2's checkpoint resumed at -pp 1 and -pp 1's at -pp 2 (the expert state cut by stage): step 3 goes on as the
 #   run's it came from within fp32 rounding (the tied wte's parts summed in another order);
-# - the checking build: -pp 2 -ep 2 under ZB and interleaved (every MoE layer's all-to-alls inside the stages'
+# - the checking build: -pp 2 -ep 2 under ZB (ZeRO-2) and interleaved (every MoE layer's all-to-alls inside the stages'
 #   groups, between the sends);
 # - the memory plan of an MoE: each stage's routers and experts (-ep 2: half of them) against the model's shape.
 MOE_TRAIN=build/train_moe_fp32
@@ -286,7 +294,7 @@ if [ "$(moe_lines "$work/moe1.log" | grep -c 'val moe layer')" = 6 ] &&
 else fail "train_moe -pp 2 -ep 2 differs from -pp 1"; diff <(moe_lines "$work/moe1.log") <(moe_lines "$work/moe2.log"); fi
 MOE=(-e "$MOE_DEEP" "${COMMON[@]}" -v 0 -x 2)
 $MPIRUN -np 2 $MOE_TRAIN "${MOE[@]}" -ep 2 >"$work/moe_deep1.log" 2>&1 || fail "moe_deep -pp 1: $(tail -3 "$work/moe_deep1.log")"
-for layout in "-pps zb" "-pps interleaved -ppv 2 -z 3"; do
+for layout in "-pps zb -z 2" "-pps interleaved -ppv 2 -z 3"; do
     $MPIRUN -np 4 $MOE_TRAIN "${MOE[@]}" -ep 2 -pp 2 $layout >"$work/moe_deep2.log" 2>&1 ||
         fail "moe_deep $layout: $(tail -3 "$work/moe_deep2.log")"
     if [ -n "$(moe_lines "$work/moe_deep2.log")" ] && [ "$(moe_lines "$work/moe_deep1.log")" = "$(moe_lines "$work/moe_deep2.log")" ]
@@ -309,7 +317,7 @@ for pair in "moe2 1 2 -pp 1" "moe1 2 4 -pp 2"; do
     if close_losses "$work/${from}_step3.log" "$work/${from}_resumed.log" 1 >/dev/null; then pass
     else fail "train_moe's checkpoint of $from resumed at $flags does not continue its run"; fi
 done
-for layout in "-pps zb" "-pps interleaved -ppv 2"; do
+for layout in "-pps zb -z 2" "-pps interleaved -ppv 2"; do
     $MPIRUN -np 4 build/check/train_moe_fp32 "${MOE[@]}" -b 1 -t 8 -d 32 -x 1 -ep 2 -pp 2 $layout >"$work/check.log" \
         2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
         fail "checking build, train_moe -pp 2 $layout: $(grep -m2 -E 'cucc|rror' "$work/check.log")"
