@@ -436,7 +436,8 @@ static const int lm_head_tensor[] = {PARAM_LM_HEAD};
 #define DENSE_TENSORS 4
 #define REST_TENSORS 4
 // ... and with ZB's deferred weight gradients under ZeRO-2/3, a layer's Linear weights (the W pass's, which take their
-// bucket space in it) apart from its other tensors (the B pass's): each slice reduced once, by the pass that completes it
+// bucket space in it) apart from its other tensors (the B pass's): each slice reduced once, by the pass that
+// completes it
 static const int every_layer_weights[] = {PARAM_QKVW, PARAM_ATTPROJW};
 static const int every_layer_others[] = {PARAM_LN1W, PARAM_LN1B, PARAM_QKVB, PARAM_ATTPROJB, PARAM_LN2W, PARAM_LN2B};
 static const int dense_weights[] = {PARAM_FCW, PARAM_FCPROJW};
@@ -1197,7 +1198,8 @@ static void model_weight_slices(Model* model, int l, int take, floatX** every, f
         sharded_parameters_bucket_slices_ahead(&model->store, l % 2, every_layer_weights, EVERY_LAYER_WEIGHTS, li, L,
                                                &used, w);
         if (is_dense)
-            sharded_parameters_bucket_slices_ahead(&model->store, l % 2, dense_weights, DENSE_WEIGHTS, di, Ld, &used, d);
+            sharded_parameters_bucket_slices_ahead(&model->store, l % 2, dense_weights, DENSE_WEIGHTS, di, Ld, &used,
+                                                   d);
     }
     every[2] = w[0], every[4] = w[1];  // qkvw, attprojw
     if (is_dense) dense[0] = d[0], dense[2] = d[1];  // fcw, fcprojw
@@ -1620,7 +1622,8 @@ static void model_weight_pass(Model* model, WeightGradientQueue* q, int reduce, 
             int dense = model_is_dense_layer(model, l);
             if (ahead[2] != taken[2] || ahead[4] != taken[4] || (dense && (dense_ahead[0] != dense_taken[0] ||
                                                                            dense_ahead[2] != dense_taken[2]))) {
-                fprintf(stderr, "model_weight_pass: layer %d's weight gradients are not where its B pass queued them\n", l);
+                fprintf(stderr, "model_weight_pass: layer %d's weight gradients are not where its B pass queued them\n",
+                        l);
                 exit(EXIT_FAILURE);
             }
             weight_queue_run_group(q, g, stream);

@@ -76,8 +76,8 @@ static int model_last_chunk(const Model* m) { return model_last_stage(m) && m->c
 static int model_shares_wte(const Model* m) { return m->config.tied && model_pp_stages(m) > 1; }
 
 // The blocks of tensor i that stage s's chunk c of `cut` holds, [*first, *first + *count) of *blocks: its layers'
-// slices of a tensor stacked over every layer (blocks L), over the dense layers (Ld) or, an extension's, over the layers
-// whose FFN it replaces (L - Ld: llmc/model_extension.h); the tensors outside the layers
+// slices of a tensor stacked over every layer (blocks L), over the dense layers (Ld) or, an extension's, over the
+// layers whose FFN it replaces (L - Ld: llmc/model_extension.h); the tensors outside the layers
 // are one block, on the first stage (wte, wpe), the last (the final norm, lm_head, and a tied wte), or both (counted
 // with chunk 0). A stage's set holds each tensor's blocks chunk after chunk.
 static void stage_blocks_of(const Model* m, const StageCut* cut, int i, int s, int c, size_t* first, size_t* count,

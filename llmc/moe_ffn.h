@@ -477,8 +477,8 @@ static TensorSplit moe_expert_tensor_split(const Model* model, int slot, size_t 
     return slot == MOE_EFCW ? fc : slot == MOE_EFCB ? fcb : slot == MOE_EFCPROJW ? proj : projb;
 }
 // Member `member`'s slices of every expert tensor of `experts` experts of the stage's MoE layers (host, laid out as
-// the expert set: tensor by tensor, each (Lm, experts, ...)) from the whole experts, or the inverse (to_whole), elem bytes per value. At -etp 1
-// the one slice is the whole expert.
+// the expert set: tensor by tensor, each (Lm, experts, ...)) from the whole experts, or the inverse (to_whole), elem
+// bytes per value. At -etp 1 the one slice is the whole expert.
 static void moe_cut_experts(const Model* model, size_t experts, int member, void* whole, void* slices, size_t elem,
                             int to_whole) {
     size_t sizes[MLP_EXTENSION_SLOTS], at_whole = 0, at_slice = 0;
@@ -513,8 +513,8 @@ static void moe_set_parameters(Model* model, const floatX* file_block) {
             // per MoE layer, this process's experts are a contiguous run of the layer's E
             size_t per_expert = global[i] / Lmodel / moe->config.num_experts, run = local[i] / Lm;
             for (int m = 0; m < Lm; m++) {
-                memcpy(experts + to, file_block + from + global[i] / Lmodel * model_index[m] + first_expert * per_expert,
-                       run * sizeof(floatX));
+                size_t at = from + global[i] / Lmodel * model_index[m] + first_expert * per_expert;
+                memcpy(experts + to, file_block + at, run * sizeof(floatX));
                 to += run;
             }
         }
@@ -529,9 +529,10 @@ static void moe_set_parameters(Model* model, const floatX* file_block) {
 }
 
 // The experts of every process of the group, in the layout of the model file's expert tensors over the stage's MoE
-// layers (efcw .. efcprojb, each (Lm, E, ...); moe_place_stage_experts puts them into the file's), from this process's `local` (device, laid out as expert_store, elem bytes per
-// value: parameters, gradients or optimizer state) into `host`: at -etp N its member's slices of them (see
-// moe_gather_experts). Collective over the expert group.
+// layers (efcw .. efcprojb, each (Lm, E, ...); moe_place_stage_experts puts them into the file's), from this
+// process's `local` (device, laid out as expert_store, elem bytes per value: parameters, gradients or optimizer
+// state) into `host`: at -etp N its member's slices of them (see moe_gather_experts). Collective over the expert
+// group.
 static void moe_gather_expert_group(const Model* model, void* host, const void* local, size_t elem,
                                     cudaStream_t stream) {
     const MoEModel* moe = moe_of(model);
@@ -1045,8 +1046,8 @@ static void moe_experts_gemm_backward(const Model* model, const MoELayerActivati
 static void moe_experts_lora_pairs(const Model* model, const MoELayerActivations* l, int t, floatX* set, floatX** A,
                                    floatX** B) {
     const MoEModel* moe = moe_of(model);
-    lora_pair(model, set, t, (size_t)l->model_m * moe->config.num_experts + (size_t)moe->ep.member * moe->local_experts, A,
-              B);
+    size_t first = (size_t)l->model_m * moe->config.num_experts + (size_t)moe->ep.member * moe->local_experts;
+    lora_pair(model, set, t, first, A, B);
 }
 // u (Rown, r) = s (inp A_e^T) on each expert e's rows, the rank-r intermediate of both passes (llmc/lora.cuh's
 // lora_intermediate with the experts' GEMM; the padding rows' zero inputs give zeros)
@@ -1502,12 +1503,12 @@ static void moe_end_forward(Model* model, int N, cudaStream_t stream) {
         if (!moe_replaces_mlp(model, layer)) continue;
         int m = moe_stage_index(model, layer);
         MoELayerActivations l = moe_layer_activations(model, m, moe_index(moe, layer), N);
-        cudaCheck(cudaMemcpyAsync(moe->slot->losses_cpu + MOE_LAYER_LOSSES * m, l.losses, MOE_LAYER_LOSSES * sizeof(float),
-                                  cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemcpyAsync(moe->slot->losses_cpu + MOE_LAYER_LOSSES * m, l.losses,
+                                  MOE_LAYER_LOSSES * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemcpyAsync(moe->slot->expert_counts_cpu + m * E, l.expert_count, E * sizeof(int),
                                   cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaMemcpyAsync(moe->slot->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int), cudaMemcpyDeviceToHost,
-                                  stream));
+        cudaCheck(cudaMemcpyAsync(moe->slot->kept_counts_cpu + m * E, l.kept_count, E * sizeof(int),
+                                  cudaMemcpyDeviceToHost, stream));
     }
     cudaCheck(cudaEventRecord(moe->slot->statistics_copied, stream));
     moe->slot->statistics_tokens = N;
@@ -1531,7 +1532,8 @@ static void moe_statistics(const Model* model) {
         moe->importance_loss += losses[2];
         moe->load_loss += losses[3];
         moe->seq_loss += losses[4];
-        MoELayerStatistics st = moe_layer_statistics(model, moe->slot->expert_counts_cpu, moe->slot->kept_counts_cpu, m, N);
+        MoELayerStatistics st =
+            moe_layer_statistics(model, moe->slot->expert_counts_cpu, moe->slot->kept_counts_cpu, m, N);
         drop += st.drop_fraction;
         load_min = fmin(load_min, st.load_min);
         load_max = fmax(load_max, st.load_max);

@@ -23,7 +23,8 @@
 # Needs build/train_gpt_fp32, build/sanitize/train_gpt_bf16, build/check/train_gpt_fp32, build/train_moe_fp32,
 # build/check/train_moe_fp32, build/ref/deep_fp32_model.bin, build/ref/deep_bf16_model.bin,
 # build/ref/tp_gpt2_fp32_model.bin, build/ref/stages_fp32_model.bin, build/ref/moe_ds_fp32_model.bin,
-# build/ref/moe_deep_k1_fp32_model.bin and build/ref/moe_tp_k2_mb2_fp32_model.bin (make test builds them). Runs up to 8 processes at once (the 3D layout).
+# build/ref/moe_deep_k1_fp32_model.bin and build/ref/moe_tp_k2_mb2_fp32_model.bin (make test builds them). Runs up
+# to 8 processes at once (the 3D layouts).
 # Run from anywhere:
 #   dev/test/test_pipeline_parallel.sh
 set -u
