@@ -36,7 +36,7 @@
     X("-rz", FLOAT, z_coef, 0.001f, "router z-loss coefficient (default = 0.001)")                                     \
     X("-ri", FLOAT, init_scale, 0.1f, "initialisation scale of router and expert weights (default = 0.1)")             \
     X("-ep", INT, expert_parallel, 1,                                                                                  \
-      "expert-parallel degree N: groups of N processes share out the experts (default = 1)")                           \
+      "expert-parallel degree N: groups of N processes (of a stage, with -pp) share out the experts (default = 1)")    \
     X("-etp", INT, expert_tensor_parallel, 1,                                                                          \
       "with -tp N: 1 = the experts whole, expert parallelism (-ep) over all processes and each tensor-parallel\n"      \
       "member routing its own B*T/N tokens (MoE parallel folding); N = each expert's hidden units split over the\n"  \
