@@ -274,11 +274,13 @@ expect_error "-pp 0" "-pp 0: expected 1 or more stages" "$TRAIN" -e "$MODEL" "${
 #   within 1e-6 (the tied wte's two parts summed in another order), the biases after the parameters bit for bit;
 # - ZB at ZeRO-2, and interleaved (2 chunks of one MoE layer per stage) at ZeRO-3, on the 4-layer moe_deep: the steps
 #   of -pp 1;
-# - 3D, -pp 2 -tp 2 -ep 2 on 8 processes, against -tp 2 -ep 2 on 4;
+# - -pp 2 -tp 2 -ep 2 on 4 processes (each stage's 2 members an expert group: MoE parallel folding), against
+#   -tp 2 -ep 2 on 2;
 # - -pp 2's checkpoint resumed at -pp 1 and -pp 1's at -pp 2 (the expert state cut by stage): step 3 goes on as the
 #   run's it came from within fp32 rounding (the tied wte's parts summed in another order);
-# - the checking build: -pp 2 -ep 2 under ZB (ZeRO-2) and interleaved (every MoE layer's all-to-alls inside the stages'
-#   groups, between the sends);
+# - the checking build: -pp 2 -ep 2 interleaved at ZeRO-2 (every MoE layer's all-to-alls inside the stages' groups,
+#   between the sends; the slots' MoE activations; the expert buckets), with a validation pass (its sends done before
+#   the loss's sum over the 2 data-parallel processes of each stage);
 # - the memory plan of an MoE: each stage's routers and experts (-ep 2: half of them) against the model's shape.
 MOE_TRAIN=build/train_moe_fp32
 MOE_DS=build/ref/moe_ds_fp32_model.bin
@@ -302,11 +304,11 @@ for layout in "-pps zb -z 2" "-pps interleaved -ppv 2 -z 3"; do
     then pass; else fail "train_moe -pp 2 $layout differs from -pp 1"; fi
 done
 MOE_TP=build/ref/moe_tp_k2_mb2_fp32_model.bin
-$MPIRUN -np 4 $MOE_TRAIN -e "$MOE_TP" "${COMMON[@]}" -v 0 -x 2 -tp 2 -ep 2 >"$work/moe_tp.log" 2>&1 ||
+$MPIRUN -np 2 $MOE_TRAIN -e "$MOE_TP" "${COMMON[@]}" -v 0 -x 2 -tp 2 -ep 2 >"$work/moe_tp.log" 2>&1 ||
     fail "moe -tp 2: $(tail -3 "$work/moe_tp.log")"
-$MPIRUN -np 8 $MOE_TRAIN -e "$MOE_TP" "${COMMON[@]}" -v 0 -x 2 -tp 2 -ep 2 -pp 2 >"$work/moe_3d.log" 2>&1 ||
-    fail "moe -pp 2 -tp 2 on 8: $(tail -3 "$work/moe_3d.log")"
-if [ -n "$(moe_lines "$work/moe_3d.log")" ] && [ "$(moe_lines "$work/moe_tp.log")" = "$(moe_lines "$work/moe_3d.log")" ]
+$MPIRUN -np 4 $MOE_TRAIN -e "$MOE_TP" "${COMMON[@]}" -v 0 -x 2 -tp 2 -ep 2 -pp 2 >"$work/moe_pp_tp.log" 2>&1 ||
+    fail "moe -pp 2 -tp 2 on 4: $(tail -3 "$work/moe_pp_tp.log")"
+if [ -n "$(moe_lines "$work/moe_pp_tp.log")" ] && [ "$(moe_lines "$work/moe_tp.log")" = "$(moe_lines "$work/moe_pp_tp.log")" ]
 then pass; else fail "train_moe -pp 2 -tp 2 -ep 2 differs from -tp 2 -ep 2"; fi
 for pair in "moe2 1 2 -pp 1" "moe1 2 4 -pp 2"; do
     read -r from to np flags <<<"$pair"
@@ -318,11 +320,9 @@ for pair in "moe2 1 2 -pp 1" "moe1 2 4 -pp 2"; do
     if close_losses "$work/${from}_step3.log" "$work/${from}_resumed.log" 1 >/dev/null; then pass
     else fail "train_moe's checkpoint of $from resumed at $flags does not continue its run"; fi
 done
-for layout in "-pps zb -z 2" "-pps interleaved -ppv 2"; do
-    $MPIRUN -np 4 build/check/train_moe_fp32 "${MOE[@]}" -b 1 -t 8 -d 32 -x 1 -ep 2 -pp 2 $layout >"$work/check.log" \
-        2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
-        fail "checking build, train_moe -pp 2 $layout: $(grep -m2 -E 'cucc|rror' "$work/check.log")"
-done
+$MPIRUN -np 4 build/check/train_moe_fp32 "${MOE[@]}" -b 1 -t 8 -d 32 -x 1 -v 1 -m 1 -ep 2 -pp 2 -pps interleaved \
+    -ppv 2 -z 2 >"$work/check.log" 2>&1 && grep -q '^step 1/1' "$work/check.log" && pass ||
+    fail "checking build, train_moe -pp 2 interleaved: $(grep -m2 -E 'cucc|rror' "$work/check.log")"
 build/train_moe_fp32 -e d12 -ne 8 -me 2 -pm 80 -pp 2 -pn 4 -ep 2 -b 4 -t 1024 -d 32768 >"$work/moe_plan.log" 2>&1 ||
     fail "train_moe -pm -pp 2: $(tail -2 "$work/moe_plan.log")"
 $PYTHON - "$work/moe_plan.log" <<'PY' && pass || fail "the MoE's -pp memory plan"
