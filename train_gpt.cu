@@ -1755,7 +1755,7 @@ static double pipeline_micro_steps(Model* model, const TrainerSettings* s, DataL
     pipeline_point(pp, pp->num_passes, outputs, NULL, n, stream);
     free(outputs);
     cudaCheck(cudaEventRecord(pp->finish, stream));
-    if (model->extension.telemetry->join_stages) model->extension.telemetry->join_stages(model);
+    if (model->extension.telemetry->join_stages) model->extension.telemetry->join_stages(model, 0);
     if (model->adapter) model_reduce_adapter(model, mg, stream);
     if (model_shares_wte(model) && !model->frozen && (first || last)) {
         int L = model->config.num_layers;
@@ -1806,7 +1806,7 @@ static void evaluate(Model* model, DataLoader* val_loader, const TrainerSettings
     if (print) printf("val loss %f\n", val_loss);
     logger_log_val(logger, step, (float)val_loss);
     const TelemetryExtension* x = model->extension.telemetry;
-    if (model_pp_stages(model) > 1 && x->join_stages) x->join_stages(model);
+    if (model_pp_stages(model) > 1 && x->join_stages) x->join_stages(model, 1);
     if (print && x->print_validation) x->print_validation(model, s->B * s->T, logger, step);
 }
 

@@ -99,10 +99,10 @@ typedef struct {
 } CheckpointExtension;
 
 // What it shows: rows of the start-up table, fields of the step line, the log, and a report at each validation.
-// Under -pp join_stages puts the stages' parts together before the step line and the report (every process, after
-// the step's passes and after a validation pass; collective over the pipeline group).
+// Under -pp join_stages puts the stages' parts together (every process; collective over the pipeline group): after
+// the step's passes, the step line's; after a validation pass (`report`), the report's.
 typedef struct {
-    void (*join_stages)(Model* model);
+    void (*join_stages)(Model* model, int report);
     void (*info_rows)(const Model* model, InfoTable* table);
     void (*step_fields)(const Model* model, int micro_steps, char* out, size_t size);
     void (*log_step)(const Model* model, Logger* logger, int step, int micro_steps);

@@ -168,12 +168,14 @@ typedef struct {
 
 // Under -pp the last pass's per-layer statistics and the balancing biases of every MoE layer of the model, put
 // together from the stages for the reports (moe_join_stages): (Lmodel, E) and (Lmodel, MOE_LAYER_LOSSES) host.
+// ... and the step line's sums (moe_join_stages): 4, then each stage's load min and max
+#define MOE_STEP_SUMS (4 + 2 * PIPELINE_MAX_STAGES)
 typedef struct {
     int* expert_counts;
     int* kept_counts;
     float* losses;
     float* bias;
-    int tokens;  // N of the pass (moe_statistics)
+    double* step_sums;  // (MOE_STEP_SUMS) device
 } MoEStagesReport;
 
 // The MoE extension's state (Model.extension_state).
@@ -452,6 +454,7 @@ static void moe_allocate_parameters(Model* model) {
         moe->report.kept_counts = (int*)malloc_check(model_biases * sizeof(int));
         moe->report.losses = (float*)malloc_check((size_t)num_moe_layers(model) * MOE_LAYER_LOSSES * sizeof(float));
         moe->report.bias = (float*)malloc_check(model_biases * sizeof(float));
+        cudaCheck(cudaMalloc(&moe->report.step_sums, MOE_STEP_SUMS * sizeof(double)));
     }
     cudaCheck(cudaMallocHost((void**)&moe->step_loads_cpu, model_biases * sizeof(int)));
     cudaCheck(cudaEventCreateWithFlags(&moe->step_loads_copied, cudaEventDisableTiming));
@@ -877,6 +880,7 @@ static void moe_free(Model* model) {
     free(moe->report.kept_counts);
     free(moe->report.losses);
     free(moe->report.bias);
+    cudaCheck(cudaFree(moe->report.step_sums));
     for (int k = 0; k < moe->num_slots; k++) {
         MoESlot* a = moe->slots[k];
         cudaCheck(cudaFree(a->acts_memory));
@@ -1520,7 +1524,6 @@ static void moe_statistics(const Model* model) {
     int N = moe->slot->statistics_tokens;
     if (N == 0) return;  // already done
     moe->slot->statistics_tokens = 0;
-    moe->report.tokens = N;
     cudaCheck(cudaEventSynchronize(moe->slot->statistics_copied));
     int Lm = moe_stage_layers(model);
     moe->aux_loss = moe->z_loss = moe->importance_loss = moe->load_loss = moe->seq_loss = 0.0f;

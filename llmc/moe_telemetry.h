@@ -39,14 +39,36 @@ static int moe_layer_bias(const Model* model, int m, float* b) {
     return 1;
 }
 
-// Under -pp (collective over the pipeline group, on every process): the last pass's per-layer losses and counts and the
-// balancing biases of every stage into the report, and the step's sums over the micro-steps over every MoE layer of
-// the model: the losses added, the per-layer averages (drop, load CV) weighted by each stage's layers; the last pass's
-// load min and max over every layer.
-static void moe_join_stages(Model* model) {
+// Under -pp (collective over the pipeline group, on every process), what the stages measured put together. After a
+// validation pass (`report`): its per-layer losses and counts and the balancing biases of every MoE layer, into the
+// report. After a step's passes: the step line's sums over the micro-steps over every MoE layer of the model (the
+// losses added, the per-layer averages, drop and load CV, weighted by each stage's layers) and the last micro-step's
+// load min and max over the stages, in one all-reduce (each stage's min and max in places of their own, the other
+// stages' zeros there).
+static void moe_join_stages(Model* model, int report) {
     MoEModel* moe = moe_of(model);
     moe_statistics(model);  // the pass in use's, if not read yet
     int Lmodel = num_moe_layers(model), Lm = moe_stage_layers(model), E = moe->config.num_experts;
+    if (!report) {
+        int p = model_pp_stages(model), s = model_pp_stage(model);
+        double sums[MOE_STEP_SUMS] = {moe->step_aux, moe->step_z, moe->step_drop * Lm / Lmodel,
+                                      moe->step_load_cv * Lm / Lmodel};
+        sums[4 + 2 * s] = moe->load_min, sums[5 + 2 * s] = moe->load_max;
+        const MultiGpuConfig* g = &model->pp->group;
+        size_t n = 4 + 2 * (size_t)p;
+        cudaCheck(cudaMemcpy(moe->report.step_sums, sums, n * sizeof(double), cudaMemcpyHostToDevice));
+        ncclCheck(ncclAllReduce(moe->report.step_sums, moe->report.step_sums, n, ncclFloat64, ncclSum, g->nccl_comm,
+                                g->nccl_stream));
+        cudaCheck(cudaMemcpyAsync(sums, moe->report.step_sums, n * sizeof(double), cudaMemcpyDeviceToHost,
+                                  g->nccl_stream));
+        cudaCheck(cudaStreamSynchronize(g->nccl_stream));
+        moe->step_aux = sums[0], moe->step_z = sums[1], moe->step_drop = sums[2], moe->step_load_cv = sums[3];
+        for (int t = 0; t < p; t++) {
+            moe->load_min = t == 0 ? (float)sums[4] : fminf(moe->load_min, (float)sums[4 + 2 * t]);
+            moe->load_max = t == 0 ? (float)sums[5] : fmaxf(moe->load_max, (float)sums[5 + 2 * t]);
+        }
+        return;
+    }
     int* model_index = (int*)malloc_check((size_t)Lmodel * sizeof(int));
     moe_stage_model_indices(model, model_index);
     for (int m = 0; m < Lm; m++) {
@@ -61,18 +83,6 @@ static void moe_join_stages(Model* model) {
     moe_join_stage_rows(model, moe->report.kept_counts, E * sizeof(int));
     moe_join_stage_rows(model, moe->report.losses, MOE_LAYER_LOSSES * sizeof(float));
     if (moe->balance_bias != NULL) moe_join_stage_biases(model);
-    double sums[4] = {moe->step_aux, moe->step_z, moe->step_drop * Lm / Lmodel, moe->step_load_cv * Lm / Lmodel};
-    for (int i = 0; i < 4; i++) multi_gpu_cpu_sum(&sums[i], ncclFloat64, sizeof(double), &model->pp->group);
-    moe->step_aux = sums[0], moe->step_z = sums[1], moe->step_drop = sums[2], moe->step_load_cv = sums[3];
-    double load_min = 1e30, load_max = 0.0;
-    for (int m = 0; m < Lmodel; m++) {
-        MoELayerStatistics st = moe_layer_statistics(model, moe->report.expert_counts, moe->report.kept_counts, m,
-                                                     moe->report.tokens);
-        load_min = fmin(load_min, st.load_min);
-        load_max = fmax(load_max, st.load_max);
-    }
-    moe->load_min = (float)load_min;
-    moe->load_max = (float)load_max;
 }
 
 // The load histogram's bins: an expert's load since the last validation over the mean load
